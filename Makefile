@@ -1,0 +1,118 @@
+# neurocache -- adaptive LSTM language-model prediction server.
+# Targets: deps all test bench asan fuzz run soak demo-model clean. V=1 for verbose.
+
+CC       ?= cc
+BUILD    ?= build
+BIN      ?= bin
+OPT      ?= -O2 -march=x86-64-v2 -g
+SANFLAGS ?=
+CFLAGS   += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE $(OPT) $(SANFLAGS) -MMD -MP -I. -Icore -Iproto -Iserver
+LDFLAGS  += $(SANFLAGS)
+
+FAISS_C  := build/faiss_c/libfaiss_c.a
+BLAS_LIBS := -lopenblas -llapack
+LIBS_CORE := $(FAISS_C) -lfaiss $(BLAS_LIBS) -ljansson -lunistring -lz -lgomp -lstdc++ -lm -lpthread
+LIBS_SERVER := -lmicrohttpd -linih -lhiredis -lsystemd
+LIBS_TEST := -lcurl
+
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
+CORE_SRC   := $(wildcard core/*.c)
+PROTO_SRC  := $(wildcard proto/*.c)
+SERVER_SRC := $(wildcard server/*.c)
+TOOLS_SRC  := $(wildcard tools/*.c)
+TEST_SRC   := $(wildcard tests/test_*.c)
+TESTLIB_SRC := $(filter-out tests/test_%.c,$(wildcard tests/*.c))
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+CORE_OBJ   := $(call obj,$(CORE_SRC))
+PROTO_OBJ  := $(call obj,$(PROTO_SRC))
+SERVER_OBJ := $(call obj,$(SERVER_SRC))
+TOOLS_OBJ  := $(call obj,$(TOOLS_SRC))
+TESTLIB_OBJ := $(call obj,$(TESTLIB_SRC))
+TEST_BINS  := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+
+LIBCORE  := $(BUILD)/libneurocache.a
+LIBPROTO := $(BUILD)/libncproto.a
+SERVER_MAIN_OBJ := $(filter %/server/main.o,$(SERVER_OBJ))
+SERVER_LIB_OBJ := $(filter-out %/server/main.o,$(SERVER_OBJ))
+LIBSERVER := $(BUILD)/libncserver.a
+
+.PHONY: all deps test check asan bench fuzz run soak demo-model clean tests
+.DEFAULT_GOAL := all
+
+all: $(BIN)/neurocache $(if $(SERVER_MAIN_OBJ),$(BIN)/neurocached)
+
+deps:
+	$(Q)bash scripts/deps.sh
+
+$(FAISS_C):
+	$(Q)bash scripts/deps.sh
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIBCORE): $(CORE_OBJ)
+	@mkdir -p $(dir $@)
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(LIBPROTO): $(PROTO_OBJ)
+	@mkdir -p $(dir $@)
+	$(Q)rm -f $@ && ar rcs $@ $^ $(if $^,,--)
+
+$(LIBSERVER): $(SERVER_LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(BIN)/neurocache: $(TOOLS_OBJ) $(LIBCORE) $(FAISS_C)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) $(TOOLS_OBJ) $(LIBCORE) $(LIBS_CORE) -o $@
+
+$(BIN)/neurocached: $(SERVER_MAIN_OBJ) $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(FAISS_C)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) $(SERVER_MAIN_OBJ) $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(LIBS_SERVER) $(LIBS_CORE) -o $@
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TESTLIB_OBJ) $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(FAISS_C)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) $< $(TESTLIB_OBJ) $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(LIBS_TEST) $(LIBS_SERVER) $(LIBS_CORE) -o $@
+
+tests: all $(TEST_BINS)
+
+# Every test binary prints "N passed, N failed"; run_tests.sh sums them and
+# fails if any binary fails. Tests find binaries through NEUROCACHE_BIN.
+test: deps
+	$(Q)$(MAKE) --no-print-directory tests
+	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) bash tests/run_tests.sh $(TEST_BINS)
+
+check: test
+
+# AddressSanitizer + UndefinedBehaviorSanitizer build of everything, in its
+# own tree, running the same suites.
+asan: deps
+	$(Q)$(MAKE) --no-print-directory BUILD=build/asan BIN=build/asan/bin CC=clang \
+	    OPT="-O1 -g -fno-omit-frame-pointer" \
+	    SANFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" tests
+	$(Q)ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	    LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) \
+	    NEUROCACHE_BIN=$(abspath build/asan/bin) NEUROCACHE_SANITIZED=1 \
+	    bash tests/run_tests.sh $(patsubst $(BUILD)/%,build/asan/%,$(TEST_BINS))
+
+bench: deps all
+	$(Q)bash scripts/bench.sh
+
+run: deps all
+	$(Q)$(BIN)/neurocached --model models/demo --log-format text $(RUN_ARGS)
+
+clean:
+	rm -rf build/obj build/tests build/asan build/*.a $(BIN)
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,67 @@
+/* model.h -- the LSTM language model: configuration, weights, loading, saving. */
+#ifndef NC_MODEL_H
+#define NC_MODEL_H
+
+#include "nc_common.h"
+#include "vocab.h"
+
+typedef struct {
+    char model_type[32];          /* "lstm" */
+    int vocab_size;               /* V */
+    int embedding_size;           /* E */
+    int hidden_size;              /* H */
+    int num_layers;               /* L */
+    bool tie_weights;             /* decoder.weight == encoder.weight (needs E == H) */
+    bool lowercase;               /* tokenizer lower-cases input */
+    char unk_token[64];
+    char eos_token[64];
+} nc_model_config;
+
+/* One nn.LSTM layer, PyTorch layout (gate rows in the order i, f, g, o). */
+typedef struct {
+    int input_size;               /* E for layer 0, H above */
+    float *w_ih;                  /* [4H, input_size] row-major */
+    float *w_hh;                  /* [4H, H] */
+    float *b_ih;                  /* [4H] */
+    float *b_hh;                  /* [4H] */
+    float *b_sum;                 /* [4H] = b_ih + b_hh (derived at load) */
+} nc_lstm_layer;
+
+/* All weights are float32 in memory (F16 files are widened at load). */
+typedef struct nc_model {
+    nc_model_config cfg;
+    nc_vocab *vocab;              /* model vocabulary, ids [0, V) */
+    int unk_id;                   /* id of cfg.unk_token */
+    int eos_id;                   /* id of cfg.eos_token */
+    float *encoder;               /* [V, E] */
+    nc_lstm_layer *layers;        /* [L] */
+    float *decoder_w;             /* [V, H]; aliases encoder when tied */
+    float *decoder_b;             /* [V] */
+    char dir[1024];               /* directory it was loaded from ("" if built) */
+    void *impl;                   /* owned storage (mmap / buffers) */
+} nc_model;
+
+/* Loads a model directory (design §2): config.json, vocab.txt,
+ * model.safetensors (F32 or F16). Validates everything; on failure returns a
+ * negative rc and a message naming the file and tensor. Caller frees with
+ * model_free. */
+int model_load(const char *dir, nc_model **out, char *err, size_t errlen);
+
+/* A model with freshly allocated, zeroed weights for cfg (vocab is taken over
+ * by the model: the caller must not free it). Used by training and tests. */
+int model_create(const nc_model_config *cfg, nc_vocab *vocab, nc_model **out,
+                 char *err, size_t errlen);
+
+/* Writes config.json, vocab.txt and model.safetensors into dir (created if
+ * needed), F32 or F16, atomically (temp files + rename). */
+int model_save(const nc_model *m, const char *dir, bool f16, char *err, size_t errlen);
+
+void model_free(nc_model *m);     /* NULL allowed */
+
+/* Fills b_sum from b_ih + b_hh (after weights change). */
+void model_refresh_derived(nc_model *m);
+
+/* Number of float parameters (tied decoder counted once). */
+size_t model_num_params(const nc_model *m);
+
+#endif

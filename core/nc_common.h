@@ -1,0 +1,42 @@
+/* nc_common.h -- error codes and small helpers shared by the whole core. */
+#ifndef NC_COMMON_H
+#define NC_COMMON_H
+
+#include <stddef.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Every fallible core function returns an int rc: NC_OK or a negative code,
+ * and writes a human-readable message into the caller's (err, errlen) buffer
+ * (which may be NULL/0). The core never prints. */
+enum {
+    NC_OK = 0,
+    NC_EINVAL = -1,   /* bad argument / out-of-range parameter */
+    NC_ENOMEM = -2,   /* allocation failed */
+    NC_EIO = -3,      /* read/write/fsync failed (errno in message) */
+    NC_EFORMAT = -4,  /* malformed file or input data */
+    NC_ENOTFOUND = -5,/* missing file, word, entry */
+    NC_ESTATE = -6,   /* operation not valid in the current state */
+};
+
+#define NC_ERRLEN 512
+
+/* printf-style: writes the message into err (if non-NULL) and returns rc,
+ * so callers can `return nc_error(err, errlen, NC_EINVAL, "...", ...)`. */
+int nc_error(char *err, size_t errlen, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Name of an rc ("invalid argument", ...). Never NULL. */
+const char *nc_strerror(int rc);
+
+/* IEEE half <-> single conversion (round to nearest even). */
+float nc_half_to_float(uint16_t h);
+uint16_t nc_float_to_half(float f);
+
+/* Allocation that never returns unaligned memory for SIMD/BLAS (64 bytes);
+ * free with nc_free (NULL allowed). Returns NULL on failure or n == 0. */
+void *nc_alloc(size_t n);
+void *nc_calloc(size_t count, size_t size);
+void nc_free(void *p);
+
+#endif

@@ -1,0 +1,65 @@
+/* harness.h -- the tiny shared test harness: CHECK macros and a summary line.
+ *
+ * Usage: TEST(name) { CHECK(cond); CHECK_NEAR(a, b, tol); } ...
+ * int main(void) { RUN(name); ...; return harness_summary(); }
+ * Every binary ends with "N passed, N failed" (counted per check).
+ */
+#ifndef NC_HARNESS_H
+#define NC_HARNESS_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int harness_passed, harness_failed;
+static const char *harness_current = "";
+
+#define TEST(name) static void name(void)
+
+#define RUN(name) do { \
+        harness_current = #name; \
+        int failed_before_ = harness_failed; \
+        name(); \
+        fprintf(stderr, "%s %s\n", harness_failed == failed_before_ ? "  ok  " : "  FAIL", #name); \
+    } while (0)
+
+#define CHECK(cond) do { \
+        if (cond) harness_passed++; \
+        else { harness_failed++; \
+            fprintf(stderr, "%s:%d: %s: check failed: %s\n", __FILE__, __LINE__, harness_current, #cond); } \
+    } while (0)
+
+#define CHECKF(cond, ...) do { \
+        if (cond) harness_passed++; \
+        else { harness_failed++; \
+            fprintf(stderr, "%s:%d: %s: check failed: %s: ", __FILE__, __LINE__, harness_current, #cond); \
+            fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } \
+    } while (0)
+
+#define CHECK_NEAR(a, b, tol) do { \
+        double a_ = (double)(a), b_ = (double)(b); \
+        if (fabs(a_ - b_) <= (tol)) harness_passed++; \
+        else { harness_failed++; \
+            fprintf(stderr, "%s:%d: %s: |%s - %s| = |%.9g - %.9g| > %g\n", __FILE__, __LINE__, \
+                    harness_current, #a, #b, a_, b_, (double)(tol)); } \
+    } while (0)
+
+#define CHECK_STR_CONTAINS(haystack, needle) \
+    CHECKF((haystack) && strstr((haystack), (needle)) != NULL, "\"%s\" lacks \"%s\"", \
+           (haystack) ? (haystack) : "(null)", (needle))
+
+static inline int harness_summary(void)
+{
+    printf("%d passed, %d failed\n", harness_passed, harness_failed);
+    return harness_failed == 0 ? 0 : 1;
+}
+
+/* Directory of the test fixtures (tests/fixtures), overridable by env. */
+static inline const char *harness_fixtures(void)
+{
+    const char *d = getenv("NEUROCACHE_FIXTURES");
+    return d ? d : "tests/fixtures";
+}
+
+#endif

@@ -1,0 +1,13 @@
+/* commands.h -- the neurocache CLI's subcommands, one file each (cmd_*.c). */
+#ifndef NC_COMMANDS_H
+#define NC_COMMANDS_H
+
+/* Each returns the process exit status: 0 success, 1 runtime failure,
+ * 2 usage error. argv[0] is the subcommand name. */
+int cmd_score(int argc, char **argv);
+int cmd_train(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_tune(int argc, char **argv);
+int cmd_build_index(int argc, char **argv);
+
+#endif

@@ -1,0 +1,43 @@
+/* neurocache.c -- the command line: a thin dispatcher over core/. */
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} commands[] = {
+    {"score", cmd_score, "score a text file: per-token log-probabilities and perplexity"},
+    {"eval", cmd_eval, "perplexity table: static model and every cache combination"},
+    {"tune", cmd_tune, "grid-search cache hyper-parameters on a validation file"},
+    {"train", cmd_train, "train an LSTM language model on a corpus"},
+    {"build-index", cmd_build_index, "train the unbounded cache's IVFPQ quantizer"},
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: neurocache COMMAND [OPTIONS]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %-12s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\n'neurocache COMMAND --help' describes a command's options.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "neurocache: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
