@@ -26,7 +26,8 @@ PROTO_SRC  := $(wildcard proto/*.c)
 SERVER_SRC := $(wildcard server/*.c)
 TOOLS_SRC  := $(wildcard tools/*.c)
 TEST_SRC   := $(wildcard tests/test_*.c)
-TESTLIB_SRC := $(filter-out tests/test_%.c,$(wildcard tests/*.c))
+BENCH_SRC  := $(wildcard tests/bench_*.c)
+TESTLIB_SRC := $(filter-out tests/test_%.c tests/bench_%.c tests/fuzz_%.c,$(wildcard tests/*.c))
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 CORE_OBJ   := $(call obj,$(CORE_SRC))
@@ -35,6 +36,7 @@ SERVER_OBJ := $(call obj,$(SERVER_SRC))
 TOOLS_OBJ  := $(call obj,$(TOOLS_SRC))
 TESTLIB_OBJ := $(call obj,$(TESTLIB_SRC))
 TEST_BINS  := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+BENCH_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(BENCH_SRC))
 
 LIBCORE  := $(BUILD)/libneurocache.a
 LIBPROTO := $(BUILD)/libncproto.a
@@ -106,8 +108,12 @@ asan: deps
 	    NEUROCACHE_BIN=$(abspath build/asan/bin) NEUROCACHE_SANITIZED=1 \
 	    bash tests/run_tests.sh $(patsubst $(BUILD)/%,build/asan/%,$(TEST_BINS))
 
-bench: deps all
-	$(Q)bash scripts/bench.sh
+# Benchmarks: every scripts/bench_*.sh in name order (each says when the
+# corpora in ../shared/data are absent). Results go to BENCHMARKS.md by hand.
+bench: deps
+	$(Q)$(MAKE) --no-print-directory all $(BENCH_BINS)
+	$(Q)for b in scripts/bench_*.sh; do [ -f "$$b" ] || continue; \
+	    echo "== $$b"; BUILD=$(BUILD) BIN=$(BIN) bash "$$b" || exit 1; done
 
 run: deps all
 	$(Q)$(BIN)/neurocached --model models/demo --log-format text $(RUN_ARGS)
