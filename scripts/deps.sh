@@ -22,8 +22,15 @@ sudo_cmd=()
 
 if [ ${#missing[@]} -gt 0 ]; then
     echo "deps: installing ${missing[*]}" >&2
-    "${sudo_cmd[@]}" apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+    log=$(mktemp)
+    if ! { "${sudo_cmd[@]}" apt-get update -qq &&
+           DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq \
+               --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+        tail -n 30 "$log" >&2
+        echo "deps: apt-get failed (log above)" >&2
+        exit 1
+    fi
+    rm -f "$log"
 fi
 
 if [ -f "$build/libfaiss_c.a" ]; then
