@@ -44,16 +44,24 @@ typedef struct nc_model {
 /* Loads a model directory (design §2): config.json, vocab.txt,
  * model.safetensors (F32 or F16). Validates everything; on failure returns a
  * negative rc and a message naming the file and tensor. Caller frees with
- * model_free. */
+ * model_free. The safetensors file is mmapped MAP_PRIVATE: aligned F32
+ * tensors are used in place (writes are private copy-on-write), F16 are
+ * widened. With tie_weights, decoder.weight is used when present, else the
+ * decoder aliases the encoder. Tensors not named in design §2 are ignored
+ * (but their byte ranges are still checked). */
 int model_load(const char *dir, nc_model **out, char *err, size_t errlen);
 
 /* A model with freshly allocated, zeroed weights for cfg (vocab is taken over
- * by the model: the caller must not free it). Used by training and tests. */
+ * by the model, on failure too: the caller must never free it). The vocab
+ * must have exactly cfg->vocab_size words including unk_token and eos_token.
+ * With tie_weights, decoder_w aliases encoder. Used by training and tests. */
 int model_create(const nc_model_config *cfg, nc_vocab *vocab, nc_model **out,
                  char *err, size_t errlen);
 
 /* Writes config.json, vocab.txt and model.safetensors into dir (created if
- * needed), F32 or F16, atomically (temp files + rename). */
+ * needed), F32 or F16, atomically (temp files + rename). A tied model omits
+ * decoder.weight (design §2 allows it). The header is space-padded so the
+ * data section is 8-byte aligned and F32 tensors load in place. */
 int model_save(const nc_model *m, const char *dir, bool f16, char *err, size_t errlen);
 
 void model_free(nc_model *m);     /* NULL allowed */

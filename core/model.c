@@ -1,0 +1,763 @@
+/* model.c -- model directory I/O: config.json, vocab.txt, model.safetensors. */
+#include "model.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+/* Upper bounds that keep every size product far from overflow and reject
+ * absurd configs before anything is allocated. */
+#define MODEL_MAX_VOCAB   (1 << 24)
+#define MODEL_MAX_DIM     (1 << 16)
+#define MODEL_MAX_LAYERS  64
+#define ST_MAX_HEADER     (100u << 20)   /* safetensors' own limit is 100 MB */
+
+/* Storage behind a model: the safetensors mapping (F32 tensors used in place)
+ * plus every buffer allocated for it (copies, widened F16, b_sum). */
+typedef struct {
+    void *map;
+    size_t maplen;
+    void **bufs;
+    int nbufs, capbufs;
+} model_impl;
+
+static float *impl_alloc(model_impl *im, size_t nfloats)
+{
+    if (im->nbufs == im->capbufs) {
+        int ncap = im->capbufs ? im->capbufs * 2 : 16;
+        void **nb = realloc(im->bufs, (size_t)ncap * sizeof *nb);
+        if (!nb)
+            return NULL;
+        im->bufs = nb;
+        im->capbufs = ncap;
+    }
+    float *p = nc_calloc(nfloats ? nfloats : 1, sizeof(float));
+    if (p)
+        im->bufs[im->nbufs++] = p;
+    return p;
+}
+
+static void impl_free(model_impl *im)
+{
+    if (!im)
+        return;
+    for (int i = 0; i < im->nbufs; i++)
+        nc_free(im->bufs[i]);
+    free(im->bufs);
+    if (im->map)
+        munmap(im->map, im->maplen);
+    free(im);
+}
+
+void model_free(nc_model *m)
+{
+    if (!m)
+        return;
+    impl_free(m->impl);
+    vocab_free(m->vocab);
+    free(m->layers);
+    free(m);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Configuration                                                             */
+
+static int config_check(const nc_model_config *c, const char *file, char *err, size_t errlen)
+{
+    if (strcmp(c->model_type, "lstm") != 0)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: model_type is '%s', expected 'lstm'", file, c->model_type);
+    if (c->vocab_size < 2 || c->vocab_size > MODEL_MAX_VOCAB)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: vocab_size %d out of range [2, %d]", file,
+                        c->vocab_size, MODEL_MAX_VOCAB);
+    if (c->embedding_size < 1 || c->embedding_size > MODEL_MAX_DIM)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: embedding_size %d out of range [1, %d]", file,
+                        c->embedding_size, MODEL_MAX_DIM);
+    if (c->hidden_size < 1 || c->hidden_size > MODEL_MAX_DIM)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: hidden_size %d out of range [1, %d]", file,
+                        c->hidden_size, MODEL_MAX_DIM);
+    if (c->num_layers < 1 || c->num_layers > MODEL_MAX_LAYERS)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: num_layers %d out of range [1, %d]", file,
+                        c->num_layers, MODEL_MAX_LAYERS);
+    if (c->tie_weights && c->embedding_size != c->hidden_size)
+        return nc_error(err, errlen, NC_EFORMAT,
+                        "%s: tie_weights needs embedding_size == hidden_size (got %d and %d)", file,
+                        c->embedding_size, c->hidden_size);
+    if (!c->unk_token[0] || !c->eos_token[0])
+        return nc_error(err, errlen, NC_EFORMAT, "%s: unk_token and eos_token must be non-empty", file);
+    if (!strcmp(c->unk_token, c->eos_token))
+        return nc_error(err, errlen, NC_EFORMAT, "%s: unk_token and eos_token must differ", file);
+    return NC_OK;
+}
+
+typedef enum { CK_STR, CK_INT, CK_BOOL } config_kind;
+
+/* One row per config key: where it goes and how it is typed. */
+static const struct {
+    const char *key;
+    config_kind kind;
+    size_t off;
+    size_t size;                  /* for strings: buffer size */
+} config_keys[] = {
+    {"model_type", CK_STR, offsetof(nc_model_config, model_type), sizeof(((nc_model_config *)0)->model_type)},
+    {"vocab_size", CK_INT, offsetof(nc_model_config, vocab_size), 0},
+    {"embedding_size", CK_INT, offsetof(nc_model_config, embedding_size), 0},
+    {"hidden_size", CK_INT, offsetof(nc_model_config, hidden_size), 0},
+    {"num_layers", CK_INT, offsetof(nc_model_config, num_layers), 0},
+    {"tie_weights", CK_BOOL, offsetof(nc_model_config, tie_weights), 0},
+    {"unk_token", CK_STR, offsetof(nc_model_config, unk_token), sizeof(((nc_model_config *)0)->unk_token)},
+    {"eos_token", CK_STR, offsetof(nc_model_config, eos_token), sizeof(((nc_model_config *)0)->eos_token)},
+    {"lowercase", CK_BOOL, offsetof(nc_model_config, lowercase), 0},
+};
+
+static int config_load(const char *path, nc_model_config *cfg, char *err, size_t errlen)
+{
+    memset(cfg, 0, sizeof *cfg);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: cannot open: %s", path,
+                        strerror(errno));
+    json_error_t jerr;
+    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
+    fclose(f);
+    if (!root)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: invalid JSON at line %d: %s", path, jerr.line, jerr.text);
+    int rc = NC_OK;
+    if (!json_is_object(root))
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: top level is not a JSON object", path);
+    for (size_t i = 0; rc == NC_OK && i < sizeof config_keys / sizeof config_keys[0]; i++) {
+        const char *key = config_keys[i].key;
+        json_t *v = json_object_get(root, key);
+        char *dst = (char *)cfg + config_keys[i].off;
+        if (!v) {
+            rc = nc_error(err, errlen, NC_EFORMAT, "%s: missing required key '%s'", path, key);
+            break;
+        }
+        switch (config_keys[i].kind) {
+        case CK_STR:
+            if (!json_is_string(v))
+                rc = nc_error(err, errlen, NC_EFORMAT, "%s: key '%s' must be a string", path, key);
+            else if (json_string_length(v) >= config_keys[i].size || strlen(json_string_value(v)) != json_string_length(v))
+                rc = nc_error(err, errlen, NC_EFORMAT, "%s: key '%s' is too long or contains NUL (max %zu bytes)",
+                              path, key, config_keys[i].size - 1);
+            else
+                memcpy(dst, json_string_value(v), json_string_length(v) + 1);
+            break;
+        case CK_INT:
+            if (!json_is_integer(v))
+                rc = nc_error(err, errlen, NC_EFORMAT, "%s: key '%s' must be an integer", path, key);
+            else if (json_integer_value(v) < INT_MIN || json_integer_value(v) > INT_MAX)
+                rc = nc_error(err, errlen, NC_EFORMAT, "%s: key '%s' is out of range", path, key);
+            else
+                *(int *)dst = (int)json_integer_value(v);
+            break;
+        case CK_BOOL:
+            if (!json_is_boolean(v))
+                rc = nc_error(err, errlen, NC_EFORMAT, "%s: key '%s' must be true or false", path, key);
+            else
+                *(bool *)dst = json_is_true(v);
+            break;
+        }
+    }
+    json_decref(root);
+    if (rc == NC_OK)
+        rc = config_check(cfg, path, err, errlen);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tensors                                                                   */
+
+/* Every tensor the model needs, in file order, with its expected shape. */
+typedef struct {
+    char name[64];
+    int rank;
+    long dims[2];
+    float **dst;
+    bool optional;                /* decoder.weight when tied */
+} tensor_spec;
+
+static int model_specs(nc_model *m, tensor_spec *specs)
+{
+    const nc_model_config *c = &m->cfg;
+    long V = c->vocab_size, E = c->embedding_size, H = c->hidden_size;
+    int n = 0;
+#define SPEC(nm, r, d0, d1, dp, opt) do { \
+        snprintf(specs[n].name, sizeof specs[n].name, "%s", nm); \
+        specs[n].rank = r; specs[n].dims[0] = d0; specs[n].dims[1] = d1; \
+        specs[n].dst = dp; specs[n].optional = opt; n++; \
+    } while (0)
+    SPEC("encoder.weight", 2, V, E, &m->encoder, false);
+    for (int k = 0; k < c->num_layers; k++) {
+        char nm[64];
+        nc_lstm_layer *ly = &m->layers[k];
+        snprintf(nm, sizeof nm, "rnn.weight_ih_l%d", k);
+        SPEC(nm, 2, 4 * H, ly->input_size, &ly->w_ih, false);
+        snprintf(nm, sizeof nm, "rnn.weight_hh_l%d", k);
+        SPEC(nm, 2, 4 * H, H, &ly->w_hh, false);
+        snprintf(nm, sizeof nm, "rnn.bias_ih_l%d", k);
+        SPEC(nm, 1, 4 * H, 0, &ly->b_ih, false);
+        snprintf(nm, sizeof nm, "rnn.bias_hh_l%d", k);
+        SPEC(nm, 1, 4 * H, 0, &ly->b_hh, false);
+    }
+    SPEC("decoder.weight", 2, V, H, &m->decoder_w, c->tie_weights);
+    SPEC("decoder.bias", 1, V, 0, &m->decoder_b, false);
+#undef SPEC
+    return n;
+}
+
+static size_t spec_numel(const tensor_spec *s)
+{
+    return s->rank == 1 ? (size_t)s->dims[0] : (size_t)s->dims[0] * (size_t)s->dims[1];
+}
+
+static void shape_str(char *buf, size_t n, const long *dims, int rank)
+{
+    size_t off = 0;
+    off += (size_t)snprintf(buf + off, n - off, "[");
+    for (int i = 0; i < rank && off < n; i++)
+        off += (size_t)snprintf(buf + off, n - off, "%s%ld", i ? "," : "", dims[i]);
+    if (off < n)
+        snprintf(buf + off, n - off, "]");
+}
+
+/* safetensors dtypes and their element sizes; only F32 and F16 are usable as
+ * weights, the others are recognised so their byte ranges can be checked. */
+static int dtype_size(const char *dt)
+{
+    static const struct { const char *name; int size; } t[] = {
+        {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F64", 8}, {"I64", 8}, {"U64", 8},
+        {"I32", 4}, {"U32", 4}, {"I16", 2}, {"U16", 2}, {"I8", 1}, {"U8", 1},
+        {"BOOL", 1}, {"F8_E5M2", 1}, {"F8_E4M3", 1},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (!strcmp(dt, t[i].name))
+            return t[i].size;
+    return 0;
+}
+
+typedef struct {
+    const char *name;
+    const char *dtype;
+    int rank;
+    long dims[8];
+    size_t begin, end;            /* relative to the data section */
+} st_entry;
+
+static int cmp_entry_begin(const void *a, const void *b)
+{
+    const st_entry *x = a, *y = b;
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* Parses and checks one header entry: dtype known, shape non-negative,
+ * byte range consistent with dtype x shape and inside the data section. */
+static int st_parse_entry(const char *file, const char *name, json_t *v, size_t datalen, st_entry *e,
+                          char *err, size_t errlen)
+{
+    e->name = name;
+    if (!json_is_object(v))
+        return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s': header entry is not an object", file, name);
+    json_t *dt = json_object_get(v, "dtype"), *sh = json_object_get(v, "shape"),
+           *of = json_object_get(v, "data_offsets");
+    if (!json_is_string(dt))
+        return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s': missing or non-string 'dtype'", file, name);
+    e->dtype = json_string_value(dt);
+    int dsize = dtype_size(e->dtype);
+    if (!dsize)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' has unknown dtype '%s'", file, name, e->dtype);
+    if (!json_is_array(sh) || json_array_size(sh) > 8)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s': 'shape' must be an array of at most 8 integers",
+                        file, name);
+    e->rank = (int)json_array_size(sh);
+    size_t numel = 1;
+    for (int i = 0; i < e->rank; i++) {
+        json_t *d = json_array_get(sh, (size_t)i);
+        if (!json_is_integer(d) || json_integer_value(d) < 0 || json_integer_value(d) > (json_int_t)1 << 40)
+            return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s': shape[%d] is not a valid dimension", file,
+                            name, i);
+        e->dims[i] = (long)json_integer_value(d);
+        if (__builtin_mul_overflow(numel, (size_t)e->dims[i], &numel))
+            return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s': shape overflows", file, name);
+    }
+    if (!json_is_array(of) || json_array_size(of) != 2 || !json_is_integer(json_array_get(of, 0)) ||
+        !json_is_integer(json_array_get(of, 1)))
+        return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s': 'data_offsets' must be [begin, end]", file, name);
+    json_int_t b = json_integer_value(json_array_get(of, 0)), en = json_integer_value(json_array_get(of, 1));
+    if (b < 0 || en < b)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' has invalid data_offsets [%lld,%lld]", file, name,
+                        (long long)b, (long long)en);
+    if ((unsigned long long)en > datalen)
+        return nc_error(err, errlen, NC_EFORMAT,
+                        "%s: tensor '%s' has data_offsets [%lld,%lld] past the end of the data (%zu bytes)", file,
+                        name, (long long)b, (long long)en, datalen);
+    e->begin = (size_t)b;
+    e->end = (size_t)en;
+    size_t nbytes;
+    if (__builtin_mul_overflow(numel, (size_t)dsize, &nbytes) || nbytes != e->end - e->begin)
+        return nc_error(err, errlen, NC_EFORMAT,
+                        "%s: tensor '%s': data_offsets [%zu,%zu] span %zu bytes, but %s x %zu elements need %zu",
+                        file, name, e->begin, e->end, e->end - e->begin, e->dtype, numel, numel * (size_t)dsize);
+    return NC_OK;
+}
+
+static int safetensors_load(nc_model *m, model_impl *im, const char *path, char *err, size_t errlen)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: cannot open: %s", path,
+                        strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return nc_error(err, errlen, NC_EIO, "%s: stat failed: %s", path, strerror(e));
+    }
+    size_t fsize = (size_t)st.st_size;
+    if (fsize < 8) {
+        close(fd);
+        return nc_error(err, errlen, NC_EFORMAT, "%s: truncated: %zu bytes, shorter than the 8-byte header length",
+                        path, fsize);
+    }
+    /* MAP_PRIVATE + PROT_WRITE: F32 tensors are used in place, and a caller
+     * that updates weights (fine-tuning) gets private copy-on-write pages
+     * instead of a fault or a modified file. */
+    void *map = mmap(NULL, fsize, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    int merr = errno;
+    close(fd);
+    if (map == MAP_FAILED)
+        return nc_error(err, errlen, NC_EIO, "%s: mmap failed: %s", path, strerror(merr));
+    im->map = map;
+    im->maplen = fsize;
+    const unsigned char *base = map;
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--)
+        hlen = (hlen << 8) | base[i];
+    if (hlen > fsize - 8)
+        return nc_error(err, errlen, NC_EFORMAT,
+                        "%s: header length %llu runs past the end of the file (%zu bytes): truncated or corrupt",
+                        path, (unsigned long long)hlen, fsize);
+    if (hlen > ST_MAX_HEADER)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: header length %llu exceeds %u bytes", path,
+                        (unsigned long long)hlen, ST_MAX_HEADER);
+    const unsigned char *data = base + 8 + hlen;
+    size_t datalen = fsize - 8 - (size_t)hlen;
+
+    json_error_t jerr;
+    json_t *root = json_loadb((const char *)base + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: malformed header JSON at byte %d: %s", path,
+                        jerr.position, jerr.text);
+    int rc = NC_OK;
+    st_entry *ents = NULL;
+    size_t nents = 0;
+    if (!json_is_object(root)) {
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: header is not a JSON object", path);
+    } else {
+        ents = calloc(json_object_size(root) + 1, sizeof *ents);
+        if (!ents)
+            rc = nc_error(err, errlen, NC_ENOMEM, "%s: out of memory", path);
+    }
+    const char *key;
+    json_t *val;
+    if (rc == NC_OK) {
+        json_object_foreach(root, key, val) {
+            if (!strcmp(key, "__metadata__"))
+                continue;
+            rc = st_parse_entry(path, key, val, datalen, &ents[nents], err, errlen);
+            if (rc != NC_OK)
+                break;
+            nents++;
+        }
+    }
+    if (rc == NC_OK) {
+        /* Overlapping tensors would alias each other's weights. */
+        st_entry *sorted = malloc((nents + 1) * sizeof *sorted);
+        if (!sorted) {
+            rc = nc_error(err, errlen, NC_ENOMEM, "%s: out of memory", path);
+        } else {
+            memcpy(sorted, ents, nents * sizeof *sorted);
+            qsort(sorted, nents, sizeof *sorted, cmp_entry_begin);
+            for (size_t i = 1; i < nents && rc == NC_OK; i++) {
+                if (sorted[i].begin < sorted[i - 1].end && sorted[i].end > sorted[i].begin)
+                    rc = nc_error(err, errlen, NC_EFORMAT,
+                                  "%s: tensors '%s' [%zu,%zu] and '%s' [%zu,%zu] overlap", path,
+                                  sorted[i - 1].name, sorted[i - 1].begin, sorted[i - 1].end, sorted[i].name,
+                                  sorted[i].begin, sorted[i].end);
+            }
+            free(sorted);
+        }
+    }
+    tensor_spec specs[4 + 4 * MODEL_MAX_LAYERS];
+    int nspecs = rc == NC_OK ? model_specs(m, specs) : 0;
+    for (int s = 0; s < nspecs && rc == NC_OK; s++) {
+        const tensor_spec *sp = &specs[s];
+        const st_entry *e = NULL;
+        for (size_t i = 0; i < nents; i++)
+            if (!strcmp(ents[i].name, sp->name))
+                e = &ents[i];
+        char want[64], got[64];
+        shape_str(want, sizeof want, sp->dims, sp->rank);
+        if (!e) {
+            if (!sp->optional)
+                rc = nc_error(err, errlen, NC_EFORMAT, "%s: missing tensor '%s' (shape %s)", path, sp->name, want);
+            continue;
+        }
+        bool f32 = !strcmp(e->dtype, "F32"), f16 = !strcmp(e->dtype, "F16");
+        if (!f32 && !f16) {
+            rc = nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' has dtype %s, expected F32 or F16", path,
+                          sp->name, e->dtype);
+            break;
+        }
+        bool same = e->rank == sp->rank;
+        for (int i = 0; same && i < sp->rank; i++)
+            same = e->dims[i] == sp->dims[i];
+        if (!same) {
+            shape_str(got, sizeof got, e->dims, e->rank);
+            rc = nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' has shape %s, expected %s", path, sp->name, got,
+                          want);
+            break;
+        }
+        size_t n = spec_numel(sp);
+        const unsigned char *src = data + e->begin;
+        if (f32 && ((uintptr_t)src % sizeof(float)) == 0) {
+            *sp->dst = (float *)(uintptr_t)src;     /* in place: the mapping is private */
+            continue;
+        }
+        float *buf = impl_alloc(im, n);
+        if (!buf) {
+            rc = nc_error(err, errlen, NC_ENOMEM, "%s: out of memory for tensor '%s'", path, sp->name);
+            break;
+        }
+        if (f32) {
+            memcpy(buf, src, n * sizeof(float));
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                uint16_t h = (uint16_t)(src[2 * i] | (src[2 * i + 1] << 8));
+                buf[i] = nc_half_to_float(h);
+            }
+        }
+        *sp->dst = buf;
+    }
+    if (rc == NC_OK && !m->decoder_w)
+        m->decoder_w = m->encoder;  /* tied, decoder.weight absent */
+    free(ents);
+    json_decref(root);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Construction                                                              */
+
+/* Allocates the layer array and b_sum buffers; weights are set by the caller. */
+static int model_shell(nc_model *m, model_impl *im)
+{
+    const nc_model_config *c = &m->cfg;
+    m->layers = calloc((size_t)c->num_layers, sizeof *m->layers);
+    if (!m->layers)
+        return NC_ENOMEM;
+    for (int k = 0; k < c->num_layers; k++) {
+        m->layers[k].input_size = k == 0 ? c->embedding_size : c->hidden_size;
+        m->layers[k].b_sum = impl_alloc(im, 4 * (size_t)c->hidden_size);
+        if (!m->layers[k].b_sum)
+            return NC_ENOMEM;
+    }
+    return NC_OK;
+}
+
+static int model_bind_vocab(nc_model *m, const char *file, char *err, size_t errlen)
+{
+    int n = vocab_size(m->vocab);
+    if (n != m->cfg.vocab_size)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: has %d words, but config.json says vocab_size %d", file, n,
+                        m->cfg.vocab_size);
+    m->unk_id = vocab_lookup(m->vocab, m->cfg.unk_token, strlen(m->cfg.unk_token));
+    m->eos_id = vocab_lookup(m->vocab, m->cfg.eos_token, strlen(m->cfg.eos_token));
+    if (m->unk_id < 0)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: unk_token '%s' is not in the vocabulary", file,
+                        m->cfg.unk_token);
+    if (m->eos_id < 0)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: eos_token '%s' is not in the vocabulary", file,
+                        m->cfg.eos_token);
+    return NC_OK;
+}
+
+void model_refresh_derived(nc_model *m)
+{
+    size_t G = 4 * (size_t)m->cfg.hidden_size;
+    for (int k = 0; k < m->cfg.num_layers; k++) {
+        nc_lstm_layer *ly = &m->layers[k];
+        for (size_t i = 0; i < G; i++)
+            ly->b_sum[i] = ly->b_ih[i] + ly->b_hh[i];
+    }
+}
+
+size_t model_num_params(const nc_model *m)
+{
+    const nc_model_config *c = &m->cfg;
+    size_t V = (size_t)c->vocab_size, E = (size_t)c->embedding_size, H = (size_t)c->hidden_size;
+    size_t n = V * E + V;
+    if (m->decoder_w != m->encoder)
+        n += V * H;
+    for (int k = 0; k < c->num_layers; k++)
+        n += 4 * H * ((size_t)m->layers[k].input_size + H + 2);
+    return n;
+}
+
+static void path_join(char *out, size_t n, const char *dir, const char *name)
+{
+    snprintf(out, n, "%s/%s", dir, name);
+}
+
+int model_load(const char *dir, nc_model **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    char path[4096];
+    nc_model *m = calloc(1, sizeof *m);
+    model_impl *im = calloc(1, sizeof *im);
+    if (!m || !im) {
+        free(m);
+        free(im);
+        return nc_error(err, errlen, NC_ENOMEM, "out of memory");
+    }
+    m->impl = im;
+    snprintf(m->dir, sizeof m->dir, "%s", dir);
+    struct stat st;
+    int rc = NC_OK;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        rc = nc_error(err, errlen, NC_ENOTFOUND, "%s: not a model directory", dir);
+    if (rc == NC_OK) {
+        path_join(path, sizeof path, dir, "config.json");
+        rc = config_load(path, &m->cfg, err, errlen);
+    }
+    if (rc == NC_OK) {
+        path_join(path, sizeof path, dir, "vocab.txt");
+        rc = vocab_load(path, &m->vocab, err, errlen);
+        if (rc == NC_OK)
+            rc = model_bind_vocab(m, path, err, errlen);
+    }
+    if (rc == NC_OK && model_shell(m, im) != NC_OK)
+        rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
+    if (rc == NC_OK) {
+        path_join(path, sizeof path, dir, "model.safetensors");
+        rc = safetensors_load(m, im, path, err, errlen);
+    }
+    if (rc != NC_OK) {
+        model_free(m);
+        return rc;
+    }
+    model_refresh_derived(m);
+    *out = m;
+    return NC_OK;
+}
+
+int model_create(const nc_model_config *cfg, nc_vocab *vocab, nc_model **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    nc_model *m = calloc(1, sizeof *m);
+    model_impl *im = calloc(1, sizeof *im);
+    if (!m || !im) {
+        free(m);
+        free(im);
+        vocab_free(vocab);
+        return nc_error(err, errlen, NC_ENOMEM, "out of memory");
+    }
+    m->impl = im;
+    m->cfg = *cfg;
+    m->vocab = vocab;
+    int rc = config_check(&m->cfg, "model config", err, errlen);
+    if (rc == NC_OK)
+        rc = model_bind_vocab(m, "vocabulary", err, errlen);
+    if (rc == NC_OK && model_shell(m, im) != NC_OK)
+        rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
+    if (rc == NC_OK) {
+        tensor_spec specs[4 + 4 * MODEL_MAX_LAYERS];
+        int n = model_specs(m, specs);
+        for (int s = 0; s < n && rc == NC_OK; s++) {
+            if (specs[s].optional)
+                continue;   /* tied decoder: aliases the encoder below */
+            *specs[s].dst = impl_alloc(im, spec_numel(&specs[s]));
+            if (!*specs[s].dst)
+                rc = nc_error(err, errlen, NC_ENOMEM, "out of memory for tensor '%s'", specs[s].name);
+        }
+        if (!m->decoder_w)
+            m->decoder_w = m->encoder;
+    }
+    if (rc != NC_OK) {
+        model_free(m);
+        return rc;
+    }
+    model_refresh_derived(m);
+    *out = m;
+    return NC_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Saving                                                                    */
+
+/* A file written under a temporary name, renamed into place by commit. */
+typedef struct {
+    char tmp[4096], final[4096];
+    FILE *f;
+} atomic_file;
+
+static int afile_open(atomic_file *a, const char *dir, const char *name, char *err, size_t errlen)
+{
+    path_join(a->final, sizeof a->final, dir, name);
+    snprintf(a->tmp, sizeof a->tmp, "%s/.%s.tmp.%ld", dir, name, (long)getpid());
+    a->f = fopen(a->tmp, "wb");
+    if (!a->f)
+        return nc_error(err, errlen, NC_EIO, "%s: cannot create: %s", a->tmp, strerror(errno));
+    return NC_OK;
+}
+
+/* Flushes and fsyncs; the file stays under its temporary name. */
+static int afile_close(atomic_file *a, int rc, char *err, size_t errlen)
+{
+    if (!a->f)
+        return rc;
+    int ok = rc == NC_OK && !ferror(a->f) && fflush(a->f) == 0 && fsync(fileno(a->f)) == 0;
+    int e = errno;
+    if (fclose(a->f) != 0)
+        ok = 0;
+    a->f = NULL;
+    if (rc == NC_OK && !ok)
+        rc = nc_error(err, errlen, NC_EIO, "%s: write failed: %s", a->tmp, strerror(e));
+    return rc;
+}
+
+static int write_config(const nc_model_config *c, FILE *f)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "model_type", json_string(c->model_type));
+    json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
+    json_object_set_new(o, "embedding_size", json_integer(c->embedding_size));
+    json_object_set_new(o, "hidden_size", json_integer(c->hidden_size));
+    json_object_set_new(o, "num_layers", json_integer(c->num_layers));
+    json_object_set_new(o, "tie_weights", json_boolean(c->tie_weights));
+    json_object_set_new(o, "unk_token", json_string(c->unk_token));
+    json_object_set_new(o, "eos_token", json_string(c->eos_token));
+    json_object_set_new(o, "lowercase", json_boolean(c->lowercase));
+    int r = o ? json_dumpf(o, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : -1;
+    json_decref(o);
+    if (r == 0)
+        fputc('\n', f);
+    return r == 0 ? NC_OK : NC_EIO;
+}
+
+static int write_safetensors(const nc_model *m, bool f16, FILE *f)
+{
+    tensor_spec specs[4 + 4 * MODEL_MAX_LAYERS];
+    int n = model_specs((nc_model *)m, specs);
+    size_t esize = f16 ? 2 : 4;
+    json_t *hdr = json_object();
+    size_t off = 0;
+    bool tied = m->decoder_w == m->encoder;
+    for (int s = 0; s < n; s++) {
+        /* A tied decoder is the encoder: design §2 allows leaving it out. */
+        if (specs[s].optional && tied) {
+            specs[s].dst = NULL;
+            continue;
+        }
+        json_t *e = json_object(), *shape = json_array();
+        for (int i = 0; i < specs[s].rank; i++)
+            json_array_append_new(shape, json_integer(specs[s].dims[i]));
+        size_t nb = spec_numel(&specs[s]) * esize;
+        json_object_set_new(e, "dtype", json_string(f16 ? "F16" : "F32"));
+        json_object_set_new(e, "shape", shape);
+        json_object_set_new(e, "data_offsets", json_pack("[II]", (json_int_t)off, (json_int_t)(off + nb)));
+        json_object_set_new(hdr, specs[s].name, e);
+        off += nb;
+    }
+    json_object_set_new(hdr, "__metadata__", json_pack("{ss}", "format", "pt"));
+    char *txt = json_dumps(hdr, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(hdr);
+    if (!txt)
+        return NC_ENOMEM;
+    /* Pad with spaces so the data section starts 8-byte aligned: F32
+     * tensors can then be used in place from the mapping. */
+    size_t hlen = strlen(txt);
+    size_t padded = (hlen + 7) & ~(size_t)7;
+    unsigned char lenb[8];
+    for (int i = 0; i < 8; i++)
+        lenb[i] = (unsigned char)(((uint64_t)padded >> (8 * i)) & 0xff);
+    int ok = fwrite(lenb, 1, 8, f) == 8 && fwrite(txt, 1, hlen, f) == hlen;
+    for (size_t i = hlen; ok && i < padded; i++)
+        ok = fputc(' ', f) != EOF;
+    free(txt);
+    uint16_t hbuf[1024];
+    for (int s = 0; s < n && ok; s++) {
+        if (!specs[s].dst)
+            continue;
+        const float *src = *specs[s].dst;
+        size_t cnt = spec_numel(&specs[s]);
+        if (!f16) {
+            ok = fwrite(src, sizeof(float), cnt, f) == cnt;   /* x86-64 is little-endian */
+            continue;
+        }
+        for (size_t i = 0; i < cnt && ok; i += 1024) {
+            size_t k = cnt - i < 1024 ? cnt - i : 1024;
+            for (size_t j = 0; j < k; j++)
+                hbuf[j] = nc_float_to_half(src[i + j]);
+            ok = fwrite(hbuf, 2, k, f) == k;
+        }
+    }
+    return ok ? NC_OK : NC_EIO;
+}
+
+int model_save(const nc_model *m, const char *dir, bool f16, char *err, size_t errlen)
+{
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return nc_error(err, errlen, NC_EIO, "%s: cannot create directory: %s", dir, strerror(errno));
+    atomic_file files[3];
+    memset(files, 0, sizeof files);
+    static const char *names[3] = {"config.json", "vocab.txt", "model.safetensors"};
+    int rc = NC_OK;
+    for (int i = 0; i < 3 && rc == NC_OK; i++) {
+        rc = afile_open(&files[i], dir, names[i], err, errlen);
+        if (rc != NC_OK)
+            break;
+        if (i == 0) {
+            rc = write_config(&m->cfg, files[i].f);
+        } else if (i == 1) {
+            for (int w = 0; w < vocab_size(m->vocab) && rc == NC_OK; w++)
+                if (fprintf(files[i].f, "%s\n", vocab_word(m->vocab, w)) < 0)
+                    rc = NC_EIO;
+        } else {
+            rc = write_safetensors(m, f16, files[i].f);
+        }
+        if (rc != NC_OK)
+            nc_error(err, errlen, rc, "%s: write failed: %s", files[i].tmp,
+                     rc == NC_ENOMEM ? "out of memory" : strerror(errno));
+        rc = afile_close(&files[i], rc, err, errlen);
+    }
+    /* Rename only once every file is complete on disk, so a crash leaves
+     * either the old files or the new ones, never a half-written one. */
+    for (int i = 0; i < 3 && rc == NC_OK; i++)
+        if (rename(files[i].tmp, files[i].final) != 0)
+            rc = nc_error(err, errlen, NC_EIO, "%s: rename failed: %s", files[i].final, strerror(errno));
+    if (rc != NC_OK) {
+        for (int i = 0; i < 3; i++) {
+            if (files[i].f)
+                fclose(files[i].f);
+            if (files[i].tmp[0])
+                unlink(files[i].tmp);
+        }
+        return rc;
+    }
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return NC_OK;
+}
