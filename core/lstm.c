@@ -1,0 +1,318 @@
+/* lstm.c -- LSTM forward pass (PyTorch nn.LSTM), decoder and log-softmax. */
+#include "lstm.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+/* Positions per block in lstm_forward_seq: bounds scratch to
+ * LSTM_BLOCK * (4H + H) floats while keeping the GEMMs large. */
+#define LSTM_BLOCK 256
+
+/* ------------------------------------------------------------------------ */
+/* State                                                                     */
+
+nc_state *lstm_state_new(const nc_model *m)
+{
+    nc_state *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->num_layers = m->cfg.num_layers;
+    s->hidden_size = m->cfg.hidden_size;
+    size_t n = (size_t)s->num_layers * (size_t)s->hidden_size;
+    s->h = nc_calloc(n, sizeof(float));
+    s->c = nc_calloc(n, sizeof(float));
+    if (!s->h || !s->c) {
+        lstm_state_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void lstm_state_free(nc_state *s)
+{
+    if (!s)
+        return;
+    nc_free(s->h);
+    nc_free(s->c);
+    free(s);
+}
+
+void lstm_state_reset(nc_state *s)
+{
+    size_t n = (size_t)s->num_layers * (size_t)s->hidden_size;
+    memset(s->h, 0, n * sizeof(float));
+    memset(s->c, 0, n * sizeof(float));
+}
+
+void lstm_state_copy(nc_state *dst, const nc_state *src)
+{
+    size_t n = (size_t)src->num_layers * (size_t)src->hidden_size;
+    if (dst == src)
+        return;
+    memcpy(dst->h, src->h, n * sizeof(float));
+    memcpy(dst->c, src->c, n * sizeof(float));
+}
+
+/* Blob layout (little-endian): "NCST", u32 L, u32 H, u32 reserved (0),
+ * then h[L*H] and c[L*H] as IEEE float32. */
+#define STATE_MAGIC "NCST"
+#define STATE_HDR 16
+
+size_t lstm_state_blob_size(const nc_state *s)
+{
+    return STATE_HDR + 2 * (size_t)s->num_layers * (size_t)s->hidden_size * sizeof(float);
+}
+
+static void put_u32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+void lstm_state_to_blob(const nc_state *s, void *blob)
+{
+    unsigned char *p = blob;
+    size_t n = (size_t)s->num_layers * (size_t)s->hidden_size;
+    memcpy(p, STATE_MAGIC, 4);
+    put_u32(p + 4, (uint32_t)s->num_layers);
+    put_u32(p + 8, (uint32_t)s->hidden_size);
+    put_u32(p + 12, 0);
+    /* x86-64 is little-endian: the float arrays are the wire format. */
+    memcpy(p + STATE_HDR, s->h, n * sizeof(float));
+    memcpy(p + STATE_HDR + n * sizeof(float), s->c, n * sizeof(float));
+}
+
+int lstm_state_from_blob(nc_state *s, const void *blob, size_t len, char *err, size_t errlen)
+{
+    const unsigned char *p = blob;
+    if (!blob || len < STATE_HDR || memcmp(p, STATE_MAGIC, 4) != 0)
+        return nc_error(err, errlen, NC_EFORMAT, "state blob: bad magic or too short (%zu bytes)", len);
+    uint32_t L = get_u32(p + 4), H = get_u32(p + 8);
+    if ((int)L != s->num_layers || (int)H != s->hidden_size)
+        return nc_error(err, errlen, NC_EFORMAT, "state blob: shape %u layers x %u units, model has %d x %d", L, H,
+                        s->num_layers, s->hidden_size);
+    if (len != lstm_state_blob_size(s))
+        return nc_error(err, errlen, NC_EFORMAT, "state blob: %zu bytes, expected %zu", len,
+                        lstm_state_blob_size(s));
+    size_t n = (size_t)L * H;
+    const unsigned char *src = p + STATE_HDR;
+    /* Validate before touching s so a bad blob leaves the state unchanged. */
+    for (size_t i = 0; i < 2 * n; i++) {
+        float v;
+        memcpy(&v, src + i * sizeof(float), sizeof v);
+        if (!isfinite(v))
+            return nc_error(err, errlen, NC_EFORMAT, "state blob: value %zu is not finite", i);
+    }
+    memcpy(s->h, src, n * sizeof(float));
+    memcpy(s->c, src + n * sizeof(float), n * sizeof(float));
+    return NC_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Cell                                                                      */
+
+struct nc_lstm_work {
+    float *gates;                 /* [4H] */
+};
+
+nc_lstm_work *lstm_work_new(const nc_model *m)
+{
+    nc_lstm_work *w = calloc(1, sizeof *w);
+    if (!w)
+        return NULL;
+    w->gates = nc_calloc(4 * (size_t)m->cfg.hidden_size, sizeof(float));
+    if (!w->gates) {
+        free(w);
+        return NULL;
+    }
+    return w;
+}
+
+void lstm_work_free(nc_lstm_work *w)
+{
+    if (!w)
+        return;
+    nc_free(w->gates);
+    free(w);
+}
+
+static inline float sigmoidf(float x)
+{
+    return 1.0f / (1.0f + expf(-x));
+}
+
+/* PyTorch nn.LSTM cell, given the pre-activations g[4H] (rows i, f, g, o):
+ *   c' = sigmoid(f) * c + sigmoid(i) * tanh(g),   h' = sigmoid(o) * tanh(c').
+ * Updates h and c in place. */
+static void lstm_cell(const float *g, float *h, float *c, int H)
+{
+    const float *gi = g, *gf = g + H, *gg = g + 2 * H, *go = g + 3 * H;
+    for (int j = 0; j < H; j++) {
+        float cn = sigmoidf(gf[j]) * c[j] + sigmoidf(gi[j]) * tanhf(gg[j]);
+        c[j] = cn;
+        h[j] = sigmoidf(go[j]) * tanhf(cn);
+    }
+}
+
+static inline int clamp_token(const nc_model *m, int token)
+{
+    /* Callers validate ids; an out-of-range one must still never read
+     * outside the embedding table. */
+    return (token < 0 || token >= m->cfg.vocab_size) ? m->unk_id : token;
+}
+
+void lstm_step(const nc_model *m, nc_state *s, int token, nc_lstm_work *w)
+{
+    const int H = m->cfg.hidden_size, G = 4 * H;
+    token = clamp_token(m, token);
+    const float *x = m->encoder + (size_t)token * (size_t)m->cfg.embedding_size;
+    for (int k = 0; k < m->cfg.num_layers; k++) {
+        const nc_lstm_layer *ly = &m->layers[k];
+        float *h = s->h + (size_t)k * H, *c = s->c + (size_t)k * H;
+        /* gates = W_ih x + W_hh h + (b_ih + b_hh) */
+        memcpy(w->gates, ly->b_sum, (size_t)G * sizeof(float));
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, G, ly->input_size, 1.0f, ly->w_ih, ly->input_size, x, 1, 1.0f,
+                    w->gates, 1);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, G, H, 1.0f, ly->w_hh, H, h, 1, 1.0f, w->gates, 1);
+        lstm_cell(w->gates, h, c, H);
+        x = h;
+    }
+}
+
+int lstm_forward_seq(const nc_model *m, nc_state *s, const int *tokens, size_t T, float *hidden, char *err,
+                     size_t errlen)
+{
+    if (T == 0)
+        return NC_OK;
+    const int E = m->cfg.embedding_size, H = m->cfg.hidden_size, G = 4 * H, L = m->cfg.num_layers;
+    size_t B = T < LSTM_BLOCK ? T : LSTM_BLOCK;
+    int maxin = E > H ? E : H;
+    float *gates = nc_alloc(B * (size_t)G * sizeof(float));
+    float *xin = nc_alloc(B * (size_t)maxin * sizeof(float));   /* layer input rows */
+    float *xout = nc_alloc(B * (size_t)H * sizeof(float));      /* layer output rows */
+    if (!gates || !xin || !xout) {
+        nc_free(gates);
+        nc_free(xin);
+        nc_free(xout);
+        return nc_error(err, errlen, NC_ENOMEM, "lstm_forward_seq: out of memory for %zu positions", B);
+    }
+    for (size_t t0 = 0; t0 < T; t0 += B) {
+        size_t nb = T - t0 < B ? T - t0 : B;
+        for (size_t t = 0; t < nb; t++)
+            memcpy(xin + t * (size_t)E, m->encoder + (size_t)clamp_token(m, tokens[t0 + t]) * (size_t)E,
+                   (size_t)E * sizeof(float));
+        for (int k = 0; k < L; k++) {
+            const nc_lstm_layer *ly = &m->layers[k];
+            float *h = s->h + (size_t)k * H, *c = s->c + (size_t)k * H;
+            float *out = k == L - 1 ? hidden + t0 * (size_t)H : xout;
+            /* Input projections of the whole block in one GEMM:
+             * gates[nb, 4H] = xin[nb, in] W_ih^T + b_sum. */
+            for (size_t t = 0; t < nb; t++)
+                memcpy(gates + t * (size_t)G, ly->b_sum, (size_t)G * sizeof(float));
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, G, ly->input_size, 1.0f, xin,
+                        ly->input_size, ly->w_ih, ly->input_size, 1.0f, gates, G);
+            /* The recurrence is inherently sequential. */
+            for (size_t t = 0; t < nb; t++) {
+                float *g = gates + t * (size_t)G;
+                cblas_sgemv(CblasRowMajor, CblasNoTrans, G, H, 1.0f, ly->w_hh, H, h, 1, 1.0f, g, 1);
+                lstm_cell(g, h, c, H);
+                memcpy(out + t * (size_t)H, h, (size_t)H * sizeof(float));
+            }
+            if (k < L - 1)
+                memcpy(xin, xout, nb * (size_t)H * sizeof(float));
+        }
+    }
+    nc_free(gates);
+    nc_free(xin);
+    nc_free(xout);
+    return NC_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Decoder and softmax                                                       */
+
+void lstm_logits(const nc_model *m, const float *h, float *logits)
+{
+    const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
+    memcpy(logits, m->decoder_b, (size_t)V * sizeof(float));
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, V, H, 1.0f, m->decoder_w, H, h, 1, 1.0f, logits, 1);
+}
+
+void lstm_logits_batch(const nc_model *m, const float *hidden, size_t T, float *logits)
+{
+    const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
+    if (T == 0)
+        return;
+    for (size_t t = 0; t < T; t++)
+        memcpy(logits + t * (size_t)V, m->decoder_b, (size_t)V * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, V, H, 1.0f, hidden, H, m->decoder_w, H, 1.0f,
+                logits, V);
+}
+
+/* exp(x) for x <= 0 without libm, written as fixed-length inner loops so the
+ * compiler vectorises it: range reduction x = n ln2 + r, |r| <= ln2/2, and a
+ * degree-6 Taylor/minimax polynomial for e^r (relative error < 2e-7), scaled
+ * by 2^n through the exponent bits. Below -87 the result flushes to 0, which
+ * is harmless in a sum that already holds exp(0) = 1. */
+#define EXP_CHUNK 16
+static void exp_chunk(const float *x, float m, float *y)
+{
+    for (int i = 0; i < EXP_CHUNK; i++) {
+        float v = x[i] - m;
+        v = v < -87.0f ? -87.0f : v;
+        float n = __builtin_floorf(v * 1.44269504f + 0.5f);
+        float r = v - n * 0.693145752f;       /* ln2 split in two parts */
+        r = r - n * 1.42860677e-6f;
+        float p = 1.0f / 720.0f;
+        p = p * r + 1.0f / 120.0f;
+        p = p * r + 1.0f / 24.0f;
+        p = p * r + 1.0f / 6.0f;
+        p = p * r + 0.5f;
+        p = p * r + 1.0f;
+        p = p * r + 1.0f;
+        int32_t bits;
+        memcpy(&bits, &p, sizeof bits);
+        bits += (int32_t)n * (1 << 23);
+        memcpy(&y[i], &bits, sizeof bits);
+        y[i] = x[i] - m < -87.0f ? 0.0f : y[i];
+    }
+}
+
+float nc_logsumexp(const float *x, size_t n)
+{
+    if (n == 0)
+        return -INFINITY;
+    float mx = x[0];
+    for (size_t i = 1; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    if (!isfinite(mx))
+        return mx;                /* +inf or NaN propagates; all -inf gives -inf */
+    float acc[EXP_CHUNK] = {0}, y[EXP_CHUNK];
+    size_t i = 0;
+    for (; i + EXP_CHUNK <= n; i += EXP_CHUNK) {
+        exp_chunk(x + i, mx, y);
+        for (int j = 0; j < EXP_CHUNK; j++)
+            acc[j] += y[j];
+    }
+    double sum = 0.0;
+    for (int j = 0; j < EXP_CHUNK; j++)
+        sum += acc[j];
+    for (; i < n; i++)
+        sum += expf(x[i] - mx);
+    return mx + (float)log(sum);
+}
+
+void nc_log_softmax(float *x, size_t n)
+{
+    float lse = nc_logsumexp(x, n);
+    for (size_t i = 0; i < n; i++)
+        x[i] -= lse;
+}

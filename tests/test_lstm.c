@@ -1,0 +1,343 @@
+/* test_lstm.c -- LSTM step and batched paths against PyTorch's reference
+ * vectors (each fixture's reference.json), state handling, log-softmax. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "harness.h"
+#include "lstm.h"
+#include "model.h"
+
+#define TOL_LOGPROB 1e-4   /* design §2 / testdata README */
+#define TOL_HIDDEN 1e-4
+
+/* The harness macro tests its pointer for NULL; arrays need a decay. */
+static const char *msg(const char *s)
+{
+    return s;
+}
+
+static const char *fixtures[] = {"lstm-2layer", "lstm-1layer-tied", "lstm-2layer-f16"};
+
+typedef struct {
+    nc_model *m;
+    json_t *ref;
+    int *tokens;
+    size_t T;
+} fixture;
+
+static int fixture_open(const char *name, fixture *f)
+{
+    char dir[1024], path[1100], err[NC_ERRLEN];
+    memset(f, 0, sizeof *f);
+    snprintf(dir, sizeof dir, "%s/%s", harness_fixtures(), name);
+    int rc = model_load(dir, &f->m, err, sizeof err);
+    CHECKF(rc == NC_OK, "%s: %s", dir, err);
+    if (rc != NC_OK)
+        return -1;
+    snprintf(path, sizeof path, "%s/reference.json", dir);
+    json_error_t jerr;
+    f->ref = json_load_file(path, 0, &jerr);
+    CHECKF(f->ref != NULL, "%s: %s", path, jerr.text);
+    if (!f->ref)
+        return -1;
+    json_t *toks = json_object_get(f->ref, "tokens");
+    f->T = json_array_size(toks);
+    f->tokens = malloc(f->T * sizeof(int));
+    for (size_t i = 0; i < f->T; i++)
+        f->tokens[i] = (int)json_integer_value(json_array_get(toks, i));
+    CHECK(f->T > 10);
+    return 0;
+}
+
+static void fixture_close(fixture *f)
+{
+    model_free(f->m);
+    json_decref(f->ref);
+    free(f->tokens);
+}
+
+static double ref_at2(json_t *ref, const char *key, size_t i, size_t j)
+{
+    return json_number_value(json_array_get(json_array_get(json_object_get(ref, key), i), j));
+}
+
+/* Compares a [V] log-prob row with static_logprobs_full[t]; returns max |d|. */
+static double cmp_logprobs(const fixture *f, size_t t, const float *lp)
+{
+    double worst = 0;
+    for (int w = 0; w < f->m->cfg.vocab_size; w++) {
+        double d = fabs(lp[w] - ref_at2(f->ref, "static_logprobs_full", t, (size_t)w));
+        worst = d > worst ? d : worst;
+    }
+    return worst;
+}
+
+static double cmp_hidden(const fixture *f, size_t t, const float *h)
+{
+    double worst = 0;
+    for (int j = 0; j < f->m->cfg.hidden_size; j++) {
+        double d = fabs(h[j] - ref_at2(f->ref, "hidden_last_layer", t, (size_t)j));
+        worst = d > worst ? d : worst;
+    }
+    return worst;
+}
+
+static void check_final_state(const fixture *f, const nc_state *s, const char *path)
+{
+    json_t *fs = json_object_get(f->ref, "final_state");
+    int L = f->m->cfg.num_layers, H = f->m->cfg.hidden_size;
+    double worst = 0;
+    for (int k = 0; k < L; k++)
+        for (int j = 0; j < H; j++) {
+            double dh = fabs(s->h[k * H + j] -
+                             json_number_value(json_array_get(json_array_get(json_object_get(fs, "h"), k), j)));
+            double dc = fabs(s->c[k * H + j] -
+                             json_number_value(json_array_get(json_array_get(json_object_get(fs, "c"), k), j)));
+            worst = fmax(worst, fmax(dh, dc));
+        }
+    CHECKF(worst <= TOL_HIDDEN, "%s: final_state differs by %g", path, worst);
+}
+
+TEST(reference_step_path)
+{
+    for (size_t fi = 0; fi < sizeof fixtures / sizeof fixtures[0]; fi++) {
+        fixture f;
+        if (fixture_open(fixtures[fi], &f) != 0) {
+            fixture_close(&f);
+            continue;
+        }
+        int V = f.m->cfg.vocab_size;
+        nc_state *s = lstm_state_new(f.m);
+        nc_lstm_work *w = lstm_work_new(f.m);
+        float *lp = malloc((size_t)V * sizeof(float));
+        double worst_lp = 0, worst_h = 0;
+        for (size_t t = 0; t < f.T; t++) {
+            lstm_step(f.m, s, f.tokens[t], w);
+            worst_h = fmax(worst_h, cmp_hidden(&f, t, lstm_state_top(s)));
+            lstm_logits(f.m, lstm_state_top(s), lp);
+            nc_log_softmax(lp, (size_t)V);
+            worst_lp = fmax(worst_lp, cmp_logprobs(&f, t, lp));
+        }
+        CHECKF(worst_lp <= TOL_LOGPROB, "%s: step log-probs differ by %g", fixtures[fi], worst_lp);
+        CHECKF(worst_h <= TOL_HIDDEN, "%s: step hidden differs by %g", fixtures[fi], worst_h);
+        check_final_state(&f, s, fixtures[fi]);
+        free(lp);
+        lstm_work_free(w);
+        lstm_state_free(s);
+        fixture_close(&f);
+    }
+}
+
+/* The batched path, whole and split into two calls at every split point
+ * class (start, middle, end): chunking must not change anything. */
+TEST(reference_batched_path)
+{
+    for (size_t fi = 0; fi < sizeof fixtures / sizeof fixtures[0]; fi++) {
+        fixture f;
+        if (fixture_open(fixtures[fi], &f) != 0) {
+            fixture_close(&f);
+            continue;
+        }
+        int V = f.m->cfg.vocab_size, H = f.m->cfg.hidden_size;
+        size_t splits[] = {f.T, 1, f.T / 2, f.T - 1};
+        for (size_t si = 0; si < 4; si++) {
+            size_t cut = splits[si];
+            nc_state *s = lstm_state_new(f.m);
+            float *hid = malloc(f.T * (size_t)H * sizeof(float));
+            float *lg = malloc(f.T * (size_t)V * sizeof(float));
+            char err[NC_ERRLEN];
+            CHECK(lstm_forward_seq(f.m, s, f.tokens, cut, hid, err, sizeof err) == NC_OK);
+            CHECK(lstm_forward_seq(f.m, s, f.tokens + cut, f.T - cut, hid + cut * (size_t)H, err, sizeof err) ==
+                  NC_OK);
+            lstm_logits_batch(f.m, hid, f.T, lg);
+            double worst_lp = 0, worst_h = 0;
+            for (size_t t = 0; t < f.T; t++) {
+                nc_log_softmax(lg + t * (size_t)V, (size_t)V);
+                worst_lp = fmax(worst_lp, cmp_logprobs(&f, t, lg + t * (size_t)V));
+                worst_h = fmax(worst_h, cmp_hidden(&f, t, hid + t * (size_t)H));
+            }
+            CHECKF(worst_lp <= TOL_LOGPROB, "%s split %zu: batched log-probs differ by %g", fixtures[fi], cut,
+                   worst_lp);
+            CHECKF(worst_h <= TOL_HIDDEN, "%s split %zu: batched hidden differs by %g", fixtures[fi], cut, worst_h);
+            check_final_state(&f, s, fixtures[fi]);
+            free(hid);
+            free(lg);
+            lstm_state_free(s);
+        }
+        fixture_close(&f);
+    }
+}
+
+/* Longer than one block of lstm_forward_seq: batched == step (naive path). */
+TEST(batched_equals_step_across_blocks)
+{
+    fixture f;
+    if (fixture_open("lstm-2layer", &f) != 0) {
+        fixture_close(&f);
+        return;
+    }
+    int V = f.m->cfg.vocab_size, H = f.m->cfg.hidden_size;
+    size_t T = 700;
+    int *toks = malloc(T * sizeof(int));
+    unsigned x = 12345;
+    for (size_t t = 0; t < T; t++) {
+        x = x * 1103515245u + 12345u;
+        toks[t] = (int)((x >> 16) % (unsigned)V);
+    }
+    nc_state *a = lstm_state_new(f.m), *b = lstm_state_new(f.m);
+    nc_lstm_work *w = lstm_work_new(f.m);
+    float *hid = malloc(T * (size_t)H * sizeof(float));
+    float *lg = malloc(T * (size_t)V * sizeof(float));
+    float *lp = malloc((size_t)V * sizeof(float));
+    char err[NC_ERRLEN];
+    CHECK(lstm_forward_seq(f.m, a, toks, T, hid, err, sizeof err) == NC_OK);
+    lstm_logits_batch(f.m, hid, T, lg);
+    double worst = 0;
+    for (size_t t = 0; t < T; t++) {
+        lstm_step(f.m, b, toks[t], w);
+        lstm_logits(f.m, lstm_state_top(b), lp);
+        nc_log_softmax(lp, (size_t)V);
+        nc_log_softmax(lg + t * (size_t)V, (size_t)V);
+        for (int j = 0; j < V; j++)
+            worst = fmax(worst, fabs(lp[j] - lg[t * (size_t)V + (size_t)j]));
+    }
+    CHECKF(worst <= 1e-5, "batched vs step over %zu tokens: %g", T, worst);
+    double ws = 0;
+    for (int j = 0; j < f.m->cfg.num_layers * H; j++)
+        ws = fmax(ws, fmax(fabs(a->h[j] - b->h[j]), fabs(a->c[j] - b->c[j])));
+    CHECK(ws <= 1e-5);
+    free(toks);
+    free(hid);
+    free(lg);
+    free(lp);
+    lstm_work_free(w);
+    lstm_state_free(a);
+    lstm_state_free(b);
+    fixture_close(&f);
+}
+
+TEST(state_copy_reset_blob)
+{
+    fixture f;
+    if (fixture_open("lstm-2layer", &f) != 0) {
+        fixture_close(&f);
+        return;
+    }
+    nc_state *s = lstm_state_new(f.m), *c = lstm_state_new(f.m), *r = lstm_state_new(f.m);
+    nc_lstm_work *w = lstm_work_new(f.m);
+    for (size_t t = 0; t < 20; t++)
+        lstm_step(f.m, s, f.tokens[t], w);
+    size_t n = (size_t)s->num_layers * s->hidden_size;
+    lstm_state_copy(c, s);
+    CHECK(memcmp(c->h, s->h, n * sizeof(float)) == 0 && memcmp(c->c, s->c, n * sizeof(float)) == 0);
+
+    /* Serialise, restore, and continue: identical to continuing the original. */
+    size_t bl = lstm_state_blob_size(s);
+    CHECK(bl == 16 + 2 * n * sizeof(float));
+    unsigned char *blob = malloc(bl);
+    lstm_state_to_blob(s, blob);
+    char err[NC_ERRLEN];
+    CHECK(lstm_state_from_blob(r, blob, bl, err, sizeof err) == NC_OK);
+    for (size_t t = 20; t < f.T; t++) {
+        lstm_step(f.m, s, f.tokens[t], w);
+        lstm_step(f.m, r, f.tokens[t], w);
+    }
+    CHECK(memcmp(r->h, s->h, n * sizeof(float)) == 0 && memcmp(r->c, s->c, n * sizeof(float)) == 0);
+    check_final_state(&f, r, "restored");
+
+    /* Bad blobs are refused and leave the state untouched. */
+    lstm_state_copy(c, r);
+    CHECK(lstm_state_from_blob(r, blob, bl - 1, err, sizeof err) == NC_EFORMAT);
+    CHECK_STR_CONTAINS(msg(err), "bytes");
+    blob[0] = 'X';
+    CHECK(lstm_state_from_blob(r, blob, bl, err, sizeof err) == NC_EFORMAT);
+    CHECK_STR_CONTAINS(msg(err), "magic");
+    blob[0] = 'N';
+    blob[4] = 3;
+    CHECK(lstm_state_from_blob(r, blob, bl, err, sizeof err) == NC_EFORMAT);
+    CHECK_STR_CONTAINS(msg(err), "layers");
+    blob[4] = 2;
+    float nan = NAN;
+    memcpy(blob + 16, &nan, sizeof nan);
+    CHECK(lstm_state_from_blob(r, blob, bl, err, sizeof err) == NC_EFORMAT);
+    CHECK_STR_CONTAINS(msg(err), "finite");
+    CHECK(memcmp(c->h, r->h, n * sizeof(float)) == 0);
+
+    lstm_state_reset(s);
+    int zero = 1;
+    for (size_t i = 0; i < n; i++)
+        zero &= s->h[i] == 0.0f && s->c[i] == 0.0f;
+    CHECK(zero);
+    free(blob);
+    lstm_work_free(w);
+    lstm_state_free(s);
+    lstm_state_free(c);
+    lstm_state_free(r);
+    fixture_close(&f);
+}
+
+/* The vectorised exp in nc_logsumexp against a naive double computation. */
+TEST(logsumexp_matches_naive)
+{
+    size_t sizes[] = {1, 5, 16, 17, 50, 10000};
+    unsigned x = 7;
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        size_t n = sizes[si];
+        float *v = malloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++) {
+            x = x * 1103515245u + 12345u;
+            v[i] = ((float)((x >> 8) & 0xffff) / 65536.0f - 0.5f) * 60.0f;
+        }
+        double mx = -INFINITY, sum = 0;
+        for (size_t i = 0; i < n; i++)
+            mx = fmax(mx, v[i]);
+        for (size_t i = 0; i < n; i++)
+            sum += exp((double)v[i] - mx);
+        double want = mx + log(sum);
+        CHECK_NEAR(nc_logsumexp(v, n), want, 1e-5 * fmax(1.0, fabs(want)));
+        nc_log_softmax(v, n);
+        double total = 0;
+        for (size_t i = 0; i < n; i++)
+            total += exp((double)v[i]);
+        CHECK_NEAR(total, 1.0, 1e-5);
+        free(v);
+    }
+    float big[3] = {1000.0f, 999.0f, -INFINITY};
+    CHECK_NEAR(nc_logsumexp(big, 3), 1000.0 + log(1.0 + exp(-1.0)), 1e-3);
+    float ninf[2] = {-INFINITY, -INFINITY};
+    CHECK(isinf(nc_logsumexp(ninf, 2)) && nc_logsumexp(ninf, 2) < 0);
+}
+
+/* Out-of-range ids never read outside the embedding table (they act as unk). */
+TEST(out_of_range_token_is_unk)
+{
+    fixture f;
+    if (fixture_open("lstm-2layer", &f) != 0) {
+        fixture_close(&f);
+        return;
+    }
+    nc_state *a = lstm_state_new(f.m), *b = lstm_state_new(f.m);
+    nc_lstm_work *w = lstm_work_new(f.m);
+    lstm_step(f.m, a, 1 << 30, w);
+    lstm_step(f.m, b, f.m->unk_id, w);
+    CHECK(memcmp(a->h, b->h, (size_t)a->num_layers * a->hidden_size * sizeof(float)) == 0);
+    lstm_work_free(w);
+    lstm_state_free(a);
+    lstm_state_free(b);
+    fixture_close(&f);
+}
+
+int main(void)
+{
+    RUN(reference_step_path);
+    RUN(reference_batched_path);
+    RUN(batched_equals_step_across_blocks);
+    RUN(state_copy_reset_blob);
+    RUN(logsumexp_matches_naive);
+    RUN(out_of_range_token_is_unk);
+    return harness_summary();
+}
