@@ -1,0 +1,59 @@
+/* docscore.h -- batched, causal scoring of a token sequence with the caches.
+ *
+ * A document is first "prepared" (one LSTM pass: input projections and the
+ * decoder as GEMMs, recurrence step by step), keeping per token j the query
+ * row h before token j, the decoder logit of token j and the log-sum-exp of
+ * the logits. doc_score then reads the caches position by position: neural
+ * dot products for a block of positions in one GEMM against the window,
+ * unbounded searches batched per block. Causality (design §3): token j's
+ * probability depends only on pairs of tokens < j, however the text is cut
+ * into calls -- including the unbounded cache, where a block's own pairs are
+ * added before its search and filtered out by FAISS id (ubcache_search's
+ * id_limit). The prepared document can be scored many times with different
+ * parameters (tune shares the LSTM pass across a grid). */
+#ifndef NC_DOCSCORE_H
+#define NC_DOCSCORE_H
+
+#include "cache.h"
+
+typedef struct {
+    int dim;                      /* H */
+    int V;                        /* model vocabulary size */
+    size_t n;                     /* tokens */
+    size_t first;                 /* tokens [0, first) are context only (no query) */
+    float *q;                     /* [n, dim] row j = h before token j: query for j, key of pair j */
+    int *ids;                     /* [n] cache word id of token j (>= V: open-vocabulary word) */
+    float *s_target;              /* [n] decoder logit of token j at row j (-INF if id >= V) */
+    float *log_z;                 /* [n] logsumexp of the decoder logits at row j */
+    int *vfull;                   /* [n] |V_full| before token j: V + dynamic words seen */
+} nc_doc;
+
+/* Empty document with room for n tokens (fields to be filled by the caller:
+ * tests build documents from reference vectors). */
+int doc_alloc(int dim, int V, size_t n, nc_doc **out, char *err, size_t errlen);
+void doc_free(nc_doc *d);        /* NULL allowed */
+
+/* Runs the model over toks from state s (advanced in place to after the last
+ * token). has_h: s already holds an h_t that predicts toks[0] (a session, or a
+ * document started with eos); otherwise toks[0] is context only (--bos none).
+ * words: open-vocabulary table (OOV tokens get their own ids, added to it), or
+ * NULL for closed vocabulary (OOV = unk). */
+int doc_prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks,
+                nc_wordtable *words, nc_doc **out, char *err, size_t errlen);
+
+/* The caches a scoring pass reads and updates. NULL local caches that the
+ * params switch on are created empty for the call. The local caches end
+ * holding the document's last pairs (they continue a stream). */
+typedef struct {
+    nc_ncache *neural;
+    nc_ucache *unigram;
+    nc_ubcache *ub;               /* read when p->unbounded; NULL = none */
+    bool adapt;                   /* also add the document's pairs to ub */
+} nc_doc_caches;
+
+/* logprobs[j] = log p(token j | tokens < j, caches) for j >= first, NAN for
+ * j < first. block: positions per GEMM/search batch (0 = 64). */
+int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_t block,
+              double *logprobs, char *err, size_t errlen);
+
+#endif

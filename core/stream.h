@@ -1,0 +1,65 @@
+/* stream.h -- the per-stream predictor (one session): LSTM state, local
+ * caches (unigram window, neural ring buffer) and an optional namespace
+ * unbounded cache. Design §3: p(· | h_t, caches) predicts x_{t+1}, then
+ * (h_t, x_{t+1}) enters the caches and the LSTM steps with x_{t+1}.
+ *
+ * Not thread-safe: callers serialise requests on one stream (the unbounded
+ * cache and word table it points to are thread-safe and may be shared). */
+#ifndef NC_STREAM_H
+#define NC_STREAM_H
+
+#include "cache.h"
+
+typedef struct nc_stream nc_stream;
+
+/* New stream on model m (borrowed, must outlive it) with params p (copied).
+ * ub: the namespace's unbounded cache (borrowed) or NULL. words: the word
+ * table for open vocabulary (borrowed); NULL = ub's table if any, else the
+ * stream owns a private one (when p->open_vocab). bos: start from the zero
+ * state advanced by eos (design §3); false = zero state, the first token fed
+ * is context only. */
+int stream_new(const nc_model *m, const nc_cache_params *p, nc_ubcache *ub,
+               nc_wordtable *words, bool bos, nc_stream **out, char *err, size_t errlen);
+void stream_free(nc_stream *s);  /* NULL allowed */
+
+/* Back to the start state (as stream_new with bos), caches emptied. */
+void stream_reset(nc_stream *s, bool bos);
+
+/* New parameters; windows resized keep their newest pairs. Turning on
+ * open_vocab or unbounded on a stream created without them is NC_ESTATE. */
+int stream_set_params(nc_stream *s, const nc_cache_params *p, char *err, size_t errlen);
+const nc_cache_params *stream_params(const nc_stream *s);
+
+/* Feeds tokens: for each, scores it (if logprobs != NULL: logprobs[i] =
+ * log p(token i | everything before), NAN if the stream had no h yet), adds
+ * the pair to the local caches and, if adapt and the stream has an unbounded
+ * cache, to it, then advances the LSTM. Batched like doc_score; the result
+ * does not depend on how the tokens are split across calls. */
+int stream_feed(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprobs,
+                char *err, size_t errlen);
+
+/* The full next-word distribution over [0, n) with n = V + open-vocabulary
+ * words known to the stream's table (closed vocabulary: n = V); shares: each
+ * component's part too. Does not change the stream. NC_ESTATE if the stream
+ * has no h yet (bos false and nothing fed). */
+int stream_predict(nc_stream *s, bool shares, nc_dist *out, char *err, size_t errlen);
+
+/* Surface string of id (model or open-vocabulary word), NULL if unknown. */
+const char *stream_word(nc_stream *s, int id);
+int64_t stream_position(const nc_stream *s);      /* tokens fed since start */
+bool stream_has_h(const nc_stream *s);
+size_t stream_memory(const nc_stream *s);         /* bytes owned by the stream */
+nc_ubcache *stream_ubcache(const nc_stream *s);
+
+/* Deep copy (shares m, ub and a borrowed word table). */
+int stream_clone(const nc_stream *s, nc_stream **out, char *err, size_t errlen);
+/* Serialisation: a self-contained little-endian blob (params, LSTM state,
+ * windows; open-vocabulary words by surface string so the blob can move to
+ * another replica). *blob is malloc'ed: free() it. import validates
+ * everything (NC_EFORMAT on a bad blob) and binds the stream to m, ub, words
+ * as stream_new does. */
+int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_t errlen);
+int stream_import(const nc_model *m, nc_ubcache *ub, nc_wordtable *words, const void *blob,
+                  size_t len, nc_stream **out, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,79 @@
+/* ubcache.h -- the unbounded cache of a namespace (Grave, Cisse, Joulin 2017):
+ * every pair (h_i, w_{i+1}) ever streamed into it, in a FAISS index (C API)
+ * with the word ids in an array indexed by FAISS id. Design §4-§5.
+ *
+ * Index life: an exact IndexFlatL2 serves while the memory holds fewer than
+ * switch_at pairs, or for ever when no trained index is available (no
+ * trained_path, train_self false) or exact is set. At switch_at the trained
+ * index (e.g. "IVF4096,PQ32" read from the model's unbounded.faiss) receives
+ * every stored vector in id order, so no entry is lost and ids are kept.
+ *
+ * Concurrency: searches take a read lock and run in parallel; adds, the switch
+ * and nprobe changes take the write lock. All functions are thread-safe. */
+#ifndef NC_UBCACHE_H
+#define NC_UBCACHE_H
+
+#include "nc_common.h"
+#include "wordtable.h"
+
+typedef struct nc_ubcache nc_ubcache;
+
+typedef struct {
+    int dim;                      /* H, required */
+    const char *factory;          /* FAISS factory string for the IVF index;
+                                   * NULL = "IVF4096,PQ{dim/8}" */
+    const char *trained_path;     /* trained empty index (unbounded.faiss) or NULL */
+    bool train_self;              /* no trained file: train the factory index
+                                   * on the stored vectors at switch_at */
+    bool exact;                   /* never leave the flat index */
+    long switch_at;               /* pairs at which to switch; 0 = 65536 */
+    int nprobe;                   /* initial nprobe; 0 = 8 */
+    int omp_threads;              /* FAISS OpenMP threads; 0 = leave as is */
+} nc_ubcache_opts;
+
+void ubcache_opts_default(nc_ubcache_opts *o, int dim);
+
+/* words: the namespace's word table; the cache borrows it (it must outlive
+ * the cache) and saves/loads it with the index. NULL = closed vocabulary. */
+int ubcache_new(const nc_ubcache_opts *o, nc_wordtable *words, nc_ubcache **out,
+                char *err, size_t errlen);
+void ubcache_free(nc_ubcache *u);            /* NULL allowed */
+
+/* Adds n pairs (keys[n, dim], word ids) with consecutive FAISS ids; if
+ * first_id is non-NULL it receives the id of the first one. May trigger the
+ * switch to the IVF index. */
+int ubcache_add(nc_ubcache *u, const float *keys, const int *words, size_t n,
+                int64_t *first_id, char *err, size_t errlen);
+
+/* k-NN search of nq queries [nq, dim]: out_d2[nq, k] squared L2 distances
+ * ascending, out_words[nq, k] word ids (-1 = no neighbour; -1 ids that FAISS
+ * returns are not neighbours). Causal filtering: if id_limit is non-NULL,
+ * query q only accepts FAISS ids < id_limit[q]; the search then asks FAISS for
+ * k + extra neighbours and keeps the first k accepted (pass extra >= the
+ * number of ids that can be rejected). nprobe <= 0 keeps the current one. */
+int ubcache_search(nc_ubcache *u, const float *queries, size_t nq, int k, int nprobe,
+                   const int64_t *id_limit, int extra, float *out_d2, int *out_words,
+                   char *err, size_t errlen);
+
+int64_t ubcache_count(nc_ubcache *u);        /* pairs stored */
+bool ubcache_is_exact(nc_ubcache *u);        /* still on the flat index */
+int ubcache_dim(const nc_ubcache *u);
+nc_wordtable *ubcache_words(nc_ubcache *u);  /* NULL in closed vocabulary */
+size_t ubcache_memory(nc_ubcache *u);        /* bytes, approximate */
+/* Forces the switch now (tests, build tools); no-op when already switched. */
+int ubcache_switch(nc_ubcache *u, char *err, size_t errlen);
+
+/* Snapshot into dir (created if needed): index.faiss (faiss_write_index),
+ * values.bin (magic, count, int32 ids, crc32), words.txt (dynamic words).
+ * Written to temp names and renamed, so a crash leaves the old snapshot.
+ * ubcache_load reads such a directory into a fresh cache with options o
+ * (the loaded index type wins over o's factory); a corrupt or inconsistent
+ * snapshot is NC_EFORMAT with the reason. */
+int ubcache_save(nc_ubcache *u, const char *dir, char *err, size_t errlen);
+int ubcache_load(const nc_ubcache_opts *o, nc_wordtable *words, const char *dir,
+                 nc_ubcache **out, char *err, size_t errlen);
+
+/* Sets FAISS's OpenMP thread count for the process (omp_set_num_threads). */
+void ubcache_set_threads(int n);
+
+#endif
