@@ -26,7 +26,11 @@ int tokens_push(nc_tokens *t, int id, const char *word, size_t len, size_t offse
  * also gets eos (file semantics, as PyTorch's word_language_model reads
  * files); otherwise it does not (a partial text being fed). Invalid UTF-8 or
  * NUL bytes are NC_EFORMAT with the byte offset in the message. Appends to
- * out. */
+ * out. On error nothing is appended.
+ * Words are split on Unicode White_Space (as Python's str.split()); only
+ * '\n' ends a line ('\r' is white space, so CRLF files work). With
+ * cfg.lowercase each word is lower-cased (u8_tolower) before lookup and the
+ * lower-cased form is the surface string. */
 int tokenize(const nc_model *m, const char *text, size_t len, bool final_eos,
              nc_tokens *out, char *err, size_t errlen);
 

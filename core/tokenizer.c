@@ -1,0 +1,149 @@
+/* tokenizer.c -- whitespace tokenisation with eos at line ends (libunistring). */
+#include "tokenizer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <unicase.h>
+#include <unictype.h>
+#include <unistr.h>
+
+void tokens_init(nc_tokens *t)
+{
+    memset(t, 0, sizeof *t);
+}
+
+void tokens_clear(nc_tokens *t)
+{
+    for (size_t i = 0; i < t->n; i++)
+        free(t->words[i]);
+    free(t->ids);
+    free(t->words);
+    free(t->offsets);
+    tokens_init(t);
+}
+
+static int tokens_grow(nc_tokens *t)
+{
+    size_t ncap = t->cap ? t->cap * 2 : 256;
+    int *ids = realloc(t->ids, ncap * sizeof *ids);
+    if (!ids)
+        return NC_ENOMEM;
+    t->ids = ids;
+    char **words = realloc(t->words, ncap * sizeof *words);
+    if (!words)
+        return NC_ENOMEM;
+    t->words = words;
+    size_t *offs = realloc(t->offsets, ncap * sizeof *offs);
+    if (!offs)
+        return NC_ENOMEM;
+    t->offsets = offs;
+    t->cap = ncap;
+    return NC_OK;
+}
+
+int tokens_push(nc_tokens *t, int id, const char *word, size_t len, size_t offset)
+{
+    if (t->n == t->cap && tokens_grow(t) != NC_OK)
+        return NC_ENOMEM;
+    char *w = malloc(len + 1);
+    if (!w)
+        return NC_ENOMEM;
+    memcpy(w, word, len);
+    w[len] = '\0';
+    t->ids[t->n] = id;
+    t->words[t->n] = w;
+    t->offsets[t->n] = offset;
+    t->n++;
+    return NC_OK;
+}
+
+/* Drops tokens past n (rollback after a failed tokenize). */
+static void tokens_truncate(nc_tokens *t, size_t n)
+{
+    for (size_t i = n; i < t->n; i++)
+        free(t->words[i]);
+    t->n = n;
+}
+
+/* Length of the whitespace character at s (0 if not whitespace). Python's
+ * str.split(), which word_language_model uses, splits on Unicode white
+ * space, so non-ASCII spaces (U+00A0, U+3000, ...) separate words too. */
+static size_t space_len(const uint8_t *s, size_t n)
+{
+    if (s[0] < 0x80)
+        return (s[0] == ' ' || (s[0] >= '\t' && s[0] <= '\r')) ? 1 : 0;
+    ucs4_t uc;
+    int k = u8_mbtouc(&uc, s, n);
+    return (k > 0 && uc_is_property_white_space(uc)) ? (size_t)k : 0;
+}
+
+static int push_word(const nc_model *m, const uint8_t *w, size_t wl, size_t off, nc_tokens *out, char *err,
+                     size_t errlen)
+{
+    uint8_t buf[256];
+    const uint8_t *word = w;
+    uint8_t *low = NULL;
+    size_t len = wl;
+    if (m->cfg.lowercase) {
+        size_t ll = sizeof buf;
+        low = u8_tolower(w, wl, NULL, NULL, buf, &ll);
+        if (!low)
+            return nc_error(err, errlen, NC_ENOMEM, "tokenize: out of memory lower-casing at byte %zu", off);
+        word = low;
+        len = ll;
+    }
+    int id = vocab_lookup(m->vocab, (const char *)word, len);
+    int rc = tokens_push(out, id >= 0 ? id : m->unk_id, (const char *)word, len, off);
+    if (low && low != buf)
+        free(low);
+    return rc == NC_OK ? NC_OK : nc_error(err, errlen, rc, "tokenize: out of memory");
+}
+
+int tokenize(const nc_model *m, const char *text, size_t len, bool final_eos, nc_tokens *out, char *err,
+             size_t errlen)
+{
+    const uint8_t *s = (const uint8_t *)text;
+    const char *nul = memchr(text, '\0', len);
+    if (nul)
+        return nc_error(err, errlen, NC_EFORMAT, "invalid text: NUL byte at byte offset %zu", (size_t)(nul - text));
+    const uint8_t *bad = u8_check(s, len);
+    if (bad)
+        return nc_error(err, errlen, NC_EFORMAT, "invalid UTF-8 at byte offset %zu", (size_t)(bad - s));
+
+    size_t start_n = out->n;
+    const char *eos = m->cfg.eos_token;
+    size_t eos_len = strlen(eos);
+    size_t i = 0, line_start = 0;
+    int rc = NC_OK;
+    while (i < len && rc == NC_OK) {
+        if (s[i] == '\n') {
+            rc = tokens_push(out, m->eos_id, eos, eos_len, i) == NC_OK
+                     ? NC_OK
+                     : nc_error(err, errlen, NC_ENOMEM, "tokenize: out of memory");
+            i++;
+            line_start = i;
+            continue;
+        }
+        size_t sp = space_len(s + i, len - i);
+        if (sp) {
+            i += sp;
+            continue;
+        }
+        size_t w0 = i;
+        while (i < len && s[i] != '\n' && !space_len(s + i, len - i)) {
+            int k = u8_mblen(s + i, len - i);
+            i += k > 0 ? (size_t)k : 1;
+        }
+        rc = push_word(m, s + w0, i - w0, w0, out, err, errlen);
+    }
+    /* Python's `for line in f` yields a last line without '\n' too, and
+     * word_language_model appends <eos> to every line it yields. */
+    if (rc == NC_OK && final_eos && line_start < len)
+        rc = tokens_push(out, m->eos_id, eos, eos_len, len) == NC_OK
+                 ? NC_OK
+                 : nc_error(err, errlen, NC_ENOMEM, "tokenize: out of memory");
+    if (rc != NC_OK)
+        tokens_truncate(out, start_n);
+    return rc;
+}
