@@ -1,10 +1,244 @@
-/* cmd_score.c -- placeholder until the command lands (scaffolding). */
+/* cmd_score.c -- `neurocache score`: per-token log-probabilities of a text
+ * file under the static model, perplexity and speed on stderr. */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
 #include "commands.h"
+#include "lstm.h"
+#include "model.h"
+#include "score.h"
+#include "tokenizer.h"
+
+static void score_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: neurocache score --model DIR [--bos eos|none] [--format tsv|json] FILE\n"
+            "\n"
+            "Scores FILE ('-' for standard input) with the model's static LSTM and prints,\n"
+            "in tsv format, one line 'word<TAB>logprob' (natural log) per scored token,\n"
+            "eos tokens at line ends included; json prints one object\n"
+            "{\"tokens\": [...], \"logprobs\": [...], \"ppl\": x}. Perplexity and tokens/s go\n"
+            "to stderr (with a progress bar when stderr is a terminal).\n"
+            "\n"
+            "options:\n"
+            "  --model DIR        model directory (config.json, vocab.txt, model.safetensors)\n"
+            "  --bos eos|none     eos (default): start from the state after one eos token and\n"
+            "                     score every token; none: start from the zero state and use\n"
+            "                     the first token as context only\n"
+            "  --format tsv|json  output format (default tsv)\n"
+            "  -h, --help         this help\n"
+            "\n"
+            "exit status: 0 success, 1 runtime error (model, file, text), 2 usage error\n");
+}
+
+static int read_all(const char *path, char **out, size_t *len, char *err, size_t errlen)
+{
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f)
+        return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    int rc = buf ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "out of memory");
+    while (rc == NC_OK) {
+        if (n == cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                rc = nc_error(err, errlen, NC_ENOMEM, "%s: out of memory", path);
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t k = fread(buf + n, 1, cap - n, f);
+        n += k;
+        if (k == 0) {
+            if (ferror(f))
+                rc = nc_error(err, errlen, NC_EIO, "%s: read error: %s", path, strerror(errno));
+            break;
+        }
+    }
+    if (f != stdin)
+        fclose(f);
+    if (rc != NC_OK) {
+        free(buf);
+        return rc;
+    }
+    *out = buf;
+    *len = n;
+    return NC_OK;
+}
+
+typedef struct {
+    double t0;
+    int last_pct;
+} progress_ctx;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void progress_bar(size_t done, size_t total, void *ctx)
+{
+    progress_ctx *p = ctx;
+    int pct = total ? (int)(100.0 * (double)done / (double)total) : 100;
+    if (pct == p->last_pct && done < total)
+        return;
+    p->last_pct = pct;
+    int width = 30, fill = pct * width / 100;
+    double dt = now_s() - p->t0;
+    fprintf(stderr, "\r[%.*s%*s] %3d%% %zu/%zu tokens, %.0f tokens/s", fill,
+            "##############################", width - fill, "", pct, done, total,
+            dt > 0 ? (double)done / dt : 0.0);
+    fflush(stderr);
+}
 
 int cmd_score(int argc, char **argv)
 {
-    (void)argc;
-    fprintf(stderr, "neurocache: '%s' is not implemented yet\n", argv[0]);
-    return 1;
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, 'm'},
+        {"bos", required_argument, NULL, 'b'},
+        {"format", required_argument, NULL, 'f'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *model_dir = NULL;
+    nc_bos bos = NC_BOS_EOS;
+    bool json = false;
+    int c;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm':
+            model_dir = optarg;
+            break;
+        case 'b':
+            if (!strcmp(optarg, "eos"))
+                bos = NC_BOS_EOS;
+            else if (!strcmp(optarg, "none"))
+                bos = NC_BOS_NONE;
+            else {
+                fprintf(stderr, "neurocache score: --bos must be 'eos' or 'none', not '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'f':
+            if (!strcmp(optarg, "tsv") || !strcmp(optarg, "json"))
+                json = !strcmp(optarg, "json");
+            else {
+                fprintf(stderr, "neurocache score: --format must be 'tsv' or 'json', not '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'h':
+            score_usage(stdout);
+            return 0;
+        case ':':
+            fprintf(stderr, "neurocache score: option '%s' needs a value\n", argv[optind - 1]);
+            return 2;
+        default:
+            fprintf(stderr, "neurocache score: unknown option '%s'\n(see 'neurocache score --help')\n",
+                    argv[optind - 1]);
+            return 2;
+        }
+    }
+    if (!model_dir || optind != argc - 1) {
+        fprintf(stderr, "neurocache score: %s\n\n", !model_dir ? "--model DIR is required"
+                                                    : optind >= argc ? "FILE is required"
+                                                                     : "exactly one FILE expected");
+        score_usage(stderr);
+        return 2;
+    }
+    const char *file = argv[optind];
+
+    char err[NC_ERRLEN];
+    nc_model *m = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    nc_tokens toks;
+    tokens_init(&toks);
+    nc_state *s = NULL;
+    nc_scorer *sc = NULL;
+    float *lp = NULL;
+    const char *err_file = NULL;
+    int rc = model_load(model_dir, &m, err, sizeof err);
+    if (rc == NC_OK)
+        rc = read_all(file, &text, &len, err, sizeof err);
+    if (rc == NC_OK) {
+        rc = tokenize(m, text, len, true, &toks, err, sizeof err);
+        if (rc != NC_OK)
+            err_file = file;      /* tokenizer messages give the offset, not the file */
+    }
+    if (rc == NC_OK) {
+        s = lstm_state_new(m);
+        sc = scorer_new(m, 0);
+        lp = malloc((toks.n + 1) * sizeof(float));
+        if (!s || !sc || !lp)
+            rc = nc_error(err, sizeof err, NC_ENOMEM, "out of memory for %zu tokens", toks.n);
+    }
+    size_t first = 0, scored = 0;
+    double t0 = now_s(), dt = 0;
+    if (rc == NC_OK)
+        rc = scorer_begin(sc, s, bos, toks.ids, toks.n, &first, err, sizeof err);
+    if (rc == NC_OK) {
+        progress_ctx pc = {t0, -1};
+        scored = toks.n - first;
+        rc = score_tokens(sc, s, toks.ids + first, scored, lp, isatty(2) ? progress_bar : NULL, &pc, err,
+                          sizeof err);
+        dt = now_s() - t0;
+        if (isatty(2))
+            fprintf(stderr, "\r\033[K");
+    }
+    if (rc == NC_OK) {
+        double sum = 0;
+        for (size_t i = 0; i < scored; i++)
+            sum += lp[i];
+        double ppl = scored ? exp(-sum / (double)scored) : NAN;
+        static char obuf[1 << 16];
+        setvbuf(stdout, obuf, _IOFBF, sizeof obuf);
+        if (json) {
+            json_t *o = json_object(), *tw = json_array(), *tl = json_array();
+            for (size_t i = 0; i < scored; i++) {
+                json_array_append_new(tw, json_string(toks.words[first + i]));
+                json_array_append_new(tl, json_real(lp[i]));
+            }
+            json_object_set_new(o, "tokens", tw);
+            json_object_set_new(o, "logprobs", tl);
+            json_object_set_new(o, "ppl", scored ? json_real(ppl) : json_null());
+            if (json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) != 0)
+                rc = nc_error(err, sizeof err, NC_EIO, "writing the output failed");
+            fputc('\n', stdout);
+            json_decref(o);
+        } else {
+            for (size_t i = 0; i < scored; i++)
+                printf("%s\t%.6f\n", toks.words[first + i], lp[i]);
+        }
+        if (fflush(stdout) != 0 || ferror(stdout))
+            rc = nc_error(err, sizeof err, NC_EIO, "writing the output failed: %s", strerror(errno));
+        if (scored)
+            fprintf(stderr, "%zu tokens scored in %.3f s (%.0f tokens/s), perplexity %.4f\n", scored, dt,
+                    dt > 0 ? (double)scored / dt : 0.0, ppl);
+        else
+            fprintf(stderr, "no tokens scored (empty input)\n");
+    }
+    if (rc != NC_OK)
+        fprintf(stderr, "neurocache score: %s%s%s\n", err_file ? err_file : "", err_file ? ": " : "", err);
+    free(lp);
+    scorer_free(sc);
+    lstm_state_free(s);
+    tokens_clear(&toks);
+    free(text);
+    model_free(m);
+    return rc == NC_OK ? 0 : 1;
 }
