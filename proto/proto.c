@@ -1,0 +1,369 @@
+/* proto.c -- the wire format: API error table, typed JSON field readers with
+ * validation, and decoding of request bodies. */
+#include "proto.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The one table mapping failures to HTTP statuses and wire codes. */
+static const struct { unsigned status; const char *code; } api_errors[API_ERROR_COUNT] = {
+    [API_OK] = {200, "ok"},
+    [API_INVALID_JSON] = {400, "invalid_json"},
+    [API_INVALID_UTF8] = {400, "invalid_utf8"},
+    [API_INVALID_TYPE] = {400, "invalid_type"},
+    [API_OUT_OF_RANGE] = {400, "out_of_range"},
+    [API_MISSING_FIELD] = {400, "missing_field"},
+    [API_UNKNOWN_FIELD] = {400, "unknown_field"},
+    [API_INVALID_TEXT] = {400, "invalid_text"},
+    [API_NOT_FOUND] = {404, "not_found"},
+    [API_SESSION_NOT_FOUND] = {404, "session_not_found"},
+    [API_METHOD_NOT_ALLOWED] = {405, "method_not_allowed"},
+    [API_CONFLICT] = {409, "conflict"},
+    [API_BODY_TOO_LARGE] = {413, "body_too_large"},
+    [API_TOO_MANY_TOKENS] = {413, "too_many_tokens"},
+    [API_UNSUPPORTED_MEDIA] = {415, "unsupported_media_type"},
+    [API_TOO_MANY_SESSIONS] = {429, "too_many_sessions"},
+    [API_MEMORY_BUDGET] = {429, "memory_budget_exceeded"},
+    [API_NOT_READY] = {503, "not_ready"},
+    [API_INTERNAL] = {500, "internal"},
+};
+
+unsigned proto_http_status(api_error e)
+{
+    return (unsigned)e < API_ERROR_COUNT ? api_errors[e].status : 500;
+}
+
+const char *proto_error_code(api_error e)
+{
+    return (unsigned)e < API_ERROR_COUNT ? api_errors[e].code : "internal";
+}
+
+int proto_fail(api_status *st, api_error e, const char *fmt, ...)
+{
+    if (st) {
+        st->code = e;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(st->message, sizeof st->message, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+json_t *proto_error_body(api_error e, const char *message)
+{
+    return json_pack("{s:{s:s,s:s}}", "error", "code", proto_error_code(e), "message",
+                     message ? message : "");
+}
+
+json_t *proto_parse_body(const char *body, size_t len, bool allow_empty, api_status *st)
+{
+    if (len == 0) {
+        if (allow_empty)
+            return json_object();
+        proto_fail(st, API_INVALID_JSON, "request body is empty, a JSON object is expected");
+        return NULL;
+    }
+    json_error_t jerr;
+    json_t *j = json_loadb(body, len, 0, &jerr);
+    if (!j) {
+        /* jansson reports invalid UTF-8 as its own error kind. */
+        if (json_error_code(&jerr) == json_error_invalid_utf8 || strstr(jerr.text, "UTF-8"))
+            proto_fail(st, API_INVALID_UTF8, "request body is not valid UTF-8 (byte %d)", jerr.position);
+        else
+            proto_fail(st, API_INVALID_JSON, "malformed JSON at line %d column %d: %s",
+                       jerr.line, jerr.column, jerr.text);
+        return NULL;
+    }
+    if (!json_is_object(j)) {
+        json_decref(j);
+        proto_fail(st, API_INVALID_TYPE, "request body must be a JSON object");
+        return NULL;
+    }
+    return j;
+}
+
+int proto_check_keys(const json_t *obj, const char *const *allowed, api_status *st)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)obj, key, v) {
+        int ok = 0;
+        for (const char *const *a = allowed; *a; a++)
+            if (strcmp(*a, key) == 0) { ok = 1; break; }
+        if (!ok)
+            return proto_fail(st, API_UNKNOWN_FIELD, "unknown field '%s'", key);
+    }
+    return 0;
+}
+
+static const json_t *field(const json_t *obj, const char *key)
+{
+    json_t *v = obj ? json_object_get(obj, key) : NULL;
+    return (v && !json_is_null(v)) ? v : NULL;
+}
+
+int proto_get_int(const json_t *obj, const char *key, long min, long max, long def,
+                  long *out, api_status *st)
+{
+    const json_t *v = field(obj, key);
+    if (!v) { *out = def; return 0; }
+    long long x;
+    if (json_is_integer(v)) {
+        x = json_integer_value(v);
+    } else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) &&
+               fabs(json_real_value(v)) < 9e15) {
+        x = (long long)json_real_value(v);   /* 10.0 is an integer too */
+    } else {
+        return proto_fail(st, API_INVALID_TYPE, "field '%s' must be an integer", key);
+    }
+    if (x < min || x > max)
+        return proto_fail(st, API_OUT_OF_RANGE, "field '%s' = %lld is outside [%ld, %ld]", key, x, min, max);
+    *out = (long)x;
+    return 0;
+}
+
+int proto_get_double(const json_t *obj, const char *key, double min, double max, double def,
+                     double *out, api_status *st)
+{
+    const json_t *v = field(obj, key);
+    if (!v) { *out = def; return 0; }
+    if (!json_is_number(v))
+        return proto_fail(st, API_INVALID_TYPE, "field '%s' must be a number", key);
+    double x = json_number_value(v);
+    if (!isfinite(x) || x < min || x > max)
+        return proto_fail(st, API_OUT_OF_RANGE, "field '%s' = %g is outside [%g, %g]", key, x, min, max);
+    *out = x;
+    return 0;
+}
+
+int proto_get_bool(const json_t *obj, const char *key, bool def, bool *out, api_status *st)
+{
+    const json_t *v = field(obj, key);
+    if (!v) { *out = def; return 0; }
+    if (!json_is_boolean(v))
+        return proto_fail(st, API_INVALID_TYPE, "field '%s' must be true or false", key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+int proto_get_string(const json_t *obj, const char *key, bool required, const char **out,
+                     size_t *len, api_status *st)
+{
+    const json_t *v = field(obj, key);
+    *out = NULL;
+    if (len) *len = 0;
+    if (!v) {
+        if (required)
+            return proto_fail(st, API_MISSING_FIELD, "field '%s' is required", key);
+        return 0;
+    }
+    if (!json_is_string(v))
+        return proto_fail(st, API_INVALID_TYPE, "field '%s' must be a string", key);
+    *out = json_string_value(v);
+    if (len) *len = json_string_length(v);
+    if (memchr(*out, 0, json_string_length(v)))
+        return proto_fail(st, API_INVALID_TEXT, "field '%s' contains a NUL character", key);
+    return 0;
+}
+
+static const char *const cache_keys[] = {
+    "unigram_size", "unigram_lambda", "neural_size", "neural_theta", "neural_lambda",
+    "global_norm", "neural_alpha", "open_vocab", "uniform_mu", NULL};
+
+int proto_decode_cache(const json_t *obj, const nc_cache_params *defaults,
+                       nc_cache_params *out, api_status *st)
+{
+    *out = *defaults;
+    if (!obj || json_is_null(obj))
+        return 0;
+    if (!json_is_object(obj))
+        return proto_fail(st, API_INVALID_TYPE, "field 'cache' must be an object");
+    if (proto_check_keys(obj, cache_keys, st))
+        return -1;
+    long l;
+    double d;
+    bool b;
+    if (proto_get_int(obj, "unigram_size", 0, 10000000, out->unigram_size, &l, st)) return -1;
+    out->unigram_size = (int)l;
+    if (proto_get_double(obj, "unigram_lambda", 0, 1, out->unigram_lambda, &d, st)) return -1;
+    out->unigram_lambda = (float)d;
+    if (proto_get_int(obj, "neural_size", 0, 10000000, out->neural_size, &l, st)) return -1;
+    out->neural_size = (int)l;
+    if (proto_get_double(obj, "neural_theta", 0, 1e6, out->neural_theta, &d, st)) return -1;
+    out->neural_theta = (float)d;
+    if (proto_get_double(obj, "neural_lambda", 0, 1, out->neural_lambda, &d, st)) return -1;
+    out->neural_lambda = (float)d;
+    if (proto_get_bool(obj, "global_norm", out->global_norm, &b, st)) return -1;
+    out->global_norm = b;
+    if (proto_get_double(obj, "neural_alpha", -1e6, 1e6, out->neural_alpha, &d, st)) return -1;
+    out->neural_alpha = (float)d;
+    if (proto_get_bool(obj, "open_vocab", out->open_vocab, &b, st)) return -1;
+    out->open_vocab = b;
+    if (proto_get_double(obj, "uniform_mu", 0, 1, out->uniform_mu, &d, st)) return -1;
+    out->uniform_mu = (float)d;
+    char err[256] = "";
+    if (cache_params_validate(out, err, sizeof err) != 0)
+        return proto_fail(st, API_OUT_OF_RANGE, "cache settings: %s", err);
+    return 0;
+}
+
+/* A float setting as the shortest decimal that reads back to it (0.1, not
+ * 0.10000000149011612). */
+static double short_float(float f)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%.7g", (double)f);
+    return strtod(buf, NULL);
+}
+
+json_t *proto_encode_cache(const nc_cache_params *p)
+{
+    return json_pack("{s:i,s:f,s:i,s:f,s:f,s:b,s:f,s:b,s:f}",
+                     "unigram_size", p->unigram_size, "unigram_lambda", short_float(p->unigram_lambda),
+                     "neural_size", p->neural_size, "neural_theta", short_float(p->neural_theta),
+                     "neural_lambda", short_float(p->neural_lambda), "global_norm", p->global_norm,
+                     "neural_alpha", short_float(p->neural_alpha), "open_vocab", p->open_vocab,
+                     "uniform_mu", short_float(p->uniform_mu));
+}
+
+int proto_decode_predict(const json_t *body, long max_top_k, proto_predict_req *r, api_status *st)
+{
+    static const char *const keys[] = {"top_k", "full", "components", NULL};
+    if (proto_check_keys(body, keys, st)) return -1;
+    if (proto_get_int(body, "top_k", 1, max_top_k, 10, &r->top_k, st)) return -1;
+    if (proto_get_bool(body, "full", false, &r->full, st)) return -1;
+    if (proto_get_bool(body, "components", false, &r->components, st)) return -1;
+    return 0;
+}
+
+int proto_decode_feed(const json_t *body, proto_feed_req *r, api_status *st)
+{
+    static const char *const keys[] = {"text", "scores", NULL};
+    if (proto_check_keys(body, keys, st)) return -1;
+    if (proto_get_string(body, "text", true, &r->text, &r->len, st)) return -1;
+    if (proto_get_bool(body, "scores", false, &r->scores, st)) return -1;
+    return 0;
+}
+
+int proto_decode_score(const json_t *body, const nc_cache_params *defaults,
+                       proto_score_req *r, api_status *st)
+{
+    static const char *const keys[] = {"text", "cache", "bos", "final_eos", NULL};
+    if (proto_check_keys(body, keys, st)) return -1;
+    if (proto_get_string(body, "text", true, &r->text, &r->len, st)) return -1;
+    if (proto_decode_cache(json_object_get(body, "cache"), defaults, &r->cache, st)) return -1;
+    const char *bos;
+    if (proto_get_string(body, "bos", false, &bos, NULL, st)) return -1;
+    if (bos && strcmp(bos, "eos") && strcmp(bos, "none"))
+        return proto_fail(st, API_OUT_OF_RANGE, "field 'bos' must be \"eos\" or \"none\"");
+    r->bos_eos = !bos || strcmp(bos, "eos") == 0;
+    if (proto_get_bool(body, "final_eos", true, &r->final_eos, st)) return -1;
+    return 0;
+}
+
+static int valid_id(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 63)
+        return 0;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '_' || *s == '-' || *s == '.'))
+            return 0;
+    return 1;
+}
+
+int proto_decode_session(const json_t *body, const nc_cache_params *defaults,
+                         proto_session_req *r, api_status *st)
+{
+    static const char *const keys[] = {"id", "namespace", "cache", NULL};
+    if (proto_check_keys(body, keys, st)) return -1;
+    if (proto_get_string(body, "id", false, &r->id, NULL, st)) return -1;
+    if (r->id && !valid_id(r->id))
+        return proto_fail(st, API_OUT_OF_RANGE, "field 'id' must be 1-63 characters of [A-Za-z0-9_.-]");
+    if (proto_get_string(body, "namespace", false, &r->ns, NULL, st)) return -1;
+    if (r->ns && !valid_id(r->ns))
+        return proto_fail(st, API_OUT_OF_RANGE, "field 'namespace' must be 1-63 characters of [A-Za-z0-9_.-]");
+    return proto_decode_cache(json_object_get(body, "cache"), defaults, &r->cache, st);
+}
+
+static int check_prompt(const json_t *p, int vocab_size, api_status *st)
+{
+    if (json_is_string(p)) {
+        if (memchr(json_string_value(p), 0, json_string_length(p)))
+            return proto_fail(st, API_INVALID_TEXT, "prompt contains a NUL character");
+        return 0;
+    }
+    if (!json_is_array(p))
+        return proto_fail(st, API_INVALID_TYPE, "prompt must be a string, a list of token ids, or a list of either");
+    size_t i;
+    json_t *t;
+    json_array_foreach(p, i, t) {
+        if (!json_is_integer(t))
+            return proto_fail(st, API_INVALID_TYPE, "prompt token %zu must be an integer id", i);
+        json_int_t id = json_integer_value(t);
+        if (id < 0 || id >= vocab_size)
+            return proto_fail(st, API_OUT_OF_RANGE, "prompt token %zu = %lld is outside [0, %d)", i,
+                              (long long)id, vocab_size);
+    }
+    return 0;
+}
+
+int proto_decode_completions(const json_t *body, int vocab_size, long max_top_k,
+                             long max_completion_tokens, proto_completions_req *r,
+                             api_status *st)
+{
+    memset(r, 0, sizeof *r);
+    /* OpenAI clients send many fields we ignore (model, n=1, stop, user...),
+     * so unknown keys are accepted here, unlike the /v1 native endpoints. */
+    const json_t *p = json_object_get(body, "prompt");
+    if (!p || json_is_null(p))
+        return proto_fail(st, API_MISSING_FIELD, "field 'prompt' is required");
+    /* A list whose first element is a string or a list is a batch. */
+    bool batch = json_is_array(p) && json_array_size(p) > 0 &&
+                 (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0)));
+    size_t n = batch ? json_array_size(p) : 1;
+    r->prompts = calloc(n, sizeof *r->prompts);
+    if (!r->prompts)
+        return proto_fail(st, API_INTERNAL, "out of memory");
+    r->n_prompts = n;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *pi = batch ? json_array_get(p, i) : p;
+        if (check_prompt(pi, vocab_size, st))
+            return -1;
+        r->prompts[i] = pi;
+    }
+    if (proto_get_int(body, "max_tokens", 0, max_completion_tokens, 16, &r->max_tokens, st)) return -1;
+    if (proto_get_double(body, "temperature", 0, 100, 1.0, &r->temperature, st)) return -1;
+    if (proto_get_double(body, "top_p", 0, 1, 1.0, &r->top_p, st)) return -1;
+    if (r->top_p <= 0 && json_object_get(body, "top_p"))
+        return proto_fail(st, API_OUT_OF_RANGE, "field 'top_p' must be in (0, 1]");
+    long seed;
+    const json_t *s = field(body, "seed");
+    if (s) {
+        if (proto_get_int(body, "seed", -9007199254740991L, 9007199254740991L, 0, &seed, st)) return -1;
+        r->seed = seed;
+        r->has_seed = true;
+    }
+    if (proto_get_int(body, "logprobs", 0, max_top_k, -1, &r->logprobs, st)) return -1;
+    if (proto_get_bool(body, "echo", false, &r->echo, st)) return -1;
+    long nn;
+    if (proto_get_int(body, "n", 1, 1, 1, &nn, st)) return -1;
+    bool stream;
+    if (proto_get_bool(body, "stream", false, &stream, st)) return -1;
+    if (stream)
+        return proto_fail(st, API_OUT_OF_RANGE, "field 'stream': streaming is not supported");
+    return 0;
+}
+
+void proto_completions_free(proto_completions_req *r)
+{
+    if (!r) return;
+    free(r->prompts);
+    r->prompts = NULL;
+    r->n_prompts = 0;
+}

@@ -1,0 +1,121 @@
+/* proto.h -- the wire format: API error table, typed JSON field readers with
+ * validation, and decoding/encoding of request and response bodies. */
+#ifndef NC_PROTO_H
+#define NC_PROTO_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "cache.h"
+
+/* Every API failure, with its HTTP status and wire code in one table
+ * (proto.c). */
+typedef enum {
+    API_OK = 0,
+    API_INVALID_JSON,        /* 400 body is not JSON */
+    API_INVALID_UTF8,        /* 400 body or text is not UTF-8 */
+    API_INVALID_TYPE,        /* 400 a field has the wrong JSON type */
+    API_OUT_OF_RANGE,        /* 400 a value is outside its range */
+    API_MISSING_FIELD,       /* 400 a required field is absent */
+    API_UNKNOWN_FIELD,       /* 400 a field the endpoint does not know */
+    API_INVALID_TEXT,        /* 400 text the tokenizer refuses (NUL ...) */
+    API_NOT_FOUND,           /* 404 no such route */
+    API_SESSION_NOT_FOUND,   /* 404 no such session */
+    API_METHOD_NOT_ALLOWED,  /* 405 route exists, method does not */
+    API_CONFLICT,            /* 409 id already in use */
+    API_BODY_TOO_LARGE,      /* 413 body over max_body_bytes */
+    API_TOO_MANY_TOKENS,     /* 413 over max_tokens_per_request */
+    API_UNSUPPORTED_MEDIA,   /* 415 body not application/json */
+    API_TOO_MANY_SESSIONS,   /* 429 max_sessions reached */
+    API_MEMORY_BUDGET,       /* 429 sessions' memory budget reached */
+    API_NOT_READY,           /* 503 model not loaded or draining */
+    API_INTERNAL,            /* 500 */
+    API_ERROR_COUNT
+} api_error;
+
+typedef struct {
+    api_error code;
+    char message[512];
+} api_status;
+
+unsigned proto_http_status(api_error e);
+const char *proto_error_code(api_error e);     /* "invalid_json", ... */
+
+/* Records a failure in st (if non-NULL) and returns -1. */
+int proto_fail(api_status *st, api_error e, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* {"error":{"code":..,"message":..}}; new reference (NULL on ENOMEM). */
+json_t *proto_error_body(api_error e, const char *message);
+
+/* Parses a request body. Returns a new reference to an object, or NULL with
+ * st set: invalid_json, invalid_utf8 (jansson's own UTF-8 check), or
+ * invalid_type when the top level is not an object. An empty body gives an
+ * empty object when allow_empty. */
+json_t *proto_parse_body(const char *body, size_t len, bool allow_empty, api_status *st);
+
+/* Fails with unknown_field when obj has a key not in allowed (NULL-ended). */
+int proto_check_keys(const json_t *obj, const char *const *allowed, api_status *st);
+
+/* Typed readers: absent (or JSON null) -> default; wrong type ->
+ * invalid_type; outside [min, max] -> out_of_range. Return 0 or -1. */
+int proto_get_int(const json_t *obj, const char *key, long min, long max, long def,
+                  long *out, api_status *st);
+int proto_get_double(const json_t *obj, const char *key, double min, double max, double def,
+                     double *out, api_status *st);
+int proto_get_bool(const json_t *obj, const char *key, bool def, bool *out, api_status *st);
+/* String field: required -> missing_field when absent; *out borrowed from
+ * obj, *len its byte length (the string may hold no NUL: jansson refuses
+ * \u0000 by default). */
+int proto_get_string(const json_t *obj, const char *key, bool required, const char **out,
+                     size_t *len, api_status *st);
+
+/* Cache settings: starts from *defaults and applies the fields present in
+ * obj (NULL or null = none), then cache_params_validate. */
+int proto_decode_cache(const json_t *obj, const nc_cache_params *defaults,
+                       nc_cache_params *out, api_status *st);
+/* The settings as a JSON object (new reference). */
+json_t *proto_encode_cache(const nc_cache_params *p);
+
+/* Requests of the session endpoints. */
+typedef struct { long top_k; bool full, components; } proto_predict_req;
+int proto_decode_predict(const json_t *body, long max_top_k, proto_predict_req *r, api_status *st);
+
+typedef struct { const char *text; size_t len; bool scores; } proto_feed_req;
+int proto_decode_feed(const json_t *body, proto_feed_req *r, api_status *st);
+
+typedef struct {
+    const char *text; size_t len;
+    nc_cache_params cache;
+    bool bos_eos;            /* "bos": "eos" (default) or "none" */
+    bool final_eos;          /* a last line without newline still ends with eos */
+} proto_score_req;
+int proto_decode_score(const json_t *body, const nc_cache_params *defaults,
+                       proto_score_req *r, api_status *st);
+
+typedef struct {
+    const char *id;          /* client-chosen id or NULL */
+    const char *ns;          /* namespace (next issue) or NULL */
+    nc_cache_params cache;
+} proto_session_req;
+int proto_decode_session(const json_t *body, const nc_cache_params *defaults,
+                         proto_session_req *r, api_status *st);
+
+/* OpenAI /v1/completions subset. prompts are borrowed from body: each is a
+ * JSON string or an array of token ids (validated against vocab_size). */
+typedef struct {
+    const json_t **prompts;  /* [n_prompts], malloc'd: free with proto_completions_free */
+    size_t n_prompts;
+    long max_tokens;
+    double temperature, top_p;
+    long long seed; bool has_seed;
+    long logprobs;           /* -1 = none, else top-N (0 allowed) */
+    bool echo;
+} proto_completions_req;
+int proto_decode_completions(const json_t *body, int vocab_size, long max_top_k,
+                             long max_completion_tokens, proto_completions_req *r,
+                             api_status *st);
+void proto_completions_free(proto_completions_req *r);
+
+#endif

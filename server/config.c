@@ -1,0 +1,289 @@
+/* config.c -- option table, INI file (libinih) and command-line flags. */
+#include "config.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define OFF(f) offsetof(nc_server_config, f)
+#define SZ(f) sizeof(((nc_server_config *)0)->f)
+
+/* Every option is one row: the file, the flags, the defaults and the
+ * validation all come from here. */
+static const config_option options[] = {
+    {"server", "bind", OPT_STRING, OFF(bind), SZ(bind), 0, 0, NULL, "127.0.0.1",
+     "listen address (IPv4 or IPv6 literal)"},
+    {"server", "port", OPT_INT, OFF(port), 0, 0, 65535, NULL, "8080",
+     "TCP port; 0 picks a free one (logged as \"listening\" with \"port\")"},
+    {"server", "port_file", OPT_STRING, OFF(port_file), SZ(port_file), 0, 0, NULL, "",
+     "if set, the bound port is written to this file once listening"},
+    {"server", "model", OPT_STRING, OFF(model), SZ(model), 0, 0, NULL, "models/demo",
+     "model directory (config.json, vocab.txt, model.safetensors)"},
+    {"server", "data_dir", OPT_STRING, OFF(data_dir), SZ(data_dir), 0, 0, NULL, "data",
+     "directory for namespaces, snapshots and write-ahead logs"},
+    {"server", "threads", OPT_INT, OFF(threads), 0, 0, 256, NULL, "0",
+     "HTTP worker threads; 0 = number of cores"},
+    {"server", "log_format", OPT_ENUM, OFF(log_format), 0, 0, 0, "json|text", "json",
+     "json: one JSON object a line on stderr; text: human-readable"},
+    {"server", "log_level", OPT_ENUM, OFF(log_level), 0, 0, 0, "debug|info|warn|error", "info",
+     "lowest level logged"},
+    {"server", "log_requests", OPT_BOOL, OFF(log_requests), 0, 0, 0, NULL, "false",
+     "log one line per request (at info level)"},
+    {"server", "drain_timeout", OPT_INT, OFF(drain_timeout_s), 0, 0, 3600, NULL, "30",
+     "seconds SIGTERM waits for in-flight requests before exiting"},
+    {"server", "replica_tag", OPT_STRING, OFF(replica_tag), SZ(replica_tag), 0, 0, NULL, "",
+     "short tag ([a-z0-9], up to 15) put in session ids to route them to this replica"},
+    {"limits", "max_body_bytes", OPT_LONG, OFF(max_body_bytes), 0, 64, 1073741824.0, NULL, "8388608",
+     "largest request body; larger ones get 413"},
+    {"limits", "max_tokens_per_request", OPT_LONG, OFF(max_tokens_per_request), 0, 1, 1e9, NULL, "1000000",
+     "most tokens one request may score or feed; more get 413"},
+    {"limits", "max_top_k", OPT_INT, OFF(max_top_k), 0, 1, 1e6, NULL, "1000",
+     "largest top_k of predict and logprobs of completions"},
+    {"limits", "max_completion_tokens", OPT_INT, OFF(max_completion_tokens), 0, 0, 1e6, NULL, "1024",
+     "largest max_tokens of /v1/completions"},
+    {"sessions", "max_sessions", OPT_INT, OFF(max_sessions), 0, 1, 1e7, NULL, "10000",
+     "most sessions alive at once; creating more gets 429"},
+    {"sessions", "ttl", OPT_INT, OFF(session_ttl_s), 0, 1, 1e8, NULL, "3600",
+     "seconds a session may stay idle before it is evicted"},
+    {"sessions", "memory_mb", OPT_LONG, OFF(session_memory_mb), 0, 1, 1e7, NULL, "4096",
+     "memory budget of all sessions together (MiB); over it creating gets 429"},
+    {"cache", "unigram_size", OPT_INT, OFF(unigram_size), 0, 0, 1e7, NULL, "0",
+     "unigram cache window (tokens), 0 = off"},
+    {"cache", "unigram_lambda", OPT_DOUBLE, OFF(unigram_lambda), 0, 0, 1, NULL, "0.1",
+     "unigram cache interpolation weight"},
+    {"cache", "neural_size", OPT_INT, OFF(neural_size), 0, 0, 1e7, NULL, "0",
+     "neural cache window (pairs), 0 = off"},
+    {"cache", "neural_theta", OPT_DOUBLE, OFF(neural_theta), 0, 0, 1e6, NULL, "0.3",
+     "neural cache flatness theta"},
+    {"cache", "neural_lambda", OPT_DOUBLE, OFF(neural_lambda), 0, 0, 1, NULL, "0.1",
+     "neural cache interpolation weight (linear mode)"},
+    {"cache", "global_norm", OPT_BOOL, OFF(global_norm), 0, 0, 0, NULL, "false",
+     "neural cache with global normalisation instead of linear interpolation"},
+    {"cache", "neural_alpha", OPT_DOUBLE, OFF(neural_alpha), 0, -1e6, 1e6, NULL, "0",
+     "global normalisation bias alpha"},
+    {"cache", "open_vocab", OPT_BOOL, OFF(open_vocab), 0, 0, 0, NULL, "false",
+     "remember out-of-vocabulary words under their own name"},
+    {"cache", "uniform_mu", OPT_DOUBLE, OFF(uniform_mu), 0, 0, 1, NULL, "0",
+     "open vocabulary: weight of the uniform distribution"},
+    {NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, NULL},
+};
+
+const config_option *config_options(void)
+{
+    return options;
+}
+
+static const config_option *find(const char *name)
+{
+    for (const config_option *o = options; o->name; o++)
+        if (strcmp(o->name, name) == 0)
+            return o;
+    return NULL;
+}
+
+static int set_option(nc_server_config *c, const config_option *o, const char *value,
+                      char *err, size_t errlen)
+{
+    char *p = (char *)c + o->offset, *end;
+    errno = 0;
+    switch (o->type) {
+    case OPT_INT:
+    case OPT_LONG: {
+        long long v = strtoll(value, &end, 10);
+        if (errno || end == value || *end || v < o->min || v > o->max) {
+            snprintf(err, errlen, "option '%s': '%s' is not an integer in [%.0f, %.0f]",
+                     o->name, value, o->min, o->max);
+            return -1;
+        }
+        if (o->type == OPT_INT) *(int *)p = (int)v;
+        else *(long *)p = (long)v;
+        return 0;
+    }
+    case OPT_DOUBLE: {
+        double v = strtod(value, &end);
+        if (errno || end == value || *end || !isfinite(v) || v < o->min || v > o->max) {
+            snprintf(err, errlen, "option '%s': '%s' is not a number in [%g, %g]",
+                     o->name, value, o->min, o->max);
+            return -1;
+        }
+        *(double *)p = v;
+        return 0;
+    }
+    case OPT_BOOL:
+        if (!strcmp(value, "true") || !strcmp(value, "yes") || !strcmp(value, "on") || !strcmp(value, "1"))
+            *(bool *)p = true;
+        else if (!strcmp(value, "false") || !strcmp(value, "no") || !strcmp(value, "off") || !strcmp(value, "0"))
+            *(bool *)p = false;
+        else {
+            snprintf(err, errlen, "option '%s': '%s' is not a boolean (true|false)", o->name, value);
+            return -1;
+        }
+        return 0;
+    case OPT_STRING:
+        if (strlen(value) >= o->size) {
+            snprintf(err, errlen, "option '%s': value longer than %zu bytes", o->name, o->size - 1);
+            return -1;
+        }
+        if (strcmp(o->name, "replica_tag") == 0)
+            for (const char *q = value; *q; q++)
+                if (!((*q >= 'a' && *q <= 'z') || (*q >= '0' && *q <= '9'))) {
+                    snprintf(err, errlen, "option '%s': '%s' must be [a-z0-9]*", o->name, value);
+                    return -1;
+                }
+        memcpy(p, value, strlen(value) + 1);
+        return 0;
+    case OPT_ENUM: {
+        size_t vlen = strlen(value);
+        int idx = 0;
+        for (const char *e = o->enums; *e; idx++) {
+            const char *bar = strchr(e, '|');
+            size_t n = bar ? (size_t)(bar - e) : strlen(e);
+            if (n == vlen && strncmp(e, value, n) == 0) {
+                *(int *)p = idx;
+                return 0;
+            }
+            e += n + (bar ? 1 : 0);
+        }
+        snprintf(err, errlen, "option '%s': '%s' is not one of %s", o->name, value, o->enums);
+        return -1;
+    }
+    }
+    return -1;
+}
+
+void config_defaults(nc_server_config *c)
+{
+    char err[256];
+    memset(c, 0, sizeof *c);
+    for (const config_option *o = options; o->name; o++)
+        if (set_option(c, o, o->defval, err, sizeof err) != 0)
+            abort(); /* a bad default in the table is a programming error */
+}
+
+int config_set(nc_server_config *c, const char *name, const char *value, char *err, size_t errlen)
+{
+    const config_option *o = find(name);
+    if (!o) {
+        snprintf(err, errlen, "unknown option '%s'", name);
+        return -1;
+    }
+    return set_option(c, o, value, err, errlen);
+}
+
+typedef struct {
+    nc_server_config *c;
+    char *err;
+    size_t errlen;
+    int failed;
+} ini_ctx;
+
+static int on_ini_entry(void *user, const char *section, const char *name, const char *value)
+{
+    ini_ctx *x = user;
+    if (x->failed)
+        return 0;
+    const config_option *o = find(name);
+    if (!o || strcmp(o->section, section) != 0) {
+        snprintf(x->err, x->errlen, "unknown option '%s' in section [%s]", name, section);
+        x->failed = 1;
+        return 0;
+    }
+    if (set_option(x->c, o, value, x->err, x->errlen) != 0) {
+        x->failed = 1;
+        return 0;
+    }
+    return 1;
+}
+
+int config_load_file(nc_server_config *c, const char *path, char *err, size_t errlen)
+{
+    ini_ctx x = {c, err, errlen, 0};
+    int rc = ini_parse(path, on_ini_entry, &x);
+    if (rc == -1) {
+        snprintf(err, errlen, "config file '%s': cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    if (x.failed) {
+        size_t n = strlen(err);
+        char tmp[512];
+        snprintf(tmp, sizeof tmp, "config file '%s': %.*s", path, (int)n, err);
+        snprintf(err, errlen, "%s", tmp);
+        return -1;
+    }
+    if (rc != 0) {
+        snprintf(err, errlen, "config file '%s': syntax error on line %d", path, rc);
+        return -1;
+    }
+    return 0;
+}
+
+void config_usage(FILE *f)
+{
+    fprintf(f, "usage: neurocached [--config FILE] [--OPTION VALUE ...]\n\noptions (flags override the file):\n");
+    for (const config_option *o = options; o->name; o++) {
+        char flag[64];
+        snprintf(flag, sizeof flag, "--%s", o->name);
+        for (char *q = flag; *q; q++)
+            if (*q == '_') *q = '-';
+        fprintf(f, "  %-26s %s (default \"%s\")\n", flag, o->help, o->defval);
+    }
+}
+
+/* Flag name to option name: strip "--", '-' -> '_'. */
+static void flag_to_name(const char *flag, size_t n, char *name, size_t cap)
+{
+    size_t i;
+    for (i = 0; i < n && i + 1 < cap; i++)
+        name[i] = flag[i] == '-' ? '_' : flag[i];
+    name[i] = 0;
+}
+
+int config_from_args(nc_server_config *c, int argc, char **argv, char *err, size_t errlen)
+{
+    /* --config first, so every other flag overrides the file. */
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+            return 1;
+        const char *cfg = NULL;
+        if (strcmp(argv[i], "--config") == 0) {
+            if (i + 1 >= argc) {
+                snprintf(err, errlen, "option 'config': missing value");
+                return -1;
+            }
+            cfg = argv[++i];
+        } else if (strncmp(argv[i], "--config=", 9) == 0) {
+            cfg = argv[i] + 9;
+        }
+        if (cfg && config_load_file(c, cfg, err, errlen) != 0)
+            return -1;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0) {
+            snprintf(err, errlen, "unexpected argument '%s'", a);
+            return -1;
+        }
+        a += 2;
+        const char *eq = strchr(a, '=');
+        char name[64];
+        flag_to_name(a, eq ? (size_t)(eq - a) : strlen(a), name, sizeof name);
+        const char *value;
+        if (eq) {
+            value = eq + 1;
+        } else {
+            if (i + 1 >= argc) {
+                snprintf(err, errlen, "option '%s': missing value", name);
+                return -1;
+            }
+            value = argv[++i];
+        }
+        if (strcmp(name, "config") == 0)
+            continue;
+        if (config_set(c, name, value, err, errlen) != 0)
+            return -1;
+    }
+    return 0;
+}

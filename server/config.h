@@ -1,0 +1,84 @@
+/* config.h -- the daemon's options: one table of typed, range-checked
+ * options, read from an INI file (libinih) and overridden by flags. */
+#ifndef NC_SERVER_CONFIG_H
+#define NC_SERVER_CONFIG_H
+
+#include <stddef.h>
+#include <stdbool.h>
+#include <stdio.h>
+
+enum { LOG_FORMAT_JSON = 0, LOG_FORMAT_TEXT = 1 };
+
+typedef struct {
+    /* [server] */
+    char bind[256];              /* listen address, IPv4 or IPv6 literal */
+    int port;                    /* 0 = ephemeral (actual port is logged) */
+    char port_file[1024];        /* if set, the bound port is written here */
+    char model[1024];            /* model directory */
+    char data_dir[1024];         /* namespaces, snapshots, logs (next issue) */
+    int threads;                 /* HTTP worker threads, 0 = number of cores */
+    int log_format;              /* LOG_FORMAT_JSON | LOG_FORMAT_TEXT */
+    int log_level;               /* 0 debug, 1 info, 2 warn, 3 error */
+    bool log_requests;           /* one log line per request (debug level) */
+    int drain_timeout_s;         /* SIGTERM: longest wait for in-flight work */
+    char replica_tag[16];        /* prefix of session ids (scale-out) */
+    /* [limits] */
+    long max_body_bytes;         /* 413 above */
+    long max_tokens_per_request; /* 413 above */
+    int max_top_k;               /* largest top_k / logprobs answered */
+    int max_completion_tokens;   /* largest max_tokens in /v1/completions */
+    /* [sessions] */
+    int max_sessions;            /* 429 when reached */
+    int session_ttl_s;           /* idle sessions are evicted after this */
+    long session_memory_mb;      /* budget for all sessions together, 429 over */
+    /* [cache] defaults of every session and of /v1/score */
+    int unigram_size;
+    double unigram_lambda;
+    int neural_size;
+    double neural_theta;
+    double neural_lambda;
+    bool global_norm;
+    double neural_alpha;
+    bool open_vocab;
+    double uniform_mu;
+} nc_server_config;
+
+/* Types of the option table. */
+typedef enum { OPT_INT, OPT_LONG, OPT_DOUBLE, OPT_BOOL, OPT_STRING, OPT_ENUM } config_type;
+
+typedef struct {
+    const char *section;         /* INI section */
+    const char *name;            /* INI key; flag is --name with '_' -> '-' */
+    config_type type;
+    size_t offset;               /* into nc_server_config */
+    size_t size;                 /* OPT_STRING: buffer size */
+    double min, max;             /* numeric range, inclusive */
+    const char *enums;           /* OPT_ENUM: "json|text", index = value */
+    const char *defval;          /* default, as text */
+    const char *help;
+} config_option;
+
+/* The table, terminated by a row with name == NULL. */
+const config_option *config_options(void);
+
+/* Fills every option with its default. */
+void config_defaults(nc_server_config *c);
+
+/* Sets one option from text. Returns 0, or -1 with a message naming the
+ * option and the accepted values in err. */
+int config_set(nc_server_config *c, const char *name, const char *value,
+               char *err, size_t errlen);
+
+/* Reads an INI file (sections must match the table's). Unknown keys, bad
+ * values and unreadable files are errors (-1, message in err). */
+int config_load_file(nc_server_config *c, const char *path, char *err, size_t errlen);
+
+/* Parses argv: --config FILE is applied first, then every other flag
+ * (--name VALUE or --name=VALUE) overrides the file. --help prints usage and
+ * returns 1. Returns 0 on success, -1 with a message on error. */
+int config_from_args(nc_server_config *c, int argc, char **argv, char *err, size_t errlen);
+
+/* Prints the flag list with defaults. */
+void config_usage(FILE *f);
+
+#endif

@@ -1,0 +1,68 @@
+/* http.h -- libmicrohttpd glue: per-request state, body accumulation with a
+ * size limit, JSON parsing, the route table, error answers, metrics. */
+#ifndef NC_SERVER_HTTP_H
+#define NC_SERVER_HTTP_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "proto.h"
+#include "server.h"
+
+#define HTTP_MAX_PARAMS 2
+
+/* One request, allocated on the first callback and freed in the completed
+ * callback (the only place). */
+typedef struct http_request {
+    struct MHD_Connection *conn;
+    const char *method, *url;     /* borrowed from MHD */
+    char *body;                   /* accumulated upload, NUL-terminated */
+    size_t len, cap;
+    bool too_large;
+    json_t *json;                 /* parsed body (object) when the route takes one */
+    char params[HTTP_MAX_PARAMS][128];  /* {id} captures of the route pattern */
+    int route;                    /* index in the route table, -1 = none */
+    double t0;
+    unsigned status;              /* answered status, for metrics */
+    bool answered;                /* a response is queued */
+} http_request;
+
+/* What a handler answers: a status and a body (JSON, or raw text). */
+typedef struct {
+    unsigned status;
+    json_t *json;                 /* owned; encoded compactly */
+    char *text;                   /* owned malloc'd raw body (metrics) */
+    const char *content_type;     /* for text */
+} http_response;
+
+typedef void (*http_handler)(nc_server *srv, http_request *req, http_response *resp);
+
+enum {
+    ROUTE_JSON = 1,               /* body is a JSON object (415 / 400 checks) */
+    ROUTE_EMPTY_OK = 2,           /* an empty body stands for {} */
+    ROUTE_NEEDS_MODEL = 4,        /* 503 until the model is loaded */
+};
+
+typedef struct {
+    const char *method;           /* "GET", "POST", "DELETE" */
+    const char *pattern;          /* "/v1/sessions/{id}/feed" */
+    http_handler handler;
+    const char *endpoint;         /* metrics label */
+    int flags;
+} http_route;
+
+/* Starts libmicrohttpd on cfg.bind:cfg.port with a thread pool
+ * (cfg.threads, 0 = cores), routing through routes[0..n). Sets srv->port
+ * and srv->mhd. Returns 0 or -1 with a message. */
+int http_start(nc_server *srv, const http_route *routes, int n, char *err, size_t errlen);
+/* Stops accepting, closes connections, joins the pool. */
+void http_stop(nc_server *srv);
+
+/* Handler helpers. json is stolen. */
+void http_reply_json(http_response *r, unsigned status, json_t *json);
+void http_reply_error(http_response *r, api_error e, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void http_reply_status(http_response *r, const api_status *st);
+
+#endif

@@ -1,0 +1,170 @@
+/* main.c -- neurocached: configuration, start-up, signals, drain, exit. */
+#include <cblas.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <systemd/sd-daemon.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "config.h"
+#include "handlers.h"
+#include "http.h"
+#include "metrics.h"
+#include "server.h"
+#include "sessions.h"
+#include "slog.h"
+
+/* The [cache] options as the core's parameters, checked by the core. */
+static int cache_defaults_from_config(const nc_server_config *c, nc_cache_params *p, char *err,
+                                      size_t errlen)
+{
+    cache_params_default(p);
+    p->unigram_size = c->unigram_size;
+    p->unigram_lambda = (float)c->unigram_lambda;
+    p->neural_size = c->neural_size;
+    p->neural_theta = (float)c->neural_theta;
+    p->neural_lambda = (float)c->neural_lambda;
+    p->global_norm = c->global_norm;
+    p->neural_alpha = (float)c->neural_alpha;
+    p->open_vocab = c->open_vocab;
+    p->uniform_mu = (float)c->uniform_mu;
+    char msg[NC_ERRLEN] = "";
+    if (cache_params_validate(p, msg, sizeof msg) != NC_OK) {
+        snprintf(err, errlen, "section [cache]: %s", msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* Written via a temporary file and rename, so a reader never sees a
+ * partial number. */
+static int write_port_file(const char *path, int port, char *err, size_t errlen)
+{
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f || fprintf(f, "%d\n", port) < 0 || fclose(f) != 0 || rename(tmp, path) != 0) {
+        snprintf(err, errlen, "option 'port_file': cannot write '%.900s': %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static nc_server srv;
+    char err[2048] = "";
+    config_defaults(&srv.cfg);
+    int rc = config_from_args(&srv.cfg, argc, argv, err, sizeof err);
+    if (rc == 1) {
+        config_usage(stdout);
+        return 0;
+    }
+    if (rc != 0 || cache_defaults_from_config(&srv.cfg, &srv.cache_defaults, err, sizeof err) != 0) {
+        fprintf(stderr, "neurocached: %s\n", err);
+        return 2;
+    }
+    slog_init(srv.cfg.log_format, srv.cfg.log_level);
+
+    /* Signals are taken synchronously by the main thread only: every thread
+     * created from here on inherits the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    /* Each HTTP worker runs its own BLAS calls: one BLAS thread per request
+     * thread avoids oversubscribing the cores (design §6). */
+    openblas_set_num_threads(1);
+
+    int n;
+    const http_route *routes = handlers_routes(&n);
+    if (http_start(&srv, routes, n, err, sizeof err) != 0) {
+        slog(SLOG_ERROR, "startup failed", json_pack("{s:s}", "error", err));
+        return 1;
+    }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    slog(SLOG_INFO, "listening",
+         json_pack("{s:s,s:i,s:i}", "bind", srv.cfg.bind, "port", srv.port, "threads",
+                   srv.cfg.threads > 0 ? srv.cfg.threads : (int)cores));
+    if (srv.cfg.port_file[0] && write_port_file(srv.cfg.port_file, srv.port, err, sizeof err) != 0) {
+        slog(SLOG_ERROR, "startup failed", json_pack("{s:s}", "error", err));
+        http_stop(&srv);
+        return 1;
+    }
+
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    rc = model_load(srv.cfg.model, &srv.model, err, sizeof err);
+    if (rc != NC_OK) {
+        slog(SLOG_ERROR, "startup failed",
+             json_pack("{s:s,s:s}", "error", err, "option", "model"));
+        http_stop(&srv);
+        return 1;
+    }
+    srv.sessions = sessions_new(srv.model, srv.cfg.max_sessions, srv.cfg.session_ttl_s,
+                                (size_t)srv.cfg.session_memory_mb << 20, srv.cfg.replica_tag);
+    if (!srv.sessions) {
+        slog(SLOG_ERROR, "startup failed", json_pack("{s:s}", "error", "out of memory"));
+        http_stop(&srv);
+        model_free(srv.model);
+        return 1;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    atomic_store(&srv.ready, 1);
+    char desc[256];
+    slog(SLOG_INFO, "ready",
+         json_pack("{s:s,s:i,s:i,s:i,s:f,s:s}", "model", srv.cfg.model, "vocab_size",
+                   srv.model->cfg.vocab_size, "hidden_size", srv.model->cfg.hidden_size, "num_layers",
+                   srv.model->cfg.num_layers,
+                   "load_seconds", (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9,
+                   "cache", cache_params_describe(&srv.cache_defaults, desc, sizeof desc)));
+    sd_notify(0, "READY=1");
+
+    /* The main thread waits for a signal, evicting idle sessions once a
+     * second meanwhile. */
+    int sig = 0;
+    for (;;) {
+        struct timespec tick = {1, 0};
+        sig = sigtimedwait(&sigs, NULL, &tick);
+        if (sig == SIGTERM || sig == SIGINT)
+            break;
+        int ev = sessions_evict_idle(srv.sessions);
+        if (ev > 0) {
+            metrics_add_evictions((uint64_t)ev);
+            slog(SLOG_INFO, "sessions evicted", json_pack("{s:i}", "count", ev));
+        }
+    }
+
+    /* Drain: /ready answers 503 from now on; requests in flight finish. */
+    atomic_store(&srv.draining, 1);
+    sd_notify(0, "STOPPING=1");
+    slog(SLOG_INFO, "draining", json_pack("{s:s,s:I}", "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                                          "inflight", (json_int_t)atomic_load(&srv.inflight)));
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        if (atomic_load(&srv.inflight) <= 0)
+            break;
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (t1.tv_sec - t0.tv_sec >= srv.cfg.drain_timeout_s) {
+            slog(SLOG_WARN, "drain timeout",
+                 json_pack("{s:I}", "inflight", (json_int_t)atomic_load(&srv.inflight)));
+            break;
+        }
+        struct timespec ms = {0, 10 * 1000 * 1000};
+        nanosleep(&ms, NULL);
+    }
+    http_stop(&srv);
+    long count = 0;
+    sessions_stats(srv.sessions, &count, NULL);
+    sessions_free(srv.sessions);
+    model_free(srv.model);
+    slog(SLOG_INFO, "stopped", json_pack("{s:i}", "sessions_dropped", (int)count));
+    return 0;
+}

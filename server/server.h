@@ -1,0 +1,23 @@
+/* server.h -- the daemon's shared state, handed to every handler. */
+#ifndef NC_SERVER_SERVER_H
+#define NC_SERVER_SERVER_H
+
+#include <stdatomic.h>
+
+#include "cache.h"
+#include "config.h"
+#include "sessions.h"
+
+typedef struct nc_server {
+    nc_server_config cfg;
+    nc_cache_params cache_defaults;   /* from the [cache] options */
+    nc_model *model;                  /* NULL until loaded */
+    sessions *sessions;               /* NULL until the model is loaded */
+    atomic_int ready;                 /* model loaded */
+    atomic_int draining;              /* SIGTERM received */
+    atomic_long inflight;             /* requests between first and completed callback */
+    int port;                         /* bound port */
+    struct MHD_Daemon *mhd;
+} nc_server;
+
+#endif

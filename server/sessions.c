@@ -1,0 +1,268 @@
+/* sessions.c -- the sessions table: uthash under one mutex, a mutex per
+ * session, reference counts so a deleted or evicted session is freed only
+ * when the last request holding it is done. */
+#include "sessions.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+struct sessions {
+    pthread_mutex_t lock;
+    nc_session *by_id;            /* uthash head */
+    const nc_model *model;
+    int max_sessions, ttl_s;
+    size_t budget, used;
+    long count;
+    char tag[16];
+};
+
+double sessions_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+sessions *sessions_new(const nc_model *m, int max_sessions, int ttl_s, size_t budget,
+                       const char *tag)
+{
+    sessions *t = calloc(1, sizeof *t);
+    if (!t)
+        return NULL;
+    pthread_mutex_init(&t->lock, NULL);
+    t->model = m;
+    t->max_sessions = max_sessions;
+    t->ttl_s = ttl_s;
+    t->budget = budget;
+    snprintf(t->tag, sizeof t->tag, "%s", tag ? tag : "");
+    return t;
+}
+
+static void session_destroy(nc_session *s)
+{
+    if (!s)
+        return;
+    stream_free(s->stream);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+void sessions_free(sessions *t)
+{
+    if (!t)
+        return;
+    nc_session *s, *tmp;
+    HASH_ITER(hh, t->by_id, s, tmp) {
+        HASH_DEL(t->by_id, s);
+        session_destroy(s);
+    }
+    pthread_mutex_destroy(&t->lock);
+    free(t);
+}
+
+size_t sessions_estimate(const nc_model *m, const nc_cache_params *p)
+{
+    size_t H = (size_t)m->cfg.hidden_size, L = (size_t)m->cfg.num_layers;
+    size_t bytes = 4096 + 2 * L * H * sizeof(float) * 2;     /* state + work */
+    if (p->neural_size > 0)
+        bytes += (size_t)p->neural_size * (H * (p->neural_f16 ? 2 : 4) + 2 * sizeof(int));
+    if (p->unigram_size > 0)
+        bytes += (size_t)p->unigram_size * 3 * sizeof(int);
+    return bytes;
+}
+
+/* Unguessable id: 128 bits from getrandom, hex; the replica tag, when set,
+ * lets a load balancer route the id without a lookup. */
+static int random_id(const char *tag, char *out, size_t cap)
+{
+    unsigned char r[16];
+    size_t got = 0;
+    while (got < sizeof r) {
+        ssize_t n = getrandom(r + got, sizeof r - got, 0);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        got += (size_t)n;
+    }
+    int k = snprintf(out, cap, "ses_%s%s", tag, tag[0] ? "_" : "");
+    for (size_t i = 0; i < sizeof r && (size_t)k + 2 < cap; i++)
+        k += snprintf(out + k, cap - (size_t)k, "%02x", r[i]);
+    return 0;
+}
+
+sessions_rc sessions_create(sessions *t, const char *id, const char *ns,
+                            const nc_cache_params *p, nc_session **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    size_t need = sessions_estimate(t->model, p);
+    /* Reserve a slot and the memory first, so concurrent creations cannot
+     * overshoot the limits while the stream is being built. */
+    pthread_mutex_lock(&t->lock);
+    if (t->count >= t->max_sessions) {
+        pthread_mutex_unlock(&t->lock);
+        snprintf(err, errlen, "the server holds its maximum of %d sessions", t->max_sessions);
+        return SESS_ELIMIT;
+    }
+    if (t->used + need > t->budget) {
+        size_t used = t->used;
+        pthread_mutex_unlock(&t->lock);
+        snprintf(err, errlen, "session memory budget exceeded: %zu bytes in use, %zu needed, budget %zu",
+                 used, need, t->budget);
+        return SESS_EMEMORY;
+    }
+    if (id) {
+        nc_session *old;
+        HASH_FIND_STR(t->by_id, id, old);
+        if (old) {
+            pthread_mutex_unlock(&t->lock);
+            snprintf(err, errlen, "session '%s' already exists", id);
+            return SESS_EEXIST;
+        }
+    }
+    t->count++;
+    t->used += need;
+    pthread_mutex_unlock(&t->lock);
+
+    sessions_rc rc = SESS_OK;
+    nc_session *s = calloc(1, sizeof *s);
+    if (!s) {
+        rc = SESS_ENOMEM;
+        snprintf(err, errlen, "out of memory");
+    }
+    if (rc == SESS_OK) {
+        pthread_mutex_init(&s->lock, NULL);
+        s->params = *p;
+        s->reserved = need;
+        s->created = wall_now();
+        snprintf(s->ns, sizeof s->ns, "%s", ns ? ns : "");
+        if (stream_new(t->model, p, NULL, NULL, true, &s->stream, err, errlen) != NC_OK)
+            rc = SESS_EINVAL;
+    }
+    if (rc == SESS_OK && !id && random_id(t->tag, s->id, sizeof s->id) != 0) {
+        rc = SESS_ENOMEM;
+        snprintf(err, errlen, "getrandom failed: %s", strerror(errno));
+    }
+    if (rc == SESS_OK && id)
+        snprintf(s->id, sizeof s->id, "%s", id);
+
+    pthread_mutex_lock(&t->lock);
+    if (rc == SESS_OK) {
+        nc_session *old;
+        HASH_FIND_STR(t->by_id, s->id, old);
+        if (old) { /* a concurrent create took the client's id */
+            rc = SESS_EEXIST;
+            snprintf(err, errlen, "session '%s' already exists", s->id);
+        }
+    }
+    if (rc == SESS_OK) {
+        s->refs = 1;
+        s->last_used = sessions_now();
+        HASH_ADD_STR(t->by_id, id, s);
+        *out = s;
+    } else {
+        t->count--;
+        t->used -= need;
+    }
+    pthread_mutex_unlock(&t->lock);
+    if (rc != SESS_OK)
+        session_destroy(s);
+    return rc;
+}
+
+nc_session *sessions_acquire(sessions *t, const char *id)
+{
+    nc_session *s;
+    pthread_mutex_lock(&t->lock);
+    HASH_FIND_STR(t->by_id, id, s);
+    if (s) {
+        s->refs++;
+        s->last_used = sessions_now();
+    }
+    pthread_mutex_unlock(&t->lock);
+    return s;
+}
+
+void sessions_release(sessions *t, nc_session *s)
+{
+    if (!s)
+        return;
+    int destroy = 0;
+    pthread_mutex_lock(&t->lock);
+    s->refs--;
+    s->last_used = sessions_now();
+    if (s->removed && s->refs == 0)
+        destroy = 1;
+    pthread_mutex_unlock(&t->lock);
+    if (destroy)
+        session_destroy(s);
+}
+
+/* Table lock held. The session leaves the table and the budget at once; its
+ * memory is freed by the last release (or now when unheld). */
+static int unlink_locked(sessions *t, nc_session *s)
+{
+    HASH_DEL(t->by_id, s);
+    s->removed = true;
+    t->count--;
+    t->used -= s->reserved;
+    return s->refs == 0;
+}
+
+sessions_rc sessions_delete(sessions *t, const char *id)
+{
+    nc_session *s;
+    int destroy = 0;
+    pthread_mutex_lock(&t->lock);
+    HASH_FIND_STR(t->by_id, id, s);
+    if (s)
+        destroy = unlink_locked(t, s);
+    pthread_mutex_unlock(&t->lock);
+    if (!s)
+        return SESS_ENOTFOUND;
+    if (destroy)
+        session_destroy(s);
+    return SESS_OK;
+}
+
+int sessions_evict_idle(sessions *t)
+{
+    double now = sessions_now();
+    nc_session *s, *tmp, *dead = NULL;
+    int n = 0;
+    pthread_mutex_lock(&t->lock);
+    HASH_ITER(hh, t->by_id, s, tmp) {
+        if (s->refs == 0 && now - s->last_used > t->ttl_s) {
+            unlink_locked(t, s);
+            s->hh.next = dead;   /* reuse the handle as a free list */
+            dead = s;
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&t->lock);
+    while (dead) {
+        nc_session *next = dead->hh.next;
+        session_destroy(dead);
+        dead = next;
+    }
+    return n;
+}
+
+void sessions_stats(sessions *t, long *count, size_t *bytes)
+{
+    pthread_mutex_lock(&t->lock);
+    if (count) *count = t->count;
+    if (bytes) *bytes = t->used;
+    pthread_mutex_unlock(&t->lock);
+}

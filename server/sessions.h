@@ -1,0 +1,81 @@
+/* sessions.h -- the sessions table: per-session predictor (core/stream.h)
+ * behind a mutex, ids from getrandom, idle TTL, a maximum count and a memory
+ * budget. */
+#ifndef NC_SERVER_SESSIONS_H
+#define NC_SERVER_SESSIONS_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uthash.h>
+
+#include "cache.h"
+
+#define SESSION_ID_MAX 64
+
+typedef struct nc_session {
+    char id[SESSION_ID_MAX];
+    char ns[SESSION_ID_MAX];      /* namespace ("" = none; next issue) */
+    pthread_mutex_t lock;         /* serialises requests on this session */
+    nc_stream *stream;            /* guarded by lock */
+    nc_cache_params params;       /* as created (immutable) */
+    size_t reserved;              /* bytes charged to the budget */
+    double created;               /* wall clock, seconds */
+    /* guarded by the table lock: */
+    int refs;
+    bool removed;
+    double last_used;             /* monotonic seconds */
+    UT_hash_handle hh;
+} nc_session;
+
+typedef struct sessions sessions;
+
+typedef enum {
+    SESS_OK = 0,
+    SESS_ENOTFOUND,
+    SESS_EEXIST,                  /* a client-chosen id already in use */
+    SESS_ELIMIT,                  /* max_sessions reached */
+    SESS_EMEMORY,                 /* the budget would be exceeded */
+    SESS_EINVAL,                  /* stream creation refused the params */
+    SESS_ENOMEM,
+} sessions_rc;
+
+/* m is borrowed and must outlive the table. tag: replica tag put in ids
+ * ("" = none). ttl_s: idle seconds before eviction; budget: bytes. */
+sessions *sessions_new(const nc_model *m, int max_sessions, int ttl_s, size_t budget,
+                       const char *tag);
+/* Frees every session (none may be acquired any more). NULL allowed. */
+void sessions_free(sessions *t);
+
+/* Creates a session (fresh stream started with eos, design §3) and returns
+ * it acquired: the caller releases it with sessions_release. id: a
+ * client-chosen id or NULL for a random one. err gets a message on failure. */
+sessions_rc sessions_create(sessions *t, const char *id, const char *ns,
+                            const nc_cache_params *p, nc_session **out, char *err, size_t errlen);
+
+/* Looks a session up and holds it (it cannot be freed until released, even if
+ * deleted or evicted meanwhile). NULL when absent. The caller then locks
+ * s->lock around any use of s->stream. */
+nc_session *sessions_acquire(sessions *t, const char *id);
+/* Drops the hold, refreshes the idle clock; frees a removed session when the
+ * last hold goes. */
+void sessions_release(sessions *t, nc_session *s);
+
+/* Removes a session (freed once no request holds it). SESS_ENOTFOUND. */
+sessions_rc sessions_delete(sessions *t, const char *id);
+
+/* Removes sessions idle for longer than the TTL and not in use; returns how
+ * many. Called by the janitor thread. */
+int sessions_evict_idle(sessions *t);
+
+/* Count, and bytes charged to the budget. */
+void sessions_stats(sessions *t, long *count, size_t *bytes);
+
+/* Budget charge of a session with params p (state + windows at full size). */
+size_t sessions_estimate(const nc_model *m, const nc_cache_params *p);
+
+/* Monotonic clock in seconds. */
+double sessions_now(void);
+
+#endif
