@@ -1,0 +1,227 @@
+/* docscore.c -- batched, causal scoring of a token sequence with the caches. */
+#include "docscore.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DOC_LOGIT_BLOCK 128
+#define DOC_SCORE_BLOCK 64
+
+int doc_alloc(int dim, int V, size_t n, nc_doc **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    nc_doc *d = calloc(1, sizeof *d);
+    if (!d)
+        return nc_error(err, errlen, NC_ENOMEM, "document");
+    d->dim = dim;
+    d->V = V;
+    d->n = n;
+    /* one spare row: the batched LSTM writes h after every token, and the
+     * last one is the state, not a query */
+    d->q = nc_calloc(n + 1, (size_t)dim * sizeof(float));
+    d->ids = nc_calloc(n + 1, sizeof(int));
+    d->s_target = nc_calloc(n + 1, sizeof(float));
+    d->log_z = nc_calloc(n + 1, sizeof(float));
+    d->vfull = nc_calloc(n + 1, sizeof(int));
+    if (!d->q || !d->ids || !d->s_target || !d->log_z || !d->vfull) {
+        doc_free(d);
+        return nc_error(err, errlen, NC_ENOMEM, "document of %zu tokens", n);
+    }
+    for (size_t j = 0; j < n; j++)
+        d->vfull[j] = V;
+    *out = d;
+    return NC_OK;
+}
+
+void doc_free(nc_doc *d)
+{
+    if (!d)
+        return;
+    nc_free(d->q);
+    nc_free(d->ids);
+    nc_free(d->s_target);
+    nc_free(d->log_z);
+    nc_free(d->vfull);
+    free(d);
+}
+
+int doc_prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks,
+                nc_wordtable *words, nc_doc **out, char *err, size_t errlen)
+{
+    const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    const size_t n = toks->n;
+    nc_doc *d;
+    int rc = doc_alloc(H, V, n, &d, err, errlen);
+    if (rc)
+        return rc;
+    *out = NULL;
+    d->first = has_h ? 0 : (n > 0 ? 1 : 0);
+    for (size_t j = 0; j < n; j++) {
+        int id = toks->ids[j];
+        if (id < 0 || id >= V) {
+            doc_free(d);
+            return nc_error(err, errlen, NC_EINVAL, "token %zu has id %d outside [0, %d)", j, id, V);
+        }
+        d->vfull[j] = V;
+        if (words) {
+            /* |V_full| as it was before token j (causal), then its own id */
+            d->vfull[j] = wordtable_size(words);
+            if (id == m->unk_id && toks->words && toks->words[j]) {
+                int w = wordtable_id(words, toks->words[j], strlen(toks->words[j]), true);
+                if (w < 0) {
+                    doc_free(d);
+                    return nc_error(err, errlen, NC_ENOMEM, "word table");
+                }
+                id = w;
+            }
+        }
+        d->ids[j] = id;
+    }
+    if (n == 0) {
+        *out = d;
+        return NC_OK;
+    }
+    memcpy(d->q, lstm_state_top(s), (size_t)H * sizeof(float));
+    rc = lstm_forward_seq(m, s, toks->ids, n, d->q + H, err, errlen);
+    float *logits = rc ? NULL : nc_alloc((size_t)DOC_LOGIT_BLOCK * V * sizeof(float));
+    if (!rc && !logits)
+        rc = nc_error(err, errlen, NC_ENOMEM, "logits block");
+    for (size_t j0 = d->first; !rc && j0 < n; j0 += DOC_LOGIT_BLOCK) {
+        size_t nb = n - j0 < DOC_LOGIT_BLOCK ? n - j0 : DOC_LOGIT_BLOCK;
+        lstm_logits_batch(m, d->q + j0 * H, nb, logits);
+        for (size_t r = 0; r < nb; r++) {
+            const float *l = logits + r * (size_t)V;
+            int id = d->ids[j0 + r];
+            d->log_z[j0 + r] = nc_logsumexp(l, (size_t)V);
+            d->s_target[j0 + r] = id < V ? l[id] : -INFINITY;
+        }
+    }
+    nc_free(logits);
+    if (rc) {
+        doc_free(d);
+        return rc;
+    }
+    *out = d;
+    return NC_OK;
+}
+
+int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_t block,
+              double *logprobs, char *err, size_t errlen)
+{
+    const int H = d->dim;
+    const size_t n = d->n;
+    if (block == 0)
+        block = DOC_SCORE_BLOCK;
+    int rc = cache_params_validate(p, err, errlen);
+    if (rc)
+        return rc;
+    for (size_t j = 0; j < d->first && j < n; j++)
+        logprobs[j] = NAN;
+    if (d->first >= n)
+        return NC_OK;
+
+    nc_ncache tmp_n = {0};
+    nc_ucache tmp_u = {0};
+    nc_ncache *nc = NULL;
+    nc_ucache *uc = NULL;
+    if (p->neural_size > 0) {
+        nc = c && c->neural ? c->neural : &tmp_n;
+        if (nc == &tmp_n && (rc = ncache_init(&tmp_n, p->neural_size, H, p->neural_f16, err, errlen)))
+            return rc;
+        if (nc->dim != H) {
+            rc = nc_error(err, errlen, NC_EINVAL, "neural cache dimension %d, model %d", nc->dim, H);
+            goto out_free_local;
+        }
+    }
+    if (p->unigram_size > 0) {
+        uc = c && c->unigram ? c->unigram : &tmp_u;
+        if (uc == &tmp_u && (rc = ucache_init(&tmp_u, p->unigram_size, err, errlen)))
+            goto out_free_local;
+    }
+    nc_ubcache *ub = c ? c->ub : NULL;
+    bool ub_read = p->unbounded && ub;
+    bool ub_add = c && c->adapt && ub;
+    int k = p->knn;
+
+    /* window actually read: the ring may be bigger than neural_size when a
+     * stream shrank its params without reallocating */
+    int N = nc ? (p->neural_size < nc->size ? p->neural_size : nc->size) : 0;
+    size_t B = block;
+    float *keys = nc ? nc_alloc(((size_t)nc->size + B) * H * sizeof(float)) : NULL;
+    int *kv = nc ? malloc(((size_t)nc->size + B) * sizeof(int)) : NULL;
+    float *dots = nc ? nc_alloc(B * ((size_t)nc->size + B) * sizeof(float)) : NULL;
+    float *ud2 = ub_read ? malloc(B * (size_t)k * sizeof(float)) : NULL;
+    int *uw = ub_read ? malloc(B * (size_t)k * sizeof(int)) : NULL;
+    int64_t *lim = ub_read ? malloc(B * sizeof(int64_t)) : NULL;
+    if ((nc && (!keys || !kv || !dots)) || (ub_read && (!ud2 || !uw || !lim))) {
+        rc = nc_error(err, errlen, NC_ENOMEM, "scoring buffers");
+        goto out;
+    }
+
+    for (size_t b0 = d->first; b0 < n; b0 += B) {
+        size_t nb = n - b0 < B ? n - b0 : B;
+        const float *Q = d->q + b0 * H;
+        int c0 = 0;
+        if (nc) {
+            /* K = [ring oldest..newest ; this block's own keys but the last]:
+             * position b0+r may read ring entries and block keys < r. */
+            c0 = ncache_export(nc, keys, kv);
+            if (nb > 1) {
+                memcpy(keys + (size_t)c0 * H, Q, (nb - 1) * (size_t)H * sizeof(float));
+                memcpy(kv + c0, d->ids + b0, (nb - 1) * sizeof(int));
+            }
+            int nk = c0 + (int)nb - 1;
+            if (nk > 0)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, nk, H, 1.0f, Q, H, keys, H,
+                            0.0f, dots, nk);
+        }
+        if (ub_add) {
+            int64_t first_id;
+            if ((rc = ubcache_add(ub, Q, d->ids + b0, nb, &first_id, err, errlen)))
+                goto out;
+            for (size_t r = 0; ub_read && r < nb; r++)
+                lim[r] = first_id + (int64_t)r;   /* pairs of this block at >= r are the future */
+        }
+        if (ub_read && (rc = ubcache_search(ub, Q, nb, k, p->nprobe, ub_add ? lim : NULL,
+                                            ub_add ? (int)nb : 0, ud2, uw, err, errlen)))
+            goto out;
+        for (size_t r = 0; r < nb; r++) {
+            size_t t = b0 + r;
+            nc_mix_input in = {.V = d->V, .s_target = d->s_target[t], .log_z = d->log_z[t],
+                               .uni = uc, .vocab_full = p->vocab_size_full > 0 ? p->vocab_size_full
+                                                                              : d->vfull[t]};
+            if (nc) {
+                int nk = c0 + (int)nb - 1, avail = c0 + (int)r;
+                int w = avail < N ? avail : N;
+                in.ndots = dots + r * (size_t)(nk > 0 ? nk : 0) + (avail - w);
+                in.nvals = kv + (avail - w);
+                in.nn = w;
+            }
+            if (ub_read) {
+                in.ub_d2 = ud2 + r * (size_t)k;
+                in.ub_words = uw + r * (size_t)k;
+                in.ub_k = k;
+            }
+            logprobs[t] = mixture_target(p, &in, d->ids[t]);
+            if (uc && (rc = ucache_push(uc, d->ids[t]))) {
+                rc = nc_error(err, errlen, rc, "unigram cache");
+                goto out;
+            }
+        }
+        for (size_t r = 0; nc && r < nb; r++)
+            ncache_push(nc, Q + r * H, d->ids[b0 + r]);
+    }
+out:
+    nc_free(keys);
+    free(kv);
+    nc_free(dots);
+    free(ud2);
+    free(uw);
+    free(lim);
+out_free_local:
+    ncache_free(&tmp_n);
+    ucache_free(&tmp_u);
+    return rc;
+}

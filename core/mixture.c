@@ -1,0 +1,289 @@
+/* mixture.c -- design §4's formulas for one position: full distribution and
+ * target-only log-probability. Both paths run the same steps in the same
+ * order (see mixture.h) so they agree to float rounding. */
+#include "cache.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const nc_comp_names[NC_NCOMP] = {"model", "neural", "unigram", "unbounded", "uniform"};
+
+void dist_init(nc_dist *d)
+{
+    memset(d, 0, sizeof *d);
+}
+
+void dist_free(nc_dist *d)
+{
+    if (!d)
+        return;
+    nc_free(d->p);
+    for (int c = 0; c < NC_NCOMP; c++)
+        nc_free(d->share[c]);
+    memset(d, 0, sizeof *d);
+}
+
+static int dist_reserve(nc_dist *d, size_t n, bool shares)
+{
+    if (n > d->cap) {
+        nc_free(d->p);
+        for (int c = 0; c < NC_NCOMP; c++) {
+            nc_free(d->share[c]);
+            d->share[c] = NULL;
+        }
+        d->cap = 0;
+        d->p = nc_alloc(n * sizeof(float));
+        if (!d->p)
+            return NC_ENOMEM;
+        d->cap = n;
+    }
+    for (int c = 0; c < NC_NCOMP; c++) {
+        if (shares && !d->share[c]) {
+            d->share[c] = nc_alloc(d->cap * sizeof(float));
+            if (!d->share[c])
+                return NC_ENOMEM;
+        }
+    }
+    d->n = n;
+    return NC_OK;
+}
+
+/* Kernel weights of the unbounded cache (Grave, Cisse, Joulin 2017, eq. 6):
+ * u_i = d_i / θ(h) with θ(h) the distance to the k-th (last) neighbour
+ * returned; K(u) = exp(-u²/2) or max(0, 1-u²); θ = 0 gives weight 1 to all.
+ * Writes w[i] (0 for missing neighbours) when w is non-NULL and returns Σ w,
+ * 0 when there is no neighbour. */
+static double ub_weight(const nc_cache_params *p, double theta2, float d2)
+{
+    if (theta2 <= 0.0)
+        return 1.0;
+    double u2 = (d2 > 0.0f ? d2 : 0.0) / theta2;
+    return p->kernel == NC_KERNEL_GAUSSIAN ? exp(-0.5 * u2) : (u2 < 1.0 ? 1.0 - u2 : 0.0);
+}
+
+static double ub_theta2(const nc_mix_input *in)
+{
+    int last = -1;
+    for (int i = 0; i < in->ub_k; i++)
+        if (in->ub_words[i] >= 0)
+            last = i;
+    if (last < 0)
+        return -1.0;
+    return in->ub_d2[last] > 0.0f ? (double)in->ub_d2[last] : 0.0;
+}
+
+static double ub_weights(const nc_cache_params *p, const nc_mix_input *in, double *w)
+{
+    double theta2 = ub_theta2(in);
+    if (theta2 < 0.0)
+        return 0.0;
+    double sum = 0.0;
+    for (int i = 0; i < in->ub_k; i++) {
+        double k = in->ub_words[i] >= 0 ? ub_weight(p, theta2, in->ub_d2[i]) : 0.0;
+        if (w)
+            w[i] = k;
+        sum += k;
+    }
+    return sum;
+}
+
+static bool neural_on(const nc_cache_params *p, const nc_mix_input *in)
+{
+    return p->neural_size > 0 && in->nn > 0;
+}
+
+static bool unigram_on(const nc_cache_params *p, const nc_mix_input *in)
+{
+    return p->unigram_size > 0 && in->uni && in->uni->count > 0;
+}
+
+static double max_scaled(const nc_mix_input *in, double theta, double bias)
+{
+    double m = -INFINITY;
+    for (int i = 0; i < in->nn; i++) {
+        double v = theta * in->ndots[i] + bias;
+        if (v > m)
+            m = v;
+    }
+    return m;
+}
+
+/* Linear step on the full distribution: p <- (1-λ) p + λ q, shares scaled
+ * and q's mass credited to component comp. q is double[n]. */
+static void blend(nc_dist *d, bool shares, double lambda, const double *q, int comp)
+{
+    float a = (float)(1.0 - lambda);
+    for (size_t w = 0; w < d->n; w++)
+        d->p[w] = (float)((1.0 - lambda) * d->p[w] + lambda * q[w]);
+    if (shares) {
+        for (int c = 0; c < NC_NCOMP; c++) {
+            if (c == comp)
+                continue;
+            for (size_t w = 0; w < d->n; w++)
+                d->share[c][w] *= a;
+        }
+        for (size_t w = 0; w < d->n; w++)
+            d->share[comp][w] = (float)(a * d->share[comp][w] + lambda * q[w]);
+    }
+}
+
+int mixture_full(const nc_cache_params *p, const nc_mix_input *in, size_t n_words, bool shares,
+                 nc_dist *out, char *err, size_t errlen)
+{
+    const int V = in->V;
+    if (n_words < (size_t)V)
+        n_words = (size_t)V;
+    /* every cached id must fit: grow n rather than drop mass */
+    for (int i = 0; i < in->nn; i++)
+        if (in->nvals[i] >= 0 && (size_t)in->nvals[i] >= n_words)
+            n_words = (size_t)in->nvals[i] + 1;
+    for (int i = 0; i < in->ub_k; i++)
+        if (in->ub_words && in->ub_words[i] >= 0 && (size_t)in->ub_words[i] >= n_words)
+            n_words = (size_t)in->ub_words[i] + 1;
+    if (in->uni)
+        for (int i = 0; i < in->uni->count; i++)
+            if ((size_t)ucache_at(in->uni, i) >= n_words)
+                n_words = (size_t)ucache_at(in->uni, i) + 1;
+    if (dist_reserve(out, n_words, shares))
+        return nc_error(err, errlen, NC_ENOMEM, "distribution over %zu words", n_words);
+    double *q = calloc(n_words, sizeof(double));
+    double *kw = in->ub_k > 0 ? malloc((size_t)in->ub_k * sizeof(double)) : NULL;
+    if (!q || (in->ub_k > 0 && !kw)) {
+        free(q);
+        free(kw);
+        return nc_error(err, errlen, NC_ENOMEM, "mixture scratch");
+    }
+    if (shares)
+        for (int c = 0; c < NC_NCOMP; c++)
+            memset(out->share[c], 0, n_words * sizeof(float));
+
+    /* 1-2. p_vocab, or the globally normalised neural cache (Grave et al.
+     * 2017, §4 "global normalization"): p(w) ∝ exp(s_w) + Σ exp(θ h·h_i + α) */
+    double smax = -INFINITY;
+    for (int w = 0; w < V; w++)
+        if (in->logits[w] > smax)
+            smax = in->logits[w];
+    bool global = neural_on(p, in) && p->global_norm;
+    double m = smax;
+    if (global) {
+        double mc = max_scaled(in, p->neural_theta, p->neural_alpha);
+        if (mc > m)
+            m = mc;
+    }
+    double z = 0.0;
+    for (int w = 0; w < V; w++) {
+        q[w] = exp(in->logits[w] - m);
+        z += q[w];
+    }
+    double zc = 0.0;
+    if (global) {
+        for (int i = 0; i < in->nn; i++) {
+            double e = exp(p->neural_theta * in->ndots[i] + p->neural_alpha - m);
+            zc += e;
+        }
+    }
+    double ztot = z + zc;
+    for (size_t w = 0; w < n_words; w++) {
+        out->p[w] = (float)(q[w] / ztot);
+        if (shares)
+            out->share[NC_COMP_MODEL][w] = out->p[w];
+    }
+    if (global) {
+        for (int i = 0; i < in->nn; i++) {
+            int w = in->nvals[i];
+            float e = (float)(exp(p->neural_theta * in->ndots[i] + p->neural_alpha - m) / ztot);
+            out->p[w] += e;
+            if (shares)
+                out->share[NC_COMP_NEURAL][w] += e;
+        }
+    } else if (neural_on(p, in)) {
+        /* linear interpolation: p_cache(w) = Σ_{x_{i+1}=w} softmax_i(θ h·h_i) (eq. 2) */
+        memset(q, 0, n_words * sizeof(double));
+        double mc = max_scaled(in, p->neural_theta, 0.0), zs = 0.0;
+        for (int i = 0; i < in->nn; i++)
+            zs += exp(p->neural_theta * in->ndots[i] - mc);
+        for (int i = 0; i < in->nn; i++)
+            q[in->nvals[i]] += exp(p->neural_theta * in->ndots[i] - mc) / zs;
+        blend(out, shares, p->neural_lambda, q, NC_COMP_NEURAL);
+    }
+
+    /* 3. unigram cache (Kuhn & De Mori): counts / |W| */
+    if (unigram_on(p, in)) {
+        memset(q, 0, n_words * sizeof(double));
+        for (int i = 0; i < in->uni->count; i++)
+            q[ucache_at(in->uni, i)] += 1.0 / in->uni->count;
+        blend(out, shares, p->unigram_lambda, q, NC_COMP_UNIGRAM);
+    }
+
+    /* 4. unbounded cache: kernel density over the k nearest neighbours */
+    if (p->unbounded && in->ub_k > 0) {
+        double sw = ub_weights(p, in, kw);
+        if (sw > 0.0) {
+            memset(q, 0, n_words * sizeof(double));
+            for (int i = 0; i < in->ub_k; i++)
+                if (in->ub_words[i] >= 0)
+                    q[in->ub_words[i]] += kw[i] / sw;
+            blend(out, shares, p->unbounded_lambda, q, NC_COMP_UNBOUNDED);
+        }
+    }
+
+    /* 5. open vocabulary: uniform over |V_full| */
+    if (p->open_vocab && p->uniform_mu > 0.0f) {
+        double u = 1.0 / (in->vocab_full > 0 ? in->vocab_full : (int)n_words);
+        for (size_t w = 0; w < n_words; w++)
+            q[w] = u;
+        blend(out, shares, p->uniform_mu, q, NC_COMP_UNIFORM);
+    }
+    free(q);
+    free(kw);
+    return NC_OK;
+}
+
+double mixture_target(const nc_cache_params *p, const nc_mix_input *in, int x)
+{
+    bool global = neural_on(p, in) && p->global_norm;
+    double pr;
+    if (global) {
+        double m = in->log_z;
+        double mc = max_scaled(in, p->neural_theta, p->neural_alpha);
+        if (mc > m)
+            m = mc;
+        double num = x < in->V ? exp(in->s_target - m) : 0.0;
+        double z = exp(in->log_z - m);
+        for (int i = 0; i < in->nn; i++) {
+            double e = exp(p->neural_theta * in->ndots[i] + p->neural_alpha - m);
+            z += e;
+            if (in->nvals[i] == x)
+                num += e;
+        }
+        pr = num / z;
+    } else {
+        pr = x < in->V ? exp((double)in->s_target - in->log_z) : 0.0;
+        if (neural_on(p, in)) {
+            double mc = max_scaled(in, p->neural_theta, 0.0), zs = 0.0, num = 0.0;
+            for (int i = 0; i < in->nn; i++) {
+                double e = exp(p->neural_theta * in->ndots[i] - mc);
+                zs += e;
+                if (in->nvals[i] == x)
+                    num += e;
+            }
+            pr = (1.0 - p->neural_lambda) * pr + p->neural_lambda * num / zs;
+        }
+    }
+    if (unigram_on(p, in))
+        pr = (1.0 - p->unigram_lambda) * pr + p->unigram_lambda * ucache_prob(in->uni, x);
+    if (p->unbounded && in->ub_k > 0) {
+        double sw = ub_weights(p, in, NULL), theta2 = ub_theta2(in);
+        if (sw > 0.0) {
+            double num = 0.0;
+            for (int i = 0; i < in->ub_k; i++)
+                if (in->ub_words[i] == x)
+                    num += ub_weight(p, theta2, in->ub_d2[i]);
+            pr = (1.0 - p->unbounded_lambda) * pr + p->unbounded_lambda * num / sw;
+        }
+    }
+    if (p->open_vocab && p->uniform_mu > 0.0f)
+        pr = (1.0 - p->uniform_mu) * pr + p->uniform_mu / (in->vocab_full > 0 ? in->vocab_full : in->V);
+    return pr > 0.0 ? log(pr) : -INFINITY;
+}

@@ -1,0 +1,485 @@
+/* ubcache.c -- the unbounded cache: FAISS index (C API) + word-id values,
+ * exact flat index first, switch to IVF(PQ) without losing entries. */
+#include "ubcache.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <faiss/c_api/AutoTune_c.h>
+#include <faiss/c_api/Index_c.h>
+#include <faiss/c_api/IndexFlat_c.h>
+#include <faiss/c_api/IndexIVF_c.h>
+#include <faiss/c_api/clone_index_c.h>
+#include <faiss/c_api/error_c.h>
+#include <faiss/c_api/index_factory_c.h>
+#include <faiss/c_api/index_io_c.h>
+
+/* libgomp's entry point; declared here so that compilers without omp.h work */
+extern void omp_set_num_threads(int n);
+
+#define UB_VALUES_MAGIC "NCUBVAL1"
+
+struct nc_ubcache {
+    pthread_rwlock_t lock;
+    nc_ubcache_opts o;
+    char factory[128];
+    char trained_path[1024];
+    FaissIndex *idx;              /* IndexFlatL2 while flat, else the IVF index */
+    bool flat;
+    FaissIndex *tmpl;             /* trained empty index waiting for the switch */
+    int *values;                  /* [nvalues] word id of FAISS id i */
+    size_t nvalues, cap;
+    nc_wordtable *words;
+    int nprobe;                   /* current nprobe of the IVF index */
+};
+
+static int faiss_err(char *err, size_t errlen, const char *what)
+{
+    const char *m = faiss_get_last_error();
+    return nc_error(err, errlen, NC_EFORMAT, "%s: %s", what, m ? m : "FAISS error");
+}
+
+void ubcache_opts_default(nc_ubcache_opts *o, int dim)
+{
+    memset(o, 0, sizeof *o);
+    o->dim = dim;
+    o->switch_at = 65536;
+    o->nprobe = 8;
+}
+
+void ubcache_set_threads(int n)
+{
+    if (n > 0)
+        omp_set_num_threads(n);
+}
+
+static int set_nprobe(nc_ubcache *u, FaissIndex *idx, int nprobe, char *err, size_t errlen)
+{
+    FaissParameterSpace *ps = NULL;
+    if (faiss_ParameterSpace_new(&ps))
+        return faiss_err(err, errlen, "parameter space");
+    int rc = faiss_ParameterSpace_set_index_parameter(ps, idx, "nprobe", (double)nprobe);
+    faiss_ParameterSpace_free(ps);
+    if (rc)
+        return faiss_err(err, errlen, "setting nprobe");
+    u->nprobe = nprobe;
+    return NC_OK;
+}
+
+/* Reads the trained template (if any) and checks it fits. */
+static int load_template(nc_ubcache *u, char *err, size_t errlen)
+{
+    if (!u->trained_path[0])
+        return NC_OK;
+    FaissIndex *t = NULL;
+    if (faiss_read_index_fname(u->trained_path, 0, &t))
+        return faiss_err(err, errlen, u->trained_path);
+    int rc = NC_OK;
+    if (faiss_Index_d(t) != u->o.dim)
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: index dimension %d, model hidden size %d",
+                      u->trained_path, faiss_Index_d(t), u->o.dim);
+    else if (!faiss_Index_is_trained(t))
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: index is not trained", u->trained_path);
+    else if (faiss_Index_ntotal(t) != 0)
+        faiss_Index_reset(t);   /* a template holds no data: ids must start at 0 */
+    if (rc) {
+        faiss_Index_free(t);
+        return rc;
+    }
+    u->tmpl = t;
+    return NC_OK;
+}
+
+static int cache_create(const nc_ubcache_opts *o, nc_wordtable *words, nc_ubcache **out,
+                        char *err, size_t errlen)
+{
+    *out = NULL;
+    if (o->dim <= 0)
+        return nc_error(err, errlen, NC_EINVAL, "unbounded cache dimension %d", o->dim);
+    nc_ubcache *u = calloc(1, sizeof *u);
+    if (!u)
+        return nc_error(err, errlen, NC_ENOMEM, "unbounded cache");
+    u->o = *o;
+    if (u->o.switch_at <= 0)
+        u->o.switch_at = 65536;
+    if (u->o.nprobe <= 0)
+        u->o.nprobe = 8;
+    if (o->factory && o->factory[0])
+        snprintf(u->factory, sizeof u->factory, "%s", o->factory);
+    else
+        snprintf(u->factory, sizeof u->factory, "IVF4096,PQ%d", o->dim / 8 > 0 ? o->dim / 8 : 1);
+    if (o->trained_path)
+        snprintf(u->trained_path, sizeof u->trained_path, "%s", o->trained_path);
+    u->o.factory = u->factory;
+    u->o.trained_path = u->trained_path[0] ? u->trained_path : NULL;
+    u->words = words;
+    u->nprobe = u->o.nprobe;
+    pthread_rwlock_init(&u->lock, NULL);
+    if (o->omp_threads > 0)
+        ubcache_set_threads(o->omp_threads);
+    *out = u;
+    return NC_OK;
+}
+
+int ubcache_new(const nc_ubcache_opts *o, nc_wordtable *words, nc_ubcache **out, char *err,
+                size_t errlen)
+{
+    nc_ubcache *u;
+    int rc = cache_create(o, words, &u, err, errlen);
+    if (rc)
+        return rc;
+    FaissIndexFlatL2 *f = NULL;
+    if (faiss_IndexFlatL2_new_with(&f, o->dim)) {
+        rc = faiss_err(err, errlen, "flat index");
+        ubcache_free(u);
+        return rc;
+    }
+    u->idx = (FaissIndex *)f;
+    u->flat = true;
+    if (!u->o.exact && (rc = load_template(u, err, errlen))) {
+        ubcache_free(u);
+        return rc;
+    }
+    *out = u;
+    return NC_OK;
+}
+
+void ubcache_free(nc_ubcache *u)
+{
+    if (!u)
+        return;
+    if (u->idx)
+        faiss_Index_free(u->idx);
+    if (u->tmpl)
+        faiss_Index_free(u->tmpl);
+    free(u->values);
+    pthread_rwlock_destroy(&u->lock);
+    free(u);
+}
+
+/* Under the write lock: moves every stored vector, in id order, into the IVF
+ * index, so FAISS ids (sequential from 0) and values stay aligned. */
+static int do_switch(nc_ubcache *u, char *err, size_t errlen)
+{
+    if (!u->flat || u->o.exact)
+        return NC_OK;
+    float *xb = NULL;
+    size_t xsize = 0;
+    faiss_IndexFlat_xb((FaissIndexFlat *)u->idx, &xb, &xsize);
+    idx_t n = faiss_Index_ntotal(u->idx);
+    FaissIndex *ivf = NULL;
+    if (u->tmpl) {
+        ivf = u->tmpl;
+        u->tmpl = NULL;
+    } else if (u->o.train_self) {
+        if (faiss_index_factory(&ivf, u->o.dim, u->factory, METRIC_L2))
+            return faiss_err(err, errlen, u->factory);
+        if (faiss_Index_train(ivf, n, xb)) {
+            int rc = faiss_err(err, errlen, "training the unbounded index");
+            faiss_Index_free(ivf);
+            return rc;
+        }
+    } else {
+        return NC_OK;   /* nothing to switch to: stay exact */
+    }
+    const idx_t chunk = 65536;
+    for (idx_t i = 0; i < n; i += chunk) {
+        idx_t m = n - i < chunk ? n - i : chunk;
+        if (faiss_Index_add(ivf, m, xb + (size_t)i * u->o.dim)) {
+            int rc = faiss_err(err, errlen, "filling the unbounded index");
+            faiss_Index_free(ivf);
+            return rc;
+        }
+    }
+    int rc = set_nprobe(u, ivf, u->nprobe, err, errlen);
+    if (rc) {
+        faiss_Index_free(ivf);
+        return rc;
+    }
+    faiss_Index_free(u->idx);
+    u->idx = ivf;
+    u->flat = false;
+    return NC_OK;
+}
+
+int ubcache_switch(nc_ubcache *u, char *err, size_t errlen)
+{
+    pthread_rwlock_wrlock(&u->lock);
+    int rc = do_switch(u, err, errlen);
+    pthread_rwlock_unlock(&u->lock);
+    return rc;
+}
+
+int ubcache_add(nc_ubcache *u, const float *keys, const int *words, size_t n, int64_t *first_id,
+                char *err, size_t errlen)
+{
+    int rc = NC_OK;
+    pthread_rwlock_wrlock(&u->lock);
+    if (first_id)
+        *first_id = (int64_t)u->nvalues;
+    if (n == 0)
+        goto out;
+    if (u->nvalues + n > u->cap) {
+        size_t c = u->cap ? u->cap : 4096;
+        while (c < u->nvalues + n)
+            c *= 2;
+        int *v = realloc(u->values, c * sizeof(int));
+        if (!v) {
+            rc = nc_error(err, errlen, NC_ENOMEM, "unbounded cache values (%zu)", c);
+            goto out;
+        }
+        u->values = v;
+        u->cap = c;
+    }
+    if (faiss_Index_add(u->idx, (idx_t)n, keys)) {
+        rc = faiss_err(err, errlen, "adding to the unbounded index");
+        goto out;
+    }
+    memcpy(u->values + u->nvalues, words, n * sizeof(int));
+    u->nvalues += n;
+    if (u->flat && !u->o.exact && (long)u->nvalues >= u->o.switch_at)
+        rc = do_switch(u, err, errlen);
+out:
+    pthread_rwlock_unlock(&u->lock);
+    return rc;
+}
+
+int ubcache_search(nc_ubcache *u, const float *queries, size_t nq, int k, int nprobe,
+                   const int64_t *id_limit, int extra, float *out_d2, int *out_words,
+                   char *err, size_t errlen)
+{
+    if (k <= 0 || extra < 0)
+        return nc_error(err, errlen, NC_EINVAL, "knn %d / extra %d", k, extra);
+    for (size_t i = 0; i < nq * (size_t)k; i++) {
+        out_d2[i] = 0.0f;
+        out_words[i] = -1;
+    }
+    if (nq == 0)
+        return NC_OK;
+    int rc = NC_OK;
+    bool wlock = false;
+    pthread_rwlock_rdlock(&u->lock);
+    if (!u->flat && nprobe > 0 && nprobe != u->nprobe) {
+        /* nprobe is a field of the index: change it alone, search under the
+         * same write lock so no concurrent search sees a half-set value */
+        pthread_rwlock_unlock(&u->lock);
+        pthread_rwlock_wrlock(&u->lock);
+        wlock = true;
+        if ((rc = set_nprobe(u, u->idx, nprobe, err, errlen)))
+            goto out;
+    }
+    idx_t ntotal = faiss_Index_ntotal(u->idx);
+    if (ntotal == 0)
+        goto out;
+    idx_t kk = (idx_t)k + extra;
+    if (kk > ntotal)
+        kk = ntotal;   /* FAISS pads with -1 anyway; no point asking for more */
+    float *d = malloc(nq * (size_t)kk * sizeof(float));
+    idx_t *l = malloc(nq * (size_t)kk * sizeof(idx_t));
+    if (!d || !l) {
+        free(d);
+        free(l);
+        rc = nc_error(err, errlen, NC_ENOMEM, "search buffers (%zu x %ld)", nq, (long)kk);
+        goto out;
+    }
+    if (faiss_Index_search(u->idx, (idx_t)nq, queries, kk, d, l)) {
+        rc = faiss_err(err, errlen, "unbounded cache search");
+    } else {
+        for (size_t q = 0; q < nq; q++) {
+            int got = 0;
+            for (idx_t j = 0; j < kk && got < k; j++) {
+                idx_t id = l[q * kk + j];
+                if (id < 0 || (size_t)id >= u->nvalues)
+                    continue;   /* -1: empty probed lists, not a neighbour */
+                if (id_limit && id >= id_limit[q])
+                    continue;   /* causal filter: not yet in M_t */
+                out_d2[q * k + got] = d[q * kk + j];
+                out_words[q * k + got] = u->values[id];
+                got++;
+            }
+        }
+    }
+    free(d);
+    free(l);
+out:
+    (void)wlock;
+    pthread_rwlock_unlock(&u->lock);
+    return rc;
+}
+
+int64_t ubcache_count(nc_ubcache *u)
+{
+    pthread_rwlock_rdlock(&u->lock);
+    int64_t n = (int64_t)u->nvalues;
+    pthread_rwlock_unlock(&u->lock);
+    return n;
+}
+
+bool ubcache_is_exact(nc_ubcache *u)
+{
+    pthread_rwlock_rdlock(&u->lock);
+    bool f = u->flat;
+    pthread_rwlock_unlock(&u->lock);
+    return f;
+}
+
+int ubcache_dim(const nc_ubcache *u)
+{
+    return u->o.dim;
+}
+
+nc_wordtable *ubcache_words(nc_ubcache *u)
+{
+    return u->words;
+}
+
+size_t ubcache_memory(nc_ubcache *u)
+{
+    pthread_rwlock_rdlock(&u->lock);
+    size_t per = u->flat ? (size_t)u->o.dim * sizeof(float) : (size_t)(u->o.dim / 8 + 8);
+    size_t m = sizeof *u + u->cap * sizeof(int) + u->nvalues * per;
+    pthread_rwlock_unlock(&u->lock);
+    return m;
+}
+
+/* ---- snapshot ---- */
+
+static int path_join(char *out, size_t n, const char *dir, const char *name, char *err,
+                     size_t errlen)
+{
+    if ((size_t)snprintf(out, n, "%s/%s", dir, name) >= n)
+        return nc_error(err, errlen, NC_EINVAL, "path too long: %s/%s", dir, name);
+    return NC_OK;
+}
+
+static int write_values(const nc_ubcache *u, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
+    uint64_t n = u->nvalues;
+    uint32_t crc = (uint32_t)crc32(0L, (const Bytef *)u->values, (uInt)(n * sizeof(int)));
+    bool ok = fwrite(UB_VALUES_MAGIC, 1, 8, f) == 8 && fwrite(&n, sizeof n, 1, f) == 1 &&
+              (n == 0 || fwrite(u->values, sizeof(int), n, f) == n) &&
+              fwrite(&crc, sizeof crc, 1, f) == 1 && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    int e = errno;
+    if (fclose(f) != 0 && ok) {
+        ok = false;
+        e = errno;
+    }
+    return ok ? NC_OK : nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(e));
+}
+
+int ubcache_save(nc_ubcache *u, const char *dir, char *err, size_t errlen)
+{
+    char p1[1200], p2[1200];
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return nc_error(err, errlen, NC_EIO, "%s: %s", dir, strerror(errno));
+    int rc = NC_OK;
+    /* a read lock suffices: adds wait, searches go on */
+    pthread_rwlock_rdlock(&u->lock);
+    if (!(rc = path_join(p1, sizeof p1, dir, "index.faiss.tmp", err, errlen)) &&
+        faiss_write_index_fname(u->idx, p1))
+        rc = faiss_err(err, errlen, p1);
+    if (!rc && !(rc = path_join(p2, sizeof p2, dir, "values.bin.tmp", err, errlen)))
+        rc = write_values(u, p2, err, errlen);
+    pthread_rwlock_unlock(&u->lock);
+    if (!rc && u->words) {
+        char p3[1200];
+        if (!(rc = path_join(p3, sizeof p3, dir, "words.txt.tmp", err, errlen)))
+            rc = wordtable_save(u->words, p3, err, errlen);
+        char f3[1200];
+        if (!rc && !(rc = path_join(f3, sizeof f3, dir, "words.txt", err, errlen)) && rename(p3, f3))
+            rc = nc_error(err, errlen, NC_EIO, "rename %s: %s", p3, strerror(errno));
+    }
+    char f1[1200], f2[1200];
+    if (!rc && !(rc = path_join(f1, sizeof f1, dir, "index.faiss", err, errlen)) && rename(p1, f1))
+        rc = nc_error(err, errlen, NC_EIO, "rename %s: %s", p1, strerror(errno));
+    if (!rc && !(rc = path_join(f2, sizeof f2, dir, "values.bin", err, errlen)) && rename(p2, f2))
+        rc = nc_error(err, errlen, NC_EIO, "rename %s: %s", p2, strerror(errno));
+    return rc;
+}
+
+static int read_values(nc_ubcache *u, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: %s", path,
+                        strerror(errno));
+    char magic[8];
+    uint64_t n = 0;
+    uint32_t crc = 0;
+    int rc = NC_OK;
+    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, UB_VALUES_MAGIC, 8) != 0 ||
+        fread(&n, sizeof n, 1, f) != 1) {
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: not a neurocache values file", path);
+    } else if (n > ((uint64_t)1 << 36)) {
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: implausible count %llu", path,
+                      (unsigned long long)n);
+    } else {
+        u->values = malloc((n ? n : 1) * sizeof(int));
+        u->cap = n ? n : 1;
+        if (!u->values)
+            rc = nc_error(err, errlen, NC_ENOMEM, "%s: %llu values", path, (unsigned long long)n);
+        else if ((n && fread(u->values, sizeof(int), n, f) != n) || fread(&crc, sizeof crc, 1, f) != 1)
+            rc = nc_error(err, errlen, NC_EFORMAT, "%s: truncated", path);
+        else if (crc != (uint32_t)crc32(0L, (const Bytef *)u->values, (uInt)(n * sizeof(int))))
+            rc = nc_error(err, errlen, NC_EFORMAT, "%s: checksum mismatch", path);
+        else
+            u->nvalues = n;
+    }
+    fclose(f);
+    return rc;
+}
+
+int ubcache_load(const nc_ubcache_opts *o, nc_wordtable *words, const char *dir, nc_ubcache **out,
+                 char *err, size_t errlen)
+{
+    nc_ubcache *u;
+    *out = NULL;
+    int rc = cache_create(o, words, &u, err, errlen);
+    if (rc)
+        return rc;
+    char p[1200];
+    if (!(rc = path_join(p, sizeof p, dir, "index.faiss", err, errlen)) &&
+        faiss_read_index_fname(p, 0, &u->idx))
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: corrupt or unreadable FAISS index: %s", p,
+                      faiss_get_last_error() ? faiss_get_last_error() : "?");
+    if (!rc && faiss_Index_d(u->idx) != o->dim)
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: dimension %d, expected %d", p,
+                      faiss_Index_d(u->idx), o->dim);
+    if (!rc) {
+        u->flat = faiss_IndexFlat_cast(u->idx) != NULL;
+        if (!u->flat)
+            rc = set_nprobe(u, u->idx, u->nprobe, err, errlen);
+    }
+    if (!rc && !(rc = path_join(p, sizeof p, dir, "values.bin", err, errlen)))
+        rc = read_values(u, p, err, errlen);
+    if (!rc && (idx_t)u->nvalues != faiss_Index_ntotal(u->idx))
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: %zu values for %ld vectors in the index", dir,
+                      u->nvalues, (long)faiss_Index_ntotal(u->idx));
+    if (!rc && words) {
+        if (!(rc = path_join(p, sizeof p, dir, "words.txt", err, errlen))) {
+            rc = wordtable_load(words, p, err, errlen);
+            if (rc == NC_ENOTFOUND)
+                rc = NC_OK;   /* closed-vocabulary snapshot */
+        }
+        for (size_t i = 0; !rc && i < u->nvalues; i++)
+            if (u->values[i] < 0 || u->values[i] >= wordtable_size(words))
+                rc = nc_error(err, errlen, NC_EFORMAT, "%s: value %d at id %zu outside the word table",
+                              dir, u->values[i], i);
+    }
+    if (!rc && u->flat && !u->o.exact)
+        rc = load_template(u, err, errlen);
+    if (rc) {
+        ubcache_free(u);
+        return rc;
+    }
+    *out = u;
+    return NC_OK;
+}

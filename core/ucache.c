@@ -1,0 +1,83 @@
+/* ucache.c -- unigram cache: counts over a ring of the last N word ids. */
+#include "ucache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int ucache_init(nc_ucache *u, int size, char *err, size_t errlen)
+{
+    memset(u, 0, sizeof *u);
+    if (size <= 0)
+        return nc_error(err, errlen, NC_EINVAL, "unigram window %d must be positive", size);
+    u->size = size;
+    u->ring = malloc((size_t)size * sizeof(int));
+    if (!u->ring)
+        return nc_error(err, errlen, NC_ENOMEM, "unigram window of %d entries", size);
+    return NC_OK;
+}
+
+void ucache_free(nc_ucache *u)
+{
+    if (!u)
+        return;
+    free(u->ring);
+    free(u->counts);
+    memset(u, 0, sizeof *u);
+}
+
+void ucache_clear(nc_ucache *u)
+{
+    u->count = u->head = 0;
+    if (u->counts)
+        memset(u->counts, 0, (size_t)u->ncounts * sizeof(int));
+}
+
+int ucache_push(nc_ucache *u, int w)
+{
+    if (w < 0)
+        return NC_EINVAL;
+    if (w >= u->ncounts) {
+        int n = u->ncounts ? u->ncounts : 1024;
+        while (n <= w)
+            n *= 2;
+        int *c = realloc(u->counts, (size_t)n * sizeof(int));
+        if (!c)
+            return NC_ENOMEM;
+        memset(c + u->ncounts, 0, (size_t)(n - u->ncounts) * sizeof(int));
+        u->counts = c;
+        u->ncounts = n;
+    }
+    if (u->count == u->size)
+        u->counts[u->ring[u->head]]--;
+    else
+        u->count++;
+    u->ring[u->head] = w;
+    u->counts[w]++;
+    u->head = (u->head + 1) % u->size;
+    return NC_OK;
+}
+
+int ucache_copy(nc_ucache *dst, const nc_ucache *src, char *err, size_t errlen)
+{
+    int rc = ucache_init(dst, src->size, err, errlen);
+    if (rc)
+        return rc;
+    memcpy(dst->ring, src->ring, (size_t)src->size * sizeof(int));
+    dst->count = src->count;
+    dst->head = src->head;
+    if (src->ncounts) {
+        dst->counts = malloc((size_t)src->ncounts * sizeof(int));
+        if (!dst->counts) {
+            ucache_free(dst);
+            return nc_error(err, errlen, NC_ENOMEM, "unigram counts");
+        }
+        memcpy(dst->counts, src->counts, (size_t)src->ncounts * sizeof(int));
+        dst->ncounts = src->ncounts;
+    }
+    return NC_OK;
+}
+
+size_t ucache_memory(const nc_ucache *u)
+{
+    return sizeof *u + ((size_t)u->size + (size_t)u->ncounts) * sizeof(int);
+}
