@@ -1,0 +1,566 @@
+/* test_cache.c -- cache behaviour beyond the reference vectors: causality
+ * (one batch = random chunks = token by token, flat and IVF indexes), open
+ * vocabulary, IVFPQ versus exact search, the flat->IVF switch losing no
+ * entry, snapshots, stream export/import, parameter validation. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <faiss/c_api/Index_c.h>
+#include <faiss/c_api/index_factory_c.h>
+#include <faiss/c_api/index_io_c.h>
+
+#include "harness.h"
+#include "cache.h"
+
+static uint64_t lcg = 12345;
+static uint32_t rnd(void)
+{
+    lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (uint32_t)(lcg >> 33);
+}
+static float frand(void) { return (float)rnd() / 2147483648.0f; }
+static float gauss(void)
+{
+    float u = frand() + 1e-7f, v = frand();
+    return sqrtf(-2.0f * logf(u)) * cosf(6.2831853f * v);
+}
+
+/* The harness macro tests its pointer for NULL; arrays need a decay. */
+static const char *msg(const char *s) { return s; }
+
+static nc_model *load_fixture(void)
+{
+    char dir[1024], err[NC_ERRLEN];
+    snprintf(dir, sizeof dir, "%s/lstm-2layer", harness_fixtures());
+    nc_model *m = NULL;
+    int rc = model_load(dir, &m, err, sizeof err);
+    CHECKF(rc == NC_OK, "%s", err);
+    return m;
+}
+
+/* A document of n tokens: mostly repeating phrases (so caches matter). */
+static void make_doc(const nc_model *m, size_t n, nc_tokens *t)
+{
+    tokens_init(t);
+    int V = m->cfg.vocab_size;
+    int phrase[12];
+    for (int i = 0; i < 12; i++)
+        phrase[i] = 2 + (int)(rnd() % (uint32_t)(V - 2));
+    for (size_t i = 0; i < n; i++) {
+        int id = (rnd() % 3 == 0) ? (int)(rnd() % (uint32_t)V) : phrase[i % 12];
+        const char *w = vocab_word(m->vocab, id);
+        tokens_push(t, id, w, strlen(w), i);
+    }
+}
+
+static nc_tokens slice(const nc_tokens *t, size_t a, size_t b)
+{
+    nc_tokens s = {.ids = t->ids + a, .words = t->words + a, .offsets = t->offsets + a, .n = b - a,
+                   .cap = b - a};
+    return s;
+}
+
+/* Writes a trained, empty index for dim-dimensional data into path. */
+static void write_template(const char *factory, int dim, const float *x, size_t n, const char *path)
+{
+    FaissIndex *idx = NULL;
+    CHECK(faiss_index_factory(&idx, dim, factory, METRIC_L2) == 0);
+    CHECK(faiss_Index_train(idx, (idx_t)n, x) == 0);
+    CHECK(faiss_write_index_fname(idx, path) == 0);
+    faiss_Index_free(idx);
+}
+
+static nc_ubcache *ub_make(int dim, const char *trained, const float *base, const int *bw, size_t nbase)
+{
+    nc_ubcache_opts o;
+    ubcache_opts_default(&o, dim);
+    o.trained_path = trained;
+    o.exact = trained == NULL;
+    nc_ubcache *u = NULL;
+    char err[NC_ERRLEN];
+    int rc = ubcache_new(&o, NULL, &u, err, sizeof err);
+    CHECKF(rc == NC_OK, "%s", err);
+    if (nbase) {
+        CHECK(ubcache_add(u, base, bw, nbase, NULL, err, sizeof err) == NC_OK);
+        if (trained)
+            CHECK(ubcache_switch(u, err, sizeof err) == NC_OK);
+    }
+    return u;
+}
+
+static void causality(bool ivf)
+{
+    nc_model *m = load_fixture();
+    if (!m)
+        return;
+    const int H = m->cfg.hidden_size;
+    char err[NC_ERRLEN], tpl[] = "/tmp/nc_test_tplXXXXXX";
+    size_t nbase = 1200;
+    float *base = malloc(nbase * H * sizeof(float));
+    int *bw = malloc(nbase * sizeof(int));
+    for (size_t i = 0; i < nbase * H; i++)
+        base[i] = 0.3f * gauss();
+    for (size_t i = 0; i < nbase; i++)
+        bw[i] = (int)(rnd() % 50);
+    if (ivf) {
+        int fd = mkstemp(tpl);
+        close(fd);
+        write_template("IVF8,PQ4x4", H, base, nbase, tpl);
+    }
+    nc_tokens doc;
+    make_doc(m, 300, &doc);
+    nc_cache_params p;
+    cache_params_default(&p);
+    p.neural_size = 40;
+    p.neural_theta = 0.7f;
+    p.neural_lambda = 0.2f;
+    p.unigram_size = 25;
+    p.unigram_lambda = 0.1f;
+    p.unbounded = true;
+    p.knn = 16;
+    p.nprobe = 3;
+    p.unbounded_lambda = 0.3f;
+
+    double *a = malloc(doc.n * sizeof(double)), *b = malloc(doc.n * sizeof(double)),
+           *c = malloc(doc.n * sizeof(double));
+    /* 1. one batch */
+    nc_ubcache *u1 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
+    nc_state *s = lstm_state_new(m);
+    nc_doc *d = NULL;
+    CHECK(doc_prepare(m, s, false, &doc, NULL, &d, err, sizeof err) == NC_OK);
+    nc_doc_caches dc = {.ub = u1, .adapt = true};
+    CHECKF(doc_score(d, &p, &dc, 0, a, err, sizeof err) == NC_OK, "%s", err);
+    CHECK(ubcache_count(u1) == (int64_t)(nbase + doc.n - 1));
+    /* 2. random chunks through a stream */
+    nc_ubcache *u2 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
+    nc_stream *st = NULL;
+    CHECK(stream_new(m, &p, u2, NULL, false, &st, err, sizeof err) == NC_OK);
+    for (size_t i = 0; i < doc.n;) {
+        size_t len = 1 + rnd() % 90, e = i + len < doc.n ? i + len : doc.n;
+        nc_tokens sl = slice(&doc, i, e);
+        CHECKF(stream_feed(st, &sl, true, b + i, err, sizeof err) == NC_OK, "%s", err);
+        i = e;
+    }
+    stream_free(st);
+    /* 3. token by token */
+    nc_ubcache *u3 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
+    CHECK(stream_new(m, &p, u3, NULL, false, &st, err, sizeof err) == NC_OK);
+    for (size_t i = 0; i < doc.n; i++) {
+        nc_tokens sl = slice(&doc, i, i + 1);
+        CHECK(stream_feed(st, &sl, true, c + i, err, sizeof err) == NC_OK);
+    }
+    stream_free(st);
+    double w12 = 0, w13 = 0;
+    for (size_t i = 1; i < doc.n; i++) {
+        w12 = fmax(w12, fabs(a[i] - b[i]));
+        w13 = fmax(w13, fabs(a[i] - c[i]));
+    }
+    CHECK(isnan(a[0]) && isnan(b[0]) && isnan(c[0]));
+    CHECKF(w12 <= 1e-5, "%s: batch vs chunks differ by %g", ivf ? "ivf" : "flat", w12);
+    CHECKF(w13 <= 1e-5, "%s: batch vs token by token differ by %g", ivf ? "ivf" : "flat", w13);
+    CHECK(ubcache_is_exact(u1) == !ivf);
+
+    /* a token's score must not change when later tokens change */
+    nc_tokens doc2;
+    tokens_init(&doc2);
+    for (size_t i = 0; i < doc.n; i++) {
+        int id = i < 150 ? doc.ids[i] : (doc.ids[i] + 7) % 50;
+        tokens_push(&doc2, id, vocab_word(m->vocab, id), strlen(vocab_word(m->vocab, id)), i);
+    }
+    nc_ubcache *u4 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
+    nc_doc *d2 = NULL;
+    lstm_state_reset(s);
+    CHECK(doc_prepare(m, s, false, &doc2, NULL, &d2, err, sizeof err) == NC_OK);
+    nc_doc_caches dc2 = {.ub = u4, .adapt = true};
+    CHECK(doc_score(d2, &p, &dc2, 0, c, err, sizeof err) == NC_OK);
+    double wf = 0;
+    for (size_t i = 1; i < 150; i++)
+        wf = fmax(wf, fabs(a[i] - c[i]));
+    CHECKF(wf <= 1e-5, "changing the future moved the past by %g", wf);
+    CHECK(fabs(a[150] - c[150]) > 1e-6);
+    tokens_clear(&doc2);
+    doc_free(d2);
+    ubcache_free(u4);
+
+    ubcache_free(u1);
+    ubcache_free(u2);
+    ubcache_free(u3);
+    doc_free(d);
+    lstm_state_free(s);
+    tokens_clear(&doc);
+    free(a);
+    free(b);
+    free(c);
+    free(base);
+    free(bw);
+    if (ivf)
+        unlink(tpl);
+    model_free(m);
+}
+
+TEST(causality_flat) { causality(false); }
+TEST(causality_ivf) { causality(true); }
+
+TEST(open_vocabulary)
+{
+    nc_model *m = load_fixture();
+    if (!m)
+        return;
+    const int V = m->cfg.vocab_size;
+    char err[NC_ERRLEN];
+    nc_tokens t;
+    tokens_init(&t);
+    for (int i = 0; i < 40; i++) {
+        const char *w = (i == 10 || i == 30) ? "zyzzyva" : vocab_word(m->vocab, 2 + (i * 7) % 40);
+        int id = (i == 10 || i == 30) ? m->unk_id : 2 + (i * 7) % 40;
+        tokens_push(&t, id, w, strlen(w), (size_t)i);
+    }
+    nc_cache_params p;
+    cache_params_default(&p);
+    p.neural_size = 50;
+    p.neural_theta = 0.5f;
+    p.neural_lambda = 0.3f;
+    p.open_vocab = true;
+    p.uniform_mu = 0.01f;
+    nc_stream *s = NULL;
+    CHECK(stream_new(m, &p, NULL, NULL, true, &s, err, sizeof err) == NC_OK);
+    double lp[40];
+    nc_tokens a = slice(&t, 0, 11);
+    CHECK(stream_feed(s, &a, false, lp, err, sizeof err) == NC_OK);
+    /* unseen: p_model = 0, not in the caches: only the uniform term μ/|V_full| */
+    CHECK_NEAR(lp[10], log(0.01 / V), 1e-5);
+    nc_dist dist;
+    dist_init(&dist);
+    CHECK(stream_predict(s, true, &dist, err, sizeof err) == NC_OK);
+    CHECK(dist.n == (size_t)V + 1);
+    CHECK(!strcmp(stream_word(s, V), "zyzzyva"));
+    double sum = 0;
+    for (size_t w = 0; w < dist.n; w++)
+        sum += dist.p[w];
+    CHECK_NEAR(sum, 1.0, 1e-5);
+    CHECK(dist.p[V] > 1e-4);
+    CHECK(dist.share[NC_COMP_MODEL][V] == 0.0f);
+    CHECK(dist.share[NC_COMP_NEURAL][V] > 0.0f);
+    nc_tokens b = slice(&t, 11, 40);
+    CHECK(stream_feed(s, &b, false, lp + 11, err, sizeof err) == NC_OK);
+    CHECKF(lp[30] > lp[10] + 2.0, "OOV word after one occurrence: %g vs %g", lp[30], lp[10]);
+
+    /* the same through a batched document with its own word table */
+    nc_wordtable *wt = NULL;
+    CHECK(wordtable_new(m->vocab, &wt, err, sizeof err) == NC_OK);
+    nc_state *st = lstm_state_new(m);
+    nc_lstm_work *wk = lstm_work_new(m);
+    lstm_step(m, st, m->eos_id, wk);
+    lstm_work_free(wk);
+    nc_doc *d = NULL;
+    CHECK(doc_prepare(m, st, true, &t, wt, &d, err, sizeof err) == NC_OK);
+    CHECK(d->ids[10] == V && d->ids[30] == V && d->vfull[10] == V && d->vfull[30] == V + 1);
+    double lp2[40];
+    CHECK(doc_score(d, &p, NULL, 0, lp2, err, sizeof err) == NC_OK);
+    double worst = 0;
+    for (int i = 0; i < 40; i++)
+        worst = fmax(worst, fabs(lp[i] - lp2[i]));
+    CHECKF(worst < 1e-5, "stream vs document, open vocabulary: %g", worst);
+
+    /* closed vocabulary: the word is <unk> and scored by the model */
+    nc_cache_params pc = p;
+    pc.open_vocab = false;
+    pc.uniform_mu = 0;
+    nc_stream *sc = NULL;
+    CHECK(stream_new(m, &pc, NULL, NULL, true, &sc, err, sizeof err) == NC_OK);
+    CHECK(stream_feed(sc, &t, false, lp2, err, sizeof err) == NC_OK);
+    CHECK(isfinite(lp2[10]) && lp2[10] > log(0.01 / V));
+    CHECK(stream_predict(sc, false, &dist, err, sizeof err) == NC_OK && dist.n == (size_t)V);
+
+    stream_free(sc);
+    doc_free(d);
+    lstm_state_free(st);
+    wordtable_free(wt);
+    dist_free(&dist);
+    stream_free(s);
+    tokens_clear(&t);
+    model_free(m);
+}
+
+/* Clustered synthetic states: key = centre of cluster c + noise, word = c. */
+static void synth(int dim, size_t n, int nclust, const float *centres, float *x, int *w)
+{
+    for (size_t i = 0; i < n; i++) {
+        int c = (int)(rnd() % (uint32_t)nclust);
+        for (int j = 0; j < dim; j++)
+            x[i * dim + j] = centres[c * dim + j] + 0.35f * gauss();
+        w[i] = (rnd() % 10 == 0) ? (int)(rnd() % 1000) : c;
+    }
+}
+
+TEST(ivfpq_vs_exact_and_switch)
+{
+    const int dim = 32, nclust = 60;
+    const size_t n = 20000, nq = 500;
+    char err[NC_ERRLEN];
+    float *cent = malloc((size_t)nclust * dim * sizeof(float));
+    for (int i = 0; i < nclust * dim; i++)
+        cent[i] = gauss();
+    float *x = malloc(n * dim * sizeof(float)), *q = malloc(nq * dim * sizeof(float));
+    int *w = malloc(n * sizeof(int)), *qw = malloc(nq * sizeof(int));
+    synth(dim, n, nclust, cent, x, w);
+    synth(dim, nq, nclust, cent, q, qw);
+
+    /* exact cache */
+    nc_ubcache_opts o;
+    ubcache_opts_default(&o, dim);
+    o.exact = true;
+    nc_ubcache *ex = NULL, *iv = NULL;
+    CHECK(ubcache_new(&o, NULL, &ex, err, sizeof err) == NC_OK);
+    CHECK(ubcache_add(ex, x, w, n, NULL, err, sizeof err) == NC_OK);
+    /* self-trained IVFPQ that switches half way through the adds */
+    ubcache_opts_default(&o, dim);
+    o.factory = "IVF64,PQ16x4";
+    o.train_self = true;
+    o.switch_at = 10000;
+    CHECK(ubcache_new(&o, NULL, &iv, err, sizeof err) == NC_OK);
+    for (size_t i = 0; i < n; i += 1000) {
+        CHECKF(ubcache_add(iv, x + i * dim, w + i, 1000, NULL, err, sizeof err) == NC_OK, "%s", err);
+        CHECK(ubcache_is_exact(iv) == (i + 1000 < 10000));
+    }
+    CHECK(ubcache_count(iv) == (int64_t)n);
+
+    nc_cache_params p;
+    cache_params_default(&p);
+    p.unbounded = true;
+    p.knn = 64;
+    p.unbounded_lambda = 1.0f;
+    int k = p.knn;
+    float *d2 = malloc(nq * k * sizeof(float));
+    int *nw = malloc(nq * k * sizeof(int));
+    double nll[2] = {0, 0};
+    for (int pass = 0; pass < 2; pass++) {
+        CHECK(ubcache_search(pass ? iv : ex, q, nq, k, 8, NULL, 0, d2, nw, err, sizeof err) == NC_OK);
+        for (size_t i = 0; i < nq; i++) {
+            nc_mix_input in = {.V = 1000, .s_target = -INFINITY, .log_z = 0, .ub_d2 = d2 + i * k,
+                               .ub_words = nw + i * k, .ub_k = k};
+            double lp = mixture_target(&p, &in, qw[i]);
+            nll[pass] += isfinite(lp) ? -lp : 30.0;
+        }
+    }
+    double ppl_ex = exp(nll[0] / nq), ppl_iv = exp(nll[1] / nq);
+    fprintf(stderr, "   kde perplexity exact %.4f, IVF64,PQ16x4 nprobe 8: %.4f\n", ppl_ex, ppl_iv);
+    CHECKF(fabs(ppl_iv / ppl_ex - 1.0) < 0.05, "IVFPQ %g vs exact %g", ppl_iv, ppl_ex);
+
+    /* the switch lost nothing and kept ids aligned with values: with an
+     * IVF,Flat index probing every list, each stored vector finds itself */
+    nc_ubcache *fl = NULL;
+    ubcache_opts_default(&o, dim);
+    o.factory = "IVF16,Flat";
+    o.train_self = true;
+    o.switch_at = 3000;
+    CHECK(ubcache_new(&o, NULL, &fl, err, sizeof err) == NC_OK);
+    for (size_t i = 0; i < 5000; i += 500)
+        CHECK(ubcache_add(fl, x + i * dim, w + i, 500, NULL, err, sizeof err) == NC_OK);
+    CHECK(!ubcache_is_exact(fl));
+    int bad = 0;
+    for (size_t i = 0; i < 5000; i += 7) {
+        float dd[1];
+        int ww[1];
+        CHECK(ubcache_search(fl, x + i * dim, 1, 1, 16, NULL, 0, dd, ww, err, sizeof err) == NC_OK);
+        if (ww[0] != w[i] || dd[0] > 1e-6f)
+            bad++;
+    }
+    CHECKF(bad == 0, "%d stored vectors not found after the switch", bad);
+
+    /* causal id filter: excluding ids >= 100 on an exact cache */
+    int64_t lim[1] = {100};
+    float dd[5];
+    int ww[5];
+    CHECK(ubcache_search(ex, x + 150 * dim, 1, 5, 0, lim, 5000, dd, ww, err, sizeof err) == NC_OK);
+    CHECK(dd[0] > 1e-6f);   /* itself (id 150) is not allowed */
+
+    /* snapshot round trip, then a corrupt one */
+    char dir[] = "/tmp/nc_test_ubXXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    CHECKF(ubcache_save(iv, dir, err, sizeof err) == NC_OK, "%s", err);
+    nc_ubcache *ld = NULL;
+    ubcache_opts_default(&o, dim);
+    CHECKF(ubcache_load(&o, NULL, dir, &ld, err, sizeof err) == NC_OK, "%s", err);
+    if (ld) {
+        CHECK(ubcache_count(ld) == (int64_t)n && !ubcache_is_exact(ld));
+        float *d2b = malloc(nq * k * sizeof(float));
+        int *nwb = malloc(nq * k * sizeof(int));
+        CHECK(ubcache_search(iv, q, 20, k, 8, NULL, 0, d2, nw, err, sizeof err) == NC_OK);
+        CHECK(ubcache_search(ld, q, 20, k, 8, NULL, 0, d2b, nwb, err, sizeof err) == NC_OK);
+        CHECK(memcmp(nw, nwb, 20 * k * sizeof(int)) == 0);
+        free(d2b);
+        free(nwb);
+        ubcache_free(ld);
+    }
+    char path[1200];
+    snprintf(path, sizeof path, "%s/values.bin", dir);
+    FILE *f = fopen(path, "r+b");
+    if (f) {
+        fseek(f, 40, SEEK_SET);
+        fputc(0x7f, f);
+        fclose(f);
+    }
+    ld = NULL;
+    CHECK(ubcache_load(&o, NULL, dir, &ld, err, sizeof err) == NC_EFORMAT);
+    CHECK_STR_CONTAINS(msg(err), "checksum");
+    CHECK(ld == NULL);
+    const char *names[] = {"index.faiss", "values.bin", "words.txt"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+
+    ubcache_free(fl);
+    ubcache_free(ex);
+    ubcache_free(iv);
+    free(d2);
+    free(nw);
+    free(cent);
+    free(x);
+    free(q);
+    free(w);
+    free(qw);
+}
+
+TEST(empty_caches_contribute_nothing)
+{
+    nc_model *m = load_fixture();
+    if (!m)
+        return;
+    char err[NC_ERRLEN];
+    nc_ubcache_opts o;
+    ubcache_opts_default(&o, m->cfg.hidden_size);
+    nc_ubcache *u = NULL;
+    CHECK(ubcache_new(&o, NULL, &u, err, sizeof err) == NC_OK);
+    nc_cache_params p, p0;
+    cache_params_default(&p);
+    cache_params_default(&p0);
+    p.neural_size = 10;
+    p.unigram_size = 10;
+    p.unbounded = true;
+    nc_stream *a = NULL, *b = NULL;
+    CHECK(stream_new(m, &p, u, NULL, true, &a, err, sizeof err) == NC_OK);
+    CHECK(stream_new(m, &p0, NULL, NULL, true, &b, err, sizeof err) == NC_OK);
+    nc_dist da, db;
+    dist_init(&da);
+    dist_init(&db);
+    CHECK(stream_predict(a, false, &da, err, sizeof err) == NC_OK);
+    CHECK(stream_predict(b, false, &db, err, sizeof err) == NC_OK);
+    double worst = 0;
+    for (size_t w = 0; w < db.n; w++)
+        worst = fmax(worst, fabs(da.p[w] - db.p[w]));
+    CHECK(worst < 1e-7);
+    dist_free(&da);
+    dist_free(&db);
+    stream_free(a);
+    stream_free(b);
+    ubcache_free(u);
+    model_free(m);
+}
+
+TEST(stream_export_import)
+{
+    nc_model *m = load_fixture();
+    if (!m)
+        return;
+    char err[NC_ERRLEN];
+    nc_tokens t;
+    make_doc(m, 120, &t);
+    tokens_push(&t, m->unk_id, "newword", 7, 120);
+    tokens_push(&t, 5, vocab_word(m->vocab, 5), strlen(vocab_word(m->vocab, 5)), 121);
+    nc_cache_params p;
+    cache_params_default(&p);
+    p.neural_size = 30;
+    p.neural_f16 = true;
+    p.unigram_size = 20;
+    p.open_vocab = true;
+    p.uniform_mu = 0.001f;
+    nc_stream *s = NULL, *c = NULL, *im = NULL;
+    CHECK(stream_new(m, &p, NULL, NULL, true, &s, err, sizeof err) == NC_OK);
+    CHECK(stream_feed(s, &t, false, NULL, err, sizeof err) == NC_OK);
+    CHECK(stream_position(s) == 122);
+    void *blob = NULL;
+    size_t len = 0;
+    CHECK(stream_export(s, &blob, &len, err, sizeof err) == NC_OK);
+    CHECKF(stream_import(m, NULL, NULL, blob, len, &im, err, sizeof err) == NC_OK, "%s", err);
+    CHECK(stream_clone(s, &c, err, sizeof err) == NC_OK);
+    nc_dist d0, d1, d2;
+    dist_init(&d0);
+    dist_init(&d1);
+    dist_init(&d2);
+    if (im && c) {
+        CHECK(stream_predict(s, false, &d0, err, sizeof err) == NC_OK);
+        CHECK(stream_predict(im, false, &d1, err, sizeof err) == NC_OK);
+        CHECK(stream_predict(c, false, &d2, err, sizeof err) == NC_OK);
+        CHECK(d0.n == d1.n && d0.n == d2.n && d0.n == (size_t)m->cfg.vocab_size + 1);
+        CHECK(memcmp(d0.p, d1.p, d0.n * sizeof(float)) == 0);
+        CHECK(memcmp(d0.p, d2.p, d0.n * sizeof(float)) == 0);
+        CHECK(stream_position(im) == 122);
+        CHECK(stream_memory(im) > 30 * 16 * 2);
+    }
+    /* every truncation and a flipped byte are refused */
+    nc_stream *bad = NULL;
+    int refused = 0;
+    for (size_t l = 0; l < len; l += 7)
+        refused += stream_import(m, NULL, NULL, blob, l, &bad, err, sizeof err) == NC_EFORMAT;
+    CHECK(refused == (int)((len + 6) / 7));
+    ((unsigned char *)blob)[len / 2] ^= 0x10;
+    CHECK(stream_import(m, NULL, NULL, blob, len, &bad, err, sizeof err) == NC_EFORMAT);
+    CHECK(bad == NULL);
+    free(blob);
+    dist_free(&d0);
+    dist_free(&d1);
+    dist_free(&d2);
+    stream_free(s);
+    stream_free(c);
+    stream_free(im);
+    tokens_clear(&t);
+    model_free(m);
+}
+
+TEST(params_validation)
+{
+    nc_cache_params p;
+    char err[NC_ERRLEN];
+    cache_params_default(&p);
+    CHECK(cache_params_validate(&p, err, sizeof err) == NC_OK);
+    p.global_norm = true;
+    CHECK(cache_params_validate(&p, err, sizeof err) == NC_EINVAL);
+    CHECK_STR_CONTAINS(msg(err), "global_norm");
+    cache_params_default(&p);
+    p.neural_lambda = 1.5f;
+    CHECK(cache_params_validate(&p, err, sizeof err) == NC_EINVAL);
+    CHECK_STR_CONTAINS(msg(err), "neural_lambda");
+    cache_params_default(&p);
+    p.uniform_mu = 0.1f;
+    CHECK(cache_params_validate(&p, err, sizeof err) == NC_EINVAL);
+    cache_params_default(&p);
+    p.knn = 0;
+    CHECK(cache_params_validate(&p, err, sizeof err) == NC_EINVAL);
+    cache_params_default(&p);
+    p.neural_theta = NAN;
+    CHECK(cache_params_validate(&p, err, sizeof err) == NC_EINVAL);
+    char buf[256];
+    cache_params_default(&p);
+    CHECK(!strcmp(cache_params_describe(&p, buf, sizeof buf), "static"));
+    p.neural_size = 100;
+    CHECK_STR_CONTAINS(cache_params_describe(&p, buf, sizeof buf), "neural N=100");
+}
+
+int main(void)
+{
+    ubcache_set_threads(1);
+    RUN(causality_flat);
+    RUN(causality_ivf);
+    RUN(open_vocabulary);
+    RUN(ivfpq_vs_exact_and_switch);
+    RUN(empty_caches_contribute_nothing);
+    RUN(stream_export_import);
+    RUN(params_validation);
+    return harness_summary();
+}
