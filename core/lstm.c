@@ -7,6 +7,8 @@
 
 #include <cblas.h>
 
+#include "vmath.h"
+
 /* Positions per block in lstm_forward_seq: bounds scratch to
  * LSTM_BLOCK * (4H + H) floats while keeping the GEMMs large. */
 #define LSTM_BLOCK 256
@@ -144,22 +146,22 @@ void lstm_work_free(nc_lstm_work *w)
     free(w);
 }
 
-static inline float sigmoidf(float x)
-{
-    return 1.0f / (1.0f + expf(-x));
-}
-
 /* PyTorch nn.LSTM cell, given the pre-activations g[4H] (rows i, f, g, o):
  *   c' = sigmoid(f) * c + sigmoid(i) * tanh(g),   h' = sigmoid(o) * tanh(c').
- * Updates h and c in place. */
-static void lstm_cell(const float *g, float *h, float *c, int H)
+ * Updates h and c in place; g is scratch (overwritten). */
+static void lstm_cell(float *g, float *h, float *c, int H)
 {
-    const float *gi = g, *gf = g + H, *gg = g + 2 * H, *go = g + 3 * H;
+    float *gi = g, *gf = g + H, *gg = g + 2 * H, *go = g + 3 * H;
+    vm_sigmoid(gi, 2 * (size_t)H);            /* i and f are adjacent */
+    vm_tanh(gg, (size_t)H);
+    vm_sigmoid(go, (size_t)H);
     for (int j = 0; j < H; j++) {
-        float cn = sigmoidf(gf[j]) * c[j] + sigmoidf(gi[j]) * tanhf(gg[j]);
-        c[j] = cn;
-        h[j] = sigmoidf(go[j]) * tanhf(cn);
+        c[j] = gf[j] * c[j] + gi[j] * gg[j];
+        gi[j] = c[j];
     }
+    vm_tanh(gi, (size_t)H);
+    for (int j = 0; j < H; j++)
+        h[j] = go[j] * gi[j];
 }
 
 static inline int clamp_token(const nc_model *m, int token)
@@ -257,57 +259,9 @@ void lstm_logits_batch(const nc_model *m, const float *hidden, size_t T, float *
                 logits, V);
 }
 
-/* exp(x) for x <= 0 without libm, written as fixed-length inner loops so the
- * compiler vectorises it: range reduction x = n ln2 + r, |r| <= ln2/2, and a
- * degree-6 Taylor/minimax polynomial for e^r (relative error < 2e-7), scaled
- * by 2^n through the exponent bits. Below -87 the result flushes to 0, which
- * is harmless in a sum that already holds exp(0) = 1. */
-#define EXP_CHUNK 16
-static void exp_chunk(const float *x, float m, float *y)
-{
-    for (int i = 0; i < EXP_CHUNK; i++) {
-        float v = x[i] - m;
-        v = v < -87.0f ? -87.0f : v;
-        float n = __builtin_floorf(v * 1.44269504f + 0.5f);
-        float r = v - n * 0.693145752f;       /* ln2 split in two parts */
-        r = r - n * 1.42860677e-6f;
-        float p = 1.0f / 720.0f;
-        p = p * r + 1.0f / 120.0f;
-        p = p * r + 1.0f / 24.0f;
-        p = p * r + 1.0f / 6.0f;
-        p = p * r + 0.5f;
-        p = p * r + 1.0f;
-        p = p * r + 1.0f;
-        int32_t bits;
-        memcpy(&bits, &p, sizeof bits);
-        bits += (int32_t)n * (1 << 23);
-        memcpy(&y[i], &bits, sizeof bits);
-        y[i] = x[i] - m < -87.0f ? 0.0f : y[i];
-    }
-}
-
 float nc_logsumexp(const float *x, size_t n)
 {
-    if (n == 0)
-        return -INFINITY;
-    float mx = x[0];
-    for (size_t i = 1; i < n; i++)
-        mx = x[i] > mx ? x[i] : mx;
-    if (!isfinite(mx))
-        return mx;                /* +inf or NaN propagates; all -inf gives -inf */
-    float acc[EXP_CHUNK] = {0}, y[EXP_CHUNK];
-    size_t i = 0;
-    for (; i + EXP_CHUNK <= n; i += EXP_CHUNK) {
-        exp_chunk(x + i, mx, y);
-        for (int j = 0; j < EXP_CHUNK; j++)
-            acc[j] += y[j];
-    }
-    double sum = 0.0;
-    for (int j = 0; j < EXP_CHUNK; j++)
-        sum += acc[j];
-    for (; i < n; i++)
-        sum += expf(x[i] - mx);
-    return mx + (float)log(sum);
+    return vm_logsumexp(x, n);
 }
 
 void nc_log_softmax(float *x, size_t n)

@@ -10,6 +10,7 @@
 #include "harness.h"
 #include "lstm.h"
 #include "model.h"
+#include "vmath.h"
 
 #define TOL_LOGPROB 1e-4   /* design §2 / testdata README */
 #define TOL_HIDDEN 1e-4
@@ -312,6 +313,63 @@ TEST(logsumexp_matches_naive)
     CHECK(isinf(nc_logsumexp(ninf, 2)) && nc_logsumexp(ninf, 2) < 0);
 }
 
+/* Every kernel this CPU supports (AVX-512, AVX2, scalar) against libm in
+ * double precision, over the whole useful range and the clamping edges. */
+TEST(vmath_kernels_match_libm)
+{
+    const char *isas[] = {"avx512", "avx2", "scalar"};
+    size_t n = 1037;              /* not a multiple of any vector width */
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    for (int k = 0; k < 3; k++) {
+        if (vm_set_isa(isas[k]) != 0) {
+            fprintf(stderr, "  (kernel %s not supported here: skipped)\n", isas[k]);
+            continue;
+        }
+        double ws = 0, wt = 0;
+        for (size_t i = 0; i < n; i++)
+            x[i] = -100.0f + 200.0f * (float)i / (float)(n - 1);
+        memcpy(y, x, n * sizeof(float));
+        vm_sigmoid(y, n);
+        for (size_t i = 0; i < n; i++)
+            ws = fmax(ws, fabs(y[i] - 1.0 / (1.0 + exp(-(double)x[i]))));
+        memcpy(y, x, n * sizeof(float));
+        vm_tanh(y, n);
+        for (size_t i = 0; i < n; i++)
+            wt = fmax(wt, fabs(y[i] - tanh((double)x[i])));
+        for (size_t i = 0; i < n; i++)
+            x[i] = -0.05f + 0.1f * (float)i / (float)(n - 1);   /* small |x|: cancellation in tanh */
+        memcpy(y, x, n * sizeof(float));
+        vm_tanh(y, n);
+        for (size_t i = 0; i < n; i++)
+            wt = fmax(wt, fabs(y[i] - tanh((double)x[i])));
+        CHECKF(ws <= 1e-6, "%s sigmoid error %g", isas[k], ws);
+        CHECKF(wt <= 1e-6, "%s tanh error %g", isas[k], wt);
+        size_t sizes[] = {1, 15, 16, 17, 33, 1037};
+        for (size_t si = 0; si < 6; si++) {
+            unsigned r = 3;
+            for (size_t i = 0; i < sizes[si]; i++) {
+                r = r * 1103515245u + 12345u;
+                x[i] = ((float)((r >> 8) & 0xffff) / 65536.0f - 0.5f) * 200.0f;
+            }
+            double mx = -INFINITY, sum = 0;
+            for (size_t i = 0; i < sizes[si]; i++)
+                mx = fmax(mx, x[i]);
+            for (size_t i = 0; i < sizes[si]; i++)
+                sum += exp((double)x[i] - mx);
+            CHECKF(fabs(vm_logsumexp(x, sizes[si]) - (mx + log(sum))) <= 1e-5 * fmax(1.0, fabs(mx)),
+                   "%s logsumexp n=%zu: %g vs %g", isas[k], sizes[si], vm_logsumexp(x, sizes[si]), mx + log(sum));
+        }
+        float edge[4] = {-INFINITY, 0.0f, -INFINITY, -1e30f};
+        CHECK_NEAR(vm_logsumexp(edge, 4), 0.0, 1e-6);
+        CHECK(vm_logsumexp(edge, 0) == -INFINITY);
+    }
+    CHECK(vm_set_isa("sse9") != 0);
+    if (vm_set_isa("avx512") != 0 && vm_set_isa("avx2") != 0)   /* back to the best kernel */
+        vm_set_isa("scalar");
+    free(x);
+    free(y);
+}
+
 /* Out-of-range ids never read outside the embedding table (they act as unk). */
 TEST(out_of_range_token_is_unk)
 {
@@ -339,5 +397,11 @@ int main(void)
     RUN(state_copy_reset_blob);
     RUN(logsumexp_matches_naive);
     RUN(out_of_range_token_is_unk);
+    RUN(vmath_kernels_match_libm);
+    /* The reference vectors through the portable kernels too. */
+    if (vm_set_isa("scalar") == 0) {
+        RUN(reference_step_path);
+        RUN(reference_batched_path);
+    }
     return harness_summary();
 }

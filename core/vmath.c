@@ -1,0 +1,259 @@
+/* vmath.c -- vectorised exp, sigmoid, tanh and log-sum-exp (run-time ISA
+ * dispatch). The decoder's normaliser evaluates V exponentials per scored
+ * token, so libm's scalar expf would cost as much as the decoder GEMM. */
+#include "vmath.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <immintrin.h>
+
+/* exp(x) = 2^n e^r with n = round(x log2 e), r = x - n ln2 (ln2 split in a
+ * high and a low part so r is exact enough), and e^r from its degree-6
+ * Taylor polynomial on |r| <= ln2/2 (truncation error < 1.3e-7 relative).
+ * Inputs are clamped to [EXP_LO, EXP_HI] so 2^n stays a normal float. */
+#define EXP_LO (-86.5f)
+#define EXP_HI (88.3f)
+#define LOG2E 1.44269504088896341f
+#define LN2_HI 0.693145751953125f
+#define LN2_LO 1.42860682030941723e-6f
+#define P6 (1.0f / 720.0f)
+#define P5 (1.0f / 120.0f)
+#define P4 (1.0f / 24.0f)
+#define P3 (1.0f / 6.0f)
+#define P2 0.5f
+
+/* ---- scalar ---------------------------------------------------------- */
+
+static float lse_scalar(const float *x, size_t n, float mx)
+{
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i++)
+        sum += expf(x[i] - mx);
+    return mx + (float)log(sum);
+}
+
+static void sigmoid_scalar(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = 1.0f / (1.0f + expf(-x[i]));
+}
+
+static void tanh_scalar(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = tanhf(x[i]);
+}
+
+/* ---- AVX-512 --------------------------------------------------------- */
+
+__attribute__((target("avx512f"))) static inline __m512 exp512(__m512 x)
+{
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+    __m512 p = _mm512_set1_ps(P6);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+__attribute__((target("avx512f"))) static float lse_avx512(const float *x, size_t n, float mx)
+{
+    __m512 m = _mm512_set1_ps(mx), acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm512_add_ps(acc0, exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), m)));
+        acc1 = _mm512_add_ps(acc1, exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i + 16), m)));
+    }
+    for (; i + 16 <= n; i += 16)
+        acc0 = _mm512_add_ps(acc0, exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), m)));
+    if (i < n) {
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m));
+        acc1 = _mm512_add_ps(acc1, _mm512_maskz_mov_ps(k, e));
+    }
+    double sum = (double)_mm512_reduce_add_ps(acc0) + (double)_mm512_reduce_add_ps(acc1);
+    return mx + (float)log(sum);
+}
+
+__attribute__((target("avx512f"))) static float max_avx512(const float *x, size_t n)
+{
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
+    float mx = _mm512_reduce_max_ps(m);
+    for (; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
+/* sigmoid(x) = 1 / (1 + e^-x); tanh(x) = 1 - 2 / (e^{2x} + 1). */
+__attribute__((target("avx512f"))) static void act_avx512(float *x, size_t n, int tanh_mode)
+{
+    const __m512 one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f);
+    const __m512 s = _mm512_set1_ps(tanh_mode ? 2.0f : -1.0f);
+    size_t i = 0;
+    for (; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(k, x + i);
+        __m512 e = exp512(_mm512_mul_ps(v, s));
+        __m512 y = tanh_mode ? _mm512_sub_ps(one, _mm512_div_ps(two, _mm512_add_ps(e, one)))
+                             : _mm512_div_ps(one, _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(x + i, k, y);
+    }
+}
+
+/* ---- AVX2 + FMA ------------------------------------------------------ */
+
+__attribute__((target("avx2,fma"))) static inline __m256 exp256(__m256 x)
+{
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+    __m256 p = _mm256_set1_ps(P6);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P5));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    /* 2^n through the exponent field: n in [-125, 127] keeps it normal. */
+    __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+}
+
+__attribute__((target("avx2,fma"))) static float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+__attribute__((target("avx2,fma"))) static float lse_avx2(const float *x, size_t n, float mx)
+{
+    __m256 m = _mm256_set1_ps(mx), acc = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_add_ps(acc, exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), m)));
+    double sum = hsum256(acc);
+    for (; i < n; i++)
+        sum += expf(x[i] - mx);
+    return mx + (float)log(sum);
+}
+
+__attribute__((target("avx2,fma"))) static void act_avx2(float *x, size_t n, int tanh_mode)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f);
+    const __m256 s = _mm256_set1_ps(tanh_mode ? 2.0f : -1.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp256(_mm256_mul_ps(_mm256_loadu_ps(x + i), s));
+        __m256 y = tanh_mode ? _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(e, one)))
+                             : _mm256_div_ps(one, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(x + i, y);
+    }
+    if (tanh_mode)
+        tanh_scalar(x + i, n - i);
+    else
+        sigmoid_scalar(x + i, n - i);
+}
+
+/* ---- dispatch -------------------------------------------------------- */
+
+typedef enum { ISA_UNKNOWN, ISA_SCALAR, ISA_AVX2, ISA_AVX512 } vm_isa_t;
+static vm_isa_t isa_cached = ISA_UNKNOWN;
+
+static vm_isa_t isa(void)
+{
+    vm_isa_t v = __atomic_load_n(&isa_cached, __ATOMIC_RELAXED);
+    if (v != ISA_UNKNOWN)
+        return v;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f"))
+        v = ISA_AVX512;
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        v = ISA_AVX2;
+    else
+        v = ISA_SCALAR;
+    __atomic_store_n(&isa_cached, v, __ATOMIC_RELAXED);
+    return v;
+}
+
+const char *vm_isa(void)
+{
+    switch (isa()) {
+    case ISA_AVX512: return "avx512";
+    case ISA_AVX2: return "avx2";
+    default: return "scalar";
+    }
+}
+
+int vm_set_isa(const char *name)
+{
+    isa_cached = ISA_UNKNOWN;
+    vm_isa_t best = isa(), want;
+    if (!strcmp(name, "avx512"))
+        want = ISA_AVX512;
+    else if (!strcmp(name, "avx2"))
+        want = ISA_AVX2;
+    else if (!strcmp(name, "scalar"))
+        want = ISA_SCALAR;
+    else
+        return -1;
+    if (want > best)
+        return -1;
+    isa_cached = want;
+    return 0;
+}
+
+float vm_logsumexp(const float *x, size_t n)
+{
+    if (n == 0)
+        return -INFINITY;
+    vm_isa_t v = isa();
+    float mx;
+    if (v == ISA_AVX512) {
+        mx = max_avx512(x, n);
+    } else {
+        mx = x[0];
+        for (size_t i = 1; i < n; i++)
+            mx = x[i] > mx ? x[i] : mx;
+    }
+    if (!isfinite(mx))
+        return mx;                /* +inf or NaN propagates; all -inf gives -inf */
+    switch (v) {
+    case ISA_AVX512: return lse_avx512(x, n, mx);
+    case ISA_AVX2: return lse_avx2(x, n, mx);
+    default: return lse_scalar(x, n, mx);
+    }
+}
+
+void vm_sigmoid(float *x, size_t n)
+{
+    switch (isa()) {
+    case ISA_AVX512: act_avx512(x, n, 0); break;
+    case ISA_AVX2: act_avx2(x, n, 0); break;
+    default: sigmoid_scalar(x, n); break;
+    }
+}
+
+void vm_tanh(float *x, size_t n)
+{
+    switch (isa()) {
+    case ISA_AVX512: act_avx512(x, n, 1); break;
+    case ISA_AVX2: act_avx2(x, n, 1); break;
+    default: tanh_scalar(x, n); break;
+    }
+}

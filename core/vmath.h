@@ -1,0 +1,27 @@
+/* vmath.h -- vectorised elementwise math on float arrays (exp-based
+ * activations and log-sum-exp), AVX-512 / AVX2 with a portable fallback,
+ * chosen at run time. Relative error of the exp kernel < 3e-7. */
+#ifndef NC_VMATH_H
+#define NC_VMATH_H
+
+#include <stddef.h>
+
+/* log(sum_i exp(x[i])), max subtracted first (stable). n == 0 gives -inf;
+ * a +inf or NaN maximum is returned as is. */
+float vm_logsumexp(const float *x, size_t n);
+
+/* In place: x <- 1 / (1 + exp(-x)). */
+void vm_sigmoid(float *x, size_t n);
+
+/* In place: x <- tanh(x) = 1 - 2 / (exp(2x) + 1). */
+void vm_tanh(float *x, size_t n);
+
+/* Which kernel the dispatcher picked: "avx512", "avx2" or "scalar". */
+const char *vm_isa(void);
+
+/* Forces a kernel ("avx512", "avx2", "scalar"; tests and benchmarks).
+ * NC_EINVAL (-1) if unknown or not supported by this CPU. Not thread-safe
+ * with concurrent math calls. */
+int vm_set_isa(const char *name);
+
+#endif
