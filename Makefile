@@ -118,6 +118,20 @@ bench: deps
 run: deps all
 	$(Q)$(BIN)/neurocached --model models/demo --log-format text $(RUN_ARGS)
 
+# The shipped demo model (README "Training"): PTB, 2x256 tied LSTM, PyTorch
+# word_language_model recipe, 90 minutes of wall-clock. Resumable: an
+# interrupted `make demo-model` continues from $(DEMO_RUN)/train-state.bin.
+DEMO_DATA ?= ../shared/data/ptb
+DEMO_RUN  ?= runs/demo
+DEMO_TRAIN_ARGS ?= --emsize 256 --nhid 256 --nlayers 2 --tied --dropout 0.25 --bptt 35 --batch 20 \
+    --optimizer sgd --lr 20 --clip 0.25 --epochs 40 --time-budget 90m --seed 1111 --save-f16 --plot
+demo-model: all
+	$(Q)if [ -f $(DEMO_RUN)/train-state.bin ]; then $(BIN)/neurocache train --resume $(DEMO_RUN) --plot; \
+	else $(BIN)/neurocache train --train $(DEMO_DATA)/ptb.train.txt --valid $(DEMO_DATA)/ptb.valid.txt \
+	    --out $(DEMO_RUN) $(DEMO_TRAIN_ARGS); fi
+	$(Q)mkdir -p models/demo && cp $(DEMO_RUN)/config.json $(DEMO_RUN)/vocab.txt \
+	    $(DEMO_RUN)/model.safetensors $(DEMO_RUN)/curve.csv $(DEMO_RUN)/curve.png models/demo/
+
 clean:
 	rm -rf build/obj build/tests build/asan build/*.a $(BIN)
 
