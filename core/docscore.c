@@ -141,8 +141,9 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
             goto out_free_local;
     }
     nc_ubcache *ub = c ? c->ub : NULL;
-    bool ub_read = p->unbounded && ub;
-    bool ub_add = c && c->adapt && ub;
+    bool pre = c && c->pre_d2 && c->pre_words;
+    bool ub_read = p->unbounded && ub && !pre;
+    bool ub_add = c && c->adapt && ub && !pre;
     int k = p->knn;
 
     /* window actually read: the ring may be bigger than neural_size when a
@@ -203,6 +204,10 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
                 in.ub_d2 = ud2 + r * (size_t)k;
                 in.ub_words = uw + r * (size_t)k;
                 in.ub_k = k;
+            } else if (pre && p->unbounded) {
+                in.ub_d2 = c->pre_d2 + t * (size_t)k;
+                in.ub_words = c->pre_words + t * (size_t)k;
+                in.ub_k = k;
             }
             logprobs[t] = mixture_target(p, &in, d->ids[t]);
             if (uc && (rc = ucache_push(uc, d->ids[t]))) {
@@ -223,5 +228,36 @@ out:
 out_free_local:
     ncache_free(&tmp_n);
     ucache_free(&tmp_u);
+    return rc;
+}
+
+int doc_neighbours(const nc_doc *d, const nc_cache_params *p, nc_ubcache *ub, bool adapt,
+                   size_t block, float *d2, int *words, char *err, size_t errlen)
+{
+    const int k = p->knn, H = d->dim;
+    if (block == 0)
+        block = DOC_SCORE_BLOCK;
+    for (size_t i = 0; i < d->first * (size_t)k && i < d->n * (size_t)k; i++) {
+        d2[i] = 0.0f;
+        words[i] = -1;
+    }
+    int64_t *lim = malloc(block * sizeof(int64_t));
+    if (!lim)
+        return nc_error(err, errlen, NC_ENOMEM, "search buffers");
+    int rc = NC_OK;
+    for (size_t b0 = d->first; !rc && b0 < d->n; b0 += block) {
+        size_t nb = d->n - b0 < block ? d->n - b0 : block;
+        const float *Q = d->q + b0 * H;
+        if (adapt) {
+            int64_t first_id;
+            if ((rc = ubcache_add(ub, Q, d->ids + b0, nb, &first_id, err, errlen)))
+                break;
+            for (size_t r = 0; r < nb; r++)
+                lim[r] = first_id + (int64_t)r;
+        }
+        rc = ubcache_search(ub, Q, nb, k, p->nprobe, adapt ? lim : NULL, adapt ? (int)nb : 0,
+                            d2 + b0 * (size_t)k, words + b0 * (size_t)k, err, errlen);
+    }
+    free(lim);
     return rc;
 }

@@ -49,7 +49,18 @@ typedef struct {
     nc_ucache *unigram;
     nc_ubcache *ub;               /* read when p->unbounded; NULL = none */
     bool adapt;                   /* also add the document's pairs to ub */
+    /* Optional precomputed neighbours [n, p->knn] from doc_neighbours: used
+     * instead of searching ub (tuning λ reuses one search for all points). */
+    const float *pre_d2;
+    const int *pre_words;
 } nc_doc_caches;
+
+/* The unbounded-cache neighbours of every position, with the same causal
+ * rules as doc_score (adapt: the document's own earlier pairs are in the
+ * memory, and are added to ub). d2 and words are [n, p->knn]; rows before
+ * d->first are left as "no neighbour". */
+int doc_neighbours(const nc_doc *d, const nc_cache_params *p, nc_ubcache *ub, bool adapt,
+                   size_t block, float *d2, int *words, char *err, size_t errlen);
 
 /* logprobs[j] = log p(token j | tokens < j, caches) for j >= first, NAN for
  * j < first. block: positions per GEMM/search batch (0 = 64). */

@@ -185,6 +185,25 @@ static void causality(bool ivf)
     doc_free(d2);
     ubcache_free(u4);
 
+    /* neighbours searched once (doc_neighbours, another block size) and
+     * handed to doc_score as pre_d2/pre_words give the same numbers: what
+     * tune and eval rely on to share one search across grid points */
+    nc_ubcache *u5 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
+    float *pd2 = malloc(doc.n * (size_t)p.knn * sizeof(float));
+    int *pw = malloc(doc.n * (size_t)p.knn * sizeof(int));
+    CHECKF(doc_neighbours(d, &p, u5, true, 17, pd2, pw, err, sizeof err) == NC_OK, "%s", err);
+    CHECK(ubcache_count(u5) == (int64_t)(nbase + doc.n - 1));
+    nc_doc_caches dc5 = {.ub = u5, .pre_d2 = pd2, .pre_words = pw};
+    CHECKF(doc_score(d, &p, &dc5, 0, c, err, sizeof err) == NC_OK, "%s", err);
+    CHECK(ubcache_count(u5) == (int64_t)(nbase + doc.n - 1));   /* pre: no second add */
+    double wp = 0;
+    for (size_t i = 1; i < doc.n; i++)
+        wp = fmax(wp, fabs(a[i] - c[i]));
+    CHECKF(wp <= 1e-5, "%s: precomputed neighbours differ by %g", ivf ? "ivf" : "flat", wp);
+    free(pd2);
+    free(pw);
+    ubcache_free(u5);
+
     ubcache_free(u1);
     ubcache_free(u2);
     ubcache_free(u3);

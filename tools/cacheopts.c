@@ -1,0 +1,306 @@
+/* cacheopts.c -- the cache options shared by `score`, `eval` and `tune`. */
+#include "cacheopts.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+const char cacheopts_help[] =
+    "cache options (all off by default; design §4):\n"
+    "  --unigram-cache N       unigram cache over the last N words\n"
+    "  --unigram-lambda L      its interpolation weight (default 0.1)\n"
+    "  --neural-cache N        continuous cache over the last N (h, word) pairs\n"
+    "  --theta T               flatness of the cache distribution (default 0.3)\n"
+    "  --lambda L              linear interpolation weight (default 0.1)\n"
+    "  --global-norm           global normalisation instead of linear interpolation\n"
+    "  --alpha A               global normalisation bias (default 0)\n"
+    "  --f16-keys              store neural cache keys as float16\n"
+    "  --unbounded             unbounded cache over every earlier pair of the input\n"
+    "  --knn K                 neighbours (default 1024)\n"
+    "  --nprobe P              IVF lists probed (default 8)\n"
+    "  --unbounded-lambda L    interpolation weight (default 0.3)\n"
+    "  --exact                 exact (flat) search instead of the IVFPQ index\n"
+    "  --kernel gaussian|epanechnikov   kernel (default gaussian)\n"
+    "  --index FILE            trained index (default: the model's unbounded.faiss if present)\n"
+    "  --switch-at N           pairs kept in the exact index before switching (default 65536)\n"
+    "  --threads N             FAISS OpenMP threads\n"
+    "  --open-vocab            words outside the model vocabulary get their own ids\n"
+    "  --uniform-mu M          interpolate with the uniform distribution (open vocabulary)\n"
+    "  --vocab-size-full S     |V_full| for the uniform term (default: V + words seen)\n";
+
+void cacheopts_init(cacheopts *co)
+{
+    memset(co, 0, sizeof *co);
+    cache_params_default(&co->p);
+}
+
+bool cacheopts_given(const cacheopts *co, int code)
+{
+    return code >= CO_UNIGRAM && code < CO_LAST && co->seen[code - CO_UNIGRAM];
+}
+
+bool co_parse_int(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+bool co_parse_float(const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+int co_parse_list(const char *s, double **out)
+{
+    *out = NULL;
+    int n = 0, cap = 0;
+    const char *p = s;
+    double *v = NULL;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        char buf[64];
+        double x;
+        if (len == 0 || len >= sizeof buf) {
+            free(v);
+            return -1;
+        }
+        memcpy(buf, p, len);
+        buf[len] = '\0';
+        if (!co_parse_float(buf, -1e9, 1e9, &x)) {
+            free(v);
+            return -1;
+        }
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            double *nv = realloc(v, (size_t)cap * sizeof(double));
+            if (!nv) {
+                free(v);
+                return -1;
+            }
+            v = nv;
+        }
+        v[n++] = x;
+        p += len + (e ? 1 : 0);
+        if (e && !*p) {
+            free(v);
+            return -1;
+        }
+    }
+    if (n == 0)
+        return -1;
+    *out = v;
+    return n;
+}
+
+double co_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int cacheopts_parse(cacheopts *co, int code, const char *arg, const char *cmd)
+{
+    if (code < CO_UNIGRAM || code >= CO_LAST)
+        return 0;
+    co->seen[code - CO_UNIGRAM] = 1;
+    long iv;
+    double fv;
+    nc_cache_params *p = &co->p;
+#define INT(lo, hi, dst, name) do { if (!co_parse_int(arg, lo, hi, &iv)) goto bad; dst = (int)iv; } while (0)
+#define FLT(lo, hi, dst) do { if (!co_parse_float(arg, lo, hi, &fv)) goto bad; dst = (float)fv; } while (0)
+    switch (code) {
+    case CO_UNIGRAM: INT(1, NC_CACHE_MAX_WINDOW, p->unigram_size, ""); break;
+    case CO_UNIGRAM_LAMBDA: FLT(0, 1, p->unigram_lambda); break;
+    case CO_NEURAL: INT(1, NC_CACHE_MAX_WINDOW, p->neural_size, ""); break;
+    case CO_THETA: FLT(0, 1e4, p->neural_theta); break;
+    case CO_LAMBDA: FLT(0, 1, p->neural_lambda); break;
+    case CO_GLOBAL: p->global_norm = true; break;
+    case CO_ALPHA: FLT(-100, 100, p->neural_alpha); break;
+    case CO_F16: p->neural_f16 = true; break;
+    case CO_UNBOUNDED: p->unbounded = true; break;
+    case CO_KNN: INT(1, NC_CACHE_MAX_KNN, p->knn, ""); break;
+    case CO_NPROBE: INT(1, NC_CACHE_MAX_NPROBE, p->nprobe, ""); break;
+    case CO_UB_LAMBDA: FLT(0, 1, p->unbounded_lambda); break;
+    case CO_EXACT: p->exact = true; break;
+    case CO_KERNEL:
+        if (!strcmp(arg, "gaussian"))
+            p->kernel = NC_KERNEL_GAUSSIAN;
+        else if (!strcmp(arg, "epanechnikov"))
+            p->kernel = NC_KERNEL_EPANECHNIKOV;
+        else
+            goto bad;
+        break;
+    case CO_OPEN: p->open_vocab = true; break;
+    case CO_MU: FLT(0, 0.999999, p->uniform_mu); break;
+    case CO_VFULL: INT(1, 2000000000, p->vocab_size_full, ""); break;
+    case CO_INDEX: co->index_path = arg; break;
+    case CO_SWITCH_AT:
+        if (!co_parse_int(arg, 1, 4000000000L, &iv))
+            goto bad;
+        co->switch_at = iv;
+        break;
+    case CO_THREADS: INT(1, 1024, co->threads, ""); break;
+    }
+#undef INT
+#undef FLT
+    return 1;
+bad:;
+    static const char *names[] = {"unigram-cache", "unigram-lambda", "neural-cache", "theta", "lambda",
+                                  "global-norm", "alpha", "f16-keys", "unbounded", "knn", "nprobe",
+                                  "unbounded-lambda", "exact", "kernel", "open-vocab", "uniform-mu",
+                                  "vocab-size-full", "index", "switch-at", "threads"};
+    fprintf(stderr, "neurocache %s: bad value '%s' for --%s\n", cmd, arg, names[code - CO_UNIGRAM]);
+    return -1;
+}
+
+int cacheopts_finish(cacheopts *co, const char *cmd)
+{
+    static const struct {
+        int opt, needs;
+        const char *msg;
+    } rules[] = {
+        {CO_UNIGRAM_LAMBDA, CO_UNIGRAM, "--unigram-lambda needs --unigram-cache N"},
+        {CO_THETA, CO_NEURAL, "--theta needs --neural-cache N"},
+        {CO_LAMBDA, CO_NEURAL, "--lambda needs --neural-cache N (for the unbounded cache use --unbounded-lambda)"},
+        {CO_GLOBAL, CO_NEURAL, "--global-norm needs --neural-cache N"},
+        {CO_ALPHA, CO_GLOBAL, "--alpha needs --global-norm"},
+        {CO_F16, CO_NEURAL, "--f16-keys needs --neural-cache N"},
+        {CO_KNN, CO_UNBOUNDED, "--knn needs --unbounded"},
+        {CO_NPROBE, CO_UNBOUNDED, "--nprobe needs --unbounded"},
+        {CO_UB_LAMBDA, CO_UNBOUNDED, "--unbounded-lambda needs --unbounded"},
+        {CO_EXACT, CO_UNBOUNDED, "--exact needs --unbounded"},
+        {CO_KERNEL, CO_UNBOUNDED, "--kernel needs --unbounded"},
+        {CO_INDEX, CO_UNBOUNDED, "--index needs --unbounded"},
+        {CO_SWITCH_AT, CO_UNBOUNDED, "--switch-at needs --unbounded"},
+        {CO_MU, CO_OPEN, "--uniform-mu needs --open-vocab"},
+        {CO_VFULL, CO_OPEN, "--vocab-size-full needs --open-vocab"},
+    };
+    for (size_t i = 0; i < sizeof rules / sizeof *rules; i++)
+        if (cacheopts_given(co, rules[i].opt) && !cacheopts_given(co, rules[i].needs)) {
+            fprintf(stderr, "neurocache %s: %s\n", cmd, rules[i].msg);
+            return 2;
+        }
+    if (cacheopts_given(co, CO_LAMBDA) && co->p.global_norm) {
+        fprintf(stderr, "neurocache %s: --lambda is for linear interpolation; with --global-norm use --alpha\n",
+                cmd);
+        return 2;
+    }
+    if (cacheopts_given(co, CO_EXACT) && cacheopts_given(co, CO_INDEX)) {
+        fprintf(stderr, "neurocache %s: --exact and --index contradict each other\n", cmd);
+        return 2;
+    }
+    char err[NC_ERRLEN];
+    if (cache_params_validate(&co->p, err, sizeof err) != NC_OK) {
+        fprintf(stderr, "neurocache %s: %s\n", cmd, err);
+        return 2;
+    }
+    if (co->threads > 0)
+        ubcache_set_threads(co->threads);
+    return 0;
+}
+
+int cacheopts_make_ub(const cacheopts *co, const nc_cache_params *p, const nc_model *m,
+                      nc_wordtable *words, nc_ubcache **out, char *err, size_t errlen)
+{
+    nc_ubcache_opts o;
+    ubcache_opts_default(&o, m->cfg.hidden_size);
+    char path[1200];
+    o.exact = p->exact;
+    if (!p->exact) {
+        if (co->index_path) {
+            o.trained_path = co->index_path;
+        } else {
+            snprintf(path, sizeof path, "%s/unbounded.faiss", m->dir);
+            if (m->dir[0] && access(path, R_OK) == 0)
+                o.trained_path = path;
+        }
+    }
+    if (co->switch_at > 0)
+        o.switch_at = co->switch_at;
+    o.nprobe = p->nprobe;
+    return ubcache_new(&o, words, out, err, errlen);
+}
+
+int co_read_tokens(const nc_model *m, const char *path, nc_tokens *out, char *err, size_t errlen)
+{
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f)
+        return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
+    size_t cap = 1 << 20, n = 0;
+    char *buf = malloc(cap);
+    int rc = buf ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "out of memory");
+    while (!rc) {
+        if (n == cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                rc = nc_error(err, errlen, NC_ENOMEM, "%s: out of memory", path);
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t k = fread(buf + n, 1, cap - n, f);
+        n += k;
+        if (k == 0) {
+            if (ferror(f))
+                rc = nc_error(err, errlen, NC_EIO, "%s: read error", path);
+            break;
+        }
+    }
+    if (f != stdin)
+        fclose(f);
+    if (!rc) {
+        char e2[NC_ERRLEN];
+        rc = tokenize(m, buf, n, true, out, e2, sizeof e2);
+        if (rc)
+            nc_error(err, errlen, rc, "%s: %s", path, e2);
+    }
+    free(buf);
+    return rc;
+}
+
+int co_prepare(const nc_model *m, const nc_tokens *t, bool bos_eos, nc_wordtable *words, nc_doc **out,
+               char *err, size_t errlen)
+{
+    nc_state *s = lstm_state_new(m);
+    nc_lstm_work *w = lstm_work_new(m);
+    int rc = (!s || !w) ? nc_error(err, errlen, NC_ENOMEM, "state") : NC_OK;
+    if (!rc && bos_eos)
+        lstm_step(m, s, m->eos_id, w);
+    if (!rc)
+        rc = doc_prepare(m, s, bos_eos, t, words, out, err, errlen);
+    lstm_state_free(s);
+    lstm_work_free(w);
+    return rc;
+}
+
+double co_ppl(const double *lp, size_t len, size_t *n)
+{
+    double sum = 0;
+    size_t c = 0;
+    for (size_t i = 0; i < len; i++)
+        if (!isnan(lp[i])) {
+            sum += lp[i];
+            c++;
+        }
+    if (n)
+        *n = c;
+    return c ? exp(-sum / (double)c) : NAN;
+}

@@ -1,0 +1,78 @@
+/* cacheopts.h -- the cache options shared by `score`, `eval` and `tune`:
+ * parsing, combination checks and building the unbounded cache. */
+#ifndef NC_CACHEOPTS_H
+#define NC_CACHEOPTS_H
+
+#include <getopt.h>
+
+#include "cache.h"
+
+enum {
+    CO_UNIGRAM = 1000, CO_UNIGRAM_LAMBDA, CO_NEURAL, CO_THETA, CO_LAMBDA, CO_GLOBAL, CO_ALPHA,
+    CO_F16, CO_UNBOUNDED, CO_KNN, CO_NPROBE, CO_UB_LAMBDA, CO_EXACT, CO_KERNEL, CO_OPEN,
+    CO_MU, CO_VFULL, CO_INDEX, CO_SWITCH_AT, CO_THREADS, CO_LAST
+};
+
+#define CACHEOPTS_LONG \
+    {"unigram-cache", required_argument, NULL, CO_UNIGRAM}, \
+    {"unigram-lambda", required_argument, NULL, CO_UNIGRAM_LAMBDA}, \
+    {"neural-cache", required_argument, NULL, CO_NEURAL}, \
+    {"theta", required_argument, NULL, CO_THETA}, \
+    {"lambda", required_argument, NULL, CO_LAMBDA}, \
+    {"global-norm", no_argument, NULL, CO_GLOBAL}, \
+    {"alpha", required_argument, NULL, CO_ALPHA}, \
+    {"f16-keys", no_argument, NULL, CO_F16}, \
+    {"unbounded", no_argument, NULL, CO_UNBOUNDED}, \
+    {"knn", required_argument, NULL, CO_KNN}, \
+    {"nprobe", required_argument, NULL, CO_NPROBE}, \
+    {"unbounded-lambda", required_argument, NULL, CO_UB_LAMBDA}, \
+    {"exact", no_argument, NULL, CO_EXACT}, \
+    {"kernel", required_argument, NULL, CO_KERNEL}, \
+    {"open-vocab", no_argument, NULL, CO_OPEN}, \
+    {"uniform-mu", required_argument, NULL, CO_MU}, \
+    {"vocab-size-full", required_argument, NULL, CO_VFULL}, \
+    {"index", required_argument, NULL, CO_INDEX}, \
+    {"switch-at", required_argument, NULL, CO_SWITCH_AT}, \
+    {"threads", required_argument, NULL, CO_THREADS}
+
+typedef struct {
+    nc_cache_params p;
+    unsigned seen[CO_LAST - CO_UNIGRAM];  /* which options were given */
+    const char *index_path;       /* --index: trained index; NULL = DIR/unbounded.faiss if present */
+    long switch_at;               /* --switch-at: pairs before leaving the flat index */
+    int threads;                  /* --threads: FAISS OpenMP threads (0 = default) */
+} cacheopts;
+
+extern const char cacheopts_help[];
+
+void cacheopts_init(cacheopts *co);
+/* Handles one getopt code: 1 = it was a cache option (consumed), 0 = not
+ * one, -1 = bad value (message printed, prefixed with cmd). */
+int cacheopts_parse(cacheopts *co, int code, const char *arg, const char *cmd);
+bool cacheopts_given(const cacheopts *co, int code);
+/* After parsing: rejects knobs given without their cache (--theta without
+ * --neural-cache, --lambda with --global-norm, ...) and validates. 0 or 2. */
+int cacheopts_finish(cacheopts *co, const char *cmd);
+/* A fresh unbounded cache for model m (trained index from --index or the
+ * model directory's unbounded.faiss unless --exact). */
+int cacheopts_make_ub(const cacheopts *co, const nc_cache_params *p, const nc_model *m,
+                      nc_wordtable *words, nc_ubcache **out, char *err, size_t errlen);
+
+/* Helpers for the tools: strict number parsing; comma lists. */
+bool co_parse_int(const char *s, long lo, long hi, long *out);
+bool co_parse_float(const char *s, double lo, double hi, double *out);
+/* Parses "a,b,c" into out (malloc'ed); returns count, -1 on a bad item. */
+int co_parse_list(const char *s, double **out);
+double co_now(void);
+
+/* Reads a text file ('-' = stdin) and tokenises it (file semantics: a last
+ * line without newline also ends with eos). */
+int co_read_tokens(const nc_model *m, const char *path, nc_tokens *out, char *err, size_t errlen);
+/* Prepares a document from a token sequence: bos eos (state after eos, every
+ * token scored) or none (first token context only). */
+int co_prepare(const nc_model *m, const nc_tokens *t, bool bos_eos, nc_wordtable *words, nc_doc **out,
+               char *err, size_t errlen);
+/* Perplexity of the scored entries (NAN entries skipped); *n gets their count. */
+double co_ppl(const double *lp, size_t len, size_t *n);
+
+#endif
