@@ -13,6 +13,8 @@
 
 #include <jansson.h>
 
+#include "fault.h"
+
 /* Upper bounds that keep every size product far from overflow and reject
  * absurd configs before anything is allocated. */
 #define MODEL_MAX_VOCAB   (1 << 24)
@@ -33,7 +35,7 @@ static float *impl_alloc(model_impl *im, size_t nfloats)
 {
     if (im->nbufs == im->capbufs) {
         int ncap = im->capbufs ? im->capbufs * 2 : 16;
-        void **nb = realloc(im->bufs, (size_t)ncap * sizeof *nb);
+        void **nb = nc_realloc(im->bufs, (size_t)ncap * sizeof *nb);
         if (!nb)
             return NULL;
         im->bufs = nb;
@@ -120,7 +122,7 @@ static const struct {
 static int config_load(const char *path, nc_model_config *cfg, char *err, size_t errlen)
 {
     memset(cfg, 0, sizeof *cfg);
-    FILE *f = fopen(path, "rb");
+    FILE *f = nc_fopen(path, "rb");
     if (!f)
         return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: cannot open: %s", path,
                         strerror(errno));
@@ -312,7 +314,7 @@ static int st_parse_entry(const char *file, const char *name, json_t *v, size_t 
 
 static int safetensors_load(nc_model *m, model_impl *im, const char *path, char *err, size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = nc_open(path, O_RDONLY | O_CLOEXEC, 0);
     if (fd < 0)
         return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: cannot open: %s", path,
                         strerror(errno));
@@ -331,7 +333,7 @@ static int safetensors_load(nc_model *m, model_impl *im, const char *path, char 
     /* MAP_PRIVATE + PROT_WRITE: F32 tensors are used in place, and a caller
      * that updates weights (fine-tuning) gets private copy-on-write pages
      * instead of a fault or a modified file. */
-    void *map = mmap(NULL, fsize, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    void *map = nc_mmap(NULL, fsize, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
     int merr = errno;
     close(fd);
     if (map == MAP_FAILED)
@@ -363,7 +365,7 @@ static int safetensors_load(nc_model *m, model_impl *im, const char *path, char 
     if (!json_is_object(root)) {
         rc = nc_error(err, errlen, NC_EFORMAT, "%s: header is not a JSON object", path);
     } else {
-        ents = calloc(json_object_size(root) + 1, sizeof *ents);
+        ents = nc_calloc(json_object_size(root) + 1, sizeof *ents);
         if (!ents)
             rc = nc_error(err, errlen, NC_ENOMEM, "%s: out of memory", path);
     }
@@ -381,7 +383,7 @@ static int safetensors_load(nc_model *m, model_impl *im, const char *path, char 
     }
     if (rc == NC_OK) {
         /* Overlapping tensors would alias each other's weights. */
-        st_entry *sorted = malloc((nents + 1) * sizeof *sorted);
+        st_entry *sorted = nc_malloc((nents + 1) * sizeof *sorted);
         if (!sorted) {
             rc = nc_error(err, errlen, NC_ENOMEM, "%s: out of memory", path);
         } else {
@@ -462,7 +464,7 @@ static int safetensors_load(nc_model *m, model_impl *im, const char *path, char 
 static int model_shell(nc_model *m, model_impl *im)
 {
     const nc_model_config *c = &m->cfg;
-    m->layers = calloc((size_t)c->num_layers, sizeof *m->layers);
+    m->layers = nc_calloc((size_t)c->num_layers, sizeof *m->layers);
     if (!m->layers)
         return NC_ENOMEM;
     for (int k = 0; k < c->num_layers; k++) {
@@ -522,8 +524,8 @@ int model_load(const char *dir, nc_model **out, char *err, size_t errlen)
 {
     *out = NULL;
     char path[4096];
-    nc_model *m = calloc(1, sizeof *m);
-    model_impl *im = calloc(1, sizeof *im);
+    nc_model *m = nc_calloc(1, sizeof *m);
+    model_impl *im = nc_calloc(1, sizeof *im);
     if (!m || !im) {
         free(m);
         free(im);
@@ -614,7 +616,7 @@ static int afile_open(atomic_file *a, const char *dir, const char *name, char *e
 {
     path_join(a->final, sizeof a->final, dir, name);
     snprintf(a->tmp, sizeof a->tmp, "%s/.%s.tmp.%ld", dir, name, (long)getpid());
-    a->f = fopen(a->tmp, "wb");
+    a->f = nc_fopen(a->tmp, "wb");
     if (!a->f)
         return nc_error(err, errlen, NC_EIO, "%s: cannot create: %s", a->tmp, strerror(errno));
     return NC_OK;
@@ -625,7 +627,7 @@ static int afile_close(atomic_file *a, int rc, char *err, size_t errlen)
 {
     if (!a->f)
         return rc;
-    int ok = rc == NC_OK && !ferror(a->f) && fflush(a->f) == 0 && fsync(fileno(a->f)) == 0;
+    int ok = rc == NC_OK && !ferror(a->f) && fflush(a->f) == 0 && nc_fsync(fileno(a->f)) == 0;
     int e = errno;
     if (fclose(a->f) != 0)
         ok = 0;
@@ -690,7 +692,7 @@ static int write_safetensors(const nc_model *m, bool f16, FILE *f)
     unsigned char lenb[8];
     for (int i = 0; i < 8; i++)
         lenb[i] = (unsigned char)(((uint64_t)padded >> (8 * i)) & 0xff);
-    int ok = fwrite(lenb, 1, 8, f) == 8 && fwrite(txt, 1, hlen, f) == hlen;
+    int ok = nc_fwrite(lenb, 1, 8, f) == 8 && nc_fwrite(txt, 1, hlen, f) == hlen;
     for (size_t i = hlen; ok && i < padded; i++)
         ok = fputc(' ', f) != EOF;
     free(txt);
@@ -701,14 +703,14 @@ static int write_safetensors(const nc_model *m, bool f16, FILE *f)
         const float *src = *specs[s].dst;
         size_t cnt = spec_numel(&specs[s]);
         if (!f16) {
-            ok = fwrite(src, sizeof(float), cnt, f) == cnt;   /* x86-64 is little-endian */
+            ok = nc_fwrite(src, sizeof(float), cnt, f) == cnt;   /* x86-64 is little-endian */
             continue;
         }
         for (size_t i = 0; i < cnt && ok; i += 1024) {
             size_t k = cnt - i < 1024 ? cnt - i : 1024;
             for (size_t j = 0; j < k; j++)
                 hbuf[j] = nc_float_to_half(src[i + j]);
-            ok = fwrite(hbuf, 2, k, f) == k;
+            ok = nc_fwrite(hbuf, 2, k, f) == k;
         }
     }
     return ok ? NC_OK : NC_EIO;

@@ -1,5 +1,6 @@
 /* nc_common.c -- error reporting, half floats and aligned allocation. */
 #include "nc_common.h"
+#include "fault.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -90,7 +91,7 @@ uint16_t nc_float_to_half(float f)
 
 void *nc_alloc(size_t n)
 {
-    if (n == 0)
+    if (n == 0 || nc_fault_fail(NC_FAULT_ALLOC))
         return NULL;
     void *p = NULL;
     size_t rounded = (n + 63) & ~(size_t)63;

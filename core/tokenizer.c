@@ -1,5 +1,6 @@
 /* tokenizer.c -- whitespace tokenisation with eos at line ends (libunistring). */
 #include "tokenizer.h"
+#include "fault.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -26,15 +27,15 @@ void tokens_clear(nc_tokens *t)
 static int tokens_grow(nc_tokens *t)
 {
     size_t ncap = t->cap ? t->cap * 2 : 256;
-    int *ids = realloc(t->ids, ncap * sizeof *ids);
+    int *ids = nc_realloc(t->ids, ncap * sizeof *ids);
     if (!ids)
         return NC_ENOMEM;
     t->ids = ids;
-    char **words = realloc(t->words, ncap * sizeof *words);
+    char **words = nc_realloc(t->words, ncap * sizeof *words);
     if (!words)
         return NC_ENOMEM;
     t->words = words;
-    size_t *offs = realloc(t->offsets, ncap * sizeof *offs);
+    size_t *offs = nc_realloc(t->offsets, ncap * sizeof *offs);
     if (!offs)
         return NC_ENOMEM;
     t->offsets = offs;
@@ -46,7 +47,7 @@ int tokens_push(nc_tokens *t, int id, const char *word, size_t len, size_t offse
 {
     if (t->n == t->cap && tokens_grow(t) != NC_OK)
         return NC_ENOMEM;
-    char *w = malloc(len + 1);
+    char *w = nc_malloc(len + 1);
     if (!w)
         return NC_ENOMEM;
     memcpy(w, word, len);

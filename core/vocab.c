@@ -7,6 +7,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fault.h"
+
+/* uthash allocates through the fault hook and reports a failed allocation
+ * instead of exit()ing (its default): the caller answers NC_ENOMEM. */
+#define HASH_NONFATAL_OOM 1
+#define uthash_malloc(sz) nc_malloc(sz)
+#define uthash_nonfatal_oom(e) (vocab_oom = 1)
+static _Thread_local int vocab_oom;
 #include <uthash.h>
 
 typedef struct {
@@ -25,7 +33,10 @@ struct nc_vocab {
 
 nc_vocab *vocab_new(void)
 {
-    return calloc(1, sizeof(nc_vocab));
+    nc_vocab *v = nc_malloc(sizeof *v);
+    if (v)
+        memset(v, 0, sizeof *v);
+    return v;
 }
 
 void vocab_free(nc_vocab *v)
@@ -48,14 +59,14 @@ int vocab_add(nc_vocab *v, const char *word, size_t len)
         return id;
     if (v->n == v->cap) {
         int ncap = v->cap ? v->cap * 2 : 64;
-        vocab_entry **nb = realloc(v->by_id, (size_t)ncap * sizeof *nb);
+        vocab_entry **nb = nc_realloc(v->by_id, (size_t)ncap * sizeof *nb);
         if (!nb)
             return NC_ENOMEM;
         v->by_id = nb;
         v->cap = ncap;
     }
-    vocab_entry *e = malloc(sizeof *e);
-    char *w = malloc(len + 1);
+    vocab_entry *e = nc_malloc(sizeof *e);
+    char *w = nc_malloc(len + 1);
     if (!e || !w) {
         free(e);
         free(w);
@@ -67,7 +78,14 @@ int vocab_add(nc_vocab *v, const char *word, size_t len)
     e->len = len;
     e->id = v->n;
     v->by_id[v->n++] = e;
+    vocab_oom = 0;
     HASH_ADD_KEYPTR(hh, v->table, e->word, e->len, e);
+    if (vocab_oom) {              /* not in the table: undo */
+        v->n--;
+        free(w);
+        free(e);
+        return NC_ENOMEM;
+    }
     return e->id;
 }
 
@@ -107,7 +125,7 @@ nc_vocab *vocab_clone(const nc_vocab *v)
 int vocab_load(const char *path, nc_vocab **out, char *err, size_t errlen)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
+    FILE *f = nc_fopen(path, "rb");
     if (!f)
         return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO,
                         "%s: cannot open: %s", path, strerror(errno));
@@ -117,7 +135,10 @@ int vocab_load(const char *path, nc_vocab **out, char *err, size_t errlen)
     ssize_t n;
     int rc = v ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "%s: out of memory", path);
     long lineno = 0;
-    while (rc == NC_OK && (n = getline(&line, &cap, f)) >= 0) {
+    /* getline returns -1 at end of file and on errors alike: errno (and
+     * ferror) tell them apart. */
+    errno = 0;
+    while (rc == NC_OK && (n = nc_getline(&line, &cap, f)) >= 0) {
         lineno++;
         size_t len = (size_t)n;
         if (len > 0 && line[len - 1] == '\n')
@@ -134,8 +155,9 @@ int vocab_load(const char *path, nc_vocab **out, char *err, size_t errlen)
         } else if (vocab_add(v, line, len) < 0) {
             rc = nc_error(err, errlen, NC_ENOMEM, "%s: out of memory", path);
         }
+        errno = 0;
     }
-    if (rc == NC_OK && ferror(f))
+    if (rc == NC_OK && (ferror(f) || errno != 0))
         rc = nc_error(err, errlen, NC_EIO, "%s: read error: %s", path, strerror(errno));
     free(line);
     fclose(f);
@@ -149,17 +171,17 @@ int vocab_load(const char *path, nc_vocab **out, char *err, size_t errlen)
 
 int vocab_save(const nc_vocab *v, const char *path, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "wb");
+    FILE *f = nc_fopen(path, "wb");
     if (!f)
         return nc_error(err, errlen, NC_EIO, "%s: cannot create: %s", path, strerror(errno));
     int ok = 1;
     for (int i = 0; i < v->n && ok; i++) {
-        ok = fwrite(v->by_id[i]->word, 1, v->by_id[i]->len, f) == v->by_id[i]->len &&
+        ok = nc_fwrite(v->by_id[i]->word, 1, v->by_id[i]->len, f) == v->by_id[i]->len &&
              fputc('\n', f) != EOF;
     }
     if (fflush(f) != 0)
         ok = 0;
-    if (ok && fsync(fileno(f)) != 0)
+    if (ok && nc_fsync(fileno(f)) != 0)
         ok = 0;
     int saved = errno;
     if (fclose(f) != 0)
