@@ -21,7 +21,7 @@ typedef struct nc_ubcache nc_ubcache;
 typedef struct {
     int dim;                      /* H, required */
     const char *factory;          /* FAISS factory string for the IVF index;
-                                   * NULL = "IVF4096,PQ{dim/8}" */
+                                   * NULL = "IVF4096,PQ{dim/8}np" */
     const char *trained_path;     /* trained empty index (unbounded.faiss) or NULL */
     bool train_self;              /* no trained file: train the factory index
                                    * on the stored vectors at switch_at */
