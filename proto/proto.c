@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistr.h>
 
 /* The one table mapping failures to HTTP statuses and wire codes. */
 static const struct { unsigned status; const char *code; } api_errors[API_ERROR_COUNT] = {
@@ -55,8 +56,36 @@ int proto_fail(api_status *st, api_error e, const char *fmt, ...)
 
 json_t *proto_error_body(api_error e, const char *message)
 {
-    return json_pack("{s:{s:s,s:s}}", "error", "code", proto_error_code(e), "message",
-                     message ? message : "");
+    /* Messages quote the request (a bad escape, a session id from the URL),
+     * which may not be UTF-8: json_pack would refuse it and the answer would
+     * lose its body. Such bytes become U+FFFD (found by fuzz_proto). */
+    const char *msg = message ? message : "";
+    char *clean = NULL;
+    if (u8_check((const uint8_t *)msg, strlen(msg))) {
+        size_t n = strlen(msg);
+        clean = malloc(3 * n + 1);
+        if (!clean)
+            return NULL;
+        size_t o = 0;
+        for (size_t i = 0; i < n;) {
+            ucs4_t uc;
+            int k = u8_mbtoucr(&uc, (const uint8_t *)msg + i, n - i);
+            if (k > 0) {
+                memcpy(clean + o, msg + i, (size_t)k);
+                o += (size_t)k;
+                i += (size_t)k;
+            } else {
+                memcpy(clean + o, "\xef\xbf\xbd", 3);
+                o += 3;
+                i++;
+            }
+        }
+        clean[o] = 0;
+        msg = clean;
+    }
+    json_t *j = json_pack("{s:{s:s,s:s}}", "error", "code", proto_error_code(e), "message", msg);
+    free(clean);
+    return j;
 }
 
 json_t *proto_parse_body(const char *body, size_t len, bool allow_empty, api_status *st)
