@@ -89,6 +89,13 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TESTLIB_OBJ) $(LIBSERVER) $(LIBPROTO)
 
 tests: all $(TEST_BINS)
 
+# libFuzzer harnesses (tests/fuzz_*.c) link clang's fuzzer main; they are
+# built only by `make fuzz`, in their own tree.
+$(BUILD)/tests/fuzz_%: $(BUILD)/obj/tests/fuzz_%.o $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(FAISS_C)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer $< $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(LIBS_SERVER) $(LIBS_CORE) -o $@
+
 # Every test binary prints "N passed, N failed"; run_tests.sh sums them and
 # fails if any binary fails. Tests find binaries through NEUROCACHE_BIN.
 test: deps
@@ -107,6 +114,19 @@ asan: deps
 	    LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) \
 	    NEUROCACHE_BIN=$(abspath build/asan/bin) NEUROCACHE_SANITIZED=1 \
 	    bash tests/run_tests.sh $(patsubst $(BUILD)/%,build/asan/%,$(TEST_BINS))
+
+# Fuzzing: every tests/fuzz_*.c under libFuzzer + ASan + UBSan for
+# FUZZ_SECONDS each, from its committed seeds (tests/fuzz/corpus/<name>);
+# new inputs go to build/fuzz/corpus/<name>, crashes to build/fuzz/artifacts.
+# `make test` replays the committed corpora (test_fuzz_replay).
+FUZZ_SECONDS ?= 60
+FUZZ_NAMES := $(patsubst tests/%.c,%,$(wildcard tests/fuzz_*.c))
+fuzz: deps
+	$(Q)$(MAKE) --no-print-directory BUILD=build/fuzz BIN=build/fuzz/bin CC=clang \
+	    OPT="-O1 -g -fno-omit-frame-pointer" \
+	    SANFLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
+	    $(addprefix build/fuzz/tests/,$(FUZZ_NAMES))
+	$(Q)bash scripts/fuzz.sh $(FUZZ_SECONDS) $(FUZZ_NAMES)
 
 # Benchmarks: every scripts/bench_*.sh in name order (each says when the
 # corpora in ../shared/data are absent). Results go to BENCHMARKS.md by hand.
