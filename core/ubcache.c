@@ -36,6 +36,10 @@ struct nc_ubcache {
     size_t nvalues, cap;
     nc_wordtable *words;
     int nprobe;                   /* current nprobe of the IVF index */
+    ubcache_add_hook hook;        /* durable store's logger, or NULL */
+    void *hook_ctx;
+    float *kbuf;                  /* rounded keys scratch (key_f16) */
+    size_t kbuf_n;
 };
 
 static int faiss_err(char *err, size_t errlen, const char *what)
@@ -161,6 +165,7 @@ void ubcache_free(nc_ubcache *u)
     if (u->tmpl)
         faiss_Index_free(u->tmpl);
     free(u->values);
+    free(u->kbuf);
     pthread_rwlock_destroy(&u->lock);
     free(u);
 }
@@ -239,6 +244,23 @@ int ubcache_add(nc_ubcache *u, const float *keys, const int *words, size_t n, in
         u->values = v;
         u->cap = c;
     }
+    if (u->o.key_f16) {
+        size_t m = n * (size_t)u->o.dim;
+        if (m > u->kbuf_n) {
+            float *kb = realloc(u->kbuf, m * sizeof(float));
+            if (!kb) {
+                rc = nc_error(err, errlen, NC_ENOMEM, "unbounded cache keys (%zu)", n);
+                goto out;
+            }
+            u->kbuf = kb;
+            u->kbuf_n = m;
+        }
+        for (size_t i = 0; i < m; i++)
+            u->kbuf[i] = nc_half_to_float(nc_float_to_half(keys[i]));
+        keys = u->kbuf;
+    }
+    if (u->hook && (rc = u->hook(u->hook_ctx, keys, words, n, (int64_t)u->nvalues, err, errlen)))
+        goto out;
     if (faiss_Index_add(u->idx, (idx_t)n, keys)) {
         rc = faiss_err(err, errlen, "adding to the unbounded index");
         goto out;
@@ -252,15 +274,41 @@ out:
     return rc;
 }
 
+void ubcache_set_add_hook(nc_ubcache *u, ubcache_add_hook fn, void *ctx)
+{
+    pthread_rwlock_wrlock(&u->lock);
+    u->hook = fn;
+    u->hook_ctx = ctx;
+    pthread_rwlock_unlock(&u->lock);
+}
+
+int ubcache_word_at(nc_ubcache *u, int64_t id)
+{
+    pthread_rwlock_rdlock(&u->lock);
+    int w = id >= 0 && (size_t)id < u->nvalues ? u->values[id] : -1;
+    pthread_rwlock_unlock(&u->lock);
+    return w;
+}
+
 int ubcache_search(nc_ubcache *u, const float *queries, size_t nq, int k, int nprobe,
                    const int64_t *id_limit, int extra, float *out_d2, int *out_words,
                    char *err, size_t errlen)
+{
+    return ubcache_search_ids(u, queries, nq, k, nprobe, id_limit, extra, out_d2, out_words, NULL,
+                              err, errlen);
+}
+
+int ubcache_search_ids(nc_ubcache *u, const float *queries, size_t nq, int k, int nprobe,
+                       const int64_t *id_limit, int extra, float *out_d2, int *out_words,
+                       int64_t *out_ids, char *err, size_t errlen)
 {
     if (k <= 0 || extra < 0)
         return nc_error(err, errlen, NC_EINVAL, "knn %d / extra %d", k, extra);
     for (size_t i = 0; i < nq * (size_t)k; i++) {
         out_d2[i] = 0.0f;
         out_words[i] = -1;
+        if (out_ids)
+            out_ids[i] = -1;
     }
     if (nq == 0)
         return NC_OK;
@@ -303,6 +351,8 @@ int ubcache_search(nc_ubcache *u, const float *queries, size_t nq, int k, int np
                     continue;   /* causal filter: not yet in M_t */
                 out_d2[q * k + got] = d[q * kk + j];
                 out_words[q * k + got] = u->values[id];
+                if (out_ids)
+                    out_ids[q * k + got] = id;
                 got++;
             }
         }

@@ -29,6 +29,9 @@ typedef struct {
     long switch_at;               /* pairs at which to switch; 0 = 65536 */
     int nprobe;                   /* initial nprobe; 0 = 8 */
     int omp_threads;              /* FAISS OpenMP threads; 0 = leave as is */
+    bool key_f16;                 /* round keys to float16 precision before
+                                   * storing them, so that a log holding f16
+                                   * keys rebuilds exactly the same index */
 } nc_ubcache_opts;
 
 void ubcache_opts_default(nc_ubcache_opts *o, int dim);
@@ -54,6 +57,23 @@ int ubcache_add(nc_ubcache *u, const float *keys, const int *words, size_t n,
 int ubcache_search(nc_ubcache *u, const float *queries, size_t nq, int k, int nprobe,
                    const int64_t *id_limit, int extra, float *out_d2, int *out_words,
                    char *err, size_t errlen);
+
+/* As ubcache_search, also giving the FAISS id of each neighbour in
+ * out_ids[nq, k] (-1 = none): the key to the pair's provenance. */
+int ubcache_search_ids(nc_ubcache *u, const float *queries, size_t nq, int k, int nprobe,
+                       const int64_t *id_limit, int extra, float *out_d2, int *out_words,
+                       int64_t *out_ids, char *err, size_t errlen);
+/* Word id of the pair with FAISS id, -1 if out of range. */
+int ubcache_word_at(nc_ubcache *u, int64_t id);
+
+/* Called by ubcache_add under the cache's write lock, before the pairs enter
+ * the index, with the keys as they will be stored (rounded when key_f16)
+ * and the id of the first pair: a durable store logs the pairs here, so the
+ * log's order is the id order. A nonzero return fails the add (nothing is
+ * stored). NULL fn removes the hook. */
+typedef int (*ubcache_add_hook)(void *ctx, const float *keys, const int *words, size_t n,
+                                int64_t first_id, char *err, size_t errlen);
+void ubcache_set_add_hook(nc_ubcache *u, ubcache_add_hook fn, void *ctx);
 
 int64_t ubcache_count(nc_ubcache *u);        /* pairs stored */
 bool ubcache_is_exact(nc_ubcache *u);        /* still on the flat index */

@@ -1,0 +1,561 @@
+/* wal.c -- write-ahead log: checksummed records in segment files, group
+ * commit, torn-tail truncation on replay. */
+#include "wal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#define SEG_MAGIC "NCWAL001"
+#define SEG_HDR 24
+#define REC_MAGIC 0x5257434eu   /* "NCWR" little-endian */
+#define REC_HDR 24
+
+struct nc_wal {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    char dir[1024];
+    uint32_t tag;
+    nc_wal_sync mode;
+    int fd;
+    uint64_t seg_first;           /* first seq of the current segment */
+    uint64_t last_seq, synced_seq;
+    uint64_t bytes, fsyncs;
+    bool syncing;                 /* a group-commit leader is in fdatasync */
+    bool broken;                  /* a write failed: the tail is unknown */
+    char broken_msg[256];
+};
+
+void wal_segment_name(uint64_t s, char *buf, size_t len)
+{
+    snprintf(buf, len, "wal-%016llx.log", (unsigned long long)s);
+}
+
+static uint32_t rd32(const unsigned char *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static uint64_t rd64(const unsigned char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static uint32_t rec_crc(const unsigned char *hdr, const unsigned char *payload, size_t len)
+{
+    /* length and seq (bytes 4..16 of the header), then the payload */
+    uLong c = crc32(0L, hdr + 4, 12);
+    /* zlib takes uInt lengths: feed large payloads in pieces */
+    while (len > 0) {
+        uInt n = len > (1u << 30) ? (1u << 30) : (uInt)len;
+        c = crc32(c, payload, n);
+        payload += n;
+        len -= n;
+    }
+    return (uint32_t)c;
+}
+
+/* ---- listing segments --------------------------------------------------- */
+
+typedef struct {
+    uint64_t *first;
+    int n, cap;
+} seglist;
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int list_segments(const char *dir, seglist *l, char *err, size_t errlen)
+{
+    memset(l, 0, sizeof *l);
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT)
+            return NC_OK;
+        return nc_error(err, errlen, NC_EIO, "%s: %s", dir, strerror(errno));
+    }
+    struct dirent *e;
+    int rc = NC_OK;
+    while ((e = readdir(d))) {
+        unsigned long long s;
+        char tail[8];
+        if (strlen(e->d_name) != 24 || sscanf(e->d_name, "wal-%16llx%7s", &s, tail) != 2 ||
+            strcmp(tail, ".log") != 0)
+            continue;
+        if (l->n == l->cap) {
+            int c = l->cap ? 2 * l->cap : 16;
+            uint64_t *p = realloc(l->first, (size_t)c * sizeof *p);
+            if (!p) {
+                rc = nc_error(err, errlen, NC_ENOMEM, "segment list");
+                break;
+            }
+            l->first = p;
+            l->cap = c;
+        }
+        l->first[l->n++] = s;
+    }
+    closedir(d);
+    if (l->n > 1)
+        qsort(l->first, (size_t)l->n, sizeof *l->first, cmp_u64);
+    return rc;
+}
+
+/* ---- replay --------------------------------------------------------------- */
+
+/* Is there a complete, valid record at p[0..n) (any seq)? */
+static bool valid_record_at(const unsigned char *p, size_t n)
+{
+    if (n < REC_HDR || rd32(p) != REC_MAGIC)
+        return false;
+    uint32_t len = rd32(p + 4);
+    if (len > WAL_MAX_RECORD || len > n - REC_HDR)
+        return false;
+    return rd32(p + 16) == rec_crc(p, p + REC_HDR, len);
+}
+
+/* Replays one mapped segment. *expect: the next seq (updated). last: this is
+ * the last segment (a bad tail may be cut). Returns rc; *cut = valid length
+ * if the tail must be truncated, else (size_t)-1. */
+static int replay_segment(const char *path, const unsigned char *m, size_t size, uint32_t tag,
+                          bool last, uint64_t *expect, uint64_t after, wal_record_fn fn, void *ctx,
+                          nc_wal_replay_info *info, size_t *cut, char *err, size_t errlen)
+{
+    *cut = (size_t)-1;
+    size_t off = SEG_HDR;
+    while (off < size) {
+        const unsigned char *r = m + off;
+        size_t left = size - off;
+        const char *why = NULL;
+        uint32_t len = 0;
+        if (left < REC_HDR)
+            why = "incomplete record header";
+        else if (rd32(r) != REC_MAGIC)
+            why = "bad record magic";
+        else if ((len = rd32(r + 4)) > WAL_MAX_RECORD)
+            why = "implausible record length";
+        else if (len > left - REC_HDR)
+            why = "record runs past the end of the file";
+        else if (rd32(r + 16) != rec_crc(r, r + REC_HDR, len))
+            why = "checksum mismatch";
+        if (why) {
+            /* torn tail or corruption? a crash only tears the end: if any
+             * valid record follows, the damage is in the middle */
+            bool later = false;
+            for (size_t o = off + 1; o + REC_HDR <= size && !later; o++)
+                if (m[o] == 'N' && valid_record_at(m + o, size - o))
+                    later = true;
+            if (!last || later)
+                return nc_error(err, errlen, NC_EFORMAT,
+                                "%.300s: corrupt record at byte %zu (%s) with valid records after it; "
+                                "refusing to guess (restore the file or remove the namespace)",
+                                path, off, why);
+            snprintf(info->warning, sizeof info->warning,
+                     "%.300s: torn final record at byte %zu (%s): %zu bytes truncated", path, off, why,
+                     size - off);
+            info->truncated = true;
+            *cut = off;
+            return NC_OK;
+        }
+        uint64_t seq = rd64(r + 8);
+        if (seq != *expect)
+            return nc_error(err, errlen, NC_EFORMAT, "%s: record at byte %zu has seq %llu, expected %llu",
+                            path, off, (unsigned long long)seq, (unsigned long long)*expect);
+        if (seq > after && fn) {
+            int rc = fn(ctx, seq, r + REC_HDR, len, err, errlen);
+            if (rc)
+                return rc;
+            info->records++;
+        }
+        info->last_seq = seq;
+        (*expect)++;
+        off += REC_HDR + len;
+    }
+    (void)tag;
+    return NC_OK;
+}
+
+int wal_replay(const char *dir, uint32_t tag, uint64_t after, wal_record_fn fn, void *ctx,
+               nc_wal_replay_info *info, char *err, size_t errlen)
+{
+    nc_wal_replay_info dummy;
+    if (!info)
+        info = &dummy;
+    memset(info, 0, sizeof *info);
+    seglist l;
+    int rc = list_segments(dir, &l, err, errlen);
+    if (rc)
+        return rc;
+    info->last_seq = after;
+    if (l.n == 0) {
+        free(l.first);
+        if (after > 0)
+            return nc_error(err, errlen, NC_ENOTFOUND, "%s: no log segment, the log does not reach back to seq %llu",
+                            dir, (unsigned long long)(after + 1));
+        return NC_OK;
+    }
+    uint64_t expect = l.first[0];
+    if (l.first[0] > after + 1) {
+        free(l.first);
+        return nc_error(err, errlen, NC_ENOTFOUND, "%s: the log starts at seq %llu and does not reach back to %llu",
+                        dir, (unsigned long long)expect, (unsigned long long)(after + 1));
+    }
+    info->last_seq = expect - 1 > after ? expect - 1 : after;
+    for (int i = 0; i < l.n && !rc; i++) {
+        bool last = i == l.n - 1;
+        char name[64], path[1200];
+        wal_segment_name(l.first[i], name, sizeof name);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        int fd = open(path, last ? O_RDWR : O_RDONLY);
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) != 0) {
+            rc = nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
+            if (fd >= 0)
+                close(fd);
+            break;
+        }
+        size_t size = (size_t)st.st_size;
+        if (size < SEG_HDR) {
+            /* a crash right after creating the last segment: nothing in it */
+            if (last && ftruncate(fd, 0) == 0) {
+                close(fd);
+                unlink(path);
+                break;
+            }
+            close(fd);
+            rc = nc_error(err, errlen, NC_EFORMAT, "%s: %zu bytes, shorter than a segment header", path, size);
+            break;
+        }
+        unsigned char *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m == MAP_FAILED) {
+            rc = nc_error(err, errlen, NC_EIO, "%s: mmap: %s", path, strerror(errno));
+            close(fd);
+            break;
+        }
+        if (memcmp(m, SEG_MAGIC, 8) != 0 || rd32(m + 20) != (uint32_t)crc32(0L, m, 20)) {
+            rc = nc_error(err, errlen, NC_EFORMAT, "%s: bad segment header (not a neurocache log, or corrupt)", path);
+        } else if (rd64(m + 8) != l.first[i]) {
+            rc = nc_error(err, errlen, NC_EFORMAT, "%s: header says first seq %llu, the name %llu", path,
+                          (unsigned long long)rd64(m + 8), (unsigned long long)l.first[i]);
+        } else if (rd32(m + 16) != tag) {
+            rc = nc_error(err, errlen, NC_EFORMAT, "%s: log written for another model (tag %08x, expected %08x)",
+                          path, rd32(m + 16), tag);
+        } else if (l.first[i] != expect) {
+            rc = nc_error(err, errlen, NC_EFORMAT, "%s: starts at seq %llu but the previous segment ends at %llu",
+                          path, (unsigned long long)l.first[i], (unsigned long long)(expect - 1));
+        }
+        size_t cut = (size_t)-1;
+        if (!rc)
+            rc = replay_segment(path, m, size, tag, last, &expect, after, fn, ctx, info, &cut, err, errlen);
+        munmap(m, size);
+        if (!rc && cut != (size_t)-1) {
+            if (ftruncate(fd, (off_t)cut) != 0 || fsync(fd) != 0)
+                rc = nc_error(err, errlen, NC_EIO, "%s: truncating the torn tail: %s", path, strerror(errno));
+            size = cut;
+        }
+        info->bytes += size;
+        info->segments++;
+        close(fd);
+    }
+    free(l.first);
+    return rc;
+}
+
+/* ---- writing ---------------------------------------------------------------- */
+
+static int write_all(int fd, const struct iovec *iov, int n)
+{
+    struct iovec v[4];
+    memcpy(v, iov, (size_t)n * sizeof *v);
+    int i = 0;
+    while (i < n) {
+        ssize_t w = writev(fd, v + i, n - i);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        size_t left = (size_t)w;
+        while (i < n && left >= v[i].iov_len) {
+            left -= v[i].iov_len;
+            i++;
+        }
+        if (i < n) {
+            v[i].iov_base = (char *)v[i].iov_base + left;
+            v[i].iov_len -= left;
+        }
+    }
+    return 0;
+}
+
+static int fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0)
+        return -1;
+    int r = fsync(fd);
+    close(fd);
+    return r;
+}
+
+/* Creates segment first (truncating a leftover empty one of that name). */
+static int open_segment(nc_wal *w, uint64_t first, char *err, size_t errlen)
+{
+    char name[64], path[1200];
+    wal_segment_name(first, name, sizeof name);
+    snprintf(path, sizeof path, "%s/%s", w->dir, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
+    unsigned char h[SEG_HDR];
+    memcpy(h, SEG_MAGIC, 8);
+    memcpy(h + 8, &first, 8);
+    memcpy(h + 16, &w->tag, 4);
+    uint32_t c = (uint32_t)crc32(0L, h, 20);
+    memcpy(h + 20, &c, 4);
+    struct iovec v = {h, SEG_HDR};
+    if (write_all(fd, &v, 1) != 0 || fdatasync(fd) != 0 || fsync_dir(w->dir) != 0) {
+        int e = errno;
+        close(fd);
+        return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(e));
+    }
+    w->fd = fd;
+    w->seg_first = first;
+    return NC_OK;
+}
+
+int wal_open(const char *dir, uint32_t tag, uint64_t next_seq, nc_wal_sync mode, nc_wal **out,
+             char *err, size_t errlen)
+{
+    *out = NULL;
+    if (next_seq == 0)
+        return nc_error(err, errlen, NC_EINVAL, "log seq numbers start at 1");
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return nc_error(err, errlen, NC_EIO, "%s: %s", dir, strerror(errno));
+    nc_wal *w = calloc(1, sizeof *w);
+    if (!w)
+        return nc_error(err, errlen, NC_ENOMEM, "log");
+    if ((size_t)snprintf(w->dir, sizeof w->dir, "%s", dir) >= sizeof w->dir) {
+        free(w);
+        return nc_error(err, errlen, NC_EINVAL, "log directory path too long");
+    }
+    w->tag = tag;
+    w->mode = mode;
+    w->fd = -1;
+    w->last_seq = w->synced_seq = next_seq - 1;
+    pthread_mutex_init(&w->lock, NULL);
+    pthread_cond_init(&w->cond, NULL);
+    int rc = open_segment(w, next_seq, err, errlen);
+    if (rc) {
+        wal_close(w);
+        return rc;
+    }
+    *out = w;
+    return NC_OK;
+}
+
+void wal_close(nc_wal *w)
+{
+    if (!w)
+        return;
+    pthread_mutex_lock(&w->lock);
+    while (w->syncing)
+        pthread_cond_wait(&w->cond, &w->lock);
+    if (w->fd >= 0) {
+        if (w->mode != WAL_SYNC_NONE)
+            fdatasync(w->fd);
+        close(w->fd);
+    }
+    pthread_mutex_unlock(&w->lock);
+    pthread_cond_destroy(&w->cond);
+    pthread_mutex_destroy(&w->lock);
+    free(w);
+}
+
+int wal_append(nc_wal *w, const void *payload, size_t len, uint64_t *seq, char *err, size_t errlen)
+{
+    if (len > WAL_MAX_RECORD)
+        return nc_error(err, errlen, NC_EINVAL, "log record of %zu bytes (limit %u)", len, WAL_MAX_RECORD);
+    unsigned char h[REC_HDR];
+    uint32_t magic = REC_MAGIC, l32 = (uint32_t)len, zero = 0;
+    pthread_mutex_lock(&w->lock);
+    if (w->broken) {
+        pthread_mutex_unlock(&w->lock);
+        return nc_error(err, errlen, NC_EIO, "log unusable after an earlier write error: %s", w->broken_msg);
+    }
+    uint64_t s = w->last_seq + 1;
+    memcpy(h, &magic, 4);
+    memcpy(h + 4, &l32, 4);
+    memcpy(h + 8, &s, 8);
+    uint32_t c = rec_crc(h, payload, len);
+    memcpy(h + 16, &c, 4);
+    memcpy(h + 20, &zero, 4);
+    struct iovec v[2] = {{h, REC_HDR}, {(void *)payload, len}};
+    if (write_all(w->fd, v, 2) != 0) {
+        /* part of the record may be in the file: later records would follow
+         * garbage, so the log stops here (recovery truncates the tail) */
+        w->broken = true;
+        snprintf(w->broken_msg, sizeof w->broken_msg, "%s", strerror(errno));
+        pthread_mutex_unlock(&w->lock);
+        return nc_error(err, errlen, NC_EIO, "%s: writing the log: %s", w->dir, w->broken_msg);
+    }
+    w->last_seq = s;
+    w->bytes += REC_HDR + len;
+    pthread_mutex_unlock(&w->lock);
+    if (seq)
+        *seq = s;
+    return NC_OK;
+}
+
+int wal_sync(nc_wal *w, uint64_t seq, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&w->lock);
+    if (w->mode == WAL_SYNC_NONE) {
+        pthread_mutex_unlock(&w->lock);
+        return NC_OK;
+    }
+    if (w->mode == WAL_SYNC_EACH) {
+        /* the baseline: every request pays its own fsync, one at a time */
+        int r = w->broken ? -1 : fdatasync(w->fd);
+        int e = errno;
+        if (r == 0) {
+            w->synced_seq = w->last_seq;
+            w->fsyncs++;
+        } else if (!w->broken) {
+            w->broken = true;
+            snprintf(w->broken_msg, sizeof w->broken_msg, "fdatasync: %s", strerror(e));
+        }
+        pthread_mutex_unlock(&w->lock);
+        return r == 0 ? NC_OK : nc_error(err, errlen, NC_EIO, "%s: %s", w->dir, w->broken_msg);
+    }
+    /* group commit: one leader syncs everything written so far; callers
+     * arriving meanwhile wait and are usually covered by it */
+    while (w->synced_seq < seq && !w->broken) {
+        if (w->syncing) {
+            pthread_cond_wait(&w->cond, &w->lock);
+            continue;
+        }
+        w->syncing = true;
+        uint64_t target = w->last_seq;
+        int fd = w->fd;
+        pthread_mutex_unlock(&w->lock);
+        int r = fdatasync(fd);
+        int e = errno;
+        pthread_mutex_lock(&w->lock);
+        w->syncing = false;
+        w->fsyncs++;
+        if (r == 0) {
+            if (target > w->synced_seq)
+                w->synced_seq = target;
+        } else {
+            /* after a failed fsync the page cache state is unknown
+             * (the "fsyncgate" lesson): stop rather than retry */
+            w->broken = true;
+            snprintf(w->broken_msg, sizeof w->broken_msg, "fdatasync: %s", strerror(e));
+        }
+        pthread_cond_broadcast(&w->cond);
+    }
+    int rc = w->synced_seq >= seq ? NC_OK
+                                   : nc_error(err, errlen, NC_EIO, "%s: %s", w->dir, w->broken_msg);
+    pthread_mutex_unlock(&w->lock);
+    return rc;
+}
+
+int wal_rotate(nc_wal *w, uint64_t *last_seq, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&w->lock);
+    while (w->syncing)
+        pthread_cond_wait(&w->cond, &w->lock);
+    int rc = NC_OK;
+    if (w->broken)
+        rc = nc_error(err, errlen, NC_EIO, "log unusable: %s", w->broken_msg);
+    else if (w->last_seq + 1 == w->seg_first)
+        ;   /* the current segment is empty: keep it */
+    else if (fdatasync(w->fd) != 0)
+        rc = nc_error(err, errlen, NC_EIO, "%s: fdatasync: %s", w->dir, strerror(errno));
+    else {
+        w->fsyncs++;
+        w->synced_seq = w->last_seq;
+        int old = w->fd;
+        uint64_t old_first = w->seg_first;
+        if ((rc = open_segment(w, w->last_seq + 1, err, errlen)) == NC_OK) {
+            close(old);
+        } else {
+            w->fd = old;
+            w->seg_first = old_first;
+        }
+    }
+    if (last_seq)
+        *last_seq = w->last_seq;
+    pthread_mutex_unlock(&w->lock);
+    return rc;
+}
+
+int wal_prune(const char *dir, uint64_t upto, char *err, size_t errlen)
+{
+    seglist l;
+    int rc = list_segments(dir, &l, err, errlen);
+    if (rc)
+        return rc;
+    int removed = 0;
+    /* segment i holds [first_i, first_{i+1}); the last one is being written */
+    for (int i = 0; i + 1 < l.n; i++) {
+        if (l.first[i + 1] - 1 > upto)
+            break;
+        char name[64], path[1200];
+        wal_segment_name(l.first[i], name, sizeof name);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        if (unlink(path) != 0) {
+            rc = nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
+            break;
+        }
+        removed++;
+    }
+    free(l.first);
+    if (removed)
+        fsync_dir(dir);
+    return rc ? rc : removed;
+}
+
+void wal_stats(nc_wal *w, nc_wal_stats *st)
+{
+    pthread_mutex_lock(&w->lock);
+    st->last_seq = w->last_seq;
+    st->synced_seq = w->synced_seq;
+    st->bytes = w->bytes;
+    st->fsyncs = w->fsyncs;
+    pthread_mutex_unlock(&w->lock);
+}
+
+uint64_t wal_disk_bytes(const char *dir)
+{
+    seglist l;
+    if (list_segments(dir, &l, NULL, 0))
+        return 0;
+    uint64_t b = 0;
+    for (int i = 0; i < l.n; i++) {
+        char name[64], path[1200];
+        struct stat st;
+        wal_segment_name(l.first[i], name, sizeof name);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        if (stat(path, &st) == 0)
+            b += (uint64_t)st.st_size;
+    }
+    free(l.first);
+    return b;
+}

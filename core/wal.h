@@ -1,0 +1,92 @@
+/* wal.h -- a write-ahead log of checksummed records with group commit.
+ *
+ * A log is a directory of segment files "wal-<first seq, 16 hex>.log". Each
+ * segment starts with a header (magic "NCWAL001", u64 first_seq, u32 user
+ * tag, u32 crc32 of the 20 bytes before) and holds records
+ *
+ *     u32 magic "NCWR" | u32 payload length | u64 seq | u32 crc32 | u32 0 | payload
+ *
+ * where the crc covers length, seq and payload, and seq numbers run from 1
+ * without gaps across segments. A crash can only tear the end of the last
+ * segment: recovery truncates a bad tail there (with a warning) when no
+ * valid record follows it, and refuses anything else (a bad record followed
+ * by good ones, a gap in seq, a bad segment header) with the file and offset.
+ *
+ * Durability (design §6): wal_append writes the record to the file (the
+ * page cache); wal_sync(seq) returns once seq is on disk. In group mode
+ * concurrent callers share fsyncs: one of them syncs everything written so
+ * far while the others wait for it (group commit). In per-append mode each
+ * sync is done alone under the log's lock, so no two requests share one
+ * (the baseline group commit is measured against); in none mode nothing is
+ * synced (benchmarks, tests).
+ *
+ * Thread-safe. The core never prints: warnings are returned in a buffer. */
+#ifndef NC_WAL_H
+#define NC_WAL_H
+
+#include "nc_common.h"
+
+typedef struct nc_wal nc_wal;
+
+typedef enum { WAL_SYNC_GROUP = 0, WAL_SYNC_EACH = 1, WAL_SYNC_NONE = 2 } nc_wal_sync;
+
+#define WAL_MAX_RECORD (64u << 20)   /* a larger length is corruption */
+
+/* Called by wal_replay for each record, in seq order; a nonzero return stops
+ * the replay and is returned by it. */
+typedef int (*wal_record_fn)(void *ctx, uint64_t seq, const void *payload, size_t len,
+                             char *err, size_t errlen);
+
+typedef struct {
+    uint64_t records;             /* records replayed (seq > after) */
+    uint64_t last_seq;            /* highest seq found (0 = empty log) */
+    uint64_t bytes;               /* bytes of the valid log */
+    int segments;
+    bool truncated;               /* a torn tail was cut */
+    char warning[NC_ERRLEN];      /* what was truncated, or "" */
+} nc_wal_replay_info;
+
+/* Reads every segment of dir in order and calls fn for each record with
+ * seq > after (earlier ones are read and checked, not handed out). The log
+ * must cover after + 1: the first segment starts at or before it, else
+ * NC_ENOTFOUND "log does not reach back to ...". tag: segments with another
+ * tag are refused (a log of another model). A torn tail of the last segment
+ * is truncated on disk. NC_EFORMAT on corruption, NC_EIO on I/O errors. */
+int wal_replay(const char *dir, uint32_t tag, uint64_t after, wal_record_fn fn, void *ctx,
+               nc_wal_replay_info *info, char *err, size_t errlen);
+
+/* Opens the log of dir for appending: a new segment starting at next_seq
+ * (last_seq of the replay + 1). */
+int wal_open(const char *dir, uint32_t tag, uint64_t next_seq, nc_wal_sync mode, nc_wal **out,
+             char *err, size_t errlen);
+/* Syncs and closes. NULL allowed. */
+void wal_close(nc_wal *w);
+
+/* Appends one record (payload copied to the file); *seq receives its number.
+ * Not durable until wal_sync(seq). */
+int wal_append(nc_wal *w, const void *payload, size_t len, uint64_t *seq, char *err, size_t errlen);
+/* Returns once every record up to seq is on disk (group commit). */
+int wal_sync(nc_wal *w, uint64_t seq, char *err, size_t errlen);
+
+/* Starts a new segment at the next seq; returns the last seq of the old one
+ * (everything <= it is in older segments). Snapshots rotate so that old
+ * segments can be deleted once a snapshot covers them. */
+int wal_rotate(nc_wal *w, uint64_t *last_seq, char *err, size_t errlen);
+/* Deletes the segments whose records all have seq <= upto (not the one being
+ * written). Returns how many were removed, or a negative rc. */
+int wal_prune(const char *dir, uint64_t upto, char *err, size_t errlen);
+
+typedef struct {
+    uint64_t last_seq;            /* last appended */
+    uint64_t synced_seq;          /* last known durable */
+    uint64_t bytes;               /* bytes appended since open (all segments) */
+    uint64_t fsyncs;              /* fsync calls made */
+} nc_wal_stats;
+void wal_stats(nc_wal *w, nc_wal_stats *st);
+/* Bytes of every segment in dir (on disk). */
+uint64_t wal_disk_bytes(const char *dir);
+
+/* Segment file name of first seq s into buf ("wal-%016llx.log"). */
+void wal_segment_name(uint64_t s, char *buf, size_t len);
+
+#endif
