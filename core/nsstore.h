@@ -1,0 +1,130 @@
+/* nsstore.h -- a durable namespace: the unbounded cache of one namespace
+ * (core/ubcache: FAISS index + word ids), its open-vocabulary word table
+ * (core/wordtable), the provenance of every pair (document, token offset),
+ * a write-ahead log (core/wal) and snapshots. Design §5-§6.
+ *
+ * On disk, under dir:
+ *   wal/wal-<seq>.log   the log: DOC records (a document id) and ADD records
+ *                       (first pair id, document, offset, f16 keys, words;
+ *                       open-vocabulary words by their surface string)
+ *   snap-<seq>/         a snapshot covering every record <= seq: index.faiss,
+ *                       values.bin, words.txt (ubcache_save), prov.bin,
+ *                       docs.bin and MANIFEST (sizes and crc32 of each file,
+ *                       itself checksummed; written last, so a snapshot
+ *                       without a valid MANIFEST is incomplete)
+ * Recovery: the newest snapshot is verified and loaded, then the log records
+ * after it are replayed (pairs already in the snapshot are skipped by id). A
+ * torn final log record is truncated with a warning. A corrupt snapshot is
+ * refused with a message naming the file, unless the log still reaches back
+ * far enough to rebuild without it (the previous snapshot and the log since
+ * then are kept for that), which is done with a warning.
+ *
+ * Keys are stored rounded to float16 (ubcache key_f16), so the log's f16 keys
+ * rebuild exactly the index that served before: predictions after a restart
+ * are identical.
+ *
+ * Adds can come from two places: nsstore_add (documents), or any
+ * ubcache_add on nsstore_ubcache() -- a session's stream adapting through
+ * doc_score -- which the store logs through the cache's add hook. The
+ * provenance of the latter is taken from the calling thread's context
+ * (nsstore_set_context). Thread-safe. */
+#ifndef NC_NSSTORE_H
+#define NC_NSSTORE_H
+
+#include "cache.h"
+#include "wal.h"
+
+typedef struct nc_nsstore nc_nsstore;
+
+#define NSSTORE_NO_DOC 0xffffffffu
+
+typedef struct {
+    const char *dir;              /* namespace directory (created if absent) */
+    const nc_model *model;        /* borrowed: vocabulary, hidden size */
+    nc_ubcache_opts ub;           /* index options; dim and key_f16 are set */
+    nc_wal_sync sync;             /* fsync policy of the log */
+} nc_nsstore_opts;
+
+typedef struct {
+    double seconds;               /* whole recovery */
+    uint64_t snapshot_seq;        /* 0 = none loaded */
+    int64_t snapshot_entries;
+    uint64_t records_replayed;
+    int64_t entries;              /* after recovery */
+    char warning[2 * NC_ERRLEN];  /* torn tail truncated, snapshot skipped... */
+} nc_nsstore_recovery;
+
+/* Opens (recovering) or creates the namespace in o->dir. info may be NULL. */
+int nsstore_open(const nc_nsstore_opts *o, nc_nsstore **out, nc_nsstore_recovery *info,
+                 char *err, size_t errlen);
+/* Closes without a snapshot (the log holds everything). NULL allowed. */
+void nsstore_close(nc_nsstore *ns);
+
+nc_ubcache *nsstore_ubcache(nc_nsstore *ns);
+nc_wordtable *nsstore_words(nc_nsstore *ns);
+
+/* Registers a document (id of 1..1024 bytes; "" = generated "doc-<n>") and
+ * logs it. *doc receives its reference; id_out (optional, >= 64 bytes... up
+ * to id_len) the id used. */
+int nsstore_doc_begin(nc_nsstore *ns, const char *id, size_t len, uint32_t *doc, char *id_out,
+                      size_t id_len, char *err, size_t errlen);
+
+/* Adds n pairs (keys [n, H], namespace word ids) from document doc, the
+ * first pair being the token at offset off. *seq (optional) receives the last
+ * log record written; durable after nsstore_sync. */
+int nsstore_add(nc_nsstore *ns, const float *keys, const int *words, size_t n, uint32_t doc,
+                uint64_t off, uint64_t *seq, char *err, size_t errlen);
+
+/* Provenance for adds made through ubcache_add in this thread: doc and the
+ * offset of the next pair (advanced by each add). clear ends it; last_seq
+ * is the last record this thread logged since set_context (0 = none). */
+void nsstore_set_context(nc_nsstore *ns, uint32_t doc, uint64_t off);
+uint64_t nsstore_context_seq(void);
+void nsstore_clear_context(void);
+
+/* Returns once every record up to seq is durable (group commit). */
+int nsstore_sync(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen);
+
+/* Writes a snapshot and prunes what older snapshots and log segments are no
+ * longer needed. seconds (optional) receives the duration. */
+int nsstore_snapshot(nc_nsstore *ns, double *seconds, char *err, size_t errlen);
+
+/* Provenance of pair id: document id copied into doc_id, token offset, word
+ * id. NC_ENOTFOUND for an unknown id or a pair without a document. */
+int nsstore_entry(nc_nsstore *ns, int64_t id, char *doc_id, size_t doc_len, uint64_t *off,
+                  int *word, char *err, size_t errlen);
+/* The words of the pairs of id's document at offsets [off-before, off+after]
+ * as text ("a b [c] d", the entry's own word in brackets) into buf. */
+void nsstore_snippet(nc_nsstore *ns, int64_t id, int before, int after, char *buf, size_t len);
+
+/* Documents: count, and the i-th (id copied, pairs stored from it). */
+uint32_t nsstore_doc_count(nc_nsstore *ns);
+int nsstore_doc_info(nc_nsstore *ns, uint32_t i, char *id, size_t idlen, uint64_t *pairs);
+
+typedef struct {
+    int64_t entries;
+    int words;                    /* open-vocabulary words (ids >= V) */
+    uint32_t docs;
+    bool exact;                   /* flat index, not yet IVF */
+    int nprobe;
+    const char *factory;          /* IVF factory string (borrowed) */
+    uint64_t wal_bytes;           /* on disk */
+    uint64_t disk_bytes;          /* log + snapshots */
+    size_t memory_bytes;
+    uint64_t fsyncs;
+    uint64_t last_seq, synced_seq;
+    double snapshot_age;          /* seconds since the last snapshot (or open); */
+    double snapshot_seconds;      /* duration of the last snapshot, 0 = none */
+    uint64_t snapshot_seq;
+} nc_nsstore_stats;
+void nsstore_stats(nc_nsstore *ns, nc_nsstore_stats *st);
+
+/* Removes a namespace directory and everything in it (the store must be
+ * closed). */
+int nsstore_remove_dir(const char *dir, char *err, size_t errlen);
+
+/* Model tag of the log (crc of V, H and the vocabulary): a log of another
+ * model is refused. */
+uint32_t nsstore_model_tag(const nc_model *m);
+
+#endif

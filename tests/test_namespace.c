@@ -1,0 +1,423 @@
+/* test_namespace.c -- the durable namespace store (core/nsstore): pairs,
+ * open-vocabulary words and provenance survive close/reopen through the log
+ * alone, through snapshot + log tail, through a corrupt snapshot the log can
+ * stand in for; a corrupt snapshot the log cannot cover and a corrupt log
+ * are refused naming the file; a torn log tail is cut with a warning; adds
+ * made by a stream (feed with adapt) are logged with their provenance. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "harness.h"
+#include "nsstore.h"
+#include "rng.h"
+
+#define HAS(s, sub) CHECKF(strstr((s), (sub)) != NULL, "\"%s\" lacks \"%s\"", (s), (sub))
+
+static nc_model *model;
+static int H, V;
+
+static void scratch(char *dir, size_t n)
+{
+    snprintf(dir, n, "/tmp/nc_test_ns_XXXXXX");
+    if (!mkdtemp(dir))
+        abort();
+}
+
+static int open_ns(const char *dir, nc_nsstore **ns, nc_nsstore_recovery *info, char *err, size_t errlen)
+{
+    nc_nsstore_opts o = {.dir = dir, .model = model, .sync = WAL_SYNC_GROUP};
+    ubcache_opts_default(&o.ub, H);
+    o.ub.exact = true;
+    return nsstore_open(&o, ns, info, err, errlen);
+}
+
+/* Adds one document of n pairs: random keys, words cycling through the model
+ * vocabulary and three open-vocabulary words. Returns the last seq. */
+static uint64_t add_doc(nc_nsstore *ns, const char *id, size_t n, uint64_t seed)
+{
+    char err[NC_ERRLEN];
+    uint32_t doc;
+    if (nsstore_doc_begin(ns, id, id ? strlen(id) : 0, &doc, NULL, 0, err, sizeof err))
+        return 0;
+    nc_rng r;
+    rng_seed(&r, seed);
+    float *k = malloc(n * H * sizeof *k);
+    int *w = malloc(n * sizeof *w);
+    static const char *oov[] = {"zebra", "quokka", "axolotl"};
+    for (size_t i = 0; i < n * H; i++)
+        k[i] = rng_uniform(&r) * 2 - 1;
+    for (size_t i = 0; i < n; i++)
+        w[i] = i % 5 == 4 ? wordtable_id(nsstore_words(ns), oov[i % 3], strlen(oov[i % 3]), true)
+                          : (int)((seed + i) % (uint64_t)V);
+    uint64_t seq = 0;
+    /* in two adds, so offsets continue across records */
+    size_t h = n / 2;
+    if (nsstore_add(ns, k, w, h, doc, 0, &seq, err, sizeof err) ||
+        nsstore_add(ns, k + h * H, w + h, n - h, doc, h, &seq, err, sizeof err) ||
+        nsstore_sync(ns, seq, err, sizeof err))
+        seq = 0;
+    free(k);
+    free(w);
+    return seq;
+}
+
+/* Fingerprint of the store: every pair's provenance and word, and exact
+ * search results of a few queries. */
+typedef struct {
+    int64_t n;
+    int words;
+    char *prov;       /* "doc:off:word\n" per pair */
+    float d2[8 * 16];
+    int w[8 * 16];
+} print;
+
+static void fingerprint(nc_nsstore *ns, print *p)
+{
+    char err[NC_ERRLEN];
+    p->n = ubcache_count(nsstore_ubcache(ns));
+    p->words = wordtable_size(nsstore_words(ns));
+    size_t cap = 64 + (size_t)p->n * 48, k = 0;
+    p->prov = malloc(cap);
+    p->prov[0] = 0;
+    for (int64_t i = 0; i < p->n; i++) {
+        char doc[128];
+        uint64_t off;
+        int word;
+        if (nsstore_entry(ns, i, doc, sizeof doc, &off, &word, err, sizeof err))
+            snprintf(doc, sizeof doc, "?"), off = 0, word = -1;
+        const char *s = wordtable_word(nsstore_words(ns), word);
+        k += (size_t)snprintf(p->prov + k, cap - k, "%s:%llu:%s\n", doc, (unsigned long long)off, s ? s : "?");
+    }
+    nc_rng r;
+    rng_seed(&r, 99);
+    float q[8 * 64];
+    for (int i = 0; i < 8 * H; i++)
+        q[i] = rng_uniform(&r) * 2 - 1;
+    ubcache_search(nsstore_ubcache(ns), q, 8, 16, 0, NULL, 0, p->d2, p->w, err, sizeof err);
+}
+
+static bool same(const print *a, const print *b)
+{
+    return a->n == b->n && a->words == b->words && strcmp(a->prov, b->prov) == 0 &&
+           memcmp(a->d2, b->d2, sizeof a->d2) == 0 && memcmp(a->w, b->w, sizeof a->w) == 0;
+}
+
+static void flip_byte(const char *p, long off)
+{
+    int fd = open(p, O_RDWR);
+    unsigned char c;
+    if (fd < 0 || pread(fd, &c, 1, off) != 1)
+        abort();
+    c ^= 0x01;
+    if (pwrite(fd, &c, 1, off) != 1)
+        abort();
+    close(fd);
+}
+
+static long file_size(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 ? (long)st.st_size : -1;
+}
+
+/* Path of the newest (or oldest) snapshot directory. */
+static int find_snap(const char *dir, bool newest, char *out, size_t n)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char best[64] = "";
+    while (d && (e = readdir(d)))
+        if (strncmp(e->d_name, "snap-", 5) == 0 && strlen(e->d_name) == 21 &&
+            (!best[0] || (strcmp(e->d_name, best) > 0) == newest))
+            snprintf(best, sizeof best, "%s", e->d_name);
+    if (d)
+        closedir(d);
+    snprintf(out, n, "%s/%s", dir, best);
+    return best[0] ? 0 : -1;
+}
+
+TEST(log_only_round_trip)
+{
+    char dir[64], err[NC_ERRLEN] = "";
+    scratch(dir, sizeof dir);
+    nc_nsstore *ns;
+    CHECK(open_ns(dir, &ns, NULL, err, sizeof err) == NC_OK);
+    CHECK(add_doc(ns, "alpha", 300, 1) > 0);
+    CHECK(add_doc(ns, NULL, 200, 2) > 0);   /* generated id */
+    print a, b;
+    fingerprint(ns, &a);
+    CHECK(a.n == 500 && a.words == V + 3);
+    HAS(a.prov, "alpha:0:");
+    HAS(a.prov, "alpha:299:");
+    HAS(a.prov, "doc-1:199:");
+    /* provenance and snippet */
+    char doc[64], snip[256];
+    uint64_t off;
+    int w;
+    CHECK(nsstore_entry(ns, 304, doc, sizeof doc, &off, &w, err, sizeof err) == NC_OK);
+    CHECK(strcmp(doc, "doc-1") == 0 && off == 4);
+    CHECK(strcmp(wordtable_word(nsstore_words(ns), w), "quokka") == 0);   /* i = 4: oov[4 % 3] */
+    nsstore_snippet(ns, 304, 2, 1, snip, sizeof snip);
+    HAS(snip, "[quokka]");
+    /* a snippet stops at the document's start */
+    nsstore_snippet(ns, 300, 5, 0, snip, sizeof snip);
+    CHECK(snip[0] == '[');
+    CHECK(nsstore_entry(ns, 500, doc, sizeof doc, &off, &w, err, sizeof err) == NC_ENOTFOUND);
+    uint64_t pairs;
+    CHECK(nsstore_doc_count(ns) == 2 && nsstore_doc_info(ns, 0, doc, sizeof doc, &pairs) == NC_OK &&
+          pairs == 300 && strcmp(doc, "alpha") == 0);
+    nsstore_close(ns);
+    nc_nsstore_recovery info;
+    CHECK(open_ns(dir, &ns, &info, err, sizeof err) == NC_OK);
+    CHECK(info.snapshot_seq == 0 && info.records_replayed == 6 && info.entries == 500 && !info.warning[0]);
+    fingerprint(ns, &b);
+    CHECK(same(&a, &b));
+    free(b.prov);
+    /* continue, reopen again */
+    CHECK(add_doc(ns, "gamma", 50, 3) > 0);
+    fingerprint(ns, &b);
+    nsstore_close(ns);
+    print c;
+    CHECK(open_ns(dir, &ns, &info, err, sizeof err) == NC_OK);
+    fingerprint(ns, &c);
+    CHECK(same(&b, &c) && c.n == 550);
+    nsstore_close(ns);
+    free(a.prov);
+    free(b.prov);
+    free(c.prov);
+    nsstore_remove_dir(dir, NULL, 0);
+}
+
+TEST(snapshot_and_tail)
+{
+    char dir[64], err[NC_ERRLEN] = "", sdir[256], p[512];
+    scratch(dir, sizeof dir);
+    nc_nsstore *ns;
+    CHECK(open_ns(dir, &ns, NULL, err, sizeof err) == NC_OK);
+    CHECK(add_doc(ns, "one", 400, 1) > 0);
+    double secs = -1;
+    CHECK(nsstore_snapshot(ns, &secs, err, sizeof err) == NC_OK && secs >= 0);
+    CHECK(add_doc(ns, "two", 100, 2) > 0);
+    nc_nsstore_stats st;
+    nsstore_stats(ns, &st);
+    CHECK(st.entries == 500 && st.docs == 2 && st.words == 3 && st.exact && st.snapshot_seq == 3);
+    CHECK(st.disk_bytes > st.wal_bytes && st.wal_bytes > 0 && st.memory_bytes > 500u * H * 4);
+    print a, b;
+    fingerprint(ns, &a);
+    nsstore_close(ns);
+    nc_nsstore_recovery info;
+    CHECK(open_ns(dir, &ns, &info, err, sizeof err) == NC_OK);
+    CHECK(info.snapshot_seq == 3 && info.snapshot_entries == 400 && info.records_replayed == 3);
+    fingerprint(ns, &b);
+    CHECK(same(&a, &b));
+    free(b.prov);
+    nsstore_close(ns);
+
+    /* a flipped byte in any snapshot file: the log still reaches back to
+     * record 1 (first snapshot), so the store rebuilds from it, warning */
+    CHECK(find_snap(dir, true, sdir, sizeof sdir) == 0);
+    static const char *files[] = {"index.faiss", "values.bin", "prov.bin", "docs.bin", "MANIFEST"};
+    for (int i = 0; i < 5; i++) {
+        snprintf(p, sizeof p, "%s/%s", sdir, files[i]);
+        flip_byte(p, file_size(p) / 2);
+        CHECK(open_ns(dir, &ns, &info, err, sizeof err) == NC_OK);
+        CHECKF(strstr(info.warning, files[i]) != NULL, "%s: %s", files[i], info.warning);
+        CHECK(info.snapshot_seq == 0 && info.records_replayed == 6);
+        fingerprint(ns, &b);
+        CHECK(same(&a, &b));
+        free(b.prov);
+        /* the bad snapshot was set aside; a new one replaces it */
+        CHECK(nsstore_snapshot(ns, NULL, err, sizeof err) == NC_OK);
+        nsstore_close(ns);
+        CHECK(find_snap(dir, true, sdir, sizeof sdir) == 0);
+    }
+    free(a.prov);
+    nsstore_remove_dir(dir, NULL, 0);
+}
+
+TEST(corrupt_snapshot_not_covered)
+{
+    char dir[64], err[NC_ERRLEN] = "", s1[256], s2[256], p[512];
+    scratch(dir, sizeof dir);
+    nc_nsstore *ns;
+    CHECK(open_ns(dir, &ns, NULL, err, sizeof err) == NC_OK);
+    CHECK(add_doc(ns, "a", 100, 1) > 0);
+    CHECK(nsstore_snapshot(ns, NULL, err, sizeof err) == NC_OK);
+    CHECK(add_doc(ns, "b", 100, 2) > 0);
+    CHECK(nsstore_snapshot(ns, NULL, err, sizeof err) == NC_OK);
+    CHECK(add_doc(ns, "c", 100, 3) > 0);
+    CHECK(nsstore_snapshot(ns, NULL, err, sizeof err) == NC_OK);   /* prunes up to the 2nd */
+    CHECK(add_doc(ns, "d", 100, 4) > 0);
+    print a, b;
+    fingerprint(ns, &a);
+    nsstore_close(ns);
+    CHECK(find_snap(dir, true, s2, sizeof s2) == 0 && find_snap(dir, false, s1, sizeof s1) == 0);
+    CHECK(strcmp(s1, s2) != 0);
+    /* newest corrupt: the previous snapshot and the log since it rebuild */
+    snprintf(p, sizeof p, "%s/values.bin", s2);
+    flip_byte(p, 20);
+    nc_nsstore_recovery info;
+    CHECK(open_ns(dir, &ns, &info, err, sizeof err) == NC_OK);
+    HAS(info.warning, "values.bin");
+    CHECK(info.snapshot_seq > 0);
+    fingerprint(ns, &b);
+    CHECK(same(&a, &b));
+    free(b.prov);
+    nsstore_close(ns);
+    /* now the remaining one corrupt too: the log starts after it: refused,
+     * naming the file */
+    snprintf(p, sizeof p, "%s/index.faiss", s1);
+    flip_byte(p, file_size(p) - 9);
+    CHECK(open_ns(dir, &ns, &info, err, sizeof err) == NC_EFORMAT && !ns);
+    HAS(err, p);
+    HAS(err, "rebuild");
+    free(a.prov);
+    nsstore_remove_dir(dir, NULL, 0);
+}
+
+TEST(corrupt_log)
+{
+    char dir[64], err[NC_ERRLEN] = "", seg[512];
+    scratch(dir, sizeof dir);
+    nc_nsstore *ns;
+    CHECK(open_ns(dir, &ns, NULL, err, sizeof err) == NC_OK);
+    CHECK(add_doc(ns, "a", 100, 1) > 0);
+    CHECK(add_doc(ns, "b", 100, 2) > 0);
+    nsstore_close(ns);
+    char name[64];
+    wal_segment_name(1, name, sizeof name);
+    snprintf(seg, sizeof seg, "%s/wal/%s", dir, name);
+    long sz = file_size(seg);
+    /* torn tail: the last add record half written */
+    CHECK(truncate(seg, sz - 100) == 0);
+    nc_nsstore_recovery info;
+    CHECK(open_ns(dir, &ns, &info, err, sizeof err) == NC_OK);
+    HAS(info.warning, "torn final record");
+    CHECK(info.entries == 150);   /* doc b's second half is gone */
+    uint64_t pairs;
+    CHECK(nsstore_doc_info(ns, 1, NULL, 0, &pairs) == NC_OK && pairs == 50);
+    nsstore_close(ns);
+    /* a flipped byte in the middle of the log: refused, naming the file */
+    flip_byte(seg, 200);
+    CHECK(open_ns(dir, &ns, &info, err, sizeof err) == NC_EFORMAT);
+    HAS(err, seg);
+    nsstore_remove_dir(dir, NULL, 0);
+}
+
+/* A stream adapting into the namespace (what feed with "adapt" does): its
+ * pairs are logged through the cache's add hook with the thread's context. */
+TEST(stream_adapt_logged)
+{
+    char dir[64], err[NC_ERRLEN] = "";
+    scratch(dir, sizeof dir);
+    nc_nsstore *ns;
+    CHECK(open_ns(dir, &ns, NULL, err, sizeof err) == NC_OK);
+    nc_cache_params p;
+    cache_params_default(&p);
+    p.open_vocab = true;
+    p.unbounded = true;
+    p.knn = 8;
+    p.exact = true;
+    nc_stream *s;
+    CHECK(stream_new(model, &p, nsstore_ubcache(ns), NULL, true, &s, err, sizeof err) == NC_OK);
+    nc_tokens t;
+    tokens_init(&t);
+    const char *text = "w1 w2 platypus w3 w4 w5 platypus w6\nw7";
+    CHECK(tokenize(model, text, strlen(text), false, &t, err, sizeof err) == NC_OK);
+    uint32_t doc;
+    CHECK(nsstore_doc_begin(ns, "session:s1", 10, &doc, NULL, 0, err, sizeof err) == NC_OK);
+    double lp1[16], lp2[16];
+    nsstore_set_context(ns, doc, 0);
+    CHECK(stream_feed(s, &t, true, lp1, err, sizeof err) == NC_OK);
+    uint64_t seq = nsstore_context_seq();
+    nsstore_clear_context();
+    CHECK(seq > 0 && nsstore_sync(ns, seq, err, sizeof err) == NC_OK);
+    CHECK(ubcache_count(nsstore_ubcache(ns)) == (int64_t)t.n);
+    char id[64];
+    uint64_t off;
+    int w;
+    CHECK(nsstore_entry(ns, 6, id, sizeof id, &off, &w, err, sizeof err) == NC_OK);
+    CHECK(strcmp(id, "session:s1") == 0 && off == 6 && strcmp(wordtable_word(nsstore_words(ns), w), "platypus") == 0);
+    print a, b;
+    fingerprint(ns, &a);
+    stream_free(s);
+    nsstore_close(ns);
+    CHECK(open_ns(dir, &ns, NULL, err, sizeof err) == NC_OK);
+    fingerprint(ns, &b);
+    CHECK(same(&a, &b));
+    /* a fresh stream on the recovered namespace scores the text as one on
+     * the original did after the same adaptation */
+    nc_stream *s2;
+    CHECK(stream_new(model, &p, nsstore_ubcache(ns), NULL, true, &s2, err, sizeof err) == NC_OK);
+    CHECK(stream_feed(s2, &t, false, lp2, err, sizeof err) == NC_OK);
+    /* the second pass sees the adapted pairs: "platypus" now has mass */
+    CHECK(isfinite(lp2[2]) && !isfinite(lp1[2]));
+    stream_free(s2);
+    nsstore_close(ns);
+    tokens_clear(&t);
+    free(a.prov);
+    free(b.prov);
+    nsstore_remove_dir(dir, NULL, 0);
+}
+
+TEST(bad_input)
+{
+    char dir[64], err[NC_ERRLEN] = "";
+    scratch(dir, sizeof dir);
+    nc_nsstore *ns;
+    CHECK(open_ns(dir, &ns, NULL, err, sizeof err) == NC_OK);
+    uint32_t doc;
+    CHECK(nsstore_doc_begin(ns, "bad\nid", 6, &doc, NULL, 0, err, sizeof err) == NC_EINVAL);
+    char big[2000];
+    memset(big, 'x', sizeof big);
+    CHECK(nsstore_doc_begin(ns, big, sizeof big, &doc, NULL, 0, err, sizeof err) == NC_EINVAL);
+    float k[64] = {0};
+    int w = V + 100;
+    CHECK(nsstore_add(ns, k, &w, 1, NSSTORE_NO_DOC, 0, NULL, err, sizeof err) == NC_EINVAL);
+    CHECK(ubcache_count(nsstore_ubcache(ns)) == 0);
+    nsstore_close(ns);
+    nsstore_close(NULL);
+    /* a log of another model is refused */
+    nsstore_remove_dir(dir, NULL, 0);
+    scratch(dir, sizeof dir);
+    CHECK(open_ns(dir, &ns, NULL, err, sizeof err) == NC_OK);
+    CHECK(add_doc(ns, "a", 10, 1) > 0);
+    nsstore_close(ns);
+    nc_model *other;
+    char path[512];
+    snprintf(path, sizeof path, "%s/lstm-1layer-tied", harness_fixtures());
+    CHECK(model_load(path, &other, err, sizeof err) == NC_OK);
+    nc_nsstore_opts o = {.dir = dir, .model = other, .sync = WAL_SYNC_GROUP};
+    ubcache_opts_default(&o.ub, other->cfg.hidden_size);
+    o.ub.exact = true;
+    CHECK(nsstore_open(&o, &ns, NULL, err, sizeof err) == NC_EFORMAT);
+    HAS(err, "another model");
+    model_free(other);
+    nsstore_remove_dir(dir, NULL, 0);
+}
+
+int main(void)
+{
+    char path[512], err[NC_ERRLEN];
+    snprintf(path, sizeof path, "%s/lstm-2layer", harness_fixtures());
+    if (model_load(path, &model, err, sizeof err) != NC_OK) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    H = model->cfg.hidden_size;
+    V = model->cfg.vocab_size;
+    RUN(log_only_round_trip);
+    RUN(snapshot_and_tail);
+    RUN(corrupt_snapshot_not_covered);
+    RUN(corrupt_log);
+    RUN(stream_adapt_logged);
+    RUN(bad_input);
+    model_free(model);
+    return harness_summary();
+}
