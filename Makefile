@@ -12,7 +12,7 @@ LDFLAGS  += $(SANFLAGS)
 FAISS_C  := build/faiss_c/libfaiss_c.a
 BLAS_LIBS := -lopenblas -llapack
 LIBS_CORE := $(FAISS_C) -lfaiss $(BLAS_LIBS) -ljansson -lunistring -lz -lgomp -lstdc++ -lm -lpthread
-LIBS_SERVER := -lmicrohttpd -linih -lhiredis -lsystemd
+LIBS_SERVER := -lmicrohttpd -linih -lhiredis -lsystemd -lcurl
 LIBS_TEST := -lcurl
 
 ifeq ($(V),1)
@@ -75,7 +75,7 @@ $(LIBSERVER): $(SERVER_LIB_OBJ)
 $(BIN)/neurocache: $(TOOLS_OBJ) $(LIBCORE) $(FAISS_C)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) $(TOOLS_OBJ) $(LIBCORE) $(LIBS_CORE) -o $@
+	$(Q)$(CC) $(LDFLAGS) $(TOOLS_OBJ) $(LIBCORE) $(LIBS_CORE) -lcurl -o $@
 
 $(BIN)/neurocached: $(SERVER_MAIN_OBJ) $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(FAISS_C)
 	@mkdir -p $(dir $@)

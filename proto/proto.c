@@ -30,6 +30,11 @@ static const struct { unsigned status; const char *code; } api_errors[API_ERROR_
     [API_MEMORY_BUDGET] = {429, "memory_budget_exceeded"},
     [API_NOT_READY] = {503, "not_ready"},
     [API_INTERNAL] = {500, "internal"},
+    [API_SESSION_NOT_HERE] = {404, "session_not_here"},
+    [API_SESSION_MOVED] = {503, "session_moved"},
+    [API_STATE_CORRUPT] = {400, "state_corrupt"},
+    [API_STATE_VERSION] = {400, "state_version"},
+    [API_STATE_MODEL] = {409, "state_model_mismatch"},
 };
 
 unsigned proto_http_status(api_error e)

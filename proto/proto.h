@@ -31,6 +31,11 @@ typedef enum {
     API_MEMORY_BUDGET,       /* 429 sessions' memory budget reached */
     API_NOT_READY,           /* 503 model not loaded or draining */
     API_INTERNAL,            /* 500 */
+    API_SESSION_NOT_HERE,    /* 404 the session id names another replica */
+    API_SESSION_MOVED,       /* 503 the session left for another replica: retry */
+    API_STATE_CORRUPT,       /* 400 session state blob truncated or bad checksum */
+    API_STATE_VERSION,       /* 400 session state blob of an unknown version */
+    API_STATE_MODEL,         /* 409 session state blob from another model */
     API_ERROR_COUNT
 } api_error;
 

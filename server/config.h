@@ -22,6 +22,8 @@ typedef struct {
     bool log_requests;           /* one log line per request (debug level) */
     int drain_timeout_s;         /* SIGTERM: longest wait for in-flight work */
     char replica_tag[16];        /* prefix of session ids (scale-out) */
+    char peers[2048];            /* other replicas: "tag=url,..." (server/migrate.h) */
+    int drain_grace_s;           /* SIGTERM: seconds serving with /ready 503 before hand-over */
     /* [limits] */
     long max_body_bytes;         /* 413 above */
     long max_tokens_per_request; /* 413 above */

@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "metrics.h"
+#include "migrate.h"
 #include "rng.h"
 #include "sessions.h"
 
@@ -220,13 +221,11 @@ static void h_session_create(nc_server *srv, http_request *req, http_response *r
     sessions_release(srv->sessions, s);
 }
 
+/* The session of the path, pulled from the peers if it is not here;
+ * answers session_not_here / session_not_found otherwise (migrate.h). */
 static nc_session *acquire(nc_server *srv, http_request *req, http_response *resp)
 {
-    nc_session *s = sessions_acquire(srv->sessions, req->params[0]);
-    if (!s)
-        http_reply_error(resp, API_SESSION_NOT_FOUND, "no session '%s' (unknown, deleted or expired)",
-                         req->params[0]);
-    return s;
+    return migrate_acquire(srv, req, resp);
 }
 
 static void h_session_get(nc_server *srv, http_request *req, http_response *resp)
@@ -287,7 +286,14 @@ static void h_feed(nc_server *srv, http_request *req, http_response *resp)
     char err[NC_ERRLEN] = "";
     int rc = (r.scores && t.n && !lp) ? NC_ENOMEM : NC_OK;
     int64_t pos = 0;
-    pthread_mutex_lock(&s->lock);
+    /* A session handed over while this request waited must not take the
+     * tokens (they would be lost): session_moved, the balancer retries. */
+    if (migrate_lock(srv, s, resp) != 0) {
+        sessions_release(srv->sessions, s);
+        free(lp);
+        tokens_clear(&t);
+        return;
+    }
     if (rc == NC_OK && t.n)
         rc = stream_feed(s->stream, &t, false, lp, err, sizeof err);
     pos = stream_position(s->stream);
@@ -807,6 +813,9 @@ static const http_route route_table[] = {
     {"GET", "/v1/sessions/{id}", h_session_get, "sessions_get", M},
     {"DELETE", "/v1/sessions/{id}", h_session_delete, "sessions_delete", M},
     {"POST", "/v1/sessions/{id}/feed", h_feed, "feed", J | M},
+    {"GET", "/v1/sessions/{id}/state", migrate_h_state_get, "sessions_state_get", M},
+    {"PUT", "/v1/sessions/{id}/state", migrate_h_state_put, "sessions_state_put", M},
+    {"POST", "/v1/sessions/{id}/handoff", migrate_h_handoff, "sessions_handoff", M},
     {"POST", "/v1/sessions/{id}/predict", h_predict, "predict", J | ROUTE_EMPTY_OK | M},
     {"POST", "/v1/score", h_score, "score", J | M},
     {"POST", "/v1/completions", h_completions, "completions", J | M},

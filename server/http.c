@@ -89,7 +89,7 @@ static enum MHD_Result send_response(struct MHD_Connection *conn, http_request *
     } else if (resp->text) {
         buf = resp->text;
         resp->text = NULL;
-        len = strlen(buf);
+        len = resp->text_len ? resp->text_len : strlen(buf);
         ctype = resp->content_type ? resp->content_type : "text/plain; charset=utf-8";
     }
     struct MHD_Response *r = MHD_create_response_from_buffer(len, buf ? buf : (void *)"",
@@ -125,7 +125,7 @@ static enum MHD_Result answer_error(struct MHD_Connection *conn, http_request *r
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    http_response resp = {proto_http_status(e), proto_error_body(e, msg), NULL, NULL};
+    http_response resp = {proto_http_status(e), proto_error_body(e, msg), NULL, NULL, 0};
     return send_response(conn, req, &resp, allow);
 }
 
@@ -252,7 +252,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if ((rt->flags & ROUTE_NEEDS_MODEL) && !atomic_load(&srv->ready))
         return answer_error(conn, req, API_NOT_READY, NULL, "the model is not loaded yet");
 
-    http_response resp = {500, NULL, NULL, NULL};
+    http_response resp = {500, NULL, NULL, NULL, 0};
     rt->handler(srv, req, &resp);
     if (!resp.json && !resp.text && resp.status != 204) {
         resp.status = 500;

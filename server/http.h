@@ -34,6 +34,7 @@ typedef struct {
     json_t *json;                 /* owned; encoded compactly */
     char *text;                   /* owned malloc'd raw body (metrics) */
     const char *content_type;     /* for text */
+    size_t text_len;              /* binary text: its length (0 = strlen) */
 } http_response;
 
 typedef void (*http_handler)(nc_server *srv, http_request *req, http_response *resp);

@@ -14,6 +14,7 @@
 #include "handlers.h"
 #include "http.h"
 #include "metrics.h"
+#include "migrate.h"
 #include "server.h"
 #include "sessions.h"
 #include "slog.h"
@@ -116,6 +117,11 @@ int main(int argc, char **argv)
         model_free(srv.model);
         return 1;
     }
+    if (migrate_init(&srv, err, sizeof err) != 0) {
+        slog(SLOG_ERROR, "startup failed", json_pack("{s:s,s:s}", "error", err, "option", "peers"));
+        http_stop(&srv);
+        return 1;
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     atomic_store(&srv.ready, 1);
     char desc[256];
@@ -147,6 +153,17 @@ int main(int argc, char **argv)
     sd_notify(0, "STOPPING=1");
     slog(SLOG_INFO, "draining", json_pack("{s:s,s:I}", "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT",
                                           "inflight", (json_int_t)atomic_load(&srv.inflight)));
+    /* Scale-out: keep serving while the balancer notices /ready (drain_grace),
+     * then hand the sessions to the peers (migrate.h); requests for them
+     * arriving later are answered session_moved and retried elsewhere. */
+    if (srv.cfg.drain_grace_s > 0) {
+        struct timespec g = {srv.cfg.drain_grace_s, 0};
+        while (nanosleep(&g, &g) != 0) {}
+    }
+    int kept = 0, handed = migrate_drain(&srv, &kept);
+    if (handed || kept)
+        slog(kept ? SLOG_WARN : SLOG_INFO, "sessions handed over",
+             json_pack("{s:i,s:i}", "handed", handed, "kept", kept));
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {
         if (atomic_load(&srv.inflight) <= 0)
@@ -164,6 +181,7 @@ int main(int argc, char **argv)
     long count = 0;
     sessions_stats(srv.sessions, &count, NULL);
     sessions_free(srv.sessions);
+    migrate_shutdown();
     model_free(srv.model);
     slog(SLOG_INFO, "stopped", json_pack("{s:i}", "sessions_dropped", (int)count));
     return 0;

@@ -105,6 +105,12 @@ static int random_id(const char *tag, char *out, size_t cap)
 sessions_rc sessions_create(sessions *t, const char *id, const char *ns,
                             const nc_cache_params *p, nc_session **out, char *err, size_t errlen)
 {
+    return sessions_adopt(t, id, ns, p, NULL, out, err, errlen);
+}
+
+sessions_rc sessions_adopt(sessions *t, const char *id, const char *ns, const nc_cache_params *p,
+                           nc_stream *stream, nc_session **out, char *err, size_t errlen)
+{
     *out = NULL;
     size_t need = sessions_estimate(t->model, p);
     /* Reserve a slot and the memory first, so concurrent creations cannot
@@ -112,12 +118,14 @@ sessions_rc sessions_create(sessions *t, const char *id, const char *ns,
     pthread_mutex_lock(&t->lock);
     if (t->count >= t->max_sessions) {
         pthread_mutex_unlock(&t->lock);
+        stream_free(stream);
         snprintf(err, errlen, "the server holds its maximum of %d sessions", t->max_sessions);
         return SESS_ELIMIT;
     }
     if (t->used + need > t->budget) {
         size_t used = t->used;
         pthread_mutex_unlock(&t->lock);
+        stream_free(stream);
         snprintf(err, errlen, "session memory budget exceeded: %zu bytes in use, %zu needed, budget %zu",
                  used, need, t->budget);
         return SESS_EMEMORY;
@@ -127,6 +135,7 @@ sessions_rc sessions_create(sessions *t, const char *id, const char *ns,
         HASH_FIND_STR(t->by_id, id, old);
         if (old) {
             pthread_mutex_unlock(&t->lock);
+            stream_free(stream);
             snprintf(err, errlen, "session '%s' already exists", id);
             return SESS_EEXIST;
         }
@@ -140,6 +149,7 @@ sessions_rc sessions_create(sessions *t, const char *id, const char *ns,
     if (!s) {
         rc = SESS_ENOMEM;
         snprintf(err, errlen, "out of memory");
+        stream_free(stream);
     }
     if (rc == SESS_OK) {
         pthread_mutex_init(&s->lock, NULL);
@@ -147,7 +157,9 @@ sessions_rc sessions_create(sessions *t, const char *id, const char *ns,
         s->reserved = need;
         s->created = wall_now();
         snprintf(s->ns, sizeof s->ns, "%s", ns ? ns : "");
-        if (stream_new(t->model, p, NULL, NULL, true, &s->stream, err, errlen) != NC_OK)
+        if (stream)
+            s->stream = stream;   /* taken over: freed with s from here on */
+        else if (stream_new(t->model, p, NULL, NULL, true, &s->stream, err, errlen) != NC_OK)
             rc = SESS_EINVAL;
     }
     if (rc == SESS_OK && !id && random_id(t->tag, s->id, sizeof s->id) != 0) {
@@ -265,4 +277,38 @@ void sessions_stats(sessions *t, long *count, size_t *bytes)
     if (count) *count = t->count;
     if (bytes) *bytes = t->used;
     pthread_mutex_unlock(&t->lock);
+}
+
+bool sessions_removed(sessions *t, nc_session *s)
+{
+    pthread_mutex_lock(&t->lock);
+    bool r = s->removed;
+    pthread_mutex_unlock(&t->lock);
+    return r;
+}
+
+const char *sessions_tag(const sessions *t)
+{
+    return t->tag;
+}
+
+int sessions_ids(sessions *t, char (**ids)[SESSION_ID_MAX], size_t *n)
+{
+    *ids = NULL;
+    *n = 0;
+    pthread_mutex_lock(&t->lock);
+    size_t cnt = HASH_COUNT(t->by_id);
+    char (*v)[SESSION_ID_MAX] = malloc((cnt ? cnt : 1) * sizeof *v);
+    if (!v) {
+        pthread_mutex_unlock(&t->lock);
+        return -1;
+    }
+    nc_session *s, *tmp;
+    size_t i = 0;
+    HASH_ITER(hh, t->by_id, s, tmp)
+        memcpy(v[i++], s->id, SESSION_ID_MAX);
+    pthread_mutex_unlock(&t->lock);
+    *ids = v;
+    *n = i;
+    return 0;
 }

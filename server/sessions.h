@@ -54,6 +54,22 @@ void sessions_free(sessions *t);
 sessions_rc sessions_create(sessions *t, const char *id, const char *ns,
                             const nc_cache_params *p, nc_session **out, char *err, size_t errlen);
 
+/* As sessions_create, with a ready stream (an imported session state): the
+ * stream is taken over in every case (freed on failure). */
+sessions_rc sessions_adopt(sessions *t, const char *id, const char *ns, const nc_cache_params *p,
+                           nc_stream *stream, nc_session **out, char *err, size_t errlen);
+
+/* Whether s was deleted, evicted or handed over since it was acquired (a
+ * request that waited for s->lock checks this before using s->stream). */
+bool sessions_removed(sessions *t, nc_session *s);
+
+/* The replica tag given to sessions_new ("" = none). */
+const char *sessions_tag(const sessions *t);
+
+/* A snapshot of the ids in the table: *ids malloc'ed (free()), *n entries.
+ * Returns 0 or -1 (out of memory). */
+int sessions_ids(sessions *t, char (**ids)[SESSION_ID_MAX], size_t *n);
+
 /* Looks a session up and holds it (it cannot be freed until released, even if
  * deleted or evicted meanwhile). NULL when absent. The caller then locks
  * s->lock around any use of s->stream. */

@@ -9,5 +9,6 @@ int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_tune(int argc, char **argv);
 int cmd_build_index(int argc, char **argv);
+int cmd_migrate(int argc, char **argv);
 
 #endif

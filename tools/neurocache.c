@@ -14,6 +14,7 @@ static const struct {
     {"tune", cmd_tune, "grid-search cache hyper-parameters on a validation file"},
     {"train", cmd_train, "train an LSTM language model on a corpus"},
     {"build-index", cmd_build_index, "train the unbounded cache's IVFPQ quantizer"},
+    {"migrate", cmd_migrate, "move a live session from one neurocached replica to another"},
 };
 
 static void usage(FILE *out)

@@ -1,0 +1,611 @@
+/* migrate.c -- sessions that move between replicas: state blobs, the
+ * export/import/handoff endpoints, pull-on-miss from the peers and the
+ * hand-over of every session on drain (libcurl as the HTTP client). */
+#include "migrate.h"
+
+#include <curl/curl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zlib.h>
+
+#include "metrics.h"
+#include "slog.h"
+
+#define MAX_PEERS 32
+
+typedef struct {
+    char tag[16];
+    char url[256];   /* no trailing slash */
+} peer;
+
+static struct {
+    peer peers[MAX_PEERS];
+    int npeers;
+    uint64_t fingerprint;
+} mg;
+
+/* ---- model fingerprint ------------------------------------------------ */
+
+typedef struct { uLong crc, adl; } fp_state;
+
+static void fp_add(fp_state *f, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    while (n > 0) {   /* zlib takes uInt lengths */
+        uInt k = n > (1u << 30) ? (1u << 30) : (uInt)n;
+        f->crc = crc32(f->crc, b, k);
+        f->adl = adler32(f->adl, b, k);
+        b += k;
+        n -= k;
+    }
+}
+
+uint64_t migrate_model_fingerprint(const nc_model *m)
+{
+    fp_state f = {crc32(0L, Z_NULL, 0), adler32(0L, Z_NULL, 0)};
+    const nc_model_config *c = &m->cfg;
+    int32_t shape[6] = {c->vocab_size, c->embedding_size, c->hidden_size, c->num_layers,
+                        c->tie_weights, c->lowercase};
+    fp_add(&f, shape, sizeof shape);
+    fp_add(&f, c->unk_token, strlen(c->unk_token) + 1);
+    fp_add(&f, c->eos_token, strlen(c->eos_token) + 1);
+    for (int i = 0; i < c->vocab_size; i++) {
+        const char *w = vocab_word(m->vocab, i);
+        fp_add(&f, w, strlen(w) + 1);
+    }
+    size_t V = (size_t)c->vocab_size, E = (size_t)c->embedding_size, H = (size_t)c->hidden_size;
+    fp_add(&f, m->encoder, V * E * sizeof(float));
+    for (int l = 0; l < c->num_layers; l++) {
+        const nc_lstm_layer *L = &m->layers[l];
+        fp_add(&f, L->w_ih, 4 * H * (size_t)L->input_size * sizeof(float));
+        fp_add(&f, L->w_hh, 4 * H * H * sizeof(float));
+        fp_add(&f, L->b_ih, 4 * H * sizeof(float));
+        fp_add(&f, L->b_hh, 4 * H * sizeof(float));
+    }
+    if (m->decoder_w != m->encoder)
+        fp_add(&f, m->decoder_w, V * H * sizeof(float));
+    fp_add(&f, m->decoder_b, V * sizeof(float));
+    return ((uint64_t)(f.crc & 0xffffffffu) << 32) | (uint64_t)(f.adl & 0xffffffffu);
+}
+
+/* ---- blob --------------------------------------------------------------- */
+
+static const char MAGIC[8] = {'N', 'C', 'S', 'E', 'S', 'S', '\r', '\n'};
+
+int migrate_encode(const nc_model *m, uint64_t fingerprint, const nc_session *s, void **blob,
+                   size_t *len, char *err, size_t errlen)
+{
+    *blob = NULL;
+    *len = 0;
+    void *sb = NULL;
+    size_t sl = 0;
+    int rc = stream_export(s->stream, &sb, &sl, err, errlen);
+    if (rc != NC_OK)
+        return rc;
+    uint16_t il = (uint16_t)strnlen(s->id, SESSION_ID_MAX), nl = (uint16_t)strnlen(s->ns, SESSION_ID_MAX);
+    size_t total = 8 + 4 + 8 + 12 + 2 + il + 2 + nl + 8 + 8 + sl + 4;
+    unsigned char *b = malloc(total), *p = b;
+    if (!b) {
+        free(sb);
+        return nc_error(err, errlen, NC_ENOMEM, "session state: out of memory");
+    }
+    uint32_t ver = MIGRATE_BLOB_VERSION;
+    uint32_t shape[3] = {(uint32_t)m->cfg.vocab_size, (uint32_t)m->cfg.hidden_size,
+                         (uint32_t)m->cfg.num_layers};
+    uint64_t sl64 = sl;
+    memcpy(p, MAGIC, 8), p += 8;
+    memcpy(p, &ver, 4), p += 4;
+    memcpy(p, &fingerprint, 8), p += 8;
+    memcpy(p, shape, 12), p += 12;
+    memcpy(p, &il, 2), p += 2;
+    memcpy(p, s->id, il), p += il;
+    memcpy(p, &nl, 2), p += 2;
+    memcpy(p, s->ns, nl), p += nl;
+    memcpy(p, &s->created, 8), p += 8;
+    memcpy(p, &sl64, 8), p += 8;
+    memcpy(p, sb, sl), p += sl;
+    uint32_t crc = (uint32_t)crc32(0L, b, (uInt)(p - b));
+    memcpy(p, &crc, 4), p += 4;
+    free(sb);
+    *blob = b;
+    *len = (size_t)(p - b);
+    return NC_OK;
+}
+
+api_error migrate_decode(const nc_model *m, uint64_t fingerprint, const void *blob, size_t len,
+                         nc_stream **out, char *ns, size_t nslen, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (nslen) ns[0] = 0;
+    const unsigned char *b = blob;
+    if (len < 8 + 4 || memcmp(b, MAGIC, 8) != 0) {
+        snprintf(err, errlen, "not a neurocache session state (bad magic; expected the body of "
+                 "GET /v1/sessions/{id}/state, sent as application/octet-stream)");
+        return API_STATE_CORRUPT;
+    }
+    uint32_t ver;
+    memcpy(&ver, b + 8, 4);
+    if (ver != MIGRATE_BLOB_VERSION) {
+        snprintf(err, errlen, "session state version %u, this server reads version %u", ver,
+                 MIGRATE_BLOB_VERSION);
+        return API_STATE_VERSION;
+    }
+    size_t fixed = 8 + 4 + 8 + 12 + 2 + 2 + 8 + 8 + 4;
+    if (len < fixed) {
+        snprintf(err, errlen, "session state truncated (%zu bytes)", len);
+        return API_STATE_CORRUPT;
+    }
+    uint32_t crc;
+    memcpy(&crc, b + len - 4, 4);
+    if (crc != (uint32_t)crc32(0L, b, (uInt)(len - 4))) {
+        snprintf(err, errlen, "session state checksum mismatch (truncated or altered in transit)");
+        return API_STATE_CORRUPT;
+    }
+    const unsigned char *p = b + 12, *end = b + len - 4;
+    uint64_t fp;
+    uint32_t shape[3];
+    memcpy(&fp, p, 8), p += 8;
+    memcpy(shape, p, 12), p += 12;
+    if (fp != fingerprint) {
+        snprintf(err, errlen, "session state comes from another model (fingerprint %016llx, "
+                 "V=%u H=%u L=%u); this replica serves fingerprint %016llx (V=%d H=%d L=%d)",
+                 (unsigned long long)fp, shape[0], shape[1], shape[2], (unsigned long long)fingerprint,
+                 m->cfg.vocab_size, m->cfg.hidden_size, m->cfg.num_layers);
+        return API_STATE_MODEL;
+    }
+    uint16_t il, nl;
+    memcpy(&il, p, 2), p += 2;
+    if ((size_t)(end - p) < (size_t)il + 2) goto truncated;
+    p += il;
+    memcpy(&nl, p, 2), p += 2;
+    if ((size_t)(end - p) < (size_t)nl + 16 || nl >= nslen) goto truncated;
+    memcpy(ns, p, nl);
+    ns[nl] = 0;
+    p += nl;
+    p += 8; /* created */
+    uint64_t sl;
+    memcpy(&sl, p, 8), p += 8;
+    if (sl != (uint64_t)(end - p)) goto truncated;
+    char msg[NC_ERRLEN] = "";
+    int rc = stream_import(m, NULL, NULL, p, (size_t)sl, out, msg, sizeof msg);
+    if (rc == NC_ENOMEM) {
+        snprintf(err, errlen, "session state: out of memory");
+        return API_INTERNAL;
+    }
+    if (rc != NC_OK) {
+        snprintf(err, errlen, "session state: %s", msg);
+        return API_STATE_CORRUPT;
+    }
+    return API_OK;
+truncated:
+    snprintf(err, errlen, "session state is malformed (field lengths do not add up)");
+    return API_STATE_CORRUPT;
+}
+
+/* ---- HTTP client ---------------------------------------------------------- */
+
+typedef struct { char *b; size_t n, cap, max; bool over; } cbuf;
+
+static size_t on_data(char *ptr, size_t size, size_t nmemb, void *ud)
+{
+    cbuf *c = ud;
+    size_t n = size * nmemb;
+    if (c->n + n + 1 > c->max) {
+        c->over = true;
+        return 0;
+    }
+    if (c->n + n + 1 > c->cap) {
+        size_t cap = c->cap ? c->cap : 4096;
+        while (cap < c->n + n + 1) cap *= 2;
+        char *nb = realloc(c->b, cap);
+        if (!nb) return 0;
+        c->b = nb;
+        c->cap = cap;
+    }
+    memcpy(c->b + c->n, ptr, n);
+    c->n += n;
+    c->b[c->n] = 0;
+    return n;
+}
+
+int migrate_http(const char *method, const char *url, const void *body, size_t len,
+                 const char *content_type, long timeout_ms, char **resp, size_t *resp_len,
+                 long *status, char *err, size_t errlen)
+{
+    *resp = NULL;
+    *resp_len = 0;
+    *status = 0;
+    CURL *c = curl_easy_init();
+    if (!c) {
+        snprintf(err, errlen, "curl_easy_init failed");
+        return -1;
+    }
+    cbuf buf = {.max = (size_t)1 << 31};
+    char ct[128];
+    struct curl_slist *hdr = NULL;
+    snprintf(ct, sizeof ct, "Content-Type: %s", content_type ? content_type : "application/octet-stream");
+    hdr = curl_slist_append(hdr, ct);
+    hdr = curl_slist_append(hdr, "Expect:");
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    if (body || strcmp(method, "GET") != 0) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body ? body : "");
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    }
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdr);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &buf);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 1000L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    CURLcode cr = curl_easy_perform(c);
+    int rc = 0;
+    if (cr != CURLE_OK) {
+        snprintf(err, errlen, "%s %s: %s", method, url, curl_easy_strerror(cr));
+        free(buf.b);
+        rc = -1;
+    } else {
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, status);
+        if (!buf.b) buf.b = calloc(1, 1);
+        *resp = buf.b;
+        *resp_len = buf.n;
+    }
+    curl_slist_free_all(hdr);
+    curl_easy_cleanup(c);
+    return rc;
+}
+
+/* ---- set-up ---------------------------------------------------------------- */
+
+int migrate_init(nc_server *srv, char *err, size_t errlen)
+{
+    mg.npeers = 0;
+    mg.fingerprint = migrate_model_fingerprint(srv->model);
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        snprintf(err, errlen, "libcurl initialisation failed");
+        return -1;
+    }
+    const char *s = srv->cfg.peers;
+    while (*s) {
+        while (*s == ',' || *s == ' ') s++;
+        if (!*s) break;
+        const char *e = strchr(s, ',');
+        size_t n = e ? (size_t)(e - s) : strlen(s);
+        while (n && s[n - 1] == ' ') n--;
+        char item[512];
+        if (n >= sizeof item) {
+            snprintf(err, errlen, "option 'peers': entry '%.40s...' is too long", s);
+            return -1;
+        }
+        memcpy(item, s, n);
+        item[n] = 0;
+        s += n;
+        char *eq = strchr(item, '='), *url = item, *tag = "";
+        if (eq && strncmp(item, "http", 4) != 0) {
+            *eq = 0;
+            tag = item;
+            url = eq + 1;
+        }
+        if (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0) {
+            snprintf(err, errlen, "option 'peers': '%s' is not tag=http://host:port", item);
+            return -1;
+        }
+        if (strlen(tag) >= sizeof mg.peers[0].tag || strlen(url) >= sizeof mg.peers[0].url) {
+            snprintf(err, errlen, "option 'peers': '%s' has a tag over 15 or a URL over 255 bytes", url);
+            return -1;
+        }
+        if (tag[0] && strcmp(tag, srv->cfg.replica_tag) == 0)
+            continue;   /* this replica */
+        if (mg.npeers == MAX_PEERS) {
+            snprintf(err, errlen, "option 'peers': more than %d peers", MAX_PEERS);
+            return -1;
+        }
+        peer *p = &mg.peers[mg.npeers++];
+        snprintf(p->tag, sizeof p->tag, "%s", tag);
+        snprintf(p->url, sizeof p->url, "%s", url);
+        size_t ul = strlen(p->url);
+        while (ul > 0 && p->url[ul - 1] == '/') p->url[--ul] = 0;
+    }
+    return 0;
+}
+
+void migrate_shutdown(void)
+{
+    curl_global_cleanup();
+}
+
+/* ---- ids -------------------------------------------------------------------- */
+
+/* The replica tag of a minted id (ses_<tag>_<32 hex> or ses_<32 hex> for no
+ * tag): 1 and the tag in out, or 0 for a client-chosen id. */
+static int id_tag(const char *id, char *out, size_t cap)
+{
+    if (strncmp(id, "ses_", 4) != 0)
+        return 0;
+    const char *t = id + 4, *us = strchr(t, '_');
+    const char *hex = us ? us + 1 : t;
+    if (strlen(hex) != 32 || strspn(hex, "0123456789abcdef") != 32)
+        return 0;
+    size_t n = us ? (size_t)(us - t) : 0;
+    if (n >= cap)
+        return 0;
+    memcpy(out, t, n);
+    out[n] = 0;
+    return 1;
+}
+
+/* Ids safe to put in a peer URL (the route captured one path segment). */
+static int id_url_safe(const char *id)
+{
+    return id[0] && strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.~") == strlen(id);
+}
+
+/* ---- pull on miss ----------------------------------------------------------- */
+
+/* Asks the peers (the id's own replica first) to hand the session over and
+ * adopts it. 1 if it is now here, 0 if no peer had it. */
+static int pull(nc_server *srv, const char *id)
+{
+    char tag[16] = "";
+    int tagged = id_tag(id, tag, sizeof tag);
+    int order[MAX_PEERS], n = 0;
+    for (int i = 0; i < mg.npeers; i++)
+        if (tagged && strcmp(mg.peers[i].tag, tag) == 0) order[n++] = i;
+    for (int i = 0; i < mg.npeers; i++)
+        if (!(tagged && strcmp(mg.peers[i].tag, tag) == 0)) order[n++] = i;
+    /* A peer answering session_moved is pushing it somewhere right now:
+     * look again a little later. */
+    for (int round = 0; round < 3; round++) {
+        int moving = 0;
+        for (int k = 0; k < n; k++) {
+            const peer *p = &mg.peers[order[k]];
+            char url[512], err[256], *body = NULL;
+            size_t blen = 0;
+            long status = 0;
+            snprintf(url, sizeof url, "%s/v1/sessions/%s/handoff", p->url, id);
+            if (migrate_http("POST", url, NULL, 0, NULL, 30000, &body, &blen, &status, err, sizeof err))
+                continue;   /* peer down: nothing to get from it */
+            if (status == 503)
+                moving = 1;
+            if (status != 200) {
+                free(body);
+                continue;
+            }
+            nc_stream *st = NULL;
+            char ns[SESSION_ID_MAX], msg[512] = "";
+            api_error e = migrate_decode(srv->model, mg.fingerprint, body, blen, &st, ns, sizeof ns,
+                                         msg, sizeof msg);
+            nc_session *s = NULL;
+            sessions_rc src = SESS_EINVAL;
+            if (e == API_OK)
+                src = sessions_adopt(srv->sessions, id, ns, stream_params(st), st, &s, msg, sizeof msg);
+            if (src == SESS_OK) {
+                sessions_release(srv->sessions, s);
+                slog(SLOG_INFO, "session pulled", json_pack("{s:s,s:s}", "session", id, "from", p->url));
+                free(body);
+                return 1;
+            }
+            if (src == SESS_EEXIST) { /* a concurrent request pulled it first */
+                free(body);
+                return 1;
+            }
+            /* We took it but cannot keep it (limits): give it back. */
+            char *r2 = NULL;
+            size_t r2l = 0;
+            long st2 = 0;
+            snprintf(url, sizeof url, "%s/v1/sessions/%s/state", p->url, id);
+            int back = migrate_http("PUT", url, body, blen, NULL, 30000, &r2, &r2l, &st2, err, sizeof err);
+            slog(SLOG_WARN, "session pull refused",
+                 json_pack("{s:s,s:s,s:s,s:b}", "session", id, "from", p->url, "error", msg,
+                           "returned", back == 0 && st2 == 201));
+            free(r2);
+            free(body);
+            return 0;
+        }
+        if (!moving)
+            break;
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        nc_session *s = sessions_acquire(srv->sessions, id);
+        if (s) {
+            sessions_release(srv->sessions, s);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+nc_session *migrate_acquire(nc_server *srv, http_request *req, http_response *resp)
+{
+    const char *id = req->params[0];
+    nc_session *s = sessions_acquire(srv->sessions, id);
+    if (s)
+        return s;
+    bool draining = atomic_load(&srv->draining);
+    if (!draining && mg.npeers > 0 && id_url_safe(id) && pull(srv, id)) {
+        s = sessions_acquire(srv->sessions, id);
+        if (s)
+            return s;
+    }
+    /* A concurrent request may have pulled it meanwhile. */
+    s = sessions_acquire(srv->sessions, id);
+    if (s)
+        return s;
+    char tag[16] = "";
+    const char *mine = sessions_tag(srv->sessions);
+    if (id_tag(id, tag, sizeof tag) && strcmp(tag, mine) != 0)
+        http_reply_error(resp, API_SESSION_NOT_HERE,
+                         "session '%s' belongs to replica '%s', not to this one ('%s'), and no peer "
+                         "holds it: re-create it, or PUT its saved state to /v1/sessions/{id}/state",
+                         id, tag, mine);
+    else if (draining)
+        http_reply_error(resp, API_SESSION_MOVED,
+                         "this replica is draining and does not hold session '%s' (handed over): retry", id);
+    else
+        http_reply_error(resp, API_SESSION_NOT_FOUND, "no session '%s' (unknown, deleted or expired)", id);
+    return NULL;
+}
+
+int migrate_lock(nc_server *srv, nc_session *s, http_response *resp)
+{
+    pthread_mutex_lock(&s->lock);
+    if (!sessions_removed(srv->sessions, s))
+        return 0;
+    pthread_mutex_unlock(&s->lock);
+    http_reply_error(resp, API_SESSION_MOVED,
+                     "session '%s' was handed to another replica or deleted while this request "
+                     "waited: retry", s->id);
+    return -1;
+}
+
+/* ---- endpoints -------------------------------------------------------------- */
+
+static void reply_blob(http_response *resp, unsigned status, void *blob, size_t len)
+{
+    resp->status = status;
+    resp->text = blob;
+    resp->text_len = len;
+    resp->content_type = "application/octet-stream";
+}
+
+void migrate_h_state_get(nc_server *srv, http_request *req, http_response *resp)
+{
+    nc_session *s = migrate_acquire(srv, req, resp);
+    if (!s)
+        return;
+    void *blob = NULL;
+    size_t len = 0;
+    char err[NC_ERRLEN] = "";
+    int rc = -1;
+    if (migrate_lock(srv, s, resp) == 0) {
+        rc = migrate_encode(srv->model, mg.fingerprint, s, &blob, &len, err, sizeof err);
+        pthread_mutex_unlock(&s->lock);
+        if (rc != NC_OK)
+            http_reply_error(resp, API_INTERNAL, "export: %s", err);
+    }
+    sessions_release(srv->sessions, s);
+    if (rc == NC_OK)
+        reply_blob(resp, 200, blob, len);
+}
+
+void migrate_h_handoff(nc_server *srv, http_request *req, http_response *resp)
+{
+    /* No pull here: a peer asking us must not make us ask the others. */
+    nc_session *s = sessions_acquire(srv->sessions, req->params[0]);
+    if (!s) {
+        http_reply_error(resp, API_SESSION_NOT_FOUND, "no session '%s' here", req->params[0]);
+        return;
+    }
+    void *blob = NULL;
+    size_t len = 0;
+    char err[NC_ERRLEN] = "";
+    int rc = -1;
+    if (migrate_lock(srv, s, resp) == 0) {
+        rc = migrate_encode(srv->model, mg.fingerprint, s, &blob, &len, err, sizeof err);
+        if (rc == NC_OK)
+            sessions_delete(srv->sessions, s->id);
+        else
+            http_reply_error(resp, API_INTERNAL, "export: %s", err);
+        pthread_mutex_unlock(&s->lock);
+    }
+    if (rc == NC_OK)
+        slog(SLOG_INFO, "session handed over", json_pack("{s:s,s:I}", "session", s->id, "bytes", (json_int_t)len));
+    sessions_release(srv->sessions, s);
+    if (rc == NC_OK)
+        reply_blob(resp, 200, blob, len);
+}
+
+void migrate_h_state_put(nc_server *srv, http_request *req, http_response *resp)
+{
+    const char *id = req->params[0];
+    if (atomic_load(&srv->draining)) {
+        http_reply_error(resp, API_NOT_READY, "draining: the server is shutting down");
+        return;
+    }
+    if (!id_url_safe(id) || strlen(id) >= SESSION_ID_MAX) {
+        http_reply_error(resp, API_OUT_OF_RANGE, "session id must be 1..%d characters of [A-Za-z0-9_.~-]",
+                         SESSION_ID_MAX - 1);
+        return;
+    }
+    nc_stream *st = NULL;
+    char ns[SESSION_ID_MAX], err[NC_ERRLEN] = "";
+    api_error e = migrate_decode(srv->model, mg.fingerprint, req->body ? req->body : "", req->len, &st,
+                                 ns, sizeof ns, err, sizeof err);
+    if (e != API_OK) {
+        http_reply_error(resp, e, "%s", err);
+        return;
+    }
+    /* PUT replaces: a session of that id (an older copy) goes first. */
+    sessions_delete(srv->sessions, id);
+    nc_session *s = NULL;
+    sessions_rc rc = sessions_adopt(srv->sessions, id, ns, stream_params(st), st, &s, err, sizeof err);
+    static const api_error map[] = {
+        [SESS_OK] = API_OK, [SESS_ENOTFOUND] = API_SESSION_NOT_FOUND, [SESS_EEXIST] = API_CONFLICT,
+        [SESS_ELIMIT] = API_TOO_MANY_SESSIONS, [SESS_EMEMORY] = API_MEMORY_BUDGET,
+        [SESS_EINVAL] = API_OUT_OF_RANGE, [SESS_ENOMEM] = API_INTERNAL};
+    if (rc != SESS_OK) {
+        http_reply_error(resp, map[rc], "%s", err);
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    json_t *o = json_pack("{s:s,s:s?,s:I,s:b}", "id", s->id, "namespace", s->ns[0] ? s->ns : NULL,
+                          "tokens", (json_int_t)stream_position(s->stream), "imported", 1);
+    if (o)
+        json_object_set_new(o, "cache", proto_encode_cache(&s->params));
+    pthread_mutex_unlock(&s->lock);
+    sessions_release(srv->sessions, s);
+    http_reply_json(resp, 201, o);
+}
+
+/* ---- drain ------------------------------------------------------------------- */
+
+int migrate_drain(nc_server *srv, int *failed)
+{
+    *failed = 0;
+    char (*ids)[SESSION_ID_MAX] = NULL;
+    size_t n = 0;
+    if (mg.npeers == 0 || sessions_ids(srv->sessions, &ids, &n) != 0)
+        return 0;
+    int handed = 0;
+    for (size_t i = 0; i < n; i++) {
+        nc_session *s = sessions_acquire(srv->sessions, ids[i]);
+        if (!s)
+            continue;   /* pulled by a peer or deleted meanwhile */
+        pthread_mutex_lock(&s->lock);
+        bool ok = false;
+        if (!sessions_removed(srv->sessions, s)) {
+            void *blob = NULL;
+            size_t len = 0;
+            char err[NC_ERRLEN] = "";
+            if (migrate_encode(srv->model, mg.fingerprint, s, &blob, &len, err, sizeof err) == NC_OK) {
+                /* Round-robin start, then the next peers on failure. The lock
+                 * is held across the PUT: a request waiting for it then sees
+                 * the session gone and answers session_moved (retried). */
+                for (int k = 0; k < mg.npeers && !ok; k++) {
+                    const peer *p = &mg.peers[(i + (size_t)k) % (size_t)mg.npeers];
+                    char url[512], *body = NULL;
+                    size_t blen = 0;
+                    long status = 0;
+                    snprintf(url, sizeof url, "%s/v1/sessions/%s/state", p->url, s->id);
+                    if (migrate_http("PUT", url, blob, len, NULL, 30000, &body, &blen, &status, err,
+                                     sizeof err) == 0 && status == 201)
+                        ok = true;
+                    free(body);
+                }
+                free(blob);
+            }
+            if (ok)
+                sessions_delete(srv->sessions, s->id);
+        } else {
+            ok = true;   /* already gone */
+        }
+        pthread_mutex_unlock(&s->lock);
+        sessions_release(srv->sessions, s);
+        if (ok) handed++;
+        else (*failed)++;
+    }
+    free(ids);
+    return handed;
+}

@@ -1,0 +1,174 @@
+/* cmd_migrate.c -- neurocache migrate: moves a live session from one
+ * replica to another through the HTTP API (libcurl), without losing a token:
+ * POST {from}/v1/sessions/{id}/handoff exports and removes the session in one
+ * step under its lock, PUT {to}/v1/sessions/{id}/state recreates it; if the
+ * target refuses, the state goes back to the source (and, failing that, to a
+ * file the user can PUT later). */
+#include <curl/curl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+
+typedef struct { char *b; size_t n, cap; } buf;
+
+static size_t on_data(char *p, size_t sz, size_t nm, void *ud)
+{
+    buf *b = ud;
+    size_t n = sz * nm;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *nb = realloc(b->b, cap);
+        if (!nb) return 0;
+        b->b = nb;
+        b->cap = cap;
+    }
+    memcpy(b->b + b->n, p, n);
+    b->n += n;
+    b->b[b->n] = 0;
+    return n;
+}
+
+/* One request; *out gets the body. Returns the HTTP status, or -1 with the
+ * transport error printed. */
+static long request(const char *method, const char *url, const void *body, size_t len, buf *out)
+{
+    CURL *c = curl_easy_init();
+    if (!c) return -1;
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/octet-stream");
+    h = curl_slist_append(h, "Expect:");
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    if (body || strcmp(method, "GET") != 0) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body ? body : "");
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    }
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, out);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 3000L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 120000L);
+    CURLcode cr = curl_easy_perform(c);
+    long status = -1;
+    if (cr == CURLE_OK)
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    else
+        fprintf(stderr, "neurocache migrate: %s %s: %s\n", method, url, curl_easy_strerror(cr));
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    return status;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: neurocache migrate --from URL --to URL --session ID [--as ID] [--copy] [--save FILE]\n"
+            "Moves a session between neurocached replicas (URL = http://host:port).\n"
+            "  --from URL     replica holding the session\n"
+            "  --to URL       replica to move it to\n"
+            "  --session ID   the session id\n"
+            "  --as ID        id on the target (default: the same)\n"
+            "  --copy         copy (GET /state) instead of move; the source keeps it\n"
+            "  --save FILE    where the state goes if neither replica takes it\n"
+            "                 (default ./ID.state; restore with PUT /v1/sessions/ID/state)\n");
+}
+
+static void trim(char *url)
+{
+    size_t n = strlen(url);
+    while (n && url[n - 1] == '/') url[--n] = 0;
+}
+
+int cmd_migrate(int argc, char **argv)
+{
+    const char *from = NULL, *to = NULL, *id = NULL, *as = NULL, *save = NULL;
+    int copy = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char **dst = !strcmp(a, "--from") ? &from : !strcmp(a, "--to") ? &to
+                         : !strcmp(a, "--session") ? &id : !strcmp(a, "--as") ? &as
+                         : !strcmp(a, "--save") ? &save : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--copy")) {
+            copy = 1;
+        } else if (dst && i + 1 < argc) {
+            *dst = argv[++i];
+        } else {
+            fprintf(stderr, "neurocache migrate: unknown or incomplete option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!from || !to || !id) {
+        fprintf(stderr, "neurocache migrate: --from, --to and --session are required\n");
+        usage(stderr);
+        return 2;
+    }
+    if (!as) as = id;
+    if (strlen(id) > 63 || strlen(as) > 63 || strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != strlen(id) ||
+        strspn(as, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != strlen(as)) {
+        fprintf(stderr, "neurocache migrate: session ids are 1-63 characters of [A-Za-z0-9_.-]\n");
+        return 2;
+    }
+    char f[1024], t[1024], url[1200];
+    snprintf(f, sizeof f, "%s", from);
+    snprintf(t, sizeof t, "%s", to);
+    trim(f);
+    trim(t);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+
+    buf blob = {0}, ans = {0};
+    int rc = 1;
+    if (copy)
+        snprintf(url, sizeof url, "%s/v1/sessions/%s/state", f, id);
+    else
+        snprintf(url, sizeof url, "%s/v1/sessions/%s/handoff", f, id);
+    long st = request(copy ? "GET" : "POST", url, NULL, 0, &blob);
+    if (st != 200) {
+        if (st > 0)
+            fprintf(stderr, "neurocache migrate: %s answered %ld: %s\n", url, st, blob.b ? blob.b : "");
+        goto done;
+    }
+    snprintf(url, sizeof url, "%s/v1/sessions/%s/state", t, as);
+    st = request("PUT", url, blob.b, blob.n, &ans);
+    if (st == 201) {
+        printf("%s\n", ans.b ? ans.b : "{}");
+        fprintf(stderr, "neurocache migrate: session %s moved %s -> %s as %s (%zu bytes of state)\n", id, f,
+                t, as, blob.n);
+        rc = 0;
+        goto done;
+    }
+    if (st > 0)
+        fprintf(stderr, "neurocache migrate: %s answered %ld: %s\n", url, st, ans.b ? ans.b : "");
+    if (copy)
+        goto done;
+    /* The source gave it up: put it back, or keep it in a file. */
+    free(ans.b);
+    ans = (buf){0};
+    snprintf(url, sizeof url, "%s/v1/sessions/%s/state", f, id);
+    st = request("PUT", url, blob.b, blob.n, &ans);
+    if (st == 201) {
+        fprintf(stderr, "neurocache migrate: the session is back on %s\n", f);
+        goto done;
+    }
+    char path[1100];
+    snprintf(path, sizeof path, "%s", save ? save : "");
+    if (!save) snprintf(path, sizeof path, "%s.state", id);
+    FILE *out = fopen(path, "wb");
+    int wrote = out && fwrite(blob.b, 1, blob.n, out) == blob.n;
+    if (out && fclose(out) != 0) wrote = 0;
+    if (wrote)
+        fprintf(stderr, "neurocache migrate: neither replica took the session; its state is in %s "
+                "(curl -X PUT --data-binary @%s URL/v1/sessions/%s/state)\n", path, path, id);
+    else
+        fprintf(stderr, "neurocache migrate: cannot write %s: the session is lost\n", path);
+done:
+    free(blob.b);
+    free(ans.b);
+    curl_global_cleanup();
+    return rc;
+}
