@@ -111,7 +111,6 @@ asan: deps
 	    OPT="-O1 -g -fno-omit-frame-pointer" \
 	    SANFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" tests
 	$(Q)ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
-	    LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) \
 	    NEUROCACHE_BIN=$(abspath build/asan/bin) NEUROCACHE_SANITIZED=1 \
 	    bash tests/run_tests.sh $(patsubst $(BUILD)/%,build/asan/%,$(TEST_BINS))
 
