@@ -1,0 +1,476 @@
+/* test_replicas.c -- several neurocached replicas behind a real HAProxy
+ * (Debian's package, the shipped deploy/haproxy/haproxy.cfg with loopback
+ * ports substituted): session affinity, a killed replica (new sessions go to
+ * the others, its sessions get session_not_here), a restarted replica taking
+ * traffic again, and SIGTERM on a replica under load with no failed request
+ * and no lost token. Skipped, with a message, when haproxy is not installed
+ * (`make deps` installs it). */
+#include <arpa/inet.h>
+#include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "harness.h"
+
+#define NREP 3
+static const char *TAGS[NREP] = {"a", "b", "c"};
+static nc_daemon rep[NREP];
+static int rep_port[NREP], lb_port, stats_port;
+static char peers[512], model_dir[512], workdir[256], haproxy_bin[256];
+static pid_t haproxy_pid;
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &l) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+static int find_haproxy(void)
+{
+    const char *cands[] = {"/usr/sbin/haproxy", "/usr/local/sbin/haproxy", "/usr/bin/haproxy", NULL};
+    for (int i = 0; cands[i]; i++)
+        if (access(cands[i], X_OK) == 0) {
+            snprintf(haproxy_bin, sizeof haproxy_bin, "%s", cands[i]);
+            return 0;
+        }
+    return -1;
+}
+
+static int start_replica(int i)
+{
+    char port[16];
+    snprintf(port, sizeof port, "%d", rep_port[i]);
+    const char *args[] = {"--model", model_dir, "--replica-tag", TAGS[i], "--port", port,
+                          "--peers", peers, "--drain-grace", "2", "--threads", "4", NULL};
+    return daemon_start(&rep[i], args);
+}
+
+/* The shipped configuration with this test's ports. */
+static int write_haproxy_cfg(const char *out)
+{
+    FILE *in = fopen("deploy/haproxy/haproxy.cfg", "r");
+    FILE *o = fopen(out, "w");
+    if (!in || !o) {
+        if (in) fclose(in);
+        if (o) fclose(o);
+        return -1;
+    }
+    char line[1024];
+    while (fgets(line, sizeof line, in)) {
+        char rep_line[1200];
+        const char *from[] = {"127.0.0.1:8080", "127.0.0.1:8081", "127.0.0.1:8082", "127.0.0.1:8083",
+                              "127.0.0.1:8404", "/tmp/haproxy-neurocache.sock"};
+        char to[6][300];
+        snprintf(to[0], sizeof to[0], "127.0.0.1:%d", lb_port);
+        for (int i = 0; i < NREP; i++) snprintf(to[1 + i], sizeof to[1 + i], "127.0.0.1:%d", rep_port[i]);
+        snprintf(to[4], sizeof to[4], "127.0.0.1:%d", stats_port);
+        snprintf(to[5], sizeof to[5], "%s/haproxy.sock", workdir);
+        snprintf(rep_line, sizeof rep_line, "%s", line);
+        for (int k = 0; k < 6; k++) {
+            char *p = strstr(rep_line, from[k]);
+            if (p) {
+                char tail[1200];
+                snprintf(tail, sizeof tail, "%s", p + strlen(from[k]));
+                snprintf(p, sizeof rep_line - (size_t)(p - rep_line), "%s%s", to[k], tail);
+            }
+        }
+        fputs(rep_line, o);
+    }
+    fclose(in);
+    return fclose(o);
+}
+
+/* Status ("UP", "DOWN", ...) of server tag in HAProxy's CSV statistics. */
+static int server_status(const char *tag, char *st, size_t cap)
+{
+    http_resp r;
+    st[0] = 0;
+    if (http_call(stats_port, "GET", "/stats;csv", NULL, NULL, 0, &r) != 0) {
+        http_resp_free(&r);
+        return -1;
+    }
+    char *save = NULL;
+    for (char *l = strtok_r(r.body, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        /* pxname,svname,...; status is field 18 */
+        char *f[20] = {0};
+        int n = 0;
+        for (char *p = l; n < 20;) {
+            f[n++] = p;
+            char *c = strchr(p, ',');
+            if (!c) break;
+            *c = 0;
+            p = c + 1;
+        }
+        if (n >= 18 && !strcmp(f[0], "neurocached") && !strcmp(f[1], tag)) {
+            snprintf(st, cap, "%s", f[17]);
+            break;
+        }
+    }
+    http_resp_free(&r);
+    return 0;
+}
+
+static int wait_status(const char *tag, const char *want, double timeout_s)
+{
+    double t0 = now_s();
+    char st[64];
+    while (now_s() - t0 < timeout_s) {
+        if (server_status(tag, st, sizeof st) == 0 && strncmp(st, want, strlen(want)) == 0)
+            return 0;
+        sleep_ms(50);
+    }
+    fprintf(stderr, "haproxy: server %s is '%s', expected %s\n", tag, st, want);
+    return -1;
+}
+
+static int start_haproxy(void)
+{
+    char cfg[400], log[400];
+    snprintf(cfg, sizeof cfg, "%s/haproxy.cfg", workdir);
+    snprintf(log, sizeof log, "%s/haproxy.log", workdir);
+    if (write_haproxy_cfg(cfg)) return -1;
+    haproxy_pid = fork();
+    if (haproxy_pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
+        execl(haproxy_bin, "haproxy", "-db", "-f", cfg, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < NREP; i++)
+        if (wait_status(TAGS[i], "UP", 20)) return -1;
+    return 0;
+}
+
+/* One request through the balancer; sid != NULL adds X-Session-Id. */
+static int lb_call(const char *method, const char *path, const char *json, const char *sid, http_resp *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!sid)
+        return http_call(lb_port, method, path, json ? "application/json" : NULL, json,
+                         json ? strlen(json) : 0, out);
+    CURL *c = curl_easy_init();
+    char url[512], hdr[200], *b = NULL;
+    size_t bl = 0;
+    FILE *mem = open_memstream(&b, &bl);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", lb_port, path);
+    snprintf(hdr, sizeof hdr, "X-Session-Id: %s", sid);
+    struct curl_slist *h = curl_slist_append(NULL, hdr);
+    h = curl_slist_append(h, "Content-Type: application/json");
+    h = curl_slist_append(h, "Expect:");
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, json ? json : "");
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, mem);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    CURLcode rc = curl_easy_perform(c);
+    if (rc == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &out->status);
+    fclose(mem);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    out->body = b;
+    out->len = bl;
+    if (bl) out->json = json_loadb(b, bl, 0, NULL);
+    return rc == CURLE_OK ? 0 : -1;
+}
+
+static long count_on(int i)
+{
+    http_resp r;
+    long n = -1;
+    if (http_call(rep_port[i], "GET", "/v1/sessions", NULL, NULL, 0, &r) == 0 && r.json)
+        n = (long)json_integer_value(json_object_get(r.json, "count"));
+    http_resp_free(&r);
+    return n;
+}
+
+/* Lines of replica i's log containing s. */
+static int log_count(int i, const char *s)
+{
+    FILE *f = fopen(rep[i].log, "r");
+    int n = 0;
+    char line[4096];
+    while (f && fgets(line, sizeof line, f))
+        if (strstr(line, s)) n++;
+    if (f) fclose(f);
+    return n;
+}
+
+static int create_lb(const char *body, const char *sid, char *id, size_t cap)
+{
+    http_resp r;
+    int ok = lb_call("POST", "/v1/sessions", body, sid, &r) == 0 && r.status == 201 && r.json;
+    if (ok) snprintf(id, cap, "%s", json_string_value(json_object_get(r.json, "id")));
+    else fprintf(stderr, "create via haproxy: %ld %s\n", r.status, r.body ? r.body : "");
+    http_resp_free(&r);
+    return ok ? 0 : -1;
+}
+
+static long feed_lb(const char *id, const char *text, long *pos)
+{
+    char path[1100], body[512];
+    snprintf(path, sizeof path, "/v1/sessions/%s/feed", id);
+    snprintf(body, sizeof body, "{\"text\":\"%s\"}", text);
+    http_resp r;
+    long st = lb_call("POST", path, body, NULL, &r) == 0 ? r.status : -1;
+    if (st == 200 && pos) *pos = (long)json_integer_value(json_object_get(r.json, "position"));
+    http_resp_free(&r);
+    return st;
+}
+
+/* ---- tests ----------------------------------------------------------------- */
+
+#define NS 12
+static char sids[NS][80];
+
+TEST(affinity)
+{
+    int pulls0 = 0;
+    for (int i = 0; i < NREP; i++) pulls0 += log_count(i, "session pulled");
+    /* Server-minted ids: creates spread round-robin, later requests follow
+     * the tag. Client-chosen ids: X-Session-Id on the create, the path later. */
+    for (int k = 0; k < NS; k++) {
+        if (k % 2 == 0) {
+            CHECK(create_lb("{}", NULL, sids[k], sizeof sids[k]) == 0);
+        } else {
+            char body[128], want[64];
+            snprintf(want, sizeof want, "client-%d-%d", k, (int)getpid());
+            snprintf(body, sizeof body, "{\"id\":\"%s\"}", want);
+            CHECK(create_lb(body, want, sids[k], sizeof sids[k]) == 0);
+        }
+    }
+    long before[NREP], total = 0;
+    for (int i = 0; i < NREP; i++) total += (before[i] = count_on(i));
+    CHECK(total == NS);
+    int spread = 0;
+    for (int i = 0; i < NREP; i++) spread += before[i] > 0;
+    CHECK(spread >= 2);
+    for (int round = 0; round < 5; round++)
+        for (int k = 0; k < NS; k++)
+            CHECK(feed_lb(sids[k], "the cat sat on the mat .", NULL) == 200);
+    /* Nothing moved: same counts, no pull in any log. */
+    int pulls = -pulls0;
+    for (int i = 0; i < NREP; i++) {
+        CHECK(count_on(i) == before[i]);
+        pulls += log_count(i, "session pulled");
+    }
+    CHECKF(pulls == 0, "%d sessions were pulled between replicas", pulls);
+    for (int k = 0; k < NS; k += 2) {
+        int i = sids[k][4] - 'a';
+        CHECK(i >= 0 && i < NREP && count_on(i) > 0);
+    }
+}
+
+TEST(killed_replica)
+{
+    /* SIGKILL c: no drain, its sessions are gone. */
+    kill(rep[2].pid, SIGKILL);
+    waitpid(rep[2].pid, NULL, 0);
+    rep[2].pid = 0;
+    CHECK(wait_status("c", "DOWN", 10) == 0);
+    int lost = 0;
+    for (int k = 0; k < NS; k += 2) {
+        if (sids[k][4] != 'c') continue;
+        char path[1100];
+        snprintf(path, sizeof path, "/v1/sessions/%s/predict", sids[k]);
+        http_resp r;
+        CHECK(lb_call("POST", path, "{}", NULL, &r) == 0);
+        CHECKF(r.status == 404 && !strcmp(http_error_code(&r), "session_not_here"), "%ld %s", r.status, r.body);
+        http_resp_free(&r);
+        lost++;
+    }
+    fprintf(stderr, "  (%d sessions of the killed replica answered session_not_here)\n", lost);
+    /* New sessions land on the living replicas. */
+    long before = count_on(0) + count_on(1);
+    char id[80];
+    for (int k = 0; k < 6; k++) {
+        CHECK(create_lb("{}", NULL, id, sizeof id) == 0);
+        CHECK(strncmp(id, "ses_c_", 6) != 0);
+    }
+    CHECK(count_on(0) + count_on(1) == before + 6);
+    /* Restarted (same port and tag): back in the ring, takes new sessions. */
+    CHECK(start_replica(2) == 0);
+    CHECK(wait_status("c", "UP", 10) == 0);
+    int on_c = 0;
+    for (int k = 0; k < 9; k++) {
+        CHECK(create_lb("{}", NULL, id, sizeof id) == 0);
+        on_c += strncmp(id, "ses_c_", 6) == 0;
+    }
+    CHECK(on_c > 0);
+}
+
+/* Load: every thread works its own sessions (feed + predict) and scores
+ * statelessly, through the balancer, until told to stop. */
+#define NT 3
+#define SPT 4
+typedef struct {
+    int t;
+    char ids[SPT][80];
+    long pos[SPT];
+    long ok, failed;
+    char first_error[512];
+} worker;
+static atomic_int stop_load;
+
+static void *load(void *arg)
+{
+    worker *w = arg;
+    for (int n = 0; !atomic_load(&stop_load); n++) {
+        int k = n % SPT;
+        char path[1100];
+        http_resp r;
+        long st;
+        if (n % 3 == 2) {
+            st = lb_call("POST", "/v1/score", "{\"text\":\"the cat sat on the mat .\"}", NULL, &r) == 0 ? r.status : -1;
+        } else if (n % 3 == 1) {
+            snprintf(path, sizeof path, "/v1/sessions/%s/predict", w->ids[k]);
+            st = lb_call("POST", path, "{\"top_k\":5}", NULL, &r) == 0 ? r.status : -1;
+        } else {
+            snprintf(path, sizeof path, "/v1/sessions/%s/feed", w->ids[k]);
+            st = lb_call("POST", path, "{\"text\":\"a dog sat on the cat .\"}", NULL, &r) == 0 ? r.status : -1;
+            if (st == 200) w->pos[k] = (long)json_integer_value(json_object_get(r.json, "position"));
+        }
+        if (st == 200) {
+            w->ok++;
+        } else {
+            if (!w->failed++)
+                snprintf(w->first_error, sizeof w->first_error, "%ld %s", st, r.body ? r.body : "(no answer)");
+        }
+        http_resp_free(&r);
+    }
+    return NULL;
+}
+
+TEST(drain_under_load)
+{
+    worker w[NT];
+    memset(w, 0, sizeof w);
+    int on_a = 0;
+    for (int t = 0; t < NT; t++)
+        for (int k = 0; k < SPT; k++) {
+            CHECK(create_lb("{}", NULL, w[t].ids[k], sizeof w[t].ids[k]) == 0);
+            on_a += w[t].ids[k][4] == 'a';
+        }
+    CHECK(on_a > 0);
+    pthread_t th[NT];
+    atomic_store(&stop_load, 0);
+    for (int t = 0; t < NT; t++) pthread_create(&th[t], NULL, load, &w[t]);
+    sleep_ms(1000);
+    double t0 = now_s();
+    daemon_signal_term(&rep[0]);
+    int st = daemon_wait(&rep[0], 60);
+    double drain_s = now_s() - t0;
+    sleep_ms(1000);
+    atomic_store(&stop_load, 1);
+    for (int t = 0; t < NT; t++) pthread_join(th[t], NULL);
+    CHECK(st == 0);
+    long ok = 0, failed = 0;
+    for (int t = 0; t < NT; t++) {
+        ok += w[t].ok;
+        failed += w[t].failed;
+        if (w[t].failed) fprintf(stderr, "  first failure of thread %d: %s\n", t, w[t].first_error);
+    }
+    int pulled = log_count(1, "session pulled") + log_count(2, "session pulled");
+    fprintf(stderr, "  (drain of a replica holding %d sessions: %.2f s; %ld requests ok, %ld failed; "
+            "%d sessions pulled by the peers, the rest handed over)\n", on_a, drain_s, ok, failed, pulled);
+    CHECK(ok > 50);
+    CHECK(failed == 0);
+    /* No token lost: every session is somewhere, at the position its last
+     * feed reported. */
+    for (int t = 0; t < NT; t++)
+        for (int k = 0; k < SPT; k++) {
+            char path[1100];
+            snprintf(path, sizeof path, "/v1/sessions/%s", w[t].ids[k]);
+            http_resp r;
+            CHECK(lb_call("GET", path, NULL, NULL, &r) == 0 && r.status == 200);
+            long tokens = r.json ? (long)json_integer_value(json_object_get(r.json, "tokens")) : -1;
+            CHECKF(tokens == w[t].pos[k], "session %s: %ld tokens, last feed said %ld", w[t].ids[k],
+                   tokens, w[t].pos[k]);
+            http_resp_free(&r);
+        }
+    CHECK(count_on(0) == -1);   /* a is gone */
+}
+
+int main(void)
+{
+    if (find_haproxy()) {
+        printf("SKIP test_replicas: haproxy is not installed (`make deps` installs Debian's haproxy)\n");
+        printf("0 passed, 0 failed\n");
+        return 0;
+    }
+    httpc_init();
+    signal(SIGPIPE, SIG_IGN);
+    snprintf(model_dir, sizeof model_dir, "%s/lstm-2layer", harness_fixtures());
+    snprintf(workdir, sizeof workdir, "/tmp/nc-test-XXXXXX");
+    if (!mkdtemp(workdir)) return 1;
+    lb_port = free_port();
+    stats_port = free_port();
+    int n = 0;
+    for (int i = 0; i < NREP; i++) {
+        rep_port[i] = free_port();
+        n += snprintf(peers + n, sizeof peers - (size_t)n, "%s%s=http://127.0.0.1:%d", i ? "," : "",
+                      TAGS[i], rep_port[i]);
+    }
+    int up = 1;
+    for (int i = 0; i < NREP; i++)
+        if (start_replica(i)) up = 0;
+    if (up && start_haproxy()) {
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "cat %s/haproxy.log >&2", workdir);
+        if (system(cmd)) {}
+        up = 0;
+    }
+    CHECK(up);
+    if (up) {
+        RUN(affinity);
+        RUN(killed_replica);
+        RUN(drain_under_load);
+    }
+    if (harness_failed)
+        for (int i = 0; i < NREP; i++) if (rep[i].pid > 0) daemon_dump_log(&rep[i]);
+    for (int i = 0; i < NREP; i++)
+        if (rep[i].pid > 0) daemon_stop(&rep[i]);
+    if (haproxy_pid > 0) {
+        kill(haproxy_pid, SIGTERM);
+        waitpid(haproxy_pid, NULL, 0);
+    }
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", workdir);
+    if (system(cmd)) {}
+    httpc_cleanup();
+    return harness_summary();
+}
