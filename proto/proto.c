@@ -206,7 +206,8 @@ int proto_get_string(const json_t *obj, const char *key, bool required, const ch
 
 static const char *const cache_keys[] = {
     "unigram_size", "unigram_lambda", "neural_size", "neural_theta", "neural_lambda",
-    "global_norm", "neural_alpha", "open_vocab", "uniform_mu", NULL};
+    "global_norm", "neural_alpha", "open_vocab", "uniform_mu", "unbounded", "knn", "nprobe",
+    "unbounded_lambda", "kernel", "exact", NULL};
 
 int proto_decode_cache(const json_t *obj, const nc_cache_params *defaults,
                        nc_cache_params *out, api_status *st)
@@ -239,6 +240,25 @@ int proto_decode_cache(const json_t *obj, const nc_cache_params *defaults,
     out->open_vocab = b;
     if (proto_get_double(obj, "uniform_mu", 0, 1, out->uniform_mu, &d, st)) return -1;
     out->uniform_mu = (float)d;
+    /* the namespace's unbounded cache (design §4-§5) */
+    if (proto_get_bool(obj, "unbounded", out->unbounded, &b, st)) return -1;
+    out->unbounded = b;
+    if (proto_get_int(obj, "knn", 1, NC_CACHE_MAX_KNN, out->knn, &l, st)) return -1;
+    out->knn = (int)l;
+    if (proto_get_int(obj, "nprobe", 1, NC_CACHE_MAX_NPROBE, out->nprobe, &l, st)) return -1;
+    out->nprobe = (int)l;
+    if (proto_get_double(obj, "unbounded_lambda", 0, 1, out->unbounded_lambda, &d, st)) return -1;
+    out->unbounded_lambda = (float)d;
+    if (proto_get_bool(obj, "exact", out->exact, &b, st)) return -1;
+    out->exact = b;
+    const char *kern = NULL;
+    if (proto_get_string(obj, "kernel", false, &kern, NULL, st)) return -1;
+    if (kern && strcmp(kern, "gaussian") == 0)
+        out->kernel = NC_KERNEL_GAUSSIAN;
+    else if (kern && strcmp(kern, "epanechnikov") == 0)
+        out->kernel = NC_KERNEL_EPANECHNIKOV;
+    else if (kern)
+        return proto_fail(st, API_OUT_OF_RANGE, "field 'kernel' must be \"gaussian\" or \"epanechnikov\"");
     char err[256] = "";
     if (cache_params_validate(out, err, sizeof err) != 0)
         return proto_fail(st, API_OUT_OF_RANGE, "cache settings: %s", err);
@@ -256,30 +276,34 @@ static double short_float(float f)
 
 json_t *proto_encode_cache(const nc_cache_params *p)
 {
-    return json_pack("{s:i,s:f,s:i,s:f,s:f,s:b,s:f,s:b,s:f}",
+    return json_pack("{s:i,s:f,s:i,s:f,s:f,s:b,s:f,s:b,s:f,s:b,s:i,s:i,s:f,s:s,s:b}",
                      "unigram_size", p->unigram_size, "unigram_lambda", short_float(p->unigram_lambda),
                      "neural_size", p->neural_size, "neural_theta", short_float(p->neural_theta),
                      "neural_lambda", short_float(p->neural_lambda), "global_norm", p->global_norm,
                      "neural_alpha", short_float(p->neural_alpha), "open_vocab", p->open_vocab,
-                     "uniform_mu", short_float(p->uniform_mu));
+                     "uniform_mu", short_float(p->uniform_mu), "unbounded", p->unbounded, "knn", p->knn,
+                     "nprobe", p->nprobe, "unbounded_lambda", short_float(p->unbounded_lambda), "kernel",
+                     p->kernel == NC_KERNEL_EPANECHNIKOV ? "epanechnikov" : "gaussian", "exact", p->exact);
 }
 
 int proto_decode_predict(const json_t *body, long max_top_k, proto_predict_req *r, api_status *st)
 {
-    static const char *const keys[] = {"top_k", "full", "components", NULL};
+    static const char *const keys[] = {"top_k", "full", "components", "explain", NULL};
     if (proto_check_keys(body, keys, st)) return -1;
     if (proto_get_int(body, "top_k", 1, max_top_k, 10, &r->top_k, st)) return -1;
     if (proto_get_bool(body, "full", false, &r->full, st)) return -1;
     if (proto_get_bool(body, "components", false, &r->components, st)) return -1;
+    if (proto_get_bool(body, "explain", false, &r->explain, st)) return -1;
     return 0;
 }
 
 int proto_decode_feed(const json_t *body, proto_feed_req *r, api_status *st)
 {
-    static const char *const keys[] = {"text", "scores", NULL};
+    static const char *const keys[] = {"text", "scores", "adapt", NULL};
     if (proto_check_keys(body, keys, st)) return -1;
     if (proto_get_string(body, "text", true, &r->text, &r->len, st)) return -1;
     if (proto_get_bool(body, "scores", false, &r->scores, st)) return -1;
+    if (proto_get_bool(body, "adapt", false, &r->adapt, st)) return -1;
     return 0;
 }
 
@@ -320,8 +344,11 @@ int proto_decode_session(const json_t *body, const nc_cache_params *defaults,
     if (r->id && !valid_id(r->id))
         return proto_fail(st, API_OUT_OF_RANGE, "field 'id' must be 1-63 characters of [A-Za-z0-9_.-]");
     if (proto_get_string(body, "namespace", false, &r->ns, NULL, st)) return -1;
-    if (r->ns && !valid_id(r->ns))
-        return proto_fail(st, API_OUT_OF_RANGE, "field 'namespace' must be 1-63 characters of [A-Za-z0-9_.-]");
+    /* A namespace name becomes a directory under data_dir: "." and ".."
+     * (and hidden names) would leave it or collide with its files. */
+    if (r->ns && (!valid_id(r->ns) || r->ns[0] == '.'))
+        return proto_fail(st, API_OUT_OF_RANGE,
+                          "field 'namespace' must be 1-63 characters of [A-Za-z0-9_.-], not starting with '.'");
     return proto_decode_cache(json_object_get(body, "cache"), defaults, &r->cache, st);
 }
 

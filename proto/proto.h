@@ -84,10 +84,16 @@ int proto_decode_cache(const json_t *obj, const nc_cache_params *defaults,
 json_t *proto_encode_cache(const nc_cache_params *p);
 
 /* Requests of the session endpoints. */
-typedef struct { long top_k; bool full, components; } proto_predict_req;
+typedef struct {
+    long top_k; bool full, components;
+    bool explain;            /* cache entries behind each predicted word */
+} proto_predict_req;
 int proto_decode_predict(const json_t *body, long max_top_k, proto_predict_req *r, api_status *st);
 
-typedef struct { const char *text; size_t len; bool scores; } proto_feed_req;
+typedef struct {
+    const char *text; size_t len; bool scores;
+    bool adapt;              /* also add the pairs to the namespace's unbounded cache */
+} proto_feed_req;
 int proto_decode_feed(const json_t *body, proto_feed_req *r, api_status *st);
 
 typedef struct {

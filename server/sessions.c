@@ -18,7 +18,20 @@ struct sessions {
     size_t budget, used;
     long count;
     char tag[16];
+    int (*bind)(void *ctx, const char *ns, nc_ubcache **ub, void **ref, char *err, size_t errlen);
+    void (*unbind)(void *ctx, void *ref);
+    void *bind_ctx;
 };
+
+void sessions_set_binder(sessions *t,
+                         int (*bind)(void *ctx, const char *ns, nc_ubcache **ub, void **ref,
+                                     char *err, size_t errlen),
+                         void (*unbind)(void *ctx, void *ref), void *ctx)
+{
+    t->bind = bind;
+    t->unbind = unbind;
+    t->bind_ctx = ctx;
+}
 
 double sessions_now(void)
 {
@@ -54,6 +67,8 @@ static void session_destroy(nc_session *s)
     if (!s)
         return;
     stream_free(s->stream);
+    if (s->ns_ref && s->ns_unbind)
+        s->ns_unbind(s->ns_ctx, s->ns_ref);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }
@@ -159,8 +174,15 @@ sessions_rc sessions_adopt(sessions *t, const char *id, const char *ns, const nc
         snprintf(s->ns, sizeof s->ns, "%s", ns ? ns : "");
         if (stream)
             s->stream = stream;   /* taken over: freed with s from here on */
-        else if (stream_new(t->model, p, NULL, NULL, true, &s->stream, err, errlen) != NC_OK)
-            rc = SESS_EINVAL;
+        else {
+            nc_ubcache *ub = NULL;
+            if (t->bind && t->bind(t->bind_ctx, ns, &ub, &s->ns_ref, err, errlen) != 0)
+                rc = SESS_EINVAL;
+            s->ns_unbind = t->unbind;
+            s->ns_ctx = t->bind_ctx;
+            if (rc == SESS_OK && stream_new(t->model, p, ub, NULL, true, &s->stream, err, errlen) != NC_OK)
+                rc = SESS_EINVAL;
+        }
     }
     if (rc == SESS_OK && !id && random_id(t->tag, s->id, sizeof s->id) != 0) {
         rc = SESS_ENOMEM;

@@ -20,6 +20,11 @@ typedef struct nc_session {
     pthread_mutex_t lock;         /* serialises requests on this session */
     nc_stream *stream;            /* guarded by lock */
     nc_cache_params params;       /* as created (immutable) */
+    void *ns_ref;                 /* held namespace (namespaces.h), NULL = none */
+    void (*ns_unbind)(void *ctx, void *ref);
+    void *ns_ctx;
+    uint32_t ns_doc;              /* its document in the namespace (feed adapt) */
+    bool ns_doc_set;              /* guarded by lock */
     size_t reserved;              /* bytes charged to the budget */
     double created;               /* wall clock, seconds */
     /* guarded by the table lock: */
@@ -69,6 +74,16 @@ const char *sessions_tag(const sessions *t);
 /* A snapshot of the ids in the table: *ids malloc'ed (free()), *n entries.
  * Returns 0 or -1 (out of memory). */
 int sessions_ids(sessions *t, char (**ids)[SESSION_ID_MAX], size_t *n);
+
+/* Namespace binding: bind(ctx, ns, &ub, &ref, ...) is called for every
+ * session created from scratch and gives the namespace's unbounded cache
+ * (the stream adapts into it and reads it) and a reference released with
+ * unbind(ctx, ref) when the session is freed. bind returns 0 or -1 with a
+ * message (the creation then fails with SESS_EINVAL). */
+void sessions_set_binder(sessions *t,
+                         int (*bind)(void *ctx, const char *ns, nc_ubcache **ub, void **ref,
+                                     char *err, size_t errlen),
+                         void (*unbind)(void *ctx, void *ref), void *ctx);
 
 /* Looks a session up and holds it (it cannot be freed until released, even if
  * deleted or evicted meanwhile). NULL when absent. The caller then locks

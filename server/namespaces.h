@@ -1,0 +1,69 @@
+/* namespaces.h -- the daemon's namespaces: a registry of durable namespace
+ * stores (core/nsstore.h) under data_dir/namespaces/<name>, recovered at
+ * start-up (before /ready turns 200), snapshotted periodically by a
+ * background thread and once at shutdown; the HTTP endpoints
+ *   GET    /v1/namespaces                   list
+ *   GET    /v1/namespaces/{ns}              entries, words, index, bytes
+ *   DELETE /v1/namespaces/{ns}?confirm={ns} removal (with confirmation)
+ *   POST   /v1/namespaces/{ns}/documents    streaming upload (plain text or
+ *                                           NDJSON), processed as it arrives
+ *   GET    /v1/namespaces/{ns}/documents    documents and their pair counts
+ * and the pieces sessions use: binding a session to its namespace, feed with
+ * "adapt" (logged, durable before the answer) and predict with "explain". */
+#ifndef NC_SERVER_NAMESPACES_H
+#define NC_SERVER_NAMESPACES_H
+
+#include <jansson.h>
+
+#include "http.h"
+#include "nsstore.h"
+#include "sessions.h"
+
+typedef struct nsreg nsreg;
+typedef struct nsref nsref;
+
+/* Creates srv->namespaces and recovers every namespace found in
+ * data_dir/namespaces (an empty data_dir = a private temporary directory,
+ * not durable, removed at exit). Returns 0, or -1 with a message naming the
+ * namespace and the file at fault. Starts the snapshot thread. */
+int namespaces_init(nc_server *srv, char *err, size_t errlen);
+/* Stops the snapshot thread, snapshots every namespace, closes them. */
+void namespaces_shutdown(nc_server *srv);
+
+/* A held namespace (opened, or created when create). NULL with a message
+ * (bad name, I/O error...). Release once. */
+nsref *namespaces_acquire(nc_server *srv, const char *name, bool create, char *err, size_t errlen);
+void namespaces_release(nc_server *srv, nsref *r);
+nc_nsstore *nsref_store(nsref *r);
+
+/* sessions.c binder: holds the namespace of a new session. */
+int namespaces_bind_session(void *ctx, const char *ns, nc_ubcache **ub, void **ref, char *err,
+                            size_t errlen);
+void namespaces_unbind_session(void *ctx, void *ref);
+
+/* Feed with adapt on session s (its lock held): runs stream_feed with the
+ * pairs logged under the session's document ("session:<id>"); *seq receives
+ * the last log record to sync (namespaces_sync, after unlocking). */
+int namespaces_feed_adapt(nc_server *srv, nc_session *s, const nc_tokens *t, double *logprobs,
+                          uint64_t *seq, char *err, size_t errlen);
+int namespaces_sync(nc_session *s, uint64_t seq, char *err, size_t errlen);
+
+/* "explain" of predict (session lock held): for each of the k predicted
+ * words ids[i], the stored pairs that gave it the most cache weight. Returns
+ * a new array of k arrays (NULL on ENOMEM). */
+json_t *namespaces_explain(nc_session *s, const int *ids, size_t k);
+
+/* Prometheus lines of the namespaces, appended to text (realloc'ed). */
+char *namespaces_metrics(nc_server *srv, char *text);
+
+/* Routes. */
+void h_ns_list(nc_server *srv, http_request *req, http_response *resp);
+void h_ns_get(nc_server *srv, http_request *req, http_response *resp);
+void h_ns_delete(nc_server *srv, http_request *req, http_response *resp);
+void h_ns_docs_list(nc_server *srv, http_request *req, http_response *resp);
+/* Streaming upload (route flag ROUTE_STREAM): called with resp == NULL for
+ * each piece of the body as it arrives (req->chunk), then with resp to
+ * answer once the pairs are durable. */
+void h_ns_documents(nc_server *srv, http_request *req, http_response *resp);
+
+#endif
