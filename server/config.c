@@ -72,6 +72,10 @@ static const config_option options[] = {
      "remember out-of-vocabulary words under their own name"},
     {"cache", "uniform_mu", OPT_DOUBLE, OFF(uniform_mu), 0, 0, 1, NULL, "0",
      "open vocabulary: weight of the uniform distribution"},
+    {"security", "api_keys", OPT_STRING, OFF(api_keys), SZ(api_keys), 0, 0, NULL, "",
+     "API key file (NAME KEY OPERATIONS NAMESPACES [LIMITS] a line, mode 600); empty = no keys"},
+    {"security", "allow_root", OPT_BOOL, OFF(allow_root), 0, 0, 0, NULL, "false",
+     "start even as root (refused by default); --allow-root alone means true"},
     {NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, NULL},
 };
 
@@ -275,8 +279,11 @@ int config_from_args(nc_server_config *c, int argc, char **argv, char *err, size
         char name[64];
         flag_to_name(a, eq ? (size_t)(eq - a) : strlen(a), name, sizeof name);
         const char *value;
+        const config_option *bo = find(name);
         if (eq) {
             value = eq + 1;
+        } else if (bo && bo->type == OPT_BOOL && (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)) {
+            value = "true";            /* a boolean flag alone (--allow-root) means true */
         } else {
             if (i + 1 >= argc) {
                 snprintf(err, errlen, "option '%s': missing value", name);

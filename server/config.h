@@ -43,6 +43,9 @@ typedef struct {
     double neural_alpha;
     bool open_vocab;
     double uniform_mu;
+    /* [security] (server/auth.h) */
+    char api_keys[1024];         /* API key file; "" = no keys (open API, loopback by default) */
+    bool allow_root;             /* start even when running as root */
 } nc_server_config;
 
 /* Types of the option table. */

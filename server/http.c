@@ -14,6 +14,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "metrics.h"
 #include "slog.h"
 
@@ -253,7 +254,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return answer_error(conn, req, API_NOT_READY, NULL, "the model is not loaded yet");
 
     http_response resp = {500, NULL, NULL, NULL, 0};
+    const auth_key *key = NULL;   /* API keys (auth.h): 401/403/404/429 before the handler */
+    if (auth_check(srv, req, rt, &key, &resp) != 0)
+        return send_response(conn, req, &resp, NULL);
     rt->handler(srv, req, &resp);
+    auth_done(srv, key, rt, &resp);
     if (!resp.json && !resp.text && resp.status != 204) {
         resp.status = 500;
         resp.json = proto_error_body(API_INTERNAL, "out of memory");

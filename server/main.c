@@ -9,7 +9,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "cache.h"
+#include "fault.h"
 #include "config.h"
 #include "handlers.h"
 #include "http.h"
@@ -70,6 +72,12 @@ int main(int argc, char **argv)
         return 2;
     }
     slog_init(srv.cfg.log_format, srv.cfg.log_level);
+    /* Hardening (auth.h): no root unless allowed, API keys. Fault simulation
+     * (core/fault.h) is armed only by tests, through the environment. */
+    if (nc_fault_from_spec(getenv("NEUROCACHE_FAULT")) != 0 || auth_startup(&srv.cfg, err, sizeof err) != 0) {
+        slog(SLOG_ERROR, "startup failed", json_pack("{s:s}", "error", err[0] ? err : "bad NEUROCACHE_FAULT"));
+        return 1;
+    }
 
     /* Signals are taken synchronously by the main thread only: every thread
      * created from here on inherits the mask. */
@@ -183,6 +191,7 @@ int main(int argc, char **argv)
     sessions_free(srv.sessions);
     migrate_shutdown();
     model_free(srv.model);
+    auth_shutdown();
     slog(SLOG_INFO, "stopped", json_pack("{s:i}", "sessions_dropped", (int)count));
     return 0;
 }

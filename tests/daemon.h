@@ -46,6 +46,9 @@ typedef struct {
 } http_resp;
 
 void httpc_init(void);            /* once, before threads */
+/* API key sent as "Authorization: Bearer KEY" by this thread's calls from
+ * now on (NULL or "" = none). */
+void httpc_set_bearer(const char *key);
 void httpc_cleanup(void);
 /* Any request. ctype NULL = no Content-Type header; body may be NULL. Returns
  * 0 when an answer came (whatever its status), -1 on transport failure. */

@@ -78,7 +78,7 @@ int FUZZ_ENTRY(const uint8_t *data, size_t size)
     if (proto_decode_session(body, &defaults, &ser, &st) == 0) {
         if (ser.id && (strlen(ser.id) == 0 || strlen(ser.id) > 63 || strpbrk(ser.id, "/\\ ")))
             abort();
-        if (ser.ns && (strlen(ser.ns) == 0 || strlen(ser.ns) > 63 || strpbrk(ser.ns, "/\\ ")))
+        if (ser.ns && (strlen(ser.ns) == 0 || strlen(ser.ns) > 63 || strpbrk(ser.ns, "/\\ ") || ser.ns[0] == '.'))
             abort();
     } else {
         fproto_check_status(&st);
