@@ -372,8 +372,13 @@ static const struct { const char *endpoint; int ops; } route_ops[] = {
     {"sessions_create", AUTH_READ}, {"sessions_list", AUTH_READ}, {"sessions_get", AUTH_READ},
     {"sessions_delete", AUTH_READ}, {"predict", AUTH_READ}, {"score", AUTH_READ},
     {"completions", AUTH_READ}, {"tokenize", AUTH_READ}, {"detokenize", AUTH_READ},
-    {"sessions_state_get", AUTH_READ},
-    {"feed", AUTH_WRITE}, {"sessions_state_put", AUTH_WRITE},
+    {"sessions_state_get", AUTH_READ}, {"namespaces_get", AUTH_READ}, {"documents_list", AUTH_READ},
+    /* feed is a read of one's own session unless it adapts the namespace
+     * ("adapt": true, checked in auth_check) */
+    {"feed", AUTH_READ},
+    {"documents", AUTH_WRITE}, {"sessions_state_put", AUTH_WRITE},
+    /* the list names every tenant's namespaces */
+    {"namespaces_list", AUTH_ADMIN}, {"namespaces_delete", AUTH_ADMIN}, {"sessions_handoff", AUTH_ADMIN},
 };
 
 int auth_route_ops(const char *endpoint)
@@ -390,8 +395,7 @@ int auth_route_ops(const char *endpoint)
     if (strstr(endpoint, "stream") || strstr(endpoint, "documents") || strstr(endpoint, "feed") ||
         strstr(endpoint, "adapt"))
         return AUTH_WRITE;
-    if (strstr(endpoint, "predict") || strstr(endpoint, "score") || !strcmp(endpoint, "namespaces_get") ||
-        !strcmp(endpoint, "namespaces_list"))
+    if (strstr(endpoint, "predict") || strstr(endpoint, "score"))
         return AUTH_READ;
     return AUTH_ADMIN;
 }
@@ -468,6 +472,36 @@ static void prune_sessions(nc_server *srv, auth_key *k)
     k->nsess = j;
 }
 
+/* The key of the request's "Authorization: Bearer" header, or NULL with
+ * the reason in *why. */
+static const auth_key *bearer_key(const auth_table *t, http_request *req, const char **why)
+{
+    const char *h = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h) {
+        *why = "an API key is required: Authorization: Bearer <key>";
+        return NULL;
+    }
+    while (*h == ' ') h++;
+    if (strncasecmp(h, "Bearer ", 7) != 0) {
+        *why = "the Authorization header must be 'Bearer <key>'";
+        return NULL;
+    }
+    h += 7;
+    while (*h == ' ') h++;
+    size_t n = strlen(h);
+    while (n && (h[n - 1] == ' ' || h[n - 1] == '\t')) n--;
+    const auth_key *k = auth_find(t, h, n);
+    if (!k)
+        *why = "unknown API key";
+    return k;
+}
+
+const auth_key *auth_identify(http_request *req)
+{
+    const char *why;
+    return active ? bearer_key(active, req, &why) : NULL;
+}
+
 int auth_check(nc_server *srv, http_request *req, const http_route *rt, const auth_key **key,
                http_response *resp)
 {
@@ -478,23 +512,12 @@ int auth_check(nc_server *srv, http_request *req, const http_route *rt, const au
     int ops = auth_route_ops(rt->endpoint);
     if (ops == 0)
         return 0;
-    const char *h = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h) {
-        reply(resp, 401, "unauthorized", "an API key is required: Authorization: Bearer <key>");
-        return -1;
-    }
-    while (*h == ' ') h++;
-    if (strncasecmp(h, "Bearer ", 7) != 0) {
-        reply(resp, 401, "unauthorized", "the Authorization header must be 'Bearer <key>'");
-        return -1;
-    }
-    h += 7;
-    while (*h == ' ') h++;
-    size_t n = strlen(h);
-    while (n && (h[n - 1] == ' ' || h[n - 1] == '\t')) n--;
-    auth_key *k = (auth_key *)auth_find(t, h, n);
+    if (!strcmp(rt->endpoint, "feed") && req->json && json_is_true(json_object_get(req->json, "adapt")))
+        ops |= AUTH_WRITE;
+    const char *why = NULL;
+    auth_key *k = (auth_key *)bearer_key(t, req, &why);
     if (!k) {
-        reply(resp, 401, "unauthorized", "unknown API key");
+        reply(resp, 401, "unauthorized", "%s", why);
         return -1;
     }
     if ((k->ops & ops) != ops) {
@@ -582,6 +605,8 @@ static long answer_tokens(const json_t *j)
         return (long)json_integer_value(json_object_get(u, "total_tokens"));
     if (json_is_integer(json_object_get(j, "consumed")))
         return (long)json_integer_value(json_object_get(j, "consumed"));
+    if (json_is_integer(json_object_get(j, "tokens_added")))
+        return (long)json_integer_value(json_object_get(j, "tokens_added"));
     json_t *tk = json_object_get(j, "tokens");
     if (json_is_array(tk))
         return (long)json_array_size(tk);

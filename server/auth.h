@@ -17,10 +17,13 @@
  * unlimited; rate in requests per second (burst = one second's worth).
  *
  * Operations of the routes: read = model info, sessions (create, inspect,
- * delete one's own), predict, score, completions, tokenize, state export;
- * write = feed (adapts the session and its namespace), state import, streaming
- * documents into a namespace; admin = anything else (snapshots, namespace
- * deletion, hand-offs, and routes this table does not know: fail closed).
+ * delete one's own), predict, score, completions, tokenize, state export,
+ * feed without adapt (it only changes the session's own caches), a
+ * namespace's info and document list; write = feed with "adapt": true (it
+ * adds to the namespace's unbounded cache), state import, streaming documents
+ * into a namespace; admin = anything else (the namespace list, namespace
+ * deletion, snapshots, hand-offs, and routes this table does not know: fail
+ * closed).
  * /health and /ready need no key. */
 #ifndef NC_SERVER_AUTH_H
 #define NC_SERVER_AUTH_H
@@ -77,6 +80,10 @@ void auth_shutdown(void);
  * did not exist), 429 (a limit). */
 int auth_check(nc_server *srv, http_request *req, const http_route *rt, const auth_key **key,
                http_response *resp);
+/* The key of a request already checked (a streaming route is checked by
+ * auth_check on its first callback, before its body arrives; its last
+ * callback only needs the key for auth_done). NULL without keys. */
+const auth_key *auth_identify(http_request *req);
 /* After the handler: charges the tokens the answer reports to the key's
  * per-minute budget and records the sessions it created. key NULL: no-op. */
 void auth_done(nc_server *srv, const auth_key *key, const http_route *rt, const http_response *resp);

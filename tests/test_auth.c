@@ -174,7 +174,9 @@ TEST(route_classes_and_defaults)
             CHECKF(ops != 0, "%s %s is open", r[i].method, r[i].pattern);
     }
     CHECK(auth_route_ops("predict") == AUTH_READ);
-    CHECK(auth_route_ops("feed") == AUTH_WRITE);
+    CHECK(auth_route_ops("feed") == AUTH_READ);          /* WRITE when "adapt": true */
+    CHECK(auth_route_ops("documents") == AUTH_WRITE);
+    CHECK(auth_route_ops("namespaces_list") == AUTH_ADMIN);
     CHECK(auth_route_ops("namespaces_stream") == AUTH_WRITE);
     CHECK(auth_route_ops("namespaces_snapshot") == AUTH_ADMIN);
     CHECK(auth_route_ops("namespaces_delete") == AUTH_ADMIN);
@@ -268,8 +270,9 @@ TEST(http_operations)
     snprintf(path, sizeof path, "/v1/sessions/%s/predict", id);
     CHECK(status_of(K_READER, "POST", path, "{\"top_k\":3}") == 200);
     snprintf(path, sizeof path, "/v1/sessions/%s/feed", id);
-    CHECK(status_code(K_READER, "POST", path, "{\"text\":\"the cat\"}", code, sizeof code) == 403);
+    CHECK(status_code(K_READER, "POST", path, "{\"text\":\"w1 w2\",\"adapt\":true}", code, sizeof code) == 403);
     CHECK(strcmp(code, "forbidden") == 0);
+    CHECK(status_of(K_READER, "POST", path, "{\"text\":\"w1 w2\"}") == 200);  /* its own session only */
     CHECK(status_of(K_READER, "POST", "/v1/score", "{\"text\":\"a b c\\n\"}") == 200);
     /* The writer may feed its own session. */
     CHECK(create(K_WRITER, "docs", id, sizeof id) == 201);
@@ -343,6 +346,94 @@ TEST(http_isolation_two_keys)
     free(s1);
     http_resp_free(&r0);
     http_resp_free(&r1);
+}
+
+/* The predictions of a fresh session of key in namespace ns with the
+ * unbounded cache on, as compact JSON (malloc'd), or NULL. */
+static char *fresh_prediction(const char *key, const char *ns)
+{
+    char body[256], path[256];
+    snprintf(body, sizeof body, "{\"namespace\":\"%s\",\"cache\":{\"unbounded\":true,\"unbounded_lambda\":0.5}}", ns);
+    http_resp r;
+    if (call(key, "POST", "/v1/sessions", body, &r) != 201) {
+        fprintf(stderr, "create in %s: %ld %s\n", ns, r.status, r.body ? r.body : "");
+        http_resp_free(&r);
+        return NULL;
+    }
+    char id[128];
+    snprintf(id, sizeof id, "%s", json_string_value(json_object_get(r.json, "id")));
+    http_resp_free(&r);
+    snprintf(path, sizeof path, "/v1/sessions/%s/feed", id);
+    char *out = NULL;
+    if (call(key, "POST", path, "{\"text\":\"w1 w2 w3\"}", &r) == 200) {
+        http_resp_free(&r);
+        snprintf(path, sizeof path, "/v1/sessions/%s/predict", id);
+        if (call(key, "POST", path, "{\"top_k\":50}", &r) == 200)
+            out = json_dumps(json_object_get(r.json, "predictions"), JSON_COMPACT);
+    }
+    http_resp_free(&r);
+    snprintf(path, sizeof path, "/v1/sessions/%s", id);
+    status_of(key, "DELETE", path, NULL);
+    return out;
+}
+
+static long upload(const char *key, const char *ns, const char *text)
+{
+    char path[256];
+    snprintf(path, sizeof path, "/v1/namespaces/%s/documents", ns);
+    http_resp r;
+    httpc_set_bearer(key);
+    int rc = http_call(d.port, "POST", path, "text/plain", text, strlen(text), &r);
+    httpc_set_bearer(NULL);
+    long s = rc == 0 ? r.status : -1;
+    http_resp_free(&r);
+    return s;
+}
+
+/* Namespaces: what the writer streams into "docs" changes predictions in
+ * "docs" and nothing in "other"; the other key can neither read nor write
+ * "docs", and a read-only key cannot adapt it. */
+TEST(http_namespace_isolation)
+{
+    if (!up) return;
+    char *docs0 = fresh_prediction(K_WRITER, "docs");
+    char *other0 = fresh_prediction(K_OTHER, "other");
+    CHECK(docs0 && other0);
+    /* Refusals come before any byte of the body is used. */
+    CHECK(upload(K_OTHER, "docs", "w1 w2 w3 w9\n") == 403);
+    CHECK(upload(K_READER, "docs", "w1 w2 w3 w9\n") == 403);
+    CHECK(upload(NULL, "docs", "w1 w2 w3 w9\n") == 401);
+    CHECK(status_of(K_OTHER, "GET", "/v1/namespaces/docs", NULL) == 403);
+    CHECK(status_of(K_OTHER, "GET", "/v1/namespaces/docs/documents", NULL) == 403);
+    CHECK(status_of(K_OTHER, "GET", "/v1/namespaces", NULL) == 403);    /* names every tenant */
+    CHECK(status_of(K_OTHER, "DELETE", "/v1/namespaces/docs?confirm=docs", NULL) == 403);
+    CHECK(status_of(K_WRITER, "DELETE", "/v1/namespaces/docs?confirm=docs", NULL) == 403);  /* admin only */
+    /* The writer streams documents: "w1 w2 w3" is always followed by w9. */
+    char text[8192] = "";
+    for (int i = 0; i < 200; i++)
+        strcat(text, "w1 w2 w3 w9 w9\n");
+    CHECK(upload(K_WRITER, "docs", text) == 200);
+    /* A read-only key may feed its own session but not adapt the namespace. */
+    char id[128], path[256];
+    CHECK(create(K_READER, "docs", id, sizeof id) == 201);
+    snprintf(path, sizeof path, "/v1/sessions/%s/feed", id);
+    CHECK(status_of(K_READER, "POST", path, "{\"text\":\"w1 w2\",\"adapt\":true}") == 403);
+    CHECK(status_of(K_READER, "POST", path, "{\"text\":\"w1 w2\",\"adapt\":false}") == 200);
+    CHECK(status_of(K_READER, "GET", "/v1/namespaces/docs", NULL) == 200);
+    CHECK(status_of(K_READER, "GET", "/v1/namespaces/docs/documents", NULL) == 200);
+    char *docs1 = fresh_prediction(K_WRITER, "docs");
+    char *other1 = fresh_prediction(K_OTHER, "other");
+    CHECK(docs1 && other1);
+    if (docs0 && docs1)
+        CHECKF(strcmp(docs0, docs1) != 0, "streaming into docs changed nothing there: the test proves nothing");
+    if (other0 && other1)
+        CHECKF(strcmp(other0, other1) == 0, "a prediction in 'other' changed after streaming into 'docs'");
+    /* The admin may delete it. */
+    CHECK(status_of(K_ADMIN, "DELETE", "/v1/namespaces/docs?confirm=docs", NULL) == 200);
+    free(docs0);
+    free(docs1);
+    free(other0);
+    free(other1);
 }
 
 static void sleep_s(double s)
@@ -462,6 +553,7 @@ int main(void)
     RUN(http_unauthenticated);
     RUN(http_operations);
     RUN(http_isolation_two_keys);
+    RUN(http_namespace_isolation);
     RUN(http_rate_limit);
     RUN(http_session_limit);
     RUN(http_token_budget);
