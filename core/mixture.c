@@ -2,6 +2,7 @@
  * target-only log-probability. Both paths run the same steps in the same
  * order (see mixture.h) so they agree to float rounding. */
 #include "cache.h"
+#include "vmath.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -147,11 +148,16 @@ int mixture_full(const nc_cache_params *p, const nc_mix_input *in, size_t n_word
                 n_words = (size_t)ucache_at(in->uni, i) + 1;
     if (dist_reserve(out, n_words, shares))
         return nc_error(err, errlen, NC_ENOMEM, "distribution over %zu words", n_words);
-    double *q = calloc(n_words, sizeof(double));
+    /* q: dense scratch of the later steps, only when one is on. */
+    bool dense = unigram_on(p, in) || (p->unbounded && in->ub_k > 0) ||
+                 (p->open_vocab && p->uniform_mu > 0.0f);
+    double *q = dense ? calloc(n_words, sizeof(double)) : NULL;
     double *kw = in->ub_k > 0 ? malloc((size_t)in->ub_k * sizeof(double)) : NULL;
-    if (!q || (in->ub_k > 0 && !kw)) {
+    float *e = in->nn > 0 ? malloc((size_t)in->nn * sizeof(float)) : NULL;
+    if ((dense && !q) || (in->ub_k > 0 && !kw) || (in->nn > 0 && !e)) {
         free(q);
         free(kw);
+        free(e);
         return nc_error(err, errlen, NC_ENOMEM, "mixture scratch");
     }
     if (shares)
@@ -159,54 +165,62 @@ int mixture_full(const nc_cache_params *p, const nc_mix_input *in, size_t n_word
             memset(out->share[c], 0, n_words * sizeof(float));
 
     /* 1-2. p_vocab, or the globally normalised neural cache (Grave et al.
-     * 2017, §4 "global normalization"): p(w) ∝ exp(s_w) + Σ exp(θ h·h_i + α) */
-    double smax = -INFINITY;
-    for (int w = 0; w < V; w++)
-        if (in->logits[w] > smax)
-            smax = in->logits[w];
+     * 2017, §4 "global normalization"): p(w) ∝ exp(s_w) + Σ exp(θ h·h_i + α).
+     * The V exponentials are vectorised (vmath): with libm they cost more
+     * than the decoder product of a server predict. */
+    double smax = vm_max(in->logits, (size_t)V);
     bool global = neural_on(p, in) && p->global_norm;
+    bool linear = neural_on(p, in) && !global;
     double m = smax;
     if (global) {
         double mc = max_scaled(in, p->neural_theta, p->neural_alpha);
         if (mc > m)
             m = mc;
     }
-    double z = 0.0;
-    for (int w = 0; w < V; w++) {
-        q[w] = exp(in->logits[w] - m);
-        z += q[w];
-    }
+    double z = vm_exp_sum(out->p, in->logits, (size_t)V, (float)m);
+    for (size_t w = (size_t)V; w < n_words; w++)
+        out->p[w] = 0.0f;
+    /* e_i: the cache terms exp(θ h·h_i + α - m) (global) or the softmax_i
+     * numerators exp(θ h·h_i - mc) (linear), with their sum. */
     double zc = 0.0;
-    if (global) {
-        for (int i = 0; i < in->nn; i++) {
-            double e = exp(p->neural_theta * in->ndots[i] + p->neural_alpha - m);
-            zc += e;
-        }
+    if (global || linear) {
+        double bias = global ? p->neural_alpha : 0.0;
+        double mc = global ? m : max_scaled(in, p->neural_theta, 0.0);
+        for (int i = 0; i < in->nn; i++)
+            e[i] = (float)(p->neural_theta * in->ndots[i] + bias);
+        zc = vm_exp_sum(e, e, (size_t)in->nn, (float)mc);
     }
-    double ztot = z + zc;
-    for (size_t w = 0; w < n_words; w++) {
-        out->p[w] = (float)(q[w] / ztot);
-        if (shares)
-            out->share[NC_COMP_MODEL][w] = out->p[w];
-    }
+    double ztot = global ? z + zc : z;
+    float inv = (float)(1.0 / ztot);
+    for (size_t w = 0; w < (size_t)V; w++)
+        out->p[w] *= inv;
+    if (shares)
+        memcpy(out->share[NC_COMP_MODEL], out->p, n_words * sizeof(float));
     if (global) {
         for (int i = 0; i < in->nn; i++) {
             int w = in->nvals[i];
-            float e = (float)(exp(p->neural_theta * in->ndots[i] + p->neural_alpha - m) / ztot);
-            out->p[w] += e;
+            float ew = e[i] * inv;
+            out->p[w] += ew;
             if (shares)
-                out->share[NC_COMP_NEURAL][w] += e;
+                out->share[NC_COMP_NEURAL][w] += ew;
         }
-    } else if (neural_on(p, in)) {
-        /* linear interpolation: p_cache(w) = Σ_{x_{i+1}=w} softmax_i(θ h·h_i) (eq. 2) */
-        memset(q, 0, n_words * sizeof(double));
-        double mc = max_scaled(in, p->neural_theta, 0.0), zs = 0.0;
-        for (int i = 0; i < in->nn; i++)
-            zs += exp(p->neural_theta * in->ndots[i] - mc);
-        for (int i = 0; i < in->nn; i++)
-            q[in->nvals[i]] += exp(p->neural_theta * in->ndots[i] - mc) / zs;
-        blend(out, shares, p->neural_lambda, q, NC_COMP_NEURAL);
+    } else if (linear) {
+        /* linear interpolation: p_cache(w) = Σ_{x_{i+1}=w} softmax_i(θ h·h_i)
+         * (eq. 2); p <- (1-λ) p + λ p_cache, p_cache sparse over the window. */
+        float a = (float)(1.0 - p->neural_lambda), lz = (float)(p->neural_lambda / zc);
+        for (size_t w = 0; w < n_words; w++)
+            out->p[w] *= a;
+        if (shares)
+            for (size_t w = 0; w < n_words; w++)
+                out->share[NC_COMP_MODEL][w] *= a;
+        for (int i = 0; i < in->nn; i++) {
+            int w = in->nvals[i];
+            out->p[w] += lz * e[i];
+            if (shares)
+                out->share[NC_COMP_NEURAL][w] += lz * e[i];
+        }
     }
+    free(e);
 
     /* 3. unigram cache (Kuhn & De Mori): counts / |W| */
     if (unigram_on(p, in)) {

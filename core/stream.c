@@ -218,10 +218,23 @@ int stream_predict(nc_stream *s, bool shares, nc_dist *out, char *err, size_t er
 {
     if (!s->has_h)
         return nc_error(err, errlen, NC_ESTATE, "nothing to predict from yet (no token fed)");
+    lstm_logits(s->m, lstm_state_top(s->st), s->logits);
+    return stream_predict_logits(s, s->logits, shares, out, err, errlen);
+}
+
+const float *stream_h(const nc_stream *s)
+{
+    return s->has_h ? lstm_state_top(s->st) : NULL;
+}
+
+int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dist *out, char *err,
+                          size_t errlen)
+{
+    if (!s->has_h)
+        return nc_error(err, errlen, NC_ESTATE, "nothing to predict from yet (no token fed)");
     const int H = s->m->cfg.hidden_size, V = s->m->cfg.vocab_size;
     const float *h = lstm_state_top(s->st);
-    lstm_logits(s->m, h, s->logits);
-    nc_mix_input in = {.V = V, .logits = s->logits, .vocab_full = V};
+    nc_mix_input in = {.V = V, .logits = logits, .vocab_full = V};
     size_t n_words = (size_t)V;
     if (s->p.open_vocab && s->words) {
         n_words = (size_t)wordtable_size(s->words);

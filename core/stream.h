@@ -43,6 +43,14 @@ int stream_feed(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprob
  * component's part too. Does not change the stream. NC_ESTATE if the stream
  * has no h yet (bos false and nothing fed). */
 int stream_predict(nc_stream *s, bool shares, nc_dist *out, char *err, size_t errlen);
+/* The decoder input h_t (top layer output, [H]; valid until the stream
+ * changes), or NULL if the stream has no h yet. */
+const float *stream_h(const nc_stream *s);
+/* stream_predict with the decoder logits W h_t + b ([V]) already computed by
+ * the caller, so that a server can batch the decoder products of many
+ * streams into one GEMM (lstm_logits_batch). */
+int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dist *out, char *err,
+                          size_t errlen);
 
 /* Surface string of id (model or open-vocabulary word), NULL if unknown. */
 const char *stream_word(nc_stream *s, int id);

@@ -96,6 +96,21 @@ __attribute__((target("avx512f"))) static float max_avx512(const float *x, size_
     return mx;
 }
 
+/* y[i] = exp(x[i] - m); the sum accumulated in double lanes. */
+__attribute__((target("avx512f"))) static double expsum_avx512(float *y, const float *x, size_t n, float mx)
+{
+    __m512 m = _mm512_set1_ps(mx);
+    __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 e = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m)));
+        _mm512_mask_storeu_ps(y + i, k, e);
+        acc0 = _mm512_add_pd(acc0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        acc1 = _mm512_add_pd(acc1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
+}
+
 /* sigmoid(x) = 1 / (1 + e^-x); tanh(x) = 1 - 2 / (e^{2x} + 1). */
 __attribute__((target("avx512f"))) static void act_avx512(float *x, size_t n, int tanh_mode)
 {
@@ -151,6 +166,25 @@ __attribute__((target("avx2,fma"))) static float lse_avx2(const float *x, size_t
     for (; i < n; i++)
         sum += expf(x[i] - mx);
     return mx + (float)log(sum);
+}
+
+__attribute__((target("avx2,fma"))) static double expsum_avx2(float *y, const float *x, size_t n, float mx)
+{
+    __m256 m = _mm256_set1_ps(mx);
+    __m256d acc = _mm256_setzero_pd();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
+        _mm256_storeu_ps(y + i, e);
+        acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double t[4];
+    _mm256_storeu_pd(t, acc);
+    double sum = t[0] + t[1] + t[2] + t[3];
+    for (; i < n; i++)
+        sum += (y[i] = expf(x[i] - mx));
+    return sum;
 }
 
 __attribute__((target("avx2,fma"))) static void act_avx2(float *x, size_t n, int tanh_mode)
@@ -237,6 +271,32 @@ float vm_logsumexp(const float *x, size_t n)
     case ISA_AVX512: return lse_avx512(x, n, mx);
     case ISA_AVX2: return lse_avx2(x, n, mx);
     default: return lse_scalar(x, n, mx);
+    }
+}
+
+float vm_max(const float *x, size_t n)
+{
+    if (n == 0)
+        return -INFINITY;
+    if (isa() == ISA_AVX512)
+        return max_avx512(x, n);
+    float mx = x[0];
+    for (size_t i = 1; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
+double vm_exp_sum(float *y, const float *x, size_t n, float m)
+{
+    switch (isa()) {
+    case ISA_AVX512: return expsum_avx512(y, x, n, m);
+    case ISA_AVX2: return expsum_avx2(y, x, n, m);
+    default: {
+        double sum = 0.0;
+        for (size_t i = 0; i < n; i++)
+            sum += (y[i] = expf(x[i] - m));
+        return sum;
+    }
     }
 }
 

@@ -10,6 +10,13 @@
  * a +inf or NaN maximum is returned as is. */
 float vm_logsumexp(const float *x, size_t n);
 
+/* Largest element (-inf when n == 0; NaN handling as the ISA's max). */
+float vm_max(const float *x, size_t n);
+
+/* y[i] = exp(x[i] - m) (y may be x) and returns their sum, accumulated in
+ * double: the softmax numerators of the full distribution. */
+double vm_exp_sum(float *y, const float *x, size_t n, float m);
+
 /* In place: x <- 1 / (1 + exp(-x)). */
 void vm_sigmoid(float *x, size_t n);
 

@@ -542,6 +542,42 @@ TEST(stream_export_import)
     model_free(m);
 }
 
+/* ncache_dots (BLAS for float32 keys, AVX-512 or scalar for float16) against
+ * a naive double-precision dot over the exported keys: ring wrapped so the
+ * keys sit in two runs, a dimension with a vector tail, partly filled and
+ * empty rings. */
+TEST(ncache_dots_naive)
+{
+    for (int f16 = 0; f16 <= 1; f16++) {
+        for (int pushes = 0; pushes <= 100; pushes += 25) {
+            nc_ncache c;
+            char err[NC_ERRLEN];
+            const int size = 37, dim = 21;
+            CHECK(ncache_init(&c, size, dim, f16, err, sizeof err) == NC_OK);
+            float h[21], q[21], keys[37 * 21], dots[37];
+            int vals[37];
+            for (int i = 0; i < pushes; i++) {
+                for (int j = 0; j < dim; j++) h[j] = gauss();
+                ncache_push(&c, h, i);
+            }
+            for (int j = 0; j < dim; j++) q[j] = gauss();
+            int n = ncache_dots(&c, q, dots);
+            CHECK(n == (pushes < size ? pushes : size));
+            CHECK(ncache_export(&c, keys, vals) == n);
+            double worst = 0;
+            for (int i = 0; i < n; i++) {
+                double ref = 0;
+                for (int j = 0; j < dim; j++) ref += (double)q[j] * keys[i * dim + j];
+                double d = fabs(ref - dots[i]) / (1 + fabs(ref));
+                if (!(d <= worst)) worst = d;
+                CHECK(vals[i] == pushes - n + i);
+            }
+            CHECKF(worst < 1e-5, "f16=%d pushes=%d: worst relative error %g", f16, pushes, worst);
+            ncache_free(&c);
+        }
+    }
+}
+
 TEST(params_validation)
 {
     nc_cache_params p;
@@ -580,6 +616,7 @@ int main(void)
     RUN(ivfpq_vs_exact_and_switch);
     RUN(empty_caches_contribute_nothing);
     RUN(stream_export_import);
+    RUN(ncache_dots_naive);
     RUN(params_validation);
     return harness_summary();
 }

@@ -358,6 +358,13 @@ TEST(vmath_kernels_match_libm)
                 sum += exp((double)x[i] - mx);
             CHECKF(fabs(vm_logsumexp(x, sizes[si]) - (mx + log(sum))) <= 1e-5 * fmax(1.0, fabs(mx)),
                    "%s logsumexp n=%zu: %g vs %g", isas[k], sizes[si], vm_logsumexp(x, sizes[si]), mx + log(sum));
+            /* vm_max and vm_exp_sum (softmax numerators) against libm */
+            CHECK(vm_max(x, sizes[si]) == (float)mx);
+            double es = vm_exp_sum(y, x, sizes[si], (float)mx), we = 0;
+            for (size_t i = 0; i < sizes[si]; i++)
+                we = fmax(we, fabs(y[i] - exp((double)x[i] - mx)) / fmax(exp((double)x[i] - mx), 1e-30));
+            CHECKF(we <= 1e-6 && fabs(es - sum) <= 1e-6 * sum, "%s exp_sum n=%zu: rel err %g, sum %g vs %g",
+                   isas[k], sizes[si], we, es, sum);
         }
         float edge[4] = {-INFINITY, 0.0f, -INFINITY, -1e30f};
         CHECK_NEAR(vm_logsumexp(edge, 4), 0.0, 1e-6);
