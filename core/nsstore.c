@@ -45,6 +45,8 @@ struct nc_nsstore {
     uint32_t ndocs, doccap;
     /* hook state: only touched under the cache's write lock */
     bool replaying;
+    nsstore_observer obs;         /* replication (server/replication.c) */
+    void *obs_ctx;
     unsigned char *rec;
     size_t rec_cap;
     int *dyn;                     /* dynamic ids of the record being built */
@@ -404,11 +406,22 @@ static int add_hook(void *ctx, const float *keys, const int *words, size_t n, in
     int rc = wal_append(ns->wal, p, k, &seq, err, errlen);
     if (!rc)
         rc = prov_append(ns, first_id, n, doc, off, err, errlen);
+    nsstore_observer obs = __atomic_load_n(&ns->obs, __ATOMIC_ACQUIRE);
+    if (!rc && obs)
+        obs(__atomic_load_n(&ns->obs_ctx, __ATOMIC_ACQUIRE), ns, doc, off, keys, words, n);
     if (!rc && mine) {
         tl.seq = seq;
         tl.off += n;
     }
     return rc;
+}
+
+void nsstore_set_observer(nc_nsstore *ns, nsstore_observer fn, void *ctx)
+{
+    /* Set while adds may run: ctx first, then the function, published
+     * atomically (the hook reads the function once). */
+    __atomic_store_n(&ns->obs_ctx, ctx, __ATOMIC_RELEASE);
+    __atomic_store_n(&ns->obs, fn, __ATOMIC_RELEASE);
 }
 
 int nsstore_add(nc_nsstore *ns, const float *keys, const int *words, size_t n, uint32_t doc,

@@ -82,6 +82,15 @@ void nsstore_set_context(nc_nsstore *ns, uint32_t doc, uint64_t off);
 uint64_t nsstore_context_seq(void);
 void nsstore_clear_context(void);
 
+/* Observer of logged adds (replication): called after each add's record is
+ * written (not during recovery), under the cache's write lock -- it must be
+ * quick and must not call into the cache. doc/off: the provenance (doc may
+ * be NSSTORE_NO_DOC), keys [n, H] as stored, words namespace word ids. NULL
+ * fn removes it. */
+typedef void (*nsstore_observer)(void *ctx, nc_nsstore *ns, uint32_t doc, uint64_t off,
+                                 const float *keys, const int *words, size_t n);
+void nsstore_set_observer(nc_nsstore *ns, nsstore_observer fn, void *ctx);
+
 /* Returns once every record up to seq is durable (group commit). */
 int nsstore_sync(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen);
 

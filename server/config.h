@@ -24,6 +24,10 @@ typedef struct {
     char replica_tag[16];        /* prefix of session ids (scale-out) */
     char peers[2048];            /* other replicas: "tag=url,..." (server/migrate.h) */
     int drain_grace_s;           /* SIGTERM: seconds serving with /ready 503 before hand-over */
+    /* [replication] (server/replication.h) */
+    char redis[256];             /* host:port of Redis; "" = no replication */
+    char redis_prefix[64];       /* key prefix of the streams */
+    long redis_maxlen;           /* approximate cap of each stream, 0 = none */
     /* [limits] */
     long max_body_bytes;         /* 413 above */
     long max_tokens_per_request; /* 413 above */

@@ -14,6 +14,7 @@
 
 #include "metrics.h"
 #include "migrate.h"
+#include "replication.h"
 #include "rng.h"
 #include "sessions.h"
 
@@ -138,7 +139,7 @@ static void h_metrics(nc_server *srv, http_request *req, http_response *resp)
     size_t bytes = 0;
     if (srv->sessions)
         sessions_stats(srv->sessions, &n, &bytes);
-    resp->text = metrics_render(n, bytes, atomic_load(&srv->ready), atomic_load(&srv->draining));
+    resp->text = replication_metrics(metrics_render(n, bytes, atomic_load(&srv->ready), atomic_load(&srv->draining)));
     resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
     resp->status = 200;
 }
@@ -813,6 +814,7 @@ static const http_route route_table[] = {
     {"GET", "/v1/sessions/{id}", h_session_get, "sessions_get", M},
     {"DELETE", "/v1/sessions/{id}", h_session_delete, "sessions_delete", M},
     {"POST", "/v1/sessions/{id}/feed", h_feed, "feed", J | M},
+    {"GET", "/v1/replication", h_replication, "replication", 0},
     {"GET", "/v1/sessions/{id}/state", migrate_h_state_get, "sessions_state_get", M},
     {"PUT", "/v1/sessions/{id}/state", migrate_h_state_put, "sessions_state_put", M},
     {"POST", "/v1/sessions/{id}/handoff", migrate_h_handoff, "sessions_handoff", M},

@@ -17,6 +17,7 @@
 #include "http.h"
 #include "metrics.h"
 #include "migrate.h"
+#include "replication.h"
 #include "server.h"
 #include "sessions.h"
 #include "slog.h"
@@ -130,6 +131,12 @@ int main(int argc, char **argv)
         http_stop(&srv);
         return 1;
     }
+    /* Before the namespaces are recovered: each is attached as it opens. */
+    if (replication_start(&srv, err, sizeof err) != 0) {
+        slog(SLOG_ERROR, "startup failed", json_pack("{s:s,s:s}", "error", err, "option", "redis"));
+        http_stop(&srv);
+        return 1;
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     atomic_store(&srv.ready, 1);
     char desc[256];
@@ -186,6 +193,7 @@ int main(int argc, char **argv)
         nanosleep(&ms, NULL);
     }
     http_stop(&srv);
+    replication_stop();   /* publishes what is queued; before the namespaces close */
     long count = 0;
     sessions_stats(srv.sessions, &count, NULL);
     sessions_free(srv.sessions);

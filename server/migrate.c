@@ -114,10 +114,12 @@ int migrate_encode(const nc_model *m, uint64_t fingerprint, const nc_session *s,
     return NC_OK;
 }
 
-api_error migrate_decode(const nc_model *m, uint64_t fingerprint, const void *blob, size_t len,
-                         nc_stream **out, char *ns, size_t nslen, char *err, size_t errlen)
+api_error migrate_decode(const nc_model *m, uint64_t fingerprint, sessions *t, const void *blob,
+                         size_t len, nc_stream **out, void **ns_ref, char *ns, size_t nslen,
+                         char *err, size_t errlen)
 {
     *out = NULL;
+    *ns_ref = NULL;
     if (nslen) ns[0] = 0;
     const unsigned char *b = blob;
     if (len < 8 + 4 || memcmp(b, MAGIC, 8) != 0) {
@@ -169,7 +171,16 @@ api_error migrate_decode(const nc_model *m, uint64_t fingerprint, const void *bl
     memcpy(&sl, p, 8), p += 8;
     if (sl != (uint64_t)(end - p)) goto truncated;
     char msg[NC_ERRLEN] = "";
-    int rc = stream_import(m, NULL, NULL, p, (size_t)sl, out, msg, sizeof msg);
+    nc_ubcache *ub = NULL;
+    if (t && sessions_bind(t, ns, &ub, ns_ref, msg, sizeof msg) != 0) {
+        snprintf(err, errlen, "session state: namespace '%s': %s", ns, msg);
+        return API_OUT_OF_RANGE;
+    }
+    int rc = stream_import(m, ub, NULL, p, (size_t)sl, out, msg, sizeof msg);
+    if (rc != NC_OK && t) {
+        sessions_unbind(t, *ns_ref);
+        *ns_ref = NULL;
+    }
     if (rc == NC_ENOMEM) {
         snprintf(err, errlen, "session state: out of memory");
         return API_INTERNAL;
@@ -374,13 +385,14 @@ static int pull(nc_server *srv, const char *id)
                 continue;
             }
             nc_stream *st = NULL;
+            void *ref = NULL;
             char ns[SESSION_ID_MAX], msg[512] = "";
-            api_error e = migrate_decode(srv->model, mg.fingerprint, body, blen, &st, ns, sizeof ns,
-                                         msg, sizeof msg);
+            api_error e = migrate_decode(srv->model, mg.fingerprint, srv->sessions, body, blen, &st, &ref,
+                                         ns, sizeof ns, msg, sizeof msg);
             nc_session *s = NULL;
             sessions_rc src = SESS_EINVAL;
             if (e == API_OK)
-                src = sessions_adopt(srv->sessions, id, ns, stream_params(st), st, &s, msg, sizeof msg);
+                src = sessions_adopt(srv->sessions, id, ns, stream_params(st), st, ref, &s, msg, sizeof msg);
             if (src == SESS_OK) {
                 sessions_release(srv->sessions, s);
                 slog(SLOG_INFO, "session pulled", json_pack("{s:s,s:s}", "session", id, "from", p->url));
@@ -530,9 +542,10 @@ void migrate_h_state_put(nc_server *srv, http_request *req, http_response *resp)
         return;
     }
     nc_stream *st = NULL;
+    void *ref = NULL;
     char ns[SESSION_ID_MAX], err[NC_ERRLEN] = "";
-    api_error e = migrate_decode(srv->model, mg.fingerprint, req->body ? req->body : "", req->len, &st,
-                                 ns, sizeof ns, err, sizeof err);
+    api_error e = migrate_decode(srv->model, mg.fingerprint, srv->sessions, req->body ? req->body : "",
+                                 req->len, &st, &ref, ns, sizeof ns, err, sizeof err);
     if (e != API_OK) {
         http_reply_error(resp, e, "%s", err);
         return;
@@ -540,7 +553,7 @@ void migrate_h_state_put(nc_server *srv, http_request *req, http_response *resp)
     /* PUT replaces: a session of that id (an older copy) goes first. */
     sessions_delete(srv->sessions, id);
     nc_session *s = NULL;
-    sessions_rc rc = sessions_adopt(srv->sessions, id, ns, stream_params(st), st, &s, err, sizeof err);
+    sessions_rc rc = sessions_adopt(srv->sessions, id, ns, stream_params(st), st, ref, &s, err, sizeof err);
     static const api_error map[] = {
         [SESS_OK] = API_OK, [SESS_ENOTFOUND] = API_SESSION_NOT_FOUND, [SESS_EEXIST] = API_CONFLICT,
         [SESS_ELIMIT] = API_TOO_MANY_SESSIONS, [SESS_EMEMORY] = API_MEMORY_BUDGET,

@@ -45,11 +45,14 @@ int migrate_encode(const nc_model *m, uint64_t fingerprint, const nc_session *s,
                    size_t *len, char *err, size_t errlen);
 
 /* Validates and decodes a blob for model m: magic, version, checksum,
- * fingerprint, then the stream. Returns API_OK with *out (caller owns,
- * stream_free) and the namespace in ns, or the API error (state_corrupt,
- * state_version, state_model_mismatch) with a message in err. */
-api_error migrate_decode(const nc_model *m, uint64_t fingerprint, const void *blob, size_t len,
-                         nc_stream **out, char *ns, size_t nslen, char *err, size_t errlen);
+ * fingerprint, then the stream, bound to its namespace through t's binder
+ * (t NULL: no namespace binding). Returns API_OK with *out and *ns_ref (both
+ * for sessions_adopt, which takes them over) and the namespace in ns, or the
+ * API error (state_corrupt, state_version, state_model_mismatch, or
+ * out_of_range when the namespace cannot be bound) with a message in err. */
+api_error migrate_decode(const nc_model *m, uint64_t fingerprint, sessions *t, const void *blob,
+                         size_t len, nc_stream **out, void **ns_ref, char *ns, size_t nslen,
+                         char *err, size_t errlen);
 
 /* The session a request names (req->params[0]), held (release with
  * sessions_release). On a miss, asks the peers to hand it over first; if

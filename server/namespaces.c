@@ -16,6 +16,7 @@
 #include <uthash.h>
 
 #include "metrics.h"
+#include "replication.h"
 #include "slog.h"
 
 #define NS_NAME_MAX 64
@@ -83,7 +84,13 @@ static int open_store(nsreg *g, const char *dir, nc_nsstore **out, nc_nsstore_re
     /* FAISS's OpenMP threads compete with the request threads for the
      * cores (design §6): a search of one query is not worth a team */
     o.ub.omp_threads = 1;
-    return nsstore_open(&o, out, info, err, errlen);
+    int rc = nsstore_open(&o, out, info, err, errlen);
+    if (rc == NC_OK) {
+        /* Replication (Redis) publishes this store's adds from now on. */
+        const char *slash = strrchr(dir, '/');
+        replication_attach(slash ? slash + 1 : dir, *out);
+    }
+    return rc;
 }
 
 /* ---- registry -------------------------------------------------------------- */

@@ -120,27 +120,42 @@ static int random_id(const char *tag, char *out, size_t cap)
 sessions_rc sessions_create(sessions *t, const char *id, const char *ns,
                             const nc_cache_params *p, nc_session **out, char *err, size_t errlen)
 {
-    return sessions_adopt(t, id, ns, p, NULL, out, err, errlen);
+    return sessions_adopt(t, id, ns, p, NULL, NULL, out, err, errlen);
+}
+
+int sessions_bind(sessions *t, const char *ns, nc_ubcache **ub, void **ref, char *err, size_t errlen)
+{
+    *ub = NULL;
+    *ref = NULL;
+    return t->bind ? t->bind(t->bind_ctx, ns, ub, ref, err, errlen) : 0;
+}
+
+void sessions_unbind(sessions *t, void *ref)
+{
+    if (ref && t->unbind)
+        t->unbind(t->bind_ctx, ref);
 }
 
 sessions_rc sessions_adopt(sessions *t, const char *id, const char *ns, const nc_cache_params *p,
-                           nc_stream *stream, nc_session **out, char *err, size_t errlen)
+                           nc_stream *stream, void *ns_ref, nc_session **out, char *err, size_t errlen)
 {
     *out = NULL;
+    /* An adopted stream's namespace reference is released with it. */
+#define DROP_STREAM() do { stream_free(stream); sessions_unbind(t, ns_ref); } while (0)
     size_t need = sessions_estimate(t->model, p);
     /* Reserve a slot and the memory first, so concurrent creations cannot
      * overshoot the limits while the stream is being built. */
     pthread_mutex_lock(&t->lock);
     if (t->count >= t->max_sessions) {
         pthread_mutex_unlock(&t->lock);
-        stream_free(stream);
+        DROP_STREAM();
         snprintf(err, errlen, "the server holds its maximum of %d sessions", t->max_sessions);
         return SESS_ELIMIT;
     }
     if (t->used + need > t->budget) {
         size_t used = t->used;
         pthread_mutex_unlock(&t->lock);
-        stream_free(stream);
+        DROP_STREAM();
         snprintf(err, errlen, "session memory budget exceeded: %zu bytes in use, %zu needed, budget %zu",
                  used, need, t->budget);
         return SESS_EMEMORY;
@@ -150,7 +165,7 @@ sessions_rc sessions_adopt(sessions *t, const char *id, const char *ns, const nc
         HASH_FIND_STR(t->by_id, id, old);
         if (old) {
             pthread_mutex_unlock(&t->lock);
-            stream_free(stream);
+            DROP_STREAM();
             snprintf(err, errlen, "session '%s' already exists", id);
             return SESS_EEXIST;
         }
@@ -164,7 +179,7 @@ sessions_rc sessions_adopt(sessions *t, const char *id, const char *ns, const nc
     if (!s) {
         rc = SESS_ENOMEM;
         snprintf(err, errlen, "out of memory");
-        stream_free(stream);
+        DROP_STREAM();
     }
     if (rc == SESS_OK) {
         pthread_mutex_init(&s->lock, NULL);
@@ -172,9 +187,12 @@ sessions_rc sessions_adopt(sessions *t, const char *id, const char *ns, const nc
         s->reserved = need;
         s->created = wall_now();
         snprintf(s->ns, sizeof s->ns, "%s", ns ? ns : "");
-        if (stream)
+        if (stream) {
             s->stream = stream;   /* taken over: freed with s from here on */
-        else {
+            s->ns_ref = ns_ref;
+            s->ns_unbind = t->unbind;
+            s->ns_ctx = t->bind_ctx;
+        } else {
             nc_ubcache *ub = NULL;
             if (t->bind && t->bind(t->bind_ctx, ns, &ub, &s->ns_ref, err, errlen) != 0)
                 rc = SESS_EINVAL;

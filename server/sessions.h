@@ -59,10 +59,19 @@ void sessions_free(sessions *t);
 sessions_rc sessions_create(sessions *t, const char *id, const char *ns,
                             const nc_cache_params *p, nc_session **out, char *err, size_t errlen);
 
-/* As sessions_create, with a ready stream (an imported session state): the
- * stream is taken over in every case (freed on failure). */
+/* As sessions_create, with a ready stream (an imported session state) built
+ * on the namespace reference ns_ref from sessions_bind (or NULL): both are
+ * taken over in every case (released on failure). */
 sessions_rc sessions_adopt(sessions *t, const char *id, const char *ns, const nc_cache_params *p,
-                           nc_stream *stream, nc_session **out, char *err, size_t errlen);
+                           nc_stream *stream, void *ns_ref, nc_session **out, char *err,
+                           size_t errlen);
+
+/* The table's binder (sessions_set_binder) for a stream built by the caller:
+ * *ub the namespace's unbounded cache (NULL for ns "" or no binder), *ref
+ * released by sessions_unbind (NULL allowed) unless handed to
+ * sessions_adopt. 0 or -1 with a message. */
+int sessions_bind(sessions *t, const char *ns, nc_ubcache **ub, void **ref, char *err, size_t errlen);
+void sessions_unbind(sessions *t, void *ref);
 
 /* Whether s was deleted, evicted or handed over since it was acquired (a
  * request that waited for s->lock checks this before using s->stream). */
