@@ -27,7 +27,7 @@ SERVER_SRC := $(wildcard server/*.c)
 TOOLS_SRC  := $(wildcard tools/*.c)
 TEST_SRC   := $(wildcard tests/test_*.c)
 BENCH_SRC  := $(wildcard tests/bench_*.c)
-TESTLIB_SRC := $(filter-out tests/test_%.c tests/bench_%.c tests/fuzz_%.c,$(wildcard tests/*.c))
+TESTLIB_SRC := $(filter-out tests/test_%.c tests/bench_%.c tests/fuzz_%.c tests/soak.c,$(wildcard tests/*.c))
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 CORE_OBJ   := $(call obj,$(CORE_SRC))
@@ -133,6 +133,17 @@ bench: deps
 	$(Q)$(MAKE) --no-print-directory all $(BENCH_BINS)
 	$(Q)for b in scripts/bench_*.sh; do [ -f "$$b" ] || continue; \
 	    echo "== $$b"; BUILD=$(BUILD) BIN=$(BIN) bash "$$b" || exit 1; done
+
+# Soak test (tests/soak.c): the real daemon on loopback under SOAK_CLIENTS
+# concurrent clients for SOAK_SECONDS; fails on any 5xx or RSS growth over 5%
+# after warm-up. Uses models/demo (or the run in progress) when present.
+SOAK_SECONDS ?= 600
+SOAK_CLIENTS ?= 16
+SOAK_MODEL ?= $(firstword $(wildcard models/demo runs/demo) $(abspath tests/fixtures/lstm-2layer))
+SOAK_ARGS ?=
+soak: deps all $(BUILD)/tests/soak
+	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) $(BUILD)/tests/soak --seconds $(SOAK_SECONDS) \
+	    --clients $(SOAK_CLIENTS) --model $(SOAK_MODEL) $(SOAK_ARGS)
 
 run: deps all
 	$(Q)$(BIN)/neurocached --model models/demo --log-format text $(RUN_ARGS)

@@ -1,0 +1,442 @@
+/* soak.c -- soak test of neurocached (`make soak`): starts the real daemon
+ * on loopback and drives it for a bounded time from many concurrent clients
+ * with the traffic of real use -- create a session, feed text (sometimes
+ * adapting its namespace), predict, score documents, stream documents into a
+ * namespace, delete -- each client on a keep-alive connection. Every
+ * interval it prints requests served, req/s, latency p50/p99/max, 5xx and
+ * other errors, and the daemon's RSS; at the end a summary. Exits 1 on any
+ * 5xx or transport error, or when RSS grew more than --max-growth percent
+ * between the end of the warm-up and the end. Namespaces rotate (see
+ * ns_gen), which also makes namespace deletion part of the traffic. */
+#include <curl/curl.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "daemon.h"
+
+static struct {
+    int seconds, clients, interval, warmup, ns_rotate, namespaces;
+    double max_growth;
+    const char *model, *csv;
+    int port;                     /* an already running daemon (0 = start one) */
+    pid_t pid;                    /* its pid for RSS (0 = unknown) */
+} opt = {600, 16, 30, 60, 60, 1, 5.0, NULL, NULL, 0, 0};
+
+static atomic_int stop;
+/* Namespace generation: sessions and streams use "soak<gen>"; the main loop
+ * moves to the next one every --ns-rotate seconds and deletes the one before
+ * the previous (its sessions are gone by then), so the namespaces' data stay
+ * bounded and RSS growth measures leaks, not the unbounded cache filling. */
+static atomic_int ns_gen;
+
+/* Latencies of the current window (seconds), under lock. */
+static pthread_mutex_t lat_lock = PTHREAD_MUTEX_INITIALIZER;
+static double *lat;
+static size_t nlat, caplat;
+static long win_5xx, win_4xx, win_429, win_transport;
+static long tot_req, tot_5xx, tot_4xx, tot_429, tot_transport;
+static double *all_lat;           /* every latency, for the overall percentiles */
+static size_t nall, capall;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void record(double dt, long status, int transport_failed)
+{
+    pthread_mutex_lock(&lat_lock);
+    if (nlat == caplat) {
+        caplat = caplat ? 2 * caplat : 65536;
+        lat = realloc(lat, caplat * sizeof *lat);
+    }
+    if (nall == capall) {
+        capall = capall ? 2 * capall : 65536;
+        all_lat = realloc(all_lat, capall * sizeof *all_lat);
+    }
+    if (!lat || !all_lat) {
+        fprintf(stderr, "soak: out of memory\n");
+        exit(2);
+    }
+    lat[nlat++] = dt;
+    all_lat[nall++] = dt;
+    tot_req++;
+    if (transport_failed) {
+        win_transport++;
+        tot_transport++;
+    } else if (status >= 500) {
+        win_5xx++;
+        tot_5xx++;
+    } else if (status == 429) {
+        win_429++;
+        tot_429++;
+    } else if (status >= 400) {
+        win_4xx++;
+        tot_4xx++;
+    }
+    pthread_mutex_unlock(&lat_lock);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(const double *v, size_t n, double p)
+{
+    if (n == 0)
+        return NAN;
+    size_t i = (size_t)ceil(p * (double)n) - 1;
+    return v[i < n ? i : n - 1];
+}
+
+static long rss_kb(pid_t pid)
+{
+    if (pid <= 0)
+        return -1;
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    long kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb;
+}
+
+/* ---- one client ---------------------------------------------------------- */
+
+typedef struct {
+    CURL *c;
+    char *buf;
+    size_t len, cap;
+    unsigned seed;
+    int idx;
+    char last_error[512];
+} client;
+
+static size_t on_body(char *p, size_t size, size_t nmemb, void *user)
+{
+    client *cl = user;
+    size_t n = size * nmemb;
+    if (cl->len + n + 1 > cl->cap) {
+        size_t cap = cl->cap ? cl->cap : 4096;
+        while (cap < cl->len + n + 1) cap *= 2;
+        char *nb = realloc(cl->buf, cap);
+        if (!nb)
+            return 0;
+        cl->buf = nb;
+        cl->cap = cap;
+    }
+    memcpy(cl->buf + cl->len, p, n);
+    cl->len += n;
+    cl->buf[cl->len] = 0;
+    return n;
+}
+
+/* One request on the client's keep-alive connection; returns the status
+ * (-1 = transport failure) and records it. */
+static long request(client *cl, const char *method, const char *path, const char *ctype,
+                    const char *body)
+{
+    char url[512];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", opt.port, path);
+    struct curl_slist *h = NULL;
+    char cth[128];
+    snprintf(cth, sizeof cth, "Content-Type: %s", ctype ? ctype : "application/json");
+    h = curl_slist_append(h, cth);
+    h = curl_slist_append(h, "Expect:");
+    cl->len = 0;
+    if (cl->buf) cl->buf[0] = 0;
+    curl_easy_setopt(cl->c, CURLOPT_URL, url);
+    curl_easy_setopt(cl->c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(cl->c, CURLOPT_CUSTOMREQUEST, method);
+    if (body) {
+        curl_easy_setopt(cl->c, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(cl->c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+    } else {
+        curl_easy_setopt(cl->c, CURLOPT_POSTFIELDS, NULL);
+        curl_easy_setopt(cl->c, CURLOPT_HTTPGET, 1L);
+        curl_easy_setopt(cl->c, CURLOPT_CUSTOMREQUEST, method);
+    }
+    double t0 = now();
+    CURLcode rc = curl_easy_perform(cl->c);
+    double dt = now() - t0;
+    long status = -1;
+    if (rc == CURLE_OK)
+        curl_easy_getinfo(cl->c, CURLINFO_RESPONSE_CODE, &status);
+    curl_slist_free_all(h);
+    record(dt, status, rc != CURLE_OK);
+    if (rc != CURLE_OK)
+        snprintf(cl->last_error, sizeof cl->last_error, "%s %s: %s", method, path, curl_easy_strerror(rc));
+    else if (status >= 500)
+        snprintf(cl->last_error, sizeof cl->last_error, "%s %s: %ld %.300s", method, path, status,
+                 cl->buf ? cl->buf : "");
+    return rc == CURLE_OK ? status : -1;
+}
+
+/* Penn Treebank's most frequent words (all in the demo model's vocabulary;
+ * a smaller model maps the rest to <unk>). */
+static const char *const words[] = {
+    "the", "N", "of", "to", "a", "in", "and", "'s", "that", "for", "$", "is", "it", "said", "on",
+    "by", "at", "as", "from", "with", "million", "mr.", "was", "be", "are", "its", "he", "but",
+    "has", "an", "n't", "will", "have", "new", "or", "company", "they", "this", "year", "which",
+    "would", "about", "says", "more", "were", "market", "billion", "his", "stock", "had", "up",
+    "one", "than", "who", "been", "also", "other", "share", "i", "not", "we", "corp.", "some",
+    "new", "years", "could", "after", "shares", "there", "all", "trading", "last", "president"};
+
+static void sentence(client *cl, char *out, size_t cap, int n, bool newline)
+{
+    size_t o = 0;
+    for (int i = 0; i < n && o + 32 < cap; i++) {
+        const char *w = words[rand_r(&cl->seed) % (sizeof words / sizeof words[0])];
+        o += (size_t)snprintf(out + o, cap - o, "%s%s", i ? " " : "", w);
+    }
+    if (newline && o + 2 < cap) {
+        out[o++] = '\n';
+        out[o] = 0;
+    }
+}
+
+/* JSON string of text (escapes '\n' and '"' -- the only ones it holds). */
+static void json_text(const char *text, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (const char *p = text; *p && o + 3 < cap; p++) {
+        if (*p == '\n') { out[o++] = '\\'; out[o++] = 'n'; }
+        else if (*p == '"' || *p == '\\') { out[o++] = '\\'; out[o++] = *p; }
+        else out[o++] = *p;
+    }
+    out[o] = 0;
+}
+
+static void *client_main(void *arg)
+{
+    client *cl = arg;
+    cl->c = curl_easy_init();
+    curl_easy_setopt(cl->c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(cl->c, CURLOPT_WRITEDATA, cl);
+    curl_easy_setopt(cl->c, CURLOPT_TIMEOUT, 120L);
+    curl_easy_setopt(cl->c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(cl->c, CURLOPT_TCP_KEEPALIVE, 1L);
+    /* Half the clients work in namespace "soak" with the unbounded cache. */
+    bool ns = opt.namespaces && cl->idx % 2 == 0;
+    char text[1024], jt[2048], body[4096], path[256], id[128];
+    while (!atomic_load(&stop)) {
+        int gen = atomic_load(&ns_gen);
+        if (ns)
+            snprintf(body, sizeof body,
+                     "{\"namespace\":\"soak%d\",\"cache\":{\"neural_size\":500,\"unigram_size\":500,\"unbounded\":true}}",
+                     gen);
+        else
+            snprintf(body, sizeof body, "{\"cache\":{\"neural_size\":500,\"unigram_size\":500}}");
+        if (request(cl, "POST", "/v1/sessions", NULL, body) != 201) {
+            struct timespec ts = {0, 100 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        json_t *j = json_loads(cl->buf, 0, NULL);
+        snprintf(id, sizeof id, "%s", j ? json_string_value(json_object_get(j, "id")) : "");
+        json_decref(j);
+        for (int round = 0; round < 10 && !atomic_load(&stop); round++) {
+            sentence(cl, text, sizeof text, 5 + rand_r(&cl->seed) % 20, rand_r(&cl->seed) % 3 == 0);
+            json_text(text, jt, sizeof jt);
+            bool adapt = ns && round % 5 == 4;
+            snprintf(body, sizeof body, "{\"text\":\"%s\",\"scores\":%s%s}", jt, round % 2 ? "true" : "false",
+                     adapt ? ",\"adapt\":true" : "");
+            snprintf(path, sizeof path, "/v1/sessions/%s/feed", id);
+            request(cl, "POST", path, NULL, body);
+            snprintf(path, sizeof path, "/v1/sessions/%s/predict", id);
+            request(cl, "POST", path, NULL, round % 4 == 3 ? "{\"top_k\":100,\"components\":true}" : "{\"top_k\":10}");
+            if (round % 5 == 0) {
+                sentence(cl, text, sizeof text, 40, true);
+                json_text(text, jt, sizeof jt);
+                snprintf(body, sizeof body, "{\"text\":\"%s\",\"cache\":{\"neural_size\":100}}", jt);
+                request(cl, "POST", "/v1/score", NULL, body);
+            }
+            if (ns && cl->idx % 4 == 0 && round == 9) {
+                /* Stream a small document into the namespace. */
+                size_t o = 0;
+                for (int l = 0; l < 20; l++) {
+                    sentence(cl, text, sizeof text, 12, true);
+                    o += (size_t)snprintf(body + o, sizeof body - o, "%s", text);
+                    if (o + 200 > sizeof body) break;
+                }
+                snprintf(path, sizeof path, "/v1/namespaces/soak%d/documents", gen);
+                request(cl, "POST", path, "text/plain", body);
+            }
+        }
+        snprintf(path, sizeof path, "/v1/sessions/%s", id);
+        request(cl, "DELETE", path, NULL, NULL);
+    }
+    curl_easy_cleanup(cl->c);
+    free(cl->buf);
+    return NULL;
+}
+
+/* ---- main ------------------------------------------------------------------- */
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: soak [--seconds N] [--clients N] [--interval S] [--warmup S] [--model DIR]\n"
+                    "            [--port P --pid PID] [--max-growth PCT] [--csv FILE] [--ns-rotate S]\n"
+                    "            [--namespaces 0|1]\n");
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) { usage(); return 2; }
+        if (!strcmp(a, "--seconds")) opt.seconds = atoi(v);
+        else if (!strcmp(a, "--clients")) opt.clients = atoi(v);
+        else if (!strcmp(a, "--interval")) opt.interval = atoi(v);
+        else if (!strcmp(a, "--warmup")) opt.warmup = atoi(v);
+        else if (!strcmp(a, "--ns-rotate")) opt.ns_rotate = atoi(v);
+        else if (!strcmp(a, "--namespaces")) opt.namespaces = atoi(v);
+        else if (!strcmp(a, "--model")) opt.model = v;
+        else if (!strcmp(a, "--port")) opt.port = atoi(v);
+        else if (!strcmp(a, "--pid")) opt.pid = (pid_t)atoi(v);
+        else if (!strcmp(a, "--max-growth")) opt.max_growth = atof(v);
+        else if (!strcmp(a, "--csv")) opt.csv = v;
+        else { usage(); return 2; }
+        i++;
+    }
+    if (opt.seconds <= 0 || opt.clients <= 0 || opt.interval <= 0 || (!opt.model && !opt.port)) {
+        usage();
+        return 2;
+    }
+    if (opt.warmup >= opt.seconds)
+        opt.warmup = opt.seconds / 10;
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    nc_daemon d;
+    memset(&d, 0, sizeof d);
+    if (!opt.port) {
+        const char *args[] = {"--model", opt.model, "--max-sessions", "100000", "--log-level", "warn", NULL};
+        if (daemon_start(&d, args) != 0) {
+            fprintf(stderr, "soak: the daemon did not start\n");
+            return 2;
+        }
+        opt.port = d.port;
+        opt.pid = d.pid;
+    }
+    FILE *csv = opt.csv ? fopen(opt.csv, "w") : NULL;
+    if (csv)
+        fprintf(csv, "t_s,requests,req_per_s,p50_ms,p99_ms,max_ms,status_5xx,status_4xx,status_429,transport,rss_kb\n");
+    printf("soak: %d clients, %d s, model %s, port %d (loopback)\n", opt.clients, opt.seconds,
+           opt.model ? opt.model : "(running daemon)", opt.port);
+    printf("%7s %9s %8s %8s %8s %8s %5s %5s %5s %5s %9s\n", "t_s", "requests", "req/s", "p50_ms", "p99_ms",
+           "max_ms", "5xx", "4xx", "429", "xport", "rss_kb");
+    fflush(stdout);
+    long rss0 = rss_kb(opt.pid), rss_warm = -1, rss_end = -1;
+
+    client *cls = calloc((size_t)opt.clients, sizeof *cls);
+    pthread_t *th = calloc((size_t)opt.clients, sizeof *th);
+    for (int i = 0; i < opt.clients; i++) {
+        cls[i].idx = i;
+        cls[i].seed = 12345u + (unsigned)i * 7919u;
+        pthread_create(&th[i], NULL, client_main, &cls[i]);
+    }
+    double t0 = now(), next = t0 + opt.interval, next_rotate = t0 + opt.ns_rotate;
+    double *snap = NULL;
+    client admin = {.idx = -1};
+    admin.c = curl_easy_init();
+    curl_easy_setopt(admin.c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(admin.c, CURLOPT_WRITEDATA, &admin);
+    curl_easy_setopt(admin.c, CURLOPT_TIMEOUT, 120L);
+    curl_easy_setopt(admin.c, CURLOPT_NOSIGNAL, 1L);
+    for (;;) {
+        double t = now();
+        if (opt.ns_rotate > 0 && t >= next_rotate) {
+            int g = atomic_fetch_add(&ns_gen, 1) + 1;
+            if (g >= 2) {
+                char path[128];
+                snprintf(path, sizeof path, "/v1/namespaces/soak%d?confirm=soak%d", g - 2, g - 2);
+                long st = request(&admin, "DELETE", path, NULL, NULL);
+                if (st != 200 && st != 404)
+                    fprintf(stderr, "soak: deleting namespace soak%d: %ld %s\n", g - 2, st, admin.buf ? admin.buf : "");
+            }
+            next_rotate += opt.ns_rotate;
+        }
+        if (t < next) {
+            struct timespec ts = {0, 200 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        pthread_mutex_lock(&lat_lock);
+        size_t n = nlat;
+        snap = realloc(snap, (n ? n : 1) * sizeof *snap);
+        memcpy(snap, lat, n * sizeof *snap);
+        long e5 = win_5xx, e4 = win_4xx, e429 = win_429, ex = win_transport;
+        nlat = 0;
+        win_5xx = win_4xx = win_429 = win_transport = 0;
+        pthread_mutex_unlock(&lat_lock);
+        qsort(snap, n, sizeof *snap, cmp_double);
+        long rss = rss_kb(opt.pid);
+        double el = t - t0;
+        if (rss_warm < 0 && el >= opt.warmup)
+            rss_warm = rss;
+        rss_end = rss;
+        printf("%7.0f %9zu %8.1f %8.2f %8.2f %8.2f %5ld %5ld %5ld %5ld %9ld\n", el, n, (double)n / opt.interval,
+               1e3 * pct(snap, n, 0.5), 1e3 * pct(snap, n, 0.99), 1e3 * (n ? snap[n - 1] : NAN), e5, e4, e429,
+               ex, rss);
+        fflush(stdout);
+        if (csv) {
+            fprintf(csv, "%.0f,%zu,%.1f,%.3f,%.3f,%.3f,%ld,%ld,%ld,%ld,%ld\n", el, n, (double)n / opt.interval,
+                    1e3 * pct(snap, n, 0.5), 1e3 * pct(snap, n, 0.99), 1e3 * (n ? snap[n - 1] : NAN), e5, e4,
+                    e429, ex, rss);
+            fflush(csv);
+        }
+        next += opt.interval;
+        if (el >= opt.seconds - 0.5)
+            break;
+    }
+    atomic_store(&stop, 1);
+    curl_easy_cleanup(admin.c);
+    free(admin.buf);
+    for (int i = 0; i < opt.clients; i++)
+        pthread_join(th[i], NULL);
+    double el = now() - t0;
+    qsort(all_lat, nall, sizeof *all_lat, cmp_double);
+    double growth = rss_warm > 0 && rss_end > 0 ? 100.0 * (double)(rss_end - rss_warm) / (double)rss_warm : NAN;
+    printf("\nsummary: %ld requests in %.0f s (%.1f req/s), p50 %.2f ms, p99 %.2f ms, max %.2f ms\n", tot_req, el,
+           (double)tot_req / el, 1e3 * pct(all_lat, nall, 0.5), 1e3 * pct(all_lat, nall, 0.99),
+           1e3 * (nall ? all_lat[nall - 1] : NAN));
+    printf("errors: %ld 5xx, %ld transport, %ld 429, %ld other 4xx\n", tot_5xx, tot_transport, tot_429, tot_4xx);
+    printf("rss: start %ld kB, after %d s warm-up %ld kB, end %ld kB, growth after warm-up %.2f%% (limit %.1f%%)\n",
+           rss0, opt.warmup, rss_warm, rss_end, growth, opt.max_growth);
+    for (int i = 0; i < opt.clients; i++)
+        if (cls[i].last_error[0])
+            printf("client %d last error: %s\n", i, cls[i].last_error);
+    int fail = tot_5xx > 0 || tot_transport > 0 || (isfinite(growth) && growth > opt.max_growth);
+    if (d.pid > 0) {
+        int st = daemon_stop(&d);
+        printf("daemon exit status %d\n", st);
+        if (st != 0) fail = 1;
+    }
+    if (csv) fclose(csv);
+    printf("%s\n", fail ? "SOAK FAILED" : "SOAK OK");
+    free(cls);
+    free(th);
+    free(snap);
+    free(lat);
+    free(all_lat);
+    curl_global_cleanup();
+    return fail;
+}
