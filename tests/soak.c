@@ -301,7 +301,7 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) { usage(); return 2; }
         if (!strcmp(a, "--seconds")) opt.seconds = atoi(v);
@@ -316,7 +316,6 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--max-growth")) opt.max_growth = atof(v);
         else if (!strcmp(a, "--csv")) opt.csv = v;
         else { usage(); return 2; }
-        i++;
     }
     if (opt.seconds <= 0 || opt.clients <= 0 || opt.interval <= 0 || (!opt.model && !opt.port)) {
         usage();
