@@ -210,6 +210,13 @@ int wal_replay(const char *dir, uint32_t tag, uint64_t after, wal_record_fn fn, 
         return NC_OK;
     }
     uint64_t expect = l.first[0];
+    if (expect == 0) {
+        /* seq numbers start at 1: "expect - 1" below would wrap to 2^64-1
+         * (found by fuzz_wal: a short segment named ...0000.log gave
+         * last_seq 18446744073709551615) */
+        free(l.first);
+        return nc_error(err, errlen, NC_EFORMAT, "%s: a log segment starts at seq 0 (seq numbers start at 1)", dir);
+    }
     if (l.first[0] > after + 1) {
         free(l.first);
         return nc_error(err, errlen, NC_ENOTFOUND, "%s: the log starts at seq %llu and does not reach back to %llu",
