@@ -27,7 +27,8 @@ const char cacheopts_help[] =
     "  --kernel gaussian|epanechnikov   kernel (default gaussian)\n"
     "  --index FILE            trained index (default: the model's unbounded.faiss if present)\n"
     "  --switch-at N           pairs kept in the exact index before switching (default 65536)\n"
-    "  --threads N             FAISS OpenMP threads\n"
+    "  --threads N             FAISS OpenMP threads (default 1)\n"
+    "  --memory FILE           stream FILE into the unbounded cache before scoring\n"
     "  --open-vocab            words outside the model vocabulary get their own ids\n"
     "  --uniform-mu M          interpolate with the uniform distribution (open vocabulary)\n"
     "  --vocab-size-full S     |V_full| for the uniform term (default: V + words seen)\n";
@@ -157,6 +158,7 @@ int cacheopts_parse(cacheopts *co, int code, const char *arg, const char *cmd)
         co->switch_at = iv;
         break;
     case CO_THREADS: INT(1, 1024, co->threads, ""); break;
+    case CO_MEMORY: co->memory_path = arg; break;
     }
 #undef INT
 #undef FLT
@@ -165,7 +167,7 @@ bad:;
     static const char *names[] = {"unigram-cache", "unigram-lambda", "neural-cache", "theta", "lambda",
                                   "global-norm", "alpha", "f16-keys", "unbounded", "knn", "nprobe",
                                   "unbounded-lambda", "exact", "kernel", "open-vocab", "uniform-mu",
-                                  "vocab-size-full", "index", "switch-at", "threads"};
+                                  "vocab-size-full", "index", "switch-at", "threads", "memory"};
     fprintf(stderr, "neurocache %s: bad value '%s' for --%s\n", cmd, arg, names[code - CO_UNIGRAM]);
     return -1;
 }
@@ -189,6 +191,7 @@ int cacheopts_finish(cacheopts *co, const char *cmd)
         {CO_KERNEL, CO_UNBOUNDED, "--kernel needs --unbounded"},
         {CO_INDEX, CO_UNBOUNDED, "--index needs --unbounded"},
         {CO_SWITCH_AT, CO_UNBOUNDED, "--switch-at needs --unbounded"},
+        {CO_MEMORY, CO_UNBOUNDED, "--memory needs --unbounded"},
         {CO_MU, CO_OPEN, "--uniform-mu needs --open-vocab"},
         {CO_VFULL, CO_OPEN, "--vocab-size-full needs --open-vocab"},
     };
@@ -211,8 +214,11 @@ int cacheopts_finish(cacheopts *co, const char *cmd)
         fprintf(stderr, "neurocache %s: %s\n", cmd, err);
         return 2;
     }
-    if (co->threads > 0)
-        ubcache_set_threads(co->threads);
+    /* One FAISS thread unless asked: searches come in blocks of 64 queries,
+     * where OpenMP's fork/join costs more than it saves, and with the cores
+     * busy (a training run, the other scorer) its spin-waiting threads made
+     * `score --unbounded` 60x slower (170 vs 9,900 tokens/s, BENCHMARKS.md). */
+    ubcache_set_threads(co->threads > 0 ? co->threads : 1);
     return 0;
 }
 
@@ -303,4 +309,109 @@ double co_ppl(const double *lp, size_t len, size_t *n)
     if (n)
         *n = c;
     return c ? exp(-sum / (double)c) : NAN;
+}
+
+int co_hidden_pass(const nc_model *m, const nc_tokens *toks, nc_wordtable *words, co_hidden_fn fn,
+                   void *ctx, bool progress, char *err, size_t errlen)
+{
+    const size_t C = 4096;
+    const int H = m->cfg.hidden_size;
+    nc_state *s = lstm_state_new(m);
+    nc_lstm_work *w = lstm_work_new(m);
+    float *h = malloc((C + 1) * (size_t)H * sizeof(float));
+    int *ids = malloc(C * sizeof(int));
+    int rc = (!s || !w || !h || !ids) ? nc_error(err, errlen, NC_ENOMEM, "hidden pass buffers") : NC_OK;
+    if (!rc)
+        lstm_step(m, s, m->eos_id, w);
+    double t0 = co_now(), last = t0;
+    for (size_t j0 = 0; !rc && j0 < toks->n; j0 += C) {
+        size_t nb = toks->n - j0 < C ? toks->n - j0 : C;
+        /* row 0 = h before the chunk's first token, rows 1..nb = after each */
+        memcpy(h, lstm_state_top(s), (size_t)H * sizeof(float));
+        rc = lstm_forward_seq(m, s, toks->ids + j0, nb, h + H, err, errlen);
+        for (size_t r = 0; !rc && r < nb; r++) {
+            int id = toks->ids[j0 + r];
+            if (words && id == m->unk_id && toks->words && toks->words[j0 + r]) {
+                id = wordtable_id(words, toks->words[j0 + r], strlen(toks->words[j0 + r]), true);
+                if (id < 0)
+                    rc = nc_error(err, errlen, NC_ENOMEM, "word table");
+            }
+            ids[r] = id;
+        }
+        if (!rc)
+            rc = fn(h, ids, nb, ctx, err, errlen);
+        double t = co_now();
+        if (progress && (t - last > 2.0 || j0 + nb == toks->n)) {
+            fprintf(stderr, "  %zu/%zu tokens (%.0f%%), %.0f tokens/s\n", j0 + nb, toks->n,
+                    100.0 * (double)(j0 + nb) / (double)toks->n, (double)(j0 + nb) / (t - t0 + 1e-9));
+            last = t;
+        }
+    }
+    free(h);
+    free(ids);
+    lstm_state_free(s);
+    lstm_work_free(w);
+    return rc;
+}
+
+static int add_to_ub(const float *h, const int *ids, size_t n, void *ctx, char *err, size_t errlen)
+{
+    return ubcache_add(ctx, h, ids, n, NULL, err, errlen);
+}
+
+int cacheopts_fill_memory(const nc_model *m, const char *path, nc_wordtable *words, nc_ubcache *ub,
+                          bool progress, char *err, size_t errlen)
+{
+    nc_tokens t;
+    tokens_init(&t);
+    int rc = co_read_tokens(m, path, &t, err, errlen);
+    if (!rc && progress)
+        fprintf(stderr, "memory: streaming %zu tokens of %s into the unbounded cache\n", t.n, path);
+    if (!rc)
+        rc = co_hidden_pass(m, &t, words, add_to_ub, ub, progress, err, errlen);
+    tokens_clear(&t);
+    return rc;
+}
+
+bool cacheopts_any(const cacheopts *co)
+{
+    const nc_cache_params *p = &co->p;
+    return p->neural_size > 0 || p->unigram_size > 0 || p->unbounded || p->open_vocab;
+}
+
+int co_score_cached(const nc_model *m, const cacheopts *co, const nc_tokens *toks, bool bos_eos,
+                    double *lp, bool progress, char *err, size_t errlen)
+{
+    nc_wordtable *words = NULL;
+    nc_ubcache *ub = NULL;
+    nc_doc *d = NULL;
+    int rc = NC_OK;
+    if (co->p.open_vocab)
+        rc = wordtable_new(m->vocab, &words, err, errlen);
+    if (!rc && co->p.unbounded)
+        rc = cacheopts_make_ub(co, &co->p, m, words, &ub, err, errlen);
+    if (!rc && ub && co->memory_path)
+        rc = cacheopts_fill_memory(m, co->memory_path, words, ub, progress, err, errlen);
+    if (!rc)
+        rc = co_prepare(m, toks, bos_eos, words, &d, err, errlen);
+    if (!rc) {
+        nc_doc_caches dc = {.ub = ub, .adapt = ub != NULL};
+        rc = doc_score(d, &co->p, &dc, 0, lp, err, errlen);
+    }
+    doc_free(d);
+    ubcache_free(ub);
+    wordtable_free(words);
+    return rc;
+}
+
+int co_gnuplot(const char *script, char *err, size_t errlen)
+{
+    FILE *g = popen("gnuplot 2>&1", "w");
+    if (!g)
+        return nc_error(err, errlen, NC_EIO, "cannot run gnuplot: %s", strerror(errno));
+    fputs(script, g);
+    int st = pclose(g);
+    if (st != 0)
+        return nc_error(err, errlen, NC_EIO, "gnuplot failed (status %d; is gnuplot installed? make deps)", st);
+    return NC_OK;
 }

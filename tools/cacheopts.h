@@ -10,7 +10,7 @@
 enum {
     CO_UNIGRAM = 1000, CO_UNIGRAM_LAMBDA, CO_NEURAL, CO_THETA, CO_LAMBDA, CO_GLOBAL, CO_ALPHA,
     CO_F16, CO_UNBOUNDED, CO_KNN, CO_NPROBE, CO_UB_LAMBDA, CO_EXACT, CO_KERNEL, CO_OPEN,
-    CO_MU, CO_VFULL, CO_INDEX, CO_SWITCH_AT, CO_THREADS, CO_LAST
+    CO_MU, CO_VFULL, CO_INDEX, CO_SWITCH_AT, CO_THREADS, CO_MEMORY, CO_LAST
 };
 
 #define CACHEOPTS_LONG \
@@ -33,7 +33,8 @@ enum {
     {"vocab-size-full", required_argument, NULL, CO_VFULL}, \
     {"index", required_argument, NULL, CO_INDEX}, \
     {"switch-at", required_argument, NULL, CO_SWITCH_AT}, \
-    {"threads", required_argument, NULL, CO_THREADS}
+    {"threads", required_argument, NULL, CO_THREADS}, \
+    {"memory", required_argument, NULL, CO_MEMORY}
 
 typedef struct {
     nc_cache_params p;
@@ -41,6 +42,7 @@ typedef struct {
     const char *index_path;       /* --index: trained index; NULL = DIR/unbounded.faiss if present */
     long switch_at;               /* --switch-at: pairs before leaving the flat index */
     int threads;                  /* --threads: FAISS OpenMP threads (0 = default) */
+    const char *memory_path;      /* --memory: text streamed into the unbounded cache first */
 } cacheopts;
 
 extern const char cacheopts_help[];
@@ -57,6 +59,35 @@ int cacheopts_finish(cacheopts *co, const char *cmd);
  * model directory's unbounded.faiss unless --exact). */
 int cacheopts_make_ub(const cacheopts *co, const nc_cache_params *p, const nc_model *m,
                       nc_wordtable *words, nc_ubcache **out, char *err, size_t errlen);
+
+/* Streams the text file path through the model (state after one eos, then
+ * every token) and adds every pair (h_t, x_{t+1}) to ub: the memory a
+ * namespace would hold after that text was fed into it. words: open
+ * vocabulary table or NULL. progress: print a line on stderr now and then. */
+int cacheopts_fill_memory(const nc_model *m, const char *path, nc_wordtable *words, nc_ubcache *ub,
+                          bool progress, char *err, size_t errlen);
+
+/* Runs the model over toks[0..n) from the state after one eos and calls fn
+ * with chunks of rows: h[i] = the h_t that predicts token ids[i] (i.e. the
+ * pair (h[i], ids[i])). Chunks of at most 4096 rows, in order. fn returns
+ * NC_OK to go on. */
+typedef int (*co_hidden_fn)(const float *h, const int *ids, size_t n, void *ctx, char *err, size_t errlen);
+int co_hidden_pass(const nc_model *m, const nc_tokens *toks, nc_wordtable *words, co_hidden_fn fn,
+                   void *ctx, bool progress, char *err, size_t errlen);
+
+/* True when any cache or open vocabulary is on (the doc_score path). */
+bool cacheopts_any(const cacheopts *co);
+
+/* The whole cache scoring of one file as `score` does it: open-vocabulary
+ * table if asked, unbounded cache (filled with --memory first) with adapt,
+ * one prepared document, doc_score. lp[toks->n]: NAN for context-only
+ * tokens (bos none). */
+int co_score_cached(const nc_model *m, const cacheopts *co, const nc_tokens *toks, bool bos_eos,
+                    double *lp, bool progress, char *err, size_t errlen);
+
+/* Runs gnuplot on script (a whole program, ending with the plot command).
+ * NC_EIO with the reason if gnuplot is missing or fails. */
+int co_gnuplot(const char *script, char *err, size_t errlen);
 
 /* Helpers for the tools: strict number parsing; comma lists. */
 bool co_parse_int(const char *s, long lo, long hi, long *out);

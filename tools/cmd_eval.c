@@ -1,10 +1,449 @@
-/* cmd_eval.c -- placeholder until the command lands (scaffolding). */
+/* cmd_eval.c -- `neurocache eval`: a perplexity table of the static model and
+ * the cache combinations on text files, with the cost of each (tokens/s), and
+ * sweeps of one knob (perplexity against cache size / k, as the papers'
+ * figures) to CSV and a gnuplot PNG. One LSTM pass and one unbounded-cache
+ * search per file serve every row. */
+#include <getopt.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cacheopts.h"
 #include "commands.h"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: neurocache eval --model DIR [--bos eos|none] [cache options] [--csv FILE]\n"
+            "                       [--sweep KNOB=V1,V2,... [--out PREFIX]] FILE...\n"
+            "\n"
+            "Prints, for each FILE, the perplexity and speed of the static model and of the\n"
+            "caches: with no cache option, the static model, +unigram (N=2000), +neural\n"
+            "linear (N=2000), +neural global, +unbounded and neural+unbounded with default\n"
+            "knobs; with cache options, the static model, each cache asked for alone and\n"
+            "all of them together. --open-vocab/--uniform-mu apply to every row. The\n"
+            "unbounded cache of a FILE holds every earlier pair of that FILE (after the\n"
+            "pairs of --memory). tokens/s counts everything a row needs: the LSTM pass,\n"
+            "the unbounded search (once per file, at the largest k) and the mixture.\n"
+            "\n"
+            "options:\n"
+            "  --model DIR          model directory\n"
+            "  --bos eos|none       start state (default eos, as `score`)\n"
+            "  --csv FILE           also write the table as CSV\n"
+            "  --sweep KNOB=LIST    one row per value instead of the table; KNOB is one of\n"
+            "                       neural-cache, unigram-cache, knn, theta, lambda, alpha,\n"
+            "                       unbounded-lambda, unigram-lambda (the other knobs as\n"
+            "                       given); writes PREFIX.csv and PREFIX.png (gnuplot)\n"
+            "  --out PREFIX         sweep output prefix (default sweep-KNOB)\n"
+            "  -h, --help           this help\n"
+            "\n%s\n"
+            "exit status: 0 success, 1 runtime error, 2 usage error\n",
+            cacheopts_help);
+}
+
+enum { OPT_MODEL = 1, OPT_BOS, OPT_CSV, OPT_SWEEP, OPT_OUT, OPT_HELP };
+
+typedef struct {
+    char name[200];
+    nc_cache_params p;
+    double sweep_value;
+} row;
+
+#define MAX_ROWS 512
+
+/* The sweepable knobs: name, integer?, range. */
+static const struct {
+    const char *name;
+    bool integer;
+    double lo, hi;
+} knobs[] = {
+    {"neural-cache", true, 1, NC_CACHE_MAX_WINDOW}, {"unigram-cache", true, 1, NC_CACHE_MAX_WINDOW},
+    {"knn", true, 1, NC_CACHE_MAX_KNN},             {"theta", false, 0, 1e4},
+    {"lambda", false, 0, 1},                        {"alpha", false, -100, 100},
+    {"unbounded-lambda", false, 0, 1},              {"unigram-lambda", false, 0, 1},
+};
+
+static void set_knob(nc_cache_params *p, int knob, double v)
+{
+    switch (knob) {
+    case 0: p->neural_size = (int)v; break;
+    case 1: p->unigram_size = (int)v; break;
+    case 2: p->unbounded = true; p->knn = (int)v; break;
+    case 3: p->neural_theta = (float)v; break;
+    case 4: p->neural_lambda = (float)v; p->global_norm = false; break;
+    case 5: p->neural_alpha = (float)v; p->global_norm = true; break;
+    case 6: p->unbounded = true; p->unbounded_lambda = (float)v; break;
+    case 7: p->unigram_lambda = (float)v; break;
+    }
+    /* a knob of a cache that is off switches the cache on with defaults */
+    if ((knob == 3 || knob == 4 || knob == 5) && p->neural_size == 0)
+        p->neural_size = 2000;
+    if (knob == 7 && p->unigram_size == 0)
+        p->unigram_size = 2000;
+}
+
+static void add_row(row *rows, int *n, const nc_cache_params *p)
+{
+    if (*n >= MAX_ROWS)
+        return;
+    row *r = &rows[(*n)++];
+    r->p = *p;
+    cache_params_describe(p, r->name, sizeof r->name);
+}
+
+/* Table rows from the options (see usage). */
+static int table_rows(const cacheopts *co, row *rows)
+{
+    int n = 0;
+    const nc_cache_params *g = &co->p;
+    nc_cache_params base = *g, p;
+    base.unigram_size = base.neural_size = 0;
+    base.unbounded = base.global_norm = base.neural_f16 = false;
+    base.exact = false;
+    add_row(rows, &n, &base);
+    bool uni = g->unigram_size > 0, neu = g->neural_size > 0, ub = g->unbounded;
+    if (!uni && !neu && !ub) {
+        p = base;
+        p.unigram_size = 2000;
+        add_row(rows, &n, &p);
+        p = base;
+        p.neural_size = 2000;
+        add_row(rows, &n, &p);
+        p.global_norm = true;
+        p.neural_theta = 1.0f;   /* global normalisation wants a sharper cache */
+        add_row(rows, &n, &p);
+        p = base;
+        p.unbounded = true;
+        p.exact = g->exact;
+        add_row(rows, &n, &p);
+        p.neural_size = 2000;
+        add_row(rows, &n, &p);
+        return n;
+    }
+    int parts = 0;
+    if (uni) {
+        p = base;
+        p.unigram_size = g->unigram_size;
+        add_row(rows, &n, &p);
+        parts++;
+    }
+    if (neu) {
+        p = base;
+        p.neural_size = g->neural_size;
+        p.global_norm = g->global_norm;
+        p.neural_f16 = g->neural_f16;
+        add_row(rows, &n, &p);
+        parts++;
+    }
+    if (ub) {
+        p = base;
+        p.unbounded = true;
+        p.exact = g->exact;
+        add_row(rows, &n, &p);
+        parts++;
+    }
+    if (parts > 1)
+        add_row(rows, &n, g);
+    return n;
+}
+
+typedef struct {
+    double ppl, seconds;
+    size_t scored;
+} result;
+
+/* Scores one file under every row. */
+static int eval_file(const nc_model *m, const cacheopts *co, bool bos_eos, const char *path, row *rows, int nrows,
+                     result *res, double *t_lstm, char *err, size_t errlen)
+{
+    nc_tokens toks;
+    tokens_init(&toks);
+    nc_wordtable *words = NULL;
+    nc_ubcache *ub = NULL;
+    nc_doc *d = NULL;
+    float *nd2 = NULL, *kd2 = NULL;
+    int *nw = NULL, *kw = NULL;
+    double *lp = NULL;
+    int kmax = 0;
+    for (int i = 0; i < nrows; i++)
+        if (rows[i].p.unbounded && rows[i].p.knn > kmax)
+            kmax = rows[i].p.knn;
+    int rc = co_read_tokens(m, path, &toks, err, errlen);
+    if (!rc && co->p.open_vocab)
+        rc = wordtable_new(m->vocab, &words, err, errlen);
+    if (!rc && kmax > 0)
+        rc = cacheopts_make_ub(co, &co->p, m, words, &ub, err, errlen);
+    if (!rc && ub && co->memory_path)
+        rc = cacheopts_fill_memory(m, co->memory_path, words, ub, true, err, errlen);
+    double t0 = co_now();
+    if (!rc)
+        rc = co_prepare(m, &toks, bos_eos, words, &d, err, errlen);
+    double tp = co_now() - t0, tn = 0;
+    *t_lstm = tp;
+    if (!rc && d->n <= d->first)
+        rc = nc_error(err, errlen, NC_EINVAL, "%s: no tokens to score", path);
+    if (!rc) {
+        lp = malloc(d->n * sizeof(double));
+        if (!lp)
+            rc = nc_error(err, errlen, NC_ENOMEM, "%zu log-probabilities", d->n);
+    }
+    if (!rc && kmax > 0) {
+        nd2 = malloc(d->n * (size_t)kmax * sizeof(float));
+        nw = malloc(d->n * (size_t)kmax * sizeof(int));
+        kd2 = malloc(d->n * (size_t)kmax * sizeof(float));
+        kw = malloc(d->n * (size_t)kmax * sizeof(int));
+        if (!nd2 || !nw || !kd2 || !kw)
+            rc = nc_error(err, errlen, NC_ENOMEM, "neighbours of %zu positions", d->n);
+        nc_cache_params sp = co->p;
+        sp.unbounded = true;
+        sp.knn = kmax;
+        t0 = co_now();
+        if (!rc)
+            rc = doc_neighbours(d, &sp, ub, true, 0, nd2, nw, err, errlen);
+        tn = co_now() - t0;
+    }
+    for (int i = 0; !rc && i < nrows; i++) {
+        const nc_cache_params *p = &rows[i].p;
+        nc_doc_caches dc = {0};
+        double tk = 0;
+        if (p->unbounded) {
+            int k = p->knn;
+            t0 = co_now();
+            if (k == kmax) {
+                dc.pre_d2 = nd2;
+                dc.pre_words = nw;
+            } else {
+                /* the first k of the kmax neighbours are the k nearest */
+                for (size_t t = 0; t < d->n; t++) {
+                    memcpy(kd2 + t * k, nd2 + t * kmax, (size_t)k * sizeof(float));
+                    memcpy(kw + t * k, nw + t * kmax, (size_t)k * sizeof(int));
+                }
+                dc.pre_d2 = kd2;
+                dc.pre_words = kw;
+            }
+            dc.ub = ub;
+            tk = co_now() - t0 + tn;
+        }
+        t0 = co_now();
+        rc = doc_score(d, p, &dc, 0, lp, err, errlen);
+        double ts = co_now() - t0;
+        res[i].ppl = co_ppl(lp, d->n, &res[i].scored);
+        res[i].seconds = tp + tk + ts;
+    }
+    free(lp);
+    free(nd2);
+    free(nw);
+    free(kd2);
+    free(kw);
+    doc_free(d);
+    ubcache_free(ub);
+    wordtable_free(words);
+    tokens_clear(&toks);
+    return rc;
+}
+
+static const char *base_name(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+static int write_sweep_plot(const char *prefix, const char *knob, char *err, size_t errlen)
+{
+    char script[4096];
+    bool logx = !strcmp(knob, "neural-cache") || !strcmp(knob, "unigram-cache") || !strcmp(knob, "knn");
+    snprintf(script, sizeof script,
+             "set terminal pngcairo size 800,500\n"
+             "set output '%s.png'\n"
+             "set datafile separator ','\n"
+             "set key autotitle columnhead\n"
+             "set title 'perplexity against %s'\n"
+             "set xlabel '%s'\n"
+             "set ylabel 'perplexity'\n"
+             "%s"
+             "set grid\n"
+             "set key outside right\n"
+             "stats '%s.csv' using 0 nooutput\n"
+             "files = system(\"tail -n +2 '%s.csv' | cut -d, -f1 | sort -u\")\n"
+             "plot for [f in files] '%s.csv' using ((strcol(1) eq f) ? $3 : NaN):4 with linespoints title f, \\\n"
+             "     for [f in files] '%s.csv' using ((strcol(1) eq f) ? $3 : NaN):5 with lines dashtype 2 "
+             "title f.' static'\n",
+             prefix, knob, knob, logx ? "set logscale x\n" : "", prefix, prefix, prefix, prefix);
+    return co_gnuplot(script, err, errlen);
+}
 
 int cmd_eval(int argc, char **argv)
 {
-    (void)argc;
-    fprintf(stderr, "neurocache: '%s' is not implemented yet\n", argv[0]);
-    return 1;
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, OPT_MODEL}, {"bos", required_argument, NULL, OPT_BOS},
+        {"csv", required_argument, NULL, OPT_CSV},     {"sweep", required_argument, NULL, OPT_SWEEP},
+        {"out", required_argument, NULL, OPT_OUT},     {"help", no_argument, NULL, OPT_HELP},
+        CACHEOPTS_LONG,                                {NULL, 0, NULL, 0},
+    };
+    const char *model_dir = NULL, *csv_path = NULL, *sweep = NULL, *out_prefix = NULL;
+    bool bos_eos = true;
+    cacheopts co;
+    cacheopts_init(&co);
+    int c;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case OPT_MODEL: model_dir = optarg; break;
+        case OPT_CSV: csv_path = optarg; break;
+        case OPT_SWEEP: sweep = optarg; break;
+        case OPT_OUT: out_prefix = optarg; break;
+        case OPT_BOS:
+            if (strcmp(optarg, "eos") && strcmp(optarg, "none")) {
+                fprintf(stderr, "neurocache eval: --bos must be 'eos' or 'none', not '%s'\n", optarg);
+                return 2;
+            }
+            bos_eos = !strcmp(optarg, "eos");
+            break;
+        case 'h':
+        case OPT_HELP: usage(stdout); return 0;
+        case ':':
+            fprintf(stderr, "neurocache eval: option '%s' needs a value\n", argv[optind - 1]);
+            return 2;
+        default:
+            switch (cacheopts_parse(&co, c, optarg, "eval")) {
+            case 1: continue;
+            case -1: return 2;
+            }
+            fprintf(stderr, "neurocache eval: unknown option '%s'\n(see 'neurocache eval --help')\n",
+                    argv[optind - 1]);
+            return 2;
+        }
+    }
+    if (!model_dir || optind >= argc) {
+        fprintf(stderr, "neurocache eval: %s\n\n", !model_dir ? "--model DIR is required" : "FILE is required");
+        usage(stderr);
+        return 2;
+    }
+    if (out_prefix && !sweep) {
+        fprintf(stderr, "neurocache eval: --out needs --sweep\n");
+        return 2;
+    }
+    if (cacheopts_finish(&co, "eval"))
+        return 2;
+
+    static row rows[MAX_ROWS];
+    int nrows = 0, knob = -1;
+    char prefix[1024] = "";
+    if (sweep) {
+        const char *eq = strchr(sweep, '=');
+        for (size_t i = 0; eq && i < sizeof knobs / sizeof *knobs; i++)
+            if (strlen(knobs[i].name) == (size_t)(eq - sweep) && !strncmp(sweep, knobs[i].name, (size_t)(eq - sweep)))
+                knob = (int)i;
+        if (knob < 0) {
+            fprintf(stderr, "neurocache eval: --sweep wants KNOB=V1,V2,... with KNOB one of neural-cache, "
+                            "unigram-cache, knn, theta, lambda, alpha, unbounded-lambda, unigram-lambda\n");
+            return 2;
+        }
+        double *vals = NULL;
+        int nv = co_parse_list(eq + 1, &vals);
+        if (nv < 0 || nv > MAX_ROWS) {
+            fprintf(stderr, "neurocache eval: --sweep %s: bad value list '%s'\n", knobs[knob].name, eq + 1);
+            return 2;
+        }
+        for (int i = 0; i < nv; i++) {
+            double v = vals[i];
+            if (v < knobs[knob].lo || v > knobs[knob].hi || (knobs[knob].integer && v != floor(v))) {
+                fprintf(stderr, "neurocache eval: --sweep %s: value %g out of range [%g, %g]%s\n", knobs[knob].name,
+                        v, knobs[knob].lo, knobs[knob].hi, knobs[knob].integer ? " or not an integer" : "");
+                free(vals);
+                return 2;
+            }
+            if (knob == 4 && cacheopts_given(&co, CO_GLOBAL)) {
+                fprintf(stderr, "neurocache eval: --sweep lambda is for linear interpolation, not --global-norm\n");
+                free(vals);
+                return 2;
+            }
+            nc_cache_params p = co.p;
+            set_knob(&p, knob, v);
+            add_row(rows, &nrows, &p);
+            rows[nrows - 1].sweep_value = v;
+        }
+        free(vals);
+        snprintf(prefix, sizeof prefix, "%s", out_prefix ? out_prefix : "");
+        if (!out_prefix)
+            snprintf(prefix, sizeof prefix, "sweep-%s", knobs[knob].name);
+        /* the static reference, last */
+        nc_cache_params st = co.p;
+        st.unigram_size = st.neural_size = 0;
+        st.unbounded = st.global_norm = st.neural_f16 = st.exact = false;
+        add_row(rows, &nrows, &st);
+    } else {
+        nrows = table_rows(&co, rows);
+    }
+    for (int i = 0; i < nrows; i++) {
+        char e[NC_ERRLEN];
+        if (cache_params_validate(&rows[i].p, e, sizeof e)) {
+            fprintf(stderr, "neurocache eval: %s: %s\n", rows[i].name, e);
+            return 2;
+        }
+    }
+
+    char err[NC_ERRLEN];
+    nc_model *m = NULL;
+    FILE *csv = NULL;
+    int rc = model_load(model_dir, &m, err, sizeof err);
+    char csvname[1100];
+    if (!rc && (csv_path || sweep)) {
+        if (sweep)
+            snprintf(csvname, sizeof csvname, "%s.csv", prefix);
+        else
+            snprintf(csvname, sizeof csvname, "%s", csv_path);
+        csv = fopen(csvname, "w");
+        if (!csv)
+            rc = nc_error(err, sizeof err, NC_EIO, "%s: cannot write", csvname);
+        else if (sweep)
+            fprintf(csv, "file,knob,%s,ppl,static_ppl,seconds,tokens_per_s\n", knobs[knob].name);
+        else
+            fprintf(csv, "file,config,tokens,ppl,seconds,tokens_per_s\n");
+    }
+    result *res = calloc((size_t)nrows, sizeof *res);
+    if (!rc && !res)
+        rc = nc_error(err, sizeof err, NC_ENOMEM, "results");
+    for (int f = optind; !rc && f < argc; f++) {
+        double tl = 0;
+        rc = eval_file(m, &co, bos_eos, argv[f], rows, nrows, res, &tl, err, sizeof err);
+        if (rc)
+            break;
+        double ppl0 = sweep ? res[nrows - 1].ppl : res[0].ppl;
+        printf("%s: %zu tokens scored, LSTM pass %.2f s (%.0f tokens/s)%s\n", argv[f], res[0].scored, tl,
+               res[0].scored / (tl > 0 ? tl : 1e-9), co.p.open_vocab ? ", open vocabulary" : "");
+        printf("  %-68s %12s %8s %12s\n", sweep ? knobs[knob].name : "configuration", "perplexity", "change",
+               "tokens/s");
+        for (int i = 0; i < nrows; i++) {
+            const result *r = &res[i];
+            double tps = r->scored / (r->seconds > 0 ? r->seconds : 1e-9);
+            char chg[32] = "";
+            if (isfinite(ppl0) && isfinite(r->ppl) && (sweep ? i != nrows - 1 : i != 0))
+                snprintf(chg, sizeof chg, "%+.1f%%", 100.0 * (r->ppl / ppl0 - 1.0));
+            printf("  %-68s %12.3f %8s %12.0f\n", rows[i].name, r->ppl, chg, tps);
+            if (csv && !sweep)
+                fprintf(csv, "%s,\"%s\",%zu,%.6f,%.6f,%.1f\n", base_name(argv[f]), rows[i].name, r->scored, r->ppl,
+                        r->seconds, tps);
+            else if (csv && i != nrows - 1)
+                fprintf(csv, "%s,%s,%g,%.6f,%.6f,%.6f,%.1f\n", base_name(argv[f]), knobs[knob].name,
+                        rows[i].sweep_value, r->ppl, ppl0, r->seconds, tps);
+        }
+        fflush(stdout);
+    }
+    if (csv && fclose(csv) != 0 && !rc)
+        rc = nc_error(err, sizeof err, NC_EIO, "%s: write failed", csvname);
+    if (!rc && sweep) {
+        rc = write_sweep_plot(prefix, knobs[knob].name, err, sizeof err);
+        if (!rc)
+            fprintf(stderr, "wrote %s.csv and %s.png\n", prefix, prefix);
+    } else if (!rc && csv_path) {
+        fprintf(stderr, "wrote %s\n", csv_path);
+    }
+    if (rc)
+        fprintf(stderr, "neurocache eval: %s\n", err);
+    free(res);
+    model_free(m);
+    return rc ? 1 : 0;
 }

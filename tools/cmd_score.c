@@ -11,6 +11,7 @@
 
 #include <jansson.h>
 
+#include "cacheopts.h"
 #include "commands.h"
 #include "lstm.h"
 #include "model.h"
@@ -20,9 +21,12 @@
 static void score_usage(FILE *out)
 {
     fprintf(out,
-            "usage: neurocache score --model DIR [--bos eos|none] [--format tsv|json] FILE\n"
+            "usage: neurocache score --model DIR [--bos eos|none] [--format tsv|json]\n"
+            "                        [cache options] FILE\n"
             "\n"
-            "Scores FILE ('-' for standard input) with the model's static LSTM and prints,\n"
+            "Scores FILE ('-' for standard input) with the model's LSTM, and the caches\n"
+            "if asked (design §4; the unbounded cache holds every earlier pair of FILE,\n"
+            "after those of --memory), and prints,\n"
             "in tsv format, one line 'word<TAB>logprob' (natural log) per scored token,\n"
             "eos tokens at line ends included; json prints one object\n"
             "{\"tokens\": [...], \"logprobs\": [...], \"ppl\": x}. Perplexity and tokens/s go\n"
@@ -35,8 +39,9 @@ static void score_usage(FILE *out)
             "                     the first token as context only\n"
             "  --format tsv|json  output format (default tsv)\n"
             "  -h, --help         this help\n"
-            "\n"
-            "exit status: 0 success, 1 runtime error (model, file, text), 2 usage error\n");
+            "\n%s\n"
+            "exit status: 0 success, 1 runtime error (model, file, text), 2 usage error\n",
+            cacheopts_help);
 }
 
 static int read_all(const char *path, char **out, size_t *len, char *err, size_t errlen)
@@ -110,11 +115,14 @@ int cmd_score(int argc, char **argv)
         {"bos", required_argument, NULL, 'b'},
         {"format", required_argument, NULL, 'f'},
         {"help", no_argument, NULL, 'h'},
+        CACHEOPTS_LONG,
         {NULL, 0, NULL, 0},
     };
     const char *model_dir = NULL;
     nc_bos bos = NC_BOS_EOS;
     bool json = false;
+    cacheopts co;
+    cacheopts_init(&co);
     int c;
     opterr = 0;
     optind = 1;
@@ -148,6 +156,12 @@ int cmd_score(int argc, char **argv)
             fprintf(stderr, "neurocache score: option '%s' needs a value\n", argv[optind - 1]);
             return 2;
         default:
+            switch (cacheopts_parse(&co, c, optarg, "score")) {
+            case 1:
+                continue;
+            case -1:
+                return 2;
+            }
             fprintf(stderr, "neurocache score: unknown option '%s'\n(see 'neurocache score --help')\n",
                     argv[optind - 1]);
             return 2;
@@ -161,6 +175,9 @@ int cmd_score(int argc, char **argv)
         return 2;
     }
     const char *file = argv[optind];
+    if (cacheopts_finish(&co, "score"))
+        return 2;
+    bool cached = cacheopts_any(&co);
 
     char err[NC_ERRLEN];
     nc_model *m = NULL;
@@ -180,18 +197,32 @@ int cmd_score(int argc, char **argv)
         if (rc != NC_OK)
             err_file = file;      /* tokenizer messages give the offset, not the file */
     }
-    if (rc == NC_OK) {
+    double *dlp = NULL;
+    size_t first = 0, scored = 0;
+    double t0 = now_s(), dt = 0;
+    if (rc == NC_OK && cached) {
+        /* cache path: one prepared document scored through doc_score */
+        dlp = malloc((toks.n + 1) * sizeof(double));
+        lp = malloc((toks.n + 1) * sizeof(float));
+        if (!dlp || !lp)
+            rc = nc_error(err, sizeof err, NC_ENOMEM, "out of memory for %zu tokens", toks.n);
+        if (rc == NC_OK)
+            rc = co_score_cached(m, &co, &toks, bos == NC_BOS_EOS, dlp, true, err, sizeof err);
+        first = bos == NC_BOS_EOS ? 0 : (toks.n > 0 ? 1 : 0);
+        scored = toks.n - first;
+        dt = now_s() - t0;
+        for (size_t i = 0; rc == NC_OK && i < scored; i++)
+            lp[i] = (float)dlp[first + i];
+    } else if (rc == NC_OK) {
         s = lstm_state_new(m);
         sc = scorer_new(m, 0);
         lp = malloc((toks.n + 1) * sizeof(float));
         if (!s || !sc || !lp)
             rc = nc_error(err, sizeof err, NC_ENOMEM, "out of memory for %zu tokens", toks.n);
     }
-    size_t first = 0, scored = 0;
-    double t0 = now_s(), dt = 0;
-    if (rc == NC_OK)
+    if (rc == NC_OK && !cached)
         rc = scorer_begin(sc, s, bos, toks.ids, toks.n, &first, err, sizeof err);
-    if (rc == NC_OK) {
+    if (rc == NC_OK && !cached) {
         progress_ctx pc = {t0, -1};
         scored = toks.n - first;
         rc = score_tokens(sc, s, toks.ids + first, scored, lp, isatty(2) ? progress_bar : NULL, &pc, err,
@@ -203,7 +234,7 @@ int cmd_score(int argc, char **argv)
     if (rc == NC_OK) {
         double sum = 0;
         for (size_t i = 0; i < scored; i++)
-            sum += lp[i];
+            sum += dlp ? dlp[first + i] : lp[i];
         double ppl = scored ? exp(-sum / (double)scored) : NAN;
         static char obuf[1 << 16];
         setvbuf(stdout, obuf, _IOFBF, sizeof obuf);
@@ -211,7 +242,9 @@ int cmd_score(int argc, char **argv)
             json_t *o = json_object(), *tw = json_array(), *tl = json_array();
             for (size_t i = 0; i < scored; i++) {
                 json_array_append_new(tw, json_string(toks.words[first + i]));
-                json_array_append_new(tl, json_real(lp[i]));
+                /* -inf (an open-vocabulary word nothing predicts) is null:
+                 * JSON has no infinities */
+                json_array_append_new(tl, isfinite(lp[i]) ? json_real(lp[i]) : json_null());
             }
             json_object_set_new(o, "tokens", tw);
             json_object_set_new(o, "logprobs", tl);
@@ -235,6 +268,7 @@ int cmd_score(int argc, char **argv)
     if (rc != NC_OK)
         fprintf(stderr, "neurocache score: %s%s%s\n", err_file ? err_file : "", err_file ? ": " : "", err);
     free(lp);
+    free(dlp);
     scorer_free(sc);
     lstm_state_free(s);
     tokens_clear(&toks);
