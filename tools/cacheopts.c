@@ -398,6 +398,9 @@ int co_score_cached(const nc_model *m, const cacheopts *co, const nc_tokens *tok
         nc_doc_caches dc = {.ub = ub, .adapt = ub != NULL};
         rc = doc_score(d, &co->p, &dc, 0, lp, err, errlen);
     }
+    if (!rc && ub && progress)
+        fprintf(stderr, "unbounded cache: %lld pairs, %s index\n", (long long)ubcache_count(ub),
+                ubcache_is_exact(ub) ? "exact (flat)" : "IVF");
     doc_free(d);
     ubcache_free(ub);
     wordtable_free(words);

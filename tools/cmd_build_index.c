@@ -38,7 +38,7 @@ static void usage(FILE *out)
             "                   of IVF4096, FAISS's minimum; all states if the corpus is smaller)\n"
             "  --out PATH       where to write the index (default DIR/unbounded.faiss)\n"
             "  --seed S         sampling seed (default 1)\n"
-            "  --threads N      OpenMP threads for FAISS training\n"
+            "  --threads N      OpenMP threads for FAISS training (default 1)\n"
             "  -h, --help       this help\n"
             "\n"
             "exit status: 0 success, 1 runtime error, 2 usage error\n");
@@ -128,8 +128,9 @@ int cmd_build_index(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (threads > 0)
-        ubcache_set_threads((int)threads);
+    /* one OpenMP thread unless asked (see cacheopts_finish): FAISS's
+     * spin-waiting threads are slowest exactly when the cores are busy */
+    ubcache_set_threads(threads > 0 ? (int)threads : 1);
 
     char err[NC_ERRLEN], factory[128], out[1200], tmp[1300];
     nc_model *m = NULL;

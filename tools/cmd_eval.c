@@ -325,6 +325,21 @@ int cmd_eval(int argc, char **argv)
         fprintf(stderr, "neurocache eval: --out needs --sweep\n");
         return 2;
     }
+    /* a sweep of a cache's size switches that cache on: its knobs are then
+     * legal without the size option */
+    static const struct { const char *prefix; int code; } sweep_on[] = {
+        {"neural-cache=", CO_NEURAL}, {"unigram-cache=", CO_UNIGRAM}, {"knn=", CO_UNBOUNDED},
+        {"unbounded-lambda=", CO_UNBOUNDED}};
+    for (size_t i = 0; sweep && i < sizeof sweep_on / sizeof *sweep_on; i++)
+        if (!strncmp(sweep, sweep_on[i].prefix, strlen(sweep_on[i].prefix))) {
+            co.seen[sweep_on[i].code - CO_UNIGRAM] = 1;
+            if (sweep_on[i].code == CO_NEURAL && co.p.neural_size == 0)
+                co.p.neural_size = 2000;
+            if (sweep_on[i].code == CO_UNIGRAM && co.p.unigram_size == 0)
+                co.p.unigram_size = 2000;
+            if (sweep_on[i].code == CO_UNBOUNDED)
+                co.p.unbounded = true;
+        }
     if (cacheopts_finish(&co, "eval"))
         return 2;
 
