@@ -273,6 +273,9 @@ TEST(usage_errors)
         {"eval", "--sweep knn=4,", "bad value list", 2},
         {"eval", "--out x", "--out needs --sweep", 2},
         {"eval", "--theta 1", "--theta needs --neural-cache", 2},
+        {"eval", "--row '--neural-cache 5 --bogus 1'", "not a per-row cache option", 2},
+        {"eval", "--row '--theta 1'", "--theta needs --neural-cache", 2},
+        {"eval", "--row '--memory x --unbounded'", "not a per-row cache option", 2},
         {"tune", "--theta 0.3", "give grids", 2},
         {"tune", "--alphas 1,2", "--alphas needs --global-norm", 2},
         {"tune", "--lambdas 0.1,2", "out of range", 2},
@@ -334,6 +337,16 @@ TEST(eval_table_matches_score)
     free(out);
     snprintf(key, sizeof key, "%s,\"neural N=40 theta=0.7 lambda=0.2 unbounded", strrchr(docpath, '/') + 1);
     CHECKF(REL(csv_value(csv, key, 3), score_ppl(o)) < 1e-4, "combination %g", csv_value(csv, key, 3));
+
+    /* --row: the static row and exactly the rows asked for */
+    st = run(&out, "%s/neurocache eval --model %s --csv %s --row '--unigram-cache 30 --unigram-lambda 0.2' "
+                   "--row '--unbounded --knn 8 --unbounded-lambda 0.4' %s 2>/dev/null", bin_dir(), fixdir, csv, docpath);
+    CHECK(st == 0);
+    free(out);
+    snprintf(key, sizeof key, "%s,\"unigram N=30", strrchr(docpath, '/') + 1);
+    CHECK(REL(csv_value(csv, key, 3), score_ppl("--unigram-cache 30 --unigram-lambda 0.2")) < 1e-4);
+    snprintf(key, sizeof key, "%s,\"unbounded k=8", strrchr(docpath, '/') + 1);
+    CHECK(REL(csv_value(csv, key, 3), score_ppl("--unbounded --knn 8 --unbounded-lambda 0.4")) < 1e-4);
 }
 
 TEST(eval_sweeps)

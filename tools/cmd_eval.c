@@ -36,13 +36,15 @@ static void usage(FILE *out)
             "                       unbounded-lambda, unigram-lambda (the other knobs as\n"
             "                       given); writes PREFIX.csv and PREFIX.png (gnuplot)\n"
             "  --out PREFIX         sweep output prefix (default sweep-KNOB)\n"
+            "  --row \"OPTS\"        one more row with these cache options (repeatable; with\n"
+            "                       no other cache option: the static row and these only)\n"
             "  -h, --help           this help\n"
             "\n%s\n"
             "exit status: 0 success, 1 runtime error, 2 usage error\n",
             cacheopts_help);
 }
 
-enum { OPT_MODEL = 1, OPT_BOS, OPT_CSV, OPT_SWEEP, OPT_OUT, OPT_HELP };
+enum { OPT_MODEL = 1, OPT_BOS, OPT_CSV, OPT_SWEEP, OPT_OUT, OPT_ROW, OPT_HELP };
 
 typedef struct {
     char name[200];
@@ -51,6 +53,55 @@ typedef struct {
 } row;
 
 #define MAX_ROWS 512
+#define MAX_EXTRA 16
+
+/* --row "OPTS": cache options of one more row, parsed like the command's
+ * own (same names, same combination rules); the open-vocabulary settings
+ * and the unbounded index choice stay the command's. 0 or 2. */
+static int parse_row(const char *spec, const cacheopts *main_co, const struct option *lopts, nc_cache_params *out)
+{
+    char buf[1024], *argv[64], *save = NULL;
+    int argc = 0;
+    snprintf(buf, sizeof buf, "%s", spec);
+    for (char *tok = strtok_r(buf, " \t", &save); tok && argc < 64; tok = strtok_r(NULL, " \t", &save))
+        argv[argc++] = tok;
+    cacheopts co;
+    cacheopts_init(&co);
+    for (int i = 0; i < argc; i++) {
+        const struct option *o = NULL;
+        for (int j = 0; lopts[j].name; j++)
+            if (!strncmp(argv[i], "--", 2) && !strcmp(argv[i] + 2, lopts[j].name) && lopts[j].val >= CO_UNIGRAM)
+                o = &lopts[j];
+        if (!o || o->val == CO_MEMORY || o->val == CO_INDEX || o->val == CO_SWITCH_AT || o->val == CO_THREADS ||
+            o->val == CO_OPEN || o->val == CO_MU || o->val == CO_VFULL) {
+            fprintf(stderr, "neurocache eval: --row '%s': '%s' is not a per-row cache option\n", spec, argv[i]);
+            return 2;
+        }
+        const char *arg = NULL;
+        if (o->has_arg == required_argument) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "neurocache eval: --row '%s': %s needs a value\n", spec, argv[i]);
+                return 2;
+            }
+            arg = argv[++i];
+        }
+        if (cacheopts_parse(&co, o->val, arg, "eval --row") < 0)
+            return 2;
+    }
+    if (argc == 0) {
+        fprintf(stderr, "neurocache eval: --row needs cache options\n");
+        return 2;
+    }
+    if (cacheopts_finish(&co, "eval --row"))
+        return 2;
+    *out = co.p;
+    out->open_vocab = main_co->p.open_vocab;
+    out->uniform_mu = main_co->p.uniform_mu;
+    out->vocab_size_full = main_co->p.vocab_size_full;
+    if (out->unbounded)
+        out->exact = main_co->p.exact;
+    return 0;
+}
 
 /* The sweepable knobs: name, integer?, range. */
 static const struct {
@@ -279,9 +330,11 @@ int cmd_eval(int argc, char **argv)
         {"model", required_argument, NULL, OPT_MODEL}, {"bos", required_argument, NULL, OPT_BOS},
         {"csv", required_argument, NULL, OPT_CSV},     {"sweep", required_argument, NULL, OPT_SWEEP},
         {"out", required_argument, NULL, OPT_OUT},     {"help", no_argument, NULL, OPT_HELP},
+        {"row", required_argument, NULL, OPT_ROW},
         CACHEOPTS_LONG,                                {NULL, 0, NULL, 0},
     };
-    const char *model_dir = NULL, *csv_path = NULL, *sweep = NULL, *out_prefix = NULL;
+    const char *model_dir = NULL, *csv_path = NULL, *sweep = NULL, *out_prefix = NULL, *extra[MAX_EXTRA];
+    int nextra = 0;
     bool bos_eos = true;
     cacheopts co;
     cacheopts_init(&co);
@@ -294,6 +347,13 @@ int cmd_eval(int argc, char **argv)
         case OPT_CSV: csv_path = optarg; break;
         case OPT_SWEEP: sweep = optarg; break;
         case OPT_OUT: out_prefix = optarg; break;
+        case OPT_ROW:
+            if (nextra == MAX_EXTRA) {
+                fprintf(stderr, "neurocache eval: at most %d --row options\n", MAX_EXTRA);
+                return 2;
+            }
+            extra[nextra++] = optarg;
+            break;
         case OPT_BOS:
             if (strcmp(optarg, "eos") && strcmp(optarg, "none")) {
                 fprintf(stderr, "neurocache eval: --bos must be 'eos' or 'none', not '%s'\n", optarg);
@@ -389,8 +449,22 @@ int cmd_eval(int argc, char **argv)
         st.unigram_size = st.neural_size = 0;
         st.unbounded = st.global_norm = st.neural_f16 = st.exact = false;
         add_row(rows, &nrows, &st);
+    } else if (nextra > 0 && !cacheopts_any(&co)) {
+        /* only the static reference and the rows asked for */
+        nc_cache_params st = co.p;
+        add_row(rows, &nrows, &st);
     } else {
         nrows = table_rows(&co, rows);
+    }
+    for (int i = 0; i < nextra; i++) {
+        nc_cache_params p;
+        if (sweep) {
+            fprintf(stderr, "neurocache eval: --row and --sweep exclude each other\n");
+            return 2;
+        }
+        if (parse_row(extra[i], &co, opts, &p))
+            return 2;
+        add_row(rows, &nrows, &p);
     }
     for (int i = 0; i < nrows; i++) {
         char e[NC_ERRLEN];
@@ -429,7 +503,11 @@ int cmd_eval(int argc, char **argv)
         double ppl0 = sweep ? res[nrows - 1].ppl : res[0].ppl;
         printf("%s: %zu tokens scored, LSTM pass %.2f s (%.0f tokens/s)%s\n", argv[f], res[0].scored, tl,
                res[0].scored / (tl > 0 ? tl : 1e-9), co.p.open_vocab ? ", open vocabulary" : "");
-        printf("  %-68s %12s %8s %12s\n", sweep ? knobs[knob].name : "configuration", "perplexity", "change",
+        int wname = 14;
+        for (int i = 0; i < nrows; i++)
+            if ((int)strlen(rows[i].name) > wname)
+                wname = (int)strlen(rows[i].name);
+        printf("  %-*s %12s %8s %12s\n", wname, sweep ? knobs[knob].name : "configuration", "perplexity", "change",
                "tokens/s");
         for (int i = 0; i < nrows; i++) {
             const result *r = &res[i];
@@ -437,7 +515,7 @@ int cmd_eval(int argc, char **argv)
             char chg[32] = "";
             if (isfinite(ppl0) && isfinite(r->ppl) && (sweep ? i != nrows - 1 : i != 0))
                 snprintf(chg, sizeof chg, "%+.1f%%", 100.0 * (r->ppl / ppl0 - 1.0));
-            printf("  %-68s %12.3f %8s %12.0f\n", rows[i].name, r->ppl, chg, tps);
+            printf("  %-*s %12.3f %8s %12.0f\n", wname, rows[i].name, r->ppl, chg, tps);
             if (csv && !sweep)
                 fprintf(csv, "%s,\"%s\",%zu,%.6f,%.6f,%.1f\n", base_name(argv[f]), rows[i].name, r->scored, r->ppl,
                         r->seconds, tps);
