@@ -400,6 +400,10 @@ int cmd_eval(int argc, char **argv)
             if (sweep_on[i].code == CO_UNBOUNDED)
                 co.p.unbounded = true;
         }
+    /* with --row, the index options (--switch-at, --index, --memory) serve
+     * the rows' unbounded cache */
+    if (nextra > 0)
+        co.seen[CO_UNBOUNDED - CO_UNIGRAM] = 1;
     if (cacheopts_finish(&co, "eval"))
         return 2;
 
@@ -449,7 +453,7 @@ int cmd_eval(int argc, char **argv)
         st.unigram_size = st.neural_size = 0;
         st.unbounded = st.global_norm = st.neural_f16 = st.exact = false;
         add_row(rows, &nrows, &st);
-    } else if (nextra > 0 && !cacheopts_any(&co)) {
+    } else if (nextra > 0 && co.p.neural_size == 0 && co.p.unigram_size == 0 && !co.p.unbounded) {
         /* only the static reference and the rows asked for */
         nc_cache_params st = co.p;
         add_row(rows, &nrows, &st);

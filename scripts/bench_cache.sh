@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# bench_cache.sh -- perplexities and costs of the caches (BENCHMARKS.md
+# "Caches"). Corpora are read from ../shared/data (never copied into the
+# repo); the model is models/demo (else runs/demo, read only: it is copied to
+# the work directory, where build-index writes its unbounded.faiss).
+#
+#   BENCH_MODEL=DIR   model directory (default models/demo, else runs/demo)
+#   BENCH_STEPS="index ptb wp wt2 cost"   what to run (default all)
+#   BENCH_QUICK=1     small grids and corpora (a smoke run, figures meaningless)
+#
+# For each corpus the cache hyper-parameters are tuned with `neurocache tune`
+# (PTB: on PTB valid; War and Peace and WikiText-2, out of domain: on their
+# first 10% of lines), then `neurocache eval` reports static / unigram /
+# neural / unbounded / neural+unbounded on PTB test, or on the other 90%.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-bin}
+BUILD=${BUILD:-build}
+NC="nice -n 5 $BIN/neurocache"
+DATA=../shared/data
+STEPS=${BENCH_STEPS:-index ptb wp wt2 cost}
+SRC=${BENCH_MODEL:-}
+if [ -z "$SRC" ]; then
+    if [ -f models/demo/model.safetensors ]; then SRC=models/demo; else SRC=runs/demo; fi
+fi
+for f in "$DATA/ptb/ptb.train.txt" "$DATA/ptb/ptb.valid.txt" "$DATA/ptb/ptb.test.txt" \
+         "$DATA/books/warandpeace.ptb.txt" "$DATA/wikitext-2/valid.ptb.txt"; do
+    [ -f "$f" ] || { echo "bench_cache: $f is absent: caches benchmark skipped (corpora live in ../shared/data)"; exit 0; }
+done
+[ -f "$SRC/model.safetensors" ] || { echo "bench_cache: no model in $SRC: skipped (make demo-model)"; exit 0; }
+
+W=$BUILD/bench-cache
+M=$W/model
+mkdir -p "$M"
+sum=$(sha1sum "$SRC/model.safetensors" | cut -c1-12)
+if [ "$(cat "$M/source.sha" 2>/dev/null)" != "$sum" ]; then
+    rm -f "$M"/*
+    cp "$SRC/config.json" "$SRC/vocab.txt" "$SRC/model.safetensors" "$M/"
+    echo "$sum" > "$M/source.sha"
+fi
+echo "bench_cache: model $SRC (model.safetensors sha1 $sum), work dir $W"
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(date -u '+%Y-%m-%d %H:%M UTC')"
+
+if [ "${BENCH_QUICK:-0}" = 1 ]; then
+    GRID=(--thetas 0.3,1 --lambdas 0.1,0.2 --unigram-lambdas 0.1 --unbounded-lambdas 0.2,0.5)
+    LIM=3000
+else
+    GRID=(--thetas 0.1,0.2,0.3,0.5,0.7,1,1.5 --lambdas 0.05,0.1,0.15,0.2,0.3 --unigram-lambdas 0.02,0.05,0.1,0.15,0.2
+          --unbounded-lambdas 0.05,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8)
+    LIM=0
+fi
+# the unbounded cache: k=1024, nprobe 8, exact until 20,000 pairs, then the
+# model's trained IVF4096,PQ32 (build-index on PTB train)
+UB=(--knn 1024 --nprobe 8 --switch-at 20000)
+
+cut_lines() {   # cut_lines FILE FROM TO OUT: lines [FROM, TO) (TO=0: to the end), LIM caps
+    local to=$3
+    if [ "$LIM" -gt 0 ]; then to=$(( $2 + LIM / 20 )); fi
+    if [ "$to" -eq 0 ]; then tail -n +"$(( $2 + 1 ))" "$1" > "$4"; else sed -n "$(( $2 + 1 )),${to}p" "$1" > "$4"; fi
+}
+
+if [[ " $STEPS " == *" index "* ]] && [ ! -f "$M/unbounded.faiss" ]; then
+    echo "== build-index on PTB train"
+    $NC build-index --model "$M" --corpus "$DATA/ptb/ptb.train.txt" --threads 2 2>&1 | grep -v '^  [0-9]' | tail -4
+fi
+
+# one corpus: NAME TUNE_FILE EVAL_FILE EXTRA_OPTS...
+run_corpus() {
+    local name=$1 tunef=$2 evalf=$3; shift 3
+    local out=$W/$name
+    echo "== $name: tune on $(basename "$tunef") ($(wc -w < "$tunef") words), eval on $(basename "$evalf") ($(wc -w < "$evalf") words) $*"
+    $NC tune --model "$M" --valid "$tunef" --unigram-cache 2000 --neural-cache 2000 --unbounded "${UB[@]}" \
+        "${GRID[@]}" --out "$out-tune" "$@" > "$out-tune.txt"
+    cat "$out-tune.txt"
+    local uni neu ub nub
+    uni=$(sed -n 's/^best unigram: .*options: //p' "$out-tune.txt")
+    neu=$(sed -n 's/^best neural: .*options: //p' "$out-tune.txt")
+    ub=$(sed -n 's/^best unbounded: .*options: //p' "$out-tune.txt")
+    nub=$(sed -n 's/^best neural+unbounded: .*options: //p' "$out-tune.txt")
+    strip() { echo "$1" | sed 's/--open-vocab//; s/--uniform-mu [^ ]*//; s/--switch-at [^ ]*//'; }
+    $NC eval --model "$M" "${UB[@]:4}" --csv "$out-eval.csv" "$@" \
+        --row "$(strip "$uni")" --row "$(strip "$neu")" --row "$(strip "$ub")" --row "$(strip "$nub")" "$evalf" \
+        | tee "$out-eval.txt"
+}
+
+if [[ " $STEPS " == *" ptb "* ]]; then
+    f=$W/ptb.test.txt; cut_lines "$DATA/ptb/ptb.test.txt" 0 0 "$f"
+    v=$W/ptb.valid.txt; cut_lines "$DATA/ptb/ptb.valid.txt" 0 0 "$v"
+    run_corpus ptb "$v" "$f"
+fi
+if [[ " $STEPS " == *" wp "* ]]; then
+    n=$(wc -l < "$DATA/books/warandpeace.ptb.txt"); h=$(( n / 10 ))
+    cut_lines "$DATA/books/warandpeace.ptb.txt" 0 "$h" "$W/wp.head.txt"
+    cut_lines "$DATA/books/warandpeace.ptb.txt" "$h" 0 "$W/wp.rest.txt"
+    run_corpus wp "$W/wp.head.txt" "$W/wp.rest.txt"
+    run_corpus wp-open "$W/wp.head.txt" "$W/wp.rest.txt" --open-vocab --uniform-mu 0.01
+fi
+if [[ " $STEPS " == *" wt2 "* ]]; then
+    n=$(wc -l < "$DATA/wikitext-2/valid.ptb.txt"); h=$(( n / 10 ))
+    cut_lines "$DATA/wikitext-2/valid.ptb.txt" 0 "$h" "$W/wt2.head.txt"
+    cut_lines "$DATA/wikitext-2/valid.ptb.txt" "$h" 0 "$W/wt2.rest.txt"
+    run_corpus wt2 "$W/wt2.head.txt" "$W/wt2.rest.txt"
+    run_corpus wt2-open "$W/wt2.head.txt" "$W/wt2.rest.txt" --open-vocab --uniform-mu 0.01
+fi
+if [[ " $STEPS " == *" cost "* ]]; then
+    echo "== cost of the neural cache (PTB test, N=2000): static vs neural rows, 3 runs"
+    for i in 1 2 3; do
+        $NC eval --model "$M" --row "--neural-cache 2000 --theta 0.3 --lambda 0.1" \
+            --row "--neural-cache 2000 --theta 0.3 --lambda 0.1 --f16-keys" "$DATA/ptb/ptb.test.txt" | tail -n 3
+    done
+    echo "== cost of the unbounded cache against stored states (memory: War and Peace head + PTB train;"
+    echo "   queries: War and Peace tail)"
+    n=$(wc -l < "$DATA/books/warandpeace.ptb.txt")
+    head -n $(( n - 400 )) "$DATA/books/warandpeace.ptb.txt" > "$W/wp.mem.txt"
+    tail -n 400 "$DATA/books/warandpeace.ptb.txt" > "$W/wp.q.txt"
+    lam=$(sed -n 's/^best unbounded: .*--unbounded-lambda \([^ ]*\).*/\1/p' "$W/wp-tune.txt" 2>/dev/null || true)
+    sizes=${BENCH_SIZES:-10000,100000,1000000}
+    nice -n 5 "$BUILD/tests/bench_cache" "$M" "$M/unbounded.faiss" "$W/wp.mem.txt,$DATA/ptb/ptb.train.txt" \
+        "$W/wp.q.txt" "$sizes" "${lam:-0.3}" 4000 200000
+fi

@@ -1,0 +1,236 @@
+/* bench_cache.c -- cost of the unbounded cache against the number of stored
+ * states (IVFPQ with k = 1024, nprobe 8, and exact search where it is
+ * affordable), and IVFPQ-versus-exact perplexity on >= 100k stored states.
+ * Run by scripts/bench_cache.sh; figures go to BENCHMARKS.md ("Caches").
+ *
+ * usage: bench_cache MODEL INDEX MEMORY_FILES QUERY_FILE [SIZES] [LAMBDA] [NQ] [CHECK_SIZE]
+ *   MEMORY_FILES  comma-separated texts whose hidden states fill the memory
+ *   QUERY_FILE    text scored against the memory (its first NQ tokens)
+ *   SIZES         comma list of stored-state counts (default 10000,100000,1000000)
+ *   LAMBDA        unbounded interpolation weight (default 0.3)
+ *   NQ            query tokens (default 4000)
+ *   CHECK_SIZE    stored states of the IVFPQ-vs-exact check (default 200000; 0 = skip)
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cache.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int read_tokens(const nc_model *m, const char *path, nc_tokens *t)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "bench_cache: %s: cannot open\n", path);
+        return -1;
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, f);
+    fclose(f);
+    char err[NC_ERRLEN];
+    int rc = tokenize(m, buf, got, true, t, err, sizeof err);
+    free(buf);
+    if (rc)
+        fprintf(stderr, "bench_cache: %s: %s\n", path, err);
+    return rc;
+}
+
+static double ppl_of(const double *lp, size_t n)
+{
+    double s = 0;
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isnan(lp[i]))
+            s += lp[i], c++;
+    return exp(-s / (double)c);
+}
+
+static nc_ubcache *make_ub(int H, const char *index, bool exact, const float *keys, const int *ids, size_t n,
+                           double *t_add)
+{
+    nc_ubcache_opts o;
+    ubcache_opts_default(&o, H);
+    o.trained_path = exact ? NULL : index;
+    o.exact = exact;
+    o.switch_at = 1;   /* IVF from the first pair: every size measures the same index type */
+    nc_ubcache *u = NULL;
+    char err[NC_ERRLEN];
+    if (ubcache_new(&o, NULL, &u, err, sizeof err)) {
+        fprintf(stderr, "bench_cache: %s\n", err);
+        exit(1);
+    }
+    double t0 = now();
+    for (size_t i = 0; i < n; i += 65536) {
+        size_t b = n - i < 65536 ? n - i : 65536;
+        if (ubcache_add(u, keys + i * H, ids + i, b, NULL, err, sizeof err)) {
+            fprintf(stderr, "bench_cache: %s\n", err);
+            exit(1);
+        }
+    }
+    *t_add = now() - t0;
+    return u;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 5) {
+        fprintf(stderr, "usage: bench_cache MODEL INDEX MEMORY_FILES QUERY_FILE [SIZES] [LAMBDA] [NQ] [CHECK_SIZE]\n");
+        return 2;
+    }
+    const char *sizes_s = argc > 5 ? argv[5] : "10000,100000,1000000";
+    double lambda = argc > 6 ? atof(argv[6]) : 0.3;
+    size_t nq = argc > 7 ? (size_t)atol(argv[7]) : 4000;
+    size_t check = argc > 8 ? (size_t)atol(argv[8]) : 200000;
+    char err[NC_ERRLEN];
+    nc_model *m = NULL;
+    if (model_load(argv[1], &m, err, sizeof err)) {
+        fprintf(stderr, "bench_cache: %s\n", err);
+        return 1;
+    }
+    ubcache_set_threads(1);
+    const int H = m->cfg.hidden_size;
+    size_t maxsize = 0;
+    for (const char *p = sizes_s; *p;) {
+        size_t v = (size_t)atol(p);
+        if (v > maxsize)
+            maxsize = v;
+        p = strchr(p, ',');
+        if (!p)
+            break;
+        p++;
+    }
+    if (check > maxsize)
+        maxsize = check;
+
+    /* memory: hidden states of the memory files, in order, up to maxsize */
+    float *keys = malloc(maxsize * (size_t)H * sizeof(float));
+    int *ids = malloc(maxsize * sizeof(int));
+    size_t have = 0;
+    char files[4096];
+    snprintf(files, sizeof files, "%s", argv[3]);
+    double t0 = now();
+    for (char *save = NULL, *f = strtok_r(files, ",", &save); f && have < maxsize; f = strtok_r(NULL, ",", &save)) {
+        nc_tokens t;
+        tokens_init(&t);
+        if (read_tokens(m, f, &t))
+            return 1;
+        nc_state *s = lstm_state_new(m);
+        nc_lstm_work *w = lstm_work_new(m);
+        lstm_step(m, s, m->eos_id, w);
+        float *h = malloc((4096 + 1) * (size_t)H * sizeof(float));
+        for (size_t j0 = 0; j0 < t.n && have < maxsize; j0 += 4096) {
+            size_t nb = t.n - j0 < 4096 ? t.n - j0 : 4096;
+            memcpy(h, lstm_state_top(s), (size_t)H * sizeof(float));
+            lstm_forward_seq(m, s, t.ids + j0, nb, h + H, err, sizeof err);
+            size_t take = maxsize - have < nb ? maxsize - have : nb;
+            memcpy(keys + have * H, h, take * (size_t)H * sizeof(float));
+            memcpy(ids + have, t.ids + j0, take * sizeof(int));
+            have += take;
+        }
+        free(h);
+        lstm_state_free(s);
+        lstm_work_free(w);
+        tokens_clear(&t);
+    }
+    fprintf(stderr, "memory: %zu hidden states in %.1f s\n", have, now() - t0);
+
+    /* queries */
+    nc_tokens q;
+    tokens_init(&q);
+    if (read_tokens(m, argv[4], &q))
+        return 1;
+    if (q.n > nq)
+        q.n = nq;
+    nc_state *s = lstm_state_new(m);
+    nc_lstm_work *w = lstm_work_new(m);
+    lstm_step(m, s, m->eos_id, w);
+    nc_doc *d = NULL;
+    t0 = now();
+    if (doc_prepare(m, s, true, &q, NULL, &d, err, sizeof err)) {
+        fprintf(stderr, "bench_cache: %s\n", err);
+        return 1;
+    }
+    double t_lstm = now() - t0;
+    double *lp = malloc(q.n * sizeof(double)), *lp2 = malloc(q.n * sizeof(double));
+    nc_cache_params p;
+    cache_params_default(&p);
+    p.unbounded = true;
+    p.knn = 1024;
+    p.nprobe = 8;
+    p.unbounded_lambda = (float)lambda;
+    nc_doc_caches none = {0};
+    doc_score(d, &p, &none, 0, lp, err, sizeof err);
+    double ppl_static = ppl_of(lp, q.n);
+    printf("query: %zu tokens of %s, static perplexity %.2f, LSTM pass %.2f s (%.0f tokens/s)\n", q.n, argv[4],
+           ppl_static, t_lstm, (double)q.n / t_lstm);
+    printf("| stored states | index | add (s) | search+mixture tokens/s | with LSTM tokens/s | perplexity |\n");
+    printf("|---:|---|---:|---:|---:|---:|\n");
+    fflush(stdout);
+
+    for (const char *ps = sizes_s; ps && *ps;) {
+        size_t n = (size_t)atol(ps);
+        ps = strchr(ps, ',');
+        if (ps)
+            ps++;
+        if (n > have) {
+            printf("| %zu | (only %zu states available) | | | | |\n", n, have);
+            continue;
+        }
+        for (int exact = 0; exact < 2; exact++) {
+            if (exact && n > 100000)
+                continue;   /* exact search over 1M states x k=1024: minutes, not the point */
+            double t_add;
+            nc_ubcache *u = make_ub(H, argv[2], exact, keys, ids, n, &t_add);
+            nc_doc_caches dc = {.ub = u, .adapt = true};
+            t0 = now();
+            if (doc_score(d, &p, &dc, 0, lp, err, sizeof err)) {
+                fprintf(stderr, "bench_cache: %s\n", err);
+                return 1;
+            }
+            double ts = now() - t0;
+            printf("| %zu | %s | %.1f | %.0f | %.0f | %.2f |\n", n, exact ? "exact (flat)" : "IVF4096,PQ32 nprobe 8",
+                   t_add, (double)q.n / ts, (double)q.n / (ts + t_lstm), ppl_of(lp, q.n));
+            fflush(stdout);
+            ubcache_free(u);
+        }
+    }
+
+    if (check > 0 && check <= have) {
+        double pp[2], t_add;
+        for (int exact = 0; exact < 2; exact++) {
+            nc_ubcache *u = make_ub(H, argv[2], exact, keys, ids, check, &t_add);
+            nc_doc_caches dc = {.ub = u, .adapt = true};
+            if (doc_score(d, &p, &dc, 0, exact ? lp2 : lp, err, sizeof err)) {
+                fprintf(stderr, "bench_cache: %s\n", err);
+                return 1;
+            }
+            pp[exact] = ppl_of(exact ? lp2 : lp, q.n);
+            ubcache_free(u);
+        }
+        printf("\nIVFPQ vs exact on %zu stored states (+ the query's own), k=1024, lambda=%g, %zu query tokens:\n"
+               "  exact %.3f, IVF4096,PQ32 nprobe 8 %.3f: %+.2f%% (static %.3f)\n",
+               check, lambda, q.n, pp[1], pp[0], 100.0 * (pp[0] / pp[1] - 1.0), ppl_static);
+    }
+    free(lp);
+    free(lp2);
+    free(keys);
+    free(ids);
+    doc_free(d);
+    lstm_state_free(s);
+    lstm_work_free(w);
+    tokens_clear(&q);
+    model_free(m);
+    return 0;
+}
