@@ -149,14 +149,18 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
     /* window actually read: the ring may be bigger than neural_size when a
      * stream shrank its params without reallocating */
     int N = nc ? (p->neural_size < nc->size ? p->neural_size : nc->size) : 0;
+    /* A window that starts empty (eval, tune, a new stream) only ever holds
+     * this document's pairs: its keys are rows of d->q, read in place by the
+     * GEMM instead of copying the ring out for every block. */
+    bool direct = nc && nc->count == 0;
     size_t B = block;
-    float *keys = nc ? nc_alloc(((size_t)nc->size + B) * H * sizeof(float)) : NULL;
-    int *kv = nc ? malloc(((size_t)nc->size + B) * sizeof(int)) : NULL;
+    float *keys = nc && !direct ? nc_alloc(((size_t)nc->size + B) * H * sizeof(float)) : NULL;
+    int *kv = nc && !direct ? malloc(((size_t)nc->size + B) * sizeof(int)) : NULL;
     float *dots = nc ? nc_alloc(B * ((size_t)nc->size + B) * sizeof(float)) : NULL;
     float *ud2 = ub_read ? malloc(B * (size_t)k * sizeof(float)) : NULL;
     int *uw = ub_read ? malloc(B * (size_t)k * sizeof(int)) : NULL;
     int64_t *lim = ub_read ? malloc(B * sizeof(int64_t)) : NULL;
-    if ((nc && (!keys || !kv || !dots)) || (ub_read && (!ud2 || !uw || !lim))) {
+    if ((nc && !direct && (!keys || !kv)) || (nc && !dots) || (ub_read && (!ud2 || !uw || !lim))) {
         rc = nc_error(err, errlen, NC_ENOMEM, "scoring buffers");
         goto out;
     }
@@ -165,17 +169,26 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
         size_t nb = n - b0 < B ? n - b0 : B;
         const float *Q = d->q + b0 * H;
         int c0 = 0;
+        const int *kvals = kv;
         if (nc) {
-            /* K = [ring oldest..newest ; this block's own keys but the last]:
-             * position b0+r may read ring entries and block keys < r. */
-            c0 = ncache_export(nc, keys, kv);
-            if (nb > 1) {
-                memcpy(keys + (size_t)c0 * H, Q, (nb - 1) * (size_t)H * sizeof(float));
-                memcpy(kv + c0, d->ids + b0, (nb - 1) * sizeof(int));
+            /* K = [window oldest..newest ; this block's own keys but the last]:
+             * position b0+r may read window entries and block keys < r. */
+            const float *K = keys;
+            if (direct) {
+                size_t lo = b0 > d->first + (size_t)N ? b0 - (size_t)N : d->first;
+                K = d->q + lo * H;
+                kvals = d->ids + lo;
+                c0 = (int)(b0 - lo);
+            } else {
+                c0 = ncache_export(nc, keys, kv);
+                if (nb > 1) {
+                    memcpy(keys + (size_t)c0 * H, Q, (nb - 1) * (size_t)H * sizeof(float));
+                    memcpy(kv + c0, d->ids + b0, (nb - 1) * sizeof(int));
+                }
             }
             int nk = c0 + (int)nb - 1;
             if (nk > 0)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, nk, H, 1.0f, Q, H, keys, H,
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, nk, H, 1.0f, Q, H, K, H,
                             0.0f, dots, nk);
         }
         if (ub_add) {
@@ -197,7 +210,7 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
                 int nk = c0 + (int)nb - 1, avail = c0 + (int)r;
                 int w = avail < N ? avail : N;
                 in.ndots = dots + r * (size_t)(nk > 0 ? nk : 0) + (avail - w);
-                in.nvals = kv + (avail - w);
+                in.nvals = kvals + (avail - w);
                 in.nn = w;
             }
             if (ub_read) {

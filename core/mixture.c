@@ -99,15 +99,13 @@ static bool unigram_on(const nc_cache_params *p, const nc_mix_input *in)
     return p->unigram_size > 0 && in->uni && in->uni->count > 0;
 }
 
+/* max_i θ h·h_i + bias: θ >= 0 (validated), so it is θ max_i h·h_i + bias,
+ * one vectorised max instead of a scalar pass per token. */
 static double max_scaled(const nc_mix_input *in, double theta, double bias)
 {
-    double m = -INFINITY;
-    for (int i = 0; i < in->nn; i++) {
-        double v = theta * in->ndots[i] + bias;
-        if (v > m)
-            m = v;
-    }
-    return m;
+    if (in->nn <= 0)
+        return -INFINITY;
+    return theta * (double)vm_max(in->ndots, (size_t)in->nn) + bias;
 }
 
 /* Linear step on the full distribution: p <- (1-λ) p + λ q, shares scaled
