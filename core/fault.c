@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 static const char *const kind_names[NC_FAULT_NKINDS] = {"alloc", "read", "write", "fsync"};
@@ -160,6 +161,11 @@ ssize_t nc_read(int fd, void *buf, size_t n)
 ssize_t nc_write(int fd, const void *buf, size_t n)
 {
     return nc_fault_fail(NC_FAULT_WRITE) ? -1 : write(fd, buf, n);
+}
+
+ssize_t nc_writev(int fd, const struct iovec *iov, int n)
+{
+    return nc_fault_fail(NC_FAULT_WRITE) ? -1 : writev(fd, iov, n);
 }
 
 size_t nc_fwrite(const void *p, size_t size, size_t n, FILE *f)

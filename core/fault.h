@@ -80,6 +80,8 @@ FILE *nc_fopen(const char *path, const char *mode);
 int nc_open(const char *path, int flags, int mode);
 ssize_t nc_read(int fd, void *buf, size_t n);
 ssize_t nc_write(int fd, const void *buf, size_t n);
+struct iovec;
+ssize_t nc_writev(int fd, const struct iovec *iov, int n);
 size_t nc_fwrite(const void *p, size_t size, size_t n, FILE *f);
 ssize_t nc_getline(char **line, size_t *cap, FILE *f);
 int nc_fsync(int fd);

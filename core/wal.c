@@ -1,6 +1,7 @@
 /* wal.c -- write-ahead log: checksummed records in segment files, group
  * commit, torn-tail truncation on replay. */
 #include "wal.h"
+#include "fault.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -291,7 +292,7 @@ static int write_all(int fd, const struct iovec *iov, int n)
     memcpy(v, iov, (size_t)n * sizeof *v);
     int i = 0;
     while (i < n) {
-        ssize_t w = writev(fd, v + i, n - i);
+        ssize_t w = nc_writev(fd, v + i, n - i);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
@@ -315,7 +316,7 @@ static int fsync_dir(const char *dir)
     int fd = open(dir, O_RDONLY | O_DIRECTORY);
     if (fd < 0)
         return -1;
-    int r = fsync(fd);
+    int r = nc_fsync(fd);
     close(fd);
     return r;
 }
@@ -326,7 +327,7 @@ static int open_segment(nc_wal *w, uint64_t first, char *err, size_t errlen)
     char name[64], path[1200];
     wal_segment_name(first, name, sizeof name);
     snprintf(path, sizeof path, "%s/%s", w->dir, name);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    int fd = nc_open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0)
         return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
     unsigned char h[SEG_HDR];
@@ -336,7 +337,7 @@ static int open_segment(nc_wal *w, uint64_t first, char *err, size_t errlen)
     uint32_t c = (uint32_t)crc32(0L, h, 20);
     memcpy(h + 20, &c, 4);
     struct iovec v = {h, SEG_HDR};
-    if (write_all(fd, &v, 1) != 0 || fdatasync(fd) != 0 || fsync_dir(w->dir) != 0) {
+    if (write_all(fd, &v, 1) != 0 || nc_fdatasync(fd) != 0 || fsync_dir(w->dir) != 0) {
         int e = errno;
         close(fd);
         return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(e));
@@ -385,7 +386,7 @@ void wal_close(nc_wal *w)
         pthread_cond_wait(&w->cond, &w->lock);
     if (w->fd >= 0) {
         if (w->mode != WAL_SYNC_NONE)
-            fdatasync(w->fd);
+            nc_fdatasync(w->fd);
         close(w->fd);
     }
     pthread_mutex_unlock(&w->lock);
@@ -438,7 +439,7 @@ int wal_sync(nc_wal *w, uint64_t seq, char *err, size_t errlen)
     }
     if (w->mode == WAL_SYNC_EACH) {
         /* the baseline: every request pays its own fsync, one at a time */
-        int r = w->broken ? -1 : fdatasync(w->fd);
+        int r = w->broken ? -1 : nc_fdatasync(w->fd);
         int e = errno;
         if (r == 0) {
             w->synced_seq = w->last_seq;
@@ -461,7 +462,7 @@ int wal_sync(nc_wal *w, uint64_t seq, char *err, size_t errlen)
         uint64_t target = w->last_seq;
         int fd = w->fd;
         pthread_mutex_unlock(&w->lock);
-        int r = fdatasync(fd);
+        int r = nc_fdatasync(fd);
         int e = errno;
         pthread_mutex_lock(&w->lock);
         w->syncing = false;
@@ -493,7 +494,7 @@ int wal_rotate(nc_wal *w, uint64_t *last_seq, char *err, size_t errlen)
         rc = nc_error(err, errlen, NC_EIO, "log unusable: %s", w->broken_msg);
     else if (w->last_seq + 1 == w->seg_first)
         ;   /* the current segment is empty: keep it */
-    else if (fdatasync(w->fd) != 0)
+    else if (nc_fdatasync(w->fd) != 0)
         rc = nc_error(err, errlen, NC_EIO, "%s: fdatasync: %s", w->dir, strerror(errno));
     else {
         w->fsyncs++;

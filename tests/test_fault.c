@@ -8,9 +8,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "daemon.h"
 #include "fault.h"
 #include "harness.h"
 #include "model.h"
@@ -318,6 +322,214 @@ TEST(spec_and_threads)
     nc_fault_disarm();
 }
 
+/* ---- the real daemon, armed through NEUROCACHE_FAULT ---------------------- */
+
+/* Starts neurocached with NEUROCACHE_FAULT=spec (NULL = none) on data_dir.
+ * Returns 0 when /ready answered 200 (*port set), 1 when it exited first
+ * (*status = raw wait status), -1 on a timeout (killed). */
+static int spawn_daemon(const char *spec, const char *data_dir, pid_t *pid, int *port, int *status,
+                        const char *log)
+{
+    char portfile[600];
+    snprintf(portfile, sizeof portfile, "%s.port", log);
+    unlink(portfile);
+    *port = 0;
+    *pid = fork();
+    if (*pid < 0)
+        return -1;
+    if (*pid == 0) {
+        if (spec)
+            setenv("NEUROCACHE_FAULT", spec, 1);
+        else
+            unsetenv("NEUROCACHE_FAULT");
+        FILE *f = freopen(log, "w", stderr);
+        (void)f;
+        const char *bin = daemon_bin_path("neurocached");
+        execl(bin, bin, "--allow-root", "--bind", "127.0.0.1", "--port", "0", "--port-file", portfile,
+              "--threads", "2", "--model", fixture, "--data-dir", data_dir, "--log-format", "text",
+              (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 6000; i++) {
+        if (waitpid(*pid, status, WNOHANG) == *pid)
+            return 1;
+        if (*port == 0) {
+            FILE *f = fopen(portfile, "r");
+            if (f) {
+                if (fscanf(f, "%d", port) != 1) *port = 0;
+                fclose(f);
+            }
+        }
+        if (*port > 0) {
+            http_resp r;
+            int ok = http_call(*port, "GET", "/ready", NULL, NULL, 0, &r) == 0 && r.status == 200;
+            http_resp_free(&r);
+            if (ok)
+                return 0;
+        }
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    kill(*pid, SIGKILL);
+    waitpid(*pid, status, 0);
+    return -1;
+}
+
+/* SIGTERM and wait: the raw status, or -1 if it had to be killed. */
+static int stop_daemon(pid_t pid)
+{
+    kill(pid, SIGTERM);
+    int st = 0;
+    for (int i = 0; i < 6000; i++) {
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            return st;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    return -1;
+}
+
+static int file_contains(const char *path, const char *needle)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    int found = read_file(path, &buf, &len) == 0 && memmem(buf, len, needle, strlen(needle)) != NULL;
+    free(buf);
+    return found;
+}
+
+/* Start-up under allocation and read faults: every run either fails with
+ * exit 1 and a "startup failed" line, or comes up and serves; none dies of a
+ * signal; and the same data directory starts cleanly afterwards. */
+TEST(daemon_startup_walk)
+{
+    static const long ns[] = {1, 2, 3, 4, 6, 9, 13, 19, 28, 42, 63, 94, 141};
+    static const char *const kinds[] = {"alloc", "read"};
+    char data[600], log[600];
+    snprintf(data, sizeof data, "%s/daemon-data", scratch);
+    snprintf(log, sizeof log, "%s/daemon.log", scratch);
+    for (size_t k = 0; k < 2; k++) {
+        int failed = 0, started = 0;
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+            char spec[64];
+            snprintf(spec, sizeof spec, "%s:%ld", kinds[k], ns[i]);
+            pid_t pid;
+            int port, st = 0;
+            int rc = spawn_daemon(spec, data, &pid, &port, &st, log);
+            if (rc == 1) {
+                CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 1, "%s: start-up ended with status %d", spec, st);
+                CHECKF(file_contains(log, "startup failed"), "%s: no 'startup failed' line", spec);
+                failed++;
+            } else if (rc == 0) {
+                started++;
+                http_resp r;
+                CHECK(http_json(port, "POST", "/v1/score", "{\"text\":\"w1 w2 w3\\n\"}", &r) == 0 &&
+                      (r.status == 200 || (r.status >= 500 && r.json)));
+                http_resp_free(&r);
+                st = stop_daemon(pid);
+                CHECKF(st >= 0 && WIFEXITED(st), "%s: did not exit cleanly (status %d)", spec, st);
+            } else {
+                CHECKF(0, "%s: neither ready nor exited in 60 s", spec);
+            }
+        }
+        fprintf(stderr, "        daemon start-up, %s faults: %d clean failures, %d started\n", kinds[k], failed,
+                started);
+        CHECK(failed >= 3);   /* the walk does reach start-up's fault points */
+    }
+    /* Recovery: no fault, same data directory. */
+    pid_t pid;
+    int port, st = 0;
+    CHECK(spawn_daemon(NULL, data, &pid, &port, &st, log) == 0);
+    if (port > 0 && pid > 0) {
+        http_resp r;
+        CHECK(http_json(port, "POST", "/v1/score", "{\"text\":\"w1 w2 w3\\n\"}", &r) == 0 && r.status == 200);
+        http_resp_free(&r);
+        st = stop_daemon(pid);
+        CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+}
+
+static long ns_entries(int port)
+{
+    http_resp r;
+    long e = -1;
+    if (http_json(port, "GET", "/v1/namespaces/t", NULL, &r) == 0 && r.status == 200)
+        e = (long)json_integer_value(json_object_get(r.json, "entries"));
+    http_resp_free(&r);
+    return e;
+}
+
+/* Adaptation under write / fsync faults (the write-ahead log): a failed
+ * adapt answers a 5xx JSON error and the daemon keeps serving; after a
+ * restart without the fault every acknowledged adapt is still there. */
+static void adapt_walk(const char *kind)
+{
+    int acked_runs = 0, failing_runs = 0;
+    for (long n = 1; n <= 8; n++) {
+        char spec[64], data[600], log[600];
+        snprintf(spec, sizeof spec, "%s:%ld+", kind, n);
+        snprintf(data, sizeof data, "%s/adapt-%s-%ld", scratch, kind, n);
+        snprintf(log, sizeof log, "%s/adapt.log", scratch);
+        pid_t pid;
+        int port, st = 0;
+        int rc = spawn_daemon(spec, data, &pid, &port, &st, log);
+        if (rc == 1) {
+            CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 1, "%s: start-up ended with status %d", spec, st);
+            continue;
+        }
+        CHECKF(rc == 0, "%s: no start", spec);
+        if (rc != 0)
+            continue;
+        http_resp r;
+        long acked = 0, errors = 0;
+        char id[128] = "";
+        if (http_json(port, "POST", "/v1/sessions", "{\"namespace\":\"t\",\"cache\":{\"unbounded\":true}}", &r) == 0 &&
+            r.status == 201)
+            snprintf(id, sizeof id, "%s", json_string_value(json_object_get(r.json, "id")));
+        else
+            CHECKF(r.status >= 500 && r.json, "%s: session create answered %ld: %s", spec, r.status, r.body);
+        http_resp_free(&r);
+        for (int i = 0; id[0] && i < 6; i++) {
+            char path[256];
+            snprintf(path, sizeof path, "/v1/sessions/%s/feed", id);
+            CHECK(http_json(port, "POST", path, "{\"text\":\"w1 w2 w3 w4\\n\",\"adapt\":true}", &r) == 0);
+            if (r.status == 200) {
+                long e = ns_entries(port);
+                if (e > acked) acked = e;
+            } else {
+                CHECKF(r.status >= 500 && r.json && http_error_code(&r)[0], "%s: adapt answered %ld: %s", spec,
+                       r.status, r.body);
+                if (errors++ == 0)
+                    fprintf(stderr, "        %s: a failed adapt answers %ld %s\n", spec, r.status, http_error_code(&r));
+            }
+            http_resp_free(&r);
+        }
+        /* Still serving. */
+        CHECK(http_json(port, "POST", "/v1/score", "{\"text\":\"w1 w2\\n\"}", &r) == 0 && r.status == 200);
+        http_resp_free(&r);
+        st = stop_daemon(pid);
+        CHECKF(st >= 0 && WIFEXITED(st), "%s: exit status %d", spec, st);
+        if (errors) failing_runs++;
+        if (acked) acked_runs++;
+        /* Restart without the fault: nothing acknowledged is lost. */
+        rc = spawn_daemon(NULL, data, &pid, &port, &st, log);
+        CHECKF(rc == 0, "%s: restart after the fault failed", spec);
+        if (rc == 0) {
+            long e = ns_entries(port);
+            CHECKF(e >= acked, "%s: %ld entries acknowledged, %ld after restart", spec, acked, e);
+            stop_daemon(pid);
+        }
+    }
+    fprintf(stderr, "        adapt under %s faults: %d runs with failed adapts, %d with acknowledged ones\n", kind,
+            failing_runs, acked_runs);
+    CHECK(failing_runs >= 2);
+}
+
+TEST(daemon_adapt_fsync_walk) { adapt_walk("fsync"); }
+TEST(daemon_adapt_write_walk) { adapt_walk("write"); }
+
 int main(void)
 {
     snprintf(fixture, sizeof fixture, "%s/lstm-2layer", harness_fixtures());
@@ -337,6 +549,11 @@ int main(void)
     RUN(save_write_walk);
     RUN(save_fsync_walk);
     RUN(tokenize_alloc_walk);
+    httpc_init();
+    RUN(daemon_startup_walk);
+    RUN(daemon_adapt_fsync_walk);
+    RUN(daemon_adapt_write_walk);
+    httpc_cleanup();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", scratch);
     if (system(cmd) != 0) { /* best effort */ }
