@@ -1172,9 +1172,10 @@ void nsstore_stats(nc_nsstore *ns, nc_nsstore_stats *st)
     st->factory = ns->ubo.factory;
     st->wal_bytes = wal_disk_bytes(ns->waldir);
     st->disk_bytes = dir_bytes(ns->dir);
+    /* lock order is cache -> meta (the add hook): never the reverse */
+    size_t mem = ubcache_memory(ns->ub) + wordtable_memory(ns->words);
     pthread_rwlock_rdlock(&ns->meta);
-    st->memory_bytes = ubcache_memory(ns->ub) + wordtable_memory(ns->words) + ns->provcap * 8 +
-                       ns->doccap * 16;
+    st->memory_bytes = mem + ns->provcap * 8 + ns->doccap * 16;
     pthread_rwlock_unlock(&ns->meta);
     nc_wal_stats ws;
     wal_stats(ns->wal, &ws);
