@@ -589,7 +589,7 @@ TEST(bad_config_names_option)
     CHECK_STR_CONTAINS(str(out), "'ttl'");
     unlink(path);
     /* The shipped config file parses and documents every option. */
-    snprintf(cmd, sizeof cmd, "%s --config config/neurocached.conf --model /nonexistent --port 0 2>&1",
+    snprintf(cmd, sizeof cmd, "%s --config config/neurocached.conf --model /nonexistent --port 0 --allow-root 2>&1",
              daemon_bin_path("neurocached"));
     CHECK(run_capture(cmd, out, sizeof out) == 1);   /* gets as far as loading the model */
     CHECK_STR_CONTAINS(str(out), "startup failed");
