@@ -69,35 +69,44 @@ static int feed(int port, const char *id, const char *text)
     return rc;
 }
 
-/* The full next-word distribution, indexed by id (n entries): malloc'ed. */
-static double *predict_full(int port, const char *id, size_t *n, long *status)
+/* The full next-word distribution as {word: prob} (new reference, NULL on
+ * failure). By word, not id: open-vocabulary ids are per word table, and a
+ * session without a namespace shares its replica's "default" one. */
+static json_t *predict_full(int port, const char *id, long *status)
 {
     char path[256];
     snprintf(path, sizeof path, "/v1/sessions/%s/predict", id);
     http_resp r;
-    *n = 0;
-    double *p = NULL;
+    json_t *d = NULL;
     if (http_json(port, "POST", path, "{\"full\":true}", &r) == 0 && r.status == 200 && r.json) {
-        json_t *preds = json_object_get(r.json, "predictions");
-        *n = (size_t)json_integer_value(json_object_get(r.json, "vocab_size"));
-        p = calloc(*n ? *n : 1, sizeof *p);
+        d = json_object();
         size_t i;
         json_t *it;
-        json_array_foreach(preds, i, it) {
-            json_int_t w = json_integer_value(json_object_get(it, "id"));
-            if (w >= 0 && (size_t)w < *n) p[w] = json_real_value(json_object_get(it, "prob"));
+        json_array_foreach(json_object_get(r.json, "predictions"), i, it) {
+            const char *w = json_string_value(json_object_get(it, "word"));
+            double p = json_real_value(json_object_get(it, "prob"));
+            if (w && p > 0) json_object_set_new(d, w, json_real(p));
         }
     }
     if (status) *status = r.status;
     http_resp_free(&r);
-    return p;
+    return d;
 }
 
-static double max_diff(const double *a, const double *b, size_t n)
+/* Largest |pa(w) - pb(w)| over every word either gives mass. */
+static double max_diff(const json_t *a, const json_t *b)
 {
     double m = 0;
-    for (size_t i = 0; i < n; i++)
-        if (fabs(a[i] - b[i]) > m) m = fabs(a[i] - b[i]);
+    const char *w;
+    json_t *v;
+    json_object_foreach((json_t *)a, w, v) {
+        double d = fabs(json_real_value(v) - json_real_value(json_object_get(b, w)));
+        if (d > m) m = d;
+    }
+    json_object_foreach((json_t *)b, w, v) {
+        double d = fabs(json_real_value(v) - json_real_value(json_object_get(a, w)));
+        if (d > m) m = d;
+    }
     return m;
 }
 
@@ -161,24 +170,23 @@ TEST(state_round_trip)
     CHECK(len > 100 && blob && memcmp(blob, "NCSESS\r\n", 8) == 0);
     char code[64] = "";
     CHECK(put_state(d.port, id2, blob, len, code, sizeof code) == 201);
-    size_t n1 = 0, n2 = 0;
-    double *p1 = predict_full(d.port, id, &n1, NULL), *p2 = predict_full(d.port, id2, &n2, NULL);
+    json_t *p1 = predict_full(d.port, id, NULL), *p2 = predict_full(d.port, id2, NULL);
     /* Open vocabulary: "zorblax" is a word of its own in both copies. */
-    CHECK(p1 && p2 && n1 == n2 && n1 > 0);
-    if (p1 && p2 && n1 == n2)
-        CHECK_NEAR(max_diff(p1, p2, n1), 0.0, 1e-7);
-    free(p1);
-    free(p2);
+    CHECK(p1 && p2 && json_object_size(p1) > 0);
+    if (p1 && p2)
+        CHECK_NEAR(max_diff(p1, p2), 0.0, 1e-7);
+    json_decref(p1);
+    json_decref(p2);
     /* The copies keep evolving identically (windows, LSTM state). */
     CHECK(feed(d.port, id, "zorblax sat on the dog .") == 0);
     CHECK(feed(d.port, id2, "zorblax sat on the dog .") == 0);
-    p1 = predict_full(d.port, id, &n1, NULL);
-    p2 = predict_full(d.port, id2, &n2, NULL);
-    CHECK(p1 && p2 && n1 == n2);
-    if (p1 && p2 && n1 == n2)
-        CHECK_NEAR(max_diff(p1, p2, n1), 0.0, 1e-7);
-    free(p1);
-    free(p2);
+    p1 = predict_full(d.port, id, NULL);
+    p2 = predict_full(d.port, id2, NULL);
+    CHECK(p1 && p2);
+    if (p1 && p2)
+        CHECK_NEAR(max_diff(p1, p2), 0.0, 1e-7);
+    json_decref(p1);
+    json_decref(p2);
     /* PUT over an existing id replaces it. */
     CHECK(put_state(d.port, id2, blob, len, code, sizeof code) == 201);
     CHECK(session_count(d.port) == 2);
@@ -237,6 +245,43 @@ TEST(state_refused)
     CHECK(daemon_stop(&d) == 0);
 }
 
+/* A session reading a namespace's unbounded cache: the copy is bound to
+ * the same namespace and predicts the same. */
+TEST(state_with_namespace)
+{
+    nc_daemon d;
+    const char *args[] = {"--model", model_dir, NULL};
+    if (daemon_start(&d, args)) { CHECK(0); return; }
+    http_resp r;
+    const char *doc = "the zorblax sat on the mat . a dog saw the zorblax .\n";
+    CHECK(http_call(d.port, "POST", "/v1/namespaces/n1/documents", "text/plain", doc, strlen(doc), &r) == 0 &&
+          r.status == 200);
+    http_resp_free(&r);
+    char id[80], code[64];
+    CHECK(create(d.port, "{\"namespace\":\"n1\",\"cache\":{\"unbounded\":true,\"exact\":true,"
+                 "\"unbounded_lambda\":0.4,\"open_vocab\":true,\"neural_size\":20}}", id, sizeof id) == 0);
+    CHECK(feed(d.port, id, "the") == 0);
+    char *blob = NULL;
+    size_t len = 0;
+    CHECK(get_state(d.port, id, &blob, &len) == 0);
+    CHECK(blob && put_state(d.port, "copy-ns", blob, len, code, sizeof code) == 201);
+    CHECK(http_call(d.port, "GET", "/v1/sessions/copy-ns", NULL, NULL, 0, &r) == 0 && r.json);
+    CHECK(r.json && json_is_string(json_object_get(r.json, "namespace")) &&
+          !strcmp(json_string_value(json_object_get(r.json, "namespace")), "n1"));
+    http_resp_free(&r);
+    json_t *p1 = predict_full(d.port, id, NULL), *p2 = predict_full(d.port, "copy-ns", NULL);
+    CHECK(p1 && p2);
+    if (p1 && p2) {
+        CHECK_NEAR(max_diff(p1, p2), 0.0, 1e-7);
+        /* the namespace's open-vocabulary word has mass */
+        CHECK(json_real_value(json_object_get(p2, "zorblax")) > 1e-3);
+    }
+    json_decref(p1);
+    json_decref(p2);
+    free(blob);
+    CHECK(daemon_stop(&d) == 0);
+}
+
 /* ---- replica tags and peers ------------------------------------------------- */
 
 TEST(session_not_here)
@@ -288,29 +333,28 @@ TEST(pull_on_miss)
     char id[80];
     CHECK(create(a.port, CACHE, id, sizeof id) == 0);
     CHECK(feed(a.port, id, TEXT) == 0);
-    size_t na = 0, nb = 0;
-    double *pa = predict_full(a.port, id, &na, NULL);
+    json_t *pa = predict_full(a.port, id, NULL);
     /* The request lands on b: b takes the session over from a. */
     long st = 0;
-    double *pb = predict_full(b.port, id, &nb, &st);
+    json_t *pb = predict_full(b.port, id, &st);
     CHECK(st == 200);
-    CHECK(pa && pb && na == nb);
-    if (pa && pb && na == nb)
-        CHECK_NEAR(max_diff(pa, pb, na), 0.0, 1e-7);
+    CHECK(pa && pb);
+    if (pa && pb)
+        CHECK_NEAR(max_diff(pa, pb), 0.0, 1e-7);
     CHECK(session_count(a.port) == 0);
     CHECK(session_count(b.port) == 1);
     /* Tokens fed on b after the move are not lost when it moves back. */
     CHECK(feed(b.port, id, "the dog sat .") == 0);
-    free(pb);
-    pb = predict_full(b.port, id, &nb, NULL);
-    free(pa);
-    pa = predict_full(a.port, id, &na, &st);
-    CHECK(st == 200 && pa && pb && na == nb);
-    if (pa && pb && na == nb)
-        CHECK_NEAR(max_diff(pa, pb, na), 0.0, 1e-7);
+    json_decref(pb);
+    pb = predict_full(b.port, id, NULL);
+    json_decref(pa);
+    pa = predict_full(a.port, id, &st);
+    CHECK(st == 200 && pa && pb);
+    if (pa && pb)
+        CHECK_NEAR(max_diff(pa, pb), 0.0, 1e-7);
     CHECK(session_count(a.port) == 1 && session_count(b.port) == 0);
-    free(pa);
-    free(pb);
+    json_decref(pa);
+    json_decref(pb);
     /* A session nobody holds: not here / not found, after asking. */
     http_resp r;
     CHECK(http_json(a.port, "POST", "/v1/sessions/ses_b_00000000000000000000000000000000/predict", "{}", &r) == 0);
@@ -330,16 +374,15 @@ TEST(migrate_cli)
     char id[80], cmd[1024];
     CHECK(create(a.port, CACHE, id, sizeof id) == 0);
     CHECK(feed(a.port, id, TEXT) == 0);
-    size_t na = 0, nb = 0;
-    double *pa = predict_full(a.port, id, &na, NULL);
+    json_t *pa = predict_full(a.port, id, NULL);
     snprintf(cmd, sizeof cmd, "%s migrate --from http://127.0.0.1:%d --to http://127.0.0.1:%d --session %s 2>&1",
              daemon_bin_path("neurocache"), a.port, b.port, id);
     CHECK(system(cmd) == 0);
     CHECK(session_count(a.port) == 0 && session_count(b.port) == 1);
-    double *pb = predict_full(b.port, id, &nb, NULL);
-    CHECK(pa && pb && na == nb);
-    if (pa && pb && na == nb)
-        CHECK_NEAR(max_diff(pa, pb, na), 0.0, 1e-7);
+    json_t *pb = predict_full(b.port, id, NULL);
+    CHECK(pa && pb);
+    if (pa && pb)
+        CHECK_NEAR(max_diff(pa, pb), 0.0, 1e-7);
     /* Errors: an unknown session, an unreachable target (the session stays). */
     snprintf(cmd, sizeof cmd, "%s migrate --from http://127.0.0.1:%d --to http://127.0.0.1:%d --session nope >/dev/null 2>&1",
              daemon_bin_path("neurocache"), a.port, b.port);
@@ -348,8 +391,8 @@ TEST(migrate_cli)
              daemon_bin_path("neurocache"), b.port, free_port(), id);
     CHECK(system(cmd) != 0);
     CHECK(session_count(b.port) == 1);
-    free(pa);
-    free(pb);
+    json_decref(pa);
+    json_decref(pb);
     CHECK(daemon_stop(&b) == 0);
     CHECK(daemon_stop(&a) == 0);
 }
@@ -360,24 +403,22 @@ TEST(drain_hands_over)
     if (start_pair(&a, &b, "0")) { CHECK(0); return; }
     enum { N = 6 };
     char ids[N][80];
-    double *before[N] = {0};
-    size_t n[N] = {0};
+    json_t *before[N] = {0};
     for (int i = 0; i < N; i++) {
         CHECK(create(a.port, CACHE, ids[i], sizeof ids[i]) == 0);
         CHECK(feed(a.port, ids[i], i % 2 ? TEXT : "the dog sat on zorblax .") == 0);
-        before[i] = predict_full(a.port, ids[i], &n[i], NULL);
+        before[i] = predict_full(a.port, ids[i], NULL);
     }
     daemon_signal_term(&a);
     CHECK(daemon_wait(&a, 60) == 0);
     CHECK(session_count(b.port) == N);
     for (int i = 0; i < N; i++) {
-        size_t m = 0;
-        double *after = predict_full(b.port, ids[i], &m, NULL);
-        CHECK(after && before[i] && m == n[i]);
-        if (after && before[i] && m == n[i])
-            CHECK_NEAR(max_diff(after, before[i], m), 0.0, 1e-7);
-        free(after);
-        free(before[i]);
+        json_t *after = predict_full(b.port, ids[i], NULL);
+        CHECK(after && before[i]);
+        if (after && before[i])
+            CHECK_NEAR(max_diff(after, before[i]), 0.0, 1e-7);
+        json_decref(after);
+        json_decref(before[i]);
     }
     CHECK(daemon_stop(&b) == 0);
 }
@@ -389,6 +430,7 @@ int main(void)
     snprintf(other_model_dir, sizeof other_model_dir, "%s/lstm-2layer-f16", harness_fixtures());
     RUN(state_round_trip);
     RUN(state_refused);
+    RUN(state_with_namespace);
     RUN(session_not_here);
     RUN(pull_on_miss);
     RUN(migrate_cli);

@@ -1,0 +1,302 @@
+/* test_replication.c -- namespaces replicated through a real redis-server
+ * (Debian's package) between two neurocached replicas: a document streamed
+ * through A reaches B's unbounded cache within a bounded lag (printed), the
+ * same predict request answers the same distribution on both (1e-4), adds
+ * made on B reach A, a restarted replica catches up from its last applied
+ * entry (no duplicate), entries of another model are refused. Skipped, with
+ * a message, when redis-server is not installed (`make deps` installs it). */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "harness.h"
+
+static char model_dir[512], work[256], redis_addr[64], redis_bin[256];
+static int redis_port;
+static pid_t redis_pid;
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &l) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+static int start_redis(void)
+{
+    const char *c[] = {"/usr/bin/redis-server", "/usr/local/bin/redis-server", "/usr/sbin/redis-server", NULL};
+    for (int i = 0; c[i]; i++)
+        if (access(c[i], X_OK) == 0) snprintf(redis_bin, sizeof redis_bin, "%s", c[i]);
+    if (!redis_bin[0]) return 1;
+    redis_port = free_port();
+    snprintf(redis_addr, sizeof redis_addr, "127.0.0.1:%d", redis_port);
+    char port[16], log[400];
+    snprintf(port, sizeof port, "%d", redis_port);
+    snprintf(log, sizeof log, "%s/redis.log", work);
+    redis_pid = fork();
+    if (redis_pid == 0) {
+        if (!freopen(log, "w", stdout)) _exit(127);
+        execl(redis_bin, "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "",
+              "--appendonly", "no", "--dir", work, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 200; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)redis_port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        int ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+        close(fd);
+        if (ok) return 0;
+        sleep_ms(25);
+    }
+    return -1;
+}
+
+/* Replica tag with its own persistent data dir (kept across restarts). */
+static int start(nc_daemon *d, const char *tag, const char *model)
+{
+    static char dirs[4][400];
+    int k = tag[0] - 'a';
+    snprintf(dirs[k], sizeof dirs[k], "%s/data-%s", work, tag);
+    const char *args[] = {"--model", model, "--replica-tag", tag, "--redis", redis_addr,
+                          "--data-dir", dirs[k], "--snapshot-period", "0", NULL};
+    return daemon_start(d, args);
+}
+
+static long ns_entries(int port, const char *ns)
+{
+    char path[200];
+    snprintf(path, sizeof path, "/v1/namespaces/%s", ns);
+    http_resp r;
+    long n = -1;
+    if (http_call(port, "GET", path, NULL, NULL, 0, &r) == 0 && r.status == 200 && r.json)
+        n = (long)json_integer_value(json_object_get(r.json, "entries"));
+    http_resp_free(&r);
+    return n;
+}
+
+static long upload(int port, const char *ns, const char *text)
+{
+    char path[200];
+    snprintf(path, sizeof path, "/v1/namespaces/%s/documents", ns);
+    http_resp r;
+    long st = http_call(port, "POST", path, "text/plain", text, strlen(text), &r) == 0 ? r.status : -1;
+    if (st != 200 && st != 201) fprintf(stderr, "upload: %ld %s\n", st, r.body ? r.body : "");
+    http_resp_free(&r);
+    return st;
+}
+
+/* Waits until replica port holds want entries in ns; seconds waited, or -1. */
+static double wait_entries(int port, const char *ns, long want, double timeout)
+{
+    double t0 = now_s();
+    while (now_s() - t0 < timeout) {
+        if (ns_entries(port, ns) == want) return now_s() - t0;
+        sleep_ms(5);
+    }
+    fprintf(stderr, "replica on %d: %ld entries in %s, expected %ld\n", port, ns_entries(port, ns), ns, want);
+    return -1;
+}
+
+static const char *SESSION =
+    "{\"namespace\":\"news\",\"cache\":{\"unbounded\":true,\"exact\":true,\"knn\":16,"
+    "\"unbounded_lambda\":0.4,\"open_vocab\":true}}";
+
+/* Full distribution of a fresh session in ns after feeding text (no adapt). */
+static double *dist_after(int port, const char *text, size_t *n)
+{
+    http_resp r;
+    *n = 0;
+    double *p = NULL;
+    char id[80] = "", path[200];
+    if (http_json(port, "POST", "/v1/sessions", SESSION, &r) == 0 && r.status == 201 && r.json)
+        snprintf(id, sizeof id, "%s", json_string_value(json_object_get(r.json, "id")));
+    else fprintf(stderr, "session: %ld %s\n", r.status, r.body ? r.body : "");
+    http_resp_free(&r);
+    if (!id[0]) return NULL;
+    snprintf(path, sizeof path, "/v1/sessions/%s/feed", id);
+    json_t *b = json_pack("{s:s}", "text", text);
+    http_post_json(port, path, b, &r);
+    json_decref(b);
+    http_resp_free(&r);
+    snprintf(path, sizeof path, "/v1/sessions/%s/predict", id);
+    if (http_json(port, "POST", path, "{\"full\":true}", &r) == 0 && r.status == 200 && r.json) {
+        *n = (size_t)json_integer_value(json_object_get(r.json, "vocab_size"));
+        p = calloc(*n + 1, sizeof *p);
+        size_t i;
+        json_t *it;
+        json_array_foreach(json_object_get(r.json, "predictions"), i, it) {
+            json_int_t w = json_integer_value(json_object_get(it, "id"));
+            const char *word = json_string_value(json_object_get(it, "word"));
+            (void)word;
+            if (w >= 0 && (size_t)w < *n) p[w] = json_real_value(json_object_get(it, "prob"));
+        }
+    }
+    http_resp_free(&r);
+    snprintf(path, sizeof path, "/v1/sessions/%s", id);
+    http_call(port, "DELETE", path, NULL, NULL, 0, &r);
+    http_resp_free(&r);
+    return p;
+}
+
+static double max_diff(const double *a, const double *b, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs(a[i] - b[i]) > m) m = fabs(a[i] - b[i]);
+    return m;
+}
+
+static const char *DOC1 =
+    "the zorblax sat on the mat . the zorblax ate the cat .\n"
+    "a dog saw the zorblax and the zorblax ran .\n";
+static const char *DOC2 =
+    "the quibble and the zorblax sat on the dog . the quibble ran .\n";
+static const char *PROBE = "the";
+
+static nc_daemon A, B;
+
+TEST(document_reaches_other_replica)
+{
+    CHECK(upload(A.port, "news", DOC1) == 200);
+    long na = ns_entries(A.port, "news");
+    CHECK(na > 10);
+    double lag = wait_entries(B.port, "news", na, 10);
+    CHECK(lag >= 0);
+    fprintf(stderr, "  (document of %ld tokens visible on the other replica after %.1f ms)\n", na, lag * 1e3);
+    /* Same request, same answer: the pairs are bit-identical (float16). */
+    size_t n1 = 0, n2 = 0;
+    double *pa = dist_after(A.port, PROBE, &n1), *pb = dist_after(B.port, PROBE, &n2);
+    CHECK(pa && pb && n1 == n2 && n1 > 0);
+    if (pa && pb && n1 == n2) {
+        CHECK_NEAR(max_diff(pa, pb, n1), 0.0, 1e-4);
+        /* And the cache matters: "zorblax" (open vocabulary) has mass. */
+        double mass = 0;
+        for (size_t i = 50; i < n1; i++) mass += pa[i];
+        CHECK(mass > 1e-3);
+    }
+    free(pa);
+    free(pb);
+}
+
+TEST(adds_on_b_reach_a)
+{
+    long nb = ns_entries(B.port, "news");
+    CHECK(upload(B.port, "news", "the mat saw a dog .\n") == 200);
+    long nb2 = ns_entries(B.port, "news");
+    CHECK(nb2 > nb);
+    CHECK(wait_entries(A.port, "news", nb2, 10) >= 0);
+    /* A namespace created on B only. */
+    CHECK(upload(B.port, "sports", "the dog ran on the mat .\n") == 200);
+    CHECK(wait_entries(A.port, "sports", ns_entries(B.port, "sports"), 10) >= 0);
+}
+
+TEST(restarted_replica_catches_up)
+{
+    CHECK(daemon_stop(&B) == 0);
+    CHECK(upload(A.port, "news", DOC2) == 200);
+    CHECK(upload(A.port, "sports", "a cat sat .\n") == 200);
+    long na = ns_entries(A.port, "news"), sa = ns_entries(A.port, "sports");
+    double t0 = now_s();
+    CHECK(start(&B, "b", model_dir) == 0);
+    CHECK(wait_entries(B.port, "news", na, 10) >= 0);
+    CHECK(wait_entries(B.port, "sports", sa, 10) >= 0);
+    fprintf(stderr, "  (restarted replica caught up %.1f ms after start)\n", (now_s() - t0) * 1e3);
+    /* No duplicate applied after a while. */
+    sleep_ms(700);
+    CHECK(ns_entries(B.port, "news") == na);
+    size_t n1 = 0, n2 = 0;
+    double *pa = dist_after(A.port, "the quibble", &n1), *pb = dist_after(B.port, "the quibble", &n2);
+    CHECK(pa && pb && n1 == n2);
+    if (pa && pb && n1 == n2)
+        CHECK_NEAR(max_diff(pa, pb, n1), 0.0, 1e-4);
+    free(pa);
+    free(pb);
+}
+
+TEST(other_model_refused)
+{
+    /* A replica of another model (same shape, other weights) on the same
+     * streams applies nothing and says so. */
+    nc_daemon C;
+    char other[600];
+    snprintf(other, sizeof other, "%s/lstm-2layer-f16", harness_fixtures());
+    if (start(&C, "c", other)) { CHECK(0); return; }
+    sleep_ms(1500);
+    http_resp r;
+    CHECK(http_call(C.port, "GET", "/v1/replication", NULL, NULL, 0, &r) == 0 && r.json);
+    if (r.json) {
+        if (json_integer_value(json_object_get(r.json, "applied_tokens")) != 0) fprintf(stderr, "%s\n", r.body);
+        CHECK(json_integer_value(json_object_get(r.json, "applied_tokens")) == 0);
+        CHECK(json_integer_value(json_object_get(r.json, "refused_entries")) > 0);
+    }
+    http_resp_free(&r);
+    CHECK(daemon_stop(&C) == 0);
+}
+
+int main(void)
+{
+    snprintf(work, sizeof work, "/tmp/nc-test-XXXXXX");
+    if (!mkdtemp(work)) return 1;
+    int rs = start_redis();
+    if (rs == 1) {
+        printf("SKIP test_replication: redis-server is not installed (`make deps` installs Debian's redis-server)\n");
+        printf("0 passed, 0 failed\n");
+        rmdir(work);
+        return 0;
+    }
+    httpc_init();
+    snprintf(model_dir, sizeof model_dir, "%s/lstm-2layer", harness_fixtures());
+    CHECK(rs == 0);
+    int up = rs == 0 && start(&A, "a", model_dir) == 0;
+    if (up && start(&B, "b", model_dir) != 0) {
+        daemon_stop(&A);
+        up = 0;
+    }
+    CHECK(up);
+    if (up) {
+        RUN(document_reaches_other_replica);
+        RUN(adds_on_b_reach_a);
+        RUN(restarted_replica_catches_up);
+        RUN(other_model_refused);
+        if (harness_failed) { daemon_dump_log(&A); daemon_dump_log(&B); }
+        daemon_stop(&B);
+        daemon_stop(&A);
+    }
+    if (redis_pid > 0) {
+        kill(redis_pid, SIGTERM);
+        waitpid(redis_pid, NULL, 0);
+    }
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", work);
+    if (system(cmd)) {}
+    httpc_cleanup();
+    return harness_summary();
+}
