@@ -13,7 +13,7 @@ FAISS_C  := build/faiss_c/libfaiss_c.a
 BLAS_LIBS := -lopenblas -llapack
 LIBS_CORE := $(FAISS_C) -lfaiss $(BLAS_LIBS) -ljansson -lunistring -lz -lgomp -lstdc++ -lm -lpthread
 LIBS_SERVER := -lmicrohttpd -linih -lhiredis -lsystemd -lcurl
-LIBS_TEST := -lcurl
+LIBS_TEST := -lcurl -lyaml
 
 ifeq ($(V),1)
 Q :=

@@ -207,7 +207,7 @@ int proto_get_string(const json_t *obj, const char *key, bool required, const ch
 static const char *const cache_keys[] = {
     "unigram_size", "unigram_lambda", "neural_size", "neural_theta", "neural_lambda",
     "global_norm", "neural_alpha", "open_vocab", "uniform_mu", "unbounded", "knn", "nprobe",
-    "unbounded_lambda", "kernel", "exact", NULL};
+    "unbounded_lambda", "kernel", "exact", "neural_f16", NULL};
 
 int proto_decode_cache(const json_t *obj, const nc_cache_params *defaults,
                        nc_cache_params *out, api_status *st)
@@ -236,6 +236,8 @@ int proto_decode_cache(const json_t *obj, const nc_cache_params *defaults,
     out->global_norm = b;
     if (proto_get_double(obj, "neural_alpha", -1e6, 1e6, out->neural_alpha, &d, st)) return -1;
     out->neural_alpha = (float)d;
+    if (proto_get_bool(obj, "neural_f16", out->neural_f16, &b, st)) return -1;
+    out->neural_f16 = b;
     if (proto_get_bool(obj, "open_vocab", out->open_vocab, &b, st)) return -1;
     out->open_vocab = b;
     if (proto_get_double(obj, "uniform_mu", 0, 1, out->uniform_mu, &d, st)) return -1;
@@ -276,11 +278,12 @@ static double short_float(float f)
 
 json_t *proto_encode_cache(const nc_cache_params *p)
 {
-    return json_pack("{s:i,s:f,s:i,s:f,s:f,s:b,s:f,s:b,s:f,s:b,s:i,s:i,s:f,s:s,s:b}",
+    return json_pack("{s:i,s:f,s:i,s:f,s:f,s:b,s:f,s:b,s:b,s:f,s:b,s:i,s:i,s:f,s:s,s:b}",
                      "unigram_size", p->unigram_size, "unigram_lambda", short_float(p->unigram_lambda),
                      "neural_size", p->neural_size, "neural_theta", short_float(p->neural_theta),
                      "neural_lambda", short_float(p->neural_lambda), "global_norm", p->global_norm,
-                     "neural_alpha", short_float(p->neural_alpha), "open_vocab", p->open_vocab,
+                     "neural_alpha", short_float(p->neural_alpha), "neural_f16", p->neural_f16,
+                     "open_vocab", p->open_vocab,
                      "uniform_mu", short_float(p->uniform_mu), "unbounded", p->unbounded, "knn", p->knn,
                      "nprobe", p->nprobe, "unbounded_lambda", short_float(p->unbounded_lambda), "kernel",
                      p->kernel == NC_KERNEL_EPANECHNIKOV ? "epanechnikov" : "gaussian", "exact", p->exact);

@@ -9,7 +9,7 @@ build="$here/build/faiss_c"
 packages=(build-essential pkg-config dpkg-dev
           libmicrohttpd-dev libjansson-dev libopenblas-dev liblapack-dev
           libfaiss-dev uthash-dev libunistring-dev zlib1g-dev libinih-dev
-          libcurl4-openssl-dev libhiredis-dev libsystemd-dev
+          libcurl4-openssl-dev libhiredis-dev libsystemd-dev libyaml-dev
           clang libclang-rt-dev gnuplot-nox wrk procps curl
           haproxy nginx-light redis-server python3-yaml)  # multi-replica tests, deploy/lint.sh
 

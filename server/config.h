@@ -17,6 +17,9 @@ typedef struct {
     char model[1024];            /* model directory */
     char data_dir[1024];         /* namespaces, snapshots, logs (next issue) */
     int threads;                 /* HTTP worker threads, 0 = number of cores */
+    bool batch_predict;          /* predictions of concurrent sessions share one decoder GEMM */
+    int batch_threads;           /* threads running those batches, 0 = number of cores */
+    int max_batch;               /* most predictions in one batch */
     int log_format;              /* LOG_FORMAT_JSON | LOG_FORMAT_TEXT */
     int log_level;               /* 0 debug, 1 info, 2 warn, 3 error */
     bool log_requests;           /* one log line per request (debug level) */
@@ -50,6 +53,12 @@ typedef struct {
     /* [security] (server/auth.h) */
     char api_keys[1024];         /* API key file; "" = no keys (open API, loopback by default) */
     bool allow_root;             /* start even when running as root */
+    /* [namespaces] (server/namespaces.h) */
+    int fsync_mode;              /* nc_wal_sync: 0 group, 1 each, 2 none */
+    int snapshot_period_s;       /* seconds between snapshots, 0 = only at shutdown */
+    char index_factory[128];     /* FAISS factory of the IVF index, "" = IVF4096,PQ{H/8} */
+    long index_switch_at;        /* pairs at which a namespace leaves the flat index */
+    bool index_train_self;       /* no unbounded.faiss: train the IVF index on the pairs */
 } nc_server_config;
 
 /* Types of the option table. */

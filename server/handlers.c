@@ -12,7 +12,9 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "batcher.h"
 #include "metrics.h"
+#include "namespaces.h"
 #include "migrate.h"
 #include "replication.h"
 #include "rng.h"
@@ -127,7 +129,7 @@ static void h_ready(nc_server *srv, http_request *req, http_response *resp)
     if (atomic_load(&srv->draining))
         http_reply_error(resp, API_NOT_READY, "draining: the server is shutting down");
     else if (!atomic_load(&srv->ready))
-        http_reply_error(resp, API_NOT_READY, "loading the model");
+        http_reply_error(resp, API_NOT_READY, "loading the model and recovering namespaces");
     else
         http_reply_json(resp, 200, json_pack("{s:s}", "status", "ready"));
 }
@@ -139,7 +141,8 @@ static void h_metrics(nc_server *srv, http_request *req, http_response *resp)
     size_t bytes = 0;
     if (srv->sessions)
         sessions_stats(srv->sessions, &n, &bytes);
-    resp->text = replication_metrics(metrics_render(n, bytes, atomic_load(&srv->ready), atomic_load(&srv->draining)));
+    resp->text = replication_metrics(
+        namespaces_metrics(srv, metrics_render(n, bytes, atomic_load(&srv->ready), atomic_load(&srv->draining))));
     resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
     resp->status = 200;
 }
@@ -295,10 +298,15 @@ static void h_feed(nc_server *srv, http_request *req, http_response *resp)
         tokens_clear(&t);
         return;
     }
+    uint64_t seq = 0;
     if (rc == NC_OK && t.n)
-        rc = stream_feed(s->stream, &t, false, lp, err, sizeof err);
+        rc = r.adapt ? namespaces_feed_adapt(srv, s, &t, lp, &seq, err, sizeof err)
+                     : stream_feed(s->stream, &t, false, lp, err, sizeof err);
     pos = stream_position(s->stream);
     pthread_mutex_unlock(&s->lock);
+    /* adapted pairs are durable before the answer (group commit) */
+    if (rc == NC_OK && seq)
+        rc = namespaces_sync(s, seq, err, sizeof err);
     sessions_release(srv->sessions, s);
     if (rc != NC_OK) {
         http_reply_error(resp, rc_to_api(rc), "feed: %s", err);
@@ -321,26 +329,20 @@ static void h_feed(nc_server *srv, http_request *req, http_response *resp)
     tokens_clear(&t);
 }
 
-static void h_predict(nc_server *srv, http_request *req, http_response *resp)
+/* The answer of a predict on s (locked): logits = the session's decoder
+ * output when the batcher computed it, NULL to compute it here. */
+static void predict_answer(nc_session *s, const proto_predict_req *r, const float *logits,
+                           http_response *resp)
 {
-    proto_predict_req r;
-    api_status st;
-    if (proto_decode_predict(req->json, srv->cfg.max_top_k, &r, &st)) {
-        http_reply_status(resp, &st);
-        return;
-    }
-    nc_session *s = acquire(srv, req, resp);
-    if (!s)
-        return;
     nc_dist d;
     dist_init(&d);
     char err[NC_ERRLEN] = "";
     json_t *o = NULL;
     int *idx = NULL;
-    pthread_mutex_lock(&s->lock);
-    int rc = stream_predict(s->stream, r.components, &d, err, sizeof err);
+    int rc = logits ? stream_predict_logits(s->stream, logits, r->components, &d, err, sizeof err)
+                    : stream_predict(s->stream, r->components, &d, err, sizeof err);
     if (rc == NC_OK) {
-        size_t k = r.full ? d.n : (size_t)r.top_k;
+        size_t k = r->full ? d.n : (size_t)r->top_k;
         if (k > d.n) k = d.n;
         idx = malloc((k ? k : 1) * sizeof *idx);
         if (!idx) {
@@ -355,7 +357,7 @@ static void h_predict(nc_server *srv, http_request *req, http_response *resp)
                 const char *word = stream_word(s->stream, w);
                 json_t *it = json_pack("{s:s,s:i,s:f}", "word", word ? word : "", "id", w, "prob",
                                        (double)d.p[w]);
-                if (r.components && it) {
+                if (r->components && it) {
                     json_t *c = json_object();
                     for (int ci = 0; ci < NC_NCOMP; ci++)
                         if (d.share[ci])
@@ -364,12 +366,17 @@ static void h_predict(nc_server *srv, http_request *req, http_response *resp)
                 }
                 json_array_append_new(preds, it);
             }
+            if (r->explain && preds) {
+                /* which stored text each word comes from (namespaces.h) */
+                json_t *ex = namespaces_explain(s, idx, k);
+                for (size_t i = 0; ex && i < k; i++)
+                    json_object_set(json_array_get(preds, i), "explain", json_array_get(ex, i));
+                json_decref(ex);
+            }
             o = json_pack("{s:o,s:I,s:I}", "predictions", preds, "vocab_size", (json_int_t)d.n,
                           "position", (json_int_t)stream_position(s->stream));
         }
     }
-    pthread_mutex_unlock(&s->lock);
-    sessions_release(srv->sessions, s);
     if (rc != NC_OK) {
         json_decref(o);
         http_reply_error(resp, rc_to_api(rc), "predict: %s", err);
@@ -379,6 +386,59 @@ static void h_predict(nc_server *srv, http_request *req, http_response *resp)
     }
     free(idx);
     dist_free(&d);
+}
+
+/* A predict handed to the batcher (batcher.h): the connection is suspended
+ * until done. */
+typedef struct {
+    batch_job job;                /* first: the batcher's view */
+    nc_server *srv;
+    http_request *req;
+    proto_predict_req r;
+    http_response resp;
+} predict_job;
+
+static void predict_run(batch_job *j, const float *logits)
+{
+    predict_job *p = (predict_job *)j;
+    predict_answer(j->s, &p->r, logits, &p->resp);
+}
+
+static void predict_done(batch_job *j)
+{
+    predict_job *p = (predict_job *)j;
+    sessions_release(p->srv->sessions, j->s);
+    http_resume(p->req, &p->resp);
+    free(p);
+}
+
+static void h_predict(nc_server *srv, http_request *req, http_response *resp)
+{
+    proto_predict_req r;
+    api_status st;
+    if (proto_decode_predict(req->json, srv->cfg.max_top_k, &r, &st)) {
+        http_reply_status(resp, &st);
+        return;
+    }
+    nc_session *s = acquire(srv, req, resp);
+    if (!s)
+        return;
+    predict_job *p = srv->batcher ? calloc(1, sizeof *p) : NULL;
+    if (p) {
+        p->job.s = s;
+        p->job.run = predict_run;
+        p->job.done = predict_done;
+        p->srv = srv;
+        p->req = req;
+        p->r = r;
+        http_defer(req);
+        batcher_submit(srv->batcher, &p->job);
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    predict_answer(s, &r, NULL, resp);
+    pthread_mutex_unlock(&s->lock);
+    sessions_release(srv->sessions, s);
 }
 
 /* ---- stateless scoring ------------------------------------------------- */
@@ -495,7 +555,7 @@ static size_t sb_add_word(strbuf *b, const char *word, bool is_eos)
         sb_add(b, "\n", 1);
         return off;
     }
-    if (b->len > 0 && b->s[b->len - 1] != '\n')
+    if (b->len > 0 && b->s[b->len - 1] != '\n' && b->s[b->len - 1] != ' ')
         sb_add(b, " ", 1);
     size_t off = b->len;
     sb_add(b, word, strlen(word));
@@ -680,10 +740,18 @@ static int complete_one(nc_server *srv, const proto_completions_req *r, const js
                 json_array_append_new(offs, json_integer((json_int_t)t.offsets[i]));
             }
     }
+    /* Without echo the returned text holds only the completion, which
+     * (OpenAI's convention) continues the prompt's string: a space first
+     * when the prompt does not end in white space, and text_offset counted
+     * from the start of the prompt. */
+    size_t off_base = 0;
     if (rc == NC_OK && !r->echo) {
-        /* The returned text holds only the completion. */
+        off_base = text.len;
+        bool space = text.len > 0 && !strchr(" \t\n\r", text.s[text.len - 1]);
         text.len = 0;
         text.s[0] = 0;
+        if (space && r->max_tokens > 0)
+            sb_add(&text, " ", 1);
     }
     /* Generation. */
     size_t gen = 0;
@@ -706,7 +774,7 @@ static int complete_one(nc_server *srv, const proto_completions_req *r, const js
         size_t off = sb_add_word(&text, word, is_eos);
         json_array_append_new(tokens, json_string(word));
         json_array_append_new(token_lps, json_logprob(log((double)d.p[w])));
-        json_array_append_new(offs, json_integer((json_int_t)off));
+        json_array_append_new(offs, json_integer((json_int_t)(off_base + off)));
         tokens_clear(&one);
         /* Open-vocabulary words enter the LSTM as unk, the caches by name. */
         rc = tokens_push(&one, w < (int)V ? w : m->unk_id, word, strlen(word), off);
@@ -823,6 +891,11 @@ static const http_route route_table[] = {
     {"POST", "/v1/completions", h_completions, "completions", J | M},
     {"POST", "/tokenize", h_tokenize, "tokenize", J | M},
     {"POST", "/detokenize", h_detokenize, "detokenize", J | M},
+    {"GET", "/v1/namespaces", h_ns_list, "namespaces_list", M},
+    {"GET", "/v1/namespaces/{ns}", h_ns_get, "namespaces_get", M},
+    {"DELETE", "/v1/namespaces/{ns}", h_ns_delete, "namespaces_delete", M},
+    {"GET", "/v1/namespaces/{ns}/documents", h_ns_docs_list, "documents_list", M},
+    {"POST", "/v1/namespaces/{ns}/documents", h_ns_documents, "documents", ROUTE_STREAM | M},
 };
 #undef J
 #undef M

@@ -81,7 +81,9 @@ static enum MHD_Result send_response(struct MHD_Connection *conn, http_request *
     size_t len = 0;
     const char *ctype = "application/json";
     if (resp->json) {
-        buf = json_dumps(resp->json, JSON_COMPACT);
+        /* 12 significant digits: 0.1 stays 0.1 (not 0.10000000000000001),
+         * far beyond the float precision of probabilities. */
+        buf = json_dumps(resp->json, JSON_COMPACT | JSON_REAL_PRECISION(12));
         if (!buf) {
             resp->status = 500;
             buf = strdup("{\"error\":{\"code\":\"internal\",\"message\":\"out of memory\"}}");
@@ -126,8 +128,30 @@ static enum MHD_Result answer_error(struct MHD_Connection *conn, http_request *r
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    http_response resp = {proto_http_status(e), proto_error_body(e, msg), NULL, NULL, 0};
+    http_response resp = {.status = proto_http_status(e), .json = proto_error_body(e, msg)};
     return send_response(conn, req, &resp, allow);
+}
+
+void http_defer(http_request *req)
+{
+    req->deferred = true;
+    MHD_suspend_connection(req->conn);
+}
+
+void http_resume(http_request *req, http_response *resp)
+{
+    http_response *copy = malloc(sizeof *copy);
+    if (copy) {
+        *copy = *resp;
+    } else {
+        json_decref(resp->json);
+        free(resp->text);
+    }
+    resp->json = NULL;
+    resp->text = NULL;
+    req->later = copy;            /* NULL: answered 500 */
+    /* The connection's thread calls on_request again once resumed. */
+    MHD_resume_connection(req->conn);
 }
 
 /* Finds the route: index >= 0, or -1 (no pattern matches: 404) or -2 (a
@@ -184,6 +208,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         req->status = 500;
         atomic_fetch_add(&srv->inflight, 1);
         *con_cls = req;
+        /* A streaming route gets its body piece by piece as it arrives
+         * (ROUTE_STREAM): no size limit, nothing accumulated here. */
+        char sallow[64];
+        int sr = find_route(method, url, req->params, sallow, sizeof sallow);
+        if (sr >= 0 && (routes[sr].flags & ROUTE_STREAM)) {
+            req->route = sr;
+            if ((routes[sr].flags & ROUTE_NEEDS_MODEL) && !atomic_load(&srv->ready))
+                return answer_error(conn, req, API_NOT_READY, NULL, "the server is not ready yet");
+            http_response aresp = {.status = 500};
+            const auth_key *akey;   /* API keys: checked before any of the body is used */
+            if (auth_check(srv, req, &routes[sr], &akey, &aresp) != 0)
+                return send_response(conn, req, &aresp, NULL);
+            return MHD_YES;
+        }
         /* A declared length over the limit is refused before reading it. */
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > (unsigned long long)srv->cfg.max_body_bytes) {
@@ -198,6 +236,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (*upload_data_size > 0) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
+        if (req->route >= 0 && (routes[req->route].flags & ROUTE_STREAM)) {
+            if (!req->answered) {
+                req->chunk = upload_data;
+                req->chunk_len = n;
+                routes[req->route].handler(srv, req, NULL);
+                req->chunk = NULL;
+            }
+            return MHD_YES;
+        }
         if (req->too_large || req->answered)
             return MHD_YES;
         if (req->len + n > (size_t)srv->cfg.max_body_bytes) {
@@ -223,6 +270,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
 
     /* The whole request is in: route, check, parse, handle. */
+    if (req->deferred) {
+        /* Resumed after http_resume: send the answer prepared elsewhere. */
+        http_response *later = req->later;
+        http_response resp = {.status = 500};
+        if (later)
+            resp = *later;
+        free(later);
+        req->later = NULL;
+        req->deferred = false;
+        if (!resp.json && !resp.text && resp.status != 204) {
+            resp.status = 500;
+            resp.json = proto_error_body(API_INTERNAL, "out of memory");
+        }
+        return send_response(conn, req, &resp, NULL);
+    }
     if (req->answered)
         return MHD_YES;
     char allow[64];
@@ -253,12 +315,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if ((rt->flags & ROUTE_NEEDS_MODEL) && !atomic_load(&srv->ready))
         return answer_error(conn, req, API_NOT_READY, NULL, "the model is not loaded yet");
 
-    http_response resp = {500, NULL, NULL, NULL, 0};
-    const auth_key *key = NULL;   /* API keys (auth.h): 401/403/404/429 before the handler */
-    if (auth_check(srv, req, rt, &key, &resp) != 0)
+    http_response resp = {.status = 500};
+    /* API keys (auth.h): 401/403/404/429 before the handler (a streaming
+     * route was checked on its first callback). */
+    const auth_key *key = (rt->flags & ROUTE_STREAM) ? auth_identify(req) : NULL;
+    if (!(rt->flags & ROUTE_STREAM) && auth_check(srv, req, rt, &key, &resp) != 0)
         return send_response(conn, req, &resp, NULL);
     rt->handler(srv, req, &resp);
     auth_done(srv, key, rt, &resp);
+    if (req->deferred)
+        return MHD_YES;           /* answered later, from http_resume */
     if (!resp.json && !resp.text && resp.status != 204) {
         resp.status = 500;
         resp.json = proto_error_body(API_INTERNAL, "out of memory");
@@ -282,6 +348,14 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         slog(SLOG_INFO, "request",
              json_pack("{s:s,s:s,s:i,s:f,s:i}", "method", req->method, "path", req->url, "status",
                        (int)req->status, "seconds", dt, "termination", (int)toe));
+    if (req->later) {
+        http_response *later = req->later;
+        json_decref(later->json);
+        free(later->text);
+        free(later);
+    }
+    if (req->user_free)
+        req->user_free(req->user);
     json_decref(req->json);
     free(req->body);
     free(req);
@@ -313,7 +387,8 @@ int http_start(nc_server *srv, const http_route *rts, int n, char *err, size_t e
 
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG |
+                     MHD_ALLOW_SUSPEND_RESUME;
     if (strchr(srv->cfg.bind, ':')) {
         struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
         a->sin6_family = AF_INET6;

@@ -26,6 +26,12 @@ typedef struct http_request {
     double t0;
     unsigned status;              /* answered status, for metrics */
     bool answered;                /* a response is queued */
+    bool deferred;                /* suspended: another thread answers (http_defer) */
+    void *later;                  /* that answer (http_response *), set by http_resume */
+    const char *chunk;            /* ROUTE_STREAM: the piece of body being handed */
+    size_t chunk_len;
+    void *user;                   /* a streaming route's state (ROUTE_STREAM) */
+    void (*user_free)(void *);    /* frees it in the completed callback */
 } http_request;
 
 /* What a handler answers: a status and a body (JSON, or raw text). */
@@ -43,6 +49,10 @@ enum {
     ROUTE_JSON = 1,               /* body is a JSON object (415 / 400 checks) */
     ROUTE_EMPTY_OK = 2,           /* an empty body stands for {} */
     ROUTE_NEEDS_MODEL = 4,        /* 503 until the model is loaded */
+    ROUTE_STREAM = 8,             /* the body is never accumulated (no size limit):
+                                   * the handler is called with resp == NULL for
+                                   * each piece as it arrives (req->chunk), then
+                                   * once with resp to answer */
 };
 
 typedef struct {
@@ -65,5 +75,12 @@ void http_reply_json(http_response *r, unsigned status, json_t *json);
 void http_reply_error(http_response *r, api_error e, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void http_reply_status(http_response *r, const api_status *st);
+
+/* Asynchronous answers. A handler that passes its work to another thread
+ * calls http_defer(req) (the connection is suspended; the handler leaves its
+ * resp empty) and that thread later calls http_resume with the answer, whose
+ * json/text are stolen. req stays valid until then. */
+void http_defer(http_request *req);
+void http_resume(http_request *req, http_response *resp);
 
 #endif

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "batcher.h"
 #include "auth.h"
 #include "cache.h"
 #include "fault.h"
@@ -16,6 +17,7 @@
 #include "handlers.h"
 #include "http.h"
 #include "metrics.h"
+#include "namespaces.h"
 #include "migrate.h"
 #include "replication.h"
 #include "server.h"
@@ -126,6 +128,17 @@ int main(int argc, char **argv)
         model_free(srv.model);
         return 1;
     }
+    if (srv.cfg.batch_predict) {
+        int bt = srv.cfg.batch_threads > 0 ? srv.cfg.batch_threads : (int)(cores > 0 ? cores : 1);
+        srv.batcher = batcher_new(srv.model, bt, srv.cfg.max_batch);
+        if (!srv.batcher) {
+            slog(SLOG_ERROR, "startup failed", json_pack("{s:s}", "error", "cannot start the predict batcher"));
+            http_stop(&srv);
+            sessions_free(srv.sessions);
+            model_free(srv.model);
+            return 1;
+        }
+    }
     if (migrate_init(&srv, err, sizeof err) != 0) {
         slog(SLOG_ERROR, "startup failed", json_pack("{s:s,s:s}", "error", err, "option", "peers"));
         http_stop(&srv);
@@ -137,6 +150,14 @@ int main(int argc, char **argv)
         http_stop(&srv);
         return 1;
     }
+    /* Namespaces: snapshot + log replay of each; /ready stays 503 until
+     * every one is back (a corrupt one stops start-up, naming the file). */
+    if (namespaces_init(&srv, err, sizeof err) != 0) {
+        slog(SLOG_ERROR, "startup failed", json_pack("{s:s,s:s}", "error", err, "option", "data_dir"));
+        http_stop(&srv);
+        return 1;
+    }
+    sessions_set_binder(srv.sessions, namespaces_bind_session, namespaces_unbind_session, &srv);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     atomic_store(&srv.ready, 1);
     char desc[256];
@@ -192,11 +213,18 @@ int main(int argc, char **argv)
         struct timespec ms = {0, 10 * 1000 * 1000};
         nanosleep(&ms, NULL);
     }
+    /* Batches still queued finish and resume their connections before the
+     * HTTP daemon stops (it must not stop with suspended connections); a
+     * predict arriving meanwhile runs inline. */
+    batcher_stop(srv.batcher);
     http_stop(&srv);
+    batcher_free(srv.batcher);
+    srv.batcher = NULL;
     replication_stop();   /* publishes what is queued; before the namespaces close */
     long count = 0;
     sessions_stats(srv.sessions, &count, NULL);
     sessions_free(srv.sessions);
+    namespaces_shutdown(&srv);   /* after the sessions: they hold namespaces */
     migrate_shutdown();
     model_free(srv.model);
     auth_shutdown();

@@ -21,6 +21,7 @@ static atomic_ulong req_count[METRICS_MAX_ENDPOINTS][NSTATUS];
 static atomic_ulong hist[METRICS_MAX_ENDPOINTS][NBUCKET + 1];
 static atomic_ulong lat_sum_us[METRICS_MAX_ENDPOINTS];
 static atomic_ulong tokens_scored, tokens_fed, predictions, evictions;
+static atomic_ulong predict_batches, predict_batched;
 
 void metrics_init(const char *const *endpoints, int n)
 {
@@ -46,6 +47,11 @@ void metrics_request(int ep, unsigned status, double seconds)
 void metrics_add_tokens_scored(uint64_t n) { atomic_fetch_add(&tokens_scored, n); }
 void metrics_add_tokens_fed(uint64_t n) { atomic_fetch_add(&tokens_fed, n); }
 void metrics_add_predictions(uint64_t n) { atomic_fetch_add(&predictions, n); }
+void metrics_add_predict_batch(uint64_t jobs)
+{
+    atomic_fetch_add(&predict_batches, 1);
+    atomic_fetch_add(&predict_batched, jobs);
+}
 void metrics_add_evictions(uint64_t n) { atomic_fetch_add(&evictions, n); }
 
 typedef struct { char *s; size_t len, cap; int oom; } sbuf;
@@ -111,6 +117,11 @@ char *metrics_render(long sessions_active, size_t session_bytes, int ready, int 
     sb_printf(&b, "# HELP neurocache_predictions_total Next-word distributions computed.\n"
                   "# TYPE neurocache_predictions_total counter\nneurocache_predictions_total %lu\n",
               atomic_load(&predictions));
+    sb_printf(&b, "# HELP neurocache_predict_batches_total Decoder products run for predict (one GEMM per batch).\n"
+                  "# TYPE neurocache_predict_batches_total counter\nneurocache_predict_batches_total %lu\n"
+                  "# HELP neurocache_predict_batched_total Predict requests run in those batches.\n"
+                  "# TYPE neurocache_predict_batched_total counter\nneurocache_predict_batched_total %lu\n",
+              atomic_load(&predict_batches), atomic_load(&predict_batched));
     sb_printf(&b, "# HELP neurocache_sessions_evicted_total Sessions evicted after their idle TTL.\n"
                   "# TYPE neurocache_sessions_evicted_total counter\nneurocache_sessions_evicted_total %lu\n",
               atomic_load(&evictions));

@@ -19,6 +19,8 @@ void metrics_add_tokens_scored(uint64_t n);
 void metrics_add_tokens_fed(uint64_t n);
 void metrics_add_predictions(uint64_t n);
 void metrics_add_evictions(uint64_t n);
+/* One predict batch of jobs requests (batcher.c). */
+void metrics_add_predict_batch(uint64_t jobs);
 
 /* Renders the Prometheus text exposition format (version 0.0.4) with the
  * given gauges. Returns a malloc'd string (caller frees) or NULL. */

@@ -13,6 +13,8 @@ typedef struct nc_server {
     nc_cache_params cache_defaults;   /* from the [cache] options */
     nc_model *model;                  /* NULL until loaded */
     sessions *sessions;               /* NULL until the model is loaded */
+    struct nsreg *namespaces;         /* namespaces.h; NULL until recovered */
+    struct batcher *batcher;          /* predict batching (batcher.h); NULL = predict inline */
     atomic_int ready;                 /* model loaded */
     atomic_int draining;              /* SIGTERM received */
     atomic_long inflight;             /* requests between first and completed callback */

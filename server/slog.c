@@ -58,7 +58,7 @@ void slog(int level, const char *event, json_t *fields)
         json_t *o = json_pack("{s:s,s:s,s:s}", "ts", ts, "level", level_names[level], "msg", event);
         if (o && fields)
             json_object_update(o, fields);
-        char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+        char *s = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
         json_decref(o);
         if (s) {
             size_t n = strlen(s);
@@ -80,7 +80,7 @@ void slog(int level, const char *event, json_t *fields)
         if (fields && line)
             json_object_foreach(fields, key, v) {
                 char *vs = json_is_string(v) ? strdup(json_string_value(v))
-                                             : json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+                                             : json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(9));
                 if (!vs)
                     continue;
                 size_t need = len + strlen(key) + strlen(vs) + 4;

@@ -2,6 +2,8 @@
  * ephemeral loopback port, driven with libcurl, checked against the PyTorch
  * reference vectors, the CLI (neurocache score) and itself (score = feed =
  * completions echo; top-k = full distribution; concurrent = sequential). */
+#include <curl/curl.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -11,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "daemon.h"
 #include "harness.h"
 
@@ -349,12 +352,15 @@ TEST(completions_echo_matches_score)
     http_resp_free(&r);
     if (post("/v1/completions", json_pack("{s:s,s:i,s:f,s:i}", "prompt", "w1 w2 w3", "max_tokens", 1, "temperature", 0.0, "logprobs", 3), 200, &r) == 0) {
         json_t *ch = json_array_get(json_object_get(r.json, "choices"), 0);
+        /* the completion continues the prompt's string: a space first */
         char want_text[80];
-        snprintf(want_text, sizeof want_text, "%s", best);
+        snprintf(want_text, sizeof want_text, " %s", best);
         CHECKF(strcmp(json_string_value(json_object_get(ch, "text")), want_text) == 0, "text '%s' vs '%s'",
                json_string_value(json_object_get(ch, "text")), want_text);
         json_t *top = json_array_get(json_object_get(json_object_get(ch, "logprobs"), "top_logprobs"), 0);
         CHECK(json_object_size(top) == 3);
+        /* text_offset counts from the start of the prompt: "w1 w2 w3" + " " */
+        CHECK(json_integer_value(json_array_get(json_object_get(json_object_get(ch, "logprobs"), "text_offset"), 0)) == 9);
     }
     http_resp_free(&r);
     char *texts[2] = {NULL, NULL};
@@ -454,6 +460,190 @@ TEST(concurrent_equals_sequential)
         CHECK(strcmp(seq[i].top, par[i].top) == 0);
         CHECK_NEAR(seq[i].top_p, par[i].top_p, 1e-7);
     }
+}
+
+/* Predict batching: concurrent sessions' predictions share one decoder
+ * GEMM (server/batcher.c). Each session's full distribution asked by many
+ * threads at once equals the one asked alone, and equals what a daemon
+ * without batching (one matrix-vector product per predict) answers. */
+#define NBATCH 8
+static const char *batch_texts[NBATCH] = {"w1 w2 w3", "w4 w5 w6 w4 w5", "w7\nw8 w9", "w10 w11 w12 w13",
+                                          "zzz w1 w14", "w15 w15 w15", "w16 w17\n", "w18 w19 w20 w18"};
+typedef struct { int port; char id[128]; json_t *want; int reps, mismatches, errors; } batch_job_t;
+
+/* Full distribution of a session as {word: prob} (new reference) or NULL. */
+static json_t *full_dist(int port, const char *id)
+{
+    char path[256];
+    snprintf(path, sizeof path, "/v1/sessions/%s/predict", id);
+    http_resp r;
+    json_t *out = NULL;
+    if (http_json(port, "POST", path, "{\"full\":true}", &r) == 0 && r.status == 200) {
+        out = json_object();
+        size_t i;
+        json_t *it;
+        json_array_foreach(json_object_get(r.json, "predictions"), i, it)
+            json_object_set(out, json_string_value(json_object_get(it, "word")), json_object_get(it, "prob"));
+    }
+    http_resp_free(&r);
+    return out;
+}
+
+/* Largest |p - q| over the words of p (q missing a word counts as 1). */
+static double dist_diff(const json_t *p, const json_t *q)
+{
+    if (!p || !q || json_object_size(p) != json_object_size(q))
+        return 1;
+    double worst = 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)p, k, v) {
+        json_t *w = json_object_get(q, k);
+        double d = w ? fabs(jnum(v) - jnum(w)) : 1;
+        if (!(d <= worst)) worst = d;
+    }
+    return worst;
+}
+
+static void *batch_hammer(void *arg)
+{
+    batch_job_t *j = arg;
+    for (int i = 0; i < j->reps; i++) {
+        json_t *got = full_dist(j->port, j->id);
+        if (!got) j->errors++;
+        else if (dist_diff(j->want, got) > 1e-6) j->mismatches++;
+        json_decref(got);
+    }
+    return NULL;
+}
+
+static int open_fed_session(int port, const char *text, char *id, size_t cap)
+{
+    http_resp r;
+    id[0] = 0;
+    if (http_json(port, "POST", "/v1/sessions", "{\"cache\":{\"neural_size\":50,\"neural_lambda\":0.2}}", &r) == 0 &&
+        r.status == 201)
+        snprintf(id, cap, "%s", json_string_value(json_object_get(r.json, "id")));
+    http_resp_free(&r);
+    if (!id[0]) return -1;
+    char path[256];
+    snprintf(path, sizeof path, "/v1/sessions/%s/feed", id);
+    json_t *b = json_pack("{s:s}", "text", text);
+    int rc = http_post_json(port, path, b, &r) == 0 && r.status == 200 ? 0 : -1;
+    json_decref(b);
+    http_resp_free(&r);
+    return rc;
+}
+
+static long metric_value(int port, const char *name)
+{
+    http_resp r;
+    long v = -1;
+    if (http_json(port, "GET", "/metrics", NULL, &r) == 0 && r.status == 200) {
+        char key[128];
+        snprintf(key, sizeof key, "\n%s ", name);
+        const char *p = strstr(r.body, key);
+        if (p) v = atol(p + strlen(key));
+    }
+    http_resp_free(&r);
+    return v;
+}
+
+TEST(batched_predict_matches_alone)
+{
+    batch_job_t jobs[NBATCH];
+    long batched0 = metric_value(D.port, "neurocache_predict_batched_total");
+    for (int i = 0; i < NBATCH; i++) {
+        jobs[i] = (batch_job_t){.port = D.port, .reps = 15};
+        CHECK(open_fed_session(D.port, batch_texts[i], jobs[i].id, sizeof jobs[i].id) == 0);
+        jobs[i].want = full_dist(D.port, jobs[i].id);
+        CHECK(jobs[i].want && json_object_size(jobs[i].want) == 50);
+    }
+    pthread_t th[NBATCH];
+    for (int i = 0; i < NBATCH; i++) pthread_create(&th[i], NULL, batch_hammer, &jobs[i]);
+    for (int i = 0; i < NBATCH; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < NBATCH; i++) {
+        CHECKF(jobs[i].errors == 0 && jobs[i].mismatches == 0, "session %d: %d errors, %d mismatches", i,
+               jobs[i].errors, jobs[i].mismatches);
+    }
+    /* Every predict went through the batcher, in fewer GEMMs than predicts
+     * or as many: batches never exceed their jobs. */
+    long batched = metric_value(D.port, "neurocache_predict_batched_total");
+    long batches = metric_value(D.port, "neurocache_predict_batches_total");
+    CHECKF(batched - batched0 >= NBATCH * 16, "batched %ld -> %ld", batched0, batched);
+    CHECK(batches > 0 && batches <= batched);
+    /* A daemon without batching gives the same distributions. */
+    nc_daemon d2;
+    const char *args[] = {"--model", model_dir, "--batch-predict", "false", NULL};
+    CHECK(daemon_start(&d2, args) == 0);
+    if (d2.pid) {
+        for (int i = 0; i < NBATCH; i++) {
+            char id[128];
+            CHECK(open_fed_session(d2.port, batch_texts[i], id, sizeof id) == 0);
+            json_t *got = full_dist(d2.port, id);
+            CHECKF(dist_diff(jobs[i].want, got) <= 1e-6, "session %d differs without batching", i);
+            json_decref(got);
+        }
+        CHECK(metric_value(d2.port, "neurocache_predict_batches_total") == 0);
+        CHECK(daemon_stop(&d2) == 0);
+    }
+    for (int i = 0; i < NBATCH; i++) {
+        char path[256];
+        snprintf(path, sizeof path, "/v1/sessions/%s", jobs[i].id);
+        http_resp r;
+        http_json(D.port, "DELETE", path, NULL, &r);
+        http_resp_free(&r);
+        json_decref(jobs[i].want);
+    }
+}
+
+/* A predict waiting for a session busy with a long feed answers after it,
+ * from the state the feed left (requests on one session are serialised,
+ * batched or not). */
+static char busy_id[128];
+static void *long_feed(void *arg)
+{
+    (void)arg;
+    size_t n = 60000;
+    char *text = malloc(n * 5 + 64);
+    size_t len = (size_t)sprintf(text, "{\"text\":\"");
+    for (size_t i = 0; i < n; i++) len += (size_t)sprintf(text + len, "w%zu ", (i % 40) + 1);
+    len += (size_t)sprintf(text + len, "\"}");
+    char path[256];
+    snprintf(path, sizeof path, "/v1/sessions/%s/feed", busy_id);
+    http_resp r;
+    http_call(D.port, "POST", path, "application/json", text, len, &r);
+    http_resp_free(&r);
+    free(text);
+    return NULL;
+}
+
+TEST(predict_waits_for_feed)
+{
+    char *id = create_session(NULL);
+    CHECK(id != NULL);
+    if (!id) return;
+    snprintf(busy_id, sizeof busy_id, "%s", id);
+    pthread_t th;
+    pthread_create(&th, NULL, long_feed, NULL);
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    char path[256];
+    snprintf(path, sizeof path, "/v1/sessions/%s/predict", id);
+    http_resp r;
+    CHECK(http_json(D.port, "POST", path, "{\"top_k\":3}", &r) == 0 && r.status == 200);
+    long pos = (long)json_integer_value(json_object_get(r.json, "position"));
+    /* Before the feed or after it, never in the middle of it. */
+    CHECKF(pos == 0 || pos == 60000, "position %ld", pos);
+    http_resp_free(&r);
+    pthread_join(th, NULL);
+    CHECK(http_json(D.port, "POST", path, "{\"top_k\":3}", &r) == 0 && r.status == 200);
+    CHECK(json_integer_value(json_object_get(r.json, "position")) == 60000);
+    http_resp_free(&r);
+    snprintf(path, sizeof path, "/v1/sessions/%s", id);
+    CHECK(http_json(D.port, "DELETE", path, NULL, &r) == 0 && r.status == 204);
+    http_resp_free(&r);
+    free(id);
 }
 
 static void *feed_same(void *arg)
@@ -595,21 +785,143 @@ TEST(bad_config_names_option)
     CHECK_STR_CONTAINS(str(out), "startup failed");
 }
 
-/* SIGTERM while a long request runs: it completes, then exit 0. */
-static int drain_status;
-static void *long_score(void *arg)
+/* config/neurocached.conf sets every option of the table, in its section,
+ * to its default (the file is the documentation of the defaults). */
+TEST(shipped_config_documents_every_option)
 {
-    (void)arg;
-    size_t n = 400000;
-    char *text = malloc(n * 4 + 64);
-    size_t len = (size_t)sprintf(text, "{\"text\":\"");
-    for (size_t i = 0; i < n / 4; i++) len += (size_t)sprintf(text + len, "w%zu ", (i % 40) + 1);
-    len += (size_t)sprintf(text + len, "\"}");
-    http_resp r;
-    drain_status = http_call(D.port, "POST", "/v1/score", "application/json", text, len, &r) == 0 ? (int)r.status : -1;
-    http_resp_free(&r);
-    free(text);
+    FILE *f = fopen("config/neurocached.conf", "r");
+    CHECK(f != NULL);
+    if (!f) return;
+    static char lines[256][3][256]; /* section, key, value */
+    int n = 0;
+    char line[1024], section[256] = "";
+    while (fgets(line, sizeof line, f) && n < 256) {
+        char *p = line;
+        while (*p == ' ' || *p == '\t') p++;
+        p[strcspn(p, "\r\n")] = 0;
+        if (*p == ';' || *p == '#' || !*p) continue;
+        if (*p == '[') {
+            snprintf(section, sizeof section, "%.*s", (int)strcspn(p + 1, "]"), p + 1);
+            continue;
+        }
+        char *eq = strchr(p, '=');
+        if (!eq) continue;
+        char *ke = eq;
+        while (ke > p && ke[-1] == ' ') ke--;
+        char *v = eq + 1;
+        while (*v == ' ') v++;
+        snprintf(lines[n][0], 256, "%s", section);
+        snprintf(lines[n][1], 256, "%.*s", (int)(ke - p), p);
+        snprintf(lines[n][2], 256, "%s", v);
+        n++;
+    }
+    fclose(f);
+    int opts = 0;
+    for (const config_option *o = config_options(); o->name; o++, opts++) {
+        int found = 0;
+        for (int i = 0; i < n; i++)
+            if (!strcmp(lines[i][0], o->section) && !strcmp(lines[i][1], o->name)) {
+                found = 1;
+                CHECKF(!strcmp(lines[i][2], o->defval), "[%s] %s = '%s' in the file, default '%s'", o->section,
+                       o->name, lines[i][2], o->defval);
+            }
+        CHECKF(found, "option [%s] %s is not in config/neurocached.conf", o->section, o->name);
+    }
+    CHECKF(n == opts, "%d settings in the file, %d options", n, opts);
+}
+
+/* SIGTERM while a request is in flight: /ready turns 503 (other endpoints
+ * still answer), the request finishes with 200, then the daemon exits 0.
+ * The request is held in flight deterministically: its body is sent in two
+ * parts and the second only after the daemon logged "draining". */
+typedef struct {
+    int port;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int first_sent, release;
+    long status;
+    char *answer;
+    size_t answer_len;
+} slow_post;
+
+static const char SLOW_A[] = "{\"text\":\"w1 w2 w3 ", SLOW_B[] = "w4 w5\\n\"}";
+
+static size_t slow_read(char *buf, size_t size, size_t nmemb, void *user)
+{
+    slow_post *sp = user;
+    pthread_mutex_lock(&sp->mu);
+    size_t n = 0;
+    if (sp->first_sent == 0) {
+        n = sizeof SLOW_A - 1;
+        memcpy(buf, SLOW_A, n);
+        sp->first_sent = 1;
+        pthread_cond_broadcast(&sp->cv);
+    } else if (sp->first_sent == 1) {
+        while (!sp->release) pthread_cond_wait(&sp->cv, &sp->mu);
+        n = sizeof SLOW_B - 1;
+        memcpy(buf, SLOW_B, n);
+        sp->first_sent = 2;
+    }
+    pthread_mutex_unlock(&sp->mu);
+    (void)size, (void)nmemb;
+    return n;
+}
+
+static size_t slow_write(char *p, size_t size, size_t nmemb, void *user)
+{
+    slow_post *sp = user;
+    size_t n = size * nmemb;
+    char *a = realloc(sp->answer, sp->answer_len + n + 1);
+    if (!a) return 0;
+    memcpy(a + sp->answer_len, p, n);
+    sp->answer = a;
+    sp->answer_len += n;
+    a[sp->answer_len] = 0;
+    return n;
+}
+
+static void *slow_post_run(void *arg)
+{
+    slow_post *sp = arg;
+    CURL *c = curl_easy_init();
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/score", sp->port);
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    h = curl_slist_append(h, "Expect:");
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_POST, 1L);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_READFUNCTION, slow_read);
+    curl_easy_setopt(c, CURLOPT_READDATA, sp);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)(sizeof SLOW_A - 1 + sizeof SLOW_B - 1));
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, slow_write);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, sp);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
+    if (curl_easy_perform(c) == CURLE_OK)
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &sp->status);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
     return NULL;
+}
+
+/* Waits up to timeout_s for needle in the daemon's log; 1 if found. */
+static int log_has(const nc_daemon *d, const char *needle, int timeout_s, char *line, size_t cap)
+{
+    for (int i = 0; i < timeout_s * 100; i++) {
+        FILE *f = fopen(d->log, "r");
+        char buf[4096];
+        while (f && fgets(buf, sizeof buf, f))
+            if (strstr(buf, needle)) {
+                if (line) snprintf(line, cap, "%s", buf);
+                fclose(f);
+                return 1;
+            }
+        if (f) fclose(f);
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
 }
 
 TEST(sigterm_drains)
@@ -618,17 +930,40 @@ TEST(sigterm_drains)
     const char *args[] = {"--model", model_dir, NULL};
     CHECK(daemon_start(&d2, args) == 0);
     if (!d2.pid) return;
-    nc_daemon saved = D;
-    D = d2;
+    slow_post sp = {.port = d2.port};
+    pthread_mutex_init(&sp.mu, NULL);
+    pthread_cond_init(&sp.cv, NULL);
     pthread_t th;
-    pthread_create(&th, NULL, long_score, NULL);
-    struct timespec ts = {0, 30 * 1000 * 1000};
+    pthread_create(&th, NULL, slow_post_run, &sp);
+    pthread_mutex_lock(&sp.mu);
+    while (!sp.first_sent) pthread_cond_wait(&sp.cv, &sp.mu);
+    pthread_mutex_unlock(&sp.mu);
+    struct timespec ts = {0, 100 * 1000 * 1000};   /* headers and first part reach the daemon */
     nanosleep(&ts, NULL);
     daemon_signal_term(&d2);
+    char line[4096] = "";
+    CHECK(log_has(&d2, "\"msg\":\"draining\"", 10, line, sizeof line));
+    CHECKF(strstr(line, "\"inflight\":1") != NULL, "draining line: %s", line);
+    http_resp r;
+    CHECK(http_json(d2.port, "GET", "/ready", NULL, &r) == 0 && r.status == 503);
+    CHECK(strcmp(http_error_code(&r), "not_ready") == 0);
+    http_resp_free(&r);
+    CHECK(http_json(d2.port, "GET", "/health", NULL, &r) == 0 && r.status == 200);
+    http_resp_free(&r);
+    pthread_mutex_lock(&sp.mu);
+    sp.release = 1;
+    pthread_cond_broadcast(&sp.cv);
+    pthread_mutex_unlock(&sp.mu);
     pthread_join(th, NULL);
-    CHECK(drain_status == 200);
+    CHECKF(sp.status == 200, "in-flight request answered %ld: %s", sp.status, sp.answer ? sp.answer : "");
+    json_t *j = sp.answer ? json_loads(sp.answer, 0, NULL) : NULL;
+    CHECK(json_array_size(json_object_get(j, "logprobs")) == 6);   /* w1..w5 + eos */
+    json_decref(j);
+    free(sp.answer);
+    CHECK(log_has(&d2, "\"msg\":\"stopped\"", 30, NULL, 0));
     CHECK(daemon_wait(&d2, 60) == 0);
-    D = saved;
+    pthread_mutex_destroy(&sp.mu);
+    pthread_cond_destroy(&sp.cv);
 }
 
 int main(void)
@@ -662,10 +997,13 @@ int main(void)
     RUN(completions_echo_matches_score);
     RUN(tokenize_detokenize);
     RUN(concurrent_equals_sequential);
+    RUN(batched_predict_matches_alone);
+    RUN(predict_waits_for_feed);
     RUN(one_session_serialised);
     RUN(metrics_exposed);
     RUN(limits_and_ttl);
     RUN(bad_config_names_option);
+    RUN(shipped_config_documents_every_option);
     RUN(sigterm_drains);
     CHECK(daemon_stop(&D) == 0);
     json_decref(ref);

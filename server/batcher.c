@@ -1,0 +1,225 @@
+/* batcher.c -- predict batching: concurrent sessions' decoder products in
+ * one GEMM (see batcher.h for the why). */
+#include "batcher.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "metrics.h"
+
+/* One batch thread and its scratch, allocated up front so a batch never
+ * fails for memory. */
+typedef struct {
+    struct batcher *b;
+    pthread_t th;
+    float *X;                     /* [max_batch, H] gathered h_t */
+    float *L;                     /* [max_batch, V] logits */
+    batch_job **take, **run, **later;
+    int *row;
+} batch_worker;
+
+struct batcher {
+    const nc_model *m;
+    int max_batch;
+    int nworkers;                 /* workers allocated */
+    int nthreads;                 /* threads running */
+    batch_worker *w;
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    batch_job *head, *tail;       /* FIFO of waiting jobs */
+    bool stop;
+    atomic_uint_fast64_t batches, jobs;
+};
+
+/* Puts jobs[0..n) back at the front of the queue, in order. Caller holds
+ * b->lock. */
+static void requeue_front(batcher *b, batch_job **jobs, int n)
+{
+    for (int i = n; i-- > 0;) {
+        jobs[i]->next = b->head;
+        b->head = jobs[i];
+        if (!b->tail)
+            b->tail = jobs[i];
+    }
+}
+
+static void teardown(batcher *b, int n);
+
+static void *batch_thread(void *arg)
+{
+    batch_worker *w = arg;
+    batcher *b = w->b;
+    const size_t H = (size_t)b->m->cfg.hidden_size, V = (size_t)b->m->cfg.vocab_size;
+    batch_job **take = w->take, **run = w->run, **later = w->later;
+
+    pthread_mutex_lock(&b->lock);
+    for (;;) {
+        while (!b->head && !b->stop)
+            pthread_cond_wait(&b->cv, &b->lock);
+        if (!b->head)
+            break;                /* stopping and nothing left */
+        int n = 0;
+        while (b->head && n < b->max_batch) {
+            take[n++] = b->head;
+            b->head = b->head->next;
+        }
+        if (!b->head)
+            b->tail = NULL;
+        pthread_mutex_unlock(&b->lock);
+
+        /* Lock what is free. A session busy elsewhere (a long feed, or
+         * another of its requests in this or another batch) waits for a
+         * later batch; if nothing is free, block on the first one: no other
+         * session lock is held then, so no lock-order cycle is possible. */
+        int nrun = 0, nlater = 0;
+        for (int i = 0; i < n; i++) {
+            if (pthread_mutex_trylock(&take[i]->s->lock) == 0)
+                run[nrun++] = take[i];
+            else
+                later[nlater++] = take[i];
+        }
+        if (nrun == 0 && nlater > 0) {
+            pthread_mutex_lock(&later[0]->s->lock);
+            run[nrun++] = later[0];
+            nlater--;
+            for (int i = 0; i < nlater; i++)
+                later[i] = later[i + 1];
+        }
+        if (nlater > 0) {
+            pthread_mutex_lock(&b->lock);
+            requeue_front(b, later, nlater);
+            pthread_cond_signal(&b->cv);
+            pthread_mutex_unlock(&b->lock);
+        }
+
+        /* Gather h_t of each session, one GEMM, then each job's mixture. */
+        size_t nr = 0;
+        for (int i = 0; i < nrun; i++) {
+            const float *h = stream_h(run[i]->s->stream);
+            w->row[i] = -1;
+            if (h) {
+                memcpy(w->X + nr * H, h, H * sizeof(float));
+                w->row[i] = (int)nr++;
+            }
+        }
+        if (nr > 0)
+            lstm_logits_batch(b->m, w->X, nr, w->L);
+        for (int i = 0; i < nrun; i++)
+            run[i]->run(run[i], w->row[i] >= 0 ? w->L + (size_t)w->row[i] * V : NULL);
+        /* (no h: NULL, and the job's own stream_predict reports it) */
+        for (int i = 0; i < nrun; i++)
+            pthread_mutex_unlock(&run[i]->s->lock);
+        for (int i = 0; i < nrun; i++)
+            run[i]->done(run[i]);
+        atomic_fetch_add(&b->batches, 1);
+        atomic_fetch_add(&b->jobs, (uint64_t)nrun);
+        metrics_add_predict_batch((uint64_t)nrun);
+        pthread_mutex_lock(&b->lock);
+    }
+    pthread_mutex_unlock(&b->lock);
+    return NULL;
+}
+
+batcher *batcher_new(const nc_model *m, int threads, int max_batch)
+{
+    if (threads < 1 || max_batch < 1)
+        return NULL;
+    batcher *b = calloc(1, sizeof *b);
+    if (!b)
+        return NULL;
+    b->m = m;
+    b->max_batch = max_batch;
+    pthread_mutex_init(&b->lock, NULL);
+    pthread_cond_init(&b->cv, NULL);
+    b->w = calloc((size_t)threads, sizeof *b->w);
+    bool ok = b->w != NULL;
+    b->nworkers = ok ? threads : 0;
+    const size_t H = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size, B = (size_t)max_batch;
+    for (int i = 0; ok && i < threads; i++) {
+        batch_worker *w = &b->w[i];
+        w->b = b;
+        w->X = malloc(B * H * sizeof(float));
+        w->L = malloc(B * V * sizeof(float));
+        w->take = malloc(B * sizeof(batch_job *));
+        w->run = malloc(B * sizeof(batch_job *));
+        w->later = malloc(B * sizeof(batch_job *));
+        w->row = malloc(B * sizeof(int));
+        ok = w->X && w->L && w->take && w->run && w->later && w->row;
+    }
+    for (int i = 0; ok && i < threads; i++) {
+        if (pthread_create(&b->w[i].th, NULL, batch_thread, &b->w[i]) != 0)
+            break;
+        b->nthreads++;
+    }
+    if (!ok || b->nthreads < threads) {
+        teardown(b, b->nworkers);
+        return NULL;
+    }
+    return b;
+}
+
+void batcher_submit(batcher *b, batch_job *j)
+{
+    j->next = NULL;
+    pthread_mutex_lock(&b->lock);
+    if (b->stop) {
+        /* Stopped (shutting down): the job runs alone, here. */
+        pthread_mutex_unlock(&b->lock);
+        pthread_mutex_lock(&j->s->lock);
+        j->run(j, NULL);
+        pthread_mutex_unlock(&j->s->lock);
+        j->done(j);
+        return;
+    }
+    if (b->tail)
+        b->tail->next = j;
+    else
+        b->head = j;
+    b->tail = j;
+    pthread_cond_signal(&b->cv);
+    pthread_mutex_unlock(&b->lock);
+}
+
+void batcher_stop(batcher *b)
+{
+    if (!b)
+        return;
+    pthread_mutex_lock(&b->lock);
+    b->stop = true;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->lock);
+    for (int i = 0; i < b->nthreads; i++)
+        pthread_join(b->w[i].th, NULL);
+    b->nthreads = 0;
+}
+
+/* Stops and joins the threads started, frees the scratch of the first n
+ * workers and b. */
+static void teardown(batcher *b, int n)
+{
+    batcher_stop(b);
+    for (int i = 0; b->w && i < n; i++) {
+        batch_worker *w = &b->w[i];
+        free(w->X), free(w->L), free(w->take), free(w->run), free(w->later), free(w->row);
+    }
+    pthread_mutex_destroy(&b->lock);
+    pthread_cond_destroy(&b->cv);
+    free(b->w);
+    free(b);
+}
+
+void batcher_free(batcher *b)
+{
+    if (b)
+        teardown(b, b->nworkers);
+}
+
+void batcher_stats(batcher *b, uint64_t *batches, uint64_t *jobs)
+{
+    if (batches)
+        *batches = b ? atomic_load(&b->batches) : 0;
+    if (jobs)
+        *jobs = b ? atomic_load(&b->jobs) : 0;
+}

@@ -1,0 +1,52 @@
+/* batcher.h -- predict batching: the next-word predictions of concurrent
+ * sessions share one decoder GEMM instead of one matrix-vector product each.
+ *
+ * The decoder (W [V,H] times h_t) is most of a prediction's cost and is
+ * bound by reading W; a GEMM over B sessions' h_t reads W once for all B.
+ * Requests hand a job to the batcher (the HTTP connection is suspended
+ * meanwhile); a few batch threads each take every job waiting, lock the
+ * jobs' sessions, run lstm_logits_batch on their h_t and let each job finish
+ * with its row of logits. Batches form by themselves under load (jobs queue
+ * while a batch runs) and are of size 1 when idle, so a lone client pays no
+ * waiting time. */
+#ifndef NC_SERVER_BATCHER_H
+#define NC_SERVER_BATCHER_H
+
+#include "cache.h"
+#include "sessions.h"
+
+typedef struct batch_job batch_job;
+
+/* A job, owned by the submitter until done is called. The submitter holds
+ * the session (sessions_acquire); the batcher locks s->lock around run. */
+struct batch_job {
+    nc_session *s;
+    /* Called with s->lock held: logits = W h_t + b for the session's
+     * current h_t ([V]), or NULL when not batched (the stream has no h yet,
+     * or the batcher is stopped): the job then calls stream_predict. */
+    void (*run)(batch_job *j, const float *logits);
+    /* Called once after run with no lock held (release the session, answer,
+     * free the job). */
+    void (*done)(batch_job *j);
+    batch_job *next;              /* queue link, the batcher's */
+};
+
+typedef struct batcher batcher;
+
+/* Starts threads (>= 1) batch threads on model m (borrowed), each running
+ * batches of at most max_batch (>= 1) jobs. NULL on failure. */
+batcher *batcher_new(const nc_model *m, int threads, int max_batch);
+
+/* Queues a job; run and done are called later on a batch thread. */
+void batcher_submit(batcher *b, batch_job *j);
+
+/* Finishes every queued job and joins the threads; jobs submitted from then
+ * on run at once in the submitting thread. NULL allowed. */
+void batcher_stop(batcher *b);
+/* Stops if not yet, and frees. NULL allowed. */
+void batcher_free(batcher *b);
+
+/* Batches run and jobs done so far (for metrics and benchmarks). */
+void batcher_stats(batcher *b, uint64_t *batches, uint64_t *jobs);
+
+#endif

@@ -1,0 +1,437 @@
+/* bench_server.c -- load generator for neurocached on loopback: predict
+ * latency (p50/p99) and predictions/s with 1, 16 and 64 concurrent sessions,
+ * and scoring tokens/s through HTTP versus the CLI.
+ *
+ * The model is a randomly initialised 2-layer, 256-unit LSTM with a
+ * 10,000-word vocabulary (the PTB shape; speed does not depend on the
+ * weights), written to a scratch directory unless --model is given. Each
+ * session has a 2,000-entry neural cache, filled before measuring.
+ *
+ * usage: bench_server [--model DIR] [--seconds S] [--clients 1,16,64] [--batch 0|1] [--f16 0|1]
+ *                     [--threads N] [--score-tokens N] [--neural N]
+ * Bounded in time: about (3 + S per concurrency level) seconds plus scoring. */
+#include <curl/curl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "model.h"
+#include "rng.h"
+#include "vocab.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Random model of the PTB shape, saved into dir. */
+static int make_model(const char *dir, int V, int H)
+{
+    nc_vocab *v = vocab_new();
+    char w[32];
+    vocab_add(v, "<unk>", 5);
+    vocab_add(v, "<eos>", 5);
+    for (int i = 2; i < V; i++) {
+        int n = snprintf(w, sizeof w, "w%d", i);
+        vocab_add(v, w, (size_t)n);
+    }
+    nc_model_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    snprintf(cfg.model_type, sizeof cfg.model_type, "lstm");
+    cfg.vocab_size = V;
+    cfg.embedding_size = H;
+    cfg.hidden_size = H;
+    cfg.num_layers = 2;
+    snprintf(cfg.unk_token, sizeof cfg.unk_token, "<unk>");
+    snprintf(cfg.eos_token, sizeof cfg.eos_token, "<eos>");
+    nc_model *m = NULL;
+    char err[512];
+    if (model_create(&cfg, v, &m, err, sizeof err) != NC_OK) {
+        fprintf(stderr, "model_create: %s\n", err);
+        return -1;
+    }
+    nc_rng rng;
+    rng_seed(&rng, 7);
+    float a = 0.1f;
+    for (size_t i = 0; i < (size_t)V * H; i++) m->encoder[i] = a * (2 * rng_uniform(&rng) - 1);
+    for (int l = 0; l < 2; l++) {
+        nc_lstm_layer *L = &m->layers[l];
+        for (size_t i = 0; i < (size_t)4 * H * L->input_size; i++) L->w_ih[i] = a * (2 * rng_uniform(&rng) - 1);
+        for (size_t i = 0; i < (size_t)4 * H * H; i++) L->w_hh[i] = a * (2 * rng_uniform(&rng) - 1);
+    }
+    for (size_t i = 0; i < (size_t)V * H; i++) m->decoder_w[i] = a * (2 * rng_uniform(&rng) - 1);
+    model_refresh_derived(m);
+    int rc = model_save(m, dir, false, err, sizeof err);
+    if (rc != NC_OK)
+        fprintf(stderr, "model_save: %s\n", err);
+    model_free(m);
+    return rc == NC_OK ? 0 : -1;
+}
+
+/* ---- a keep-alive client per thread ---- */
+
+typedef struct { char *s; size_t len, cap; } buf_t;
+
+static size_t on_body(char *p, size_t size, size_t nmemb, void *user)
+{
+    buf_t *b = user;
+    size_t n = size * nmemb;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 65536;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *ns = realloc(b->s, cap);
+        if (!ns) return 0;
+        b->s = ns;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->len, p, n);
+    b->len += n;
+    b->s[b->len] = 0;
+    return n;
+}
+
+typedef struct {
+    CURL *c;
+    struct curl_slist *h;
+    buf_t b;
+    int port;
+} client;
+
+static void client_init(client *cl, int port)
+{
+    memset(cl, 0, sizeof *cl);
+    cl->c = curl_easy_init();
+    cl->port = port;
+    cl->h = curl_slist_append(NULL, "Content-Type: application/json");
+    cl->h = curl_slist_append(cl->h, "Expect:");
+    curl_easy_setopt(cl->c, CURLOPT_HTTPHEADER, cl->h);
+    curl_easy_setopt(cl->c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(cl->c, CURLOPT_WRITEDATA, &cl->b);
+    curl_easy_setopt(cl->c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(cl->c, CURLOPT_TCP_NODELAY, 1L);
+}
+
+static void client_free(client *cl)
+{
+    curl_slist_free_all(cl->h);
+    curl_easy_cleanup(cl->c);
+    free(cl->b.s);
+}
+
+/* POST; returns the status (0 on transport error); body in cl->b.s. */
+static long client_post(client *cl, const char *path, const char *body, size_t len)
+{
+    char url[512];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", cl->port, path);
+    cl->b.len = 0;
+    if (cl->b.s) cl->b.s[0] = 0;
+    curl_easy_setopt(cl->c, CURLOPT_URL, url);
+    curl_easy_setopt(cl->c, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(cl->c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    long st = 0;
+    if (curl_easy_perform(cl->c) == CURLE_OK)
+        curl_easy_getinfo(cl->c, CURLINFO_RESPONSE_CODE, &st);
+    return st;
+}
+
+/* ---- predict load ---- */
+
+typedef struct {
+    int port, neural, id;
+    double t_end;
+    double *lat;
+    size_t n, cap;
+    long errors;
+    int ready;
+    pthread_barrier_t *bar;
+} worker;
+
+/* Words of the text generators: the model's vocabulary (so a real model
+ * sees real words), else w2..w9999 (the random model's). */
+static char **words;
+static int nwords;
+static int f16;                   /* sessions' neural keys in float16 */
+
+static void load_words(const char *model_dir)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/vocab.txt", model_dir);
+    FILE *f = fopen(path, "r");
+    char line[512];
+    int cap = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\r\n")] = 0;
+        if (!line[0] || line[0] == '<') continue;     /* <unk>, <eos> */
+        if (nwords == cap) {
+            cap = cap ? cap * 2 : 16384;
+            words = realloc(words, (size_t)cap * sizeof *words);
+        }
+        words[nwords++] = strdup(line);
+    }
+    if (f) fclose(f);
+}
+
+/* n random words, a line break every 20. */
+static char *random_text(nc_rng *r, int n)
+{
+    size_t cap = (size_t)n * 24 + 2, len = 0;
+    char *t = malloc(cap);
+    for (int i = 0; i < n; i++) {
+        int k = (int)(rng_uniform(r) * (float)nwords);
+        if (k >= nwords) k = nwords - 1;
+        const char *w = words[k];
+        size_t wl = strlen(w);
+        if (len + wl + 2 >= cap) {
+            cap = cap * 2 + wl;
+            t = realloc(t, cap);
+        }
+        memcpy(t + len, w, wl);
+        len += wl;
+        t[len++] = (i % 20) == 19 ? '\n' : ' ';
+    }
+    t[len] = 0;
+    return t;
+}
+
+static void *predict_worker(void *arg)
+{
+    worker *w = arg;
+    client cl;
+    client_init(&cl, w->port);
+    char body[256], path[256], id[128] = "";
+    int n = snprintf(body, sizeof body, "{\"cache\":{\"neural_size\":%d%s}}", w->neural,
+                     f16 ? ",\"neural_f16\":true" : "");
+    if (client_post(&cl, "/v1/sessions", body, (size_t)n) == 201) {
+        json_t *j = json_loads(cl.b.s, 0, NULL);
+        snprintf(id, sizeof id, "%s", json_string_value(json_object_get(j, "id")));
+        json_decref(j);
+    }
+    /* Fill the neural cache: as many tokens as its window. */
+    nc_rng r;
+    rng_seed(&r, (uint64_t)w->id + 1);
+    char *text = random_text(&r, w->neural > 0 ? w->neural : 100);
+    json_t *fb = json_pack("{s:s}", "text", text);
+    char *fbs = json_dumps(fb, JSON_COMPACT);
+    snprintf(path, sizeof path, "/v1/sessions/%s/feed", id);
+    if (!id[0] || client_post(&cl, path, fbs, strlen(fbs)) != 200)
+        w->errors++;
+    free(fbs);
+    json_decref(fb);
+    free(text);
+    pthread_barrier_wait(w->bar);     /* every session filled */
+    pthread_barrier_wait(w->bar);     /* t_end set */
+    snprintf(path, sizeof path, "/v1/sessions/%s/predict", id);
+    const char *pb = "{\"top_k\":10}";
+    while (now_s() < w->t_end) {
+        double t0 = now_s();
+        long st = client_post(&cl, path, pb, strlen(pb));
+        double dt = now_s() - t0;
+        if (st != 200) { w->errors++; continue; }
+        if (w->n == w->cap) {
+            w->cap = w->cap ? w->cap * 2 : 4096;
+            w->lat = realloc(w->lat, w->cap * sizeof *w->lat);
+        }
+        w->lat[w->n++] = dt;
+    }
+    snprintf(path, sizeof path, "/v1/sessions/%s", id);
+    curl_easy_setopt(cl.c, CURLOPT_CUSTOMREQUEST, "DELETE");
+    client_post(&cl, path, "", 0);
+    client_free(&cl);
+    return NULL;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void run_predict(int port, int clients, double seconds, int neural)
+{
+    worker *ws = calloc((size_t)clients, sizeof *ws);
+    pthread_t *th = calloc((size_t)clients, sizeof *th);
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)clients + 1);
+    for (int i = 0; i < clients; i++) {
+        ws[i].port = port;
+        ws[i].neural = neural;
+        ws[i].id = i;
+        ws[i].bar = &bar;
+        ws[i].t_end = 1e18;
+    }
+    for (int i = 0; i < clients; i++) pthread_create(&th[i], NULL, predict_worker, &ws[i]);
+    /* t_end is set once every session is filled; the second barrier
+     * publishes it. */
+    pthread_barrier_wait(&bar);
+    double t0 = now_s();
+    for (int i = 0; i < clients; i++) ws[i].t_end = t0 + seconds;
+    pthread_barrier_wait(&bar);
+    for (int i = 0; i < clients; i++) pthread_join(th[i], NULL);
+    double wall = now_s() - t0;
+    size_t total = 0;
+    long errors = 0;
+    for (int i = 0; i < clients; i++) { total += ws[i].n; errors += ws[i].errors; }
+    double *all = malloc((total ? total : 1) * sizeof *all);
+    size_t k = 0;
+    for (int i = 0; i < clients; i++) {
+        memcpy(all + k, ws[i].lat, ws[i].n * sizeof *all);
+        k += ws[i].n;
+        free(ws[i].lat);
+    }
+    qsort(all, total, sizeof *all, cmp_double);
+    double p50 = total ? all[total / 2] : NAN, p99 = total ? all[(size_t)(0.99 * (double)(total - 1))] : NAN;
+    printf("| predict top-10 | %d | %zu | %.0f | %.2f | %.2f | %ld |\n", clients, total,
+           (double)total / wall, p50 * 1e3, p99 * 1e3, errors);
+    fflush(stdout);
+    free(all);
+    free(ws);
+    free(th);
+    pthread_barrier_destroy(&bar);
+}
+
+/* ---- scoring: HTTP vs CLI ---- */
+
+static void run_score(int port, const char *model_dir, int ntok)
+{
+    nc_rng r;
+    rng_seed(&r, 99);
+    char *text = random_text(&r, ntok);
+    char path[] = "/tmp/nc-bench-doc-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0 || write(fd, text, strlen(text)) != (ssize_t)strlen(text)) {
+        free(text);
+        return;
+    }
+    close(fd);
+    json_t *b = json_pack("{s:s}", "text", text);
+    char *bs = json_dumps(b, JSON_COMPACT);
+    json_decref(b);
+    client cl;
+    client_init(&cl, port);
+    double best_http = 1e9, best_cli = 1e9;
+    long tokens = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = now_s();
+        long st = client_post(&cl, "/v1/score", bs, strlen(bs));
+        double dt = now_s() - t0;
+        if (st == 200 && dt < best_http) {
+            best_http = dt;
+            json_t *j = json_loads(cl.b.s, 0, NULL);
+            tokens = (long)json_integer_value(json_object_get(j, "count"));
+            json_decref(j);
+        }
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd, "%s score --model %s --format json %s > /dev/null 2>&1",
+                 daemon_bin_path("neurocache"), model_dir, path);
+        t0 = now_s();
+        int rc = system(cmd);
+        dt = now_s() - t0;
+        if (rc == 0 && dt < best_cli) best_cli = dt;
+    }
+    printf("\n| scoring path | tokens | best of 3 (s) | tokens/s |\n|---|---|---|---|\n");
+    printf("| HTTP POST /v1/score (incl. JSON) | %ld | %.3f | %.0f |\n", tokens, best_http, tokens / best_http);
+    printf("| CLI neurocache score (incl. process start, model load) | %ld | %.3f | %.0f |\n", tokens, best_cli,
+           tokens / best_cli);
+    printf("\nHTTP / CLI throughput: %.2f\n", best_cli / best_http);
+    client_free(&cl);
+    free(bs);
+    free(text);
+    unlink(path);
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = NULL, *clients_s = "1,16,64", *threads = "2";
+    double seconds = 3;
+    int score_tokens = 50000, neural = 2000, port = 0, batch = 1;
+    const char *keep_model = NULL;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--model")) model = argv[i + 1];
+        else if (!strcmp(argv[i], "--seconds")) seconds = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--clients")) clients_s = argv[i + 1];
+        else if (!strcmp(argv[i], "--threads")) threads = argv[i + 1];
+        else if (!strcmp(argv[i], "--score-tokens")) score_tokens = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--neural")) neural = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--write-model")) keep_model = argv[i + 1];
+        else if (!strcmp(argv[i], "--batch")) batch = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--f16")) f16 = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--port")) port = atoi(argv[i + 1]);
+        else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
+    }
+    char dir[] = "/tmp/nc-bench-model-XXXXXX";
+    if (keep_model) {
+        /* Only write the random model (for profiling a daemon by hand). */
+        if (make_model(keep_model, 10000, 256) != 0) return 1;
+        printf("random 2 x 256 model written to %s\n", keep_model);
+        return 0;
+    }
+    if (port > 0) {
+        /* A daemon started by hand (e.g. under perf): predict load only. */
+        load_words(model ? model : "/nonexistent");
+        if (nwords < 2) {
+            fprintf(stderr, "bench_server: --port needs --model DIR for its vocabulary\n");
+            return 2;
+        }
+        httpc_init();
+        char cs[64];
+        snprintf(cs, sizeof cs, "%s", clients_s);
+        for (char *tok = strtok(cs, ","); tok; tok = strtok(NULL, ","))
+            run_predict(port, atoi(tok), seconds, neural);
+        httpc_cleanup();
+        return 0;
+    }
+    if (!model) {
+        if (!mkdtemp(dir) || make_model(dir, 10000, 256) != 0) return 1;
+        model = dir;
+    }
+    httpc_init();
+    nc_daemon d;
+    const char *args[] = {"--model", model, "--threads", threads, "--max-sessions", "1000", "--batch-predict",
+                          batch ? "true" : "false", NULL};
+    /* daemon_start passes --threads 2 itself; ours comes later and wins. */
+    if (daemon_start(&d, args) != 0) return 1;
+    load_words(model);
+    if (nwords < 2) {
+        fprintf(stderr, "bench_server: no words in %s/vocab.txt\n", model);
+        daemon_stop(&d);
+        return 1;
+    }
+    {
+        http_resp mr;
+        json_t *mj = NULL;
+        if (http_json(d.port, "GET", "/v1/model", NULL, &mr) == 0 && mr.status == 200)
+            mj = json_incref(mr.json);
+        http_resp_free(&mr);
+        printf("model %s (%lld x %lld LSTM, V = %lld), neural cache %d entries (%s keys), server threads %s, "
+               "predict batching %s, %.0f s per row\n\n",
+               model == dir ? "random" : model, (long long)json_integer_value(json_object_get(mj, "num_layers")),
+               (long long)json_integer_value(json_object_get(mj, "hidden_size")),
+               (long long)json_integer_value(json_object_get(mj, "vocab_size")), neural, f16 ? "float16" : "float32",
+               threads, batch ? "on" : "off", seconds);
+        json_decref(mj);
+    }
+    printf("| request | concurrent sessions | requests | predictions/s | p50 (ms) | p99 (ms) | errors |\n");
+    printf("|---|---|---|---|---|---|---|\n");
+    char cs[64];
+    snprintf(cs, sizeof cs, "%s", clients_s);
+    for (char *tok = strtok(cs, ","); tok; tok = strtok(NULL, ","))
+        run_predict(d.port, atoi(tok), seconds, neural);
+    if (score_tokens > 0)
+        run_score(d.port, model, score_tokens);
+    int rc = daemon_stop(&d);
+    httpc_cleanup();
+    if (model == dir) {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd) != 0) { /* best effort */ }
+    }
+    return rc == 0 ? 0 : 1;
+}
