@@ -83,6 +83,8 @@ const char *cache_params_describe(const nc_cache_params *p, char *buf, size_t le
         else
             ADD("neural N=%d theta=%g lambda=%g ", p->neural_size, (double)p->neural_theta,
                 (double)p->neural_lambda);
+        if (p->neural_f16)
+            ADD("f16 ");
     }
     if (p->unigram_size > 0)
         ADD("unigram N=%d lambda=%g ", p->unigram_size, (double)p->unigram_lambda);

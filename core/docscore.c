@@ -152,7 +152,7 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
     /* A window that starts empty (eval, tune, a new stream) only ever holds
      * this document's pairs: its keys are rows of d->q, read in place by the
      * GEMM instead of copying the ring out for every block. */
-    bool direct = nc && nc->count == 0;
+    bool direct = nc && nc->count == 0 && !nc->f16;   /* f16: the rounded keys are the ring's */
     size_t B = block;
     float *keys = nc && !direct ? nc_alloc(((size_t)nc->size + B) * H * sizeof(float)) : NULL;
     int *kv = nc && !direct ? malloc(((size_t)nc->size + B) * sizeof(int)) : NULL;

@@ -95,6 +95,8 @@ bool co_parse_float(const char *s, double lo, double hi, double *out);
 /* Parses "a,b,c" into out (malloc'ed); returns count, -1 on a bad item. */
 int co_parse_list(const char *s, double **out);
 double co_now(void);
+/* CPU seconds used by the process so far (all threads). */
+double co_cpu(void);
 
 /* Reads a text file ('-' = stdin) and tokenises it (file semantics: a last
  * line without newline also ends with eos). */

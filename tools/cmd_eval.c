@@ -25,7 +25,8 @@ static void usage(FILE *out)
             "all of them together. --open-vocab/--uniform-mu apply to every row. The\n"
             "unbounded cache of a FILE holds every earlier pair of that FILE (after the\n"
             "pairs of --memory). tokens/s counts everything a row needs: the LSTM pass,\n"
-            "the unbounded search (once per file, at the largest k) and the mixture.\n"
+            "the unbounded search (once per file, at the largest k) and the mixture;\n"
+            "tokens/CPU-s the same per CPU second of all threads (steadier on a busy machine).\n"
             "\n"
             "options:\n"
             "  --model DIR          model directory\n"
@@ -200,7 +201,7 @@ static int table_rows(const cacheopts *co, row *rows)
 }
 
 typedef struct {
-    double ppl, seconds;
+    double ppl, seconds, cpu;     /* wall and CPU (all threads) seconds of the row */
     size_t scored;
 } result;
 
@@ -227,10 +228,10 @@ static int eval_file(const nc_model *m, const cacheopts *co, bool bos_eos, const
         rc = cacheopts_make_ub(co, &co->p, m, words, &ub, err, errlen);
     if (!rc && ub && co->memory_path)
         rc = cacheopts_fill_memory(m, co->memory_path, words, ub, true, err, errlen);
-    double t0 = co_now();
+    double t0 = co_now(), c0 = co_cpu();
     if (!rc)
         rc = co_prepare(m, &toks, bos_eos, words, &d, err, errlen);
-    double tp = co_now() - t0, tn = 0;
+    double tp = co_now() - t0, tn = 0, cp = co_cpu() - c0, cn = 0;
     *t_lstm = tp;
     if (!rc && d->n <= d->first)
         rc = nc_error(err, errlen, NC_EINVAL, "%s: no tokens to score", path);
@@ -250,17 +251,20 @@ static int eval_file(const nc_model *m, const cacheopts *co, bool bos_eos, const
         sp.unbounded = true;
         sp.knn = kmax;
         t0 = co_now();
+        c0 = co_cpu();
         if (!rc)
             rc = doc_neighbours(d, &sp, ub, true, 0, nd2, nw, err, errlen);
         tn = co_now() - t0;
+        cn = co_cpu() - c0;
     }
     for (int i = 0; !rc && i < nrows; i++) {
         const nc_cache_params *p = &rows[i].p;
         nc_doc_caches dc = {0};
-        double tk = 0;
+        double tk = 0, ck = 0;
         if (p->unbounded) {
             int k = p->knn;
             t0 = co_now();
+            c0 = co_cpu();
             if (k == kmax) {
                 dc.pre_d2 = nd2;
                 dc.pre_words = nw;
@@ -275,12 +279,15 @@ static int eval_file(const nc_model *m, const cacheopts *co, bool bos_eos, const
             }
             dc.ub = ub;
             tk = co_now() - t0 + tn;
+            ck = co_cpu() - c0 + cn;
         }
         t0 = co_now();
+        c0 = co_cpu();
         rc = doc_score(d, p, &dc, 0, lp, err, errlen);
-        double ts = co_now() - t0;
+        double ts = co_now() - t0, cs = co_cpu() - c0;
         res[i].ppl = co_ppl(lp, d->n, &res[i].scored);
         res[i].seconds = tp + tk + ts;
+        res[i].cpu = cp + ck + cs;
     }
     free(lp);
     free(nd2);
@@ -492,9 +499,10 @@ int cmd_eval(int argc, char **argv)
         if (!csv)
             rc = nc_error(err, sizeof err, NC_EIO, "%s: cannot write", csvname);
         else if (sweep)
-            fprintf(csv, "file,knob,%s,ppl,static_ppl,seconds,tokens_per_s\n", knobs[knob].name);
+            fprintf(csv, "file,knob,%s,ppl,static_ppl,seconds,tokens_per_s,cpu_seconds,tokens_per_cpu_s\n",
+                    knobs[knob].name);
         else
-            fprintf(csv, "file,config,tokens,ppl,seconds,tokens_per_s\n");
+            fprintf(csv, "file,config,tokens,ppl,seconds,tokens_per_s,cpu_seconds,tokens_per_cpu_s\n");
     }
     result *res = calloc((size_t)nrows, sizeof *res);
     if (!rc && !res)
@@ -511,21 +519,22 @@ int cmd_eval(int argc, char **argv)
         for (int i = 0; i < nrows; i++)
             if ((int)strlen(rows[i].name) > wname)
                 wname = (int)strlen(rows[i].name);
-        printf("  %-*s %12s %8s %12s\n", wname, sweep ? knobs[knob].name : "configuration", "perplexity", "change",
-               "tokens/s");
+        printf("  %-*s %12s %8s %12s %14s\n", wname, sweep ? knobs[knob].name : "configuration", "perplexity",
+               "change", "tokens/s", "tokens/CPU-s");
         for (int i = 0; i < nrows; i++) {
             const result *r = &res[i];
             double tps = r->scored / (r->seconds > 0 ? r->seconds : 1e-9);
             char chg[32] = "";
             if (isfinite(ppl0) && isfinite(r->ppl) && (sweep ? i != nrows - 1 : i != 0))
                 snprintf(chg, sizeof chg, "%+.1f%%", 100.0 * (r->ppl / ppl0 - 1.0));
-            printf("  %-*s %12.3f %8s %12.0f\n", wname, rows[i].name, r->ppl, chg, tps);
+            double cps = r->scored / (r->cpu > 0 ? r->cpu : 1e-9);
+            printf("  %-*s %12.3f %8s %12.0f %14.0f\n", wname, rows[i].name, r->ppl, chg, tps, cps);
             if (csv && !sweep)
-                fprintf(csv, "%s,\"%s\",%zu,%.6f,%.6f,%.1f\n", base_name(argv[f]), rows[i].name, r->scored, r->ppl,
-                        r->seconds, tps);
+                fprintf(csv, "%s,\"%s\",%zu,%.6f,%.6f,%.1f,%.6f,%.1f\n", base_name(argv[f]), rows[i].name, r->scored,
+                        r->ppl, r->seconds, tps, r->cpu, cps);
             else if (csv && i != nrows - 1)
-                fprintf(csv, "%s,%s,%g,%.6f,%.6f,%.6f,%.1f\n", base_name(argv[f]), knobs[knob].name,
-                        rows[i].sweep_value, r->ppl, ppl0, r->seconds, tps);
+                fprintf(csv, "%s,%s,%g,%.6f,%.6f,%.6f,%.1f,%.6f,%.1f\n", base_name(argv[f]), knobs[knob].name,
+                        rows[i].sweep_value, r->ppl, ppl0, r->seconds, tps, r->cpu, cps);
         }
         fflush(stdout);
     }
