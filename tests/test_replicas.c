@@ -3,8 +3,13 @@
  * ports substituted): session affinity, a killed replica (new sessions go to
  * the others, its sessions get session_not_here), a restarted replica taking
  * traffic again, and SIGTERM on a replica under load with no failed request
- * and no lost token. Skipped, with a message, when haproxy is not installed
- * (`make deps` installs it). */
+ * and no lost token. With Debian's redis-server as well, the replicas share
+ * their namespaces through it: a document streamed through the balancer
+ * reaches every replica's unbounded cache (lag printed), the same predict
+ * request answers the same distribution on each (1e-4), and the killed
+ * replica, restarted, catches up. Skipped, with a message, when haproxy is
+ * not installed; the Redis part when redis-server is not (`make deps`
+ * installs both). */
 #include <arpa/inet.h>
 #include <curl/curl.h>
 #include <errno.h>
@@ -30,7 +35,8 @@ static const char *TAGS[NREP] = {"a", "b", "c"};
 static nc_daemon rep[NREP];
 static int rep_port[NREP], lb_port, stats_port;
 static char peers[512], model_dir[512], workdir[256], haproxy_bin[256];
-static pid_t haproxy_pid;
+static pid_t haproxy_pid, redis_pid;
+static char redis_addr[64];
 
 static void sleep_ms(int ms)
 {
@@ -71,11 +77,47 @@ static int find_haproxy(void)
 
 static int start_replica(int i)
 {
-    char port[16];
+    char port[16], data[400];
     snprintf(port, sizeof port, "%d", rep_port[i]);
+    /* Its own data dir, kept across a restart (catch-up from its position). */
+    snprintf(data, sizeof data, "%s/data-%s", workdir, TAGS[i]);
     const char *args[] = {"--model", model_dir, "--replica-tag", TAGS[i], "--port", port,
-                          "--peers", peers, "--drain-grace", "2", "--threads", "4", NULL};
+                          "--peers", peers, "--drain-grace", "2", "--threads", "4", "--data-dir", data,
+                          redis_pid > 0 ? "--redis" : NULL, redis_addr, NULL};
     return daemon_start(&rep[i], args);
+}
+
+static int start_redis(void)
+{
+    const char *c[] = {"/usr/bin/redis-server", "/usr/local/bin/redis-server", NULL};
+    const char *bin = NULL;
+    for (int i = 0; c[i]; i++)
+        if (access(c[i], X_OK) == 0) bin = c[i];
+    if (!bin) return -1;
+    int port = free_port();
+    char sport[16], log[400];
+    snprintf(sport, sizeof sport, "%d", port);
+    snprintf(redis_addr, sizeof redis_addr, "127.0.0.1:%d", port);
+    snprintf(log, sizeof log, "%s/redis.log", workdir);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen(log, "w", stdout)) _exit(127);
+        execl(bin, "redis-server", "--port", sport, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+              "--dir", workdir, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 200; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        int ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+        close(fd);
+        if (ok) { redis_pid = pid; return 0; }
+        sleep_ms(25);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
 }
 
 /* The shipped configuration with this test's ports. */
@@ -295,6 +337,101 @@ TEST(affinity)
     }
 }
 
+static long ns_entries(int i, const char *ns)
+{
+    char path[200];
+    snprintf(path, sizeof path, "/v1/namespaces/%s", ns);
+    http_resp r;
+    long n = -1;
+    if (http_call(rep_port[i], "GET", path, NULL, NULL, 0, &r) == 0 && r.status == 200 && r.json)
+        n = (long)json_integer_value(json_object_get(r.json, "entries"));
+    http_resp_free(&r);
+    return n;
+}
+
+static int wait_entries(int i, const char *ns, long want, double timeout)
+{
+    double t0 = now_s();
+    while (now_s() - t0 < timeout) {
+        if (ns_entries(i, ns) == want) return 0;
+        sleep_ms(5);
+    }
+    fprintf(stderr, "replica %s: %ld entries in %s, expected %ld\n", TAGS[i], ns_entries(i, ns), ns, want);
+    return -1;
+}
+
+/* {word: prob} of a fresh session of namespace "news" after "the", asked of
+ * replica i directly. */
+static json_t *dist_on(int i)
+{
+    http_resp r;
+    char id[80] = "", path[1100];
+    json_t *d = NULL;
+    if (http_json(rep_port[i], "POST", "/v1/sessions",
+                  "{\"namespace\":\"news\",\"cache\":{\"unbounded\":true,\"exact\":true,\"knn\":16,"
+                  "\"unbounded_lambda\":0.4,\"open_vocab\":true}}", &r) == 0 && r.status == 201 && r.json)
+        snprintf(id, sizeof id, "%s", json_string_value(json_object_get(r.json, "id")));
+    http_resp_free(&r);
+    if (!id[0]) return NULL;
+    snprintf(path, sizeof path, "/v1/sessions/%s/feed", id);
+    http_json(rep_port[i], "POST", path, "{\"text\":\"the\"}", &r);
+    http_resp_free(&r);
+    snprintf(path, sizeof path, "/v1/sessions/%s/predict", id);
+    if (http_json(rep_port[i], "POST", path, "{\"full\":true}", &r) == 0 && r.status == 200 && r.json) {
+        d = json_object();
+        size_t k;
+        json_t *it;
+        json_array_foreach(json_object_get(r.json, "predictions"), k, it) {
+            double p = json_real_value(json_object_get(it, "prob"));
+            if (p > 0) json_object_set_new(d, json_string_value(json_object_get(it, "word")), json_real(p));
+        }
+    }
+    http_resp_free(&r);
+    snprintf(path, sizeof path, "/v1/sessions/%s", id);
+    http_call(rep_port[i], "DELETE", path, NULL, NULL, 0, &r);
+    http_resp_free(&r);
+    return d;
+}
+
+static double word_diff(const json_t *a, const json_t *b)
+{
+    double m = 0;
+    const char *w;
+    json_t *v;
+    json_object_foreach((json_t *)a, w, v) m = fmax(m, fabs(json_real_value(v) - json_real_value(json_object_get(b, w))));
+    json_object_foreach((json_t *)b, w, v) m = fmax(m, fabs(json_real_value(v) - json_real_value(json_object_get(a, w))));
+    return m;
+}
+
+static long news_entries;
+
+TEST(namespace_everywhere)
+{
+    const char *doc = "the zorblax sat on the mat . the zorblax ate the cat .\n"
+                      "a dog saw the zorblax and the zorblax ran .\n";
+    http_resp r;
+    CHECK(http_call(lb_port, "POST", "/v1/namespaces/news/documents", "text/plain", doc, strlen(doc), &r) == 0 &&
+          r.status == 200);
+    http_resp_free(&r);
+    double t0 = now_s();
+    long n = -1;
+    for (int i = 0; i < NREP; i++) n = ns_entries(i, "news") > n ? ns_entries(i, "news") : n;
+    CHECK(n > 10);
+    for (int i = 0; i < NREP; i++) CHECK(wait_entries(i, "news", n, 10) == 0);
+    fprintf(stderr, "  (document of %ld tokens on all %d replicas %.1f ms after the upload answered)\n", n, NREP,
+            (now_s() - t0) * 1e3);
+    news_entries = n;
+    json_t *d0 = dist_on(0);
+    CHECK(d0 && json_real_value(json_object_get(d0, "zorblax")) > 1e-3);
+    for (int i = 1; i < NREP; i++) {
+        json_t *di = dist_on(i);
+        CHECK(d0 && di);
+        if (d0 && di) CHECK_NEAR(word_diff(d0, di), 0.0, 1e-4);
+        json_decref(di);
+    }
+    json_decref(d0);
+}
+
 TEST(killed_replica)
 {
     /* SIGKILL c: no drain, its sessions are gone. */
@@ -302,6 +439,14 @@ TEST(killed_replica)
     waitpid(rep[2].pid, NULL, 0);
     rep[2].pid = 0;
     CHECK(wait_status("c", "DOWN", 10) == 0);
+    if (redis_pid > 0 && news_entries > 0) {
+        /* Streamed while c is down: c must catch up after its restart. */
+        const char *doc = "the quibble and the zorblax sat on the dog .\n";
+        http_resp r;
+        CHECK(http_call(lb_port, "POST", "/v1/namespaces/news/documents", "text/plain", doc, strlen(doc), &r) == 0 &&
+              r.status == 200);
+        http_resp_free(&r);
+    }
     int lost = 0;
     for (int k = 0; k < NS; k += 2) {
         if (sids[k][4] != 'c') continue;
@@ -331,6 +476,18 @@ TEST(killed_replica)
         on_c += strncmp(id, "ses_c_", 6) == 0;
     }
     CHECK(on_c > 0);
+    if (redis_pid > 0 && news_entries > 0) {
+        /* c lost nothing of the namespace (its data dir survived) and
+         * caught up with what was streamed while it was down. */
+        long n = ns_entries(0, "news");
+        CHECK(n > news_entries);
+        for (int i = 0; i < NREP; i++) CHECK(wait_entries(i, "news", n, 10) == 0);
+        json_t *d0 = dist_on(0), *d2 = dist_on(2);
+        CHECK(d0 && d2);
+        if (d0 && d2) CHECK_NEAR(word_diff(d0, d2), 0.0, 1e-4);
+        json_decref(d0);
+        json_decref(d2);
+    }
 }
 
 /* Load: every thread works its own sessions (feed + predict) and scores
@@ -445,6 +602,8 @@ int main(void)
         n += snprintf(peers + n, sizeof peers - (size_t)n, "%s%s=http://127.0.0.1:%d", i ? "," : "",
                       TAGS[i], rep_port[i]);
     }
+    if (start_redis() != 0)
+        printf("note test_replicas: redis-server is not installed: replication checks skipped (`make deps`)\n");
     int up = 1;
     for (int i = 0; i < NREP; i++)
         if (start_replica(i)) up = 0;
@@ -457,6 +616,7 @@ int main(void)
     CHECK(up);
     if (up) {
         RUN(affinity);
+        if (redis_pid > 0) RUN(namespace_everywhere);
         RUN(killed_replica);
         RUN(drain_under_load);
     }
@@ -467,6 +627,10 @@ int main(void)
     if (haproxy_pid > 0) {
         kill(haproxy_pid, SIGTERM);
         waitpid(haproxy_pid, NULL, 0);
+    }
+    if (redis_pid > 0) {
+        kill(redis_pid, SIGTERM);
+        waitpid(redis_pid, NULL, 0);
     }
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", workdir);
