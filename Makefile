@@ -145,8 +145,11 @@ soak: deps all $(BUILD)/tests/soak
 	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) $(BUILD)/tests/soak --seconds $(SOAK_SECONDS) \
 	    --clients $(SOAK_CLIENTS) --model $(SOAK_MODEL) $(SOAK_ARGS)
 
+# In the foreground on the shipped model, human-readable logs. As root (a
+# container, a fresh VM) the daemon would refuse to start: say it is meant.
 run: deps all
-	$(Q)$(BIN)/neurocached --model models/demo --log-format text $(RUN_ARGS)
+	$(Q)$(BIN)/neurocached --model models/demo --log-format text \
+	    $(if $(filter 0,$(shell id -u)),--allow-root) $(RUN_ARGS)
 
 # The shipped demo model (README "Training"): PTB, 2x256 tied LSTM, PyTorch
 # word_language_model recipe, 90 minutes of wall-clock. Resumable: an
