@@ -9,7 +9,8 @@
  * request answers the same distribution on each (1e-4), and the killed
  * replica, restarted, catches up. Skipped, with a message, when haproxy is
  * not installed; the Redis part when redis-server is not (`make deps`
- * installs both). */
+ * installs both). nginx (deploy/nginx) is checked the same way for
+ * affinity when installed. */
 #include <arpa/inet.h>
 #include <curl/curl.h>
 #include <errno.h>
@@ -35,7 +36,8 @@ static const char *TAGS[NREP] = {"a", "b", "c"};
 static nc_daemon rep[NREP];
 static int rep_port[NREP], lb_port, stats_port;
 static char peers[512], model_dir[512], workdir[256], haproxy_bin[256];
-static pid_t haproxy_pid, redis_pid;
+static pid_t haproxy_pid, redis_pid, nginx_pid;
+static int nginx_port;
 static char redis_addr[64];
 
 static void sleep_ms(int ms)
@@ -405,6 +407,91 @@ static double word_diff(const json_t *a, const json_t *b)
 
 static long news_entries;
 
+/* The shipped nginx configuration (deploy/nginx) with this test's ports,
+ * nginx in the foreground under a private prefix. */
+static int start_nginx(void)
+{
+    const char *bin = access("/usr/sbin/nginx", X_OK) == 0 ? "/usr/sbin/nginx" : NULL;
+    if (!bin) return 1;
+    char dir[400], cmd[2000];
+    snprintf(dir, sizeof dir, "%s/nginx", workdir);
+    nginx_port = free_port();
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p %s/logs && cp deploy/nginx/nginx-test.conf %s/ && "
+             "sed -e 's/127.0.0.1:8080/127.0.0.1:%d/' -e 's/127.0.0.1:8081/127.0.0.1:%d/' "
+             "-e 's/127.0.0.1:8082/127.0.0.1:%d/' -e 's/127.0.0.1:8083/127.0.0.1:%d/' "
+             "deploy/nginx/neurocache.conf > %s/neurocache.conf",
+             dir, dir, nginx_port, rep_port[0], rep_port[1], rep_port[2], dir);
+    if (system(cmd) != 0) return -1;
+    char conf[500];
+    snprintf(conf, sizeof conf, "%s/nginx-test.conf", dir);
+    nginx_pid = fork();
+    if (nginx_pid == 0) {
+        execl(bin, "nginx", "-p", dir, "-c", conf, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 200; i++) {
+        http_resp r;
+        int ok = http_call(nginx_port, "GET", "/lb-health", NULL, NULL, 0, &r) == 0 && r.status == 200;
+        http_resp_free(&r);
+        if (ok) return 0;
+        sleep_ms(25);
+    }
+    return -1;
+}
+
+static int pulls_total(void)
+{
+    int n = 0;
+    for (int i = 0; i < NREP; i++) n += log_count(i, "session pulled");
+    return n;
+}
+
+/* nginx: hash $key consistent on the session id. Ids chosen by the client
+ * (X-Session-Id on the create) stay where they are created; ids minted by
+ * a replica move at most once, to the replica their hash names. */
+TEST(nginx_affinity)
+{
+    int rc = start_nginx();
+    if (rc == 1) {
+        fprintf(stderr, "  (nginx not installed: skipped)\n");
+        return;
+    }
+    CHECK(rc == 0);
+    if (rc) return;
+    int save = lb_port;
+    lb_port = nginx_port;   /* lb_call goes through nginx now */
+    int p0 = pulls_total();
+    char ids[12][80];
+    for (int k = 0; k < 12; k++) {
+        char body[128], want[64];
+        snprintf(want, sizeof want, "ngx-%d-%d", k, (int)getpid());
+        snprintf(body, sizeof body, "{\"id\":\"%s\"}", want);
+        if (k < 6) CHECK(create_lb(body, want, ids[k], sizeof ids[k]) == 0);
+        else CHECK(create_lb("{}", NULL, ids[k], sizeof ids[k]) == 0);
+    }
+    long pos[12] = {0};
+    for (int round = 0; round < 3; round++)
+        for (int k = 0; k < 12; k++) {
+            CHECK(feed_lb(ids[k], "the cat sat .", &pos[k]) == 200);
+            if (k < 6 && round == 0) CHECK(pulls_total() == p0);   /* client ids: never moved */
+        }
+    int moved = pulls_total() - p0;
+    CHECKF(moved <= 6, "%d moves for 6 minted ids", moved);
+    int p1 = pulls_total();
+    for (int k = 0; k < 12; k++) {
+        long before = pos[k];
+        CHECK(feed_lb(ids[k], "the cat sat .", &pos[k]) == 200);
+        CHECK(pos[k] > before);   /* every token kept across the moves */
+    }
+    CHECK(pulls_total() == p1);   /* settled */
+    fprintf(stderr, "  (nginx: 6 client-chosen ids never moved, %d of 6 minted ids moved once)\n", moved);
+    lb_port = save;
+    kill(nginx_pid, SIGTERM);
+    waitpid(nginx_pid, NULL, 0);
+    nginx_pid = 0;
+}
+
 TEST(namespace_everywhere)
 {
     const char *doc = "the zorblax sat on the mat . the zorblax ate the cat .\n"
@@ -543,6 +630,7 @@ TEST(drain_under_load)
             on_a += w[t].ids[k][4] == 'a';
         }
     CHECK(on_a > 0);
+    int pulled0 = log_count(1, "session pulled") + log_count(2, "session pulled");
     pthread_t th[NT];
     atomic_store(&stop_load, 0);
     for (int t = 0; t < NT; t++) pthread_create(&th[t], NULL, load, &w[t]);
@@ -561,7 +649,7 @@ TEST(drain_under_load)
         failed += w[t].failed;
         if (w[t].failed) fprintf(stderr, "  first failure of thread %d: %s\n", t, w[t].first_error);
     }
-    int pulled = log_count(1, "session pulled") + log_count(2, "session pulled");
+    int pulled = log_count(1, "session pulled") + log_count(2, "session pulled") - pulled0;
     fprintf(stderr, "  (drain of a replica holding %d sessions: %.2f s; %ld requests ok, %ld failed; "
             "%d sessions pulled by the peers, the rest handed over)\n", on_a, drain_s, ok, failed, pulled);
     CHECK(ok > 50);
@@ -616,6 +704,7 @@ int main(void)
     CHECK(up);
     if (up) {
         RUN(affinity);
+        RUN(nginx_affinity);
         if (redis_pid > 0) RUN(namespace_everywhere);
         RUN(killed_replica);
         RUN(drain_under_load);
@@ -624,6 +713,10 @@ int main(void)
         for (int i = 0; i < NREP; i++) if (rep[i].pid > 0) daemon_dump_log(&rep[i]);
     for (int i = 0; i < NREP; i++)
         if (rep[i].pid > 0) daemon_stop(&rep[i]);
+    if (nginx_pid > 0) {
+        kill(nginx_pid, SIGTERM);
+        waitpid(nginx_pid, NULL, 0);
+    }
     if (haproxy_pid > 0) {
         kill(haproxy_pid, SIGTERM);
         waitpid(haproxy_pid, NULL, 0);
