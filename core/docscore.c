@@ -182,8 +182,13 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
             } else {
                 c0 = ncache_export(nc, keys, kv);
                 if (nb > 1) {
-                    memcpy(keys + (size_t)c0 * H, Q, (nb - 1) * (size_t)H * sizeof(float));
+                    float *kb = keys + (size_t)c0 * H;
+                    memcpy(kb, Q, (nb - 1) * (size_t)H * sizeof(float));
                     memcpy(kv + c0, d->ids + b0, (nb - 1) * sizeof(int));
+                    /* f16 windows: the block's own keys as the ring will hold
+                     * them, so that the batch and a stream agree */
+                    for (size_t i = 0; nc->f16 && i < (nb - 1) * (size_t)H; i++)
+                        kb[i] = nc_half_to_float(nc_float_to_half(kb[i]));
                 }
             }
             int nk = c0 + (int)nb - 1;

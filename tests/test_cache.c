@@ -220,6 +220,54 @@ static void causality(bool ivf)
     model_free(m);
 }
 
+/* float16 keys: the batch path must read the same rounded keys as a
+ * stream that holds them in its ring */
+TEST(causality_f16_keys)
+{
+    nc_model *m = load_fixture();
+    if (!m)
+        return;
+    char err[NC_ERRLEN];
+    nc_tokens doc;
+    make_doc(m, 200, &doc);
+    nc_cache_params p;
+    cache_params_default(&p);
+    p.neural_size = 30;
+    p.neural_theta = 2.0f;
+    p.neural_lambda = 0.3f;
+    p.neural_f16 = true;
+    double *a = malloc(doc.n * sizeof(double)), *b = malloc(doc.n * sizeof(double)),
+           *c = malloc(doc.n * sizeof(double));
+    nc_state *s = lstm_state_new(m);
+    nc_doc *d = NULL;
+    CHECK(doc_prepare(m, s, false, &doc, NULL, &d, err, sizeof err) == NC_OK);
+    CHECKF(doc_score(d, &p, NULL, 0, a, err, sizeof err) == NC_OK, "%s", err);
+    p.neural_f16 = false;
+    CHECK(doc_score(d, &p, NULL, 0, c, err, sizeof err) == NC_OK);
+    p.neural_f16 = true;
+    nc_stream *st = NULL;
+    CHECK(stream_new(m, &p, NULL, NULL, false, &st, err, sizeof err) == NC_OK);
+    for (size_t i = 0; i < doc.n; i++) {
+        nc_tokens sl = slice(&doc, i, i + 1);
+        CHECK(stream_feed(st, &sl, false, b + i, err, sizeof err) == NC_OK);
+    }
+    double w = 0, wc = 0;
+    for (size_t i = 1; i < doc.n; i++) {
+        w = fmax(w, fabs(a[i] - b[i]));
+        wc = fmax(wc, fabs(a[i] - c[i]));
+    }
+    CHECKF(w <= 1e-6, "f16 batch vs token by token differ by %g", w);
+    CHECKF(wc > 0, "f16 keys changed nothing");   /* the rounding is really applied */
+    stream_free(st);
+    doc_free(d);
+    lstm_state_free(s);
+    tokens_clear(&doc);
+    free(a);
+    free(b);
+    free(c);
+    model_free(m);
+}
+
 TEST(causality_flat) { causality(false); }
 TEST(causality_ivf) { causality(true); }
 
@@ -612,6 +660,7 @@ int main(void)
     ubcache_set_threads(1);
     RUN(causality_flat);
     RUN(causality_ivf);
+    RUN(causality_f16_keys);
     RUN(open_vocabulary);
     RUN(ivfpq_vs_exact_and_switch);
     RUN(empty_caches_contribute_nothing);
