@@ -45,8 +45,8 @@ if [ "${BENCH_QUICK:-0}" = 1 ]; then
     GRID=(--thetas 0.3,1 --lambdas 0.1,0.2 --unigram-lambdas 0.1 --unbounded-lambdas 0.2,0.5)
     LIM=3000
 else
-    GRID=(--thetas 0.1,0.2,0.3,0.5,0.7,1,1.5 --lambdas 0.05,0.1,0.15,0.2,0.3 --unigram-lambdas 0.02,0.05,0.1,0.15,0.2
-          --unbounded-lambdas 0.05,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8)
+    GRID=(--thetas 0.2,0.3,0.5,0.7,1 --lambdas 0.05,0.1,0.15,0.2,0.3 --unigram-lambdas 0.05,0.1,0.2
+          --unbounded-lambdas 0.1,0.2,0.3,0.5,0.7)
     LIM=0
 fi
 # the unbounded cache: k=1024, nprobe 8, exact until 20,000 pairs, then the
