@@ -1,0 +1,80 @@
+#!/bin/bash
+# Online adaptation (issue 6): adaptation throughput of the real daemon
+# (a corpus streamed into a namespace over HTTP, chunked), durable adds with
+# an fsync per request vs group commit, recovery time per million pairs, and
+# predict latency with the unbounded cache (k 1024, nprobe 8) at 100k, 1M and
+# a synthetic 10M pairs. Model: models/demo (2x256), else a read-only copy of
+# runs/demo. The IVF4096,PQ32 index is trained with `neurocache build-index`
+# into a scratch directory (never into the model directory). Corpora are read
+# from ../shared/data/ptb. Set BENCH_ADAPT_QUICK=1 for small sizes.
+set -euo pipefail
+BUILD=${BUILD:-build}
+BIN=${BIN:-bin}
+DATA=${NEUROCACHE_DATA:-../shared/data}
+PTB="$DATA/ptb"
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); $(date -u '+%F %H:%M UTC')"
+if [ ! -f "$PTB/ptb.train.txt" ]; then
+    echo "bench_adapt: $PTB/ptb.train.txt is absent: skipped (corpora are read from ../shared/data)"
+    exit 0
+fi
+SRC=${NEUROCACHE_BENCH_MODEL:-models/demo}
+[ -f "$SRC/model.safetensors" ] || SRC=runs/demo
+if [ ! -f "$SRC/model.safetensors" ]; then
+    echo "bench_adapt: no model in models/demo or runs/demo: skipped"
+    exit 0
+fi
+TMP=$(mktemp -d /tmp/nc-bench-adapt-XXXXXX)
+PID=
+cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null; rm -rf "$TMP"; }
+trap cleanup EXIT
+mkdir -p "$TMP/model"
+cp "$SRC/config.json" "$SRC/vocab.txt" "$SRC/model.safetensors" "$TMP/model/"
+MODEL="$TMP/model"
+echo "model: $SRC ($(grep -o '"hidden_size": *[0-9]*' "$MODEL/config.json"), $(grep -o '"num_layers": *[0-9]*' "$MODEL/config.json"))"
+cat "$PTB/ptb.train.txt" "$PTB/ptb.valid.txt" "$PTB/ptb.test.txt" > "$TMP/ptb.all.txt"
+QUICK=${BENCH_ADAPT_QUICK:-0}
+if [ "$QUICK" = 1 ]; then SAMPLE=20000; FACTORY=IVF256,PQ32; SIZES="20000 100000"; REC=100000; MB=2;
+else SAMPLE=200000; FACTORY=IVF4096,PQ32; SIZES="100000 1000000 10000000"; REC=1000000; MB=0; fi
+
+echo; echo "== durable adds: fsync per request vs group commit"
+nice "$BUILD"/tests/bench_adapt fsync "$MODEL" 3
+
+echo; echo "== training $FACTORY on $SAMPLE hidden states of ptb.train (neurocache build-index)"
+t0=$(date +%s.%N)
+nice "$BIN"/neurocache build-index --model "$MODEL" --corpus "$PTB/ptb.train.txt" --factory "$FACTORY" \
+    --sample "$SAMPLE" --threads "$(nproc)" --out "$TMP/unbounded.faiss" 2>&1 | tail -n 2
+echo "trained in $(echo "$(date +%s.%N) - $t0" | bc) s"
+
+echo; echo "== adaptation throughput: the daemon, PTB (train+valid+test) streamed as text/plain, chunked"
+cp "$TMP/unbounded.faiss" "$MODEL/unbounded.faiss"
+for fs in group none; do
+    rm -rf "$TMP/data"
+    EXTRA=(); [ "$(id -u)" = 0 ] && EXTRA=(--allow-root)
+    "$BIN"/neurocached --model "$MODEL" --data-dir "$TMP/data" --port 0 --port-file "$TMP/port" \
+        --fsync "$fs" --log-format text "${EXTRA[@]}" 2> "$TMP/daemon.log" &
+    PID=$!
+    for _ in $(seq 100); do [ -s "$TMP/port" ] && curl -sf "http://127.0.0.1:$(cat "$TMP/port")/ready" >/dev/null && break; sleep 0.1; done
+    PORT=$(cat "$TMP/port")
+    BODY="$TMP/ptb.all.txt"
+    if [ "$MB" != 0 ]; then head -c "${MB}000000" "$TMP/ptb.all.txt" > "$TMP/part.txt"; BODY="$TMP/part.txt"; fi
+    t0=$(date +%s.%N)
+    OUT=$(curl -sS -H 'Content-Type: text/plain' -H 'Transfer-Encoding: chunked' --data-binary @"$BODY" \
+        "http://127.0.0.1:$PORT/v1/namespaces/bench/documents?id=ptb")
+    t1=$(date +%s.%N)
+    TOK=$(echo "$OUT" | grep -o '"tokens_added":[0-9]*' | cut -d: -f2)
+    HWM=$(grep VmHWM /proc/$PID/status | awk '{print $2}')
+    INFO=$(curl -s "http://127.0.0.1:$PORT/v1/namespaces/bench")
+    echo "fsync=$fs: $TOK tokens in $(printf '%.1f' "$(echo "$t1 - $t0" | bc)") s = $(printf '%.0f' "$(echo "$TOK / ($t1 - $t0)" | bc -l)") tokens/s; daemon peak RSS $((HWM / 1024)) MB; $(echo "$INFO" | grep -o '"index":{[^}]*}')"
+    kill "$PID"; wait "$PID" || true; PID=
+    rm -f "$TMP/port"
+done
+rm -f "$MODEL/unbounded.faiss"
+
+echo; echo "== recovery time ($REC pairs of the model's hidden states, IVF-PQ index)"
+nice "$BUILD"/tests/bench_adapt recovery "$MODEL" "$TMP/ptb.all.txt" "$REC" "$TMP/unbounded.faiss"
+echo; echo "== recovery time ($REC pairs, exact flat index)"
+nice "$BUILD"/tests/bench_adapt recovery "$MODEL" "$TMP/ptb.all.txt" "$REC"
+
+echo; echo "== predict latency with the unbounded cache"
+# shellcheck disable=SC2086
+nice "$BUILD"/tests/bench_adapt predict "$MODEL" "$TMP/ptb.all.txt" "$TMP/unbounded.faiss" $SIZES
