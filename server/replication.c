@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,7 +36,7 @@ typedef struct entry {
 typedef struct {
     char name[SESSION_ID_MAX];
     char last_id[64];             /* last applied (or skipped) stream id */
-    bool loaded;                  /* last_id read from the .pos file */
+    bool loaded;                  /* last_id recovered from the store (pos_load) */
     bool warned;                  /* "namespace unavailable" logged */
 } ns_state;
 
@@ -319,41 +318,43 @@ static void *publisher(void *arg)
 
 /* ---- applier ---------------------------------------------------------------- */
 
-static void pos_path(const char *ns, char *out, size_t cap)
+/* Stream ids "<ms>-<seq>" compared numerically. */
+static int sid_cmp(const char *x, const char *y)
 {
-    snprintf(out, cap, "%s/replication/%s.pos", R.srv->cfg.data_dir, ns);
+    unsigned long long xm = 0, xs = 0, ym = 0, ys = 0;
+    sscanf(x, "%llu-%llu", &xm, &xs);
+    sscanf(y, "%llu-%llu", &ym, &ys);
+    return xm < ym ? -1 : xm > ym ? 1 : xs < ys ? -1 : xs > ys ? 1 : 0;
 }
 
+/* The position of a namespace is in the namespace itself: every applied
+ * entry is a document "repl:<origin>:<stream id>:<n>:<origin doc>" of the
+ * store, logged and fsynced with its pairs (one ADD record, whole or torn
+ * away), so the last applied entry is the largest stream id whose document
+ * holds its n pairs -- exact after any crash, no separate file to lose. */
 static void pos_load(ns_state *s)
 {
-    char path[1400];
     snprintf(s->last_id, sizeof s->last_id, "0");
     s->loaded = true;
-    if (!R.srv->cfg.data_dir[0]) return;
-    pos_path(s->name, path, sizeof path);
-    FILE *f = fopen(path, "r");
-    if (!f) return;
-    char id[64];
-    if (fscanf(f, "%63s", id) == 1 && strspn(id, "0123456789-") == strlen(id))
-        snprintf(s->last_id, sizeof s->last_id, "%s", id);
-    fclose(f);
-}
-
-/* Written after the applied pairs are durable in the store (a crash in
- * between re-applies at most one batch after restart). */
-static void pos_save(const ns_state *s)
-{
-    if (!R.srv->cfg.data_dir[0]) return;
-    char dir[1200], path[1400], tmp[1500];
-    snprintf(dir, sizeof dir, "%s/replication", R.srv->cfg.data_dir);
-    mkdir(dir, 0750);
-    pos_path(s->name, path, sizeof path);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return;
-    int ok = fprintf(f, "%s\n", s->last_id) > 0;
-    ok = (fflush(f) == 0) && ok && fsync(fileno(f)) == 0;
-    if (fclose(f) == 0 && ok) rename(tmp, path);
+    char err[NC_ERRLEN];
+    nsref *ref = namespaces_acquire(R.srv, s->name, false, err, sizeof err);
+    if (!ref)
+        return;   /* not here yet: everything from the start */
+    nc_nsstore *st = nsref_store(ref);
+    uint32_t n = nsstore_doc_count(st);
+    char id[1200];
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t pairs = 0;
+        if (nsstore_doc_info(st, i, id, sizeof id, &pairs) != NC_OK || strncmp(id, "repl:", 5) != 0)
+            continue;
+        char origin[64], sid[64];
+        unsigned long long cnt = 0;
+        if (sscanf(id + 5, "%63[^:]:%63[0-9-]:%llu:", origin, sid, &cnt) != 3 || pairs != cnt)
+            continue;
+        if (sid_cmp(sid, s->last_id) > 0)
+            snprintf(s->last_id, sizeof s->last_id, "%s", sid);
+    }
+    namespaces_release(R.srv, ref);
 }
 
 static const redisReply *field(const redisReply *kv, const char *name)
@@ -366,8 +367,7 @@ static const redisReply *field(const redisReply *kv, const char *name)
 
 /* Applies one entry of another replica into the store; returns the log
  * sequence to sync (0 = none). */
-static uint64_t apply_entry(nc_nsstore *st, const char *sid, const redisReply *kv, uint32_t *doc_cache,
-                            char *doc_cache_id, size_t doc_cache_len)
+static uint64_t apply_entry(nc_nsstore *st, const char *sid, const redisReply *kv)
 {
     const redisReply *o = field(kv, "o"), *d = field(kv, "d"), *f = field(kv, "f"), *n = field(kv, "n"),
                      *m = field(kv, "m"), *w = field(kv, "w"), *k = field(kv, "k");
@@ -405,17 +405,17 @@ static uint64_t apply_entry(nc_nsstore *st, const char *sid, const redisReply *k
         memcpy(&h, kh + i, 2);
         keys[i] = nc_half_to_float(h);
     }
-    /* The document as "repl:<origin>:<doc>" (cached while consecutive). */
-    char docid[1200];
-    snprintf(docid, sizeof docid, "repl:%s:%s", o->str, d->str);
-    if (rc == NC_OK && strcmp(docid, doc_cache_id) != 0) {
-        rc = nsstore_doc_begin(st, docid, strlen(docid), doc_cache, NULL, 0, err, sizeof err);
-        if (rc == NC_OK) snprintf(doc_cache_id, doc_cache_len, "%s", docid);
-        else doc_cache_id[0] = 0;
-    }
+    /* One document per entry, naming it: the namespace's own record of
+     * how far it has applied the stream (pos_load). */
+    char docid[1300];
+    uint32_t doc = 0;
+    snprintf(docid, sizeof docid, "repl:%s:%s:%zu:%s", o->str, sid, cnt, d->str);
+    size_t dl = strlen(docid);
+    if (rc == NC_OK)
+        rc = nsstore_doc_begin(st, docid, dl > 1024 ? 1024 : dl, &doc, NULL, 0, err, sizeof err);
     if (rc == NC_OK) {
         applying = 1;
-        rc = nsstore_add(st, keys, ids, cnt, *doc_cache, off, &seq, err, sizeof err);
+        rc = nsstore_add(st, keys, ids, cnt, doc, off, &seq, err, sizeof err);
         applying = 0;
     }
     if (rc == NC_OK) {
@@ -463,9 +463,6 @@ static void *applier(void *arg)
     (void)arg;
     redisContext *c = NULL;
     double last_refresh = 0;
-    uint32_t doc_cache = 0;
-    char doc_cache_id[1200] = "";
-    nc_nsstore *doc_cache_store = NULL;
     char ctl_key[200], ctl_id[64] = "$";
     snprintf(ctl_key, sizeof ctl_key, "%sctl", R.prefix);
     while (!atomic_load(&R.stop)) {
@@ -482,11 +479,14 @@ static void *applier(void *arg)
             if (refresh_namespaces(c)) { redisFree(c); c = NULL; atomic_fetch_add(&R.redis_errors, 1); continue; }
             last_refresh = now_ms();
         }
+        /* Entries of R.ns never move and only this thread writes their
+         * positions: the lock only guards the count (attach appends under
+         * it while holding the registry's lock, which pos_load takes). */
         pthread_mutex_lock(&R.lock);
         int nns = R.nns;
+        pthread_mutex_unlock(&R.lock);
         for (int i = 0; i < nns; i++)
             if (!R.ns[i].loaded) pos_load(&R.ns[i]);
-        pthread_mutex_unlock(&R.lock);
         /* XREAD COUNT 256 BLOCK 500 STREAMS ctl k1..kn ctl_id id1..idn */
         int argc = 6 + 2 * (nns + 1);
         const char **argv = malloc((size_t)argc * sizeof *argv);
@@ -562,22 +562,16 @@ static void *applier(void *arg)
             }
             ns->warned = false;
             nc_nsstore *st = nsref_store(ref);
-            if (st != doc_cache_store) {
-                doc_cache_store = st;
-                doc_cache_id[0] = 0;
-            }
             uint64_t last_seq = 0;
             for (size_t e = 0; e < ents->elements; e++) {
                 const redisReply *en = ents->element[e];
                 if (en->type != REDIS_REPLY_ARRAY || en->elements != 2) continue;
-                uint64_t seq = apply_entry(st, en->element[0]->str, en->element[1], &doc_cache,
-                                           doc_cache_id, sizeof doc_cache_id);
+                uint64_t seq = apply_entry(st, en->element[0]->str, en->element[1]);
                 if (seq) last_seq = seq;
                 snprintf(ns->last_id, sizeof ns->last_id, "%s", en->element[0]->str);
             }
             if (last_seq && nsstore_sync(st, last_seq, err, sizeof err) != NC_OK)
                 slog(SLOG_WARN, "replication: sync failed", json_pack("{s:s,s:s}", "namespace", ns->name, "error", err));
-            pos_save(ns);
             namespaces_release(R.srv, ref);
         }
         freeReplyObject(r);

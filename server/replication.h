@@ -12,9 +12,10 @@
  *      holds bit-identical keys and answers the same distribution
  * and every replica applies the entries the others appended (into its own
  * durable namespace store, logged and fsync'ed like a local add, under the
- * document "repl:<origin>:<doc>"). The last applied stream id of each
- * namespace is kept in <data_dir>/replication/<namespace>.pos, so a restarted
- * replica catches up from there. Consistency is eventual: an add is visible
+ * document "repl:<origin>:<stream id>:<n>:<doc>", one per entry). Those
+ * documents are the replica's position: logged with the pairs, they tell a
+ * restarted replica, even one killed mid-batch, exactly which entries it
+ * holds, and it resumes after the last. Consistency is eventual: an add is visible
  * locally as soon as it is acknowledged, on the other replicas after the
  * replication lag (measured: /v1/replication, /metrics).
  *

@@ -241,6 +241,33 @@ TEST(restarted_replica_catches_up)
     free(pb);
 }
 
+/* SIGKILL the moment the pairs are visible (before or after their fsync,
+ * whichever comes first): after the restart the replica has every pair
+ * exactly once -- its position lives in the namespace's own log. */
+TEST(killed_right_after_apply)
+{
+    for (int round = 0; round < 3; round++) {
+        long before = ns_entries(B.port, "news");
+        char doc[200];
+        snprintf(doc, sizeof doc, "round %d the zorblax and the quibble sat on the mat .\n", round);
+        CHECK(upload(A.port, "news", doc) == 200);
+        long na = ns_entries(A.port, "news");
+        double t0 = now_s();
+        while (ns_entries(B.port, "news") == before && now_s() - t0 < 10) {}
+        kill(B.pid, SIGKILL);
+        waitpid(B.pid, NULL, 0);
+        B.pid = 0;
+        char cmd[400];   /* its scratch dir (the data dir is ours, kept) */
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", B.dir);
+        if (strncmp(B.dir, "/tmp/nc-test-", 13) == 0 && system(cmd)) {}
+        CHECK(start(&B, "b", model_dir) == 0);
+        CHECK(wait_entries(B.port, "news", na, 10) >= 0);
+        sleep_ms(300);
+        CHECKF(ns_entries(B.port, "news") == na, "round %d: %ld entries, %ld expected", round,
+               ns_entries(B.port, "news"), na);
+    }
+}
+
 TEST(other_model_refused)
 {
     /* A replica of another model (same shape, other weights) on the same
@@ -285,6 +312,7 @@ int main(void)
         RUN(document_reaches_other_replica);
         RUN(adds_on_b_reach_a);
         RUN(restarted_replica_catches_up);
+        RUN(killed_right_after_apply);
         RUN(other_model_refused);
         if (harness_failed) { daemon_dump_log(&A); daemon_dump_log(&B); }
         daemon_stop(&B);
