@@ -222,6 +222,11 @@ int stream_predict(nc_stream *s, bool shares, nc_dist *out, char *err, size_t er
     return stream_predict_logits(s, s->logits, shares, out, err, errlen);
 }
 
+const nc_ncache *stream_neural(const nc_stream *s)
+{
+    return s->neural.size && s->p.neural_size > 0 ? &s->neural : NULL;
+}
+
 const float *stream_h(const nc_stream *s)
 {
     return s->has_h ? lstm_state_top(s->st) : NULL;

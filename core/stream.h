@@ -46,6 +46,10 @@ int stream_predict(nc_stream *s, bool shares, nc_dist *out, char *err, size_t er
 /* The decoder input h_t (top layer output, [H]; valid until the stream
  * changes), or NULL if the stream has no h yet. */
 const float *stream_h(const nc_stream *s);
+/* The neural cache's ring (oldest pair first; pair i holds the key before
+ * token position stream_position - count + i and that token), NULL when the
+ * stream has none. Borrowed; valid until the stream changes. */
+const nc_ncache *stream_neural(const nc_stream *s);
 /* stream_predict with the decoder logits W h_t + b ([V]) already computed by
  * the caller, so that a server can batch the decoder products of many
  * streams into one GEMM (lstm_logits_batch). */

@@ -424,6 +424,60 @@ int namespaces_sync(nc_session *s, uint64_t seq, char *err, size_t errlen)
     return r ? nsstore_sync(r->store, seq, err, errlen) : NC_OK;
 }
 
+/* The neural cache's part of explain: the window pairs that carry each
+ * predicted word with the largest softmax_i(theta h.h_i) (Grave, Joulin,
+ * Usunier 2017, eq. 2), by their token position in the session. */
+static void explain_neural(nc_session *s, const float *h, const int *ids, size_t k, json_t *out)
+{
+    const nc_ncache *c = stream_neural(s->stream);
+    const nc_cache_params *p = &s->params;
+    if (!c || c->count == 0)
+        return;
+    float *dots = malloc((size_t)c->count * sizeof *dots);
+    int *vals = malloc((size_t)c->count * sizeof *vals);
+    if (!dots || !vals) {
+        free(dots);
+        free(vals);
+        return;
+    }
+    int cnt = ncache_dots(c, h, dots);
+    ncache_export(c, NULL, vals);
+    int w = cnt < p->neural_size ? cnt : p->neural_size, first = cnt - w;
+    double mx = -INFINITY, total = 0;
+    for (int i = first; i < cnt; i++)
+        mx = fmax(mx, (double)p->neural_theta * dots[i]);
+    for (int i = first; i < cnt; i++)
+        total += exp((double)p->neural_theta * dots[i] - mx);
+    int64_t pos = stream_position(s->stream);
+    for (size_t q = 0; q < k && total > 0; q++) {
+        int picked[EXPLAIN_PER_WORD], np = 0;
+        for (int t = 0; t < EXPLAIN_PER_WORD; t++) {
+            int best = -1;
+            for (int i = first; i < cnt; i++) {
+                if (vals[i] != ids[q])
+                    continue;
+                bool dup = false;
+                for (int j = 0; j < np; j++)
+                    dup |= picked[j] == i;
+                if (!dup && (best < 0 || dots[i] > dots[best]))
+                    best = i;
+            }
+            if (best < 0)
+                break;
+            picked[np++] = best;
+        }
+        for (int j = 0; j < np; j++) {
+            int i = picked[j];
+            json_array_append_new(json_array_get(out, q),
+                                  json_pack("{s:s,s:I,s:f}", "source", "neural", "position",
+                                            (json_int_t)(pos - cnt + i),
+                                            "weight", exp((double)p->neural_theta * dots[i] - mx) / total));
+        }
+    }
+    free(dots);
+    free(vals);
+}
+
 json_t *namespaces_explain(nc_session *s, const int *ids, size_t k)
 {
     json_t *out = json_array();
@@ -432,6 +486,8 @@ json_t *namespaces_explain(nc_session *s, const int *ids, size_t k)
     nsref *r = s->ns_ref;
     const float *h = stream_h(s->stream);
     const nc_cache_params *p = &s->params;
+    if (out && h && k > 0)
+        explain_neural(s, h, ids, k, out);
     if (!out || !r || !h || !p->unbounded || k == 0)
         return out;
     int kn = p->knn;

@@ -3,7 +3,7 @@
  * not in another; explain points at the document and offset; feed with
  * adapt; NDJSON uploads and their errors; a chunked upload of many MB keeps
  * the daemon's peak RSS bounded and adds every token (size from
- * NEUROCACHE_STREAM_MB, default 3; BENCHMARKS.md records 50); a restart
+ * NEUROCACHE_STREAM_MB, default 2; BENCHMARKS.md records 50); a restart
  * after a clean shutdown gives identical predictions; corrupt files at
  * start-up. */
 #include <curl/curl.h>
@@ -176,6 +176,37 @@ TEST(oov_word_from_streamed_document)
     CHECK(daemon_stop(&d) == 0);
 }
 
+/* explain for the neural cache: the session position of the pairs */
+TEST(explain_neural_positions)
+{
+    nc_daemon d;
+    CHECK(start(&d, NULL) == 0);
+    long st;
+    json_decref(post(&d, "/v1/sessions", "{\"id\":\"nn\",\"cache\":{\"neural_size\":100,\"neural_lambda\":0.5}}", &st));
+    CHECK(st == 201);
+    json_t *p = feed_predict(&d, "nn", "w1 w2 w9 w5 w1 w2 w9 w6 w1 w2", "{\"top_k\":50,\"explain\":true}");
+    json_t *ps = json_object_get(p, "predictions"), *it;
+    size_t i;
+    int checked = 0;
+    json_array_foreach(ps, i, it) {
+        if (strcmp(json_string_value(json_object_get(it, "word")), "w9") != 0)
+            continue;
+        json_t *ex = json_object_get(it, "explain");
+        /* w9 sits at positions 2 and 6 of the session */
+        CHECK(json_array_size(ex) == 2);
+        for (size_t k = 0; k < json_array_size(ex); k++) {
+            json_t *e = json_array_get(ex, k);
+            long pos = (long)json_integer_value(json_object_get(e, "position"));
+            CHECK(strcmp(json_string_value(json_object_get(e, "source")), "neural") == 0);
+            CHECKF(pos == 2 || pos == 6, "position %ld", pos);
+            checked++;
+        }
+    }
+    CHECK(checked == 2);
+    json_decref(p);
+    CHECK(daemon_stop(&d) == 0);
+}
+
 TEST(feed_adapt_and_restart_identical)
 {
     nc_daemon d;
@@ -331,7 +362,7 @@ static long proc_kb(pid_t pid, const char *key)
 TEST(chunked_stream_bounded_rss)
 {
     const char *mb_env = getenv("NEUROCACHE_STREAM_MB");
-    long mb = mb_env ? atol(mb_env) : 3;
+    long mb = mb_env ? atol(mb_env) : 2;
     nc_daemon d;
     const char *args[] = {"--model", model_dir, "--data-dir", data_dir, "--fsync", "group",
                           "--index-factory", "IVF64,PQ8np", "--index-train-self", "true",
@@ -475,6 +506,7 @@ int main(void)
         return 1;
     httpc_init();
     RUN(oov_word_from_streamed_document);
+    RUN(explain_neural_positions);
     RUN(feed_adapt_and_restart_identical);
     RUN(ndjson_and_errors);
     RUN(chunked_stream_bounded_rss);
