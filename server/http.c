@@ -220,6 +220,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             const auth_key *akey;   /* API keys: checked before any of the body is used */
             if (auth_check(srv, req, &routes[sr], &akey, &aresp) != 0)
                 return send_response(conn, req, &aresp, NULL);
+            /* An upload of any length is processed as it arrives: a piece can
+             * take long (the index's switch to IVF trains it), so the idle
+             * timeout must not cut the connection meanwhile. */
+            MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)0);
             return MHD_YES;
         }
         /* A declared length over the limit is refused before reading it. */
