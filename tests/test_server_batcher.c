@@ -1,0 +1,173 @@
+/* test_server_batcher.c -- the predict batcher (server/batcher.c) in
+ * process, with batches forced deterministically: a blocking job holds the
+ * only batch thread while predictions queue, so the next batch takes them
+ * all (one GEMM). Each job checks the logits it is handed against the
+ * stream's own unbatched prediction; a session queued twice waits for a
+ * later batch; a stopped batcher runs jobs inline. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "batcher.h"
+#include "harness.h"
+
+#define NS 8
+
+typedef struct {
+    batch_job job;
+    int batched;                  /* logits were handed (not NULL) */
+    double worst;                 /* max |p_batched - p_alone| */
+    int rc;
+    int done;
+    int order;                    /* completion order */
+} pjob;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static int blocker_in, blocker_release, completed;
+
+static void predict_run(batch_job *j, const float *logits)
+{
+    pjob *p = (pjob *)j;
+    char err[NC_ERRLEN];
+    nc_dist a, b;
+    dist_init(&a);
+    dist_init(&b);
+    p->batched = logits != NULL;
+    p->rc = logits ? stream_predict_logits(j->s->stream, logits, true, &a, err, sizeof err)
+                   : stream_predict(j->s->stream, true, &a, err, sizeof err);
+    if (p->rc == NC_OK && stream_predict(j->s->stream, true, &b, err, sizeof err) == NC_OK && a.n == b.n) {
+        for (size_t w = 0; w < a.n; w++)
+            p->worst = fmax(p->worst, fabs((double)a.p[w] - (double)b.p[w]));
+    } else {
+        p->worst = 1;
+    }
+    dist_free(&a);
+    dist_free(&b);
+}
+
+static void predict_done(batch_job *j)
+{
+    pjob *p = (pjob *)j;
+    pthread_mutex_lock(&mu);
+    p->done = 1;
+    p->order = completed++;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+}
+
+/* Holds the batch thread inside run until released. */
+static void blocker_run(batch_job *j, const float *logits)
+{
+    (void)j, (void)logits;
+    pthread_mutex_lock(&mu);
+    blocker_in = 1;
+    pthread_cond_broadcast(&cv);
+    while (!blocker_release) pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+}
+
+static void wait_completed(int n)
+{
+    pthread_mutex_lock(&mu);
+    while (completed < n) pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+}
+
+TEST(batches_match_unbatched)
+{
+    char dir[600], err[NC_ERRLEN];
+    snprintf(dir, sizeof dir, "%s/lstm-2layer", harness_fixtures());
+    nc_model *m = NULL;
+    CHECKF(model_load(dir, &m, err, sizeof err) == NC_OK, "%s", err);
+    if (!m) return;
+    nc_cache_params p;
+    cache_params_default(&p);
+    p.neural_size = 20;
+    p.neural_lambda = 0.3f;
+    p.unigram_size = 10;
+    static const char *texts[NS] = {"w1 w2 w3", "w4 w5 w4 w5", "w7\nw8", "w10 w11 w12", "w1 w14 w15",
+                                    "w15 w15", "w16 w17\n", "w18 w19 w20 w18"};
+    nc_session s[NS + 1];
+    memset(s, 0, sizeof s);
+    for (int i = 0; i <= NS; i++) {
+        pthread_mutex_init(&s[i].lock, NULL);
+        CHECK(stream_new(m, &p, NULL, NULL, true, &s[i].stream, err, sizeof err) == NC_OK);
+        if (i < NS) {
+            nc_tokens t;
+            tokens_init(&t);
+            CHECK(tokenize(m, texts[i], strlen(texts[i]), false, &t, err, sizeof err) == NC_OK);
+            CHECK(stream_feed(s[i].stream, &t, false, NULL, err, sizeof err) == NC_OK);
+            tokens_clear(&t);
+        }
+    }
+    batcher *b = batcher_new(m, 1, 64);
+    CHECK(b != NULL);
+    if (!b) return;
+
+    /* 1. A blocker holds the thread (on session NS); eight predictions and a
+     * second one on session 0 queue; then one batch takes them. */
+    pjob blocker = {.job = {.s = &s[NS], .run = blocker_run, .done = predict_done}};
+    batcher_submit(b, &blocker.job);
+    pthread_mutex_lock(&mu);
+    while (!blocker_in) pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+    pjob jobs[NS + 1];
+    memset(jobs, 0, sizeof jobs);
+    for (int i = 0; i <= NS; i++) {
+        jobs[i].job = (batch_job){.s = &s[i < NS ? i : 0], .run = predict_run, .done = predict_done};
+        batcher_submit(b, &jobs[i].job);
+    }
+    pthread_mutex_lock(&mu);
+    blocker_release = 1;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+    wait_completed(NS + 2);
+    uint64_t batches = 0, njobs = 0;
+    batcher_stats(b, &batches, &njobs);
+    /* blocker alone, the eight sessions in one GEMM, session 0's second job
+     * (its lock was taken in that batch) alone after it */
+    CHECKF(batches == 3 && njobs == NS + 2, "%llu batches, %llu jobs", (unsigned long long)batches,
+           (unsigned long long)njobs);
+    for (int i = 0; i <= NS; i++) {
+        CHECK(jobs[i].done && jobs[i].rc == NC_OK && jobs[i].batched);
+        CHECKF(jobs[i].worst <= 1e-6, "job %d: batched differs by %g", i, jobs[i].worst);
+    }
+    CHECK(jobs[NS].order == NS + 1);   /* the duplicate ran last */
+
+    /* 2. A stream with no h (bos false, nothing fed): NULL logits, and the
+     * job's own stream_predict reports it. */
+    nc_session empty;
+    memset(&empty, 0, sizeof empty);
+    pthread_mutex_init(&empty.lock, NULL);
+    CHECK(stream_new(m, &p, NULL, NULL, false, &empty.stream, err, sizeof err) == NC_OK);
+    pjob ej = {.job = {.s = &empty, .run = predict_run, .done = predict_done}};
+    batcher_submit(b, &ej.job);
+    wait_completed(NS + 3);
+    CHECK(ej.done && !ej.batched && ej.rc == NC_ESTATE);
+
+    /* 3. Stopped: a job runs inline in the submitting thread. */
+    batcher_stop(b);
+    pjob late = {.job = {.s = &s[1], .run = predict_run, .done = predict_done}};
+    batcher_submit(b, &late.job);
+    CHECK(late.done && late.rc == NC_OK && !late.batched && late.worst == 0);
+    batcher_free(b);
+    batcher_free(NULL);
+    CHECK(batcher_new(m, 0, 4) == NULL && batcher_new(m, 1, 0) == NULL);
+
+    for (int i = 0; i <= NS; i++) {
+        stream_free(s[i].stream);
+        pthread_mutex_destroy(&s[i].lock);
+    }
+    stream_free(empty.stream);
+    pthread_mutex_destroy(&empty.lock);
+    model_free(m);
+}
+
+int main(void)
+{
+    RUN(batches_match_unbatched);
+    return harness_summary();
+}
