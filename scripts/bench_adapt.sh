@@ -65,6 +65,19 @@ for fs in group none; do
     HWM=$(grep VmHWM /proc/$PID/status | awk '{print $2}')
     INFO=$(curl -s "http://127.0.0.1:$PORT/v1/namespaces/bench")
     echo "fsync=$fs: $TOK tokens in $(printf '%.1f' "$(echo "$t1 - $t0" | bc)") s = $(printf '%.0f' "$(echo "$TOK / ($t1 - $t0)" | bc -l)") tokens/s; daemon peak RSS $((HWM / 1024)) MB; $(echo "$INFO" | grep -o '"index":{[^}]*}')"
+    if [ "$fs" = group ]; then
+        # two uploads at once (one per core), into a second namespace
+        L=$(wc -l < "$BODY"); split -l $(((L + 1) / 2)) "$BODY" "$TMP/half."
+        t0=$(date +%s.%N)
+        for h in "$TMP"/half.*; do
+            curl -sS -H 'Content-Type: text/plain' -H 'Transfer-Encoding: chunked' --data-binary @"$h" \
+                "http://127.0.0.1:$PORT/v1/namespaces/bench2/documents" > "$h.out" &
+        done
+        wait $(jobs -p | grep -v "^$PID\$") 2>/dev/null || true
+        t1=$(date +%s.%N)
+        TOK2=$(cat "$TMP"/half.*.out | grep -o '"tokens_added":[0-9]*' | cut -d: -f2 | paste -sd+ | bc)
+        echo "fsync=$fs, 2 concurrent uploads: $TOK2 tokens in $(printf '%.1f' "$(echo "$t1 - $t0" | bc)") s = $(printf '%.0f' "$(echo "$TOK2 / ($t1 - $t0)" | bc -l)") tokens/s"
+    fi
     kill "$PID"; wait "$PID" || true; PID=
     rm -f "$TMP/port"
 done
