@@ -869,6 +869,18 @@ static void h_completions(nc_server *srv, http_request *req, http_response *resp
 
 /* ---- the route table ---------------------------------------------------- */
 
+/* The last row: 405 with the methods the path allows, else 404. */
+static void h_unmatched(nc_server *srv, http_request *req, http_response *resp)
+{
+    (void)srv;
+    if (req->allow[0])
+        http_reply_error(resp, API_METHOD_NOT_ALLOWED, "method %s is not allowed on %s (allowed: %s)",
+                         req->method, req->url, req->allow);
+    else
+        http_reply_error(resp, API_NOT_FOUND, "no route for %s %s", req->method, req->url);
+}
+
+
 #define J ROUTE_JSON
 #define M ROUTE_NEEDS_MODEL
 static const http_route route_table[] = {
@@ -896,6 +908,8 @@ static const http_route route_table[] = {
     {"DELETE", "/v1/namespaces/{ns}", h_ns_delete, "namespaces_delete", M},
     {"GET", "/v1/namespaces/{ns}/documents", h_ns_docs_list, "documents_list", M},
     {"POST", "/v1/namespaces/{ns}/documents", h_ns_documents, "documents", ROUTE_STREAM | M},
+    /* last: everything else is 404 or 405 */
+    {NULL, NULL, h_unmatched, "unmatched", 0},
 };
 #undef J
 #undef M

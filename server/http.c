@@ -155,7 +155,8 @@ void http_resume(http_request *req, http_response *resp)
 }
 
 /* Finds the route: index >= 0, or -1 (no pattern matches: 404) or -2 (a
- * pattern matches with another method: 405, allowed methods in allow). */
+ * pattern matches with another method: 405, allowed methods in allow). The
+ * fallback row (method NULL, the table's last) is never matched here. */
 static int find_route(const char *method, const char *url, char params[][128], char *allow,
                       size_t allowlen)
 {
@@ -163,7 +164,7 @@ static int find_route(const char *method, const char *url, char params[][128], c
     allow[0] = 0;
     for (int i = 0; i < nroutes; i++) {
         char tmp[HTTP_MAX_PARAMS][128];
-        if (!match(routes[i].pattern, url, tmp))
+        if (!routes[i].method || !match(routes[i].pattern, url, tmp))
             continue;
         if (strcmp(routes[i].method, method) == 0) {
             memcpy(params, tmp, sizeof tmp);
@@ -175,6 +176,15 @@ static int find_route(const char *method, const char *url, char params[][128], c
             snprintf(allow + l, allowlen - l, "%s%s", l ? ", " : "", routes[i].method);
     }
     return path_match ? -2 : -1;
+}
+
+/* The fallback row (method NULL), -1 if the table has none. */
+static int fallback_route(void)
+{
+    for (int i = nroutes; i-- > 0;)
+        if (!routes[i].method)
+            return i;
+    return -1;
 }
 
 static int is_json_type(const char *ct)
@@ -291,13 +301,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     if (req->answered)
         return MHD_YES;
-    char allow[64];
-    req->route = find_route(method, url, req->params, allow, sizeof allow);
-    if (req->route == -1)
-        return answer_error(conn, req, API_NOT_FOUND, NULL, "no route for %s %s", method, url);
-    if (req->route == -2)
-        return answer_error(conn, req, API_METHOD_NOT_ALLOWED, allow,
-                            "method %s is not allowed on %s (allowed: %s)", method, url, allow);
+    req->route = find_route(method, url, req->params, req->allow, sizeof req->allow);
+    if (req->route < 0) {
+        /* The table's last row answers 404/405 (req->allow says which). */
+        int fb = fallback_route();
+        if (fb >= 0) {
+            req->route = fb;
+            http_response resp = {.status = 500};
+            routes[fb].handler(srv, req, &resp);
+            return send_response(conn, req, &resp, resp.status == 405 ? req->allow : NULL);
+        }
+        if (!req->allow[0])
+            return answer_error(conn, req, API_NOT_FOUND, NULL, "no route for %s %s", method, url);
+        return answer_error(conn, req, API_METHOD_NOT_ALLOWED, req->allow,
+                            "method %s is not allowed on %s (allowed: %s)", method, url, req->allow);
+    }
     if (req->too_large)
         return answer_error(conn, req, API_BODY_TOO_LARGE, NULL,
                             "request body is over the limit of %ld bytes", srv->cfg.max_body_bytes);
@@ -345,7 +363,9 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!req)
         return;
     double dt = now_s() - req->t0;
-    int ep = req->route >= 0 ? req->route : nroutes; /* misses share one label */
+    /* answered before routing (413 on Content-Length): the misses' label */
+    int fb = fallback_route();
+    int ep = req->route >= 0 ? req->route : fb >= 0 ? fb : nroutes;
     if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK || req->status)
         metrics_request(ep, req->status, dt);
     if (srv->cfg.log_requests && slog_enabled(SLOG_INFO))
@@ -386,7 +406,8 @@ int http_start(nc_server *srv, const http_route *rts, int n, char *err, size_t e
     int ne = 0;
     for (int i = 0; i < n && ne < METRICS_MAX_ENDPOINTS - 1; i++)
         names[ne++] = rts[i].endpoint;
-    names[ne++] = "unmatched";
+    if (fallback_route() < 0)
+        names[ne++] = "unmatched";    /* misses, without a fallback row */
     metrics_init(names, ne);
 
     struct sockaddr_storage ss;

@@ -27,6 +27,7 @@ typedef struct http_request {
     unsigned status;              /* answered status, for metrics */
     bool answered;                /* a response is queued */
     bool deferred;                /* suspended: another thread answers (http_defer) */
+    char allow[64];               /* no route: methods the path allows ("" = none: 404) */
     void *later;                  /* that answer (http_response *), set by http_resume */
     const char *chunk;            /* ROUTE_STREAM: the piece of body being handed */
     size_t chunk_len;
@@ -55,8 +56,10 @@ enum {
                                    * once with resp to answer */
 };
 
+/* The table's last row has method NULL: its handler answers every request
+ * no other row takes, 404 or 405 (req->allow lists the path's methods). */
 typedef struct {
-    const char *method;           /* "GET", "POST", "DELETE" */
+    const char *method;           /* "GET", "POST", "DELETE"; NULL = the fallback */
     const char *pattern;          /* "/v1/sessions/{id}/feed" */
     http_handler handler;
     const char *endpoint;         /* metrics label */

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define METRICS_MAX_ENDPOINTS 32
+#define METRICS_MAX_ENDPOINTS 64
 
 /* endpoints: names used as the "endpoint" label (borrowed, must outlive the
  * metrics), at most METRICS_MAX_ENDPOINTS. Call once before serving. */

@@ -681,10 +681,19 @@ TEST(one_session_serialised)
 TEST(metrics_exposed)
 {
     http_resp r;
+    /* the route table's last row answers what no route takes */
+    CHECK(http_json(D.port, "GET", "/no/such/path", NULL, &r) == 0 && r.status == 404);
+    CHECK(strcmp(http_error_code(&r), "not_found") == 0);
+    http_resp_free(&r);
+    CHECK(http_json(D.port, "DELETE", "/v1/score", NULL, &r) == 0 && r.status == 405);
+    CHECK_STR_CONTAINS(str(r.allow), "POST");
+    http_resp_free(&r);
     CHECK(http_json(D.port, "GET", "/metrics", NULL, &r) == 0 && r.status == 200);
     CHECK_STR_CONTAINS(str(r.content_type), "text/plain");
     CHECK_STR_CONTAINS(r.body, "neurocache_requests_total{endpoint=\"score\",status=\"200\"}");
     CHECK_STR_CONTAINS(r.body, "neurocache_request_duration_seconds_bucket{endpoint=\"predict\",le=\"+Inf\"}");
+    CHECK_STR_CONTAINS(r.body, "neurocache_requests_total{endpoint=\"unmatched\",status=\"404\"} ");
+    CHECK_STR_CONTAINS(r.body, "neurocache_requests_total{endpoint=\"unmatched\",status=\"405\"} ");
     CHECK_STR_CONTAINS(r.body, "neurocache_tokens_fed_total");
     CHECK_STR_CONTAINS(r.body, "neurocache_tokens_scored_total");
     CHECK_STR_CONTAINS(r.body, "neurocache_sessions_active");
