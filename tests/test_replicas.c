@@ -715,7 +715,7 @@ int main(void)
     if (harness_failed)
         for (int i = 0; i < NREP; i++) if (rep[i].pid > 0) daemon_dump_log(&rep[i]);
     for (int i = 0; i < NREP; i++)
-        if (rep[i].pid > 0) daemon_stop(&rep[i]);
+        if (rep[i].pid > 0) CHECKF(daemon_stop(&rep[i]) == 0, "replica %s did not exit cleanly", TAGS[i]);
     if (nginx_pid > 0) {
         kill(nginx_pid, SIGTERM);
         waitpid(nginx_pid, NULL, 0);

@@ -315,8 +315,8 @@ int main(void)
         RUN(killed_right_after_apply);
         RUN(other_model_refused);
         if (harness_failed) { daemon_dump_log(&A); daemon_dump_log(&B); }
-        daemon_stop(&B);
-        daemon_stop(&A);
+        CHECK(daemon_stop(&B) == 0);
+        CHECK(daemon_stop(&A) == 0);
     }
     if (redis_pid > 0) {
         kill(redis_pid, SIGTERM);
