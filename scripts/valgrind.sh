@@ -10,15 +10,18 @@ out=build/valgrind
 mkdir -p "$out/bin"
 rm -f "$out"/vg.*.log
 root=$PWD
+# A private copy: other builds relinking bin/ during the run must not pull
+# the binary from under the tests.
+cp bin/neurocached "$out/neurocached.real" && cp bin/neurocache "$out/neurocache.real" || exit 1
 cat > "$out/bin/neurocached" <<WRAP
 #!/bin/sh
 exec valgrind --tool=memcheck --leak-check=full --show-leak-kinds=definite,indirect \\
     --errors-for-leak-kinds=definite,indirect --num-callers=30 \\
     --suppressions=$root/scripts/valgrind.supp \\
-    --log-file=$root/$out/vg.%p.log $root/bin/neurocached "\$@"
+    --log-file=$root/$out/vg.%p.log $root/$out/neurocached.real "\$@"
 WRAP
 chmod +x "$out/bin/neurocached"
-ln -sf "$root/bin/neurocache" "$out/bin/neurocache"
+ln -sf "$root/$out/neurocache.real" "$out/bin/neurocache"
 if [ $# -eq 0 ]; then
     set -- build/tests/test_server build/tests/test_http_badinput build/tests/test_auth \
            build/tests/test_namespace_server
