@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # bench_server.sh -- neurocached on loopback under the C load generator
 # (tests/bench_server.c): top-10 predict latency p50/p99 and predictions/s
-# with 1, 16 and 64 concurrent sessions (2,000-entry neural cache each), with
-# predict batching on and off, and scoring tokens/s through HTTP versus the
-# CLI. Markdown tables on stdout, for BENCHMARKS.md.
+# with 1, 16 and 64 concurrent sessions (2,000-entry neural cache each),
+# driven by the C client and by wrk, with predict batching on and off and
+# float32 / float16 neural keys, and scoring tokens/s through HTTP versus the
+# CLI. Each row also gives the daemon's CPU time per prediction, which stays
+# meaningful on a shared machine. Markdown tables on stdout, for
+# BENCHMARKS.md.
 #
 # Model: models/demo (the shipped 2 x 256 PTB model) when present, else a
 # random model of the same shape (speed does not depend on the weights).
@@ -29,10 +32,17 @@ echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 load=$(cut -d' ' -f1 /proc/loadavg)
 echo "load average before the run: $load"
 echo
-echo "### predict batching on (default), float32 neural keys"
+echo "### predict batching on (default), float32 neural keys; C client (a libcurl thread per session)"
 "$gen" "${model_args[@]}" --seconds "$SECONDS_PER_ROW" --clients 1,16,64 --score-tokens 50000
 echo
-echo "### predict batching on, float16 neural keys (\"neural_f16\": true)"
+if command -v wrk >/dev/null; then
+    echo "### same, wrk client (event loop: less client CPU on the shared cores)"
+    "$gen" "${model_args[@]}" --seconds "$SECONDS_PER_ROW" --clients 1,16,64 --wrk 1 --score-tokens 0
+    echo
+else
+    echo "(wrk not installed: wrk rows skipped)"
+fi
+echo "### float16 neural keys (\"neural_f16\": true: half the bytes read per prediction)"
 "$gen" "${model_args[@]}" --seconds "$SECONDS_PER_ROW" --clients 1,64 --f16 1 --score-tokens 0
 echo
 echo "### predict batching off (--batch-predict false): one decoder product per predict"

@@ -7,7 +7,7 @@
  * weights), written to a scratch directory unless --model is given. Each
  * session has a 2,000-entry neural cache, filled before measuring.
  *
- * usage: bench_server [--model DIR] [--seconds S] [--clients 1,16,64] [--batch 0|1] [--f16 0|1]
+ * usage: bench_server [--model DIR] [--seconds S] [--clients 1,16,64] [--batch 0|1] [--f16 0|1] [--wrk 0|1]
  *                     [--threads N] [--score-tokens N] [--neural N]
  * Bounded in time: about (3 + S per concurrency level) seconds plus scoring. */
 #include <curl/curl.h>
@@ -148,6 +148,8 @@ static long client_post(client *cl, const char *path, const char *body, size_t l
 typedef struct {
     int port, neural, id;
     double t_end, last_done;
+    char sid[128];                /* its session */
+    pthread_barrier_t *hold;      /* wrk mode: keep the session until wrk is done */
     double *lat;
     size_t n, cap;
     long errors;
@@ -227,6 +229,7 @@ static void *predict_worker(void *arg)
     free(fbs);
     json_decref(fb);
     free(text);
+    snprintf(w->sid, sizeof w->sid, "%s", id);
     pthread_barrier_wait(w->bar);     /* every session filled */
     pthread_barrier_wait(w->bar);     /* t_end set */
     snprintf(path, sizeof path, "/v1/sessions/%s/predict", id);
@@ -243,6 +246,8 @@ static void *predict_worker(void *arg)
         w->lat[w->n++] = dt;
         w->last_done = t0 + dt;
     }
+    if (w->hold)
+        pthread_barrier_wait(w->hold);
     snprintf(path, sizeof path, "/v1/sessions/%s", id);
     curl_easy_setopt(cl.c, CURLOPT_CUSTOMREQUEST, "DELETE");
     client_post(&cl, path, "", 0);
@@ -353,15 +358,6 @@ static void run_predict(int port, pid_t pid, int clients, double seconds, int ne
     pthread_barrier_destroy(&bar);
 }
 
-static void print_header(void)
-{
-    printf("| request | concurrent sessions | requests | predictions/s | p50 (ms) | p99 (ms) | mean batch "
-           "| daemon CPU/prediction (us) | 2 cores / that (pred/s) | client CPU/prediction (us) | errors |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
-}
-
-/* ---- scoring: HTTP vs CLI ---- */
-
 /* CPU seconds of terminated children (the CLI runs). */
 static double children_cpu(void)
 {
@@ -370,6 +366,107 @@ static double children_cpu(void)
     return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
            1e-6 * (double)ru.ru_stime.tv_usec;
 }
+
+/* wrk's latency "1.23ms" / "850.00us" / "1.02s" in seconds. */
+static double wrk_time(const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (!strncmp(end, "us", 2)) return v * 1e-6;
+    if (!strncmp(end, "ms", 2)) return v * 1e-3;
+    if (!strncmp(end, "s", 1)) return v;
+    if (!strncmp(end, "m", 1)) return v * 60;
+    return NAN;
+}
+
+/* The same predict load driven by wrk (an event-loop client: much less CPU
+ * per request than a libcurl thread each) over `clients` connections, each
+ * request on the next of the sessions, which bench_server's workers create
+ * and fill first. */
+static void run_predict_wrk(int port, pid_t pid, int clients, double seconds, int neural)
+{
+    worker *ws = calloc((size_t)clients, sizeof *ws);
+    pthread_t *th = calloc((size_t)clients, sizeof *th);
+    pthread_barrier_t bar, hold;
+    pthread_barrier_init(&bar, NULL, (unsigned)clients + 1);
+    pthread_barrier_init(&hold, NULL, (unsigned)clients + 1);
+    for (int i = 0; i < clients; i++) {
+        ws[i].port = port;
+        ws[i].neural = neural;
+        ws[i].id = i;
+        ws[i].bar = &bar;
+        ws[i].hold = &hold;
+        ws[i].t_end = 0;           /* their own loop does nothing */
+    }
+    for (int i = 0; i < clients; i++) pthread_create(&th[i], NULL, predict_worker, &ws[i]);
+    pthread_barrier_wait(&bar);
+    pthread_barrier_wait(&bar);
+    char lua[] = "/tmp/nc-bench-wrk-XXXXXX";
+    int fd = mkstemp(lua);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    long errors = 0;
+    for (int i = 0; i < clients; i++) errors += ws[i].errors;
+    if (f) {
+        fprintf(f, "ids = {");
+        for (int i = 0; i < clients; i++) fprintf(f, "%s\"%s\"", i ? "," : "", ws[i].sid);
+        fprintf(f, "}\nlocal nthreads = 0\n"
+                   "function setup(thread) thread:set(\"first\", nthreads); nthreads = nthreads + 1 end\n"
+                   "function init(args) counter = first * math.floor(#ids / 2) end\n"
+                   "function request()\n  counter = counter + 1\n"
+                   "  return wrk.format(\"POST\", \"/v1/sessions/\" .. ids[(counter %% #ids) + 1] .. \"/predict\",\n"
+                   "    {[\"Content-Type\"] = \"application/json\"}, '{\"top_k\":10}')\nend\n");
+        fclose(f);
+    }
+    double b0 = metric(port, "neurocache_predict_batches_total");
+    double j0 = metric(port, "neurocache_predict_batched_total");
+    double c0 = proc_cpu(pid), w0 = children_cpu();
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "wrk -t%d -c%d -d%.0fs --latency -s %s http://127.0.0.1:%d/ 2>&1",
+             clients < 2 ? 1 : 2, clients, seconds, lua, port);
+    FILE *p = popen(cmd, "r");
+    double rps = NAN, p50 = NAN, p99 = NAN;
+    long requests = 0, non2xx = 0;
+    char line[512];
+    while (p && fgets(line, sizeof line, p)) {
+        char unit[32];
+        double v;
+        if (sscanf(line, " 50%% %31s", unit) == 1) p50 = wrk_time(unit);
+        else if (sscanf(line, " 99%% %31s", unit) == 1) p99 = wrk_time(unit);
+        else if (sscanf(line, " %ld requests in", &requests) == 1) {}
+        else if (sscanf(line, " Non-2xx or 3xx responses: %ld", &non2xx) == 1) {}
+        else if (sscanf(line, "Requests/sec: %lf", &v) == 1) rps = v;
+    }
+    int rc = p ? pclose(p) : -1;
+    double c1 = proc_cpu(pid), w1 = children_cpu();
+    double b1 = metric(port, "neurocache_predict_batches_total");
+    double j1 = metric(port, "neurocache_predict_batched_total");
+    pthread_barrier_wait(&hold);
+    for (int i = 0; i < clients; i++) pthread_join(th[i], NULL);
+    unlink(lua);
+    if (rc != 0 || isnan(rps)) {
+        printf("| predict top-10 (wrk) | %d | wrk failed (exit %d) | | | | | | | | |\n", clients, rc);
+    } else {
+        double cpu = (c1 - c0) / (double)(requests ? requests : 1);
+        double ccpu = (w1 - w0) / (double)(requests ? requests : 1);
+        double batch = b1 > b0 ? (j1 - j0) / (b1 - b0) : NAN;
+        printf("| predict top-10 (wrk) | %d | %ld | %.0f | %.2f | %.2f | %.1f | %.0f | %.0f | %.0f | %ld |\n", clients,
+               requests, rps, p50 * 1e3, p99 * 1e3, batch, cpu * 1e6, 2.0 / cpu, ccpu * 1e6, errors + non2xx);
+    }
+    fflush(stdout);
+    free(ws);
+    free(th);
+    pthread_barrier_destroy(&bar);
+    pthread_barrier_destroy(&hold);
+}
+
+static void print_header(void)
+{
+    printf("| request | concurrent sessions | requests | predictions/s | p50 (ms) | p99 (ms) | mean batch "
+           "| daemon CPU/prediction (us) | 2 cores / that (pred/s) | client CPU/prediction (us) | errors |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+}
+
+/* ---- scoring: HTTP vs CLI ---- */
 
 /* The same document scored through POST /v1/score and `neurocache score`:
  * wall time (best of 3; the CLI's includes process start and model load)
@@ -433,7 +530,7 @@ int main(int argc, char **argv)
 {
     const char *model = NULL, *clients_s = "1,16,64", *threads = "2";
     double seconds = 3;
-    int score_tokens = 50000, neural = 2000, port = 0, batch = 1;
+    int score_tokens = 50000, neural = 2000, port = 0, batch = 1, use_wrk = 0;
     const char *keep_model = NULL;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model")) model = argv[i + 1];
@@ -445,6 +542,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--write-model")) keep_model = argv[i + 1];
         else if (!strcmp(argv[i], "--batch")) batch = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--f16")) f16 = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--wrk")) use_wrk = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--port")) port = atoi(argv[i + 1]);
         else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
     }
@@ -505,7 +603,10 @@ int main(int argc, char **argv)
     char cs[64];
     snprintf(cs, sizeof cs, "%s", clients_s);
     for (char *tok = strtok(cs, ","); tok; tok = strtok(NULL, ","))
-        run_predict(d.port, d.pid, atoi(tok), seconds, neural);
+        if (use_wrk)
+            run_predict_wrk(d.port, d.pid, atoi(tok), seconds, neural);
+        else
+            run_predict(d.port, d.pid, atoi(tok), seconds, neural);
     if (score_tokens > 0)
         run_score(d.port, d.pid, model, score_tokens);
     int rc = daemon_stop(&d);
