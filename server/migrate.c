@@ -347,10 +347,11 @@ static int id_tag(const char *id, char *out, size_t cap)
     return 1;
 }
 
-/* Ids safe to put in a peer URL (the route captured one path segment). */
+/* Session ids as POST /v1/sessions accepts them ([A-Za-z0-9_.-]), which
+ * are also safe to put in a peer URL. */
 static int id_url_safe(const char *id)
 {
-    return id[0] && strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.~") == strlen(id);
+    return id[0] && strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") == strlen(id);
 }
 
 /* ---- pull on miss ----------------------------------------------------------- */
@@ -537,7 +538,7 @@ void migrate_h_state_put(nc_server *srv, http_request *req, http_response *resp)
         return;
     }
     if (!id_url_safe(id) || strlen(id) >= SESSION_ID_MAX) {
-        http_reply_error(resp, API_OUT_OF_RANGE, "session id must be 1..%d characters of [A-Za-z0-9_.~-]",
+        http_reply_error(resp, API_OUT_OF_RANGE, "session id must be 1-%d characters of [A-Za-z0-9_.-]",
                          SESSION_ID_MAX - 1);
         return;
     }

@@ -235,6 +235,9 @@ TEST(state_refused)
     CHECK(strcmp(code, "state_model_mismatch") == 0);
     /* A bad id in the path. */
     CHECK(put_state(d.port, "bad%20id", blob, len, code, sizeof code) == 400);
+    CHECK(put_state(d.port, "a~b", blob, len, code, sizeof code) == 400);
+    CHECK(put_state(d.port, "x0123456789012345678901234567890123456789012345678901234567890123", blob, len,
+                    code, sizeof code) == 400);   /* 65 characters */
     /* Nothing was created by the refused ones; the good blob still works. */
     CHECK(session_count(d.port) == 1);
     CHECK(session_count(o.port) == 0);
