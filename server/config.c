@@ -44,6 +44,8 @@ static const config_option options[] = {
      "short tag ([a-z0-9], up to 15) put in session ids to route them to this replica"},
     {"server", "peers", OPT_STRING, OFF(peers), SZ(peers), 0, 0, NULL, "",
      "other replicas, tag=http://host:port comma-separated: sessions are pulled from them and handed to them on drain"},
+    {"server", "peer_key", OPT_STRING, OFF(peer_key), SZ(peer_key), 0, 0, NULL, "",
+     "API key sent to the peers (Bearer) when pulling or handing over sessions; with api_keys, an admin key of theirs"},
     {"server", "drain_grace", OPT_INT, OFF(drain_grace_s), 0, 0, 600, NULL, "0",
      "seconds SIGTERM keeps serving with /ready 503 (load balancer catches up) before handing sessions to peers"},
     {"replication", "redis", OPT_STRING, OFF(redis), SZ(redis), 0, 0, NULL, "",

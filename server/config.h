@@ -26,6 +26,7 @@ typedef struct {
     int drain_timeout_s;         /* SIGTERM: longest wait for in-flight work */
     char replica_tag[16];        /* prefix of session ids (scale-out) */
     char peers[2048];            /* other replicas: "tag=url,..." (server/migrate.h) */
+    char peer_key[128];          /* API key presented to the peers ("" = none) */
     int drain_grace_s;           /* SIGTERM: seconds serving with /ready 503 before hand-over */
     /* [replication] (server/replication.h) */
     char redis[256];             /* host:port of Redis; "" = no replication */

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <zlib.h>
 
+#include "auth.h"
 #include "metrics.h"
 #include "slog.h"
 
@@ -24,6 +25,7 @@ static struct {
     peer peers[MAX_PEERS];
     int npeers;
     uint64_t fingerprint;
+    char auth_header[160];        /* "Authorization: Bearer <peer_key>" or "" */
 } mg;
 
 /* ---- model fingerprint ------------------------------------------------ */
@@ -118,7 +120,7 @@ api_error migrate_decode(const nc_model *m, uint64_t fingerprint, sessions *t, c
                          size_t len, nc_stream **out, void **ns_ref, char *ns, size_t nslen,
                          char *err, size_t errlen)
 {
-    *out = NULL;
+    if (out) *out = NULL;
     *ns_ref = NULL;
     if (nslen) ns[0] = 0;
     const unsigned char *b = blob;
@@ -170,6 +172,8 @@ api_error migrate_decode(const nc_model *m, uint64_t fingerprint, sessions *t, c
     uint64_t sl;
     memcpy(&sl, p, 8), p += 8;
     if (sl != (uint64_t)(end - p)) goto truncated;
+    if (!out)
+        return API_OK;   /* the envelope only (namespace for a key check) */
     char msg[NC_ERRLEN] = "";
     nc_ubcache *ub = NULL;
     if (t && sessions_bind(t, ns, &ub, ns_ref, msg, sizeof msg) != 0) {
@@ -239,6 +243,8 @@ int migrate_http(const char *method, const char *url, const void *body, size_t l
     snprintf(ct, sizeof ct, "Content-Type: %s", content_type ? content_type : "application/octet-stream");
     hdr = curl_slist_append(hdr, ct);
     hdr = curl_slist_append(hdr, "Expect:");
+    if (mg.auth_header[0])
+        hdr = curl_slist_append(hdr, mg.auth_header);
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
     if (body || strcmp(method, "GET") != 0) {
@@ -274,6 +280,9 @@ int migrate_init(nc_server *srv, char *err, size_t errlen)
 {
     mg.npeers = 0;
     mg.fingerprint = migrate_model_fingerprint(srv->model);
+    mg.auth_header[0] = 0;
+    if (srv->cfg.peer_key[0])
+        snprintf(mg.auth_header, sizeof mg.auth_header, "Authorization: Bearer %s", srv->cfg.peer_key);
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
         snprintf(err, errlen, "libcurl initialisation failed");
         return -1;
@@ -545,6 +554,26 @@ void migrate_h_state_put(nc_server *srv, http_request *req, http_response *resp)
     nc_stream *st = NULL;
     void *ref = NULL;
     char ns[SESSION_ID_MAX], err[NC_ERRLEN] = "";
+    /* The namespace is inside the blob, where the key check before the
+     * handler cannot see it: a key may only import into namespaces it may
+     * write. Checked before the namespace is bound (or created). */
+    const auth_key *key = auth_identify(req);
+    if (key) {
+        void *noref = NULL;
+        api_error e0 = migrate_decode(srv->model, mg.fingerprint, NULL, req->body ? req->body : "", req->len,
+                                      NULL, &noref, ns, sizeof ns, err, sizeof err);
+        if (e0 != API_OK) {
+            http_reply_error(resp, e0, "%s", err);
+            return;
+        }
+        if (!auth_key_allows(key, AUTH_WRITE, ns)) {
+            http_reply_json(resp, 403, json_pack("{s:{s:s,s:s+}}", "error", "code", "forbidden", "message",
+                                                 "the session state belongs to namespace '",
+                                                 ns[0] ? ns : "default",
+                                                 "', which this key may not write"));
+            return;
+        }
+    }
     api_error e = migrate_decode(srv->model, mg.fingerprint, srv->sessions, req->body ? req->body : "",
                                  req->len, &st, &ref, ns, sizeof ns, err, sizeof err);
     if (e != API_OK) {

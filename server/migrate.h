@@ -49,7 +49,9 @@ int migrate_encode(const nc_model *m, uint64_t fingerprint, const nc_session *s,
  * (t NULL: no namespace binding). Returns API_OK with *out and *ns_ref (both
  * for sessions_adopt, which takes them over) and the namespace in ns, or the
  * API error (state_corrupt, state_version, state_model_mismatch, or
- * out_of_range when the namespace cannot be bound) with a message in err. */
+ * out_of_range when the namespace cannot be bound) with a message in err.
+ * out NULL: the envelope only (magic, version, checksum, fingerprint) and
+ * the namespace, nothing imported or bound. */
 api_error migrate_decode(const nc_model *m, uint64_t fingerprint, sessions *t, const void *blob,
                          size_t len, nc_stream **out, void **ns_ref, char *ns, size_t nslen,
                          char *err, size_t errlen);

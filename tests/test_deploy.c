@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -426,6 +427,83 @@ TEST(drain_hands_over)
     CHECK(daemon_stop(&b) == 0);
 }
 
+/* With API keys: a key may import a session only into a namespace it may
+ * write (the namespace is inside the blob); peers pull with peer_key; the
+ * CLI migrates with --key. */
+TEST(keys)
+{
+    char dir[] = "/tmp/nc-test-keys-XXXXXX", keyfile[300];
+    if (!mkdtemp(dir)) { CHECK(0); return; }
+    snprintf(keyfile, sizeof keyfile, "%s/keys", dir);
+    const char *ADM = "nc_admin_0123456789abcdef", *ALICE = "nc_alice_0123456789abcdef";
+    FILE *f = fopen(keyfile, "w");
+    if (!f) { CHECK(0); return; }
+    fprintf(f, "adm %s read,write,admin *\nalice %s read,write docs,default\n", ADM, ALICE);
+    fclose(f);
+    chmod(keyfile, 0600);
+    int pa = free_port(), pb = free_port();
+    char spa[16], spb[16], peers[256];
+    snprintf(spa, sizeof spa, "%d", pa);
+    snprintf(spb, sizeof spb, "%d", pb);
+    snprintf(peers, sizeof peers, "a=http://127.0.0.1:%d,b=http://127.0.0.1:%d", pa, pb);
+    nc_daemon a, b;
+    const char *aa[] = {"--model", model_dir, "--replica-tag", "a", "--port", spa, "--peers", peers,
+                        "--api-keys", keyfile, "--peer-key", ADM, NULL};
+    const char *ba[] = {"--model", model_dir, "--replica-tag", "b", "--port", spb, "--peers", peers,
+                        "--api-keys", keyfile, "--peer-key", ADM, NULL};
+    if (daemon_start(&a, aa)) { CHECK(0); return; }
+    if (daemon_start(&b, ba)) { CHECK(0); daemon_stop(&a); return; }
+    httpc_set_bearer(ADM);
+    http_resp r;
+    const char *doc = "the zorblax sat on the mat .\n";
+    CHECK(http_call(a.port, "POST", "/v1/namespaces/news/documents", "text/plain", doc, strlen(doc), &r) == 0 &&
+          r.status == 200);
+    http_resp_free(&r);
+    char id[80], code[64];
+    CHECK(create(a.port, "{\"namespace\":\"news\",\"cache\":{\"unbounded\":true,\"exact\":true}}", id,
+                 sizeof id) == 0);
+    CHECK(feed(a.port, id, "the") == 0);
+    char *blob = NULL;
+    size_t len = 0;
+    CHECK(get_state(a.port, id, &blob, &len) == 0);
+    /* alice writes "docs" and "default" only: importing a "news" session
+     * (which the check before the handler cannot see) is refused; one of
+     * "default" is not. */
+    char id2[80], *blob2 = NULL;
+    size_t len2 = 0;
+    CHECK(create(a.port, "{}", id2, sizeof id2) == 0);
+    CHECK(get_state(a.port, id2, &blob2, &len2) == 0);
+    httpc_set_bearer(ALICE);
+    CHECK(blob && put_state(a.port, "stolen", blob, len, code, sizeof code) == 403);
+    CHECK(strcmp(code, "forbidden") == 0);
+    CHECK(blob2 && put_state(a.port, "mine", blob2, len2, code, sizeof code) == 201);
+    httpc_set_bearer(ADM);
+    CHECK(session_count(a.port) == 3);   /* id, id2, mine -- no "stolen" */
+    free(blob2);
+    /* The request lands on b: b pulls it from a with its peer key. */
+    long st = 0;
+    json_t *dist = predict_full(b.port, id, &st);
+    CHECK(st == 200 && dist);
+    json_decref(dist);
+    CHECK(session_count(a.port) == 2 && session_count(b.port) == 1);
+    /* The CLI: refused without a key, moves it back with one. */
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "NEUROCACHE_API_KEY= %s migrate --from http://127.0.0.1:%d --to http://127.0.0.1:%d "
+             "--session %s >/dev/null 2>&1", daemon_bin_path("neurocache"), b.port, a.port, id);
+    CHECK(system(cmd) != 0);
+    CHECK(session_count(b.port) == 1);
+    snprintf(cmd, sizeof cmd, "%s migrate --key %s --from http://127.0.0.1:%d --to http://127.0.0.1:%d "
+             "--session %s >/dev/null 2>&1", daemon_bin_path("neurocache"), ADM, b.port, a.port, id);
+    CHECK(system(cmd) == 0);
+    CHECK(session_count(a.port) == 3 && session_count(b.port) == 0);
+    free(blob);
+    CHECK(daemon_stop(&b) == 0);
+    CHECK(daemon_stop(&a) == 0);
+    httpc_set_bearer(NULL);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd)) {}
+}
+
 int main(void)
 {
     httpc_init();
@@ -438,6 +516,7 @@ int main(void)
     RUN(pull_on_miss);
     RUN(migrate_cli);
     RUN(drain_hands_over);
+    RUN(keys);
     httpc_cleanup();
     return harness_summary();
 }

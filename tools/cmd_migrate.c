@@ -31,6 +31,8 @@ static size_t on_data(char *p, size_t sz, size_t nm, void *ud)
     return n;
 }
 
+static char auth_header[200];   /* "Authorization: Bearer KEY" or "" */
+
 /* One request; *out gets the body. Returns the HTTP status, or -1 with the
  * transport error printed. */
 static long request(const char *method, const char *url, const void *body, size_t len, buf *out)
@@ -39,6 +41,8 @@ static long request(const char *method, const char *url, const void *body, size_
     if (!c) return -1;
     struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/octet-stream");
     h = curl_slist_append(h, "Expect:");
+    if (auth_header[0])
+        h = curl_slist_append(h, auth_header);
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
     if (body || strcmp(method, "GET") != 0) {
@@ -64,7 +68,7 @@ static long request(const char *method, const char *url, const void *body, size_
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: neurocache migrate --from URL --to URL --session ID [--as ID] [--copy] [--save FILE]\n"
+            "usage: neurocache migrate --from URL --to URL --session ID [--as ID] [--copy] [--save FILE] [--key KEY]\n"
             "Moves a session between neurocached replicas (URL = http://host:port).\n"
             "  --from URL     replica holding the session\n"
             "  --to URL       replica to move it to\n"
@@ -72,7 +76,9 @@ static void usage(FILE *f)
             "  --as ID        id on the target (default: the same)\n"
             "  --copy         copy (GET /state) instead of move; the source keeps it\n"
             "  --save FILE    where the state goes if neither replica takes it\n"
-            "                 (default ./ID.state; restore with PUT /v1/sessions/ID/state)\n");
+            "                 (default ./ID.state; restore with PUT /v1/sessions/ID/state)\n"
+            "  --key KEY      API key (Bearer) for both replicas; default $NEUROCACHE_API_KEY.\n"
+            "                 Hand-over is an admin operation on a replica with api_keys\n");
 }
 
 static void trim(char *url)
@@ -83,13 +89,13 @@ static void trim(char *url)
 
 int cmd_migrate(int argc, char **argv)
 {
-    const char *from = NULL, *to = NULL, *id = NULL, *as = NULL, *save = NULL;
+    const char *from = NULL, *to = NULL, *id = NULL, *as = NULL, *save = NULL, *key = getenv("NEUROCACHE_API_KEY");
     int copy = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char **dst = !strcmp(a, "--from") ? &from : !strcmp(a, "--to") ? &to
                          : !strcmp(a, "--session") ? &id : !strcmp(a, "--as") ? &as
-                         : !strcmp(a, "--save") ? &save : NULL;
+                         : !strcmp(a, "--save") ? &save : !strcmp(a, "--key") ? &key : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
@@ -109,6 +115,14 @@ int cmd_migrate(int argc, char **argv)
         return 2;
     }
     if (!as) as = id;
+    auth_header[0] = 0;
+    if (key && *key) {
+        if (strlen(key) > 127 || strpbrk(key, " \t\r\n")) {
+            fprintf(stderr, "neurocache migrate: --key: an API key is 1-127 characters without white space\n");
+            return 2;
+        }
+        snprintf(auth_header, sizeof auth_header, "Authorization: Bearer %s", key);
+    }
     if (strlen(id) > 63 || strlen(as) > 63 || strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != strlen(id) ||
         strspn(as, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != strlen(as)) {
         fprintf(stderr, "neurocache migrate: session ids are 1-63 characters of [A-Za-z0-9_.-]\n");
