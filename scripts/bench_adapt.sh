@@ -33,8 +33,9 @@ MODEL="$TMP/model"
 echo "model: $SRC ($(grep -o '"hidden_size": *[0-9]*' "$MODEL/config.json"), $(grep -o '"num_layers": *[0-9]*' "$MODEL/config.json"))"
 cat "$PTB/ptb.train.txt" "$PTB/ptb.valid.txt" "$PTB/ptb.test.txt" > "$TMP/ptb.all.txt"
 QUICK=${BENCH_ADAPT_QUICK:-0}
-if [ "$QUICK" = 1 ]; then SAMPLE=20000; FACTORY=IVF256,PQ32; SIZES="20000 100000"; REC=100000; MB=2;
-else SAMPLE=200000; FACTORY=IVF4096,PQ32; SIZES="100000 1000000 10000000"; REC=1000000; MB=0; fi
+# MB: megabytes of the corpus streamed through the daemon (0 = all of it)
+if [ "$QUICK" = 1 ]; then SAMPLE=20000; FACTORY=IVF256,PQ32; SIZES="20000 100000"; REC=100000; FLAT=50000; MB=1;
+else SAMPLE=160000; FACTORY=IVF4096,PQ32; SIZES="100000 1000000 10000000"; REC=1000000; FLAT=200000; MB=2; fi
 
 echo; echo "== durable adds: fsync per request vs group commit"
 nice "$BUILD"/tests/bench_adapt fsync "$MODEL" 3
@@ -85,8 +86,8 @@ rm -f "$MODEL/unbounded.faiss"
 
 echo; echo "== recovery time ($REC pairs of the model's hidden states, IVF-PQ index)"
 nice "$BUILD"/tests/bench_adapt recovery "$MODEL" "$TMP/ptb.all.txt" "$REC" "$TMP/unbounded.faiss"
-echo; echo "== recovery time ($REC pairs, exact flat index)"
-nice "$BUILD"/tests/bench_adapt recovery "$MODEL" "$TMP/ptb.all.txt" "$REC"
+echo; echo "== recovery time ($FLAT pairs, exact flat index)"
+nice "$BUILD"/tests/bench_adapt recovery "$MODEL" "$TMP/ptb.all.txt" "$FLAT"
 
 echo; echo "== predict latency with the unbounded cache"
 # shellcheck disable=SC2086

@@ -14,6 +14,7 @@
  *       beyond the corpus's states are synthetic: copies of the encoded
  *       entries merged into one IVF index (faiss merge_from)
  */
+#include <cblas.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -389,6 +390,10 @@ int main(int argc, char **argv)
     char err[NC_ERRLEN];
     if (model_load(argv[2], &model, err, sizeof err))
         die(argv[2], err);
+    /* one BLAS and one OpenMP thread, as the daemon runs them (design §6):
+     * with the cores shared, spinning worker threads cost far more than
+     * they bring */
+    openblas_set_num_threads(1);
     ubcache_set_threads(1);
     int rc = 2;
     if (strcmp(argv[1], "fsync") == 0)
