@@ -1,6 +1,7 @@
 /* nsstore.c -- a durable namespace: unbounded cache + word table +
  * provenance, write-ahead log, snapshots, recovery. */
 #include "nsstore.h"
+#include "fault.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -619,7 +620,7 @@ static int fsync_path(const char *path, bool is_dir)
     int fd = open(path, is_dir ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
     if (fd < 0)
         return -1;
-    int r = fsync(fd);
+    int r = nc_fsync(fd);
     close(fd);
     return r;
 }
@@ -627,7 +628,7 @@ static int fsync_path(const char *path, bool is_dir)
 /* size and crc32 of a whole file */
 static int file_crc(const char *path, uint64_t *size, uint32_t *crc, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = nc_fopen(path, "rb");
     if (!f)
         return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: %s", path, strerror(errno));
     static __thread unsigned char buf[1 << 16];
@@ -650,11 +651,11 @@ static int file_crc(const char *path, uint64_t *size, uint32_t *crc, char *err, 
 static int write_file(const char *path, const void *a, size_t alen, const void *b, size_t blen,
                       const void *c, size_t clen, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "wb");
+    FILE *f = nc_fopen(path, "wb");
     if (!f)
         return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
-    bool ok = (!alen || fwrite(a, 1, alen, f) == alen) && (!blen || fwrite(b, 1, blen, f) == blen) &&
-              (!clen || fwrite(c, 1, clen, f) == clen) && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    bool ok = (!alen || nc_fwrite(a, 1, alen, f) == alen) && (!blen || nc_fwrite(b, 1, blen, f) == blen) &&
+              (!clen || nc_fwrite(c, 1, clen, f) == clen) && fflush(f) == 0 && nc_fsync(fileno(f)) == 0;
     int e = errno;
     if (fclose(f) != 0 && ok) {
         ok = false;
@@ -709,9 +710,9 @@ static int write_docs(nc_nsstore *ns, const char *path, char *err, size_t errlen
 
 static int read_whole(const char *path, unsigned char **out, size_t *len, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = nc_fopen(path, "rb");
     if (!f)
-        return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
+        return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: %s", path, strerror(errno));
     struct stat st;
     fstat(fileno(f), &st);
     size_t n = (size_t)st.st_size;
@@ -903,8 +904,8 @@ static int verify_snapshot(const char *sdir, uint64_t seq, uint64_t *entries, ch
     unsigned char *b;
     size_t len;
     int rc = read_whole(p, &b, &len, err, errlen);
-    if (rc)
-        return NC_EFORMAT;
+    if (rc)   /* missing = incomplete snapshot; an I/O error is not corruption */
+        return rc == NC_EIO || rc == NC_ENOMEM ? rc : NC_EFORMAT;
     char *man = realloc(b, len + 1);
     if (!man) {
         free(b);
@@ -936,7 +937,7 @@ static int verify_snapshot(const char *sdir, uint64_t seq, uint64_t *entries, ch
         uint32_t acrc;
         snprintf(fp, sizeof fp, "%s/%s", sdir, snap_files[i]);
         if ((rc = file_crc(fp, &asize, &acrc, err, errlen)))
-            rc = NC_EFORMAT;
+            rc = rc == NC_EIO ? rc : NC_EFORMAT;
         else if (asize != size)
             rc = nc_error(err, errlen, NC_EFORMAT, "%s: %llu bytes, the snapshot manifest says %llu (corrupt snapshot)",
                           fp, (unsigned long long)asize, size);
@@ -1080,10 +1081,20 @@ int nsstore_open(const nc_nsstore_opts *o, nc_nsstore **out, nc_nsstore_recovery
     uint64_t base = 0, corrupt_seq = 0;
     for (int i = 0; !rc && i < nsn; i++) {
         char e2[NC_ERRLEN] = "";
-        if (load_snapshot(ns, snaps[i], e2, sizeof e2) == NC_OK) {
+        int lrc = load_snapshot(ns, snaps[i], e2, sizeof e2);
+        if (lrc == NC_OK) {
             base = snaps[i];
             info->snapshot_seq = base;
             info->snapshot_entries = ubcache_count(ns->ub);
+            break;
+        }
+        if (lrc != NC_EFORMAT && lrc != NC_ENOTFOUND) {
+            /* An I/O error or a failed allocation says nothing about the
+             * snapshot: refuse without touching the disk, so that the open
+             * succeeds once the fault is gone (found by test_fault: two
+             * transient read errors used to set both snapshots aside and
+             * leave a namespace the log could no longer rebuild). */
+            rc = nc_error(err, errlen, lrc, "%s (nothing was changed on disk)", e2);
             break;
         }
         if (!first_err[0])

@@ -18,6 +18,7 @@
 #include "fault.h"
 #include "harness.h"
 #include "model.h"
+#include "nsstore.h"
 #include "tokenizer.h"
 
 /* The walk stops here even if the operation still reaches N (a bound on
@@ -322,6 +323,136 @@ TEST(spec_and_threads)
     nc_fault_disarm();
 }
 
+/* ---- namespace snapshots and recovery (core/nsstore) ---------------------- */
+
+static int open_store(nc_model *m, const char *dir, nc_nsstore **ns, nc_nsstore_recovery *info, char *err,
+                      size_t errlen)
+{
+    nc_nsstore_opts o = {.dir = dir, .model = m, .sync = WAL_SYNC_GROUP};
+    ubcache_opts_default(&o.ub, m->cfg.hidden_size);
+    o.ub.exact = true;
+    return nsstore_open(&o, ns, info, err, errlen);
+}
+
+/* n pairs of one document, random keys; returns 0 on success. */
+static int store_add(nc_nsstore *ns, nc_model *m, size_t n, unsigned seed)
+{
+    char err[NC_ERRLEN];
+    uint32_t doc;
+    if (nsstore_doc_begin(ns, "", 0, &doc, NULL, 0, err, sizeof err))
+        return -1;
+    size_t H = (size_t)m->cfg.hidden_size;
+    float *k = malloc(n * H * sizeof *k);
+    int *w = malloc(n * sizeof *w);
+    for (size_t i = 0; i < n * H; i++)
+        k[i] = (float)((seed * 2654435761u + i * 40503u) % 1000) / 500.0f - 1.0f;
+    for (size_t i = 0; i < n; i++)
+        w[i] = (int)((seed + i) % (unsigned)m->cfg.vocab_size);
+    uint64_t seq = 0;
+    int rc = nsstore_add(ns, k, w, n, doc, 0, &seq, err, sizeof err) || nsstore_sync(ns, seq, err, sizeof err);
+    free(k);
+    free(w);
+    return rc ? -1 : 0;
+}
+
+static int64_t store_entries(nc_nsstore *ns)
+{
+    nc_nsstore_stats st;
+    nsstore_stats(ns, &st);
+    return st.entries;
+}
+
+/* Snapshots under write / fsync faults fail with an I/O error and leave a
+ * store that recovers every entry (from the previous snapshot and the log);
+ * recovery under read faults refuses cleanly or recovers everything; once
+ * the fault is gone a snapshot goes through and is the one recovered. */
+static void walk_snapshot(nc_fault_kind kind)
+{
+    nc_model *m = NULL;
+    char err[NC_ERRLEN] = "", dir[600];
+    CHECK(model_load(fixture, &m, err, sizeof err) == NC_OK);
+    if (!m)
+        return;
+    snprintf(dir, sizeof dir, "%s/ns-%s", scratch, nc_fault_name(kind));
+    nc_nsstore *ns = NULL;
+    CHECK(open_store(m, dir, &ns, NULL, err, sizeof err) == NC_OK);
+    if (!ns) {
+        model_free(m);
+        return;
+    }
+    /* A first snapshot, then more pairs only in the log. */
+    CHECK(store_add(ns, m, 40, 1) == 0);
+    CHECK(nsstore_snapshot(ns, NULL, err, sizeof err) == NC_OK);
+    CHECK(store_add(ns, m, 25, 2) == 0);
+    int64_t want = store_entries(ns);
+    CHECK(want == 65);
+    long n, failed = 0;
+    for (n = 1; n <= 200; n++) {
+        nc_fault_arm(kind, n, 0);
+        int rc = nsstore_snapshot(ns, NULL, err, sizeof err);
+        long hits = nc_fault_hits(kind);
+        nc_fault_disarm();
+        if (hits == 0) {
+            CHECKF(rc == NC_OK, "%s:%ld: snapshot failed without a fault: %s", nc_fault_name(kind), n, err);
+            break;
+        }
+        CHECKF(rc == NC_EIO, "%s:%ld: snapshot rc %d (%s)", nc_fault_name(kind), n, rc, err);
+        if (rc != NC_OK)
+            failed++;
+        /* The store on disk recovers everything. */
+        nsstore_close(ns);
+        ns = NULL;
+        nc_nsstore_recovery info;
+        rc = open_store(m, dir, &ns, &info, err, sizeof err);
+        CHECKF(rc == NC_OK, "%s:%ld: recovery after a failed snapshot: %s", nc_fault_name(kind), n, err);
+        if (rc != NC_OK)
+            break;
+        CHECKF(store_entries(ns) == want, "%s:%ld: %lld entries recovered, %lld written", nc_fault_name(kind), n,
+               (long long)store_entries(ns), (long long)want);
+    }
+    fprintf(stderr, "        nsstore_snapshot: %ld %s fault points\n", n - 1, nc_fault_name(kind));
+    CHECK(failed >= 2 && n <= 200);
+    /* Recovery itself under read faults. */
+    nsstore_close(ns);
+    ns = NULL;
+    long rn, refused = 0;
+    for (rn = 1; rn <= 200; rn++) {
+        nc_fault_arm(NC_FAULT_READ, rn, 0);
+        nc_nsstore_recovery info;
+        int rc = open_store(m, dir, &ns, &info, err, sizeof err);
+        long hits = nc_fault_hits(NC_FAULT_READ);
+        nc_fault_disarm();
+        if (rc != NC_OK && refused == 0)
+            fprintf(stderr, "        read:%ld refused: %s\n", rn, err);
+        else if (rc == NC_OK && info.warning[0])
+            fprintf(stderr, "        read:%ld recovered with a warning: %s\n", rn, info.warning);
+        if (rc == NC_OK) {
+            CHECKF(store_entries(ns) == want, "read:%ld: %lld entries", rn, (long long)store_entries(ns));
+            nsstore_close(ns);
+            ns = NULL;
+        } else {
+            CHECKF(err[0] != 0 && ns == NULL, "read:%ld: refusal without a message", rn);
+            refused++;
+        }
+        if (hits == 0)
+            break;
+    }
+    fprintf(stderr, "        nsstore_open: %ld read fault points (%ld refused, the rest recovered)\n", rn - 1, refused);
+    CHECK(rn > 1 && rn <= 200);
+    nc_nsstore_recovery info;
+    int rc = open_store(m, dir, &ns, &info, err, sizeof err);
+    CHECKF(rc == NC_OK, "clean recovery after the read walk: %s", err);
+    if (ns) {
+        CHECKF(store_entries(ns) == want && info.snapshot_seq > 0, "%lld entries (want %lld), snapshot seq %llu, %s",
+               (long long)store_entries(ns), (long long)want, (unsigned long long)info.snapshot_seq, info.warning);
+        nsstore_close(ns);
+    }
+    model_free(m);
+}
+
+TEST(snapshot_write_walk) { walk_snapshot(NC_FAULT_WRITE); }
+TEST(snapshot_fsync_walk) { walk_snapshot(NC_FAULT_FSYNC); }
+
 /* ---- the real daemon, armed through NEUROCACHE_FAULT ---------------------- */
 
 /* Starts neurocached with NEUROCACHE_FAULT=spec (NULL = none) on data_dir.
@@ -549,6 +680,8 @@ int main(void)
     RUN(save_write_walk);
     RUN(save_fsync_walk);
     RUN(tokenize_alloc_walk);
+    RUN(snapshot_write_walk);
+    RUN(snapshot_fsync_walk);
     httpc_init();
     RUN(daemon_startup_walk);
     RUN(daemon_adapt_fsync_walk);
