@@ -732,13 +732,24 @@ void h_ns_delete(nc_server *srv, http_request *req, http_response *resp)
                          "?confirm=%s", name, name);
         return;
     }
-    nsreg *g = srv->namespaces;
     char err[NC_ERRLEN] = "";
-    nsref *r = namespaces_acquire(srv, name, false, err, sizeof err);
-    if (!r) {
+    int64_t entries = 0;
+    if (namespaces_delete(srv, name, &entries, err, sizeof err) != 0) {
         http_reply_error(resp, API_NOT_FOUND, "%s", err);
         return;
     }
+    /* The other replicas delete it too (replication.h; no-op without Redis). */
+    replication_namespace_deleted(name);
+    http_reply_json(resp, 200, json_pack("{s:s,s:b,s:I}", "name", name, "deleted", 1, "entries",
+                                         (json_int_t)entries));
+}
+
+int namespaces_delete(nc_server *srv, const char *name, int64_t *entries, char *err, size_t errlen)
+{
+    nsreg *g = srv->namespaces;
+    nsref *r = namespaces_acquire(srv, name, false, err, errlen);
+    if (!r)
+        return -1;
     nc_nsstore_stats st;
     nsstore_stats(r->store, &st);
     pthread_mutex_lock(&g->lock);
@@ -753,8 +764,9 @@ void h_ns_delete(nc_server *srv, http_request *req, http_response *resp)
     pthread_mutex_unlock(&g->lock);
     slog(SLOG_INFO, "namespace deleted", json_pack("{s:s,s:I}", "namespace", name, "entries", (json_int_t)st.entries));
     namespaces_release(srv, r);
-    http_reply_json(resp, 200, json_pack("{s:s,s:b,s:I}", "name", name, "deleted", 1, "entries",
-                                         (json_int_t)st.entries));
+    if (entries)
+        *entries = st.entries;
+    return 0;
 }
 
 void h_ns_docs_list(nc_server *srv, http_request *req, http_response *resp)

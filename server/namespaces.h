@@ -33,6 +33,10 @@ void namespaces_shutdown(nc_server *srv);
 /* A held namespace (opened, or created when create). NULL with a message
  * (bad name, I/O error...). Release once. */
 nsref *namespaces_acquire(nc_server *srv, const char *name, bool create, char *err, size_t errlen);
+/* Deletes a namespace (its directory moves aside; sessions bound to it keep
+ * their memory until they go). 0 with *entries (optional) the pairs it held,
+ * or -1 with a message (no such namespace). */
+int namespaces_delete(nc_server *srv, const char *name, int64_t *entries, char *err, size_t errlen);
 void namespaces_release(nc_server *srv, nsref *r);
 nc_nsstore *nsref_store(nsref *r);
 

@@ -31,6 +31,7 @@ typedef struct entry {
     size_t words_len;
     uint16_t *keys;               /* [n, H] float16 */
     size_t bytes;
+    bool del;                     /* the namespace was deleted here (no pairs) */
 } entry;
 
 typedef struct {
@@ -65,6 +66,8 @@ static struct {
     atomic_int queue_len;
     atomic_int connected_pub, connected_app;
 } R = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+
+static void enqueue(entry *e);
 
 /* Set while the applier adds remote pairs: the observer must not publish
  * them again. */
@@ -139,12 +142,19 @@ static void on_local_add(void *ctx, nc_nsstore *ns, uint32_t doc, uint64_t off, 
         e->keys[i] = nc_float_to_half(keys[i]);
     e->bytes = sizeof *e + wl + n * (size_t)R.H * 2;
     pthread_mutex_lock(&R.lock);
-    if (R.queued_bytes + e->bytes > QUEUE_MAX_BYTES) {
-        pthread_mutex_unlock(&R.lock);
+    bool full = R.queued_bytes + e->bytes > QUEUE_MAX_BYTES;
+    pthread_mutex_unlock(&R.lock);
+    if (full) {
         atomic_fetch_add(&R.dropped_tokens, n);
         entry_free(e);
         return;
     }
+    enqueue(e);
+}
+
+static void enqueue(entry *e)
+{
+    pthread_mutex_lock(&R.lock);
     if (R.tail) R.tail->next = e;
     else R.head = e;
     R.tail = e;
@@ -152,6 +162,43 @@ static void on_local_add(void *ctx, nc_nsstore *ns, uint32_t doc, uint64_t off, 
     atomic_fetch_add(&R.queue_len, 1);
     pthread_cond_signal(&R.cond);
     pthread_mutex_unlock(&R.lock);
+}
+
+/* The position of a namespace in the table (-1 when absent). */
+static int ns_index(const char *name)
+{
+    pthread_mutex_lock(&R.lock);
+    int i, n = R.nns;
+    pthread_mutex_unlock(&R.lock);
+    for (i = 0; i < n; i++)
+        if (!strcmp(R.ns[i].name, name)) return i;
+    return -1;
+}
+
+void replication_namespace_deleted(const char *ns_name)
+{
+    if (!R.on)
+        return;
+    /* Entries appended before this moment belong to the deleted namespace:
+     * skip them (a later namespace of the same name starts after it). */
+    int i = ns_index(ns_name);
+    if (i >= 0) {
+        snprintf(R.ns[i].last_id, sizeof R.ns[i].last_id, "%llu-0", (unsigned long long)now_ms());
+        R.ns[i].loaded = true;
+    }
+    entry *e = calloc(1, sizeof *e);
+    if (!e)
+        return;
+    snprintf(e->ns, sizeof e->ns, "%s", ns_name);
+    e->doc = strdup("");
+    e->words = strdup("");
+    e->del = true;
+    e->bytes = sizeof *e;
+    if (!e->doc || !e->words) {
+        entry_free(e);
+        return;
+    }
+    enqueue(e);
 }
 
 void replication_attach(const char *ns_name, nc_nsstore *store)
@@ -233,6 +280,25 @@ static void *publisher(void *arg)
          * namespace the first time this process publishes into it). */
         int sent = 0, extra = 0, nann_before = nannounced;
         for (entry *e = batch; ok && e; e = e->next) {
+            if (e->del) {
+                /* Everyone deletes it; the stream and its announcement go. */
+                char key[256];
+                stream_key(e->ns, key, sizeof key);
+                const char *av[] = {"XADD", ctl_key, "MAXLEN", "~", "10000", "*", "del", e->ns, "o", R.tag};
+                size_t al[10];
+                for (int i = 0; i < 10; i++) al[i] = strlen(av[i]);
+                redisAppendCommandArgv(c, 10, av, al);
+                redisAppendCommand(c, "DEL %s", key);
+                redisAppendCommand(c, "SREM %s %s", index_key, e->ns);
+                extra += 3;
+                for (int i = 0; i < nannounced; i++)
+                    if (!strcmp(announced[i], e->ns)) {
+                        memmove(announced[i], announced[nannounced - 1], SESSION_ID_MAX);
+                        nannounced--;
+                        break;
+                    }
+                continue;
+            }
             int known = 0;
             for (int i = 0; i < nannounced && !known; i++)
                 known = !strcmp(announced[i], e->ns);
@@ -530,12 +596,27 @@ static void *applier(void *arg)
             if (sr->type != REDIS_REPLY_ARRAY || sr->elements != 2) continue;
             const char *key = sr->element[0]->str;
             if (!strcmp(key, ctl_key)) {
-                /* A namespace was announced: read the set again now. */
+                /* A namespace announced (read the set again now) or deleted
+                 * by another replica (delete it here too; entries before the
+                 * deletion are skipped). */
                 const redisReply *ents = sr->element[1];
-                if (ents->type == REDIS_REPLY_ARRAY && ents->elements > 0) {
-                    const redisReply *lastent = ents->element[ents->elements - 1];
-                    if (lastent->type == REDIS_REPLY_ARRAY && lastent->elements == 2)
-                        snprintf(ctl_id, sizeof ctl_id, "%s", lastent->element[0]->str);
+                for (size_t e = 0; ents->type == REDIS_REPLY_ARRAY && e < ents->elements; e++) {
+                    const redisReply *en = ents->element[e];
+                    if (en->type != REDIS_REPLY_ARRAY || en->elements != 2) continue;
+                    snprintf(ctl_id, sizeof ctl_id, "%s", en->element[0]->str);
+                    const redisReply *del = field(en->element[1], "del"), *o = field(en->element[1], "o");
+                    if (!del || !o || !strcmp(o->str, R.tag)) continue;
+                    char err[NC_ERRLEN] = "";
+                    int64_t gone = 0;
+                    if (namespaces_delete(R.srv, del->str, &gone, err, sizeof err) == 0)
+                        slog(SLOG_INFO, "replication: namespace deleted by another replica",
+                             json_pack("{s:s,s:s,s:I}", "namespace", del->str, "origin", o->str,
+                                       "entries", (json_int_t)gone));
+                    int i = ns_index(del->str);
+                    if (i >= 0) {
+                        snprintf(R.ns[i].last_id, sizeof R.ns[i].last_id, "%s", en->element[0]->str);
+                        R.ns[i].loaded = true;
+                    }
                 }
                 last_refresh = 0;
                 continue;
@@ -566,6 +647,8 @@ static void *applier(void *arg)
             for (size_t e = 0; e < ents->elements; e++) {
                 const redisReply *en = ents->element[e];
                 if (en->type != REDIS_REPLY_ARRAY || en->elements != 2) continue;
+                if (sid_cmp(en->element[0]->str, ns->last_id) <= 0)
+                    continue;   /* before a deletion of the namespace */
                 uint64_t seq = apply_entry(st, en->element[0]->str, en->element[1]);
                 if (seq) last_seq = seq;
                 snprintf(ns->last_id, sizeof ns->last_id, "%s", en->element[0]->str);

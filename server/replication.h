@@ -41,6 +41,11 @@ void replication_stop(void);
  * off. */
 void replication_attach(const char *ns_name, nc_nsstore *store);
 
+/* A namespace was deleted here: the other replicas delete it too, its
+ * stream is removed from Redis, and entries appended before the deletion are
+ * not applied (a namespace created later under the name starts empty). */
+void replication_namespace_deleted(const char *ns_name);
+
 /* Prometheus lines appended to text (realloc'ed; returns the new pointer). */
 char *replication_metrics(char *text);
 

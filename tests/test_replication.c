@@ -268,6 +268,44 @@ TEST(killed_right_after_apply)
     }
 }
 
+static long ns_status(int port, const char *ns)
+{
+    char path[200];
+    snprintf(path, sizeof path, "/v1/namespaces/%s", ns);
+    http_resp r;
+    long st = http_call(port, "GET", path, NULL, NULL, 0, &r) == 0 ? r.status : -1;
+    http_resp_free(&r);
+    return st;
+}
+
+/* Deleting a namespace on one replica deletes it everywhere, for good: a
+ * restart does not bring it back, and a namespace created later under the
+ * name holds only what was streamed into it since. */
+TEST(delete_replicated)
+{
+    CHECK(ns_status(B.port, "sports") == 200);
+    http_resp r;
+    CHECK(http_call(A.port, "DELETE", "/v1/namespaces/sports?confirm=sports", NULL, NULL, 0, &r) == 0 &&
+          r.status == 200);
+    http_resp_free(&r);
+    CHECK(ns_status(A.port, "sports") == 404);
+    double t0 = now_s();
+    while (ns_status(B.port, "sports") != 404 && now_s() - t0 < 10) sleep_ms(5);
+    CHECK(ns_status(B.port, "sports") == 404);
+    CHECK(daemon_stop(&B) == 0);
+    CHECK(start(&B, "b", model_dir) == 0);
+    sleep_ms(800);
+    CHECK(ns_status(B.port, "sports") == 404);
+    CHECK(ns_status(A.port, "sports") == 404);
+    /* Created again on B: A gets exactly the new pairs. */
+    CHECK(upload(B.port, "sports", "a dog ran .\n") == 200);
+    long nb = ns_entries(B.port, "sports");
+    CHECK(nb > 0 && nb < 10);
+    CHECK(wait_entries(A.port, "sports", nb, 10) >= 0);
+    sleep_ms(300);
+    CHECK(ns_entries(A.port, "sports") == nb);
+}
+
 TEST(other_model_refused)
 {
     /* A replica of another model (same shape, other weights) on the same
@@ -313,6 +351,7 @@ int main(void)
         RUN(adds_on_b_reach_a);
         RUN(restarted_replica_catches_up);
         RUN(killed_right_after_apply);
+        RUN(delete_replicated);
         RUN(other_model_refused);
         if (harness_failed) { daemon_dump_log(&A); daemon_dump_log(&B); }
         CHECK(daemon_stop(&B) == 0);
