@@ -4,12 +4,14 @@
  * cleanly (error code, message, nothing half-built handed out, files on disk
  * unchanged) and that it succeeds with the same result once the fault is
  * gone; the walk ends at the first N the operation never reaches. */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -658,6 +660,70 @@ static void adapt_walk(const char *kind)
     CHECK(failing_runs >= 2);
 }
 
+/* SIGTERM handed to any thread of the daemon (here: sent to each thread
+ * that does not block it, as the kernel may do with a process-directed
+ * signal) drains and exits 0 -- never the default action. */
+TEST(daemon_sigterm_any_thread)
+{
+    char data[600], log[600];
+    snprintf(data, sizeof data, "%s/sig-data", scratch);
+    snprintf(log, sizeof log, "%s/sig.log", scratch);
+    pid_t pid;
+    int port, st = 0;
+    CHECK(spawn_daemon(NULL, data, &pid, &port, &st, log) == 0);
+    if (port <= 0)
+        return;
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(dir);
+    pid_t target = 0;
+    int threads = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        pid_t tid = (pid_t)atoi(e->d_name);
+        if (tid <= 0)
+            continue;
+        threads++;
+        char path[128], line[256];
+        snprintf(path, sizeof path, "%s/%d/status", dir, (int)tid);
+        FILE *f = fopen(path, "r");
+        unsigned long long blk = ~0ULL;
+        while (f && fgets(line, sizeof line, f))
+            if (sscanf(line, "SigBlk: %llx", &blk) == 1)
+                break;
+        if (f)
+            fclose(f);
+        if (tid != pid && !(blk & (1ULL << (SIGTERM - 1))) && !target)
+            target = tid;
+    }
+    if (d)
+        closedir(d);
+    fprintf(stderr, "        %d threads; %s\n", threads,
+            target ? "one of them (not main) does not block SIGTERM: the signal goes there"
+                   : "all block SIGTERM: the signal goes to the process");
+    if (target)
+        syscall(SYS_tgkill, (int)pid, (int)target, SIGTERM);
+    else
+        kill(pid, SIGTERM);
+    st = -1;
+    for (int i = 0; i < 6000; i++) {
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            break;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        st = -1;
+    }
+    if (st == -1) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+        CHECKF(0, "did not exit within 60 s of SIGTERM");
+    } else {
+        CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "SIGTERM on a worker thread: raw status %d (%s)", st,
+               WIFSIGNALED(st) ? "killed by the signal: no drain" : "exit code");
+        CHECK(file_contains(log, "draining"));
+    }
+}
+
 TEST(daemon_adapt_fsync_walk) { adapt_walk("fsync"); }
 TEST(daemon_adapt_write_walk) { adapt_walk("write"); }
 
@@ -684,6 +750,7 @@ int main(void)
     RUN(snapshot_fsync_walk);
     httpc_init();
     RUN(daemon_startup_walk);
+    RUN(daemon_sigterm_any_thread);
     RUN(daemon_adapt_fsync_walk);
     RUN(daemon_adapt_write_walk);
     httpc_cleanup();
