@@ -20,10 +20,10 @@
  * delete one's own), predict, score, completions, tokenize, state export,
  * feed without adapt (it only changes the session's own caches), a
  * namespace's info and document list; write = feed with "adapt": true (it
- * adds to the namespace's unbounded cache), state import, streaming documents
- * into a namespace; admin = anything else (the namespace list, namespace
- * deletion, snapshots, hand-offs, and routes this table does not know: fail
- * closed).
+ * adds to the namespace's unbounded cache), streaming documents into a
+ * namespace; admin = anything else (session state import -- the blob names
+ * its namespace --, the namespace list, namespace deletion, snapshots,
+ * hand-offs, and routes this table does not know: fail closed).
  * /health and /ready need no key. */
 #ifndef NC_SERVER_AUTH_H
 #define NC_SERVER_AUTH_H

@@ -177,6 +177,7 @@ TEST(route_classes_and_defaults)
     CHECK(auth_route_ops("feed") == AUTH_READ);          /* WRITE when "adapt": true */
     CHECK(auth_route_ops("documents") == AUTH_WRITE);
     CHECK(auth_route_ops("namespaces_list") == AUTH_ADMIN);
+    CHECK(auth_route_ops("sessions_state_put") == AUTH_ADMIN);   /* the blob names its namespace */
     CHECK(auth_route_ops("namespaces_stream") == AUTH_WRITE);
     CHECK(auth_route_ops("namespaces_snapshot") == AUTH_ADMIN);
     CHECK(auth_route_ops("namespaces_delete") == AUTH_ADMIN);
