@@ -48,6 +48,16 @@ static int faiss_err(char *err, size_t errlen, const char *what)
     return nc_error(err, errlen, NC_EFORMAT, "%s: %s", what, m ? m : "FAISS error");
 }
 
+/* omp_set_num_threads sets the calling thread's value only: every thread
+ * that enters FAISS (HTTP workers, snapshot thread) must set it, or FAISS's
+ * parallel regions there spin a team of the default size on shared cores
+ * (design §6: measured 80% of an upload's time in libgomp's barrier). */
+static void omp_limit(const nc_ubcache *u)
+{
+    if (u->o.omp_threads > 0)
+        omp_set_num_threads(u->o.omp_threads);
+}
+
 void ubcache_opts_default(nc_ubcache_opts *o, int dim)
 {
     memset(o, 0, sizeof *o);
@@ -217,6 +227,7 @@ static int do_switch(nc_ubcache *u, char *err, size_t errlen)
 
 int ubcache_switch(nc_ubcache *u, char *err, size_t errlen)
 {
+    omp_limit(u);
     pthread_rwlock_wrlock(&u->lock);
     int rc = do_switch(u, err, errlen);
     pthread_rwlock_unlock(&u->lock);
@@ -227,6 +238,7 @@ int ubcache_add(nc_ubcache *u, const float *keys, const int *words, size_t n, in
                 char *err, size_t errlen)
 {
     int rc = NC_OK;
+    omp_limit(u);
     pthread_rwlock_wrlock(&u->lock);
     if (first_id)
         *first_id = (int64_t)u->nvalues;
@@ -312,6 +324,7 @@ int ubcache_search_ids(nc_ubcache *u, const float *queries, size_t nq, int k, in
     }
     if (nq == 0)
         return NC_OK;
+    omp_limit(u);
     int rc = NC_OK;
     bool wlock = false;
     pthread_rwlock_rdlock(&u->lock);
