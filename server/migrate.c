@@ -567,10 +567,10 @@ void migrate_h_state_put(nc_server *srv, http_request *req, http_response *resp)
             return;
         }
         if (!auth_key_allows(key, AUTH_WRITE, ns)) {
-            http_reply_json(resp, 403, json_pack("{s:{s:s,s:s+}}", "error", "code", "forbidden", "message",
-                                                 "the session state belongs to namespace '",
-                                                 ns[0] ? ns : "default",
-                                                 "', which this key may not write"));
+            char msg[256];
+            snprintf(msg, sizeof msg, "the session state belongs to namespace '%s', which this key may not write",
+                     ns[0] ? ns : "default");
+            http_reply_json(resp, 403, json_pack("{s:{s:s,s:s}}", "error", "code", "forbidden", "message", msg));
             return;
         }
     }
