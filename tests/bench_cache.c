@@ -129,10 +129,13 @@ int main(int argc, char **argv)
     float *keys = malloc(maxsize * (size_t)H * sizeof(float));
     int *ids = malloc(maxsize * sizeof(int));
     size_t have = 0;
+    size_t cap_real = getenv("BENCH_REAL") ? (size_t)atol(getenv("BENCH_REAL")) : maxsize;
+    if (cap_real == 0 || cap_real > maxsize)
+        cap_real = maxsize;
     char files[4096];
     snprintf(files, sizeof files, "%s", argv[3]);
     double t0 = now();
-    for (char *save = NULL, *f = strtok_r(files, ",", &save); f && have < maxsize; f = strtok_r(NULL, ",", &save)) {
+    for (char *save = NULL, *f = strtok_r(files, ",", &save); f && have < cap_real; f = strtok_r(NULL, ",", &save)) {
         nc_tokens t;
         tokens_init(&t);
         if (read_tokens(m, f, &t))
@@ -141,11 +144,11 @@ int main(int argc, char **argv)
         nc_lstm_work *w = lstm_work_new(m);
         lstm_step(m, s, m->eos_id, w);
         float *h = malloc((4096 + 1) * (size_t)H * sizeof(float));
-        for (size_t j0 = 0; j0 < t.n && have < maxsize; j0 += 4096) {
+        for (size_t j0 = 0; j0 < t.n && have < cap_real; j0 += 4096) {
             size_t nb = t.n - j0 < 4096 ? t.n - j0 : 4096;
             memcpy(h, lstm_state_top(s), (size_t)H * sizeof(float));
             lstm_forward_seq(m, s, t.ids + j0, nb, h + H, err, sizeof err);
-            size_t take = maxsize - have < nb ? maxsize - have : nb;
+            size_t take = cap_real - have < nb ? cap_real - have : nb;
             memcpy(keys + have * H, h, take * (size_t)H * sizeof(float));
             memcpy(ids + have, t.ids + j0, take * sizeof(int));
             have += take;
@@ -156,6 +159,32 @@ int main(int argc, char **argv)
         tokens_clear(&t);
     }
     fprintf(stderr, "memory: %zu hidden states in %.1f s\n", have, now() - t0);
+    /* BENCH_REAL=R: only R real states are computed; the rest of the memory
+     * is real state i % R plus N(0, 0.05^2) noise per coordinate (synthetic,
+     * so that 1M-10M stored states do not need an LSTM pass over 10M words) */
+    const char *real_s = getenv("BENCH_REAL");
+    size_t real = real_s ? (size_t)atol(real_s) : 0;
+    if (real > 0 && have == real && real < maxsize) {
+        float *nk = realloc(keys, maxsize * (size_t)H * sizeof(float));
+        int *ni = realloc(ids, maxsize * sizeof(int));
+        if (!nk || !ni)
+            return 1;
+        keys = nk, ids = ni;
+        uint64_t x = 88172645463325252ULL;
+        for (size_t i = real; i < maxsize; i++) {
+            const float *src = keys + (i % real) * H;
+            for (int j = 0; j < H; j++) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                float u1 = (float)((x >> 11) * 0x1.0p-53) + 1e-12f;
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                float u2 = (float)((x >> 11) * 0x1.0p-53);
+                keys[i * H + j] = src[j] + 0.05f * sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+            }
+            ids[i] = ids[i % real];
+        }
+        fprintf(stderr, "memory: %zu synthetic states (real + noise) after the %zu real ones\n", maxsize - real, real);
+        have = maxsize;
+    }
 
     /* queries */
     nc_tokens q;
