@@ -164,6 +164,7 @@ demo-model: all
 	    --out $(DEMO_RUN) $(DEMO_TRAIN_ARGS); fi
 	$(Q)mkdir -p models/demo && cp $(DEMO_RUN)/config.json $(DEMO_RUN)/vocab.txt \
 	    $(DEMO_RUN)/model.safetensors $(DEMO_RUN)/curve.csv $(DEMO_RUN)/curve.png models/demo/
+	$(Q)$(BIN)/neurocache build-index --model models/demo --corpus $(DEMO_DATA)/ptb.train.txt --threads 2
 
 clean:
 	rm -rf build/obj build/tests build/asan build/*.a $(BIN)
