@@ -126,5 +126,5 @@ if [[ " $STEPS " == *" cost "* ]]; then
     sizes=${BENCH_SIZES:-10000,100000,1000000}
     # 100k real states (LSTM over War and Peace), the rest real + noise
     BENCH_REAL=${BENCH_REAL:-100000} nice -n 5 "$BUILD/tests/bench_cache" "$M" "$M/unbounded.faiss" \
-        "$W/wp.mem.txt,$DATA/ptb/ptb.train.txt" "$W/wp.q.txt" "$sizes" "${lam:-0.3}" 2000 100000
+        "$W/wp.mem.txt,$DATA/ptb/ptb.train.txt" "$W/wp.q.txt" "$sizes" "${lam:-0.3}" 2000 1000000
 fi
