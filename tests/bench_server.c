@@ -11,6 +11,7 @@
  *                     [--threads N] [--score-tokens N] [--neural N]
  * Bounded in time: about (3 + S per concurrency level) seconds plus scoring. */
 #include <curl/curl.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -423,20 +424,31 @@ static void run_predict_wrk(int port, pid_t pid, int clients, double seconds, in
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "wrk -t%d -c%d -d%.0fs --latency -s %s http://127.0.0.1:%d/ 2>&1",
              clients < 2 ? 1 : 2, clients, seconds, lua, port);
+    /* wrk's event loop indexes its sockets by fd number in a table sized
+     * for its own connections: fds inherited from here (the workers' idle
+     * connections) would push its sockets past it ("connect" errors). */
+    for (int fdi = 3; fdi < 4096; fdi++) {
+        int fl = fcntl(fdi, F_GETFD);
+        if (fl >= 0) fcntl(fdi, F_SETFD, fl | FD_CLOEXEC);
+    }
     FILE *p = popen(cmd, "r");
     double rps = NAN, p50 = NAN, p99 = NAN;
-    long requests = 0, non2xx = 0;
+    long requests = 0, non2xx = 0, se[4] = {0, 0, 0, 0};
     char line[512];
     while (p && fgets(line, sizeof line, p)) {
+        if (getenv("BENCH_VERBOSE")) fputs(line, stderr);
         char unit[32];
         double v;
         if (sscanf(line, " 50%% %31s", unit) == 1) p50 = wrk_time(unit);
         else if (sscanf(line, " 99%% %31s", unit) == 1) p99 = wrk_time(unit);
         else if (sscanf(line, " %ld requests in", &requests) == 1) {}
         else if (sscanf(line, " Non-2xx or 3xx responses: %ld", &non2xx) == 1) {}
+        else if (sscanf(line, " Socket errors: connect %ld, read %ld, write %ld, timeout %ld", &se[0], &se[1],
+                        &se[2], &se[3]) == 4) {}
         else if (sscanf(line, "Requests/sec: %lf", &v) == 1) rps = v;
     }
     int rc = p ? pclose(p) : -1;
+    if (getenv("BENCH_VERBOSE")) { char c2[1200]; snprintf(c2, sizeof c2, "cat %s >&2", lua); if (system(c2)) {} }
     double c1 = proc_cpu(pid), w1 = children_cpu();
     double b1 = metric(port, "neurocache_predict_batches_total");
     double j1 = metric(port, "neurocache_predict_batched_total");
@@ -450,7 +462,8 @@ static void run_predict_wrk(int port, pid_t pid, int clients, double seconds, in
         double ccpu = (w1 - w0) / (double)(requests ? requests : 1);
         double batch = b1 > b0 ? (j1 - j0) / (b1 - b0) : NAN;
         printf("| predict top-10 (wrk) | %d | %ld | %.0f | %.2f | %.2f | %.1f | %.0f | %.0f | %.0f | %ld |\n", clients,
-               requests, rps, p50 * 1e3, p99 * 1e3, batch, cpu * 1e6, 2.0 / cpu, ccpu * 1e6, errors + non2xx);
+               requests, rps, p50 * 1e3, p99 * 1e3, batch, cpu * 1e6, 2.0 / cpu, ccpu * 1e6,
+               errors + non2xx + se[0] + se[1] + se[2] + se[3]);
     }
     fflush(stdout);
     free(ws);
