@@ -104,10 +104,11 @@ static void *batch_thread(void *arg)
                 w->row[i] = (int)nr++;
             }
         }
-        /* GEMM packs the whole decoder matrix once per call, which for one
-         * or two rows costs more than the matrix-vector products it
-         * replaces (measured: about 2x for one row). */
-        if (nr > 2)
+        /* GEMM packs the whole decoder matrix once per call, which for up
+         * to four rows costs more than the matrix-vector products it
+         * replaces (V = 10,000, H = 256, CPU per row: GEMV 360 us; GEMM
+         * 385 us at 4 rows, 200 at 8, 120 at 16, 65 at 64). */
+        if (nr > 4)
             lstm_logits_batch(b->m, w->X, nr, w->L);
         else
             for (size_t i = 0; i < nr; i++)
