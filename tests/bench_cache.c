@@ -110,7 +110,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_cache: %s\n", err);
         return 1;
     }
-    ubcache_set_threads(1);
+    /* one FAISS thread (as the CLI) unless BENCH_THREADS: see cacheopts.c */
+    ubcache_set_threads(getenv("BENCH_THREADS") ? atoi(getenv("BENCH_THREADS")) : 1);
     const int H = m->cfg.hidden_size;
     size_t maxsize = 0;
     for (const char *p = sizes_s; *p;) {
