@@ -209,7 +209,7 @@ int main(int argc, char **argv)
     cache_params_default(&p);
     p.unbounded = true;
     p.knn = 1024;
-    p.nprobe = 8;
+    p.nprobe = getenv("BENCH_NPROBE") ? atoi(getenv("BENCH_NPROBE")) : 8;
     p.unbounded_lambda = (float)lambda;
     nc_doc_caches none = {0};
     double check_ppl[2] = {NAN, NAN};   /* [IVF, exact] when check is one of the sizes */
@@ -217,6 +217,7 @@ int main(int argc, char **argv)
     double ppl_static = ppl_of(lp, q.n);
     if (getenv("BENCH_NO_ADAPT"))
         printf("(queries not added to the memory: BENCH_NO_ADAPT)\n");
+    printf("nprobe %d (BENCH_NPROBE), k 1024\n", p.nprobe);
     printf("query: %zu tokens of %s, static perplexity %.2f, LSTM pass %.2f s (%.0f tokens/s)\n", q.n, argv[4],
            ppl_static, t_lstm, (double)q.n / t_lstm);
     printf("| stored states | index | add (s) | search+add+mixture tokens/s | same, per CPU second | with LSTM tokens/s | perplexity |\n");
@@ -245,7 +246,7 @@ int main(int argc, char **argv)
                 return 1;
             }
             double ts = now() - t0, tc = cpu() - c0;
-            printf("| %zu | %s | %.1f | %.0f | %.0f | %.0f | %.2f |\n", n, exact ? "exact (flat)" : "IVFPQ nprobe 8",
+            printf("| %zu | %s | %.1f | %.0f | %.0f | %.0f | %.2f |\n", n, exact ? "exact (flat)" : "IVFPQ",
                    t_add, (double)q.n / ts, (double)q.n / tc, (double)q.n / (ts + t_lstm), ppl_of(lp, q.n));
             if (n == check)
                 check_ppl[exact] = ppl_of(lp, q.n);
@@ -256,9 +257,9 @@ int main(int argc, char **argv)
 
     if (check > 0 && !isnan(check_ppl[0]) && !isnan(check_ppl[1])) {
         printf("\nIVFPQ vs exact on %zu stored states (+ the query's own), k=1024, lambda=%g, %zu query tokens:\n"
-               "  exact %.3f, IVFPQ nprobe 8 %.3f: %+.2f%% (static %.3f)\n",
-               check, lambda, q.n, check_ppl[1], check_ppl[0], 100.0 * (check_ppl[0] / check_ppl[1] - 1.0),
-               ppl_static);
+               "  exact %.3f, IVFPQ nprobe %d %.3f: %+.2f%% (static %.3f)\n",
+               check, lambda, q.n, check_ppl[1], p.nprobe, check_ppl[0],
+               100.0 * (check_ppl[0] / check_ppl[1] - 1.0), ppl_static);
     } else if (check > 0 && check <= have) {
         double pp[2], t_add;
         for (int exact = 0; exact < 2; exact++) {
