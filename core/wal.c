@@ -414,11 +414,20 @@ int wal_append(nc_wal *w, const void *payload, size_t len, uint64_t *seq, char *
     memcpy(h + 16, &c, 4);
     memcpy(h + 20, &zero, 4);
     struct iovec v[2] = {{h, REC_HDR}, {(void *)payload, len}};
+    off_t end = lseek(w->fd, 0, SEEK_END);
     if (write_all(w->fd, v, 2) != 0) {
-        /* part of the record may be in the file: later records would follow
-         * garbage, so the log stops here (recovery truncates the tail) */
+        int e = errno;
+        /* Part of the record may be in the file. Cut it off so the log can
+         * go on once the cause (a full disk) goes away; the record was
+         * never acknowledged. If the cut fails too, later records would
+         * follow garbage, so the log stops here (recovery truncates it). */
+        if (end >= 0 && ftruncate(w->fd, end) == 0) {
+            pthread_mutex_unlock(&w->lock);
+            return nc_error(err, errlen, NC_EIO, "%s: writing the log: %s (record dropped)", w->dir,
+                            strerror(e));
+        }
         w->broken = true;
-        snprintf(w->broken_msg, sizeof w->broken_msg, "%s", strerror(errno));
+        snprintf(w->broken_msg, sizeof w->broken_msg, "%s", strerror(e));
         pthread_mutex_unlock(&w->lock);
         return nc_error(err, errlen, NC_EIO, "%s: writing the log: %s", w->dir, w->broken_msg);
     }

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -317,6 +319,48 @@ TEST(bad_arguments)
     nsstore_remove_dir(dir, NULL, 0);
 }
 
+/* A full file system (here RLIMIT_FSIZE, which cuts a write short and then
+ * fails it with EFBIG, as ENOSPC does): the append fails, the partial record
+ * is cut off, and once there is room again the log goes on where it was. */
+TEST(write_failure_mid_record_then_room_again)
+{
+    char dir[64], err[NC_ERRLEN] = "", p[256];
+    scratch(dir, sizeof dir);
+    nc_wal *w;
+    CHECK(wal_open(dir, TAG, 1, WAL_SYNC_NONE, &w, err, sizeof err) == NC_OK);
+    unsigned char b[400];
+    uint64_t seq = 0;
+    for (uint64_t i = 1; i <= 10; i++) {
+        rec_fill(i, b);
+        CHECK(wal_append(w, b, rec_len(i), &seq, err, sizeof err) == NC_OK);
+    }
+    seg_path(dir, 1, p, sizeof p);
+    long before = file_size(p);
+    struct rlimit old, lim;
+    CHECK(getrlimit(RLIMIT_FSIZE, &old) == 0);
+    void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+    lim = old;
+    lim.rlim_cur = (rlim_t)before + 30;   /* room for part of record 11 only */
+    CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+    rec_fill(11, b);
+    int rc = wal_append(w, b, rec_len(11), &seq, err, sizeof err);
+    CHECK(setrlimit(RLIMIT_FSIZE, &old) == 0);
+    signal(SIGXFSZ, prev);
+    CHECKF(rc == NC_EIO, "append past the limit: rc %d (%s)", rc, err);
+    CHECKF(strstr(err, "record dropped") != NULL, "error: %s", err);
+    CHECKF(file_size(p) == before, "partial record left: %ld bytes, expected %ld", file_size(p), before);
+    for (uint64_t i = 11; i <= 20; i++) {
+        rec_fill(i, b);
+        CHECK(wal_append(w, b, rec_len(i), &seq, err, sizeof err) == NC_OK && seq == i);
+    }
+    CHECK(wal_sync(w, seq, err, sizeof err) == NC_OK);
+    wal_close(w);
+    check_ctx c = {0};
+    nc_wal_replay_info info;
+    CHECK(wal_replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err) == NC_OK);
+    CHECKF(c.n == 20 && c.bad == 0 && c.first == 1, "replayed %zu records (%zu bad)", (size_t)c.n, (size_t)c.bad);
+}
+
 int main(void)
 {
     RUN(round_trip);
@@ -325,5 +369,6 @@ int main(void)
     RUN(rotate_and_prune);
     RUN(group_commit_concurrent);
     RUN(bad_arguments);
+    RUN(write_failure_mid_record_then_room_again);
     return harness_summary();
 }
