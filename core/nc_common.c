@@ -28,6 +28,7 @@ const char *nc_strerror(int rc)
     case NC_EFORMAT: return "malformed data";
     case NC_ENOTFOUND: return "not found";
     case NC_ESTATE: return "invalid state";
+    case NC_ENOSPACE: return "no space left";
     default: return "unknown error";
     }
 }

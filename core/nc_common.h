@@ -17,6 +17,7 @@ enum {
     NC_EFORMAT = -4,  /* malformed file or input data */
     NC_ENOTFOUND = -5,/* missing file, word, entry */
     NC_ESTATE = -6,   /* operation not valid in the current state */
+    NC_ENOSPACE = -7, /* a write failed for lack of room (ENOSPC, EFBIG, EDQUOT) */
 };
 
 #define NC_ERRLEN 512

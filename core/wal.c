@@ -286,6 +286,13 @@ int wal_replay(const char *dir, uint32_t tag, uint64_t after, wal_record_fn fn, 
 
 /* ---- writing ---------------------------------------------------------------- */
 
+/* errno values that mean "the disk (or the process's quota) is full":
+ * the client may retry once there is room (HTTP 507), nothing is lost. */
+static bool no_room(int e)
+{
+    return e == ENOSPC || e == EFBIG || e == EDQUOT;
+}
+
 static int write_all(int fd, const struct iovec *iov, int n)
 {
     struct iovec v[4];
@@ -423,13 +430,14 @@ int wal_append(nc_wal *w, const void *payload, size_t len, uint64_t *seq, char *
          * follow garbage, so the log stops here (recovery truncates it). */
         if (end >= 0 && ftruncate(w->fd, end) == 0) {
             pthread_mutex_unlock(&w->lock);
-            return nc_error(err, errlen, NC_EIO, "%s: writing the log: %s (record dropped)", w->dir,
-                            strerror(e));
+            return nc_error(err, errlen, no_room(e) ? NC_ENOSPACE : NC_EIO,
+                            "%s: writing the log: %s (record dropped)", w->dir, strerror(e));
         }
         w->broken = true;
         snprintf(w->broken_msg, sizeof w->broken_msg, "%s", strerror(e));
         pthread_mutex_unlock(&w->lock);
-        return nc_error(err, errlen, NC_EIO, "%s: writing the log: %s", w->dir, w->broken_msg);
+        return nc_error(err, errlen, no_room(e) ? NC_ENOSPACE : NC_EIO, "%s: writing the log: %s", w->dir,
+                        w->broken_msg);
     }
     w->last_seq = s;
     w->bytes += REC_HDR + len;

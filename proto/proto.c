@@ -35,6 +35,7 @@ static const struct { unsigned status; const char *code; } api_errors[API_ERROR_
     [API_STATE_CORRUPT] = {400, "state_corrupt"},
     [API_STATE_VERSION] = {400, "state_version"},
     [API_STATE_MODEL] = {409, "state_model_mismatch"},
+    [API_STORAGE_FULL] = {507, "insufficient_storage"},
 };
 
 unsigned proto_http_status(api_error e)

@@ -36,6 +36,7 @@ typedef enum {
     API_STATE_CORRUPT,       /* 400 session state blob truncated or bad checksum */
     API_STATE_VERSION,       /* 400 session state blob of an unknown version */
     API_STATE_MODEL,         /* 409 session state blob from another model */
+    API_STORAGE_FULL,        /* 507 the write-ahead log could not be written: disk full */
     API_ERROR_COUNT
 } api_error;
 

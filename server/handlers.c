@@ -29,6 +29,7 @@ static api_error rc_to_api(int rc)
     case NC_EFORMAT: return API_INVALID_TEXT;
     case NC_ENOTFOUND: return API_NOT_FOUND;
     case NC_ESTATE: return API_CONFLICT;
+    case NC_ENOSPACE: return API_STORAGE_FULL;
     default: return API_INTERNAL;
     }
 }

@@ -935,8 +935,10 @@ static int add_tokens(upload *u, const nc_tokens *t)
         memcpy(u->keys + H, u->hid, (nb - 1) * (size_t)H * sizeof(float));
         memcpy(u->h, u->hid + (nb - 1) * (size_t)H, (size_t)H * sizeof(float));
         uint64_t seq = 0;
-        if (nsstore_add(u->r->store, u->keys, u->wids, nb, u->doc, u->off, &seq, err, sizeof err) != NC_OK) {
-            up_fail(u, API_INTERNAL, "adding to namespace '%s': %s", u->r->name, err);
+        int rc = nsstore_add(u->r->store, u->keys, u->wids, nb, u->doc, u->off, &seq, err, sizeof err);
+        if (rc != NC_OK) {
+            up_fail(u, rc == NC_ENOSPACE ? API_STORAGE_FULL : API_INTERNAL, "adding to namespace '%s': %s",
+                    u->r->name, err);
             return -1;
         }
         u->last_seq = seq;

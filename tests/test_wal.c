@@ -346,7 +346,7 @@ TEST(write_failure_mid_record_then_room_again)
     int rc = wal_append(w, b, rec_len(11), &seq, err, sizeof err);
     CHECK(setrlimit(RLIMIT_FSIZE, &old) == 0);
     signal(SIGXFSZ, prev);
-    CHECKF(rc == NC_EIO, "append past the limit: rc %d (%s)", rc, err);
+    CHECKF(rc == NC_ENOSPACE, "append past the limit: rc %d (%s)", rc, err);
     CHECKF(strstr(err, "record dropped") != NULL, "error: %s", err);
     CHECKF(file_size(p) == before, "partial record left: %ld bytes, expected %ld", file_size(p), before);
     for (uint64_t i = 11; i <= 20; i++) {
