@@ -261,7 +261,10 @@ int wal_replay(const char *dir, uint32_t tag, uint64_t after, wal_record_fn fn, 
             rc = nc_error(err, errlen, NC_EFORMAT, "%s: header says first seq %llu, the name %llu", path,
                           (unsigned long long)rd64(m + 8), (unsigned long long)l.first[i]);
         } else if (rd32(m + 16) != tag) {
-            rc = nc_error(err, errlen, NC_EFORMAT, "%s: log written for another model (tag %08x, expected %08x)",
+            rc = nc_error(err, errlen, NC_EFORMAT,
+                          "%s: log written for another model (tag %08x, expected %08x); the namespace "
+                          "belongs to that model: serve it with that model, or give this one another "
+                          "data directory",
                           path, rd32(m + 16), tag);
         } else if (l.first[i] != expect) {
             rc = nc_error(err, errlen, NC_EFORMAT, "%s: starts at seq %llu but the previous segment ends at %llu",
