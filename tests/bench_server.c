@@ -27,13 +27,6 @@
 #include "rng.h"
 #include "vocab.h"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Random model of the PTB shape, saved into dir. */
 static int make_model(const char *dir, int V, int H)
 {

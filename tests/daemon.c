@@ -3,6 +3,7 @@
 #include "daemon.h"
 
 #include <curl/curl.h>
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -10,9 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 const char *daemon_bin_path(const char *name)
@@ -35,10 +38,31 @@ void daemon_dump_log(const nc_daemon *d)
     fclose(f);
 }
 
-static void sleep_ms(int ms)
+void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
+}
+
+double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int free_loopback_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &l) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
 }
 
 int daemon_start(nc_daemon *d, const char *const *args)

@@ -17,6 +17,13 @@ typedef struct {
 /* Path of a binary in $NEUROCACHE_BIN (default "bin"): static buffer. */
 const char *daemon_bin_path(const char *name);
 
+/* Small helpers the daemon tests share. */
+void sleep_ms(int ms);
+double now_s(void);               /* CLOCK_MONOTONIC, seconds */
+/* A free loopback port (bound then released: replicas need each other's
+ * ports before they start). */
+int free_loopback_port(void);
+
 /* Starts neurocached with --port 0 --port-file ... --bind 127.0.0.1 plus
  * args (NULL-terminated; should include --model), waits until /ready
  * answers 200 (up to 60 s: sanitizer builds are slow). Returns 0, or -1

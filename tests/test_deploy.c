@@ -22,21 +22,6 @@
 
 static char model_dir[512], other_model_dir[512];
 
-/* A free loopback port (bound then released: replicas need each other's
- * ports before they start). */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t l = sizeof a;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &l) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0) close(fd);
-    return port;
-}
-
 static const char *CACHE =
     "{\"cache\":{\"neural_size\":50,\"neural_theta\":0.5,\"neural_lambda\":0.2,"
     "\"unigram_size\":30,\"unigram_lambda\":0.1,\"open_vocab\":true}}";
@@ -316,7 +301,7 @@ TEST(session_not_here)
 
 static int start_pair(nc_daemon *a, nc_daemon *b, const char *grace)
 {
-    int pa = free_port(), pb = free_port();
+    int pa = free_loopback_port(), pb = free_loopback_port();
     char spa[16], spb[16], peers[256];
     snprintf(spa, sizeof spa, "%d", pa);
     snprintf(spb, sizeof spb, "%d", pb);
@@ -392,7 +377,7 @@ TEST(migrate_cli)
              daemon_bin_path("neurocache"), a.port, b.port);
     CHECK(system(cmd) != 0);
     snprintf(cmd, sizeof cmd, "%s migrate --from http://127.0.0.1:%d --to http://127.0.0.1:%d --session %s >/dev/null 2>&1",
-             daemon_bin_path("neurocache"), b.port, free_port(), id);
+             daemon_bin_path("neurocache"), b.port, free_loopback_port(), id);
     CHECK(system(cmd) != 0);
     CHECK(session_count(b.port) == 1);
     json_decref(pa);
@@ -443,7 +428,7 @@ TEST(keys)
             "ops %s read,write,admin docs,default\n", ADM, ALICE, OPS);
     fclose(f);
     chmod(keyfile, 0600);
-    int pa = free_port(), pb = free_port();
+    int pa = free_loopback_port(), pb = free_loopback_port();
     char spa[16], spb[16], peers[256];
     snprintf(spa, sizeof spa, "%d", pa);
     snprintf(spb, sizeof spb, "%d", pb);

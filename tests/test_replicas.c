@@ -40,32 +40,6 @@ static pid_t haproxy_pid, redis_pid, nginx_pid;
 static int nginx_port;
 static char redis_addr[64];
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t l = sizeof a;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &l) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0) close(fd);
-    return port;
-}
-
 static int find_haproxy(void)
 {
     const char *cands[] = {"/usr/sbin/haproxy", "/usr/local/sbin/haproxy", "/usr/bin/haproxy", NULL};
@@ -96,7 +70,7 @@ static int start_redis(void)
     for (int i = 0; c[i]; i++)
         if (access(c[i], X_OK) == 0) bin = c[i];
     if (!bin) return -1;
-    int port = free_port();
+    int port = free_loopback_port();
     char sport[16], log[400];
     snprintf(sport, sizeof sport, "%d", port);
     snprintf(redis_addr, sizeof redis_addr, "127.0.0.1:%d", port);
@@ -415,7 +389,7 @@ static int start_nginx(void)
     if (!bin) return 1;
     char dir[400], cmd[2000];
     snprintf(dir, sizeof dir, "%s/nginx", workdir);
-    nginx_port = free_port();
+    nginx_port = free_loopback_port();
     snprintf(cmd, sizeof cmd,
              "mkdir -p %s/logs && cp deploy/nginx/nginx-test.conf %s/ && "
              "sed -e 's/127.0.0.1:8080/127.0.0.1:%d/' -e 's/127.0.0.1:8081/127.0.0.1:%d/' "
@@ -685,11 +659,11 @@ int main(void)
     snprintf(model_dir, sizeof model_dir, "%s/lstm-2layer", harness_fixtures());
     snprintf(workdir, sizeof workdir, "/tmp/nc-test-XXXXXX");
     if (!mkdtemp(workdir)) return 1;
-    lb_port = free_port();
-    stats_port = free_port();
+    lb_port = free_loopback_port();
+    stats_port = free_loopback_port();
     int n = 0;
     for (int i = 0; i < NREP; i++) {
-        rep_port[i] = free_port();
+        rep_port[i] = free_loopback_port();
         n += snprintf(peers + n, sizeof peers - (size_t)n, "%s%s=http://127.0.0.1:%d", i ? "," : "",
                       TAGS[i], rep_port[i]);
     }

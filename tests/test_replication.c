@@ -23,39 +23,13 @@ static char model_dir[512], work[256], redis_addr[64], redis_bin[256];
 static int redis_port;
 static pid_t redis_pid;
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t l = sizeof a;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &l) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0) close(fd);
-    return port;
-}
-
 static int start_redis(void)
 {
     const char *c[] = {"/usr/bin/redis-server", "/usr/local/bin/redis-server", "/usr/sbin/redis-server", NULL};
     for (int i = 0; c[i]; i++)
         if (access(c[i], X_OK) == 0) snprintf(redis_bin, sizeof redis_bin, "%s", c[i]);
     if (!redis_bin[0]) return 1;
-    redis_port = free_port();
+    redis_port = free_loopback_port();
     snprintf(redis_addr, sizeof redis_addr, "127.0.0.1:%d", redis_port);
     char port[16], log[400];
     snprintf(port, sizeof port, "%d", redis_port);
