@@ -275,7 +275,7 @@ int co_read_tokens(const nc_model *m, const char *path, nc_tokens *out, char *er
         n += k;
         if (k == 0) {
             if (ferror(f))
-                rc = nc_error(err, errlen, NC_EIO, "%s: read error", path);
+                rc = nc_error(err, errlen, NC_EIO, "%s: read error: %s", path, strerror(errno));
             break;
         }
     }

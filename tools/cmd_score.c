@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -44,54 +43,10 @@ static void score_usage(FILE *out)
             cacheopts_help);
 }
 
-static int read_all(const char *path, char **out, size_t *len, char *err, size_t errlen)
-{
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f)
-        return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    int rc = buf ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "out of memory");
-    while (rc == NC_OK) {
-        if (n == cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                rc = nc_error(err, errlen, NC_ENOMEM, "%s: out of memory", path);
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t k = fread(buf + n, 1, cap - n, f);
-        n += k;
-        if (k == 0) {
-            if (ferror(f))
-                rc = nc_error(err, errlen, NC_EIO, "%s: read error: %s", path, strerror(errno));
-            break;
-        }
-    }
-    if (f != stdin)
-        fclose(f);
-    if (rc != NC_OK) {
-        free(buf);
-        return rc;
-    }
-    *out = buf;
-    *len = n;
-    return NC_OK;
-}
-
 typedef struct {
     double t0;
     int last_pct;
 } progress_ctx;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void progress_bar(size_t done, size_t total, void *ctx)
 {
@@ -101,7 +56,7 @@ static void progress_bar(size_t done, size_t total, void *ctx)
         return;
     p->last_pct = pct;
     int width = 30, fill = pct * width / 100;
-    double dt = now_s() - p->t0;
+    double dt = co_now() - p->t0;
     fprintf(stderr, "\r[%.*s%*s] %3d%% %zu/%zu tokens, %.0f tokens/s", fill,
             "##############################", width - fill, "", pct, done, total,
             dt > 0 ? (double)done / dt : 0.0);
@@ -181,25 +136,17 @@ int cmd_score(int argc, char **argv)
 
     char err[NC_ERRLEN];
     nc_model *m = NULL;
-    char *text = NULL;
-    size_t len = 0;
     nc_tokens toks;
     tokens_init(&toks);
     nc_state *s = NULL;
     nc_scorer *sc = NULL;
     float *lp = NULL;
-    const char *err_file = NULL;
     int rc = model_load(model_dir, &m, err, sizeof err);
     if (rc == NC_OK)
-        rc = read_all(file, &text, &len, err, sizeof err);
-    if (rc == NC_OK) {
-        rc = tokenize(m, text, len, true, &toks, err, sizeof err);
-        if (rc != NC_OK)
-            err_file = file;      /* tokenizer messages give the offset, not the file */
-    }
+        rc = co_read_tokens(m, file, &toks, err, sizeof err);
     double *dlp = NULL;
     size_t first = 0, scored = 0;
-    double t0 = now_s(), dt = 0;
+    double t0 = co_now(), dt = 0;
     if (rc == NC_OK && cached) {
         /* cache path: one prepared document scored through doc_score */
         dlp = malloc((toks.n + 1) * sizeof(double));
@@ -210,7 +157,7 @@ int cmd_score(int argc, char **argv)
             rc = co_score_cached(m, &co, &toks, bos == NC_BOS_EOS, dlp, true, err, sizeof err);
         first = bos == NC_BOS_EOS ? 0 : (toks.n > 0 ? 1 : 0);
         scored = toks.n - first;
-        dt = now_s() - t0;
+        dt = co_now() - t0;
         for (size_t i = 0; rc == NC_OK && i < scored; i++)
             lp[i] = (float)dlp[first + i];
     } else if (rc == NC_OK) {
@@ -227,7 +174,7 @@ int cmd_score(int argc, char **argv)
         scored = toks.n - first;
         rc = score_tokens(sc, s, toks.ids + first, scored, lp, isatty(2) ? progress_bar : NULL, &pc, err,
                           sizeof err);
-        dt = now_s() - t0;
+        dt = co_now() - t0;
         if (isatty(2))
             fprintf(stderr, "\r\033[K");
     }
@@ -266,13 +213,12 @@ int cmd_score(int argc, char **argv)
             fprintf(stderr, "no tokens scored (empty input)\n");
     }
     if (rc != NC_OK)
-        fprintf(stderr, "neurocache score: %s%s%s\n", err_file ? err_file : "", err_file ? ": " : "", err);
+        fprintf(stderr, "neurocache score: %s\n", err);
     free(lp);
     free(dlp);
     scorer_free(sc);
     lstm_state_free(s);
     tokens_clear(&toks);
-    free(text);
     model_free(m);
     return rc == NC_OK ? 0 : 1;
 }
