@@ -22,6 +22,15 @@
 
 /* ---- helpers ---------------------------------------------------------- */
 
+api_error sessions_rc_api(sessions_rc rc)
+{
+    static const api_error map[] = {
+        [SESS_OK] = API_OK, [SESS_ENOTFOUND] = API_SESSION_NOT_FOUND, [SESS_EEXIST] = API_CONFLICT,
+        [SESS_ELIMIT] = API_TOO_MANY_SESSIONS, [SESS_EMEMORY] = API_MEMORY_BUDGET,
+        [SESS_EINVAL] = API_OUT_OF_RANGE, [SESS_ENOMEM] = API_INTERNAL};
+    return (unsigned)rc < sizeof map / sizeof map[0] ? map[rc] : API_INTERNAL;
+}
+
 static api_error rc_to_api(int rc)
 {
     switch (rc) {
@@ -212,12 +221,8 @@ static void h_session_create(nc_server *srv, http_request *req, http_response *r
     nc_session *s;
     char err[NC_ERRLEN] = "";
     sessions_rc rc = sessions_create(srv->sessions, r.id, r.ns, &r.cache, &s, err, sizeof err);
-    static const api_error map[] = {
-        [SESS_OK] = API_OK, [SESS_ENOTFOUND] = API_SESSION_NOT_FOUND, [SESS_EEXIST] = API_CONFLICT,
-        [SESS_ELIMIT] = API_TOO_MANY_SESSIONS, [SESS_EMEMORY] = API_MEMORY_BUDGET,
-        [SESS_EINVAL] = API_OUT_OF_RANGE, [SESS_ENOMEM] = API_INTERNAL};
     if (rc != SESS_OK) {
-        http_reply_error(resp, map[rc], "%s", err);
+        http_reply_error(resp, sessions_rc_api(rc), "%s", err);
         return;
     }
     pthread_mutex_lock(&s->lock);

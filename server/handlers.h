@@ -3,8 +3,12 @@
 #define NC_SERVER_HANDLERS_H
 
 #include "http.h"
+#include "sessions.h"
 
 /* The static route table (n rows); misses answer 404/405 in http.c. */
 const http_route *handlers_routes(int *n);
+
+/* The API error for a session table failure (create, adopt). */
+api_error sessions_rc_api(sessions_rc rc);
 
 #endif

@@ -11,6 +11,7 @@
 #include <zlib.h>
 
 #include "auth.h"
+#include "handlers.h"
 #include "metrics.h"
 #include "slog.h"
 
@@ -584,12 +585,8 @@ void migrate_h_state_put(nc_server *srv, http_request *req, http_response *resp)
     sessions_delete(srv->sessions, id);
     nc_session *s = NULL;
     sessions_rc rc = sessions_adopt(srv->sessions, id, ns, stream_params(st), st, ref, &s, err, sizeof err);
-    static const api_error map[] = {
-        [SESS_OK] = API_OK, [SESS_ENOTFOUND] = API_SESSION_NOT_FOUND, [SESS_EEXIST] = API_CONFLICT,
-        [SESS_ELIMIT] = API_TOO_MANY_SESSIONS, [SESS_EMEMORY] = API_MEMORY_BUDGET,
-        [SESS_EINVAL] = API_OUT_OF_RANGE, [SESS_ENOMEM] = API_INTERNAL};
     if (rc != SESS_OK) {
-        http_reply_error(resp, map[rc], "%s", err);
+        http_reply_error(resp, sessions_rc_api(rc), "%s", err);
         return;
     }
     pthread_mutex_lock(&s->lock);
