@@ -54,10 +54,7 @@ void metrics_add_predict_batch(uint64_t jobs)
 }
 void metrics_add_evictions(uint64_t n) { atomic_fetch_add(&evictions, n); }
 
-typedef struct { char *s; size_t len, cap; int oom; } sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...)
+void metrics_printf(metrics_text *b, const char *fmt, ...)
 {
     if (b->oom)
         return;
@@ -78,59 +75,59 @@ static void sb_printf(sbuf *b, const char *fmt, ...)
 
 char *metrics_render(long sessions_active, size_t session_bytes, int ready, int draining)
 {
-    sbuf b = {malloc(8192), 0, 8192, 0};
+    metrics_text b = {malloc(8192), 0, 8192, 0};
     if (!b.s)
         return NULL;
     b.s[0] = 0;
-    sb_printf(&b, "# HELP neurocache_requests_total HTTP requests answered, by endpoint and status.\n"
-                  "# TYPE neurocache_requests_total counter\n");
+    metrics_printf(&b, "# HELP neurocache_requests_total HTTP requests answered, by endpoint and status.\n"
+                       "# TYPE neurocache_requests_total counter\n");
     for (int e = 0; e < ep_count; e++)
         for (size_t s = 0; s < NSTATUS; s++) {
             unsigned long v = atomic_load(&req_count[e][s]);
             if (!v) continue;
             if (statuses[s])
-                sb_printf(&b, "neurocache_requests_total{endpoint=\"%s\",status=\"%u\"} %lu\n", ep_names[e], statuses[s], v);
+                metrics_printf(&b, "neurocache_requests_total{endpoint=\"%s\",status=\"%u\"} %lu\n", ep_names[e], statuses[s], v);
             else
-                sb_printf(&b, "neurocache_requests_total{endpoint=\"%s\",status=\"other\"} %lu\n", ep_names[e], v);
+                metrics_printf(&b, "neurocache_requests_total{endpoint=\"%s\",status=\"other\"} %lu\n", ep_names[e], v);
         }
-    sb_printf(&b, "# HELP neurocache_request_duration_seconds Request latency, by endpoint.\n"
-                  "# TYPE neurocache_request_duration_seconds histogram\n");
+    metrics_printf(&b, "# HELP neurocache_request_duration_seconds Request latency, by endpoint.\n"
+                       "# TYPE neurocache_request_duration_seconds histogram\n");
     for (int e = 0; e < ep_count; e++) {
         unsigned long cum = 0;
         for (size_t i = 0; i <= NBUCKET; i++) {
             cum += atomic_load(&hist[e][i]);
             if (i < NBUCKET)
-                sb_printf(&b, "neurocache_request_duration_seconds_bucket{endpoint=\"%s\",le=\"%g\"} %lu\n", ep_names[e], buckets[i], cum);
+                metrics_printf(&b, "neurocache_request_duration_seconds_bucket{endpoint=\"%s\",le=\"%g\"} %lu\n", ep_names[e], buckets[i], cum);
             else
-                sb_printf(&b, "neurocache_request_duration_seconds_bucket{endpoint=\"%s\",le=\"+Inf\"} %lu\n", ep_names[e], cum);
+                metrics_printf(&b, "neurocache_request_duration_seconds_bucket{endpoint=\"%s\",le=\"+Inf\"} %lu\n", ep_names[e], cum);
         }
-        sb_printf(&b, "neurocache_request_duration_seconds_sum{endpoint=\"%s\"} %.6f\n", ep_names[e],
-                  atomic_load(&lat_sum_us[e]) / 1e6);
-        sb_printf(&b, "neurocache_request_duration_seconds_count{endpoint=\"%s\"} %lu\n", ep_names[e], cum);
+        metrics_printf(&b, "neurocache_request_duration_seconds_sum{endpoint=\"%s\"} %.6f\n", ep_names[e],
+                       atomic_load(&lat_sum_us[e]) / 1e6);
+        metrics_printf(&b, "neurocache_request_duration_seconds_count{endpoint=\"%s\"} %lu\n", ep_names[e], cum);
     }
-    sb_printf(&b, "# HELP neurocache_tokens_scored_total Tokens scored (score, completions echo, feed with scores).\n"
-                  "# TYPE neurocache_tokens_scored_total counter\nneurocache_tokens_scored_total %lu\n",
-              atomic_load(&tokens_scored));
-    sb_printf(&b, "# HELP neurocache_tokens_fed_total Tokens fed into sessions.\n"
-                  "# TYPE neurocache_tokens_fed_total counter\nneurocache_tokens_fed_total %lu\n",
-              atomic_load(&tokens_fed));
-    sb_printf(&b, "# HELP neurocache_predictions_total Next-word distributions computed.\n"
-                  "# TYPE neurocache_predictions_total counter\nneurocache_predictions_total %lu\n",
-              atomic_load(&predictions));
-    sb_printf(&b, "# HELP neurocache_predict_batches_total Decoder products run for predict (one GEMM per batch).\n"
-                  "# TYPE neurocache_predict_batches_total counter\nneurocache_predict_batches_total %lu\n"
-                  "# HELP neurocache_predict_batched_total Predict requests run in those batches.\n"
-                  "# TYPE neurocache_predict_batched_total counter\nneurocache_predict_batched_total %lu\n",
-              atomic_load(&predict_batches), atomic_load(&predict_batched));
-    sb_printf(&b, "# HELP neurocache_sessions_evicted_total Sessions evicted after their idle TTL.\n"
-                  "# TYPE neurocache_sessions_evicted_total counter\nneurocache_sessions_evicted_total %lu\n",
-              atomic_load(&evictions));
-    sb_printf(&b, "# HELP neurocache_sessions_active Sessions alive.\n"
-                  "# TYPE neurocache_sessions_active gauge\nneurocache_sessions_active %ld\n", sessions_active);
-    sb_printf(&b, "# HELP neurocache_session_memory_bytes Memory held by sessions (state and caches).\n"
-                  "# TYPE neurocache_session_memory_bytes gauge\nneurocache_session_memory_bytes %zu\n", session_bytes);
-    sb_printf(&b, "# HELP neurocache_ready 1 when the model is loaded and the server is not draining.\n"
-                  "# TYPE neurocache_ready gauge\nneurocache_ready %d\n", ready && !draining);
+    metrics_printf(&b, "# HELP neurocache_tokens_scored_total Tokens scored (score, completions echo, feed with scores).\n"
+                       "# TYPE neurocache_tokens_scored_total counter\nneurocache_tokens_scored_total %lu\n",
+                   atomic_load(&tokens_scored));
+    metrics_printf(&b, "# HELP neurocache_tokens_fed_total Tokens fed into sessions.\n"
+                       "# TYPE neurocache_tokens_fed_total counter\nneurocache_tokens_fed_total %lu\n",
+                   atomic_load(&tokens_fed));
+    metrics_printf(&b, "# HELP neurocache_predictions_total Next-word distributions computed.\n"
+                       "# TYPE neurocache_predictions_total counter\nneurocache_predictions_total %lu\n",
+                   atomic_load(&predictions));
+    metrics_printf(&b, "# HELP neurocache_predict_batches_total Decoder products run for predict (one GEMM per batch).\n"
+                       "# TYPE neurocache_predict_batches_total counter\nneurocache_predict_batches_total %lu\n"
+                       "# HELP neurocache_predict_batched_total Predict requests run in those batches.\n"
+                       "# TYPE neurocache_predict_batched_total counter\nneurocache_predict_batched_total %lu\n",
+                   atomic_load(&predict_batches), atomic_load(&predict_batched));
+    metrics_printf(&b, "# HELP neurocache_sessions_evicted_total Sessions evicted after their idle TTL.\n"
+                       "# TYPE neurocache_sessions_evicted_total counter\nneurocache_sessions_evicted_total %lu\n",
+                   atomic_load(&evictions));
+    metrics_printf(&b, "# HELP neurocache_sessions_active Sessions alive.\n"
+                       "# TYPE neurocache_sessions_active gauge\nneurocache_sessions_active %ld\n", sessions_active);
+    metrics_printf(&b, "# HELP neurocache_session_memory_bytes Memory held by sessions (state and caches).\n"
+                       "# TYPE neurocache_session_memory_bytes gauge\nneurocache_session_memory_bytes %zu\n", session_bytes);
+    metrics_printf(&b, "# HELP neurocache_ready 1 when the model is loaded and the server is not draining.\n"
+                       "# TYPE neurocache_ready gauge\nneurocache_ready %d\n", ready && !draining);
     if (b.oom) {
         free(b.s);
         return NULL;

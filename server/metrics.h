@@ -22,6 +22,16 @@ void metrics_add_evictions(uint64_t n);
 /* One predict batch of jobs requests (batcher.c). */
 void metrics_add_predict_batch(uint64_t jobs);
 
+/* A growing text buffer for the exposition format: metrics_printf appends;
+ * on a failed allocation it sets oom and appends nothing more (the caller
+ * frees s either way). */
+typedef struct {
+    char *s;
+    size_t len, cap;
+    int oom;
+} metrics_text;
+void metrics_printf(metrics_text *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* Renders the Prometheus text exposition format (version 0.0.4) with the
  * given gauges. Returns a malloc'd string (caller frees) or NULL. */
 char *metrics_render(long sessions_active, size_t session_bytes, int ready, int draining);

@@ -566,39 +566,6 @@ done:
 /* ---- metrics ------------------------------------------------------------------ */
 
 typedef struct {
-    char *s;
-    size_t len, cap;
-} sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...)
-{
-    if (!b->s)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        if (n < 0)
-            return;
-        if ((size_t)n < b->cap - b->len) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = b->cap * 2 + (size_t)n;
-        char *s = realloc(b->s, cap);
-        if (!s) {
-            free(b->s);
-            b->s = NULL;
-            return;
-        }
-        b->s = s;
-        b->cap = cap;
-    }
-}
-
-typedef struct {
     const char *name, *type, *help;
 } metric_def;
 
@@ -618,7 +585,7 @@ char *namespaces_metrics(nc_server *srv, char *text)
     nsreg *g = srv->namespaces;
     if (!text || !g)
         return text;
-    sbuf b = {text, strlen(text), strlen(text) + 1};
+    metrics_text b = {text, strlen(text), strlen(text) + 1, 0};
     pthread_mutex_lock(&g->lock);
     int n = HASH_COUNT(g->by_name), cnt = 0;
     nc_nsstore_stats *st = calloc((size_t)n + 1, sizeof *st);
@@ -635,8 +602,8 @@ char *namespaces_metrics(nc_server *srv, char *text)
     }
     pthread_mutex_unlock(&g->lock);
     for (size_t m = 0; m < sizeof ns_metrics / sizeof ns_metrics[0]; m++) {
-        sb_printf(&b, "# HELP %s %s\n# TYPE %s %s\n", ns_metrics[m].name, ns_metrics[m].help, ns_metrics[m].name,
-                  ns_metrics[m].type);
+        metrics_printf(&b, "# HELP %s %s\n# TYPE %s %s\n", ns_metrics[m].name, ns_metrics[m].help, ns_metrics[m].name,
+                       ns_metrics[m].type);
         for (int i = 0; i < cnt; i++) {
             double v = 0;
             switch (m) {
@@ -649,26 +616,30 @@ char *namespaces_metrics(nc_server *srv, char *text)
             case 6: v = st[i].snapshot_age; break;
             default: v = st[i].snapshot_seconds; break;
             }
-            sb_printf(&b, "%s{namespace=\"%s\"} %.17g\n", ns_metrics[m].name, names[i], v);
+            metrics_printf(&b, "%s{namespace=\"%s\"} %.17g\n", ns_metrics[m].name, names[i], v);
         }
     }
-    sb_printf(&b, "# HELP neurocache_namespaces namespaces open\n# TYPE neurocache_namespaces gauge\n"
-                  "neurocache_namespaces %d\n", cnt);
-    sb_printf(&b, "# HELP neurocache_recovery_seconds time spent recovering namespaces at start-up\n"
-                  "# TYPE neurocache_recovery_seconds gauge\nneurocache_recovery_seconds %.6f\n", g->recovery_s);
-    sb_printf(&b, "# HELP neurocache_adapt_tokens_total tokens added to unbounded caches (documents and feed)\n"
-                  "# TYPE neurocache_adapt_tokens_total counter\nneurocache_adapt_tokens_total %llu\n",
-              (unsigned long long)g->adapt_tokens);
-    sb_printf(&b, "# HELP neurocache_documents_total documents streamed into namespaces\n"
-                  "# TYPE neurocache_documents_total counter\nneurocache_documents_total %llu\n",
-              (unsigned long long)g->documents);
-    sb_printf(&b, "# HELP neurocache_snapshots_total snapshots written\n# TYPE neurocache_snapshots_total counter\n"
-                  "neurocache_snapshots_total %llu\n", (unsigned long long)g->snapshots);
-    sb_printf(&b, "# HELP neurocache_snapshot_failures_total snapshots that failed\n"
-                  "# TYPE neurocache_snapshot_failures_total counter\nneurocache_snapshot_failures_total %llu\n",
-              (unsigned long long)g->snapshot_failures);
+    metrics_printf(&b, "# HELP neurocache_namespaces namespaces open\n# TYPE neurocache_namespaces gauge\n"
+                       "neurocache_namespaces %d\n", cnt);
+    metrics_printf(&b, "# HELP neurocache_recovery_seconds time spent recovering namespaces at start-up\n"
+                       "# TYPE neurocache_recovery_seconds gauge\nneurocache_recovery_seconds %.6f\n", g->recovery_s);
+    metrics_printf(&b, "# HELP neurocache_adapt_tokens_total tokens added to unbounded caches (documents and feed)\n"
+                       "# TYPE neurocache_adapt_tokens_total counter\nneurocache_adapt_tokens_total %llu\n",
+                   (unsigned long long)g->adapt_tokens);
+    metrics_printf(&b, "# HELP neurocache_documents_total documents streamed into namespaces\n"
+                       "# TYPE neurocache_documents_total counter\nneurocache_documents_total %llu\n",
+                   (unsigned long long)g->documents);
+    metrics_printf(&b, "# HELP neurocache_snapshots_total snapshots written\n# TYPE neurocache_snapshots_total counter\n"
+                       "neurocache_snapshots_total %llu\n", (unsigned long long)g->snapshots);
+    metrics_printf(&b, "# HELP neurocache_snapshot_failures_total snapshots that failed\n"
+                       "# TYPE neurocache_snapshot_failures_total counter\nneurocache_snapshot_failures_total %llu\n",
+                   (unsigned long long)g->snapshot_failures);
     free(st);
     free(names);
+    if (b.oom) {
+        free(b.s);
+        return NULL;
+    }
     return b.s;
 }
 
