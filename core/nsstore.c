@@ -56,6 +56,7 @@ struct nc_nsstore {
     pthread_mutex_t snap_lock;
     uint64_t snap_seq, prev_snap_seq;
     double snap_time, snap_secs;
+    uint64_t retain;              /* nsstore_retain_log (atomic) */
 };
 
 static __thread struct {
@@ -450,6 +451,191 @@ int nsstore_sync(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen)
     if (seq == 0)
         return NC_OK;
     return wal_sync(ns->wal, seq, err, errlen);
+}
+
+/* ---- following the log ---------------------------------------------------------- */
+
+struct nc_nslog {
+    nc_nsstore *ns;
+    nc_wal_reader *r;
+    char doc[DOC_ID_MAX + 1];
+    char *words;
+    size_t wcap;
+    size_t *dyn_off;              /* offsets of the record's open-vocabulary strings */
+    uint32_t *dyn_len;
+    size_t dcap;
+};
+
+const char *nsstore_dir(const nc_nsstore *ns) { return ns->dir; }
+
+uint64_t nsstore_last_seq(nc_nsstore *ns)
+{
+    nc_wal_stats ws;
+    wal_stats(ns->wal, &ws);
+    return ws.last_seq;
+}
+
+void nsstore_retain_log(nc_nsstore *ns, uint64_t after)
+{
+    __atomic_store_n(&ns->retain, after, __ATOMIC_RELEASE);
+}
+
+int nsstore_log_open(nc_nsstore *ns, uint64_t after, nc_nslog **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    nc_nslog *l = calloc(1, sizeof *l);
+    if (!l)
+        return nc_error(err, errlen, NC_ENOMEM, "log follower");
+    l->ns = ns;
+    int rc = wal_reader_open(ns->waldir, ns->tag, after, &l->r, err, errlen);
+    if (rc) {
+        free(l);
+        return rc;
+    }
+    *out = l;
+    return NC_OK;
+}
+
+uint64_t nsstore_log_position(const nc_nslog *l)
+{
+    return wal_reader_position(l->r);
+}
+
+void nsstore_log_close(nc_nslog *l)
+{
+    if (!l)
+        return;
+    wal_reader_close(l->r);
+    free(l->words);
+    free(l->dyn_off);
+    free(l->dyn_len);
+    free(l);
+}
+
+/* One ADD record (the layout add_hook writes) into a; NC_EFORMAT if it
+ * does not hold together. */
+static int log_decode_add(nc_nslog *l, uint64_t seq, const unsigned char *p, size_t len, nc_nslog_add *a,
+                          char *err, size_t errlen)
+{
+    nc_nsstore *ns = l->ns;
+    uint32_t n, H, doc, nd;
+    uint64_t off;
+    if (len < 36)
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: short add record", (unsigned long long)seq);
+    memcpy(&n, p + 4, 4);
+    memcpy(&H, p + 8, 4);
+    memcpy(&doc, p + 12, 4);
+    memcpy(&off, p + 24, 8);
+    memcpy(&nd, p + 32, 4);
+    if (p[1] != KEY_F16 || H != (uint32_t)ns->H || n == 0 || nd > n)
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: add of %u pairs of dimension %u",
+                        (unsigned long long)seq, n, H);
+    if (nd > l->dcap) {
+        size_t *o = realloc(l->dyn_off, nd * sizeof *o);
+        if (o)
+            l->dyn_off = o;
+        uint32_t *dl = o ? realloc(l->dyn_len, nd * sizeof *dl) : NULL;
+        if (!dl)
+            return nc_error(err, errlen, NC_ENOMEM, "log follower");
+        l->dyn_len = dl;
+        l->dcap = nd;
+    }
+    size_t k = 36, wl = 0;
+    for (uint32_t j = 0; j < nd; j++) {
+        uint32_t sl;
+        if (len - k < 4)
+            return nc_error(err, errlen, NC_EFORMAT, "log record %llu: truncated word list", (unsigned long long)seq);
+        memcpy(&sl, p + k, 4);
+        k += 4;
+        if (sl == 0 || sl > len - k)
+            return nc_error(err, errlen, NC_EFORMAT, "log record %llu: bad word length", (unsigned long long)seq);
+        l->dyn_off[j] = k;
+        l->dyn_len[j] = sl;
+        k += sl;
+    }
+    if (len - k != (size_t)n * (4 + 2 * (size_t)H))
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %zu bytes for %u pairs", (unsigned long long)seq,
+                        len - k, n);
+    const unsigned char *refs = p + k;
+    /* surface strings: vocabulary words from the table, the others from
+     * the record (the table may hold them under other ids by now) */
+    for (int pass = 0; pass < 2; pass++) {
+        size_t w = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            int32_t r;
+            memcpy(&r, refs + (size_t)i * 4, 4);
+            const char *s;
+            size_t sl;
+            if (r >= 0 && r < ns->V) {
+                s = wordtable_word(ns->words, r);
+                sl = s ? strlen(s) : 0;
+            } else if (r >= ns->V && (uint32_t)(r - ns->V) < nd) {
+                s = (const char *)p + l->dyn_off[r - ns->V];
+                sl = l->dyn_len[r - ns->V];
+            } else {
+                return nc_error(err, errlen, NC_EFORMAT, "log record %llu: bad word reference %d",
+                                (unsigned long long)seq, r);
+            }
+            if (pass == 1) {
+                memcpy(l->words + w, s, sl);
+                if (i + 1 < n)
+                    l->words[w + sl] = '\n';
+            }
+            w += sl + (i + 1 < n);
+        }
+        if (pass == 0) {
+            wl = w;
+            if (wl + 1 > l->wcap) {
+                char *b = realloc(l->words, wl + 1);
+                if (!b)
+                    return nc_error(err, errlen, NC_ENOMEM, "log follower");
+                l->words = b;
+                l->wcap = wl + 1;
+            }
+        }
+    }
+    l->words[wl] = 0;
+    l->doc[0] = 0;
+    if (doc != NSSTORE_NO_DOC) {
+        pthread_rwlock_rdlock(&ns->meta);
+        if (doc < ns->ndocs)
+            snprintf(l->doc, sizeof l->doc, "%s", ns->doc_ids[doc]);
+        pthread_rwlock_unlock(&ns->meta);
+        if (!l->doc[0])
+            return nc_error(err, errlen, NC_EFORMAT, "log record %llu: unknown document %u", (unsigned long long)seq,
+                            doc);
+    }
+    a->seq = seq;
+    a->doc = l->doc;
+    a->off = off;
+    a->n = n;
+    a->keys_f16 = refs + (size_t)n * 4;
+    a->words = l->words;
+    a->words_len = wl;
+    return NC_OK;
+}
+
+int nsstore_log_next(nc_nslog *l, nc_nslog_add *a, char *err, size_t errlen)
+{
+    uint64_t upto = wal_durable_seq(l->ns->wal);
+    for (;;) {
+        uint64_t seq;
+        const void *payload;
+        size_t len;
+        int rc = wal_reader_next(l->r, upto, &seq, &payload, &len, err, errlen);
+        if (rc <= 0)
+            return rc;
+        const unsigned char *p = payload;
+        if (len < 4)
+            return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %zu bytes", (unsigned long long)seq, len);
+        if (p[0] == REC_DOC)
+            continue;
+        if (p[0] != REC_ADD)
+            return nc_error(err, errlen, NC_EFORMAT, "log record %llu: unknown type %d", (unsigned long long)seq,
+                            p[0]);
+        rc = log_decode_add(l, seq, p, len, a, err, errlen);
+        return rc ? rc : 1;
+    }
 }
 
 /* ---- replay ------------------------------------------------------------------- */
@@ -883,8 +1069,13 @@ int nsstore_snapshot(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
                 }
             free(snaps);
         }
-        if (keep_from > 0)
-            wal_prune(ns->waldir, keep_from, NULL, 0);
+        /* ...and every segment a follower (replication) still has to
+         * read: its records may exist nowhere else yet */
+        uint64_t upto = keep_from, ret = __atomic_load_n(&ns->retain, __ATOMIC_ACQUIRE);
+        if (ret < upto)
+            upto = ret;
+        if (upto > 0)
+            wal_prune(ns->waldir, upto, NULL, 0);
         ns->prev_snap_seq = ns->snap_seq;
         ns->snap_seq = S;
         ns->snap_time = mono_now();
@@ -1069,6 +1260,7 @@ int nsstore_open(const nc_nsstore_opts *o, nc_nsstore **out, nc_nsstore_recovery
     ns->ubo.dim = ns->H;
     ns->ubo.key_f16 = true;
     ns->sync = o->sync;
+    ns->retain = UINT64_MAX;
     pthread_rwlock_init(&ns->meta, NULL);
     pthread_mutex_init(&ns->snap_lock, NULL);
 

@@ -91,6 +91,40 @@ typedef void (*nsstore_observer)(void *ctx, nc_nsstore *ns, uint32_t doc, uint64
                                  const float *keys, const int *words, size_t n);
 void nsstore_set_observer(nc_nsstore *ns, nsstore_observer fn, void *ctx);
 
+/* ---- following the log (replication's publisher) ----
+ * The adds logged after a given record, read back from the log itself once
+ * durable, so that whatever was acknowledged can be published even after a
+ * crash or a long Redis outage (nothing is held only in memory). */
+typedef struct nc_nslog nc_nslog;
+typedef struct {
+    uint64_t seq;                 /* its log record */
+    const char *doc;              /* document id, "" = none */
+    uint64_t off;                 /* offset of the first pair in the document */
+    size_t n;                     /* pairs */
+    const void *keys_f16;         /* [n, H] float16 little-endian, as logged */
+    const char *words;            /* the n surface strings, '\n'-joined */
+    size_t words_len;
+} nc_nslog_add;
+/* A follower of ns's log from the record after `after`. NC_ENOTFOUND when
+ * the log no longer reaches back that far. Close before the store. */
+int nsstore_log_open(nc_nsstore *ns, uint64_t after, nc_nslog **out, char *err, size_t errlen);
+/* The next durable ADD record (DOC records are passed over): 1 with *a
+ * (valid until the next call), 0 when none is durable yet, or a negative
+ * NC_ code. */
+int nsstore_log_next(nc_nslog *l, nc_nslog_add *a, char *err, size_t errlen);
+/* The last record consumed (ADD or DOC). */
+uint64_t nsstore_log_position(const nc_nslog *l);
+/* NULL allowed. */
+void nsstore_log_close(nc_nslog *l);
+/* Snapshots keep every log segment holding a record > after (what a
+ * follower has not consumed yet), however old. UINT64_MAX (the default)
+ * = no constraint. */
+void nsstore_retain_log(nc_nsstore *ns, uint64_t after);
+/* The last record appended to the log (durable or not). */
+uint64_t nsstore_last_seq(nc_nsstore *ns);
+/* The namespace's directory (nsstore_opts.dir). */
+const char *nsstore_dir(const nc_nsstore *ns);
+
 /* Returns once every record up to seq is durable (group commit). */
 int nsstore_sync(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen);
 

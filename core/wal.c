@@ -339,7 +339,7 @@ static int open_segment(nc_wal *w, uint64_t first, char *err, size_t errlen)
     snprintf(path, sizeof path, "%s/%s", w->dir, name);
     int fd = nc_open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0)
-        return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
+        return nc_error(err, errlen, no_room(errno) ? NC_ENOSPACE : NC_EIO, "%s: %s", path, strerror(errno));
     unsigned char h[SEG_HDR];
     memcpy(h, SEG_MAGIC, 8);
     memcpy(h + 8, &first, 8);
@@ -350,7 +350,7 @@ static int open_segment(nc_wal *w, uint64_t first, char *err, size_t errlen)
     if (write_all(fd, &v, 1) != 0 || nc_fdatasync(fd) != 0 || fsync_dir(w->dir) != 0) {
         int e = errno;
         close(fd);
-        return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(e));
+        return nc_error(err, errlen, no_room(e) ? NC_ENOSPACE : NC_EIO, "%s: %s", path, strerror(e));
     }
     w->fd = fd;
     w->seg_first = first;
@@ -586,4 +586,173 @@ uint64_t wal_disk_bytes(const char *dir)
     }
     free(l.first);
     return b;
+}
+
+uint64_t wal_durable_seq(nc_wal *w)
+{
+    pthread_mutex_lock(&w->lock);
+    uint64_t s = w->mode == WAL_SYNC_NONE ? w->last_seq : w->synced_seq;
+    pthread_mutex_unlock(&w->lock);
+    return s;
+}
+
+/* ---- following a log ---------------------------------------------------------- */
+
+struct nc_wal_reader {
+    char dir[1024];
+    uint32_t tag;
+    int fd;                       /* segment being read, -1 = none yet */
+    uint64_t seg_first;
+    uint64_t file_off;            /* of the next record in fd */
+    uint64_t file_seq;            /* seq of the record at file_off */
+    uint64_t pos;                 /* last record handed out (or skipped: <= after) */
+    unsigned char *buf;
+    size_t cap;
+};
+
+static int pread_all(int fd, void *buf, size_t n, uint64_t off)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return r < 0 ? -1 : 0;
+        got += (size_t)r;
+    }
+    return 1;
+}
+
+/* Opens the segment holding seq want (the newest starting at or before
+ * it) and checks its header. NC_ENOTFOUND when no segment reaches back. */
+static int reader_seek_segment(nc_wal_reader *r, uint64_t want, char *err, size_t errlen)
+{
+    seglist l;
+    int rc = list_segments(r->dir, &l, err, errlen);
+    if (rc)
+        return rc;
+    int k = -1;
+    for (int i = 0; i < l.n; i++)
+        if (l.first[i] <= want)
+            k = i;
+    uint64_t first = k >= 0 ? l.first[k] : 0;
+    uint64_t oldest = l.n ? l.first[0] : 0;
+    free(l.first);
+    if (k < 0)
+        return nc_error(err, errlen, NC_ENOTFOUND, "%s: the log %s does not reach back to seq %llu", r->dir,
+                        oldest ? "starts later and" : "is empty and", (unsigned long long)want);
+    if (r->fd >= 0 && first == r->seg_first)
+        return NC_OK;   /* already there */
+    char name[64], path[1200];
+    wal_segment_name(first, name, sizeof name);
+    snprintf(path, sizeof path, "%s/%s", r->dir, name);
+    int fd = nc_open(path, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0)
+        return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: %s", path, strerror(errno));
+    unsigned char h[SEG_HDR];
+    int got = pread_all(fd, h, SEG_HDR, 0);
+    if (got <= 0 || memcmp(h, SEG_MAGIC, 8) != 0 || rd32(h + 20) != (uint32_t)crc32(0L, h, 20) ||
+        rd64(h + 8) != first || rd32(h + 16) != r->tag) {
+        close(fd);
+        return nc_error(err, errlen, got < 0 ? NC_EIO : NC_EFORMAT, "%s: bad segment header", path);
+    }
+    if (r->fd >= 0)
+        close(r->fd);
+    r->fd = fd;
+    r->seg_first = first;
+    r->file_off = SEG_HDR;
+    r->file_seq = first;
+    return NC_OK;
+}
+
+int wal_reader_open(const char *dir, uint32_t tag, uint64_t after, nc_wal_reader **out, char *err,
+                    size_t errlen)
+{
+    *out = NULL;
+    nc_wal_reader *r = calloc(1, sizeof *r);
+    if (!r)
+        return nc_error(err, errlen, NC_ENOMEM, "log reader");
+    if ((size_t)snprintf(r->dir, sizeof r->dir, "%s", dir) >= sizeof r->dir) {
+        free(r);
+        return nc_error(err, errlen, NC_EINVAL, "log directory path too long");
+    }
+    r->tag = tag;
+    r->fd = -1;
+    r->pos = after;
+    int rc = reader_seek_segment(r, after + 1, err, errlen);
+    if (rc) {
+        wal_reader_close(r);
+        return rc;
+    }
+    *out = r;
+    return NC_OK;
+}
+
+int wal_reader_next(nc_wal_reader *r, uint64_t upto, uint64_t *seq, const void **payload, size_t *len,
+                    char *err, size_t errlen)
+{
+    while (r->pos < upto) {
+        uint64_t want = r->pos + 1;
+        unsigned char h[REC_HDR];
+        int got = pread_all(r->fd, h, REC_HDR, r->file_off);
+        if (got < 0)
+            return nc_error(err, errlen, NC_EIO, "%s: reading the log: %s", r->dir, strerror(errno));
+        if (got == 0) {
+            /* end of this segment: the record is in the next one */
+            uint64_t before = r->seg_first;
+            int rc = reader_seek_segment(r, want, err, errlen);
+            if (rc)
+                return rc;
+            if (r->seg_first == before)
+                return nc_error(err, errlen, NC_EFORMAT, "%s: record %llu is missing (the segment of %llu ends first)",
+                                r->dir, (unsigned long long)want, (unsigned long long)before);
+            continue;
+        }
+        uint32_t l = rd32(h + 4);
+        if (rd32(h) != REC_MAGIC || l > WAL_MAX_RECORD || rd64(h + 8) != r->file_seq)
+            return nc_error(err, errlen, NC_EFORMAT, "%s: bad record header at byte %llu of segment %llu", r->dir,
+                            (unsigned long long)r->file_off, (unsigned long long)r->seg_first);
+        if (r->file_seq < want) {
+            /* before the position (opening in the middle of a segment) */
+            r->file_off += REC_HDR + l;
+            r->file_seq++;
+            continue;
+        }
+        if (l > r->cap) {
+            unsigned char *b = realloc(r->buf, l);
+            if (!b)
+                return nc_error(err, errlen, NC_ENOMEM, "log record of %u bytes", l);
+            r->buf = b;
+            r->cap = l;
+        }
+        got = l ? pread_all(r->fd, r->buf, l, r->file_off + REC_HDR) : 1;
+        if (got <= 0 || rd32(h + 16) != rec_crc(h, r->buf, l))
+            return nc_error(err, errlen, got < 0 ? NC_EIO : NC_EFORMAT, "%s: record %llu %s", r->dir,
+                            (unsigned long long)want, got < 0 ? strerror(errno) : got == 0 ? "is cut short"
+                                                                                       : "fails its checksum");
+        r->file_off += REC_HDR + l;
+        r->file_seq++;
+        r->pos = want;
+        *seq = want;
+        *payload = r->buf;
+        *len = l;
+        return 1;
+    }
+    return 0;
+}
+
+uint64_t wal_reader_position(const nc_wal_reader *r)
+{
+    return r->pos;
+}
+
+void wal_reader_close(nc_wal_reader *r)
+{
+    if (!r)
+        return;
+    if (r->fd >= 0)
+        close(r->fd);
+    free(r->buf);
+    free(r);
 }

@@ -86,6 +86,31 @@ void wal_stats(nc_wal *w, nc_wal_stats *st);
 /* Bytes of every segment in dir (on disk). */
 uint64_t wal_disk_bytes(const char *dir);
 
+/* The last record a follower may read: synced_seq, or last_seq when the
+ * log is not synced (mode none). Records up to it are whole in the file. */
+uint64_t wal_durable_seq(nc_wal *w);
+
+/* A follower of a log that is being written (replication publishes a
+ * namespace's adds from its log, design §7): it reads records with
+ * seq > after in order and keeps its place between calls. Unlike
+ * wal_replay it never writes (no torn-tail truncation: the writer owns the
+ * tail) and reads only up to a bound the caller knows complete
+ * (wal_durable_seq). Segments pruned behind it do not disturb it; a segment
+ * pruned before it reads it is an error (keep them: nsstore_retain_log). */
+typedef struct nc_wal_reader nc_wal_reader;
+/* NC_ENOTFOUND when the log no longer reaches back to after + 1. */
+int wal_reader_open(const char *dir, uint32_t tag, uint64_t after, nc_wal_reader **out, char *err,
+                    size_t errlen);
+/* The next record if its seq <= upto: returns 1 with *seq, *payload (owned
+ * by the reader, valid until the next call) and *len; 0 when there is none
+ * yet; a negative NC_ code on corruption or I/O errors. */
+int wal_reader_next(nc_wal_reader *r, uint64_t upto, uint64_t *seq, const void **payload, size_t *len,
+                    char *err, size_t errlen);
+/* The seq of the last record returned (after, before the first). */
+uint64_t wal_reader_position(const nc_wal_reader *r);
+/* NULL allowed. */
+void wal_reader_close(nc_wal_reader *r);
+
 /* Segment file name of first seq s into buf ("wal-%016llx.log"). */
 void wal_segment_name(uint64_t s, char *buf, size_t len);
 

@@ -1,45 +1,71 @@
-/* replication.c -- namespaces shared by replicas through Redis Streams: an
- * observer on every namespace store queues local adds, a publisher thread
- * XADDs them (pipelined), an applier thread XREADs every namespace's stream
- * and adds the other replicas' entries to the local stores. */
+/* replication.c -- namespaces shared by replicas through Redis Streams: a
+ * publisher thread follows every namespace's write-ahead log and XADDs the
+ * local adds (pipelined), remembering how far it got in a marker file of
+ * the namespace; an applier thread XREADs every namespace's stream and adds
+ * the other replicas' entries to the local stores, skipping what it holds
+ * already; deletions travel as tombstones. */
 #include "replication.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "migrate.h"
 #include "namespaces.h"
 #include "slog.h"
 
 #define MAX_NS 256
-#define QUEUE_MAX_BYTES ((size_t)512 << 20)   /* beyond: adds are dropped, counted */
+#define BATCH_ENTRIES 256                   /* XADDs per pipeline */
+#define BATCH_BYTES ((size_t)8 << 20)       /* ...or this much key data */
+#define MARKER_FILE "replication-state"     /* in the namespace's directory */
+#define MARKER_HEAD "neurocache-replication 1"
+#define MARKER_EVERY_MS 100                 /* marker writes per namespace, at most */
+#define DELETES_FILE "replication-deletes"  /* in data_dir: tombstones not yet in Redis */
 
-typedef struct entry {
-    struct entry *next;
-    char ns[SESSION_ID_MAX];
-    char *doc;                    /* origin document id */
-    uint64_t off;
-    size_t n;
-    char *words;                  /* '\n'-joined */
-    size_t words_len;
-    uint16_t *keys;               /* [n, H] float16 */
-    size_t bytes;
-    bool del;                     /* the namespace was deleted here (no pairs) */
-} entry;
+/* Highest origin seq applied from one incarnation of a namespace on one
+ * origin replica: a republished entry at or below it is a duplicate. */
+typedef struct {
+    char origin[16];
+    uint64_t birth, seq;
+} hwm_t;
 
 typedef struct {
     char name[SESSION_ID_MAX];
+    /* applier thread only */
     char last_id[64];             /* last applied (or skipped) stream id */
-    bool loaded;                  /* last_id recovered from the store (pos_load) */
+    bool loaded;                  /* last_id and hw recovered from the store (pos_load) */
     bool warned;                  /* "namespace unavailable" logged */
+    hwm_t *hw;
+    int nhw, hwcap;
+    /* under R.lock */
+    uint64_t tomb;                /* newest deletion of the name known (ms), 0 = none */
+    bool reset;                   /* deleted here: the applier forgets its position */
+    unsigned gen;                 /* attachments of a store under this name */
+    uint64_t birth;               /* the attached store's incarnation (ms), 0 = none */
+    uint64_t published;           /* marker on disk: local adds <= it are in Redis */
+    bool dirty;                   /* local adds since the publisher last looked */
+    /* publisher thread only */
+    nc_nslog *log;                /* follower of the attached store's log */
+    unsigned log_gen;
+    uint64_t pub_pos;             /* published, maybe not yet in the marker */
+    double marker_at;
+    bool announced;               /* in the namespace set, on this connection */
+    bool log_warned;
 } ns_state;
+
+typedef struct {
+    char name[SESSION_ID_MAX];
+    uint64_t t;
+} pending_del;
 
 static struct {
     bool on;
@@ -51,26 +77,26 @@ static struct {
     char tag[16];
     uint64_t model_fp;            /* migrate_model_fingerprint: weights, not only the vocabulary */
     int H;
+    char deletes_path[1200];      /* "" = not durable (no data_dir) */
+    bool no_marker;               /* test hook: the marker never advances on disk */
     pthread_t pub, app;
-    pthread_mutex_t lock;         /* queue and ns table */
+    pthread_mutex_t lock;         /* ns table, pending deletes */
     pthread_cond_t cond;
-    entry *head, *tail;
-    size_t queued_bytes;
     atomic_int stop;
+    atomic_int tombs_loaded;      /* the applier has read the tombstones once */
     ns_state ns[MAX_NS];
     int nns;
+    pending_del *dels;
+    int ndels, delcap;
     /* counters */
-    atomic_ullong published_entries, published_tokens, dropped_tokens;
+    atomic_ullong published_entries, published_tokens, duplicate_entries;
     atomic_ullong applied_entries, applied_tokens, refused_entries, redis_errors;
+    atomic_ullong unpublished_records;
     atomic_llong last_lag_ms, max_lag_ms;
-    atomic_int queue_len;
     atomic_int connected_pub, connected_app;
 } R = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
 
-static void enqueue(entry *e);
-
-/* Set while the applier adds remote pairs: the observer must not publish
- * them again. */
+/* Set while the applier adds remote pairs: the observer ignores them. */
 static __thread int applying;
 
 static double now_ms(void)
@@ -86,137 +112,238 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-static void entry_free(entry *e)
+/* ---- durable files ---------------------------------------------------------- */
+
+static int fsync_dir_of(const char *path)
 {
-    if (!e) return;
-    free(e->doc);
-    free(e->words);
-    free(e->keys);
-    free(e);
+    char d[1200];
+    snprintf(d, sizeof d, "%s", path);
+    char *slash = strrchr(d, '/');
+    if (slash) *slash = 0;
+    else snprintf(d, sizeof d, ".");
+    int fd = open(d, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return -1;
+    int r = fsync(fd);
+    close(fd);
+    return r;
 }
 
-/* ---- observer: local adds into the queue ----------------------------------- */
+/* Replaces path with text atomically (tmp, fsync, rename, fsync of the
+ * directory): after a crash the old or the new content, never a mix. */
+static int write_atomic(const char *path, const char *text, size_t len, char *err, size_t errlen)
+{
+    char tmp[1300];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    bool ok = fd >= 0;
+    size_t done = 0;
+    while (ok && done < len) {
+        ssize_t w = write(fd, text + done, len - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) ok = false;
+        else done += (size_t)w;
+    }
+    if (ok && fsync(fd) != 0) ok = false;
+    int e = errno;
+    if (fd >= 0) close(fd);
+    if (ok && rename(tmp, path) != 0) { ok = false; e = errno; }
+    if (ok && fsync_dir_of(path) != 0) { ok = false; e = errno; }
+    if (!ok) {
+        unlink(tmp);
+        snprintf(err, errlen, "%.400s: %s", path, strerror(e));
+        return -1;
+    }
+    return 0;
+}
 
+/* The marker of a namespace directory: its incarnation and how far its log
+ * is published. 1 read, 0 absent, -1 unreadable or corrupt (err says). */
+static int marker_read(const char *dir, uint64_t *birth, uint64_t *published, char *err, size_t errlen)
+{
+    char path[1200], buf[512];
+    snprintf(path, sizeof path, "%s/%s", dir, MARKER_FILE);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        if (errno == ENOENT) return 0;
+        snprintf(err, errlen, "%.400s: %s", path, strerror(errno));
+        return -1;
+    }
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    unsigned long long b = 0, p = 0;
+    unsigned crc = 0;
+    int used = 0;
+    char *c = strstr(buf, "crc ");
+    if (!c || sscanf(buf, MARKER_HEAD "\nbirth %llu\npublished %llu\n%n", &b, &p, &used) != 2 ||
+        buf + used != c || sscanf(c, "crc %8x", &crc) != 1 ||
+        crc != (unsigned)crc32(0L, (const Bytef *)buf, (uInt)(c - buf)) || b == 0) {
+        snprintf(err, errlen, "%.400s: not a replication marker, or corrupt", path);
+        return -1;
+    }
+    *birth = b;
+    *published = p;
+    return 1;
+}
+
+static int marker_write(const char *dir, uint64_t birth, uint64_t published, char *err, size_t errlen)
+{
+    char path[1200], buf[512];
+    snprintf(path, sizeof path, "%s/%s", dir, MARKER_FILE);
+    int k = snprintf(buf, sizeof buf, MARKER_HEAD "\nbirth %llu\npublished %llu\n", (unsigned long long)birth,
+                     (unsigned long long)published);
+    k += snprintf(buf + k, sizeof buf - (size_t)k, "crc %08x\n", (unsigned)crc32(0L, (const Bytef *)buf, (uInt)k));
+    return write_atomic(path, buf, (size_t)k, err, errlen);
+}
+
+/* The tombstones this replica has not yet put in Redis (R.lock held). */
+static void deletes_save(void)
+{
+    if (!R.deletes_path[0]) return;
+    size_t cap = 64 + (size_t)R.ndels * (SESSION_ID_MAX + 24), k = 0;
+    char *buf = malloc(cap), err[NC_ERRLEN];
+    if (!buf) return;
+    for (int i = 0; i < R.ndels; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s %llu\n", R.dels[i].name, (unsigned long long)R.dels[i].t);
+    if (write_atomic(R.deletes_path, buf, k, err, sizeof err) != 0)
+        slog(SLOG_ERROR, "replication: cannot record a namespace deletion", json_pack("{s:s}", "error", err));
+    free(buf);
+}
+
+static void deletes_add(const char *name, uint64_t t)
+{
+    int i;
+    for (i = 0; i < R.ndels && strcmp(R.dels[i].name, name); i++) {}
+    if (i == R.ndels) {
+        if (R.ndels == R.delcap) {
+            int c = R.delcap ? 2 * R.delcap : 8;
+            pending_del *p = realloc(R.dels, (size_t)c * sizeof *p);
+            if (!p) return;
+            R.dels = p;
+            R.delcap = c;
+        }
+        snprintf(R.dels[R.ndels].name, sizeof R.dels[0].name, "%s", name);
+        R.dels[R.ndels].t = 0;
+        R.ndels++;
+    }
+    if (t > R.dels[i].t) R.dels[i].t = t;
+}
+
+static void deletes_load(void)
+{
+    FILE *f = R.deletes_path[0] ? fopen(R.deletes_path, "r") : NULL;
+    if (!f) return;
+    char name[SESSION_ID_MAX];
+    unsigned long long t;
+    while (fscanf(f, "%63s %llu", name, &t) == 2)
+        deletes_add(name, t);
+    fclose(f);
+}
+
+/* ---- namespaces --------------------------------------------------------------- */
+
+/* The entry of name, or NULL (R.lock held). */
+static ns_state *ns_find(const char *name)
+{
+    for (int i = 0; i < R.nns; i++)
+        if (!strcmp(R.ns[i].name, name)) return &R.ns[i];
+    return NULL;
+}
+
+/* The entry of name, created when absent (R.lock held); NULL when full. */
+static ns_state *ns_get(const char *name)
+{
+    ns_state *s = ns_find(name);
+    if (s || R.nns == MAX_NS) return s;
+    s = &R.ns[R.nns];
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    snprintf(s->last_id, sizeof s->last_id, "0");
+    /* published fully before the count grows: the applier reads entries
+     * below the count without the lock */
+    __atomic_store_n(&R.nns, R.nns + 1, __ATOMIC_RELEASE);
+    return s;
+}
+
+/* Observer of a store's logged adds: only wakes the publisher, which reads
+ * the adds back from the log once they are durable. */
 static void on_local_add(void *ctx, nc_nsstore *ns, uint32_t doc, uint64_t off, const float *keys,
                          const int *words, size_t n)
 {
-    const char *name = ctx;
-    if (applying || n == 0 || atomic_load(&R.stop))
-        return;
-    entry *e = calloc(1, sizeof *e);
-    char docid[1100] = "";
-    if (doc != NSSTORE_NO_DOC)
-        nsstore_doc_info(ns, doc, docid, sizeof docid, NULL);
-    nc_wordtable *wt = nsstore_words(ns);
-    size_t wl = 0;
-    for (size_t i = 0; i < n; i++) {
-        const char *w = wordtable_word(wt, words[i]);
-        wl += (w ? strlen(w) : 0) + 1;
-    }
-    if (e) {
-        snprintf(e->ns, sizeof e->ns, "%s", name);
-        e->doc = strdup(docid);
-        e->off = off;
-        e->n = n;
-        e->words = malloc(wl + 1);
-        e->keys = malloc(n * (size_t)R.H * sizeof(uint16_t));
-    }
-    if (!e || !e->doc || !e->words || !e->keys) {
-        entry_free(e);
-        atomic_fetch_add(&R.dropped_tokens, n);
-        return;
-    }
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        const char *w = wordtable_word(wt, words[i]);
-        size_t l = w ? strlen(w) : 0;
-        memcpy(e->words + k, w ? w : "", l);
-        k += l;
-        if (i + 1 < n) e->words[k++] = '\n';
-    }
-    e->words[k] = 0;
-    e->words_len = k;
-    /* Keys arrive as the index will store them (rounded to float16): the
-     * conversion is exact. */
-    for (size_t i = 0; i < n * (size_t)R.H; i++)
-        e->keys[i] = nc_float_to_half(keys[i]);
-    e->bytes = sizeof *e + wl + n * (size_t)R.H * 2;
+    (void)ns, (void)doc, (void)off, (void)keys, (void)words, (void)n;
+    ns_state *s = ctx;
+    if (applying) return;
     pthread_mutex_lock(&R.lock);
-    bool full = R.queued_bytes + e->bytes > QUEUE_MAX_BYTES;
-    pthread_mutex_unlock(&R.lock);
-    if (full) {
-        atomic_fetch_add(&R.dropped_tokens, n);
-        entry_free(e);
-        return;
-    }
-    enqueue(e);
-}
-
-static void enqueue(entry *e)
-{
-    pthread_mutex_lock(&R.lock);
-    if (R.tail) R.tail->next = e;
-    else R.head = e;
-    R.tail = e;
-    R.queued_bytes += e->bytes;
-    atomic_fetch_add(&R.queue_len, 1);
+    s->dirty = true;
     pthread_cond_signal(&R.cond);
     pthread_mutex_unlock(&R.lock);
-}
-
-/* The position of a namespace in the table (-1 when absent). */
-static int ns_index(const char *name)
-{
-    pthread_mutex_lock(&R.lock);
-    int i, n = R.nns;
-    pthread_mutex_unlock(&R.lock);
-    for (i = 0; i < n; i++)
-        if (!strcmp(R.ns[i].name, name)) return i;
-    return -1;
-}
-
-void replication_namespace_deleted(const char *ns_name)
-{
-    if (!R.on)
-        return;
-    /* Entries appended before this moment belong to the deleted namespace:
-     * skip them (a later namespace of the same name starts after it). */
-    int i = ns_index(ns_name);
-    if (i >= 0) {
-        snprintf(R.ns[i].last_id, sizeof R.ns[i].last_id, "%llu-0", (unsigned long long)now_ms());
-        R.ns[i].loaded = true;
-    }
-    entry *e = calloc(1, sizeof *e);
-    if (!e)
-        return;
-    snprintf(e->ns, sizeof e->ns, "%s", ns_name);
-    e->doc = strdup("");
-    e->words = strdup("");
-    e->del = true;
-    e->bytes = sizeof *e;
-    if (!e->doc || !e->words) {
-        entry_free(e);
-        return;
-    }
-    enqueue(e);
 }
 
 void replication_attach(const char *ns_name, nc_nsstore *store)
 {
     if (!R.on || !store)
         return;
-    /* The observer's context must outlive the store: a name kept here. */
+    /* The incarnation and position of the store, from its marker; a store
+     * without one is new (its whole log is to publish) or older than the
+     * marker (written by a version that published from memory, or while
+     * replication was off: taken as published). */
+    const char *dir = nsstore_dir(store);
+    char err[NC_ERRLEN] = "";
+    uint64_t birth = 0, published = 0;
+    int m = marker_read(dir, &birth, &published, err, sizeof err);
+    nc_nsstore_stats st;
+    nsstore_stats(store, &st);
+    if (m < 0)
+        slog(SLOG_WARN, "replication: marker unreadable; the namespace's log is taken as published",
+             json_pack("{s:s,s:s}", "namespace", ns_name, "error", err));
     pthread_mutex_lock(&R.lock);
-    int i;
-    for (i = 0; i < R.nns; i++)
-        if (!strcmp(R.ns[i].name, ns_name)) break;
-    if (i == R.nns && R.nns < MAX_NS) {
-        snprintf(R.ns[i].name, sizeof R.ns[i].name, "%s", ns_name);
-        R.nns++;
+    ns_state *s = ns_get(ns_name);
+    if (m <= 0) {
+        birth = (uint64_t)now_ms();
+        if (s && birth <= s->tomb) birth = s->tomb + 1;   /* after any deletion of the name */
+        published = m == 0 && st.entries == 0 ? 0 : st.last_seq;
     }
+    if (s) {
+        s->gen++;
+        s->birth = birth;
+        s->published = published;
+        s->dirty = true;
+    }
+    pthread_cond_signal(&R.cond);
     pthread_mutex_unlock(&R.lock);
-    if (i < MAX_NS)
-        nsstore_set_observer(store, on_local_add, R.ns[i].name);
+    if (!s) {
+        slog(SLOG_WARN, "replication: too many namespaces; not replicated", json_pack("{s:s}", "namespace", ns_name));
+        return;
+    }
+    if (m <= 0 && marker_write(dir, birth, published, err, sizeof err) != 0)
+        slog(SLOG_ERROR, "replication: cannot write the marker", json_pack("{s:s,s:s}", "namespace", ns_name, "error", err));
+    /* Segments holding unpublished records outlive snapshots. */
+    nsstore_retain_log(store, published);
+    nsstore_set_observer(store, on_local_add, s);
+}
+
+void replication_namespace_deleted(const char *ns_name)
+{
+    if (!R.on)
+        return;
+    /* The tombstone: a time after the deleted incarnation's birth (so the
+     * other replicas skip its entries and drop their copies, even those
+     * down now) and before any later one's (replication_attach). Recorded
+     * on disk before the answer, published by the publisher. */
+    pthread_mutex_lock(&R.lock);
+    ns_state *s = ns_get(ns_name);
+    uint64_t t = (uint64_t)now_ms();
+    if (s) {
+        if (t <= s->birth) t = s->birth + 1;
+        if (t <= s->tomb) t = s->tomb + 1;
+        s->tomb = t;
+        s->birth = 0;
+        s->reset = true;
+    }
+    deletes_add(ns_name, t);
+    deletes_save();
+    pthread_cond_signal(&R.cond);
+    pthread_mutex_unlock(&R.lock);
 }
 
 /* ---- Redis ------------------------------------------------------------------ */
@@ -241,142 +368,312 @@ static void stream_key(const char *ns, char *out, size_t cap)
     snprintf(out, cap, "%sns:%s", R.prefix, ns);
 }
 
+/* Reads n pipelined replies; 0 when all succeeded. */
+static int read_replies(redisContext *c, int n)
+{
+    int ok = 1;
+    for (int i = 0; i < n; i++) {
+        redisReply *r = NULL;
+        if (redisGetReply(c, (void **)&r) != REDIS_OK || !r) {
+            if (r) freeReplyObject(r);
+            return -1;   /* the connection is gone: the rest will not come */
+        }
+        if (r->type == REDIS_REPLY_ERROR) {
+            slog(SLOG_WARN, "replication: redis refused a command", json_pack("{s:s}", "error", r->str));
+            ok = 0;
+        }
+        freeReplyObject(r);
+    }
+    return ok ? 0 : -1;
+}
+
 /* ---- publisher ---------------------------------------------------------------- */
+
+/* Writes s's marker if it is behind and due (or forced). */
+static void marker_flush(ns_state *s, nc_nsstore *store, uint64_t birth, bool force)
+{
+    pthread_mutex_lock(&R.lock);
+    bool behind = s->pub_pos > s->published && s->birth == birth;
+    pthread_mutex_unlock(&R.lock);
+    if (!behind || (!force && now_ms() - s->marker_at < MARKER_EVERY_MS))
+        return;
+    char err[NC_ERRLEN] = "";
+    s->marker_at = now_ms();
+    if (R.no_marker)
+        return;
+    if (marker_write(nsstore_dir(store), birth, s->pub_pos, err, sizeof err) != 0) {
+        slog(SLOG_WARN, "replication: cannot write the marker (entries may be published twice after a crash; "
+             "the other replicas skip them)", json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
+        return;
+    }
+    pthread_mutex_lock(&R.lock);
+    if (s->birth == birth) s->published = s->pub_pos;
+    pthread_mutex_unlock(&R.lock);
+    nsstore_retain_log(store, s->pub_pos);
+}
+
+/* Tombstones not yet in Redis: the control stream wakes the replicas that
+ * are up, the hash tells the ones down now when they come back. 0, or -1
+ * when Redis failed. */
+static int publish_deletes(redisContext *c)
+{
+    pthread_mutex_lock(&R.lock);
+    int n = R.ndels;
+    pending_del *d = n ? malloc((size_t)n * sizeof *d) : NULL;
+    if (d) memcpy(d, R.dels, (size_t)n * sizeof *d);
+    pthread_mutex_unlock(&R.lock);
+    if (!d) return 0;
+    char ctl[200], tombs[200];
+    snprintf(ctl, sizeof ctl, "%sctl", R.prefix);
+    snprintf(tombs, sizeof tombs, "%stombstones", R.prefix);
+    for (int i = 0; i < n; i++) {
+        char key[256], t[32];
+        stream_key(d[i].name, key, sizeof key);
+        snprintf(t, sizeof t, "%llu", (unsigned long long)d[i].t);
+        /* the hash first: a replica woken by the control entry finds it */
+        const char *hv[] = {"HSET", tombs, d[i].name, t};
+        size_t hl[4];
+        for (int k = 0; k < 4; k++) hl[k] = strlen(hv[k]);
+        redisAppendCommandArgv(c, 4, hv, hl);
+        const char *av[] = {"XADD", ctl, "MAXLEN", "~", "10000", "*", "del", d[i].name, "o", R.tag, "t", t};
+        size_t al[12];
+        for (int k = 0; k < 12; k++) al[k] = strlen(av[k]);
+        redisAppendCommandArgv(c, 12, av, al);
+        redisAppendCommand(c, "DEL %s", key);
+        redisAppendCommand(c, "SREM %snamespaces %s", R.prefix, d[i].name);
+    }
+    int rc = read_replies(c, 4 * n);
+    if (rc == 0) {
+        /* done with these (a newer deletion of a name meanwhile stays) */
+        pthread_mutex_lock(&R.lock);
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < R.ndels; j++)
+                if (!strcmp(R.dels[j].name, d[i].name) && R.dels[j].t == d[i].t) {
+                    R.dels[j] = R.dels[--R.ndels];
+                    break;
+                }
+        deletes_save();
+        pthread_mutex_unlock(&R.lock);
+    }
+    free(d);
+    return rc;
+}
+
+/* Publishes what s's log holds after its position, up to one batch.
+ * 1 when more may be waiting (a full batch, or records not yet durable),
+ * 0 when s is up to date, -1 when Redis failed (the position stays: the
+ * batch is read again from the log next time). */
+static int publish_ns(redisContext *c, ns_state *s, bool final)
+{
+    char err[NC_ERRLEN] = "";
+    pthread_mutex_lock(&R.lock);
+    unsigned gen = s->gen;
+    uint64_t birth = s->birth, published = s->published, tomb = s->tomb;
+    s->dirty = false;
+    pthread_mutex_unlock(&R.lock);
+    if (s->log && (s->log_gen != gen || birth == 0)) {
+        /* the store it followed was closed (deleted, or opened again) */
+        nsstore_log_close(s->log);
+        s->log = NULL;
+    }
+    if (birth == 0 || birth <= tomb)
+        return 0;   /* no store here, or one of a deleted incarnation (the applier removes it) */
+    nsref *ref = namespaces_acquire(R.srv, s->name, false, err, sizeof err);
+    if (!ref)
+        return 0;
+    nc_nsstore *store = nsref_store(ref);
+    pthread_mutex_lock(&R.lock);
+    bool same = s->gen == gen;
+    pthread_mutex_unlock(&R.lock);
+    if (!same) {
+        namespaces_release(R.srv, ref);
+        return 1;   /* attached again meanwhile: look again */
+    }
+    if (!s->log) {
+        int rc = nsstore_log_open(store, published, &s->log, err, sizeof err);
+        if (rc == NC_ENOTFOUND) {
+            /* Only if segments were removed behind replication's back
+             * (nsstore_retain_log keeps them): what they held is lost for
+             * the other replicas. Go on from what exists. */
+            nc_nsstore_stats st;
+            nsstore_stats(store, &st);
+            slog(SLOG_ERROR, "replication: the log no longer holds unpublished records; publishing from its end",
+                 json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
+            published = st.last_seq;
+            rc = nsstore_log_open(store, published, &s->log, err, sizeof err);
+        }
+        if (rc != NC_OK) {
+            if (!s->log_warned)
+                slog(SLOG_ERROR, "replication: cannot read the namespace's log",
+                     json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
+            s->log_warned = true;
+            namespaces_release(R.srv, ref);
+            return 0;
+        }
+        s->log_gen = gen;
+        s->pub_pos = published;
+    }
+    int extra = 0;
+    if (!s->announced) {
+        /* the set first, then the wake-up: a reader woken by the control
+         * entry finds the namespace in the set */
+        char ctl[200];
+        snprintf(ctl, sizeof ctl, "%sctl", R.prefix);
+        redisAppendCommand(c, "SADD %snamespaces %s", R.prefix, s->name);
+        const char *av[] = {"XADD", ctl, "MAXLEN", "~", "10000", "*", "ns", s->name};
+        size_t al[8];
+        for (int i = 0; i < 8; i++) al[i] = strlen(av[i]);
+        redisAppendCommandArgv(c, 8, av, al);
+        extra = 2;
+    }
+    char key[256], mt[32], maxlen[32], bs[32];
+    stream_key(s->name, key, sizeof key);
+    snprintf(mt, sizeof mt, "%016llx", (unsigned long long)R.model_fp);
+    snprintf(maxlen, sizeof maxlen, "%ld", R.maxlen);
+    snprintf(bs, sizeof bs, "%llu", (unsigned long long)birth);
+    int sent = 0, more = 0;
+    uint64_t tokens = 0;
+    size_t bytes = 0;
+    nc_nslog_add a;
+    int rc = 0;
+    while (sent < BATCH_ENTRIES && bytes < BATCH_BYTES && (rc = nsstore_log_next(s->log, &a, err, sizeof err)) == 1) {
+        if (!strncmp(a.doc, "repl:", 5))
+            continue;   /* applied from another replica: its origin published it */
+        char off[32], n[32], sq[32];
+        snprintf(off, sizeof off, "%llu", (unsigned long long)a.off);
+        snprintf(n, sizeof n, "%zu", a.n);
+        snprintf(sq, sizeof sq, "%llu", (unsigned long long)a.seq);
+        const char *argv[28];
+        size_t argl[28];
+        int k = 0;
+#define ARG(x, l) (argv[k] = (x), argl[k] = (l), k++)
+        ARG("XADD", 4); ARG(key, strlen(key));
+        if (R.maxlen > 0) { ARG("MAXLEN", 6); ARG("~", 1); ARG(maxlen, strlen(maxlen)); }
+        ARG("*", 1);
+        ARG("o", 1); ARG(R.tag, strlen(R.tag));
+        ARG("b", 1); ARG(bs, strlen(bs));
+        ARG("s", 1); ARG(sq, strlen(sq));
+        ARG("d", 1); ARG(a.doc, strlen(a.doc));
+        ARG("f", 1); ARG(off, strlen(off));
+        ARG("n", 1); ARG(n, strlen(n));
+        ARG("m", 1); ARG(mt, strlen(mt));
+        ARG("w", 1); ARG(a.words, a.words_len);
+        ARG("k", 1); ARG((const char *)a.keys_f16, a.n * (size_t)R.H * 2);
+#undef ARG
+        redisAppendCommandArgv(c, k, argv, argl);
+        sent++;
+        tokens += a.n;
+        bytes += a.n * (size_t)R.H * 2;
+    }
+    if (rc < 0) {
+        if (!s->log_warned)
+            slog(SLOG_ERROR, "replication: cannot read the namespace's log",
+                 json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
+        s->log_warned = true;
+        nsstore_log_close(s->log);   /* read again from the marker next time */
+        s->log = NULL;
+    }
+    uint64_t pos = s->log ? nsstore_log_position(s->log) : s->pub_pos;
+    if (read_replies(c, sent + extra) != 0) {
+        nsstore_log_close(s->log);
+        s->log = NULL;
+        s->announced = false;
+        namespaces_release(R.srv, ref);
+        return -1;
+    }
+    if (extra) s->announced = true;
+    if (rc >= 0) s->log_warned = false;
+    atomic_fetch_add(&R.published_entries, (unsigned long long)sent);
+    atomic_fetch_add(&R.published_tokens, tokens);
+    if (pos > s->pub_pos) s->pub_pos = pos;
+    uint64_t last = nsstore_last_seq(store);
+    more = rc == 1 || last > s->pub_pos;
+    atomic_fetch_add(&R.unpublished_records, last > s->pub_pos ? last - s->pub_pos : 0);
+    marker_flush(s, store, birth, final || !more);
+    namespaces_release(R.srv, ref);
+    return more;
+}
 
 static void *publisher(void *arg)
 {
     (void)arg;
     redisContext *c = NULL;
-    char index_key[200], ctl_key[200];
-    snprintf(index_key, sizeof index_key, "%snamespaces", R.prefix);
-    snprintf(ctl_key, sizeof ctl_key, "%sctl", R.prefix);
-    /* Namespaces this process announced on the control stream (wakes the
-     * other replicas' readers at once for a namespace new to them). */
-    static char announced[MAX_NS][SESSION_ID_MAX];
-    int nannounced = 0;
+    double stop_at = 0;
+    bool pending = true;   /* something may be left to publish */
     for (;;) {
-        pthread_mutex_lock(&R.lock);
-        while (!R.head && !atomic_load(&R.stop))
-            pthread_cond_wait(&R.cond, &R.lock);
-        entry *batch = R.head;
-        int nb = 0;
-        entry *last = NULL;
-        for (entry *e = R.head; e && nb < 256; e = e->next, nb++)
-            last = e;
-        if (last) {
-            R.head = last->next;
-            if (!R.head) R.tail = NULL;
-            last->next = NULL;
-        }
         bool stopping = atomic_load(&R.stop);
-        pthread_mutex_unlock(&R.lock);
-        if (!batch) {
+        if (stopping && stop_at == 0) stop_at = now_ms() + 5000;
+        if (stopping && (!pending || now_ms() > stop_at)) break;
+        /* Nothing before the namespaces are recovered and the tombstones
+         * read: a store of a deleted incarnation must not be published. */
+        if (!atomic_load(&R.srv->ready) || !atomic_load(&R.tombs_loaded)) {
             if (stopping) break;
+            sleep_ms(20);
             continue;
         }
-        if (!c) c = connect_redis(&R.connected_pub);
-        int ok = c != NULL;
-        /* Pipelined: one XADD per entry (and the announcement of a
-         * namespace the first time this process publishes into it). */
-        int sent = 0, extra = 0, nann_before = nannounced;
-        for (entry *e = batch; ok && e; e = e->next) {
-            if (e->del) {
-                /* Everyone deletes it; the stream and its announcement go. */
-                char key[256];
-                stream_key(e->ns, key, sizeof key);
-                const char *av[] = {"XADD", ctl_key, "MAXLEN", "~", "10000", "*", "del", e->ns, "o", R.tag};
-                size_t al[10];
-                for (int i = 0; i < 10; i++) al[i] = strlen(av[i]);
-                redisAppendCommandArgv(c, 10, av, al);
-                redisAppendCommand(c, "DEL %s", key);
-                redisAppendCommand(c, "SREM %s %s", index_key, e->ns);
-                extra += 3;
-                for (int i = 0; i < nannounced; i++)
-                    if (!strcmp(announced[i], e->ns)) {
-                        memmove(announced[i], announced[nannounced - 1], SESSION_ID_MAX);
-                        nannounced--;
-                        break;
-                    }
-                continue;
-            }
-            int known = 0;
-            for (int i = 0; i < nannounced && !known; i++)
-                known = !strcmp(announced[i], e->ns);
-            if (!known && nannounced < MAX_NS) {
-                snprintf(announced[nannounced++], SESSION_ID_MAX, "%s", e->ns);
-                const char *av[] = {"XADD", ctl_key, "MAXLEN", "~", "10000", "*", "ns", e->ns};
-                size_t al[8];
-                for (int i = 0; i < 8; i++) al[i] = strlen(av[i]);
-                /* the set first, then the wake-up: a reader woken by the
-                 * control entry finds the namespace in the set */
-                redisAppendCommand(c, "SADD %s %s", index_key, e->ns);
-                redisAppendCommandArgv(c, 8, av, al);
-                extra += 2;
-            }
-            char key[256], off[32], n[32], mt[32], maxlen[32];
-            stream_key(e->ns, key, sizeof key);
-            snprintf(off, sizeof off, "%llu", (unsigned long long)e->off);
-            snprintf(n, sizeof n, "%zu", e->n);
-            snprintf(mt, sizeof mt, "%016llx", (unsigned long long)R.model_fp);
-            snprintf(maxlen, sizeof maxlen, "%ld", R.maxlen);
-            const char *argv[24];
-            size_t argl[24];
-            int a = 0;
-#define ARG(s, l) (argv[a] = (s), argl[a] = (l), a++)
-            ARG("XADD", 4); ARG(key, strlen(key));
-            if (R.maxlen > 0) { ARG("MAXLEN", 6); ARG("~", 1); ARG(maxlen, strlen(maxlen)); }
-            ARG("*", 1);
-            ARG("o", 1); ARG(R.tag, strlen(R.tag));
-            ARG("d", 1); ARG(e->doc, strlen(e->doc));
-            ARG("f", 1); ARG(off, strlen(off));
-            ARG("n", 1); ARG(n, strlen(n));
-            ARG("m", 1); ARG(mt, strlen(mt));
-            ARG("w", 1); ARG(e->words, e->words_len);
-            ARG("k", 1); ARG((const char *)e->keys, e->n * (size_t)R.H * 2);
-#undef ARG
-            redisAppendCommandArgv(c, a, argv, argl);
-            sent++;
-        }
-        for (int i = 0; ok && i < sent + extra; i++) {
-            redisReply *r = NULL;
-            if (redisGetReply(c, (void **)&r) != REDIS_OK || !r || r->type == REDIS_REPLY_ERROR) {
-                if (r && r->type == REDIS_REPLY_ERROR)
-                    slog(SLOG_WARN, "replication: redis refused an entry", json_pack("{s:s}", "error", r->str));
-                ok = 0;
-            }
-            if (r) freeReplyObject(r);
-        }
-        if (ok) {
-            size_t bytes = 0;
-            while (batch) {
-                entry *e = batch;
-                batch = e->next;
-                atomic_fetch_add(&R.published_entries, 1);
-                atomic_fetch_add(&R.published_tokens, e->n);
-                atomic_fetch_sub(&R.queue_len, 1);
-                bytes += e->bytes;
-                entry_free(e);
-            }
-            pthread_mutex_lock(&R.lock);
-            R.queued_bytes -= bytes;
-            pthread_mutex_unlock(&R.lock);
+        if (!c && !(c = connect_redis(&R.connected_pub))) {
+            atomic_fetch_add(&R.redis_errors, 1);
+            if (stopping) break;
+            sleep_ms(200);
             continue;
         }
-        /* Redis unreachable or failing: reconnect later, keep the batch at
-         * the head (order preserved), unless we are stopping for good. */
-        atomic_fetch_add(&R.redis_errors, 1);
-        if (c) { redisFree(c); c = NULL; }
-        atomic_store(&R.connected_pub, 0);
-        nannounced = nann_before;   /* announce again with the retry */
+        int failed = publish_deletes(c);
         pthread_mutex_lock(&R.lock);
-        entry *t = batch;
-        while (t->next) t = t->next;
-        t->next = R.head;
-        R.head = batch;
-        if (!R.tail) R.tail = t;
+        int nns = R.nns;
         pthread_mutex_unlock(&R.lock);
-        if (stopping) break;
-        sleep_ms(200);
+        bool more = false;
+        atomic_store(&R.unpublished_records, 0);
+        for (int i = 0; i < nns && !failed; i++) {
+            int r = publish_ns(c, &R.ns[i], stopping);
+            if (r < 0) failed = 1;
+            if (r > 0) more = true;
+        }
+        pending = more || failed;
+        if (failed) {
+            /* Redis unreachable or failing: everything stays in the logs,
+             * read again once it is back. */
+            atomic_fetch_add(&R.redis_errors, 1);
+            redisFree(c);
+            c = NULL;
+            atomic_store(&R.connected_pub, 0);
+            for (int i = 0; i < nns; i++) R.ns[i].announced = false;
+            if (stopping) break;
+            sleep_ms(200);
+            continue;
+        }
+        if (stopping) continue;
+        /* Sleep until a local add, a deletion, or (records appended but not
+         * yet durable, markers behind) a short while. */
+        pthread_mutex_lock(&R.lock);
+        bool dirty = R.ndels > 0;
+        for (int i = 0; i < R.nns && !dirty; i++) dirty = R.ns[i].dirty;
+        if (!dirty && !atomic_load(&R.stop)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            long wait_ns = more ? 2000000L : (long)MARKER_EVERY_MS * 1000000L;
+            ts.tv_nsec += wait_ns;
+            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+            pthread_cond_timedwait(&R.cond, &R.lock, &ts);
+        }
+        pthread_mutex_unlock(&R.lock);
+    }
+    /* markers as far as published; followers closed before the stores */
+    pthread_mutex_lock(&R.lock);
+    int nns = R.nns;
+    pthread_mutex_unlock(&R.lock);
+    for (int i = 0; i < nns; i++) {
+        ns_state *s = &R.ns[i];
+        char err[NC_ERRLEN];
+        nsref *ref = s->log ? namespaces_acquire(R.srv, s->name, false, err, sizeof err) : NULL;
+        if (ref) {
+            pthread_mutex_lock(&R.lock);
+            uint64_t birth = s->gen == s->log_gen ? s->birth : 0;
+            pthread_mutex_unlock(&R.lock);
+            if (birth) marker_flush(s, nsref_store(ref), birth, true);
+            namespaces_release(R.srv, ref);
+        }
+        nsstore_log_close(s->log);
+        s->log = NULL;
     }
     if (c) redisFree(c);
     return NULL;
@@ -393,14 +690,36 @@ static int sid_cmp(const char *x, const char *y)
     return xm < ym ? -1 : xm > ym ? 1 : xs < ys ? -1 : xs > ys ? 1 : 0;
 }
 
+static hwm_t *hwm_find(ns_state *s, const char *origin, uint64_t birth, bool add)
+{
+    for (int i = 0; i < s->nhw; i++)
+        if (s->hw[i].birth == birth && !strcmp(s->hw[i].origin, origin)) return &s->hw[i];
+    if (!add) return NULL;
+    if (s->nhw == s->hwcap) {
+        int c = s->hwcap ? 2 * s->hwcap : 4;
+        hwm_t *p = realloc(s->hw, (size_t)c * sizeof *p);
+        if (!p) return NULL;
+        s->hw = p;
+        s->hwcap = c;
+    }
+    hwm_t *h = &s->hw[s->nhw++];
+    snprintf(h->origin, sizeof h->origin, "%s", origin);
+    h->birth = birth;
+    h->seq = 0;
+    return h;
+}
+
 /* The position of a namespace is in the namespace itself: every applied
- * entry is a document "repl:<origin>:<stream id>:<n>:<origin doc>" of the
- * store, logged and fsynced with its pairs (one ADD record, whole or torn
- * away), so the last applied entry is the largest stream id whose document
- * holds its n pairs -- exact after any crash, no separate file to lose. */
+ * entry is a document "repl:<origin>:<stream id>:<n>:<birth>.<seq>:<origin
+ * doc>" of the store, logged and fsynced with its pairs (one ADD record,
+ * whole or torn away), so the last applied entry is the largest stream id
+ * whose document holds its n pairs, and the last applied record of each
+ * origin's incarnation (birth) is the largest seq -- exact after any crash,
+ * no separate file to lose. */
 static void pos_load(ns_state *s)
 {
     snprintf(s->last_id, sizeof s->last_id, "0");
+    s->nhw = 0;
     s->loaded = true;
     char err[NC_ERRLEN];
     nsref *ref = namespaces_acquire(R.srv, s->name, false, err, sizeof err);
@@ -414,38 +733,67 @@ static void pos_load(ns_state *s)
         if (nsstore_doc_info(st, i, id, sizeof id, &pairs) != NC_OK || strncmp(id, "repl:", 5) != 0)
             continue;
         char origin[64], sid[64];
-        unsigned long long cnt = 0;
-        if (sscanf(id + 5, "%63[^:]:%63[0-9-]:%llu:", origin, sid, &cnt) != 3 || pairs != cnt)
+        unsigned long long cnt = 0, b = 0, sq = 0;
+        int used = 0;
+        if (sscanf(id + 5, "%63[^:]:%63[0-9-]:%llu:%n", origin, sid, &cnt, &used) != 3 || used == 0 || pairs != cnt)
             continue;
         if (sid_cmp(sid, s->last_id) > 0)
             snprintf(s->last_id, sizeof s->last_id, "%s", sid);
+        if (strlen(origin) < sizeof s->hw[0].origin && sscanf(id + 5 + used, "%llu.%llu:", &b, &sq) == 2) {
+            hwm_t *h = hwm_find(s, origin, b, true);
+            if (h && sq > h->seq) h->seq = sq;
+        }
     }
     namespaces_release(R.srv, ref);
 }
 
 static const redisReply *field(const redisReply *kv, const char *name)
 {
+    if (kv->type != REDIS_REPLY_ARRAY) return NULL;
     for (size_t i = 0; i + 1 < kv->elements; i += 2)
-        if (kv->element[i]->type == REDIS_REPLY_STRING && !strcmp(kv->element[i]->str, name))
+        if (kv->element[i]->type == REDIS_REPLY_STRING && !strcmp(kv->element[i]->str, name) &&
+            kv->element[i + 1]->type == REDIS_REPLY_STRING)
             return kv->element[i + 1];
     return NULL;
 }
 
+/* Whether an entry is to be applied here: not our own, not of a deleted
+ * incarnation of the namespace, not one applied already (an origin that
+ * crashed between its XADD and its marker publishes it again). */
+static bool entry_wanted(ns_state *s, uint64_t tomb, const redisReply *kv, bool count)
+{
+    const redisReply *o = field(kv, "o"), *b = field(kv, "b"), *sq = field(kv, "s");
+    if (!o || !strcmp(o->str, R.tag))
+        return false;   /* ours: already in the local store */
+    uint64_t birth = b ? strtoull(b->str, NULL, 10) : 0;
+    if (birth && birth <= tomb)
+        return false;   /* the namespace it was added to was deleted since */
+    if (birth && sq) {
+        hwm_t *h = hwm_find(s, o->str, birth, false);
+        if (h && strtoull(sq->str, NULL, 10) <= h->seq) {
+            if (count) atomic_fetch_add(&R.duplicate_entries, 1);
+            return false;
+        }
+    }
+    return true;
+}
+
 /* Applies one entry of another replica into the store; returns the log
  * sequence to sync (0 = none). */
-static uint64_t apply_entry(nc_nsstore *st, const char *sid, const redisReply *kv)
+static uint64_t apply_entry(ns_state *s, nc_nsstore *st, const char *sid, const redisReply *kv)
 {
     const redisReply *o = field(kv, "o"), *d = field(kv, "d"), *f = field(kv, "f"), *n = field(kv, "n"),
-                     *m = field(kv, "m"), *w = field(kv, "w"), *k = field(kv, "k");
+                     *m = field(kv, "m"), *w = field(kv, "w"), *k = field(kv, "k"), *b = field(kv, "b"),
+                     *sq = field(kv, "s");
     if (!o || !d || !f || !n || !m || !w || !k) {
         atomic_fetch_add(&R.refused_entries, 1);
         return 0;
     }
-    if (!strcmp(o->str, R.tag))
-        return 0;   /* ours: already in the local store */
     size_t cnt = strtoull(n->str, NULL, 10);
     uint64_t off = strtoull(f->str, NULL, 10);
-    if (strtoull(m->str, NULL, 16) != R.model_fp || cnt == 0 || k->len != cnt * (size_t)R.H * 2) {
+    uint64_t birth = b ? strtoull(b->str, NULL, 10) : 0, oseq = sq ? strtoull(sq->str, NULL, 10) : 0;
+    if (strtoull(m->str, NULL, 16) != R.model_fp || cnt == 0 || k->len != cnt * (size_t)R.H * 2 ||
+        strlen(o->str) >= sizeof s->hw[0].origin) {
         if (atomic_fetch_add(&R.refused_entries, 1) == 0)
             slog(SLOG_WARN, "replication: entry refused (another model or malformed)",
                  json_pack("{s:s,s:s}", "id", sid, "origin", o->str));
@@ -472,10 +820,11 @@ static uint64_t apply_entry(nc_nsstore *st, const char *sid, const redisReply *k
         keys[i] = nc_half_to_float(h);
     }
     /* One document per entry, naming it: the namespace's own record of
-     * how far it has applied the stream (pos_load). */
+     * how far it has applied the stream and each origin (pos_load). */
     char docid[1300];
     uint32_t doc = 0;
-    snprintf(docid, sizeof docid, "repl:%s:%s:%zu:%s", o->str, sid, cnt, d->str);
+    snprintf(docid, sizeof docid, "repl:%s:%s:%zu:%llu.%llu:%s", o->str, sid, cnt, (unsigned long long)birth,
+             (unsigned long long)oseq, d->str);
     size_t dl = strlen(docid);
     if (rc == NC_OK)
         rc = nsstore_doc_begin(st, docid, dl > 1024 ? 1024 : dl, &doc, NULL, 0, err, sizeof err);
@@ -487,6 +836,10 @@ static uint64_t apply_entry(nc_nsstore *st, const char *sid, const redisReply *k
     if (rc == NC_OK) {
         atomic_fetch_add(&R.applied_entries, 1);
         atomic_fetch_add(&R.applied_tokens, cnt);
+        if (birth && oseq) {
+            hwm_t *h = hwm_find(s, o->str, birth, true);
+            if (h && oseq > h->seq) h->seq = oseq;
+        }
         long long lag = (long long)(now_ms() - (double)strtoull(sid, NULL, 10));
         if (lag < 0) lag = 0;
         atomic_store(&R.last_lag_ms, lag);
@@ -509,18 +862,60 @@ static int refresh_namespaces(redisContext *c)
         pthread_mutex_lock(&R.lock);
         for (size_t i = 0; i < r->elements; i++) {
             const char *name = r->element[i]->str;
-            if (!name || strlen(name) >= SESSION_ID_MAX) continue;
-            int j;
-            for (j = 0; j < R.nns; j++)
-                if (!strcmp(R.ns[j].name, name)) break;
-            if (j == R.nns && R.nns < MAX_NS) {
-                snprintf(R.ns[j].name, sizeof R.ns[j].name, "%s", name);
-                R.nns++;
-            }
+            if (name && strlen(name) < SESSION_ID_MAX) ns_get(name);
         }
         pthread_mutex_unlock(&R.lock);
     }
     freeReplyObject(r);
+    return 0;
+}
+
+/* A deletion of name at time t (ms, the deleting replica's clock) by
+ * another replica, seen live or in the tombstones after a downtime: the
+ * local store goes if it is of an older incarnation. */
+static void apply_tombstone(const char *name, uint64_t t, const char *origin)
+{
+    /* Only names in the table matter: a name announced later is added
+     * there and its tombstone read again before its stream is. */
+    pthread_mutex_lock(&R.lock);
+    ns_state *s = ns_find(name);
+    bool drop = false;
+    if (s) {
+        if (t > s->tomb) s->tomb = t;
+        drop = s->birth != 0 && s->birth <= t;
+    }
+    pthread_mutex_unlock(&R.lock);
+    if (!drop) return;
+    char err[NC_ERRLEN] = "";
+    int64_t gone = 0;
+    if (namespaces_delete(R.srv, name, &gone, err, sizeof err) == 0)
+        slog(SLOG_INFO, "replication: namespace deleted by another replica",
+             json_pack("{s:s,s:s,s:I}", "namespace", name, "origin", origin, "entries", (json_int_t)gone));
+    pthread_mutex_lock(&R.lock);
+    if (s->birth != 0 && s->birth <= t) {
+        s->birth = 0;
+        s->reset = true;
+    }
+    pthread_mutex_unlock(&R.lock);
+}
+
+/* Every tombstone in Redis (a replica down when a namespace was deleted
+ * learns it here). 0, or -1 when Redis failed. */
+static int load_tombstones(redisContext *c)
+{
+    redisReply *r = redisCommand(c, "HGETALL %stombstones", R.prefix);
+    if (!r || r->type == REDIS_REPLY_ERROR) {
+        if (r) freeReplyObject(r);
+        return -1;
+    }
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i + 1 < r->elements; i += 2) {
+        const char *name = r->element[i]->str;
+        const char *t = r->element[i + 1]->str;
+        if (name && t && strlen(name) < SESSION_ID_MAX)
+            apply_tombstone(name, strtoull(t, NULL, 10), "tombstone");
+    }
+    freeReplyObject(r);
+    atomic_store(&R.tombs_loaded, 1);
     return 0;
 }
 
@@ -542,14 +937,27 @@ static void *applier(void *arg)
             continue;
         }
         if (now_ms() - last_refresh > 1000) {
-            if (refresh_namespaces(c)) { redisFree(c); c = NULL; atomic_fetch_add(&R.redis_errors, 1); continue; }
+            if (refresh_namespaces(c) || load_tombstones(c)) {
+                redisFree(c);
+                c = NULL;
+                atomic_fetch_add(&R.redis_errors, 1);
+                continue;
+            }
             last_refresh = now_ms();
         }
         /* Entries of R.ns never move and only this thread writes their
-         * positions: the lock only guards the count (attach appends under
-         * it while holding the registry's lock, which pos_load takes). */
+         * positions: the lock only guards the count and the fields shared
+         * with the publisher and the request threads. */
         pthread_mutex_lock(&R.lock);
         int nns = R.nns;
+        for (int i = 0; i < nns; i++)
+            if (R.ns[i].reset) {
+                /* deleted here: whatever comes next is of a new incarnation */
+                R.ns[i].reset = false;
+                R.ns[i].loaded = true;
+                R.ns[i].nhw = 0;
+                snprintf(R.ns[i].last_id, sizeof R.ns[i].last_id, "0");
+            }
         pthread_mutex_unlock(&R.lock);
         for (int i = 0; i < nns; i++)
             if (!R.ns[i].loaded) pos_load(&R.ns[i]);
@@ -591,32 +999,22 @@ static void *applier(void *arg)
         }
         /* [[key, [[id, [f, v, ...]], ...]], ...] */
         bool retry_later = false;
-        for (size_t s = 0; r->type == REDIS_REPLY_ARRAY && s < r->elements; s++) {
-            const redisReply *sr = r->element[s];
+        for (size_t si = 0; r->type == REDIS_REPLY_ARRAY && si < r->elements; si++) {
+            const redisReply *sr = r->element[si];
             if (sr->type != REDIS_REPLY_ARRAY || sr->elements != 2) continue;
             const char *key = sr->element[0]->str;
             if (!strcmp(key, ctl_key)) {
                 /* A namespace announced (read the set again now) or deleted
-                 * by another replica (delete it here too; entries before the
-                 * deletion are skipped). */
+                 * by another replica (delete it here too). */
                 const redisReply *ents = sr->element[1];
                 for (size_t e = 0; ents->type == REDIS_REPLY_ARRAY && e < ents->elements; e++) {
                     const redisReply *en = ents->element[e];
                     if (en->type != REDIS_REPLY_ARRAY || en->elements != 2) continue;
                     snprintf(ctl_id, sizeof ctl_id, "%s", en->element[0]->str);
-                    const redisReply *del = field(en->element[1], "del"), *o = field(en->element[1], "o");
-                    if (!del || !o || !strcmp(o->str, R.tag)) continue;
-                    char err[NC_ERRLEN] = "";
-                    int64_t gone = 0;
-                    if (namespaces_delete(R.srv, del->str, &gone, err, sizeof err) == 0)
-                        slog(SLOG_INFO, "replication: namespace deleted by another replica",
-                             json_pack("{s:s,s:s,s:I}", "namespace", del->str, "origin", o->str,
-                                       "entries", (json_int_t)gone));
-                    int i = ns_index(del->str);
-                    if (i >= 0) {
-                        snprintf(R.ns[i].last_id, sizeof R.ns[i].last_id, "%s", en->element[0]->str);
-                        R.ns[i].loaded = true;
-                    }
+                    const redisReply *del = field(en->element[1], "del"), *o = field(en->element[1], "o"),
+                                     *t = field(en->element[1], "t");
+                    if (!del || !o || !strcmp(o->str, R.tag) || strlen(del->str) >= SESSION_ID_MAX) continue;
+                    apply_tombstone(del->str, strtoull(t ? t->str : en->element[0]->str, NULL, 10), o->str);
                 }
                 last_refresh = 0;
                 continue;
@@ -629,9 +1027,22 @@ static void *applier(void *arg)
             }
             const redisReply *ents = sr->element[1];
             if (!ns || ents->type != REDIS_REPLY_ARRAY || ents->elements == 0) continue;
+            pthread_mutex_lock(&R.lock);
+            uint64_t tomb = ns->tomb;
+            bool reset = ns->reset;
+            pthread_mutex_unlock(&R.lock);
+            if (reset) continue;   /* deleted here meanwhile: read again from the start */
+            /* The store is opened (created) only for entries to apply: a
+             * stream of a deleted incarnation must not bring the name back. */
+            bool want = false;
+            for (size_t e = 0; e < ents->elements && !want; e++) {
+                const redisReply *en = ents->element[e];
+                want = en->type == REDIS_REPLY_ARRAY && en->elements == 2 &&
+                       sid_cmp(en->element[0]->str, ns->last_id) > 0 && entry_wanted(ns, tomb, en->element[1], false);
+            }
+            nsref *ref = NULL;
             char err[NC_ERRLEN] = "";
-            nsref *ref = namespaces_acquire(R.srv, ns->name, true, err, sizeof err);
-            if (!ref) {
+            if (want && !(ref = namespaces_acquire(R.srv, ns->name, true, err, sizeof err))) {
                 /* Retried at the next read, from the same position; logged
                  * once, not at every retry. */
                 if (!ns->warned)
@@ -642,20 +1053,22 @@ static void *applier(void *arg)
                 continue;
             }
             ns->warned = false;
-            nc_nsstore *st = nsref_store(ref);
+            nc_nsstore *st = ref ? nsref_store(ref) : NULL;
             uint64_t last_seq = 0;
             for (size_t e = 0; e < ents->elements; e++) {
                 const redisReply *en = ents->element[e];
                 if (en->type != REDIS_REPLY_ARRAY || en->elements != 2) continue;
                 if (sid_cmp(en->element[0]->str, ns->last_id) <= 0)
-                    continue;   /* before a deletion of the namespace */
-                uint64_t seq = apply_entry(st, en->element[0]->str, en->element[1]);
-                if (seq) last_seq = seq;
+                    continue;
+                if (st && entry_wanted(ns, tomb, en->element[1], true)) {
+                    uint64_t seq = apply_entry(ns, st, en->element[0]->str, en->element[1]);
+                    if (seq) last_seq = seq;
+                }
                 snprintf(ns->last_id, sizeof ns->last_id, "%s", en->element[0]->str);
             }
             if (last_seq && nsstore_sync(st, last_seq, err, sizeof err) != NC_OK)
                 slog(SLOG_WARN, "replication: sync failed", json_pack("{s:s,s:s}", "namespace", ns->name, "error", err));
-            namespaces_release(R.srv, ref);
+            if (ref) namespaces_release(R.srv, ref);
         }
         freeReplyObject(r);
         if (retry_later)
@@ -664,7 +1077,6 @@ static void *applier(void *arg)
     if (c) redisFree(c);
     return NULL;
 }
-
 /* ---- set-up ------------------------------------------------------------------- */
 
 int replication_start(nc_server *srv, char *err, size_t errlen)
@@ -702,6 +1114,16 @@ int replication_start(nc_server *srv, char *err, size_t errlen)
     snprintf(R.tag, sizeof R.tag, "%s", srv->cfg.replica_tag);
     R.model_fp = migrate_model_fingerprint(srv->model);
     R.H = srv->model->cfg.hidden_size;
+    R.deletes_path[0] = 0;
+    if (srv->cfg.data_dir[0])
+        snprintf(R.deletes_path, sizeof R.deletes_path, "%.1000s/%s", srv->cfg.data_dir, DELETES_FILE);
+    deletes_load();
+    /* Test hook (tests/test_replication.c): the publisher never records its
+     * progress, so a restart publishes the whole log again -- what a crash
+     * between an XADD and the marker does to the last batch. */
+    const char *nm = getenv("NEUROCACHE_TEST_REPLICATION_NO_MARKER");
+    R.no_marker = nm && nm[0] == '1';
+    atomic_store(&R.tombs_loaded, 0);
     atomic_store(&R.stop, 0);
     R.on = true;
     if (pthread_create(&R.pub, NULL, publisher, NULL) != 0 ||
@@ -719,24 +1141,27 @@ void replication_stop(void)
 {
     if (!R.on)
         return;
-    /* Give the publisher a few seconds to empty the queue. */
-    for (int i = 0; i < 50 && atomic_load(&R.queue_len) > 0 && atomic_load(&R.connected_pub); i++)
-        sleep_ms(100);
+    /* The publisher goes on for up to 5 s while there is something to
+     * publish and Redis answers; what is left stays in the logs, published
+     * at the next start. */
     atomic_store(&R.stop, 1);
     pthread_mutex_lock(&R.lock);
     pthread_cond_broadcast(&R.cond);
     pthread_mutex_unlock(&R.lock);
     pthread_join(R.pub, NULL);
     pthread_join(R.app, NULL);
-    int left = atomic_load(&R.queue_len);
-    if (left)
-        slog(SLOG_WARN, "replication: entries not published at exit", json_pack("{s:i}", "entries", left));
-    while (R.head) {
-        entry *e = R.head;
-        R.head = e->next;
-        entry_free(e);
+    unsigned long long left = atomic_load(&R.unpublished_records);
+    if (left || R.ndels)
+        slog(SLOG_WARN, "replication: not everything published at exit (kept, published at the next start)",
+             json_pack("{s:I,s:i}", "log_records", (json_int_t)left, "deletions", R.ndels));
+    for (int i = 0; i < R.nns; i++) {
+        free(R.ns[i].hw);
+        R.ns[i].hw = NULL;
     }
-    R.tail = NULL;
+    R.nns = 0;
+    free(R.dels);
+    R.dels = NULL;
+    R.ndels = R.delcap = 0;
     R.on = false;
 }
 
@@ -754,15 +1179,15 @@ char *replication_metrics(char *text)
              "# HELP neurocache_replication_applied_tokens_total Pairs of other replicas applied here.\n"
              "# TYPE neurocache_replication_applied_tokens_total counter\n"
              "neurocache_replication_applied_tokens_total %llu\n"
-             "# HELP neurocache_replication_dropped_tokens_total Pairs not queued for publishing (queue full).\n"
-             "# TYPE neurocache_replication_dropped_tokens_total counter\n"
-             "neurocache_replication_dropped_tokens_total %llu\n"
+             "# HELP neurocache_replication_duplicate_entries_total Entries skipped as already applied (republished after a crash).\n"
+             "# TYPE neurocache_replication_duplicate_entries_total counter\n"
+             "neurocache_replication_duplicate_entries_total %llu\n"
              "# HELP neurocache_replication_refused_entries_total Entries not applied (other model, malformed).\n"
              "# TYPE neurocache_replication_refused_entries_total counter\n"
              "neurocache_replication_refused_entries_total %llu\n"
-             "# HELP neurocache_replication_queue_entries Entries waiting to be published.\n"
-             "# TYPE neurocache_replication_queue_entries gauge\n"
-             "neurocache_replication_queue_entries %d\n"
+             "# HELP neurocache_replication_unpublished_records Log records of the namespaces not yet published.\n"
+             "# TYPE neurocache_replication_unpublished_records gauge\n"
+             "neurocache_replication_unpublished_records %llu\n"
              "# HELP neurocache_replication_lag_seconds Age of the last applied entry when applied.\n"
              "# TYPE neurocache_replication_lag_seconds gauge\n"
              "neurocache_replication_lag_seconds %.3f\n"
@@ -771,8 +1196,9 @@ char *replication_metrics(char *text)
              "neurocache_replication_redis_up %d\n",
              (unsigned long long)atomic_load(&R.published_tokens),
              (unsigned long long)atomic_load(&R.applied_tokens),
-             (unsigned long long)atomic_load(&R.dropped_tokens),
-             (unsigned long long)atomic_load(&R.refused_entries), atomic_load(&R.queue_len),
+             (unsigned long long)atomic_load(&R.duplicate_entries),
+             (unsigned long long)atomic_load(&R.refused_entries),
+             (unsigned long long)atomic_load(&R.unpublished_records),
              (double)atomic_load(&R.last_lag_ms) / 1e3,
              atomic_load(&R.connected_app));
     size_t a = text ? strlen(text) : 0, b = strlen(buf);
@@ -800,9 +1226,13 @@ void h_replication(nc_server *srv, http_request *req, http_response *resp)
         json_object_set_new(o, "published_tokens", json_integer((json_int_t)atomic_load(&R.published_tokens)));
         json_object_set_new(o, "applied_entries", json_integer((json_int_t)atomic_load(&R.applied_entries)));
         json_object_set_new(o, "applied_tokens", json_integer((json_int_t)atomic_load(&R.applied_tokens)));
-        json_object_set_new(o, "dropped_tokens", json_integer((json_int_t)atomic_load(&R.dropped_tokens)));
+        json_object_set_new(o, "duplicate_entries", json_integer((json_int_t)atomic_load(&R.duplicate_entries)));
         json_object_set_new(o, "refused_entries", json_integer((json_int_t)atomic_load(&R.refused_entries)));
-        json_object_set_new(o, "queue_entries", json_integer(atomic_load(&R.queue_len)));
+        json_object_set_new(o, "unpublished_records", json_integer((json_int_t)atomic_load(&R.unpublished_records)));
+        pthread_mutex_lock(&R.lock);
+        int nd = R.ndels;
+        pthread_mutex_unlock(&R.lock);
+        json_object_set_new(o, "pending_deletions", json_integer(nd));
         json_object_set_new(o, "last_lag_ms", json_integer((json_int_t)atomic_load(&R.last_lag_ms)));
         json_object_set_new(o, "max_lag_ms", json_integer((json_int_t)atomic_load(&R.max_lag_ms)));
         json_object_set_new(o, "applied_positions", pos);
