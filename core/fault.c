@@ -24,6 +24,7 @@ static struct {
     atomic_long nth;              /* fail at this call (1-based); 0 = off */
     atomic_int flags;
     atomic_long calls, hits;
+    atomic_int err;               /* errno of a failing call, 0 = the kind's default */
 } faults[NC_FAULT_NKINDS];
 
 static _Thread_local bool thread_on;
@@ -49,8 +50,16 @@ void nc_fault_arm(nc_fault_kind kind, long nth, int flags)
 void nc_fault_disarm(void)
 {
     atomic_store(&nc_fault_active, 0);
-    for (int k = 0; k < NC_FAULT_NKINDS; k++)
+    for (int k = 0; k < NC_FAULT_NKINDS; k++) {
         atomic_store(&faults[k].nth, 0);
+        atomic_store(&faults[k].err, 0);
+    }
+}
+
+void nc_fault_errno(nc_fault_kind kind, int err)
+{
+    if ((unsigned)kind < NC_FAULT_NKINDS)
+        atomic_store(&faults[kind].err, err > 0 ? err : 0);
 }
 
 long nc_fault_calls(nc_fault_kind kind)
@@ -75,7 +84,8 @@ bool nc_fault_hit(nc_fault_kind kind)
     if (nth <= 0 || (n != nth && !((flags & NC_FAULT_PERSIST) && n > nth)))
         return false;
     atomic_fetch_add(&faults[kind].hits, 1);
-    errno = kind == NC_FAULT_ALLOC ? ENOMEM : kind == NC_FAULT_WRITE ? ENOSPC : EIO;
+    int e = atomic_load(&faults[kind].err);
+    errno = e ? e : kind == NC_FAULT_ALLOC ? ENOMEM : kind == NC_FAULT_WRITE ? ENOSPC : EIO;
     return true;
 }
 
@@ -103,9 +113,23 @@ int nc_fault_from_spec(const char *spec)
             flags |= NC_FAULT_PERSIST;
             end++;
         }
+        int e = 0;
+        if (*end == '=') {
+            static const struct { const char *name; int e; } names[] = {
+                {"EIO", EIO}, {"ENOSPC", ENOSPC}, {"EDQUOT", EDQUOT}, {"EFBIG", EFBIG}, {"ENOMEM", ENOMEM}};
+            end++;
+            size_t l = strcspn(end, ",");
+            for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+                if (l == strlen(names[i].name) && strncmp(end, names[i].name, l) == 0)
+                    e = names[i].e;
+            if (!e)
+                return -1;
+            end += l;
+        }
         if (*end != ',' && *end != 0)
             return -1;
         nc_fault_arm((nc_fault_kind)kind, nth, flags);
+        nc_fault_errno((nc_fault_kind)kind, e);
         p = *end ? end + 1 : end;
     }
     return 0;
@@ -116,6 +140,7 @@ int nc_fault_from_spec(const char *spec)
 void nc_fault_thread(bool on) { (void)on; }
 void nc_fault_arm(nc_fault_kind kind, long nth, int flags) { (void)kind, (void)nth, (void)flags; }
 void nc_fault_disarm(void) {}
+void nc_fault_errno(nc_fault_kind kind, int err) { (void)kind, (void)err; }
 long nc_fault_calls(nc_fault_kind kind) { (void)kind; return 0; }
 long nc_fault_hits(nc_fault_kind kind) { (void)kind; return 0; }
 int nc_fault_from_spec(const char *spec) { return spec && *spec ? -1 : 0; }

@@ -47,9 +47,14 @@ long nc_fault_calls(nc_fault_kind kind);
 long nc_fault_hits(nc_fault_kind kind);
 /* Opts the calling thread in (or out) of counting. */
 void nc_fault_thread(bool on);
+/* The errno a failing call of kind sets, instead of its default (ENOMEM,
+ * EIO, ENOSPC for writes, EIO): a write failing with EIO is an I/O error,
+ * not a full disk. 0 restores the default; nc_fault_disarm does too. */
+void nc_fault_errno(nc_fault_kind kind, int err);
 /* Arms from a spec such as "alloc:12", "write:3+" ('+' = persistent),
- * "fsync:1,read:4" (every thread). Returns 0, or -1 on a malformed spec.
- * NULL or "" disarms. Used by the daemon for NEUROCACHE_FAULT. */
+ * "fsync:1,read:4" (every thread), "write:2+=EIO" (failing with that errno:
+ * EIO, ENOSPC, EDQUOT, EFBIG or ENOMEM). Returns 0, or -1 on a malformed
+ * spec. NULL or "" disarms. Used by the daemon for NEUROCACHE_FAULT. */
 int nc_fault_from_spec(const char *spec);
 /* Name of a kind ("alloc", "read", "write", "fsync"). */
 const char *nc_fault_name(nc_fault_kind kind);

@@ -339,7 +339,7 @@ static int open_segment(nc_wal *w, uint64_t first, char *err, size_t errlen)
     snprintf(path, sizeof path, "%s/%s", w->dir, name);
     int fd = nc_open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0)
-        return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
+        return nc_error(err, errlen, no_room(errno) ? NC_ENOSPACE : NC_EIO, "%s: %s", path, strerror(errno));
     unsigned char h[SEG_HDR];
     memcpy(h, SEG_MAGIC, 8);
     memcpy(h + 8, &first, 8);
@@ -350,7 +350,7 @@ static int open_segment(nc_wal *w, uint64_t first, char *err, size_t errlen)
     if (write_all(fd, &v, 1) != 0 || nc_fdatasync(fd) != 0 || fsync_dir(w->dir) != 0) {
         int e = errno;
         close(fd);
-        return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(e));
+        return nc_error(err, errlen, no_room(e) ? NC_ENOSPACE : NC_EIO, "%s: %s", path, strerror(e));
     }
     w->fd = fd;
     w->seg_first = first;

@@ -9,8 +9,13 @@
 #include <string.h>
 #include <unistr.h>
 
-/* The one table mapping failures to HTTP statuses and wire codes. */
-static const struct { unsigned status; const char *code; } api_errors[API_ERROR_COUNT] = {
+/* The one table mapping failures to HTTP statuses, wire codes and the
+ * Retry-After seconds (0 = no header). */
+static const struct {
+    unsigned status;
+    const char *code;
+    unsigned retry_after;
+} api_errors[API_ERROR_COUNT] = {
     [API_OK] = {200, "ok"},
     [API_INVALID_JSON] = {400, "invalid_json"},
     [API_INVALID_UTF8] = {400, "invalid_utf8"},
@@ -36,6 +41,9 @@ static const struct { unsigned status; const char *code; } api_errors[API_ERROR_
     [API_STATE_VERSION] = {400, "state_version"},
     [API_STATE_MODEL] = {409, "state_model_mismatch"},
     [API_STORAGE_FULL] = {507, "insufficient_storage"},
+    /* an I/O error under the log is usually transient (a controller reset,
+     * a network volume's hiccup), unlike a full disk: clients back off */
+    [API_STORAGE_UNAVAILABLE] = {503, "storage_unavailable", 5},
 };
 
 unsigned proto_http_status(api_error e)
@@ -46,6 +54,11 @@ unsigned proto_http_status(api_error e)
 const char *proto_error_code(api_error e)
 {
     return (unsigned)e < API_ERROR_COUNT ? api_errors[e].code : "internal";
+}
+
+unsigned proto_retry_after(api_error e)
+{
+    return (unsigned)e < API_ERROR_COUNT ? api_errors[e].retry_after : 0;
 }
 
 int proto_fail(api_status *st, api_error e, const char *fmt, ...)

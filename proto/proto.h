@@ -37,6 +37,7 @@ typedef enum {
     API_STATE_VERSION,       /* 400 session state blob of an unknown version */
     API_STATE_MODEL,         /* 409 session state blob from another model */
     API_STORAGE_FULL,        /* 507 the write-ahead log could not be written: disk full */
+    API_STORAGE_UNAVAILABLE, /* 503 the log could not be written or synced (EIO ...): retry */
     API_ERROR_COUNT
 } api_error;
 
@@ -47,6 +48,9 @@ typedef struct {
 
 unsigned proto_http_status(api_error e);
 const char *proto_error_code(api_error e);     /* "invalid_json", ... */
+/* Seconds a client should wait before retrying (the Retry-After header),
+ * 0 when the error says nothing about retrying. */
+unsigned proto_retry_after(api_error e);
 
 /* Records a failure in st (if non-NULL) and returns -1. */
 int proto_fail(api_status *st, api_error e, const char *fmt, ...)

@@ -31,7 +31,7 @@ api_error sessions_rc_api(sessions_rc rc)
     return (unsigned)rc < sizeof map / sizeof map[0] ? map[rc] : API_INTERNAL;
 }
 
-static api_error rc_to_api(int rc)
+api_error core_rc_api(int rc)
 {
     switch (rc) {
     case NC_EINVAL: return API_OUT_OF_RANGE;
@@ -39,6 +39,8 @@ static api_error rc_to_api(int rc)
     case NC_ENOTFOUND: return API_NOT_FOUND;
     case NC_ESTATE: return API_CONFLICT;
     case NC_ENOSPACE: return API_STORAGE_FULL;
+    /* in a request, only durable storage (the log, a snapshot) does I/O */
+    case NC_EIO: return API_STORAGE_UNAVAILABLE;
     default: return API_INTERNAL;
     }
 }
@@ -51,7 +53,7 @@ static int tokenize_req(nc_server *srv, const char *text, size_t len, bool final
     char err[NC_ERRLEN] = "";
     int rc = tokenize(srv->model, text, len, final_eos, t, err, sizeof err);
     if (rc != NC_OK) {
-        http_reply_error(resp, rc == NC_EFORMAT ? API_INVALID_TEXT : rc_to_api(rc), "text: %s", err);
+        http_reply_error(resp, rc == NC_EFORMAT ? API_INVALID_TEXT : core_rc_api(rc), "text: %s", err);
         return -1;
     }
     if ((long)t->n > srv->cfg.max_tokens_per_request) {
@@ -315,7 +317,7 @@ static void h_feed(nc_server *srv, http_request *req, http_response *resp)
         rc = namespaces_sync(s, seq, err, sizeof err);
     sessions_release(srv->sessions, s);
     if (rc != NC_OK) {
-        http_reply_error(resp, rc_to_api(rc), "feed: %s", err);
+        http_reply_error(resp, core_rc_api(rc), "feed: %s", err);
     } else {
         metrics_add_tokens_fed(t.n);
         json_t *o = json_pack("{s:I,s:I}", "consumed", (json_int_t)t.n, "position", (json_int_t)pos);
@@ -385,7 +387,7 @@ static void predict_answer(nc_session *s, const proto_predict_req *r, const floa
     }
     if (rc != NC_OK) {
         json_decref(o);
-        http_reply_error(resp, rc_to_api(rc), "predict: %s", err);
+        http_reply_error(resp, core_rc_api(rc), "predict: %s", err);
     } else {
         metrics_add_predictions(1);
         http_reply_json(resp, 200, o);
@@ -470,7 +472,7 @@ static void h_score(nc_server *srv, http_request *req, http_response *resp)
     if (rc == NC_OK && t.n)
         rc = stream_feed(s, &t, false, lp, err, sizeof err);
     if (rc != NC_OK) {
-        http_reply_error(resp, rc_to_api(rc), "score: %s", err);
+        http_reply_error(resp, core_rc_api(rc), "score: %s", err);
     } else {
         json_t *words = json_array(), *lps = json_array();
         double sum = 0;
@@ -851,7 +853,7 @@ static void h_completions(nc_server *srv, http_request *req, http_response *resp
     }
     if (rc != NC_OK) {
         json_decref(choices);
-        http_reply_error(resp, api == API_INTERNAL ? rc_to_api(rc) : api, "completions: %s", err);
+        http_reply_error(resp, api == API_INTERNAL ? core_rc_api(rc) : api, "completions: %s", err);
     } else {
         unsigned char rb[12];
         char id[40] = "cmpl-";

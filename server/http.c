@@ -36,11 +36,13 @@ void http_reply_error(http_response *r, api_error e, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     http_reply_json(r, proto_http_status(e), proto_error_body(e, msg));
+    r->retry_after = proto_retry_after(e);
 }
 
 void http_reply_status(http_response *r, const api_status *st)
 {
     http_reply_json(r, proto_http_status(st->code), proto_error_body(st->code, st->message));
+    r->retry_after = proto_retry_after(st->code);
 }
 
 /* Matches url against pattern segment by segment; "{name}" captures one
@@ -106,6 +108,13 @@ static enum MHD_Result send_response(struct MHD_Connection *conn, http_request *
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     if (allow)
         MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
+    if (resp->retry_after) {
+        char ra[16];
+        snprintf(ra, sizeof ra, "%u", resp->retry_after);
+        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);
+    }
+    if (resp->challenge)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, resp->challenge);
     req->status = resp->status;
     req->answered = true;
     enum MHD_Result ret = MHD_queue_response(conn, resp->status, r);
@@ -128,7 +137,8 @@ static enum MHD_Result answer_error(struct MHD_Connection *conn, http_request *r
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    http_response resp = {.status = proto_http_status(e), .json = proto_error_body(e, msg)};
+    http_response resp = {.status = proto_http_status(e), .json = proto_error_body(e, msg),
+                          .retry_after = proto_retry_after(e)};
     return send_response(conn, req, &resp, allow);
 }
 

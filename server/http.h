@@ -42,6 +42,8 @@ typedef struct {
     char *text;                   /* owned malloc'd raw body (metrics) */
     const char *content_type;     /* for text */
     size_t text_len;              /* binary text: its length (0 = strlen) */
+    unsigned retry_after;         /* seconds for a Retry-After header, 0 = none */
+    const char *challenge;        /* a 401's WWW-Authenticate value (static) */
 } http_response;
 
 typedef void (*http_handler)(nc_server *srv, http_request *req, http_response *resp);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <uthash.h>
 
+#include "handlers.h"
 #include "metrics.h"
 #include "replication.h"
 #include "slog.h"
@@ -97,13 +98,22 @@ static int open_store(nsreg *g, const char *dir, nc_nsstore **out, nc_nsstore_re
 
 nsref *namespaces_acquire(nc_server *srv, const char *name, bool create, char *err, size_t errlen)
 {
+    int rc;
+    return namespaces_acquire_rc(srv, name, create, &rc, err, errlen);
+}
+
+nsref *namespaces_acquire_rc(nc_server *srv, const char *name, bool create, int *rc, char *err, size_t errlen)
+{
     nsreg *g = srv->namespaces;
+    *rc = NC_OK;
     if (!g) {
         snprintf(err, errlen, "namespaces are not available yet");
+        *rc = NC_ESTATE;
         return NULL;
     }
     if (!valid_name(name)) {
         snprintf(err, errlen, "namespace name must be 1-63 characters of [A-Za-z0-9_.-], not starting with '.'");
+        *rc = NC_EINVAL;
         return NULL;
     }
     pthread_mutex_lock(&g->lock);
@@ -115,7 +125,7 @@ nsref *namespaces_acquire(nc_server *srv, const char *name, bool create, char *e
         if (r) {
             snprintf(r->name, sizeof r->name, "%s", name);
             snprintf(r->dir, sizeof r->dir, "%.1000s/%.63s", g->root, name);
-            if (open_store(g, r->dir, &r->store, NULL, e2, sizeof e2) != NC_OK) {
+            if ((*rc = open_store(g, r->dir, &r->store, NULL, e2, sizeof e2)) != NC_OK) {
                 snprintf(err, errlen, "namespace '%s': %s", name, e2);
                 free(r);
                 r = NULL;
@@ -125,9 +135,11 @@ nsref *namespaces_acquire(nc_server *srv, const char *name, bool create, char *e
             }
         } else {
             snprintf(err, errlen, "out of memory");
+            *rc = NC_ENOMEM;
         }
     } else if (!r) {
         snprintf(err, errlen, "no namespace '%s'", name);
+        *rc = NC_ENOTFOUND;
     }
     if (r)
         r->refs++;
@@ -805,6 +817,21 @@ static void upload_free(void *p)
     free(u);
 }
 
+/* Why a namespace could not be opened (created), as an API error: a bad
+ * name is the client's; its log and snapshot can fail on the disk (503
+ * storage_unavailable, 507 when full) or on what is on it (500). */
+static api_error acquire_api(int rc)
+{
+    switch (rc) {
+    case NC_EINVAL: return API_OUT_OF_RANGE;
+    case NC_ENOTFOUND: return API_NOT_FOUND;
+    case NC_ESTATE: return API_NOT_READY;
+    case NC_EIO:
+    case NC_ENOSPACE: return core_rc_api(rc);
+    default: return API_INTERNAL;
+    }
+}
+
 static void up_fail(upload *u, api_error code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void up_fail(upload *u, api_error code, const char *fmt, ...)
 {
@@ -850,8 +877,9 @@ static upload *upload_new(nc_server *srv, http_request *req)
         snprintf(u->plain_id, sizeof u->plain_id, "%s", id);
     }
     char err[NC_ERRLEN] = "";
-    if (!u->failed && !(u->r = namespaces_acquire(srv, req->params[0], true, err, sizeof err)))
-        up_fail(u, API_OUT_OF_RANGE, "%s", err);
+    int rc = NC_OK;
+    if (!u->failed && !(u->r = namespaces_acquire_rc(srv, req->params[0], true, &rc, err, sizeof err)))
+        up_fail(u, acquire_api(rc), "%s", err);
     return u;
 }
 
@@ -866,8 +894,10 @@ static int doc_start(upload *u, const char *id, size_t len)
                 (unsigned long long)u->docs + 1);
         return -1;
     }
-    if (nsstore_doc_begin(u->r->store, id, len, &u->doc, used, sizeof used, err, sizeof err) != NC_OK) {
-        up_fail(u, API_OUT_OF_RANGE, "document %llu: %s", (unsigned long long)u->docs + 1, err);
+    int rc = nsstore_doc_begin(u->r->store, id, len, &u->doc, used, sizeof used, err, sizeof err);
+    if (rc != NC_OK) {
+        /* a bad id (400), or the log under the DOC record (503/507) */
+        up_fail(u, core_rc_api(rc), "document %llu: %s", (unsigned long long)u->docs + 1, err);
         return -1;
     }
     const nc_model *m = u->srv->model;
@@ -915,7 +945,8 @@ static int add_tokens(upload *u, const nc_tokens *t)
         uint64_t seq = 0;
         int rc = nsstore_add(u->r->store, u->keys, u->wids, nb, u->doc, u->off, &seq, err, sizeof err);
         if (rc != NC_OK) {
-            up_fail(u, rc == NC_ENOSPACE ? API_STORAGE_FULL : API_INTERNAL, "adding to namespace '%s': %s",
+            up_fail(u, rc == NC_ENOSPACE || rc == NC_EIO ? core_rc_api(rc) : API_INTERNAL,
+                    "adding to namespace '%s': %s",
                     u->r->name, err);
             return -1;
         }
@@ -1083,7 +1114,7 @@ void h_ns_documents(nc_server *srv, http_request *req, http_response *resp)
     char err[NC_ERRLEN] = "";
     int rc = u->r ? nsstore_sync(u->r->store, u->last_seq, err, sizeof err) : NC_OK;
     if (rc != NC_OK && !u->failed)
-        up_fail(u, API_INTERNAL, "making the upload durable: %s", err);
+        up_fail(u, core_rc_api(rc), "making the upload durable: %s", err);
     if (u->failed) {
         http_reply_error(resp, u->code, "%s (%llu documents, %llu tokens were added before this)", u->msg,
                          (unsigned long long)u->docs, (unsigned long long)u->tokens);

@@ -33,6 +33,10 @@ void namespaces_shutdown(nc_server *srv);
 /* A held namespace (opened, or created when create). NULL with a message
  * (bad name, I/O error...). Release once. */
 nsref *namespaces_acquire(nc_server *srv, const char *name, bool create, char *err, size_t errlen);
+/* The same, with the failure's NC_ code in *rc: NC_EINVAL a bad name,
+ * NC_ENOTFOUND no such namespace, else opening its store's (NC_EIO,
+ * NC_ENOSPACE, NC_EFORMAT, NC_ENOMEM). */
+nsref *namespaces_acquire_rc(nc_server *srv, const char *name, bool create, int *rc, char *err, size_t errlen);
 /* Deletes a namespace (its directory moves aside; sessions bound to it keep
  * their memory until they go). 0 with *entries (optional) the pairs it held,
  * or -1 with a message (no such namespace). */

@@ -213,9 +213,9 @@ static size_t on_header(char *p, size_t size, size_t nmemb, void *user)
 {
     http_resp *r = user;
     size_t n = size * nmemb;
-    const char *keys[2] = {"content-type:", "allow:"};
-    char *dst[2] = {r->content_type, r->allow};
-    for (int k = 0; k < 2; k++) {
+    const char *keys[4] = {"content-type:", "allow:", "www-authenticate:", "retry-after:"};
+    char *dst[4] = {r->content_type, r->allow, r->www_authenticate, r->retry_after};
+    for (int k = 0; k < 4; k++) {
         size_t kl = strlen(keys[k]);
         if (n > kl && strncasecmp(p, keys[k], kl) == 0) {
             size_t i = kl;

@@ -50,6 +50,8 @@ typedef struct {
     json_t *json;
     char content_type[128];
     char allow[128];
+    char www_authenticate[128];   /* these headers' values, "" when absent */
+    char retry_after[128];
 } http_resp;
 
 void httpc_init(void);            /* once, before threads */
