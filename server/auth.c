@@ -521,6 +521,11 @@ int auth_check(nc_server *srv, http_request *req, const http_route *rt, const au
     auth_key *k = (auth_key *)bearer_key(t, req, &why);
     if (!k) {
         reply(resp, 401, "unauthorized", "%s", why);
+        /* RFC 6750 section 3: every 401 names the scheme; a key that was
+         * sent but is not known is an invalid_token */
+        bool sent = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION) != NULL;
+        resp->challenge = sent ? "Bearer realm=\"neurocache\", error=\"invalid_token\""
+                               : "Bearer realm=\"neurocache\"";
         return -1;
     }
     if ((k->ops & ops) != ops) {

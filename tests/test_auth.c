@@ -258,6 +258,27 @@ TEST(http_unauthenticated)
     http_resp r;
     CHECK(http_call(d.port, "GET", "/v1/model", NULL, NULL, 0, &r) == 0 && r.status == 401);
     http_resp_free(&r);
+    /* RFC 6750 section 3: a 401 names the scheme and realm; a key that was
+     * sent but is unknown is an invalid_token. The streaming upload route
+     * is refused by the same check before its body is read. */
+    CHECK(call(NULL, "GET", "/v1/model", NULL, &r) == 401);
+    CHECKF(strcmp(r.www_authenticate, "Bearer realm=\"neurocache\"") == 0,
+           "WWW-Authenticate: %s", r.www_authenticate);
+    http_resp_free(&r);
+    CHECK(call("wrong-key-0123456789abcdef", "POST", "/v1/score", "{\"text\":\"a b\"}", &r) == 401);
+    CHECKF(strcmp(r.www_authenticate, "Bearer realm=\"neurocache\", error=\"invalid_token\"") == 0,
+           "WWW-Authenticate: %s", r.www_authenticate);
+    http_resp_free(&r);
+    CHECK(http_call(d.port, "POST", "/v1/namespaces/docs/documents", "text/plain", "w1 w2\n", 6, &r) == 0 &&
+          r.status == 401);
+    CHECKF(strcmp(r.www_authenticate, "Bearer realm=\"neurocache\"") == 0,
+           "WWW-Authenticate: %s", r.www_authenticate);
+    http_resp_free(&r);
+    /* only a 401 challenges: a known key without the right gets 403 */
+    CHECK(call(K_READER, "DELETE", "/v1/namespaces/docs?confirm=docs", NULL, &r) == 403);
+    CHECKF(strcmp(r.www_authenticate, "") == 0,
+           "WWW-Authenticate: %s", r.www_authenticate);
+    http_resp_free(&r);
     CHECK(status_of(K_READER, "GET", "/v1/model", NULL) == 200);
     CHECK(status_of(K_READER, "GET", "/metrics", NULL) == 200);
 }
