@@ -10,8 +10,13 @@ CFLAGS   += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE $(OPT) $(SANFLAGS) -MMD
 LDFLAGS  += $(SANFLAGS)
 
 FAISS_C  := build/faiss_c/libfaiss_c.a
+# FAISS's distance and IVFPQ kernels recompiled for this CPU by deps.sh
+# (FAISS_SIMD=auto|avx2|none); taken whole, so Debian's generic copies in
+# libfaiss.a are never linked. Empty when FAISS_SIMD=none.
+FAISS_SIMD_LIB := build/faiss_c/libfaiss_simd.a
 BLAS_LIBS := -lopenblas -llapack
-LIBS_CORE := $(FAISS_C) -lfaiss $(BLAS_LIBS) -ljansson -lunistring -lz -lgomp -lstdc++ -lm -lpthread
+LIBS_CORE := $(FAISS_C) -Wl,--whole-archive $(FAISS_SIMD_LIB) -Wl,--no-whole-archive -lfaiss $(BLAS_LIBS) \
+             -ljansson -lunistring -lz -lgomp -lstdc++ -lm -lpthread
 LIBS_SERVER := -lmicrohttpd -linih -lhiredis -lsystemd -lcurl
 LIBS_TEST := -lcurl -lyaml
 
@@ -55,6 +60,9 @@ deps:
 $(FAISS_C):
 	$(Q)bash scripts/deps.sh
 
+$(FAISS_SIMD_LIB): $(FAISS_C)
+	$(Q)bash scripts/deps.sh
+
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
@@ -72,17 +80,17 @@ $(LIBSERVER): $(SERVER_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-$(BIN)/neurocache: $(TOOLS_OBJ) $(LIBCORE) $(FAISS_C)
+$(BIN)/neurocache: $(TOOLS_OBJ) $(LIBCORE) $(FAISS_C) $(FAISS_SIMD_LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $(TOOLS_OBJ) $(LIBCORE) $(LIBS_CORE) -lcurl -o $@
 
-$(BIN)/neurocached: $(SERVER_MAIN_OBJ) $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(FAISS_C)
+$(BIN)/neurocached: $(SERVER_MAIN_OBJ) $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(FAISS_C) $(FAISS_SIMD_LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $(SERVER_MAIN_OBJ) $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(LIBS_SERVER) $(LIBS_CORE) -o $@
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TESTLIB_OBJ) $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(FAISS_C)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TESTLIB_OBJ) $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(FAISS_C) $(FAISS_SIMD_LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $< $(TESTLIB_OBJ) $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(LIBS_TEST) $(LIBS_SERVER) $(LIBS_CORE) -o $@
@@ -91,7 +99,7 @@ tests: all $(TEST_BINS)
 
 # libFuzzer harnesses (tests/fuzz_*.c) link clang's fuzzer main; they are
 # built only by `make fuzz`, in their own tree.
-$(BUILD)/tests/fuzz_%: $(BUILD)/obj/tests/fuzz_%.o $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(FAISS_C)
+$(BUILD)/tests/fuzz_%: $(BUILD)/obj/tests/fuzz_%.o $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(FAISS_C) $(FAISS_SIMD_LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer $< $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(LIBS_SERVER) $(LIBS_CORE) -o $@

@@ -34,7 +34,48 @@ if [ ${#missing[@]} -gt 0 ]; then
     rm -f "$log"
 fi
 
-if [ -f "$build/libfaiss_c.a" ]; then
+# FAISS's distance and IVFPQ kernels, recompiled for this CPU (see below).
+build_simd_kernels() {
+    local srcdir=$1 out="$build/libfaiss_simd.a" flags=()
+    local want=${FAISS_SIMD:-auto}
+    if [ "$want" = auto ]; then
+        if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && grep -qw f16c /proc/cpuinfo; then
+            want=avx2
+        else
+            want=none
+        fi
+    fi
+    [ "$(cat "$build/simd.level" 2>/dev/null)" = "$want" ] && [ -f "$out" ] && return 0
+    rm -f "$out" "$build/simd.level"
+    local objs=()
+    if [ "$want" = avx2 ]; then
+        flags=(-mavx2 -mfma -mf16c -mpopcnt)
+        echo "deps: compiling FAISS's distance and IVFPQ kernels with ${flags[*]} (FAISS_SIMD=none to keep Debian's generic ones)" >&2
+        # The same translation units as in Debian's libfaiss.a, from the same
+        # source: linked whole before -lfaiss, they define every symbol of
+        # those members, so the linker never takes the generic copies.
+        for f in utils/distances_simd utils/distances impl/ProductQuantizer IndexIVFPQ IndexIVF; do
+            local o="$build/simd_$(basename "$f").o"
+            g++ -std=c++17 -O3 "${flags[@]}" -fPIC -fopenmp -DFINTEGER=int -I"$srcdir" \
+                -c "$srcdir/faiss/$f.cpp" -o "$o"
+            objs+=("$o")
+        done
+        # refuse, at start-up, to run these kernels on a CPU without AVX2
+        gcc -O2 -fPIC -c "$here/scripts/faiss_simd_check.c" -o "$build/simd_check.o"
+        objs+=("$build/simd_check.o")
+    elif [ "$want" != none ]; then
+        echo "deps: FAISS_SIMD=$want: expected auto, avx2 or none" >&2
+        exit 1
+    fi
+    ar rcs "$out.tmp" "${objs[@]}" && mv "$out.tmp" "$out"
+    rm -f "${objs[@]}"
+    echo "$want" > "$build/simd.level"
+}
+
+faiss_source_dir() { find "$here/build/faiss_src" -maxdepth 1 -mindepth 1 -type d -name 'faiss*' 2>/dev/null | head -n 1; }
+
+if [ -f "$build/libfaiss_c.a" ] && [ -n "$(faiss_source_dir)" ]; then
+    build_simd_kernels "$(faiss_source_dir)"
     exit 0
 fi
 
@@ -73,3 +114,4 @@ ar rcs "$build/libfaiss_c.a.tmp" "${objs[@]}"
 mv "$build/libfaiss_c.a.tmp" "$build/libfaiss_c.a"
 rm -f "${objs[@]}"
 echo "deps: built $build/libfaiss_c.a" >&2
+build_simd_kernels "$srcdir"
