@@ -56,7 +56,8 @@ typedef struct {
     /* publisher thread only */
     nc_nslog *log;                /* follower of the attached store's log */
     unsigned log_gen;
-    uint64_t pub_pos;             /* published, maybe not yet in the marker */
+    uint64_t pub_pos;             /* published, maybe not yet in the marker (also
+                                     under R.lock: the metrics read it) */
     double marker_at;
     bool announced;               /* in the namespace set, on this connection */
     bool log_warned;
@@ -91,7 +92,6 @@ static struct {
     /* counters */
     atomic_ullong published_entries, published_tokens, duplicate_entries;
     atomic_ullong applied_entries, applied_tokens, refused_entries, redis_errors;
-    atomic_ullong unpublished_records;
     atomic_llong last_lag_ms, max_lag_ms;
     atomic_int connected_pub, connected_app;
 } R = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
@@ -307,6 +307,7 @@ void replication_attach(const char *ns_name, nc_nsstore *store)
         s->gen++;
         s->birth = birth;
         s->published = published;
+        s->pub_pos = published;
         s->dirty = true;
     }
     pthread_cond_signal(&R.cond);
@@ -387,13 +388,43 @@ static int read_replies(redisContext *c, int n)
     return ok ? 0 : -1;
 }
 
+/* Log records of the attached stores not yet published (or passed over:
+ * DOC records, entries applied from others), whatever Redis's state. */
+static uint64_t unpublished_records(void)
+{
+    uint64_t total = 0;
+    pthread_mutex_lock(&R.lock);
+    int nns = R.nns;
+    pthread_mutex_unlock(&R.lock);
+    for (int i = 0; i < nns; i++) {
+        ns_state *s = &R.ns[i];
+        pthread_mutex_lock(&R.lock);
+        unsigned gen = s->gen;
+        bool attached = s->birth != 0;
+        uint64_t done = s->published;
+        if (s->pub_pos > done) done = s->pub_pos;
+        pthread_mutex_unlock(&R.lock);
+        char err[NC_ERRLEN];
+        nsref *ref = attached ? namespaces_acquire(R.srv, s->name, false, err, sizeof err) : NULL;
+        if (!ref) continue;
+        uint64_t last = nsstore_last_seq(nsref_store(ref));
+        namespaces_release(R.srv, ref);
+        pthread_mutex_lock(&R.lock);
+        bool same = s->gen == gen;
+        pthread_mutex_unlock(&R.lock);
+        if (same && last > done) total += last - done;
+    }
+    return total;
+}
+
 /* ---- publisher ---------------------------------------------------------------- */
 
 /* Writes s's marker if it is behind and due (or forced). */
 static void marker_flush(ns_state *s, nc_nsstore *store, uint64_t birth, bool force)
 {
     pthread_mutex_lock(&R.lock);
-    bool behind = s->pub_pos > s->published && s->birth == birth;
+    uint64_t pos = s->pub_pos;
+    bool behind = pos > s->published && s->birth == birth;
     pthread_mutex_unlock(&R.lock);
     if (!behind || (!force && now_ms() - s->marker_at < MARKER_EVERY_MS))
         return;
@@ -401,15 +432,15 @@ static void marker_flush(ns_state *s, nc_nsstore *store, uint64_t birth, bool fo
     s->marker_at = now_ms();
     if (R.no_marker)
         return;
-    if (marker_write(nsstore_dir(store), birth, s->pub_pos, err, sizeof err) != 0) {
+    if (marker_write(nsstore_dir(store), birth, pos, err, sizeof err) != 0) {
         slog(SLOG_WARN, "replication: cannot write the marker (entries may be published twice after a crash; "
              "the other replicas skip them)", json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
         return;
     }
     pthread_mutex_lock(&R.lock);
-    if (s->birth == birth) s->published = s->pub_pos;
+    if (s->birth == birth) s->published = pos;
     pthread_mutex_unlock(&R.lock);
-    nsstore_retain_log(store, s->pub_pos);
+    nsstore_retain_log(store, pos);
 }
 
 /* Tombstones not yet in Redis: the control stream wakes the replicas that
@@ -468,7 +499,8 @@ static int publish_ns(redisContext *c, ns_state *s, bool final)
     char err[NC_ERRLEN] = "";
     pthread_mutex_lock(&R.lock);
     unsigned gen = s->gen;
-    uint64_t birth = s->birth, published = s->published, tomb = s->tomb;
+    /* from what Redis acknowledged (the marker may lag it) */
+    uint64_t birth = s->birth, published = s->pub_pos, tomb = s->tomb;
     s->dirty = false;
     pthread_mutex_unlock(&R.lock);
     if (s->log && (s->log_gen != gen || birth == 0)) {
@@ -511,7 +543,9 @@ static int publish_ns(redisContext *c, ns_state *s, bool final)
             return 0;
         }
         s->log_gen = gen;
+        pthread_mutex_lock(&R.lock);
         s->pub_pos = published;
+        pthread_mutex_unlock(&R.lock);
     }
     int extra = 0;
     if (!s->announced) {
@@ -565,15 +599,18 @@ static int publish_ns(redisContext *c, ns_state *s, bool final)
         tokens += a.n;
         bytes += a.n * (size_t)R.H * 2;
     }
+    /* what was sent covers the log up to here (a bad record stops the
+     * batch before it: the next pass opens the log again and stops there
+     * again, logged once, until the log is repaired) */
+    uint64_t pos = nsstore_log_position(s->log);
     if (rc < 0) {
         if (!s->log_warned)
             slog(SLOG_ERROR, "replication: cannot read the namespace's log",
                  json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
         s->log_warned = true;
-        nsstore_log_close(s->log);   /* read again from the marker next time */
+        nsstore_log_close(s->log);
         s->log = NULL;
     }
-    uint64_t pos = s->log ? nsstore_log_position(s->log) : s->pub_pos;
     if (read_replies(c, sent + extra) != 0) {
         nsstore_log_close(s->log);
         s->log = NULL;
@@ -585,10 +622,10 @@ static int publish_ns(redisContext *c, ns_state *s, bool final)
     if (rc >= 0) s->log_warned = false;
     atomic_fetch_add(&R.published_entries, (unsigned long long)sent);
     atomic_fetch_add(&R.published_tokens, tokens);
+    pthread_mutex_lock(&R.lock);
     if (pos > s->pub_pos) s->pub_pos = pos;
-    uint64_t last = nsstore_last_seq(store);
-    more = rc == 1 || last > s->pub_pos;
-    atomic_fetch_add(&R.unpublished_records, last > s->pub_pos ? last - s->pub_pos : 0);
+    pthread_mutex_unlock(&R.lock);
+    more = rc == 1 || nsstore_last_seq(store) > pos;
     marker_flush(s, store, birth, final || !more);
     namespaces_release(R.srv, ref);
     return more;
@@ -622,7 +659,6 @@ static void *publisher(void *arg)
         int nns = R.nns;
         pthread_mutex_unlock(&R.lock);
         bool more = false;
-        atomic_store(&R.unpublished_records, 0);
         for (int i = 0; i < nns && !failed; i++) {
             int r = publish_ns(c, &R.ns[i], stopping);
             if (r < 0) failed = 1;
@@ -1060,7 +1096,7 @@ static void *applier(void *arg)
                 if (en->type != REDIS_REPLY_ARRAY || en->elements != 2) continue;
                 if (sid_cmp(en->element[0]->str, ns->last_id) <= 0)
                     continue;
-                if (st && entry_wanted(ns, tomb, en->element[1], true)) {
+                if (entry_wanted(ns, tomb, en->element[1], true) && st) {
                     uint64_t seq = apply_entry(ns, st, en->element[0]->str, en->element[1]);
                     if (seq) last_seq = seq;
                 }
@@ -1150,7 +1186,7 @@ void replication_stop(void)
     pthread_mutex_unlock(&R.lock);
     pthread_join(R.pub, NULL);
     pthread_join(R.app, NULL);
-    unsigned long long left = atomic_load(&R.unpublished_records);
+    unsigned long long left = unpublished_records();
     if (left || R.ndels)
         slog(SLOG_WARN, "replication: not everything published at exit (kept, published at the next start)",
              json_pack("{s:I,s:i}", "log_records", (json_int_t)left, "deletions", R.ndels));
@@ -1198,7 +1234,7 @@ char *replication_metrics(char *text)
              (unsigned long long)atomic_load(&R.applied_tokens),
              (unsigned long long)atomic_load(&R.duplicate_entries),
              (unsigned long long)atomic_load(&R.refused_entries),
-             (unsigned long long)atomic_load(&R.unpublished_records),
+             (unsigned long long)unpublished_records(),
              (double)atomic_load(&R.last_lag_ms) / 1e3,
              atomic_load(&R.connected_app));
     size_t a = text ? strlen(text) : 0, b = strlen(buf);
@@ -1228,7 +1264,7 @@ void h_replication(nc_server *srv, http_request *req, http_response *resp)
         json_object_set_new(o, "applied_tokens", json_integer((json_int_t)atomic_load(&R.applied_tokens)));
         json_object_set_new(o, "duplicate_entries", json_integer((json_int_t)atomic_load(&R.duplicate_entries)));
         json_object_set_new(o, "refused_entries", json_integer((json_int_t)atomic_load(&R.refused_entries)));
-        json_object_set_new(o, "unpublished_records", json_integer((json_int_t)atomic_load(&R.unpublished_records)));
+        json_object_set_new(o, "unpublished_records", json_integer((json_int_t)unpublished_records()));
         pthread_mutex_lock(&R.lock);
         int nd = R.ndels;
         pthread_mutex_unlock(&R.lock);
