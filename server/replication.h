@@ -1,8 +1,9 @@
 /* replication.h -- namespaces shared by replicas through Redis Streams
  * (hiredis). Every pair a replica adds to a namespace's unbounded cache (a
  * document streamed in, a session feeding with adapt) is appended to the
- * Redis Stream <prefix>ns:<namespace> as one entry per add:
+ * Redis Stream <prefix>ns:<namespace> as one entry per logged add:
  *   o  origin replica tag          d  document id at the origin
+ *   b  the origin store's birth    s  the add's record in the origin's log
  *   f  offset of the first token   n  number of pairs
  *   m  model fingerprint (migrate_model_fingerprint: configuration,
  *      vocabulary and weights; entries of another model are refused)
@@ -12,17 +13,33 @@
  *      holds bit-identical keys and answers the same distribution
  * and every replica applies the entries the others appended (into its own
  * durable namespace store, logged and fsync'ed like a local add, under the
- * document "repl:<origin>:<stream id>:<n>:<doc>", one per entry). Those
- * documents are the replica's position: logged with the pairs, they tell a
- * restarted replica, even one killed mid-batch, exactly which entries it
- * holds, and it resumes after the last. Consistency is eventual: an add is visible
- * locally as soon as it is acknowledged, on the other replicas after the
- * replication lag (measured: /v1/replication, /metrics).
+ * document "repl:<origin>:<stream id>:<n>:<b>.<s>:<doc>", one per entry).
+ * Those documents are the replica's position: logged with the pairs, they
+ * tell a restarted replica, even one killed mid-batch, exactly which entries
+ * it holds -- it resumes after the last stream id, and skips an entry whose
+ * (origin, b, s) it already holds (republished after a crash of the origin).
  *
- * Publishing is asynchronous (a bounded queue drained by one thread, so
- * Redis never sits on the request path); an add made while Redis is
- * unreachable waits in the queue and is retried. Redis is optional: with
- * option `redis` empty nothing here runs. */
+ * Publishing follows the namespace's write-ahead log (nsstore_log_open), not
+ * a queue in memory: an add is published once durable, by a publisher thread
+ * (Redis never sits on the request path), and the position reached is kept
+ * in the namespace's "replication-state" file (birth, published seq; written
+ * atomically after the XADDs succeed). A crash, a restart or a Redis outage
+ * of any length loses nothing: the next start publishes everything after the
+ * marker, and log segments are kept by snapshots until published
+ * (nsstore_retain_log). Adds applied from others (documents "repl:...") are
+ * passed over. Ids starting with "repl:" are refused for uploads.
+ *
+ * A store's birth (ms, set when it is created) names its incarnation: a
+ * deletion is a tombstone (name, time) kept in the hash <prefix>tombstones
+ * (and announced on <prefix>ctl); a replica drops its copy of a namespace
+ * born before the tombstone -- at once, or when it comes back after being
+ * down -- and skips entries of older incarnations. A deletion made while
+ * Redis is unreachable waits in data_dir/replication-deletes.
+ *
+ * Consistency is eventual: an add is visible locally as soon as it is
+ * acknowledged, on the other replicas after the replication lag (measured:
+ * /v1/replication, /metrics). Redis is optional: with option `redis` empty
+ * nothing here runs. */
 #ifndef NC_SERVER_REPLICATION_H
 #define NC_SERVER_REPLICATION_H
 
@@ -33,17 +50,20 @@
 /* Starts the publisher and applier threads when cfg.redis is set (a
  * replica_tag is then required). 0, or -1 with a message. */
 int replication_start(nc_server *srv, char *err, size_t errlen);
-/* Publishes what is queued (up to a few seconds), stops the threads. */
+/* Publishes what the logs hold (up to a few seconds while Redis answers),
+ * stops the threads; what is left is published at the next start. */
 void replication_stop(void);
 
-/* Called by the namespace registry for every store it opens or creates:
- * local adds to it are published from now on. No-op when replication is
- * off. */
+/* Called by the namespace registry for every store it opens or creates,
+ * before any add: reads (or creates) its marker; its log is published from
+ * the marker on. No-op when replication is off. */
 void replication_attach(const char *ns_name, nc_nsstore *store);
 
-/* A namespace was deleted here: the other replicas delete it too, its
- * stream is removed from Redis, and entries appended before the deletion are
- * not applied (a namespace created later under the name starts empty). */
+/* A namespace was deleted here: the tombstone is recorded on disk, then
+ * published; the other replicas delete it too (those down now when they
+ * come back), its stream is removed from Redis, and entries of the deleted
+ * incarnation are not applied anywhere (a namespace created later under the
+ * name starts empty). */
 void replication_namespace_deleted(const char *ns_name);
 
 /* Prometheus lines appended to text (realloc'ed; returns the new pointer). */

@@ -1,5 +1,6 @@
 /* test_wal.c -- the write-ahead log: round trip, torn tails truncated, flipped
- * bytes refused, segments and pruning, group commit under concurrency. */
+ * bytes refused, segments and pruning, group commit under concurrency, a
+ * follower reading the log while it is written. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -361,6 +362,115 @@ TEST(write_failure_mid_record_then_room_again)
     CHECKF(c.n == 20 && c.bad == 0 && c.first == 1, "replayed %zu records (%zu bad)", (size_t)c.n, (size_t)c.bad);
 }
 
+/* Reads up to upto with r; checks each record; returns how many. */
+static int follow(nc_wal_reader *r, uint64_t upto, uint64_t *last, int *bad)
+{
+    char err[NC_ERRLEN] = "";
+    uint64_t seq;
+    const void *p;
+    size_t len;
+    int n = 0, rc;
+    unsigned char b[400];
+    while ((rc = wal_reader_next(r, upto, &seq, &p, &len, err, sizeof err)) == 1) {
+        rec_fill(seq, b);
+        if (seq != *last + 1 || len != rec_len(seq) || memcmp(b, p, len) != 0)
+            (*bad)++;
+        *last = seq;
+        n++;
+    }
+    if (rc < 0) {
+        fprintf(stderr, "follow: %s\n", err);
+        (*bad)++;
+    }
+    return n;
+}
+
+/* A follower (replication's publisher) reads a log while it is written:
+ * only up to the bound it is given, across segment rotations, from the
+ * middle of a segment, with the segments behind it pruned; a log pruned
+ * past its position is NC_ENOTFOUND. */
+TEST(reader_follows_writer)
+{
+    char dir[64], err[NC_ERRLEN] = "";
+    scratch(dir, sizeof dir);
+    nc_wal *w;
+    CHECK(wal_open(dir, TAG, 1, WAL_SYNC_GROUP, &w, err, sizeof err) == NC_OK);
+    nc_wal_reader *r = NULL;
+    CHECK(wal_reader_open(dir, TAG, 0, &r, err, sizeof err) == NC_OK);
+    if (!r) return;
+    unsigned char b[400];
+    uint64_t seq = 0, last = 0, rot;
+    int bad = 0;
+    CHECK(follow(r, wal_durable_seq(w), &last, &bad) == 0);
+    for (uint64_t i = 1; i <= 50; i++) {
+        rec_fill(i, b);
+        CHECK(wal_append(w, b, rec_len(i), &seq, err, sizeof err) == NC_OK);
+    }
+    /* appended, not yet durable: nothing to read */
+    CHECK(wal_durable_seq(w) == 0);
+    CHECK(follow(r, wal_durable_seq(w), &last, &bad) == 0);
+    CHECK(wal_sync(w, 50, err, sizeof err) == NC_OK && wal_durable_seq(w) == 50);
+    CHECK(follow(r, 30, &last, &bad) == 30 && wal_reader_position(r) == 30);
+    CHECK(follow(r, wal_durable_seq(w), &last, &bad) == 20 && last == 50);
+    /* two rotations; the follower crosses them */
+    for (uint64_t i = 51; i <= 200; i++) {
+        rec_fill(i, b);
+        CHECK(wal_append(w, b, rec_len(i), &seq, err, sizeof err) == NC_OK);
+        if (i == 80 || i == 150)
+            CHECK(wal_rotate(w, &rot, err, sizeof err) == NC_OK);
+    }
+    CHECK(wal_sync(w, 200, err, sizeof err) == NC_OK);
+    CHECK(follow(r, 120, &last, &bad) == 70);
+    /* segments wholly behind it go: it reads on */
+    CHECK(wal_prune(dir, 80, err, sizeof err) == 1);
+    CHECK(follow(r, wal_durable_seq(w), &last, &bad) == 80 && last == 200);
+    CHECK(bad == 0);
+    wal_reader_close(r);
+    /* opened in the middle of a segment */
+    CHECK(wal_reader_open(dir, TAG, 100, &r, err, sizeof err) == NC_OK);
+    last = 100;
+    CHECK(follow(r, 200, &last, &bad) == 100 && bad == 0);
+    wal_reader_close(r);
+    /* before what is left: refused, saying so */
+    CHECK(wal_reader_open(dir, TAG, 10, &r, err, sizeof err) == NC_ENOTFOUND && r == NULL);
+    HAS(err, "does not reach back");
+    /* mode none: durable as soon as written */
+    wal_close(w);
+    CHECK(wal_open(dir, TAG, 201, WAL_SYNC_NONE, &w, err, sizeof err) == NC_OK);
+    rec_fill(201, b);
+    CHECK(wal_append(w, b, rec_len(201), &seq, err, sizeof err) == NC_OK);
+    CHECK(wal_durable_seq(w) == 201);
+    wal_close(w);
+    wal_reader_close(NULL);
+    nsstore_remove_dir(dir, NULL, 0);
+}
+
+/* A flipped byte under the follower is an error naming the record, never
+ * a record handed out. */
+TEST(reader_refuses_corruption)
+{
+    char dir[64], err[NC_ERRLEN] = "", path[200];
+    scratch(dir, sizeof dir);
+    CHECK(write_log(dir, 1, 10, WAL_SYNC_GROUP) == 0);
+    seg_path(dir, 1, path, sizeof path);
+    flip_byte(path, file_size(path) - 3);   /* in record 10's payload */
+    nc_wal_reader *r = NULL;
+    CHECK(wal_reader_open(dir, TAG, 0, &r, err, sizeof err) == NC_OK);
+    uint64_t last = 0;
+    int bad = 0;
+    if (r) {
+        CHECK(follow(r, 9, &last, &bad) == 9 && bad == 0);
+        uint64_t seq;
+        const void *p;
+        size_t len;
+        CHECK(wal_reader_next(r, 10, &seq, &p, &len, err, sizeof err) == NC_EFORMAT);
+        HAS(err, "record 10");
+    }
+    wal_reader_close(r);
+    CHECK(wal_reader_open(dir, TAG + 1, 0, &r, err, sizeof err) == NC_EFORMAT);
+    nsstore_remove_dir(dir, NULL, 0);
+}
+
 int main(void)
 {
     RUN(round_trip);
@@ -370,5 +480,7 @@ int main(void)
     RUN(group_commit_concurrent);
     RUN(bad_arguments);
     RUN(write_failure_mid_record_then_room_again);
+    RUN(reader_follows_writer);
+    RUN(reader_refuses_corruption);
     return harness_summary();
 }
