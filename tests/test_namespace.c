@@ -3,7 +3,8 @@
  * alone, through snapshot + log tail, through a corrupt snapshot the log can
  * stand in for; a corrupt snapshot the log cannot cover and a corrupt log
  * are refused naming the file; a torn log tail is cut with a warning; adds
- * made by a stream (feed with adapt) are logged with their provenance. */
+ * made by a stream (feed with adapt) are logged with their provenance; a
+ * follower reads the adds back from the log. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include "harness.h"
 #include "nsstore.h"
 #include "rng.h"
+#include "vocab.h"
 
 #define HAS(s, sub) CHECKF(strstr((s), (sub)) != NULL, "\"%s\" lacks \"%s\"", (s), (sub))
 
@@ -402,6 +404,75 @@ TEST(bad_input)
     nsstore_remove_dir(dir, NULL, 0);
 }
 
+/* The follower of a store's log (replication's publisher): every add read
+ * back with its document, offset, words as surface strings and float16
+ * keys; DOC records passed over; segments it has not consumed survive
+ * snapshots (nsstore_retain_log), and without that they are pruned. */
+TEST(log_follower)
+{
+    char dir[64], err[NC_ERRLEN] = "";
+    scratch(dir, sizeof dir);
+    nc_nsstore *ns;
+    CHECK(open_ns(dir, &ns, NULL, err, sizeof err) == NC_OK);
+    nsstore_retain_log(ns, 0);
+    static const char *ids[] = {"one", "two", "three"};
+    for (int d = 0; d < 3; d++) {
+        CHECK(add_doc(ns, ids[d], 10, (uint64_t)d + 1) > 0);
+        CHECK(nsstore_snapshot(ns, NULL, err, sizeof err) == NC_OK);
+    }
+    nc_nslog *l = NULL;
+    CHECK(nsstore_log_open(ns, 0, &l, err, sizeof err) == NC_OK);
+    nc_nslog_add a;
+    int adds = 0, bad = 0, rc;
+    static const char *oov[] = {"zebra", "quokka", "axolotl"};
+    while (l && (rc = nsstore_log_next(l, &a, err, sizeof err)) == 1) {
+        int d = adds / 2;
+        uint64_t off = adds % 2 ? 5 : 0;
+        if (d > 2 || strcmp(a.doc, ids[d]) || a.off != off || a.n != 5) {
+            bad++;
+            continue;
+        }
+        /* words: add_doc's, pair i of the document being off + j */
+        const char *w = a.words;
+        for (size_t j = 0; j < a.n; j++) {
+            size_t i = off + j;
+            const char *want = i % 5 == 4 ? oov[i % 3] : vocab_word(model->vocab, (int)(((uint64_t)d + 1 + i) % (uint64_t)V));
+            size_t len = strcspn(w, "\n");
+            if (len != strlen(want) || memcmp(w, want, len)) bad++;
+            w += len + (w[len] == '\n');
+        }
+        if ((size_t)(w - a.words) != a.words_len) bad++;
+        /* keys: add_doc's (same seed), rounded to float16 as logged */
+        nc_rng r;
+        rng_seed(&r, (uint64_t)d + 1);
+        for (size_t i = 0; i < 10 * (size_t)H; i++) {
+            float k = rng_uniform(&r) * 2 - 1;
+            size_t j = i / (size_t)H;
+            if (j < off || j >= off + a.n) continue;
+            uint16_t x;
+            memcpy(&x, (const unsigned char *)a.keys_f16 + (i - off * (size_t)H) * 2, 2);
+            if (x != nc_float_to_half(k)) bad++;
+        }
+        adds++;
+    }
+    CHECK(rc == 0 && adds == 6 && bad == 0);
+    /* 6 ADD records and 3 DOC records, all consumed */
+    CHECK(l && nsstore_log_position(l) == 9 && nsstore_last_seq(ns) == 9);
+    nsstore_log_close(l);
+    /* nothing retained any more: the next snapshots prune what the first
+     * ones cover, and the log no longer reaches back */
+    nsstore_retain_log(ns, UINT64_MAX);
+    CHECK(add_doc(ns, "four", 10, 4) > 0);
+    CHECK(nsstore_snapshot(ns, NULL, err, sizeof err) == NC_OK);
+    CHECK(nsstore_log_open(ns, 0, &l, err, sizeof err) == NC_ENOTFOUND);
+    CHECK(nsstore_log_open(ns, 9, &l, err, sizeof err) == NC_OK);
+    CHECK(l && nsstore_log_next(l, &a, err, sizeof err) == 1 && !strcmp(a.doc, "four"));
+    nsstore_log_close(l);
+    CHECK(!strcmp(nsstore_dir(ns), dir));
+    nsstore_close(ns);
+    nsstore_remove_dir(dir, NULL, 0);
+}
+
 int main(void)
 {
     char path[512], err[NC_ERRLEN];
@@ -418,6 +489,7 @@ int main(void)
     RUN(corrupt_log);
     RUN(stream_adapt_logged);
     RUN(bad_input);
+    RUN(log_follower);
     model_free(model);
     return harness_summary();
 }
