@@ -342,7 +342,17 @@ int namespaces_init(nc_server *srv, char *err, size_t errlen)
         }
         snprintf(r->name, sizeof r->name, "%.63s", e->d_name);
         snprintf(r->dir, sizeof r->dir, "%s", dir);
-        if (open_store(g, dir, &r->store, &info, e2, sizeof e2) != NC_OK) {
+        int orc = open_store(g, dir, &r->store, &info, e2, sizeof e2);
+        if (orc == NC_ENOSPACE) {
+            /* nothing is wrong with what is on disk: recovery only needs
+             * room for a new log segment (test_diskfull) */
+            snprintf(err, errlen, "namespace '%s': no room to reopen its log: %s; free space on the data "
+                     "directory's file system and start again (nothing was lost)", r->name, e2);
+            free(r);
+            rc = -1;
+            break;
+        }
+        if (orc != NC_OK) {
             snprintf(err, errlen, "namespace '%s' cannot be recovered: %s", r->name, e2);
             free(r);
             rc = -1;
