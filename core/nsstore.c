@@ -475,6 +475,11 @@ uint64_t nsstore_last_seq(nc_nsstore *ns)
     return ws.last_seq;
 }
 
+uint64_t nsstore_durable_seq(nc_nsstore *ns)
+{
+    return wal_durable_seq(ns->wal);
+}
+
 void nsstore_retain_log(nc_nsstore *ns, uint64_t after)
 {
     __atomic_store_n(&ns->retain, after, __ATOMIC_RELEASE);

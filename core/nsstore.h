@@ -120,8 +120,10 @@ void nsstore_log_close(nc_nslog *l);
  * follower has not consumed yet), however old. UINT64_MAX (the default)
  * = no constraint. */
 void nsstore_retain_log(nc_nsstore *ns, uint64_t after);
-/* The last record appended to the log (durable or not). */
+/* The last record appended to the log (durable or not), and the last one
+ * a follower may read (wal_durable_seq). */
 uint64_t nsstore_last_seq(nc_nsstore *ns);
+uint64_t nsstore_durable_seq(nc_nsstore *ns);
 /* The namespace's directory (nsstore_opts.dir). */
 const char *nsstore_dir(const nc_nsstore *ns);
 

@@ -547,6 +547,16 @@ static int publish_ns(redisContext *c, ns_state *s, bool final)
         s->pub_pos = published;
         pthread_mutex_unlock(&R.lock);
     }
+    /* A long upload syncs its log only before it answers: publishing
+     * would wait for the whole document. Records appended but not yet
+     * durable are synced here (group commit: shared with the requests'
+     * own syncs), so the other replicas follow the upload as it goes. */
+    uint64_t last = nsstore_last_seq(store);
+    if (last > nsstore_durable_seq(store) && nsstore_sync(store, last, err, sizeof err) != NC_OK && !s->log_warned) {
+        slog(SLOG_ERROR, "replication: cannot sync the namespace's log",
+             json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
+        s->log_warned = true;
+    }
     int extra = 0;
     if (!s->announced) {
         /* the set first, then the wake-up: a reader woken by the control
