@@ -480,6 +480,7 @@ static int read_values(nc_ubcache *u, const char *path, char *err, size_t errlen
     char magic[8];
     uint64_t n = 0;
     uint32_t crc = 0;
+    struct stat st = {0};
     int rc = NC_OK;
     if (fread(magic, 1, 8, f) != 8 || memcmp(magic, UB_VALUES_MAGIC, 8) != 0 ||
         fread(&n, sizeof n, 1, f) != 1) {
@@ -487,6 +488,12 @@ static int read_values(nc_ubcache *u, const char *path, char *err, size_t errlen
     } else if (n > ((uint64_t)1 << 36)) {
         rc = nc_error(err, errlen, NC_EFORMAT, "%s: implausible count %llu", path,
                       (unsigned long long)n);
+    } else if (fstat(fileno(f), &st) != 0 || (uint64_t)st.st_size != 16 + n * sizeof(int) + 4) {
+        /* the count is checked against the file before it sizes an
+         * allocation: a corrupt count asked for up to 256 GB before the
+         * short read was noticed (seed sealed_big_count_5 of fuzz_snapshot) */
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: %lld bytes, a values file of %llu entries has %llu", path,
+                      (long long)st.st_size, (unsigned long long)n, (unsigned long long)(16 + n * sizeof(int) + 4));
     } else {
         u->values = malloc((n ? n : 1) * sizeof(int));
         u->cap = n ? n : 1;

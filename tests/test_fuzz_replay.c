@@ -30,6 +30,9 @@
 #define FUZZ_ENTRY fuzz_auth_one
 #include "fuzz_auth.c"
 #undef FUZZ_ENTRY
+#define FUZZ_ENTRY fuzz_snapshot_one
+#include "fuzz_snapshot.c"
+#undef FUZZ_ENTRY
 
 typedef int (*fuzz_fn)(const uint8_t *, size_t);
 
@@ -84,6 +87,7 @@ TEST(model_corpus) { run_corpus("model", fuzz_model_one, 3); }
 TEST(config_corpus) { run_corpus("config", fuzz_config_one, 5); }
 TEST(wal_corpus) { run_corpus("wal", fuzz_wal_one, 5); }
 TEST(auth_corpus) { run_corpus("auth", fuzz_auth_one, 5); }
+TEST(snapshot_corpus) { run_corpus("snapshot", fuzz_snapshot_one, 10); }
 
 /* The crash fuzz_proto found: an error message quoting non-UTF-8 bytes
  * still gives a JSON error body (with U+FFFD in their place). */
@@ -108,6 +112,7 @@ int main(void)
     RUN(config_corpus);
     RUN(wal_corpus);
     RUN(auth_corpus);
+    RUN(snapshot_corpus);
     RUN(error_body_non_utf8);
     /* The harnesses remove their scratch files at exit. */
     return harness_summary();
