@@ -27,7 +27,8 @@ api_error sessions_rc_api(sessions_rc rc)
     static const api_error map[] = {
         [SESS_OK] = API_OK, [SESS_ENOTFOUND] = API_SESSION_NOT_FOUND, [SESS_EEXIST] = API_CONFLICT,
         [SESS_ELIMIT] = API_TOO_MANY_SESSIONS, [SESS_EMEMORY] = API_MEMORY_BUDGET,
-        [SESS_EINVAL] = API_OUT_OF_RANGE, [SESS_ENOMEM] = API_INTERNAL};
+        [SESS_EINVAL] = API_OUT_OF_RANGE, [SESS_ENOMEM] = API_INTERNAL,
+        [SESS_ESTORAGE] = API_STORAGE_UNAVAILABLE, [SESS_ENOSPACE] = API_STORAGE_FULL};
     return (unsigned)rc < sizeof map / sizeof map[0] ? map[rc] : API_INTERNAL;
 }
 

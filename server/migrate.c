@@ -177,9 +177,11 @@ api_error migrate_decode(const nc_model *m, uint64_t fingerprint, sessions *t, c
         return API_OK;   /* the envelope only (namespace for a key check) */
     char msg[NC_ERRLEN] = "";
     nc_ubcache *ub = NULL;
-    if (t && sessions_bind(t, ns, &ub, ns_ref, msg, sizeof msg) != 0) {
+    int brc = t ? sessions_bind(t, ns, &ub, ns_ref, msg, sizeof msg) : 0;
+    if (brc != 0) {
         snprintf(err, errlen, "session state: namespace '%s': %s", ns, msg);
-        return API_OUT_OF_RANGE;
+        /* the namespace's disk (503/507), else the state's name */
+        return brc == NC_EIO || brc == NC_ENOSPACE ? core_rc_api(brc) : API_OUT_OF_RANGE;
     }
     int rc = stream_import(m, ub, NULL, p, (size_t)sl, out, msg, sizeof msg);
     if (rc != NC_OK && t) {

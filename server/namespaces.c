@@ -179,9 +179,10 @@ int namespaces_bind_session(void *ctx, const char *ns, nc_ubcache **ub, void **r
                             size_t errlen)
 {
     nc_server *srv = ctx;
-    nsref *r = namespaces_acquire(srv, ns && ns[0] ? ns : "default", true, err, errlen);
+    int rc = NC_OK;
+    nsref *r = namespaces_acquire_rc(srv, ns && ns[0] ? ns : "default", true, &rc, err, errlen);
     if (!r)
-        return -1;
+        return rc != NC_OK ? rc : NC_EINVAL;   /* the code tells a full disk from an I/O error */
     *ub = nsstore_ubcache(r->store);
     *ref = r;
     return 0;

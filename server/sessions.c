@@ -197,8 +197,9 @@ sessions_rc sessions_adopt(sessions *t, const char *id, const char *ns, const nc
             /* Names were validated by proto: a binder failure is the
              * server's (opening the namespace's log or snapshot: I/O), a
              * 5xx, not the client's 400 (found by test_fault's fsync walk). */
-            if (t->bind && t->bind(t->bind_ctx, ns, &ub, &s->ns_ref, err, errlen) != 0)
-                rc = SESS_ENOMEM;
+            int brc = t->bind ? t->bind(t->bind_ctx, ns, &ub, &s->ns_ref, err, errlen) : 0;
+            if (brc != 0)
+                rc = brc == NC_EIO ? SESS_ESTORAGE : brc == NC_ENOSPACE ? SESS_ENOSPACE : SESS_ENOMEM;
             s->ns_unbind = t->unbind;
             s->ns_ctx = t->bind_ctx;
             if (rc == SESS_OK && stream_new(t->model, p, ub, NULL, true, &s->stream, err, errlen) != NC_OK)

@@ -44,6 +44,8 @@ typedef enum {
     SESS_EMEMORY,                 /* the budget would be exceeded */
     SESS_EINVAL,                  /* stream creation refused the params */
     SESS_ENOMEM,
+    SESS_ESTORAGE,                /* the namespace's log could not be opened: I/O error */
+    SESS_ENOSPACE,                /* ... for lack of disk space */
 } sessions_rc;
 
 /* m is borrowed and must outlive the table. tag: replica tag put in ids
@@ -69,7 +71,7 @@ sessions_rc sessions_adopt(sessions *t, const char *id, const char *ns, const nc
 /* The table's binder (sessions_set_binder) for a stream built by the caller:
  * *ub the namespace's unbounded cache (NULL for ns "" or no binder), *ref
  * released by sessions_unbind (NULL allowed) unless handed to
- * sessions_adopt. 0 or -1 with a message. */
+ * sessions_adopt. 0 or the binder's negative NC_ code with a message. */
 int sessions_bind(sessions *t, const char *ns, nc_ubcache **ub, void **ref, char *err, size_t errlen);
 void sessions_unbind(sessions *t, void *ref);
 
@@ -87,8 +89,9 @@ int sessions_ids(sessions *t, char (**ids)[SESSION_ID_MAX], size_t *n);
 /* Namespace binding: bind(ctx, ns, &ub, &ref, ...) is called for every
  * session created from scratch and gives the namespace's unbounded cache
  * (the stream adapts into it and reads it) and a reference released with
- * unbind(ctx, ref) when the session is freed. bind returns 0 or -1 with a
- * message (the creation then fails with SESS_EINVAL). */
+ * unbind(ctx, ref) when the session is freed. bind returns 0 or a negative
+ * NC_ code with a message (the creation then fails with SESS_ESTORAGE for
+ * NC_EIO, SESS_ENOSPACE for NC_ENOSPACE, else SESS_ENOMEM). */
 void sessions_set_binder(sessions *t,
                          int (*bind)(void *ctx, const char *ns, nc_ubcache **ub, void **ref,
                                      char *err, size_t errlen),
