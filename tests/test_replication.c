@@ -376,13 +376,20 @@ TEST(delete_while_replica_down)
 
 /* Durability of publishing: documents A acknowledged while Redis was down
  * -- across a clean restart of A (whose snapshots would prune the log) and
- * a SIGKILL -- reach B once Redis is back, exactly once. */
+ * a SIGKILL -- reach B once Redis is back, exactly once; so does a deletion
+ * made meanwhile. */
 TEST(unpublished_survive_crash)
 {
     long nb0 = ns_entries(B.port, "news");
     CHECK(nb0 > 0 && ns_entries(A.port, "news") == nb0);
     stop_redis();
     CHECK(upload(A.port, "news", "outage one the quibble sat on the zorblax .\n") == 200);
+    /* a deletion made meanwhile waits on A's disk for Redis too */
+    CHECK(ns_status(B.port, "weather") == 200);
+    http_resp r;
+    CHECK(http_call(A.port, "DELETE", "/v1/namespaces/weather?confirm=weather", NULL, NULL, 0, &r) == 0 &&
+          r.status == 200);
+    http_resp_free(&r);
     /* Two clean restarts: two snapshots, the second would prune the
      * segments the first covers. */
     CHECK(daemon_stop(&A) == 0);
@@ -394,6 +401,7 @@ TEST(unpublished_survive_crash)
     long na = ns_entries(A.port, "news");
     CHECK(na > nb0);
     CHECK(repl_counter(A.port, "unpublished_records") > 0);
+    CHECK(repl_counter(A.port, "pending_deletions") == 1);
     kill9(&A);
     CHECK(ns_entries(B.port, "news") == nb0);
     CHECK(start_redis() == 0);
@@ -409,6 +417,9 @@ TEST(unpublished_survive_crash)
     double t0 = now_s();
     while (repl_counter(A.port, "unpublished_records") != 0 && now_s() - t0 < 5) sleep_ms(20);
     CHECK(repl_counter(A.port, "unpublished_records") == 0);
+    CHECK(repl_counter(A.port, "pending_deletions") == 0);
+    while (ns_status(B.port, "weather") != 404 && now_s() - t0 < 10) sleep_ms(20);
+    CHECK(ns_status(B.port, "weather") == 404 && ns_status(A.port, "weather") == 404);
 }
 
 /* A crash between XADD and the marker publishes entries again (the test
