@@ -171,6 +171,17 @@ static inline int clamp_token(const nc_model *m, int token)
     return (token < 0 || token >= m->cfg.vocab_size) ? m->unk_id : token;
 }
 
+/* gates += W_hh h: the one step of the recurrence that cannot be batched,
+ * bound by reading W_hh (1 MB in float32 for H = 256), hence the binary16
+ * copy when the model has one. */
+static inline void recurrent_gemv(const nc_lstm_layer *ly, int G, int H, const float *h, float *gates)
+{
+    if (ly->w_hh_f16)
+        vm_gemv_f16(ly->w_hh_f16, G, H, h, gates);
+    else
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, G, H, 1.0f, ly->w_hh, H, h, 1, 1.0f, gates, 1);
+}
+
 void lstm_step(const nc_model *m, nc_state *s, int token, nc_lstm_work *w)
 {
     const int H = m->cfg.hidden_size, G = 4 * H;
@@ -183,7 +194,7 @@ void lstm_step(const nc_model *m, nc_state *s, int token, nc_lstm_work *w)
         memcpy(w->gates, ly->b_sum, (size_t)G * sizeof(float));
         cblas_sgemv(CblasRowMajor, CblasNoTrans, G, ly->input_size, 1.0f, ly->w_ih, ly->input_size, x, 1, 1.0f,
                     w->gates, 1);
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, G, H, 1.0f, ly->w_hh, H, h, 1, 1.0f, w->gates, 1);
+        recurrent_gemv(ly, G, H, h, w->gates);
         lstm_cell(w->gates, h, c, H);
         x = h;
     }
@@ -224,7 +235,7 @@ int lstm_forward_seq(const nc_model *m, nc_state *s, const int *tokens, size_t T
             /* The recurrence is inherently sequential. */
             for (size_t t = 0; t < nb; t++) {
                 float *g = gates + t * (size_t)G;
-                cblas_sgemv(CblasRowMajor, CblasNoTrans, G, H, 1.0f, ly->w_hh, H, h, 1, 1.0f, g, 1);
+                recurrent_gemv(ly, G, H, h, g);
                 lstm_cell(g, h, c, H);
                 memcpy(out + t * (size_t)H, h, (size_t)H * sizeof(float));
             }

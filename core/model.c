@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -493,6 +494,31 @@ static int model_bind_vocab(nc_model *m, const char *file, char *err, size_t err
     return NC_OK;
 }
 
+/* The binary16 copy of W_hh, when every weight is exactly a half (a model
+ * stored as F16): the same weights at half the bytes for the sequential
+ * recurrence (vm_gemv_f16). After a training step the weights are no longer
+ * halves and the copy is dropped (the float32 GEMV serves). */
+static void refresh_w_hh_f16(nc_model *m, nc_lstm_layer *ly)
+{
+    size_t n = 4 * (size_t)m->cfg.hidden_size * (size_t)m->cfg.hidden_size;
+    uint16_t *h = ly->w_hh_f16_buf;
+    ly->w_hh_f16 = NULL;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t v = nc_float_to_half(ly->w_hh[i]);
+        if (nc_half_to_float(v) != ly->w_hh[i] && !(isnan(ly->w_hh[i])))
+            return;
+    }
+    if (!h) {
+        h = (uint16_t *)impl_alloc(m->impl, (n + 1) / 2);
+        if (!h)
+            return;   /* no copy: the float32 path is as exact */
+        ly->w_hh_f16_buf = h;
+    }
+    for (size_t i = 0; i < n; i++)
+        h[i] = nc_float_to_half(ly->w_hh[i]);
+    ly->w_hh_f16 = h;
+}
+
 void model_refresh_derived(nc_model *m)
 {
     size_t G = 4 * (size_t)m->cfg.hidden_size;
@@ -500,6 +526,7 @@ void model_refresh_derived(nc_model *m)
         nc_lstm_layer *ly = &m->layers[k];
         for (size_t i = 0; i < G; i++)
             ly->b_sum[i] = ly->b_ih[i] + ly->b_hh[i];
+        refresh_w_hh_f16(m, ly);
     }
 }
 

@@ -25,6 +25,9 @@ typedef struct {
     float *b_ih;                  /* [4H] */
     float *b_hh;                  /* [4H] */
     float *b_sum;                 /* [4H] = b_ih + b_hh (derived at load) */
+    const uint16_t *w_hh_f16;     /* [4H, H] W_hh as binary16 when each weight is exactly
+                                   * a half (F16 files; derived), else NULL */
+    uint16_t *w_hh_f16_buf;       /* its storage (kept while training drops the copy) */
 } nc_lstm_layer;
 
 /* All weights are float32 in memory (F16 files are widened at load). */

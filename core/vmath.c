@@ -7,7 +7,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <cpuid.h>
 #include <immintrin.h>
+#include <stdbool.h>
+
+#include "nc_common.h"
 
 /* exp(x) = 2^n e^r with n = round(x log2 e), r = x - n ln2 (ln2 split in a
  * high and a low part so r is exact enough), and e^r from its degree-6
@@ -204,10 +208,91 @@ __attribute__((target("avx2,fma"))) static void act_avx2(float *x, size_t n, int
         sigmoid_scalar(x + i, n - i);
 }
 
+/* ---- y += W x with W in binary16 (the LSTM recurrence) ----------------- */
+
+/* Four rows at a time share each load of x; one accumulator per row, summed
+ * across lanes at the end. */
+static void gemv_f16_scalar(const uint16_t *W, int rows, int cols, const float *x, float *y)
+{
+    for (int r = 0; r < rows; r++) {
+        const uint16_t *w = W + (size_t)r * cols;
+        float acc = 0.0f;
+        for (int k = 0; k < cols; k++)
+            acc += nc_half_to_float(w[k]) * x[k];
+        y[r] += acc;
+    }
+}
+
+__attribute__((target("avx512f"))) static void gemv_f16_avx512(const uint16_t *W, int rows, int cols,
+                                                                const float *x, float *y)
+{
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        const uint16_t *w0 = W + (size_t)r * cols, *w1 = w0 + cols, *w2 = w1 + cols, *w3 = w2 + cols;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int k = 0;
+        for (; k + 16 <= cols; k += 16) {
+            __m512 xv = _mm512_loadu_ps(x + k);
+            a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w0 + k))), xv, a0);
+            a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w1 + k))), xv, a1);
+            a2 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w2 + k))), xv, a2);
+            a3 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w3 + k))), xv, a3);
+        }
+        float t[4] = {0, 0, 0, 0};   /* columns past the last 16 */
+        for (; k < cols; k++) {
+            t[0] += nc_half_to_float(w0[k]) * x[k];
+            t[1] += nc_half_to_float(w1[k]) * x[k];
+            t[2] += nc_half_to_float(w2[k]) * x[k];
+            t[3] += nc_half_to_float(w3[k]) * x[k];
+        }
+        y[r] += t[0];
+        y[r + 1] += t[1];
+        y[r + 2] += t[2];
+        y[r + 3] += t[3];
+        y[r] += _mm512_reduce_add_ps(a0);
+        y[r + 1] += _mm512_reduce_add_ps(a1);
+        y[r + 2] += _mm512_reduce_add_ps(a2);
+        y[r + 3] += _mm512_reduce_add_ps(a3);
+    }
+    if (r < rows)
+        gemv_f16_scalar(W + (size_t)r * cols, rows - r, cols, x, y + r);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void gemv_f16_avx2(const uint16_t *W, int rows, int cols,
+                                                                    const float *x, float *y)
+{
+    int r = 0;
+    for (; r + 4 <= rows && cols % 8 == 0; r += 4) {
+        const uint16_t *w0 = W + (size_t)r * cols, *w1 = w0 + cols, *w2 = w1 + cols, *w3 = w2 + cols;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int k = 0; k < cols; k += 8) {
+            __m256 xv = _mm256_loadu_ps(x + k);
+            a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w0 + k))), xv, a0);
+            a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w1 + k))), xv, a1);
+            a2 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w2 + k))), xv, a2);
+            a3 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w3 + k))), xv, a3);
+        }
+        y[r] += hsum256(a0);
+        y[r + 1] += hsum256(a1);
+        y[r + 2] += hsum256(a2);
+        y[r + 3] += hsum256(a3);
+    }
+    if (r < rows)
+        gemv_f16_scalar(W + (size_t)r * cols, rows - r, cols, x, y + r);
+}
+
 /* ---- dispatch -------------------------------------------------------- */
 
 typedef enum { ISA_UNKNOWN, ISA_SCALAR, ISA_AVX2, ISA_AVX512 } vm_isa_t;
 static vm_isa_t isa_cached = ISA_UNKNOWN;
+
+/* CPUID.1:ECX bit 29 (clang has no __builtin_cpu_supports("f16c")); every
+ * AVX2 CPU has it, but the AVX2 kernels convert halves with it */
+static bool has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
 
 static vm_isa_t isa(void)
 {
@@ -217,7 +302,7 @@ static vm_isa_t isa(void)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f"))
         v = ISA_AVX512;
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c())
         v = ISA_AVX2;
     else
         v = ISA_SCALAR;
@@ -315,5 +400,14 @@ void vm_tanh(float *x, size_t n)
     case ISA_AVX512: act_avx512(x, n, 1); break;
     case ISA_AVX2: act_avx2(x, n, 1); break;
     default: tanh_scalar(x, n); break;
+    }
+}
+
+void vm_gemv_f16(const uint16_t *W, int rows, int cols, const float *x, float *y)
+{
+    switch (isa()) {
+    case ISA_AVX512: gemv_f16_avx512(W, rows, cols, x, y); break;
+    case ISA_AVX2: gemv_f16_avx2(W, rows, cols, x, y); break;
+    default: gemv_f16_scalar(W, rows, cols, x, y); break;
     }
 }

@@ -5,6 +5,7 @@
 #define NC_VMATH_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* log(sum_i exp(x[i])), max subtracted first (stable). n == 0 gives -inf;
  * a +inf or NaN maximum is returned as is. */
@@ -22,6 +23,12 @@ void vm_sigmoid(float *x, size_t n);
 
 /* In place: x <- tanh(x) = 1 - 2 / (exp(2x) + 1). */
 void vm_tanh(float *x, size_t n);
+
+/* y[r] += sum_k W[r, k] x[k] for a row-major [rows, cols] matrix of IEEE
+ * binary16 values (the LSTM's recurrent weights when the model file stored
+ * them as F16): half the bytes of a float32 GEMV, which is what a
+ * sequential recurrence step is bound by. Products and sums in float32. */
+void vm_gemv_f16(const uint16_t *W, int rows, int cols, const float *x, float *y);
 
 /* Which kernel the dispatcher picked: "avx512", "avx2" or "scalar". */
 const char *vm_isa(void);

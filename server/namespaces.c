@@ -787,6 +787,34 @@ void h_ns_docs_list(nc_server *srv, http_request *req, http_response *resp)
 
 enum { UP_PLAIN = 0, UP_NDJSON = 1 };
 
+/* An upload runs on two threads: its HTTP thread tokenizes and runs the
+ * LSTM (sequential within a document), a worker adds each batch of pairs
+ * to the namespace (log record + index add: the IVF assignment and PQ
+ * encoding cost as much as the LSTM). Batches go from one to the other
+ * through a small ring, in order. */
+#define UPLOAD_SLOTS 3
+
+typedef struct {
+    float *keys;                  /* [UPLOAD_BATCH, H] */
+    int *wids;
+    size_t n;
+    uint32_t doc;
+    uint64_t off;
+} upload_batch;
+
+typedef struct {
+    pthread_t thread;
+    bool started, stop;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    upload_batch slot[UPLOAD_SLOTS];
+    unsigned head, count;         /* next batch to add, batches queued */
+    bool busy;                    /* the worker is adding slot[head] */
+    int rc;                       /* first failure of an add, NC_OK so far */
+    char err[NC_ERRLEN];
+    uint64_t last_seq, tokens;    /* of the batches added */
+} upload_worker;
+
 typedef struct {
     nc_server *srv;
     nsref *r;
@@ -796,25 +824,54 @@ typedef struct {
     nc_state *st;
     nc_lstm_work *work;
     float *h;                     /* [H] h before the next token (key of its pair) */
-    float *hid, *keys;            /* [UPLOAD_BATCH, H] */
+    float *hid;                   /* [UPLOAD_BATCH, H] */
     int *wids;
+    upload_worker w;
     bool doc_open;
     uint32_t doc;
     uint64_t off;                 /* token offset in the document */
     char plain_id[1100];          /* ?id= of a plain-text upload */
-    uint64_t last_seq;
-    uint64_t docs, tokens, lines;
+    uint64_t docs, tokens, lines; /* tokens: added by the worker, at the end */
     json_t *ids;                  /* document ids (first 1000) */
     bool failed;
     api_error code;
     char msg[600];
 } upload;
 
+static void *upload_worker_main(void *arg);
+
+/* Waits until every queued batch is added; the first add failure (rc, err)
+ * stays in the worker. */
+static void upload_drain(upload_worker *w)
+{
+    pthread_mutex_lock(&w->lock);
+    while (w->count > 0 || w->busy)
+        pthread_cond_wait(&w->cond, &w->lock);
+    pthread_mutex_unlock(&w->lock);
+}
+
 static void upload_free(void *p)
 {
     upload *u = p;
     if (!u)
         return;
+    upload_worker *w = &u->w;
+    if (w->started) {
+        /* a failed or abandoned upload: what was queued is still added (it
+         * is in the answer's counts), then the worker ends */
+        upload_drain(w);
+        pthread_mutex_lock(&w->lock);
+        w->stop = true;
+        pthread_cond_broadcast(&w->cond);
+        pthread_mutex_unlock(&w->lock);
+        pthread_join(w->thread, NULL);
+    }
+    pthread_mutex_destroy(&w->lock);
+    pthread_cond_destroy(&w->cond);
+    for (int i = 0; i < UPLOAD_SLOTS; i++) {
+        nc_free(w->slot[i].keys);
+        free(w->slot[i].wids);
+    }
     if (u->r)
         namespaces_release(u->srv, u->r);
     free(u->carry);
@@ -822,7 +879,6 @@ static void upload_free(void *p)
     lstm_work_free(u->work);
     nc_free(u->h);
     nc_free(u->hid);
-    nc_free(u->keys);
     free(u->wids);
     json_decref(u->ids);
     free(u);
@@ -867,10 +923,17 @@ static upload *upload_new(nc_server *srv, http_request *req)
     u->work = lstm_work_new(srv->model);
     u->h = nc_alloc((size_t)H * sizeof(float));
     u->hid = nc_alloc((size_t)UPLOAD_BATCH * H * sizeof(float));
-    u->keys = nc_alloc((size_t)UPLOAD_BATCH * H * sizeof(float));
     u->wids = malloc(UPLOAD_BATCH * sizeof(int));
     u->ids = json_array();
-    if (!u->st || !u->work || !u->h || !u->hid || !u->keys || !u->wids || !u->ids) {
+    pthread_mutex_init(&u->w.lock, NULL);
+    pthread_cond_init(&u->w.cond, NULL);
+    bool slots = true;
+    for (int i = 0; i < UPLOAD_SLOTS; i++) {
+        u->w.slot[i].keys = nc_alloc((size_t)UPLOAD_BATCH * H * sizeof(float));
+        u->w.slot[i].wids = malloc(UPLOAD_BATCH * sizeof(int));
+        slots = slots && u->w.slot[i].keys && u->w.slot[i].wids;
+    }
+    if (!u->st || !u->work || !u->h || !u->hid || !u->wids || !u->ids || !slots) {
         upload_free(u);
         return NULL;
     }
@@ -891,7 +954,64 @@ static upload *upload_new(nc_server *srv, http_request *req)
     int rc = NC_OK;
     if (!u->failed && !(u->r = namespaces_acquire_rc(srv, req->params[0], true, &rc, err, sizeof err)))
         up_fail(u, acquire_api(rc), "%s", err);
+    if (!u->failed) {
+        if (pthread_create(&u->w.thread, NULL, upload_worker_main, u) != 0) {
+            upload_free(u);
+            return NULL;
+        }
+        u->w.started = true;
+    }
     return u;
+}
+
+/* The worker: adds the queued batches in order; after a failure it only
+ * drops what is queued (the HTTP thread reports the failure). */
+static void *upload_worker_main(void *arg)
+{
+    upload *u = arg;
+    upload_worker *w = &u->w;
+    char err[NC_ERRLEN];
+    pthread_mutex_lock(&w->lock);
+    for (;;) {
+        while (w->count == 0 && !w->stop)
+            pthread_cond_wait(&w->cond, &w->lock);
+        if (w->count == 0)
+            break;
+        upload_batch *b = &w->slot[w->head];
+        int failed = w->rc;
+        w->busy = true;
+        pthread_mutex_unlock(&w->lock);
+        uint64_t seq = 0;
+        int rc = failed ? failed
+                        : nsstore_add(u->r->store, b->keys, b->wids, b->n, b->doc, b->off, &seq, err, sizeof err);
+        pthread_mutex_lock(&w->lock);
+        if (rc && !w->rc) {
+            w->rc = rc;
+            snprintf(w->err, sizeof w->err, "%s", err);
+        } else if (!rc) {
+            w->last_seq = seq;
+            w->tokens += b->n;
+            u->srv->namespaces->adapt_tokens += b->n;
+        }
+        w->head = (w->head + 1) % UPLOAD_SLOTS;
+        w->count--;
+        w->busy = false;
+        pthread_cond_broadcast(&w->cond);
+    }
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+
+/* The failure of an add made by the worker, as the upload's error. */
+static int upload_worker_failed(upload *u)
+{
+    pthread_mutex_lock(&u->w.lock);
+    int rc = u->w.rc;
+    pthread_mutex_unlock(&u->w.lock);
+    if (rc)
+        up_fail(u, rc == NC_ENOSPACE || rc == NC_EIO ? core_rc_api(rc) : API_INTERNAL,
+                "adding to namespace '%s': %s", u->r->name, u->w.err);
+    return rc;
 }
 
 /* Starts a document: state = zero advanced by eos (design §3), as a session. */
@@ -950,21 +1070,32 @@ static int add_tokens(upload *u, const nc_tokens *t)
             up_fail(u, API_INTERNAL, "model: %s", err);
             return -1;
         }
-        memcpy(u->keys, u->h, (size_t)H * sizeof(float));
-        memcpy(u->keys + H, u->hid, (nb - 1) * (size_t)H * sizeof(float));
-        memcpy(u->h, u->hid + (nb - 1) * (size_t)H, (size_t)H * sizeof(float));
-        uint64_t seq = 0;
-        int rc = nsstore_add(u->r->store, u->keys, u->wids, nb, u->doc, u->off, &seq, err, sizeof err);
-        if (rc != NC_OK) {
-            up_fail(u, rc == NC_ENOSPACE || rc == NC_EIO ? core_rc_api(rc) : API_INTERNAL,
-                    "adding to namespace '%s': %s",
-                    u->r->name, err);
+        /* hand the batch to the worker: wait for a free slot */
+        upload_worker *w = &u->w;
+        pthread_mutex_lock(&w->lock);
+        while (w->count == UPLOAD_SLOTS && !w->rc)
+            pthread_cond_wait(&w->cond, &w->lock);
+        int failed = w->rc;
+        /* head + count is where the next batch goes; the worker moves
+         * head and count together, and reads only slot[head] while busy */
+        upload_batch *b = &w->slot[(w->head + w->count) % UPLOAD_SLOTS];
+        pthread_mutex_unlock(&w->lock);
+        if (failed) {
+            upload_worker_failed(u);
             return -1;
         }
-        u->last_seq = seq;
+        memcpy(b->keys, u->h, (size_t)H * sizeof(float));
+        memcpy(b->keys + H, u->hid, (nb - 1) * (size_t)H * sizeof(float));
+        memcpy(b->wids, u->wids, nb * sizeof(int));
+        b->n = nb;
+        b->doc = u->doc;
+        b->off = u->off;
+        memcpy(u->h, u->hid + (nb - 1) * (size_t)H, (size_t)H * sizeof(float));
+        pthread_mutex_lock(&w->lock);
+        w->count++;
+        pthread_cond_broadcast(&w->cond);
+        pthread_mutex_unlock(&w->lock);
         u->off += nb;
-        u->tokens += nb;
-        u->srv->namespaces->adapt_tokens += nb;
     }
     return 0;
 }
@@ -1120,10 +1251,17 @@ void h_ns_documents(nc_server *srv, http_request *req, http_response *resp)
         }
         u->clen = 0;
     }
-    /* durable before the answer -- also what was added before a failure,
-     * which the error message reports */
+    /* every batch added, then durable before the answer -- also what was
+     * added before a failure, which the error message reports */
+    uint64_t last_seq = 0;
+    if (u->w.started) {
+        upload_drain(&u->w);
+        upload_worker_failed(u);
+        last_seq = u->w.last_seq;
+        u->tokens = u->w.tokens;
+    }
     char err[NC_ERRLEN] = "";
-    int rc = u->r ? nsstore_sync(u->r->store, u->last_seq, err, sizeof err) : NC_OK;
+    int rc = u->r && last_seq ? nsstore_sync(u->r->store, last_seq, err, sizeof err) : NC_OK;
     if (rc != NC_OK && !u->failed)
         up_fail(u, core_rc_api(rc), "making the upload durable: %s", err);
     if (u->failed) {

@@ -396,6 +396,71 @@ TEST(out_of_range_token_is_unk)
     fixture_close(&f);
 }
 
+/* The binary16 GEMV of the recurrence against a naive double-precision
+ * one, on shapes with row and column tails, in every kernel this CPU has. */
+TEST(gemv_f16_matches_naive)
+{
+    const int shapes[][2] = {{1024, 256}, {64, 16}, {7, 37}, {5, 8}, {4, 3}};
+    const char *isas[] = {"avx512", "avx2", "scalar"};
+    const char *was = vm_isa();
+    char keep[16];
+    snprintf(keep, sizeof keep, "%s", was);
+    unsigned seed = 12345;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int R = shapes[si][0], C = shapes[si][1];
+        uint16_t *W = malloc((size_t)R * C * sizeof *W);
+        float *x = malloc((size_t)C * sizeof *x), *y = malloc((size_t)R * sizeof *y);
+        double *want = malloc((size_t)R * sizeof *want), *scale = malloc((size_t)R * sizeof *scale);
+        for (size_t i = 0; i < (size_t)R * C; i++) {
+            seed = seed * 1103515245u + 12345u;
+            W[i] = nc_float_to_half(((float)(seed >> 8) / 16777216.0f - 0.5f) * 0.25f);
+        }
+        for (int k = 0; k < C; k++)
+            x[k] = sinf(0.37f * (float)k);
+        for (int r = 0; r < R; r++) {
+            want[r] = 0.5 * r;
+            scale[r] = 1.0 + 0.5 * r;   /* float32 rounding grows with the magnitudes summed */
+            for (int k = 0; k < C; k++) {
+                want[r] += (double)nc_half_to_float(W[(size_t)r * C + k]) * x[k];
+                scale[r] += fabs((double)nc_half_to_float(W[(size_t)r * C + k]) * x[k]);
+            }
+        }
+        for (size_t a = 0; a < sizeof isas / sizeof isas[0]; a++) {
+            if (vm_set_isa(isas[a]) != 0)
+                continue;
+            for (int r = 0; r < R; r++)
+                y[r] = 0.5f * (float)r;   /* y += W x accumulates */
+            vm_gemv_f16(W, R, C, x, y);
+            double worst = 0;
+            for (int r = 0; r < R; r++)
+                worst = fmax(worst, fabs(y[r] - want[r]) / scale[r]);
+            CHECKF(worst < 1e-6, "%s %dx%d: max relative error %g", isas[a], R, C, worst);
+        }
+        free(W), free(x), free(y), free(want), free(scale);
+    }
+    vm_set_isa(keep);
+}
+
+/* An F16 model file gets the binary16 copy of W_hh, an F32 one does not;
+ * weights that are no longer halves (a training step) drop it. */
+TEST(w_hh_f16_copy_only_when_exact)
+{
+    fixture f16, f32;
+    if (fixture_open("lstm-2layer-f16", &f16) != 0 || fixture_open("lstm-2layer", &f32) != 0)
+        return;
+    for (int k = 0; k < f16.m->cfg.num_layers; k++) {
+        CHECK(f16.m->layers[k].w_hh_f16 != NULL);
+        CHECK(f32.m->layers[k].w_hh_f16 == NULL);
+    }
+    nc_lstm_layer *ly = &f16.m->layers[0];
+    ly->w_hh[5] += 1e-4f * (1.0f + fabsf(ly->w_hh[5]));
+    model_refresh_derived(f16.m);
+    CHECK(ly->w_hh_f16 == NULL);
+    CHECK(f16.m->layers[1].w_hh_f16 != NULL);
+    fixture_close(&f16);
+    fixture_close(&f32);
+}
+
 int main(void)
 {
     RUN(reference_step_path);
@@ -405,7 +470,14 @@ int main(void)
     RUN(logsumexp_matches_naive);
     RUN(out_of_range_token_is_unk);
     RUN(vmath_kernels_match_libm);
-    /* The reference vectors through the portable kernels too. */
+    RUN(gemv_f16_matches_naive);
+    RUN(w_hh_f16_copy_only_when_exact);
+    /* The reference vectors (the F16 fixture through vm_gemv_f16) through
+     * the other kernels too. */
+    if (vm_set_isa("avx2") == 0) {
+        RUN(reference_step_path);
+        RUN(reference_batched_path);
+    }
     if (vm_set_isa("scalar") == 0) {
         RUN(reference_step_path);
         RUN(reference_batched_path);
