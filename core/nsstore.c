@@ -987,20 +987,11 @@ static void snap_path(const nc_nsstore *ns, uint64_t seq, const char *suffix, ch
     snprintf(buf, len, "%s/snap-%016llx%s", ns->dir, (unsigned long long)seq, suffix);
 }
 
-int nsstore_snapshot(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
+/* Writes snapshot S of the current state (snap_lock held) and, once it is
+ * durable, drops what it makes unnecessary. */
+static int write_snapshot(nc_nsstore *ns, uint64_t S, double t0, char *err, size_t errlen)
 {
-    pthread_mutex_lock(&ns->snap_lock);
-    double t0 = mono_now();
-    uint64_t S;
-    int rc = wal_rotate(ns->wal, &S, err, errlen);
-    if (!rc && S == ns->snap_seq) {
-        /* nothing logged since the last snapshot */
-        ns->snap_time = mono_now();
-        pthread_mutex_unlock(&ns->snap_lock);
-        if (seconds)
-            *seconds = 0;
-        return NC_OK;
-    }
+    int rc = NC_OK;
     char tmp[1200], fin[1200], p[1300];
     snap_path(ns, S, ".tmp", tmp, sizeof tmp);
     snap_path(ns, S, "", fin, sizeof fin);
@@ -1085,6 +1076,45 @@ int nsstore_snapshot(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
         ns->snap_seq = S;
         ns->snap_time = mono_now();
         ns->snap_secs = ns->snap_time - t0;
+    }
+    return rc;
+}
+
+int nsstore_snapshot(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&ns->snap_lock);
+    double t0 = mono_now();
+    uint64_t S;
+    int rc = wal_rotate(ns->wal, &S, err, errlen);
+    if (!rc && S == ns->snap_seq)
+        ns->snap_time = mono_now();   /* nothing logged since the last snapshot */
+    else if (!rc)
+        rc = write_snapshot(ns, S, t0, err, errlen);
+    pthread_mutex_unlock(&ns->snap_lock);
+    if (seconds)
+        *seconds = mono_now() - t0;
+    return rc;
+}
+
+bool nsstore_log_broken(nc_nsstore *ns)
+{
+    return wal_broken(ns->wal, NULL);
+}
+
+int nsstore_heal(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&ns->snap_lock);
+    double t0 = mono_now();
+    uint64_t S;
+    int rc = NC_OK;
+    /* While the log is broken no add gets in (the add hook's append fails
+     * first), so memory holds exactly the records up to S: a snapshot of
+     * it covers them, whatever the failed fsync lost of the segment. */
+    if (wal_broken(ns->wal, &S)) {
+        if (S != ns->snap_seq)
+            rc = write_snapshot(ns, S, t0, err, errlen);
+        if (!rc)
+            rc = wal_restart(ns->wal, S, err, errlen);
     }
     pthread_mutex_unlock(&ns->snap_lock);
     if (seconds)

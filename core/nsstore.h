@@ -133,6 +133,15 @@ int nsstore_sync(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen);
 /* Writes a snapshot and prunes what older snapshots and log segments are no
  * longer needed. seconds (optional) receives the duration. */
 int nsstore_snapshot(nc_nsstore *ns, double *seconds, char *err, size_t errlen);
+/* After a write or fsync error the log takes no more appends (wal_broken:
+ * adds fail with NC_EIO, the server answers 503). nsstore_heal writes a
+ * snapshot of what memory holds -- every record appended before the error,
+ * acknowledged or not -- and starts a new log segment after it, so adds
+ * work again once the storage does. NC_OK when the log was not broken; an
+ * error (the log stays broken, try again later) when the snapshot or the
+ * new segment cannot be written. */
+bool nsstore_log_broken(nc_nsstore *ns);
+int nsstore_heal(nc_nsstore *ns, double *seconds, char *err, size_t errlen);
 
 /* Provenance of pair id: document id copied into doc_id, token offset, word
  * id. NC_ENOTFOUND for an unknown id or a pair without a document. */

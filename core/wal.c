@@ -223,8 +223,16 @@ int wal_replay(const char *dir, uint32_t tag, uint64_t after, wal_record_fn fn, 
         return nc_error(err, errlen, NC_ENOTFOUND, "%s: the log starts at seq %llu and does not reach back to %llu",
                         dir, (unsigned long long)expect, (unsigned long long)(after + 1));
     }
+    /* Segments wholly before after + 1 are covered by the caller's
+     * snapshot and not read: after a failed fsync one may have lost its
+     * tail on disk, and the log went on in a new segment once a snapshot
+     * covered it (wal_restart). */
+    int i0 = 0;
+    while (i0 + 1 < l.n && l.first[i0 + 1] <= after + 1)
+        i0++;
+    expect = l.first[i0];
     info->last_seq = expect - 1 > after ? expect - 1 : after;
-    for (int i = 0; i < l.n && !rc; i++) {
+    for (int i = i0; i < l.n && !rc; i++) {
         bool last = i == l.n - 1;
         char name[64], path[1200];
         wal_segment_name(l.first[i], name, sizeof name);
@@ -514,9 +522,12 @@ int wal_rotate(nc_wal *w, uint64_t *last_seq, char *err, size_t errlen)
         rc = nc_error(err, errlen, NC_EIO, "log unusable: %s", w->broken_msg);
     else if (w->last_seq + 1 == w->seg_first)
         ;   /* the current segment is empty: keep it */
-    else if (nc_fdatasync(w->fd) != 0)
-        rc = nc_error(err, errlen, NC_EIO, "%s: fdatasync: %s", w->dir, strerror(errno));
-    else {
+    else if (nc_fdatasync(w->fd) != 0) {
+        /* as in wal_sync: the tail's state is unknown from here on */
+        w->broken = true;
+        snprintf(w->broken_msg, sizeof w->broken_msg, "fdatasync: %s", strerror(errno));
+        rc = nc_error(err, errlen, NC_EIO, "%s: %s", w->dir, w->broken_msg);
+    } else {
         w->fsyncs++;
         w->synced_seq = w->last_seq;
         int old = w->fd;
@@ -530,6 +541,46 @@ int wal_rotate(nc_wal *w, uint64_t *last_seq, char *err, size_t errlen)
     }
     if (last_seq)
         *last_seq = w->last_seq;
+    pthread_mutex_unlock(&w->lock);
+    return rc;
+}
+
+bool wal_broken(nc_wal *w, uint64_t *last_seq)
+{
+    pthread_mutex_lock(&w->lock);
+    bool b = w->broken;
+    if (last_seq)
+        *last_seq = w->last_seq;
+    pthread_mutex_unlock(&w->lock);
+    return b;
+}
+
+int wal_restart(nc_wal *w, uint64_t last_seq, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&w->lock);
+    while (w->syncing)
+        pthread_cond_wait(&w->cond, &w->lock);
+    int rc = NC_OK;
+    if (!w->broken || w->last_seq != last_seq) {
+        rc = nc_error(err, errlen, NC_ESTATE, "%s: restart of a log that is %s", w->dir,
+                      !w->broken ? "not broken" : "past the snapshot");
+    } else {
+        /* the broken segment is only read from here on (recovery skips it
+         * when the snapshot covers it); if it holds no record it has this
+         * very name and is truncated */
+        int old = w->fd;
+        uint64_t old_first = w->seg_first;
+        if ((rc = open_segment(w, last_seq + 1, err, errlen)) == NC_OK) {
+            if (old >= 0 && old != w->fd)
+                close(old);
+            w->broken = false;
+            w->broken_msg[0] = 0;
+            w->synced_seq = last_seq;
+        } else {
+            w->fd = old;
+            w->seg_first = old_first;
+        }
+    }
     pthread_mutex_unlock(&w->lock);
     return rc;
 }

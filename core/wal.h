@@ -46,8 +46,11 @@ typedef struct {
     char warning[NC_ERRLEN];      /* what was truncated, or "" */
 } nc_wal_replay_info;
 
-/* Reads every segment of dir in order and calls fn for each record with
- * seq > after (earlier ones are read and checked, not handed out). The log
+/* Reads the segments of dir in order from the one holding seq after + 1
+ * and calls fn for each record with seq > after (earlier ones of that
+ * segment are read and checked, not handed out; earlier segments are not
+ * read: the caller's snapshot covers them, and after a failed fsync one may
+ * have lost its tail -- wal_restart). The log
  * must cover after + 1: the first segment starts at or before it, else
  * NC_ENOTFOUND "log does not reach back to ...". tag: segments with another
  * tag are refused (a log of another model). A torn tail of the last segment
@@ -72,6 +75,21 @@ int wal_sync(nc_wal *w, uint64_t seq, char *err, size_t errlen);
  * (everything <= it is in older segments). Snapshots rotate so that old
  * segments can be deleted once a snapshot covers them. */
 int wal_rotate(nc_wal *w, uint64_t *last_seq, char *err, size_t errlen);
+
+/* A write or fsync error left the log unusable (appends and syncs fail):
+ * after a failed fsync the page cache may have dropped what it covered, so
+ * the current segment's tail is unknown on disk and is never synced again.
+ * wal_broken says so; *last_seq (optional) the last record appended. */
+bool wal_broken(nc_wal *w, uint64_t *last_seq);
+/* Takes appends again after such an error, in a new segment starting at
+ * last_seq + 1, with every record up to last_seq counted as durable. Only
+ * for a caller that has made them durable elsewhere -- a snapshot covering
+ * last_seq (nsstore_heal) -- since the older segments may have lost their
+ * tails; recovery from that snapshot starts at the segment holding
+ * last_seq + 1 (wal_replay skips the ones before). NC_ESTATE if the log is
+ * not broken or its last seq is not last_seq; NC_EIO / NC_ENOSPACE if the
+ * new segment cannot be made (the log stays unusable). */
+int wal_restart(nc_wal *w, uint64_t last_seq, char *err, size_t errlen);
 /* Deletes the segments whose records all have seq <= upto (not the one being
  * written). Returns how many were removed, or a negative rc. */
 int wal_prune(const char *dir, uint64_t upto, char *err, size_t errlen);

@@ -31,6 +31,7 @@ struct nsref {
     nc_nsstore *store;
     int refs;
     bool removed;                 /* deleted: directory removed at last release */
+    bool heal_failing;            /* snapshot thread's: a failed nsstore_heal was logged */
     UT_hash_handle hh;
 };
 
@@ -243,9 +244,26 @@ static void for_each(nsreg *g, void (*fn)(nsreg *, nsref *, const char *), const
 static void snapshot_if_due(nsreg *g, nsref *r, const char *arg)
 {
     (void)arg;
+    if (nsstore_log_broken(r->store)) {
+        /* a write or fsync error stopped the log (writes answer 503 with
+         * Retry-After): once a snapshot of memory and a new segment can be
+         * written, they are accepted again -- tried every second */
+        char err[NC_ERRLEN] = "";
+        double secs = 0;
+        if (nsstore_heal(r->store, &secs, err, sizeof err) != NC_OK) {
+            if (!r->heal_failing)
+                slog(SLOG_ERROR, "log still unusable", json_pack("{s:s,s:s}", "namespace", r->name, "error", err));
+            r->heal_failing = true;
+        } else {
+            r->heal_failing = false;
+            slog(SLOG_WARN, "log restarted after a write error",
+                 json_pack("{s:s,s:f}", "namespace", r->name, "snapshot_seconds", secs));
+        }
+        return;
+    }
     nc_nsstore_stats st;
     nsstore_stats(r->store, &st);
-    if (st.snapshot_age >= g->period)
+    if (g->period > 0 && st.snapshot_age >= g->period)
         snapshot_one(g, r, "periodic");
 }
 
@@ -376,10 +394,9 @@ int namespaces_init(nc_server *srv, char *err, size_t errlen)
         namespaces_shutdown(srv);
         return -1;
     }
-    if (g->period > 0) {
-        if (pthread_create(&g->thread, NULL, snapshot_thread, g) == 0)
-            g->thread_started = true;
-    }
+    /* also with periodic snapshots off: the thread restarts broken logs */
+    if (pthread_create(&g->thread, NULL, snapshot_thread, g) == 0)
+        g->thread_started = true;
     return 0;
 }
 
