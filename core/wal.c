@@ -740,6 +740,31 @@ int wal_reader_open(const char *dir, uint32_t tag, uint64_t after, nc_wal_reader
     return NC_OK;
 }
 
+/* Record want cannot be read from its segment (why). If a later segment
+ * starts after it -- the log went on in a new segment after a failed fsync
+ * cut this one's tail (wal_restart) -- the reader moves there and says
+ * which records it passed over (NC_ENOTFOUND): a follower must not stay
+ * stuck on them forever. Else NC_EFORMAT. */
+static int reader_skip(nc_wal_reader *r, uint64_t want, const char *why, char *err, size_t errlen)
+{
+    seglist l;
+    uint64_t next = 0, at = r->seg_first;
+    if (list_segments(r->dir, &l, NULL, 0) == NC_OK) {
+        for (int i = 0; i < l.n && !next; i++)
+            if (l.first[i] > want)
+                next = l.first[i];
+        free(l.first);
+    }
+    if (!next || reader_seek_segment(r, next, NULL, 0) != NC_OK || r->seg_first != next)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: record %llu of segment %llu %s", r->dir,
+                        (unsigned long long)want, (unsigned long long)at, why);
+    r->pos = next - 1;
+    return nc_error(err, errlen, NC_ENOTFOUND,
+                    "%s: records %llu-%llu passed over: record %llu of segment %llu %s, and the log goes on "
+                    "in a later segment (cut short by a failed fsync?)", r->dir, (unsigned long long)want,
+                    (unsigned long long)(next - 1), (unsigned long long)want, (unsigned long long)at, why);
+}
+
 int wal_reader_next(nc_wal_reader *r, uint64_t upto, uint64_t *seq, const void **payload, size_t *len,
                     char *err, size_t errlen)
 {
@@ -756,14 +781,12 @@ int wal_reader_next(nc_wal_reader *r, uint64_t upto, uint64_t *seq, const void *
             if (rc)
                 return rc;
             if (r->seg_first == before)
-                return nc_error(err, errlen, NC_EFORMAT, "%s: record %llu is missing (the segment of %llu ends first)",
-                                r->dir, (unsigned long long)want, (unsigned long long)before);
+                return reader_skip(r, want, "is missing (the segment ends first)", err, errlen);
             continue;
         }
         uint32_t l = rd32(h + 4);
         if (rd32(h) != REC_MAGIC || l > WAL_MAX_RECORD || rd64(h + 8) != r->file_seq)
-            return nc_error(err, errlen, NC_EFORMAT, "%s: bad record header at byte %llu of segment %llu", r->dir,
-                            (unsigned long long)r->file_off, (unsigned long long)r->seg_first);
+            return reader_skip(r, want, "follows a bad record header", err, errlen);
         if (r->file_seq < want) {
             /* before the position (opening in the middle of a segment) */
             r->file_off += REC_HDR + l;
@@ -778,10 +801,11 @@ int wal_reader_next(nc_wal_reader *r, uint64_t upto, uint64_t *seq, const void *
             r->cap = l;
         }
         got = l ? pread_all(r->fd, r->buf, l, r->file_off + REC_HDR) : 1;
-        if (got <= 0 || rd32(h + 16) != rec_crc(h, r->buf, l))
-            return nc_error(err, errlen, got < 0 ? NC_EIO : NC_EFORMAT, "%s: record %llu %s", r->dir,
-                            (unsigned long long)want, got < 0 ? strerror(errno) : got == 0 ? "is cut short"
-                                                                                       : "fails its checksum");
+        if (got < 0)
+            return nc_error(err, errlen, NC_EIO, "%s: record %llu: %s", r->dir, (unsigned long long)want,
+                            strerror(errno));
+        if (got == 0 || rd32(h + 16) != rec_crc(h, r->buf, l))
+            return reader_skip(r, want, got == 0 ? "is cut short" : "fails its checksum", err, errlen);
         r->file_off += REC_HDR + l;
         r->file_seq++;
         r->pos = want;

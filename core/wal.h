@@ -121,7 +121,10 @@ int wal_reader_open(const char *dir, uint32_t tag, uint64_t after, nc_wal_reader
                     size_t errlen);
 /* The next record if its seq <= upto: returns 1 with *seq, *payload (owned
  * by the reader, valid until the next call) and *len; 0 when there is none
- * yet; a negative NC_ code on corruption or I/O errors. */
+ * yet; a negative NC_ code on corruption or I/O errors. A record that
+ * cannot be read while a later segment starts after it (a tail lost to a
+ * failed fsync, wal_restart) is NC_ENOTFOUND naming the records passed
+ * over, and the reader goes on from that segment at the next call. */
 int wal_reader_next(nc_wal_reader *r, uint64_t upto, uint64_t *seq, const void **payload, size_t *len,
                     char *err, size_t errlen);
 /* The seq of the last record returned (after, before the first). */

@@ -552,10 +552,13 @@ static int publish_ns(redisContext *c, ns_state *s, bool final)
      * durable are synced here (group commit: shared with the requests'
      * own syncs), so the other replicas follow the upload as it goes. */
     uint64_t last = nsstore_last_seq(store);
-    if (last > nsstore_durable_seq(store) && nsstore_sync(store, last, err, sizeof err) != NC_OK && !s->log_warned) {
-        slog(SLOG_ERROR, "replication: cannot sync the namespace's log",
-             json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
+    bool broken = false;   /* the log cannot be synced: do not poll it */
+    if (last > nsstore_durable_seq(store) && nsstore_sync(store, last, err, sizeof err) != NC_OK) {
+        if (!s->log_warned)
+            slog(SLOG_ERROR, "replication: cannot sync the namespace's log",
+                 json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
         s->log_warned = true;
+        broken = true;
     }
     int extra = 0;
     if (!s->announced) {
@@ -613,7 +616,14 @@ static int publish_ns(redisContext *c, ns_state *s, bool final)
      * batch before it: the next pass opens the log again and stops there
      * again, logged once, until the log is repaired) */
     uint64_t pos = nsstore_log_position(s->log);
-    if (rc < 0) {
+    if (rc == NC_ENOTFOUND) {
+        /* records the log lost (a tail cut by a failed fsync, before the
+         * namespace healed): they cannot be published; the follower goes
+         * on after them */
+        slog(SLOG_ERROR, "replication: log records lost, not published",
+             json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
+        rc = 1;
+    } else if (rc < 0) {
         if (!s->log_warned)
             slog(SLOG_ERROR, "replication: cannot read the namespace's log",
                  json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
@@ -629,13 +639,13 @@ static int publish_ns(redisContext *c, ns_state *s, bool final)
         return -1;
     }
     if (extra) s->announced = true;
-    if (rc >= 0) s->log_warned = false;
+    if (rc >= 0 && !broken) s->log_warned = false;
     atomic_fetch_add(&R.published_entries, (unsigned long long)sent);
     atomic_fetch_add(&R.published_tokens, tokens);
     pthread_mutex_lock(&R.lock);
     if (pos > s->pub_pos) s->pub_pos = pos;
     pthread_mutex_unlock(&R.lock);
-    more = rc == 1 || nsstore_last_seq(store) > pos;
+    more = rc == 1 || (!broken && nsstore_last_seq(store) > pos);
     marker_flush(s, store, birth, final || !more);
     namespaces_release(R.srv, ref);
     return more;

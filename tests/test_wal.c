@@ -471,6 +471,36 @@ TEST(reader_refuses_corruption)
     nsstore_remove_dir(dir, NULL, 0);
 }
 
+/* After a failed fsync the log goes on in a new segment (wal_restart)
+ * while the old one may have lost its tail: a follower passes over the
+ * lost records, saying which, and reads on. */
+TEST(reader_passes_a_lost_tail)
+{
+    char dir[64], err[NC_ERRLEN] = "", path[200];
+    scratch(dir, sizeof dir);
+    CHECK(write_log(dir, 1, 5, WAL_SYNC_GROUP) == 0);
+    seg_path(dir, 1, path, sizeof path);
+    CHECK(truncate(path, file_size(path) - 3) == 0);   /* record 5 cut short */
+    CHECK(write_log(dir, 6, 8, WAL_SYNC_GROUP) == 0);
+    nc_wal_reader *r = NULL;
+    CHECK(wal_reader_open(dir, TAG, 0, &r, err, sizeof err) == NC_OK);
+    uint64_t last = 0, seq;
+    int bad = 0;
+    const void *p;
+    size_t len;
+    if (r) {
+        for (uint64_t i = 1; i <= 4; i++)
+            CHECK(wal_reader_next(r, 8, &seq, &p, &len, err, sizeof err) == 1 && seq == i);
+        CHECK(wal_reader_next(r, 8, &seq, &p, &len, err, sizeof err) == NC_ENOTFOUND);
+        HAS(err, "records 5-5 passed over");
+        CHECK(wal_reader_position(r) == 5);
+        last = 5;
+        CHECK(follow(r, 8, &last, &bad) == 3 && bad == 0 && last == 8);
+    }
+    wal_reader_close(r);
+    nsstore_remove_dir(dir, NULL, 0);
+}
+
 int main(void)
 {
     RUN(round_trip);
@@ -482,5 +512,6 @@ int main(void)
     RUN(write_failure_mid_record_then_room_again);
     RUN(reader_follows_writer);
     RUN(reader_refuses_corruption);
+    RUN(reader_passes_a_lost_tail);
     return harness_summary();
 }
