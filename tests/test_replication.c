@@ -311,6 +311,20 @@ TEST(other_model_refused)
     CHECK(daemon_stop(&C) == 0);
 }
 
+/* Documents named "repl:..." are the entries applied from other replicas
+ * (the publisher passes them over): uploads cannot use such ids. */
+TEST(reserved_document_ids)
+{
+    long before = ns_entries(A.port, "news");
+    http_resp r;
+    const char *doc = "the cat sat .\n";
+    CHECK(http_call(A.port, "POST", "/v1/namespaces/news/documents?id=repl:x", "text/plain", doc, strlen(doc), &r) == 0);
+    CHECK(r.status == 400 && !strcmp(http_error_code(&r), "out_of_range"));
+    CHECK(r.body && strstr(r.body, "reserved for replication"));
+    http_resp_free(&r);
+    CHECK(ns_entries(A.port, "news") == before);
+}
+
 /* SIGKILL, the data dir kept (its scratch dir removed as daemon_stop does). */
 static void kill9(nc_daemon *d)
 {
@@ -475,6 +489,7 @@ int main(void)
         RUN(restarted_replica_catches_up);
         RUN(killed_right_after_apply);
         RUN(delete_replicated);
+        RUN(reserved_document_ids);
         RUN(delete_while_replica_down);
         RUN(unpublished_survive_crash);
         RUN(republished_entries_skipped);
