@@ -32,6 +32,7 @@ struct nc_ubcache {
     FaissIndex *idx;              /* IndexFlatL2 while flat, else the IVF index */
     bool flat;
     FaissIndex *tmpl;             /* trained empty index waiting for the switch */
+    bool switching;               /* an add is filling the IVF index (unlocked) */
     int *values;                  /* [nvalues] word id of FAISS id i */
     size_t nvalues, cap;
     nc_wordtable *words;
@@ -180,11 +181,24 @@ void ubcache_free(nc_ubcache *u)
     free(u);
 }
 
-/* Under the write lock: moves every stored vector, in id order, into the IVF
- * index, so FAISS ids (sequential from 0) and values stay aligned. */
-static int do_switch(nc_ubcache *u, char *err, size_t errlen)
+/* The switch from the exact index to IVF(PQ) moves every stored vector, in
+ * id order, into the IVF index, so that FAISS ids (sequential from 0) and
+ * values stay aligned. Filling the IVF index (coarse assignment and PQ
+ * encoding of every vector: seconds at 65k pairs) happens without the lock,
+ * from a copy, while searches and adds go on in the exact index; only the
+ * copy and the pairs added meanwhile are done under the write lock. */
+typedef struct {
+    FaissIndex *ivf;
+    float *xb;                    /* copy of the first n stored vectors */
+    idx_t n;
+} ub_switch_job;
+
+/* Under the write lock: takes the template (or trains one) and copies the
+ * vectors. *started false: nothing to switch to, stay exact. */
+static int switch_begin(nc_ubcache *u, ub_switch_job *job, bool *started, char *err, size_t errlen)
 {
-    if (!u->flat || u->o.exact)
+    *started = false;
+    if (!u->flat || u->o.exact || u->switching)
         return NC_OK;
     float *xb = NULL;
     size_t xsize = 0;
@@ -203,35 +217,85 @@ static int do_switch(nc_ubcache *u, char *err, size_t errlen)
             return rc;
         }
     } else {
-        return NC_OK;   /* nothing to switch to: stay exact */
+        return NC_OK;
     }
+    size_t bytes = (size_t)n * (size_t)u->o.dim * sizeof(float);
+    job->xb = malloc(bytes ? bytes : 1);
+    if (!job->xb) {
+        u->tmpl = ivf;   /* kept for the next attempt */
+        return nc_error(err, errlen, NC_ENOMEM, "switching the unbounded cache to IVF: %zu bytes", bytes);
+    }
+    memcpy(job->xb, xb, bytes);
+    job->ivf = ivf;
+    job->n = n;
+    u->switching = true;
+    *started = true;
+    return NC_OK;
+}
+
+/* Without the lock: fills the IVF index from the copy. */
+static int switch_fill(const nc_ubcache *u, ub_switch_job *job, char *err, size_t errlen)
+{
     const idx_t chunk = 65536;
-    for (idx_t i = 0; i < n; i += chunk) {
-        idx_t m = n - i < chunk ? n - i : chunk;
-        if (faiss_Index_add(ivf, m, xb + (size_t)i * u->o.dim)) {
-            int rc = faiss_err(err, errlen, "filling the unbounded index");
-            faiss_Index_free(ivf);
-            return rc;
-        }
+    for (idx_t i = 0; i < job->n; i += chunk) {
+        idx_t m = job->n - i < chunk ? job->n - i : chunk;
+        if (faiss_Index_add(job->ivf, m, job->xb + (size_t)i * u->o.dim))
+            return faiss_err(err, errlen, "filling the unbounded index");
     }
-    int rc = set_nprobe(u, ivf, u->nprobe, err, errlen);
+    return NC_OK;
+}
+
+/* Under the write lock: adds what came meanwhile and swaps the indexes (or,
+ * after a failure, stays exact and keeps the IVF index as the template for
+ * another attempt only if it is still empty -- it is not: drop it). */
+static int switch_finish(nc_ubcache *u, ub_switch_job *job, int rc, char *err, size_t errlen)
+{
+    free(job->xb);
+    job->xb = NULL;
+    u->switching = false;
+    if (!rc) {
+        float *xb = NULL;
+        size_t xsize = 0;
+        faiss_IndexFlat_xb((FaissIndexFlat *)u->idx, &xb, &xsize);
+        idx_t n = faiss_Index_ntotal(u->idx);
+        if (n > job->n && faiss_Index_add(job->ivf, n - job->n, xb + (size_t)job->n * u->o.dim))
+            rc = faiss_err(err, errlen, "filling the unbounded index");
+    }
+    if (!rc)
+        rc = set_nprobe(u, job->ivf, u->nprobe, err, errlen);
     if (rc) {
-        faiss_Index_free(ivf);
+        faiss_Index_free(job->ivf);
+        job->ivf = NULL;
         return rc;
     }
     faiss_Index_free(u->idx);
-    u->idx = ivf;
+    u->idx = job->ivf;
     u->flat = false;
+    job->ivf = NULL;
     return NC_OK;
+}
+
+/* Called with the write lock held; returns with it released. */
+static int switch_and_unlock(nc_ubcache *u, char *err, size_t errlen)
+{
+    ub_switch_job job = {0};
+    bool started = false;
+    int rc = switch_begin(u, &job, &started, err, errlen);
+    pthread_rwlock_unlock(&u->lock);
+    if (rc || !started)
+        return rc;
+    rc = switch_fill(u, &job, err, errlen);
+    pthread_rwlock_wrlock(&u->lock);
+    rc = switch_finish(u, &job, rc, err, errlen);
+    pthread_rwlock_unlock(&u->lock);
+    return rc;
 }
 
 int ubcache_switch(nc_ubcache *u, char *err, size_t errlen)
 {
     omp_limit(u);
     pthread_rwlock_wrlock(&u->lock);
-    int rc = do_switch(u, err, errlen);
-    pthread_rwlock_unlock(&u->lock);
-    return rc;
+    return switch_and_unlock(u, err, errlen);
 }
 
 int ubcache_add(nc_ubcache *u, const float *keys, const int *words, size_t n, int64_t *first_id,
@@ -279,8 +343,8 @@ int ubcache_add(nc_ubcache *u, const float *keys, const int *words, size_t n, in
     }
     memcpy(u->values + u->nvalues, words, n * sizeof(int));
     u->nvalues += n;
-    if (u->flat && !u->o.exact && (long)u->nvalues >= u->o.switch_at)
-        rc = do_switch(u, err, errlen);
+    if (u->flat && !u->o.exact && !u->switching && (long)u->nvalues >= u->o.switch_at)
+        return switch_and_unlock(u, err, errlen);
 out:
     pthread_rwlock_unlock(&u->lock);
     return rc;

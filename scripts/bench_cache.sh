@@ -8,14 +8,15 @@
 #   BENCH_STEPS="index ptb wp wt2 cost"   what to run (default all)
 #   BENCH_QUICK=1     small grids and corpora (a smoke run, figures meaningless)
 #   BENCH_EVAL_LINES=N  out-of-domain evaluation on the N lines after the
-#                     tuning part (default 8000, about 150k words; 0 = all
-#                     the rest: War and Peace's 535k words take an hour on the
-#                     shared 2 cores)
+#                     tuning part (default 0 = all the rest: War and Peace's
+#                     535k words)
+#   BENCH_NEURAL_SIZES="2000 5000 10000"  neural cache sizes tuned
 #
 # For each corpus the cache hyper-parameters are tuned with `neurocache tune`
 # (PTB: on PTB valid; War and Peace and WikiText-2, out of domain: on their
 # first 10% of lines), then `neurocache eval` reports static / unigram /
-# neural / unbounded / neural+unbounded on PTB test, or on the other 90%.
+# neural / unbounded / neural+unbounded on PTB test, or on the other 90%
+# with the first 10% already in the unbounded cache (--memory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-bin}
@@ -63,7 +64,7 @@ cut_lines() {   # cut_lines FILE FROM TO OUT: lines [FROM, TO) (TO=0: to the end
     if [ "$to" -eq 0 ]; then tail -n +"$(( $2 + 1 ))" "$1" > "$4"; else sed -n "$(( $2 + 1 )),${to}p" "$1" > "$4"; fi
 }
 
-EVAL_LINES=${BENCH_EVAL_LINES:-8000}
+EVAL_LINES=${BENCH_EVAL_LINES:-0}
 rest_end() { if [ "$EVAL_LINES" -gt 0 ]; then echo $(( $1 + EVAL_LINES )); else echo 0; fi; }
 
 if [[ " $STEPS " == *" index "* ]] && [ ! -f "$M/unbounded.faiss" ]; then
@@ -75,13 +76,31 @@ if [[ " $STEPS " == *" index "* ]] && [ ! -f "$M/unbounded.faiss" ]; then
     $NC build-index --model "$M" --corpus "$W/ptb.train.head.txt" 2>&1 | grep -v '^  [0-9]' | tail -4
 fi
 
-# one corpus: NAME TUNE_FILE EVAL_FILE EXTRA_OPTS...
+# one corpus: NAME TUNE_FILE EVAL_FILE MEMORY EXTRA_OPTS...
+# MEMORY "-": the evaluated text starts with an empty unbounded cache (PTB:
+# test after valid); else that file (the tuning part, which precedes the
+# evaluated text in the same book) is streamed into it first, as a server
+# that has read the beginning of the book would have it.
+# The neural cache size is tuned too: each of NEURAL_SIZES gets its own
+# theta x lambda grid, and the size whose neural+unbounded setting is best
+# on the tuning text is kept.
+NEURAL_SIZES=${BENCH_NEURAL_SIZES:-2000 5000 10000}
 run_corpus() {
-    local name=$1 tunef=$2 evalf=$3; shift 3
-    local out=$W/$name
-    echo "== $name: tune on $(basename "$tunef") ($(wc -w < "$tunef") words), eval on $(basename "$evalf") ($(wc -w < "$evalf") words) $*"
-    $NC tune --model "$M" --valid "$tunef" --unigram-cache 2000 --neural-cache 2000 --unbounded "${UB[@]}" \
-        "${GRID[@]}" --out "$out-tune" "$@" > "$out-tune.txt"
+    local name=$1 tunef=$2 evalf=$3 memf=$4; shift 4
+    local out=$W/$name mem=()
+    [ "$memf" = - ] || mem=(--memory "$memf")
+    echo "== $name: tune on $(basename "$tunef") ($(wc -w < "$tunef") words), eval on $(basename "$evalf") ($(wc -w < "$evalf") words)${mem[*]:+, memory ${memf##*/}} $*"
+    local best="" bestp=""
+    for n in $NEURAL_SIZES; do
+        $NC tune --model "$M" --valid "$tunef" --unigram-cache 2000 --neural-cache "$n" --unbounded "${UB[@]}" \
+            "${GRID[@]}" --out "$out-tune-n$n" "$@" > "$out-tune-n$n.txt"
+        local p
+        p=$(sed -n 's/^best neural+unbounded: perplexity \([0-9.]*\).*/\1/p' "$out-tune-n$n.txt")
+        echo "   neural cache N=$n: best neural+unbounded on the tuning text $p"
+        if [ -z "$bestp" ] || [ "$(echo "$p < $bestp" | bc)" = 1 ]; then best=$n; bestp=$p; fi
+    done
+    cp "$out-tune-n$best.txt" "$out-tune.txt"
+    echo "   kept N=$best"
     cat "$out-tune.txt"
     local uni neu ub nub
     uni=$(sed -n 's/^best unigram: .*options: //p' "$out-tune.txt")
@@ -89,7 +108,7 @@ run_corpus() {
     ub=$(sed -n 's/^best unbounded: .*options: //p' "$out-tune.txt")
     nub=$(sed -n 's/^best neural+unbounded: .*options: //p' "$out-tune.txt")
     strip() { echo "$1" | sed 's/--open-vocab//; s/--uniform-mu [^ ]*//; s/--switch-at [^ ]*//'; }
-    $NC eval --model "$M" "${UB[@]:4}" --csv "$out-eval.csv" "$@" \
+    $NC eval --model "$M" "${UB[@]:4}" "${mem[@]}" --csv "$out-eval.csv" "$@" \
         --row "$(strip "$uni")" --row "$(strip "$neu")" --row "$(strip "$ub")" --row "$(strip "$nub")" "$evalf" \
         | tee "$out-eval.txt"
 }
@@ -97,21 +116,21 @@ run_corpus() {
 if [[ " $STEPS " == *" ptb "* ]]; then
     f=$W/ptb.test.txt; cut_lines "$DATA/ptb/ptb.test.txt" 0 0 "$f"
     v=$W/ptb.valid.txt; cut_lines "$DATA/ptb/ptb.valid.txt" 0 0 "$v"
-    run_corpus ptb "$v" "$f"
+    run_corpus ptb "$v" "$f" -
 fi
 if [[ " $STEPS " == *" wp "* ]]; then
     n=$(wc -l < "$DATA/books/warandpeace.ptb.txt"); h=$(( n / 10 ))
     cut_lines "$DATA/books/warandpeace.ptb.txt" 0 "$h" "$W/wp.head.txt"
     cut_lines "$DATA/books/warandpeace.ptb.txt" "$h" "$(rest_end "$h")" "$W/wp.rest.txt"
-    run_corpus wp "$W/wp.head.txt" "$W/wp.rest.txt"
-    run_corpus wp-open "$W/wp.head.txt" "$W/wp.rest.txt" --open-vocab --uniform-mu 0.01
+    run_corpus wp "$W/wp.head.txt" "$W/wp.rest.txt" "$W/wp.head.txt"
+    run_corpus wp-open "$W/wp.head.txt" "$W/wp.rest.txt" "$W/wp.head.txt" --open-vocab --uniform-mu 0.01
 fi
 if [[ " $STEPS " == *" wt2 "* ]]; then
     n=$(wc -l < "$DATA/wikitext-2/valid.ptb.txt"); h=$(( n / 10 ))
     cut_lines "$DATA/wikitext-2/valid.ptb.txt" 0 "$h" "$W/wt2.head.txt"
     cut_lines "$DATA/wikitext-2/valid.ptb.txt" "$h" "$(rest_end "$h")" "$W/wt2.rest.txt"
-    run_corpus wt2 "$W/wt2.head.txt" "$W/wt2.rest.txt"
-    run_corpus wt2-open "$W/wt2.head.txt" "$W/wt2.rest.txt" --open-vocab --uniform-mu 0.01
+    run_corpus wt2 "$W/wt2.head.txt" "$W/wt2.rest.txt" "$W/wt2.head.txt"
+    run_corpus wt2-open "$W/wt2.head.txt" "$W/wt2.rest.txt" "$W/wt2.head.txt" --open-vocab --uniform-mu 0.01
 fi
 if [[ " $STEPS " == *" cost "* ]]; then
     echo "== cost of the neural cache (PTB valid, N=2000): static vs neural rows"

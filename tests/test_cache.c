@@ -3,6 +3,7 @@
  * vocabulary, IVFPQ versus exact search, the flat->IVF switch losing no
  * entry, snapshots, stream export/import, parameter validation. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -494,6 +495,86 @@ TEST(ivfpq_vs_exact_and_switch)
     free(qw);
 }
 
+/* Adds from several threads while the cache switches to IVF (the switch
+ * fills the IVF index outside the lock, then adds what came meanwhile):
+ * nothing lost, ids and values aligned, searches answered throughout. */
+typedef struct {
+    nc_ubcache *u;
+    const float *x;
+    const int *w;
+    int dim;
+    size_t from, to;
+    int failures;
+} add_job;
+
+static void *add_thread(void *arg)
+{
+    add_job *j = arg;
+    char err[NC_ERRLEN];
+    for (size_t i = j->from; i < j->to; i += 100)
+        if (ubcache_add(j->u, j->x + i * j->dim, j->w + i, 100, NULL, err, sizeof err) != NC_OK)
+            j->failures++;
+    return NULL;
+}
+
+static void *search_thread(void *arg)
+{
+    add_job *j = arg;
+    char err[NC_ERRLEN];
+    float dd[4];
+    int ww[4];
+    for (int i = 0; i < 200; i++)
+        if (ubcache_search(j->u, j->x + (size_t)(i % 50) * j->dim, 1, 4, 16, NULL, 0, dd, ww, err, sizeof err) != NC_OK)
+            j->failures++;
+    return NULL;
+}
+
+TEST(switch_with_concurrent_adds)
+{
+    const int dim = 16, nclust = 20;
+    const size_t n = 9000;
+    char err[NC_ERRLEN];
+    float *cent = malloc((size_t)nclust * dim * sizeof(float)), *x = malloc(n * dim * sizeof(float));
+    int *w = malloc(n * sizeof(int));
+    for (int i = 0; i < nclust * dim; i++)
+        cent[i] = gauss();
+    synth(dim, n, nclust, cent, x, w);
+    nc_ubcache_opts o;
+    ubcache_opts_default(&o, dim);
+    o.factory = "IVF16,Flat";
+    o.train_self = true;
+    o.switch_at = 3000;
+    nc_ubcache *u = NULL;
+    CHECK(ubcache_new(&o, NULL, &u, err, sizeof err) == NC_OK);
+    if (!u)
+        return;
+    add_job jobs[4];
+    pthread_t th[4];
+    for (int t = 0; t < 4; t++) {
+        jobs[t] = (add_job){.u = u, .x = x, .w = w, .dim = dim, .from = (size_t)t * n / 3, .to = (size_t)(t + 1) * n / 3};
+        if (t == 3)
+            jobs[t].from = 0, jobs[t].to = 0;
+        pthread_create(&th[t], NULL, t == 3 ? search_thread : add_thread, &jobs[t]);
+    }
+    for (int t = 0; t < 4; t++) {
+        pthread_join(th[t], NULL);
+        CHECKF(jobs[t].failures == 0, "thread %d: %d failed calls", t, jobs[t].failures);
+    }
+    CHECK(ubcache_count(u) == (int64_t)n);
+    CHECK(!ubcache_is_exact(u));
+    int bad = 0;
+    for (size_t i = 0; i < n; i += 3) {
+        float dd[1];
+        int ww[1];
+        CHECK(ubcache_search(u, x + i * dim, 1, 1, 16, NULL, 0, dd, ww, err, sizeof err) == NC_OK);
+        if (ww[0] != w[i] || dd[0] > 1e-6f)
+            bad++;
+    }
+    CHECKF(bad == 0, "%d of %zu stored vectors not found with their word after the switch", bad, n / 3);
+    ubcache_free(u);
+    free(cent), free(x), free(w);
+}
+
 TEST(empty_caches_contribute_nothing)
 {
     nc_model *m = load_fixture();
@@ -663,6 +744,7 @@ int main(void)
     RUN(causality_f16_keys);
     RUN(open_vocabulary);
     RUN(ivfpq_vs_exact_and_switch);
+    RUN(switch_with_concurrent_adds);
     RUN(empty_caches_contribute_nothing);
     RUN(stream_export_import);
     RUN(ncache_dots_naive);
