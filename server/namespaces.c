@@ -25,7 +25,21 @@
 #define UPLOAD_MAX_WORD (1 << 20) /* a "word" longer than this is refused */
 #define EXPLAIN_PER_WORD 3
 
+/* What GET /v1/namespaces/{ns} shows of an upload in progress (an HTTP
+ * answer cannot start before libmicrohttpd has read the whole body, so a
+ * long upload's progress is read here). Counters are written by the
+ * upload's threads, read by anyone; the lists are under uploads_lock. */
+typedef struct upload_progress {
+    struct upload_progress *prev, *next;
+    char document[160];           /* id of the document being read (under the lock) */
+    _Atomic uint64_t bytes, documents, tokens_added;
+    double started;
+} upload_progress;
+
+static pthread_mutex_t uploads_lock = PTHREAD_MUTEX_INITIALIZER;
+
 struct nsref {
+    upload_progress *uploads;     /* in progress, under uploads_lock */
     char name[NS_NAME_MAX];
     char dir[1200];
     nc_nsstore *store;
@@ -685,6 +699,23 @@ char *namespaces_metrics(nc_server *srv, char *text)
 
 /* ---- namespace endpoints ------------------------------------------------------- */
 
+static json_t *uploads_json(nsref *r)
+{
+    json_t *a = json_array();
+    double t = mono();
+    pthread_mutex_lock(&uploads_lock);
+    for (upload_progress *p = r->uploads; p; p = p->next) {
+        double secs = t - p->started;
+        uint64_t tok = p->tokens_added;
+        json_array_append_new(a, json_pack("{s:s,s:I,s:I,s:I,s:f,s:f}", "document", p->document, "documents",
+                                           (json_int_t)p->documents, "bytes_received", (json_int_t)p->bytes,
+                                           "tokens_added", (json_int_t)tok, "seconds", secs, "tokens_per_second",
+                                           secs > 0 ? (double)tok / secs : 0.0));
+    }
+    pthread_mutex_unlock(&uploads_lock);
+    return a;
+}
+
 static json_t *ns_json(nsref *r)
 {
     nc_nsstore_stats st;
@@ -694,14 +725,14 @@ static json_t *ns_json(nsref *r)
         snprintf(idx, sizeof idx, "Flat");
     else
         snprintf(idx, sizeof idx, "%s", st.factory ? st.factory : "IVF");
-    return json_pack("{s:s,s:I,s:i,s:I,s:{s:s,s:b,s:i},s:I,s:I,s:I,s:{s:I,s:I,s:f,s:f},s:I}", "name", r->name,
+    return json_pack("{s:s,s:I,s:i,s:I,s:{s:s,s:b,s:i},s:I,s:I,s:I,s:{s:I,s:I,s:f,s:f},s:I,s:o}", "name", r->name,
                      "entries", (json_int_t)st.entries, "words", st.words, "documents", (json_int_t)st.docs,
                      "index", "type", idx, "exact", st.exact, "nprobe", st.nprobe,
                      "disk_bytes", (json_int_t)st.disk_bytes, "wal_bytes", (json_int_t)st.wal_bytes,
                      "memory_bytes", (json_int_t)st.memory_bytes,
                      "log", "last_seq", (json_int_t)st.last_seq, "synced_seq", (json_int_t)st.synced_seq,
                      "snapshot_age", st.snapshot_age, "snapshot_seconds", st.snapshot_seconds,
-                     "fsyncs", (json_int_t)st.fsyncs);
+                     "fsyncs", (json_int_t)st.fsyncs, "uploads", uploads_json(r));
 }
 
 void h_ns_list(nc_server *srv, http_request *req, http_response *resp)
@@ -844,6 +875,8 @@ typedef struct {
     float *hid;                   /* [UPLOAD_BATCH, H] */
     int *wids;
     upload_worker w;
+    upload_progress prog;         /* listed in r->uploads while registered */
+    bool listed;
     bool doc_open;
     uint32_t doc;
     uint64_t off;                 /* token offset in the document */
@@ -865,6 +898,23 @@ static void upload_drain(upload_worker *w)
     while (w->count > 0 || w->busy)
         pthread_cond_wait(&w->cond, &w->lock);
     pthread_mutex_unlock(&w->lock);
+}
+
+/* Off the namespace's list of uploads in progress: before the answer goes
+ * out, so that a client reading the namespace after it no longer sees it. */
+static void upload_unlist(upload *u)
+{
+    if (!u->listed)
+        return;
+    pthread_mutex_lock(&uploads_lock);
+    if (u->prog.prev)
+        u->prog.prev->next = u->prog.next;
+    else
+        u->r->uploads = u->prog.next;
+    if (u->prog.next)
+        u->prog.next->prev = u->prog.prev;
+    u->listed = false;
+    pthread_mutex_unlock(&uploads_lock);
 }
 
 static void upload_free(void *p)
@@ -889,6 +939,7 @@ static void upload_free(void *p)
         nc_free(w->slot[i].keys);
         free(w->slot[i].wids);
     }
+    upload_unlist(u);
     if (u->r)
         namespaces_release(u->srv, u->r);
     free(u->carry);
@@ -977,6 +1028,14 @@ static upload *upload_new(nc_server *srv, http_request *req)
             return NULL;
         }
         u->w.started = true;
+        u->prog.started = mono();
+        pthread_mutex_lock(&uploads_lock);
+        u->prog.next = u->r->uploads;
+        if (u->r->uploads)
+            u->r->uploads->prev = &u->prog;
+        u->r->uploads = &u->prog;
+        u->listed = true;
+        pthread_mutex_unlock(&uploads_lock);
     }
     return u;
 }
@@ -1008,6 +1067,7 @@ static void *upload_worker_main(void *arg)
         } else if (!rc) {
             w->last_seq = seq;
             w->tokens += b->n;
+            u->prog.tokens_added += b->n;
             u->srv->namespaces->adapt_tokens += b->n;
         }
         w->head = (w->head + 1) % UPLOAD_SLOTS;
@@ -1055,6 +1115,10 @@ static int doc_start(upload *u, const char *id, size_t len)
     u->doc_open = true;
     u->off = 0;
     u->docs++;
+    u->prog.documents++;
+    pthread_mutex_lock(&uploads_lock);
+    snprintf(u->prog.document, sizeof u->prog.document, "%s", used);
+    pthread_mutex_unlock(&uploads_lock);
     u->srv->namespaces->documents++;
     if (json_array_size(u->ids) < 1000)
         json_array_append_new(u->ids, json_string(used));
@@ -1188,6 +1252,7 @@ static void docs_chunk(nc_server *srv, http_request *req, const char *data, size
         req->user = u;
         req->user_free = upload_free;
     }
+    u->prog.bytes += len;
     if (u->failed)
         return;   /* the rest of the body is read and dropped */
     long max_line = srv->cfg.max_body_bytes;
@@ -1279,6 +1344,7 @@ void h_ns_documents(nc_server *srv, http_request *req, http_response *resp)
     }
     char err[NC_ERRLEN] = "";
     int rc = u->r && last_seq ? nsstore_sync(u->r->store, last_seq, err, sizeof err) : NC_OK;
+    upload_unlist(u);
     if (rc != NC_OK && !u->failed)
         up_fail(u, core_rc_api(rc), "making the upload durable: %s", err);
     if (u->failed) {

@@ -8,6 +8,7 @@
  * start-up. */
 #include <curl/curl.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -440,6 +441,92 @@ TEST(chunked_stream_bounded_rss)
     CHECK(daemon_stop(&d) == 0);
 }
 
+/* ---- progress of an upload in progress ---------------------------------- */
+
+typedef struct {
+    gen_t g;
+    size_t hold_at;               /* stop sending here until released */
+    _Atomic int released;
+    int port;
+    long code;
+    char resp[4096];
+} held_upload;
+
+static size_t held_read(char *buf, size_t size, size_t nitems, void *user)
+{
+    held_upload *u = user;
+    for (int i = 0; u->g.sent >= u->hold_at && !u->released && i < 3000; i++)
+        sleep_ms(10);   /* at most 30 s */
+    return gen_read(buf, size, nitems, &u->g);
+}
+
+static void *held_upload_thread(void *arg)
+{
+    held_upload *u = arg;
+    CURL *c = curl_easy_init();
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/namespaces/prog/documents?id=slow", u->port);
+    struct curl_slist *h = curl_slist_append(NULL, "Transfer-Encoding: chunked");
+    h = curl_slist_append(h, "Content-Type: text/plain");
+    h = curl_slist_append(h, "Expect:");
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_POST, 1L);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_READFUNCTION, held_read);
+    curl_easy_setopt(c, CURLOPT_READDATA, u);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_resp);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, u->resp);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
+    if (curl_easy_perform(c) == CURLE_OK)
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &u->code);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    return NULL;
+}
+
+/* GET /v1/namespaces/{ns} lists an upload while it runs: the document, the
+ * bytes received and the tokens added so far; gone once answered. */
+TEST(upload_progress_visible)
+{
+    nc_daemon d;
+    const char *args[] = {"--model", model_dir, "--data-dir", data_dir, NULL};
+    CHECK(daemon_start(&d, args) == 0);
+    held_upload u = {.g = {.total = 400000, .seed = 11}, .hold_at = 200000, .port = d.port};
+    pthread_t th;
+    pthread_create(&th, NULL, held_upload_thread, &u);
+    long st = 0;
+    json_t *seen = NULL;
+    for (int i = 0; i < 400 && !seen; i++) {
+        json_t *j = get(&d, "/v1/namespaces/prog", &st);
+        json_t *up = json_array_get(json_object_get(j, "uploads"), 0);
+        if (st == 200 && up && json_integer_value(json_object_get(up, "tokens_added")) > 0)
+            seen = json_incref(up);
+        json_decref(j);
+        if (!seen)
+            sleep_ms(50);
+    }
+    CHECKF(seen != NULL, "no upload in progress listed (last status %ld)", st);
+    if (seen) {
+        const char *doc = json_string_value(json_object_get(seen, "document"));
+        CHECKF(doc && !strcmp(doc, "slow"), "document %s", doc ? doc : "(none)");
+        CHECK(json_integer_value(json_object_get(seen, "documents")) == 1);
+        long long bytes = json_integer_value(json_object_get(seen, "bytes_received"));
+        CHECKF(bytes > 0 && bytes <= 200000 + 65536, "bytes_received %lld while held at 200000", bytes);
+        long long tok = json_integer_value(json_object_get(seen, "tokens_added"));
+        CHECKF(tok > 0 && (unsigned long long)tok <= u.g.tokens, "tokens_added %lld of %llu sent", tok, u.g.tokens);
+        CHECK(json_real_value(json_object_get(seen, "seconds")) > 0);
+    }
+    json_decref(seen);
+    u.released = 1;
+    pthread_join(th, NULL);
+    CHECKF(u.code == 200, "upload answered %ld: %s", u.code, u.resp);
+    json_t *j = get(&d, "/v1/namespaces/prog", &st);
+    CHECK(json_array_size(json_object_get(j, "uploads")) == 0);
+    CHECK(json_integer_value(json_object_get(j, "entries")) == (json_int_t)u.g.tokens);
+    json_decref(j);
+    CHECK(daemon_stop(&d) == 0);
+}
+
 /* ---- corrupt files at start-up ------------------------------------------ */
 
 static void flip(const char *path, long off)
@@ -525,6 +612,7 @@ int main(void)
     RUN(feed_adapt_and_restart_identical);
     RUN(ndjson_and_errors);
     RUN(chunked_stream_bounded_rss);
+    RUN(upload_progress_visible);
     RUN(corrupt_files_at_startup);
     httpc_cleanup();
     char cmd[256];
