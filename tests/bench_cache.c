@@ -68,8 +68,43 @@ static double ppl_of(const double *lp, size_t n)
     return exp(-s / (double)c);
 }
 
-static nc_ubcache *make_ub(int H, const char *index, bool exact, const float *keys, const int *ids, size_t n,
-                           double *t_add)
+/* The memory: R real hidden states, then (BENCH_REAL) synthetic ones:
+ * state i >= R is real state i % R plus N(0, 0.05^2) noise per coordinate,
+ * drawn from a generator seeded by i -- made chunk by chunk as they are
+ * added, so 10M stored states need no 10 GB of float32 keys. */
+typedef struct {
+    const float *keys;            /* [R, H] */
+    const int *ids;               /* [R] */
+    size_t R;
+    int H;
+} memory_src;
+
+static void memory_keys(const memory_src *ms, size_t from, size_t n, float *out, int *ids)
+{
+    const int H = ms->H;
+    for (size_t i = from; i < from + n; i++) {
+        const float *src = ms->keys + (i % ms->R) * (size_t)H;
+        float *dst = out + (i - from) * (size_t)H;
+        ids[i - from] = ms->ids[i % ms->R];
+        if (i < ms->R) {
+            memcpy(dst, src, (size_t)H * sizeof(float));
+            continue;
+        }
+        uint64_t x = 0x9E3779B97F4A7C15ULL * (i + 1);
+        for (int j = 0; j < H; j += 2) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            float u1 = (float)((x >> 11) * 0x1.0p-53) + 1e-12f;
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            float u2 = (float)((x >> 11) * 0x1.0p-53);
+            float r = 0.05f * sqrtf(-2.0f * logf(u1));
+            dst[j] = src[j] + r * cosf(6.2831853f * u2);
+            if (j + 1 < H)
+                dst[j + 1] = src[j + 1] + r * sinf(6.2831853f * u2);
+        }
+    }
+}
+
+static nc_ubcache *make_ub(int H, const char *index, bool exact, const memory_src *ms, size_t n, double *t_add)
 {
     nc_ubcache_opts o;
     ubcache_opts_default(&o, H);
@@ -82,15 +117,25 @@ static nc_ubcache *make_ub(int H, const char *index, bool exact, const float *ke
         fprintf(stderr, "bench_cache: %s\n", err);
         exit(1);
     }
-    double t0 = now();
-    for (size_t i = 0; i < n; i += 65536) {
-        size_t b = n - i < 65536 ? n - i : 65536;
-        if (ubcache_add(u, keys + i * H, ids + i, b, NULL, err, sizeof err)) {
+    const size_t chunk = 65536;
+    float *kb = malloc(chunk * (size_t)H * sizeof(float));
+    int *ib = malloc(chunk * sizeof(int));
+    double t_gen = 0, t0 = now();
+    for (size_t i = 0; i < n; i += chunk) {
+        size_t b = n - i < chunk ? n - i : chunk;
+        double g0 = now();
+        memory_keys(ms, i, b, kb, ib);
+        t_gen += now() - g0;
+        if (ubcache_add(u, kb, ib, b, NULL, err, sizeof err)) {
             fprintf(stderr, "bench_cache: %s\n", err);
             exit(1);
         }
+        if (n >= 2000000 && (i / chunk) % 16 == 15)
+            fprintf(stderr, "  %zu/%zu states added\n", i + b, n);
     }
-    *t_add = now() - t0;
+    *t_add = now() - t0 - t_gen;   /* the adds alone, not making the synthetic states */
+    free(kb);
+    free(ib);
     return u;
 }
 
@@ -127,12 +172,12 @@ int main(int argc, char **argv)
         maxsize = check;
 
     /* memory: hidden states of the memory files, in order, up to maxsize */
-    float *keys = malloc(maxsize * (size_t)H * sizeof(float));
-    int *ids = malloc(maxsize * sizeof(int));
     size_t have = 0;
     size_t cap_real = getenv("BENCH_REAL") ? (size_t)atol(getenv("BENCH_REAL")) : maxsize;
     if (cap_real == 0 || cap_real > maxsize)
         cap_real = maxsize;
+    float *keys = malloc(cap_real * (size_t)H * sizeof(float));
+    int *ids = malloc(cap_real * sizeof(int));
     char files[4096];
     snprintf(files, sizeof files, "%s", argv[3]);
     double t0 = now();
@@ -160,30 +205,11 @@ int main(int argc, char **argv)
         tokens_clear(&t);
     }
     fprintf(stderr, "memory: %zu hidden states in %.1f s\n", have, now() - t0);
-    /* BENCH_REAL=R: only R real states are computed; the rest of the memory
-     * is real state i % R plus N(0, 0.05^2) noise per coordinate (synthetic,
-     * so that 1M-10M stored states do not need an LSTM pass over 10M words) */
-    const char *real_s = getenv("BENCH_REAL");
-    size_t real = real_s ? (size_t)atol(real_s) : 0;
-    if (real > 0 && have == real && real < maxsize) {
-        float *nk = realloc(keys, maxsize * (size_t)H * sizeof(float));
-        int *ni = realloc(ids, maxsize * sizeof(int));
-        if (!nk || !ni)
-            return 1;
-        keys = nk, ids = ni;
-        uint64_t x = 88172645463325252ULL;
-        for (size_t i = real; i < maxsize; i++) {
-            const float *src = keys + (i % real) * H;
-            for (int j = 0; j < H; j++) {
-                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-                float u1 = (float)((x >> 11) * 0x1.0p-53) + 1e-12f;
-                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-                float u2 = (float)((x >> 11) * 0x1.0p-53);
-                keys[i * H + j] = src[j] + 0.05f * sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
-            }
-            ids[i] = ids[i % real];
-        }
-        fprintf(stderr, "memory: %zu synthetic states (real + noise) after the %zu real ones\n", maxsize - real, real);
+    /* BENCH_REAL=R: only R real states are computed, the rest of the
+     * memory is synthetic (memory_keys) */
+    memory_src ms = {.keys = keys, .ids = ids, .R = have, .H = H};
+    if (have < maxsize && have == cap_real && have > 0) {
+        fprintf(stderr, "memory: states %zu..%zu synthetic (real + N(0, 0.05^2) noise)\n", have, maxsize);
         have = maxsize;
     }
 
@@ -237,7 +263,7 @@ int main(int argc, char **argv)
             if (exact && ((n > 100000 && n != check) || getenv("BENCH_NO_EXACT")))
                 continue;   /* exact search over 1M states: only for the IVFPQ-vs-exact check */
             double t_add;
-            nc_ubcache *u = make_ub(H, argv[2], exact, keys, ids, n, &t_add);
+            nc_ubcache *u = make_ub(H, argv[2], exact, &ms, n, &t_add);
             nc_doc_caches dc = {.ub = u, .adapt = !getenv("BENCH_NO_ADAPT")};
             t0 = now();
             double c0 = cpu();
@@ -263,7 +289,7 @@ int main(int argc, char **argv)
     } else if (check > 0 && check <= have) {
         double pp[2], t_add;
         for (int exact = 0; exact < 2; exact++) {
-            nc_ubcache *u = make_ub(H, argv[2], exact, keys, ids, check, &t_add);
+            nc_ubcache *u = make_ub(H, argv[2], exact, &ms, check, &t_add);
             nc_doc_caches dc = {.ub = u, .adapt = true};
             if (doc_score(d, &p, &dc, 0, exact ? lp2 : lp, err, sizeof err)) {
                 fprintf(stderr, "bench_cache: %s\n", err);
