@@ -10,7 +10,7 @@
 #   BENCH_EVAL_LINES=N  out-of-domain evaluation on the N lines after the
 #                     tuning part (default 0 = all the rest: War and Peace's
 #                     535k words)
-#   BENCH_NEURAL_SIZES="2000 5000 10000"  neural cache sizes tuned
+#   BENCH_NEURAL_SIZES="2000 5000 10000 20000"  neural cache sizes tuned
 #
 # For each corpus the cache hyper-parameters are tuned with `neurocache tune`
 # (PTB: on PTB valid; War and Peace and WikiText-2, out of domain: on their
@@ -50,7 +50,7 @@ if [ "${BENCH_QUICK:-0}" = 1 ]; then
     GRID=(--thetas 0.3,1 --lambdas 0.1,0.2 --unigram-lambdas 0.1 --unbounded-lambdas 0.2,0.5)
     LIM=3000
 else
-    GRID=(--thetas 0.3,0.5,0.7,1,1.5,2 --lambdas 0.05,0.1,0.15,0.2,0.3,0.4,0.5 --unigram-lambdas 0.05,0.1,0.2,0.3
+    GRID=(--thetas 0.3,0.5,0.7,1,1.5,2 --lambdas 0.05,0.1,0.15,0.2,0.3,0.4,0.5,0.6,0.7 --unigram-lambdas 0.05,0.1,0.2,0.3
           --unbounded-lambdas 0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8)
     LIM=0
 fi
@@ -84,7 +84,7 @@ fi
 # The neural cache size is tuned too: each of NEURAL_SIZES gets its own
 # theta x lambda grid, and the size whose neural+unbounded setting is best
 # on the tuning text is kept.
-NEURAL_SIZES=${BENCH_NEURAL_SIZES:-2000 5000 10000}
+NEURAL_SIZES=${BENCH_NEURAL_SIZES:-2000 5000 10000 20000}
 run_corpus() {
     local name=$1 tunef=$2 evalf=$3 memf=$4; shift 4
     local out=$W/$name mem=()
