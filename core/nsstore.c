@@ -1098,7 +1098,7 @@ int nsstore_snapshot(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
 
 bool nsstore_log_broken(nc_nsstore *ns)
 {
-    return wal_broken(ns->wal, NULL);
+    return wal_broken(ns->wal, NULL, NULL);
 }
 
 int nsstore_heal(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
@@ -1110,8 +1110,11 @@ int nsstore_heal(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
     /* While the log is broken no add gets in (the add hook's append fails
      * first), so memory holds exactly the records up to S: a snapshot of
      * it covers them, whatever the failed fsync lost of the segment. */
-    if (wal_broken(ns->wal, &S)) {
-        if (S != ns->snap_seq)
+    bool tail_unknown = true;
+    if (wal_broken(ns->wal, &S, &tail_unknown)) {
+        /* a log opened stopped on a full disk has every record whole on
+         * disk: it needs only its new segment, not room for a snapshot */
+        if (tail_unknown && S != ns->snap_seq)
             rc = write_snapshot(ns, S, t0, err, errlen);
         if (!rc)
             rc = wal_restart(ns->wal, S, err, errlen);
@@ -1367,7 +1370,15 @@ int nsstore_open(const nc_nsstore_opts *o, nc_nsstore **out, nc_nsstore_recovery
             if (wi.truncated)
                 snprintf(info->warning + strlen(info->warning), sizeof info->warning - strlen(info->warning),
                          "%s%s", info->warning[0] ? "; " : "", wi.warning);
-            rc = wal_open(ns->waldir, ns->tag, (wi.last_seq > base ? wi.last_seq : base) + 1, ns->sync, &ns->wal, err, errlen);
+            bool stopped = false;
+            rc = wal_open_or_stopped(ns->waldir, ns->tag, (wi.last_seq > base ? wi.last_seq : base) + 1, ns->sync,
+                                     &ns->wal, &stopped, err, errlen);
+            if (stopped)
+                /* a full disk: everything is recovered and can be read;
+                 * writes fail (507) until nsstore_heal finds room */
+                snprintf(info->warning + strlen(info->warning), sizeof info->warning - strlen(info->warning),
+                         "%sno room on the disk for a new log segment: read-only until there is room (%s)",
+                         info->warning[0] ? "; " : "", err);
         }
     }
     if (rc) {

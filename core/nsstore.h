@@ -134,10 +134,12 @@ int nsstore_sync(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen);
  * longer needed. seconds (optional) receives the duration. */
 int nsstore_snapshot(nc_nsstore *ns, double *seconds, char *err, size_t errlen);
 /* After a write or fsync error the log takes no more appends (wal_broken:
- * adds fail with NC_EIO, the server answers 503). nsstore_heal writes a
- * snapshot of what memory holds -- every record appended before the error,
- * acknowledged or not -- and starts a new log segment after it, so adds
- * work again once the storage does. NC_OK when the log was not broken; an
+ * adds fail with NC_EIO, the server answers 503), and so does a log
+ * opened on a disk without room for a new segment (NC_ENOSPACE, 507).
+ * nsstore_heal writes a snapshot of what memory holds -- every record
+ * appended before the error, acknowledged or not; not needed for a log
+ * opened stopped -- and starts a new log segment after it, so adds work
+ * again once the storage does. NC_OK when the log was not broken; an
  * error (the log stays broken, try again later) when the snapshot or the
  * new segment cannot be written. */
 bool nsstore_log_broken(nc_nsstore *ns);

@@ -33,6 +33,8 @@ struct nc_wal {
     uint64_t bytes, fsyncs;
     bool syncing;                 /* a group-commit leader is in fdatasync */
     bool broken;                  /* a write failed: the tail is unknown */
+    int broken_rc;                /* what appends then fail with: NC_EIO, or NC_ENOSPACE */
+    bool tail_unknown;            /* broken by a failed write or fsync (not at open) */
     char broken_msg[256];
 };
 
@@ -365,8 +367,8 @@ static int open_segment(nc_wal *w, uint64_t first, char *err, size_t errlen)
     return NC_OK;
 }
 
-int wal_open(const char *dir, uint32_t tag, uint64_t next_seq, nc_wal_sync mode, nc_wal **out,
-             char *err, size_t errlen)
+static int open_log(const char *dir, uint32_t tag, uint64_t next_seq, nc_wal_sync mode, nc_wal **out,
+                    bool *stopped, char *err, size_t errlen)
 {
     *out = NULL;
     if (next_seq == 0)
@@ -387,12 +389,34 @@ int wal_open(const char *dir, uint32_t tag, uint64_t next_seq, nc_wal_sync mode,
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->cond, NULL);
     int rc = open_segment(w, next_seq, err, errlen);
+    if (rc == NC_ENOSPACE && stopped) {
+        /* no room for a segment header: open stopped, as after a failed
+         * write for lack of room; wal_restart makes the segment later */
+        w->broken = true;
+        w->broken_rc = NC_ENOSPACE;
+        snprintf(w->broken_msg, sizeof w->broken_msg, "no room for a new log segment (%s)", err);
+        *stopped = true;
+        rc = NC_OK;
+    }
     if (rc) {
         wal_close(w);
         return rc;
     }
     *out = w;
     return NC_OK;
+}
+
+int wal_open(const char *dir, uint32_t tag, uint64_t next_seq, nc_wal_sync mode, nc_wal **out,
+             char *err, size_t errlen)
+{
+    return open_log(dir, tag, next_seq, mode, out, NULL, err, errlen);
+}
+
+int wal_open_or_stopped(const char *dir, uint32_t tag, uint64_t next_seq, nc_wal_sync mode, nc_wal **out,
+                        bool *stopped, char *err, size_t errlen)
+{
+    *stopped = false;
+    return open_log(dir, tag, next_seq, mode, out, stopped, err, errlen);
 }
 
 void wal_close(nc_wal *w)
@@ -422,7 +446,7 @@ int wal_append(nc_wal *w, const void *payload, size_t len, uint64_t *seq, char *
     pthread_mutex_lock(&w->lock);
     if (w->broken) {
         pthread_mutex_unlock(&w->lock);
-        return nc_error(err, errlen, NC_EIO, "log unusable after an earlier write error: %s", w->broken_msg);
+        return nc_error(err, errlen, w->broken_rc, "log unusable after an earlier write error: %s", w->broken_msg);
     }
     uint64_t s = w->last_seq + 1;
     memcpy(h, &magic, 4);
@@ -445,6 +469,8 @@ int wal_append(nc_wal *w, const void *payload, size_t len, uint64_t *seq, char *
                             "%s: writing the log: %s (record dropped)", w->dir, strerror(e));
         }
         w->broken = true;
+        w->tail_unknown = true;
+        w->broken_rc = no_room(e) ? NC_ENOSPACE : NC_EIO;
         snprintf(w->broken_msg, sizeof w->broken_msg, "%s", strerror(e));
         pthread_mutex_unlock(&w->lock);
         return nc_error(err, errlen, no_room(e) ? NC_ENOSPACE : NC_EIO, "%s: writing the log: %s", w->dir,
@@ -474,10 +500,12 @@ int wal_sync(nc_wal *w, uint64_t seq, char *err, size_t errlen)
             w->fsyncs++;
         } else if (!w->broken) {
             w->broken = true;
+            w->tail_unknown = true;
+            w->broken_rc = no_room(e) ? NC_ENOSPACE : NC_EIO;   /* a file system that allocates late */
             snprintf(w->broken_msg, sizeof w->broken_msg, "fdatasync: %s", strerror(e));
         }
         pthread_mutex_unlock(&w->lock);
-        return r == 0 ? NC_OK : nc_error(err, errlen, NC_EIO, "%s: %s", w->dir, w->broken_msg);
+        return r == 0 ? NC_OK : nc_error(err, errlen, w->broken_rc, "%s: %s", w->dir, w->broken_msg);
     }
     /* group commit: one leader syncs everything written so far; callers
      * arriving meanwhile wait and are usually covered by it */
@@ -502,12 +530,14 @@ int wal_sync(nc_wal *w, uint64_t seq, char *err, size_t errlen)
             /* after a failed fsync the page cache state is unknown
              * (the "fsyncgate" lesson): stop rather than retry */
             w->broken = true;
+            w->tail_unknown = true;
+            w->broken_rc = no_room(e) ? NC_ENOSPACE : NC_EIO;   /* a file system that allocates late */
             snprintf(w->broken_msg, sizeof w->broken_msg, "fdatasync: %s", strerror(e));
         }
         pthread_cond_broadcast(&w->cond);
     }
     int rc = w->synced_seq >= seq ? NC_OK
-                                   : nc_error(err, errlen, NC_EIO, "%s: %s", w->dir, w->broken_msg);
+                                   : nc_error(err, errlen, w->broken_rc, "%s: %s", w->dir, w->broken_msg);
     pthread_mutex_unlock(&w->lock);
     return rc;
 }
@@ -519,14 +549,17 @@ int wal_rotate(nc_wal *w, uint64_t *last_seq, char *err, size_t errlen)
         pthread_cond_wait(&w->cond, &w->lock);
     int rc = NC_OK;
     if (w->broken)
-        rc = nc_error(err, errlen, NC_EIO, "log unusable: %s", w->broken_msg);
+        rc = nc_error(err, errlen, w->broken_rc, "log unusable: %s", w->broken_msg);
     else if (w->last_seq + 1 == w->seg_first)
         ;   /* the current segment is empty: keep it */
     else if (nc_fdatasync(w->fd) != 0) {
         /* as in wal_sync: the tail's state is unknown from here on */
         w->broken = true;
-        snprintf(w->broken_msg, sizeof w->broken_msg, "fdatasync: %s", strerror(errno));
-        rc = nc_error(err, errlen, NC_EIO, "%s: %s", w->dir, w->broken_msg);
+        w->tail_unknown = true;
+        int e = errno;
+        w->broken_rc = no_room(e) ? NC_ENOSPACE : NC_EIO;
+        snprintf(w->broken_msg, sizeof w->broken_msg, "fdatasync: %s", strerror(e));
+        rc = nc_error(err, errlen, w->broken_rc, "%s: %s", w->dir, w->broken_msg);
     } else {
         w->fsyncs++;
         w->synced_seq = w->last_seq;
@@ -545,12 +578,14 @@ int wal_rotate(nc_wal *w, uint64_t *last_seq, char *err, size_t errlen)
     return rc;
 }
 
-bool wal_broken(nc_wal *w, uint64_t *last_seq)
+bool wal_broken(nc_wal *w, uint64_t *last_seq, bool *tail_unknown)
 {
     pthread_mutex_lock(&w->lock);
     bool b = w->broken;
     if (last_seq)
         *last_seq = w->last_seq;
+    if (tail_unknown)
+        *tail_unknown = w->tail_unknown;
     pthread_mutex_unlock(&w->lock);
     return b;
 }
@@ -574,6 +609,7 @@ int wal_restart(nc_wal *w, uint64_t last_seq, char *err, size_t errlen)
             if (old >= 0 && old != w->fd)
                 close(old);
             w->broken = false;
+            w->tail_unknown = false;
             w->broken_msg[0] = 0;
             w->synced_seq = last_seq;
         } else {

@@ -62,6 +62,13 @@ int wal_replay(const char *dir, uint32_t tag, uint64_t after, wal_record_fn fn, 
  * (last_seq of the replay + 1). */
 int wal_open(const char *dir, uint32_t tag, uint64_t next_seq, nc_wal_sync mode, nc_wal **out,
              char *err, size_t errlen);
+/* As wal_open, except that when the disk has no room for the new segment
+ * (NC_ENOSPACE) the log opens stopped (*stopped set, wal_broken true,
+ * appends fail with NC_ENOSPACE) instead of failing: a namespace on a full
+ * disk is still recovered and read, and takes writes once wal_restart can
+ * make the segment. */
+int wal_open_or_stopped(const char *dir, uint32_t tag, uint64_t next_seq, nc_wal_sync mode, nc_wal **out,
+                        bool *stopped, char *err, size_t errlen);
 /* Syncs and closes. NULL allowed. */
 void wal_close(nc_wal *w);
 
@@ -79,14 +86,17 @@ int wal_rotate(nc_wal *w, uint64_t *last_seq, char *err, size_t errlen);
 /* A write or fsync error left the log unusable (appends and syncs fail):
  * after a failed fsync the page cache may have dropped what it covered, so
  * the current segment's tail is unknown on disk and is never synced again.
- * wal_broken says so; *last_seq (optional) the last record appended. */
-bool wal_broken(nc_wal *w, uint64_t *last_seq);
+ * wal_broken says so; *last_seq (optional) the last record appended;
+ * *tail_unknown (optional) false only for a log opened stopped
+ * (wal_open_or_stopped), whose segments are all whole on disk. */
+bool wal_broken(nc_wal *w, uint64_t *last_seq, bool *tail_unknown);
 /* Takes appends again after such an error, in a new segment starting at
- * last_seq + 1, with every record up to last_seq counted as durable. Only
- * for a caller that has made them durable elsewhere -- a snapshot covering
- * last_seq (nsstore_heal) -- since the older segments may have lost their
- * tails; recovery from that snapshot starts at the segment holding
- * last_seq + 1 (wal_replay skips the ones before). NC_ESTATE if the log is
+ * last_seq + 1, with every record up to last_seq counted as durable. When
+ * the tail is unknown, only for a caller that has made them durable
+ * elsewhere -- a snapshot covering last_seq (nsstore_heal) -- since the
+ * older segments may have lost their tails; recovery from that snapshot
+ * starts at the segment holding last_seq + 1 (wal_replay skips the ones
+ * before). A log opened stopped needs no snapshot. NC_ESTATE if the log is
  * not broken or its last seq is not last_seq; NC_EIO / NC_ENOSPACE if the
  * new segment cannot be made (the log stays unusable). */
 int wal_restart(nc_wal *w, uint64_t last_seq, char *err, size_t errlen);
