@@ -240,8 +240,10 @@ void httpc_set_bearer(const char *key)
 void httpc_init(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
 void httpc_cleanup(void) { curl_global_cleanup(); }
 
-int http_call(int port, const char *method, const char *path, const char *ctype,
-              const char *body, size_t len, http_resp *out)
+/* http_call, or with read_fn a POST whose body curl pulls from read_fn in
+ * chunked transfer encoding. */
+static int http_do(int port, const char *method, const char *path, const char *ctype, const char *body,
+                   size_t len, http_read_fn read_fn, void *read_data, long timeout_s, http_resp *out)
 {
     memset(out, 0, sizeof *out);
     CURL *c = curl_easy_init();
@@ -259,6 +261,8 @@ int http_call(int port, const char *method, const char *path, const char *ctype,
         h = curl_slist_append(h, "Content-Type:");   /* suppress curl's default */
     }
     h = curl_slist_append(h, "Expect:");
+    if (read_fn)
+        h = curl_slist_append(h, "Transfer-Encoding: chunked");
     if (bearer[0]) {
         char ah[340];
         snprintf(ah, sizeof ah, "Authorization: Bearer %s", bearer);
@@ -266,7 +270,11 @@ int http_call(int port, const char *method, const char *path, const char *ctype,
     }
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    if (body) {
+    if (read_fn) {
+        curl_easy_setopt(c, CURLOPT_POST, 1L);
+        curl_easy_setopt(c, CURLOPT_READFUNCTION, read_fn);
+        curl_easy_setopt(c, CURLOPT_READDATA, read_data);
+    } else if (body) {
         curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
         curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
     } else if (strcmp(method, "GET") == 0) {
@@ -278,7 +286,7 @@ int http_call(int port, const char *method, const char *path, const char *ctype,
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
     curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(c, CURLOPT_HEADERDATA, out);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, timeout_s);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     CURLcode rc = curl_easy_perform(c);
     if (rc == CURLE_OK)
@@ -292,6 +300,18 @@ int http_call(int port, const char *method, const char *path, const char *ctype,
     if (out->len > 0)
         out->json = json_loadb(out->body, out->len, 0, NULL);
     return 0;
+}
+
+int http_call(int port, const char *method, const char *path, const char *ctype,
+              const char *body, size_t len, http_resp *out)
+{
+    return http_do(port, method, path, ctype, body, len, NULL, NULL, 120, out);
+}
+
+int http_post_stream(int port, const char *path, const char *ctype, http_read_fn read_fn, void *read_data,
+                     long timeout_s, http_resp *out)
+{
+    return http_do(port, "POST", path, ctype, NULL, 0, read_fn, read_data, timeout_s, out);
 }
 
 int http_json(int port, const char *method, const char *path, const char *body, http_resp *out)

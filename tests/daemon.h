@@ -63,6 +63,11 @@ void httpc_cleanup(void);
  * 0 when an answer came (whatever its status), -1 on transport failure. */
 int http_call(int port, const char *method, const char *path, const char *ctype,
               const char *body, size_t len, http_resp *out);
+/* A POST whose body curl pulls from read_fn (curl's read callback) as it
+ * goes, in chunked transfer encoding: uploads that are never held whole. */
+typedef size_t (*http_read_fn)(char *buf, size_t size, size_t nitems, void *data);
+int http_post_stream(int port, const char *path, const char *ctype, http_read_fn read_fn, void *read_data,
+                     long timeout_s, http_resp *out);
 /* JSON shorthands: body is sent as application/json (NULL = no body). */
 int http_json(int port, const char *method, const char *path, const char *body, http_resp *out);
 /* body built from a json_t (not stolen). */

@@ -6,7 +6,6 @@
  * NEUROCACHE_STREAM_MB, default 2; BENCHMARKS.md records 50); a restart
  * after a clean shutdown gives identical predictions; corrupt files at
  * start-up. */
-#include <curl/curl.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -346,17 +345,6 @@ static size_t gen_read(char *buf, size_t size, size_t nitems, void *user)
     return n;
 }
 
-static size_t on_resp(char *p, size_t s, size_t n, void *u)
-{
-    char *b = u;
-    size_t l = strlen(b), k = s * n;
-    if (l + k < 4095) {
-        memcpy(b + l, p, k);
-        b[l + k] = 0;
-    }
-    return k;
-}
-
 static long proc_kb(pid_t pid, const char *key)
 {
     char path[64], line[256];
@@ -386,36 +374,14 @@ TEST(chunked_stream_bounded_rss)
     json_decref(j);
     long rss0 = proc_kb(d.pid, "VmRSS");
     gen_t g = {.total = (size_t)mb << 20, .seed = 7};
-    CURL *c = curl_easy_init();
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/namespaces/big/documents?id=stream", d.port);
-    struct curl_slist *h = curl_slist_append(NULL, "Transfer-Encoding: chunked");
-    h = curl_slist_append(h, "Content-Type: text/plain");
-    h = curl_slist_append(h, "Expect:");
-    char resp[4096] = "";
-    size_t rlen = 0;
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_POST, 1L);
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_READFUNCTION, gen_read);
-    curl_easy_setopt(c, CURLOPT_READDATA, &g);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_resp);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, resp);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 3600L);
-    (void)rlen;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    CURLcode rc = curl_easy_perform(c);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    long code = 0;
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
-    CHECKF(rc == CURLE_OK && code == 200, "curl %d http %ld: %s", rc, code, resp);
-    json_t *ans = json_loads(resp, 0, NULL);
-    unsigned long long added = (unsigned long long)json_integer_value(json_object_get(ans, "tokens_added"));
+    http_resp r;
+    double t0 = now_s();
+    int rc = http_post_stream(d.port, "/v1/namespaces/big/documents?id=stream", "text/plain", gen_read, &g, 3600, &r);
+    double secs = now_s() - t0;
+    CHECKF(rc == 0 && r.status == 200, "transport %d, http %ld: %s", rc, r.status, r.body ? r.body : "");
+    unsigned long long added = (unsigned long long)json_integer_value(json_object_get(r.json, "tokens_added"));
     CHECKF(added == g.tokens, "added %llu, sent %llu", added, g.tokens);
-    json_decref(ans);
+    http_resp_free(&r);
     long hwm = proc_kb(d.pid, "VmHWM"), rss1 = proc_kb(d.pid, "VmRSS");
     long st;
     j = get(&d, "/v1/namespaces/big", &st);
@@ -424,7 +390,6 @@ TEST(chunked_stream_bounded_rss)
     CHECK(entries == (long long)g.tokens + 4);
     CHECK(!json_is_true(json_object_get(json_object_get(j, "index"), "exact")));   /* moved to IVF-PQ */
     json_decref(j);
-    double secs = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
     fprintf(stderr,
             "    %ld MB chunked: %llu tokens in %.1f s (%.0f tokens/s); daemon RSS %ld MB before, peak %ld MB, "
             "after %ld MB; namespace memory %.1f MB\n",
@@ -463,24 +428,11 @@ static size_t held_read(char *buf, size_t size, size_t nitems, void *user)
 static void *held_upload_thread(void *arg)
 {
     held_upload *u = arg;
-    CURL *c = curl_easy_init();
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/namespaces/prog/documents?id=slow", u->port);
-    struct curl_slist *h = curl_slist_append(NULL, "Transfer-Encoding: chunked");
-    h = curl_slist_append(h, "Content-Type: text/plain");
-    h = curl_slist_append(h, "Expect:");
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_POST, 1L);
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_READFUNCTION, held_read);
-    curl_easy_setopt(c, CURLOPT_READDATA, u);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_resp);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, u->resp);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
-    if (curl_easy_perform(c) == CURLE_OK)
-        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &u->code);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
+    http_resp r;
+    if (http_post_stream(u->port, "/v1/namespaces/prog/documents?id=slow", "text/plain", held_read, u, 120, &r) == 0)
+        u->code = r.status;
+    snprintf(u->resp, sizeof u->resp, "%s", r.body ? r.body : "");
+    http_resp_free(&r);
     return NULL;
 }
 
