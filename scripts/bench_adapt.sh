@@ -4,9 +4,11 @@
 # an fsync per request vs group commit, recovery time per million pairs, and
 # predict latency with the unbounded cache (k 1024, nprobe 8) at 100k, 1M and
 # a synthetic 10M pairs. Model: models/demo (2x256), else a read-only copy of
-# runs/demo. The IVF4096,PQ32 index is trained with `neurocache build-index`
-# into a scratch directory (never into the model directory). Corpora are read
-# from ../shared/data/ptb. Set BENCH_ADAPT_QUICK=1 for small sizes.
+# runs/demo. The IVF4096,PQ32 index is the model's unbounded.faiss, else one
+# trained with `neurocache build-index` into a scratch directory (never into
+# the model directory). Corpora are read from ../shared/data/ptb. Set
+# BENCH_ADAPT_QUICK=1 for small sizes, BENCH_ADAPT_MB=N for the upload size
+# (default 5 MB of PTB, about 900k tokens).
 set -euo pipefail
 BUILD=${BUILD:-build}
 BIN=${BIN:-bin}
@@ -35,16 +37,22 @@ cat "$PTB/ptb.train.txt" "$PTB/ptb.valid.txt" "$PTB/ptb.test.txt" > "$TMP/ptb.al
 QUICK=${BENCH_ADAPT_QUICK:-0}
 # MB: megabytes of the corpus streamed through the daemon (0 = all of it)
 if [ "$QUICK" = 1 ]; then SAMPLE=20000; FACTORY=IVF256,PQ32; SIZES="20000 100000"; REC=100000; FLAT=50000; MB=1;
-else SAMPLE=160000; FACTORY=IVF4096,PQ32; SIZES="100000 1000000 10000000"; REC=1000000; FLAT=200000; MB=2; fi
+else SAMPLE=160000; FACTORY=IVF4096,PQ32; SIZES="100000 1000000 10000000"; REC=1000000; FLAT=200000; MB=${BENCH_ADAPT_MB:-5}; fi
 
 echo; echo "== durable adds: fsync per request vs group commit"
 nice "$BUILD"/tests/bench_adapt fsync "$MODEL" 3
 
-echo; echo "== training $FACTORY on $SAMPLE hidden states of ptb.train (neurocache build-index)"
-t0=$(date +%s.%N)
-nice "$BIN"/neurocache build-index --model "$MODEL" --corpus "$PTB/ptb.train.txt" --factory "$FACTORY" \
-    --sample "$SAMPLE" --threads "$(nproc)" --out "$TMP/unbounded.faiss" 2>&1 | tail -n 2
-echo "trained in $(echo "$(date +%s.%N) - $t0" | bc) s"
+if [ "$QUICK" != 1 ] && [ -f "$SRC/unbounded.faiss" ]; then
+    # the model's own trained index (build-index on PTB train, IVF4096,PQ32)
+    echo; echo "== the model's unbounded.faiss ($SRC)"
+    cp "$SRC/unbounded.faiss" "$TMP/unbounded.faiss"
+else
+    echo; echo "== training $FACTORY on $SAMPLE hidden states of ptb.train (neurocache build-index)"
+    t0=$(date +%s.%N)
+    nice "$BIN"/neurocache build-index --model "$MODEL" --corpus "$PTB/ptb.train.txt" --factory "$FACTORY" \
+        --sample "$SAMPLE" --threads "$(nproc)" --out "$TMP/unbounded.faiss" 2>&1 | tail -n 2
+    echo "trained in $(echo "$(date +%s.%N) - $t0" | bc) s"
+fi
 
 echo; echo "== adaptation throughput: the daemon, PTB (train+valid+test) streamed as text/plain, chunked"
 cp "$TMP/unbounded.faiss" "$MODEL/unbounded.faiss"
