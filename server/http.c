@@ -26,6 +26,9 @@ void http_reply_json(http_response *r, unsigned status, json_t *json)
     json_decref(r->json);
     r->status = status;
     r->json = json;
+    /* a later answer replaces an earlier one's headers too */
+    r->retry_after = 0;
+    r->challenge = NULL;
 }
 
 void http_reply_error(http_response *r, api_error e, const char *fmt, ...)
