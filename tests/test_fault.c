@@ -783,14 +783,11 @@ static void adapt_walk(const char *kind, const char *err_suffix, bool persist, l
             CHECKF(r.status == want_status && !strcmp(http_error_code(&r), want_code),
                    "%s: session create answered %ld: %s", spec, r.status, r.body);
         http_resp_free(&r);
-        bool failed_before = false;
         for (int i = 0; i < 8; i++) {
             /* feeds, and every third write a document upload */
             long s2 = ns_write(port, i % 3 == 2 || !id[0] ? NULL : id, spec, want_status, want_code, &e);
             if (s2 == 200) {
                 if (e > acked) acked = e;
-                if (failed_before) healed++;
-                failed_before = false;
                 continue;
             }
             if (errors++ == 0)
@@ -817,9 +814,7 @@ static void adapt_walk(const char *kind, const char *err_suffix, bool persist, l
                                 now_s() - t0);
                 }
                 i++;
-                continue;
             }
-            failed_before = true;
         }
         /* Still serving. */
         CHECK(http_json(port, "POST", "/v1/score", "{\"text\":\"w1 w2\\n\"}", &r) == 0 && r.status == 200);
