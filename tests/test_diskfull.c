@@ -105,8 +105,8 @@ TEST(fill_the_disk)
         return;
     int next = 0, full = 0, uploads = 0;
     json_t *acked = json_array();
-    /* 20 documents (2020 pairs, ~80 KB of log) per upload: the 8 MB file
-     * system fills after some 70 uploads */
+    /* 20 documents (2020 pairs of 16-dim f16 keys, ~75 KB of log) per
+     * upload: the 8 MB file system fills after some 90 uploads */
     for (int i = 0; i < 400 && full < 5; i++) {
         json_t *ids = NULL;
         long st = upload(d.port, next, 20, &ids);
