@@ -519,6 +519,23 @@ void nsstore_log_close(nc_nslog *l)
 
 /* One ADD record (the layout add_hook writes) into a; NC_EFORMAT if it
  * does not hold together. */
+/* One open-vocabulary string of an ADD record's word list at *k (u32
+ * length, then the bytes): its offset and length, *k moved past it. The
+ * log follower and the replay read the list alike. */
+static int add_record_word(const unsigned char *p, size_t len, uint64_t seq, size_t *k, size_t *off,
+                           uint32_t *wl, char *err, size_t errlen)
+{
+    if (len - *k < 4)
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: truncated word list", (unsigned long long)seq);
+    memcpy(wl, p + *k, 4);
+    *k += 4;
+    if (*wl == 0 || *wl > len - *k)
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: bad word length", (unsigned long long)seq);
+    *off = *k;
+    *k += *wl;
+    return NC_OK;
+}
+
 static int log_decode_add(nc_nslog *l, uint64_t seq, const unsigned char *p, size_t len, nc_nslog_add *a,
                           char *err, size_t errlen)
 {
@@ -547,16 +564,9 @@ static int log_decode_add(nc_nslog *l, uint64_t seq, const unsigned char *p, siz
     }
     size_t k = 36, wl = 0;
     for (uint32_t j = 0; j < nd; j++) {
-        uint32_t sl;
-        if (len - k < 4)
-            return nc_error(err, errlen, NC_EFORMAT, "log record %llu: truncated word list", (unsigned long long)seq);
-        memcpy(&sl, p + k, 4);
-        k += 4;
-        if (sl == 0 || sl > len - k)
-            return nc_error(err, errlen, NC_EFORMAT, "log record %llu: bad word length", (unsigned long long)seq);
-        l->dyn_off[j] = k;
-        l->dyn_len[j] = sl;
-        k += sl;
+        int rc = add_record_word(p, len, seq, &k, &l->dyn_off[j], &l->dyn_len[j], err, errlen);
+        if (rc)
+            return rc;
     }
     if (len - k != (size_t)n * (4 + 2 * (size_t)H))
         return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %zu bytes for %u pairs", (unsigned long long)seq,
@@ -708,17 +718,14 @@ static int replay_record(void *vctx, uint64_t seq, const void *payload, size_t l
         c->mcap = nd;
     }
     for (uint32_t j = 0; j < nd; j++) {
+        size_t woff;
         uint32_t l;
-        if (len - k < 4)
-            return nc_error(err, errlen, NC_EFORMAT, "log record %llu: truncated word list", (unsigned long long)seq);
-        memcpy(&l, p + k, 4);
-        k += 4;
-        if (l == 0 || l > len - k)
-            return nc_error(err, errlen, NC_EFORMAT, "log record %llu: bad word length", (unsigned long long)seq);
-        c->map[j] = wordtable_id(ns->words, (const char *)p + k, l, true);
+        int rc = add_record_word(p, len, seq, &k, &woff, &l, err, errlen);
+        if (rc)
+            return rc;
+        c->map[j] = wordtable_id(ns->words, (const char *)p + woff, l, true);
         if (c->map[j] < 0)
             return nc_error(err, errlen, NC_ENOMEM, "word table");
-        k += l;
     }
     if ((len - k) != (size_t)n * (4 + 2 * (size_t)H))
         return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %zu bytes for %u pairs", (unsigned long long)seq,
