@@ -856,11 +856,11 @@ typedef struct {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     upload_batch slot[UPLOAD_SLOTS];
-    unsigned head, count;         /* next batch to add, batches queued */
-    bool busy;                    /* the worker is adding slot[head] */
+    unsigned head, count;         /* next batch to add; batches queued, the one
+                                   * being added included until it is done */
     int rc;                       /* first failure of an add, NC_OK so far */
     char err[NC_ERRLEN];
-    uint64_t last_seq, tokens;    /* of the batches added */
+    uint64_t last_seq;            /* of the batches added (their tokens: prog) */
 } upload_worker;
 
 typedef struct {
@@ -881,7 +881,7 @@ typedef struct {
     uint32_t doc;
     uint64_t off;                 /* token offset in the document */
     char plain_id[1100];          /* ?id= of a plain-text upload */
-    uint64_t docs, tokens, lines; /* tokens: added by the worker, at the end */
+    uint64_t lines;
     json_t *ids;                  /* document ids (first 1000) */
     bool failed;
     api_error code;
@@ -895,7 +895,7 @@ static void *upload_worker_main(void *arg);
 static void upload_drain(upload_worker *w)
 {
     pthread_mutex_lock(&w->lock);
-    while (w->count > 0 || w->busy)
+    while (w->count > 0)
         pthread_cond_wait(&w->cond, &w->lock);
     pthread_mutex_unlock(&w->lock);
 }
@@ -1055,7 +1055,6 @@ static void *upload_worker_main(void *arg)
             break;
         upload_batch *b = &w->slot[w->head];
         int failed = w->rc;
-        w->busy = true;
         pthread_mutex_unlock(&w->lock);
         uint64_t seq = 0;
         int rc = failed ? failed
@@ -1066,13 +1065,11 @@ static void *upload_worker_main(void *arg)
             snprintf(w->err, sizeof w->err, "%s", err);
         } else if (!rc) {
             w->last_seq = seq;
-            w->tokens += b->n;
             u->prog.tokens_added += b->n;
             u->srv->namespaces->adapt_tokens += b->n;
         }
         w->head = (w->head + 1) % UPLOAD_SLOTS;
         w->count--;
-        w->busy = false;
         pthread_cond_broadcast(&w->cond);
     }
     pthread_mutex_unlock(&w->lock);
@@ -1099,13 +1096,13 @@ static int doc_start(upload *u, const char *id, size_t len)
         /* the documents of entries applied from other replicas: the
          * publisher does not publish them again (replication.h) */
         up_fail(u, API_OUT_OF_RANGE, "document %llu: ids starting with 'repl:' are reserved for replication",
-                (unsigned long long)u->docs + 1);
+                (unsigned long long)u->prog.documents + 1);
         return -1;
     }
     int rc = nsstore_doc_begin(u->r->store, id, len, &u->doc, used, sizeof used, err, sizeof err);
     if (rc != NC_OK) {
         /* a bad id (400), or the log under the DOC record (503/507) */
-        up_fail(u, core_rc_api(rc), "document %llu: %s", (unsigned long long)u->docs + 1, err);
+        up_fail(u, core_rc_api(rc), "document %llu: %s", (unsigned long long)u->prog.documents + 1, err);
         return -1;
     }
     const nc_model *m = u->srv->model;
@@ -1114,7 +1111,6 @@ static int doc_start(upload *u, const char *id, size_t len)
     memcpy(u->h, lstm_state_top(u->st), (size_t)m->cfg.hidden_size * sizeof(float));
     u->doc_open = true;
     u->off = 0;
-    u->docs++;
     u->prog.documents++;
     pthread_mutex_lock(&uploads_lock);
     snprintf(u->prog.document, sizeof u->prog.document, "%s", used);
@@ -1158,7 +1154,7 @@ static int add_tokens(upload *u, const nc_tokens *t)
             pthread_cond_wait(&w->cond, &w->lock);
         int failed = w->rc;
         /* head + count is where the next batch goes; the worker moves
-         * head and count together, and reads only slot[head] while busy */
+         * head and count together, and reads only slot[head] */
         upload_batch *b = &w->slot[(w->head + w->count) % UPLOAD_SLOTS];
         pthread_mutex_unlock(&w->lock);
         if (failed) {
@@ -1189,7 +1185,7 @@ static int add_text(upload *u, const char *text, size_t len, bool final_eos)
     int rc = tokenize(u->srv->model, text, len, final_eos, &t, err, sizeof err);
     if (rc != NC_OK)
         up_fail(u, rc == NC_EFORMAT ? API_INVALID_TEXT : API_INTERNAL, "document %llu: %s",
-                (unsigned long long)u->docs, err);
+                (unsigned long long)u->prog.documents, err);
     else
         rc = add_tokens(u, &t);
     tokens_clear(&t);
@@ -1335,25 +1331,23 @@ void h_ns_documents(nc_server *srv, http_request *req, http_response *resp)
     }
     /* every batch added, then durable before the answer -- also what was
      * added before a failure, which the error message reports */
-    uint64_t last_seq = 0;
     if (u->w.started) {
         upload_drain(&u->w);
         upload_worker_failed(u);
-        last_seq = u->w.last_seq;
-        u->tokens = u->w.tokens;
     }
     char err[NC_ERRLEN] = "";
-    int rc = u->r && last_seq ? nsstore_sync(u->r->store, last_seq, err, sizeof err) : NC_OK;
+    int rc = u->r ? nsstore_sync(u->r->store, u->w.last_seq, err, sizeof err) : NC_OK;
     upload_unlist(u);
     if (rc != NC_OK && !u->failed)
         up_fail(u, core_rc_api(rc), "making the upload durable: %s", err);
     if (u->failed) {
         http_reply_error(resp, u->code, "%s (%llu documents, %llu tokens were added before this)", u->msg,
-                         (unsigned long long)u->docs, (unsigned long long)u->tokens);
+                         (unsigned long long)u->prog.documents, (unsigned long long)u->prog.tokens_added);
         return;
     }
-    metrics_add_tokens_fed(u->tokens);
+    metrics_add_tokens_fed(u->prog.tokens_added);
     http_reply_json(resp, 200, json_pack("{s:s,s:I,s:I,s:O,s:I}", "namespace", u->r->name, "documents",
-                                         (json_int_t)u->docs, "tokens_added", (json_int_t)u->tokens, "ids", u->ids,
-                                         "entries", (json_int_t)ubcache_count(nsstore_ubcache(u->r->store))));
+                                         (json_int_t)u->prog.documents, "tokens_added",
+                                         (json_int_t)u->prog.tokens_added, "ids", u->ids, "entries",
+                                         (json_int_t)ubcache_count(nsstore_ubcache(u->r->store))));
 }
