@@ -245,9 +245,8 @@ static int switch_fill(const nc_ubcache *u, ub_switch_job *job, char *err, size_
     return NC_OK;
 }
 
-/* Under the write lock: adds what came meanwhile and swaps the indexes (or,
- * after a failure, stays exact and keeps the IVF index as the template for
- * another attempt only if it is still empty -- it is not: drop it). */
+/* Under the write lock: adds what came meanwhile and swaps the indexes; after
+ * a failure the cache stays exact and the half-filled IVF index is dropped. */
 static int switch_finish(nc_ubcache *u, ub_switch_job *job, int rc, char *err, size_t errlen)
 {
     free(job->xb);
@@ -343,8 +342,8 @@ int ubcache_add(nc_ubcache *u, const float *keys, const int *words, size_t n, in
     }
     memcpy(u->values + u->nvalues, words, n * sizeof(int));
     u->nvalues += n;
-    if (u->flat && !u->o.exact && !u->switching && (long)u->nvalues >= u->o.switch_at)
-        return switch_and_unlock(u, err, errlen);
+    if (u->flat && (long)u->nvalues >= u->o.switch_at)
+        return switch_and_unlock(u, err, errlen);   /* it says whether a switch is due */
 out:
     pthread_rwlock_unlock(&u->lock);
     return rc;

@@ -211,7 +211,8 @@ __attribute__((target("avx2,fma"))) static void act_avx2(float *x, size_t n, int
 /* ---- y += W x with W in binary16 (the LSTM recurrence) ----------------- */
 
 /* Four rows at a time share each load of x; one accumulator per row, summed
- * across lanes at the end. */
+ * across lanes at the end. The vector kernels take whole vectors of columns
+ * (H = 256, any multiple of 16); other shapes and the last rows go scalar. */
 static void gemv_f16_scalar(const uint16_t *W, int rows, int cols, const float *x, float *y)
 {
     for (int r = 0; r < rows; r++) {
@@ -227,28 +228,16 @@ __attribute__((target("avx512f"))) static void gemv_f16_avx512(const uint16_t *W
                                                                 const float *x, float *y)
 {
     int r = 0;
-    for (; r + 4 <= rows; r += 4) {
+    for (; r + 4 <= rows && cols % 16 == 0; r += 4) {
         const uint16_t *w0 = W + (size_t)r * cols, *w1 = w0 + cols, *w2 = w1 + cols, *w3 = w2 + cols;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        int k = 0;
-        for (; k + 16 <= cols; k += 16) {
+        for (int k = 0; k < cols; k += 16) {
             __m512 xv = _mm512_loadu_ps(x + k);
             a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w0 + k))), xv, a0);
             a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w1 + k))), xv, a1);
             a2 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w2 + k))), xv, a2);
             a3 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w3 + k))), xv, a3);
         }
-        float t[4] = {0, 0, 0, 0};   /* columns past the last 16 */
-        for (; k < cols; k++) {
-            t[0] += nc_half_to_float(w0[k]) * x[k];
-            t[1] += nc_half_to_float(w1[k]) * x[k];
-            t[2] += nc_half_to_float(w2[k]) * x[k];
-            t[3] += nc_half_to_float(w3[k]) * x[k];
-        }
-        y[r] += t[0];
-        y[r + 1] += t[1];
-        y[r + 2] += t[2];
-        y[r + 3] += t[3];
         y[r] += _mm512_reduce_add_ps(a0);
         y[r + 1] += _mm512_reduce_add_ps(a1);
         y[r + 2] += _mm512_reduce_add_ps(a2);
