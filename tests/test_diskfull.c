@@ -97,6 +97,22 @@ static json_t *doc_list(int port)
     return docs;
 }
 
+/* Acknowledged documents absent from the namespace or with another pair
+ * count now (the first five are named). */
+static int lost_documents(int port, const char *when)
+{
+    json_t *docs = doc_list(port);
+    CHECK(docs != NULL);
+    int lost = 0;
+    for (int i = 0; docs && i < nacked; i++) {
+        long p = doc_pairs(docs, acked_id[i]);
+        if (p != acked_pairs[i] && lost++ < 5)
+            CHECKF(0, "document %s: %ld pairs acknowledged, %ld %s", acked_id[i], acked_pairs[i], p, when);
+    }
+    json_decref(docs);
+    return lost;
+}
+
 TEST(fill_the_disk)
 {
     nc_daemon d;
@@ -165,14 +181,8 @@ TEST(restart_while_full)
     CHECK(start(&d) == 0);
     if (!d.pid)
         return;
-    json_t *docs = doc_list(d.port);
-    CHECK(docs != NULL);
-    int lost = 0;
-    for (int i = 0; docs && i < nacked; i++)
-        if (doc_pairs(docs, acked_id[i]) != acked_pairs[i])
-            lost++;
+    int lost = lost_documents(d.port, "on the full disk");
     CHECKF(lost == 0, "%d of %d acknowledged documents missing on the full disk", lost, nacked);
-    json_decref(docs);
     http_resp r;
     CHECK(http_json(d.port, "POST", "/v1/score", "{\"text\":\"w1 w2 w3\\n\"}", &r) == 0 && r.status == 200);
     http_resp_free(&r);
@@ -222,17 +232,9 @@ TEST(restart_after_growing)
     CHECK(start(&d) == 0);
     if (!d.pid)
         return;
-    json_t *docs = doc_list(d.port);
-    CHECK(docs != NULL);
-    int lost = 0;
-    for (int i = 0; docs && i < nacked; i++) {
-        long p = doc_pairs(docs, acked_id[i]);
-        if (p != acked_pairs[i] && lost++ < 5)
-            CHECKF(0, "document %s: %ld pairs acknowledged, %ld after the restart", acked_id[i], acked_pairs[i], p);
-    }
+    int lost = lost_documents(d.port, "after growing the file system");
     CHECKF(lost == 0, "%d of %d acknowledged documents lost or changed", lost, nacked);
     fprintf(stderr, "        after growing the file system: %d acknowledged documents, %d lost\n", nacked, lost);
-    json_decref(docs);
     /* and the namespace takes documents again */
     json_t *ids = NULL;
     CHECK(upload(d.port, 900000, 5, &ids) == 200 && json_array_size(ids) == 5);
