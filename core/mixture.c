@@ -184,9 +184,9 @@ int mixture_full(const nc_cache_params *p, const nc_mix_input *in, size_t n_word
     if (global || linear) {
         double bias = global ? p->neural_alpha : 0.0;
         double mc = global ? m : max_scaled(in, p->neural_theta, 0.0);
-        for (int i = 0; i < in->nn; i++)
-            e[i] = (float)(p->neural_theta * in->ndots[i] + bias);
-        zc = vm_exp_sum(e, e, (size_t)in->nn, (float)mc);
+        double unused;
+        zc = vm_cache_exp_sum(e, in->ndots, in->nvals, (size_t)in->nn, (float)p->neural_theta,
+                              (float)(mc - bias), -1, &unused);
     }
     double ztot = global ? z + zc : z;
     float inv = (float)(1.0 / ztot);
@@ -253,25 +253,13 @@ int mixture_full(const nc_cache_params *p, const nc_mix_input *in, size_t n_word
 }
 
 /* Σ_i exp(θ h·h_i + bias - m) over the window into *z, and the part of it
- * whose pair predicts x into *num. The exponentials go through vmath by
- * chunks on the stack (the target path allocates nothing): with libm's
- * scalar exp they were most of the neural cache's cost (2,000 per token). */
+ * whose pair predicts x into *num: one vectorised pass (vm_cache_exp_sum);
+ * with libm's scalar exp these were most of the neural cache's cost
+ * (2,000 per token), and a scalar match loop after them the next most. */
 static void neural_sums(const nc_mix_input *in, double theta, double bias, double m, int x, double *z,
                         double *num)
 {
-    float buf[256];
-    double zs = 0.0, nm = 0.0;
-    for (int i0 = 0; i0 < in->nn; i0 += 256) {
-        int nb = in->nn - i0 < 256 ? in->nn - i0 : 256;
-        for (int i = 0; i < nb; i++)
-            buf[i] = (float)(theta * in->ndots[i0 + i] + bias);
-        zs += vm_exp_sum(buf, buf, (size_t)nb, (float)m);
-        for (int i = 0; i < nb; i++)
-            if (in->nvals[i0 + i] == x)
-                nm += buf[i];
-    }
-    *z = zs;
-    *num = nm;
+    *z = vm_cache_exp_sum(NULL, in->ndots, in->nvals, (size_t)in->nn, (float)theta, (float)(m - bias), x, num);
 }
 
 double mixture_target(const nc_cache_params *p, const nc_mix_input *in, int x)

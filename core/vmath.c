@@ -90,11 +90,18 @@ __attribute__((target("avx512f"))) static float lse_avx512(const float *x, size_
 
 __attribute__((target("avx512f"))) static float max_avx512(const float *x, size_t n)
 {
-    __m512 m = _mm512_set1_ps(-INFINITY);
+    /* four chains: one max per cycle instead of one per max latency */
+    __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
     size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        m0 = _mm512_max_ps(m0, _mm512_loadu_ps(x + i));
+        m1 = _mm512_max_ps(m1, _mm512_loadu_ps(x + i + 16));
+        m2 = _mm512_max_ps(m2, _mm512_loadu_ps(x + i + 32));
+        m3 = _mm512_max_ps(m3, _mm512_loadu_ps(x + i + 48));
+    }
     for (; i + 16 <= n; i += 16)
-        m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
-    float mx = _mm512_reduce_max_ps(m);
+        m0 = _mm512_max_ps(m0, _mm512_loadu_ps(x + i));
+    float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
     for (; i < n; i++)
         mx = x[i] > mx ? x[i] : mx;
     return mx;
@@ -112,6 +119,30 @@ __attribute__((target("avx512f"))) static double expsum_avx512(float *y, const f
         acc0 = _mm512_add_pd(acc0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
         acc1 = _mm512_add_pd(acc1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
     }
+    return _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
+}
+
+/* e_i = exp(θ d_i - s), Σ e_i and Σ_{vals_i = x} e_i in one pass (the
+ * neural cache's window): the match is a vector compare and masked add. */
+__attribute__((target("avx512f"))) static double cachesum_avx512(float *y, const float *d, const int *vals,
+                                                                 size_t n, float theta, float s, int x,
+                                                                 double *match)
+{
+    const __m512 th = _mm512_set1_ps(theta), ns = _mm512_set1_ps(-s);
+    const __m512i xv = _mm512_set1_epi32(x);
+    __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
+    __m512 hit = _mm512_setzero_ps();
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 e = _mm512_maskz_mov_ps(k, exp512(_mm512_fmadd_ps(th, _mm512_maskz_loadu_ps(k, d + i), ns)));
+        if (y)
+            _mm512_mask_storeu_ps(y + i, k, e);
+        __mmask16 eq = _mm512_mask_cmpeq_epi32_mask(k, _mm512_maskz_loadu_epi32(k, vals + i), xv);
+        hit = _mm512_mask_add_ps(hit, eq, hit, e);
+        acc0 = _mm512_add_pd(acc0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        acc1 = _mm512_add_pd(acc1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+    }
+    *match = (double)_mm512_reduce_add_ps(hit);
     return _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
 }
 
@@ -188,6 +219,39 @@ __attribute__((target("avx2,fma"))) static double expsum_avx2(float *y, const fl
     double sum = t[0] + t[1] + t[2] + t[3];
     for (; i < n; i++)
         sum += (y[i] = expf(x[i] - mx));
+    return sum;
+}
+
+__attribute__((target("avx2,fma"))) static double cachesum_avx2(float *y, const float *d, const int *vals,
+                                                              size_t n, float theta, float s, int x,
+                                                              double *match)
+{
+    const __m256 th = _mm256_set1_ps(theta), ns = _mm256_set1_ps(-s);
+    const __m256i xv = _mm256_set1_epi32(x);
+    __m256d acc = _mm256_setzero_pd();
+    __m256 hit = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp256(_mm256_fmadd_ps(th, _mm256_loadu_ps(d + i), ns));
+        if (y)
+            _mm256_storeu_ps(y + i, e);
+        __m256i eq = _mm256_cmpeq_epi32(_mm256_loadu_si256((const __m256i *)(vals + i)), xv);
+        hit = _mm256_add_ps(hit, _mm256_and_ps(e, _mm256_castsi256_ps(eq)));
+        acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double t[4];
+    _mm256_storeu_pd(t, acc);
+    double sum = t[0] + t[1] + t[2] + t[3], mt = hsum256(hit);
+    for (; i < n; i++) {
+        float e = expf(fmaf(theta, d[i], -s));
+        if (y)
+            y[i] = e;
+        sum += e;
+        if (vals[i] == x)
+            mt += e;
+    }
+    *match = mt;
     return sum;
 }
 
@@ -369,6 +433,28 @@ double vm_exp_sum(float *y, const float *x, size_t n, float m)
         double sum = 0.0;
         for (size_t i = 0; i < n; i++)
             sum += (y[i] = expf(x[i] - m));
+        return sum;
+    }
+    }
+}
+
+double vm_cache_exp_sum(float *y, const float *d, const int *vals, size_t n, float theta, float s, int x,
+                        double *match)
+{
+    switch (isa()) {
+    case ISA_AVX512: return cachesum_avx512(y, d, vals, n, theta, s, x, match);
+    case ISA_AVX2: return cachesum_avx2(y, d, vals, n, theta, s, x, match);
+    default: {
+        double sum = 0.0, mt = 0.0;
+        for (size_t i = 0; i < n; i++) {
+            float e = expf(fmaf(theta, d[i], -s));
+            if (y)
+                y[i] = e;
+            sum += e;
+            if (vals[i] == x)
+                mt += e;
+        }
+        *match = mt;
         return sum;
     }
     }

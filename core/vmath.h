@@ -18,6 +18,13 @@ float vm_max(const float *x, size_t n);
  * double: the softmax numerators of the full distribution. */
 double vm_exp_sum(float *y, const float *x, size_t n, float m);
 
+/* The neural cache's window terms: e_i = exp(θ d_i - s) (s: the max and
+ * the bias folded in), written to y unless y is NULL; returns Σ e_i
+ * (double) and puts Σ_{vals[i] = x} e_i in *match (x = -1: none) -- the
+ * softmax numerator of the target and the normaliser in one pass. */
+double vm_cache_exp_sum(float *y, const float *d, const int *vals, size_t n, float theta, float s, int x,
+                        double *match);
+
 /* In place: x <- 1 / (1 + exp(-x)). */
 void vm_sigmoid(float *x, size_t n);
 

@@ -344,8 +344,8 @@ TEST(vmath_kernels_match_libm)
             wt = fmax(wt, fabs(y[i] - tanh((double)x[i])));
         CHECKF(ws <= 1e-6, "%s sigmoid error %g", isas[k], ws);
         CHECKF(wt <= 1e-6, "%s tanh error %g", isas[k], wt);
-        size_t sizes[] = {1, 15, 16, 17, 33, 1037};
-        for (size_t si = 0; si < 6; si++) {
+        size_t sizes[] = {1, 15, 16, 17, 33, 64, 79, 1037};
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
             unsigned r = 3;
             for (size_t i = 0; i < sizes[si]; i++) {
                 r = r * 1103515245u + 12345u;
@@ -365,6 +365,26 @@ TEST(vmath_kernels_match_libm)
                 we = fmax(we, fabs(y[i] - exp((double)x[i] - mx)) / fmax(exp((double)x[i] - mx), 1e-30));
             CHECKF(we <= 1e-6 && fabs(es - sum) <= 1e-6 * sum, "%s exp_sum n=%zu: rel err %g, sum %g vs %g",
                    isas[k], sizes[si], we, es, sum);
+            /* vm_cache_exp_sum (the neural cache's window): exp(θ d - s), the
+             * sum, and the part whose value is the target, against libm */
+            int vals[1037];
+            for (size_t i = 0; i < sizes[si]; i++)
+                vals[i] = (int)((i * 7u + 3u) % 5u);
+            double theta = 0.3, s = theta * mx - 0.25, cs = 0, cm = 0, cmatch, ce = 0;
+            for (size_t i = 0; i < sizes[si]; i++) {
+                double e = exp(theta * x[i] - s);
+                cs += e;
+                cm += vals[i] == 3 ? e : 0.0;
+            }
+            double gs = vm_cache_exp_sum(y, x, vals, sizes[si], (float)theta, (float)s, 3, &cmatch);
+            for (size_t i = 0; i < sizes[si]; i++)
+                ce = fmax(ce, fabs(y[i] - exp(theta * x[i] - s)) / exp(theta * x[i] - s));
+            CHECKF(ce <= 1e-5 && fabs(gs - cs) <= 1e-5 * cs && fabs(cmatch - cm) <= 1e-5 * cs,
+                   "%s cache_exp_sum n=%zu: rel err %g, sum %g vs %g, match %g vs %g", isas[k], sizes[si], ce,
+                   gs, cs, cmatch, cm);
+            double nomatch;
+            CHECK(vm_cache_exp_sum(NULL, x, vals, sizes[si], (float)theta, (float)s, -1, &nomatch) == gs);
+            CHECK(nomatch == 0.0);
         }
         float edge[4] = {-INFINITY, 0.0f, -INFINITY, -1e30f};
         CHECK_NEAR(vm_logsumexp(edge, 4), 0.0, 1e-6);
