@@ -146,4 +146,7 @@ if [[ " $STEPS " == *" cost "* ]]; then
     # 100k real states (LSTM over War and Peace), the rest real + noise
     BENCH_REAL=${BENCH_REAL:-100000} nice -n 5 "$BUILD/tests/bench_cache" "$M" "$M/unbounded.faiss" \
         "$W/wp.mem.txt,$DATA/ptb/ptb.train.txt" "$W/wp.q.txt" "$sizes" "${lam:-0.3}" 2000 1000000
+    echo "== the same on both cores (FAISS on 2 OpenMP threads, OpenBLAS on 1 while searching; no exact rows)"
+    BENCH_THREADS=2 BENCH_NO_EXACT=1 BENCH_REAL=${BENCH_REAL:-100000} nice -n 5 "$BUILD/tests/bench_cache" "$M" \
+        "$M/unbounded.faiss" "$W/wp.mem.txt,$DATA/ptb/ptb.train.txt" "$W/wp.q.txt" "$sizes" "${lam:-0.3}" 2000 0
 fi

@@ -18,6 +18,8 @@
 #include <time.h>
 #include <sys/resource.h>
 
+#include <cblas.h>
+
 #include "cache.h"
 
 static double now(void)
@@ -155,8 +157,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_cache: %s\n", err);
         return 1;
     }
-    /* one FAISS thread (as the CLI) unless BENCH_THREADS: see cacheopts.c */
-    ubcache_set_threads(getenv("BENCH_THREADS") ? atoi(getenv("BENCH_THREADS")) : 1);
+    /* one FAISS thread (as the CLI) unless BENCH_THREADS; with more, OpenBLAS
+     * on one thread while scoring, as `--threads` does (cacheopts.c) */
+    int search_threads = getenv("BENCH_THREADS") ? atoi(getenv("BENCH_THREADS")) : 1;
+    ubcache_set_threads(search_threads);
+    int blas_threads = openblas_get_num_threads();
     const int H = m->cfg.hidden_size;
     size_t maxsize = 0;
     for (const char *p = sizes_s; *p;) {
@@ -267,10 +272,13 @@ int main(int argc, char **argv)
             nc_doc_caches dc = {.ub = u, .adapt = !getenv("BENCH_NO_ADAPT")};
             t0 = now();
             double c0 = cpu();
+            if (search_threads > 1)
+                openblas_set_num_threads(1);
             if (doc_score(d, &p, &dc, 0, lp, err, sizeof err)) {
                 fprintf(stderr, "bench_cache: %s\n", err);
                 return 1;
             }
+            openblas_set_num_threads(blas_threads);
             double ts = now() - t0, tc = cpu() - c0;
             printf("| %zu | %s | %.1f | %.0f | %.0f | %.0f | %.2f |\n", n, exact ? "exact (flat)" : "IVFPQ",
                    t_add, (double)q.n / ts, (double)q.n / tc, (double)q.n / (ts + t_lstm), ppl_of(lp, q.n));

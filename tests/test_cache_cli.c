@@ -469,6 +469,17 @@ TEST(build_index)
     CHECK(st == 0);
     CHECK_STR_CONTAINS(out, "IVF index");
     free(out);
+    /* two search threads (OpenBLAS on one meanwhile) score the same */
+    double ppl_threads[2];
+    for (int th = 1; th <= 2; th++) {
+        st = run(&out, "%s/neurocache score --model %s --unbounded --knn 8 --switch-at 200 --neural-cache 50 "
+                       "--threads %d %s 2>/dev/null", bin_dir(), mdir, th, docpath);
+        CHECK(st == 0);
+        ppl_threads[th - 1] = tsv_ppl(out, NULL);
+        free(out);
+    }
+    CHECKF(isfinite(ppl_threads[0]) && ppl_threads[0] == ppl_threads[1], "--threads 1: %.9g, 2: %.9g",
+           ppl_threads[0], ppl_threads[1]);
     st = run(&out, "%s/neurocache score --model %s --unbounded --knn 8 --exact %s 2>&1 >/dev/null", bin_dir(), mdir,
              docpath);
     CHECK(st == 0);

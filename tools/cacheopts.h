@@ -95,6 +95,14 @@ bool co_parse_float(const char *s, double lo, double hi, double *out);
 /* Parses "a,b,c" into out (malloc'ed); returns count, -1 on a bad item. */
 int co_parse_list(const char *s, double **out);
 double co_now(void);
+/* Brackets the unbounded cache's searches: with --threads > 1 (FAISS on
+ * that many OpenMP threads) OpenBLAS runs on one thread until co_search_end,
+ * for the two pools spin-wait on each other's cores otherwise (1M stored
+ * states: 2,181 tokens/s with both on two threads, 3,981 with FAISS on two
+ * and OpenBLAS on one; BENCHMARKS.md). Returns what co_search_end restores. */
+int co_search_begin(const cacheopts *co);
+void co_search_end(int saved);
+
 /* CPU seconds used by the process so far (all threads). */
 double co_cpu(void);
 

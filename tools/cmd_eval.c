@@ -252,8 +252,10 @@ static int eval_file(const nc_model *m, const cacheopts *co, bool bos_eos, const
         sp.knn = kmax;
         t0 = co_now();
         c0 = co_cpu();
+        int blas = co_search_begin(co);
         if (!rc)
             rc = doc_neighbours(d, &sp, ub, true, 0, nd2, nw, err, errlen);
+        co_search_end(blas);
         tn = co_now() - t0;
         cn = co_cpu() - c0;
     }

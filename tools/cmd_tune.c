@@ -288,8 +288,10 @@ int cmd_tune(int argc, char **argv)
         if (!nd2 || !nw)
             rc = nc_error(err, sizeof err, NC_ENOMEM, "neighbours (%zu x %d)", d->n, g->knn);
         t0 = co_now();
+        int blas = co_search_begin(&co);
         if (!rc)
             rc = doc_neighbours(d, g, ub, true, 0, nd2, nw, err, sizeof err);
+        co_search_end(blas);
         if (!rc)
             fprintf(stderr, "tune: unbounded search (k=%d, %s) %.1f s\n", g->knn,
                     ubcache_is_exact(ub) ? "exact" : "IVF", co_now() - t0);
