@@ -222,6 +222,23 @@ __attribute__((target("avx2,fma"))) static double expsum_avx2(float *y, const fl
     return sum;
 }
 
+/* The scalar kernel of vm_cache_exp_sum, also the AVX2 kernel's tail. */
+static double cachesum_scalar(float *y, const float *d, const int *vals, size_t n, float theta, float s, int x,
+                              double *match)
+{
+    double sum = 0.0, mt = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        float e = expf(fmaf(theta, d[i], -s));
+        if (y)
+            y[i] = e;
+        sum += e;
+        if (vals[i] == x)
+            mt += e;
+    }
+    *match = mt;
+    return sum;
+}
+
 __attribute__((target("avx2,fma"))) static double cachesum_avx2(float *y, const float *d, const int *vals,
                                                               size_t n, float theta, float s, int x,
                                                               double *match)
@@ -242,16 +259,9 @@ __attribute__((target("avx2,fma"))) static double cachesum_avx2(float *y, const 
     }
     double t[4];
     _mm256_storeu_pd(t, acc);
-    double sum = t[0] + t[1] + t[2] + t[3], mt = hsum256(hit);
-    for (; i < n; i++) {
-        float e = expf(fmaf(theta, d[i], -s));
-        if (y)
-            y[i] = e;
-        sum += e;
-        if (vals[i] == x)
-            mt += e;
-    }
-    *match = mt;
+    double tail_match, sum = t[0] + t[1] + t[2] + t[3];
+    sum += cachesum_scalar(y ? y + i : NULL, d + i, vals + i, n - i, theta, s, x, &tail_match);
+    *match = hsum256(hit) + tail_match;
     return sum;
 }
 
@@ -444,19 +454,7 @@ double vm_cache_exp_sum(float *y, const float *d, const int *vals, size_t n, flo
     switch (isa()) {
     case ISA_AVX512: return cachesum_avx512(y, d, vals, n, theta, s, x, match);
     case ISA_AVX2: return cachesum_avx2(y, d, vals, n, theta, s, x, match);
-    default: {
-        double sum = 0.0, mt = 0.0;
-        for (size_t i = 0; i < n; i++) {
-            float e = expf(fmaf(theta, d[i], -s));
-            if (y)
-                y[i] = e;
-            sum += e;
-            if (vals[i] == x)
-                mt += e;
-        }
-        *match = mt;
-        return sum;
-    }
+    default: return cachesum_scalar(y, d, vals, n, theta, s, x, match);
     }
 }
 
