@@ -425,6 +425,17 @@ TEST(tune_best_matches_score)
     CHECK(REL(csv_value(path, "0.3,0.2,", 2), score_ppl("--neural-cache 40 --theta 0.3 --lambda 0.2")) < 1e-4);
     CHECKF(out && best_line(out, "neural+unbounded", &p, opts, sizeof opts), "%s", out);
     CHECKF(REL(p, score_ppl(opts)) < 1e-3, "best neural+unbounded %g vs score %s", p, opts);
+    /* neural lambda x unbounded lambda, jointly: the best is their minimum */
+    snprintf(path, sizeof path, "%s-unbounded.csv", prefix);
+    mn = INFINITY;
+    const char *jkeys[] = {"neural,0.1,0.1,", "neural,0.1,0.3,", "neural,0.1,0.5,",
+                           "neural,0.2,0.1,", "neural,0.2,0.3,", "neural,0.2,0.5,"};
+    for (int i = 0; i < 6; i++) {
+        double v = csv_value(path, jkeys[i], 3);
+        CHECKF(isfinite(v), "joint grid point %s missing", jkeys[i]);
+        mn = fmin(mn, v);
+    }
+    CHECKF(fabs(mn - p) < 1e-3, "joint minimum %g, best neural+unbounded %g", mn, p);
     CHECKF(out && best_line(out, "unbounded", &p, opts, sizeof opts), "%s", out);
     CHECKF(REL(p, score_ppl(opts)) < 1e-3, "best unbounded %g vs score %s", p, opts);
     snprintf(path, sizeof path, "%s.png", prefix);
