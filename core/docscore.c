@@ -1,5 +1,6 @@
 /* docscore.c -- batched, causal scoring of a token sequence with the caches. */
 #include "docscore.h"
+#include "vmath.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -187,8 +188,8 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
                     memcpy(kv + c0, d->ids + b0, (nb - 1) * sizeof(int));
                     /* f16 windows: the block's own keys as the ring will hold
                      * them, so that the batch and a stream agree */
-                    for (size_t i = 0; nc->f16 && i < (nb - 1) * (size_t)H; i++)
-                        kb[i] = nc_half_to_float(nc_float_to_half(kb[i]));
+                    if (nc->f16)
+                        vm_round_to_half(kb, (nb - 1) * (size_t)H);
                 }
             }
             int nk = c0 + (int)nb - 1;

@@ -1,5 +1,6 @@
 /* ncache.c -- the neural cache's ring buffer of (h_i, x_{i+1}) pairs. */
 #include "ncache.h"
+#include "vmath.h"
 
 #include <cblas.h>
 #include <immintrin.h>
@@ -41,9 +42,7 @@ void ncache_push(nc_ncache *c, const float *h, int w)
 {
     size_t off = (size_t)c->head * c->dim;
     if (c->f16) {
-        uint16_t *k = (uint16_t *)c->keys + off;
-        for (int j = 0; j < c->dim; j++)
-            k[j] = nc_float_to_half(h[j]);
+        vm_float_to_half(h, (uint16_t *)c->keys + off, (size_t)c->dim);
     } else {
         memcpy((float *)c->keys + off, h, (size_t)c->dim * sizeof(float));
     }
@@ -60,9 +59,7 @@ int ncache_export(const nc_ncache *c, float *out, int *vals)
         if (out) {
             float *o = out + (size_t)i * c->dim;
             if (c->f16) {
-                const uint16_t *k = (const uint16_t *)c->keys + (size_t)s * c->dim;
-                for (int j = 0; j < c->dim; j++)
-                    o[j] = nc_half_to_float(k[j]);
+                vm_half_to_float((const uint16_t *)c->keys + (size_t)s * c->dim, o, (size_t)c->dim);
             } else {
                 memcpy(o, (const float *)c->keys + (size_t)s * c->dim, (size_t)c->dim * sizeof(float));
             }

@@ -1,6 +1,7 @@
 /* ubcache.c -- the unbounded cache: FAISS index (C API) + word-id values,
  * exact flat index first, switch to IVF(PQ) without losing entries. */
 #include "ubcache.h"
+#include "vmath.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -330,8 +331,8 @@ int ubcache_add(nc_ubcache *u, const float *keys, const int *words, size_t n, in
             u->kbuf = kb;
             u->kbuf_n = m;
         }
-        for (size_t i = 0; i < m; i++)
-            u->kbuf[i] = nc_half_to_float(nc_float_to_half(keys[i]));
+        memcpy(u->kbuf, keys, m * sizeof(float));
+        vm_round_to_half(u->kbuf, m);
         keys = u->kbuf;
     }
     if (u->hook && (rc = u->hook(u->hook_ctx, keys, words, n, (int64_t)u->nvalues, err, errlen)))

@@ -146,6 +146,27 @@ __attribute__((target("avx512f"))) static double cachesum_avx512(float *y, const
     return _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
 }
 
+/* binary16 <-> float32 with the CPU's converters (round to nearest even,
+ * as nc_float_to_half), 16 at a time. */
+__attribute__((target("avx512f"))) static void h2f_avx512(const uint16_t *h, float *f, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(f + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i))));
+    for (; i < n; i++)
+        f[i] = nc_half_to_float(h[i]);
+}
+
+__attribute__((target("avx512f"))) static void f2h_avx512(const float *f, uint16_t *h, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(h + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(f + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++)
+        h[i] = nc_float_to_half(f[i]);
+}
+
 /* sigmoid(x) = 1 / (1 + e^-x); tanh(x) = 1 - 2 / (e^{2x} + 1). */
 __attribute__((target("avx512f"))) static void act_avx512(float *x, size_t n, int tanh_mode)
 {
@@ -220,6 +241,25 @@ __attribute__((target("avx2,fma"))) static double expsum_avx2(float *y, const fl
     for (; i < n; i++)
         sum += (y[i] = expf(x[i] - mx));
     return sum;
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void h2f_avx2(const uint16_t *h, float *f, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+    for (; i < n; i++)
+        f[i] = nc_half_to_float(h[i]);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void f2h_avx2(const float *f, uint16_t *h, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(h + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(f + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++)
+        h[i] = nc_float_to_half(f[i]);
 }
 
 /* The scalar kernel of vm_cache_exp_sum, also the AVX2 kernel's tail. */
@@ -455,6 +495,38 @@ double vm_cache_exp_sum(float *y, const float *d, const int *vals, size_t n, flo
     case ISA_AVX512: return cachesum_avx512(y, d, vals, n, theta, s, x, match);
     case ISA_AVX2: return cachesum_avx2(y, d, vals, n, theta, s, x, match);
     default: return cachesum_scalar(y, d, vals, n, theta, s, x, match);
+    }
+}
+
+void vm_half_to_float(const uint16_t *h, float *f, size_t n)
+{
+    switch (isa()) {
+    case ISA_AVX512: h2f_avx512(h, f, n); break;
+    case ISA_AVX2: h2f_avx2(h, f, n); break;
+    default:
+        for (size_t i = 0; i < n; i++)
+            f[i] = nc_half_to_float(h[i]);
+    }
+}
+
+void vm_float_to_half(const float *f, uint16_t *h, size_t n)
+{
+    switch (isa()) {
+    case ISA_AVX512: f2h_avx512(f, h, n); break;
+    case ISA_AVX2: f2h_avx2(f, h, n); break;
+    default:
+        for (size_t i = 0; i < n; i++)
+            h[i] = nc_float_to_half(f[i]);
+    }
+}
+
+void vm_round_to_half(float *x, size_t n)
+{
+    uint16_t buf[256];
+    for (size_t i = 0; i < n; i += 256) {
+        size_t m = n - i < 256 ? n - i : 256;
+        vm_float_to_half(x + i, buf, m);
+        vm_half_to_float(buf, x + i, m);
     }
 }
 

@@ -25,6 +25,14 @@ double vm_exp_sum(float *y, const float *x, size_t n, float m);
 double vm_cache_exp_sum(float *y, const float *d, const int *vals, size_t n, float theta, float s, int x,
                         double *match);
 
+/* IEEE binary16 <-> float32, round to nearest even (nc_half_to_float /
+ * nc_float_to_half, with the CPU's converters when it has them; NaN
+ * payloads may differ). vm_round_to_half: x <- float(half(x)) in place,
+ * what a float16 key store keeps of a key. */
+void vm_half_to_float(const uint16_t *h, float *f, size_t n);
+void vm_float_to_half(const float *f, uint16_t *h, size_t n);
+void vm_round_to_half(float *x, size_t n);
+
 /* In place: x <- 1 / (1 + exp(-x)). */
 void vm_sigmoid(float *x, size_t n);
 

@@ -11,6 +11,7 @@
 #                     tuning part (default 0 = all the rest: War and Peace's
 #                     535k words)
 #   BENCH_NEURAL_SIZES="2000 5000 10000 20000"  neural cache sizes tuned
+#   BENCH_THREADS=2   FAISS threads of tune/eval's unbounded searches
 #
 # For each corpus the cache hyper-parameters are tuned with `neurocache tune`
 # (PTB: on PTB valid; War and Peace and WikiText-2, out of domain: on their
@@ -56,7 +57,8 @@ else
 fi
 # the unbounded cache: k=1024, nprobe 8, exact until 20,000 pairs, then the
 # model's trained IVF4096,PQ32 (build-index on PTB train)
-UB=(--knn 1024 --nprobe 8 --switch-at 20000)
+# (its searches on BENCH_THREADS FAISS threads, default 2: the machine's cores)
+UB=(--knn 1024 --nprobe 8 --switch-at 20000 --threads "${BENCH_THREADS:-2}")
 
 cut_lines() {   # cut_lines FILE FROM TO OUT: lines [FROM, TO) (TO=0: to the end), LIM caps
     local to=$3
@@ -144,7 +146,7 @@ if [[ " $STEPS " == *" cost "* ]]; then
     lam=$(sed -n 's/^best unbounded: .*--unbounded-lambda \([^ ]*\).*/\1/p' "$W/wp-tune.txt" 2>/dev/null || true)
     sizes=${BENCH_SIZES:-10000,100000,1000000}
     # 100k real states (LSTM over War and Peace), the rest real + noise
-    BENCH_REAL=${BENCH_REAL:-100000} nice -n 5 "$BUILD/tests/bench_cache" "$M" "$M/unbounded.faiss" \
+    BENCH_THREADS=1 BENCH_REAL=${BENCH_REAL:-100000} nice -n 5 "$BUILD/tests/bench_cache" "$M" "$M/unbounded.faiss" \
         "$W/wp.mem.txt,$DATA/ptb/ptb.train.txt" "$W/wp.q.txt" "$sizes" "${lam:-0.3}" 2000 1000000
     echo "== the same on both cores (FAISS on 2 OpenMP threads, OpenBLAS on 1 while searching; no exact rows)"
     BENCH_THREADS=2 BENCH_NO_EXACT=1 BENCH_REAL=${BENCH_REAL:-100000} nice -n 5 "$BUILD/tests/bench_cache" "$M" \

@@ -397,6 +397,63 @@ TEST(vmath_kernels_match_libm)
     free(y);
 }
 
+/* vm_half_to_float / vm_float_to_half against the portable converters, in
+ * every kernel: all 65,536 halves, and float bit patterns spread over the
+ * whole range (normals, subnormals, overflow, ties), NaN only as NaN. */
+TEST(vmath_half_conversions_match_portable)
+{
+    const char *isas[] = {"avx512", "avx2", "scalar"};
+    enum { NH = 65536, NF = 1 << 20 };
+    uint16_t *h = malloc(NH * sizeof *h), *h2 = malloc(NF * sizeof *h2);
+    float *f = malloc(NF * sizeof *f), *g = malloc(NF * sizeof *g);
+    for (int k = 0; k < 3; k++) {
+        if (vm_set_isa(isas[k]) != 0)
+            continue;
+        for (size_t i = 0; i < NH; i++)
+            h[i] = (uint16_t)i;
+        vm_half_to_float(h, g, NH - 3);             /* a tail that is no vector width */
+        size_t bad = 0;
+        for (size_t i = 0; i < NH - 3; i++) {
+            float want = nc_half_to_float(h[i]);
+            if (isnan(want) ? !isnan(g[i]) : memcmp(&want, &g[i], sizeof want) != 0)
+                bad++;
+        }
+        CHECKF(bad == 0, "%s half->float: %zu of %d differ", isas[k], bad, NH - 3);
+        uint32_t bits = 0x9e3779b9u;
+        for (size_t i = 0; i < NF; i++) {
+            /* every 4,096th pattern, plus exact ties of the rounding (low 13 bits 0x1000) */
+            uint32_t b = (uint32_t)i * 4096u + (i & 1 ? 0x1000u : (bits = bits * 1664525u + 1013904223u) & 0xfffu);
+            memcpy(&f[i], &b, sizeof b);
+        }
+        vm_float_to_half(f, h2, NF - 5);
+        bad = 0;
+        for (size_t i = 0; i < NF - 5; i++) {
+            uint16_t want = nc_float_to_half(f[i]);
+            bool nan_want = (want & 0x7c00) == 0x7c00 && (want & 0x3ff);
+            bool nan_got = (h2[i] & 0x7c00) == 0x7c00 && (h2[i] & 0x3ff);
+            if (nan_want ? !nan_got : h2[i] != want)
+                bad++;
+        }
+        CHECKF(bad == 0, "%s float->half: %zu of %d differ", isas[k], bad, NF - 5);
+        /* vm_round_to_half = float(half(x)) */
+        memcpy(g, f, 1000 * sizeof(float));
+        vm_round_to_half(g, 1000);
+        bad = 0;
+        for (size_t i = 0; i < 1000; i++) {
+            float want = nc_half_to_float(nc_float_to_half(f[i]));
+            if (isnan(want) ? !isnan(g[i]) : memcmp(&want, &g[i], sizeof want) != 0)
+                bad++;
+        }
+        CHECKF(bad == 0, "%s round_to_half: %zu of 1000 differ", isas[k], bad);
+    }
+    if (vm_set_isa("avx512") != 0 && vm_set_isa("avx2") != 0)
+        vm_set_isa("scalar");
+    free(h);
+    free(h2);
+    free(f);
+    free(g);
+}
+
 /* Out-of-range ids never read outside the embedding table (they act as unk). */
 TEST(out_of_range_token_is_unk)
 {
@@ -490,6 +547,7 @@ int main(void)
     RUN(logsumexp_matches_naive);
     RUN(out_of_range_token_is_unk);
     RUN(vmath_kernels_match_libm);
+    RUN(vmath_half_conversions_match_portable);
     RUN(gemv_f16_matches_naive);
     RUN(w_hh_f16_copy_only_when_exact);
     /* The reference vectors (the F16 fixture through vm_gemv_f16) through
