@@ -848,8 +848,12 @@ static uint64_t apply_entry(ns_state *s, nc_nsstore *st, const char *sid, const 
     size_t cnt = strtoull(n->str, NULL, 10);
     uint64_t off = strtoull(f->str, NULL, 10);
     uint64_t birth = b ? strtoull(b->str, NULL, 10) : 0, oseq = sq ? strtoull(sq->str, NULL, 10) : 0;
-    if (strtoull(m->str, NULL, 16) != R.model_fp || cnt == 0 || k->len != cnt * (size_t)R.H * 2 ||
-        strlen(o->str) >= sizeof s->hw[0].origin) {
+    /* The pair count is checked against the keys' length by division: a
+     * product (cnt * H * 2) wraps for a count near 2^62, which the key
+     * length then matches, and the buffers sized by it are tiny. */
+    size_t key_bytes = (size_t)R.H * 2;
+    if (strtoull(m->str, NULL, 16) != R.model_fp || cnt == 0 || k->len % key_bytes != 0 ||
+        cnt != k->len / key_bytes || strlen(o->str) >= sizeof s->hw[0].origin) {
         if (atomic_fetch_add(&R.refused_entries, 1) == 0)
             slog(SLOG_WARN, "replication: entry refused (another model or malformed)",
                  json_pack("{s:s,s:s}", "id", sid, "origin", o->str));

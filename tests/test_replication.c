@@ -6,6 +6,7 @@
  * entry (no duplicate), entries of another model are refused. Skipped, with
  * a message, when redis-server is not installed (`make deps` installs it). */
 #include <arpa/inet.h>
+#include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -463,6 +464,51 @@ TEST(republished_entries_skipped)
     check_same_dist("again the");
 }
 
+/* An entry whose pair count times the key size wraps around 2^64 to its
+ * keys' length (n = 2^62 + 1: n * H * 2 = 2H) is refused, not applied into
+ * buffers sized by the wrapped products (a heap overflow). */
+TEST(oversized_pair_count_refused)
+{
+    redisContext *c = redisConnect("127.0.0.1", redis_port);
+    CHECK(c && !c->err);
+    if (!c || c->err) { if (c) redisFree(c); return; }
+    char fp[32] = "";
+    redisReply *r = redisCommand(c, "XREVRANGE neurocache:ns:news + - COUNT 1");
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 1) {
+        redisReply *kv = r->element[0]->element[1];
+        for (size_t i = 0; i + 1 < kv->elements; i += 2)
+            if (!strcmp(kv->element[i]->str, "m")) snprintf(fp, sizeof fp, "%s", kv->element[i + 1]->str);
+    }
+    if (r) freeReplyObject(r);
+    CHECK(fp[0]);
+    const int H = 16;   /* lstm-2layer */
+    size_t nwords = (size_t)4 << 20;
+    char *words = malloc(2 * nwords), keys[2 * 16];
+    for (size_t i = 0; i < nwords; i++) memcpy(words + 2 * i, "a\n", 2);
+    memset(keys, 0x3c, sizeof keys);
+    json_int_t refused_a = repl_counter(A.port, "refused_entries");
+    json_int_t refused_b = repl_counter(B.port, "refused_entries");
+    long na = ns_entries(A.port, "news");
+    const char *argv[] = {"XADD", "neurocache:ns:news", "*", "o", "z", "b", "1", "s", "1", "d", "x", "f", "0",
+                          "n", "4611686018427387905", "m", fp, "w", words, "k", keys};
+    size_t argl[21];
+    for (int i = 0; i < 21; i++) argl[i] = strlen(argv[i]);
+    argl[18] = 2 * nwords;
+    argl[20] = (size_t)H * 2;
+    r = redisCommandArgv(c, 21, argv, argl);
+    CHECK(r && r->type == REDIS_REPLY_STRING);
+    if (r) freeReplyObject(r);
+    redisFree(c);
+    free(words);
+    double t0 = now_s();
+    while ((repl_counter(A.port, "refused_entries") <= refused_a ||
+            repl_counter(B.port, "refused_entries") <= refused_b) && now_s() - t0 < 5)
+        sleep_ms(20);
+    CHECK(repl_counter(A.port, "refused_entries") > refused_a);
+    CHECK(repl_counter(B.port, "refused_entries") > refused_b);
+    CHECK(ns_entries(A.port, "news") == na && ns_entries(B.port, "news") == na);
+}
+
 int main(void)
 {
     snprintf(work, sizeof work, "/tmp/nc-test-XXXXXX");
@@ -493,6 +539,7 @@ int main(void)
         RUN(delete_while_replica_down);
         RUN(unpublished_survive_crash);
         RUN(republished_entries_skipped);
+        RUN(oversized_pair_count_refused);
         RUN(other_model_refused);
         if (harness_failed) { daemon_dump_log(&A); daemon_dump_log(&B); }
         CHECK(daemon_stop(&B) == 0);
