@@ -80,6 +80,7 @@ static struct {
     int H;
     char deletes_path[1200];      /* "" = not durable (no data_dir) */
     bool no_marker;               /* test hook: the marker never advances on disk */
+    int publish_delay_ms;         /* test hook: a pause after each batch Redis acknowledged */
     pthread_t pub, app;
     pthread_mutex_t lock;         /* ns table, pending deletes */
     pthread_cond_t cond;
@@ -419,6 +420,17 @@ static uint64_t unpublished_records(void)
 
 /* ---- publisher ---------------------------------------------------------------- */
 
+/* Moves s's published position to pos (forward only, unless reset), if s
+ * is still attached to the store of attachment gen: a position in the log
+ * of a store deleted (and created again) meanwhile means nothing in the
+ * new store's log, whose records would be passed over. */
+static void pub_pos_advance(ns_state *s, unsigned gen, uint64_t pos, bool reset)
+{
+    pthread_mutex_lock(&R.lock);
+    if (s->gen == gen && (reset || pos > s->pub_pos)) s->pub_pos = pos;
+    pthread_mutex_unlock(&R.lock);
+}
+
 /* Writes s's marker if it is behind and due (or forced). */
 static void marker_flush(ns_state *s, nc_nsstore *store, uint64_t birth, bool force)
 {
@@ -441,6 +453,14 @@ static void marker_flush(ns_state *s, nc_nsstore *store, uint64_t birth, bool fo
     if (s->birth == birth) s->published = pos;
     pthread_mutex_unlock(&R.lock);
     nsstore_retain_log(store, pos);
+}
+
+/* Whether a deletion of name waits to be published (R.lock held). */
+static bool deletion_pending(const char *name)
+{
+    for (int i = 0; i < R.ndels; i++)
+        if (!strcmp(R.dels[i].name, name)) return true;
+    return false;
 }
 
 /* Tombstones not yet in Redis: the control stream wakes the replicas that
@@ -501,6 +521,7 @@ static int publish_ns(redisContext *c, ns_state *s, bool final)
     unsigned gen = s->gen;
     /* from what Redis acknowledged (the marker may lag it) */
     uint64_t birth = s->birth, published = s->pub_pos, tomb = s->tomb;
+    bool deleting = deletion_pending(s->name);
     s->dirty = false;
     pthread_mutex_unlock(&R.lock);
     if (s->log && (s->log_gen != gen || birth == 0)) {
@@ -510,6 +531,9 @@ static int publish_ns(redisContext *c, ns_state *s, bool final)
     }
     if (birth == 0 || birth <= tomb)
         return 0;   /* no store here, or one of a deleted incarnation (the applier removes it) */
+    if (deleting)
+        return 1;   /* created again since its deletion: after the tombstone, whose DEL and
+                       SREM would take away the new store's entries and announcement */
     nsref *ref = namespaces_acquire(R.srv, s->name, false, err, sizeof err);
     if (!ref)
         return 0;
@@ -543,9 +567,12 @@ static int publish_ns(redisContext *c, ns_state *s, bool final)
             return 0;
         }
         s->log_gen = gen;
-        pthread_mutex_lock(&R.lock);
-        s->pub_pos = published;
-        pthread_mutex_unlock(&R.lock);
+        /* A new follower (a store opened or created again, a name deleted
+         * and created again here or elsewhere, whose deletion took it out
+         * of the namespace set): announced again, or a replica that learns
+         * names from the set would never read its stream. */
+        s->announced = false;
+        pub_pos_advance(s, gen, published, true);
     }
     /* A long upload syncs its log only before it answers: publishing
      * would wait for the whole document. Records appended but not yet
@@ -642,9 +669,9 @@ static int publish_ns(redisContext *c, ns_state *s, bool final)
     if (rc >= 0 && !broken) s->log_warned = false;
     atomic_fetch_add(&R.published_entries, (unsigned long long)sent);
     atomic_fetch_add(&R.published_tokens, tokens);
-    pthread_mutex_lock(&R.lock);
-    if (pos > s->pub_pos) s->pub_pos = pos;
-    pthread_mutex_unlock(&R.lock);
+    if (sent && R.publish_delay_ms > 0)
+        sleep_ms(R.publish_delay_ms);
+    pub_pos_advance(s, gen, pos, false);
     more = rc == 1 || (!broken && nsstore_last_seq(store) > pos);
     marker_flush(s, store, birth, final || !more);
     namespaces_release(R.srv, ref);
@@ -1183,6 +1210,10 @@ int replication_start(nc_server *srv, char *err, size_t errlen)
      * between an XADD and the marker does to the last batch. */
     const char *nm = getenv("NEUROCACHE_TEST_REPLICATION_NO_MARKER");
     R.no_marker = nm && nm[0] == '1';
+    /* Test hook: widens the window in which a namespace is deleted and
+     * created again while a batch of its old store is in flight. */
+    const char *delay = getenv("NEUROCACHE_TEST_REPLICATION_PUBLISH_DELAY_MS");
+    R.publish_delay_ms = delay ? atoi(delay) : 0;
     atomic_store(&R.tombs_loaded, 0);
     atomic_store(&R.stop, 0);
     R.on = true;

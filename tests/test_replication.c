@@ -464,6 +464,113 @@ TEST(republished_entries_skipped)
     check_same_dist("again the");
 }
 
+static int del_ns(int port, const char *ns)
+{
+    char path[200];
+    snprintf(path, sizeof path, "/v1/namespaces/%s?confirm=%s", ns, ns);
+    http_resp r;
+    long st = http_call(port, "DELETE", path, NULL, NULL, 0, &r) == 0 ? r.status : -1;
+    http_resp_free(&r);
+    return st == 200;
+}
+
+/* Waits until the replica on port has published everything (log records
+ * and deletions); 1 when it has. */
+static int wait_published(int port, double timeout)
+{
+    double t0 = now_s();
+    while (now_s() - t0 < timeout) {
+        if (repl_counter(port, "unpublished_records") == 0 && repl_counter(port, "pending_deletions") == 0)
+            return 1;
+        sleep_ms(20);
+    }
+    return 0;
+}
+
+/* A namespace deleted (here, or on another replica) and created again is
+ * announced again: the deletion took it out of the namespace set, from
+ * which a replica started later learns which streams to read. Run before
+ * Redis restarts: a publisher finding its connection closed announces
+ * everything again, which would hide the bug. */
+TEST(recreated_namespace_announced)
+{
+    CHECK(upload(A.port, "cycle", "the cat sat .\n") == 200);
+    CHECK(wait_entries(B.port, "cycle", ns_entries(A.port, "cycle"), 10) >= 0);
+    CHECK(del_ns(A.port, "cycle"));
+    CHECK(wait_published(A.port, 10));
+    CHECK(upload(A.port, "cycle", "a dog ran on the mat .\n") == 200);
+    long nc = ns_entries(A.port, "cycle");
+    CHECK(wait_entries(B.port, "cycle", nc, 10) >= 0);
+    /* deleted on B this time */
+    CHECK(upload(A.port, "relay", "the dog sat .\n") == 200);
+    CHECK(wait_entries(B.port, "relay", ns_entries(A.port, "relay"), 10) >= 0);
+    CHECK(del_ns(B.port, "relay"));
+    double t0 = now_s();
+    while (ns_status(A.port, "relay") != 404 && now_s() - t0 < 10) sleep_ms(10);
+    CHECK(ns_status(A.port, "relay") == 404);
+    CHECK(upload(A.port, "relay", "the zorblax ran on the mat .\n") == 200);
+    long nr = ns_entries(A.port, "relay");
+    CHECK(wait_entries(B.port, "relay", nr, 10) >= 0);
+    CHECK(wait_published(A.port, 10) && wait_published(B.port, 10));
+    nc_daemon D;   /* a new replica: it learns the names from Redis */
+    if (start(&D, "d", model_dir)) { CHECK(0); return; }
+    CHECK(wait_entries(D.port, "cycle", nc, 10) >= 0);
+    CHECK(wait_entries(D.port, "relay", nr, 10) >= 0);
+    CHECK(daemon_stop(&D) == 0);
+}
+
+/* Entries of namespace ns in Redis (its stream's length), -1 on error. */
+static long long stream_len(const char *ns)
+{
+    redisContext *c = redisConnect("127.0.0.1", redis_port);
+    long long n = -1;
+    redisReply *r = c && !c->err ? redisCommand(c, "XLEN neurocache:ns:%s", ns) : NULL;
+    if (r && r->type == REDIS_REPLY_INTEGER) n = r->integer;
+    if (r) freeReplyObject(r);
+    if (c) redisFree(c);
+    return n;
+}
+
+/* Namespaces deleted and created again while a batch is in flight (the
+ * test hook holds the publisher after the XADDs of a batch): the store
+ * whose batch was held is published from its own first record, and one
+ * published after it in the same pass waits for its tombstone, whose DEL
+ * of the stream would otherwise take the new entries away. Each of pa and
+ * pb holds the publisher once, so one is published after the other's
+ * batch whatever their order. B is down meanwhile: it must find
+ * everything in Redis. */
+TEST(recreated_while_publishing)
+{
+    CHECK(upload(A.port, "pa", "the cat sat on the mat . the dog ran .\n") == 200);
+    CHECK(upload(A.port, "pb", "the dog sat on the mat .\n") == 200);
+    CHECK(wait_entries(B.port, "pa", ns_entries(A.port, "pa"), 10) >= 0);
+    CHECK(wait_entries(B.port, "pb", ns_entries(A.port, "pb"), 10) >= 0);
+    CHECK(daemon_stop(&B) == 0);
+    CHECK(daemon_stop(&A) == 0);
+    setenv("NEUROCACHE_TEST_REPLICATION_PUBLISH_DELAY_MS", "800", 1);
+    int up = start(&A, "a", model_dir) == 0;
+    unsetenv("NEUROCACHE_TEST_REPLICATION_PUBLISH_DELAY_MS");
+    CHECK(up);
+    if (!up) return;
+    for (int round = 0; round < 2; round++) {
+        CHECK(upload(A.port, round ? "pb" : "pa", "a cat and a dog sat on the mat . the cat ran .\n") == 200);
+        sleep_ms(150);   /* the publisher holds that batch */
+        CHECK(del_ns(A.port, "pa") && del_ns(A.port, "pb"));
+        CHECK(upload(A.port, "pa", "the zorblax .\n") == 200);
+        CHECK(upload(A.port, "pb", "the quibble .\n") == 200);
+        CHECK(wait_published(A.port, 15));
+        CHECKF(stream_len("pa") > 0 && stream_len("pb") > 0, "round %d: %lld entries of pa, %lld of pb in Redis",
+               round, stream_len("pa"), stream_len("pb"));
+    }
+    long na = ns_entries(A.port, "pa"), nb = ns_entries(A.port, "pb");
+    CHECK(na > 0 && nb > 0);
+    CHECK(start(&B, "b", model_dir) == 0);
+    CHECK(wait_entries(B.port, "pa", na, 10) >= 0);
+    CHECK(wait_entries(B.port, "pb", nb, 10) >= 0);
+    CHECK(daemon_stop(&A) == 0);
+    CHECK(start(&A, "a", model_dir) == 0);
+}
+
 /* An entry whose pair count times the key size wraps around 2^64 to its
  * keys' length (n = 2^62 + 1: n * H * 2 = 2H) is refused, not applied into
  * buffers sized by the wrapped products (a heap overflow). */
@@ -536,9 +643,11 @@ int main(void)
         RUN(killed_right_after_apply);
         RUN(delete_replicated);
         RUN(reserved_document_ids);
+        RUN(recreated_namespace_announced);
         RUN(delete_while_replica_down);
         RUN(unpublished_survive_crash);
         RUN(republished_entries_skipped);
+        RUN(recreated_while_publishing);
         RUN(oversized_pair_count_refused);
         RUN(other_model_refused);
         if (harness_failed) { daemon_dump_log(&A); daemon_dump_log(&B); }
