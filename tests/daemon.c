@@ -97,6 +97,10 @@ int daemon_start(nc_daemon *d, const char *const *args)
     if (d->pid == 0) {
         int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd >= 0) {
+            /* stdout too: a daemon left behind by a test that crashed must
+             * not hold the test runner's pipe open (run_tests.sh would wait
+             * for it forever) */
+            dup2(fd, 1);
             dup2(fd, 2);
             close(fd);
         }

@@ -40,6 +40,7 @@ static int start_redis(void)
     redis_pid = fork();
     if (redis_pid == 0) {
         if (!freopen(log, "w", stdout)) _exit(127);
+        dup2(1, 2);   /* not the runner's pipe: an orphan would hold it open */
         execl(redis_bin, "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "",
               "--appendonly", "no", "--dir", work, (char *)NULL);
         _exit(127);
@@ -599,9 +600,8 @@ TEST(oversized_pair_count_refused)
     const char *argv[] = {"XADD", "neurocache:ns:news", "*", "o", "z", "b", "1", "s", "1", "d", "x", "f", "0",
                           "n", "4611686018427387905", "m", fp, "w", words, "k", keys};
     size_t argl[21];
-    for (int i = 0; i < 21; i++) argl[i] = strlen(argv[i]);
-    argl[18] = 2 * nwords;
-    argl[20] = (size_t)H * 2;
+    for (int i = 0; i < 21; i++)   /* words and keys are binary, not strings */
+        argl[i] = i == 18 ? 2 * nwords : i == 20 ? (size_t)H * 2 : strlen(argv[i]);
     r = redisCommandArgv(c, 21, argv, argl);
     CHECK(r && r->type == REDIS_REPLY_STRING);
     if (r) freeReplyObject(r);
