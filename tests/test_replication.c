@@ -112,6 +112,25 @@ static double wait_entries(int port, const char *ns, long want, double timeout)
     return -1;
 }
 
+static nc_daemon A, B;
+
+/* Whether replica B comes to hold as many entries of ns as A does (10 s). */
+static int b_has_a(const char *ns)
+{
+    return wait_entries(B.port, ns, ns_entries(A.port, ns), 10) >= 0;
+}
+
+/* DELETE /v1/namespaces/ns (confirmed) on port; 1 when answered 200. */
+static int del_ns(int port, const char *ns)
+{
+    char path[200];
+    snprintf(path, sizeof path, "/v1/namespaces/%s?confirm=%s", ns, ns);
+    http_resp r;
+    long st = http_call(port, "DELETE", path, NULL, NULL, 0, &r) == 0 ? r.status : -1;
+    http_resp_free(&r);
+    return st == 200;
+}
+
 static const char *SESSION =
     "{\"namespace\":\"news\",\"cache\":{\"unbounded\":true,\"exact\":true,\"knn\":16,"
     "\"unbounded_lambda\":0.4,\"open_vocab\":true}}";
@@ -167,8 +186,6 @@ static const char *DOC1 =
 static const char *DOC2 =
     "the quibble and the zorblax sat on the dog . the quibble ran .\n";
 static const char *PROBE = "the";
-
-static nc_daemon A, B;
 
 TEST(document_reaches_other_replica)
 {
@@ -271,10 +288,7 @@ static long ns_status(int port, const char *ns)
 TEST(delete_replicated)
 {
     CHECK(ns_status(B.port, "sports") == 200);
-    http_resp r;
-    CHECK(http_call(A.port, "DELETE", "/v1/namespaces/sports?confirm=sports", NULL, NULL, 0, &r) == 0 &&
-          r.status == 200);
-    http_resp_free(&r);
+    CHECK(del_ns(A.port, "sports"));
     CHECK(ns_status(A.port, "sports") == 404);
     double t0 = now_s();
     while (ns_status(B.port, "sports") != 404 && now_s() - t0 < 10) sleep_ms(5);
@@ -367,15 +381,11 @@ TEST(delete_while_replica_down)
 {
     CHECK(upload(A.port, "weather", "the cat sat on the mat . the dog ran .\n") == 200);
     CHECK(upload(A.port, "tmp", "a dog saw the cat .\n") == 200);
-    CHECK(wait_entries(B.port, "weather", ns_entries(A.port, "weather"), 10) >= 0);
-    CHECK(wait_entries(B.port, "tmp", ns_entries(A.port, "tmp"), 10) >= 0);
+    CHECK(b_has_a("weather"));
+    CHECK(b_has_a("tmp"));
     CHECK(daemon_stop(&B) == 0);
-    http_resp r;
-    CHECK(http_call(A.port, "DELETE", "/v1/namespaces/weather?confirm=weather", NULL, NULL, 0, &r) == 0 &&
-          r.status == 200);
-    http_resp_free(&r);
-    CHECK(http_call(A.port, "DELETE", "/v1/namespaces/tmp?confirm=tmp", NULL, NULL, 0, &r) == 0 && r.status == 200);
-    http_resp_free(&r);
+    CHECK(del_ns(A.port, "weather"));
+    CHECK(del_ns(A.port, "tmp"));
     CHECK(upload(A.port, "weather", "the zorblax ran .\n") == 200);
     long na = ns_entries(A.port, "weather");
     CHECK(na > 0 && na < 8);
@@ -402,10 +412,7 @@ TEST(unpublished_survive_crash)
     CHECK(upload(A.port, "news", "outage one the quibble sat on the zorblax .\n") == 200);
     /* a deletion made meanwhile waits on A's disk for Redis too */
     CHECK(ns_status(B.port, "weather") == 200);
-    http_resp r;
-    CHECK(http_call(A.port, "DELETE", "/v1/namespaces/weather?confirm=weather", NULL, NULL, 0, &r) == 0 &&
-          r.status == 200);
-    http_resp_free(&r);
+    CHECK(del_ns(A.port, "weather"));
     /* Two clean restarts: two snapshots, the second would prune the
      * segments the first covers. */
     CHECK(daemon_stop(&A) == 0);
@@ -465,15 +472,6 @@ TEST(republished_entries_skipped)
     check_same_dist("again the");
 }
 
-static int del_ns(int port, const char *ns)
-{
-    char path[200];
-    snprintf(path, sizeof path, "/v1/namespaces/%s?confirm=%s", ns, ns);
-    http_resp r;
-    long st = http_call(port, "DELETE", path, NULL, NULL, 0, &r) == 0 ? r.status : -1;
-    http_resp_free(&r);
-    return st == 200;
-}
 
 /* Waits until the replica on port has published everything (log records
  * and deletions); 1 when it has. */
@@ -496,7 +494,7 @@ static int wait_published(int port, double timeout)
 TEST(recreated_namespace_announced)
 {
     CHECK(upload(A.port, "cycle", "the cat sat .\n") == 200);
-    CHECK(wait_entries(B.port, "cycle", ns_entries(A.port, "cycle"), 10) >= 0);
+    CHECK(b_has_a("cycle"));
     CHECK(del_ns(A.port, "cycle"));
     CHECK(wait_published(A.port, 10));
     CHECK(upload(A.port, "cycle", "a dog ran on the mat .\n") == 200);
@@ -504,7 +502,7 @@ TEST(recreated_namespace_announced)
     CHECK(wait_entries(B.port, "cycle", nc, 10) >= 0);
     /* deleted on B this time */
     CHECK(upload(A.port, "relay", "the dog sat .\n") == 200);
-    CHECK(wait_entries(B.port, "relay", ns_entries(A.port, "relay"), 10) >= 0);
+    CHECK(b_has_a("relay"));
     CHECK(del_ns(B.port, "relay"));
     double t0 = now_s();
     while (ns_status(A.port, "relay") != 404 && now_s() - t0 < 10) sleep_ms(10);
@@ -544,8 +542,8 @@ TEST(recreated_while_publishing)
 {
     CHECK(upload(A.port, "pa", "the cat sat on the mat . the dog ran .\n") == 200);
     CHECK(upload(A.port, "pb", "the dog sat on the mat .\n") == 200);
-    CHECK(wait_entries(B.port, "pa", ns_entries(A.port, "pa"), 10) >= 0);
-    CHECK(wait_entries(B.port, "pb", ns_entries(A.port, "pb"), 10) >= 0);
+    CHECK(b_has_a("pa"));
+    CHECK(b_has_a("pb"));
     CHECK(daemon_stop(&B) == 0);
     CHECK(daemon_stop(&A) == 0);
     setenv("NEUROCACHE_TEST_REPLICATION_PUBLISH_DELAY_MS", "800", 1);
