@@ -106,9 +106,17 @@ $(BUILD)/tests/fuzz_%: $(BUILD)/obj/tests/fuzz_%.o $(LIBSERVER) $(LIBPROTO) $(LI
 
 # Every test binary prints "N passed, N failed"; run_tests.sh sums them and
 # fails if any binary fails. Tests find binaries through NEUROCACHE_BIN.
+# Every suite runs once as the machine is (the best kernels, OpenBLAS's own
+# choice); then the suites with floating-point results run again at each
+# kernel level the CPU supports (run_levels.sh), so an AVX-512 machine also
+# proves the AVX2 and scalar paths. NEUROCACHE_SIMD=scalar make test forces
+# one level for the first pass as well.
+NUMERIC_TESTS := lstm cache cache_ref cache_cli score train model model_errors namespace
+NUMERIC_BINS := $(patsubst %,$(BUILD)/tests/test_%,$(NUMERIC_TESTS))
 test: deps
 	$(Q)$(MAKE) --no-print-directory tests
 	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) bash tests/run_tests.sh $(TEST_BINS)
+	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) bash tests/run_levels.sh $(NUMERIC_BINS)
 
 check: test
 

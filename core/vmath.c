@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cpuid.h>
@@ -387,6 +388,7 @@ __attribute__((target("avx2,fma,f16c"))) static void gemv_f16_avx2(const uint16_
 /* ---- dispatch -------------------------------------------------------- */
 
 typedef enum { ISA_UNKNOWN, ISA_SCALAR, ISA_AVX2, ISA_AVX512 } vm_isa_t;
+static const char *const isa_names[] = {[ISA_SCALAR] = "scalar", [ISA_AVX2] = "avx2", [ISA_AVX512] = "avx512"};
 static vm_isa_t isa_cached = ISA_UNKNOWN;
 
 /* CPUID.1:ECX bit 29 (clang has no __builtin_cpu_supports("f16c")); every
@@ -397,47 +399,92 @@ static bool has_f16c(void)
     return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 }
 
+/* The best kernel this CPU can run. */
+static vm_isa_t isa_best(void)
+{
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f"))
+        return ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c())
+        return ISA_AVX2;
+    return ISA_SCALAR;
+}
+
+/* name -> level; ISA_UNKNOWN if the name is none of ours */
+static vm_isa_t isa_parse(const char *name)
+{
+    for (int v = ISA_SCALAR; v <= ISA_AVX512; v++)
+        if (!strcmp(name, isa_names[v]))
+            return (vm_isa_t)v;
+    return ISA_UNKNOWN;
+}
+
+/* The level NEUROCACHE_SIMD asks for (the best one when unset or empty);
+ * ISA_UNKNOWN with a message when it names no level or one the CPU lacks. */
+static vm_isa_t isa_configured(char *err, size_t errlen)
+{
+    vm_isa_t best = isa_best();
+    const char *want = getenv(VM_SIMD_ENV);
+    if (!want || !*want)
+        return best;
+    vm_isa_t v = isa_parse(want);
+    if (v == ISA_UNKNOWN) {
+        nc_error(err, errlen, NC_EINVAL, "%s=%s: expected scalar, avx2 or avx512", VM_SIMD_ENV, want);
+        return ISA_UNKNOWN;
+    }
+    if (v > best) {
+        nc_error(err, errlen, NC_EINVAL, "%s=%s: this CPU supports %s at most", VM_SIMD_ENV, want,
+                 isa_names[best]);
+        return ISA_UNKNOWN;
+    }
+    return v;
+}
+
+/* First use without vm_simd_init (a library caller that never asked):
+ * the configured level, or the best one when the variable is unusable --
+ * the programs call vm_simd_init first and refuse to start instead. */
 static vm_isa_t isa(void)
 {
     vm_isa_t v = __atomic_load_n(&isa_cached, __ATOMIC_RELAXED);
     if (v != ISA_UNKNOWN)
         return v;
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f"))
-        v = ISA_AVX512;
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c())
-        v = ISA_AVX2;
-    else
-        v = ISA_SCALAR;
+    v = isa_configured(NULL, 0);
+    if (v == ISA_UNKNOWN)
+        v = isa_best();
     __atomic_store_n(&isa_cached, v, __ATOMIC_RELAXED);
     return v;
 }
 
+int vm_simd_init(char *err, size_t errlen)
+{
+    vm_isa_t v = isa_configured(err, errlen);
+    if (v == ISA_UNKNOWN)
+        return NC_EINVAL;
+    __atomic_store_n(&isa_cached, v, __ATOMIC_RELAXED);
+    return NC_OK;
+}
+
 const char *vm_isa(void)
 {
-    switch (isa()) {
-    case ISA_AVX512: return "avx512";
-    case ISA_AVX2: return "avx2";
+    return isa_names[isa()];
+}
+
+const char *vm_isa_supported(void)
+{
+    switch (isa_best()) {
+    case ISA_AVX512: return "scalar avx2 avx512";
+    case ISA_AVX2: return "scalar avx2";
     default: return "scalar";
     }
 }
 
 int vm_set_isa(const char *name)
 {
-    isa_cached = ISA_UNKNOWN;
-    vm_isa_t best = isa(), want;
-    if (!strcmp(name, "avx512"))
-        want = ISA_AVX512;
-    else if (!strcmp(name, "avx2"))
-        want = ISA_AVX2;
-    else if (!strcmp(name, "scalar"))
-        want = ISA_SCALAR;
-    else
-        return -1;
-    if (want > best)
-        return -1;
-    isa_cached = want;
-    return 0;
+    vm_isa_t want = name ? isa_parse(name) : isa_configured(NULL, 0);
+    if (want == ISA_UNKNOWN || want > isa_best())
+        return NC_EINVAL;
+    __atomic_store_n(&isa_cached, want, __ATOMIC_RELAXED);
+    return NC_OK;
 }
 
 float vm_logsumexp(const float *x, size_t n)

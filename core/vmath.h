@@ -45,10 +45,28 @@ void vm_tanh(float *x, size_t n);
  * sequential recurrence step is bound by. Products and sums in float32. */
 void vm_gemv_f16(const uint16_t *W, int rows, int cols, const float *x, float *y);
 
-/* Which kernel the dispatcher picked: "avx512", "avx2" or "scalar". */
+/* The kernels come in three levels: "scalar" (any x86-64), "avx2" (AVX2 +
+ * FMA + F16C) and "avx512" (AVX-512F). The best level the CPU runs is used
+ * unless the environment variable NEUROCACHE_SIMD names a lower one, which
+ * is how the tests prove every level on one machine and how a user rules
+ * out a kernel. Levels differ only in float rounding (summation order, the
+ * polynomial exp against libm's expf): see tests/README.md. */
+#define VM_SIMD_ENV "NEUROCACHE_SIMD"
+
+/* Reads NEUROCACHE_SIMD and fixes the level: NC_EINVAL with a message if it
+ * names no level or one this CPU lacks. Programs call it first and refuse
+ * to start on an error; without it the first kernel call takes the
+ * variable's level when it is usable and the best one otherwise. */
+int vm_simd_init(char *err, size_t errlen);
+
+/* The level in use: "avx512", "avx2" or "scalar". */
 const char *vm_isa(void);
 
-/* Forces a kernel ("avx512", "avx2", "scalar"; tests and benchmarks).
+/* The levels this CPU can run, lowest first, space-separated. */
+const char *vm_isa_supported(void);
+
+/* Forces a level ("avx512", "avx2", "scalar"; tests and benchmarks), or
+ * with NULL goes back to the configured one (NEUROCACHE_SIMD or the best).
  * NC_EINVAL (-1) if unknown or not supported by this CPU. Not thread-safe
  * with concurrent math calls. */
 int vm_set_isa(const char *name);

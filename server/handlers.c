@@ -13,12 +13,14 @@
 #include <time.h>
 
 #include "batcher.h"
+#include "compute.h"
 #include "metrics.h"
 #include "namespaces.h"
 #include "migrate.h"
 #include "replication.h"
 #include "rng.h"
 #include "sessions.h"
+#include "vmath.h"
 
 /* ---- helpers ---------------------------------------------------------- */
 
@@ -183,6 +185,9 @@ static void h_model(nc_server *srv, http_request *req, http_response *resp)
                                       "max_sessions", srv->cfg.max_sessions,
                                       "session_ttl", srv->cfg.session_ttl_s,
                                       "session_memory_bytes", (json_int_t)srv->cfg.session_memory_mb << 20));
+        json_object_set_new(o, "compute",
+                            json_pack("{s:s,s:s,s:s,s:s}", "version", NC_VERSION, "simd", vm_isa(),
+                                      "simd_supported", vm_isa_supported(), "blas", nc_blas_core()));
     }
     http_reply_json(resp, 200, o);
 }

@@ -12,6 +12,7 @@
 #include "batcher.h"
 #include "auth.h"
 #include "cache.h"
+#include "compute.h"
 #include "fault.h"
 #include "config.h"
 #include "handlers.h"
@@ -22,6 +23,7 @@
 #include "replication.h"
 #include "server.h"
 #include "sessions.h"
+#include "vmath.h"
 #include "slog.h"
 
 /* The [cache] options as the core's parameters, checked by the core. */
@@ -83,7 +85,8 @@ int main(int argc, char **argv)
         config_usage(stdout);
         return 0;
     }
-    if (rc != 0 || cache_defaults_from_config(&srv.cfg, &srv.cache_defaults, err, sizeof err) != 0) {
+    if (rc != 0 || cache_defaults_from_config(&srv.cfg, &srv.cache_defaults, err, sizeof err) != 0 ||
+        vm_simd_init(err, sizeof err) != NC_OK) {
         fprintf(stderr, "neurocached: %s\n", err);
         return 2;
     }
@@ -121,8 +124,9 @@ int main(int argc, char **argv)
     }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     slog(SLOG_INFO, "listening",
-         json_pack("{s:s,s:i,s:i}", "bind", srv.cfg.bind, "port", srv.port, "threads",
-                   srv.cfg.threads > 0 ? srv.cfg.threads : (int)cores));
+         json_pack("{s:s,s:i,s:i,s:s,s:s,s:s}", "bind", srv.cfg.bind, "port", srv.port, "threads",
+                   srv.cfg.threads > 0 ? srv.cfg.threads : (int)cores, "version", NC_VERSION, "simd",
+                   vm_isa(), "blas", nc_blas_core()));
     if (srv.cfg.port_file[0] && write_port_file(srv.cfg.port_file, srv.port, err, sizeof err) != 0) {
         slog(SLOG_ERROR, "startup failed", json_pack("{s:s}", "error", err));
         http_stop(&srv);

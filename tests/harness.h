@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "vmath.h"
+
 static int harness_passed, harness_failed;
 static const char *harness_current = "";
 
@@ -60,6 +62,18 @@ static inline const char *harness_fixtures(void)
 {
     const char *d = getenv("NEUROCACHE_FIXTURES");
     return d ? d : "tests/fixtures";
+}
+
+/* Every test binary takes its kernel level from NEUROCACHE_SIMD, as the
+ * programs do (make test runs the numeric suites once per level), and
+ * refuses to run on a level it cannot honour rather than test another. */
+__attribute__((constructor)) static void harness_simd_level(void)
+{
+    char err[512];
+    if (vm_simd_init(err, sizeof err) != 0) {
+        fprintf(stderr, "%s\n", err);
+        exit(2);
+    }
 }
 
 #endif

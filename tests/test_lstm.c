@@ -391,8 +391,7 @@ TEST(vmath_kernels_match_libm)
         CHECK(vm_logsumexp(edge, 0) == -INFINITY);
     }
     CHECK(vm_set_isa("sse9") != 0);
-    if (vm_set_isa("avx512") != 0 && vm_set_isa("avx2") != 0)   /* back to the best kernel */
-        vm_set_isa("scalar");
+    vm_set_isa(NULL);   /* back to the level this run tests (NEUROCACHE_SIMD) */
     free(x);
     free(y);
 }
@@ -446,8 +445,7 @@ TEST(vmath_half_conversions_match_portable)
         }
         CHECKF(bad == 0, "%s round_to_half: %zu of 1000 differ", isas[k], bad);
     }
-    if (vm_set_isa("avx512") != 0 && vm_set_isa("avx2") != 0)
-        vm_set_isa("scalar");
+    vm_set_isa(NULL);
     free(h);
     free(h2);
     free(f);
@@ -479,9 +477,6 @@ TEST(gemv_f16_matches_naive)
 {
     const int shapes[][2] = {{1024, 256}, {64, 16}, {7, 37}, {5, 8}, {4, 3}};
     const char *isas[] = {"avx512", "avx2", "scalar"};
-    const char *was = vm_isa();
-    char keep[16];
-    snprintf(keep, sizeof keep, "%s", was);
     unsigned seed = 12345;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int R = shapes[si][0], C = shapes[si][1];
@@ -515,7 +510,7 @@ TEST(gemv_f16_matches_naive)
         }
         free(W), free(x), free(y), free(want), free(scale);
     }
-    vm_set_isa(keep);
+    vm_set_isa(NULL);
 }
 
 /* An F16 model file gets the binary16 copy of W_hh, an F32 one does not;
@@ -538,6 +533,37 @@ TEST(w_hh_f16_copy_only_when_exact)
     fixture_close(&f32);
 }
 
+/* NEUROCACHE_SIMD: each supported level can be forced, an unknown or
+ * unsupported one is refused with a message naming the variable. */
+TEST(simd_level_selection)
+{
+    const char *saved = getenv(VM_SIMD_ENV);
+    char keep[32] = "", err[NC_ERRLEN];
+    if (saved)
+        snprintf(keep, sizeof keep, "%s", saved);
+    const char *levels[] = {"scalar", "avx2", "avx512"};
+    const char *supported = vm_isa_supported();
+    for (int k = 0; k < 3; k++) {
+        setenv(VM_SIMD_ENV, levels[k], 1);
+        bool have = strstr(supported, levels[k]) != NULL;
+        int rc = vm_simd_init(err, sizeof err);
+        CHECKF(have ? rc == NC_OK : rc == NC_EINVAL, "%s: rc %d (%s)", levels[k], rc, err);
+        if (have)
+            CHECK(!strcmp(vm_isa(), levels[k]));
+        else
+            CHECK(strstr(err, "this CPU supports") != NULL);
+    }
+    setenv(VM_SIMD_ENV, "sse9", 1);
+    CHECK(vm_simd_init(err, sizeof err) == NC_EINVAL);
+    CHECKF(strstr(err, "NEUROCACHE_SIMD=sse9: expected scalar, avx2 or avx512") != NULL, "%s", err);
+    CHECK(vm_set_isa("sse9") == NC_EINVAL);
+    if (saved)
+        setenv(VM_SIMD_ENV, keep, 1);
+    else
+        unsetenv(VM_SIMD_ENV);
+    CHECK(vm_simd_init(err, sizeof err) == NC_OK);
+}
+
 int main(void)
 {
     RUN(reference_step_path);
@@ -550,15 +576,6 @@ int main(void)
     RUN(vmath_half_conversions_match_portable);
     RUN(gemv_f16_matches_naive);
     RUN(w_hh_f16_copy_only_when_exact);
-    /* The reference vectors (the F16 fixture through vm_gemv_f16) through
-     * the other kernels too. */
-    if (vm_set_isa("avx2") == 0) {
-        RUN(reference_step_path);
-        RUN(reference_batched_path);
-    }
-    if (vm_set_isa("scalar") == 0) {
-        RUN(reference_step_path);
-        RUN(reference_batched_path);
-    }
+    RUN(simd_level_selection);
     return harness_summary();
 }

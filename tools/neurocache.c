@@ -3,6 +3,9 @@
 #include <string.h>
 
 #include "commands.h"
+#include "compute.h"
+#include "nc_common.h"
+#include "vmath.h"
 
 static const struct {
     const char *name;
@@ -22,17 +25,30 @@ static void usage(FILE *out)
     fprintf(out, "usage: neurocache COMMAND [OPTIONS]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(out, "  %-12s %s\n", commands[i].name, commands[i].summary);
-    fprintf(out, "\n'neurocache COMMAND --help' describes a command's options.\n");
+    fprintf(out, "\n'neurocache COMMAND --help' describes a command's options;\n"
+                 "'neurocache --version' names the release and the kernels in use\n"
+                 "(NEUROCACHE_SIMD=scalar|avx2|avx512 forces a kernel level).\n");
 }
 
 int main(int argc, char **argv)
 {
+    char err[NC_ERRLEN];
+    if (vm_simd_init(err, sizeof err) != NC_OK) {
+        fprintf(stderr, "neurocache: %s\n", err);
+        return 2;
+    }
     if (argc < 2) {
         usage(stderr);
         return 2;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        char line[256];
+        nc_compute_describe(line, sizeof line);
+        printf("%s\n", line);
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
