@@ -564,6 +564,52 @@ TEST(simd_level_selection)
     CHECK(vm_simd_init(err, sizeof err) == NC_OK);
 }
 
+/* tolerance.h derives TOL_FIXTURE_PATHS from the fixtures' sizes and
+ * magnitudes: H, E <= 16, every weight and bias within +-0.61 (0.6 rounded
+ * to binary16 in the F16 fixture is 0.6001), every matrix
+ * row's l1 norm <= 7. A new fixture outside them needs its own bound. */
+static double max_abs(const float *w, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++)
+        m = fmax(m, fabs(w[i]));
+    return m;
+}
+static double max_row_l1(const float *w, int rows, int cols)
+{
+    double m = 0;
+    for (int r = 0; r < rows; r++) {
+        double l1 = 0;
+        for (int k = 0; k < cols; k++)
+            l1 += fabs(w[(size_t)r * cols + k]);
+        m = fmax(m, l1);
+    }
+    return m;
+}
+TEST(fixture_magnitudes_as_tolerance_assumes)
+{
+    const char *names[] = {"lstm-2layer", "lstm-2layer-f16", "lstm-1layer-tied"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        fixture f;
+        if (fixture_open(names[i], &f) != 0)
+            continue;
+        const nc_model *m = f.m;
+        int H = m->cfg.hidden_size, V = m->cfg.vocab_size, E = m->cfg.embedding_size;
+        double w = fmax(max_abs(m->encoder, (size_t)V * E), max_abs(m->decoder_w, (size_t)V * H));
+        w = fmax(w, max_abs(m->decoder_b, (size_t)V));
+        double l1 = max_row_l1(m->decoder_w, V, H);
+        for (int k = 0; k < m->cfg.num_layers; k++) {
+            const nc_lstm_layer *ly = &m->layers[k];
+            w = fmax(w, fmax(max_abs(ly->w_ih, (size_t)4 * H * ly->input_size), max_abs(ly->w_hh, (size_t)4 * H * H)));
+            w = fmax(w, fmax(max_abs(ly->b_ih, (size_t)4 * H), max_abs(ly->b_hh, (size_t)4 * H)));
+            l1 = fmax(l1, fmax(max_row_l1(ly->w_ih, 4 * H, ly->input_size), max_row_l1(ly->w_hh, 4 * H, H)));
+        }
+        CHECKF(H <= 16 && E <= 16 && w <= 0.61 && l1 <= 7, "%s: H %d E %d max|w| %g max row l1 %g", names[i], H, E,
+               w, l1);
+        fixture_close(&f);
+    }
+}
+
 int main(void)
 {
     RUN(reference_step_path);
@@ -577,5 +623,6 @@ int main(void)
     RUN(gemv_f16_matches_naive);
     RUN(w_hh_f16_copy_only_when_exact);
     RUN(simd_level_selection);
+    RUN(fixture_magnitudes_as_tolerance_assumes);
     return harness_summary();
 }
