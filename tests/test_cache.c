@@ -161,8 +161,14 @@ static void causality(bool ivf)
         w13 = fmax(w13, fabs(a[i] - c[i]));
     }
     CHECK(isnan(a[0]) && isnan(b[0]) && isnan(c[0]));
-    CHECKF(w12 <= 1e-5, "%s: batch vs chunks differ by %g", ivf ? "ivf" : "flat", w12);
-    CHECKF(w13 <= 1e-5, "%s: batch vs token by token differ by %g", ivf ? "ivf" : "flat", w13);
+    /* three paths: one GEMM, chunked GEMMs, a GEMV per token (tolerance.h).
+     * A causality leak (a token seeing its own pair) moves the target's
+     * probability by the cache's whole share: ~1e-1. The k-NN sets could
+     * in principle differ where two neighbours' distances tie within the
+     * hidden states' ~1e-7 difference; with k = 16 among a few hundred
+     * spread keys such a tie has probability ~1e-5 per query. */
+    CHECKF(w12 <= TOL_FIXTURE_PATHS, "%s: batch vs chunks differ by %g", ivf ? "ivf" : "flat", w12);
+    CHECKF(w13 <= TOL_FIXTURE_PATHS, "%s: batch vs token by token differ by %g", ivf ? "ivf" : "flat", w13);
     CHECK(ubcache_is_exact(u1) == !ivf);
 
     /* a token's score must not change when later tokens change */
@@ -181,8 +187,12 @@ static void causality(bool ivf)
     double wf = 0;
     for (size_t i = 1; i < 150; i++)
         wf = fmax(wf, fabs(a[i] - c[i]));
-    CHECKF(wf <= 1e-5, "changing the future moved the past by %g", wf);
-    CHECK(fabs(a[150] - c[150]) > 1e-6);
+    /* the same first 150 tokens; the later ones reach FAISS (the block's
+     * own pairs are added before its search and filtered out by id), so
+     * the path bound rather than bit equality. A leak of the future moves
+     * a token by the cache's share, ~1e-1; token 150 itself changed. */
+    CHECKF(wf <= TOL_FIXTURE_PATHS, "changing the future moved the past by %g", wf);
+    CHECK(fabs(a[150] - c[150]) > TOL_FIXTURE_PATHS);
     tokens_clear(&doc2);
     doc_free(d2);
     ubcache_free(u4);
@@ -201,7 +211,8 @@ static void causality(bool ivf)
     double wp = 0;
     for (size_t i = 1; i < doc.n; i++)
         wp = fmax(wp, fabs(a[i] - c[i]));
-    CHECKF(wp <= 1e-5, "%s: precomputed neighbours differ by %g", ivf ? "ivf" : "flat", wp);
+    /* another search block size (17 vs 64): FAISS reorders its distance sums */
+    CHECKF(wp <= TOL_FIXTURE_PATHS, "%s: precomputed neighbours differ by %g", ivf ? "ivf" : "flat", wp);
     free(pd2);
     free(pw);
     ubcache_free(u5);
@@ -358,7 +369,7 @@ TEST(open_vocabulary)
     nc_tokens a = slice(&t, 0, 11);
     CHECK(stream_feed(s, &a, false, lp, err, sizeof err) == NC_OK);
     /* unseen: p_model = 0, not in the caches: only the uniform term μ/|V_full| */
-    CHECK_NEAR(lp[10], log(0.01 / V), 1e-5);
+    CHECK_NEAR(lp[10], log(0.01 / V), 1e-5);   /* a few float32 roundings (<= 4u = 2.4e-7) */
     nc_dist dist;
     dist_init(&dist);
     CHECK(stream_predict(s, true, &dist, err, sizeof err) == NC_OK);
@@ -367,7 +378,7 @@ TEST(open_vocabulary)
     double sum = 0;
     for (size_t w = 0; w < dist.n; w++)
         sum += dist.p[w];
-    CHECK_NEAR(sum, 1.0, 1e-5);
+    CHECK_NEAR(sum, 1.0, 1e-5);   /* V + 1 = 51 float32 probabilities summed: gamma(51) = 3.0e-6 */
     CHECK(dist.p[V] > 1e-4);
     CHECK(dist.share[NC_COMP_MODEL][V] == 0.0f);
     CHECK(dist.share[NC_COMP_NEURAL][V] > 0.0f);
@@ -390,7 +401,8 @@ TEST(open_vocabulary)
     double worst = 0;
     for (int i = 0; i < 40; i++)
         worst = fmax(worst, fabs(lp[i] - lp2[i]));
-    CHECKF(worst < 1e-5, "stream vs document, open vocabulary: %g", worst);
+    /* a stream (GEMV per token) against a prepared document (GEMM) */
+    CHECKF(worst < TOL_FIXTURE_PATHS, "stream vs document, open vocabulary: %g", worst);
 
     /* closed vocabulary: the word is <unk> and scored by the model */
     nc_cache_params pc = p;
@@ -661,7 +673,7 @@ TEST(empty_caches_contribute_nothing)
     double worst = 0;
     for (size_t w = 0; w < db.n; w++)
         worst = fmax(worst, fabs(da.p[w] - db.p[w]));
-    CHECK(worst < 1e-7);
+    CHECK(worst < 1e-7);   /* the same softmax; only the weights renormalise: a rounding or two of p <= 1 */
     dist_free(&da);
     dist_free(&db);
     stream_free(a);
@@ -705,6 +717,8 @@ TEST(stream_export_import)
         CHECK(stream_predict(im, false, &d1, err, sizeof err) == NC_OK);
         CHECK(stream_predict(c, false, &d2, err, sizeof err) == NC_OK);
         CHECK(d0.n == d1.n && d0.n == d2.n && d0.n == (size_t)m->cfg.vocab_size + 1);
+        /* export/import and clone copy the state and the caches bit for bit,
+         * and the three predict through the same code: bit equality */
         CHECK(memcmp(d0.p, d1.p, d0.n * sizeof(float)) == 0);
         CHECK(memcmp(d0.p, d2.p, d0.n * sizeof(float)) == 0);
         CHECK(stream_position(im) == 122);
@@ -760,6 +774,8 @@ TEST(ncache_dots_naive)
                 if (!(d <= worst)) worst = d;
                 CHECK(vals[i] == pushes - n + i);
             }
+            /* one float32 dot of 21 Gaussian terms against double: lambda sqrt(21) u
+             * sum|q_j k_j| (~13 for unit Gaussians) / (1 + |ref|) ~ 4e-6 */
             CHECKF(worst < 1e-5, "f16=%d pushes=%d: worst relative error %g", f16, pushes, worst);
             ncache_free(&c);
         }
