@@ -37,7 +37,14 @@ fi
 # FAISS's distance and IVFPQ kernels, recompiled for this CPU (see below).
 build_simd_kernels() {
     local srcdir=$1 out="$build/libfaiss_simd.a" flags=()
-    local want=${FAISS_SIMD:-auto}
+    local want=${FAISS_SIMD:-}
+    # Unset keeps the level this tree was built with (so that
+    # `FAISS_SIMD=none make deps && make test` tests the generic kernels:
+    # make test runs deps again without the variable); a fresh tree is auto.
+    if [ -z "$want" ]; then
+        want=$(cat "$build/simd.level" 2>/dev/null)
+        [ -n "$want" ] && [ -f "$out" ] || want=auto
+    fi
     if [ "$want" = auto ]; then
         if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && grep -qw f16c /proc/cpuinfo; then
             want=avx2
