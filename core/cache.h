@@ -16,48 +16,34 @@
 #include "model.h"
 #include "tokenizer.h"
 #include "lstm.h"
+#include "cache_knobs.h"
 
 typedef enum { NC_KERNEL_GAUSSIAN = 0, NC_KERNEL_EPANECHNIKOV = 1 } nc_kernel;
 
-/* Every knob of the mixture, with units and ranges; cache_params_default()
- * gives the server's and CLI's defaults (all caches off). */
+/* Every knob of the mixture: one field per row of NC_CACHE_KNOBS
+ * (cache_knobs.h), where its type, bounds, default and meaning are defined. */
+#define NC_KNOB_CTYPE_INT int
+#define NC_KNOB_CTYPE_FLOAT float
+#define NC_KNOB_CTYPE_FLOAT_BELOW_MAX float
+#define NC_KNOB_CTYPE_BOOL bool
+#define NC_KNOB_CTYPE_KERNEL nc_kernel
+#define NC_KNOB_FIELD(name, flag, type, min, max, def, doc) NC_KNOB_CTYPE_##type name;
 typedef struct nc_cache_params_s {
-    int unigram_size;             /* window N of the unigram cache, 0 = off */
-    float unigram_lambda;         /* [0,1] */
-    int neural_size;              /* window N of the neural cache, 0 = off */
-    float neural_theta;           /* >= 0, flatness of softmax_i(theta h_t.h_i) */
-    float neural_lambda;          /* [0,1], linear interpolation weight */
-    bool global_norm;             /* global normalisation instead of linear */
-    float neural_alpha;           /* global normalisation bias alpha */
-    bool neural_f16;              /* store keys as float16 */
-    bool unbounded;               /* read the namespace's unbounded cache */
-    int knn;                      /* k nearest neighbours, >= 1 */
-    int nprobe;                   /* IVF lists probed, >= 1 */
-    float unbounded_lambda;       /* [0,1] */
-    nc_kernel kernel;
-    bool exact;                   /* force exact (flat) search */
-    bool open_vocab;              /* OOV words get their own ids >= V */
-    float uniform_mu;             /* [0,1], p = (1-mu) p + mu / |V_full| (open vocab) */
-    int vocab_size_full;          /* |V_full| for the uniform term; 0 = V + words seen */
+    NC_CACHE_KNOBS(NC_KNOB_FIELD)
 } nc_cache_params;
+#undef NC_KNOB_FIELD
 
-/* Defaults: every cache off; when a cache is switched on without its knobs,
- * these values apply: unigram_lambda 0.1, neural theta 0.3 lambda 0.1
- * alpha 0.0, knn 1024, nprobe 8, unbounded_lambda 0.3, Gaussian kernel,
- * uniform_mu 0. */
+/* The table's defaults: every cache off; a cache switched on without its
+ * knobs takes the defaults of those (cache_knobs.h). */
 void cache_params_default(nc_cache_params *p);
-/* NC_EINVAL with the offending field named if any value is out of range or
- * the combination makes no sense. */
+/* NC_EINVAL with the offending field named if any value is out of the
+ * table's range (the message of cache_knob_set_number) or the combination
+ * makes no sense. */
 int cache_params_validate(const nc_cache_params *p, char *err, size_t errlen);
 
 /* One line "unigram=N/λ neural=N/θ/λ ..." describing what is on (for logs,
  * CLI tables). Returns buf. */
 const char *cache_params_describe(const nc_cache_params *p, char *buf, size_t len);
-
-/* Hard limits, so a request cannot ask for absurd memory. */
-#define NC_CACHE_MAX_WINDOW 1000000
-#define NC_CACHE_MAX_KNN 16384
-#define NC_CACHE_MAX_NPROBE 65536
 
 #include "ucache.h"
 #include "ncache.h"

@@ -1,71 +1,166 @@
-/* cache_params.c -- defaults, validation and description of nc_cache_params. */
+/* cache_params.c -- the knob table (cache_knobs.h) and the defaults,
+ * validation and description of nc_cache_params built on it. */
 #include "cache.h"
 
+#include <errno.h>
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
-void cache_params_default(nc_cache_params *p)
+#define KNOB_ROW(name_, flag_, type_, min_, max_, def_, doc_)                                        \
+    {.name = #name_, .flag = flag_, .type = NC_KNOB_##type_, .offset = offsetof(nc_cache_params, name_), \
+     .min = (min_), .max = (max_), .def = def_, .doc = doc_},
+
+static const nc_cache_knob knob_table[] = {NC_CACHE_KNOBS(KNOB_ROW)};
+
+const nc_cache_knob *cache_knobs(size_t *n)
 {
-    memset(p, 0, sizeof *p);
-    p->unigram_lambda = 0.1f;
-    p->neural_theta = 0.3f;
-    p->neural_lambda = 0.1f;
-    p->neural_alpha = 0.0f;
-    p->knn = 1024;
-    p->nprobe = 8;
-    p->unbounded_lambda = 0.3f;
-    p->kernel = NC_KERNEL_GAUSSIAN;
+    if (n)
+        *n = sizeof knob_table / sizeof *knob_table;
+    return knob_table;
 }
 
-static bool in01(float x) { return isfinite(x) && x >= 0.0f && x <= 1.0f; }
+const nc_cache_knob *cache_knob_find(const char *name)
+{
+    size_t n;
+    const nc_cache_knob *k = cache_knobs(&n);
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(k[i].name, name) == 0)
+            return &k[i];
+    return NULL;
+}
+
+const nc_cache_knob *cache_knob_by_flag(const char *flag)
+{
+    size_t n;
+    const nc_cache_knob *k = cache_knobs(&n);
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(k[i].flag, flag) == 0)
+            return &k[i];
+    return NULL;
+}
+
+static const char *const kernel_names[] = {"gaussian", "epanechnikov"};
+
+const char *cache_kernel_name(int kernel)
+{
+    return kernel >= 0 && kernel < 2 ? kernel_names[kernel] : NULL;
+}
+
+int cache_kernel_from_name(const char *name)
+{
+    for (int i = 0; i < 2; i++)
+        if (strcmp(name, kernel_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+/* The one range check and its message (every front end shows it as is). */
+static int knob_check(const nc_cache_knob *k, double v, char *err, size_t errlen)
+{
+    if (k->type == NC_KNOB_BOOL) {
+        if (v == 0 || v == 1)
+            return NC_OK;
+        return nc_error(err, errlen, NC_EINVAL, "%s = %.10g is not a boolean", k->name, v);
+    }
+    if (k->type == NC_KNOB_KERNEL) {
+        if (cache_kernel_name((int)v) && v == floor(v))
+            return NC_OK;
+        return nc_error(err, errlen, NC_EINVAL, "%s %g unknown (gaussian or epanechnikov)", k->name, v);
+    }
+    if (k->type == NC_KNOB_INT && isfinite(v) && v != floor(v))
+        return nc_error(err, errlen, NC_EINVAL, "%s = %.10g is not an integer", k->name, v);
+    if (!isfinite(v) || v < k->min || v > k->max || (k->type == NC_KNOB_FLOAT_BELOW_MAX && v == k->max))
+        return nc_error(err, errlen, NC_EINVAL, "%s = %.10g is out of range [%.10g, %.10g%c", k->name, v, k->min,
+                        k->max, k->type == NC_KNOB_FLOAT_BELOW_MAX ? ')' : ']');
+    return NC_OK;
+}
+
+double cache_knob_get(const nc_cache_params *p, const nc_cache_knob *k)
+{
+    const char *f = (const char *)p + k->offset;
+    switch (k->type) {
+    case NC_KNOB_INT: return *(const int *)f;
+    case NC_KNOB_FLOAT:
+    case NC_KNOB_FLOAT_BELOW_MAX: return *(const float *)f;
+    case NC_KNOB_BOOL: return *(const bool *)f;
+    case NC_KNOB_KERNEL: return *(const nc_kernel *)f;
+    }
+    return 0;
+}
+
+int cache_knob_set_number(nc_cache_params *p, const nc_cache_knob *k, double v, char *err, size_t errlen)
+{
+    int rc = knob_check(k, v, err, errlen);
+    if (rc != NC_OK)
+        return rc;
+    char *f = (char *)p + k->offset;
+    switch (k->type) {
+    case NC_KNOB_INT: *(int *)f = (int)v; break;
+    case NC_KNOB_FLOAT:
+    case NC_KNOB_FLOAT_BELOW_MAX: *(float *)f = (float)v; break;
+    case NC_KNOB_BOOL: *(bool *)f = v != 0; break;
+    case NC_KNOB_KERNEL: *(nc_kernel *)f = (nc_kernel)(int)v; break;
+    }
+    return NC_OK;
+}
+
+int cache_knob_set_text(nc_cache_params *p, const nc_cache_knob *k, const char *text, char *err, size_t errlen)
+{
+    double v;
+    if (k->type == NC_KNOB_BOOL) {
+        static const char *const yes[] = {"true", "yes", "on", "1"}, *const no[] = {"false", "no", "off", "0"};
+        for (int i = 0; i < 4; i++)
+            if (!strcmp(text, yes[i]) || !strcmp(text, no[i]))
+                return cache_knob_set_number(p, k, !strcmp(text, yes[i]), err, errlen);
+        return nc_error(err, errlen, NC_EINVAL, "%s = '%s' is not a boolean (true|false)", k->name, text);
+    }
+    if (k->type == NC_KNOB_KERNEL) {
+        int kern = cache_kernel_from_name(text);
+        if (kern < 0)
+            return nc_error(err, errlen, NC_EINVAL, "%s = '%s' is not gaussian or epanechnikov", k->name, text);
+        return cache_knob_set_number(p, k, kern, err, errlen);
+    }
+    char *end;
+    errno = 0;
+    v = strtod(text, &end);
+    if (end == text || *end || (errno && isfinite(v) && v != 0))
+        return nc_error(err, errlen, NC_EINVAL, "%s = '%s' is not %s", k->name, text,
+                        k->type == NC_KNOB_INT ? "an integer" : "a number");
+    return cache_knob_set_number(p, k, v, err, errlen);
+}
+
+void cache_params_default(nc_cache_params *p)
+{
+    char err[NC_ERRLEN];
+    size_t n;
+    const nc_cache_knob *k = cache_knobs(&n);
+    memset(p, 0, sizeof *p);
+    for (size_t i = 0; i < n; i++)
+        if (cache_knob_set_text(p, &k[i], k[i].def, err, sizeof err) != NC_OK)
+            abort();   /* a default outside its own range is a programming error */
+}
 
 int cache_params_validate(const nc_cache_params *p, char *err, size_t errlen)
 {
-    if (p->unigram_size < 0 || p->unigram_size > NC_CACHE_MAX_WINDOW)
-        return nc_error(err, errlen, NC_EINVAL, "unigram_size %d out of range [0, %d]",
-                        p->unigram_size, NC_CACHE_MAX_WINDOW);
-    if (!in01(p->unigram_lambda))
-        return nc_error(err, errlen, NC_EINVAL, "unigram_lambda %g out of range [0, 1]",
-                        (double)p->unigram_lambda);
-    if (p->neural_size < 0 || p->neural_size > NC_CACHE_MAX_WINDOW)
-        return nc_error(err, errlen, NC_EINVAL, "neural_size %d out of range [0, %d]",
-                        p->neural_size, NC_CACHE_MAX_WINDOW);
-    if (!isfinite(p->neural_theta) || p->neural_theta < 0.0f || p->neural_theta > 1e4f)
-        return nc_error(err, errlen, NC_EINVAL, "neural_theta %g out of range [0, 1e4]",
-                        (double)p->neural_theta);
-    if (!in01(p->neural_lambda))
-        return nc_error(err, errlen, NC_EINVAL, "neural_lambda %g out of range [0, 1]",
-                        (double)p->neural_lambda);
-    if (!isfinite(p->neural_alpha) || fabsf(p->neural_alpha) > 100.0f)
-        return nc_error(err, errlen, NC_EINVAL, "neural_alpha %g out of range [-100, 100]",
-                        (double)p->neural_alpha);
+    size_t n;
+    const nc_cache_knob *k = cache_knobs(&n);
+    for (size_t i = 0; i < n; i++) {
+        int rc = knob_check(&k[i], cache_knob_get(p, &k[i]), err, errlen);
+        if (rc != NC_OK)
+            return rc;
+    }
+    /* combinations */
     if (p->global_norm && p->neural_size == 0)
         return nc_error(err, errlen, NC_EINVAL,
                         "global_norm needs the neural cache (neural_size > 0)");
     if (p->neural_f16 && p->neural_size == 0)
         return nc_error(err, errlen, NC_EINVAL, "neural_f16 needs the neural cache (neural_size > 0)");
-    if (p->knn < 1 || p->knn > NC_CACHE_MAX_KNN)
-        return nc_error(err, errlen, NC_EINVAL, "knn %d out of range [1, %d]", p->knn,
-                        NC_CACHE_MAX_KNN);
-    if (p->nprobe < 1 || p->nprobe > NC_CACHE_MAX_NPROBE)
-        return nc_error(err, errlen, NC_EINVAL, "nprobe %d out of range [1, %d]", p->nprobe,
-                        NC_CACHE_MAX_NPROBE);
-    if (!in01(p->unbounded_lambda))
-        return nc_error(err, errlen, NC_EINVAL, "unbounded_lambda %g out of range [0, 1]",
-                        (double)p->unbounded_lambda);
-    if (p->kernel != NC_KERNEL_GAUSSIAN && p->kernel != NC_KERNEL_EPANECHNIKOV)
-        return nc_error(err, errlen, NC_EINVAL, "kernel %d unknown (gaussian or epanechnikov)",
-                        (int)p->kernel);
     if (p->exact && !p->unbounded)
         return nc_error(err, errlen, NC_EINVAL, "exact applies to the unbounded cache, which is off");
-    if (!in01(p->uniform_mu) || p->uniform_mu >= 1.0f)
-        return nc_error(err, errlen, NC_EINVAL, "uniform_mu %g out of range [0, 1)",
-                        (double)p->uniform_mu);
     if (p->uniform_mu > 0.0f && !p->open_vocab)
         return nc_error(err, errlen, NC_EINVAL, "uniform_mu needs open_vocab");
-    if (p->vocab_size_full < 0)
-        return nc_error(err, errlen, NC_EINVAL, "vocab_size_full %d is negative", p->vocab_size_full);
     if (p->vocab_size_full > 0 && !p->open_vocab)
         return nc_error(err, errlen, NC_EINVAL, "vocab_size_full needs open_vocab");
     return NC_OK;
@@ -90,7 +185,7 @@ const char *cache_params_describe(const nc_cache_params *p, char *buf, size_t le
         ADD("unigram N=%d lambda=%g ", p->unigram_size, (double)p->unigram_lambda);
     if (p->unbounded)
         ADD("unbounded k=%d nprobe=%d lambda=%g %s%s ", p->knn, p->nprobe,
-            (double)p->unbounded_lambda, p->kernel == NC_KERNEL_GAUSSIAN ? "gaussian" : "epanechnikov",
+            (double)p->unbounded_lambda, cache_kernel_name(p->kernel),
             p->exact ? " exact" : "");
     if (p->open_vocab)
         ADD("open-vocab mu=%g ", (double)p->uniform_mu);

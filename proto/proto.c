@@ -218,11 +218,10 @@ int proto_get_string(const json_t *obj, const char *key, bool required, const ch
     return 0;
 }
 
-static const char *const cache_keys[] = {
-    "unigram_size", "unigram_lambda", "neural_size", "neural_theta", "neural_lambda",
-    "global_norm", "neural_alpha", "open_vocab", "uniform_mu", "unbounded", "knn", "nprobe",
-    "unbounded_lambda", "kernel", "exact", "neural_f16", NULL};
-
+/* The "cache" object: one field per row of the knob table (cache_knobs.h);
+ * JSON types are checked here, values and bounds by the table's setter, so
+ * a bad value gets the same message as on the command line or in the
+ * config file. */
 int proto_decode_cache(const json_t *obj, const nc_cache_params *defaults,
                        nc_cache_params *out, api_status *st)
 {
@@ -231,53 +230,39 @@ int proto_decode_cache(const json_t *obj, const nc_cache_params *defaults,
         return 0;
     if (!json_is_object(obj))
         return proto_fail(st, API_INVALID_TYPE, "field 'cache' must be an object");
-    if (proto_check_keys(obj, cache_keys, st))
-        return -1;
-    long l;
-    double d;
-    bool b;
-    if (proto_get_int(obj, "unigram_size", 0, 10000000, out->unigram_size, &l, st)) return -1;
-    out->unigram_size = (int)l;
-    if (proto_get_double(obj, "unigram_lambda", 0, 1, out->unigram_lambda, &d, st)) return -1;
-    out->unigram_lambda = (float)d;
-    if (proto_get_int(obj, "neural_size", 0, 10000000, out->neural_size, &l, st)) return -1;
-    out->neural_size = (int)l;
-    if (proto_get_double(obj, "neural_theta", 0, 1e6, out->neural_theta, &d, st)) return -1;
-    out->neural_theta = (float)d;
-    if (proto_get_double(obj, "neural_lambda", 0, 1, out->neural_lambda, &d, st)) return -1;
-    out->neural_lambda = (float)d;
-    if (proto_get_bool(obj, "global_norm", out->global_norm, &b, st)) return -1;
-    out->global_norm = b;
-    if (proto_get_double(obj, "neural_alpha", -1e6, 1e6, out->neural_alpha, &d, st)) return -1;
-    out->neural_alpha = (float)d;
-    if (proto_get_bool(obj, "neural_f16", out->neural_f16, &b, st)) return -1;
-    out->neural_f16 = b;
-    if (proto_get_bool(obj, "open_vocab", out->open_vocab, &b, st)) return -1;
-    out->open_vocab = b;
-    if (proto_get_double(obj, "uniform_mu", 0, 1, out->uniform_mu, &d, st)) return -1;
-    out->uniform_mu = (float)d;
-    /* the namespace's unbounded cache (design §4-§5) */
-    if (proto_get_bool(obj, "unbounded", out->unbounded, &b, st)) return -1;
-    out->unbounded = b;
-    if (proto_get_int(obj, "knn", 1, NC_CACHE_MAX_KNN, out->knn, &l, st)) return -1;
-    out->knn = (int)l;
-    if (proto_get_int(obj, "nprobe", 1, NC_CACHE_MAX_NPROBE, out->nprobe, &l, st)) return -1;
-    out->nprobe = (int)l;
-    if (proto_get_double(obj, "unbounded_lambda", 0, 1, out->unbounded_lambda, &d, st)) return -1;
-    out->unbounded_lambda = (float)d;
-    if (proto_get_bool(obj, "exact", out->exact, &b, st)) return -1;
-    out->exact = b;
-    const char *kern = NULL;
-    if (proto_get_string(obj, "kernel", false, &kern, NULL, st)) return -1;
-    if (kern && strcmp(kern, "gaussian") == 0)
-        out->kernel = NC_KERNEL_GAUSSIAN;
-    else if (kern && strcmp(kern, "epanechnikov") == 0)
-        out->kernel = NC_KERNEL_EPANECHNIKOV;
-    else if (kern)
-        return proto_fail(st, API_OUT_OF_RANGE, "field 'kernel' must be \"gaussian\" or \"epanechnikov\"");
-    char err[256] = "";
+    const char *key;
+    json_t *v;
+    char err[NC_ERRLEN] = "";
+    json_object_foreach((json_t *)obj, key, v) {
+        const nc_cache_knob *k = cache_knob_find(key);
+        if (!k)
+            return proto_fail(st, API_UNKNOWN_FIELD, "unknown field '%s'", key);
+        if (json_is_null(v))
+            continue;
+        int rc;
+        switch (k->type) {
+        case NC_KNOB_BOOL:
+            if (!json_is_boolean(v))
+                return proto_fail(st, API_INVALID_TYPE, "field '%s' must be a boolean", key);
+            rc = cache_knob_set_number(out, k, json_is_true(v), err, sizeof err);
+            break;
+        case NC_KNOB_KERNEL:
+            if (!json_is_string(v))
+                return proto_fail(st, API_INVALID_TYPE, "field '%s' must be a string", key);
+            rc = cache_knob_set_text(out, k, json_string_value(v), err, sizeof err);
+            break;
+        default:
+            if (!json_is_number(v) || (k->type == NC_KNOB_INT && !json_is_integer(v) &&
+                                       json_real_value(v) != floor(json_real_value(v))))
+                return proto_fail(st, API_INVALID_TYPE, "field '%s' must be %s", key,
+                                  k->type == NC_KNOB_INT ? "an integer" : "a number");
+            rc = cache_knob_set_number(out, k, json_number_value(v), err, sizeof err);
+        }
+        if (rc != NC_OK)
+            return proto_fail(st, API_OUT_OF_RANGE, "%s", err);
+    }
     if (cache_params_validate(out, err, sizeof err) != 0)
-        return proto_fail(st, API_OUT_OF_RANGE, "cache settings: %s", err);
+        return proto_fail(st, API_OUT_OF_RANGE, "%s", err);
     return 0;
 }
 
@@ -290,17 +275,52 @@ static double short_float(float f)
     return strtod(buf, NULL);
 }
 
+static json_t *knob_value(const nc_cache_knob *k, double v)
+{
+    switch (k->type) {
+    case NC_KNOB_INT: return json_integer((json_int_t)v);
+    case NC_KNOB_BOOL: return json_boolean(v != 0);
+    case NC_KNOB_KERNEL: return json_string(cache_kernel_name((int)v));
+    default: return json_real(short_float((float)v));
+    }
+}
+
 json_t *proto_encode_cache(const nc_cache_params *p)
 {
-    return json_pack("{s:i,s:f,s:i,s:f,s:f,s:b,s:f,s:b,s:b,s:f,s:b,s:i,s:i,s:f,s:s,s:b}",
-                     "unigram_size", p->unigram_size, "unigram_lambda", short_float(p->unigram_lambda),
-                     "neural_size", p->neural_size, "neural_theta", short_float(p->neural_theta),
-                     "neural_lambda", short_float(p->neural_lambda), "global_norm", p->global_norm,
-                     "neural_alpha", short_float(p->neural_alpha), "neural_f16", p->neural_f16,
-                     "open_vocab", p->open_vocab,
-                     "uniform_mu", short_float(p->uniform_mu), "unbounded", p->unbounded, "knn", p->knn,
-                     "nprobe", p->nprobe, "unbounded_lambda", short_float(p->unbounded_lambda), "kernel",
-                     p->kernel == NC_KERNEL_EPANECHNIKOV ? "epanechnikov" : "gaussian", "exact", p->exact);
+    size_t n;
+    const nc_cache_knob *k = cache_knobs(&n);
+    json_t *o = json_object();
+    for (size_t i = 0; o && i < n; i++)
+        json_object_set_new(o, k[i].name, knob_value(&k[i], cache_knob_get(p, &k[i])));
+    return o;
+}
+
+json_t *proto_encode_cache_knobs(void)
+{
+    static const char *const types[] = {[NC_KNOB_INT] = "integer", [NC_KNOB_FLOAT] = "number",
+                                        [NC_KNOB_FLOAT_BELOW_MAX] = "number", [NC_KNOB_BOOL] = "boolean",
+                                        [NC_KNOB_KERNEL] = "string"};
+    size_t n;
+    const nc_cache_knob *k = cache_knobs(&n);
+    nc_cache_params def;
+    cache_params_default(&def);
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < n; i++) {
+        json_t *o = json_pack("{s:s,s:s,s:s,s:o,s:s}", "name", k[i].name, "flag", k[i].flag, "type",
+                              types[k[i].type], "default", knob_value(&k[i], cache_knob_get(&def, &k[i])),
+                              "description", k[i].doc);
+        if (k[i].type == NC_KNOB_INT || k[i].type == NC_KNOB_FLOAT || k[i].type == NC_KNOB_FLOAT_BELOW_MAX) {
+            bool whole = k[i].type == NC_KNOB_INT;
+            json_object_set_new(o, "minimum", whole ? json_integer((json_int_t)k[i].min) : json_real(k[i].min));
+            json_object_set_new(o, "maximum", whole ? json_integer((json_int_t)k[i].max) : json_real(k[i].max));
+            if (k[i].type == NC_KNOB_FLOAT_BELOW_MAX)
+                json_object_set_new(o, "exclusive_maximum", json_true());
+        }
+        if (k[i].type == NC_KNOB_KERNEL)
+            json_object_set_new(o, "enum", json_pack("[s,s]", cache_kernel_name(0), cache_kernel_name(1)));
+        json_array_append_new(a, o);
+    }
+    return a;
 }
 
 int proto_decode_predict(const json_t *body, long max_top_k, proto_predict_req *r, api_status *st)

@@ -87,6 +87,10 @@ int proto_decode_cache(const json_t *obj, const nc_cache_params *defaults,
                        nc_cache_params *out, api_status *st);
 /* The settings as a JSON object (new reference). */
 json_t *proto_encode_cache(const nc_cache_params *p);
+/* The knob table (core/cache_knobs.h) as an array of {name, flag, type,
+ * default, description, minimum, maximum, exclusive_maximum?, enum?}: what
+ * GET /v1/model shows as "cache_knobs" (forms, clients). */
+json_t *proto_encode_cache_knobs(void);
 
 /* Requests of the session endpoints. */
 typedef struct {

@@ -11,6 +11,11 @@
 #define OFF(f) offsetof(nc_server_config, f)
 #define SZ(f) sizeof(((nc_server_config *)0)->f)
 
+/* [cache]: the core's knob table, row for row (bounds and checks are the
+ * core's: cache_knob_set_text). */
+#define CACHE_ROW(name_, flag_, type_, min_, max_, def_, doc_) \
+    {"cache", #name_, OPT_CACHE_KNOB, OFF(cache), 0, (min_), (max_), NULL, def_, doc_},
+
 /* Every option is one row: the file, the flags, the defaults and the
  * validation all come from here. */
 static const config_option options[] = {
@@ -68,24 +73,7 @@ static const config_option options[] = {
      "seconds a session may stay idle before it is evicted"},
     {"sessions", "memory_mb", OPT_LONG, OFF(session_memory_mb), 0, 1, 1e7, NULL, "4096",
      "memory budget of all sessions together (MiB); over it creating gets 429"},
-    {"cache", "unigram_size", OPT_INT, OFF(unigram_size), 0, 0, 1e7, NULL, "0",
-     "unigram cache window (tokens), 0 = off"},
-    {"cache", "unigram_lambda", OPT_DOUBLE, OFF(unigram_lambda), 0, 0, 1, NULL, "0.1",
-     "unigram cache interpolation weight"},
-    {"cache", "neural_size", OPT_INT, OFF(neural_size), 0, 0, 1e7, NULL, "0",
-     "neural cache window (pairs), 0 = off"},
-    {"cache", "neural_theta", OPT_DOUBLE, OFF(neural_theta), 0, 0, 1e6, NULL, "0.3",
-     "neural cache flatness theta"},
-    {"cache", "neural_lambda", OPT_DOUBLE, OFF(neural_lambda), 0, 0, 1, NULL, "0.1",
-     "neural cache interpolation weight (linear mode)"},
-    {"cache", "global_norm", OPT_BOOL, OFF(global_norm), 0, 0, 0, NULL, "false",
-     "neural cache with global normalisation instead of linear interpolation"},
-    {"cache", "neural_alpha", OPT_DOUBLE, OFF(neural_alpha), 0, -1e6, 1e6, NULL, "0",
-     "global normalisation bias alpha"},
-    {"cache", "open_vocab", OPT_BOOL, OFF(open_vocab), 0, 0, 0, NULL, "false",
-     "remember out-of-vocabulary words under their own name"},
-    {"cache", "uniform_mu", OPT_DOUBLE, OFF(uniform_mu), 0, 0, 1, NULL, "0",
-     "open vocabulary: weight of the uniform distribution"},
+    NC_CACHE_KNOBS(CACHE_ROW)
     {"security", "api_keys", OPT_STRING, OFF(api_keys), SZ(api_keys), 0, 0, NULL, "",
      "API key file (NAME KEY OPERATIONS NAMESPACES [LIMITS] a line, mode 600); empty = no keys"},
     {"security", "allow_root", OPT_BOOL, OFF(allow_root), 0, 0, 0, NULL, "false",
@@ -167,6 +155,14 @@ static int set_option(nc_server_config *c, const config_option *o, const char *v
                 }
         memcpy(p, value, strlen(value) + 1);
         return 0;
+    case OPT_CACHE_KNOB: {
+        char msg[NC_ERRLEN];
+        if (cache_knob_set_text(&c->cache, cache_knob_find(o->name), value, msg, sizeof msg) != NC_OK) {
+            snprintf(err, errlen, "%s", msg);
+            return -1;
+        }
+        return 0;
+    }
     case OPT_ENUM: {
         size_t vlen = strlen(value);
         int idx = 0;

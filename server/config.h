@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+#include "cache.h"
+
 enum { LOG_FORMAT_JSON = 0, LOG_FORMAT_TEXT = 1 };
 
 typedef struct {
@@ -41,16 +43,9 @@ typedef struct {
     int max_sessions;            /* 429 when reached */
     int session_ttl_s;           /* idle sessions are evicted after this */
     long session_memory_mb;      /* budget for all sessions together, 429 over */
-    /* [cache] defaults of every session and of /v1/score */
-    int unigram_size;
-    double unigram_lambda;
-    int neural_size;
-    double neural_theta;
-    double neural_lambda;
-    bool global_norm;
-    double neural_alpha;
-    bool open_vocab;
-    double uniform_mu;
+    /* [cache] defaults of every session and of /v1/score: one key per row of
+     * the core's knob table (core/cache_knobs.h) */
+    nc_cache_params cache;
     /* [security] (server/auth.h) */
     char api_keys[1024];         /* API key file; "" = no keys (open API, loopback by default) */
     bool allow_root;             /* start even when running as root */
@@ -63,7 +58,8 @@ typedef struct {
 } nc_server_config;
 
 /* Types of the option table. */
-typedef enum { OPT_INT, OPT_LONG, OPT_DOUBLE, OPT_BOOL, OPT_STRING, OPT_ENUM } config_type;
+/* OPT_CACHE_KNOB: a row of the core's knob table, set and checked by it */
+typedef enum { OPT_INT, OPT_LONG, OPT_DOUBLE, OPT_BOOL, OPT_STRING, OPT_ENUM, OPT_CACHE_KNOB } config_type;
 
 typedef struct {
     const char *section;         /* INI section */

@@ -176,6 +176,7 @@ static void h_model(nc_server *srv, http_request *req, http_response *resp)
                           "parameters", (json_int_t)model_num_params(srv->model));
     if (o) {
         json_object_set_new(o, "cache_defaults", proto_encode_cache(&srv->cache_defaults));
+        json_object_set_new(o, "cache_knobs", proto_encode_cache_knobs());
         json_object_set_new(o, "limits",
                             json_pack("{s:I,s:I,s:i,s:i,s:i,s:i,s:I}",
                                       "max_body_bytes", (json_int_t)srv->cfg.max_body_bytes,

@@ -26,20 +26,12 @@
 #include "vmath.h"
 #include "slog.h"
 
-/* The [cache] options as the core's parameters, checked by the core. */
+/* The [cache] options: each was checked against the knob table when set;
+ * here their combination. */
 static int cache_defaults_from_config(const nc_server_config *c, nc_cache_params *p, char *err,
                                       size_t errlen)
 {
-    cache_params_default(p);
-    p->unigram_size = c->unigram_size;
-    p->unigram_lambda = (float)c->unigram_lambda;
-    p->neural_size = c->neural_size;
-    p->neural_theta = (float)c->neural_theta;
-    p->neural_lambda = (float)c->neural_lambda;
-    p->global_norm = c->global_norm;
-    p->neural_alpha = (float)c->neural_alpha;
-    p->open_vocab = c->open_vocab;
-    p->uniform_mu = (float)c->uniform_mu;
+    *p = c->cache;
     char msg[NC_ERRLEN] = "";
     if (cache_params_validate(p, msg, sizeof msg) != NC_OK) {
         snprintf(err, errlen, "section [cache]: %s", msg);

@@ -43,6 +43,13 @@ static void fconfig_check(const nc_server_config *c)
         case OPT_STRING:
             if (!memchr(p, 0, o->size)) abort();
             break;
+        case OPT_CACHE_KNOB: {   /* within the knob table's bounds */
+            const nc_cache_knob *k = cache_knob_find(o->name);
+            double v = cache_knob_get(&c->cache, k);
+            if (!k || ((k->type == NC_KNOB_INT || k->type == NC_KNOB_FLOAT) && (v < k->min || v > k->max)))
+                abort();
+            break;
+        }
         default:
             break;
         }

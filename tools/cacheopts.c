@@ -2,6 +2,7 @@
 #include "cacheopts.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,30 +13,39 @@
 
 #include <cblas.h>
 
-const char cacheopts_help[] =
-    "cache options (all off by default; design §4):\n"
-    "  --unigram-cache N       unigram cache over the last N words\n"
-    "  --unigram-lambda L      its interpolation weight (default 0.1)\n"
-    "  --neural-cache N        continuous cache over the last N (h, word) pairs\n"
-    "  --theta T               flatness of the cache distribution (default 0.3)\n"
-    "  --lambda L              linear interpolation weight (default 0.1)\n"
-    "  --global-norm           global normalisation instead of linear interpolation\n"
-    "  --alpha A               global normalisation bias (default 0)\n"
-    "  --f16-keys              store neural cache keys as float16\n"
-    "  --unbounded             unbounded cache over every earlier pair of the input\n"
-    "  --knn K                 neighbours (default 1024)\n"
-    "  --nprobe P              IVF lists probed (default 8)\n"
-    "  --unbounded-lambda L    interpolation weight (default 0.3)\n"
-    "  --exact                 exact (flat) search instead of the IVFPQ index\n"
-    "  --kernel gaussian|epanechnikov   kernel (default gaussian)\n"
-    "  --index FILE            trained index (default: the model's unbounded.faiss if present)\n"
-    "  --switch-at N           pairs kept in the exact index before switching (default 65536)\n"
-    "  --threads N             threads of the unbounded cache's searches (FAISS OpenMP;\n"
-    "                          OpenBLAS runs on one meanwhile; default 1; 2 on an idle 2-core machine)\n"
-    "  --memory FILE           stream FILE into the unbounded cache before scoring\n"
-    "  --open-vocab            words outside the model vocabulary get their own ids\n"
-    "  --uniform-mu M          interpolate with the uniform distribution (open vocabulary)\n"
-    "  --vocab-size-full S     |V_full| for the uniform term (default: V + words seen)\n";
+static char help_text[4096];
+
+static void build_help(void)
+{
+    size_t n, o = 0;
+    const nc_cache_knob *k = cache_knobs(&n);
+#define ADD(...) do { if (o < sizeof help_text) o += (size_t)snprintf(help_text + o, sizeof help_text - o, __VA_ARGS__); } while (0)
+    ADD("cache options (all off by default; design §4):\n");
+    for (size_t i = 0; i < n; i++) {
+        char opt[64];
+        snprintf(opt, sizeof opt, "--%s%s", k[i].flag,
+                 k[i].type == NC_KNOB_BOOL ? "" : k[i].type == NC_KNOB_INT ? " N" : k[i].type == NC_KNOB_KERNEL ? " K" : " X");
+        ADD("  %-22s %s", opt, k[i].doc);
+        if (k[i].type == NC_KNOB_INT || k[i].type == NC_KNOB_FLOAT)
+            ADD(" [%g, %g]", k[i].min, k[i].max);
+        if (k[i].type != NC_KNOB_BOOL)
+            ADD(" (default %s)", k[i].def);
+        ADD("\n");
+    }
+    ADD("  --index FILE           trained index (default: the model's unbounded.faiss if present)\n"
+        "  --switch-at N          pairs kept in the exact index before switching (default 65536)\n"
+        "  --threads N            threads of the unbounded cache's searches (FAISS OpenMP;\n"
+        "                         OpenBLAS runs on one meanwhile; default 1; 2 on an idle 2-core machine)\n"
+        "  --memory FILE          stream FILE into the unbounded cache before scoring\n");
+#undef ADD
+}
+
+const char *cacheopts_help(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, build_help);
+    return help_text;
+}
 
 void cacheopts_init(cacheopts *co)
 {
@@ -45,7 +55,7 @@ void cacheopts_init(cacheopts *co)
 
 bool cacheopts_given(const cacheopts *co, int code)
 {
-    return code >= CO_UNIGRAM && code < CO_LAST && co->seen[code - CO_UNIGRAM];
+    return code > CO_FIRST && code < CO_LAST && co->seen[code - CO_FIRST];
 }
 
 bool co_parse_int(const char *s, long lo, long hi, long *out)
@@ -130,57 +140,38 @@ double co_cpu(void)
 
 int cacheopts_parse(cacheopts *co, int code, const char *arg, const char *cmd)
 {
-    if (code < CO_UNIGRAM || code >= CO_LAST)
+    if (code <= CO_FIRST || code >= CO_LAST)
         return 0;
-    co->seen[code - CO_UNIGRAM] = 1;
+    co->seen[code - CO_FIRST] = 1;
+    size_t nknobs;
+    const nc_cache_knob *knobs = cache_knobs(&nknobs);
+    if (code - CO_FIRST - 1 < (int)nknobs) {   /* a knob: the table parses and checks it */
+        const nc_cache_knob *k = &knobs[code - CO_FIRST - 1];
+        char err[NC_ERRLEN];
+        if (cache_knob_set_text(&co->p, k, k->type == NC_KNOB_BOOL ? "true" : arg, err, sizeof err) == NC_OK)
+            return 1;
+        fprintf(stderr, "neurocache %s: --%s: %s\n", cmd, k->flag, err);
+        return -1;
+    }
     long iv;
-    double fv;
-    nc_cache_params *p = &co->p;
-#define INT(lo, hi, dst, name) do { if (!co_parse_int(arg, lo, hi, &iv)) goto bad; dst = (int)iv; } while (0)
-#define FLT(lo, hi, dst) do { if (!co_parse_float(arg, lo, hi, &fv)) goto bad; dst = (float)fv; } while (0)
     switch (code) {
-    case CO_UNIGRAM: INT(1, NC_CACHE_MAX_WINDOW, p->unigram_size, ""); break;
-    case CO_UNIGRAM_LAMBDA: FLT(0, 1, p->unigram_lambda); break;
-    case CO_NEURAL: INT(1, NC_CACHE_MAX_WINDOW, p->neural_size, ""); break;
-    case CO_THETA: FLT(0, 1e4, p->neural_theta); break;
-    case CO_LAMBDA: FLT(0, 1, p->neural_lambda); break;
-    case CO_GLOBAL: p->global_norm = true; break;
-    case CO_ALPHA: FLT(-100, 100, p->neural_alpha); break;
-    case CO_F16: p->neural_f16 = true; break;
-    case CO_UNBOUNDED: p->unbounded = true; break;
-    case CO_KNN: INT(1, NC_CACHE_MAX_KNN, p->knn, ""); break;
-    case CO_NPROBE: INT(1, NC_CACHE_MAX_NPROBE, p->nprobe, ""); break;
-    case CO_UB_LAMBDA: FLT(0, 1, p->unbounded_lambda); break;
-    case CO_EXACT: p->exact = true; break;
-    case CO_KERNEL:
-        if (!strcmp(arg, "gaussian"))
-            p->kernel = NC_KERNEL_GAUSSIAN;
-        else if (!strcmp(arg, "epanechnikov"))
-            p->kernel = NC_KERNEL_EPANECHNIKOV;
-        else
-            goto bad;
-        break;
-    case CO_OPEN: p->open_vocab = true; break;
-    case CO_MU: FLT(0, 0.999999, p->uniform_mu); break;
-    case CO_VFULL: INT(1, 2000000000, p->vocab_size_full, ""); break;
     case CO_INDEX: co->index_path = arg; break;
     case CO_SWITCH_AT:
         if (!co_parse_int(arg, 1, 4000000000L, &iv))
             goto bad;
         co->switch_at = iv;
         break;
-    case CO_THREADS: INT(1, 1024, co->threads, ""); break;
+    case CO_THREADS:
+        if (!co_parse_int(arg, 1, 1024, &iv))
+            goto bad;
+        co->threads = (int)iv;
+        break;
     case CO_MEMORY: co->memory_path = arg; break;
     }
-#undef INT
-#undef FLT
     return 1;
 bad:;
-    static const char *names[] = {"unigram-cache", "unigram-lambda", "neural-cache", "theta", "lambda",
-                                  "global-norm", "alpha", "f16-keys", "unbounded", "knn", "nprobe",
-                                  "unbounded-lambda", "exact", "kernel", "open-vocab", "uniform-mu",
-                                  "vocab-size-full", "index", "switch-at", "threads", "memory"};
-    fprintf(stderr, "neurocache %s: bad value '%s' for --%s\n", cmd, arg, names[code - CO_UNIGRAM]);
+    static const char *names[] = {"index", "switch-at", "threads", "memory"};
+    fprintf(stderr, "neurocache %s: bad value '%s' for --%s\n", cmd, arg, names[code - CO_INDEX]);
     return -1;
 }
 
@@ -190,34 +181,34 @@ int cacheopts_finish(cacheopts *co, const char *cmd)
         int opt, needs;
         const char *msg;
     } rules[] = {
-        {CO_UNIGRAM_LAMBDA, CO_UNIGRAM, "--unigram-lambda needs --unigram-cache N"},
-        {CO_THETA, CO_NEURAL, "--theta needs --neural-cache N"},
-        {CO_LAMBDA, CO_NEURAL, "--lambda needs --neural-cache N (for the unbounded cache use --unbounded-lambda)"},
-        {CO_GLOBAL, CO_NEURAL, "--global-norm needs --neural-cache N"},
-        {CO_ALPHA, CO_GLOBAL, "--alpha needs --global-norm"},
-        {CO_F16, CO_NEURAL, "--f16-keys needs --neural-cache N"},
-        {CO_KNN, CO_UNBOUNDED, "--knn needs --unbounded"},
-        {CO_NPROBE, CO_UNBOUNDED, "--nprobe needs --unbounded"},
-        {CO_UB_LAMBDA, CO_UNBOUNDED, "--unbounded-lambda needs --unbounded"},
-        {CO_EXACT, CO_UNBOUNDED, "--exact needs --unbounded"},
-        {CO_KERNEL, CO_UNBOUNDED, "--kernel needs --unbounded"},
-        {CO_INDEX, CO_UNBOUNDED, "--index needs --unbounded"},
-        {CO_SWITCH_AT, CO_UNBOUNDED, "--switch-at needs --unbounded"},
-        {CO_MEMORY, CO_UNBOUNDED, "--memory needs --unbounded"},
-        {CO_MU, CO_OPEN, "--uniform-mu needs --open-vocab"},
-        {CO_VFULL, CO_OPEN, "--vocab-size-full needs --open-vocab"},
+        {CO_KNOB_unigram_lambda, CO_KNOB_unigram_size, "--unigram-lambda needs --unigram-cache N"},
+        {CO_KNOB_neural_theta, CO_KNOB_neural_size, "--theta needs --neural-cache N"},
+        {CO_KNOB_neural_lambda, CO_KNOB_neural_size, "--lambda needs --neural-cache N (for the unbounded cache use --unbounded-lambda)"},
+        {CO_KNOB_global_norm, CO_KNOB_neural_size, "--global-norm needs --neural-cache N"},
+        {CO_KNOB_neural_alpha, CO_KNOB_global_norm, "--alpha needs --global-norm"},
+        {CO_KNOB_neural_f16, CO_KNOB_neural_size, "--f16-keys needs --neural-cache N"},
+        {CO_KNOB_knn, CO_KNOB_unbounded, "--knn needs --unbounded"},
+        {CO_KNOB_nprobe, CO_KNOB_unbounded, "--nprobe needs --unbounded"},
+        {CO_KNOB_unbounded_lambda, CO_KNOB_unbounded, "--unbounded-lambda needs --unbounded"},
+        {CO_KNOB_exact, CO_KNOB_unbounded, "--exact needs --unbounded"},
+        {CO_KNOB_kernel, CO_KNOB_unbounded, "--kernel needs --unbounded"},
+        {CO_INDEX, CO_KNOB_unbounded, "--index needs --unbounded"},
+        {CO_SWITCH_AT, CO_KNOB_unbounded, "--switch-at needs --unbounded"},
+        {CO_MEMORY, CO_KNOB_unbounded, "--memory needs --unbounded"},
+        {CO_KNOB_uniform_mu, CO_KNOB_open_vocab, "--uniform-mu needs --open-vocab"},
+        {CO_KNOB_vocab_size_full, CO_KNOB_open_vocab, "--vocab-size-full needs --open-vocab"},
     };
     for (size_t i = 0; i < sizeof rules / sizeof *rules; i++)
         if (cacheopts_given(co, rules[i].opt) && !cacheopts_given(co, rules[i].needs)) {
             fprintf(stderr, "neurocache %s: %s\n", cmd, rules[i].msg);
             return 2;
         }
-    if (cacheopts_given(co, CO_LAMBDA) && co->p.global_norm) {
+    if (cacheopts_given(co, CO_KNOB_neural_lambda) && co->p.global_norm) {
         fprintf(stderr, "neurocache %s: --lambda is for linear interpolation; with --global-norm use --alpha\n",
                 cmd);
         return 2;
     }
-    if (cacheopts_given(co, CO_EXACT) && cacheopts_given(co, CO_INDEX)) {
+    if (cacheopts_given(co, CO_KNOB_exact) && cacheopts_given(co, CO_INDEX)) {
         fprintf(stderr, "neurocache %s: --exact and --index contradict each other\n", cmd);
         return 2;
     }

@@ -7,30 +7,25 @@
 
 #include "cache.h"
 
+/* getopt codes: one per row of the core's knob table (CO_KNOB_<name>), then
+ * the options of the CLI's own. */
+#define CO_KNOB_CODE(name, flag, type, min, max, def, doc) CO_KNOB_##name,
 enum {
-    CO_UNIGRAM = 1000, CO_UNIGRAM_LAMBDA, CO_NEURAL, CO_THETA, CO_LAMBDA, CO_GLOBAL, CO_ALPHA,
-    CO_F16, CO_UNBOUNDED, CO_KNN, CO_NPROBE, CO_UB_LAMBDA, CO_EXACT, CO_KERNEL, CO_OPEN,
-    CO_MU, CO_VFULL, CO_INDEX, CO_SWITCH_AT, CO_THREADS, CO_MEMORY, CO_LAST
+    CO_FIRST = 1000,
+    NC_CACHE_KNOBS(CO_KNOB_CODE)
+    CO_INDEX, CO_SWITCH_AT, CO_THREADS, CO_MEMORY, CO_LAST
 };
+#undef CO_KNOB_CODE
 
+/* A BOOL knob is a flag without argument (--unbounded). */
+#define CO_ARG_INT required_argument
+#define CO_ARG_FLOAT required_argument
+#define CO_ARG_FLOAT_BELOW_MAX required_argument
+#define CO_ARG_KERNEL required_argument
+#define CO_ARG_BOOL no_argument
+#define CO_KNOB_LONG(name, flag, type, min, max, def, doc) {flag, CO_ARG_##type, NULL, CO_KNOB_##name},
 #define CACHEOPTS_LONG \
-    {"unigram-cache", required_argument, NULL, CO_UNIGRAM}, \
-    {"unigram-lambda", required_argument, NULL, CO_UNIGRAM_LAMBDA}, \
-    {"neural-cache", required_argument, NULL, CO_NEURAL}, \
-    {"theta", required_argument, NULL, CO_THETA}, \
-    {"lambda", required_argument, NULL, CO_LAMBDA}, \
-    {"global-norm", no_argument, NULL, CO_GLOBAL}, \
-    {"alpha", required_argument, NULL, CO_ALPHA}, \
-    {"f16-keys", no_argument, NULL, CO_F16}, \
-    {"unbounded", no_argument, NULL, CO_UNBOUNDED}, \
-    {"knn", required_argument, NULL, CO_KNN}, \
-    {"nprobe", required_argument, NULL, CO_NPROBE}, \
-    {"unbounded-lambda", required_argument, NULL, CO_UB_LAMBDA}, \
-    {"exact", no_argument, NULL, CO_EXACT}, \
-    {"kernel", required_argument, NULL, CO_KERNEL}, \
-    {"open-vocab", no_argument, NULL, CO_OPEN}, \
-    {"uniform-mu", required_argument, NULL, CO_MU}, \
-    {"vocab-size-full", required_argument, NULL, CO_VFULL}, \
+    NC_CACHE_KNOBS(CO_KNOB_LONG) \
     {"index", required_argument, NULL, CO_INDEX}, \
     {"switch-at", required_argument, NULL, CO_SWITCH_AT}, \
     {"threads", required_argument, NULL, CO_THREADS}, \
@@ -38,14 +33,15 @@ enum {
 
 typedef struct {
     nc_cache_params p;
-    unsigned seen[CO_LAST - CO_UNIGRAM];  /* which options were given */
+    unsigned seen[CO_LAST - CO_FIRST];  /* which options were given */
     const char *index_path;       /* --index: trained index; NULL = DIR/unbounded.faiss if present */
     long switch_at;               /* --switch-at: pairs before leaving the flat index */
     int threads;                  /* --threads: FAISS OpenMP threads (0 = default) */
     const char *memory_path;      /* --memory: text streamed into the unbounded cache first */
 } cacheopts;
 
-extern const char cacheopts_help[];
+/* The cache options' help: the knob table's rows, then the CLI's own. */
+const char *cacheopts_help(void);
 
 void cacheopts_init(cacheopts *co);
 /* Handles one getopt code: 1 = it was a cache option (consumed), 0 = not

@@ -42,7 +42,7 @@ static void usage(FILE *out)
             "  -h, --help           this help\n"
             "\n%s\n"
             "exit status: 0 success, 1 runtime error, 2 usage error\n",
-            cacheopts_help);
+            cacheopts_help());
 }
 
 enum { OPT_MODEL = 1, OPT_BOS, OPT_CSV, OPT_SWEEP, OPT_OUT, OPT_ROW, OPT_HELP };
@@ -71,10 +71,10 @@ static int parse_row(const char *spec, const cacheopts *main_co, const struct op
     for (int i = 0; i < argc; i++) {
         const struct option *o = NULL;
         for (int j = 0; lopts[j].name; j++)
-            if (!strncmp(argv[i], "--", 2) && !strcmp(argv[i] + 2, lopts[j].name) && lopts[j].val >= CO_UNIGRAM)
+            if (!strncmp(argv[i], "--", 2) && !strcmp(argv[i] + 2, lopts[j].name) && lopts[j].val >= CO_KNOB_unigram_size)
                 o = &lopts[j];
         if (!o || o->val == CO_MEMORY || o->val == CO_INDEX || o->val == CO_SWITCH_AT || o->val == CO_THREADS ||
-            o->val == CO_OPEN || o->val == CO_MU || o->val == CO_VFULL) {
+            o->val == CO_KNOB_open_vocab || o->val == CO_KNOB_uniform_mu || o->val == CO_KNOB_vocab_size_full) {
             fprintf(stderr, "neurocache eval: --row '%s': '%s' is not a per-row cache option\n", spec, argv[i]);
             return 2;
         }
@@ -104,35 +104,30 @@ static int parse_row(const char *spec, const cacheopts *main_co, const struct op
     return 0;
 }
 
-/* The sweepable knobs: name, integer?, range. */
-static const struct {
-    const char *name;
-    bool integer;
-    double lo, hi;
-} knobs[] = {
-    {"neural-cache", true, 1, NC_CACHE_MAX_WINDOW}, {"unigram-cache", true, 1, NC_CACHE_MAX_WINDOW},
-    {"knn", true, 1, NC_CACHE_MAX_KNN},             {"theta", false, 0, 1e4},
-    {"lambda", false, 0, 1},                        {"alpha", false, -100, 100},
-    {"unbounded-lambda", false, 0, 1},              {"unigram-lambda", false, 0, 1},
-};
+/* The sweepable knobs, by their option names; their bounds are the knob
+ * table's (core/cache_knobs.h). */
+static const char *const sweepable[] = {"neural-cache", "unigram-cache", "knn", "theta", "lambda",
+                                        "alpha", "unbounded-lambda", "unigram-lambda"};
 
-static void set_knob(nc_cache_params *p, int knob, double v)
+/* Sets the swept knob; a knob of a cache that is off switches the cache on
+ * (the neural and unigram ones with N = 2000). */
+static int set_knob(nc_cache_params *p, const nc_cache_knob *k, double v, char *err, size_t errlen)
 {
-    switch (knob) {
-    case 0: p->neural_size = (int)v; break;
-    case 1: p->unigram_size = (int)v; break;
-    case 2: p->unbounded = true; p->knn = (int)v; break;
-    case 3: p->neural_theta = (float)v; break;
-    case 4: p->neural_lambda = (float)v; p->global_norm = false; break;
-    case 5: p->neural_alpha = (float)v; p->global_norm = true; break;
-    case 6: p->unbounded = true; p->unbounded_lambda = (float)v; break;
-    case 7: p->unigram_lambda = (float)v; break;
-    }
-    /* a knob of a cache that is off switches the cache on with defaults */
-    if ((knob == 3 || knob == 4 || knob == 5) && p->neural_size == 0)
+    int rc = cache_knob_set_number(p, k, v, err, errlen);
+    if (rc != NC_OK)
+        return rc;
+    const char *f = k->flag;
+    if (!strcmp(f, "knn") || !strcmp(f, "unbounded-lambda"))
+        p->unbounded = true;
+    if (!strcmp(f, "lambda"))
+        p->global_norm = false;
+    if (!strcmp(f, "alpha"))
+        p->global_norm = true;
+    if ((!strcmp(f, "theta") || !strcmp(f, "lambda") || !strcmp(f, "alpha")) && p->neural_size == 0)
         p->neural_size = 2000;
-    if (knob == 7 && p->unigram_size == 0)
+    if (!strcmp(f, "unigram-lambda") && p->unigram_size == 0)
         p->unigram_size = 2000;
+    return NC_OK;
 }
 
 static void add_row(row *rows, int *n, const nc_cache_params *p)
@@ -397,34 +392,35 @@ int cmd_eval(int argc, char **argv)
     /* a sweep of a cache's size switches that cache on: its knobs are then
      * legal without the size option */
     static const struct { const char *prefix; int code; } sweep_on[] = {
-        {"neural-cache=", CO_NEURAL}, {"unigram-cache=", CO_UNIGRAM}, {"knn=", CO_UNBOUNDED},
-        {"unbounded-lambda=", CO_UNBOUNDED}};
+        {"neural-cache=", CO_KNOB_neural_size}, {"unigram-cache=", CO_KNOB_unigram_size}, {"knn=", CO_KNOB_unbounded},
+        {"unbounded-lambda=", CO_KNOB_unbounded}};
     for (size_t i = 0; sweep && i < sizeof sweep_on / sizeof *sweep_on; i++)
         if (!strncmp(sweep, sweep_on[i].prefix, strlen(sweep_on[i].prefix))) {
-            co.seen[sweep_on[i].code - CO_UNIGRAM] = 1;
-            if (sweep_on[i].code == CO_NEURAL && co.p.neural_size == 0)
+            co.seen[sweep_on[i].code - CO_FIRST] = 1;
+            if (sweep_on[i].code == CO_KNOB_neural_size && co.p.neural_size == 0)
                 co.p.neural_size = 2000;
-            if (sweep_on[i].code == CO_UNIGRAM && co.p.unigram_size == 0)
+            if (sweep_on[i].code == CO_KNOB_unigram_size && co.p.unigram_size == 0)
                 co.p.unigram_size = 2000;
-            if (sweep_on[i].code == CO_UNBOUNDED)
+            if (sweep_on[i].code == CO_KNOB_unbounded)
                 co.p.unbounded = true;
         }
     /* with --row, the index options (--switch-at, --index, --memory) serve
      * the rows' unbounded cache */
     if (nextra > 0)
-        co.seen[CO_UNBOUNDED - CO_UNIGRAM] = 1;
+        co.seen[CO_KNOB_unbounded - CO_FIRST] = 1;
     if (cacheopts_finish(&co, "eval"))
         return 2;
 
     static row rows[MAX_ROWS];
-    int nrows = 0, knob = -1;
+    int nrows = 0;
+    const nc_cache_knob *swept = NULL;
     char prefix[1024] = "";
     if (sweep) {
         const char *eq = strchr(sweep, '=');
-        for (size_t i = 0; eq && i < sizeof knobs / sizeof *knobs; i++)
-            if (strlen(knobs[i].name) == (size_t)(eq - sweep) && !strncmp(sweep, knobs[i].name, (size_t)(eq - sweep)))
-                knob = (int)i;
-        if (knob < 0) {
+        for (size_t i = 0; eq && i < sizeof sweepable / sizeof *sweepable; i++)
+            if (strlen(sweepable[i]) == (size_t)(eq - sweep) && !strncmp(sweep, sweepable[i], (size_t)(eq - sweep)))
+                swept = cache_knob_by_flag(sweepable[i]);
+        if (!swept) {
             fprintf(stderr, "neurocache eval: --sweep wants KNOB=V1,V2,... with KNOB one of neural-cache, "
                             "unigram-cache, knn, theta, lambda, alpha, unbounded-lambda, unigram-lambda\n");
             return 2;
@@ -432,31 +428,30 @@ int cmd_eval(int argc, char **argv)
         double *vals = NULL;
         int nv = co_parse_list(eq + 1, &vals);
         if (nv < 0 || nv > MAX_ROWS) {
-            fprintf(stderr, "neurocache eval: --sweep %s: bad value list '%s'\n", knobs[knob].name, eq + 1);
+            fprintf(stderr, "neurocache eval: --sweep %s: bad value list '%s'\n", swept->flag, eq + 1);
             return 2;
         }
         for (int i = 0; i < nv; i++) {
             double v = vals[i];
-            if (v < knobs[knob].lo || v > knobs[knob].hi || (knobs[knob].integer && v != floor(v))) {
-                fprintf(stderr, "neurocache eval: --sweep %s: value %g out of range [%g, %g]%s\n", knobs[knob].name,
-                        v, knobs[knob].lo, knobs[knob].hi, knobs[knob].integer ? " or not an integer" : "");
-                free(vals);
-                return 2;
-            }
-            if (knob == 4 && cacheopts_given(&co, CO_GLOBAL)) {
+            if (!strcmp(swept->flag, "lambda") && cacheopts_given(&co, CO_KNOB_global_norm)) {
                 fprintf(stderr, "neurocache eval: --sweep lambda is for linear interpolation, not --global-norm\n");
                 free(vals);
                 return 2;
             }
             nc_cache_params p = co.p;
-            set_knob(&p, knob, v);
+            char err[NC_ERRLEN];
+            if (set_knob(&p, swept, v, err, sizeof err) != NC_OK) {
+                fprintf(stderr, "neurocache eval: --sweep %s: %s\n", swept->flag, err);
+                free(vals);
+                return 2;
+            }
             add_row(rows, &nrows, &p);
             rows[nrows - 1].sweep_value = v;
         }
         free(vals);
         snprintf(prefix, sizeof prefix, "%s", out_prefix ? out_prefix : "");
         if (!out_prefix)
-            snprintf(prefix, sizeof prefix, "sweep-%s", knobs[knob].name);
+            snprintf(prefix, sizeof prefix, "sweep-%s", swept->flag);
         /* the static reference, last */
         nc_cache_params st = co.p;
         st.unigram_size = st.neural_size = 0;
@@ -502,7 +497,7 @@ int cmd_eval(int argc, char **argv)
             rc = nc_error(err, sizeof err, NC_EIO, "%s: cannot write", csvname);
         else if (sweep)
             fprintf(csv, "file,knob,%s,ppl,static_ppl,seconds,tokens_per_s,cpu_seconds,tokens_per_cpu_s\n",
-                    knobs[knob].name);
+                    swept->flag);
         else
             fprintf(csv, "file,config,tokens,ppl,seconds,tokens_per_s,cpu_seconds,tokens_per_cpu_s\n");
     }
@@ -521,7 +516,7 @@ int cmd_eval(int argc, char **argv)
         for (int i = 0; i < nrows; i++)
             if ((int)strlen(rows[i].name) > wname)
                 wname = (int)strlen(rows[i].name);
-        printf("  %-*s %12s %8s %12s %14s\n", wname, sweep ? knobs[knob].name : "configuration", "perplexity",
+        printf("  %-*s %12s %8s %12s %14s\n", wname, sweep ? swept->flag : "configuration", "perplexity",
                "change", "tokens/s", "tokens/CPU-s");
         for (int i = 0; i < nrows; i++) {
             const result *r = &res[i];
@@ -535,7 +530,7 @@ int cmd_eval(int argc, char **argv)
                 fprintf(csv, "%s,\"%s\",%zu,%.6f,%.6f,%.1f,%.6f,%.1f\n", base_name(argv[f]), rows[i].name, r->scored,
                         r->ppl, r->seconds, tps, r->cpu, cps);
             else if (csv && i != nrows - 1)
-                fprintf(csv, "%s,%s,%g,%.6f,%.6f,%.6f,%.1f,%.6f,%.1f\n", base_name(argv[f]), knobs[knob].name,
+                fprintf(csv, "%s,%s,%g,%.6f,%.6f,%.6f,%.1f,%.6f,%.1f\n", base_name(argv[f]), swept->flag,
                         rows[i].sweep_value, r->ppl, ppl0, r->seconds, tps, r->cpu, cps);
         }
         fflush(stdout);
@@ -543,7 +538,7 @@ int cmd_eval(int argc, char **argv)
     if (csv && fclose(csv) != 0 && !rc)
         rc = nc_error(err, sizeof err, NC_EIO, "%s: write failed", csvname);
     if (!rc && sweep) {
-        rc = write_sweep_plot(prefix, knobs[knob].name, err, sizeof err);
+        rc = write_sweep_plot(prefix, swept->flag, err, sizeof err);
         if (!rc)
             fprintf(stderr, "wrote %s.csv and %s.png\n", prefix, prefix);
     } else if (!rc && csv_path) {

@@ -40,7 +40,7 @@ static void score_usage(FILE *out)
             "  -h, --help         this help\n"
             "\n%s\n"
             "exit status: 0 success, 1 runtime error (model, file, text), 2 usage error\n",
-            cacheopts_help);
+            cacheopts_help());
 }
 
 typedef struct {

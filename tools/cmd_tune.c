@@ -41,7 +41,7 @@ static void usage(FILE *out)
             "  -h, --help                 this help\n"
             "\n%s\n"
             "exit status: 0 success, 1 runtime error, 2 usage error\n",
-            cacheopts_help);
+            cacheopts_help());
 }
 
 enum { OPT_MODEL = 1, OPT_VALID, OPT_BOS, OPT_THETAS, OPT_LAMBDAS, OPT_ALPHAS, OPT_ULAMBDAS, OPT_UBLAMBDAS,
@@ -192,9 +192,9 @@ int cmd_tune(int argc, char **argv)
         bad = 2;
     }
     /* the grids replace the single values: --theta/--lambda/--alpha are errors here */
-    if (!bad && (cacheopts_given(&co, CO_THETA) || cacheopts_given(&co, CO_LAMBDA) ||
-                 cacheopts_given(&co, CO_ALPHA) || cacheopts_given(&co, CO_UNIGRAM_LAMBDA) ||
-                 cacheopts_given(&co, CO_UB_LAMBDA))) {
+    if (!bad && (cacheopts_given(&co, CO_KNOB_neural_theta) || cacheopts_given(&co, CO_KNOB_neural_lambda) ||
+                 cacheopts_given(&co, CO_KNOB_neural_alpha) || cacheopts_given(&co, CO_KNOB_unigram_lambda) ||
+                 cacheopts_given(&co, CO_KNOB_unbounded_lambda))) {
         fprintf(stderr, "neurocache tune: give grids (--thetas, --lambdas, --alphas, --unigram-lambdas, "
                         "--unbounded-lambdas), not single values\n");
         bad = 2;

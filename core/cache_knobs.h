@@ -1,0 +1,88 @@
+/* cache_knobs.h -- the one table of the mixture's knobs (design §4-§5).
+ *
+ * Every knob of nc_cache_params is one row here: its name (the JSON field of
+ * a request's "cache" object, the [cache] key of the daemon's config file and
+ * the field of nc_cache_params), its command-line option, its type, its
+ * bounds, its default and its documentation. The CLI, the JSON decoder, the
+ * config file, /v1/model and the validation all read this table, so a bound
+ * is written once; tests/test_knobs.c checks proto/openapi.yaml against it.
+ *
+ * X(name, flag, type, min, max, def, doc)
+ *   type  INT, FLOAT, FLOAT_BELOW_MAX (max itself excluded: uniform_mu = 1
+ *         would leave the uniform distribution alone), BOOL or KERNEL (a
+ *         name: gaussian | epanechnikov)
+ *   min, max  bounds of INT and FLOAT knobs
+ *   def   the default, as text (parsed by the same code as user input) */
+#ifndef NC_CACHE_KNOBS_H
+#define NC_CACHE_KNOBS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Hard limits, so a request cannot ask for absurd memory. */
+#define NC_CACHE_MAX_WINDOW 1000000
+#define NC_CACHE_MAX_KNN 16384
+#define NC_CACHE_MAX_NPROBE 65536
+
+#define NC_CACHE_KNOBS(X)                                                                              \
+    X(unigram_size, "unigram-cache", INT, 0, NC_CACHE_MAX_WINDOW, "0",                                 \
+      "unigram cache window (tokens), 0 = off")                                                        \
+    X(unigram_lambda, "unigram-lambda", FLOAT, 0, 1, "0.1", "unigram cache interpolation weight")     \
+    X(neural_size, "neural-cache", INT, 0, NC_CACHE_MAX_WINDOW, "0",                                  \
+      "neural cache window ((h, word) pairs), 0 = off")                                                \
+    X(neural_theta, "theta", FLOAT, 0, 1e4, "0.3", "neural cache flatness theta: softmax_i(theta h_t.h_i)") \
+    X(neural_lambda, "lambda", FLOAT, 0, 1, "0.1", "neural cache interpolation weight (linear mode)") \
+    X(global_norm, "global-norm", BOOL, 0, 1, "false",                                               \
+      "neural cache with global normalisation instead of linear interpolation")                       \
+    X(neural_alpha, "alpha", FLOAT, -100, 100, "0", "global normalisation bias alpha")               \
+    X(neural_f16, "f16-keys", BOOL, 0, 1, "false", "store the neural cache's keys as float16")       \
+    X(unbounded, "unbounded", BOOL, 0, 1, "false", "read the namespace's unbounded cache")           \
+    X(knn, "knn", INT, 1, NC_CACHE_MAX_KNN, "1024", "unbounded cache: neighbours searched")           \
+    X(nprobe, "nprobe", INT, 1, NC_CACHE_MAX_NPROBE, "8", "unbounded cache: IVF lists probed")       \
+    X(unbounded_lambda, "unbounded-lambda", FLOAT, 0, 1, "0.3", "unbounded cache interpolation weight") \
+    X(kernel, "kernel", KERNEL, 0, 1, "gaussian", "unbounded cache kernel: gaussian | epanechnikov") \
+    X(exact, "exact", BOOL, 0, 1, "false", "unbounded cache: exact (flat) search instead of IVFPQ")  \
+    X(open_vocab, "open-vocab", BOOL, 0, 1, "false",                                                 \
+      "remember out-of-vocabulary words under their own name")                                        \
+    X(uniform_mu, "uniform-mu", FLOAT_BELOW_MAX, 0, 1, "0",                                                    \
+      "open vocabulary: weight mu of the uniform distribution, in [0, 1)")                            \
+    X(vocab_size_full, "vocab-size-full", INT, 0, 2000000000, "0",                                   \
+      "open vocabulary: |V_full| of the uniform term, 0 = V + words seen")
+
+typedef enum { NC_KNOB_INT, NC_KNOB_FLOAT, NC_KNOB_FLOAT_BELOW_MAX, NC_KNOB_BOOL, NC_KNOB_KERNEL } nc_knob_type;
+
+typedef struct {
+    const char *name;      /* JSON field, config key, nc_cache_params field */
+    const char *flag;      /* command-line option, without "--" */
+    nc_knob_type type;
+    size_t offset;         /* of the field in nc_cache_params */
+    double min, max;       /* bounds (INT, FLOAT) */
+    const char *def;       /* default, as text */
+    const char *doc;
+} nc_cache_knob;
+
+struct nc_cache_params_s;
+
+/* The table, in the order above; n gets its length. */
+const nc_cache_knob *cache_knobs(size_t *n);
+/* The row named name (JSON/config name) or with that flag; NULL if none. */
+const nc_cache_knob *cache_knob_find(const char *name);
+const nc_cache_knob *cache_knob_by_flag(const char *flag);
+
+/* Sets k in p from a number (INT: must be whole; BOOL: 0 or 1), checking
+ * its bounds. NC_EINVAL with the one message every front end shows:
+ * "neural_theta = 2e+06 is out of range [0, 10000]". */
+int cache_knob_set_number(struct nc_cache_params_s *p, const nc_cache_knob *k, double v, char *err,
+                          size_t errlen);
+/* The same from text (command line, config file): a number, true|false
+ * (also yes/no/on/off/1/0) or a kernel name. */
+int cache_knob_set_text(struct nc_cache_params_s *p, const nc_cache_knob *k, const char *text, char *err,
+                        size_t errlen);
+/* The value of k in p as a number (BOOL 0/1, KERNEL its index). */
+double cache_knob_get(const struct nc_cache_params_s *p, const nc_cache_knob *k);
+/* The kernel's name ("gaussian", "epanechnikov"), or NULL for another value;
+ * and the kernel of a name, -1 if none. */
+const char *cache_kernel_name(int kernel);
+int cache_kernel_from_name(const char *name);
+
+#endif
