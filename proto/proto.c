@@ -3,6 +3,7 @@
 #include "proto.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -218,10 +219,44 @@ int proto_get_string(const json_t *obj, const char *key, bool required, const ch
     return 0;
 }
 
-static const char *const cache_keys[] = {
-    "unigram_size", "unigram_lambda", "neural_size", "neural_theta", "neural_lambda",
-    "global_norm", "neural_alpha", "open_vocab", "uniform_mu", "unbounded", "knn", "nprobe",
-    "unbounded_lambda", "kernel", "exact", "neural_f16", NULL};
+/* Every cache setting a request may send, with its type and range: the
+ * decoder below reads them from here and GET /v1/model shows them
+ * (proto_cache_ranges), so a client's form takes its bounds from the server.
+ * Ranges are the ones cache_params_validate enforces (core/cache_params.c),
+ * so a value inside them fails only on a combination (global_norm without
+ * the neural cache). */
+typedef enum { CF_INT, CF_FLOAT, CF_BOOL, CF_KERNEL } cache_field_type;
+static const struct cache_field {
+    const char *name;
+    cache_field_type type;
+    size_t offset;                /* in nc_cache_params */
+    double min, max;              /* CF_INT, CF_FLOAT */
+    const char *help;
+} cache_fields[] = {
+#define CF(f, t, lo, hi, help) {#f, t, offsetof(nc_cache_params, f), lo, hi, help}
+    CF(unigram_size, CF_INT, 0, NC_CACHE_MAX_WINDOW, "unigram cache window (tokens), 0 = off"),
+    CF(unigram_lambda, CF_FLOAT, 0, 1, "unigram cache interpolation weight"),
+    CF(neural_size, CF_INT, 0, NC_CACHE_MAX_WINDOW, "neural cache window (pairs), 0 = off"),
+    CF(neural_theta, CF_FLOAT, 0, 1e4, "neural cache flatness theta of softmax_i(theta h_t . h_i)"),
+    CF(neural_lambda, CF_FLOAT, 0, 1, "neural cache interpolation weight (linear mode)"),
+    CF(global_norm, CF_BOOL, 0, 0, "neural cache with global normalisation instead of linear interpolation"),
+    CF(neural_alpha, CF_FLOAT, -100, 100, "global normalisation bias alpha"),
+    CF(neural_f16, CF_BOOL, 0, 0, "store the neural cache's keys as float16"),
+    CF(open_vocab, CF_BOOL, 0, 0, "remember out-of-vocabulary words under their own name"),
+    CF(uniform_mu, CF_FLOAT, 0, 1, "open vocabulary: weight of the uniform distribution"),
+    /* the namespace's unbounded cache (design §4-§5) */
+    CF(unbounded, CF_BOOL, 0, 0, "read the namespace's unbounded cache"),
+    CF(knn, CF_INT, 1, NC_CACHE_MAX_KNN, "unbounded cache: neighbours k"),
+    CF(nprobe, CF_INT, 1, NC_CACHE_MAX_NPROBE, "unbounded cache: IVF lists probed"),
+    CF(unbounded_lambda, CF_FLOAT, 0, 1, "unbounded cache interpolation weight"),
+    CF(kernel, CF_KERNEL, 0, 0, "unbounded cache kernel K(d / theta(h))"),
+    CF(exact, CF_BOOL, 0, 0, "unbounded cache: exact (flat) search"),
+#undef CF
+};
+#define N_CACHE_FIELDS (sizeof cache_fields / sizeof cache_fields[0])
+
+static const char *const kernel_names[] = {[NC_KERNEL_GAUSSIAN] = "gaussian",
+                                           [NC_KERNEL_EPANECHNIKOV] = "epanechnikov"};
 
 int proto_decode_cache(const json_t *obj, const nc_cache_params *defaults,
                        nc_cache_params *out, api_status *st)
@@ -231,54 +266,79 @@ int proto_decode_cache(const json_t *obj, const nc_cache_params *defaults,
         return 0;
     if (!json_is_object(obj))
         return proto_fail(st, API_INVALID_TYPE, "field 'cache' must be an object");
-    if (proto_check_keys(obj, cache_keys, st))
-        return -1;
-    long l;
-    double d;
-    bool b;
-    if (proto_get_int(obj, "unigram_size", 0, 10000000, out->unigram_size, &l, st)) return -1;
-    out->unigram_size = (int)l;
-    if (proto_get_double(obj, "unigram_lambda", 0, 1, out->unigram_lambda, &d, st)) return -1;
-    out->unigram_lambda = (float)d;
-    if (proto_get_int(obj, "neural_size", 0, 10000000, out->neural_size, &l, st)) return -1;
-    out->neural_size = (int)l;
-    if (proto_get_double(obj, "neural_theta", 0, 1e6, out->neural_theta, &d, st)) return -1;
-    out->neural_theta = (float)d;
-    if (proto_get_double(obj, "neural_lambda", 0, 1, out->neural_lambda, &d, st)) return -1;
-    out->neural_lambda = (float)d;
-    if (proto_get_bool(obj, "global_norm", out->global_norm, &b, st)) return -1;
-    out->global_norm = b;
-    if (proto_get_double(obj, "neural_alpha", -1e6, 1e6, out->neural_alpha, &d, st)) return -1;
-    out->neural_alpha = (float)d;
-    if (proto_get_bool(obj, "neural_f16", out->neural_f16, &b, st)) return -1;
-    out->neural_f16 = b;
-    if (proto_get_bool(obj, "open_vocab", out->open_vocab, &b, st)) return -1;
-    out->open_vocab = b;
-    if (proto_get_double(obj, "uniform_mu", 0, 1, out->uniform_mu, &d, st)) return -1;
-    out->uniform_mu = (float)d;
-    /* the namespace's unbounded cache (design §4-§5) */
-    if (proto_get_bool(obj, "unbounded", out->unbounded, &b, st)) return -1;
-    out->unbounded = b;
-    if (proto_get_int(obj, "knn", 1, NC_CACHE_MAX_KNN, out->knn, &l, st)) return -1;
-    out->knn = (int)l;
-    if (proto_get_int(obj, "nprobe", 1, NC_CACHE_MAX_NPROBE, out->nprobe, &l, st)) return -1;
-    out->nprobe = (int)l;
-    if (proto_get_double(obj, "unbounded_lambda", 0, 1, out->unbounded_lambda, &d, st)) return -1;
-    out->unbounded_lambda = (float)d;
-    if (proto_get_bool(obj, "exact", out->exact, &b, st)) return -1;
-    out->exact = b;
-    const char *kern = NULL;
-    if (proto_get_string(obj, "kernel", false, &kern, NULL, st)) return -1;
-    if (kern && strcmp(kern, "gaussian") == 0)
-        out->kernel = NC_KERNEL_GAUSSIAN;
-    else if (kern && strcmp(kern, "epanechnikov") == 0)
-        out->kernel = NC_KERNEL_EPANECHNIKOV;
-    else if (kern)
-        return proto_fail(st, API_OUT_OF_RANGE, "field 'kernel' must be \"gaussian\" or \"epanechnikov\"");
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)obj, key, v) {
+        size_t i = 0;
+        while (i < N_CACHE_FIELDS && strcmp(cache_fields[i].name, key) != 0) i++;
+        if (i == N_CACHE_FIELDS)
+            return proto_fail(st, API_UNKNOWN_FIELD, "unknown field '%s'", key);
+    }
+    for (size_t i = 0; i < N_CACHE_FIELDS; i++) {
+        const struct cache_field *f = &cache_fields[i];
+        char *p = (char *)out + f->offset;
+        long l;
+        double d;
+        bool b;
+        const char *s = NULL;
+        switch (f->type) {
+        case CF_INT:
+            if (proto_get_int(obj, f->name, (long)f->min, (long)f->max, *(int *)p, &l, st)) return -1;
+            *(int *)p = (int)l;
+            break;
+        case CF_FLOAT:
+            if (proto_get_double(obj, f->name, f->min, f->max, *(float *)p, &d, st)) return -1;
+            *(float *)p = (float)d;
+            break;
+        case CF_BOOL:
+            if (proto_get_bool(obj, f->name, *(bool *)p, &b, st)) return -1;
+            *(bool *)p = b;
+            break;
+        case CF_KERNEL:
+            if (proto_get_string(obj, f->name, false, &s, NULL, st)) return -1;
+            if (!s)
+                break;
+            if (!strcmp(s, kernel_names[NC_KERNEL_GAUSSIAN]))
+                out->kernel = NC_KERNEL_GAUSSIAN;
+            else if (!strcmp(s, kernel_names[NC_KERNEL_EPANECHNIKOV]))
+                out->kernel = NC_KERNEL_EPANECHNIKOV;
+            else
+                return proto_fail(st, API_OUT_OF_RANGE, "field 'kernel' must be \"gaussian\" or \"epanechnikov\"");
+            break;
+        }
+    }
     char err[256] = "";
     if (cache_params_validate(out, err, sizeof err) != 0)
         return proto_fail(st, API_OUT_OF_RANGE, "cache settings: %s", err);
     return 0;
+}
+
+json_t *proto_cache_ranges(void)
+{
+    json_t *o = json_object();
+    for (size_t i = 0; o && i < N_CACHE_FIELDS; i++) {
+        const struct cache_field *f = &cache_fields[i];
+        json_t *r = NULL;
+        switch (f->type) {
+        case CF_INT:
+            r = json_pack("{s:s,s:I,s:I}", "type", "integer", "minimum", (json_int_t)f->min, "maximum",
+                          (json_int_t)f->max);
+            break;
+        case CF_FLOAT:
+            r = json_pack("{s:s,s:f,s:f}", "type", "number", "minimum", f->min, "maximum", f->max);
+            break;
+        case CF_BOOL:
+            r = json_pack("{s:s}", "type", "boolean");
+            break;
+        case CF_KERNEL:
+            r = json_pack("{s:s,s:[s,s]}", "type", "string", "enum", kernel_names[0], kernel_names[1]);
+            break;
+        }
+        if (r)
+            json_object_set_new(r, "description", json_string(f->help));
+        json_object_set_new(o, f->name, r);
+    }
+    return o;
 }
 
 /* A float setting as the shortest decimal that reads back to it (0.1, not
@@ -300,7 +360,7 @@ json_t *proto_encode_cache(const nc_cache_params *p)
                      "open_vocab", p->open_vocab,
                      "uniform_mu", short_float(p->uniform_mu), "unbounded", p->unbounded, "knn", p->knn,
                      "nprobe", p->nprobe, "unbounded_lambda", short_float(p->unbounded_lambda), "kernel",
-                     p->kernel == NC_KERNEL_EPANECHNIKOV ? "epanechnikov" : "gaussian", "exact", p->exact);
+                     kernel_names[p->kernel == NC_KERNEL_EPANECHNIKOV], "exact", p->exact);
 }
 
 int proto_decode_predict(const json_t *body, long max_top_k, proto_predict_req *r, api_status *st)

@@ -87,6 +87,10 @@ int proto_decode_cache(const json_t *obj, const nc_cache_params *defaults,
                        nc_cache_params *out, api_status *st);
 /* The settings as a JSON object (new reference). */
 json_t *proto_encode_cache(const nc_cache_params *p);
+/* Each setting's type and range, {"knn":{"type":"integer","minimum":1,
+ * "maximum":16384},...,"kernel":{"type":"string","enum":[...]}} (new
+ * reference): what proto_decode_cache accepts, for GET /v1/model. */
+json_t *proto_cache_ranges(void);
 
 /* Requests of the session endpoints. */
 typedef struct {

@@ -21,6 +21,7 @@
 #include "rng.h"
 #include "sessions.h"
 #include "vmath.h"
+#include "web.h"
 
 /* ---- helpers ---------------------------------------------------------- */
 
@@ -176,6 +177,7 @@ static void h_model(nc_server *srv, http_request *req, http_response *resp)
                           "parameters", (json_int_t)model_num_params(srv->model));
     if (o) {
         json_object_set_new(o, "cache_defaults", proto_encode_cache(&srv->cache_defaults));
+        json_object_set_new(o, "cache_ranges", proto_cache_ranges());
         json_object_set_new(o, "limits",
                             json_pack("{s:I,s:I,s:i,s:i,s:i,s:i,s:I}",
                                       "max_body_bytes", (json_int_t)srv->cfg.max_body_bytes,
@@ -901,6 +903,9 @@ static const http_route route_table[] = {
     {"GET", "/health", h_health, "health", 0},
     {"GET", "/ready", h_ready, "ready", 0},
     {"GET", "/metrics", h_metrics, "metrics", 0},
+    /* the page (web.h): static files only, no key needed, nothing served but them */
+    {"GET", "/", web_h_page, "web_page", 0},
+    {"GET", "/web/{file}", web_h_page, "web_asset", 0},
     {"GET", "/v1/model", h_model, "model", M},
     {"GET", "/v1/models", h_models, "models", M},
     {"POST", "/v1/sessions", h_session_create, "sessions_create", J | ROUTE_EMPTY_OK | M},
