@@ -78,7 +78,8 @@ async function loadModel() {
   $('#model-name').textContent = m.name;
   $('#model-info').title = `${m.model_type}, ${m.num_layers}x${m.hidden_size}, vocabulary ${m.vocab_size}`;
   $('#model-detail').textContent = ` · V=${m.vocab_size} · ${m.num_layers}x${m.hidden_size} LSTM`;
-  buildForm(m.cache_ranges, m.cache_defaults);
+  /* once: a new key keeps the settings the user chose */
+  if (!$('#cache-form .field.cache')) buildForm(m.cache_ranges, m.cache_defaults);
   return true;
 }
 
@@ -182,6 +183,7 @@ async function runTypeahead() {
   if (!state.model) return;
   if (ta.busy) { ta.dirty = true; return; }
   ta.busy = true;
+  $('#pred-list').dataset.busy = '1';
   try {
     do {
       ta.dirty = false;
@@ -192,6 +194,7 @@ async function runTypeahead() {
     showError(e);
   } finally {
     ta.busy = false;
+    $('#pred-list').dataset.busy = '0';
   }
 }
 
@@ -218,6 +221,7 @@ async function updateTypeahead() {
   const preds = r.predictions.filter((p) => p.word.toLowerCase().startsWith(low)).slice(0, 10);
   ta.preds = preds;
   renderPredictions(preds, r.position, partial);
+  $('#pred-list').dataset.text = complete + partial;
 }
 
 function renderPredictions(preds, position, partial) {
@@ -449,7 +453,7 @@ function tokenSpan(t, n, side) {
   s.dataset.bits = t[side] == null ? '' : t[side];
   s.textContent = eos ? '↵' : t.word;
   s.style.background = heat(t[side]);
-  frag.append(s);
+  frag.append(s, ' ');   /* a break opportunity between words */
   if (eos) frag.append(document.createElement('br'));
   return frag;
 }
@@ -604,6 +608,7 @@ function selectView(name) {
   for (const b of document.querySelectorAll('#tabs button'))
     b.setAttribute('aria-selected', String(b.dataset.view === name));
   for (const v of document.querySelectorAll('.view')) v.hidden = v.id !== 'view-' + name;
+  $('#settings').hidden = name === 'ns';     /* the settings are the sessions' */
   if (name === 'ns') loadNamespaces();
   history.replaceState(null, '', '#' + name);
 }

@@ -1,0 +1,229 @@
+/* test_web.c -- the page at GET / (server/web.h): its files are served
+ * without a key and are the repository's web/ files byte for byte, the API
+ * behind it still needs one, `--web false` turns the page off; then the
+ * browser test (tests/web/ui_test.js, headless Chromium through
+ * puppeteer-core) drives the page against this daemon on the demo model and
+ * its checks count here. Screenshots go to $NC_SCREENSHOTS (default
+ * build/screenshots; docs/screenshots holds the committed ones). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "harness.h"
+
+#define ADMIN_KEY "nc_webtest_admin_0123456789abcdef"
+#define READ_KEY "nc_webtest_reader_0123456789abcdef"
+
+static char scratch[] = "/tmp/nc-web-XXXXXX";
+static char keyfile[300];
+static const char *model = "models/demo";
+
+static char *read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = 0;
+        *len = (size_t)n;
+    }
+    return buf;
+}
+
+static int start(nc_daemon *d, const char *web)
+{
+    const char *args[] = {"--model", model, "--api-keys", keyfile, "--web", web, NULL};
+    return daemon_start(d, args);
+}
+
+/* GET path without a key: 200 with the type and the bytes of web/file. */
+static void check_file(int port, const char *path, const char *file, const char *type)
+{
+    char disk[256];
+    snprintf(disk, sizeof disk, "web/%s", file);
+    size_t len = 0;
+    char *want = read_all(disk, &len);
+    http_resp r;
+    httpc_set_bearer(NULL);
+    CHECK(http_call(port, "GET", path, NULL, NULL, 0, &r) == 0);
+    CHECKF(r.status == 200, "GET %s: %ld", path, r.status);
+    CHECK_STR_CONTAINS(r.content_type, type);
+    CHECKF(want && r.len == len && memcmp(r.body, want, len) == 0, "GET %s is not web/%s (%zu vs %zu bytes)",
+           path, file, r.len, len);
+    http_resp_free(&r);
+    free(want);
+}
+
+TEST(page_served_without_key_api_still_needs_one)
+{
+    nc_daemon d;
+    if (start(&d, "true") != 0) {
+        CHECK(!"daemon started");
+        return;
+    }
+    check_file(d.port, "/", "index.html", "text/html");
+    check_file(d.port, "/web/app.js", "app.js", "text/javascript");
+    check_file(d.port, "/web/style.css", "style.css", "text/css");
+    http_resp r;
+    httpc_set_bearer(NULL);
+    http_call(d.port, "GET", "/web/nope.js", NULL, NULL, 0, &r);
+    CHECK(r.status == 404 && !strcmp(http_error_code(&r), "not_found"));
+    http_resp_free(&r);
+    http_call(d.port, "GET", "/web/..%2Fconfig.h", NULL, NULL, 0, &r);
+    CHECK(r.status == 404);
+    http_resp_free(&r);
+    http_call(d.port, "POST", "/", "text/plain", "x", 1, &r);
+    CHECKF(r.status == 405, "POST /: %ld", r.status);
+    http_resp_free(&r);
+    /* the files need no key; nothing else changed: the API still does */
+    http_call(d.port, "GET", "/v1/model", NULL, NULL, 0, &r);
+    CHECKF(r.status == 401, "GET /v1/model without a key: %ld", r.status);
+    http_resp_free(&r);
+    http_json(d.port, "POST", "/v1/sessions", "{}", &r);
+    CHECKF(r.status == 401, "POST /v1/sessions without a key: %ld", r.status);
+    http_resp_free(&r);
+    /* the form's ranges: one per setting, each default inside its range */
+    httpc_set_bearer(READ_KEY);
+    http_call(d.port, "GET", "/v1/model", NULL, NULL, 0, &r);
+    CHECK(r.status == 200 && r.json);
+    json_t *ranges = json_object_get(r.json, "cache_ranges"), *defs = json_object_get(r.json, "cache_defaults");
+    CHECK(json_is_object(ranges) && json_is_object(defs) && json_object_size(ranges) == json_object_size(defs));
+    const char *name;
+    json_t *rg;
+    json_object_foreach(ranges, name, rg) {
+        json_t *dv = json_object_get(defs, name);
+        const char *type = json_string_value(json_object_get(rg, "type"));
+        CHECKF(dv && type, "setting %s: no default or no type", name);
+        if (!dv || !type)
+            continue;
+        if (!strcmp(type, "integer") || !strcmp(type, "number")) {
+            double lo = json_number_value(json_object_get(rg, "minimum")),
+                   hi = json_number_value(json_object_get(rg, "maximum")), v = json_number_value(dv);
+            CHECKF(json_is_number(dv) && lo <= v && v <= hi, "%s = %g outside [%g, %g]", name, v, lo, hi);
+        } else if (!strcmp(type, "boolean")) {
+            CHECKF(json_is_boolean(dv), "%s: not a boolean", name);
+        } else {
+            CHECKF(json_is_array(json_object_get(rg, "enum")), "%s: no enum", name);
+        }
+    }
+    CHECK(json_integer_value(json_object_get(json_object_get(ranges, "knn"), "maximum")) == 16384);
+    http_resp_free(&r);
+    /* a value outside the range the form shows is refused by the API */
+    http_json(d.port, "POST", "/v1/sessions", "{\"cache\":{\"neural_theta\":10001}}", &r);
+    CHECKF(r.status == 400 && !strcmp(http_error_code(&r), "out_of_range"), "theta over the range: %ld", r.status);
+    http_resp_free(&r);
+    httpc_set_bearer(NULL);
+    CHECK(daemon_stop(&d) == 0);
+}
+
+TEST(web_false_turns_the_page_off)
+{
+    nc_daemon d;
+    if (start(&d, "false") != 0) {
+        CHECK(!"daemon started");
+        return;
+    }
+    http_resp r;
+    httpc_set_bearer(NULL);
+    const char *paths[] = {"/", "/web/app.js"};
+    for (int i = 0; i < 2; i++) {
+        http_call(d.port, "GET", paths[i], NULL, NULL, 0, &r);
+        CHECKF(r.status == 404, "GET %s with web = false: %ld", paths[i], r.status);
+        CHECK_STR_CONTAINS(r.body, "web = false");
+        http_resp_free(&r);
+    }
+    http_call(d.port, "GET", "/health", NULL, NULL, 0, &r);
+    CHECK(r.status == 200);
+    http_resp_free(&r);
+    CHECK(daemon_stop(&d) == 0);
+}
+
+/* Runs ui_test.js against a daemon and adds its counts to ours. */
+TEST(browser)
+{
+    nc_daemon d;
+    if (start(&d, "true") != 0) {
+        CHECK(!"daemon started");
+        return;
+    }
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", d.port);
+    setenv("NC_URL", url, 1);
+    setenv("NC_ADMIN_KEY", ADMIN_KEY, 1);
+    setenv("NC_READ_KEY", READ_KEY, 1);
+    if (!getenv("NC_SCREENSHOTS"))
+        setenv("NC_SCREENSHOTS", "build/screenshots", 1);
+    const char *modules = getenv("NC_NODE_MODULES") ? getenv("NC_NODE_MODULES") : "build/node/node_modules";
+    const char *chromium = getenv("CHROMIUM") ? getenv("CHROMIUM") : "/usr/bin/chromium";
+    char pc[512];
+    snprintf(pc, sizeof pc, "%s/puppeteer-core/package.json", modules);
+    CHECKF(access(pc, R_OK) == 0, "%s missing: run make deps (scripts/deps.sh installs tests/web with npm ci)", pc);
+    CHECKF(access(chromium, X_OK) == 0, "%s missing: run make deps (Debian's chromium)", chromium);
+    if (access(pc, R_OK) != 0 || access(chromium, X_OK) != 0) {
+        daemon_stop(&d);
+        return;
+    }
+    /* the sanitizer build's daemon is slower: the test's waits are about
+     * events, not time, and its own timeouts are generous */
+    FILE *p = popen("node tests/web/ui_test.js", "r");
+    CHECK(p != NULL);
+    int np = -1, nf = -1;
+    char line[4096];
+    while (p && fgets(line, sizeof line, p)) {
+        int a, b;
+        if (sscanf(line, "%d passed, %d failed", &a, &b) == 2) {
+            np = a, nf = b;
+            continue;
+        }
+        fprintf(stderr, "  ui: %s", line);
+    }
+    int st = p ? pclose(p) : -1;
+    CHECKF(np >= 0, "ui_test.js printed no summary line (exit status %d)", st);
+    CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == (nf > 0), "ui_test.js exit status %d", st);
+    if (np >= 0) {
+        harness_passed += np;
+        harness_failed += nf;
+    }
+    if (harness_failed)
+        daemon_dump_log(&d);
+    CHECK(daemon_stop(&d) == 0);
+}
+
+int main(void)
+{
+    if (!mkdtemp(scratch)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    snprintf(keyfile, sizeof keyfile, "%s/keys", scratch);
+    FILE *f = fopen(keyfile, "w");
+    if (!f) {
+        perror(keyfile);
+        return 1;
+    }
+    fprintf(f, "admin %s all *\nreader %s read default\n", ADMIN_KEY, READ_KEY);
+    fclose(f);
+    chmod(keyfile, 0600);
+    httpc_init();
+    RUN(page_served_without_key_api_still_needs_one);
+    RUN(web_false_turns_the_page_off);
+    RUN(browser);
+    httpc_cleanup();
+    unlink(keyfile);
+    rmdir(scratch);
+    return harness_summary();
+}
