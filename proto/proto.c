@@ -376,11 +376,15 @@ int proto_decode_predict(const json_t *body, long max_top_k, proto_predict_req *
 
 int proto_decode_feed(const json_t *body, proto_feed_req *r, api_status *st)
 {
-    static const char *const keys[] = {"text", "scores", "adapt", NULL};
+    static const char *const keys[] = {"text", "scores", "adapt", "components", NULL};
     if (proto_check_keys(body, keys, st)) return -1;
     if (proto_get_string(body, "text", true, &r->text, &r->len, st)) return -1;
     if (proto_get_bool(body, "scores", false, &r->scores, st)) return -1;
     if (proto_get_bool(body, "adapt", false, &r->adapt, st)) return -1;
+    if (proto_get_bool(body, "components", false, &r->components, st)) return -1;
+    if (r->components && r->adapt)
+        return proto_fail(st, API_OUT_OF_RANGE, "field 'components' cannot be combined with 'adapt'");
+    r->scores = r->scores || r->components;
     return 0;
 }
 

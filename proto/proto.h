@@ -102,6 +102,7 @@ int proto_decode_predict(const json_t *body, long max_top_k, proto_predict_req *
 typedef struct {
     const char *text; size_t len; bool scores;
     bool adapt;              /* also add the pairs to the namespace's unbounded cache */
+    bool components;         /* each token's probability split by component (implies scores) */
 } proto_feed_req;
 int proto_decode_feed(const json_t *body, proto_feed_req *r, api_status *st);
 

@@ -15,6 +15,7 @@
 
 #include "daemon.h"
 #include "harness.h"
+#include "tolerance.h"
 
 #define ADMIN_KEY "nc_webtest_admin_0123456789abcdef"
 #define READ_KEY "nc_webtest_reader_0123456789abcdef"
@@ -152,6 +153,66 @@ TEST(web_false_turns_the_page_off)
     CHECK(daemon_stop(&d) == 0);
 }
 
+/* feed with "components" (the map's tooltips): each token's shares add up
+ * to its probability, and its logprobs are those of a plain feed, on a
+ * fixture model with a neural and a unigram cache. The shares come from the
+ * full distribution and the logprob from the target-only path, fed token by
+ * token against a batched feed: TOL_FIXTURE_PATHS bounds both (tolerance.h). */
+TEST(feed_components_add_up)
+{
+    char fixture[512];
+    snprintf(fixture, sizeof fixture, "%s/lstm-2layer", harness_fixtures());
+    const char *args[] = {"--model", fixture, NULL};
+    nc_daemon d;
+    if (daemon_start(&d, args) != 0) {
+        CHECK(!"daemon started");
+        return;
+    }
+    const char *text = "w3 w4 w5 w6 w7 w3 w4 w5 w9\\nw10 w3 w4 w5";
+    const char *cache = "{\"neural_size\":50,\"neural_lambda\":0.3,\"unigram_size\":20,\"unigram_lambda\":0.2}";
+    char body[512];
+    http_resp r, a, b;
+    for (int i = 0; i < 2; i++) {
+        snprintf(body, sizeof body, "{\"id\":\"s%d\",\"cache\":%s}", i, cache);
+        http_json(d.port, "POST", "/v1/sessions", body, &r);
+        CHECK(r.status == 201);
+        http_resp_free(&r);
+    }
+    snprintf(body, sizeof body, "{\"text\":\"%s\",\"components\":true}", text);
+    http_json(d.port, "POST", "/v1/sessions/s0/feed", body, &a);
+    snprintf(body, sizeof body, "{\"text\":\"%s\",\"scores\":true}", text);
+    http_json(d.port, "POST", "/v1/sessions/s1/feed", body, &b);
+    CHECK(a.status == 200 && b.status == 200);
+    json_t *comps = json_object_get(a.json, "components"), *lpa = json_object_get(a.json, "logprobs"),
+           *lpb = json_object_get(b.json, "logprobs");
+    size_t n = json_array_size(lpb);
+    CHECK(n > 10 && json_array_size(comps) == n && json_array_size(lpa) == n);
+    double worst_sum = 0, worst_lp = 0;
+    int cached = 0;
+    for (size_t i = 0; i < n && json_array_size(comps) == n; i++) {
+        json_t *c = json_array_get(comps, i);
+        CHECK(json_is_object(c) && json_object_size(c) == 5);
+        double p = 0;
+        const char *k;
+        json_t *v;
+        json_object_foreach(c, k, v) p += json_number_value(v);
+        double la = json_number_value(json_array_get(lpa, i)), lb = json_number_value(json_array_get(lpb, i));
+        worst_sum = fmax(worst_sum, fabs(log(p) - la));
+        worst_lp = fmax(worst_lp, fabs(la - lb));
+        if (json_number_value(json_object_get(c, "neural")) > 0 && json_number_value(json_object_get(c, "unigram")) > 0)
+            cached++;
+    }
+    CHECKF(worst_sum <= TOL_FIXTURE_PATHS, "|log sum(shares) - logprob| up to %g", worst_sum);
+    CHECKF(worst_lp <= TOL_FIXTURE_PATHS, "components changed the logprobs by up to %g", worst_lp);
+    CHECKF(cached >= 5, "only %d tokens with neural and unigram shares", cached);
+    http_resp_free(&a);
+    http_resp_free(&b);
+    http_json(d.port, "POST", "/v1/sessions/s0/feed", "{\"text\":\"w3\",\"components\":true,\"adapt\":true}", &r);
+    CHECK(r.status == 400 && !strcmp(http_error_code(&r), "out_of_range"));
+    http_resp_free(&r);
+    CHECK(daemon_stop(&d) == 0);
+}
+
 /* Runs ui_test.js against a daemon and adds its counts to ours. */
 TEST(browser)
 {
@@ -221,6 +282,7 @@ int main(void)
     httpc_init();
     RUN(page_served_without_key_api_still_needs_one);
     RUN(web_false_turns_the_page_off);
+    RUN(feed_components_add_up);
     RUN(browser);
     httpc_cleanup();
     unlink(keyfile);

@@ -408,8 +408,9 @@ async function runMap() {
     sids = [await newSession(plain), await newSession(cached)];
     for (let k = 0; k < parts.length; k++) {
       $('#map-status').textContent = `chunk ${k + 1} of ${parts.length}`;
-      const [a, b] = await Promise.all(sids.map((sid) =>
-        api('POST', `/v1/sessions/${sid}/feed`, { text: parts[k], scores: true })));
+      /* the cached side also splits each token's probability by component */
+      const [a, b] = await Promise.all(sids.map((sid, j) =>
+        api('POST', `/v1/sessions/${sid}/feed`, { text: parts[k], scores: true, components: j === 1 })));
       for (let i = 0; i < a.tokens.length; i++) {
         const t = { word: a.tokens[i], static: bitsOf(a.logprobs[i]), cached: bitsOf(b.logprobs[i]),
                     comps: b.components ? b.components[i] : null };

@@ -281,6 +281,15 @@ async function run(browser) {
     const tip = await $eval('#map-tip', (e) => e.hidden ? '' : e.textContent);
     check(tip.includes(RARE) && tip.includes(map.c[b].bits.toFixed(2)) && tip.includes(map.s[b].bits.toFixed(2)),
           'hovering a word shows both surprisals', tip);
+    /* the tooltip's components: the API's per-token shares, which add up
+     * to the token's probability (relative 1e-3: the full and target-only
+     * paths of a V=10,000 softmax in float32, see test_web.c) */
+    const comps = await page.evaluate((i) => mapState.tokens[i].comps, b);
+    const sum = comps ? Object.values(comps).reduce((x, y) => x + y, 0) : 0;
+    const neuralShown = /neural (\d+\.\d)%/.exec(tip);
+    check(comps && Math.abs(sum / Math.pow(2, -map.c[b].bits) - 1) < 1e-3 && neuralShown &&
+          Math.abs(Number(neuralShown[1]) - 100 * comps.neural / sum) <= 0.05 + 1e-9 && comps.neural > comps.model,
+          `the tooltip splits the repeat by component (neural ${neuralShown ? neuralShown[1] : '?'}%)`, tip);
   }
   await page.evaluate(() => { document.querySelector('#settings').open = false; window.scrollTo(0, 0); });
   await spansHover();
