@@ -334,6 +334,12 @@ async function run(browser) {
       await page.type('#ta-text', 'the company said its profit rose and the company ');
       await settled();
     }
+    if (view === 'map') {
+      await $eval('#map-text', (e, t) => { e.value = t; }, MAP_TEXT);
+      await page.click('#map-run');
+      await page.waitForFunction(() => document.querySelector('#map-status').dataset.done === '1', { timeout: 30000 });
+      await page.evaluate(() => { document.querySelector('#map-text').rows = 2; });
+    }
     if (view !== 'ns') await shot(view + '-phone');
   }
 
