@@ -289,7 +289,9 @@ static void h_session_delete(nc_server *srv, http_request *req, http_response *r
  * two paths agree, design §4). shares[i][c] is NAN where there is no
  * prediction (no h yet) or the word has no id yet (a new open-vocabulary
  * word: only the uniform term gives it mass). One full softmax per token,
- * as predict: for the page's surprisal map, not for bulk scoring. */
+ * as predict: for the page's surprisal map, not for bulk scoring. Unlike
+ * stream_feed, a failure midway (out of memory) leaves the tokens before it
+ * fed. */
 static int feed_components(nc_stream *st, const nc_model *m, const nc_tokens *t, double *lp,
                            float (*shares)[NC_NCOMP], char *err, size_t errlen)
 {
@@ -299,16 +301,16 @@ static int feed_components(nc_stream *st, const nc_model *m, const nc_tokens *t,
     tokens_init(&one);
     int rc = NC_OK;
     for (size_t i = 0; i < t->n && rc == NC_OK; i++) {
+        /* an out-of-vocabulary word is the cache's own id with open
+         * vocabulary (-1 while the word is new), else unk_token */
         int id = t->ids[i];
-        if (id == m->unk_id && t->words[i])
+        if (id == m->unk_id && t->words[i] && stream_params(st)->open_vocab)
             id = stream_word_id(st, t->words[i], strlen(t->words[i]));
-        if (id < 0)
-            id = t->ids[i];
         for (int c = 0; c < NC_NCOMP; c++)
             shares[i][c] = NAN;
         if (stream_has_h(st)) {
             rc = stream_predict(st, true, &d, err, errlen);
-            for (int c = 0; rc == NC_OK && c < NC_NCOMP && (size_t)id < d.n; c++)
+            for (int c = 0; rc == NC_OK && id >= 0 && c < NC_NCOMP && (size_t)id < d.n; c++)
                 shares[i][c] = d.share[c][id];
         }
         tokens_clear(&one);

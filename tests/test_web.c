@@ -207,6 +207,22 @@ TEST(feed_components_add_up)
     CHECKF(cached >= 5, "only %d tokens with neural and unigram shares", cached);
     http_resp_free(&a);
     http_resp_free(&b);
+    /* open vocabulary: a new word has no id (null), its repeat its own
+     * id's shares, not unk_token's */
+    http_json(d.port, "POST", "/v1/sessions", "{\"id\":\"ov\",\"cache\":{\"neural_size\":50,\"open_vocab\":true}}", &r);
+    CHECK(r.status == 201);
+    http_resp_free(&r);
+    http_json(d.port, "POST", "/v1/sessions/ov/feed", "{\"text\":\"w3 zork w4 zork\",\"components\":true}", &r);
+    json_t *oc = json_object_get(r.json, "components"), *ol = json_object_get(r.json, "logprobs");
+    CHECK(r.status == 200 && json_array_size(oc) == 4);
+    CHECK(json_is_null(json_array_get(oc, 1)));
+    json_t *rep = json_array_get(oc, 3);
+    double prep = json_number_value(json_object_get(rep, "neural")) + json_number_value(json_object_get(rep, "model"));
+    CHECKF(json_is_object(rep) && json_number_value(json_object_get(rep, "model")) == 0 && prep > 0 &&
+           fabs(log(prep) - json_number_value(json_array_get(ol, 3))) <= TOL_FIXTURE_PATHS,
+           "the repeated new word: model %g, neural %g, logprob %g", json_number_value(json_object_get(rep, "model")),
+           json_number_value(json_object_get(rep, "neural")), json_number_value(json_array_get(ol, 3)));
+    http_resp_free(&r);
     http_json(d.port, "POST", "/v1/sessions/s0/feed", "{\"text\":\"w3\",\"components\":true,\"adapt\":true}", &r);
     CHECK(r.status == 400 && !strcmp(http_error_code(&r), "out_of_range"));
     http_resp_free(&r);

@@ -575,7 +575,7 @@ async function upload(ev) {
     while (!finished) {
       try {
         const info = await api('GET', `/v1/namespaces/${encodeURIComponent(ns)}`);
-        const up = (info.uploads || [])[0];
+        const up = (info.uploads || []).find((u) => !id || u.document === id);
         if (up && !finished) {
           bar.value = up.bytes_received;
           status.textContent = `${up.bytes_received.toLocaleString('en')} of ${file.size.toLocaleString('en')} bytes, ` +
