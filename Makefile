@@ -47,6 +47,10 @@ LIBCORE  := $(BUILD)/libneurocache.a
 LIBPROTO := $(BUILD)/libncproto.a
 SERVER_MAIN_OBJ := $(filter %/server/main.o,$(SERVER_OBJ))
 SERVER_LIB_OBJ := $(filter-out %/server/main.o,$(SERVER_OBJ))
+# The page at GET / (server/web.h): web/* compiled in as a generated C file.
+WEB_FILES := $(sort $(wildcard web/*))
+WEB_GEN   := $(BUILD)/gen/web_assets.c
+WEB_OBJ   := $(BUILD)/obj/gen/web_assets.o
 LIBSERVER := $(BUILD)/libncserver.a
 
 .PHONY: all deps test check asan bench fuzz run soak demo-model clean tests
@@ -76,7 +80,15 @@ $(LIBPROTO): $(PROTO_OBJ)
 	@mkdir -p $(dir $@)
 	$(Q)rm -f $@ && ar rcs $@ $^ $(if $^,,--)
 
-$(LIBSERVER): $(SERVER_LIB_OBJ)
+$(WEB_GEN): $(WEB_FILES) scripts/embed_web.sh
+	$(Q)bash scripts/embed_web.sh $@ $(WEB_FILES)
+
+$(WEB_OBJ): $(WEB_GEN)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIBSERVER): $(SERVER_LIB_OBJ) $(WEB_OBJ)
 	@mkdir -p $(dir $@)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
@@ -183,6 +195,6 @@ demo-model: all
 	$(Q)$(BIN)/neurocache build-index --model models/demo --corpus $(DEMO_DATA)/ptb.train.txt --threads 2
 
 clean:
-	rm -rf build/obj build/tests build/asan build/*.a $(BIN)
+	rm -rf build/obj build/gen build/tests build/asan build/*.a $(BIN)
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

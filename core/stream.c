@@ -214,6 +214,14 @@ int stream_feed(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprob
     return rc;
 }
 
+int stream_word_id(nc_stream *s, const char *word, size_t len)
+{
+    if (!s->p.open_vocab || !s->words)
+        return -1;
+    int id = wordtable_id(s->words, word, len, false);
+    return id >= 0 ? id : -1;
+}
+
 int stream_predict(nc_stream *s, bool shares, nc_dist *out, char *err, size_t errlen)
 {
     if (!s->has_h)

@@ -56,6 +56,10 @@ const nc_ncache *stream_neural(const nc_stream *s);
 int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dist *out, char *err,
                           size_t errlen);
 
+/* Open vocabulary: the id the stream's word table gives word[0..len) (a
+ * model id, or >= V for a word remembered under its own name), -1 when the
+ * table has no such word or the stream has no table. */
+int stream_word_id(nc_stream *s, const char *word, size_t len);
 /* Surface string of id (model or open-vocabulary word), NULL if unknown. */
 const char *stream_word(nc_stream *s, int id);
 int64_t stream_position(const nc_stream *s);      /* tokens fed since start */

@@ -304,23 +304,22 @@ json_t *proto_encode_cache_knobs(void)
     const nc_cache_knob *k = cache_knobs(&n);
     nc_cache_params def;
     cache_params_default(&def);
-    json_t *a = json_array();
-    for (size_t i = 0; a && i < n; i++) {
-        json_t *o = json_pack("{s:s,s:s,s:s,s:o,s:s}", "name", k[i].name, "flag", k[i].flag, "type",
-                              types[k[i].type], "default", knob_value(&k[i], cache_knob_get(&def, &k[i])),
-                              "description", k[i].doc);
-        if (k[i].type == NC_KNOB_INT || k[i].type == NC_KNOB_FLOAT || k[i].type == NC_KNOB_FLOAT_BELOW_MAX) {
+    json_t *all = json_object();
+    for (size_t i = 0; all && i < n; i++) {
+        json_t *o = json_pack("{s:s,s:s,s:o,s:s}", "flag", k[i].flag, "type", types[k[i].type], "default",
+                              knob_value(&k[i], cache_knob_get(&def, &k[i])), "description", k[i].doc);
+        if (o && (k[i].type == NC_KNOB_INT || k[i].type == NC_KNOB_FLOAT || k[i].type == NC_KNOB_FLOAT_BELOW_MAX)) {
             bool whole = k[i].type == NC_KNOB_INT;
             json_object_set_new(o, "minimum", whole ? json_integer((json_int_t)k[i].min) : json_real(k[i].min));
             json_object_set_new(o, "maximum", whole ? json_integer((json_int_t)k[i].max) : json_real(k[i].max));
             if (k[i].type == NC_KNOB_FLOAT_BELOW_MAX)
                 json_object_set_new(o, "exclusive_maximum", json_true());
         }
-        if (k[i].type == NC_KNOB_KERNEL)
+        if (o && k[i].type == NC_KNOB_KERNEL)
             json_object_set_new(o, "enum", json_pack("[s,s]", cache_kernel_name(0), cache_kernel_name(1)));
-        json_array_append_new(a, o);
+        json_object_set_new(all, k[i].name, o);
     }
-    return a;
+    return all;
 }
 
 int proto_decode_predict(const json_t *body, long max_top_k, proto_predict_req *r, api_status *st)
@@ -336,11 +335,15 @@ int proto_decode_predict(const json_t *body, long max_top_k, proto_predict_req *
 
 int proto_decode_feed(const json_t *body, proto_feed_req *r, api_status *st)
 {
-    static const char *const keys[] = {"text", "scores", "adapt", NULL};
+    static const char *const keys[] = {"text", "scores", "adapt", "components", NULL};
     if (proto_check_keys(body, keys, st)) return -1;
     if (proto_get_string(body, "text", true, &r->text, &r->len, st)) return -1;
     if (proto_get_bool(body, "scores", false, &r->scores, st)) return -1;
     if (proto_get_bool(body, "adapt", false, &r->adapt, st)) return -1;
+    if (proto_get_bool(body, "components", false, &r->components, st)) return -1;
+    if (r->components && r->adapt)
+        return proto_fail(st, API_OUT_OF_RANGE, "field 'components' cannot be combined with 'adapt'");
+    r->scores = r->scores || r->components;
     return 0;
 }
 

@@ -87,9 +87,11 @@ int proto_decode_cache(const json_t *obj, const nc_cache_params *defaults,
                        nc_cache_params *out, api_status *st);
 /* The settings as a JSON object (new reference). */
 json_t *proto_encode_cache(const nc_cache_params *p);
-/* The knob table (core/cache_knobs.h) as an array of {name, flag, type,
- * default, description, minimum, maximum, exclusive_maximum?, enum?}: what
- * GET /v1/model shows as "cache_knobs" (forms, clients). */
+/* The knob table (core/cache_knobs.h) as an object keyed by knob name, in
+ * the table's order: {"knn": {"flag", "type", "default", "description",
+ * "minimum", "maximum"}, ..., "uniform_mu": {..., "exclusive_maximum":
+ * true}, "kernel": {..., "enum": [...]}} (new reference): what GET
+ * /v1/model shows as "cache_knobs" (forms, clients). */
 json_t *proto_encode_cache_knobs(void);
 
 /* Requests of the session endpoints. */
@@ -102,6 +104,7 @@ int proto_decode_predict(const json_t *body, long max_top_k, proto_predict_req *
 typedef struct {
     const char *text; size_t len; bool scores;
     bool adapt;              /* also add the pairs to the namespace's unbounded cache */
+    bool components;         /* each token's probability split by component (implies scores) */
 } proto_feed_req;
 int proto_decode_feed(const json_t *body, proto_feed_req *r, api_status *st);
 

@@ -11,7 +11,11 @@ packages=(build-essential pkg-config dpkg-dev
           libfaiss-dev uthash-dev libunistring-dev zlib1g-dev libinih-dev
           libcurl4-openssl-dev libhiredis-dev libsystemd-dev libyaml-dev
           clang libclang-rt-dev gnuplot-nox wrk procps curl
-          haproxy nginx-light redis-server python3-yaml)  # multi-replica tests, deploy/lint.sh
+          haproxy nginx-light redis-server python3-yaml   # multi-replica tests, deploy/lint.sh
+          chromium)                                       # the web page's browser test (tests/web)
+# node and npm drive that browser (puppeteer-core): Debian's, unless a node is
+# already installed (its own npm comes with it)
+command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -33,6 +37,21 @@ if [ ${#missing[@]} -gt 0 ]; then
     fi
     rm -f "$log"
 fi
+
+# The browser test's node modules (tests/web/package-lock.json: puppeteer-core,
+# which downloads no browser), installed with npm ci into build/node; again
+# only when the lock file changed.
+install_web_test_modules() {
+    local dir="$here/build/node" lock="$here/tests/web/package-lock.json"
+    if [ -f "$dir/node_modules/puppeteer-core/package.json" ] && cmp -s "$lock" "$dir/package-lock.json"; then
+        return 0
+    fi
+    echo "deps: npm ci (tests/web: puppeteer-core) into build/node" >&2
+    mkdir -p "$dir"
+    cp "$here/tests/web/package.json" "$lock" "$dir/"
+    ( cd "$dir" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error ) >&2
+}
+install_web_test_modules
 
 # FAISS's distance and IVFPQ kernels, recompiled for this CPU (see below).
 build_simd_kernels() {

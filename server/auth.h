@@ -24,7 +24,8 @@
  * namespace; admin = anything else (session state import -- the blob names
  * its namespace --, the namespace list, namespace deletion, snapshots,
  * hand-offs, and routes this table does not know: fail closed).
- * /health and /ready need no key. */
+ * /health, /ready and the web page's static files (GET /, /web/...) need no
+ * key. */
 #ifndef NC_SERVER_AUTH_H
 #define NC_SERVER_AUTH_H
 

@@ -53,6 +53,8 @@ static const config_option options[] = {
      "API key sent to the peers (Bearer) when pulling or handing over sessions; with api_keys, an admin key of theirs"},
     {"server", "drain_grace", OPT_INT, OFF(drain_grace_s), 0, 0, 600, NULL, "0",
      "seconds SIGTERM keeps serving with /ready 503 (load balancer catches up) before handing sessions to peers"},
+    {"server", "web", OPT_BOOL, OFF(web), 0, 0, 0, NULL, "true",
+     "serve the web page at GET / (static files; its API calls need a key as any client's)"},
     {"replication", "redis", OPT_STRING, OFF(redis), SZ(redis), 0, 0, NULL, "",
      "Redis host:port whose Streams replicate namespaces between replicas; empty = off"},
     {"replication", "redis_prefix", OPT_STRING, OFF(redis_prefix), SZ(redis_prefix), 0, 0, NULL, "neurocache:",

@@ -30,6 +30,7 @@ typedef struct {
     char peers[2048];            /* other replicas: "tag=url,..." (server/migrate.h) */
     char peer_key[128];          /* API key presented to the peers ("" = none) */
     int drain_grace_s;           /* SIGTERM: seconds serving with /ready 503 before hand-over */
+    bool web;                    /* serve the page at GET / (server/web.h) */
     /* [replication] (server/replication.h) */
     char redis[256];             /* host:port of Redis; "" = no replication */
     char redis_prefix[64];       /* key prefix of the streams */

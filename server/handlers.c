@@ -21,6 +21,7 @@
 #include "rng.h"
 #include "sessions.h"
 #include "vmath.h"
+#include "web.h"
 
 /* ---- helpers ---------------------------------------------------------- */
 
@@ -282,6 +283,47 @@ static void h_session_delete(nc_server *srv, http_request *req, http_response *r
     resp->status = 204;
 }
 
+/* Feed with "components": token by token, the full distribution with each
+ * component's share (stream_predict) read at the token, then the token fed
+ * (stream_feed, which gives its logprob through the target-only path; the
+ * two paths agree, design §4). shares[i][c] is NAN where there is no
+ * prediction (no h yet) or the word has no id yet (a new open-vocabulary
+ * word: only the uniform term gives it mass). One full softmax per token,
+ * as predict: for the page's surprisal map, not for bulk scoring. Unlike
+ * stream_feed, a failure midway (out of memory) leaves the tokens before it
+ * fed. */
+static int feed_components(nc_stream *st, const nc_model *m, const nc_tokens *t, double *lp,
+                           float (*shares)[NC_NCOMP], char *err, size_t errlen)
+{
+    nc_dist d;
+    dist_init(&d);
+    nc_tokens one;
+    tokens_init(&one);
+    int rc = NC_OK;
+    for (size_t i = 0; i < t->n && rc == NC_OK; i++) {
+        /* an out-of-vocabulary word is the cache's own id with open
+         * vocabulary (-1 while the word is new), else unk_token */
+        int id = t->ids[i];
+        if (id == m->unk_id && t->words[i] && stream_params(st)->open_vocab)
+            id = stream_word_id(st, t->words[i], strlen(t->words[i]));
+        for (int c = 0; c < NC_NCOMP; c++)
+            shares[i][c] = NAN;
+        if (stream_has_h(st)) {
+            rc = stream_predict(st, true, &d, err, errlen);
+            for (int c = 0; rc == NC_OK && id >= 0 && c < NC_NCOMP && (size_t)id < d.n; c++)
+                shares[i][c] = d.share[c][id];
+        }
+        tokens_clear(&one);
+        if (rc == NC_OK)
+            rc = tokens_push(&one, t->ids[i], t->words[i], strlen(t->words[i]), t->offsets[i]);
+        if (rc == NC_OK)
+            rc = stream_feed(st, &one, false, &lp[i], err, errlen);
+    }
+    tokens_clear(&one);
+    dist_free(&d);
+    return rc;
+}
+
 static void h_feed(nc_server *srv, http_request *req, http_response *resp)
 {
     proto_feed_req r;
@@ -302,21 +344,24 @@ static void h_feed(nc_server *srv, http_request *req, http_response *resp)
         return;
     }
     double *lp = r.scores && t.n ? malloc(t.n * sizeof *lp) : NULL;
+    float (*shares)[NC_NCOMP] = r.components && t.n ? malloc(t.n * sizeof *shares) : NULL;
     char err[NC_ERRLEN] = "";
-    int rc = (r.scores && t.n && !lp) ? NC_ENOMEM : NC_OK;
+    int rc = (r.scores && t.n && (!lp || (r.components && !shares))) ? NC_ENOMEM : NC_OK;
     int64_t pos = 0;
     /* A session handed over while this request waited must not take the
      * tokens (they would be lost): session_moved, the balancer retries. */
     if (migrate_lock(srv, s, resp) != 0) {
         sessions_release(srv->sessions, s);
         free(lp);
+        free(shares);
         tokens_clear(&t);
         return;
     }
     uint64_t seq = 0;
     if (rc == NC_OK && t.n)
         rc = r.adapt ? namespaces_feed_adapt(srv, s, &t, lp, &seq, err, sizeof err)
-                     : stream_feed(s->stream, &t, false, lp, err, sizeof err);
+             : shares ? feed_components(s->stream, srv->model, &t, lp, shares, err, sizeof err)
+                      : stream_feed(s->stream, &t, false, lp, err, sizeof err);
     pos = stream_position(s->stream);
     pthread_mutex_unlock(&s->lock);
     /* adapted pairs are durable before the answer (group commit) */
@@ -338,9 +383,20 @@ static void h_feed(nc_server *srv, http_request *req, http_response *resp)
             json_object_set_new(o, "logprobs", lps);
             metrics_add_tokens_scored(t.n);
         }
+        if (o && shares) {
+            json_t *comps = json_array();
+            for (size_t i = 0; i < t.n; i++) {
+                json_t *c = isnan(shares[i][0]) ? json_null() : json_object();
+                for (int k = 0; json_is_object(c) && k < NC_NCOMP; k++)
+                    json_object_set_new(c, nc_comp_names[k], json_real(shares[i][k]));
+                json_array_append_new(comps, c);
+            }
+            json_object_set_new(o, "components", comps);
+        }
         http_reply_json(resp, 200, o);
     }
     free(lp);
+    free(shares);
     tokens_clear(&t);
 }
 
@@ -902,6 +958,9 @@ static const http_route route_table[] = {
     {"GET", "/health", h_health, "health", 0},
     {"GET", "/ready", h_ready, "ready", 0},
     {"GET", "/metrics", h_metrics, "metrics", 0},
+    /* the page (web.h): static files only, no key needed, nothing served but them */
+    {"GET", "/", web_h_page, "web_page", 0},
+    {"GET", "/web/{file}", web_h_page, "web_asset", 0},
     {"GET", "/v1/model", h_model, "model", M},
     {"GET", "/v1/models", h_models, "models", M},
     {"POST", "/v1/sessions", h_session_create, "sessions_create", J | ROUTE_EMPTY_OK | M},

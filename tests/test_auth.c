@@ -17,6 +17,7 @@
 #include "daemon.h"
 #include "handlers.h"
 #include "harness.h"
+#include "web.h"
 
 static char model_dir[512];
 static char scratch[] = "/tmp/nc-auth-XXXXXX";
@@ -170,6 +171,10 @@ TEST(route_classes_and_defaults)
         int ops = auth_route_ops(r[i].endpoint);
         if (!strcmp(r[i].endpoint, "health") || !strcmp(r[i].endpoint, "ready"))
             CHECKF(ops == 0, "%s should be open", r[i].endpoint);
+        else if (!strncmp(r[i].endpoint, "web_", 4))
+            /* the page's files: open, and served by nothing but web.c */
+            CHECKF(ops == 0 && r[i].handler == web_h_page && !strcmp(r[i].method, "GET"),
+                   "%s should be an open GET of the page's files", r[i].endpoint);
         else
             CHECKF(ops != 0, "%s %s is open", r[i].method, r[i].pattern);
     }

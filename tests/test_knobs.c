@@ -157,11 +157,12 @@ TEST(cli_config_and_json_say_the_same)
     http_resp r;
     CHECK(http_json(d.port, "GET", "/v1/model", NULL, &r) == 0 && r.status == 200);
     json_t *a = r.json ? json_object_get(r.json, "cache_knobs") : NULL;
-    CHECK(json_is_array(a) && json_array_size(a) == n);
-    for (size_t i = 0; a && i < json_array_size(a) && i < n; i++) {
-        json_t *o = json_array_get(a, i);
-        CHECK(!strcmp(json_string_value(json_object_get(o, "name")), k[i].name));
-        if (numeric(&k[i]))
+    CHECK(json_is_object(a) && json_object_size(a) == n);
+    for (size_t i = 0; a && i < n; i++) {
+        json_t *o = json_object_get(a, k[i].name);
+        CHECKF(o && !strcmp(json_string_value(json_object_get(o, "flag")), k[i].flag), "/v1/model lacks %s",
+               k[i].name);
+        if (o && numeric(&k[i]))
             CHECKF(json_number_value(json_object_get(o, "minimum")) == k[i].min &&
                        json_number_value(json_object_get(o, "maximum")) == k[i].max,
                    "/v1/model's bounds of %s", k[i].name);

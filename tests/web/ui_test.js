@@ -1,0 +1,355 @@
+/* ui_test.js -- drives the daemon's page in headless Chromium (puppeteer-core,
+ * pinned in tests/web/package-lock.json, installed by scripts/deps.sh into
+ * build/node) and checks what a user sees against what the API answers.
+ * Run by tests/test_web.c, which starts the daemon and passes:
+ *   NC_URL          http://127.0.0.1:PORT
+ *   NC_ADMIN_KEY    a key with every operation on every namespace
+ *   NC_READ_KEY     a key that may only read namespace "default"
+ *   NC_SCREENSHOTS  directory for the screenshots (desktop and phone widths)
+ *   NC_NODE_MODULES where puppeteer-core is installed
+ *   CHROMIUM        the browser (Debian's chromium)
+ * Prints one line per check and closes with "N passed, N failed". */
+'use strict';
+
+const fs = require('fs');
+const os = require('os');
+const path = require('path');
+
+const base = process.env.NC_URL;
+const adminKey = process.env.NC_ADMIN_KEY;
+const readKey = process.env.NC_READ_KEY;
+const shots = process.env.NC_SCREENSHOTS || 'build/screenshots';
+const modules = process.env.NC_NODE_MODULES || 'build/node/node_modules';
+const chromium = process.env.CHROMIUM || '/usr/bin/chromium';
+
+let passed = 0, failed = 0;
+function check(cond, what, detail) {
+  if (cond) { passed++; console.log(`ok    ${what}`); }
+  else { failed++; console.log(`FAIL  ${what}${detail !== undefined ? ': ' + detail : ''}`); }
+}
+
+/* The API as a client other than the page sees it. */
+async function api(method, p, body, key = adminKey) {
+  const headers = {};
+  if (key) headers.Authorization = 'Bearer ' + key;
+  if (body !== undefined) headers['Content-Type'] = 'application/json';
+  const r = await fetch(base + p, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  const text = await r.text();
+  return { status: r.status, json: text ? JSON.parse(text) : null };
+}
+
+const NS = 'webtest';
+/* A rare PTB word, said once early and repeated later: the neural cache
+ * remembers it, so its repeat costs fewer bits than under the static model. */
+const RARE = 'gorbachev';
+const MAP_TEXT =
+  'the chairman of gorbachev said the firm expects a loss in the third quarter\n' +
+  'the company said its chairman met with officials of the federal reserve on monday\n' +
+  'analysts said the deal will help the bank raise capital next year\n' +
+  'the stock market fell sharply as investors sold shares of banks and insurers\n' +
+  'officials at gorbachev declined to comment on the report\n';
+const DOC_TEXT =
+  'the company said its profit rose sharply in the third quarter\n' +
+  'the company expects profit to rise again next year\n';
+
+async function main() {
+  const puppeteer = require(path.resolve(modules, 'puppeteer-core'));
+  fs.mkdirSync(shots, { recursive: true });
+  const browser = await puppeteer.launch({
+    executablePath: chromium, headless: true,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run', '--hide-scrollbars'],
+  });
+  try {
+    await run(browser);
+  } finally {
+    await browser.close();
+  }
+}
+
+async function run(browser) {
+  const page = await browser.newPage();
+  await page.setViewport({ width: 1100, height: 780 });
+  const pageErrors = [], foreign = [], keyless = [], dialogs = [];
+  let keySet = false;
+  page.on('pageerror', (e) => pageErrors.push(e.message));
+  page.on('dialog', (d) => { dialogs.push(d.message()); d.accept(); });
+  page.on('request', (r) => {
+    const u = r.url();
+    if (!u.startsWith(base + '/') && !u.startsWith('data:')) foreign.push(u);
+    const isApi = /\/v1\//.test(u);
+    if (isApi && keySet && !r.headers().authorization) keyless.push(r.method() + ' ' + u);
+  });
+  const $eval = (sel, fn, ...a) => page.$eval(sel, fn, ...a);
+  const shot = (name) => page.screenshot({ path: path.join(shots, name + '.png') });
+
+  /* ---- no key: the page loads, the API refuses it, the server's message shows */
+  await page.goto(base + '/?chunk=120', { waitUntil: 'load' });
+  await page.waitForFunction(() => document.body.dataset.ready === '1');
+  const noKey = await api('GET', '/v1/model', undefined, null);
+  const banner = await $eval('#error', (e) => e.hidden ? '' : e.textContent);
+  check(noKey.status === 401 && banner.includes(noKey.json.error.message),
+        'without a key the page shows the server\'s 401 message', JSON.stringify(banner));
+
+  /* ---- the key field: every API call from now on carries it */
+  await page.type('#api-key', adminKey);
+  keySet = true;
+  await page.keyboard.press('Tab');
+  await page.waitForFunction(() => document.querySelector('#model-name').textContent === 'demo');
+  check(await $eval('#error', (e) => e.hidden), 'with the key the error clears and the model loads');
+
+  /* ---- the settings form comes from /v1/model */
+  const model = (await api('GET', '/v1/model')).json;
+  const form = await page.evaluate(() => [...document.querySelectorAll('#cache-form .field.cache [name]')].map((e) => ({
+    name: e.name, type: e.type, min: e.min, max: e.max, value: e.type === 'checkbox' ? e.checked : e.value })));
+  const names = Object.keys(model.cache_knobs);
+  let formOk = form.length === names.length;
+  for (const f of form) {
+    const r = model.cache_knobs[f.name], d = model.cache_defaults[f.name];
+    if (!r) { formOk = false; continue; }
+    if (r.type === 'boolean') formOk = formOk && f.value === d;
+    else if (r.enum) formOk = formOk && f.value === d;
+    else formOk = formOk && Number(f.min) === r.minimum && Number(f.max) === r.maximum && Number(f.value) === d;
+  }
+  check(formOk && names.length > 0, `the form has the ${names.length} settings of /v1/model with their ranges and defaults`,
+        JSON.stringify(form));
+
+  const setField = (name, value) => page.evaluate((n, v) => {
+    const el = document.querySelector(`#cache-form [name="${n}"]`);
+    if (el.type === 'checkbox') el.checked = v; else el.value = v;
+    el.dispatchEvent(new Event('change', { bubbles: true }));
+  }, name, value);
+
+  /* ---- namespaces: upload two documents, the count grows */
+  await page.click('#tabs [data-view="ns"]');
+  await page.waitForFunction(() => /namespace/.test(document.querySelector('#ns-status').textContent));
+  const docFile = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'ncweb-')), 'doc.txt');
+  fs.writeFileSync(docFile, DOC_TEXT);
+  const docsShown = () => page.evaluate((ns) => {
+    const tr = document.querySelector(`#ns-table tr[data-name="${ns}"]`);
+    return tr ? Number(tr.dataset.documents) : 0;
+  }, NS);
+  for (const [i, id] of ['doc-a', 'doc-b'].entries()) {
+    const before = await docsShown();
+    await $eval('#up-ns', (e, v) => { e.value = v; }, NS);
+    await $eval('#up-id', (e, v) => { e.value = v; }, id);
+    const input = await page.$('#up-file');
+    await input.uploadFile(docFile);
+    await page.click('#ns-upload button');
+    await page.waitForFunction((ns, n) => {
+      const tr = document.querySelector(`#ns-table tr[data-name="${ns}"]`);
+      return document.querySelector('#up-status').dataset.done === '1' && tr && Number(tr.dataset.documents) === n;
+    }, { timeout: 20000 }, NS, before + 1).catch(() => {});
+    const after = await docsShown();
+    const info = (await api('GET', `/v1/namespaces/${NS}`)).json;
+    check(after === before + 1 && after === i + 1 && info.documents === after,
+          `upload ${i + 1}: the namespace's document count grows ${before} -> ${after} (API: ${info.documents})`);
+  }
+  const entriesShown = await page.evaluate((ns) => Number(document.querySelector(`#ns-table tr[data-name="${ns}"]`).dataset.entries), NS);
+  const nsInfo = (await api('GET', `/v1/namespaces/${NS}`)).json;
+  check(entriesShown === nsInfo.entries && nsInfo.entries > 0, `the table shows the namespace's ${nsInfo.entries} entries`);
+  await shot('namespaces');
+
+  /* ---- type-ahead with a neural cache and the namespace's unbounded cache */
+  await page.click('#tabs [data-view="predict"]');
+  await setField('neural_size', 200);
+  await $eval('#set-namespace', (e, v) => { e.value = v; e.dispatchEvent(new Event('change', { bubbles: true })); }, NS);
+  await setField('unbounded', true);
+  const settled = () => page.waitForFunction(() => {
+    const l = document.querySelector('#pred-list');
+    return l.dataset.busy === '0' && l.dataset.text === document.querySelector('#ta-text').value;
+  }, { timeout: 20000 });
+  const shown = () => page.evaluate(() => [...document.querySelectorAll('#pred-list .pred')].map((li) => li.dataset.word));
+  await page.click('#ta-text');
+  await page.type('#ta-text', 'the company said its profit rose sharply in the third quarter\nthe company ');
+  await settled();
+  const first = await shown();
+  const pos1 = Number(await $eval('#pred-list', (e) => e.dataset.position));
+  await page.type('#ta-text', 'expects profit to ');
+  await settled();
+  const second = await shown();
+  const pos2 = Number(await $eval('#pred-list', (e) => e.dataset.position));
+  check(first.length === 10 && second.length === 10, 'ten predictions are shown', `${first.length}, ${second.length}`);
+  check(pos2 === pos1 + 3 && JSON.stringify(first) !== JSON.stringify(second),
+        'typing three more words moves the session 3 tokens and changes the predictions',
+        `${pos1} -> ${pos2}: ${first.join(' ')} | ${second.join(' ')}`);
+
+  /* ---- the bars: each segment's share of its bar is the API's component share */
+  const sid = await $eval('#pred-list', (e) => e.dataset.session);
+  const truth = (await api('POST', `/v1/sessions/${sid}/predict`, { top_k: 10, components: true, explain: true })).json.predictions;
+  const bars = await page.evaluate(() => [...document.querySelectorAll('#pred-list .pred')].map((li) => {
+    const bar = li.querySelector('.bar'), track = li.querySelector('.track');
+    return { word: li.dataset.word, bar: bar.getBoundingClientRect().width, track: track.getBoundingClientRect().width,
+             segs: Object.fromEntries([...bar.children].map((s) => [s.dataset.comp, s.getBoundingClientRect().width])) };
+  }));
+  /* Layout rounds boxes to 1/64 px (Chromium's LayoutUnit); one pixel of
+   * tolerance on each width covers that with room, and is far below the
+   * differences a wrong share would make on bars hundreds of pixels wide. */
+  let worst = 0, multi = 0, barsOk = bars.length === truth.length;
+  for (let i = 0; i < Math.min(bars.length, truth.length); i++) {
+    const b = bars[i], t = truth[i];
+    if (b.word !== t.word) { barsOk = false; continue; }
+    const rel = Math.abs(b.bar / bars[0].bar - t.prob / truth[0].prob) * bars[0].bar;
+    worst = Math.max(worst, rel);
+    let nonzero = 0;
+    for (const c of ['model', 'unigram', 'neural', 'unbounded', 'uniform']) {
+      const want = (t.components[c] || 0) / t.prob * b.bar, got = b.segs[c] || 0;
+      worst = Math.max(worst, Math.abs(want - got));
+      if (want >= 1) nonzero++;
+    }
+    if (nonzero >= 2) multi++;
+  }
+  check(barsOk && worst <= 1, `bar lengths and component segments match the API's components (worst ${worst.toFixed(3)} px)`);
+  check(multi >= 1, `the bars show several components at once (${multi} of ${bars.length} bars)`);
+
+  /* ---- explain on hover: document, offset, snippet with the word marked */
+  const ti = truth.findIndex((t) => (t.explain || []).some((e) => e.source === 'unbounded'));
+  check(ti >= 0, 'a shown prediction has unbounded-cache sources');
+  if (ti >= 0) {
+    const want = truth[ti].explain.filter((e) => e.source === 'unbounded');
+    await page.hover(`#pred-list .pred:nth-child(${ti + 1})`);
+    await page.waitForFunction((w) => document.querySelector('#explain').dataset.word === w, {}, truth[ti].word);
+    const got = await page.evaluate(() => [...document.querySelectorAll('#explain li.src-unbounded')].map((li) => ({
+      document: li.dataset.document, offset: Number(li.dataset.offset),
+      mark: li.querySelector('mark') ? li.querySelector('mark').textContent : null })));
+    const ok = got.length === want.length && got.every((g, i) => g.document === want[i].document &&
+      g.offset === want[i].offset && g.mark === truth[ti].word);
+    check(ok, `hovering "${truth[ti].word}" explains it: ${want.length} sources with document, offset and the word marked`,
+          JSON.stringify(got));
+  }
+  await shot('predict');
+
+  /* ---- clicking a prediction appends it */
+  const before = await $eval('#ta-text', (e) => e.value);
+  const word = second[0];
+  await page.click('#pred-list .pred:nth-child(1) .word');
+  await settled();
+  const after = await $eval('#ta-text', (e) => e.value);
+  const pos3 = Number(await $eval('#pred-list', (e) => e.dataset.position));
+  check(after === before + (word === '<eos>' ? '\n' : word + ' ') && pos3 === pos2 + 1,
+        `clicking "${word}" appends it and predicts the word after it`, JSON.stringify(after.slice(-30)));
+
+  /* ---- the server's message on a bad combination of settings */
+  await setField('neural_size', 0);
+  await setField('global_norm', true);
+  await page.waitForFunction(() => !document.querySelector('#error').hidden, { timeout: 10000 }).catch(() => {});
+  const bad = await api('POST', '/v1/sessions', { namespace: NS, cache: Object.assign({}, model.cache_defaults,
+    { neural_size: 0, global_norm: true, unbounded: true }) });
+  const badShown = await $eval('#error', (e) => e.hidden ? '' : e.textContent);
+  check(bad.status === 400 && badShown.includes(bad.json.error.message),
+        'an invalid combination shows the server\'s 400 message', badShown);
+  await setField('global_norm', false);
+  await setField('unbounded', false);
+  await setField('neural_size', 200);
+
+  /* ---- surprisal map: chunks, perplexities, the repeated rare word */
+  await page.click('#tabs [data-view="map"]');
+  await $eval('#map-text', (e, t) => { e.value = t; }, MAP_TEXT);
+  await page.click('#map-run');
+  await page.waitForFunction(() => document.querySelector('#map-status').dataset.done === '1', { timeout: 30000 });
+  const map = await page.evaluate((rare) => {
+    const col = (id) => [...document.querySelectorAll(`#${id} .tok`)].map((s) => ({ w: s.textContent, bits: Number(s.dataset.bits) }));
+    return { s: col('map-static'), c: col('map-cached'), chunks: Number(document.querySelector('#map-status').dataset.chunks),
+             prog: [document.querySelector('#map-progress').value, document.querySelector('#map-progress').max],
+             ppl: [Number(document.querySelector('#ppl-static').dataset.ppl), Number(document.querySelector('#ppl-cached').dataset.ppl)],
+             rare: rare };
+  }, RARE);
+  check(map.chunks >= 3 && map.prog[0] === map.prog[1] && map.prog[1] === map.chunks,
+        `the text is scored in ${map.chunks} chunks and the progress bar reaches the end`);
+  const plainCache = Object.assign({}, model.cache_defaults, { neural_size: 0, unigram_size: 0, unbounded: false });
+  const cachedCache = Object.assign({}, model.cache_defaults, { neural_size: 200 });
+  const ss = (await api('POST', '/v1/score', { text: MAP_TEXT, cache: plainCache, final_eos: false })).json;
+  const sc = (await api('POST', '/v1/score', { text: MAP_TEXT, cache: cachedCache, final_eos: false })).json;
+  /* The page sums the logprobs of chunked feeds; /v1/score runs the text in
+   * one batch. Both are float32 sums of the same terms in other orders,
+   * |Δ log p| per token far below 1e-4 (tests/tolerance.h); 1e-4 relative on
+   * the perplexity, exp of the mean, bounds it. */
+  check(map.s.length === ss.tokens.length && Math.abs(map.ppl[0] / ss.ppl - 1) < 1e-4,
+        `static perplexity ${map.ppl[0].toFixed(3)} = /v1/score's ${ss.ppl.toFixed(3)} over ${ss.tokens.length} tokens`);
+  check(map.c.length === sc.tokens.length && Math.abs(map.ppl[1] / sc.ppl - 1) < 1e-4,
+        `with-cache perplexity ${map.ppl[1].toFixed(3)} = /v1/score's ${sc.ppl.toFixed(3)}`);
+  let spansHover = async () => {};
+  const rareAt = map.s.map((t, i) => (t.w === RARE ? i : -1)).filter((i) => i >= 0);
+  check(rareAt.length === 2, `"${RARE}" appears twice in the map`, rareAt.join(','));
+  if (rareAt.length === 2) {
+    const [a, b] = rareAt;
+    check(map.c[b].bits < map.s[b].bits - 1,
+          `the repeat of "${RARE}" costs ${map.c[b].bits.toFixed(2)} bits with the neural cache, ${map.s[b].bits.toFixed(2)} without`);
+    check(Math.abs(map.c[a].bits - map.s[a].bits) < Math.abs(map.c[b].bits - map.s[b].bits),
+          `its first occurrence gains less from the cache (${map.s[a].bits.toFixed(2)} -> ${map.c[a].bits.toFixed(2)} bits)`);
+    spansHover = async () => (await page.$$('#map-cached .tok'))[b].hover();
+    await spansHover();
+    const tip = await $eval('#map-tip', (e) => e.hidden ? '' : e.textContent);
+    check(tip.includes(RARE) && tip.includes(map.c[b].bits.toFixed(2)) && tip.includes(map.s[b].bits.toFixed(2)),
+          'hovering a word shows both surprisals', tip);
+    /* the tooltip's components: the API's per-token shares, which add up
+     * to the token's probability (relative 1e-3: the full and target-only
+     * paths of a V=10,000 softmax in float32, see test_web.c) */
+    const comps = await page.evaluate((i) => mapState.tokens[i].comps, b);
+    const sum = comps ? Object.values(comps).reduce((x, y) => x + y, 0) : 0;
+    const neuralShown = /neural (\d+\.\d)%/.exec(tip);
+    check(comps && Math.abs(sum / Math.pow(2, -map.c[b].bits) - 1) < 1e-3 && neuralShown &&
+          Math.abs(Number(neuralShown[1]) - 100 * comps.neural / sum) <= 0.05 + 1e-9 && comps.neural > comps.model,
+          `the tooltip splits the repeat by component (neural ${neuralShown ? neuralShown[1] : '?'}%)`, tip);
+  }
+  await page.evaluate(() => { document.querySelector('#settings').open = false; window.scrollTo(0, 0); });
+  await spansHover();
+  await shot('map');
+
+  /* ---- a key that may not list namespaces: the server's 403 is shown */
+  const setKey = async (k) => {
+    await $eval('#api-key', (e, v) => { e.value = v; e.dispatchEvent(new Event('change', { bubbles: true })); }, k);
+  };
+  await setKey(readKey);
+  await page.click('#tabs [data-view="ns"]');
+  await page.waitForFunction(() => /could not/.test(document.querySelector('#ns-status').textContent), { timeout: 10000 }).catch(() => {});
+  const forbidden = await api('GET', '/v1/namespaces', undefined, readKey);
+  const fShown = await $eval('#error', (e) => e.hidden ? '' : e.textContent);
+  check(forbidden.status === 403 && fShown.includes(forbidden.json.error.message), 'a read-only key sees the server\'s 403 message', fShown);
+
+  /* ---- delete with confirmation */
+  await setKey(adminKey);
+  await page.click('#ns-refresh');
+  await page.waitForFunction((ns) => document.querySelector(`#ns-table tr[data-name="${ns}"]`) &&
+    document.querySelector('#error').hidden, { timeout: 10000 }, NS);
+  /* a DOM click: the list may be redrawn meanwhile, the button looked up at once */
+  await page.evaluate((ns) => document.querySelector(`#ns-table tr[data-name="${ns}"] button.danger`).click(), NS);
+  await page.waitForFunction((ns) => !document.querySelector(`#ns-table tr[data-name="${ns}"]`), { timeout: 10000 }, NS).catch(() => {});
+  const gone = await api('GET', `/v1/namespaces/${NS}`);
+  const rowGone = await page.evaluate((ns) => !document.querySelector(`#ns-table tr[data-name="${ns}"]`), NS);
+  check(dialogs.length === 1 && dialogs[0].includes(NS) && gone.status === 404 && rowGone,
+        'delete asks for confirmation, then the namespace is gone', JSON.stringify(dialogs));
+
+  /* ---- a phone-sized screen: nothing wider than the screen */
+  await page.setViewport({ width: 390, height: 844, isMobile: true, hasTouch: true });
+  for (const view of ['predict', 'map', 'ns']) {
+    await page.click(`#tabs [data-view="${view}"]`);
+    await page.evaluate(() => new Promise((r) => requestAnimationFrame(() => r())));
+    const w = await page.evaluate(() => document.documentElement.scrollWidth);
+    check(w <= 390, `${view} fits a 390 px wide screen (page width ${w})`);
+    if (view === 'predict') {
+      /* the new viewport reloaded the page: the settings are the defaults again */
+      await page.waitForFunction(() => document.body.dataset.ready === '1');
+      await setField('neural_size', 200);
+      await $eval('#ta-text', (e) => { e.value = ''; });
+      await page.type('#ta-text', 'the company said its profit rose and the company ');
+      await settled();
+    }
+    if (view === 'map') {
+      await $eval('#map-text', (e, t) => { e.value = t; }, MAP_TEXT);
+      await page.click('#map-run');
+      await page.waitForFunction(() => document.querySelector('#map-status').dataset.done === '1', { timeout: 30000 });
+      await page.evaluate(() => { document.querySelector('#map-text').rows = 2; });
+    }
+    if (view !== 'ns') await shot(view + '-phone');
+  }
+
+  check(pageErrors.length === 0, 'no JavaScript error', pageErrors.join('; '));
+  check(foreign.length === 0, 'every request goes to the daemon (nothing from elsewhere)', foreign.join(' '));
+  check(keyless.length === 0, 'every API call carries the key', keyless.join(' '));
+}
+
+main().catch((e) => { check(false, 'the browser test ran to its end', e.stack); })
+  .finally(() => {
+    console.log(`${passed} passed, ${failed} failed`);
+    process.exitCode = failed ? 1 : 0;
+  });

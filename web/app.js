@@ -1,0 +1,650 @@
+/* app.js -- neurocache's page. Uses only the public HTTP API (proto/openapi.yaml),
+ * each call with "Authorization: Bearer <key>" when a key is typed. No framework:
+ * four small views over fetch() and the DOM. */
+'use strict';
+
+const COMPONENTS = ['model', 'unigram', 'neural', 'unbounded', 'uniform'];
+const $ = (sel) => document.querySelector(sel);
+const params = new URLSearchParams(location.search);
+/* characters of text per feed in the surprisal map (cut at white space) */
+const MAP_CHUNK = Math.max(40, Number(params.get('chunk')) || 4000);
+
+const state = {
+  model: null,          // GET /v1/model
+  ta: { sid: null, fed: '', key: '', busy: false, dirty: false, preds: [] },
+};
+
+/* ---- API ------------------------------------------------------------------ */
+
+class ApiError extends Error {
+  constructor(status, code, message) { super(message); this.status = status; this.code = code; }
+}
+
+function apiKey() { return $('#api-key').value.trim(); }
+
+/* One API call: JSON in and out; a non-2xx answer throws ApiError carrying the
+ * server's own code and message. opts.raw: body sent as is with opts.type. */
+async function api(method, path, body, opts = {}) {
+  const headers = {};
+  const key = apiKey();
+  if (key) headers.Authorization = 'Bearer ' + key;
+  let payload;
+  if (opts.raw !== undefined) {
+    payload = opts.raw;
+    headers['Content-Type'] = opts.type || 'text/plain';
+  } else if (body !== undefined) {
+    payload = JSON.stringify(body);
+    headers['Content-Type'] = 'application/json';
+  }
+  let r;
+  try {
+    r = await fetch(path, { method, headers, body: payload });
+  } catch (e) {
+    throw new ApiError(0, 'network', 'cannot reach the server: ' + e.message);
+  }
+  if (r.status === 204) return null;
+  const text = await r.text();
+  let json = null;
+  try { json = text ? JSON.parse(text) : null; } catch (e) { /* not JSON */ }
+  if (!r.ok) {
+    const err = json && json.error ? json.error : { code: 'http_' + r.status, message: text || r.statusText };
+    throw new ApiError(r.status, err.code, err.message);
+  }
+  return json;
+}
+
+function showError(e) {
+  const box = $('#error');
+  if (!e) { box.hidden = true; box.textContent = ''; return; }
+  box.hidden = false;
+  box.textContent = e instanceof ApiError && e.status
+    ? `${e.status} ${e.code}: ${e.message}` : String(e.message || e);
+  box.dataset.code = e.code || '';
+}
+
+/* ---- model info and the cache settings form ------------------------------- */
+
+async function loadModel() {
+  try {
+    state.model = await api('GET', '/v1/model');
+  } catch (e) {
+    state.model = null;
+    $('#model-name').textContent = '?';
+    showError(e);
+    return false;
+  }
+  showError(null);
+  const m = state.model;
+  $('#model-name').textContent = m.name;
+  $('#model-info').title = `${m.model_type}, ${m.num_layers}x${m.hidden_size}, vocabulary ${m.vocab_size}`;
+  $('#model-detail').textContent = ` · V=${m.vocab_size} · ${m.num_layers}x${m.hidden_size} LSTM`;
+  /* once: a new key keeps the settings the user chose */
+  if (!$('#cache-form .field.cache')) buildForm(m.cache_knobs, m.cache_defaults);
+  return true;
+}
+
+/* One field per setting the server reports, with its type, range, default and
+ * description; nothing about the settings is known here beforehand. */
+function buildForm(ranges, defaults) {
+  const form = $('#cache-form');
+  form.querySelectorAll('.field.cache').forEach((n) => n.remove());
+  for (const [name, r] of Object.entries(ranges)) {
+    const label = document.createElement('label');
+    label.className = 'field cache';
+    label.title = r.description || '';
+    const span = document.createElement('span');
+    span.textContent = name;
+    let input;
+    if (r.type === 'boolean') {
+      input = document.createElement('input');
+      input.type = 'checkbox';
+      input.checked = !!defaults[name];
+    } else if (r.enum) {
+      input = document.createElement('select');
+      for (const v of r.enum) input.add(new Option(v, v, false, v === defaults[name]));
+    } else {
+      input = document.createElement('input');
+      input.type = 'number';
+      input.min = r.minimum;
+      input.max = r.maximum;
+      input.step = r.type === 'integer' ? '1' : 'any';
+      input.value = defaults[name];
+      span.append(Object.assign(document.createElement('span'),
+        { className: 'range', textContent: ` [${r.minimum}, ${r.maximum}]` }));
+    }
+    input.name = name;
+    input.dataset.type = r.enum ? 'enum' : r.type;
+    label.append(span, input);
+    form.append(label);
+  }
+  summarizeSettings();
+}
+
+/* The form as a CacheSettings object (every field), and the namespace. */
+function cacheSettings() {
+  const cache = {};
+  for (const el of $('#cache-form').querySelectorAll('.field.cache [name]')) {
+    const t = el.dataset.type;
+    if (t === 'boolean') cache[el.name] = el.checked;
+    else if (t === 'enum') cache[el.name] = el.value;
+    else cache[el.name] = el.value === '' ? undefined : Number(el.value);
+  }
+  return cache;
+}
+function namespace() { return $('#set-namespace').value.trim(); }
+
+function summarizeSettings() {
+  const c = cacheSettings();
+  const on = [];
+  if (c.neural_size > 0) on.push(`neural ${c.neural_size}`);
+  if (c.unigram_size > 0) on.push(`unigram ${c.unigram_size}`);
+  if (c.unbounded) on.push(`unbounded (${namespace() || 'default'})`);
+  $('#settings-summary').textContent = on.length ? '· ' + on.join(', ') : '· static model only';
+}
+
+async function newSession(cache) {
+  const body = { cache };
+  const ns = namespace();
+  if (ns) body.namespace = ns;
+  return (await api('POST', '/v1/sessions', body)).id;
+}
+function dropSession(id) {
+  if (id) api('DELETE', '/v1/sessions/' + encodeURIComponent(id)).catch(() => {});
+}
+
+/* ---- type-ahead ----------------------------------------------------------- */
+
+function legend() {
+  const box = $('#legend');
+  box.textContent = '';
+  for (const c of COMPONENTS) {
+    const s = document.createElement('span');
+    s.innerHTML = `<i class="c-${c}"></i>`;
+    s.append(c);
+    box.append(s);
+  }
+}
+
+/* The text up to its last white space is fed to a session (only what was
+ * added since the last feed: splitting across feeds gives the same numbers);
+ * the word being typed filters the predictions. */
+function splitTyped(text) {
+  const m = text.match(/^([\s\S]*\s)?(\S*)$/);
+  return { complete: m[1] || '', partial: m[2] || '' };
+}
+
+function scheduleTypeahead() {
+  clearTimeout(state.ta.timer);
+  state.ta.timer = setTimeout(runTypeahead, 120);
+}
+
+async function runTypeahead() {
+  const ta = state.ta;
+  if (!state.model) return;
+  if (ta.busy) { ta.dirty = true; return; }
+  ta.busy = true;
+  $('#pred-list').dataset.busy = '1';
+  try {
+    do {
+      ta.dirty = false;
+      await updateTypeahead();
+    } while (ta.dirty);
+    showError(null);
+  } catch (e) {
+    showError(e);
+  } finally {
+    ta.busy = false;
+    $('#pred-list').dataset.busy = '0';
+  }
+}
+
+async function updateTypeahead() {
+  const ta = state.ta;
+  const { complete, partial } = splitTyped($('#ta-text').value);
+  const key = JSON.stringify([cacheSettings(), namespace()]);
+  if (!ta.sid || key !== ta.key || !complete.startsWith(ta.fed)) {
+    dropSession(ta.sid);
+    ta.sid = null;
+    ta.sid = await newSession(cacheSettings());
+    ta.key = key;
+    ta.fed = '';
+  }
+  const delta = complete.slice(ta.fed.length);
+  if (delta) {
+    await api('POST', `/v1/sessions/${ta.sid}/feed`, { text: delta });
+    ta.fed = complete;
+  }
+  const maxK = state.model.limits.max_top_k;
+  const top = partial ? Math.min(maxK, 1000) : Math.min(maxK, 10);
+  const r = await api('POST', `/v1/sessions/${ta.sid}/predict`, { top_k: top, components: true, explain: true });
+  const low = partial.toLowerCase();
+  const preds = r.predictions.filter((p) => p.word.toLowerCase().startsWith(low)).slice(0, 10);
+  ta.preds = preds;
+  renderPredictions(preds, r.position, partial);
+  $('#pred-list').dataset.text = complete + partial;
+}
+
+function renderPredictions(preds, position, partial) {
+  const list = $('#pred-list');
+  list.textContent = '';
+  list.dataset.session = state.ta.sid;
+  list.dataset.position = position;
+  list.dataset.prefix = partial;
+  const maxp = preds.reduce((m, p) => Math.max(m, p.prob), 0) || 1;
+  preds.forEach((p, i) => {
+    const li = document.createElement('li');
+    li.className = 'pred';
+    li.dataset.word = p.word;
+    li.dataset.prob = p.prob;
+    li.tabIndex = 0;
+    const w = document.createElement('button');
+    w.className = 'word';
+    w.type = 'button';
+    w.textContent = p.word;
+    const track = document.createElement('div');
+    track.className = 'track';
+    const bar = document.createElement('div');
+    bar.className = 'bar';
+    bar.style.width = (100 * p.prob / maxp) + '%';
+    for (const c of COMPONENTS) {
+      const share = p.components ? p.components[c] || 0 : (c === 'model' ? p.prob : 0);
+      if (!(share > 0)) continue;
+      const seg = document.createElement('span');
+      seg.className = 'seg-' + c;
+      seg.dataset.comp = c;
+      seg.dataset.share = share;
+      seg.style.width = (100 * share / p.prob) + '%';
+      seg.title = `${c}: ${(100 * share).toFixed(2)}%`;
+      bar.append(seg);
+    }
+    track.append(bar);
+    const pct = document.createElement('span');
+    pct.className = 'pct';
+    pct.textContent = (100 * p.prob).toFixed(p.prob < 0.001 ? 3 : 1) + '%';
+    const info = document.createElement('button');
+    info.className = 'info';
+    info.type = 'button';
+    info.textContent = 'i';
+    info.title = 'where this prediction comes from';
+    li.append(w, track, pct, info);
+    li.addEventListener('mouseenter', () => showExplain(i));
+    li.addEventListener('focus', () => showExplain(i));
+    info.addEventListener('click', (ev) => { ev.stopPropagation(); showExplain(i); });
+    li.addEventListener('click', () => appendWord(p.word));
+    li.addEventListener('keydown', (ev) => { if (ev.key === 'Enter') appendWord(p.word); });
+    list.append(li);
+  });
+  if (!preds.length) {
+    const li = document.createElement('li');
+    li.className = 'muted';
+    li.textContent = partial ? `no prediction starts with "${partial}"` : 'no prediction';
+    list.append(li);
+  }
+}
+
+function appendWord(word) {
+  const box = $('#ta-text');
+  const { complete } = splitTyped(box.value);
+  const eos = state.model && word === state.model.eos_token;
+  box.value = complete + (eos ? '\n' : word + ' ');
+  box.focus();
+  scheduleTypeahead();
+}
+
+/* A snippet "a b [word] c" with the bracketed word marked (text nodes only). */
+function snippetNode(snippet) {
+  const span = document.createElement('span');
+  span.className = 'snippet';
+  const m = snippet.match(/^([\s\S]*?)\[([^\]]*)\]([\s\S]*)$/);
+  if (!m) { span.textContent = snippet; return span; }
+  const mark = document.createElement('mark');
+  mark.textContent = m[2];
+  span.append(m[1], mark, m[3]);
+  return span;
+}
+
+function showExplain(i) {
+  const p = state.ta.preds[i];
+  const box = $('#explain');
+  document.querySelectorAll('.pred.active').forEach((n) => n.classList.remove('active'));
+  const li = $('#pred-list').children[i];
+  if (li) li.classList.add('active');
+  box.textContent = '';
+  box.dataset.word = p.word;
+  const h = document.createElement('h4');
+  h.textContent = `"${p.word}": ${(100 * p.prob).toFixed(2)}%`;
+  box.append(h);
+  if (p.components) {
+    const parts = COMPONENTS.filter((c) => p.components[c] > 0)
+      .map((c) => `${c} ${(100 * p.components[c] / p.prob).toFixed(1)}%`);
+    box.append(Object.assign(document.createElement('p'), { className: 'muted', textContent: 'shares: ' + parts.join(', ') }));
+  }
+  const ex = p.explain || [];
+  if (!ex.length) {
+    box.append(Object.assign(document.createElement('p'), { className: 'muted',
+      textContent: 'No cache entry behind it: the model\'s own prediction (turn on the unbounded cache of a namespace with documents to see sources).' }));
+    return;
+  }
+  const ul = document.createElement('ul');
+  for (const e of ex) {
+    const li = document.createElement('li');
+    li.className = 'src-' + e.source;
+    if (e.source === 'unbounded') {
+      li.dataset.document = e.document;
+      li.dataset.offset = e.offset;
+      const head = document.createElement('div');
+      head.innerHTML = '<b></b> · offset <span class="off"></span> · weight <span class="wt"></span> · distance <span class="dist"></span>';
+      head.querySelector('b').textContent = 'document ' + e.document;
+      head.querySelector('.off').textContent = e.offset;
+      head.querySelector('.wt').textContent = (100 * e.weight).toFixed(1) + '%';
+      head.querySelector('.dist').textContent = Number(e.distance).toFixed(3);
+      li.append(head);
+      if (e.snippet) li.append(snippetNode(e.snippet));
+    } else {
+      li.textContent = `${e.source} cache: this session's position ${e.position}, weight ${(100 * e.weight).toFixed(1)}%`;
+    }
+    ul.append(li);
+  }
+  box.append(ul);
+}
+
+/* ---- surprisal map -------------------------------------------------------- */
+
+/* Pieces of at most MAP_CHUNK characters, each ending in white space (a word
+ * is never cut), so feeding them in turn equals feeding the whole text. */
+function chunks(text) {
+  const out = [];
+  let i = 0;
+  while (i < text.length) {
+    let end = Math.min(text.length, i + MAP_CHUNK);
+    if (end < text.length) {
+      let j = end;
+      while (j > i && !/\s/.test(text[j - 1])) j--;
+      if (j > i) end = j;
+      else { while (end < text.length && !/\s/.test(text[end])) end++; }
+    }
+    out.push(text.slice(i, end));
+    i = end;
+  }
+  return out;
+}
+
+/* surprisal in bits to a colour: pale yellow (0) to dark red (16 and more) */
+function heat(bits) {
+  if (bits == null) return '#eee';
+  const t = Math.min(1, Math.max(0, bits / 16));
+  return `hsl(${55 - 55 * t}, ${90 - 10 * t}%, ${94 - 49 * t}%)`;
+}
+const LN2 = Math.log(2);
+function bitsOf(lp) { return lp == null ? null : (lp <= -1e29 ? Infinity : -lp / LN2); }
+function fmtBits(b) { return b == null ? '–' : (b === Infinity ? '∞' : b.toFixed(2)); }
+
+const mapState = { tokens: [], running: false };
+
+async function runMap() {
+  if (mapState.running || !state.model) return;
+  const text = $('#map-text').value;
+  if (!text.trim()) { showError(new Error('nothing to score: paste a text or choose a file')); return; }
+  const cached = cacheSettings();
+  /* the static side: the same settings with every cache off */
+  const plain = Object.assign({}, cached, { unigram_size: 0, neural_size: 0, unbounded: false,
+                                            global_norm: false, neural_f16: false });
+  const parts = chunks(text);
+  const prog = $('#map-progress');
+  const bodies = { static: $('#map-static'), cached: $('#map-cached') };
+  bodies.static.textContent = '';
+  bodies.cached.textContent = '';
+  $('#ppl-static').textContent = '–';
+  $('#ppl-cached').textContent = '–';
+  prog.max = parts.length;
+  prog.value = 0;
+  $('#map-run').disabled = true;
+  mapState.running = true;
+  mapState.tokens = [];
+  const sums = { static: [0, 0], cached: [0, 0] };
+  let sids = [];
+  showError(null);
+  try {
+    sids = [await newSession(plain), await newSession(cached)];
+    for (let k = 0; k < parts.length; k++) {
+      $('#map-status').textContent = `chunk ${k + 1} of ${parts.length}`;
+      /* the cached side also splits each token's probability by component */
+      const [a, b] = await Promise.all(sids.map((sid, j) =>
+        api('POST', `/v1/sessions/${sid}/feed`, { text: parts[k], scores: true, components: j === 1 })));
+      for (let i = 0; i < a.tokens.length; i++) {
+        const t = { word: a.tokens[i], static: bitsOf(a.logprobs[i]), cached: bitsOf(b.logprobs[i]),
+                    comps: b.components ? b.components[i] : null };
+        const n = mapState.tokens.length;
+        mapState.tokens.push(t);
+        for (const side of ['static', 'cached']) {
+          bodies[side].append(tokenSpan(t, n, side));
+          if (t[side] != null) { sums[side][0] += t[side]; sums[side][1]++; }
+        }
+      }
+      prog.value = k + 1;
+      for (const side of ['static', 'cached']) {
+        const [s, n] = sums[side];
+        /* perplexity = 2^(mean surprisal in bits) = exp(-mean log p) */
+        const ppl = n ? Math.pow(2, s / n) : NaN;
+        const el = $('#ppl-' + side);
+        el.textContent = isFinite(ppl) ? ppl.toFixed(2) : '∞';
+        el.dataset.ppl = ppl;
+        el.dataset.count = n;
+      }
+    }
+    $('#map-status').textContent = `${mapState.tokens.length} tokens in ${parts.length} chunk${parts.length > 1 ? 's' : ''}`;
+    $('#map-status').dataset.chunks = parts.length;
+    $('#map-status').dataset.done = '1';
+  } catch (e) {
+    $('#map-status').textContent = 'stopped';
+    showError(e);
+  } finally {
+    sids.forEach(dropSession);
+    $('#map-run').disabled = false;
+    mapState.running = false;
+  }
+}
+
+function tokenSpan(t, n, side) {
+  const frag = document.createDocumentFragment();
+  const s = document.createElement('span');
+  const eos = state.model && t.word === state.model.eos_token;
+  s.className = 'tok' + (eos ? ' eos' : '');
+  s.dataset.i = n;
+  s.dataset.bits = t[side] == null ? '' : t[side];
+  s.textContent = eos ? '↵' : t.word;
+  s.style.background = heat(t[side]);
+  frag.append(s, ' ');   /* a break opportunity between words */
+  if (eos) frag.append(document.createElement('br'));
+  return frag;
+}
+
+function showTip(ev) {
+  const s = ev.target.closest('.tok');
+  const tip = $('#map-tip');
+  document.querySelectorAll('.tok.hl').forEach((n) => n.classList.remove('hl'));
+  if (!s) { tip.hidden = true; return; }
+  const t = mapState.tokens[Number(s.dataset.i)];
+  document.querySelectorAll(`.tok[data-i="${s.dataset.i}"]`).forEach((n) => n.classList.add('hl'));
+  tip.textContent = '';
+  const b = document.createElement('b');
+  b.textContent = t.word;
+  const tab = document.createElement('table');
+  const rows = [['static model', t.static], ['with caches', t.cached]];
+  for (const [name, bits] of rows) {
+    const tr = tab.insertRow();
+    tr.insertCell().textContent = name;
+    tr.insertCell().textContent = fmtBits(bits) + ' bits';
+    tr.insertCell().textContent = bits == null ? '' : 'p = ' + Math.pow(2, -bits).toPrecision(3);
+  }
+  tip.append(b, tab);
+  if (t.static != null && t.cached != null && isFinite(t.static) && isFinite(t.cached)) {
+    const d = t.static - t.cached;
+    tip.append(Object.assign(document.createElement('div'),
+      { textContent: d >= 0 ? `caches save ${d.toFixed(2)} bits` : `caches cost ${(-d).toFixed(2)} bits` }));
+  }
+  if (t.comps) {
+    const p = COMPONENTS.reduce((a, c) => a + (t.comps[c] || 0), 0);
+    const bar = document.createElement('div');
+    bar.className = 'bar';
+    const lines = [];
+    for (const c of COMPONENTS) {
+      const v = t.comps[c] || 0;
+      if (!(v > 0) || !(p > 0)) continue;
+      const seg = document.createElement('span');
+      seg.className = 'seg-' + c;
+      seg.style.width = (100 * v / p) + '%';
+      bar.append(seg);
+      lines.push(`${c} ${(100 * v / p).toFixed(1)}%`);
+    }
+    tip.append(bar, Object.assign(document.createElement('div'), { textContent: lines.join(' · ') }));
+  }
+  tip.hidden = false;
+  const r = s.getBoundingClientRect();
+  const w = tip.offsetWidth;
+  tip.style.left = Math.max(4, Math.min(window.innerWidth - w - 4, r.left)) + 'px';
+  tip.style.top = (r.bottom + 6 + tip.offsetHeight > window.innerHeight ? r.top - tip.offsetHeight - 6 : r.bottom + 6) + 'px';
+}
+
+/* ---- namespaces ----------------------------------------------------------- */
+
+function mib(bytes) { return (bytes / 1048576).toFixed(1) + ' MiB'; }
+
+async function loadNamespaces() {
+  let r;
+  try {
+    r = await api('GET', '/v1/namespaces');
+  } catch (e) {
+    showError(e);
+    $('#ns-status').textContent = 'could not list namespaces';
+    return;
+  }
+  const tb = $('#ns-table tbody');
+  tb.textContent = '';
+  for (const ns of r.namespaces) {
+    const tr = tb.insertRow();
+    tr.dataset.name = ns.name;
+    tr.dataset.documents = ns.documents;
+    tr.dataset.entries = ns.entries;
+    const cells = [ns.name, ns.entries.toLocaleString('en'), ns.documents.toLocaleString('en'),
+                   ns.words.toLocaleString('en'), mib(ns.memory_bytes), ns.index ? ns.index.type : '',
+                   (ns.uploads || []).length ? `${ns.uploads.length}` : ''];
+    cells.forEach((v, i) => {
+      const td = tr.insertCell();
+      td.textContent = v;
+      if (i > 0 && i < 5) td.className = 'num';
+    });
+    const del = document.createElement('button');
+    del.className = 'danger';
+    del.textContent = 'Delete';
+    del.addEventListener('click', () => deleteNamespace(ns.name, ns.entries));
+    tr.insertCell().append(del);
+  }
+  $('#ns-status').textContent = `${r.namespaces.length} namespace${r.namespaces.length === 1 ? '' : 's'}`;
+  showError(null);
+}
+
+async function deleteNamespace(name, entries) {
+  if (!confirm(`Delete namespace "${name}" (${entries} entries) and its data on disk? This cannot be undone.`)) return;
+  try {
+    await api('DELETE', `/v1/namespaces/${encodeURIComponent(name)}?confirm=${encodeURIComponent(name)}`);
+    $('#ns-status').textContent = `deleted ${name}`;
+  } catch (e) {
+    showError(e);
+  }
+  await loadNamespaces();
+}
+
+/* Streams the file into the namespace; while it runs, the namespace's
+ * "uploads" field (bytes received, tokens added) drives the progress bar. */
+async function upload(ev) {
+  ev.preventDefault();
+  const ns = $('#up-ns').value.trim();
+  const file = $('#up-file').files[0];
+  const id = $('#up-id').value.trim();
+  if (!ns || !file) return;
+  const bar = $('#up-progress');
+  const status = $('#up-status');
+  bar.max = file.size || 1;
+  bar.value = 0;
+  status.textContent = `uploading ${file.name} (${file.size.toLocaleString('en')} bytes)…`;
+  status.dataset.done = '';
+  const path = `/v1/namespaces/${encodeURIComponent(ns)}/documents` + (id ? `?id=${encodeURIComponent(id)}` : '');
+  let finished = false;
+  const poll = async () => {
+    while (!finished) {
+      try {
+        const info = await api('GET', `/v1/namespaces/${encodeURIComponent(ns)}`);
+        const up = (info.uploads || []).find((u) => !id || u.document === id);
+        if (up && !finished) {
+          bar.value = up.bytes_received;
+          status.textContent = `${up.bytes_received.toLocaleString('en')} of ${file.size.toLocaleString('en')} bytes, ` +
+            `${up.tokens_added.toLocaleString('en')} tokens added (${Math.round(up.tokens_per_second || 0).toLocaleString('en')} tokens/s)`;
+        }
+      } catch (e) { /* the namespace appears with the first batch */ }
+      await new Promise((res) => setTimeout(res, 250));
+    }
+  };
+  const poller = poll();
+  try {
+    const r = await api('POST', path, undefined, { raw: file, type: 'text/plain' });
+    bar.value = bar.max;
+    status.textContent = `added ${r.tokens_added.toLocaleString('en')} tokens as ${r.ids.join(', ')}; ` +
+      `${r.namespace} now holds ${r.entries.toLocaleString('en')} entries`;
+    status.dataset.done = '1';
+    showError(null);
+  } catch (e) {
+    status.textContent = 'upload failed';
+    showError(e);
+  } finally {
+    finished = true;
+    await poller;
+  }
+  await loadNamespaces();
+}
+
+/* ---- wiring --------------------------------------------------------------- */
+
+function selectView(name) {
+  for (const b of document.querySelectorAll('#tabs button'))
+    b.setAttribute('aria-selected', String(b.dataset.view === name));
+  for (const v of document.querySelectorAll('.view')) v.hidden = v.id !== 'view-' + name;
+  $('#settings').hidden = name === 'ns';     /* the settings are the sessions' */
+  if (name === 'ns') loadNamespaces();
+  history.replaceState(null, '', '#' + name);
+}
+
+async function start() {
+  legend();
+  const key = $('#api-key');
+  key.value = localStorage.getItem('neurocache.key') || '';
+  key.addEventListener('change', async () => {
+    localStorage.setItem('neurocache.key', key.value.trim());
+    if (await loadModel()) scheduleTypeahead();
+  });
+  for (const b of document.querySelectorAll('#tabs button'))
+    b.addEventListener('click', () => selectView(b.dataset.view));
+  $('#ta-text').addEventListener('input', scheduleTypeahead);
+  $('#cache-form').addEventListener('change', () => { summarizeSettings(); scheduleTypeahead(); });
+  $('#cache-form').addEventListener('submit', (ev) => ev.preventDefault());
+  $('#map-run').addEventListener('click', runMap);
+  $('#map-file').addEventListener('change', async (ev) => {
+    const f = ev.target.files[0];
+    if (f) $('#map-text').value = await f.text();
+  });
+  for (const id of ['#map-static', '#map-cached']) {
+    $(id).addEventListener('mouseover', showTip);
+    $(id).addEventListener('click', showTip);
+    $(id).addEventListener('mouseleave', () => { $('#map-tip').hidden = true; });
+  }
+  $('#ns-refresh').addEventListener('click', loadNamespaces);
+  $('#ns-upload').addEventListener('submit', upload);
+  $('#settings').open = window.innerWidth > 760;
+  const view = location.hash.slice(1);
+  selectView(['predict', 'map', 'ns'].includes(view) ? view : 'predict');
+  window.addEventListener('pagehide', () => dropSession(state.ta.sid));
+  if (await loadModel()) scheduleTypeahead();
+  document.body.dataset.ready = '1';
+}
+
+start();
