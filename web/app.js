@@ -110,7 +110,7 @@ function buildForm(ranges, defaults) {
       input.step = r.type === 'integer' ? '1' : 'any';
       input.value = defaults[name];
       span.append(Object.assign(document.createElement('span'),
-        { className: 'range', textContent: ` [${r.minimum}, ${r.maximum}]` }));
+        { className: 'range', textContent: ` [${r.minimum}, ${r.maximum}${r.exclusive_maximum ? ')' : ']'}` }));
     }
     input.name = name;
     input.dataset.type = r.enum ? 'enum' : r.type;
