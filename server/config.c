@@ -64,7 +64,7 @@ static const config_option options[] = {
      "largest request body; larger ones get 413"},
     {"limits", "max_tokens_per_request", OPT_LONG, OFF(max_tokens_per_request), 0, 1, 1e9, NULL, "50000",
      "LSTM steps one request may take: tokens scored or fed, prompt plus generated tokens of all a completion's prompts; more get 413 too_many_tokens"},
-    {"limits", "max_generation_steps", OPT_LONG, OFF(max_generation_steps), 0, 1, 1e9, NULL, "8192",
+    {"limits", "max_generation_steps", OPT_LONG, OFF(max_generation_steps), 0, 1, 1e9, NULL, "2048",
      "full-vocabulary distributions one completion request may compute: prompts x max_tokens (+ prompt tokens with echo and logprobs); more get 413 over_budget"},
     {"limits", "max_neighbours_per_request", OPT_LONG, OFF(max_neighbours_per_request), 0, 1, 1e12, NULL, "16777216",
      "unbounded-cache neighbours one request may search: tokens read with the unbounded cache x its knn; more get 413 over_budget"},
