@@ -75,7 +75,15 @@ typedef enum {
  * apply. While waiting, the calling thread watches the client's socket fd
  * (-1 = none) and the deadline: a client that hangs up sets g->stop to
  * WG_CLIENT_GONE, which fn sees at its next check (or drops the job if it
- * has not started). Returns WP_DONE, or why fn did not run. */
+ * has not started). Returns WP_DONE, or why fn did not run.
+ *
+ * Why the socket is polled rather than libmicrohttpd's notifications
+ * (MHD_OPTION_NOTIFY_COMPLETED with MHD_REQUEST_TERMINATED_*, or
+ * MHD_OPTION_NOTIFY_CONNECTION): with one thread per connection the thread
+ * that would read the socket is this one, waiting here inside the access
+ * handler, so libmicrohttpd reads nothing and reports no hang-up until the
+ * handler returns -- after the work. poll() with POLLRDHUP sees the peer's
+ * FIN or reset without reading the socket. */
 wp_result workpool_run(workpool *p, workguard *g, int fd, bool admitted, void (*fn)(void *), void *arg);
 
 /* Appends the pool's gauges and counters (Prometheus text) to text,
