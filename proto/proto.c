@@ -44,6 +44,13 @@ static const struct {
     /* an I/O error under the log is usually transient (a controller reset,
      * a network volume's hiccup), unlike a full disk: clients back off */
     [API_STORAGE_UNAVAILABLE] = {503, "storage_unavailable", 5},
+    [API_OVER_BUDGET] = {413, "over_budget", 0},
+    /* the same request will take as long again: no Retry-After */
+    [API_DEADLINE_EXCEEDED] = {503, "deadline_exceeded", 0},
+    /* a queued request runs within a few seconds (the budgets bound each) */
+    [API_OVERLOADED] = {429, "overloaded", 1},
+    [API_TOO_MANY_CONNECTIONS] = {503, "too_many_connections", 1},
+    [API_MALFORMED_REQUEST] = {400, "malformed_request", 0},
 };
 
 unsigned proto_http_status(api_error e)

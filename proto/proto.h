@@ -38,6 +38,11 @@ typedef enum {
     API_STATE_MODEL,         /* 409 session state blob from another model */
     API_STORAGE_FULL,        /* 507 the write-ahead log could not be written: disk full */
     API_STORAGE_UNAVAILABLE, /* 503 the log could not be written or synced (EIO ...): retry */
+    API_OVER_BUDGET,         /* 413 over a work budget (generation steps, neighbours) */
+    API_DEADLINE_EXCEEDED,   /* 503 request_timeout reached: the work was stopped */
+    API_OVERLOADED,          /* 429 the queue of heavy requests is full: retry */
+    API_TOO_MANY_CONNECTIONS,/* 503 max_connections reached: retry */
+    API_MALFORMED_REQUEST,   /* 400 not an HTTP request line (TLS to a plain port, garbage) */
     API_ERROR_COUNT
 } api_error;
 

@@ -4,7 +4,8 @@
 # with 1, 16 and 64 concurrent sessions (2,000-entry neural cache each),
 # driven by the C client and by wrk, with predict batching on and off and
 # float32 / float16 neural keys, and scoring tokens/s through HTTP versus the
-# CLI. Each row also gives the daemon's CPU time per prediction, which stays
+# CLI, and fairness: predict latency of 16 sessions without and with 2 heavy
+# scoring clients (their ratio). Each row also gives the daemon's CPU time per prediction, which stays
 # meaningful on a shared machine. Markdown tables on stdout, for
 # BENCHMARKS.md.
 #
@@ -47,3 +48,6 @@ echo "### float16 neural keys (\"neural_f16\": true: half the bytes read per pre
 echo
 echo "### predict batching off (--batch-predict false): one decoder product per predict"
 "$gen" "${model_args[@]}" --seconds "$SECONDS_PER_ROW" --clients 1,64 --batch 0 --score-tokens 0
+echo
+echo "### fairness: 16 sessions' predicts without and with 2 clients scoring 47,250-token texts back to back"
+"$gen" "${model_args[@]}" --seconds "$SECONDS_PER_ROW" --clients "" --score-tokens 0 --heavy 2 --fair-clients 16

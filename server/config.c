@@ -30,7 +30,13 @@ static const config_option options[] = {
     {"server", "data_dir", OPT_STRING, OFF(data_dir), SZ(data_dir), 0, 0, NULL, "data",
      "directory for namespaces, snapshots and write-ahead logs"},
     {"server", "threads", OPT_INT, OFF(threads), 0, 0, 256, NULL, "0",
-     "HTTP worker threads; 0 = number of cores"},
+     "workers running heavy requests (score, feed, completions, document uploads) at once; 0 = number of cores"},
+    {"server", "worker_nice", OPT_INT, OFF(worker_nice), 0, 0, 19, NULL, "10",
+     "nice value of those workers: probes and predicts (nice 0) preempt heavy work"},
+    {"server", "max_connections", OPT_INT, OFF(max_connections), 0, 4, 65536, NULL, "512",
+     "most open client connections (each has a thread); more are answered 503 too_many_connections and closed"},
+    {"server", "connection_timeout", OPT_INT, OFF(connection_timeout_s), 0, 1, 3600, NULL, "15",
+     "seconds a connection may stay idle (or take to send its request) before it is closed"},
     {"server", "batch_predict", OPT_BOOL, OFF(batch_predict), 0, 0, 0, NULL, "true",
      "predictions of concurrent sessions share one decoder matrix product"},
     {"server", "batch_threads", OPT_INT, OFF(batch_threads), 0, 0, 256, NULL, "0",
@@ -63,8 +69,16 @@ static const config_option options[] = {
      "approximate length cap of each stream (XADD MAXLEN ~); 0 = keep everything (a new replica replays all)"},
     {"limits", "max_body_bytes", OPT_LONG, OFF(max_body_bytes), 0, 64, 1073741824.0, NULL, "8388608",
      "largest request body; larger ones get 413"},
-    {"limits", "max_tokens_per_request", OPT_LONG, OFF(max_tokens_per_request), 0, 1, 1e9, NULL, "1000000",
-     "most tokens one request may score or feed; more get 413"},
+    {"limits", "max_tokens_per_request", OPT_LONG, OFF(max_tokens_per_request), 0, 1, 1e9, NULL, "50000",
+     "LSTM steps one request may take: tokens scored or fed, prompt plus generated tokens of all a completion's prompts; more get 413 too_many_tokens"},
+    {"limits", "max_generation_steps", OPT_LONG, OFF(max_generation_steps), 0, 1, 1e9, NULL, "2048",
+     "full-vocabulary distributions one completion request may compute: prompts x max_tokens (+ prompt tokens with echo and logprobs); more get 413 over_budget"},
+    {"limits", "max_neighbours_per_request", OPT_LONG, OFF(max_neighbours_per_request), 0, 1, 1e12, NULL, "16777216",
+     "unbounded-cache neighbours one request may search: tokens read with the unbounded cache x its knn; more get 413 over_budget"},
+    {"limits", "request_timeout", OPT_INT, OFF(request_timeout_s), 0, 1, 86400, NULL, "30",
+     "seconds a request may wait and run; past it its work stops and 503 deadline_exceeded is answered (document uploads excepted)"},
+    {"limits", "max_queued", OPT_INT, OFF(max_queued), 0, 0, 100000, NULL, "16",
+     "heavy requests waiting for a worker; more get 429 overloaded with Retry-After"},
     {"limits", "max_top_k", OPT_INT, OFF(max_top_k), 0, 1, 1e6, NULL, "1000",
      "largest top_k of predict and logprobs of completions"},
     {"limits", "max_completion_tokens", OPT_INT, OFF(max_completion_tokens), 0, 0, 1e6, NULL, "1024",
@@ -96,6 +110,16 @@ static const config_option options[] = {
 const config_option *config_options(void)
 {
     return options;
+}
+
+int config_get_integer(const nc_server_config *c, const config_option *o, long long *out)
+{
+    const char *p = (const char *)c + o->offset;
+    switch (o->type) {
+    case OPT_INT: *out = *(const int *)p; return 0;
+    case OPT_LONG: *out = *(const long *)p; return 0;
+    default: return -1;
+    }
 }
 
 static const config_option *find(const char *name)

@@ -18,7 +18,10 @@ typedef struct {
     char port_file[1024];        /* if set, the bound port is written here */
     char model[1024];            /* model directory */
     char data_dir[1024];         /* namespaces, snapshots, logs (next issue) */
-    int threads;                 /* HTTP worker threads, 0 = number of cores */
+    int threads;                 /* workers for heavy requests, 0 = number of cores */
+    int worker_nice;             /* their nice value */
+    int max_connections;         /* open client connections */
+    int connection_timeout_s;    /* idle connections close after this */
     bool batch_predict;          /* predictions of concurrent sessions share one decoder GEMM */
     int batch_threads;           /* threads running those batches, 0 = number of cores */
     int max_batch;               /* most predictions in one batch */
@@ -37,7 +40,11 @@ typedef struct {
     long redis_maxlen;           /* approximate cap of each stream, 0 = none */
     /* [limits] */
     long max_body_bytes;         /* 413 above */
-    long max_tokens_per_request; /* 413 above */
+    long max_tokens_per_request; /* LSTM steps per request, 413 above */
+    long max_generation_steps;   /* full-softmax steps per completion request */
+    long max_neighbours_per_request; /* unbounded-cache neighbours searched */
+    int request_timeout_s;       /* deadline of a request's wait and work */
+    int max_queued;              /* heavy requests waiting for a worker, 429 above */
     int max_top_k;               /* largest top_k / logprobs answered */
     int max_completion_tokens;   /* largest max_tokens in /v1/completions */
     /* [sessions] */
@@ -76,6 +83,10 @@ typedef struct {
 
 /* The table, terminated by a row with name == NULL. */
 const config_option *config_options(void);
+
+/* The value of an integer option (OPT_INT, OPT_LONG) of c: 0, or -1 for
+ * another type. */
+int config_get_integer(const nc_server_config *c, const config_option *o, long long *out);
 
 /* Fills every option with its default. */
 void config_defaults(nc_server_config *c);

@@ -22,6 +22,7 @@
 #include "sessions.h"
 #include "vmath.h"
 #include "web.h"
+#include "workguard.h"
 
 /* ---- helpers ---------------------------------------------------------- */
 
@@ -49,23 +50,90 @@ api_error core_rc_api(int rc)
     }
 }
 
+/* ---- work budgets (config [limits]) -------------------------------------
+ * Each is checked before the work starts, in the unit that costs: LSTM
+ * steps (max_tokens_per_request), full-vocabulary distributions
+ * (max_generation_steps), unbounded-cache neighbours
+ * (max_neighbours_per_request). */
+
+/* At least the number of tokens tokenize() gives for text: it splits on
+ * Unicode white space (a superset of ASCII's) and appends eos at each '\n'.
+ * A byte scan, so that an oversized text is refused before it is
+ * tokenised. */
+static size_t tokens_at_least(const char *text, size_t len)
+{
+    size_t n = 0;
+    bool in_word = false;
+    for (size_t i = 0; i < len; i++) {
+        char c = text[i];
+        bool sp = c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+        if (!sp && !in_word)
+            n++;
+        in_word = !sp;
+        if (c == '\n')
+            n++;
+    }
+    return n;
+}
+
+static int over_token_budget(nc_server *srv, size_t n, http_response *resp)
+{
+    if ((long)n <= srv->cfg.max_tokens_per_request)
+        return 0;
+    http_reply_error(resp, API_TOO_MANY_TOKENS,
+                     "%zu tokens are over max_tokens_per_request = %ld (LSTM steps per request): score long "
+                     "texts in pieces, stream corpora with POST /v1/namespaces/{ns}/documents",
+                     n, srv->cfg.max_tokens_per_request);
+    return -1;
+}
+
+/* Feeds t into s (adapting the session's namespace when adapt_s) in slices
+ * of WORKGUARD_SLICE tokens, checking the request's guard between slices.
+ * *done = tokens fed; *why = why it stopped early (WG_RUN: it did not);
+ * *seq = the last log record of the adapted pairs. Each slice is all or
+ * nothing; the slices before a stop stay fed (the stream's results do not
+ * depend on how the tokens are split, stream.h). */
+static int feed_components(nc_stream *st, const nc_model *m, const nc_tokens *t, double *lp,
+                           float (*shares)[NC_NCOMP], char *err, size_t errlen);
+
+static int feed_slices(nc_server *srv, http_request *req, nc_stream *st, nc_session *adapt_s,
+                       const nc_tokens *t, double *lp, float (*shares)[NC_NCOMP], size_t *done, wg_stop *why,
+                       uint64_t *seq, char *err, size_t errlen)
+{
+    int rc = NC_OK;
+    *done = 0;
+    *why = WG_RUN;
+    for (size_t i = 0; i < t->n && rc == NC_OK; i += WORKGUARD_SLICE) {
+        if ((*why = workguard_check(&req->guard)) != WG_RUN)
+            break;
+        size_t nb = t->n - i < WORKGUARD_SLICE ? t->n - i : WORKGUARD_SLICE;
+        nc_tokens v = {t->ids + i, t->words + i, t->offsets + i, nb, nb};
+        uint64_t sq = 0;
+        rc = adapt_s ? namespaces_feed_adapt(srv, adapt_s, &v, lp ? lp + i : NULL, &sq, err, errlen)
+             : shares ? feed_components(st, srv->model, &v, lp + i, shares + i, err, errlen)
+                      : stream_feed(st, &v, false, lp ? lp + i : NULL, err, errlen);
+        if (sq)
+            *seq = sq;
+        if (rc == NC_OK)
+            *done += nb;
+    }
+    return rc;
+}
+
 /* Tokenises text and enforces max_tokens_per_request; on failure answers
  * and returns -1 (t is cleared either way by the caller). */
 static int tokenize_req(nc_server *srv, const char *text, size_t len, bool final_eos,
                         nc_tokens *t, http_response *resp)
 {
     char err[NC_ERRLEN] = "";
+    if (over_token_budget(srv, tokens_at_least(text, len), resp))
+        return -1;
     int rc = tokenize(srv->model, text, len, final_eos, t, err, sizeof err);
     if (rc != NC_OK) {
         http_reply_error(resp, rc == NC_EFORMAT ? API_INVALID_TEXT : core_rc_api(rc), "text: %s", err);
         return -1;
     }
-    if ((long)t->n > srv->cfg.max_tokens_per_request) {
-        http_reply_error(resp, API_TOO_MANY_TOKENS, "%zu tokens, the limit is %ld per request", t->n,
-                         srv->cfg.max_tokens_per_request);
-        return -1;
-    }
-    return 0;
+    return over_token_budget(srv, t->n, resp);
 }
 
 /* A log-probability as JSON: NaN (no prediction) is null, -inf is a large
@@ -157,8 +225,8 @@ static void h_metrics(nc_server *srv, http_request *req, http_response *resp)
     size_t bytes = 0;
     if (srv->sessions)
         sessions_stats(srv->sessions, &n, &bytes);
-    resp->text = replication_metrics(
-        namespaces_metrics(srv, metrics_render(n, bytes, atomic_load(&srv->ready), atomic_load(&srv->draining))));
+    resp->text = workpool_metrics(srv->pool, replication_metrics(namespaces_metrics(
+        srv, metrics_render(n, bytes, atomic_load(&srv->ready), atomic_load(&srv->draining)))));
     resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
     resp->status = 200;
 }
@@ -178,15 +246,21 @@ static void h_model(nc_server *srv, http_request *req, http_response *resp)
     if (o) {
         json_object_set_new(o, "cache_defaults", proto_encode_cache(&srv->cache_defaults));
         json_object_set_new(o, "cache_knobs", proto_encode_cache_knobs());
-        json_object_set_new(o, "limits",
-                            json_pack("{s:I,s:I,s:i,s:i,s:i,s:i,s:I}",
-                                      "max_body_bytes", (json_int_t)srv->cfg.max_body_bytes,
-                                      "max_tokens_per_request", (json_int_t)srv->cfg.max_tokens_per_request,
-                                      "max_top_k", srv->cfg.max_top_k,
-                                      "max_completion_tokens", srv->cfg.max_completion_tokens,
-                                      "max_sessions", srv->cfg.max_sessions,
-                                      "session_ttl", srv->cfg.session_ttl_s,
-                                      "session_memory_bytes", (json_int_t)srv->cfg.session_memory_mb << 20));
+        /* every option of the [limits] section, by its name (config.c's
+         * table is where each is defined), then the sessions' */
+        json_t *lim = json_object();
+        for (const config_option *co = config_options(); lim && co->name; co++) {
+            long long v;
+            if (!strcmp(co->section, "limits") && config_get_integer(&srv->cfg, co, &v) == 0)
+                json_object_set_new(lim, co->name, json_integer((json_int_t)v));
+        }
+        if (lim) {
+            json_object_set_new(lim, "max_sessions", json_integer(srv->cfg.max_sessions));
+            json_object_set_new(lim, "session_ttl", json_integer(srv->cfg.session_ttl_s));
+            json_object_set_new(lim, "session_memory_bytes", json_integer((json_int_t)srv->cfg.session_memory_mb << 20));
+            json_object_set_new(lim, "threads", json_integer(srv->cfg.threads));
+        }
+        json_object_set_new(o, "limits", lim);
         json_object_set_new(o, "compute",
                             json_pack("{s:s,s:s,s:s,s:s}", "version", NC_VERSION, "simd", vm_isa(),
                                       "simd_supported", vm_isa_supported(), "blas", nc_blas_core()));
@@ -357,19 +431,60 @@ static void h_feed(nc_server *srv, http_request *req, http_response *resp)
         tokens_clear(&t);
         return;
     }
+    /* every token read with the unbounded cache searches knn neighbours */
+    long long neighbours = s->params.unbounded && stream_ubcache(s->stream) ? (long long)t.n * s->params.knn : 0;
+    if (neighbours > srv->cfg.max_neighbours_per_request) {
+        pthread_mutex_unlock(&s->lock);
+        sessions_release(srv->sessions, s);
+        http_reply_error(resp, API_OVER_BUDGET,
+                         "%zu tokens x knn %d = %lld unbounded-cache neighbours are over max_neighbours_per_request "
+                         "= %ld: feed fewer tokens at a time", t.n, s->params.knn, neighbours,
+                         srv->cfg.max_neighbours_per_request);
+        free(lp);
+        free(shares);
+        tokens_clear(&t);
+        return;
+    }
+    /* components: a full-vocabulary distribution per token, the unit of
+     * generation's budget */
+    if (shares && (long long)t.n > srv->cfg.max_generation_steps) {
+        pthread_mutex_unlock(&s->lock);
+        sessions_release(srv->sessions, s);
+        http_reply_error(resp, API_OVER_BUDGET,
+                         "%zu tokens with components are %zu full-vocabulary distributions, over "
+                         "max_generation_steps = %ld: feed fewer tokens at a time", t.n, t.n,
+                         srv->cfg.max_generation_steps);
+        free(lp);
+        free(shares);
+        tokens_clear(&t);
+        return;
+    }
     uint64_t seq = 0;
+    size_t done = 0;
+    wg_stop why = WG_RUN;
     if (rc == NC_OK && t.n)
-        rc = r.adapt ? namespaces_feed_adapt(srv, s, &t, lp, &seq, err, sizeof err)
-             : shares ? feed_components(s->stream, srv->model, &t, lp, shares, err, sizeof err)
-                      : stream_feed(s->stream, &t, false, lp, err, sizeof err);
+        rc = feed_slices(srv, req, s->stream, r.adapt ? s : NULL, &t, lp, shares, &done, &why, &seq, err,
+                         sizeof err);
     pos = stream_position(s->stream);
     pthread_mutex_unlock(&s->lock);
-    /* adapted pairs are durable before the answer (group commit) */
-    if (rc == NC_OK && seq)
-        rc = namespaces_sync(s, seq, err, sizeof err);
+    /* adapted pairs are durable before the answer (group commit), also
+     * those of the slices fed before a stop */
+    if (seq) {
+        char serr[NC_ERRLEN] = "";
+        int src = namespaces_sync(s, seq, serr, sizeof serr);
+        if (rc == NC_OK && src != NC_OK) {
+            rc = src;
+            snprintf(err, sizeof err, "%s", serr);
+        }
+    }
     sessions_release(srv->sessions, s);
     if (rc != NC_OK) {
         http_reply_error(resp, core_rc_api(rc), "feed: %s", err);
+    } else if (why != WG_RUN) {
+        metrics_add_tokens_fed(done);
+        http_reply_error(resp, workguard_api(why),
+                         "feed stopped: %s; the first %zu of %zu tokens were fed (the session is at position %lld)",
+                         workguard_reason(why, srv->cfg.request_timeout_s), done, t.n, (long long)pos);
     } else {
         metrics_add_tokens_fed(t.n);
         json_t *o = json_pack("{s:I,s:I}", "consumed", (json_int_t)t.n, "position", (json_int_t)pos);
@@ -532,10 +647,16 @@ static void h_score(nc_server *srv, http_request *req, http_response *resp)
     nc_stream *s = NULL;
     double *lp = malloc((t.n ? t.n : 1) * sizeof *lp);
     int rc = lp ? stream_new(srv->model, &r.cache, NULL, NULL, r.bos_eos, &s, err, sizeof err) : NC_ENOMEM;
+    size_t done = 0;
+    wg_stop why = WG_RUN;
+    uint64_t seq = 0;
     if (rc == NC_OK && t.n)
-        rc = stream_feed(s, &t, false, lp, err, sizeof err);
+        rc = feed_slices(srv, req, s, NULL, &t, lp, NULL, &done, &why, &seq, err, sizeof err);
     if (rc != NC_OK) {
         http_reply_error(resp, core_rc_api(rc), "score: %s", err);
+    } else if (why != WG_RUN) {
+        http_reply_error(resp, workguard_api(why), "score stopped after %zu of %zu tokens: %s", done, t.n,
+                         workguard_reason(why, srv->cfg.request_timeout_s));
     } else {
         json_t *words = json_array(), *lps = json_array();
         double sum = 0;
@@ -730,11 +851,51 @@ static int choose(const nc_dist *d, double temperature, double top_p, nc_rng *rn
     return last;
 }
 
+/* Budgets of /v1/completions (before any work, from the request alone):
+ * LSTM steps = prompt tokens + max_tokens, full-vocabulary distributions =
+ * max_tokens (+ the prompt tokens with echo and logprobs, each of which gets
+ * its top list), summed over the prompts. A string prompt counts as
+ * tokens_at_least(); complete_one checks the exact count as it goes.
+ * Returns 0 or answers 413 and returns -1. */
+static int completions_budget(nc_server *srv, const proto_completions_req *r, http_response *resp)
+{
+    long long steps = 0, dists = 0;
+    for (size_t i = 0; i < r->n_prompts; i++) {
+        const json_t *p = r->prompts[i];
+        long long np = json_is_string(p) ? (long long)tokens_at_least(json_string_value(p), json_string_length(p))
+                                         : (long long)json_array_size(p);
+        steps += np + r->max_tokens;
+        dists += r->max_tokens + (r->echo && r->logprobs > 0 ? np : 0);
+    }
+    if (dists > srv->cfg.max_generation_steps) {
+        http_reply_error(resp, API_OVER_BUDGET,
+                         "%zu prompts x max_tokens %ld%s = %lld full-vocabulary distributions are over "
+                         "max_generation_steps = %ld", r->n_prompts, r->max_tokens,
+                         r->echo && r->logprobs > 0 ? " (+ prompt tokens, echo with logprobs)" : "", dists,
+                         srv->cfg.max_generation_steps);
+        return -1;
+    }
+    if (steps > srv->cfg.max_tokens_per_request) {
+        http_reply_error(resp, API_TOO_MANY_TOKENS,
+                         "%lld prompt and generated tokens are over max_tokens_per_request = %ld (LSTM steps per request)",
+                         steps, srv->cfg.max_tokens_per_request);
+        return -1;
+    }
+    return 0;
+}
+
+/* What a completion request has used of its budgets so far. */
+typedef struct {
+    long long steps, dists;
+} completion_use;
+
 /* One choice of /v1/completions. Returns NC_OK and *choice, or an rc with
- * err (and *api for request errors). */
-static int complete_one(nc_server *srv, const proto_completions_req *r, const json_t *prompt,
-                        size_t index, nc_rng *rng, json_t **choice, size_t *n_prompt,
-                        size_t *n_gen, api_error *api, char *err, size_t errlen)
+ * err (and *api for request errors; a stop of the request's guard is
+ * *api = its error). */
+static int complete_one(nc_server *srv, http_request *req, const proto_completions_req *r,
+                        const json_t *prompt, size_t index, nc_rng *rng, completion_use *use,
+                        json_t **choice, size_t *n_prompt, size_t *n_gen, api_error *api, char *err,
+                        size_t errlen)
 {
     const nc_model *m = srv->model;
     nc_tokens t;
@@ -759,12 +920,22 @@ static int complete_one(nc_server *srv, const proto_completions_req *r, const js
             if (rc == NC_OK) rc = tokens_push(&t, id, w, strlen(w), off);
         }
     }
-    if (rc == NC_OK && (long)(t.n + (size_t)r->max_tokens) > srv->cfg.max_tokens_per_request) {
-        rc = NC_EINVAL;
-        *api = API_TOO_MANY_TOKENS;
-        snprintf(err, errlen, "%zu prompt tokens + max_tokens %ld is over the limit of %ld", t.n,
-                 r->max_tokens, srv->cfg.max_tokens_per_request);
+    if (rc == NC_OK) {
+        use->steps += (long long)t.n + r->max_tokens;
+        use->dists += r->max_tokens + (r->echo && r->logprobs > 0 ? (long long)t.n : 0);
+        if (use->steps > srv->cfg.max_tokens_per_request) {
+            rc = NC_EINVAL;
+            *api = API_TOO_MANY_TOKENS;
+            snprintf(err, errlen, "prompt and generated tokens are over max_tokens_per_request = %ld (LSTM steps "
+                     "per request)", srv->cfg.max_tokens_per_request);
+        } else if (use->dists > srv->cfg.max_generation_steps) {
+            rc = NC_EINVAL;
+            *api = API_OVER_BUDGET;
+            snprintf(err, errlen, "full-vocabulary distributions are over max_generation_steps = %ld",
+                     srv->cfg.max_generation_steps);
+        }
     }
+    wg_stop why = WG_RUN;
     nc_stream *st = NULL;
     if (rc == NC_OK)
         rc = stream_new(m, &srv->cache_defaults, NULL, NULL, true, &st, err, errlen);
@@ -785,6 +956,8 @@ static int complete_one(nc_server *srv, const proto_completions_req *r, const js
             nc_tokens one;
             tokens_init(&one);
             for (size_t i = 0; i < t.n && rc == NC_OK; i++) {
+                if ((why = workguard_check(&req->guard)) != WG_RUN)
+                    break;
                 rc = stream_predict(st, false, &d, err, errlen);
                 if (rc == NC_OK && i > 0) {
                     int *scratch = d.n > V + 1024 ? malloc(d.n * sizeof(int)) : idx;
@@ -799,11 +972,13 @@ static int complete_one(nc_server *srv, const proto_completions_req *r, const js
             }
             tokens_clear(&one);
         } else {
-            rc = stream_feed(st, &t, false, lp, err, errlen);
+            size_t done = 0;
+            uint64_t seq = 0;
+            rc = feed_slices(srv, req, st, NULL, &t, lp, NULL, &done, &why, &seq, err, errlen);
             if (r->echo)
                 for (size_t i = 0; i < t.n; i++) json_array_append_new(tops, json_null());
         }
-        if (rc == NC_OK && r->echo)
+        if (rc == NC_OK && why == WG_RUN && r->echo)
             for (size_t i = 0; i < t.n; i++) {
                 json_array_append_new(tokens, json_string(t.words[i]));
                 /* OpenAI's convention: the first prompt token has no logprob. */
@@ -828,7 +1003,10 @@ static int complete_one(nc_server *srv, const proto_completions_req *r, const js
     size_t gen = 0;
     nc_tokens one;
     tokens_init(&one);
-    for (long j = 0; rc == NC_OK && j < r->max_tokens; j++) {
+    for (long j = 0; rc == NC_OK && why == WG_RUN && j < r->max_tokens; j++) {
+        /* one check a token: a stop frees the worker within one step */
+        if ((why = workguard_check(&req->guard)) != WG_RUN)
+            break;
         rc = stream_predict(st, false, &d, err, errlen);
         if (rc != NC_OK) break;
         int *order = d.n > V + 1024 ? malloc(d.n * sizeof(int)) : idx;
@@ -853,6 +1031,11 @@ static int complete_one(nc_server *srv, const proto_completions_req *r, const js
         gen++;
     }
     tokens_clear(&one);
+    if (rc == NC_OK && why != WG_RUN) {
+        rc = NC_EINVAL;
+        *api = workguard_api(why);
+        snprintf(err, errlen, "stopped at prompt %zu: %s", index, workguard_reason(why, srv->cfg.request_timeout_s));
+    }
     if (rc == NC_OK) {
         json_t *lpo = json_null();
         if (r->logprobs >= 0) {
@@ -894,6 +1077,10 @@ static void h_completions(nc_server *srv, http_request *req, http_response *resp
         http_reply_status(resp, &st);
         return;
     }
+    if (completions_budget(srv, &r, resp)) {
+        proto_completions_free(&r);
+        return;
+    }
     nc_rng rng;
     uint64_t seed = (uint64_t)r.seed;
     if (!r.has_seed && getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed)
@@ -904,10 +1091,11 @@ static void h_completions(nc_server *srv, http_request *req, http_response *resp
     char err[NC_ERRLEN] = "";
     int rc = NC_OK;
     api_error api = API_INTERNAL;
+    completion_use use = {0, 0};
     for (size_t i = 0; i < r.n_prompts && rc == NC_OK; i++) {
         json_t *choice = NULL;
         size_t np = 0, ng = 0;
-        rc = complete_one(srv, &r, r.prompts[i], i, &rng, &choice, &np, &ng, &api, err, sizeof err);
+        rc = complete_one(srv, req, &r, r.prompts[i], i, &rng, &use, &choice, &np, &ng, &api, err, sizeof err);
         if (rc == NC_OK) {
             json_array_append_new(choices, choice);
             tot_prompt += np;
@@ -954,6 +1142,7 @@ static void h_unmatched(nc_server *srv, http_request *req, http_response *resp)
 
 #define J ROUTE_JSON
 #define M ROUTE_NEEDS_MODEL
+#define H ROUTE_HEAVY
 static const http_route route_table[] = {
     {"GET", "/health", h_health, "health", 0},
     {"GET", "/ready", h_ready, "ready", 0},
@@ -967,26 +1156,27 @@ static const http_route route_table[] = {
     {"GET", "/v1/sessions", h_session_list, "sessions_list", M},
     {"GET", "/v1/sessions/{id}", h_session_get, "sessions_get", M},
     {"DELETE", "/v1/sessions/{id}", h_session_delete, "sessions_delete", M},
-    {"POST", "/v1/sessions/{id}/feed", h_feed, "feed", J | M},
+    {"POST", "/v1/sessions/{id}/feed", h_feed, "feed", J | M | H},
     {"GET", "/v1/replication", h_replication, "replication", 0},
     {"GET", "/v1/sessions/{id}/state", migrate_h_state_get, "sessions_state_get", M},
     {"PUT", "/v1/sessions/{id}/state", migrate_h_state_put, "sessions_state_put", M},
     {"POST", "/v1/sessions/{id}/handoff", migrate_h_handoff, "sessions_handoff", M},
     {"POST", "/v1/sessions/{id}/predict", h_predict, "predict", J | ROUTE_EMPTY_OK | M},
-    {"POST", "/v1/score", h_score, "score", J | M},
-    {"POST", "/v1/completions", h_completions, "completions", J | M},
+    {"POST", "/v1/score", h_score, "score", J | M | H},
+    {"POST", "/v1/completions", h_completions, "completions", J | M | H},
     {"POST", "/tokenize", h_tokenize, "tokenize", J | M},
     {"POST", "/detokenize", h_detokenize, "detokenize", J | M},
     {"GET", "/v1/namespaces", h_ns_list, "namespaces_list", M},
     {"GET", "/v1/namespaces/{ns}", h_ns_get, "namespaces_get", M},
     {"DELETE", "/v1/namespaces/{ns}", h_ns_delete, "namespaces_delete", M},
     {"GET", "/v1/namespaces/{ns}/documents", h_ns_docs_list, "documents_list", M},
-    {"POST", "/v1/namespaces/{ns}/documents", h_ns_documents, "documents", ROUTE_STREAM | M},
+    {"POST", "/v1/namespaces/{ns}/documents", h_ns_documents, "documents", ROUTE_STREAM | M | H},
     /* last: everything else is 404 or 405 */
     {NULL, NULL, h_unmatched, "unmatched", 0},
 };
 #undef J
 #undef M
+#undef H
 
 const http_route *handlers_routes(int *n)
 {

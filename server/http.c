@@ -7,11 +7,15 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "auth.h"
@@ -145,10 +149,11 @@ static enum MHD_Result answer_error(struct MHD_Connection *conn, http_request *r
     return send_response(conn, req, &resp, allow);
 }
 
+/* Every connection has its own thread (http_start): a deferred answer is
+ * waited for in that thread, which holds no other connection up. */
 void http_defer(http_request *req)
 {
     req->deferred = true;
-    MHD_suspend_connection(req->conn);
 }
 
 void http_resume(http_request *req, http_response *resp)
@@ -162,9 +167,74 @@ void http_resume(http_request *req, http_response *resp)
     }
     resp->json = NULL;
     resp->text = NULL;
+    pthread_mutex_lock(&req->wait_lock);
     req->later = copy;            /* NULL: answered 500 */
-    /* The connection's thread calls on_request again once resumed. */
-    MHD_resume_connection(req->conn);
+    req->resumed = true;
+    pthread_cond_signal(&req->wait_cv);
+    pthread_mutex_unlock(&req->wait_lock);
+}
+
+/* The deferred answer, once http_resume has given it. */
+static enum MHD_Result send_later(struct MHD_Connection *conn, http_request *req)
+{
+    pthread_mutex_lock(&req->wait_lock);
+    while (!req->resumed)
+        pthread_cond_wait(&req->wait_cv, &req->wait_lock);
+    http_response *later = req->later;
+    req->later = NULL;
+    pthread_mutex_unlock(&req->wait_lock);
+    http_response resp = {.status = 500};
+    if (later)
+        resp = *later;
+    free(later);
+    req->deferred = false;
+    if (!resp.json && !resp.text && resp.status != 204) {
+        resp.status = 500;
+        resp.json = proto_error_body(API_INTERNAL, "out of memory");
+    }
+    return send_response(conn, req, &resp, NULL);
+}
+
+/* A heavy route's handler call, run on a worker (workguard.h). */
+typedef struct {
+    nc_server *srv;
+    http_request *req;
+    const http_route *rt;
+    http_response *resp;          /* NULL: a piece of a streaming body */
+} heavy_call;
+
+static void heavy_fn(void *arg)
+{
+    heavy_call *c = arg;
+    c->rt->handler(c->srv, c->req, c->resp);
+}
+
+/* Runs the handler of a ROUTE_HEAVY route on the pool. Returns WP_DONE, or
+ * why it did not run with resp answered accordingly (not for WP_GONE: there
+ * is nobody to answer). */
+static wp_result run_heavy(nc_server *srv, http_request *req, const http_route *rt, http_response *resp,
+                           bool admitted)
+{
+    heavy_call c = {srv, req, rt, resp};
+    wp_result r = workpool_run(srv->pool, &req->guard, req->fd, admitted, heavy_fn, &c);
+    if (!resp)
+        return r;
+    switch (r) {
+    case WP_FULL:
+        http_reply_error(resp, API_OVERLOADED,
+                         "%d heavy requests (score, feed, completions) run at once and max_queued = %d more are "
+                         "waiting: retry later", srv->cfg.threads, srv->cfg.max_queued);
+        break;
+    case WP_DEADLINE:
+    case WP_SHUTDOWN:
+        http_reply_error(resp, r == WP_DEADLINE ? API_DEADLINE_EXCEEDED : API_NOT_READY, "not started: %s",
+                         workguard_reason(r == WP_DEADLINE ? WG_DEADLINE : WG_SHUTDOWN,
+                                          srv->cfg.request_timeout_s));
+        break;
+    default:
+        break;
+    }
+    return r;
 }
 
 /* Finds the route: index >= 0, or -1 (no pattern matches: 404) or -2 (a
@@ -229,6 +299,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         req->t0 = now_s();
         req->route = -1;
         req->status = 500;
+        pthread_mutex_init(&req->wait_lock, NULL);
+        pthread_cond_init(&req->wait_cv, NULL);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        req->fd = ci ? ci->connect_fd : -1;
+        /* The deadline counts from the request's head: waiting for a
+         * worker is part of it. */
+        req->guard.deadline = req->t0 + srv->cfg.request_timeout_s;
         atomic_fetch_add(&srv->inflight, 1);
         *con_cls = req;
         /* A streaming route gets its body piece by piece as it arrives
@@ -237,6 +314,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         int sr = find_route(method, url, req->params, sallow, sizeof sallow);
         if (sr >= 0 && (routes[sr].flags & ROUTE_STREAM)) {
             req->route = sr;
+            /* An upload is as long as its client makes it: no deadline (it
+             * stops with its connection, or at shutdown). */
+            req->guard.deadline = 0;
             if ((routes[sr].flags & ROUTE_NEEDS_MODEL) && !atomic_load(&srv->ready))
                 return answer_error(conn, req, API_NOT_READY, NULL, "the server is not ready yet");
             http_response aresp = {.status = 500};
@@ -267,8 +347,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             if (!req->answered) {
                 req->chunk = upload_data;
                 req->chunk_len = n;
-                routes[req->route].handler(srv, req, NULL);
+                /* each piece waits its turn among the heavy requests; an
+                 * upload is never refused half-way (admitted) */
+                wp_result wr = WP_DONE;
+                if (routes[req->route].flags & ROUTE_HEAVY)
+                    wr = run_heavy(srv, req, &routes[req->route], NULL, true);
+                else
+                    routes[req->route].handler(srv, req, NULL);
                 req->chunk = NULL;
+                /* hung up, or shutting down: the connection closes, what was
+                 * added stays (and is in the log) */
+                if (wr != WP_DONE)
+                    return MHD_NO;
             }
             return MHD_YES;
         }
@@ -297,21 +387,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
 
     /* The whole request is in: route, check, parse, handle. */
-    if (req->deferred) {
-        /* Resumed after http_resume: send the answer prepared elsewhere. */
-        http_response *later = req->later;
-        http_response resp = {.status = 500};
-        if (later)
-            resp = *later;
-        free(later);
-        req->later = NULL;
-        req->deferred = false;
-        if (!resp.json && !resp.text && resp.status != 204) {
-            resp.status = 500;
-            resp.json = proto_error_body(API_INTERNAL, "out of memory");
-        }
-        return send_response(conn, req, &resp, NULL);
-    }
     if (req->answered)
         return MHD_YES;
     req->route = find_route(method, url, req->params, req->allow, sizeof req->allow);
@@ -356,10 +431,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     const auth_key *key = (rt->flags & ROUTE_STREAM) ? auth_identify(req) : NULL;
     if (!(rt->flags & ROUTE_STREAM) && auth_check(srv, req, rt, &key, &resp) != 0)
         return send_response(conn, req, &resp, NULL);
-    rt->handler(srv, req, &resp);
+    if (rt->flags & ROUTE_HEAVY) {
+        if (run_heavy(srv, req, rt, &resp, (rt->flags & ROUTE_STREAM) != 0) == WP_GONE) {
+            auth_done(srv, key, rt, &resp);
+            json_decref(resp.json);
+            return MHD_NO;        /* nobody to answer: close */
+        }
+    } else {
+        rt->handler(srv, req, &resp);
+    }
     auth_done(srv, key, rt, &resp);
     if (req->deferred)
-        return MHD_YES;           /* answered later, from http_resume */
+        return send_later(conn, req);   /* answered from http_resume */
     if (!resp.json && !resp.text && resp.status != 204) {
         resp.status = 500;
         resp.json = proto_error_body(API_INTERNAL, "out of memory");
@@ -393,6 +476,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     }
     if (req->user_free)
         req->user_free(req->user);
+    pthread_cond_destroy(&req->wait_cv);
+    pthread_mutex_destroy(&req->wait_lock);
     json_decref(req->json);
     free(req->body);
     free(req);
@@ -411,6 +496,228 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     slog(SLOG_WARN, "libmicrohttpd", json_pack("{s:s}", "detail", msg));
 }
 
+/* ---- the gate --------------------------------------------------------
+ * The daemon accepts connections itself and hands them to libmicrohttpd
+ * (MHD_add_connection) once their first bytes look like an HTTP request
+ * line: "METHOD " with METHOD upper-case letters. libmicrohttpd waits for a
+ * line end before it judges a request line, so a TLS ClientHello (or any
+ * bytes without a newline) held a connection and its thread until the idle
+ * timeout, and a line it could not parse was closed without an answer; here
+ * both get 400 malformed_request at once. The gate also bounds the open
+ * connections (max_connections, each has a thread) with a 503. */
+
+#define GATE_PEEK 32              /* bytes that decide; methods are short */
+
+typedef struct {
+    int fd;
+    double since;
+    struct sockaddr_storage addr;
+    socklen_t alen;
+} gate_conn;
+
+struct http_gate {
+    nc_server *srv;
+    int lfd;                      /* listening socket */
+    int wake[2];                  /* pipe: http_stop wakes the thread */
+    pthread_t th;
+    gate_conn *pend;              /* accepted, no request line yet */
+    int npend, cap;
+};
+
+/* Writes a JSON error answer on a socket that libmicrohttpd never saw, and
+ * closes it. What the client sent is read first: closing a socket with
+ * unread bytes resets the connection, and the reset can destroy the answer
+ * before the client reads it. */
+static void gate_refuse(int fd, api_error e, const char *msg)
+{
+    json_t *b = proto_error_body(e, msg);
+    char *body = b ? json_dumps(b, JSON_COMPACT) : NULL;
+    json_decref(b);
+    char head[256];
+    unsigned ra = proto_retry_after(e);
+    char rah[32] = "";
+    if (ra)
+        snprintf(rah, sizeof rah, "Retry-After: %u\r\n", ra);
+    int hl = snprintf(head, sizeof head,
+                      "HTTP/1.1 %u %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n%s"
+                      "Connection: close\r\n\r\n",
+                      proto_http_status(e), proto_http_status(e) == 400 ? "Bad Request" : "Service Unavailable",
+                      body ? strlen(body) : 0, rah);
+    char junk[4096];
+    while (recv(fd, junk, sizeof junk, MSG_DONTWAIT) > 0) {}
+    if (send(fd, head, (size_t)hl, MSG_DONTWAIT | MSG_NOSIGNAL) == hl && body)
+        (void)!send(fd, body, strlen(body), MSG_DONTWAIT | MSG_NOSIGNAL);
+    free(body);
+    shutdown(fd, SHUT_WR);
+    while (recv(fd, junk, sizeof junk, MSG_DONTWAIT) > 0) {}
+    close(fd);
+}
+
+/* 1: the bytes start an HTTP request line; 0: not yet known (all
+ * upper-case letters so far); -1: they cannot. */
+static int looks_like_request(const unsigned char *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (b[i] == ' ')
+            return i > 0 ? 1 : -1;
+        if (b[i] < 'A' || b[i] > 'Z' || i >= 20)
+            return -1;
+    }
+    return 0;
+}
+
+static long open_connections(struct http_gate *g)
+{
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(g->srv->mhd, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+    return (di ? (long)di->num_connections : 0) + g->npend;
+}
+
+static void gate_drop(struct http_gate *g, int i)
+{
+    g->pend[i] = g->pend[--g->npend];
+}
+
+static void *gate_main(void *arg)
+{
+    struct http_gate *g = arg;
+    nc_server *srv = g->srv;
+    struct pollfd *pfd = NULL;
+    int pcap = 0;
+    for (;;) {
+        if (pcap < g->npend + 2) {
+            pcap = 2 * (g->npend + 2);
+            struct pollfd *np = realloc(pfd, (size_t)pcap * sizeof *pfd);
+            if (!np) {
+                /* out of memory: refuse the waiting connections, go on */
+                while (g->npend) {
+                    close(g->pend[g->npend - 1].fd);
+                    g->npend--;
+                }
+                continue;
+            }
+            pfd = np;
+        }
+        pfd[0] = (struct pollfd){.fd = g->wake[0], .events = POLLIN};
+        pfd[1] = (struct pollfd){.fd = g->lfd, .events = POLLIN};
+        for (int i = 0; i < g->npend; i++)
+            pfd[2 + i] = (struct pollfd){.fd = g->pend[i].fd, .events = POLLIN};
+        int np = g->npend;
+        int rc = poll(pfd, (nfds_t)np + 2, 250);
+        if (rc < 0 && errno != EINTR)
+            break;
+        if (pfd[0].revents)
+            break;                /* http_stop */
+        double now = now_s();
+        /* from the last: gate_drop moves the last entry into the hole */
+        for (int i = np; i-- > 0;) {
+            gate_conn *c = &g->pend[i];
+            if (!pfd[2 + i].revents) {
+                if (now - c->since > srv->cfg.connection_timeout_s) {
+                    close(c->fd);   /* said nothing: the idle timeout */
+                    gate_drop(g, i);
+                }
+                continue;
+            }
+            unsigned char buf[GATE_PEEK];
+            ssize_t k = recv(c->fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+            if (k < 0 && (errno == EAGAIN || errno == EINTR))
+                continue;
+            int ok = k > 0 ? looks_like_request(buf, (size_t)k) : -2;
+            if (ok == 0 && k < (ssize_t)sizeof buf)
+                continue;         /* "GE": wait for more */
+            if (ok == 1) {
+                /* libmicrohttpd owns (and closes) the socket from here */
+                MHD_add_connection(srv->mhd, c->fd, (struct sockaddr *)&c->addr, c->alen);
+            } else if (ok == -2) {
+                close(c->fd);     /* closed (or reset) before a request */
+            } else {
+                gate_refuse(c->fd, API_MALFORMED_REQUEST,
+                            "not an HTTP/1.1 request line (this port speaks plain HTTP, not TLS)");
+            }
+            gate_drop(g, i);
+        }
+        if (pfd[1].revents & POLLIN) {
+            for (int burst = 0; burst < 64; burst++) {
+                gate_conn c = {.alen = sizeof c.addr};
+                c.fd = accept4(g->lfd, (struct sockaddr *)&c.addr, &c.alen, SOCK_CLOEXEC);
+                if (c.fd < 0)
+                    break;
+                if (open_connections(g) >= srv->cfg.max_connections) {
+                    char msg[128];
+                    snprintf(msg, sizeof msg, "max_connections (%d) connections are open: retry later",
+                             srv->cfg.max_connections);
+                    gate_refuse(c.fd, API_TOO_MANY_CONNECTIONS, msg);
+                    continue;
+                }
+                if (g->npend == g->cap) {
+                    int cap = g->cap ? 2 * g->cap : 64;
+                    gate_conn *nb = realloc(g->pend, (size_t)cap * sizeof *nb);
+                    if (!nb) {
+                        close(c.fd);
+                        continue;
+                    }
+                    g->pend = nb;
+                    g->cap = cap;
+                }
+                c.since = now;
+                g->pend[g->npend++] = c;
+            }
+        }
+    }
+    free(pfd);
+    return NULL;
+}
+
+/* Binds and listens on cfg.bind:cfg.port. Returns the socket or -1. */
+static int gate_listen(nc_server *srv, char *err, size_t errlen)
+{
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    socklen_t sl;
+    int family;
+    if (strchr(srv->cfg.bind, ':')) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+        a->sin6_family = AF_INET6;
+        a->sin6_port = htons((uint16_t)srv->cfg.port);
+        if (inet_pton(AF_INET6, srv->cfg.bind, &a->sin6_addr) != 1) {
+            snprintf(err, errlen, "option 'bind': '%s' is not an IPv6 address", srv->cfg.bind);
+            return -1;
+        }
+        family = AF_INET6;
+        sl = sizeof *a;
+    } else {
+        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+        a->sin_family = AF_INET;
+        a->sin_port = htons((uint16_t)srv->cfg.port);
+        if (inet_pton(AF_INET, srv->cfg.bind, &a->sin_addr) != 1) {
+            snprintf(err, errlen, "option 'bind': '%s' is not an IPv4 address", srv->cfg.bind);
+            return -1;
+        }
+        family = AF_INET;
+        sl = sizeof *a;
+    }
+    int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int one = 1;
+    if (fd >= 0)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&ss, sl) != 0 || listen(fd, 1024) != 0) {
+        snprintf(err, errlen, "cannot listen on %s:%d (%s)", srv->cfg.bind, srv->cfg.port, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    if (srv->cfg.port == 0) {
+        struct sockaddr_storage got;
+        socklen_t gl = sizeof got;
+        getsockname(fd, (struct sockaddr *)&got, &gl);
+        srv->port = ntohs(family == AF_INET6 ? ((struct sockaddr_in6 *)&got)->sin6_port
+                                             : ((struct sockaddr_in *)&got)->sin_port);
+    } else {
+        srv->port = srv->cfg.port;
+    }
+    return fd;
+}
+
 int http_start(nc_server *srv, const http_route *rts, int n, char *err, size_t errlen)
 {
     static const char *names[METRICS_MAX_ENDPOINTS];
@@ -423,49 +730,75 @@ int http_start(nc_server *srv, const http_route *rts, int n, char *err, size_t e
         names[ne++] = "unmatched";    /* misses, without a fallback row */
     metrics_init(names, ne);
 
-    struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof ss);
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG |
-                     MHD_ALLOW_SUSPEND_RESUME;
-    if (strchr(srv->cfg.bind, ':')) {
-        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
-        a->sin6_family = AF_INET6;
-        a->sin6_port = htons((uint16_t)srv->cfg.port);
-        if (inet_pton(AF_INET6, srv->cfg.bind, &a->sin6_addr) != 1) {
-            snprintf(err, errlen, "option 'bind': '%s' is not an IPv6 address", srv->cfg.bind);
-            return -1;
-        }
-        flags |= MHD_USE_IPv6;
-    } else {
-        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-        a->sin_family = AF_INET;
-        a->sin_port = htons((uint16_t)srv->cfg.port);
-        if (inet_pton(AF_INET, srv->cfg.bind, &a->sin_addr) != 1) {
-            snprintf(err, errlen, "option 'bind': '%s' is not an IPv4 address", srv->cfg.bind);
-            return -1;
-        }
-    }
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    unsigned threads = srv->cfg.threads > 0 ? (unsigned)srv->cfg.threads : (unsigned)(cores > 0 ? cores : 1);
-    srv->mhd = MHD_start_daemon(flags, (uint16_t)srv->cfg.port, NULL, NULL, on_request, srv,
-                                MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
-                                MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                                MHD_OPTION_THREAD_POOL_SIZE, threads,
-                                MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
-                                MHD_OPTION_END);
-    if (!srv->mhd) {
-        snprintf(err, errlen, "cannot listen on %s:%d (address in use or not available)",
-                 srv->cfg.bind, srv->cfg.port);
+    struct http_gate *g = calloc(1, sizeof *g);
+    if (!g) {
+        snprintf(err, errlen, "out of memory");
         return -1;
     }
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_BIND_PORT);
-    srv->port = info ? info->port : srv->cfg.port;
+    g->srv = srv;
+    g->wake[0] = g->wake[1] = -1;
+    g->lfd = gate_listen(srv, err, errlen);
+    if (g->lfd < 0 || pipe2(g->wake, O_CLOEXEC) != 0) {
+        if (g->lfd >= 0) {
+            snprintf(err, errlen, "pipe: %s", strerror(errno));
+            close(g->lfd);
+        }
+        free(g);
+        return -1;
+    }
+    /* One thread per connection: a connection's work (or its wait for a
+     * worker, or a deferred predict) holds up no other connection, so
+     * /health, /ready and /metrics are answered at once whatever runs.
+     * (With a pool of event-loop threads, a handler running model work
+     * stopped every connection of its thread; suspending them would stop
+     * libmicrohttpd from noticing hang-ups.) The threads are bounded by
+     * max_connections; heavy work itself runs on the worker pool. */
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
+                     MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC | MHD_USE_POLL;
+    srv->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, srv,
+                                MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
+                                MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)srv->cfg.connection_timeout_s,
+                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv->cfg.max_connections,
+                                MHD_OPTION_END);
+    if (!srv->mhd) {
+        snprintf(err, errlen, "cannot start libmicrohttpd");
+        close(g->lfd);
+        close(g->wake[0]);
+        close(g->wake[1]);
+        free(g);
+        return -1;
+    }
+    if (pthread_create(&g->th, NULL, gate_main, g) != 0) {
+        snprintf(err, errlen, "cannot start the accepting thread");
+        MHD_stop_daemon(srv->mhd);
+        srv->mhd = NULL;
+        close(g->lfd);
+        close(g->wake[0]);
+        close(g->wake[1]);
+        free(g);
+        return -1;
+    }
+    srv->gate = g;
     return 0;
 }
 
 void http_stop(nc_server *srv)
 {
+    struct http_gate *g = srv->gate;
+    if (g) {
+        /* no new connections first; then libmicrohttpd closes its own */
+        (void)!write(g->wake[1], "x", 1);
+        pthread_join(g->th, NULL);
+        for (int i = 0; i < g->npend; i++)
+            close(g->pend[i].fd);
+        close(g->lfd);
+        close(g->wake[0]);
+        close(g->wake[1]);
+        free(g->pend);
+        free(g);
+        srv->gate = NULL;
+    }
     if (srv->mhd) {
         MHD_stop_daemon(srv->mhd);
         srv->mhd = NULL;

@@ -4,11 +4,13 @@
 #define NC_SERVER_HTTP_H
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 
 #include "proto.h"
 #include "server.h"
+#include "workguard.h"
 
 #define HTTP_MAX_PARAMS 2
 
@@ -33,6 +35,11 @@ typedef struct http_request {
     size_t chunk_len;
     void *user;                   /* a streaming route's state (ROUTE_STREAM) */
     void (*user_free)(void *);    /* frees it in the completed callback */
+    workguard guard;              /* ROUTE_HEAVY: deadline and cancellation (workguard.h) */
+    int fd;                       /* the client's socket, watched for a hang-up */
+    pthread_mutex_t wait_lock;    /* http_defer: the connection's thread waits */
+    pthread_cond_t wait_cv;       /* here until http_resume */
+    bool resumed;
 } http_request;
 
 /* What a handler answers: a status and a body (JSON, or raw text). */
@@ -56,6 +63,10 @@ enum {
                                    * the handler is called with resp == NULL for
                                    * each piece as it arrives (req->chunk), then
                                    * once with resp to answer */
+    ROUTE_HEAVY = 16,             /* model work: runs on the worker pool
+                                   * (workguard.h) under the request's guard,
+                                   * req->guard; a streaming route's pieces
+                                   * each wait their turn there */
 };
 
 /* The table's last row has method NULL: its handler answers every request
@@ -68,9 +79,10 @@ typedef struct {
     int flags;
 } http_route;
 
-/* Starts libmicrohttpd on cfg.bind:cfg.port with a thread pool
- * (cfg.threads, 0 = cores), routing through routes[0..n). Sets srv->port
- * and srv->mhd. Returns 0 or -1 with a message. */
+/* Starts libmicrohttpd on cfg.bind:cfg.port, one thread per connection (at
+ * most cfg.max_connections), routing through routes[0..n); ROUTE_HEAVY
+ * routes run on srv->pool. Sets srv->port and srv->mhd. Returns 0 or -1
+ * with a message. */
 int http_start(nc_server *srv, const http_route *routes, int n, char *err, size_t errlen);
 /* Stops accepting, closes connections, joins the pool. */
 void http_stop(nc_server *srv);
@@ -82,9 +94,9 @@ void http_reply_error(http_response *r, api_error e, const char *fmt, ...)
 void http_reply_status(http_response *r, const api_status *st);
 
 /* Asynchronous answers. A handler that passes its work to another thread
- * calls http_defer(req) (the connection is suspended; the handler leaves its
- * resp empty) and that thread later calls http_resume with the answer, whose
- * json/text are stolen. req stays valid until then. */
+ * calls http_defer(req) (the handler leaves its resp empty; the connection's
+ * thread then waits) and that thread later calls http_resume with the
+ * answer, whose json/text are stolen. req stays valid until then. */
 void http_defer(http_request *req);
 void http_resume(http_request *req, http_response *resp);
 

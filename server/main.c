@@ -25,6 +25,7 @@
 #include "sessions.h"
 #include "vmath.h"
 #include "slog.h"
+#include "workguard.h"
 
 /* The [cache] options: each was checked against the knob table when set;
  * here their combination. */
@@ -60,11 +61,77 @@ static int write_port_file(const char *path, int port, char *err, size_t errlen)
  * (whenever the main thread was not inside sigtimedwait; found by
  * test_fault). A handler makes that delivery harmless; the main loop picks
  * the signal up from got_signal within its one-second tick. */
-static volatile sig_atomic_t got_signal;
+static volatile sig_atomic_t got_signal, signal_count;
 
 static void on_stop_signal(int s)
 {
     got_signal = s;
+    signal_count++;
+}
+
+/* The main thread's wait for SIGTERM/SIGINT, for at most ms milliseconds:
+ * the signal, or 0. */
+static int wait_signal(const sigset_t *sigs, long ms)
+{
+    static int seen;              /* signals the handler took, already returned */
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    int sig = sigtimedwait(sigs, NULL, &t);
+    if (sig == SIGTERM || sig == SIGINT)
+        return sig;
+    if (signal_count != seen) {
+        seen = signal_count;
+        return got_signal;
+    }
+    return 0;
+}
+
+/* During the drain: a second SIGTERM/SIGINT exits at once. Nothing is lost
+ * that was acknowledged (every adaptation is in its fsynced log before its
+ * answer); the next start replays the logs instead of reading a fresh
+ * snapshot. Waits ms milliseconds otherwise. */
+static void drain_wait(const sigset_t *sigs, long ms)
+{
+    int sig = wait_signal(sigs, ms);
+    if (sig) {
+        slog(SLOG_WARN, "second signal: exiting at once",
+             json_pack("{s:s}", "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"));
+        _exit(1);
+    }
+}
+
+/* The last resort of the drain: whatever still runs after the drain
+ * timeout, its cancellation and the stop's grace, the process exits (from
+ * this thread, as main may be the one waiting); acknowledged work is in the
+ * logs, as for a second signal. */
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    bool done;
+    double at;                    /* CLOCK_MONOTONIC seconds */
+} watchdog = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0};
+
+static void *watchdog_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&watchdog.lock);
+    while (!watchdog.done) {
+        double left = watchdog.at - workguard_now();
+        if (left <= 0)
+            break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double when = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + left;
+        ts.tv_sec = (time_t)when;
+        ts.tv_nsec = (long)((when - (double)ts.tv_sec) * 1e9);
+        pthread_cond_timedwait(&watchdog.cv, &watchdog.lock, &ts);
+    }
+    bool done = watchdog.done;
+    pthread_mutex_unlock(&watchdog.lock);
+    if (!done) {
+        slog(SLOG_WARN, "stop took too long: exiting without the final snapshot", json_pack("{}"));
+        _exit(0);
+    }
+    return NULL;
 }
 
 int main(int argc, char **argv)
@@ -108,16 +175,24 @@ int main(int argc, char **argv)
      * thread avoids oversubscribing the cores (design §6). */
     openblas_set_num_threads(1);
 
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    /* The heavy requests' workers (workguard.h); threads = 0: one per core. */
+    if (srv.cfg.threads <= 0)
+        srv.cfg.threads = (int)(cores > 0 ? cores : 1);
+    srv.pool = workpool_new(srv.cfg.threads, srv.cfg.max_queued, srv.cfg.worker_nice);
+    if (!srv.pool) {
+        slog(SLOG_ERROR, "startup failed", json_pack("{s:s}", "error", "cannot start the worker threads"));
+        return 1;
+    }
     int n;
     const http_route *routes = handlers_routes(&n);
     if (http_start(&srv, routes, n, err, sizeof err) != 0) {
         slog(SLOG_ERROR, "startup failed", json_pack("{s:s}", "error", err));
         return 1;
     }
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
     slog(SLOG_INFO, "listening",
          json_pack("{s:s,s:i,s:i,s:s,s:s,s:s}", "bind", srv.cfg.bind, "port", srv.port, "threads",
-                   srv.cfg.threads > 0 ? srv.cfg.threads : (int)cores, "version", NC_VERSION, "simd",
+                   srv.cfg.threads, "version", NC_VERSION, "simd",
                    vm_isa(), "blas", nc_blas_core()));
     if (srv.cfg.port_file[0] && write_port_file(srv.cfg.port_file, srv.port, err, sizeof err) != 0) {
         slog(SLOG_ERROR, "startup failed", json_pack("{s:s}", "error", err));
@@ -187,10 +262,7 @@ int main(int argc, char **argv)
      * second meanwhile. */
     int sig = 0;
     for (;;) {
-        struct timespec tick = {1, 0};
-        sig = sigtimedwait(&sigs, NULL, &tick);
-        if (sig <= 0 && got_signal)
-            sig = got_signal;
+        sig = wait_signal(&sigs, 1000);
         if (sig == SIGTERM || sig == SIGINT)
             break;
         int ev = sessions_evict_idle(srv.sessions);
@@ -203,32 +275,37 @@ int main(int argc, char **argv)
     /* Drain: /ready answers 503 from now on; requests in flight finish. */
     atomic_store(&srv.draining, 1);
     sd_notify(0, "STOPPING=1");
+    /* SIGTERM exits within drain_grace + drain_timeout + 2 s whatever runs:
+     * the watchdog sees to the last part. */
+    watchdog.at = workguard_now() + srv.cfg.drain_grace_s + srv.cfg.drain_timeout_s + 1.8;
+    pthread_t wd;
+    bool wd_started = pthread_create(&wd, NULL, watchdog_main, NULL) == 0;
     slog(SLOG_INFO, "draining", json_pack("{s:s,s:I}", "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT",
                                           "inflight", (json_int_t)atomic_load(&srv.inflight)));
     /* Scale-out: keep serving while the balancer notices /ready (drain_grace),
      * then hand the sessions to the peers (migrate.h); requests for them
      * arriving later are answered session_moved and retried elsewhere. */
-    if (srv.cfg.drain_grace_s > 0) {
-        struct timespec g = {srv.cfg.drain_grace_s, 0};
-        while (nanosleep(&g, &g) != 0) {}
-    }
+    for (double until = workguard_now() + srv.cfg.drain_grace_s; workguard_now() < until;)
+        drain_wait(&sigs, 50);
     int kept = 0, handed = migrate_drain(&srv, &kept);
     if (handed || kept)
         slog(kept ? SLOG_WARN : SLOG_INFO, "sessions handed over",
              json_pack("{s:i,s:i}", "handed", handed, "kept", kept));
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (;;) {
-        if (atomic_load(&srv.inflight) <= 0)
-            break;
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        if (t1.tv_sec - t0.tv_sec >= srv.cfg.drain_timeout_s) {
-            slog(SLOG_WARN, "drain timeout",
-                 json_pack("{s:I}", "inflight", (json_int_t)atomic_load(&srv.inflight)));
-            break;
-        }
-        struct timespec ms = {0, 10 * 1000 * 1000};
-        nanosleep(&ms, NULL);
+    double drain_end = workguard_now() + srv.cfg.drain_timeout_s;
+    while (atomic_load(&srv.inflight) > 0 && workguard_now() < drain_end)
+        drain_wait(&sigs, 10);
+    if (atomic_load(&srv.inflight) > 0) {
+        /* What still runs is stopped within one slice and answered 503;
+         * queued heavy requests are answered at once. */
+        slog(SLOG_WARN, "drain timeout: cancelling",
+             json_pack("{s:I}", "inflight", (json_int_t)atomic_load(&srv.inflight)));
+        workguard_cancel_all();
+        for (double until = workguard_now() + 1.0; atomic_load(&srv.inflight) > 0 && workguard_now() < until;)
+            drain_wait(&sigs, 10);
     }
+    /* The workers are idle (or their requests' answers are on the way):
+     * anything arriving from now on is refused at once. */
+    workguard_cancel_all();
     /* Batches still queued finish and resume their connections before the
      * HTTP daemon stops (it must not stop with suspended connections); a
      * predict arriving meanwhile runs inline. */
@@ -236,6 +313,8 @@ int main(int argc, char **argv)
     http_stop(&srv);
     batcher_free(srv.batcher);
     srv.batcher = NULL;
+    workpool_free(srv.pool);
+    srv.pool = NULL;
     replication_stop();   /* publishes what is queued; before the namespaces close */
     long count = 0;
     sessions_stats(srv.sessions, &count, NULL);
@@ -244,6 +323,13 @@ int main(int argc, char **argv)
     migrate_shutdown();
     model_free(srv.model);
     auth_shutdown();
+    if (wd_started) {
+        pthread_mutex_lock(&watchdog.lock);
+        watchdog.done = true;
+        pthread_cond_signal(&watchdog.cv);
+        pthread_mutex_unlock(&watchdog.lock);
+        pthread_join(wd, NULL);
+    }
     slog(SLOG_INFO, "stopped", json_pack("{s:i}", "sessions_dropped", (int)count));
     return 0;
 }

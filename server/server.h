@@ -15,11 +15,13 @@ typedef struct nc_server {
     sessions *sessions;               /* NULL until the model is loaded */
     struct nsreg *namespaces;         /* namespaces.h; NULL until recovered */
     struct batcher *batcher;          /* predict batching (batcher.h); NULL = predict inline */
+    struct workpool *pool;            /* workers of heavy requests (workguard.h) */
     atomic_int ready;                 /* model loaded */
     atomic_int draining;              /* SIGTERM received */
     atomic_long inflight;             /* requests between first and completed callback */
     int port;                         /* bound port */
     struct MHD_Daemon *mhd;
+    struct http_gate *gate;           /* accepts connections for mhd (http.c) */
 } nc_server;
 
 #endif

@@ -8,12 +8,16 @@
  * session has a 2,000-entry neural cache, filled before measuring.
  *
  * usage: bench_server [--model DIR] [--seconds S] [--clients 1,16,64] [--batch 0|1] [--f16 0|1] [--wrk 0|1]
- *                     [--threads N] [--score-tokens N] [--neural N]
+ *                     [--threads N] [--score-tokens N] [--neural N] [--heavy N [--fair-clients N]]
+ * --heavy N: then the predict load of --fair-clients sessions (16) without
+ * and with N clients scoring 47,250-token texts back to back (fairness:
+ * heavy work must not starve predicts); --clients "" skips the usual rows.
  * Bounded in time: about (3 + S per concurrency level) seconds plus scoring. */
 #include <curl/curl.h>
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -296,7 +300,36 @@ static double metric(int port, const char *name)
     return v;
 }
 
-static void run_predict(int port, pid_t pid, int clients, double seconds, int neural)
+/* ---- heavy scoring clients (fairness) ---- */
+
+/* A client that scores a long text again and again (each request near
+ * max_tokens_per_request: seconds of one worker) until told to stop. */
+typedef struct {
+    int port;
+    atomic_int *stop;
+    const char *body;
+    size_t len;
+    long done, errors;
+} heavy_client;
+
+static void *heavy_worker(void *arg)
+{
+    heavy_client *h = arg;
+    client cl;
+    client_init(&cl, h->port);
+    while (!atomic_load(h->stop)) {
+        long st = client_post(&cl, "/v1/score", h->body, h->len);
+        if (st == 200) h->done++;
+        else h->errors++;
+    }
+    client_free(&cl);
+    return NULL;
+}
+
+/* Predict load of clients sessions for seconds, with heavy scoring clients
+ * running meanwhile (0 = none); prints a row and returns p50 and p99. */
+static void run_predict(int port, pid_t pid, int clients, double seconds, int neural, int heavy, double *p50o,
+                        double *p99o)
 {
     worker *ws = calloc((size_t)clients, sizeof *ws);
     pthread_t *th = calloc((size_t)clients, sizeof *th);
@@ -313,6 +346,29 @@ static void run_predict(int port, pid_t pid, int clients, double seconds, int ne
     /* t_end is set once every session is filled; the second barrier
      * publishes it. */
     pthread_barrier_wait(&bar);
+    /* the heavy clients start once the sessions are filled, and the
+     * measurement once they all run on the workers */
+    atomic_int hstop = 0;
+    heavy_client *hc = calloc((size_t)heavy + 1, sizeof *hc);
+    pthread_t *hth = calloc((size_t)heavy + 1, sizeof *hth);
+    char *hbody = NULL;
+    if (heavy > 0) {
+        nc_rng r;
+        rng_seed(&r, 99);
+        /* 45,000 words + a line end every 20: 47,250 tokens, under the
+         * default max_tokens_per_request (50,000) */
+        char *text = random_text(&r, 45000);
+        json_t *j = json_pack("{s:s}", "text", text);
+        hbody = json_dumps(j, JSON_COMPACT);
+        json_decref(j);
+        free(text);
+        for (int i = 0; i < heavy; i++) {
+            hc[i] = (heavy_client){.port = port, .stop = &hstop, .body = hbody, .len = strlen(hbody)};
+            pthread_create(&hth[i], NULL, heavy_worker, &hc[i]);
+        }
+        for (int i = 0; i < 3000 && metric(port, "neurocache_work_running") < heavy; i++)
+            sleep_ms(10);
+    }
     double b0 = metric(port, "neurocache_predict_batches_total");
     double j0 = metric(port, "neurocache_predict_batched_total");
     double c0 = proc_cpu(pid), s0 = self_cpu();
@@ -320,6 +376,17 @@ static void run_predict(int port, pid_t pid, int clients, double seconds, int ne
     for (int i = 0; i < clients; i++) ws[i].t_end = t0 + seconds;
     pthread_barrier_wait(&bar);
     for (int i = 0; i < clients; i++) pthread_join(th[i], NULL);
+    double running = heavy > 0 ? metric(port, "neurocache_work_running") : 0;
+    atomic_store(&hstop, 1);
+    long hdone = 0, herr = 0;
+    for (int i = 0; i < heavy; i++) {
+        pthread_join(hth[i], NULL);
+        hdone += hc[i].done;
+        herr += hc[i].errors;
+    }
+    free(hc);
+    free(hth);
+    free(hbody);
     double wall = 0;
     for (int i = 0; i < clients; i++)
         if (ws[i].last_done - t0 > wall) wall = ws[i].last_done - t0;
@@ -343,8 +410,16 @@ static void run_predict(int port, pid_t pid, int clients, double seconds, int ne
      * machine is shared: 2 / cpu_per_prediction. */
     double cpu = (c1 - c0) / (double)(total ? total : 1), ccpu = (s1 - s0) / (double)(total ? total : 1);
     double batch = b1 > b0 ? (j1 - j0) / (b1 - b0) : NAN;
-    printf("| predict top-10 | %d | %zu | %.0f | %.2f | %.2f | %.1f | %.0f | %.0f | %.0f | %ld |\n", clients, total,
+    char label[96] = "predict top-10";
+    if (heavy > 0)
+        snprintf(label, sizeof label, "predict top-10, %d heavy scoring clients running", heavy);
+    printf("| %s | %d | %zu | %.0f | %.2f | %.2f | %.1f | %.0f | %.0f | %.0f | %ld |\n", label, clients, total,
            (double)total / wall, p50 * 1e3, p99 * 1e3, batch, cpu * 1e6, 2.0 / cpu, ccpu * 1e6, errors);
+    if (heavy > 0)
+        printf("(heavy clients: %ld scoring requests of 47,250 tokens completed, %ld errors, %.0f running at the end)\n",
+               hdone, herr, running);
+    if (p50o) *p50o = p50;
+    if (p99o) *p99o = p99;
     fflush(stdout);
     free(all);
     free(ws);
@@ -536,7 +611,7 @@ int main(int argc, char **argv)
 {
     const char *model = NULL, *clients_s = "1,16,64", *threads = "2";
     double seconds = 3;
-    int score_tokens = 50000, neural = 2000, port = 0, batch = 1, use_wrk = 0;
+    int score_tokens = 50000, neural = 2000, port = 0, batch = 1, use_wrk = 0, heavy = 0, fair_clients = 16;
     const char *keep_model = NULL;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model")) model = argv[i + 1];
@@ -550,6 +625,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--f16")) f16 = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--wrk")) use_wrk = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--port")) port = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--heavy")) heavy = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--fair-clients")) fair_clients = atoi(argv[i + 1]);
         else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
     }
     char dir[] = "/tmp/nc-bench-model-XXXXXX";
@@ -571,7 +648,7 @@ int main(int argc, char **argv)
         char cs[64];
         snprintf(cs, sizeof cs, "%s", clients_s);
         for (char *tok = strtok(cs, ","); tok; tok = strtok(NULL, ","))
-            run_predict(port, 0, atoi(tok), seconds, neural);
+            run_predict(port, 0, atoi(tok), seconds, neural, 0, NULL, NULL);
         httpc_cleanup();
         return 0;
     }
@@ -612,7 +689,17 @@ int main(int argc, char **argv)
         if (use_wrk)
             run_predict_wrk(d.port, d.pid, atoi(tok), seconds, neural);
         else
-            run_predict(d.port, d.pid, atoi(tok), seconds, neural);
+            run_predict(d.port, d.pid, atoi(tok), seconds, neural, 0, NULL, NULL);
+    if (heavy > 0) {
+        /* fairness: the same predict load without and with heavy scoring
+         * clients, one after the other in this run */
+        double a50, a99, b50, b99;
+        run_predict(d.port, d.pid, fair_clients, seconds, neural, 0, &a50, &a99);
+        run_predict(d.port, d.pid, fair_clients, seconds, neural, heavy, &b50, &b99);
+        printf("\nfairness: %d sessions' predict p50 %.2f -> %.2f ms (x%.2f), p99 %.2f -> %.2f ms (x%.2f) with %d heavy "
+               "scoring clients\n", fair_clients, a50 * 1e3, b50 * 1e3, b50 / a50, a99 * 1e3, b99 * 1e3, b99 / a99,
+               heavy);
+    }
     if (score_tokens > 0)
         run_score(d.port, d.pid, model, score_tokens);
     int rc = daemon_stop(&d);

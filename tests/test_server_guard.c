@@ -1,0 +1,549 @@
+/* test_server_guard.c -- availability of the real daemon under heavy and
+ * abusive requests (issue 17): probes answered while every worker is
+ * provably busy, a client that hangs up frees its worker, SIGTERM with heavy
+ * work in flight exits 0 in time and the namespace keeps every acknowledged
+ * document, work budgets refused before any work, deadlines, the bounded
+ * queue (429), malformed request lines (400), idle connections and
+ * max_connections.
+ *
+ * The latency bounds here (100 ms a probe, 1 s to free a worker, 50 ms to
+ * refuse an over-budget request, drain_timeout + 2 s to exit) are the
+ * issue's acceptance; each is measured on its property -- the workers are
+ * shown busy (neurocache_work_running) before the probes and still busy
+ * after them -- not on the machine's speed. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "harness.h"
+
+/* ---- raw HTTP, for requests whose client hangs up ---------------------- */
+
+static int raw_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k <= 0) return -1;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Sends a JSON POST and returns the socket (the answer is read later, or
+ * never: the client hangs up). */
+static int raw_post(int port, const char *path, const char *body)
+{
+    int fd = raw_connect(port);
+    if (fd < 0) return -1;
+    char head[512];
+    int hl = snprintf(head, sizeof head,
+                      "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      "Content-Length: %zu\r\n\r\n", path, strlen(body));
+    if (write_all(fd, head, (size_t)hl) || write_all(fd, body, strlen(body))) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Reads what comes on fd for up to timeout_ms (until the answer's
+ * Content-Length is in, or the peer closes). Returns the bytes (malloc'd,
+ * NUL-terminated, caller frees) and *closed = the peer closed. */
+static char *raw_read(int fd, int timeout_ms, int *closed)
+{
+    size_t cap = 65536, len = 0;
+    char *b = malloc(cap);
+    *closed = 0;
+    double end = now_s() + timeout_ms / 1000.0;
+    for (;;) {
+        b[len] = 0;
+        char *hend = strstr(b, "\r\n\r\n");
+        if (hend) {
+            const char *cl = strcasestr(b, "Content-Length:");
+            if (cl && cl < hend && len >= (size_t)(hend + 4 - b) + strtoul(cl + 15, NULL, 10))
+                break;
+        }
+        int left = (int)((end - now_s()) * 1000);
+        if (left <= 0) break;
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (poll(&pf, 1, left) <= 0) break;
+        if (len + 4096 >= cap) b = realloc(b, cap *= 2);
+        ssize_t k = recv(fd, b + len, cap - len - 1, 0);
+        if (k <= 0) {
+            *closed = 1;
+            break;
+        }
+        len += (size_t)k;
+    }
+    b[len] = 0;
+    return b;
+}
+
+static int status_of(const char *answer)
+{
+    int st = 0;
+    return sscanf(answer, "HTTP/1.%*d %d", &st) == 1 ? st : 0;
+}
+
+/* ---- metrics and the process ------------------------------------------- */
+
+/* The value of an unlabelled metric, -1 if absent. */
+static double metric(int port, const char *name)
+{
+    http_resp r;
+    double v = -1;
+    if (http_call(port, "GET", "/metrics", NULL, NULL, 0, &r) == 0 && r.body) {
+        char key[128];
+        snprintf(key, sizeof key, "\n%s ", name);
+        const char *p = strstr(r.body, key);
+        if (p) v = strtod(p + strlen(key), NULL);
+    }
+    http_resp_free(&r);
+    return v;
+}
+
+/* Waits (up to timeout_s) until metric name == want; returns the seconds
+ * it took, or -1. */
+static double wait_metric(int port, const char *name, double want, double timeout_s)
+{
+    double t0 = now_s();
+    while (now_s() - t0 < timeout_s) {
+        if (metric(port, name) == want) return now_s() - t0;
+        sleep_ms(10);
+    }
+    return -1;
+}
+
+/* CPU seconds (user + system) the process has used. */
+static double proc_cpu(pid_t pid)
+{
+    char path[64], buf[2048];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')');
+    unsigned long ut = 0, st = 0;
+    /* after the name: state ppid pgrp session tty tpgid flags minflt
+     * cminflt majflt cmajflt utime stime */
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2) return -1;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* ---- request bodies ----------------------------------------------------- */
+
+/* {"prompt": ["the", ... n times], "max_tokens": m}: n x m generation steps. */
+static char *completions_body(int n, int m)
+{
+    char *b = malloc((size_t)n * 7 + 64);
+    size_t len = (size_t)sprintf(b, "{\"prompt\":[");
+    for (int i = 0; i < n; i++) len += (size_t)sprintf(b + len, "%s\"the\"", i ? "," : "");
+    sprintf(b + len, "],\"max_tokens\":%d}", m);
+    return b;
+}
+
+/* {"text": "the the ... (n words)"}. */
+static char *score_body(size_t n)
+{
+    char *b = malloc(n * 4 + 32);
+    size_t len = (size_t)sprintf(b, "{\"text\":\"");
+    for (size_t i = 0; i < n; i++) { memcpy(b + len, "the ", 4); len += 4; }
+    sprintf(b + len, "\"}");
+    return b;
+}
+
+static const char *model_dir(void)
+{
+    return "models/demo";
+}
+
+/* ---- the heavy daemon: three heavy requests on three busy workers ----- */
+
+static nc_daemon H;
+static char h_data[64];
+static int heavy_fd[3];
+
+/* Starts the two heavy completions (2,000 prompts x 16 tokens = 32,000
+ * generation steps each) and the scoring request of 1,000,000 tokens, and
+ * waits until all three run. */
+static int start_heavy(void)
+{
+    char *c = completions_body(2000, 16), *s = score_body(999999);   /* + the final eos: 1,000,000 */
+    heavy_fd[0] = raw_post(H.port, "/v1/completions", c);
+    heavy_fd[1] = raw_post(H.port, "/v1/completions", c);
+    heavy_fd[2] = raw_post(H.port, "/v1/score", s);
+    free(c);
+    free(s);
+    CHECK(heavy_fd[0] >= 0 && heavy_fd[1] >= 0 && heavy_fd[2] >= 0);
+    double t = wait_metric(H.port, "neurocache_work_running", 3, 30);
+    CHECKF(t >= 0, "the three heavy requests never ran together");
+    return t >= 0 ? 0 : -1;
+}
+
+TEST(health_while_workers_busy)
+{
+    if (start_heavy() != 0) return;
+    /* 20 probes, each timed from its request to its answer */
+    double worst = 0;
+    int ok = 0;
+    for (int i = 0; i < 20; i++) {
+        http_resp r;
+        double t0 = now_s();
+        int rc = http_call(H.port, "GET", "/health", NULL, NULL, 0, &r);
+        double dt = now_s() - t0;
+        if (rc == 0 && r.status == 200) ok++;
+        if (dt > worst) worst = dt;
+        http_resp_free(&r);
+        sleep_ms(20);
+    }
+    CHECKF(ok == 20, "%d of 20 probes answered 200", ok);
+    CHECKF(worst < 0.100, "slowest /health %.1f ms with three heavy requests running", worst * 1e3);
+    /* ... and the workers were busy all along */
+    CHECKF(metric(H.port, "neurocache_work_running") == 3, "the heavy work ended before the probes did");
+    /* /ready and /metrics do not wait either */
+    http_resp r;
+    double t0 = now_s();
+    CHECK(http_call(H.port, "GET", "/ready", NULL, NULL, 0, &r) == 0 && r.status == 200);
+    http_resp_free(&r);
+    CHECKF(now_s() - t0 < 0.100, "/ready took %.1f ms", (now_s() - t0) * 1e3);
+    fprintf(stderr, "    20 /health with 3 heavy requests running: slowest %.2f ms\n", worst * 1e3);
+}
+
+TEST(hangup_frees_worker)
+{
+    double gone0 = -1;
+    {
+        http_resp r;
+        if (http_call(H.port, "GET", "/metrics", NULL, NULL, 0, &r) == 0 && r.body) {
+            const char *p = strstr(r.body, "neurocache_work_stopped_total{reason=\"client_gone\"} ");
+            if (p) gone0 = strtod(p + strlen("neurocache_work_stopped_total{reason=\"client_gone\"} "), NULL);
+        }
+        http_resp_free(&r);
+    }
+    double t0 = now_s();
+    for (int i = 0; i < 3; i++)
+        if (heavy_fd[i] >= 0) close(heavy_fd[i]);
+    double t = wait_metric(H.port, "neurocache_work_running", 0, 10);
+    CHECKF(t >= 0 && t <= 1.0, "workers freed %.3f s after the clients hung up", t);
+    fprintf(stderr, "    three hung-up clients: workers free after %.0f ms\n", (now_s() - t0) * 1e3);
+    /* idle: the process uses (almost) no CPU over the next half second */
+    double c0 = proc_cpu(H.pid);
+    sleep_ms(500);
+    double c1 = proc_cpu(H.pid);
+    CHECKF(c1 - c0 < 0.1, "%.2f CPU seconds in 0.5 s after the hang-ups", c1 - c0);
+    http_resp r;
+    CHECK(http_call(H.port, "GET", "/metrics", NULL, NULL, 0, &r) == 0 && r.body);
+    const char *p = r.body ? strstr(r.body, "neurocache_work_stopped_total{reason=\"client_gone\"} ") : NULL;
+    CHECKF(p && strtod(p + strlen("neurocache_work_stopped_total{reason=\"client_gone\"} "), NULL) == gone0 + 3,
+           "client_gone stops not counted");
+    http_resp_free(&r);
+}
+
+/* Documents uploaded (acknowledged), then heavy work, then SIGTERM: exit 0
+ * within drain_timeout (2 s) + 2 s, the in-flight requests answered 503,
+ * and after a restart the namespace has every acknowledged document. */
+TEST(sigterm_with_heavy_work)
+{
+    http_resp r;
+    const char *docs = "{\"id\":\"a\",\"text\":\"the cat sat on the mat\"}\n"
+                       "{\"id\":\"b\",\"text\":\"a dog ran in the park\"}\n";
+    CHECK(http_call(H.port, "POST", "/v1/namespaces/kept/documents", "application/x-ndjson", docs, strlen(docs),
+                    &r) == 0 && r.status == 200);
+    long long entries = (long long)json_integer_value(json_object_get(r.json, "entries"));
+    CHECK(entries > 0);
+    http_resp_free(&r);
+    if (start_heavy() != 0) return;
+    double t0 = now_s();
+    daemon_signal_term(&H);
+    /* the answers of the three: 503 once the drain timeout cancels them */
+    int answered = 0;
+    for (int i = 0; i < 3; i++) {
+        int closed;
+        char *a = raw_read(heavy_fd[i], 5000, &closed);
+        if (status_of(a) == 503) answered++;
+        free(a);
+        close(heavy_fd[i]);
+    }
+    int st = daemon_wait(&H, 30);
+    double dt = now_s() - t0;
+    CHECKF(st == 0, "exit status %d", st);
+    CHECKF(dt <= 2 + 2, "exited %.2f s after SIGTERM (drain_timeout 2 s)", dt);
+    CHECKF(answered == 3, "%d of 3 in-flight requests answered 503", answered);
+    fprintf(stderr, "    SIGTERM with 3 heavy requests: exit %d after %.2f s\n", st, dt);
+
+    const char *args[] = {"--model", model_dir(), "--data-dir", h_data, NULL};
+    nc_daemon R;
+    CHECK(daemon_start(&R, args) == 0);
+    if (R.pid <= 0) return;
+    CHECK(http_call(R.port, "GET", "/v1/namespaces/kept", NULL, NULL, 0, &r) == 0 && r.status == 200);
+    CHECKF(json_integer_value(json_object_get(r.json, "entries")) == entries, "entries %lld after restart, %lld before",
+           (long long)json_integer_value(json_object_get(r.json, "entries")), entries);
+    http_resp_free(&r);
+    CHECK(http_call(R.port, "GET", "/v1/namespaces/kept/documents", NULL, NULL, 0, &r) == 0 && r.status == 200);
+    CHECK_STR_CONTAINS(r.body, "\"a\"");
+    CHECK_STR_CONTAINS(r.body, "\"b\"");
+    http_resp_free(&r);
+    CHECK(daemon_stop(&R) == 0);
+}
+
+/* ---- the small daemon: one worker, a queue of one, short timeouts ------ */
+
+static nc_daemon S;
+
+TEST(over_budget_refused_before_work)
+{
+    http_resp r;
+    double scored0 = metric(S.port, "neurocache_tokens_scored_total");
+    /* 2,000 prompts x 16 tokens: over max_generation_steps (2,048) */
+    char *c = completions_body(2000, 16);
+    double t0 = now_s();
+    CHECK(http_json(S.port, "POST", "/v1/completions", c, &r) == 0);
+    double dt = now_s() - t0;
+    CHECK(r.status == 413);
+    CHECK(!strcmp(http_error_code(&r), "over_budget"));
+    CHECK_STR_CONTAINS(r.body, "max_generation_steps");
+    CHECKF(dt < 0.050, "refused after %.1f ms", dt * 1e3);
+    http_resp_free(&r);
+    free(c);
+    /* 60,000 tokens to score: over max_tokens_per_request (50,000) */
+    char *s = score_body(60000);
+    t0 = now_s();
+    CHECK(http_json(S.port, "POST", "/v1/score", s, &r) == 0);
+    dt = now_s() - t0;
+    CHECK(r.status == 413);
+    CHECK(!strcmp(http_error_code(&r), "too_many_tokens"));
+    CHECK_STR_CONTAINS(r.body, "max_tokens_per_request");
+    CHECKF(dt < 0.050, "refused after %.1f ms", dt * 1e3);
+    http_resp_free(&r);
+    free(s);
+    /* a feed reading the unbounded cache: 20,000 tokens x knn 1024 is over
+     * max_neighbours_per_request (16,777,216) */
+    CHECK(http_json(S.port, "POST", "/v1/sessions", "{\"namespace\":\"nb\",\"cache\":{\"unbounded\":true}}", &r) == 0 &&
+          r.status == 201);
+    char path[256];
+    snprintf(path, sizeof path, "/v1/sessions/%s/feed", json_string_value(json_object_get(r.json, "id")));
+    http_resp_free(&r);
+    s = score_body(20000);
+    t0 = now_s();
+    CHECK(http_json(S.port, "POST", path, s, &r) == 0);
+    dt = now_s() - t0;
+    CHECK(r.status == 413);
+    CHECK(!strcmp(http_error_code(&r), "over_budget"));
+    CHECK_STR_CONTAINS(r.body, "max_neighbours_per_request");
+    CHECKF(dt < 0.050, "refused after %.1f ms", dt * 1e3);
+    http_resp_free(&r);
+    free(s);
+    /* nothing was scored meanwhile */
+    CHECK(metric(S.port, "neurocache_tokens_scored_total") == scored0);
+    /* /v1/model lists the limits */
+    CHECK(http_call(S.port, "GET", "/v1/model", NULL, NULL, 0, &r) == 0 && r.status == 200);
+    json_t *lim = json_object_get(r.json, "limits");
+    CHECK(json_integer_value(json_object_get(lim, "max_tokens_per_request")) == 50000);
+    CHECK(json_integer_value(json_object_get(lim, "max_generation_steps")) == 2048);
+    CHECK(json_integer_value(json_object_get(lim, "max_neighbours_per_request")) == 16777216);
+    CHECK(json_integer_value(json_object_get(lim, "request_timeout")) == 2);
+    CHECK(json_integer_value(json_object_get(lim, "max_queued")) == 1);
+    http_resp_free(&r);
+}
+
+/* One worker, max_queued 1: the first runs, the second waits, the third is
+ * refused 429 with Retry-After; request_timeout 2 s then stops the first
+ * (503 deadline_exceeded) and drops the second before it runs. */
+TEST(queue_full_and_deadline)
+{
+    char *s = score_body(49000);
+    int fd1 = raw_post(S.port, "/v1/score", s);
+    CHECK(wait_metric(S.port, "neurocache_work_running", 1, 10) >= 0);
+    int fd2 = raw_post(S.port, "/v1/score", s);
+    CHECK(wait_metric(S.port, "neurocache_work_queue_depth", 1, 10) >= 0);
+    double rej0 = metric(S.port, "neurocache_work_rejected_total");
+    http_resp r;
+    CHECK(http_json(S.port, "POST", "/v1/score", s, &r) == 0);
+    CHECK(r.status == 429);
+    CHECK(!strcmp(http_error_code(&r), "overloaded"));
+    CHECK(atoi(r.retry_after) >= 1);
+    http_resp_free(&r);
+    CHECK(metric(S.port, "neurocache_work_rejected_total") == rej0 + 1);
+    /* light requests meanwhile: not queued */
+    CHECK(http_json(S.port, "POST", "/tokenize", "{\"text\":\"the cat\"}", &r) == 0 && r.status == 200);
+    http_resp_free(&r);
+    int closed;
+    char *a1 = raw_read(fd1, 10000, &closed);
+    char *a2 = raw_read(fd2, 10000, &closed);
+    CHECKF(status_of(a1) == 503 && strstr(a1, "deadline_exceeded"), "running request: %.200s", a1);
+    CHECKF(status_of(a2) == 503 && strstr(a2, "deadline_exceeded"), "queued request: %.200s", a2);
+    free(a1);
+    free(a2);
+    close(fd1);
+    close(fd2);
+    free(s);
+    CHECK(wait_metric(S.port, "neurocache_work_running", 0, 5) >= 0);
+}
+
+TEST(malformed_request_line)
+{
+    static const char tls[] = "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\x12\x34";
+    const char *bad[] = {tls, "GARBAGE\r\n\r\n", "get / HTTP/1.1\r\n\r\n"};
+    size_t len[] = {sizeof tls - 1, strlen(bad[1]), strlen(bad[2])};
+    for (int i = 0; i < 3; i++) {
+        int fd = raw_connect(S.port);
+        CHECK(fd >= 0 && write_all(fd, bad[i], len[i]) == 0);
+        int closed;
+        char *a = raw_read(fd, 5000, &closed);
+        CHECKF(status_of(a) == 400 && strstr(a, "malformed_request"), "answer %d: %.200s", i, a);
+        free(a);
+        /* and the connection is closed */
+        char c;
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        CHECK(poll(&pf, 1, 5000) == 1 && recv(fd, &c, 1, 0) <= 0);
+        close(fd);
+    }
+    /* a request line sent slowly is still a request */
+    int fd = raw_connect(S.port);
+    CHECK(write_all(fd, "GE", 2) == 0);
+    sleep_ms(300);
+    CHECK(write_all(fd, "T /health HTTP/1.1\r\nHost: x\r\n\r\n", 31) == 0);
+    int closed;
+    char *a = raw_read(fd, 5000, &closed);
+    CHECKF(status_of(a) == 200, "%.200s", a);
+    free(a);
+    close(fd);
+}
+
+/* connection_timeout 2 s: a silent connection, and one stuck in its
+ * request line, are closed (not held for minutes). */
+TEST(idle_connections_time_out)
+{
+    int quiet = raw_connect(S.port), slow = raw_connect(S.port);
+    CHECK(quiet >= 0 && slow >= 0 && write_all(slow, "GET /hea", 8) == 0);
+    double t0 = now_s();
+    int closed_q = 0, closed_s = 0;
+    char *a = raw_read(quiet, 10000, &closed_q);
+    free(a);
+    a = raw_read(slow, 10000, &closed_s);
+    free(a);
+    CHECK(closed_q && closed_s);
+    CHECKF(now_s() - t0 < 2 + 3, "closed after %.1f s (connection_timeout 2)", now_s() - t0);
+    close(quiet);
+    close(slow);
+}
+
+/* max_connections 8: once 8 connections are open (this client's own
+ * keep-alive one among them), the next is answered 503 and closed. */
+TEST(max_connections)
+{
+    int fds[16], n = 0, refused_at = -1;
+    for (int i = 0; i < 16 && refused_at < 0; i++) {
+        int fd = raw_connect(S.port);
+        if (fd < 0) break;
+        /* a refusal comes at once; an accepted connection stays silent */
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (poll(&pf, 1, 100) == 1) {
+            int closed;
+            char *a = raw_read(fd, 2000, &closed);
+            CHECKF(status_of(a) == 503 && strstr(a, "too_many_connections"), "%.200s", a);
+            free(a);
+            close(fd);
+            refused_at = i;
+        } else {
+            fds[n++] = fd;
+        }
+    }
+    CHECKF(refused_at >= 0 && refused_at <= 8, "refused at connection %d", refused_at);
+    for (int i = 0; i < n; i++) close(fds[i]);
+    /* the slots come back */
+    http_resp r;
+    int ok = 0;
+    for (int i = 0; i < 50 && !ok; i++) {
+        ok = http_call(S.port, "GET", "/health", NULL, NULL, 0, &r) == 0 && r.status == 200;
+        http_resp_free(&r);
+        if (!ok) sleep_ms(100);
+    }
+    CHECK(ok);
+}
+
+/* A second SIGTERM during the drain exits at once (drain_grace would keep
+ * the daemon 30 s). */
+TEST(second_signal_exits_at_once)
+{
+    nc_daemon d;
+    const char *args[] = {"--model", model_dir(), "--drain-grace", "30", NULL};
+    CHECK(daemon_start(&d, args) == 0);
+    if (d.pid <= 0) return;
+    daemon_signal_term(&d);
+    sleep_ms(300);
+    http_resp r;
+    CHECK(http_call(d.port, "GET", "/ready", NULL, NULL, 0, &r) == 0 && r.status == 503);
+    http_resp_free(&r);
+    double t0 = now_s();
+    daemon_signal_term(&d);
+    int st = daemon_wait(&d, 10);
+    CHECKF(now_s() - t0 < 2.0, "exited %.2f s after the second SIGTERM", now_s() - t0);
+    CHECK(st == 1);
+}
+
+int main(void)
+{
+    httpc_init();
+    snprintf(h_data, sizeof h_data, "/tmp/nc-guard-XXXXXX");
+    if (!mkdtemp(h_data)) return 1;
+    /* three workers so the three heavy requests run at once on two cores;
+     * limits raised for them; a long request_timeout so that only the test
+     * stops them */
+    const char *hargs[] = {"--model", model_dir(), "--threads", "3", "--data-dir", h_data,
+                           "--max-tokens-per-request", "1000000", "--max-generation-steps", "100000",
+                           "--request-timeout", "600", "--drain-timeout", "2", NULL};
+    if (daemon_start(&H, hargs) != 0) {
+        fprintf(stderr, "cannot start neurocached\n");
+        return 1;
+    }
+    RUN(health_while_workers_busy);
+    RUN(hangup_frees_worker);
+    RUN(sigterm_with_heavy_work);
+    if (H.pid > 0) daemon_stop(&H);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", h_data);
+    if (system(cmd)) {}
+
+    const char *sargs[] = {"--model", model_dir(), "--threads", "1", "--max-queued", "1", "--request-timeout", "2",
+                           "--connection-timeout", "2", "--max-connections", "8", NULL};
+    if (daemon_start(&S, sargs) != 0) {
+        fprintf(stderr, "cannot start neurocached\n");
+        return 1;
+    }
+    RUN(over_budget_refused_before_work);
+    RUN(queue_full_and_deadline);
+    RUN(malformed_request_line);
+    RUN(idle_connections_time_out);
+    RUN(max_connections);
+    CHECK(daemon_stop(&S) == 0);
+    RUN(second_signal_exits_at_once);
+    httpc_cleanup();
+    return harness_summary();
+}
