@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include <zlib.h>
 
 #include "fault.h"
 
@@ -789,4 +790,48 @@ int model_save(const nc_model *m, const char *dir, bool f16, char *err, size_t e
         close(dfd);
     }
     return NC_OK;
+}
+
+/* ---- fingerprint (model.h) ---------------------------------------------- */
+
+typedef struct { uLong crc, adl; } fp_state;
+
+static void fp_add(fp_state *f, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    while (n > 0) {   /* zlib takes uInt lengths */
+        uInt k = n > (1u << 30) ? (1u << 30) : (uInt)n;
+        f->crc = crc32(f->crc, b, k);
+        f->adl = adler32(f->adl, b, k);
+        b += k;
+        n -= k;
+    }
+}
+
+uint64_t model_fingerprint(const nc_model *m)
+{
+    fp_state f = {crc32(0L, Z_NULL, 0), adler32(0L, Z_NULL, 0)};
+    const nc_model_config *c = &m->cfg;
+    int32_t shape[6] = {c->vocab_size, c->embedding_size, c->hidden_size, c->num_layers,
+                        c->tie_weights, c->lowercase};
+    fp_add(&f, shape, sizeof shape);
+    fp_add(&f, c->unk_token, strlen(c->unk_token) + 1);
+    fp_add(&f, c->eos_token, strlen(c->eos_token) + 1);
+    for (int i = 0; i < c->vocab_size; i++) {
+        const char *w = vocab_word(m->vocab, i);
+        fp_add(&f, w, strlen(w) + 1);
+    }
+    size_t V = (size_t)c->vocab_size, E = (size_t)c->embedding_size, H = (size_t)c->hidden_size;
+    fp_add(&f, m->encoder, V * E * sizeof(float));
+    for (int l = 0; l < c->num_layers; l++) {
+        const nc_lstm_layer *L = &m->layers[l];
+        fp_add(&f, L->w_ih, 4 * H * (size_t)L->input_size * sizeof(float));
+        fp_add(&f, L->w_hh, 4 * H * H * sizeof(float));
+        fp_add(&f, L->b_ih, 4 * H * sizeof(float));
+        fp_add(&f, L->b_hh, 4 * H * sizeof(float));
+    }
+    if (m->decoder_w != m->encoder)
+        fp_add(&f, m->decoder_w, V * H * sizeof(float));
+    fp_add(&f, m->decoder_b, V * sizeof(float));
+    return ((uint64_t)(f.crc & 0xffffffffu) << 32) | (uint64_t)(f.adl & 0xffffffffu);
 }

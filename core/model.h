@@ -75,4 +75,9 @@ void model_refresh_derived(nc_model *m);
 /* Number of float parameters (tied decoder counted once). */
 size_t model_num_params(const nc_model *m);
 
+/* 64-bit fingerprint of a model: crc32 and adler32 of its configuration,
+ * vocabulary and every weight, so a session state or a replicated entry
+ * from another model (or the same shape with other weights) is refused. */
+uint64_t model_fingerprint(const nc_model *m);
+
 #endif

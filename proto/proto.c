@@ -51,6 +51,10 @@ static const struct {
     [API_OVERLOADED] = {429, "overloaded", 1},
     [API_TOO_MANY_CONNECTIONS] = {503, "too_many_connections", 1},
     [API_MALFORMED_REQUEST] = {400, "malformed_request", 0},
+    [API_UNAUTHORIZED] = {401, "unauthorized", 0},
+    [API_FORBIDDEN] = {403, "forbidden", 0},
+    [API_RATE_LIMITED] = {429, "rate_limited", 0},
+    [API_TOKEN_BUDGET] = {429, "token_budget_exceeded", 0},
 };
 
 unsigned proto_http_status(api_error e)

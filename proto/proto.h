@@ -43,6 +43,10 @@ typedef enum {
     API_OVERLOADED,          /* 429 the queue of heavy requests is full: retry */
     API_TOO_MANY_CONNECTIONS,/* 503 max_connections reached: retry */
     API_MALFORMED_REQUEST,   /* 400 not an HTTP request line (TLS to a plain port, garbage) */
+    API_UNAUTHORIZED,        /* 401 no API key, or an unknown one */
+    API_FORBIDDEN,           /* 403 the key may not do this, or not in this namespace */
+    API_RATE_LIMITED,        /* 429 over the key's requests per second */
+    API_TOKEN_BUDGET,        /* 429 over the key's tokens per minute */
     API_ERROR_COUNT
 } api_error;
 

@@ -444,20 +444,6 @@ void auth_shutdown(void)
 
 /* ---- per request --------------------------------------------------------- */
 
-static void reply(http_response *resp, unsigned status, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void reply(http_response *resp, unsigned status, const char *code, const char *fmt, ...)
-{
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    json_decref(resp->json);
-    resp->status = status;
-    resp->json = json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", msg);
-}
-
 static const char *op_name(int ops)
 {
     return ops & AUTH_ADMIN ? "admin" : ops & AUTH_WRITE ? "write" : "read";
@@ -523,7 +509,7 @@ int auth_check(nc_server *srv, http_request *req, const http_route *rt, const au
     const char *why = NULL;
     auth_key *k = (auth_key *)bearer_key(t, req, &why);
     if (!k) {
-        reply(resp, 401, "unauthorized", "%s", why);
+        http_reply_error(resp, API_UNAUTHORIZED, "%s", why);
         /* RFC 6750 section 3: every 401 names the scheme; a key that was
          * sent but is not known is an invalid_token */
         bool sent = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION) != NULL;
@@ -532,7 +518,7 @@ int auth_check(nc_server *srv, http_request *req, const http_route *rt, const au
         return -1;
     }
     if ((k->ops & ops) != ops) {
-        reply(resp, 403, "forbidden", "key '%s' may not %s (%s %s)", k->name, op_name(ops), req->method,
+        http_reply_error(resp, API_FORBIDDEN, "key '%s' may not %s (%s %s)", k->name, op_name(ops), req->method,
               req->url);
         return -1;
     }
@@ -550,7 +536,7 @@ int auth_check(nc_server *srv, http_request *req, const http_route *rt, const au
             sessions_release(srv->sessions, s);
             if (!auth_key_allows(k, 0, ns)) {
                 /* Indistinguishable from a session that does not exist. */
-                reply(resp, 404, "session_not_found", "no session '%s' (unknown, deleted or expired)",
+                http_reply_error(resp, API_SESSION_NOT_FOUND, "no session '%s' (unknown, deleted or expired)",
                       req->params[0]);
                 return -1;
             }
@@ -562,7 +548,7 @@ int auth_check(nc_server *srv, http_request *req, const http_route *rt, const au
         has_ns = true;                 /* a session without namespace lives in "default" */
     }
     if (has_ns && !auth_key_allows(k, 0, ns)) {
-        reply(resp, 403, "forbidden", "key '%s' has no access to namespace '%s'", k->name,
+        http_reply_error(resp, API_FORBIDDEN, "key '%s' has no access to namespace '%s'", k->name,
               ns[0] ? ns : "default");
         return -1;
     }
@@ -575,7 +561,7 @@ int auth_check(nc_server *srv, http_request *req, const http_route *rt, const au
         k->rate_bucket = fmin(cap, k->rate_bucket + (now - k->rate_t) * k->rate);
         k->rate_t = now;
         if (k->rate_bucket < 1) {
-            reply(resp, 429, "rate_limited", "key '%s': over %g requests per second", k->name, k->rate);
+            http_reply_error(resp, API_RATE_LIMITED, "key '%s': over %g requests per second", k->name, k->rate);
             rc = -1;
         } else {
             k->rate_bucket -= 1;
@@ -586,7 +572,7 @@ int auth_check(nc_server *srv, http_request *req, const http_route *rt, const au
         k->tok_bucket = fmin(cap, k->tok_bucket + (now - k->tok_t) * cap / 60.0);
         k->tok_t = now;
         if (k->tok_bucket <= 0) {
-            reply(resp, 429, "token_budget_exceeded", "key '%s': over %ld tokens per minute", k->name,
+            http_reply_error(resp, API_TOKEN_BUDGET, "key '%s': over %ld tokens per minute", k->name,
                   k->tokens_per_min);
             rc = -1;
         }
@@ -594,7 +580,7 @@ int auth_check(nc_server *srv, http_request *req, const http_route *rt, const au
     if (rc == 0 && k->max_sessions > 0 && !strcmp(rt->endpoint, "sessions_create")) {
         prune_sessions(srv, k);
         if (k->nsess + k->pending_creates >= k->max_sessions) {
-            reply(resp, 429, "too_many_sessions", "key '%s' already has %d sessions (its limit)", k->name,
+            http_reply_error(resp, API_TOO_MANY_SESSIONS, "key '%s' already has %d sessions (its limit)", k->name,
                   k->nsess + k->pending_creates);
             rc = -1;
         } else {

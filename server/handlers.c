@@ -12,6 +12,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "api_errors.h"
 #include "batcher.h"
 #include "compute.h"
 #include "metrics.h"
@@ -25,30 +26,6 @@
 #include "workguard.h"
 
 /* ---- helpers ---------------------------------------------------------- */
-
-api_error sessions_rc_api(sessions_rc rc)
-{
-    static const api_error map[] = {
-        [SESS_OK] = API_OK, [SESS_ENOTFOUND] = API_SESSION_NOT_FOUND, [SESS_EEXIST] = API_CONFLICT,
-        [SESS_ELIMIT] = API_TOO_MANY_SESSIONS, [SESS_EMEMORY] = API_MEMORY_BUDGET,
-        [SESS_EINVAL] = API_OUT_OF_RANGE, [SESS_ENOMEM] = API_INTERNAL,
-        [SESS_ESTORAGE] = API_STORAGE_UNAVAILABLE, [SESS_ENOSPACE] = API_STORAGE_FULL};
-    return (unsigned)rc < sizeof map / sizeof map[0] ? map[rc] : API_INTERNAL;
-}
-
-api_error core_rc_api(int rc)
-{
-    switch (rc) {
-    case NC_EINVAL: return API_OUT_OF_RANGE;
-    case NC_EFORMAT: return API_INVALID_TEXT;
-    case NC_ENOTFOUND: return API_NOT_FOUND;
-    case NC_ESTATE: return API_CONFLICT;
-    case NC_ENOSPACE: return API_STORAGE_FULL;
-    /* in a request, only durable storage (the log, a snapshot) does I/O */
-    case NC_EIO: return API_STORAGE_UNAVAILABLE;
-    default: return API_INTERNAL;
-    }
-}
 
 /* ---- work budgets (config [limits]) -------------------------------------
  * Each is checked before the work starts, in the unit that costs: LSTM
@@ -130,7 +107,7 @@ static int tokenize_req(nc_server *srv, const char *text, size_t len, bool final
         return -1;
     int rc = tokenize(srv->model, text, len, final_eos, t, err, sizeof err);
     if (rc != NC_OK) {
-        http_reply_error(resp, rc == NC_EFORMAT ? API_INVALID_TEXT : core_rc_api(rc), "text: %s", err);
+        http_reply_error(resp, rc == NC_EFORMAT ? API_INVALID_TEXT : api_error_from_core(rc), "text: %s", err);
         return -1;
     }
     return over_token_budget(srv, t->n, resp);
@@ -306,7 +283,7 @@ static void h_session_create(nc_server *srv, http_request *req, http_response *r
     char err[NC_ERRLEN] = "";
     sessions_rc rc = sessions_create(srv->sessions, r.id, r.ns, &r.cache, &s, err, sizeof err);
     if (rc != SESS_OK) {
-        http_reply_error(resp, sessions_rc_api(rc), "%s", err);
+        http_reply_error(resp, api_error_from_sessions(rc), "%s", err);
         return;
     }
     pthread_mutex_lock(&s->lock);
@@ -479,7 +456,7 @@ static void h_feed(nc_server *srv, http_request *req, http_response *resp)
     }
     sessions_release(srv->sessions, s);
     if (rc != NC_OK) {
-        http_reply_error(resp, core_rc_api(rc), "feed: %s", err);
+        http_reply_error(resp, api_error_from_core(rc), "feed: %s", err);
     } else if (why != WG_RUN) {
         metrics_add_tokens_fed(done);
         http_reply_error(resp, workguard_api(why),
@@ -565,7 +542,7 @@ static void predict_answer(nc_session *s, const proto_predict_req *r, const floa
     }
     if (rc != NC_OK) {
         json_decref(o);
-        http_reply_error(resp, core_rc_api(rc), "predict: %s", err);
+        http_reply_error(resp, api_error_from_core(rc), "predict: %s", err);
     } else {
         metrics_add_predictions(1);
         http_reply_json(resp, 200, o);
@@ -653,7 +630,7 @@ static void h_score(nc_server *srv, http_request *req, http_response *resp)
     if (rc == NC_OK && t.n)
         rc = feed_slices(srv, req, s, NULL, &t, lp, NULL, &done, &why, &seq, err, sizeof err);
     if (rc != NC_OK) {
-        http_reply_error(resp, core_rc_api(rc), "score: %s", err);
+        http_reply_error(resp, api_error_from_core(rc), "score: %s", err);
     } else if (why != WG_RUN) {
         http_reply_error(resp, workguard_api(why), "score stopped after %zu of %zu tokens: %s", done, t.n,
                          workguard_reason(why, srv->cfg.request_timeout_s));
@@ -1104,7 +1081,7 @@ static void h_completions(nc_server *srv, http_request *req, http_response *resp
     }
     if (rc != NC_OK) {
         json_decref(choices);
-        http_reply_error(resp, api == API_INTERNAL ? core_rc_api(rc) : api, "completions: %s", err);
+        http_reply_error(resp, api == API_INTERNAL ? api_error_from_core(rc) : api, "completions: %s", err);
     } else {
         unsigned char rb[12];
         char id[40] = "cmpl-";

@@ -10,8 +10,8 @@
 #include <time.h>
 #include <zlib.h>
 
+#include "api_errors.h"
 #include "auth.h"
-#include "handlers.h"
 #include "metrics.h"
 #include "slog.h"
 
@@ -29,49 +29,6 @@ static struct {
     char auth_header[160];        /* "Authorization: Bearer <peer_key>" or "" */
 } mg;
 
-/* ---- model fingerprint ------------------------------------------------ */
-
-typedef struct { uLong crc, adl; } fp_state;
-
-static void fp_add(fp_state *f, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    while (n > 0) {   /* zlib takes uInt lengths */
-        uInt k = n > (1u << 30) ? (1u << 30) : (uInt)n;
-        f->crc = crc32(f->crc, b, k);
-        f->adl = adler32(f->adl, b, k);
-        b += k;
-        n -= k;
-    }
-}
-
-uint64_t migrate_model_fingerprint(const nc_model *m)
-{
-    fp_state f = {crc32(0L, Z_NULL, 0), adler32(0L, Z_NULL, 0)};
-    const nc_model_config *c = &m->cfg;
-    int32_t shape[6] = {c->vocab_size, c->embedding_size, c->hidden_size, c->num_layers,
-                        c->tie_weights, c->lowercase};
-    fp_add(&f, shape, sizeof shape);
-    fp_add(&f, c->unk_token, strlen(c->unk_token) + 1);
-    fp_add(&f, c->eos_token, strlen(c->eos_token) + 1);
-    for (int i = 0; i < c->vocab_size; i++) {
-        const char *w = vocab_word(m->vocab, i);
-        fp_add(&f, w, strlen(w) + 1);
-    }
-    size_t V = (size_t)c->vocab_size, E = (size_t)c->embedding_size, H = (size_t)c->hidden_size;
-    fp_add(&f, m->encoder, V * E * sizeof(float));
-    for (int l = 0; l < c->num_layers; l++) {
-        const nc_lstm_layer *L = &m->layers[l];
-        fp_add(&f, L->w_ih, 4 * H * (size_t)L->input_size * sizeof(float));
-        fp_add(&f, L->w_hh, 4 * H * H * sizeof(float));
-        fp_add(&f, L->b_ih, 4 * H * sizeof(float));
-        fp_add(&f, L->b_hh, 4 * H * sizeof(float));
-    }
-    if (m->decoder_w != m->encoder)
-        fp_add(&f, m->decoder_w, V * H * sizeof(float));
-    fp_add(&f, m->decoder_b, V * sizeof(float));
-    return ((uint64_t)(f.crc & 0xffffffffu) << 32) | (uint64_t)(f.adl & 0xffffffffu);
-}
 
 /* ---- blob --------------------------------------------------------------- */
 
@@ -181,7 +138,7 @@ api_error migrate_decode(const nc_model *m, uint64_t fingerprint, sessions *t, c
     if (brc != 0) {
         snprintf(err, errlen, "session state: namespace '%s': %s", ns, msg);
         /* the namespace's disk (503/507), else the state's name */
-        return brc == NC_EIO || brc == NC_ENOSPACE ? core_rc_api(brc) : API_OUT_OF_RANGE;
+        return brc == NC_EIO || brc == NC_ENOSPACE ? api_error_from_core(brc) : API_OUT_OF_RANGE;
     }
     int rc = stream_import(m, ub, NULL, p, (size_t)sl, out, msg, sizeof msg);
     if (rc != NC_OK && t) {
@@ -282,7 +239,7 @@ int migrate_http(const char *method, const char *url, const void *body, size_t l
 int migrate_init(nc_server *srv, char *err, size_t errlen)
 {
     mg.npeers = 0;
-    mg.fingerprint = migrate_model_fingerprint(srv->model);
+    mg.fingerprint = model_fingerprint(srv->model);
     mg.auth_header[0] = 0;
     if (srv->cfg.peer_key[0])
         snprintf(mg.auth_header, sizeof mg.auth_header, "Authorization: Bearer %s", srv->cfg.peer_key);
@@ -588,7 +545,7 @@ void migrate_h_state_put(nc_server *srv, http_request *req, http_response *resp)
     nc_session *s = NULL;
     sessions_rc rc = sessions_adopt(srv->sessions, id, ns, stream_params(st), st, ref, &s, err, sizeof err);
     if (rc != SESS_OK) {
-        http_reply_error(resp, sessions_rc_api(rc), "%s", err);
+        http_reply_error(resp, api_error_from_sessions(rc), "%s", err);
         return;
     }
     pthread_mutex_lock(&s->lock);

@@ -6,7 +6,7 @@
  * Blob layout (little-endian), version 1:
  *   "NCSESS\r\n"  magic (8 bytes; the \r\n catches text-mode mangling)
  *   u32 version   MIGRATE_BLOB_VERSION
- *   u64 model     fingerprint of the model (migrate_model_fingerprint)
+ *   u64 model     fingerprint of the model (model_fingerprint, core/model.h)
  *   u32 V, H, L   the model's shape, for the error message
  *   u16 n + id    the session id it had (informational: PUT names the id)
  *   u16 n + ns    its namespace ("" = none)
@@ -33,11 +33,6 @@
  * request can reach the session endpoints. 0 or -1 with a message. */
 int migrate_init(nc_server *srv, char *err, size_t errlen);
 void migrate_shutdown(void);
-
-/* 64-bit fingerprint of a model: crc32 and adler32 of its configuration,
- * vocabulary and every weight, so a blob from another model (or the same
- * shape with other weights) is refused. */
-uint64_t migrate_model_fingerprint(const nc_model *m);
 
 /* Serialises a session whose lock the caller holds. *blob malloc'ed
  * (free()). 0 or an NC_* rc with err. */

@@ -15,7 +15,7 @@
 #include <unistd.h>
 #include <uthash.h>
 
-#include "handlers.h"
+#include "api_errors.h"
 #include "metrics.h"
 #include "replication.h"
 #include "slog.h"
@@ -66,6 +66,7 @@ struct nsreg {
     char factory[128];
     long switch_at;
     bool train_self;
+    void (*opened)(const char *name, nc_nsstore *store);   /* nc_server.namespace_opened */
 };
 
 static bool valid_name(const char *s)
@@ -101,10 +102,10 @@ static int open_store(nsreg *g, const char *dir, nc_nsstore **out, nc_nsstore_re
      * cores (design §6): a search of one query is not worth a team */
     o.ub.omp_threads = 1;
     int rc = nsstore_open(&o, out, info, err, errlen);
-    if (rc == NC_OK) {
-        /* Replication (Redis) publishes this store's adds from now on. */
+    if (rc == NC_OK && g->opened) {
+        /* e.g. replication (Redis) publishes this store's adds from now on */
         const char *slash = strrchr(dir, '/');
-        replication_attach(slash ? slash + 1 : dir, *out);
+        g->opened(slash ? slash + 1 : dir, *out);
     }
     return rc;
 }
@@ -330,6 +331,7 @@ int namespaces_init(nc_server *srv, char *err, size_t errlen)
     g->period = srv->cfg.snapshot_period_s;
     g->switch_at = srv->cfg.index_switch_at;
     g->train_self = srv->cfg.index_train_self;
+    g->opened = srv->namespace_opened;
     snprintf(g->factory, sizeof g->factory, "%s", srv->cfg.index_factory);
     const char *data = srv->cfg.data_dir;
     if (!data[0]) {
@@ -962,7 +964,7 @@ static api_error acquire_api(int rc)
     case NC_ENOTFOUND: return API_NOT_FOUND;
     case NC_ESTATE: return API_NOT_READY;
     case NC_EIO:
-    case NC_ENOSPACE: return core_rc_api(rc);
+    case NC_ENOSPACE: return api_error_from_core(rc);
     default: return API_INTERNAL;
     }
 }
@@ -1083,7 +1085,7 @@ static int upload_worker_failed(upload *u)
     int rc = u->w.rc;
     pthread_mutex_unlock(&u->w.lock);
     if (rc)
-        up_fail(u, rc == NC_ENOSPACE || rc == NC_EIO ? core_rc_api(rc) : API_INTERNAL,
+        up_fail(u, rc == NC_ENOSPACE || rc == NC_EIO ? api_error_from_core(rc) : API_INTERNAL,
                 "adding to namespace '%s': %s", u->r->name, u->w.err);
     return rc;
 }
@@ -1102,7 +1104,7 @@ static int doc_start(upload *u, const char *id, size_t len)
     int rc = nsstore_doc_begin(u->r->store, id, len, &u->doc, used, sizeof used, err, sizeof err);
     if (rc != NC_OK) {
         /* a bad id (400), or the log under the DOC record (503/507) */
-        up_fail(u, core_rc_api(rc), "document %llu: %s", (unsigned long long)u->prog.documents + 1, err);
+        up_fail(u, api_error_from_core(rc), "document %llu: %s", (unsigned long long)u->prog.documents + 1, err);
         return -1;
     }
     const nc_model *m = u->srv->model;
@@ -1339,7 +1341,7 @@ void h_ns_documents(nc_server *srv, http_request *req, http_response *resp)
     int rc = u->r ? nsstore_sync(u->r->store, u->w.last_seq, err, sizeof err) : NC_OK;
     upload_unlist(u);
     if (rc != NC_OK && !u->failed)
-        up_fail(u, core_rc_api(rc), "making the upload durable: %s", err);
+        up_fail(u, api_error_from_core(rc), "making the upload durable: %s", err);
     if (u->failed) {
         http_reply_error(resp, u->code, "%s (%llu documents, %llu tokens were added before this)", u->msg,
                          (unsigned long long)u->prog.documents, (unsigned long long)u->prog.tokens_added);

@@ -19,7 +19,6 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "migrate.h"
 #include "namespaces.h"
 #include "slog.h"
 
@@ -76,7 +75,7 @@ static struct {
     char prefix[128];
     long maxlen;
     char tag[16];
-    uint64_t model_fp;            /* migrate_model_fingerprint: weights, not only the vocabulary */
+    uint64_t model_fp;            /* model_fingerprint: weights, not only the vocabulary */
     int H;
     char deletes_path[1200];      /* "" = not durable (no data_dir) */
     bool no_marker;               /* test hook: the marker never advances on disk */
@@ -1171,6 +1170,8 @@ int replication_start(nc_server *srv, char *err, size_t errlen)
     R.on = false;
     if (!srv->cfg.redis[0])
         return 0;
+    /* every store the registry opens from now on publishes its adds */
+    srv->namespace_opened = replication_attach;
     if (!srv->cfg.replica_tag[0]) {
         snprintf(err, errlen, "option 'redis' needs option 'replica_tag' (the origin of what this replica publishes)");
         return -1;
@@ -1199,7 +1200,7 @@ int replication_start(nc_server *srv, char *err, size_t errlen)
     snprintf(R.prefix, sizeof R.prefix, "%s", srv->cfg.redis_prefix);
     R.maxlen = srv->cfg.redis_maxlen;
     snprintf(R.tag, sizeof R.tag, "%s", srv->cfg.replica_tag);
-    R.model_fp = migrate_model_fingerprint(srv->model);
+    R.model_fp = model_fingerprint(srv->model);
     R.H = srv->model->cfg.hidden_size;
     R.deletes_path[0] = 0;
     if (srv->cfg.data_dir[0])

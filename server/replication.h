@@ -5,7 +5,7 @@
  *   o  origin replica tag          d  document id at the origin
  *   b  the origin store's birth    s  the add's record in the origin's log
  *   f  offset of the first token   n  number of pairs
- *   m  model fingerprint (migrate_model_fingerprint: configuration,
+ *   m  model fingerprint (model_fingerprint: configuration,
  *      vocabulary and weights; entries of another model are refused)
  *   w  the n words, '\n'-separated surface strings (open vocabulary too)
  *   k  the n keys, float16 little-endian [n, H] -- exactly what the origin's

@@ -8,6 +8,8 @@
 #include "config.h"
 #include "sessions.h"
 
+struct nc_nsstore;
+
 typedef struct nc_server {
     nc_server_config cfg;
     nc_cache_params cache_defaults;   /* from the [cache] options */
@@ -22,6 +24,10 @@ typedef struct nc_server {
     int port;                         /* bound port */
     struct MHD_Daemon *mhd;
     struct http_gate *gate;           /* accepts connections for mhd (http.c) */
+    /* Called by the namespace registry for every store it opens or creates,
+     * before any add (replication attaches its publisher); set before
+     * namespaces_init, NULL = nobody listens. */
+    void (*namespace_opened)(const char *name, struct nc_nsstore *store);
 } nc_server;
 
 #endif
