@@ -157,11 +157,6 @@ void *nc_realloc(void *p, size_t n)
     return nc_fault_fail(NC_FAULT_ALLOC) ? NULL : realloc(p, n);
 }
 
-char *nc_strdup(const char *s)
-{
-    return nc_fault_fail(NC_FAULT_ALLOC) ? NULL : strdup(s);
-}
-
 FILE *nc_fopen(const char *path, const char *mode)
 {
     bool wr = strpbrk(mode, "wa+") != NULL;

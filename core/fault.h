@@ -23,7 +23,7 @@
 #include <sys/types.h>
 
 typedef enum {
-    NC_FAULT_ALLOC = 0,   /* nc_alloc, nc_calloc, nc_malloc, nc_realloc, nc_strdup: NULL */
+    NC_FAULT_ALLOC = 0,   /* nc_alloc, nc_calloc, nc_malloc, nc_realloc: NULL */
     NC_FAULT_READ,        /* opening for reading, read, getline, mmap: EIO */
     NC_FAULT_WRITE,       /* opening for writing, write, fwrite: ENOSPC */
     NC_FAULT_FSYNC,       /* fsync, fdatasync: EIO */
@@ -77,7 +77,6 @@ static inline bool nc_fault_fail(nc_fault_kind kind) { (void)kind; return false;
  * consult NC_FAULT_ALLOC too). */
 void *nc_malloc(size_t n);
 void *nc_realloc(void *p, size_t n);
-char *nc_strdup(const char *s);
 
 /* I/O wrappers with the libc contracts: on an injected fault they return the
  * failure value of the wrapped call with errno EIO (ENOSPC for writes). */

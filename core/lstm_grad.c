@@ -70,12 +70,6 @@ static inline float ftanh(float x)
     return 2.0f / (1.0f + fexp(-2.0f * x)) - 1.0f;
 }
 
-void lstm_grad_exp_inplace(float *x, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        x[i] = fexp(x[i]);
-}
-
 /* ---- network ---------------------------------------------------------- */
 
 int lstm_grad_net_new(int V, int E, int H, int L, bool tied, lstm_grad_net **out,
