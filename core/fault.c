@@ -178,6 +178,16 @@ ssize_t nc_read(int fd, void *buf, size_t n)
     return nc_fault_fail(NC_FAULT_READ) ? -1 : read(fd, buf, n);
 }
 
+ssize_t nc_pread(int fd, void *buf, size_t n, off_t off)
+{
+    return nc_fault_fail(NC_FAULT_READ) ? -1 : pread(fd, buf, n, off);
+}
+
+size_t nc_fread(void *p, size_t size, size_t n, FILE *f)
+{
+    return nc_fault_fail(NC_FAULT_READ) ? 0 : fread(p, size, n, f);
+}
+
 ssize_t nc_write(int fd, const void *buf, size_t n)
 {
     return nc_fault_fail(NC_FAULT_WRITE) ? -1 : write(fd, buf, n);
