@@ -143,7 +143,8 @@ int buf_read_file(nc_buf *b, const char *path, char *err, size_t errlen)
 {
     int fd = nc_open(path, O_RDONLY | O_CLOEXEC, 0);
     if (fd < 0)
-        return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: %s", path, strerror(errno));
+        return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: cannot open: %s", path,
+                        strerror(errno));
     int r = read_fd(b, fd), e = errno;
     close(fd);
     if (r == 0)

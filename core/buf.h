@@ -48,7 +48,8 @@ void buf_free(nc_buf *b);
  * reason" in err. f stays open. */
 int buf_read_stream(nc_buf *b, FILE *f, const char *name, char *err, size_t errlen);
 /* Appends the whole file at path (opened with nc_open, read with nc_read).
- * NC_ENOTFOUND when it does not exist, NC_EIO, NC_ENOMEM; err names path. */
+ * NC_ENOTFOUND when it does not exist, NC_EIO, NC_ENOMEM; err names path
+ * ("<path>: cannot open: <reason>", "<path>: read error: <reason>"). */
 int buf_read_file(nc_buf *b, const char *path, char *err, size_t errlen);
 
 #endif

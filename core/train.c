@@ -4,16 +4,16 @@
 
 #include <cblas.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
-#include <zlib.h>
 
+#include "atomicfile.h"
+#include "binio.h"
+#include "buf.h"
 #include "model.h"
 #include "optim.h"
 #include "rng.h"
@@ -57,38 +57,17 @@ static double now_s(void)
 
 /* ---- corpus ------------------------------------------------------------ */
 
+/* The whole file at path (free() *buf). */
 static int read_file(const char *path, char **buf, size_t *len, char *err, size_t errlen)
 {
-    *buf = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: %s", path,
-                        strerror(errno));
-    size_t cap = 1 << 20, n = 0;
-    char *b = malloc(cap);
-    for (;;) {
-        if (!b) {
-            fclose(f);
-            return nc_error(err, errlen, NC_ENOMEM, "%s: out of memory", path);
-        }
-        n += fread(b + n, 1, cap - n, f);
-        if (n < cap)
-            break;
-        cap *= 2;
-        char *nb = realloc(b, cap);
-        if (!nb)
-            free(b);
-        b = nb;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(b);
-        return nc_error(err, errlen, NC_EIO, "%s: read error", path);
-    }
-    *buf = b;
-    *len = n;
-    return NC_OK;
+    nc_buf b = NC_BUF_INIT;
+    int rc = buf_read_file(&b, path, err, errlen);
+    if (rc == NC_OK && !(*buf = buf_detach(&b, len)))
+        rc = nc_error(err, errlen, NC_ENOMEM, "%s: out of memory", path);
+    if (rc != NC_OK)
+        *buf = NULL;
+    buf_free(&b);
+    return rc;
 }
 
 /* Feeds the file to the shared tokenizer (so that training sees exactly the
@@ -383,101 +362,57 @@ static void path_in(char *buf, size_t n, const char *dir, const char *name)
 }
 
 /* ---- checkpoint file ----------------------------------------------------
- * "NCTRAIN1", u32 version, then CRC-protected fields written in the order of
- * state_fields below, then the u32 CRC-32 (zlib) of everything before it.
+ * "NCTRAIN1", u32 version, then the fields in the order state_write puts
+ * them, sealed by the u32 CRC-32 of everything before it (binio.h).
  * Fields are host-endian: the file resumes a run on the machine (and build)
  * that wrote it; it is not an interchange format (the model directory is). */
 
-typedef struct {
-    FILE *f;
-    uLong crc;
-    bool bad;
-} wstream;
-
-static void wput(wstream *w, const void *p, size_t n)
-{
-    if (w->bad || n == 0)
-        return;
-    if (fwrite(p, 1, n, w->f) != n)
-        w->bad = true;
-    w->crc = crc32(w->crc, p, (uInt)n);
-}
-
-typedef struct {
-    const unsigned char *p;
-    size_t n, pos;
-    bool bad;
-} rstream;
-
-static void rget(rstream *r, void *dst, size_t n)
-{
-    if (r->bad || r->pos + n > r->n) {
-        r->bad = true;
-        memset(dst, 0, n);
-        return;
-    }
-    memcpy(dst, r->p + r->pos, n);
-    r->pos += n;
-}
-
 static int state_write(trainer *t, char *err, size_t errlen)
 {
-    char path[1100], tmp[1200];
+    char path[1100];
     path_in(path, sizeof path, t->p.out_dir, STATE_FILE);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    wstream w = {fopen(tmp, "wb"), crc32(0, NULL, 0), false};
-    if (!w.f)
-        return nc_error(err, errlen, NC_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+    nc_atomicfile a;
+    int rc = atomicfile_open(&a, path, err, errlen);
+    if (rc != NC_OK)
+        return rc;
+    binio_writer bw, *w = &bw;
+    binio_writer_file(w, a.f);
     uint32_t version = STATE_VERSION, psize = sizeof t->p;
     uint64_t n = t->net->n, sc = lstm_grad_work_state_floats(t->work);
     uint8_t has_acc = t->acc != NULL;
-    wput(&w, STATE_MAGIC, 8);
-    wput(&w, &version, sizeof version);
-    wput(&w, &psize, sizeof psize);
-    wput(&w, &t->p, sizeof t->p);
-    wput(&w, &n, sizeof n);
-    wput(&w, t->net->w, n * sizeof(float));
-    wput(&w, &has_acc, 1);
+    binio_put(w, STATE_MAGIC, 8);
+    binio_put(w, &version, sizeof version);
+    binio_put(w, &psize, sizeof psize);
+    binio_put(w, &t->p, sizeof t->p);
+    binio_put(w, &n, sizeof n);
+    binio_put(w, t->net->w, n * sizeof(float));
+    binio_put(w, &has_acc, 1);
     if (has_acc)
-        wput(&w, t->acc, n * sizeof(float));
-    wput(&w, &t->rng, sizeof t->rng);
-    wput(&w, &t->epoch, sizeof t->epoch);
-    wput(&w, &t->row, sizeof t->row);
-    wput(&w, &t->step, sizeof t->step);
-    wput(&w, &t->lr, sizeof t->lr);
-    wput(&w, &t->best_val, sizeof t->best_val);
-    wput(&w, &t->elapsed, sizeof t->elapsed);
-    wput(&w, &t->epoch_loss, sizeof t->epoch_loss);
-    wput(&w, &t->epoch_tokens, sizeof t->epoch_tokens);
-    wput(&w, &sc, sizeof sc);
-    wput(&w, lstm_grad_work_state_h(t->work), sc * sizeof(float));
-    wput(&w, lstm_grad_work_state_c(t->work), sc * sizeof(float));
-    wput(&w, &t->n_curve, sizeof t->n_curve);
-    wput(&w, t->curve, t->n_curve * sizeof(curve_row));
-    uint32_t crc = (uint32_t)w.crc;
-    if (!w.bad && fwrite(&crc, 1, sizeof crc, w.f) != sizeof crc)
-        w.bad = true;
-    if (!w.bad && (fflush(w.f) != 0 || fsync(fileno(w.f)) != 0))
-        w.bad = true;
-    if (fclose(w.f) != 0)
-        w.bad = true;
-    if (w.bad || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return nc_error(err, errlen, NC_EIO, "%s: cannot write the training state: %s", path, strerror(e));
-    }
-    /* The rename is durable once the directory is synced. */
-    int dfd = open(t->p.out_dir, O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-    return NC_OK;
+        binio_put(w, t->acc, n * sizeof(float));
+    binio_put(w, &t->rng, sizeof t->rng);
+    binio_put(w, &t->epoch, sizeof t->epoch);
+    binio_put(w, &t->row, sizeof t->row);
+    binio_put(w, &t->step, sizeof t->step);
+    binio_put(w, &t->lr, sizeof t->lr);
+    binio_put(w, &t->best_val, sizeof t->best_val);
+    binio_put(w, &t->elapsed, sizeof t->elapsed);
+    binio_put(w, &t->epoch_loss, sizeof t->epoch_loss);
+    binio_put(w, &t->epoch_tokens, sizeof t->epoch_tokens);
+    binio_put(w, &sc, sizeof sc);
+    binio_put(w, lstm_grad_work_state_h(t->work), sc * sizeof(float));
+    binio_put(w, lstm_grad_work_state_c(t->work), sc * sizeof(float));
+    binio_put(w, &t->n_curve, sizeof t->n_curve);
+    binio_put(w, t->curve, t->n_curve * sizeof(curve_row));
+    if (binio_seal(w) != NC_OK)
+        rc = nc_error(err, errlen, NC_EIO, "%s: cannot write the training state: %s", path, strerror(errno));
+    /* renamed into place and the directory synced: a crash leaves the
+     * previous checkpoint or this one */
+    return atomicfile_commit(&a, rc, err, errlen);
 }
 
 /* Reads and checks dir/train-state.bin; on success *buf holds the file and
  * r is positioned after the parameters (which are copied into p). */
-static int state_open(const char *dir, unsigned char **buf, rstream *r, nc_train_params *p, char *err,
+static int state_open(const char *dir, unsigned char **buf, binio_reader *r, nc_train_params *p, char *err,
                       size_t errlen)
 {
     char path[1100];
@@ -490,16 +425,13 @@ static int state_open(const char *dir, unsigned char **buf, rstream *r, nc_train
         free(*buf);
         return nc_error(err, errlen, NC_EFORMAT, "%s: not a neurocache training state", path);
     }
-    uint32_t crc;
-    memcpy(&crc, *buf + len - 4, 4);
-    if ((uint32_t)crc32(crc32(0, NULL, 0), *buf, (uInt)(len - 4)) != crc) {
+    if (!binio_open(r, *buf, len, 8)) {
         free(*buf);
         return nc_error(err, errlen, NC_EFORMAT, "%s: checksum mismatch (corrupt or truncated)", path);
     }
-    *r = (rstream){*buf, len - 4, 8, false};
     uint32_t version, psize;
-    rget(r, &version, sizeof version);
-    rget(r, &psize, sizeof psize);
+    binio_get(r, &version, sizeof version);
+    binio_get(r, &psize, sizeof psize);
     if (version != STATE_VERSION || psize != sizeof *p) {
         free(*buf);
         return nc_error(err, errlen, NC_EFORMAT,
@@ -507,14 +439,14 @@ static int state_open(const char *dir, unsigned char **buf, rstream *r, nc_train
                         "another build (expected version %u, %zu bytes)", path, version, psize,
                         STATE_VERSION, sizeof *p);
     }
-    rget(r, p, sizeof *p);
+    binio_get(r, p, sizeof *p);
     return NC_OK;
 }
 
 int train_load_params(const char *dir, nc_train_params *p, char *err, size_t errlen)
 {
     unsigned char *buf;
-    rstream r;
+    binio_reader r;
     int rc = state_open(dir, &buf, &r, p, err, errlen);
     if (rc == NC_OK)
         free(buf);
@@ -524,15 +456,15 @@ int train_load_params(const char *dir, nc_train_params *p, char *err, size_t err
 int train_load_state_weights(const char *dir, float **w, size_t *n, char *err, size_t errlen)
 {
     unsigned char *buf;
-    rstream r;
+    binio_reader r;
     nc_train_params p;
     *w = NULL;
     int rc = state_open(dir, &buf, &r, &p, err, errlen);
     if (rc != NC_OK)
         return rc;
     uint64_t cnt;
-    rget(&r, &cnt, sizeof cnt);
-    if (r.bad || cnt > (r.n - r.pos) / sizeof(float)) {
+    binio_get(&r, &cnt, sizeof cnt);
+    if (r.bad || cnt > binio_left(&r) / sizeof(float)) {
         free(buf);
         return nc_error(err, errlen, NC_EFORMAT, "%s: truncated training state", dir);
     }
@@ -541,7 +473,7 @@ int train_load_state_weights(const char *dir, float **w, size_t *n, char *err, s
         free(buf);
         return nc_error(err, errlen, NC_ENOMEM, "out of memory");
     }
-    rget(&r, *w, cnt * sizeof(float));
+    binio_get(&r, *w, cnt * sizeof(float));
     *n = cnt;
     free(buf);
     return NC_OK;
@@ -550,47 +482,47 @@ int train_load_state_weights(const char *dir, float **w, size_t *n, char *err, s
 static int state_restore(trainer *t, char *err, size_t errlen)
 {
     unsigned char *buf;
-    rstream r;
+    binio_reader r;
     nc_train_params stored;
     int rc = state_open(t->p.out_dir, &buf, &r, &stored, err, errlen);
     if (rc != NC_OK)
         return rc;
     uint64_t n, sc;
     uint8_t has_acc;
-    rget(&r, &n, sizeof n);
+    binio_get(&r, &n, sizeof n);
     if (n != t->net->n) {
         free(buf);
         return nc_error(err, errlen, NC_EFORMAT, "training state holds %llu parameters, the network %zu",
                         (unsigned long long)n, t->net->n);
     }
-    rget(&r, t->net->w, n * sizeof(float));
-    rget(&r, &has_acc, 1);
+    binio_get(&r, t->net->w, n * sizeof(float));
+    binio_get(&r, &has_acc, 1);
     if (has_acc != (t->acc != NULL)) {
         free(buf);
         return nc_error(err, errlen, NC_EFORMAT, "training state optimiser does not match");
     }
     if (has_acc)
-        rget(&r, t->acc, n * sizeof(float));
-    rget(&r, &t->rng, sizeof t->rng);
-    rget(&r, &t->epoch, sizeof t->epoch);
-    rget(&r, &t->row, sizeof t->row);
-    rget(&r, &t->step, sizeof t->step);
-    rget(&r, &t->lr, sizeof t->lr);
-    rget(&r, &t->best_val, sizeof t->best_val);
-    rget(&r, &t->elapsed, sizeof t->elapsed);
-    rget(&r, &t->epoch_loss, sizeof t->epoch_loss);
-    rget(&r, &t->epoch_tokens, sizeof t->epoch_tokens);
-    rget(&r, &sc, sizeof sc);
+        binio_get(&r, t->acc, n * sizeof(float));
+    binio_get(&r, &t->rng, sizeof t->rng);
+    binio_get(&r, &t->epoch, sizeof t->epoch);
+    binio_get(&r, &t->row, sizeof t->row);
+    binio_get(&r, &t->step, sizeof t->step);
+    binio_get(&r, &t->lr, sizeof t->lr);
+    binio_get(&r, &t->best_val, sizeof t->best_val);
+    binio_get(&r, &t->elapsed, sizeof t->elapsed);
+    binio_get(&r, &t->epoch_loss, sizeof t->epoch_loss);
+    binio_get(&r, &t->epoch_tokens, sizeof t->epoch_tokens);
+    binio_get(&r, &sc, sizeof sc);
     if (!r.bad && sc != lstm_grad_work_state_floats(t->work)) {
         free(buf);
         return nc_error(err, errlen, NC_EFORMAT, "training state: recurrent state size mismatch");
     }
-    rget(&r, lstm_grad_work_state_h(t->work), sc * sizeof(float));
-    rget(&r, lstm_grad_work_state_c(t->work), sc * sizeof(float));
+    binio_get(&r, lstm_grad_work_state_h(t->work), sc * sizeof(float));
+    binio_get(&r, lstm_grad_work_state_c(t->work), sc * sizeof(float));
     uint32_t nc = 0;
-    rget(&r, &nc, sizeof nc);
+    binio_get(&r, &nc, sizeof nc);
     if (!r.bad && nc > 0) {
-        if (nc > (r.n - r.pos) / sizeof(curve_row)) {
+        if (nc > binio_left(&r) / sizeof(curve_row)) {
             r.bad = true;
         } else {
             t->curve = malloc(nc * sizeof(curve_row));
@@ -599,10 +531,10 @@ static int state_restore(trainer *t, char *err, size_t errlen)
                 return nc_error(err, errlen, NC_ENOMEM, "out of memory");
             }
             t->cap_curve = t->n_curve = nc;
-            rget(&r, t->curve, nc * sizeof(curve_row));
+            binio_get(&r, t->curve, nc * sizeof(curve_row));
         }
     }
-    bool bad = r.bad || r.pos != r.n;
+    bool bad = !binio_done(&r);
     free(buf);
     if (bad)
         return nc_error(err, errlen, NC_EFORMAT, "%s/%s: truncated or malformed training state",
@@ -627,24 +559,20 @@ static int curve_add(trainer *t, double val_loss, double train_loss, char *err, 
     double frac = t->row == 0 ? 1.0 : (double)t->row / (double)(t->train_rows - 1);
     t->curve[t->n_curve++] = (curve_row){t->epoch - 1 + frac, t->step, t->elapsed, t->lr, train_loss, val_loss};
     /* Rewritten whole (it is small) so it always matches the state. */
-    char path[1100], tmp[1200];
+    char path[1100];
     path_in(path, sizeof path, t->p.out_dir, CURVE_FILE);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f)
-        return nc_error(err, errlen, NC_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+    nc_atomicfile a;
+    int rc = atomicfile_open(&a, path, err, errlen);
+    if (rc != NC_OK)
+        return rc;
+    FILE *f = a.f;
     fprintf(f, "epoch,step,elapsed_s,lr,train_loss,train_ppl,val_loss,val_ppl\n");
     for (uint32_t i = 0; i < t->n_curve; i++) {
         const curve_row *c = &t->curve[i];
         fprintf(f, "%.4f,%lld,%.1f,%.6g,%.5f,%.3f,%.5f,%.3f\n", c->epoch, (long long)c->step, c->elapsed,
                 c->lr, c->train_loss, exp(c->train_loss), c->val_loss, exp(c->val_loss));
     }
-    bool bad = ferror(f) != 0;
-    if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return nc_error(err, errlen, NC_EIO, "%s: cannot write", path);
-    }
-    return NC_OK;
+    return atomicfile_commit(&a, NC_OK, err, errlen);
 }
 
 /* ---- loop -------------------------------------------------------------- */
