@@ -25,7 +25,8 @@ typedef struct {
 
 /* Creates the temporary file for path. NC_OK; NC_EINVAL for a path too long;
  * NC_EIO ("<tmp>: cannot create: <reason>", ENOSPC included: callers
- * replacing whole files treat any failure alike) leaving nothing. */
+ * replacing whole files treat any failure alike) leaving nothing: a
+ * commit or abort of a that follows only returns the caller's rc. */
 int atomicfile_open(nc_atomicfile *a, const char *path, char *err, size_t errlen);
 /* Flushes, fsyncs and closes the temporary file; it stays under its
  * temporary name. rc: the writer's own result so far -- when it is not NC_OK
