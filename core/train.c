@@ -627,6 +627,31 @@ static int check_params(const nc_train_params *p, char *err, size_t errlen)
     return NC_OK;
 }
 
+/* What the loop carries between its phases besides the resumable state:
+ * the caller's callback and result, the progress record, the clocks. */
+typedef struct {
+    nc_train_callback cb;
+    void *ud;
+    nc_train_result *res;
+    nc_train_progress pr;
+    char msg[2048];
+    long spe;                     /* steps per epoch */
+    double t_prev;                /* when elapsed was last charged */
+    double last_ckpt;
+    double rate_t0, rate_tok, rate, step_time;   /* tokens/s over a sliding window */
+    double proc_train_time;       /* this process's time in training steps */
+    int64_t proc_tokens;
+} train_loop;
+
+/* Charges the wall time since the last call to the run. Returns now. */
+static double tick(trainer *t, train_loop *L)
+{
+    double tn = now_s();
+    t->elapsed += tn - L->t_prev;
+    L->t_prev = tn;
+    return tn;
+}
+
 static void progress_eta(const trainer *t, long spe, double step_time, nc_train_progress *pr)
 {
     double eta = -1;
@@ -642,6 +667,333 @@ static void progress_eta(const trainer *t, long spe, double step_time, nc_train_
             eta = b;
     }
     pr->eta = eta;
+}
+
+/* ---- set-up phases ------------------------------------------------------ */
+
+/* Vocabulary: from the training file, or on resume from the run's own
+ * vocab.run.txt (written at the start) so it cannot drift. */
+static int setup_vocab(trainer *t, bool resume, char *err, size_t errlen)
+{
+    const nc_train_params *p = &t->p;
+    char vpath[1100];
+    path_in(vpath, sizeof vpath, p->out_dir, "vocab.run.txt");
+    int rc;
+    if (resume) {
+        rc = vocab_load(vpath, &t->vocab, err, errlen);
+    } else {
+        rc = train_build_vocab(p->train_path, p->lowercase, p->vocab_max, p->unk_token, p->eos_token,
+                               &t->vocab, err, errlen);
+        if (rc == NC_OK)
+            rc = vocab_save(t->vocab, vpath, err, errlen);
+    }
+    if (rc != NC_OK)
+        return rc;
+    t->unk_id = vocab_lookup(t->vocab, p->unk_token, strlen(p->unk_token));
+    t->eos_id = vocab_lookup(t->vocab, p->eos_token, strlen(p->eos_token));
+    if (t->unk_id < 0 || t->eos_id < 0)
+        return nc_error(err, errlen, NC_EFORMAT, "%s lacks the unk or eos token", vpath);
+    return NC_OK;
+}
+
+/* Reads the corpus at path and cuts it into B streams (batchify). */
+static int load_streams(trainer *t, const char *path, int B, int **out, size_t *rows, char *err, size_t errlen)
+{
+    const nc_train_params *p = &t->p;
+    int *ids = NULL;
+    size_t n = 0;
+    int rc = train_read_corpus(path, t->vocab, p->lowercase, t->unk_id, t->eos_id, &ids, &n, err, errlen);
+    if (rc == NC_OK) {
+        *out = batchify(ids, n, B, rows);
+        if (*rows < 2)
+            rc = nc_error(err, errlen, NC_EINVAL, "%s: %zu tokens are too few for %d streams", path, n, B);
+        else if (!*out)
+            rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
+    }
+    free(ids);
+    return rc;
+}
+
+/* The network, its work areas, the optimiser's accumulators and the model
+ * the best weights are saved through. */
+static int setup_network(trainer *t, char *err, size_t errlen)
+{
+    const nc_train_params *p = &t->p;
+    int V = vocab_size(t->vocab);
+    int rc = lstm_grad_net_new(V, p->embedding_size, p->hidden_size, p->num_layers, p->tie_weights, &t->net,
+                               err, errlen);
+    if (rc == NC_OK)
+        rc = lstm_grad_work_new(t->net, p->bptt, p->batch_size, &t->work, err, errlen);
+    if (rc == NC_OK && t->valid)
+        rc = lstm_grad_work_new(t->net, p->bptt, p->eval_batch_size, &t->ework, err, errlen);
+    if (rc == NC_OK && p->optimizer == NC_OPT_ADAGRAD && !(t->acc = nc_calloc(t->net->n, sizeof(float))))
+        rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
+    if (rc != NC_OK)
+        return rc;
+    nc_model_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    snprintf(cfg.model_type, sizeof cfg.model_type, "lstm");
+    cfg.vocab_size = V;
+    cfg.embedding_size = p->embedding_size;
+    cfg.hidden_size = p->hidden_size;
+    cfg.num_layers = p->num_layers;
+    cfg.tie_weights = p->tie_weights;
+    cfg.lowercase = p->lowercase;
+    snprintf(cfg.unk_token, sizeof cfg.unk_token, "%s", p->unk_token);
+    snprintf(cfg.eos_token, sizeof cfg.eos_token, "%s", p->eos_token);
+    nc_vocab *vc = vocab_clone(t->vocab);
+    if (!vc)
+        return nc_error(err, errlen, NC_ENOMEM, "out of memory");
+    return model_create(&cfg, vc, &t->model, err, errlen);
+}
+
+/* A new run: weights from the seed, the first epoch. */
+static void start_fresh(trainer *t)
+{
+    const nc_train_params *p = &t->p;
+    rng_seed(&t->rng, p->seed);
+    lstm_grad_init_uniform(t->net, &t->rng, p->init_range, p->lstm_init_range);
+    t->epoch = 1;
+    t->row = 0;
+    t->step = 0;
+    t->lr = p->lr;
+    t->best_val = INFINITY;
+    t->elapsed = 0;
+    lstm_grad_work_reset_state(t->work);
+}
+
+/* Says what is about to run (event START). Returns the callback's stop. */
+static bool announce_start(trainer *t, bool resume, train_loop *L)
+{
+    const nc_train_params *p = &t->p;
+    const int B = p->batch_size;
+    nc_train_progress *pr = &L->pr;
+    snprintf(L->msg, sizeof L->msg,
+             "%s %s: vocabulary %d, %zu training tokens (%ld steps of %dx%d per epoch), %zu validation "
+             "tokens, %zu parameters%s",
+             resume ? "resuming" : "training", p->out_dir, vocab_size(t->vocab), t->train_rows * (size_t)B, L->spe,
+             p->bptt, B, t->valid_rows * (size_t)p->eval_batch_size, model_num_params(t->model), resume ? "" : "");
+    if (resume) {
+        size_t l = strlen(L->msg);
+        snprintf(L->msg + l, sizeof L->msg - l, " at epoch %d, step %lld, lr %.4g, %.0f s done", t->epoch,
+                 (long long)t->step, t->lr, t->elapsed);
+    }
+    pr->epochs = p->epochs;
+    pr->steps_per_epoch = L->spe;
+    pr->best_val_ppl = exp(t->best_val);
+    pr->event = NC_TRAIN_EV_START;
+    pr->message = L->msg;
+    pr->epoch = t->epoch;
+    pr->step = t->step;
+    pr->lr = t->lr;
+    pr->elapsed = t->elapsed;
+    pr->eta = -1;
+    return L->cb && L->cb(pr, L->ud);
+}
+
+/* ---- loop phases --------------------------------------------------------- */
+
+/* Reports a validation (event VALID) of loss vl after train loss tl.
+ * Returns the callback's stop. */
+static bool report_validation(trainer *t, train_loop *L, double vl, double tl)
+{
+    nc_train_progress *pr = &L->pr;
+    L->res->last_val_ppl = exp(vl);
+    pr->event = NC_TRAIN_EV_VALID;
+    pr->val_loss = vl;
+    pr->val_ppl = exp(vl);
+    pr->best_val_ppl = exp(t->best_val);
+    pr->train_loss = tl;
+    pr->elapsed = t->elapsed;
+    return L->cb && L->cb(pr, L->ud);
+}
+
+/* The epochs or the time budget ran out mid-epoch: validate what we have. */
+static int validate_partial(trainer *t, train_loop *L, char *err, size_t errlen)
+{
+    double vl = validate(t);
+    double tl = t->epoch_tokens ? t->epoch_loss / (double)t->epoch_tokens : NAN;
+    tick(t, L);
+    int rc = NC_OK;
+    L->pr.improved = vl < t->best_val;
+    if (L->pr.improved) {
+        t->best_val = vl;
+        rc = save_best(t, err, errlen);
+    }
+    if (rc == NC_OK)
+        rc = curve_add(t, vl, tl, err, errlen);
+    if (rc == NC_OK)
+        report_validation(t, L, vl, tl);
+    else
+        L->res->last_val_ppl = exp(vl);
+    return rc;
+}
+
+/* One segment of truncated BPTT (the last one of an epoch may be shorter,
+ * as in PyTorch's get_batch): forward, backward, clipping, the optimiser
+ * step. NC_ESTATE when the loss is no longer finite. */
+static int train_segment(trainer *t, train_loop *L, char *err, size_t errlen)
+{
+    const nc_train_params *p = &t->p;
+    const int B = p->batch_size;
+    int T = (int)((size_t)t->row + (size_t)p->bptt < t->train_rows - 1 ? (size_t)p->bptt
+                                                                        : t->train_rows - 1 - (size_t)t->row);
+    double ts = now_s();
+    const int *x = t->train + (size_t)t->row * B, *y = x + B;
+    double nll = lstm_grad_segment(t->net, t->work, x, y, T, true, &p->dropout, &t->rng, true);
+    optim_clip_grad_norm(t->net->g, t->net->n, p->clip);
+    if (t->acc)
+        optim_adagrad(t->net->w, t->acc, t->net->g, t->net->n, (float)t->lr, p->adagrad_eps);
+    else
+        optim_sgd(t->net->w, t->net->g, t->net->n, (float)t->lr);
+    t->step++;
+    t->row += T;
+    t->epoch_loss += nll;
+    t->epoch_tokens += (int64_t)T * B;
+    double tn = tick(t, L);
+    L->proc_train_time += tn - ts;
+    L->proc_tokens += (int64_t)T * B;
+    L->rate_tok += (double)T * B;
+    if (tn - L->rate_t0 >= 2.0 || L->rate == 0) {
+        L->rate = L->rate_tok / (tn - L->rate_t0);
+        L->step_time = (double)p->bptt * B / L->rate;
+        if (tn - L->rate_t0 >= 10.0)
+            L->rate_t0 = tn, L->rate_tok = 0;
+    }
+    if (!isfinite(nll))
+        return nc_error(err, errlen, NC_ESTATE, "training diverged at step %lld (loss %g): lower the "
+                        "learning rate", (long long)t->step, nll);
+    return NC_OK;
+}
+
+/* Reports the step just taken (event STEP). Returns true when the caller
+ * or stop_at_step asks to stop. */
+static bool report_step(trainer *t, train_loop *L)
+{
+    nc_train_progress *pr = &L->pr;
+    pr->event = NC_TRAIN_EV_STEP;
+    pr->epoch = t->epoch;
+    pr->step = t->step;
+    pr->epoch_frac = (double)t->row / (double)(t->train_rows - 1);
+    pr->tokens_per_s = L->rate;
+    pr->train_loss = t->epoch_loss / (double)t->epoch_tokens;
+    pr->lr = t->lr;
+    pr->elapsed = t->elapsed;
+    progress_eta(t, L->spe, L->step_time, pr);
+    pr->message = NULL;
+    bool stop = L->cb && L->cb(pr, L->ud);
+    return stop || (t->p.stop_at_step > 0 && t->step >= t->p.stop_at_step);
+}
+
+/* The end of an epoch: validation, saving the best model, the learning
+ * rate schedule (PyTorch's example: divide when validation does not
+ * improve), the curve, and the next epoch's start. Sets *stop when the
+ * callback asks to. */
+static int end_epoch(trainer *t, train_loop *L, bool *stop, char *err, size_t errlen)
+{
+    const nc_train_params *p = &t->p;
+    nc_train_progress *pr = &L->pr;
+    double tl = t->epoch_loss / (double)t->epoch_tokens, vl = NAN;
+    int rc = NC_OK;
+    if (t->valid) {
+        vl = validate(t);
+        pr->improved = vl < t->best_val;
+        if (pr->improved) {
+            t->best_val = vl;
+            rc = save_best(t, err, errlen);
+        } else if (p->optimizer == NC_OPT_SGD) {
+            /* PyTorch's example: no improvement -> divide lr. */
+            t->lr /= p->lr_decay;
+        }
+    } else {
+        pr->improved = true;
+        rc = save_best(t, err, errlen);
+    }
+    if (p->lr_decay_start > 0 && t->epoch >= p->lr_decay_start && pr->improved)
+        t->lr /= p->lr_decay;
+    if (p->min_lr > 0 && t->lr < p->min_lr)
+        t->lr = p->min_lr;
+    tick(t, L);
+    if (rc == NC_OK)
+        rc = curve_add(t, vl, tl, err, errlen);
+    L->res->epochs_done = t->epoch;
+    if (rc == NC_OK) {
+        if (report_validation(t, L, vl, tl))
+            *stop = true;
+    } else {
+        L->res->last_val_ppl = exp(vl);
+    }
+    t->epoch++;
+    t->row = 0;
+    t->epoch_loss = 0;
+    t->epoch_tokens = 0;
+    lstm_grad_work_reset_state(t->work);
+    return rc;
+}
+
+/* Writes train-state.bin and says so (event CHECKPOINT). */
+static int checkpoint(trainer *t, train_loop *L, char *err, size_t errlen)
+{
+    int rc = state_write(t, err, errlen);
+    L->last_ckpt = now_s();
+    if (rc == NC_OK && L->cb) {
+        snprintf(L->msg, sizeof L->msg, "checkpoint %s/%s (epoch %d, step %lld)", t->p.out_dir, STATE_FILE,
+                 t->epoch, (long long)t->step);
+        L->pr.event = NC_TRAIN_EV_CHECKPOINT;
+        L->pr.message = L->msg;
+        L->cb(&L->pr, L->ud);
+    }
+    return rc;
+}
+
+/* Steps until the epochs or the time budget run out (*finished), the
+ * caller stops the run, or an error. */
+static int train_loop_run(trainer *t, train_loop *L, bool stop, bool *finished, char *err, size_t errlen)
+{
+    const nc_train_params *p = &t->p;
+    int rc = NC_OK;
+    *finished = false;
+    while (rc == NC_OK) {
+        bool epochs_done = p->epochs > 0 && t->epoch > p->epochs;
+        bool budget_done = p->time_budget > 0 && t->elapsed >= p->time_budget;
+        if (epochs_done || budget_done) {
+            if (t->row > 0 && t->valid && L->proc_tokens > 0)
+                rc = validate_partial(t, L, err, errlen);
+            *finished = true;
+            break;
+        }
+        if ((rc = train_segment(t, L, err, errlen)) != NC_OK)
+            break;
+        bool epoch_end = (size_t)t->row >= t->train_rows - 1;
+        if (report_step(t, L))
+            stop = true;
+        if (epoch_end && (rc = end_epoch(t, L, &stop, err, errlen)) != NC_OK)
+            break;
+        if (stop || epoch_end || L->t_prev - L->last_ckpt >= p->checkpoint_every)
+            rc = checkpoint(t, L, err, errlen);
+        if (stop)
+            break;
+    }
+    return rc;
+}
+
+/* The result and the last event (DONE, or STOPPED: resumable). */
+static void report_done(trainer *t, train_loop *L, bool finished)
+{
+    nc_train_result *res = L->res;
+    res->steps = t->step;
+    res->best_val_ppl = exp(t->best_val);
+    res->elapsed = t->elapsed;
+    res->tokens_per_s = L->proc_train_time > 0 ? L->proc_tokens / L->proc_train_time : 0;
+    res->stopped = !finished;
+    if (res->epochs_done == 0)
+        res->epochs_done = t->epoch - 1;
+    L->pr.event = finished ? NC_TRAIN_EV_DONE : NC_TRAIN_EV_STOPPED;
+    L->pr.elapsed = t->elapsed;
+    L->pr.best_val_ppl = res->best_val_ppl;
+    L->pr.message = NULL;
+    if (L->cb)
+        L->cb(&L->pr, L->ud);
 }
 
 int train_run(const nc_train_params *params, bool resume, nc_train_callback cb, void *ud,
@@ -663,290 +1015,28 @@ int train_run(const nc_train_params *params, bool resume, nc_train_callback cb, 
         return rc;
     if (p->threads > 0)
         openblas_set_num_threads(p->threads);
-
-    /* Vocabulary: from the training file, or on resume from the run's own
-     * vocab.txt (written at the start) so it cannot drift. */
-    char vpath[1100];
-    path_in(vpath, sizeof vpath, p->out_dir, "vocab.run.txt");
-    if (resume)
-        rc = vocab_load(vpath, &t->vocab, err, errlen);
-    else {
-        rc = train_build_vocab(p->train_path, p->lowercase, p->vocab_max, p->unk_token, p->eos_token,
-                               &t->vocab, err, errlen);
-        if (rc == NC_OK)
-            rc = vocab_save(t->vocab, vpath, err, errlen);
-    }
-    if (rc != NC_OK)
-        goto out;
-    t->unk_id = vocab_lookup(t->vocab, p->unk_token, strlen(p->unk_token));
-    t->eos_id = vocab_lookup(t->vocab, p->eos_token, strlen(p->eos_token));
-    if (t->unk_id < 0 || t->eos_id < 0) {
-        rc = nc_error(err, errlen, NC_EFORMAT, "%s lacks the unk or eos token", vpath);
-        goto out;
-    }
-    int V = vocab_size(t->vocab);
-    {
-        int *ids = NULL;
-        size_t n = 0;
-        rc = train_read_corpus(p->train_path, t->vocab, p->lowercase, t->unk_id, t->eos_id, &ids, &n, err, errlen);
-        if (rc == NC_OK) {
-            t->train = batchify(ids, n, p->batch_size, &t->train_rows);
-            if (t->train_rows < 2)
-                rc = nc_error(err, errlen, NC_EINVAL, "%s: %zu tokens are too few for %d streams",
-                              p->train_path, n, p->batch_size);
-            else if (!t->train)
-                rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
-        }
-        free(ids);
-        if (rc == NC_OK && p->valid_path[0]) {
-            rc = train_read_corpus(p->valid_path, t->vocab, p->lowercase, t->unk_id, t->eos_id, &ids, &n,
-                                   err, errlen);
-            if (rc == NC_OK) {
-                t->valid = batchify(ids, n, p->eval_batch_size, &t->valid_rows);
-                if (t->valid_rows < 2)
-                    rc = nc_error(err, errlen, NC_EINVAL, "%s: %zu tokens are too few for %d streams",
-                                  p->valid_path, n, p->eval_batch_size);
-                else if (!t->valid)
-                    rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
-            }
-            free(ids);
-        }
-        if (rc != NC_OK)
-            goto out;
-    }
-    rc = lstm_grad_net_new(V, p->embedding_size, p->hidden_size, p->num_layers, p->tie_weights, &t->net,
-                           err, errlen);
+    rc = setup_vocab(t, resume, err, errlen);
     if (rc == NC_OK)
-        rc = lstm_grad_work_new(t->net, p->bptt, p->batch_size, &t->work, err, errlen);
-    if (rc == NC_OK && t->valid)
-        rc = lstm_grad_work_new(t->net, p->bptt, p->eval_batch_size, &t->ework, err, errlen);
-    if (rc == NC_OK && p->optimizer == NC_OPT_ADAGRAD && !(t->acc = nc_calloc(t->net->n, sizeof(float))))
-        rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
-    if (rc == NC_OK) {
-        nc_model_config cfg;
-        memset(&cfg, 0, sizeof cfg);
-        snprintf(cfg.model_type, sizeof cfg.model_type, "lstm");
-        cfg.vocab_size = V;
-        cfg.embedding_size = p->embedding_size;
-        cfg.hidden_size = p->hidden_size;
-        cfg.num_layers = p->num_layers;
-        cfg.tie_weights = p->tie_weights;
-        cfg.lowercase = p->lowercase;
-        snprintf(cfg.unk_token, sizeof cfg.unk_token, "%s", p->unk_token);
-        snprintf(cfg.eos_token, sizeof cfg.eos_token, "%s", p->eos_token);
-        nc_vocab *vc = vocab_clone(t->vocab);
-        if (!vc)
-            rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
-        else
-            rc = model_create(&cfg, vc, &t->model, err, errlen);
-    }
-    if (rc != NC_OK)
-        goto out;
-
-    if (resume) {
+        rc = load_streams(t, p->train_path, p->batch_size, &t->train, &t->train_rows, err, errlen);
+    if (rc == NC_OK && p->valid_path[0])
+        rc = load_streams(t, p->valid_path, p->eval_batch_size, &t->valid, &t->valid_rows, err, errlen);
+    if (rc == NC_OK)
+        rc = setup_network(t, err, errlen);
+    if (rc == NC_OK && resume)
         rc = state_restore(t, err, errlen);
-        if (rc != NC_OK)
-            goto out;
-    } else {
-        rng_seed(&t->rng, p->seed);
-        lstm_grad_init_uniform(t->net, &t->rng, p->init_range, p->lstm_init_range);
-        t->epoch = 1;
-        t->row = 0;
-        t->step = 0;
-        t->lr = p->lr;
-        t->best_val = INFINITY;
-        t->elapsed = 0;
-        lstm_grad_work_reset_state(t->work);
-    }
-
-    const int B = p->batch_size;
-    const long spe = (long)((t->train_rows - 2) / (size_t)p->bptt + 1);
-    char msg[2048];
-    nc_train_progress pr;
-    memset(&pr, 0, sizeof pr);
-    pr.epochs = p->epochs;
-    pr.steps_per_epoch = spe;
-    pr.best_val_ppl = exp(t->best_val);
-    snprintf(msg, sizeof msg,
-             "%s %s: vocabulary %d, %zu training tokens (%ld steps of %dx%d per epoch), %zu validation "
-             "tokens, %zu parameters%s",
-             resume ? "resuming" : "training", p->out_dir, V, t->train_rows * (size_t)B, spe, p->bptt, B,
-             t->valid_rows * (size_t)p->eval_batch_size, model_num_params(t->model),
-             resume ? "" : "");
-    if (resume) {
-        size_t l = strlen(msg);
-        snprintf(msg + l, sizeof msg - l, " at epoch %d, step %lld, lr %.4g, %.0f s done", t->epoch,
-                 (long long)t->step, t->lr, t->elapsed);
-    }
-    pr.event = NC_TRAIN_EV_START;
-    pr.message = msg;
-    pr.epoch = t->epoch;
-    pr.step = t->step;
-    pr.lr = t->lr;
-    pr.elapsed = t->elapsed;
-    pr.eta = -1;
-    bool stop = cb && cb(&pr, ud);
-
-    double t_prev = now_s(), last_ckpt = t_prev;
-    double rate_t0 = t_prev, rate_tok = 0, rate = 0, step_time = 0;
-    double proc_train_time = 0;
-    int64_t proc_tokens = 0;
-    bool finished = false;
-    while (rc == NC_OK) {
-        bool epochs_done = p->epochs > 0 && t->epoch > p->epochs;
-        bool budget_done = p->time_budget > 0 && t->elapsed >= p->time_budget;
-        if (epochs_done || budget_done) {
-            if (t->row > 0 && t->valid && proc_tokens > 0) {
-                /* Budget ran out mid-epoch: validate what we have. */
-                double vl = validate(t);
-                double tl = t->epoch_tokens ? t->epoch_loss / (double)t->epoch_tokens : NAN;
-                double tn = now_s();
-                t->elapsed += tn - t_prev;
-                t_prev = tn;
-                pr.improved = vl < t->best_val;
-                if (pr.improved) {
-                    t->best_val = vl;
-                    rc = save_best(t, err, errlen);
-                }
-                if (rc == NC_OK)
-                    rc = curve_add(t, vl, tl, err, errlen);
-                res->last_val_ppl = exp(vl);
-                pr.event = NC_TRAIN_EV_VALID;
-                pr.val_loss = vl;
-                pr.val_ppl = exp(vl);
-                pr.best_val_ppl = exp(t->best_val);
-                pr.train_loss = tl;
-                pr.elapsed = t->elapsed;
-                if (rc == NC_OK && cb)
-                    cb(&pr, ud);
-            }
-            finished = true;
-            break;
-        }
-        /* One segment of truncated BPTT (the last one of an epoch may be
-         * shorter, as in PyTorch's get_batch). */
-        int T = (int)((size_t)t->row + (size_t)p->bptt < t->train_rows - 1 ? (size_t)p->bptt
-                                                                            : t->train_rows - 1 - (size_t)t->row);
-        double ts = now_s();
-        const int *x = t->train + (size_t)t->row * B, *y = x + B;
-        double nll = lstm_grad_segment(t->net, t->work, x, y, T, true, &p->dropout, &t->rng, true);
-        optim_clip_grad_norm(t->net->g, t->net->n, p->clip);
-        if (t->acc)
-            optim_adagrad(t->net->w, t->acc, t->net->g, t->net->n, (float)t->lr, p->adagrad_eps);
-        else
-            optim_sgd(t->net->w, t->net->g, t->net->n, (float)t->lr);
-        t->step++;
-        t->row += T;
-        t->epoch_loss += nll;
-        t->epoch_tokens += (int64_t)T * B;
-        double tn = now_s();
-        t->elapsed += tn - t_prev;
-        t_prev = tn;
-        proc_train_time += tn - ts;
-        proc_tokens += (int64_t)T * B;
-        rate_tok += (double)T * B;
-        if (tn - rate_t0 >= 2.0 || rate == 0) {
-            rate = rate_tok / (tn - rate_t0);
-            step_time = (double)p->bptt * B / rate;
-            if (tn - rate_t0 >= 10.0)
-                rate_t0 = tn, rate_tok = 0;
-        }
-        if (!isfinite(nll)) {
-            rc = nc_error(err, errlen, NC_ESTATE, "training diverged at step %lld (loss %g): lower the "
-                          "learning rate", (long long)t->step, nll);
-            break;
-        }
-        bool epoch_end = (size_t)t->row >= t->train_rows - 1;
-        pr.event = NC_TRAIN_EV_STEP;
-        pr.epoch = t->epoch;
-        pr.step = t->step;
-        pr.epoch_frac = (double)t->row / (double)(t->train_rows - 1);
-        pr.tokens_per_s = rate;
-        pr.train_loss = t->epoch_loss / (double)t->epoch_tokens;
-        pr.lr = t->lr;
-        pr.elapsed = t->elapsed;
-        progress_eta(t, spe, step_time, &pr);
-        pr.message = NULL;
-        if (cb && cb(&pr, ud))
-            stop = true;
-        if (p->stop_at_step > 0 && t->step >= p->stop_at_step)
-            stop = true;
-
-        if (epoch_end) {
-            double tl = t->epoch_loss / (double)t->epoch_tokens, vl = NAN;
-            if (t->valid) {
-                vl = validate(t);
-                pr.improved = vl < t->best_val;
-                if (pr.improved) {
-                    t->best_val = vl;
-                    rc = save_best(t, err, errlen);
-                } else if (p->optimizer == NC_OPT_SGD) {
-                    /* PyTorch's example: no improvement -> divide lr. */
-                    t->lr /= p->lr_decay;
-                }
-            } else {
-                pr.improved = true;
-                rc = save_best(t, err, errlen);
-            }
-            if (p->lr_decay_start > 0 && t->epoch >= p->lr_decay_start && pr.improved)
-                t->lr /= p->lr_decay;
-            if (p->min_lr > 0 && t->lr < p->min_lr)
-                t->lr = p->min_lr;
-            tn = now_s();
-            t->elapsed += tn - t_prev;
-            t_prev = tn;
-            if (rc == NC_OK)
-                rc = curve_add(t, vl, tl, err, errlen);
-            res->last_val_ppl = exp(vl);
-            res->epochs_done = t->epoch;
-            pr.event = NC_TRAIN_EV_VALID;
-            pr.val_loss = vl;
-            pr.val_ppl = exp(vl);
-            pr.best_val_ppl = exp(t->best_val);
-            pr.train_loss = tl;
-            pr.elapsed = t->elapsed;
-            if (rc == NC_OK && cb && cb(&pr, ud))
-                stop = true;
-            t->epoch++;
-            t->row = 0;
-            t->epoch_loss = 0;
-            t->epoch_tokens = 0;
-            lstm_grad_work_reset_state(t->work);
-        }
-        if (rc != NC_OK)
-            break;
-        if (stop || epoch_end || tn - last_ckpt >= p->checkpoint_every) {
-            rc = state_write(t, err, errlen);
-            last_ckpt = now_s();
-            if (rc == NC_OK && cb) {
-                snprintf(msg, sizeof msg, "checkpoint %s/%s (epoch %d, step %lld)", p->out_dir, STATE_FILE,
-                         t->epoch, (long long)t->step);
-                pr.event = NC_TRAIN_EV_CHECKPOINT;
-                pr.message = msg;
-                cb(&pr, ud);
-            }
-        }
-        if (stop)
-            break;
-    }
-    if (rc == NC_OK && finished)
-        rc = state_write(t, err, errlen);
+    else if (rc == NC_OK)
+        start_fresh(t);
     if (rc == NC_OK) {
-        res->steps = t->step;
-        res->best_val_ppl = exp(t->best_val);
-        res->elapsed = t->elapsed;
-        res->tokens_per_s = proc_train_time > 0 ? proc_tokens / proc_train_time : 0;
-        res->stopped = !finished;
-        if (res->epochs_done == 0)
-            res->epochs_done = t->epoch - 1;
-        pr.event = finished ? NC_TRAIN_EV_DONE : NC_TRAIN_EV_STOPPED;
-        pr.elapsed = t->elapsed;
-        pr.best_val_ppl = res->best_val_ppl;
-        pr.message = NULL;
-        if (cb)
-            cb(&pr, ud);
+        train_loop L = {.cb = cb, .ud = ud, .res = res,
+                        .spe = (long)((t->train_rows - 2) / (size_t)p->bptt + 1)};
+        bool stop = announce_start(t, resume, &L), finished;
+        L.t_prev = L.last_ckpt = L.rate_t0 = now_s();
+        rc = train_loop_run(t, &L, stop, &finished, err, errlen);
+        if (rc == NC_OK && finished)
+            rc = state_write(t, err, errlen);
+        if (rc == NC_OK)
+            report_done(t, &L, finished);
     }
-out:
     trainer_free(t);
     return rc;
 }
