@@ -7,8 +7,8 @@
 #include "fault.h"
 #include "nc_common.h"
 
-/* zlib takes uInt lengths: feed large blocks in pieces */
-static uint32_t crc_more(uint32_t c, const void *p, size_t n)
+/* zlib takes uInt lengths: large blocks go in pieces */
+uint32_t binio_crc32(uint32_t c, const void *p, size_t n)
 {
     const unsigned char *b = p;
     uLong x = c;
@@ -40,7 +40,7 @@ void binio_put(binio_writer *w, const void *p, size_t n)
     else
         w->bad = nc_fwrite(p, 1, n, w->f) != n;
     if (!w->bad)
-        w->crc = crc_more(w->crc, p, n);
+        w->crc = binio_crc32(w->crc, p, n);
 }
 
 void binio_put_u32(binio_writer *w, uint32_t v) { binio_put(w, &v, sizeof v); }
@@ -62,7 +62,7 @@ bool binio_open(binio_reader *r, const void *data, size_t len, size_t skip)
         return false;
     uint32_t crc;
     memcpy(&crc, (const unsigned char *)data + len - 4, 4);
-    if (crc != crc_more((uint32_t)crc32(0L, Z_NULL, 0), data, len - 4))
+    if (crc != binio_crc32((uint32_t)crc32(0L, Z_NULL, 0), data, len - 4))
         return false;
     *r = (binio_reader){.p = data, .n = len - 4, .off = skip};
     return true;

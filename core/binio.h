@@ -17,6 +17,9 @@
 
 #include "buf.h"
 
+/* zlib's CRC-32 continued from c (0 to start) over n bytes of any size. */
+uint32_t binio_crc32(uint32_t c, const void *p, size_t n);
+
 typedef struct {
     nc_buf *buf;                  /* appends here, or */
     FILE *f;                      /* writes here (nc_fwrite) */

@@ -2,6 +2,7 @@
  * commit, torn-tail truncation on replay. */
 #include "wal.h"
 #include "atomicfile.h"
+#include "binio.h"
 #include "buf.h"
 #include "fault.h"
 
@@ -62,15 +63,7 @@ static uint64_t rd64(const unsigned char *p)
 static uint32_t rec_crc(const unsigned char *hdr, const unsigned char *payload, size_t len)
 {
     /* length and seq (bytes 4..16 of the header), then the payload */
-    uLong c = crc32(0L, hdr + 4, 12);
-    /* zlib takes uInt lengths: feed large payloads in pieces */
-    while (len > 0) {
-        uInt n = len > (1u << 30) ? (1u << 30) : (uInt)len;
-        c = crc32(c, payload, n);
-        payload += n;
-        len -= n;
-    }
-    return (uint32_t)c;
+    return binio_crc32(binio_crc32(0, hdr + 4, 12), payload, len);
 }
 
 /* ---- listing segments --------------------------------------------------- */

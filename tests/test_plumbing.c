@@ -342,6 +342,9 @@ TEST(binio_trailer_is_crc32)
     if (b.len == 13)
         memcpy(&crc, b.data + 9, 4);
     CHECK(crc == 0xcbf43926u);
+    /* continued over pieces: the same as in one go */
+    CHECK(binio_crc32(binio_crc32(0, "1234", 4), "56789", 5) == 0xcbf43926u);
+    CHECK(binio_crc32(0, "123456789", 9) == 0xcbf43926u && binio_crc32(7, "", 0) == 7);
     buf_free(&b);
 }
 
