@@ -145,6 +145,21 @@ static int count_tokens(const nc_tokens *t, void *ud, char *err, size_t errlen)
     return NC_OK;
 }
 
+/* Adds word with count 0 unless the corpus had it. */
+static int count_absent(count_ctx *c, const char *word, char *err, size_t errlen)
+{
+    if (vocab_lookup(c->v, word, strlen(word)) >= 0)
+        return NC_OK;
+    char *w = (char *)word;
+    int zero = 0;
+    size_t off = 0;
+    nc_tokens t = {.ids = &zero, .words = &w, .offsets = &off, .n = 1};
+    int rc = count_tokens(&t, c, err, errlen);
+    if (rc == NC_OK)
+        c->count[vocab_lookup(c->v, word, strlen(word))] = 0;
+    return rc;
+}
+
 static const long *sort_counts;
 static int by_count_desc(const void *a, const void *b)
 {
@@ -171,26 +186,10 @@ int train_build_vocab(const char *path, bool lowercase, int vocab_max, const cha
     int rc = tokenize_file(path, &m, count_tokens, &c, err, errlen);
     /* unk must exist (it stands for every word outside the vocabulary), and
      * eos too, even in a corpus without newlines. */
-    if (rc == NC_OK && vocab_lookup(c.v, eos, strlen(eos)) < 0) {
-        nc_tokens t = {0};
-        char *w = (char *)eos;
-        int zero = 0;
-        size_t off = 0;
-        t.ids = &zero, t.words = &w, t.offsets = &off, t.n = 1;
-        rc = count_tokens(&t, &c, err, errlen);
-        if (rc == NC_OK)
-            c.count[vocab_lookup(c.v, eos, strlen(eos))] = 0;
-    }
-    if (rc == NC_OK && vocab_lookup(c.v, unk, strlen(unk)) < 0) {
-        nc_tokens t = {0};
-        char *w = (char *)unk;
-        int zero = 0;
-        size_t off = 0;
-        t.ids = &zero, t.words = &w, t.offsets = &off, t.n = 1;
-        rc = count_tokens(&t, &c, err, errlen);
-        if (rc == NC_OK)
-            c.count[vocab_lookup(c.v, unk, strlen(unk))] = 0;
-    }
+    if (rc == NC_OK)
+        rc = count_absent(&c, eos, err, errlen);
+    if (rc == NC_OK)
+        rc = count_absent(&c, unk, err, errlen);
     int n = vocab_size(c.v);
     if (rc == NC_OK && vocab_max > 0 && n > vocab_max) {
         if (vocab_max < 2) {
