@@ -157,11 +157,6 @@ void *nc_realloc(void *p, size_t n)
     return nc_fault_fail(NC_FAULT_ALLOC) ? NULL : realloc(p, n);
 }
 
-char *nc_strdup(const char *s)
-{
-    return nc_fault_fail(NC_FAULT_ALLOC) ? NULL : strdup(s);
-}
-
 FILE *nc_fopen(const char *path, const char *mode)
 {
     bool wr = strpbrk(mode, "wa+") != NULL;
@@ -181,6 +176,16 @@ int nc_open(const char *path, int flags, int mode)
 ssize_t nc_read(int fd, void *buf, size_t n)
 {
     return nc_fault_fail(NC_FAULT_READ) ? -1 : read(fd, buf, n);
+}
+
+ssize_t nc_pread(int fd, void *buf, size_t n, off_t off)
+{
+    return nc_fault_fail(NC_FAULT_READ) ? -1 : pread(fd, buf, n, off);
+}
+
+size_t nc_fread(void *p, size_t size, size_t n, FILE *f)
+{
+    return nc_fault_fail(NC_FAULT_READ) ? 0 : fread(p, size, n, f);
 }
 
 ssize_t nc_write(int fd, const void *buf, size_t n)

@@ -23,8 +23,8 @@
 #include <sys/types.h>
 
 typedef enum {
-    NC_FAULT_ALLOC = 0,   /* nc_alloc, nc_calloc, nc_malloc, nc_realloc, nc_strdup: NULL */
-    NC_FAULT_READ,        /* opening for reading, read, getline, mmap: EIO */
+    NC_FAULT_ALLOC = 0,   /* nc_alloc, nc_calloc, nc_malloc, nc_realloc: NULL */
+    NC_FAULT_READ,        /* opening for reading, read, pread, fread, getline, mmap: EIO */
     NC_FAULT_WRITE,       /* opening for writing, write, fwrite: ENOSPC */
     NC_FAULT_FSYNC,       /* fsync, fdatasync: EIO */
     NC_FAULT_NKINDS
@@ -77,13 +77,17 @@ static inline bool nc_fault_fail(nc_fault_kind kind) { (void)kind; return false;
  * consult NC_FAULT_ALLOC too). */
 void *nc_malloc(size_t n);
 void *nc_realloc(void *p, size_t n);
-char *nc_strdup(const char *s);
 
 /* I/O wrappers with the libc contracts: on an injected fault they return the
- * failure value of the wrapped call with errno EIO (ENOSPC for writes). */
+ * failure value of the wrapped call with errno EIO (ENOSPC for writes). The
+ * core reads and writes files only through them, so a test can fail any of
+ * its I/O. nc_fread's injected failure returns 0 without setting the
+ * stream's error flag: callers compare the count, never ferror() alone. */
 FILE *nc_fopen(const char *path, const char *mode);
 int nc_open(const char *path, int flags, int mode);
 ssize_t nc_read(int fd, void *buf, size_t n);
+ssize_t nc_pread(int fd, void *buf, size_t n, off_t off);
+size_t nc_fread(void *p, size_t size, size_t n, FILE *f);
 ssize_t nc_write(int fd, const void *buf, size_t n);
 struct iovec;
 ssize_t nc_writev(int fd, const struct iovec *iov, int n);

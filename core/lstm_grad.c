@@ -7,6 +7,7 @@
 #pragma GCC optimize("O3")
 #endif
 #include "lstm_grad.h"
+#include "vmath.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -32,49 +33,6 @@ struct lstm_grad_work {
     float *dh_next, *dc_next;     /* [B, H] */
     float *bias;                  /* [L, 4H] b_ih + b_hh of the current weights */
 };
-
-/* ---- vectorisable elementwise maths ---------------------------------- */
-
-/* exp(x) by Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2, and a
- * degree-7 Taylor polynomial for e^r (relative error ~1e-7, float's own).
- * Written branch-free so loops calling it vectorise. */
-static inline float fexp(float x)
-{
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 88.0f ? 88.0f : x;
-    float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;   /* round to nearest */
-    float r = x - n * 0.693145752f;
-    r = r - n * 1.42860677e-06f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t e = ((int32_t)n + 127) << 23;
-    float s;
-    memcpy(&s, &e, sizeof s);
-    return p * s;
-}
-
-static inline float fsigmoid(float x)
-{
-    return 1.0f / (1.0f + fexp(-x));
-}
-
-/* tanh(x) = 2 sigmoid(2x) - 1: absolute error ~1e-7. */
-static inline float ftanh(float x)
-{
-    return 2.0f / (1.0f + fexp(-2.0f * x)) - 1.0f;
-}
-
-void lstm_grad_exp_inplace(float *x, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        x[i] = fexp(x[i]);
-}
 
 /* ---- network ---------------------------------------------------------- */
 
@@ -348,7 +306,8 @@ static void mul_into(float *restrict dst, const float *restrict x, const float *
  * i = σ(a_i), f = σ(a_f), g = tanh(a_g), o = σ(a_o),
  * c' = f c + i g, h' = o tanh(c'). The pre-activations a already hold
  * W_ih x + W_hh h; bias is b_ih + b_hh. Gates are overwritten by their
- * activations (kept for the backward pass). */
+ * activations (kept for the backward pass). The activations are vmath's,
+ * the exp inference uses (lstm.c), so training and serving share one. */
 static void lstm_cell_forward(int B, int H, float *restrict gates, const float *restrict bias,
                               const float *restrict c_prev, float *restrict c, float *restrict tc,
                               float *restrict h)
@@ -357,16 +316,16 @@ static void lstm_cell_forward(int B, int H, float *restrict gates, const float *
         float *gi = gates + (size_t)b * 4 * H, *gf = gi + H, *gg = gf + H, *go = gg + H;
         const float *cp = c_prev + (size_t)b * H;
         float *cn = c + (size_t)b * H, *tn = tc + (size_t)b * H, *hn = h + (size_t)b * H;
-        for (int j = 0; j < H; j++) {
-            float i = fsigmoid(gi[j] + bias[j]);
-            float f = fsigmoid(gf[j] + bias[H + j]);
-            float g = ftanh(gg[j] + bias[2 * H + j]);
-            float o = fsigmoid(go[j] + bias[3 * H + j]);
-            float cv = f * cp[j] + i * g;
-            float t = ftanh(cv);
-            gi[j] = i, gf[j] = f, gg[j] = g, go[j] = o;
-            cn[j] = cv, tn[j] = t, hn[j] = o * t;
-        }
+        for (int j = 0; j < 4 * H; j++)
+            gi[j] += bias[j];
+        vm_sigmoid(gi, 2 * (size_t)H);   /* i and f are adjacent */
+        vm_tanh(gg, (size_t)H);
+        vm_sigmoid(go, (size_t)H);
+        for (int j = 0; j < H; j++)
+            tn[j] = cn[j] = gf[j] * cp[j] + gi[j] * gg[j];
+        vm_tanh(tn, (size_t)H);
+        for (int j = 0; j < H; j++)
+            hn[j] = go[j] * tn[j];
     }
 }
 
@@ -397,40 +356,6 @@ static void lstm_cell_backward(int B, int H, const float *restrict gates, const 
     }
 }
 
-/* Sum and maximum with 16 independent accumulators, so that the compiler
- * can use vector registers without reassociating a single chain. */
-static float vsum(const float *restrict x, int n)
-{
-    float acc[16] = {0};
-    int j = 0;
-    for (; j + 16 <= n; j += 16)
-        for (int u = 0; u < 16; u++)
-            acc[u] += x[j + u];
-    float s = 0.0f;
-    for (int u = 0; u < 16; u++)
-        s += acc[u];
-    for (; j < n; j++)
-        s += x[j];
-    return s;
-}
-
-static float vmax(const float *restrict x, int n)
-{
-    float acc[16];
-    for (int u = 0; u < 16; u++)
-        acc[u] = -INFINITY;
-    int j = 0;
-    for (; j + 16 <= n; j += 16)
-        for (int u = 0; u < 16; u++)
-            acc[u] = x[j + u] > acc[u] ? x[j + u] : acc[u];
-    float m = -INFINITY;
-    for (int u = 0; u < 16; u++)
-        m = acc[u] > m ? acc[u] : m;
-    for (; j < n; j++)
-        m = x[j] > m ? x[j] : m;
-    return m;
-}
-
 /* Softmax cross-entropy of one row of logits (bias added here). Returns
  * -log p(y) = logsumexp(s) - s_y; with grad, the row becomes
  * scale * (softmax(s) - onehot(y)), the gradient of scale * -log p(y). */
@@ -439,14 +364,12 @@ static double softmax_xent_row(float *restrict row, const float *restrict bias, 
 {
     for (int j = 0; j < V; j++)
         row[j] += bias[j];
-    float m = vmax(row, V);
+    float m = vm_max(row, (size_t)V);
     float target = row[y];
-    for (int j = 0; j < V; j++)
-        row[j] = fexp(row[j] - m);
-    float s = vsum(row, V);
-    double nll = (double)m + log((double)s) - (double)target;
+    double s = vm_exp_sum(row, row, (size_t)V, m);   /* the one exp of vmath.c */
+    double nll = (double)m + log(s) - (double)target;
     if (grad) {
-        float k = scale / s;
+        float k = (float)(scale / s);
         for (int j = 0; j < V; j++)
             row[j] *= k;
         row[y] -= scale;

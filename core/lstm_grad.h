@@ -96,7 +96,4 @@ int lstm_grad_to_model(const lstm_grad_net *net, nc_model *m, char *err, size_t 
 /* Copies the weights of a loaded model into net (same shapes). */
 int lstm_grad_from_model(lstm_grad_net *net, const nc_model *m, char *err, size_t errlen);
 
-/* exp(x) for x <= 0, vectorisable, relative error ~1e-7 (used by the softmax). */
-void lstm_grad_exp_inplace(float *x, size_t n);
-
 #endif

@@ -15,6 +15,8 @@
 #include <jansson.h>
 #include <zlib.h>
 
+#include "atomicfile.h"
+#include "buf.h"
 #include "fault.h"
 
 /* Upper bounds that keep every size product far from overflow and reject
@@ -124,13 +126,16 @@ static const struct {
 static int config_load(const char *path, nc_model_config *cfg, char *err, size_t errlen)
 {
     memset(cfg, 0, sizeof *cfg);
-    FILE *f = nc_fopen(path, "rb");
-    if (!f)
-        return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: cannot open: %s", path,
-                        strerror(errno));
+    /* read here, not by jansson, so that injected read faults reach it */
+    nc_buf text = NC_BUF_INIT;
+    int brc = buf_read_file(&text, path, err, errlen);
+    if (brc != NC_OK) {
+        buf_free(&text);
+        return brc;
+    }
     json_error_t jerr;
-    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
-    fclose(f);
+    json_t *root = json_loadb(text.data, text.len, JSON_REJECT_DUPLICATES, &jerr);
+    buf_free(&text);
     if (!root)
         return nc_error(err, errlen, NC_EFORMAT, "%s: invalid JSON at line %d: %s", path, jerr.line, jerr.text);
     int rc = NC_OK;
@@ -634,37 +639,6 @@ int model_create(const nc_model_config *cfg, nc_vocab *vocab, nc_model **out, ch
 /* ------------------------------------------------------------------------ */
 /* Saving                                                                    */
 
-/* A file written under a temporary name, renamed into place by commit. */
-typedef struct {
-    char tmp[4096], final[4096];
-    FILE *f;
-} atomic_file;
-
-static int afile_open(atomic_file *a, const char *dir, const char *name, char *err, size_t errlen)
-{
-    path_join(a->final, sizeof a->final, dir, name);
-    snprintf(a->tmp, sizeof a->tmp, "%s/.%s.tmp.%ld", dir, name, (long)getpid());
-    a->f = nc_fopen(a->tmp, "wb");
-    if (!a->f)
-        return nc_error(err, errlen, NC_EIO, "%s: cannot create: %s", a->tmp, strerror(errno));
-    return NC_OK;
-}
-
-/* Flushes and fsyncs; the file stays under its temporary name. */
-static int afile_close(atomic_file *a, int rc, char *err, size_t errlen)
-{
-    if (!a->f)
-        return rc;
-    int ok = rc == NC_OK && !ferror(a->f) && fflush(a->f) == 0 && nc_fsync(fileno(a->f)) == 0;
-    int e = errno;
-    if (fclose(a->f) != 0)
-        ok = 0;
-    a->f = NULL;
-    if (rc == NC_OK && !ok)
-        rc = nc_error(err, errlen, NC_EIO, "%s: write failed: %s", a->tmp, strerror(e));
-    return rc;
-}
-
 static int write_config(const nc_model_config *c, FILE *f)
 {
     json_t *o = json_object();
@@ -748,12 +722,14 @@ int model_save(const nc_model *m, const char *dir, bool f16, char *err, size_t e
 {
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return nc_error(err, errlen, NC_EIO, "%s: cannot create directory: %s", dir, strerror(errno));
-    atomic_file files[3];
+    nc_atomicfile files[3];
     memset(files, 0, sizeof files);
     static const char *names[3] = {"config.json", "vocab.txt", "model.safetensors"};
     int rc = NC_OK;
     for (int i = 0; i < 3 && rc == NC_OK; i++) {
-        rc = afile_open(&files[i], dir, names[i], err, errlen);
+        char path[4096];
+        path_join(path, sizeof path, dir, names[i]);
+        rc = atomicfile_open(&files[i], path, err, errlen);
         if (rc != NC_OK)
             break;
         if (i == 0) {
@@ -768,28 +744,18 @@ int model_save(const nc_model *m, const char *dir, bool f16, char *err, size_t e
         if (rc != NC_OK)
             nc_error(err, errlen, rc, "%s: write failed: %s", files[i].tmp,
                      rc == NC_ENOMEM ? "out of memory" : strerror(errno));
-        rc = afile_close(&files[i], rc, err, errlen);
+        rc = atomicfile_close(&files[i], rc, err, errlen);
     }
     /* Rename only once every file is complete on disk, so a crash leaves
      * either the old files or the new ones, never a half-written one. */
     for (int i = 0; i < 3 && rc == NC_OK; i++)
-        if (rename(files[i].tmp, files[i].final) != 0)
-            rc = nc_error(err, errlen, NC_EIO, "%s: rename failed: %s", files[i].final, strerror(errno));
-    if (rc != NC_OK) {
-        for (int i = 0; i < 3; i++) {
-            if (files[i].f)
-                fclose(files[i].f);
-            if (files[i].tmp[0])
-                unlink(files[i].tmp);
-        }
-        return rc;
-    }
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-    return NC_OK;
+        rc = atomicfile_rename(&files[i], err, errlen);
+    for (int i = 0; i < 3; i++)
+        atomicfile_abort(&files[i]);   /* what a failure left */
+    /* the renames are durable once the directory is */
+    if (rc == NC_OK && atomicfile_sync_dir(dir) != 0)
+        rc = nc_error(err, errlen, NC_EIO, "%s: fsync of the directory: %s", dir, strerror(errno));
+    return rc;
 }
 
 /* ---- fingerprint (model.h) ---------------------------------------------- */

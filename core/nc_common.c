@@ -18,21 +18,6 @@ int nc_error(char *err, size_t errlen, int rc, const char *fmt, ...)
     return rc;
 }
 
-const char *nc_strerror(int rc)
-{
-    switch (rc) {
-    case NC_OK: return "ok";
-    case NC_EINVAL: return "invalid argument";
-    case NC_ENOMEM: return "out of memory";
-    case NC_EIO: return "I/O error";
-    case NC_EFORMAT: return "malformed data";
-    case NC_ENOTFOUND: return "not found";
-    case NC_ESTATE: return "invalid state";
-    case NC_ENOSPACE: return "no space left";
-    default: return "unknown error";
-    }
-}
-
 float nc_half_to_float(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;

@@ -27,9 +27,6 @@ enum {
 int nc_error(char *err, size_t errlen, int rc, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* Name of an rc ("invalid argument", ...). Never NULL. */
-const char *nc_strerror(int rc);
-
 /* IEEE half <-> single conversion (round to nearest even). */
 float nc_half_to_float(uint16_t h);
 uint16_t nc_float_to_half(float f);

@@ -136,19 +136,6 @@ int ncache_dots(const nc_ncache *c, const float *q, float *dots)
     return c->count;
 }
 
-int ncache_copy(nc_ncache *dst, const nc_ncache *src, char *err, size_t errlen)
-{
-    int rc = ncache_init(dst, src->size, src->dim, src->f16, err, errlen);
-    if (rc)
-        return rc;
-    memcpy(dst->keys, src->keys,
-           (size_t)src->size * src->dim * (src->f16 ? sizeof(uint16_t) : sizeof(float)));
-    memcpy(dst->values, src->values, (size_t)src->size * sizeof(int));
-    dst->count = src->count;
-    dst->head = src->head;
-    return NC_OK;
-}
-
 size_t ncache_memory(const nc_ncache *c)
 {
     return sizeof *c + (size_t)c->size * c->dim * (c->f16 ? 2 : 4) + (size_t)c->size * sizeof(int);

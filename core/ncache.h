@@ -31,7 +31,6 @@ static inline int ncache_slot(const nc_ncache *c, int i)
 int ncache_export(const nc_ncache *c, float *out, int *vals);
 /* dots[i] = q . key_i for the pairs oldest-first; returns count. */
 int ncache_dots(const nc_ncache *c, const float *q, float *dots);
-int ncache_copy(nc_ncache *dst, const nc_ncache *src, char *err, size_t errlen);
 size_t ncache_memory(const nc_ncache *c);
 
 #endif

@@ -1,6 +1,7 @@
 /* nsstore.c -- a durable namespace: unbounded cache + word table +
  * provenance, write-ahead log, snapshots, recovery. */
 #include "nsstore.h"
+#include "buf.h"
 #include "fault.h"
 
 #include <dirent.h>
@@ -48,8 +49,7 @@ struct nc_nsstore {
     bool replaying;
     nsstore_observer obs;         /* replication (server/replication.c) */
     void *obs_ctx;
-    unsigned char *rec;
-    size_t rec_cap;
+    nc_buf rec;                   /* the ADD record being built (grown, reused) */
     int *dyn;                     /* dynamic ids of the record being built */
     size_t dyn_cap;
     /* snapshots */
@@ -312,21 +312,6 @@ void nsstore_snippet(nc_nsstore *ns, int64_t id, int before, int after, char *bu
 
 /* ---- logging adds (the cache's add hook) ------------------------------------ */
 
-static int reserve(unsigned char **b, size_t *cap, size_t need)
-{
-    if (need <= *cap)
-        return 0;
-    size_t c = *cap ? *cap : 65536;
-    while (c < need)
-        c *= 2;
-    unsigned char *p = realloc(*b, c);
-    if (!p)
-        return -1;
-    *b = p;
-    *cap = c;
-    return 0;
-}
-
 /* Under the cache's write lock: one ADD record per add, in id order. */
 static int add_hook(void *ctx, const float *keys, const int *words, size_t n, int64_t first_id,
                     char *err, size_t errlen)
@@ -362,9 +347,10 @@ static int add_hook(void *ctx, const float *keys, const int *words, size_t n, in
         }
     }
     size_t plen = 36 + slen + n * 4 + n * (size_t)H * 2;
-    if (reserve(&ns->rec, &ns->rec_cap, plen))
+    buf_clear(&ns->rec);
+    if (buf_reserve(&ns->rec, plen))
         return nc_error(err, errlen, NC_ENOMEM, "log record of %zu bytes", plen);
-    unsigned char *p = ns->rec;
+    unsigned char *p = (unsigned char *)ns->rec.data;
     uint32_t n32 = (uint32_t)n, h32 = (uint32_t)H, nd32 = (uint32_t)ndyn;
     memset(p, 0, 4);
     p[0] = REC_ADD;
@@ -826,21 +812,25 @@ static int fsync_path(const char *path, bool is_dir)
 /* size and crc32 of a whole file */
 static int file_crc(const char *path, uint64_t *size, uint32_t *crc, char *err, size_t errlen)
 {
-    FILE *f = nc_fopen(path, "rb");
-    if (!f)
+    int fd = nc_open(path, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0)
         return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: %s", path, strerror(errno));
     static __thread unsigned char buf[1 << 16];
     uLong c = crc32(0L, Z_NULL, 0);
     uint64_t n = 0;
-    size_t r;
-    while ((r = fread(buf, 1, sizeof buf, f)) > 0) {
+    ssize_t r;
+    while ((r = nc_read(fd, buf, sizeof buf)) != 0) {
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            int e = errno;
+            close(fd);
+            return nc_error(err, errlen, NC_EIO, "%s: read error: %s", path, strerror(e));
+        }
         c = crc32(c, buf, (uInt)r);
-        n += r;
+        n += (uint64_t)r;
     }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad)
-        return nc_error(err, errlen, NC_EIO, "%s: read error", path);
+    close(fd);
     *size = n;
     *crc = (uint32_t)c;
     return NC_OK;
@@ -906,37 +896,26 @@ static int write_docs(nc_nsstore *ns, const char *path, char *err, size_t errlen
     return rc;
 }
 
+/* The whole file at path, NUL-terminated (free() it). */
 static int read_whole(const char *path, unsigned char **out, size_t *len, char *err, size_t errlen)
 {
-    FILE *f = nc_fopen(path, "rb");
-    if (!f)
-        return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: %s", path, strerror(errno));
-    struct stat st;
-    fstat(fileno(f), &st);
-    size_t n = (size_t)st.st_size;
-    unsigned char *b = malloc(n ? n : 1);
-    int rc = NC_OK;
-    if (!b)
-        rc = nc_error(err, errlen, NC_ENOMEM, "%s: %zu bytes", path, n);
-    else if (n && fread(b, 1, n, f) != n)
-        rc = nc_error(err, errlen, NC_EIO, "%s: short read", path);
-    fclose(f);
+    nc_buf b = NC_BUF_INIT;
+    int rc = buf_read_file(&b, path, err, errlen);
     if (rc) {
-        free(b);
+        buf_free(&b);
         return rc;
     }
-    *out = b;
-    *len = n;
-    return NC_OK;
+    *out = (unsigned char *)buf_detach(&b, len);
+    return *out ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "%s: out of memory", path);
 }
 
 static uint64_t values_count(const char *path)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = nc_fopen(path, "rb");
     uint64_t n = 0;
     char magic[8];
     if (f) {
-        if (fread(magic, 1, 8, f) != 8 || fread(&n, 8, 1, f) != 1)
+        if (nc_fread(magic, 1, 8, f) != 8 || nc_fread(&n, 8, 1, f) != 1)
             n = 0;
         fclose(f);
     }
@@ -1142,12 +1121,7 @@ static int verify_snapshot(const char *sdir, uint64_t seq, uint64_t *entries, ch
     int rc = read_whole(p, &b, &len, err, errlen);
     if (rc)   /* missing = incomplete snapshot; an I/O error is not corruption */
         return rc == NC_EIO || rc == NC_ENOMEM ? rc : NC_EFORMAT;
-    char *man = realloc(b, len + 1);
-    if (!man) {
-        free(b);
-        return nc_error(err, errlen, NC_ENOMEM, "manifest");
-    }
-    man[len] = 0;
+    char *man = (char *)b;   /* NUL-terminated */
     char *crcline = strstr(man, "crc ");
     unsigned crc = 0;
     unsigned long long s = 0, e = 0;
@@ -1410,7 +1384,7 @@ void nsstore_close(nc_nsstore *ns)
     ubcache_free(ns->ub);
     wordtable_free(ns->words);
     free_meta(ns);
-    free(ns->rec);
+    buf_free(&ns->rec);
     free(ns->dyn);
     pthread_rwlock_destroy(&ns->meta);
     pthread_mutex_destroy(&ns->snap_lock);

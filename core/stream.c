@@ -2,6 +2,8 @@
  * optional namespace unbounded cache. Scoring goes through doc_score so that
  * streams and documents share one causal code path. */
 #include "stream.h"
+#include "binio.h"
+#include "buf.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -331,79 +333,29 @@ int stream_clone(const nc_stream *s, nc_stream **out, char *err, size_t errlen)
  * "NCSTRM01", u32 V, H, L, params (fixed list of 4-byte fields), u8 has_h,
  * i64 pos, u64 state length + lstm_state blob, u32 number of dynamic words +
  * (u32 len, bytes) each, neural: i32 size count f16 + count x (keys, i32 ref),
- * unigram: i32 size count + count x i32 ref, u32 crc32 of everything before.
- * A ref < V is a model id; V + i is the i-th dynamic word of the blob. */
+ * unigram: i32 size count + count x i32 ref, u32 crc32 of everything before
+ * (binio.h). A ref < V is a model id; V + i is the i-th dynamic word of the
+ * blob. */
 
-#include <zlib.h>
-
-typedef struct {
-    unsigned char *b;
-    size_t n, cap;
-    bool oom;
-} wbuf;
-
-static void put(wbuf *w, const void *p, size_t n)
+static void put_params(binio_writer *w, const nc_cache_params *p)
 {
-    if (w->oom)
-        return;
-    if (w->n + n > w->cap) {
-        size_t c = w->cap ? w->cap : 4096;
-        while (c < w->n + n)
-            c *= 2;
-        unsigned char *b = realloc(w->b, c);
-        if (!b) {
-            w->oom = true;
-            return;
-        }
-        w->b = b;
-        w->cap = c;
-    }
-    memcpy(w->b + w->n, p, n);
-    w->n += n;
-}
-static void put_u32(wbuf *w, uint32_t v) { put(w, &v, 4); }
-static void put_i32(wbuf *w, int32_t v) { put(w, &v, 4); }
-static void put_f32(wbuf *w, float v) { put(w, &v, 4); }
-
-typedef struct {
-    const unsigned char *b;
-    size_t n, off;
-    bool bad;
-} rbuf;
-
-static void get(rbuf *r, void *p, size_t n)
-{
-    if (r->bad || r->n - r->off < n) {
-        r->bad = true;
-        memset(p, 0, n);
-        return;
-    }
-    memcpy(p, r->b + r->off, n);
-    r->off += n;
-}
-static uint32_t get_u32(rbuf *r) { uint32_t v; get(r, &v, 4); return v; }
-static int32_t get_i32(rbuf *r) { int32_t v; get(r, &v, 4); return v; }
-static float get_f32(rbuf *r) { float v; get(r, &v, 4); return v; }
-
-static void put_params(wbuf *w, const nc_cache_params *p)
-{
-    put_i32(w, p->unigram_size); put_f32(w, p->unigram_lambda);
-    put_i32(w, p->neural_size); put_f32(w, p->neural_theta); put_f32(w, p->neural_lambda);
-    put_i32(w, p->global_norm); put_f32(w, p->neural_alpha); put_i32(w, p->neural_f16);
-    put_i32(w, p->unbounded); put_i32(w, p->knn); put_i32(w, p->nprobe);
-    put_f32(w, p->unbounded_lambda); put_i32(w, (int32_t)p->kernel); put_i32(w, p->exact);
-    put_i32(w, p->open_vocab); put_f32(w, p->uniform_mu); put_i32(w, p->vocab_size_full);
+    binio_put_i32(w, p->unigram_size); binio_put_f32(w, p->unigram_lambda);
+    binio_put_i32(w, p->neural_size); binio_put_f32(w, p->neural_theta); binio_put_f32(w, p->neural_lambda);
+    binio_put_i32(w, p->global_norm); binio_put_f32(w, p->neural_alpha); binio_put_i32(w, p->neural_f16);
+    binio_put_i32(w, p->unbounded); binio_put_i32(w, p->knn); binio_put_i32(w, p->nprobe);
+    binio_put_f32(w, p->unbounded_lambda); binio_put_i32(w, (int32_t)p->kernel); binio_put_i32(w, p->exact);
+    binio_put_i32(w, p->open_vocab); binio_put_f32(w, p->uniform_mu); binio_put_i32(w, p->vocab_size_full);
 }
 
-static void get_params(rbuf *r, nc_cache_params *p)
+static void get_params(binio_reader *r, nc_cache_params *p)
 {
     cache_params_default(p);
-    p->unigram_size = get_i32(r); p->unigram_lambda = get_f32(r);
-    p->neural_size = get_i32(r); p->neural_theta = get_f32(r); p->neural_lambda = get_f32(r);
-    p->global_norm = get_i32(r) != 0; p->neural_alpha = get_f32(r); p->neural_f16 = get_i32(r) != 0;
-    p->unbounded = get_i32(r) != 0; p->knn = get_i32(r); p->nprobe = get_i32(r);
-    p->unbounded_lambda = get_f32(r); p->kernel = (nc_kernel)get_i32(r); p->exact = get_i32(r) != 0;
-    p->open_vocab = get_i32(r) != 0; p->uniform_mu = get_f32(r); p->vocab_size_full = get_i32(r);
+    p->unigram_size = binio_get_i32(r); p->unigram_lambda = binio_get_f32(r);
+    p->neural_size = binio_get_i32(r); p->neural_theta = binio_get_f32(r); p->neural_lambda = binio_get_f32(r);
+    p->global_norm = binio_get_i32(r) != 0; p->neural_alpha = binio_get_f32(r); p->neural_f16 = binio_get_i32(r) != 0;
+    p->unbounded = binio_get_i32(r) != 0; p->knn = binio_get_i32(r); p->nprobe = binio_get_i32(r);
+    p->unbounded_lambda = binio_get_f32(r); p->kernel = (nc_kernel)binio_get_i32(r); p->exact = binio_get_i32(r) != 0;
+    p->open_vocab = binio_get_i32(r) != 0; p->uniform_mu = binio_get_f32(r); p->vocab_size_full = binio_get_i32(r);
 }
 
 /* Dynamic ids met in the windows, in first-seen order: map id -> blob ref. */
@@ -452,55 +404,50 @@ int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_
     for (int i = 0; !rc && i < nu; i++)
         if ((uref[i] = ref_of(&ids, V, ucache_at(&s->unigram, i))) < 0)
             rc = nc_error(err, errlen, NC_ENOMEM, "stream export");
-    wbuf w = {0};
+    nc_buf out = NC_BUF_INIT;
+    binio_writer w;
+    binio_writer_buf(&w, &out);
     if (!rc) {
-        put(&w, "NCSTRM01", 8);
-        put_u32(&w, (uint32_t)V);
-        put_u32(&w, (uint32_t)H);
-        put_u32(&w, (uint32_t)s->m->cfg.num_layers);
+        binio_put(&w, "NCSTRM01", 8);
+        binio_put_u32(&w, (uint32_t)V);
+        binio_put_u32(&w, (uint32_t)H);
+        binio_put_u32(&w, (uint32_t)s->m->cfg.num_layers);
         put_params(&w, &s->p);
         unsigned char hh = s->has_h;
-        put(&w, &hh, 1);
-        put(&w, &s->pos, 8);
+        binio_put(&w, &hh, 1);
+        binio_put(&w, &s->pos, 8);
         uint64_t sl = lstm_state_blob_size(s->st);
-        put(&w, &sl, 8);
-        if (!w.oom && w.n + sl <= w.cap) {
-            lstm_state_to_blob(s->st, w.b + w.n);
-            w.n += sl;
+        binio_put(&w, &sl, 8);
+        void *tmp = malloc(sl);
+        if (tmp) {
+            lstm_state_to_blob(s->st, tmp);
+            binio_put(&w, tmp, sl);
+            free(tmp);
         } else {
-            void *tmp = malloc(sl);
-            if (tmp) {
-                lstm_state_to_blob(s->st, tmp);
-                put(&w, tmp, sl);
-                free(tmp);
-            } else {
-                w.oom = true;
-            }
+            w.bad = true;
         }
-        put_u32(&w, (uint32_t)ids.n);
+        binio_put_u32(&w, (uint32_t)ids.n);
         for (int i = 0; i < ids.n; i++) {
             const char *word = s->words ? wordtable_word(s->words, ids.ids[i]) : NULL;
             if (!word)
                 word = "<unk>";
-            put_u32(&w, (uint32_t)strlen(word));
-            put(&w, word, strlen(word));
+            binio_put_u32(&w, (uint32_t)strlen(word));
+            binio_put(&w, word, strlen(word));
         }
-        put_i32(&w, s->neural.size);
-        put_i32(&w, nn);
-        put_i32(&w, s->neural.f16);
+        binio_put_i32(&w, s->neural.size);
+        binio_put_i32(&w, nn);
+        binio_put_i32(&w, s->neural.f16);
         for (int i = 0; i < nn; i++) {
             int slot = ncache_slot(&s->neural, i);
             size_t ks = s->neural.f16 ? 2 : 4;
-            put(&w, (const char *)s->neural.keys + (size_t)slot * H * ks, (size_t)H * ks);
-            put_i32(&w, nref[i]);
+            binio_put(&w, (const char *)s->neural.keys + (size_t)slot * H * ks, (size_t)H * ks);
+            binio_put_i32(&w, nref[i]);
         }
-        put_i32(&w, s->unigram.size);
-        put_i32(&w, nu);
+        binio_put_i32(&w, s->unigram.size);
+        binio_put_i32(&w, nu);
         for (int i = 0; i < nu; i++)
-            put_i32(&w, uref[i]);
-        uint32_t crc = w.oom ? 0 : (uint32_t)crc32(0L, w.b, (uInt)w.n);
-        put_u32(&w, crc);
-        if (w.oom)
+            binio_put_i32(&w, uref[i]);
+        if (binio_seal(&w) != NC_OK)
             rc = nc_error(err, errlen, NC_ENOMEM, "stream export");
     }
     free(ids.ids);
@@ -508,11 +455,10 @@ int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_
     free(uref);
     free(vals);
     if (rc) {
-        free(w.b);
+        buf_free(&out);
         return rc;
     }
-    *blob = w.b;
-    *len = w.n;
+    *blob = buf_detach(&out, len);
     return NC_OK;
 }
 
@@ -523,12 +469,10 @@ int stream_import(const nc_model *m, nc_ubcache *ub, nc_wordtable *words, const 
     const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
     if (len < 12 || memcmp(blob, "NCSTRM01", 8) != 0)
         return nc_error(err, errlen, NC_EFORMAT, "not a neurocache stream blob");
-    uint32_t crc;
-    memcpy(&crc, (const char *)blob + len - 4, 4);
-    if (crc != (uint32_t)crc32(0L, blob, (uInt)(len - 4)))
+    binio_reader r;
+    if (!binio_open(&r, blob, len, 8))
         return nc_error(err, errlen, NC_EFORMAT, "stream blob checksum mismatch");
-    rbuf r = {.b = blob, .n = len - 4, .off = 8};
-    uint32_t bV = get_u32(&r), bH = get_u32(&r), bL = get_u32(&r);
+    uint32_t bV = binio_get_u32(&r), bH = binio_get_u32(&r), bL = binio_get_u32(&r);
     if (r.bad || bV != (uint32_t)V || bH != (uint32_t)H || bL != (uint32_t)m->cfg.num_layers)
         return nc_error(err, errlen, NC_EFORMAT, "stream blob is for a model V=%u H=%u L=%u, this one "
                         "has V=%d H=%d L=%d", bV, bH, bL, V, H, m->cfg.num_layers);
@@ -537,10 +481,11 @@ int stream_import(const nc_model *m, nc_ubcache *ub, nc_wordtable *words, const 
     unsigned char hh = 0;
     int64_t pos = 0;
     uint64_t sl = 0;
-    get(&r, &hh, 1);
-    get(&r, &pos, 8);
-    get(&r, &sl, 8);
-    if (r.bad || sl > r.n - r.off)
+    binio_get(&r, &hh, 1);
+    binio_get(&r, &pos, 8);
+    binio_get(&r, &sl, 8);
+    const void *state = binio_take(&r, sl);
+    if (!state)
         return nc_error(err, errlen, NC_EFORMAT, "stream blob truncated");
     int rc = cache_params_validate(&p, err, errlen);
     if (rc)
@@ -548,48 +493,46 @@ int stream_import(const nc_model *m, nc_ubcache *ub, nc_wordtable *words, const 
     nc_stream *s;
     if ((rc = stream_new(m, &p, ub, words, false, &s, err, errlen)))
         return rc;
-    if ((rc = lstm_state_from_blob(s->st, r.b + r.off, (size_t)sl, err, errlen))) {
+    if ((rc = lstm_state_from_blob(s->st, state, (size_t)sl, err, errlen))) {
         stream_free(s);
         return rc;
     }
-    r.off += sl;
     s->has_h = hh != 0;
     s->pos = pos;
-    uint32_t nw = get_u32(&r);
+    uint32_t nw = binio_get_u32(&r);
     int *map = NULL;
     if (!r.bad && nw > 0) {
-        if (nw > (r.n - r.off) / 4 || !s->words) {
+        if (nw > binio_left(&r) / 4 || !s->words) {
             rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: %u dynamic words %s", nw,
                           s->words ? "(truncated)" : "without open vocabulary");
         } else if (!(map = malloc(nw * sizeof(int)))) {
             rc = nc_error(err, errlen, NC_ENOMEM, "stream import");
         }
         for (uint32_t i = 0; !rc && i < nw; i++) {
-            uint32_t l = get_u32(&r);
-            if (r.bad || l == 0 || l > r.n - r.off) {
+            uint32_t l = binio_get_u32(&r);
+            const char *word = l ? binio_take(&r, l) : NULL;
+            if (!word) {
                 rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: bad word %u", i);
                 break;
             }
-            map[i] = wordtable_id(s->words, (const char *)r.b + r.off, l, true);
-            r.off += l;
+            map[i] = wordtable_id(s->words, word, l, true);
             if (map[i] < 0)
                 rc = nc_error(err, errlen, NC_ENOMEM, "word table");
         }
     }
 #define REF(x) ((x) >= 0 && (x) < V ? (x) : ((x) >= V && (uint32_t)((x) - V) < nw ? map[(x) - V] : -1))
-    int32_t nsize = get_i32(&r), ncount = get_i32(&r), nf16 = get_i32(&r);
+    int32_t nsize = binio_get_i32(&r), ncount = binio_get_i32(&r), nf16 = binio_get_i32(&r);
     if (!rc && (r.bad || nsize != s->neural.size || ncount < 0 || ncount > nsize ||
                 (nsize && (nf16 != 0) != s->neural.f16)))
         rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: neural window does not match its parameters");
     size_t ks = s->neural.f16 ? 2 : 4;
     for (int i = 0; !rc && i < ncount; i++) {
-        if ((size_t)H * ks + 4 > r.n - r.off) {
+        if ((size_t)H * ks + 4 > binio_left(&r)) {
             rc = nc_error(err, errlen, NC_EFORMAT, "stream blob truncated (neural window)");
             break;
         }
-        memcpy((char *)s->neural.keys + (size_t)i * H * ks, r.b + r.off, (size_t)H * ks);
-        r.off += (size_t)H * ks;
-        int32_t ref = get_i32(&r);
+        binio_get(&r, (char *)s->neural.keys + (size_t)i * H * ks, (size_t)H * ks);
+        int32_t ref = binio_get_i32(&r);
         int id = REF(ref);
         if (id < 0)
             rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: bad word reference %d", ref);
@@ -599,11 +542,11 @@ int stream_import(const nc_model *m, nc_ubcache *ub, nc_wordtable *words, const 
         s->neural.count = ncount;
         s->neural.head = ncount % s->neural.size;
     }
-    int32_t usize = get_i32(&r), ucount = get_i32(&r);
+    int32_t usize = binio_get_i32(&r), ucount = binio_get_i32(&r);
     if (!rc && (r.bad || usize != s->unigram.size || ucount < 0 || ucount > usize))
         rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: unigram window does not match its parameters");
     for (int i = 0; !rc && i < ucount; i++) {
-        int32_t ref = get_i32(&r);
+        int32_t ref = binio_get_i32(&r);
         int id = REF(ref);
         if (r.bad || id < 0)
             rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: bad word reference %d", ref);
@@ -611,7 +554,7 @@ int stream_import(const nc_model *m, nc_ubcache *ub, nc_wordtable *words, const 
             rc = nc_error(err, errlen, NC_ENOMEM, "unigram cache");
     }
 #undef REF
-    if (!rc && (r.bad || r.off != r.n))
+    if (!rc && !binio_done(&r))
         rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: %s", r.bad ? "truncated" : "trailing bytes");
     free(map);
     if (rc) {

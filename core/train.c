@@ -4,16 +4,16 @@
 
 #include <cblas.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
-#include <zlib.h>
 
+#include "atomicfile.h"
+#include "binio.h"
+#include "buf.h"
 #include "model.h"
 #include "optim.h"
 #include "rng.h"
@@ -57,38 +57,17 @@ static double now_s(void)
 
 /* ---- corpus ------------------------------------------------------------ */
 
+/* The whole file at path (free() *buf). */
 static int read_file(const char *path, char **buf, size_t *len, char *err, size_t errlen)
 {
-    *buf = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: %s", path,
-                        strerror(errno));
-    size_t cap = 1 << 20, n = 0;
-    char *b = malloc(cap);
-    for (;;) {
-        if (!b) {
-            fclose(f);
-            return nc_error(err, errlen, NC_ENOMEM, "%s: out of memory", path);
-        }
-        n += fread(b + n, 1, cap - n, f);
-        if (n < cap)
-            break;
-        cap *= 2;
-        char *nb = realloc(b, cap);
-        if (!nb)
-            free(b);
-        b = nb;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(b);
-        return nc_error(err, errlen, NC_EIO, "%s: read error", path);
-    }
-    *buf = b;
-    *len = n;
-    return NC_OK;
+    nc_buf b = NC_BUF_INIT;
+    int rc = buf_read_file(&b, path, err, errlen);
+    if (rc == NC_OK && !(*buf = buf_detach(&b, len)))
+        rc = nc_error(err, errlen, NC_ENOMEM, "%s: out of memory", path);
+    if (rc != NC_OK)
+        *buf = NULL;
+    buf_free(&b);
+    return rc;
 }
 
 /* Feeds the file to the shared tokenizer (so that training sees exactly the
@@ -166,6 +145,21 @@ static int count_tokens(const nc_tokens *t, void *ud, char *err, size_t errlen)
     return NC_OK;
 }
 
+/* Adds word with count 0 unless the corpus had it. */
+static int count_absent(count_ctx *c, const char *word, char *err, size_t errlen)
+{
+    if (vocab_lookup(c->v, word, strlen(word)) >= 0)
+        return NC_OK;
+    char *w = (char *)word;
+    int zero = 0;
+    size_t off = 0;
+    nc_tokens t = {.ids = &zero, .words = &w, .offsets = &off, .n = 1};
+    int rc = count_tokens(&t, c, err, errlen);
+    if (rc == NC_OK)
+        c->count[vocab_lookup(c->v, word, strlen(word))] = 0;
+    return rc;
+}
+
 static const long *sort_counts;
 static int by_count_desc(const void *a, const void *b)
 {
@@ -192,26 +186,10 @@ int train_build_vocab(const char *path, bool lowercase, int vocab_max, const cha
     int rc = tokenize_file(path, &m, count_tokens, &c, err, errlen);
     /* unk must exist (it stands for every word outside the vocabulary), and
      * eos too, even in a corpus without newlines. */
-    if (rc == NC_OK && vocab_lookup(c.v, eos, strlen(eos)) < 0) {
-        nc_tokens t = {0};
-        char *w = (char *)eos;
-        int zero = 0;
-        size_t off = 0;
-        t.ids = &zero, t.words = &w, t.offsets = &off, t.n = 1;
-        rc = count_tokens(&t, &c, err, errlen);
-        if (rc == NC_OK)
-            c.count[vocab_lookup(c.v, eos, strlen(eos))] = 0;
-    }
-    if (rc == NC_OK && vocab_lookup(c.v, unk, strlen(unk)) < 0) {
-        nc_tokens t = {0};
-        char *w = (char *)unk;
-        int zero = 0;
-        size_t off = 0;
-        t.ids = &zero, t.words = &w, t.offsets = &off, t.n = 1;
-        rc = count_tokens(&t, &c, err, errlen);
-        if (rc == NC_OK)
-            c.count[vocab_lookup(c.v, unk, strlen(unk))] = 0;
-    }
+    if (rc == NC_OK)
+        rc = count_absent(&c, eos, err, errlen);
+    if (rc == NC_OK)
+        rc = count_absent(&c, unk, err, errlen);
     int n = vocab_size(c.v);
     if (rc == NC_OK && vocab_max > 0 && n > vocab_max) {
         if (vocab_max < 2) {
@@ -383,101 +361,57 @@ static void path_in(char *buf, size_t n, const char *dir, const char *name)
 }
 
 /* ---- checkpoint file ----------------------------------------------------
- * "NCTRAIN1", u32 version, then CRC-protected fields written in the order of
- * state_fields below, then the u32 CRC-32 (zlib) of everything before it.
+ * "NCTRAIN1", u32 version, then the fields in the order state_write puts
+ * them, sealed by the u32 CRC-32 of everything before it (binio.h).
  * Fields are host-endian: the file resumes a run on the machine (and build)
  * that wrote it; it is not an interchange format (the model directory is). */
 
-typedef struct {
-    FILE *f;
-    uLong crc;
-    bool bad;
-} wstream;
-
-static void wput(wstream *w, const void *p, size_t n)
-{
-    if (w->bad || n == 0)
-        return;
-    if (fwrite(p, 1, n, w->f) != n)
-        w->bad = true;
-    w->crc = crc32(w->crc, p, (uInt)n);
-}
-
-typedef struct {
-    const unsigned char *p;
-    size_t n, pos;
-    bool bad;
-} rstream;
-
-static void rget(rstream *r, void *dst, size_t n)
-{
-    if (r->bad || r->pos + n > r->n) {
-        r->bad = true;
-        memset(dst, 0, n);
-        return;
-    }
-    memcpy(dst, r->p + r->pos, n);
-    r->pos += n;
-}
-
 static int state_write(trainer *t, char *err, size_t errlen)
 {
-    char path[1100], tmp[1200];
+    char path[1100];
     path_in(path, sizeof path, t->p.out_dir, STATE_FILE);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    wstream w = {fopen(tmp, "wb"), crc32(0, NULL, 0), false};
-    if (!w.f)
-        return nc_error(err, errlen, NC_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+    nc_atomicfile a;
+    int rc = atomicfile_open(&a, path, err, errlen);
+    if (rc != NC_OK)
+        return rc;
+    binio_writer bw, *w = &bw;
+    binio_writer_file(w, a.f);
     uint32_t version = STATE_VERSION, psize = sizeof t->p;
     uint64_t n = t->net->n, sc = lstm_grad_work_state_floats(t->work);
     uint8_t has_acc = t->acc != NULL;
-    wput(&w, STATE_MAGIC, 8);
-    wput(&w, &version, sizeof version);
-    wput(&w, &psize, sizeof psize);
-    wput(&w, &t->p, sizeof t->p);
-    wput(&w, &n, sizeof n);
-    wput(&w, t->net->w, n * sizeof(float));
-    wput(&w, &has_acc, 1);
+    binio_put(w, STATE_MAGIC, 8);
+    binio_put(w, &version, sizeof version);
+    binio_put(w, &psize, sizeof psize);
+    binio_put(w, &t->p, sizeof t->p);
+    binio_put(w, &n, sizeof n);
+    binio_put(w, t->net->w, n * sizeof(float));
+    binio_put(w, &has_acc, 1);
     if (has_acc)
-        wput(&w, t->acc, n * sizeof(float));
-    wput(&w, &t->rng, sizeof t->rng);
-    wput(&w, &t->epoch, sizeof t->epoch);
-    wput(&w, &t->row, sizeof t->row);
-    wput(&w, &t->step, sizeof t->step);
-    wput(&w, &t->lr, sizeof t->lr);
-    wput(&w, &t->best_val, sizeof t->best_val);
-    wput(&w, &t->elapsed, sizeof t->elapsed);
-    wput(&w, &t->epoch_loss, sizeof t->epoch_loss);
-    wput(&w, &t->epoch_tokens, sizeof t->epoch_tokens);
-    wput(&w, &sc, sizeof sc);
-    wput(&w, lstm_grad_work_state_h(t->work), sc * sizeof(float));
-    wput(&w, lstm_grad_work_state_c(t->work), sc * sizeof(float));
-    wput(&w, &t->n_curve, sizeof t->n_curve);
-    wput(&w, t->curve, t->n_curve * sizeof(curve_row));
-    uint32_t crc = (uint32_t)w.crc;
-    if (!w.bad && fwrite(&crc, 1, sizeof crc, w.f) != sizeof crc)
-        w.bad = true;
-    if (!w.bad && (fflush(w.f) != 0 || fsync(fileno(w.f)) != 0))
-        w.bad = true;
-    if (fclose(w.f) != 0)
-        w.bad = true;
-    if (w.bad || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return nc_error(err, errlen, NC_EIO, "%s: cannot write the training state: %s", path, strerror(e));
-    }
-    /* The rename is durable once the directory is synced. */
-    int dfd = open(t->p.out_dir, O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-    return NC_OK;
+        binio_put(w, t->acc, n * sizeof(float));
+    binio_put(w, &t->rng, sizeof t->rng);
+    binio_put(w, &t->epoch, sizeof t->epoch);
+    binio_put(w, &t->row, sizeof t->row);
+    binio_put(w, &t->step, sizeof t->step);
+    binio_put(w, &t->lr, sizeof t->lr);
+    binio_put(w, &t->best_val, sizeof t->best_val);
+    binio_put(w, &t->elapsed, sizeof t->elapsed);
+    binio_put(w, &t->epoch_loss, sizeof t->epoch_loss);
+    binio_put(w, &t->epoch_tokens, sizeof t->epoch_tokens);
+    binio_put(w, &sc, sizeof sc);
+    binio_put(w, lstm_grad_work_state_h(t->work), sc * sizeof(float));
+    binio_put(w, lstm_grad_work_state_c(t->work), sc * sizeof(float));
+    binio_put(w, &t->n_curve, sizeof t->n_curve);
+    binio_put(w, t->curve, t->n_curve * sizeof(curve_row));
+    if (binio_seal(w) != NC_OK)
+        rc = nc_error(err, errlen, NC_EIO, "%s: cannot write the training state: %s", path, strerror(errno));
+    /* renamed into place and the directory synced: a crash leaves the
+     * previous checkpoint or this one */
+    return atomicfile_commit(&a, rc, err, errlen);
 }
 
 /* Reads and checks dir/train-state.bin; on success *buf holds the file and
  * r is positioned after the parameters (which are copied into p). */
-static int state_open(const char *dir, unsigned char **buf, rstream *r, nc_train_params *p, char *err,
+static int state_open(const char *dir, unsigned char **buf, binio_reader *r, nc_train_params *p, char *err,
                       size_t errlen)
 {
     char path[1100];
@@ -490,16 +424,13 @@ static int state_open(const char *dir, unsigned char **buf, rstream *r, nc_train
         free(*buf);
         return nc_error(err, errlen, NC_EFORMAT, "%s: not a neurocache training state", path);
     }
-    uint32_t crc;
-    memcpy(&crc, *buf + len - 4, 4);
-    if ((uint32_t)crc32(crc32(0, NULL, 0), *buf, (uInt)(len - 4)) != crc) {
+    if (!binio_open(r, *buf, len, 8)) {
         free(*buf);
         return nc_error(err, errlen, NC_EFORMAT, "%s: checksum mismatch (corrupt or truncated)", path);
     }
-    *r = (rstream){*buf, len - 4, 8, false};
     uint32_t version, psize;
-    rget(r, &version, sizeof version);
-    rget(r, &psize, sizeof psize);
+    binio_get(r, &version, sizeof version);
+    binio_get(r, &psize, sizeof psize);
     if (version != STATE_VERSION || psize != sizeof *p) {
         free(*buf);
         return nc_error(err, errlen, NC_EFORMAT,
@@ -507,14 +438,14 @@ static int state_open(const char *dir, unsigned char **buf, rstream *r, nc_train
                         "another build (expected version %u, %zu bytes)", path, version, psize,
                         STATE_VERSION, sizeof *p);
     }
-    rget(r, p, sizeof *p);
+    binio_get(r, p, sizeof *p);
     return NC_OK;
 }
 
 int train_load_params(const char *dir, nc_train_params *p, char *err, size_t errlen)
 {
     unsigned char *buf;
-    rstream r;
+    binio_reader r;
     int rc = state_open(dir, &buf, &r, p, err, errlen);
     if (rc == NC_OK)
         free(buf);
@@ -524,15 +455,15 @@ int train_load_params(const char *dir, nc_train_params *p, char *err, size_t err
 int train_load_state_weights(const char *dir, float **w, size_t *n, char *err, size_t errlen)
 {
     unsigned char *buf;
-    rstream r;
+    binio_reader r;
     nc_train_params p;
     *w = NULL;
     int rc = state_open(dir, &buf, &r, &p, err, errlen);
     if (rc != NC_OK)
         return rc;
     uint64_t cnt;
-    rget(&r, &cnt, sizeof cnt);
-    if (r.bad || cnt > (r.n - r.pos) / sizeof(float)) {
+    binio_get(&r, &cnt, sizeof cnt);
+    if (r.bad || cnt > binio_left(&r) / sizeof(float)) {
         free(buf);
         return nc_error(err, errlen, NC_EFORMAT, "%s: truncated training state", dir);
     }
@@ -541,7 +472,7 @@ int train_load_state_weights(const char *dir, float **w, size_t *n, char *err, s
         free(buf);
         return nc_error(err, errlen, NC_ENOMEM, "out of memory");
     }
-    rget(&r, *w, cnt * sizeof(float));
+    binio_get(&r, *w, cnt * sizeof(float));
     *n = cnt;
     free(buf);
     return NC_OK;
@@ -550,47 +481,47 @@ int train_load_state_weights(const char *dir, float **w, size_t *n, char *err, s
 static int state_restore(trainer *t, char *err, size_t errlen)
 {
     unsigned char *buf;
-    rstream r;
+    binio_reader r;
     nc_train_params stored;
     int rc = state_open(t->p.out_dir, &buf, &r, &stored, err, errlen);
     if (rc != NC_OK)
         return rc;
     uint64_t n, sc;
     uint8_t has_acc;
-    rget(&r, &n, sizeof n);
+    binio_get(&r, &n, sizeof n);
     if (n != t->net->n) {
         free(buf);
         return nc_error(err, errlen, NC_EFORMAT, "training state holds %llu parameters, the network %zu",
                         (unsigned long long)n, t->net->n);
     }
-    rget(&r, t->net->w, n * sizeof(float));
-    rget(&r, &has_acc, 1);
+    binio_get(&r, t->net->w, n * sizeof(float));
+    binio_get(&r, &has_acc, 1);
     if (has_acc != (t->acc != NULL)) {
         free(buf);
         return nc_error(err, errlen, NC_EFORMAT, "training state optimiser does not match");
     }
     if (has_acc)
-        rget(&r, t->acc, n * sizeof(float));
-    rget(&r, &t->rng, sizeof t->rng);
-    rget(&r, &t->epoch, sizeof t->epoch);
-    rget(&r, &t->row, sizeof t->row);
-    rget(&r, &t->step, sizeof t->step);
-    rget(&r, &t->lr, sizeof t->lr);
-    rget(&r, &t->best_val, sizeof t->best_val);
-    rget(&r, &t->elapsed, sizeof t->elapsed);
-    rget(&r, &t->epoch_loss, sizeof t->epoch_loss);
-    rget(&r, &t->epoch_tokens, sizeof t->epoch_tokens);
-    rget(&r, &sc, sizeof sc);
+        binio_get(&r, t->acc, n * sizeof(float));
+    binio_get(&r, &t->rng, sizeof t->rng);
+    binio_get(&r, &t->epoch, sizeof t->epoch);
+    binio_get(&r, &t->row, sizeof t->row);
+    binio_get(&r, &t->step, sizeof t->step);
+    binio_get(&r, &t->lr, sizeof t->lr);
+    binio_get(&r, &t->best_val, sizeof t->best_val);
+    binio_get(&r, &t->elapsed, sizeof t->elapsed);
+    binio_get(&r, &t->epoch_loss, sizeof t->epoch_loss);
+    binio_get(&r, &t->epoch_tokens, sizeof t->epoch_tokens);
+    binio_get(&r, &sc, sizeof sc);
     if (!r.bad && sc != lstm_grad_work_state_floats(t->work)) {
         free(buf);
         return nc_error(err, errlen, NC_EFORMAT, "training state: recurrent state size mismatch");
     }
-    rget(&r, lstm_grad_work_state_h(t->work), sc * sizeof(float));
-    rget(&r, lstm_grad_work_state_c(t->work), sc * sizeof(float));
+    binio_get(&r, lstm_grad_work_state_h(t->work), sc * sizeof(float));
+    binio_get(&r, lstm_grad_work_state_c(t->work), sc * sizeof(float));
     uint32_t nc = 0;
-    rget(&r, &nc, sizeof nc);
+    binio_get(&r, &nc, sizeof nc);
     if (!r.bad && nc > 0) {
-        if (nc > (r.n - r.pos) / sizeof(curve_row)) {
+        if (nc > binio_left(&r) / sizeof(curve_row)) {
             r.bad = true;
         } else {
             t->curve = malloc(nc * sizeof(curve_row));
@@ -599,10 +530,10 @@ static int state_restore(trainer *t, char *err, size_t errlen)
                 return nc_error(err, errlen, NC_ENOMEM, "out of memory");
             }
             t->cap_curve = t->n_curve = nc;
-            rget(&r, t->curve, nc * sizeof(curve_row));
+            binio_get(&r, t->curve, nc * sizeof(curve_row));
         }
     }
-    bool bad = r.bad || r.pos != r.n;
+    bool bad = !binio_done(&r);
     free(buf);
     if (bad)
         return nc_error(err, errlen, NC_EFORMAT, "%s/%s: truncated or malformed training state",
@@ -627,24 +558,20 @@ static int curve_add(trainer *t, double val_loss, double train_loss, char *err, 
     double frac = t->row == 0 ? 1.0 : (double)t->row / (double)(t->train_rows - 1);
     t->curve[t->n_curve++] = (curve_row){t->epoch - 1 + frac, t->step, t->elapsed, t->lr, train_loss, val_loss};
     /* Rewritten whole (it is small) so it always matches the state. */
-    char path[1100], tmp[1200];
+    char path[1100];
     path_in(path, sizeof path, t->p.out_dir, CURVE_FILE);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f)
-        return nc_error(err, errlen, NC_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+    nc_atomicfile a;
+    int rc = atomicfile_open(&a, path, err, errlen);
+    if (rc != NC_OK)
+        return rc;
+    FILE *f = a.f;
     fprintf(f, "epoch,step,elapsed_s,lr,train_loss,train_ppl,val_loss,val_ppl\n");
     for (uint32_t i = 0; i < t->n_curve; i++) {
         const curve_row *c = &t->curve[i];
         fprintf(f, "%.4f,%lld,%.1f,%.6g,%.5f,%.3f,%.5f,%.3f\n", c->epoch, (long long)c->step, c->elapsed,
                 c->lr, c->train_loss, exp(c->train_loss), c->val_loss, exp(c->val_loss));
     }
-    bool bad = ferror(f) != 0;
-    if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return nc_error(err, errlen, NC_EIO, "%s: cannot write", path);
-    }
-    return NC_OK;
+    return atomicfile_commit(&a, NC_OK, err, errlen);
 }
 
 /* ---- loop -------------------------------------------------------------- */
@@ -699,6 +626,31 @@ static int check_params(const nc_train_params *p, char *err, size_t errlen)
     return NC_OK;
 }
 
+/* What the loop carries between its phases besides the resumable state:
+ * the caller's callback and result, the progress record, the clocks. */
+typedef struct {
+    nc_train_callback cb;
+    void *ud;
+    nc_train_result *res;
+    nc_train_progress pr;
+    char msg[2048];
+    long spe;                     /* steps per epoch */
+    double t_prev;                /* when elapsed was last charged */
+    double last_ckpt;
+    double rate_t0, rate_tok, rate, step_time;   /* tokens/s over a sliding window */
+    double proc_train_time;       /* this process's time in training steps */
+    int64_t proc_tokens;
+} train_loop;
+
+/* Charges the wall time since the last call to the run. Returns now. */
+static double tick(trainer *t, train_loop *L)
+{
+    double tn = now_s();
+    t->elapsed += tn - L->t_prev;
+    L->t_prev = tn;
+    return tn;
+}
+
 static void progress_eta(const trainer *t, long spe, double step_time, nc_train_progress *pr)
 {
     double eta = -1;
@@ -714,6 +666,333 @@ static void progress_eta(const trainer *t, long spe, double step_time, nc_train_
             eta = b;
     }
     pr->eta = eta;
+}
+
+/* ---- set-up phases ------------------------------------------------------ */
+
+/* Vocabulary: from the training file, or on resume from the run's own
+ * vocab.run.txt (written at the start) so it cannot drift. */
+static int setup_vocab(trainer *t, bool resume, char *err, size_t errlen)
+{
+    const nc_train_params *p = &t->p;
+    char vpath[1100];
+    path_in(vpath, sizeof vpath, p->out_dir, "vocab.run.txt");
+    int rc;
+    if (resume) {
+        rc = vocab_load(vpath, &t->vocab, err, errlen);
+    } else {
+        rc = train_build_vocab(p->train_path, p->lowercase, p->vocab_max, p->unk_token, p->eos_token,
+                               &t->vocab, err, errlen);
+        if (rc == NC_OK)
+            rc = vocab_save(t->vocab, vpath, err, errlen);
+    }
+    if (rc != NC_OK)
+        return rc;
+    t->unk_id = vocab_lookup(t->vocab, p->unk_token, strlen(p->unk_token));
+    t->eos_id = vocab_lookup(t->vocab, p->eos_token, strlen(p->eos_token));
+    if (t->unk_id < 0 || t->eos_id < 0)
+        return nc_error(err, errlen, NC_EFORMAT, "%s lacks the unk or eos token", vpath);
+    return NC_OK;
+}
+
+/* Reads the corpus at path and cuts it into B streams (batchify). */
+static int load_streams(trainer *t, const char *path, int B, int **out, size_t *rows, char *err, size_t errlen)
+{
+    const nc_train_params *p = &t->p;
+    int *ids = NULL;
+    size_t n = 0;
+    int rc = train_read_corpus(path, t->vocab, p->lowercase, t->unk_id, t->eos_id, &ids, &n, err, errlen);
+    if (rc == NC_OK) {
+        *out = batchify(ids, n, B, rows);
+        if (*rows < 2)
+            rc = nc_error(err, errlen, NC_EINVAL, "%s: %zu tokens are too few for %d streams", path, n, B);
+        else if (!*out)
+            rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
+    }
+    free(ids);
+    return rc;
+}
+
+/* The network, its work areas, the optimiser's accumulators and the model
+ * the best weights are saved through. */
+static int setup_network(trainer *t, char *err, size_t errlen)
+{
+    const nc_train_params *p = &t->p;
+    int V = vocab_size(t->vocab);
+    int rc = lstm_grad_net_new(V, p->embedding_size, p->hidden_size, p->num_layers, p->tie_weights, &t->net,
+                               err, errlen);
+    if (rc == NC_OK)
+        rc = lstm_grad_work_new(t->net, p->bptt, p->batch_size, &t->work, err, errlen);
+    if (rc == NC_OK && t->valid)
+        rc = lstm_grad_work_new(t->net, p->bptt, p->eval_batch_size, &t->ework, err, errlen);
+    if (rc == NC_OK && p->optimizer == NC_OPT_ADAGRAD && !(t->acc = nc_calloc(t->net->n, sizeof(float))))
+        rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
+    if (rc != NC_OK)
+        return rc;
+    nc_model_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    snprintf(cfg.model_type, sizeof cfg.model_type, "lstm");
+    cfg.vocab_size = V;
+    cfg.embedding_size = p->embedding_size;
+    cfg.hidden_size = p->hidden_size;
+    cfg.num_layers = p->num_layers;
+    cfg.tie_weights = p->tie_weights;
+    cfg.lowercase = p->lowercase;
+    snprintf(cfg.unk_token, sizeof cfg.unk_token, "%s", p->unk_token);
+    snprintf(cfg.eos_token, sizeof cfg.eos_token, "%s", p->eos_token);
+    nc_vocab *vc = vocab_clone(t->vocab);
+    if (!vc)
+        return nc_error(err, errlen, NC_ENOMEM, "out of memory");
+    return model_create(&cfg, vc, &t->model, err, errlen);
+}
+
+/* A new run: weights from the seed, the first epoch. */
+static void start_fresh(trainer *t)
+{
+    const nc_train_params *p = &t->p;
+    rng_seed(&t->rng, p->seed);
+    lstm_grad_init_uniform(t->net, &t->rng, p->init_range, p->lstm_init_range);
+    t->epoch = 1;
+    t->row = 0;
+    t->step = 0;
+    t->lr = p->lr;
+    t->best_val = INFINITY;
+    t->elapsed = 0;
+    lstm_grad_work_reset_state(t->work);
+}
+
+/* Says what is about to run (event START). Returns the callback's stop. */
+static bool announce_start(trainer *t, bool resume, train_loop *L)
+{
+    const nc_train_params *p = &t->p;
+    const int B = p->batch_size;
+    nc_train_progress *pr = &L->pr;
+    snprintf(L->msg, sizeof L->msg,
+             "%s %s: vocabulary %d, %zu training tokens (%ld steps of %dx%d per epoch), %zu validation "
+             "tokens, %zu parameters%s",
+             resume ? "resuming" : "training", p->out_dir, vocab_size(t->vocab), t->train_rows * (size_t)B, L->spe,
+             p->bptt, B, t->valid_rows * (size_t)p->eval_batch_size, model_num_params(t->model), resume ? "" : "");
+    if (resume) {
+        size_t l = strlen(L->msg);
+        snprintf(L->msg + l, sizeof L->msg - l, " at epoch %d, step %lld, lr %.4g, %.0f s done", t->epoch,
+                 (long long)t->step, t->lr, t->elapsed);
+    }
+    pr->epochs = p->epochs;
+    pr->steps_per_epoch = L->spe;
+    pr->best_val_ppl = exp(t->best_val);
+    pr->event = NC_TRAIN_EV_START;
+    pr->message = L->msg;
+    pr->epoch = t->epoch;
+    pr->step = t->step;
+    pr->lr = t->lr;
+    pr->elapsed = t->elapsed;
+    pr->eta = -1;
+    return L->cb && L->cb(pr, L->ud);
+}
+
+/* ---- loop phases --------------------------------------------------------- */
+
+/* Reports a validation (event VALID) of loss vl after train loss tl.
+ * Returns the callback's stop. */
+static bool report_validation(trainer *t, train_loop *L, double vl, double tl)
+{
+    nc_train_progress *pr = &L->pr;
+    L->res->last_val_ppl = exp(vl);
+    pr->event = NC_TRAIN_EV_VALID;
+    pr->val_loss = vl;
+    pr->val_ppl = exp(vl);
+    pr->best_val_ppl = exp(t->best_val);
+    pr->train_loss = tl;
+    pr->elapsed = t->elapsed;
+    return L->cb && L->cb(pr, L->ud);
+}
+
+/* The epochs or the time budget ran out mid-epoch: validate what we have. */
+static int validate_partial(trainer *t, train_loop *L, char *err, size_t errlen)
+{
+    double vl = validate(t);
+    double tl = t->epoch_tokens ? t->epoch_loss / (double)t->epoch_tokens : NAN;
+    tick(t, L);
+    int rc = NC_OK;
+    L->pr.improved = vl < t->best_val;
+    if (L->pr.improved) {
+        t->best_val = vl;
+        rc = save_best(t, err, errlen);
+    }
+    if (rc == NC_OK)
+        rc = curve_add(t, vl, tl, err, errlen);
+    if (rc == NC_OK)
+        report_validation(t, L, vl, tl);
+    else
+        L->res->last_val_ppl = exp(vl);
+    return rc;
+}
+
+/* One segment of truncated BPTT (the last one of an epoch may be shorter,
+ * as in PyTorch's get_batch): forward, backward, clipping, the optimiser
+ * step. NC_ESTATE when the loss is no longer finite. */
+static int train_segment(trainer *t, train_loop *L, char *err, size_t errlen)
+{
+    const nc_train_params *p = &t->p;
+    const int B = p->batch_size;
+    int T = (int)((size_t)t->row + (size_t)p->bptt < t->train_rows - 1 ? (size_t)p->bptt
+                                                                        : t->train_rows - 1 - (size_t)t->row);
+    double ts = now_s();
+    const int *x = t->train + (size_t)t->row * B, *y = x + B;
+    double nll = lstm_grad_segment(t->net, t->work, x, y, T, true, &p->dropout, &t->rng, true);
+    optim_clip_grad_norm(t->net->g, t->net->n, p->clip);
+    if (t->acc)
+        optim_adagrad(t->net->w, t->acc, t->net->g, t->net->n, (float)t->lr, p->adagrad_eps);
+    else
+        optim_sgd(t->net->w, t->net->g, t->net->n, (float)t->lr);
+    t->step++;
+    t->row += T;
+    t->epoch_loss += nll;
+    t->epoch_tokens += (int64_t)T * B;
+    double tn = tick(t, L);
+    L->proc_train_time += tn - ts;
+    L->proc_tokens += (int64_t)T * B;
+    L->rate_tok += (double)T * B;
+    if (tn - L->rate_t0 >= 2.0 || L->rate == 0) {
+        L->rate = L->rate_tok / (tn - L->rate_t0);
+        L->step_time = (double)p->bptt * B / L->rate;
+        if (tn - L->rate_t0 >= 10.0)
+            L->rate_t0 = tn, L->rate_tok = 0;
+    }
+    if (!isfinite(nll))
+        return nc_error(err, errlen, NC_ESTATE, "training diverged at step %lld (loss %g): lower the "
+                        "learning rate", (long long)t->step, nll);
+    return NC_OK;
+}
+
+/* Reports the step just taken (event STEP). Returns true when the caller
+ * or stop_at_step asks to stop. */
+static bool report_step(trainer *t, train_loop *L)
+{
+    nc_train_progress *pr = &L->pr;
+    pr->event = NC_TRAIN_EV_STEP;
+    pr->epoch = t->epoch;
+    pr->step = t->step;
+    pr->epoch_frac = (double)t->row / (double)(t->train_rows - 1);
+    pr->tokens_per_s = L->rate;
+    pr->train_loss = t->epoch_loss / (double)t->epoch_tokens;
+    pr->lr = t->lr;
+    pr->elapsed = t->elapsed;
+    progress_eta(t, L->spe, L->step_time, pr);
+    pr->message = NULL;
+    bool stop = L->cb && L->cb(pr, L->ud);
+    return stop || (t->p.stop_at_step > 0 && t->step >= t->p.stop_at_step);
+}
+
+/* The end of an epoch: validation, saving the best model, the learning
+ * rate schedule (PyTorch's example: divide when validation does not
+ * improve), the curve, and the next epoch's start. Sets *stop when the
+ * callback asks to. */
+static int end_epoch(trainer *t, train_loop *L, bool *stop, char *err, size_t errlen)
+{
+    const nc_train_params *p = &t->p;
+    nc_train_progress *pr = &L->pr;
+    double tl = t->epoch_loss / (double)t->epoch_tokens, vl = NAN;
+    int rc = NC_OK;
+    if (t->valid) {
+        vl = validate(t);
+        pr->improved = vl < t->best_val;
+        if (pr->improved) {
+            t->best_val = vl;
+            rc = save_best(t, err, errlen);
+        } else if (p->optimizer == NC_OPT_SGD) {
+            /* PyTorch's example: no improvement -> divide lr. */
+            t->lr /= p->lr_decay;
+        }
+    } else {
+        pr->improved = true;
+        rc = save_best(t, err, errlen);
+    }
+    if (p->lr_decay_start > 0 && t->epoch >= p->lr_decay_start && pr->improved)
+        t->lr /= p->lr_decay;
+    if (p->min_lr > 0 && t->lr < p->min_lr)
+        t->lr = p->min_lr;
+    tick(t, L);
+    if (rc == NC_OK)
+        rc = curve_add(t, vl, tl, err, errlen);
+    L->res->epochs_done = t->epoch;
+    if (rc == NC_OK) {
+        if (report_validation(t, L, vl, tl))
+            *stop = true;
+    } else {
+        L->res->last_val_ppl = exp(vl);
+    }
+    t->epoch++;
+    t->row = 0;
+    t->epoch_loss = 0;
+    t->epoch_tokens = 0;
+    lstm_grad_work_reset_state(t->work);
+    return rc;
+}
+
+/* Writes train-state.bin and says so (event CHECKPOINT). */
+static int checkpoint(trainer *t, train_loop *L, char *err, size_t errlen)
+{
+    int rc = state_write(t, err, errlen);
+    L->last_ckpt = now_s();
+    if (rc == NC_OK && L->cb) {
+        snprintf(L->msg, sizeof L->msg, "checkpoint %s/%s (epoch %d, step %lld)", t->p.out_dir, STATE_FILE,
+                 t->epoch, (long long)t->step);
+        L->pr.event = NC_TRAIN_EV_CHECKPOINT;
+        L->pr.message = L->msg;
+        L->cb(&L->pr, L->ud);
+    }
+    return rc;
+}
+
+/* Steps until the epochs or the time budget run out (*finished), the
+ * caller stops the run, or an error. */
+static int train_loop_run(trainer *t, train_loop *L, bool stop, bool *finished, char *err, size_t errlen)
+{
+    const nc_train_params *p = &t->p;
+    int rc = NC_OK;
+    *finished = false;
+    while (rc == NC_OK) {
+        bool epochs_done = p->epochs > 0 && t->epoch > p->epochs;
+        bool budget_done = p->time_budget > 0 && t->elapsed >= p->time_budget;
+        if (epochs_done || budget_done) {
+            if (t->row > 0 && t->valid && L->proc_tokens > 0)
+                rc = validate_partial(t, L, err, errlen);
+            *finished = true;
+            break;
+        }
+        if ((rc = train_segment(t, L, err, errlen)) != NC_OK)
+            break;
+        bool epoch_end = (size_t)t->row >= t->train_rows - 1;
+        if (report_step(t, L))
+            stop = true;
+        if (epoch_end && (rc = end_epoch(t, L, &stop, err, errlen)) != NC_OK)
+            break;
+        if (stop || epoch_end || L->t_prev - L->last_ckpt >= p->checkpoint_every)
+            rc = checkpoint(t, L, err, errlen);
+        if (stop)
+            break;
+    }
+    return rc;
+}
+
+/* The result and the last event (DONE, or STOPPED: resumable). */
+static void report_done(trainer *t, train_loop *L, bool finished)
+{
+    nc_train_result *res = L->res;
+    res->steps = t->step;
+    res->best_val_ppl = exp(t->best_val);
+    res->elapsed = t->elapsed;
+    res->tokens_per_s = L->proc_train_time > 0 ? L->proc_tokens / L->proc_train_time : 0;
+    res->stopped = !finished;
+    if (res->epochs_done == 0)
+        res->epochs_done = t->epoch - 1;
+    L->pr.event = finished ? NC_TRAIN_EV_DONE : NC_TRAIN_EV_STOPPED;
+    L->pr.elapsed = t->elapsed;
+    L->pr.best_val_ppl = res->best_val_ppl;
+    L->pr.message = NULL;
+    if (L->cb)
+        L->cb(&L->pr, L->ud);
 }
 
 int train_run(const nc_train_params *params, bool resume, nc_train_callback cb, void *ud,
@@ -735,290 +1014,28 @@ int train_run(const nc_train_params *params, bool resume, nc_train_callback cb, 
         return rc;
     if (p->threads > 0)
         openblas_set_num_threads(p->threads);
-
-    /* Vocabulary: from the training file, or on resume from the run's own
-     * vocab.txt (written at the start) so it cannot drift. */
-    char vpath[1100];
-    path_in(vpath, sizeof vpath, p->out_dir, "vocab.run.txt");
-    if (resume)
-        rc = vocab_load(vpath, &t->vocab, err, errlen);
-    else {
-        rc = train_build_vocab(p->train_path, p->lowercase, p->vocab_max, p->unk_token, p->eos_token,
-                               &t->vocab, err, errlen);
-        if (rc == NC_OK)
-            rc = vocab_save(t->vocab, vpath, err, errlen);
-    }
-    if (rc != NC_OK)
-        goto out;
-    t->unk_id = vocab_lookup(t->vocab, p->unk_token, strlen(p->unk_token));
-    t->eos_id = vocab_lookup(t->vocab, p->eos_token, strlen(p->eos_token));
-    if (t->unk_id < 0 || t->eos_id < 0) {
-        rc = nc_error(err, errlen, NC_EFORMAT, "%s lacks the unk or eos token", vpath);
-        goto out;
-    }
-    int V = vocab_size(t->vocab);
-    {
-        int *ids = NULL;
-        size_t n = 0;
-        rc = train_read_corpus(p->train_path, t->vocab, p->lowercase, t->unk_id, t->eos_id, &ids, &n, err, errlen);
-        if (rc == NC_OK) {
-            t->train = batchify(ids, n, p->batch_size, &t->train_rows);
-            if (t->train_rows < 2)
-                rc = nc_error(err, errlen, NC_EINVAL, "%s: %zu tokens are too few for %d streams",
-                              p->train_path, n, p->batch_size);
-            else if (!t->train)
-                rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
-        }
-        free(ids);
-        if (rc == NC_OK && p->valid_path[0]) {
-            rc = train_read_corpus(p->valid_path, t->vocab, p->lowercase, t->unk_id, t->eos_id, &ids, &n,
-                                   err, errlen);
-            if (rc == NC_OK) {
-                t->valid = batchify(ids, n, p->eval_batch_size, &t->valid_rows);
-                if (t->valid_rows < 2)
-                    rc = nc_error(err, errlen, NC_EINVAL, "%s: %zu tokens are too few for %d streams",
-                                  p->valid_path, n, p->eval_batch_size);
-                else if (!t->valid)
-                    rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
-            }
-            free(ids);
-        }
-        if (rc != NC_OK)
-            goto out;
-    }
-    rc = lstm_grad_net_new(V, p->embedding_size, p->hidden_size, p->num_layers, p->tie_weights, &t->net,
-                           err, errlen);
+    rc = setup_vocab(t, resume, err, errlen);
     if (rc == NC_OK)
-        rc = lstm_grad_work_new(t->net, p->bptt, p->batch_size, &t->work, err, errlen);
-    if (rc == NC_OK && t->valid)
-        rc = lstm_grad_work_new(t->net, p->bptt, p->eval_batch_size, &t->ework, err, errlen);
-    if (rc == NC_OK && p->optimizer == NC_OPT_ADAGRAD && !(t->acc = nc_calloc(t->net->n, sizeof(float))))
-        rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
-    if (rc == NC_OK) {
-        nc_model_config cfg;
-        memset(&cfg, 0, sizeof cfg);
-        snprintf(cfg.model_type, sizeof cfg.model_type, "lstm");
-        cfg.vocab_size = V;
-        cfg.embedding_size = p->embedding_size;
-        cfg.hidden_size = p->hidden_size;
-        cfg.num_layers = p->num_layers;
-        cfg.tie_weights = p->tie_weights;
-        cfg.lowercase = p->lowercase;
-        snprintf(cfg.unk_token, sizeof cfg.unk_token, "%s", p->unk_token);
-        snprintf(cfg.eos_token, sizeof cfg.eos_token, "%s", p->eos_token);
-        nc_vocab *vc = vocab_clone(t->vocab);
-        if (!vc)
-            rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
-        else
-            rc = model_create(&cfg, vc, &t->model, err, errlen);
-    }
-    if (rc != NC_OK)
-        goto out;
-
-    if (resume) {
+        rc = load_streams(t, p->train_path, p->batch_size, &t->train, &t->train_rows, err, errlen);
+    if (rc == NC_OK && p->valid_path[0])
+        rc = load_streams(t, p->valid_path, p->eval_batch_size, &t->valid, &t->valid_rows, err, errlen);
+    if (rc == NC_OK)
+        rc = setup_network(t, err, errlen);
+    if (rc == NC_OK && resume)
         rc = state_restore(t, err, errlen);
-        if (rc != NC_OK)
-            goto out;
-    } else {
-        rng_seed(&t->rng, p->seed);
-        lstm_grad_init_uniform(t->net, &t->rng, p->init_range, p->lstm_init_range);
-        t->epoch = 1;
-        t->row = 0;
-        t->step = 0;
-        t->lr = p->lr;
-        t->best_val = INFINITY;
-        t->elapsed = 0;
-        lstm_grad_work_reset_state(t->work);
-    }
-
-    const int B = p->batch_size;
-    const long spe = (long)((t->train_rows - 2) / (size_t)p->bptt + 1);
-    char msg[2048];
-    nc_train_progress pr;
-    memset(&pr, 0, sizeof pr);
-    pr.epochs = p->epochs;
-    pr.steps_per_epoch = spe;
-    pr.best_val_ppl = exp(t->best_val);
-    snprintf(msg, sizeof msg,
-             "%s %s: vocabulary %d, %zu training tokens (%ld steps of %dx%d per epoch), %zu validation "
-             "tokens, %zu parameters%s",
-             resume ? "resuming" : "training", p->out_dir, V, t->train_rows * (size_t)B, spe, p->bptt, B,
-             t->valid_rows * (size_t)p->eval_batch_size, model_num_params(t->model),
-             resume ? "" : "");
-    if (resume) {
-        size_t l = strlen(msg);
-        snprintf(msg + l, sizeof msg - l, " at epoch %d, step %lld, lr %.4g, %.0f s done", t->epoch,
-                 (long long)t->step, t->lr, t->elapsed);
-    }
-    pr.event = NC_TRAIN_EV_START;
-    pr.message = msg;
-    pr.epoch = t->epoch;
-    pr.step = t->step;
-    pr.lr = t->lr;
-    pr.elapsed = t->elapsed;
-    pr.eta = -1;
-    bool stop = cb && cb(&pr, ud);
-
-    double t_prev = now_s(), last_ckpt = t_prev;
-    double rate_t0 = t_prev, rate_tok = 0, rate = 0, step_time = 0;
-    double proc_train_time = 0;
-    int64_t proc_tokens = 0;
-    bool finished = false;
-    while (rc == NC_OK) {
-        bool epochs_done = p->epochs > 0 && t->epoch > p->epochs;
-        bool budget_done = p->time_budget > 0 && t->elapsed >= p->time_budget;
-        if (epochs_done || budget_done) {
-            if (t->row > 0 && t->valid && proc_tokens > 0) {
-                /* Budget ran out mid-epoch: validate what we have. */
-                double vl = validate(t);
-                double tl = t->epoch_tokens ? t->epoch_loss / (double)t->epoch_tokens : NAN;
-                double tn = now_s();
-                t->elapsed += tn - t_prev;
-                t_prev = tn;
-                pr.improved = vl < t->best_val;
-                if (pr.improved) {
-                    t->best_val = vl;
-                    rc = save_best(t, err, errlen);
-                }
-                if (rc == NC_OK)
-                    rc = curve_add(t, vl, tl, err, errlen);
-                res->last_val_ppl = exp(vl);
-                pr.event = NC_TRAIN_EV_VALID;
-                pr.val_loss = vl;
-                pr.val_ppl = exp(vl);
-                pr.best_val_ppl = exp(t->best_val);
-                pr.train_loss = tl;
-                pr.elapsed = t->elapsed;
-                if (rc == NC_OK && cb)
-                    cb(&pr, ud);
-            }
-            finished = true;
-            break;
-        }
-        /* One segment of truncated BPTT (the last one of an epoch may be
-         * shorter, as in PyTorch's get_batch). */
-        int T = (int)((size_t)t->row + (size_t)p->bptt < t->train_rows - 1 ? (size_t)p->bptt
-                                                                            : t->train_rows - 1 - (size_t)t->row);
-        double ts = now_s();
-        const int *x = t->train + (size_t)t->row * B, *y = x + B;
-        double nll = lstm_grad_segment(t->net, t->work, x, y, T, true, &p->dropout, &t->rng, true);
-        optim_clip_grad_norm(t->net->g, t->net->n, p->clip);
-        if (t->acc)
-            optim_adagrad(t->net->w, t->acc, t->net->g, t->net->n, (float)t->lr, p->adagrad_eps);
-        else
-            optim_sgd(t->net->w, t->net->g, t->net->n, (float)t->lr);
-        t->step++;
-        t->row += T;
-        t->epoch_loss += nll;
-        t->epoch_tokens += (int64_t)T * B;
-        double tn = now_s();
-        t->elapsed += tn - t_prev;
-        t_prev = tn;
-        proc_train_time += tn - ts;
-        proc_tokens += (int64_t)T * B;
-        rate_tok += (double)T * B;
-        if (tn - rate_t0 >= 2.0 || rate == 0) {
-            rate = rate_tok / (tn - rate_t0);
-            step_time = (double)p->bptt * B / rate;
-            if (tn - rate_t0 >= 10.0)
-                rate_t0 = tn, rate_tok = 0;
-        }
-        if (!isfinite(nll)) {
-            rc = nc_error(err, errlen, NC_ESTATE, "training diverged at step %lld (loss %g): lower the "
-                          "learning rate", (long long)t->step, nll);
-            break;
-        }
-        bool epoch_end = (size_t)t->row >= t->train_rows - 1;
-        pr.event = NC_TRAIN_EV_STEP;
-        pr.epoch = t->epoch;
-        pr.step = t->step;
-        pr.epoch_frac = (double)t->row / (double)(t->train_rows - 1);
-        pr.tokens_per_s = rate;
-        pr.train_loss = t->epoch_loss / (double)t->epoch_tokens;
-        pr.lr = t->lr;
-        pr.elapsed = t->elapsed;
-        progress_eta(t, spe, step_time, &pr);
-        pr.message = NULL;
-        if (cb && cb(&pr, ud))
-            stop = true;
-        if (p->stop_at_step > 0 && t->step >= p->stop_at_step)
-            stop = true;
-
-        if (epoch_end) {
-            double tl = t->epoch_loss / (double)t->epoch_tokens, vl = NAN;
-            if (t->valid) {
-                vl = validate(t);
-                pr.improved = vl < t->best_val;
-                if (pr.improved) {
-                    t->best_val = vl;
-                    rc = save_best(t, err, errlen);
-                } else if (p->optimizer == NC_OPT_SGD) {
-                    /* PyTorch's example: no improvement -> divide lr. */
-                    t->lr /= p->lr_decay;
-                }
-            } else {
-                pr.improved = true;
-                rc = save_best(t, err, errlen);
-            }
-            if (p->lr_decay_start > 0 && t->epoch >= p->lr_decay_start && pr.improved)
-                t->lr /= p->lr_decay;
-            if (p->min_lr > 0 && t->lr < p->min_lr)
-                t->lr = p->min_lr;
-            tn = now_s();
-            t->elapsed += tn - t_prev;
-            t_prev = tn;
-            if (rc == NC_OK)
-                rc = curve_add(t, vl, tl, err, errlen);
-            res->last_val_ppl = exp(vl);
-            res->epochs_done = t->epoch;
-            pr.event = NC_TRAIN_EV_VALID;
-            pr.val_loss = vl;
-            pr.val_ppl = exp(vl);
-            pr.best_val_ppl = exp(t->best_val);
-            pr.train_loss = tl;
-            pr.elapsed = t->elapsed;
-            if (rc == NC_OK && cb && cb(&pr, ud))
-                stop = true;
-            t->epoch++;
-            t->row = 0;
-            t->epoch_loss = 0;
-            t->epoch_tokens = 0;
-            lstm_grad_work_reset_state(t->work);
-        }
-        if (rc != NC_OK)
-            break;
-        if (stop || epoch_end || tn - last_ckpt >= p->checkpoint_every) {
-            rc = state_write(t, err, errlen);
-            last_ckpt = now_s();
-            if (rc == NC_OK && cb) {
-                snprintf(msg, sizeof msg, "checkpoint %s/%s (epoch %d, step %lld)", p->out_dir, STATE_FILE,
-                         t->epoch, (long long)t->step);
-                pr.event = NC_TRAIN_EV_CHECKPOINT;
-                pr.message = msg;
-                cb(&pr, ud);
-            }
-        }
-        if (stop)
-            break;
-    }
-    if (rc == NC_OK && finished)
-        rc = state_write(t, err, errlen);
+    else if (rc == NC_OK)
+        start_fresh(t);
     if (rc == NC_OK) {
-        res->steps = t->step;
-        res->best_val_ppl = exp(t->best_val);
-        res->elapsed = t->elapsed;
-        res->tokens_per_s = proc_train_time > 0 ? proc_tokens / proc_train_time : 0;
-        res->stopped = !finished;
-        if (res->epochs_done == 0)
-            res->epochs_done = t->epoch - 1;
-        pr.event = finished ? NC_TRAIN_EV_DONE : NC_TRAIN_EV_STOPPED;
-        pr.elapsed = t->elapsed;
-        pr.best_val_ppl = res->best_val_ppl;
-        pr.message = NULL;
-        if (cb)
-            cb(&pr, ud);
+        train_loop L = {.cb = cb, .ud = ud, .res = res,
+                        .spe = (long)((t->train_rows - 2) / (size_t)p->bptt + 1)};
+        bool stop = announce_start(t, resume, &L), finished;
+        L.t_prev = L.last_ckpt = L.rate_t0 = now_s();
+        rc = train_loop_run(t, &L, stop, &finished, err, errlen);
+        if (rc == NC_OK && finished)
+            rc = state_write(t, err, errlen);
+        if (rc == NC_OK)
+            report_done(t, &L, finished);
     }
-out:
     trainer_free(t);
     return rc;
 }

@@ -1,6 +1,7 @@
 /* ubcache.c -- the unbounded cache: FAISS index (C API) + word-id values,
  * exact flat index first, switch to IVF(PQ) without losing entries. */
 #include "ubcache.h"
+#include "fault.h"
 #include "vmath.h"
 
 #include <errno.h>
@@ -537,7 +538,7 @@ int ubcache_save(nc_ubcache *u, const char *dir, char *err, size_t errlen)
 
 static int read_values(nc_ubcache *u, const char *path, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = nc_fopen(path, "rb");
     if (!f)
         return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: %s", path,
                         strerror(errno));
@@ -546,8 +547,11 @@ static int read_values(nc_ubcache *u, const char *path, char *err, size_t errlen
     uint32_t crc = 0;
     struct stat st = {0};
     int rc = NC_OK;
-    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, UB_VALUES_MAGIC, 8) != 0 ||
-        fread(&n, sizeof n, 1, f) != 1) {
+    bool head = nc_fread(magic, 1, 8, f) == 8 && nc_fread(&n, sizeof n, 1, f) == 1;
+    if (!head && !feof(f)) {
+        /* a read error, not a short file: the snapshot is not corrupt */
+        rc = nc_error(err, errlen, NC_EIO, "%s: read error: %s", path, strerror(errno));
+    } else if (!head || memcmp(magic, UB_VALUES_MAGIC, 8) != 0) {
         rc = nc_error(err, errlen, NC_EFORMAT, "%s: not a neurocache values file", path);
     } else if (n > ((uint64_t)1 << 36)) {
         rc = nc_error(err, errlen, NC_EFORMAT, "%s: implausible count %llu", path,
@@ -563,8 +567,9 @@ static int read_values(nc_ubcache *u, const char *path, char *err, size_t errlen
         u->cap = n ? n : 1;
         if (!u->values)
             rc = nc_error(err, errlen, NC_ENOMEM, "%s: %llu values", path, (unsigned long long)n);
-        else if ((n && fread(u->values, sizeof(int), n, f) != n) || fread(&crc, sizeof crc, 1, f) != 1)
-            rc = nc_error(err, errlen, NC_EFORMAT, "%s: truncated", path);
+        else if ((n && nc_fread(u->values, sizeof(int), n, f) != n) || nc_fread(&crc, sizeof crc, 1, f) != 1)
+            rc = feof(f) ? nc_error(err, errlen, NC_EFORMAT, "%s: truncated", path)
+                         : nc_error(err, errlen, NC_EIO, "%s: read error: %s", path, strerror(errno));
         else if (crc != (uint32_t)crc32(0L, (const Bytef *)u->values, (uInt)(n * sizeof(int))))
             rc = nc_error(err, errlen, NC_EFORMAT, "%s: checksum mismatch", path);
         else

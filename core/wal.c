@@ -1,6 +1,9 @@
 /* wal.c -- write-ahead log: checksummed records in segment files, group
  * commit, torn-tail truncation on replay. */
 #include "wal.h"
+#include "atomicfile.h"
+#include "binio.h"
+#include "buf.h"
 #include "fault.h"
 
 #include <dirent.h>
@@ -60,15 +63,7 @@ static uint64_t rd64(const unsigned char *p)
 static uint32_t rec_crc(const unsigned char *hdr, const unsigned char *payload, size_t len)
 {
     /* length and seq (bytes 4..16 of the header), then the payload */
-    uLong c = crc32(0L, hdr + 4, 12);
-    /* zlib takes uInt lengths: feed large payloads in pieces */
-    while (len > 0) {
-        uInt n = len > (1u << 30) ? (1u << 30) : (uInt)len;
-        c = crc32(c, payload, n);
-        payload += n;
-        len -= n;
-    }
-    return (uint32_t)c;
+    return binio_crc32(binio_crc32(0, hdr + 4, 12), payload, len);
 }
 
 /* ---- listing segments --------------------------------------------------- */
@@ -239,7 +234,7 @@ int wal_replay(const char *dir, uint32_t tag, uint64_t after, wal_record_fn fn, 
         char name[64], path[1200];
         wal_segment_name(l.first[i], name, sizeof name);
         snprintf(path, sizeof path, "%s/%s", dir, name);
-        int fd = open(path, last ? O_RDWR : O_RDONLY);
+        int fd = nc_open(path, last ? O_RDWR : O_RDONLY, 0);
         struct stat st;
         if (fd < 0 || fstat(fd, &st) != 0) {
             rc = nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
@@ -259,7 +254,7 @@ int wal_replay(const char *dir, uint32_t tag, uint64_t after, wal_record_fn fn, 
             rc = nc_error(err, errlen, NC_EFORMAT, "%s: %zu bytes, shorter than a segment header", path, size);
             break;
         }
-        unsigned char *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+        unsigned char *m = nc_mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (m == MAP_FAILED) {
             rc = nc_error(err, errlen, NC_EIO, "%s: mmap: %s", path, strerror(errno));
             close(fd);
@@ -331,16 +326,6 @@ static int write_all(int fd, const struct iovec *iov, int n)
     return 0;
 }
 
-static int fsync_dir(const char *dir)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0)
-        return -1;
-    int r = nc_fsync(fd);
-    close(fd);
-    return r;
-}
-
 /* Creates segment first (truncating a leftover empty one of that name). */
 static int open_segment(nc_wal *w, uint64_t first, char *err, size_t errlen)
 {
@@ -357,7 +342,7 @@ static int open_segment(nc_wal *w, uint64_t first, char *err, size_t errlen)
     uint32_t c = (uint32_t)crc32(0L, h, 20);
     memcpy(h + 20, &c, 4);
     struct iovec v = {h, SEG_HDR};
-    if (write_all(fd, &v, 1) != 0 || nc_fdatasync(fd) != 0 || fsync_dir(w->dir) != 0) {
+    if (write_all(fd, &v, 1) != 0 || nc_fdatasync(fd) != 0 || atomicfile_sync_dir(w->dir) != 0) {
         int e = errno;
         close(fd);
         return nc_error(err, errlen, no_room(e) ? NC_ENOSPACE : NC_EIO, "%s: %s", path, strerror(e));
@@ -643,7 +628,7 @@ int wal_prune(const char *dir, uint64_t upto, char *err, size_t errlen)
     }
     free(l.first);
     if (removed)
-        fsync_dir(dir);
+        atomicfile_sync_dir(dir);
     return rc ? rc : removed;
 }
 
@@ -693,15 +678,14 @@ struct nc_wal_reader {
     uint64_t file_off;            /* of the next record in fd */
     uint64_t file_seq;            /* seq of the record at file_off */
     uint64_t pos;                 /* last record handed out (or skipped: <= after) */
-    unsigned char *buf;
-    size_t cap;
+    nc_buf rec;                   /* payload of the record handed out */
 };
 
 static int pread_all(int fd, void *buf, size_t n, uint64_t off)
 {
     size_t got = 0;
     while (got < n) {
-        ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + got));
+        ssize_t r = nc_pread(fd, (char *)buf + got, n - got, (off_t)(off + got));
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
@@ -739,10 +723,15 @@ static int reader_seek_segment(nc_wal_reader *r, uint64_t want, char *err, size_
         return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: %s", path, strerror(errno));
     unsigned char h[SEG_HDR];
     int got = pread_all(fd, h, SEG_HDR, 0);
-    if (got <= 0 || memcmp(h, SEG_MAGIC, 8) != 0 || rd32(h + 20) != (uint32_t)crc32(0L, h, 20) ||
+    if (got < 0) {
+        int e = errno;
+        close(fd);
+        return nc_error(err, errlen, NC_EIO, "%s: reading the segment header: %s", path, strerror(e));
+    }
+    if (got == 0 || memcmp(h, SEG_MAGIC, 8) != 0 || rd32(h + 20) != (uint32_t)crc32(0L, h, 20) ||
         rd64(h + 8) != first || rd32(h + 16) != r->tag) {
         close(fd);
-        return nc_error(err, errlen, got < 0 ? NC_EIO : NC_EFORMAT, "%s: bad segment header", path);
+        return nc_error(err, errlen, NC_EFORMAT, "%s: bad segment header", path);
     }
     if (r->fd >= 0)
         close(r->fd);
@@ -829,24 +818,20 @@ int wal_reader_next(nc_wal_reader *r, uint64_t upto, uint64_t *seq, const void *
             r->file_seq++;
             continue;
         }
-        if (l > r->cap) {
-            unsigned char *b = realloc(r->buf, l);
-            if (!b)
-                return nc_error(err, errlen, NC_ENOMEM, "log record of %u bytes", l);
-            r->buf = b;
-            r->cap = l;
-        }
-        got = l ? pread_all(r->fd, r->buf, l, r->file_off + REC_HDR) : 1;
+        buf_clear(&r->rec);
+        if (buf_reserve(&r->rec, l) != NC_OK)
+            return nc_error(err, errlen, NC_ENOMEM, "log record of %u bytes", l);
+        got = l ? pread_all(r->fd, r->rec.data, l, r->file_off + REC_HDR) : 1;
         if (got < 0)
             return nc_error(err, errlen, NC_EIO, "%s: record %llu: %s", r->dir, (unsigned long long)want,
                             strerror(errno));
-        if (got == 0 || rd32(h + 16) != rec_crc(h, r->buf, l))
+        if (got == 0 || rd32(h + 16) != rec_crc(h, (const unsigned char *)r->rec.data, l))
             return reader_skip(r, want, got == 0 ? "is cut short" : "fails its checksum", err, errlen);
         r->file_off += REC_HDR + l;
         r->file_seq++;
         r->pos = want;
         *seq = want;
-        *payload = r->buf;
+        *payload = r->rec.data;
         *len = l;
         return 1;
     }
@@ -864,6 +849,6 @@ void wal_reader_close(nc_wal_reader *r)
         return;
     if (r->fd >= 0)
         close(r->fd);
-    free(r->buf);
+    buf_free(&r->rec);
     free(r);
 }

@@ -1,5 +1,6 @@
 /* wordtable.c -- open-vocabulary word table: nc_vocab behind a rwlock. */
 #include "wordtable.h"
+#include "fault.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -95,7 +96,7 @@ int wordtable_save(nc_wordtable *t, const char *path, char *err, size_t errlen)
 
 int wordtable_load(nc_wordtable *t, const char *path, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "r");
+    FILE *f = nc_fopen(path, "r");
     if (!f)
         return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: %s", path,
                         strerror(errno));
@@ -104,7 +105,9 @@ int wordtable_load(nc_wordtable *t, const char *path, char *err, size_t errlen)
     ssize_t len;
     int rc = NC_OK, expect = t->model_size;
     pthread_rwlock_wrlock(&t->lock);
-    while ((len = getline(&line, &cap, f)) >= 0) {
+    /* -1 is the end of the file or an error: errno tells them apart */
+    errno = 0;
+    while ((len = nc_getline(&line, &cap, f)) >= 0) {
         if (len > 0 && line[len - 1] == '\n')
             line[--len] = '\0';
         if (len == 0) {
@@ -122,7 +125,10 @@ int wordtable_load(nc_wordtable *t, const char *path, char *err, size_t errlen)
             break;
         }
         expect++;
+        errno = 0;
     }
+    if (rc == NC_OK && (ferror(f) || errno != 0))
+        rc = nc_error(err, errlen, NC_EIO, "%s: read error: %s", path, strerror(errno ? errno : EIO));
     pthread_rwlock_unlock(&t->lock);
     free(line);
     fclose(f);

@@ -19,6 +19,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "atomicfile.h"
 #include "namespaces.h"
 #include "slog.h"
 
@@ -112,50 +113,6 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-/* ---- durable files ---------------------------------------------------------- */
-
-static int fsync_dir_of(const char *path)
-{
-    char d[1200];
-    snprintf(d, sizeof d, "%s", path);
-    char *slash = strrchr(d, '/');
-    if (slash) *slash = 0;
-    else snprintf(d, sizeof d, ".");
-    int fd = open(d, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) return -1;
-    int r = fsync(fd);
-    close(fd);
-    return r;
-}
-
-/* Replaces path with text atomically (tmp, fsync, rename, fsync of the
- * directory): after a crash the old or the new content, never a mix. */
-static int write_atomic(const char *path, const char *text, size_t len, char *err, size_t errlen)
-{
-    char tmp[1300];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    bool ok = fd >= 0;
-    size_t done = 0;
-    while (ok && done < len) {
-        ssize_t w = write(fd, text + done, len - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) ok = false;
-        else done += (size_t)w;
-    }
-    if (ok && fsync(fd) != 0) ok = false;
-    int e = errno;
-    if (fd >= 0) close(fd);
-    if (ok && rename(tmp, path) != 0) { ok = false; e = errno; }
-    if (ok && fsync_dir_of(path) != 0) { ok = false; e = errno; }
-    if (!ok) {
-        unlink(tmp);
-        snprintf(err, errlen, "%.400s: %s", path, strerror(e));
-        return -1;
-    }
-    return 0;
-}
-
 /* The marker of a namespace directory: its incarnation and how far its log
  * is published. 1 read, 0 absent, -1 unreadable or corrupt (err says). */
 static int marker_read(const char *dir, uint64_t *birth, uint64_t *published, char *err, size_t errlen)
@@ -193,7 +150,8 @@ static int marker_write(const char *dir, uint64_t birth, uint64_t published, cha
     int k = snprintf(buf, sizeof buf, MARKER_HEAD "\nbirth %llu\npublished %llu\n", (unsigned long long)birth,
                      (unsigned long long)published);
     k += snprintf(buf + k, sizeof buf - (size_t)k, "crc %08x\n", (unsigned)crc32(0L, (const Bytef *)buf, (uInt)k));
-    return write_atomic(path, buf, (size_t)k, err, errlen);
+    /* after a crash the old marker or the new one, never a mix */
+    return atomicfile_write(path, buf, (size_t)k, err, errlen) == NC_OK ? 0 : -1;
 }
 
 /* The tombstones this replica has not yet put in Redis (R.lock held). */
@@ -205,7 +163,7 @@ static void deletes_save(void)
     if (!buf) return;
     for (int i = 0; i < R.ndels; i++)
         k += (size_t)snprintf(buf + k, cap - k, "%s %llu\n", R.dels[i].name, (unsigned long long)R.dels[i].t);
-    if (write_atomic(R.deletes_path, buf, k, err, sizeof err) != 0)
+    if (atomicfile_write(R.deletes_path, buf, k, err, sizeof err) != NC_OK)
         slog(SLOG_ERROR, "replication: cannot record a namespace deletion", json_pack("{s:s}", "error", err));
     free(buf);
 }

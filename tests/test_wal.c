@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fault.h"
 #include "harness.h"
 #include "nsstore.h"
 #include "rng.h"
@@ -385,6 +386,26 @@ static int follow(nc_wal_reader *r, uint64_t upto, uint64_t *last, int *bad)
     return n;
 }
 
+/* As follow, but stops at the first error and leaves its message in err. */
+static int follow_until_error(nc_wal_reader *r, uint64_t upto, uint64_t *last, int *bad, char *err,
+                              size_t errlen)
+{
+    uint64_t seq;
+    const void *p;
+    size_t len;
+    int n = 0;
+    unsigned char b[400];
+    err[0] = 0;
+    while (wal_reader_next(r, upto, &seq, &p, &len, err, errlen) == 1) {
+        rec_fill(seq, b);
+        if (seq != *last + 1 || len != rec_len(seq) || memcmp(b, p, len) != 0)
+            (*bad)++;
+        *last = seq;
+        n++;
+    }
+    return n;
+}
+
 /* A follower (replication's publisher) reads a log while it is written:
  * only up to the bound it is given, across segment rotations, from the
  * middle of a segment, with the segments behind it pruned; a log pruned
@@ -501,6 +522,96 @@ TEST(reader_passes_a_lost_tail)
     nsstore_remove_dir(dir, NULL, 0);
 }
 
+/* The log in two segments (records 1-6 and 7-12), as a crash-free run
+ * leaves it. */
+static void two_segments(char *dir, size_t n, char *seg2, size_t n2)
+{
+    scratch(dir, n);
+    CHECK(write_log(dir, 1, 6, WAL_SYNC_GROUP) == 0);
+    CHECK(write_log(dir, 7, 12, WAL_SYNC_GROUP) == 0);
+    seg_path(dir, 7, seg2, n2);
+}
+
+/* Injected read faults (fault.h) reach the follower's every read -- the
+ * segment opens and each record's header and payload: each is NC_EIO
+ * naming the error, hands out nothing wrong, and the reader keeps its place
+ * (reading on once the fault is gone gives every record once, in order). */
+TEST(reader_read_faults)
+{
+    char dir[64], seg2[200], err[NC_ERRLEN];
+    two_segments(dir, sizeof dir, seg2, sizeof seg2);
+    long k, failed = 0;
+    nc_fault_thread(true);
+    for (k = 1; k <= 100; k++) {
+        nc_wal_reader *r = NULL;
+        CHECK(wal_reader_open(dir, TAG, 0, &r, err, sizeof err) == NC_OK);
+        if (!r)
+            break;
+        uint64_t last = 0;
+        int bad = 0;
+        nc_fault_arm(NC_FAULT_READ, k, 0);
+        int n = follow_until_error(r, 12, &last, &bad, err, sizeof err);
+        long hits = nc_fault_hits(NC_FAULT_READ);
+        nc_fault_disarm();
+        if (hits == 0) {
+            CHECKF(n == 12 && bad == 0, "read:%ld: %d records without a fault (%s)", k, n, err);
+            wal_reader_close(r);
+            break;
+        }
+        failed++;
+        CHECKF(n < 12 && bad == 0 && strstr(err, strerror(EIO)), "read:%ld: %d records, then: %s", k, n, err);
+        CHECKF(wal_reader_position(r) == last, "read:%ld: position %llu after record %llu", k,
+               (unsigned long long)wal_reader_position(r), (unsigned long long)last);
+        int more = follow_until_error(r, 12, &last, &bad, err, sizeof err);
+        CHECKF(n + more == 12 && last == 12 && bad == 0, "read:%ld: %d + %d records after the fault (%s)", k, n,
+               more, err);
+        wal_reader_close(r);
+    }
+    nc_fault_thread(false);
+    fprintf(stderr, "        wal_reader_next: %ld read fault points\n", failed);
+    /* 12 headers and 12 payloads, the second segment's open and header */
+    CHECK(failed >= 26 && k <= 100);
+    nsstore_remove_dir(dir, NULL, 0);
+}
+
+/* Injected read faults reach recovery (wal_replay): every one refuses
+ * with NC_EIO and a message and never cuts the log (a read error is not a
+ * torn tail); once the fault is gone every record replays. */
+TEST(replay_read_faults)
+{
+    char dir[64], seg1[200], seg2[200], err[NC_ERRLEN];
+    two_segments(dir, sizeof dir, seg2, sizeof seg2);
+    seg_path(dir, 1, seg1, sizeof seg1);
+    long size1 = file_size(seg1), size2 = file_size(seg2);
+    long k, failed = 0;
+    nc_fault_thread(true);
+    for (k = 1; k <= 100; k++) {
+        check_ctx c = {0};
+        nc_wal_replay_info info;
+        err[0] = 0;
+        nc_fault_arm(NC_FAULT_READ, k, 0);
+        int rc = wal_replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err);
+        long hits = nc_fault_hits(NC_FAULT_READ);
+        nc_fault_disarm();
+        if (hits == 0) {
+            CHECKF(rc == NC_OK && c.n == 12 && c.bad == 0, "read:%ld: rc %d, %llu records (%s)", k, rc,
+                   (unsigned long long)c.n, err);
+            break;
+        }
+        failed++;
+        CHECKF(rc == NC_EIO && strstr(err, strerror(EIO)) && c.bad == 0 && !info.truncated,
+               "read:%ld: rc %d (%s)", k, rc, err);
+        CHECKF(file_size(seg1) == size1 && file_size(seg2) == size2, "read:%ld: the log was cut", k);
+    }
+    nc_fault_thread(false);
+    fprintf(stderr, "        wal_replay: %ld read fault points\n", failed);
+    /* the first segment's open and mapping (the second opens read-write) */
+    CHECK(failed >= 2 && k <= 100);
+    check_ctx c = {0};
+    CHECK(wal_replay(dir, TAG, 0, check_rec, &c, NULL, err, sizeof err) == NC_OK && c.n == 12 && c.bad == 0);
+    nsstore_remove_dir(dir, NULL, 0);
+}
+
 int main(void)
 {
     RUN(round_trip);
@@ -513,5 +624,7 @@ int main(void)
     RUN(reader_follows_writer);
     RUN(reader_refuses_corruption);
     RUN(reader_passes_a_lost_tail);
+    RUN(reader_read_faults);
+    RUN(replay_read_faults);
     return harness_summary();
 }

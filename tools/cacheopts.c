@@ -13,6 +13,8 @@
 
 #include <cblas.h>
 
+#include "buf.h"
+
 static char help_text[4096];
 
 static void build_help(void)
@@ -262,39 +264,16 @@ int cacheopts_make_ub(const cacheopts *co, const nc_cache_params *p, const nc_mo
 
 int co_read_tokens(const nc_model *m, const char *path, nc_tokens *out, char *err, size_t errlen)
 {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f)
-        return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
-    size_t cap = 1 << 20, n = 0;
-    char *buf = malloc(cap);
-    int rc = buf ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "out of memory");
-    while (!rc) {
-        if (n == cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                rc = nc_error(err, errlen, NC_ENOMEM, "%s: out of memory", path);
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t k = fread(buf + n, 1, cap - n, f);
-        n += k;
-        if (k == 0) {
-            if (ferror(f))
-                rc = nc_error(err, errlen, NC_EIO, "%s: read error: %s", path, strerror(errno));
-            break;
-        }
-    }
-    if (f != stdin)
-        fclose(f);
+    nc_buf text = NC_BUF_INIT;
+    int rc = strcmp(path, "-") ? buf_read_file(&text, path, err, errlen)
+                               : buf_read_stream(&text, stdin, "standard input", err, errlen);
     if (!rc) {
         char e2[NC_ERRLEN];
-        rc = tokenize(m, buf, n, true, out, e2, sizeof e2);
+        rc = tokenize(m, text.data ? text.data : "", text.len, true, out, e2, sizeof e2);
         if (rc)
             nc_error(err, errlen, rc, "%s: %s", path, e2);
     }
-    free(buf);
+    buf_free(&text);
     return rc;
 }
 

@@ -12,6 +12,7 @@
 #include <faiss/c_api/index_factory_c.h>
 #include <faiss/c_api/index_io_c.h>
 
+#include "atomicfile.h"
 #include "cacheopts.h"
 #include "commands.h"
 #include "rng.h"
@@ -132,7 +133,7 @@ int cmd_build_index(int argc, char **argv)
      * spin-waiting threads are slowest exactly when the cores are busy */
     ubcache_set_threads(threads > 0 ? (int)threads : 1);
 
-    char err[NC_ERRLEN], factory[128], out[1200], tmp[1300];
+    char err[NC_ERRLEN], factory[128], out[1200];
     nc_model *m = NULL;
     nc_tokens toks;
     tokens_init(&toks);
@@ -184,16 +185,15 @@ int cmd_build_index(int argc, char **argv)
         }
     }
     if (!rc) {
-        /* temp name + rename: a crash never leaves a half-written index */
-        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out, (long)getpid());
-        if (faiss_write_index_fname(idx, tmp)) {
+        /* a crash never leaves a half-written index */
+        nc_atomicfile a;
+        rc = atomicfile_open(&a, out, err, sizeof err);
+        if (!rc && faiss_write_index(idx, a.f)) {
             const char *fm = faiss_get_last_error();
             rc = nc_error(err, sizeof err, NC_EIO, "writing %s: %s", out, fm ? fm : "FAISS error");
-            unlink(tmp);
-        } else if (rename(tmp, out) != 0) {
-            rc = nc_error(err, sizeof err, NC_EIO, "renaming %s to %s", tmp, out);
-            unlink(tmp);
-        } else {
+        }
+        rc = atomicfile_commit(&a, rc, err, sizeof err);
+        if (!rc) {
             fprintf(stderr, "build-index: wrote %s (%s, trained, empty) in %.1f s total\n", out, factory,
                     co_now() - t0);
         }

@@ -9,33 +9,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "atomicfile.h"
+#include "buf.h"
 #include "commands.h"
+#include "nc_common.h"
 
-typedef struct { char *b; size_t n, cap; } buf;
-
+/* libcurl's write callback: a short count makes it fail the transfer */
 static size_t on_data(char *p, size_t sz, size_t nm, void *ud)
 {
-    buf *b = ud;
-    size_t n = sz * nm;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *nb = realloc(b->b, cap);
-        if (!nb) return 0;
-        b->b = nb;
-        b->cap = cap;
-    }
-    memcpy(b->b + b->n, p, n);
-    b->n += n;
-    b->b[b->n] = 0;
-    return n;
+    return buf_append(ud, p, sz * nm) == NC_OK ? sz * nm : 0;
 }
 
 static char auth_header[200];   /* "Authorization: Bearer KEY" or "" */
 
 /* One request; *out gets the body. Returns the HTTP status, or -1 with the
  * transport error printed. */
-static long request(const char *method, const char *url, const void *body, size_t len, buf *out)
+static long request(const char *method, const char *url, const void *body, size_t len, nc_buf *out)
 {
     CURL *c = curl_easy_init();
     if (!c) return -1;
@@ -135,7 +124,7 @@ int cmd_migrate(int argc, char **argv)
     trim(t);
     curl_global_init(CURL_GLOBAL_DEFAULT);
 
-    buf blob = {0}, ans = {0};
+    nc_buf blob = NC_BUF_INIT, ans = NC_BUF_INIT;
     int rc = 1;
     if (copy)
         snprintf(url, sizeof url, "%s/v1/sessions/%s/state", f, id);
@@ -144,27 +133,26 @@ int cmd_migrate(int argc, char **argv)
     long st = request(copy ? "GET" : "POST", url, NULL, 0, &blob);
     if (st != 200) {
         if (st > 0)
-            fprintf(stderr, "neurocache migrate: %s answered %ld: %s\n", url, st, blob.b ? blob.b : "");
+            fprintf(stderr, "neurocache migrate: %s answered %ld: %s\n", url, st, blob.data ? blob.data : "");
         goto done;
     }
     snprintf(url, sizeof url, "%s/v1/sessions/%s/state", t, as);
-    st = request("PUT", url, blob.b, blob.n, &ans);
+    st = request("PUT", url, blob.data, blob.len, &ans);
     if (st == 201) {
-        printf("%s\n", ans.b ? ans.b : "{}");
+        printf("%s\n", ans.data ? ans.data : "{}");
         fprintf(stderr, "neurocache migrate: session %s moved %s -> %s as %s (%zu bytes of state)\n", id, f,
-                t, as, blob.n);
+                t, as, blob.len);
         rc = 0;
         goto done;
     }
     if (st > 0)
-        fprintf(stderr, "neurocache migrate: %s answered %ld: %s\n", url, st, ans.b ? ans.b : "");
+        fprintf(stderr, "neurocache migrate: %s answered %ld: %s\n", url, st, ans.data ? ans.data : "");
     if (copy)
         goto done;
     /* The source gave it up: put it back, or keep it in a file. */
-    free(ans.b);
-    ans = (buf){0};
+    buf_free(&ans);
     snprintf(url, sizeof url, "%s/v1/sessions/%s/state", f, id);
-    st = request("PUT", url, blob.b, blob.n, &ans);
+    st = request("PUT", url, blob.data, blob.len, &ans);
     if (st == 201) {
         fprintf(stderr, "neurocache migrate: the session is back on %s\n", f);
         goto done;
@@ -172,17 +160,16 @@ int cmd_migrate(int argc, char **argv)
     char path[1100];
     snprintf(path, sizeof path, "%s", save ? save : "");
     if (!save) snprintf(path, sizeof path, "%s.state", id);
-    FILE *out = fopen(path, "wb");
-    int wrote = out && fwrite(blob.b, 1, blob.n, out) == blob.n;
-    if (out && fclose(out) != 0) wrote = 0;
-    if (wrote)
+    char err[NC_ERRLEN];
+    /* the only copy of the session left: on disk whole, or not at all */
+    if (atomicfile_write(path, blob.data, blob.len, err, sizeof err) == NC_OK)
         fprintf(stderr, "neurocache migrate: neither replica took the session; its state is in %s "
                 "(curl -X PUT --data-binary @%s URL/v1/sessions/%s/state)\n", path, path, id);
     else
-        fprintf(stderr, "neurocache migrate: cannot write %s: the session is lost\n", path);
+        fprintf(stderr, "neurocache migrate: cannot write %s (%s): the session is lost\n", path, err);
 done:
-    free(blob.b);
-    free(ans.b);
+    buf_free(&blob);
+    buf_free(&ans);
     curl_global_cleanup();
     return rc;
 }

@@ -111,7 +111,29 @@ static void options_of(const nc_cache_params *p, char *buf, size_t len)
 #undef ADD
 }
 
-int cmd_tune(int argc, char **argv)
+/* What the command line asks for: the cache options and the grids. */
+typedef struct {
+    cacheopts co;                 /* co.p: the fixed knobs, and which caches */
+    const char *model_dir, *valid, *prefix;
+    bool bos_eos, plot;
+    bool neural;                  /* stage 1 runs (also the default) */
+    bool lambdas_are_alphas;      /* --global-norm: the neural grid is theta x alpha */
+    bool lambdas_given, alphas_given;
+    double *thetas, *lambdas, *ul, *ubl;
+    int nth, nla, nul, nubl;
+} tune_args;
+
+static void args_free(tune_args *a)
+{
+    free(a->thetas);
+    free(a->lambdas);
+    free(a->ul);
+    free(a->ubl);
+}
+
+/* getopt over argv. 0, or the exit status to return now (2 usage error,
+ * -1 help printed). */
+static int parse_args(int argc, char **argv, tune_args *a)
 {
     static const struct option opts[] = {
         {"model", required_argument, NULL, OPT_MODEL},
@@ -128,53 +150,41 @@ int cmd_tune(int argc, char **argv)
         CACHEOPTS_LONG,
         {NULL, 0, NULL, 0},
     };
-    static const double d_thetas[] = {0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1, 1.5, 2};
-    static const double d_lambdas[] = {0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5};
-    static const double d_alphas[] = {-8, -6, -4, -3, -2, -1, 0, 1, 2};
-    static const double d_ul[] = {0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3};
-    static const double d_ubl[] = {0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9};
-    double *thetas = NULL, *lambdas = NULL, *ul = NULL, *ubl = NULL;
-    int nth = 0, nla = 0, nul = 0, nubl = 0;
-    bool lambdas_are_alphas = false, alphas_given = false, lambdas_given = false, plot = true;
-    const char *model_dir = NULL, *valid = NULL, *prefix = "tune";
-    bool bos_eos = true;
-    cacheopts co;
-    cacheopts_init(&co);
     int c, bad = 0;
     opterr = 0;
     optind = 1;
     while (!bad && (c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
-        case OPT_MODEL: model_dir = optarg; break;
-        case OPT_VALID: valid = optarg; break;
-        case OPT_OUT: prefix = optarg; break;
-        case OPT_NOPLOT: plot = false; break;
+        case OPT_MODEL: a->model_dir = optarg; break;
+        case OPT_VALID: a->valid = optarg; break;
+        case OPT_OUT: a->prefix = optarg; break;
+        case OPT_NOPLOT: a->plot = false; break;
         case OPT_BOS:
             if (strcmp(optarg, "eos") && strcmp(optarg, "none")) {
                 fprintf(stderr, "neurocache tune: --bos must be 'eos' or 'none', not '%s'\n", optarg);
                 bad = 2;
             }
-            bos_eos = !strcmp(optarg, "eos");
+            a->bos_eos = !strcmp(optarg, "eos");
             break;
-        case OPT_THETAS: bad = parse_grid("thetas", optarg, 0, 1e4, &thetas, &nth); break;
+        case OPT_THETAS: bad = parse_grid("thetas", optarg, 0, 1e4, &a->thetas, &a->nth); break;
         case OPT_LAMBDAS:
-            lambdas_given = true;
-            bad = parse_grid("lambdas", optarg, 0, 1, &lambdas, &nla);
+            a->lambdas_given = true;
+            bad = parse_grid("lambdas", optarg, 0, 1, &a->lambdas, &a->nla);
             break;
         case OPT_ALPHAS:
-            alphas_given = true;
-            bad = parse_grid("alphas", optarg, -100, 100, &lambdas, &nla);
+            a->alphas_given = true;
+            bad = parse_grid("alphas", optarg, -100, 100, &a->lambdas, &a->nla);
             break;
-        case OPT_ULAMBDAS: bad = parse_grid("unigram-lambdas", optarg, 0, 1, &ul, &nul); break;
-        case OPT_UBLAMBDAS: bad = parse_grid("unbounded-lambdas", optarg, 0, 1, &ubl, &nubl); break;
+        case OPT_ULAMBDAS: bad = parse_grid("unigram-lambdas", optarg, 0, 1, &a->ul, &a->nul); break;
+        case OPT_UBLAMBDAS: bad = parse_grid("unbounded-lambdas", optarg, 0, 1, &a->ubl, &a->nubl); break;
         case 'h':
-        case OPT_HELP: usage(stdout); return 0;
+        case OPT_HELP: usage(stdout); return -1;
         case ':':
             fprintf(stderr, "neurocache tune: option '%s' needs a value\n", argv[optind - 1]);
             bad = 2;
             break;
         default:
-            switch (cacheopts_parse(&co, c, optarg, "tune")) {
+            switch (cacheopts_parse(&a->co, c, optarg, "tune")) {
             case 1: continue;
             case -1: bad = 2; continue;
             }
@@ -183,315 +193,406 @@ int cmd_tune(int argc, char **argv)
             bad = 2;
         }
     }
-    nc_cache_params *g = &co.p;
-    if (!bad && (!model_dir || !valid || optind != argc)) {
-        fprintf(stderr, "neurocache tune: %s\n\n", !model_dir ? "--model DIR is required"
-                                                   : !valid   ? "--valid FILE is required"
-                                                              : "unexpected argument (the file goes after --valid)");
+    if (!bad && (!a->model_dir || !a->valid || optind != argc)) {
+        fprintf(stderr, "neurocache tune: %s\n\n", !a->model_dir ? "--model DIR is required"
+                                                   : !a->valid   ? "--valid FILE is required"
+                                                                 : "unexpected argument (the file goes after --valid)");
         usage(stderr);
         bad = 2;
     }
+    return bad;
+}
+
+/* The options that exclude or need each other. 0, or 2 with the reason
+ * printed. */
+static int check_args(tune_args *a)
+{
+    const nc_cache_params *g = &a->co.p;
+    const char *why = NULL;
     /* the grids replace the single values: --theta/--lambda/--alpha are errors here */
-    if (!bad && (cacheopts_given(&co, CO_KNOB_neural_theta) || cacheopts_given(&co, CO_KNOB_neural_lambda) ||
-                 cacheopts_given(&co, CO_KNOB_neural_alpha) || cacheopts_given(&co, CO_KNOB_unigram_lambda) ||
-                 cacheopts_given(&co, CO_KNOB_unbounded_lambda))) {
-        fprintf(stderr, "neurocache tune: give grids (--thetas, --lambdas, --alphas, --unigram-lambdas, "
-                        "--unbounded-lambdas), not single values\n");
-        bad = 2;
+    if (cacheopts_given(&a->co, CO_KNOB_neural_theta) || cacheopts_given(&a->co, CO_KNOB_neural_lambda) ||
+        cacheopts_given(&a->co, CO_KNOB_neural_alpha) || cacheopts_given(&a->co, CO_KNOB_unigram_lambda) ||
+        cacheopts_given(&a->co, CO_KNOB_unbounded_lambda))
+        why = "give grids (--thetas, --lambdas, --alphas, --unigram-lambdas, --unbounded-lambdas), not single values";
+    else if (a->alphas_given && a->lambdas_given)
+        why = "--lambdas (linear interpolation) and --alphas (--global-norm) exclude each other";
+    else if (a->alphas_given && !g->global_norm)
+        why = "--alphas needs --global-norm";
+    else if (a->lambdas_given && g->global_norm)
+        why = "--lambdas is for linear interpolation; with --global-norm use --alphas";
+    else if (a->nubl && !g->unbounded)
+        why = "--unbounded-lambdas needs --unbounded";
+    else if (a->nul && g->unigram_size == 0)
+        why = "--unigram-lambdas needs --unigram-cache N";
+    else if ((a->thetas || a->lambdas) && g->neural_size == 0 && (g->unigram_size > 0 || g->unbounded))
+        why = "--thetas/--lambdas/--alphas need --neural-cache N";
+    if (why) {
+        fprintf(stderr, "neurocache tune: %s\n", why);
+        return 2;
     }
-    if (!bad && alphas_given && lambdas_given) {
-        fprintf(stderr, "neurocache tune: --lambdas (linear interpolation) and --alphas (--global-norm) "
-                        "exclude each other\n");
-        bad = 2;
-    }
-    if (!bad && alphas_given && !g->global_norm) {
-        fprintf(stderr, "neurocache tune: --alphas needs --global-norm\n");
-        bad = 2;
-    }
-    if (!bad && lambdas_given && g->global_norm) {
-        fprintf(stderr, "neurocache tune: --lambdas is for linear interpolation; with --global-norm use --alphas\n");
-        bad = 2;
-    }
-    if (!bad && nubl && !g->unbounded) {
-        fprintf(stderr, "neurocache tune: --unbounded-lambdas needs --unbounded\n");
-        bad = 2;
-    }
-    if (!bad && nul && g->unigram_size == 0) {
-        fprintf(stderr, "neurocache tune: --unigram-lambdas needs --unigram-cache N\n");
-        bad = 2;
-    }
-    if (!bad && (thetas || lambdas) && g->neural_size == 0 && (g->unigram_size > 0 || g->unbounded)) {
-        fprintf(stderr, "neurocache tune: --thetas/--lambdas/--alphas need --neural-cache N\n");
-        bad = 2;
-    }
-    if (!bad && cacheopts_finish(&co, "tune"))
-        bad = 2;
-    if (bad) {
-        free(thetas);
-        free(lambdas);
-        free(ul);
-        free(ubl);
-        return bad;
-    }
-    bool neural = g->neural_size > 0 || (g->unigram_size == 0 && !g->unbounded);
-    if (neural && g->neural_size == 0)
+    return cacheopts_finish(&a->co, "tune") ? 2 : 0;
+}
+
+/* The stages to run and the default grids for those not given. 0, or -1
+ * out of memory. */
+static int choose_stages(tune_args *a)
+{
+    static const double d_thetas[] = {0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1, 1.5, 2};
+    static const double d_lambdas[] = {0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5};
+    static const double d_alphas[] = {-8, -6, -4, -3, -2, -1, 0, 1, 2};
+    static const double d_ul[] = {0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3};
+    static const double d_ubl[] = {0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9};
+    nc_cache_params *g = &a->co.p;
+    a->neural = g->neural_size > 0 || (g->unigram_size == 0 && !g->unbounded);
+    if (a->neural && g->neural_size == 0)
         g->neural_size = 2000;
-    lambdas_are_alphas = g->global_norm;
+    a->lambdas_are_alphas = g->global_norm;
 #define DEFAULT(arr, n, d) do { if (!arr) { n = (int)(sizeof d / sizeof *d); arr = malloc(sizeof d); \
         if (arr) memcpy(arr, d, sizeof d); } } while (0)
-    DEFAULT(thetas, nth, d_thetas);
-    if (lambdas_are_alphas)
-        DEFAULT(lambdas, nla, d_alphas);
+    DEFAULT(a->thetas, a->nth, d_thetas);
+    if (a->lambdas_are_alphas)
+        DEFAULT(a->lambdas, a->nla, d_alphas);
     else
-        DEFAULT(lambdas, nla, d_lambdas);
-    DEFAULT(ul, nul, d_ul);
-    DEFAULT(ubl, nubl, d_ubl);
+        DEFAULT(a->lambdas, a->nla, d_lambdas);
+    DEFAULT(a->ul, a->nul, d_ul);
+    DEFAULT(a->ubl, a->nubl, d_ubl);
 #undef DEFAULT
+    return a->thetas && a->lambdas && a->ul && a->ubl ? 0 : -1;
+}
 
-    char err[NC_ERRLEN], path[1200], opt[512];
-    nc_model *m = NULL;
+/* What every stage scores with (made once by tune_prepare), and the best
+ * options found so far. */
+typedef struct {
+    const tune_args *a;
+    const nc_cache_params *g;
+    nc_model *m;
     nc_tokens toks;
-    tokens_init(&toks);
-    nc_wordtable *words = NULL;
-    nc_ubcache *ub = NULL;
-    nc_doc *d = NULL;
-    float *nd2 = NULL;
-    int *nw = NULL;
-    double *lp = NULL, *grid = NULL;
-    tune_ctx t = {0};
-    FILE *f = NULL;
-    int rc = (!thetas || !lambdas || !ul || !ubl) ? nc_error(err, sizeof err, NC_ENOMEM, "grids") : NC_OK;
+    nc_wordtable *words;
+    nc_ubcache *ub;
+    nc_doc *d;
+    float *nd2;                   /* [n, knn] precomputed neighbours */
+    int *nw;
+    double *lp;                   /* [n] scratch log-probabilities */
+    tune_ctx t;
+    nc_cache_params st;           /* every cache off */
+    nc_cache_params best_neural;  /* stage 1's best */
+    nc_cache_params best;         /* every stage's best, for "best all" */
+    double ppl_static;
+} tune_run;
+
+static void run_free(tune_run *r)
+{
+    free(r->lp);
+    free(r->nd2);
+    free(r->nw);
+    doc_free(r->d);
+    ubcache_free(r->ub);
+    wordtable_free(r->words);
+    tokens_clear(&r->toks);
+    model_free(r->m);
+}
+
+/* The one LSTM pass and the one unbounded-cache search every grid point
+ * reuses. */
+static int tune_prepare(tune_args *a, tune_run *r, char *err, size_t errlen)
+{
+    cacheopts *co = &a->co;
+    const nc_cache_params *g = r->g = &a->co.p;
+    r->a = a;
+    int rc = model_load(a->model_dir, &r->m, err, errlen);
     if (!rc)
-        rc = model_load(model_dir, &m, err, sizeof err);
-    if (!rc)
-        rc = co_read_tokens(m, valid, &toks, err, sizeof err);
+        rc = co_read_tokens(r->m, a->valid, &r->toks, err, errlen);
     if (!rc && g->open_vocab)
-        rc = wordtable_new(m->vocab, &words, err, sizeof err);
+        rc = wordtable_new(r->m->vocab, &r->words, err, errlen);
     if (!rc && g->unbounded)
-        rc = cacheopts_make_ub(&co, g, m, words, &ub, err, sizeof err);
-    if (!rc && ub && co.memory_path)
-        rc = cacheopts_fill_memory(m, co.memory_path, words, ub, true, err, sizeof err);
+        rc = cacheopts_make_ub(co, g, r->m, r->words, &r->ub, err, errlen);
+    if (!rc && r->ub && co->memory_path)
+        rc = cacheopts_fill_memory(r->m, co->memory_path, r->words, r->ub, true, err, errlen);
     double t0 = co_now();
     if (!rc)
-        rc = co_prepare(m, &toks, bos_eos, words, &d, err, sizeof err);
-    if (!rc && d->n <= d->first)
-        rc = nc_error(err, sizeof err, NC_EINVAL, "%s: no tokens to score", valid);
+        rc = co_prepare(r->m, &r->toks, a->bos_eos, r->words, &r->d, err, errlen);
+    if (!rc && r->d->n <= r->d->first)
+        rc = nc_error(err, errlen, NC_EINVAL, "%s: no tokens to score", a->valid);
     if (!rc) {
-        fprintf(stderr, "tune: %zu tokens, LSTM pass %.1f s\n", d->n - d->first, co_now() - t0);
-        lp = malloc(d->n * sizeof(double));
-        grid = malloc((size_t)nth * (size_t)nla * sizeof(double));
-        if (!lp || !grid)
-            rc = nc_error(err, sizeof err, NC_ENOMEM, "scores");
+        fprintf(stderr, "tune: %zu tokens, LSTM pass %.1f s\n", r->d->n - r->d->first, co_now() - t0);
+        r->lp = malloc(r->d->n * sizeof(double));
+        if (!r->lp)
+            rc = nc_error(err, errlen, NC_ENOMEM, "scores");
     }
-    if (!rc && ub) {
-        nd2 = malloc(d->n * (size_t)g->knn * sizeof(float));
-        nw = malloc(d->n * (size_t)g->knn * sizeof(int));
-        if (!nd2 || !nw)
-            rc = nc_error(err, sizeof err, NC_ENOMEM, "neighbours (%zu x %d)", d->n, g->knn);
+    if (!rc && r->ub) {
+        r->nd2 = malloc(r->d->n * (size_t)g->knn * sizeof(float));
+        r->nw = malloc(r->d->n * (size_t)g->knn * sizeof(int));
+        if (!r->nd2 || !r->nw)
+            rc = nc_error(err, errlen, NC_ENOMEM, "neighbours (%zu x %d)", r->d->n, g->knn);
         t0 = co_now();
-        int blas = co_search_begin(&co);
+        int blas = co_search_begin(co);
         if (!rc)
-            rc = doc_neighbours(d, g, ub, true, 0, nd2, nw, err, sizeof err);
+            rc = doc_neighbours(r->d, g, r->ub, true, 0, r->nd2, r->nw, err, errlen);
         co_search_end(blas);
         if (!rc)
             fprintf(stderr, "tune: unbounded search (k=%d, %s) %.1f s\n", g->knn,
-                    ubcache_is_exact(ub) ? "exact" : "IVF", co_now() - t0);
+                    ubcache_is_exact(r->ub) ? "exact" : "IVF", co_now() - t0);
     }
-    t = (tune_ctx){.d = d, .lp = lp, .pre_d2 = nd2, .pre_w = nw, .ub = ub};
-    nc_cache_params st = *g, best_neural, best = *g;
-    st.neural_size = st.unigram_size = 0;
-    st.unbounded = st.global_norm = st.neural_f16 = st.exact = false;
-    double ppl_static = NAN;
-    t0 = co_now();
-    if (!rc && (rc = point(&t, &st, &ppl_static, err, sizeof err)) == NC_OK)
-        printf("static: perplexity %.3f\n", ppl_static);
+    r->t = (tune_ctx){.d = r->d, .lp = r->lp, .pre_d2 = r->nd2, .pre_w = r->nw, .ub = r->ub};
+    r->st = r->best = *g;
+    r->st.neural_size = r->st.unigram_size = 0;
+    r->st.unbounded = r->st.global_norm = r->st.neural_f16 = r->st.exact = false;
+    r->ppl_static = NAN;
+    return rc;
+}
 
-    /* stage 1: neural theta x lambda (or alpha) */
-    if (!rc && neural) {
-        nc_cache_params p = st;
-        p.neural_size = g->neural_size;
-        p.global_norm = g->global_norm;
-        p.neural_f16 = g->neural_f16;
-        best_neural = p;
-        double bp = INFINITY;
-        for (int i = 0; !rc && i < nth; i++)
-            for (int j = 0; !rc && j < nla; j++) {
-                p.neural_theta = (float)thetas[i];
-                if (lambdas_are_alphas)
-                    p.neural_alpha = (float)lambdas[j];
-                else
-                    p.neural_lambda = (float)lambdas[j];
-                double v;
-                rc = point(&t, &p, &v, err, sizeof err);
-                grid[i * nla + j] = v;
-                if (!rc && v < bp) {
-                    bp = v;
-                    best_neural = p;
-                }
-            }
-        if (!rc) {
-            options_of(&best_neural, opt, sizeof opt);
-            printf("best neural: perplexity %.3f (%+.1f%%) options: %s\n", bp, 100.0 * (bp / ppl_static - 1), opt);
-            snprintf(path, sizeof path, "%s-neural.csv", prefix);
-            f = fopen(path, "w");
-            if (!f)
-                rc = nc_error(err, sizeof err, NC_EIO, "%s: cannot write", path);
-        }
-        if (!rc) {
-            const char *ln = lambdas_are_alphas ? "alpha" : "lambda";
-            fprintf(f, "theta,%s,ppl\n", ln);
-            for (int i = 0; i < nth; i++)
-                for (int j = 0; j < nla; j++)
-                    fprintf(f, "%g,%g,%.6f\n", thetas[i], lambdas[j], grid[i * nla + j]);
-            if (fclose(f) != 0)
-                rc = nc_error(err, sizeof err, NC_EIO, "%s: write failed", path);
-            f = NULL;
-            if (!rc && plot) {
-                /* pm3d map: works for uneven grids (rows separated by blank lines) */
-                snprintf(path, sizeof path, "%s-neural.dat", prefix);
-                FILE *dat = fopen(path, "w");
-                if (!dat)
-                    rc = nc_error(err, sizeof err, NC_EIO, "%s: cannot write", path);
-                for (int i = 0; dat && i < nth; i++) {
-                    for (int j = 0; j < nla; j++)
-                        fprintf(dat, "%g %g %.6f\n", thetas[i], lambdas[j], grid[i * nla + j]);
-                    fprintf(dat, "\n");
-                }
-                if (dat)
-                    fclose(dat);
-                char script[3000];
-                snprintf(script, sizeof script,
-                         "set terminal pngcairo size 800,600\nset output '%s.png'\n"
-                         "set title 'neural cache N=%d%s: best %.2f at theta %g, %s %g (static %.2f)' noenhanced\n"
-                         "set xlabel 'theta'\nset ylabel '%s'\nset view map\nset pm3d at b corners2color c1\n"
-                         "set palette rgbformulae 22,13,-31\nunset surface\nset cblabel 'perplexity'\n"
-                         "splot '%s' using 1:2:3 with pm3d notitle\n",
-                         prefix, g->neural_size, lambdas_are_alphas ? " global" : "", bp,
-                         (double)best_neural.neural_theta, ln,
-                         lambdas_are_alphas ? (double)best_neural.neural_alpha : (double)best_neural.neural_lambda,
-                         ppl_static, ln, path);
-                if (!rc)
-                    rc = co_gnuplot(script, err, sizeof err);
-                unlink(path);
-                if (!rc)
-                    fprintf(stderr, "tune: wrote %s.png\n", prefix);
-            }
-        }
-        best.neural_size = best_neural.neural_size;
-        best.neural_theta = best_neural.neural_theta;
-        best.neural_lambda = best_neural.neural_lambda;
-        best.neural_alpha = best_neural.neural_alpha;
+/* The baseline every stage's gain is measured against. */
+static int stage_static(tune_run *r, char *err, size_t errlen)
+{
+    int rc = point(&r->t, &r->st, &r->ppl_static, err, errlen);
+    if (!rc)
+        printf("static: perplexity %.3f\n", r->ppl_static);
+    return rc;
+}
+
+static void print_best(const tune_run *r, const char *what, double ppl, const nc_cache_params *p)
+{
+    char opt[512];
+    options_of(p, opt, sizeof opt);
+    printf("best %s: perplexity %.3f (%+.1f%%) options: %s\n", what, ppl, 100.0 * (ppl / r->ppl_static - 1), opt);
+}
+
+/* Stage 1's grid as PREFIX-neural.csv. */
+static int write_neural_csv(const tune_run *r, const double *grid, char *err, size_t errlen)
+{
+    const tune_args *a = r->a;
+    char path[1200];
+    snprintf(path, sizeof path, "%s-neural.csv", a->prefix);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return nc_error(err, errlen, NC_EIO, "%s: cannot write", path);
+    fprintf(f, "theta,%s,ppl\n", a->lambdas_are_alphas ? "alpha" : "lambda");
+    for (int i = 0; i < a->nth; i++)
+        for (int j = 0; j < a->nla; j++)
+            fprintf(f, "%g,%g,%.6f\n", a->thetas[i], a->lambdas[j], grid[i * a->nla + j]);
+    if (fclose(f) != 0)
+        return nc_error(err, errlen, NC_EIO, "%s: write failed", path);
+    return NC_OK;
+}
+
+/* Stage 1's grid as the heat map PREFIX.png (gnuplot). */
+static int plot_neural(const tune_run *r, const double *grid, double bp, char *err, size_t errlen)
+{
+    const tune_args *a = r->a;
+    const char *ln = a->lambdas_are_alphas ? "alpha" : "lambda";
+    char path[1200];
+    int rc = NC_OK;
+    /* pm3d map: works for uneven grids (rows separated by blank lines) */
+    snprintf(path, sizeof path, "%s-neural.dat", a->prefix);
+    FILE *dat = fopen(path, "w");
+    if (!dat)
+        rc = nc_error(err, errlen, NC_EIO, "%s: cannot write", path);
+    for (int i = 0; dat && i < a->nth; i++) {
+        for (int j = 0; j < a->nla; j++)
+            fprintf(dat, "%g %g %.6f\n", a->thetas[i], a->lambdas[j], grid[i * a->nla + j]);
+        fprintf(dat, "\n");
     }
-    /* stage 2: unigram lambda (alone) */
-    if (!rc && g->unigram_size > 0) {
-        nc_cache_params p = st, bu = st;
-        p.unigram_size = g->unigram_size;
-        double bp = INFINITY;
-        snprintf(path, sizeof path, "%s-unigram.csv", prefix);
-        f = fopen(path, "w");
-        if (!f)
-            rc = nc_error(err, sizeof err, NC_EIO, "%s: cannot write", path);
-        else
-            fprintf(f, "unigram_lambda,ppl\n");
-        for (int i = 0; !rc && i < nul; i++) {
-            p.unigram_lambda = (float)ul[i];
+    if (dat)
+        fclose(dat);
+    const nc_cache_params *b = &r->best_neural;
+    char script[3000];
+    snprintf(script, sizeof script,
+             "set terminal pngcairo size 800,600\nset output '%s.png'\n"
+             "set title 'neural cache N=%d%s: best %.2f at theta %g, %s %g (static %.2f)' noenhanced\n"
+             "set xlabel 'theta'\nset ylabel '%s'\nset view map\nset pm3d at b corners2color c1\n"
+             "set palette rgbformulae 22,13,-31\nunset surface\nset cblabel 'perplexity'\n"
+             "splot '%s' using 1:2:3 with pm3d notitle\n",
+             a->prefix, r->g->neural_size, a->lambdas_are_alphas ? " global" : "", bp, (double)b->neural_theta, ln,
+             a->lambdas_are_alphas ? (double)b->neural_alpha : (double)b->neural_lambda, r->ppl_static, ln, path);
+    if (!rc)
+        rc = co_gnuplot(script, err, errlen);
+    unlink(path);
+    if (!rc)
+        fprintf(stderr, "tune: wrote %s.png\n", a->prefix);
+    return rc;
+}
+
+/* Stage 1: the neural cache's theta x lambda (or alpha). */
+static int stage_neural(tune_run *r, char *err, size_t errlen)
+{
+    const tune_args *a = r->a;
+    double *grid = malloc((size_t)a->nth * (size_t)a->nla * sizeof(double));
+    if (!grid)
+        return nc_error(err, errlen, NC_ENOMEM, "scores");
+    nc_cache_params p = r->st;
+    p.neural_size = r->g->neural_size;
+    p.global_norm = r->g->global_norm;
+    p.neural_f16 = r->g->neural_f16;
+    r->best_neural = p;
+    double bp = INFINITY;
+    int rc = NC_OK;
+    for (int i = 0; !rc && i < a->nth; i++)
+        for (int j = 0; !rc && j < a->nla; j++) {
+            p.neural_theta = (float)a->thetas[i];
+            if (a->lambdas_are_alphas)
+                p.neural_alpha = (float)a->lambdas[j];
+            else
+                p.neural_lambda = (float)a->lambdas[j];
             double v;
-            rc = point(&t, &p, &v, err, sizeof err);
-            fprintf(f, "%g,%.6f\n", ul[i], v);
+            rc = point(&r->t, &p, &v, err, errlen);
+            grid[i * a->nla + j] = v;
+            if (!rc && v < bp) {
+                bp = v;
+                r->best_neural = p;
+            }
+        }
+    if (!rc) {
+        print_best(r, "neural", bp, &r->best_neural);
+        rc = write_neural_csv(r, grid, err, errlen);
+    }
+    if (!rc && a->plot)
+        rc = plot_neural(r, grid, bp, err, errlen);
+    free(grid);
+    r->best.neural_size = r->best_neural.neural_size;
+    r->best.neural_theta = r->best_neural.neural_theta;
+    r->best.neural_lambda = r->best_neural.neural_lambda;
+    r->best.neural_alpha = r->best_neural.neural_alpha;
+    return rc;
+}
+
+/* Stage 2: the unigram cache's lambda (alone), as PREFIX-unigram.csv. */
+static int stage_unigram(tune_run *r, char *err, size_t errlen)
+{
+    const tune_args *a = r->a;
+    nc_cache_params p = r->st, bu = r->st;
+    p.unigram_size = r->g->unigram_size;
+    double bp = INFINITY;
+    char path[1200];
+    snprintf(path, sizeof path, "%s-unigram.csv", a->prefix);
+    int rc = NC_OK;
+    FILE *f = fopen(path, "w");
+    if (!f)
+        rc = nc_error(err, errlen, NC_EIO, "%s: cannot write", path);
+    else
+        fprintf(f, "unigram_lambda,ppl\n");
+    for (int i = 0; !rc && i < a->nul; i++) {
+        p.unigram_lambda = (float)a->ul[i];
+        double v;
+        rc = point(&r->t, &p, &v, err, errlen);
+        fprintf(f, "%g,%.6f\n", a->ul[i], v);
+        if (!rc && v < bp) {
+            bp = v;
+            bu = p;
+        }
+    }
+    if (f && fclose(f) != 0 && !rc)
+        rc = nc_error(err, errlen, NC_EIO, "%s: write failed", path);
+    if (!rc)
+        print_best(r, "unigram", bp, &bu);
+    r->best.unigram_lambda = bu.unigram_lambda;
+    return rc;
+}
+
+/* One pass of stage 3: the unbounded lambda alone (pass 0) or with the
+ * neural cache at its best theta jointly with the neural lambda or alpha
+ * (pass 1); rows go to f. */
+static int unbounded_pass(tune_run *r, int pass, FILE *f, char *err, size_t errlen)
+{
+    const tune_args *a = r->a;
+    const nc_cache_params *g = r->g;
+    nc_cache_params p = pass ? r->best_neural : r->st, bu;
+    p.unbounded = true;
+    p.knn = g->knn;
+    p.nprobe = g->nprobe;
+    p.kernel = g->kernel;
+    p.exact = g->exact;
+    bu = p;
+    double bp = INFINITY;
+    int rc = NC_OK;
+    for (int j = 0; !rc && j < (pass ? a->nla : 1); j++) {
+        double nl = NAN;
+        if (pass) {
+            nl = a->lambdas[j];
+            if (a->lambdas_are_alphas)
+                p.neural_alpha = (float)nl;
+            else
+                p.neural_lambda = (float)nl;
+        }
+        for (int i = 0; !rc && i < a->nubl; i++) {
+            p.unbounded_lambda = (float)a->ubl[i];
+            double v;
+            rc = point(&r->t, &p, &v, err, errlen);
+            if (pass)
+                fprintf(f, "neural,%g,%g,%.6f\n", nl, a->ubl[i], v);
+            else
+                fprintf(f, "static,,%g,%.6f\n", a->ubl[i], v);
             if (!rc && v < bp) {
                 bp = v;
                 bu = p;
             }
         }
-        if (f && fclose(f) != 0 && !rc)
-            rc = nc_error(err, sizeof err, NC_EIO, "%s: write failed", path);
-        f = NULL;
-        if (!rc) {
-            options_of(&bu, opt, sizeof opt);
-            printf("best unigram: perplexity %.3f (%+.1f%%) options: %s\n", bp, 100.0 * (bp / ppl_static - 1), opt);
-        }
-        best.unigram_lambda = bu.unigram_lambda;
     }
-    /* stage 3: unbounded lambda, alone and on top of the neural cache at its
-     * best theta, jointly with the neural lambda (or alpha): with the
-     * unbounded cache beside it the neural cache's best weight is lower
-     * (War and Peace: 0.3 instead of 0.4, BENCHMARKS.md) */
-    if (!rc && g->unbounded) {
-        snprintf(path, sizeof path, "%s-unbounded.csv", prefix);
-        f = fopen(path, "w");
-        if (!f)
-            rc = nc_error(err, sizeof err, NC_EIO, "%s: cannot write", path);
-        else
-            fprintf(f, "with,neural_%s,unbounded_lambda,ppl\n", lambdas_are_alphas ? "alpha" : "lambda");
-        for (int pass = 0; !rc && pass < (neural ? 2 : 1); pass++) {
-            nc_cache_params p = pass ? best_neural : st, bu;
-            p.unbounded = true;
-            p.knn = g->knn;
-            p.nprobe = g->nprobe;
-            p.kernel = g->kernel;
-            p.exact = g->exact;
-            bu = p;
-            double bp = INFINITY;
-            for (int j = 0; !rc && j < (pass ? nla : 1); j++) {
-                double nl = NAN;
-                if (pass) {
-                    nl = lambdas[j];
-                    if (lambdas_are_alphas)
-                        p.neural_alpha = (float)nl;
-                    else
-                        p.neural_lambda = (float)nl;
-                }
-                for (int i = 0; !rc && i < nubl; i++) {
-                    p.unbounded_lambda = (float)ubl[i];
-                    double v;
-                    rc = point(&t, &p, &v, err, sizeof err);
-                    if (pass)
-                        fprintf(f, "neural,%g,%g,%.6f\n", nl, ubl[i], v);
-                    else
-                        fprintf(f, "static,,%g,%.6f\n", ubl[i], v);
-                    if (!rc && v < bp) {
-                        bp = v;
-                        bu = p;
-                    }
-                }
-            }
-            if (!rc) {
-                options_of(&bu, opt, sizeof opt);
-                printf("best %s: perplexity %.3f (%+.1f%%) options: %s\n", pass ? "neural+unbounded" : "unbounded",
-                       bp, 100.0 * (bp / ppl_static - 1), opt);
-                if (pass || !neural)
-                    best.unbounded_lambda = bu.unbounded_lambda;
-                if (pass) {
-                    best.neural_lambda = bu.neural_lambda;
-                    best.neural_alpha = bu.neural_alpha;
-                }
-            }
-        }
-        if (f && fclose(f) != 0 && !rc)
-            rc = nc_error(err, sizeof err, NC_EIO, "%s: write failed", path);
-        f = NULL;
+    if (rc)
+        return rc;
+    print_best(r, pass ? "neural+unbounded" : "unbounded", bp, &bu);
+    if (pass || !a->neural)
+        r->best.unbounded_lambda = bu.unbounded_lambda;
+    if (pass) {
+        r->best.neural_lambda = bu.neural_lambda;
+        r->best.neural_alpha = bu.neural_alpha;
     }
+    return NC_OK;
+}
+
+/* Stage 3: the unbounded cache's lambda, alone and on top of the neural
+ * cache at its best theta, jointly with the neural lambda (or alpha): with
+ * the unbounded cache beside it the neural cache's best weight is lower
+ * (War and Peace: 0.3 instead of 0.4, BENCHMARKS.md). PREFIX-unbounded.csv. */
+static int stage_unbounded(tune_run *r, char *err, size_t errlen)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s-unbounded.csv", r->a->prefix);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return nc_error(err, errlen, NC_EIO, "%s: cannot write", path);
+    fprintf(f, "with,neural_%s,unbounded_lambda,ppl\n", r->a->lambdas_are_alphas ? "alpha" : "lambda");
+    int rc = NC_OK;
+    for (int pass = 0; !rc && pass < (r->a->neural ? 2 : 1); pass++)
+        rc = unbounded_pass(r, pass, f, err, errlen);
+    if (fclose(f) != 0 && !rc)
+        rc = nc_error(err, errlen, NC_EIO, "%s: write failed", path);
+    return rc;
+}
+
+int cmd_tune(int argc, char **argv)
+{
+    tune_args a = {.prefix = "tune", .bos_eos = true, .plot = true};
+    cacheopts_init(&a.co);
+    int bad = parse_args(argc, argv, &a);
+    if (!bad)
+        bad = check_args(&a);
+    if (bad) {
+        args_free(&a);
+        return bad < 0 ? 0 : bad;
+    }
+    char err[NC_ERRLEN], opt[512];
+    tune_run r = {0};
+    tokens_init(&r.toks);
+    int rc = choose_stages(&a) ? nc_error(err, sizeof err, NC_ENOMEM, "grids") : NC_OK;
+    if (!rc)
+        rc = tune_prepare(&a, &r, err, sizeof err);
+    double t0 = co_now();
+    if (!rc)
+        rc = stage_static(&r, err, sizeof err);
+    if (!rc && a.neural)
+        rc = stage_neural(&r, err, sizeof err);
+    if (!rc && a.co.p.unigram_size > 0)
+        rc = stage_unigram(&r, err, sizeof err);
+    if (!rc && a.co.p.unbounded)
+        rc = stage_unbounded(&r, err, sizeof err);
     if (!rc) {
-        fprintf(stderr, "tune: %d grid points in %.1f s\n", t.npoints, co_now() - t0);
-        options_of(&best, opt, sizeof opt);
+        fprintf(stderr, "tune: %d grid points in %.1f s\n", r.t.npoints, co_now() - t0);
+        options_of(&r.best, opt, sizeof opt);
         printf("best all: options: %s\n", opt);
     }
     if (rc)
         fprintf(stderr, "neurocache tune: %s\n", err);
-    if (f)
-        fclose(f);
-    free(thetas);
-    free(lambdas);
-    free(ul);
-    free(ubl);
-    free(lp);
-    free(grid);
-    free(nd2);
-    free(nw);
-    doc_free(d);
-    ubcache_free(ub);
-    wordtable_free(words);
-    tokens_clear(&toks);
-    model_free(m);
+    run_free(&r);
+    args_free(&a);
     return rc ? 1 : 0;
 }
