@@ -6,7 +6,7 @@ BUILD    ?= build
 BIN      ?= bin
 OPT      ?= -O2 -march=x86-64-v2 -g
 SANFLAGS ?=
-CFLAGS   += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE $(OPT) $(SANFLAGS) -MMD -MP -I. -Icore -Iproto -Iserver
+CFLAGS   += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE $(OPT) $(SANFLAGS) -MMD -MP -I. -Icore -Istore -Iproto -Iserver
 LDFLAGS  += $(SANFLAGS)
 
 FAISS_C  := build/faiss_c/libfaiss_c.a
@@ -27,6 +27,7 @@ Q := @
 endif
 
 CORE_SRC   := $(wildcard core/*.c)
+STORE_SRC  := $(wildcard store/*.c)
 PROTO_SRC  := $(wildcard proto/*.c)
 SERVER_SRC := $(wildcard server/*.c)
 TOOLS_SRC  := $(wildcard tools/*.c)
@@ -36,6 +37,7 @@ TESTLIB_SRC := $(filter-out tests/test_%.c tests/bench_%.c tests/fuzz_%.c tests/
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 CORE_OBJ   := $(call obj,$(CORE_SRC))
+STORE_OBJ  := $(call obj,$(STORE_SRC))
 PROTO_OBJ  := $(call obj,$(PROTO_SRC))
 SERVER_OBJ := $(call obj,$(SERVER_SRC))
 TOOLS_OBJ  := $(call obj,$(TOOLS_SRC))
@@ -44,6 +46,7 @@ TEST_BINS  := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCH_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(BENCH_SRC))
 
 LIBCORE  := $(BUILD)/libneurocache.a
+LIBSTORE := $(BUILD)/libncstore.a
 LIBPROTO := $(BUILD)/libncproto.a
 SERVER_MAIN_OBJ := $(filter %/server/main.o,$(SERVER_OBJ))
 SERVER_LIB_OBJ := $(filter-out %/server/main.o,$(SERVER_OBJ))
@@ -76,6 +79,10 @@ $(LIBCORE): $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
+$(LIBSTORE): $(STORE_OBJ)
+	@mkdir -p $(dir $@)
+	$(Q)rm -f $@ && ar rcs $@ $^
+
 $(LIBPROTO): $(PROTO_OBJ)
 	@mkdir -p $(dir $@)
 	$(Q)rm -f $@ && ar rcs $@ $^ $(if $^,,--)
@@ -97,24 +104,24 @@ $(BIN)/neurocache: $(TOOLS_OBJ) $(LIBCORE) $(FAISS_C) $(FAISS_SIMD_LIB)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $(TOOLS_OBJ) $(LIBCORE) $(LIBS_CORE) -lcurl -o $@
 
-$(BIN)/neurocached: $(SERVER_MAIN_OBJ) $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(FAISS_C) $(FAISS_SIMD_LIB)
+$(BIN)/neurocached: $(SERVER_MAIN_OBJ) $(LIBSERVER) $(LIBSTORE) $(LIBPROTO) $(LIBCORE) $(FAISS_C) $(FAISS_SIMD_LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) $(SERVER_MAIN_OBJ) $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(LIBS_SERVER) $(LIBS_CORE) -o $@
+	$(Q)$(CC) $(LDFLAGS) $(SERVER_MAIN_OBJ) $(LIBSERVER) $(LIBSTORE) $(LIBPROTO) $(LIBCORE) $(LIBS_SERVER) $(LIBS_CORE) -o $@
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TESTLIB_OBJ) $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(FAISS_C) $(FAISS_SIMD_LIB)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TESTLIB_OBJ) $(LIBSERVER) $(LIBSTORE) $(LIBPROTO) $(LIBCORE) $(FAISS_C) $(FAISS_SIMD_LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) $< $(TESTLIB_OBJ) $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(LIBS_TEST) $(LIBS_SERVER) $(LIBS_CORE) -o $@
+	$(Q)$(CC) $(LDFLAGS) $< $(TESTLIB_OBJ) $(LIBSERVER) $(LIBSTORE) $(LIBPROTO) $(LIBCORE) $(LIBS_TEST) $(LIBS_SERVER) $(LIBS_CORE) -o $@
 
 tests: all $(TEST_BINS)
 
 # libFuzzer harnesses (tests/fuzz_*.c) link clang's fuzzer main; they are
 # built only by `make fuzz`, in their own tree.
-$(BUILD)/tests/fuzz_%: $(BUILD)/obj/tests/fuzz_%.o $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(FAISS_C) $(FAISS_SIMD_LIB)
+$(BUILD)/tests/fuzz_%: $(BUILD)/obj/tests/fuzz_%.o $(LIBSERVER) $(LIBSTORE) $(LIBPROTO) $(LIBCORE) $(FAISS_C) $(FAISS_SIMD_LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer $< $(LIBSERVER) $(LIBPROTO) $(LIBCORE) $(LIBS_SERVER) $(LIBS_CORE) -o $@
+	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer $< $(LIBSERVER) $(LIBSTORE) $(LIBPROTO) $(LIBCORE) $(LIBS_SERVER) $(LIBS_CORE) -o $@
 
 # Every test binary prints "N passed, N failed"; run_tests.sh sums them and
 # fails if any binary fails. Tests find binaries through NEUROCACHE_BIN.

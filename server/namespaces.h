@@ -1,5 +1,5 @@
 /* namespaces.h -- the daemon's namespaces: a registry of durable namespace
- * stores (core/nsstore.h) under data_dir/namespaces/<name>, recovered at
+ * stores (store/nsstore.h) under data_dir/namespaces/<name>, recovered at
  * start-up (before /ready turns 200), snapshotted periodically by a
  * background thread and once at shutdown; the HTTP endpoints
  *   GET    /v1/namespaces                   list

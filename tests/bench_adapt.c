@@ -1,5 +1,5 @@
 /* bench_adapt.c -- online adaptation benchmarks of the namespace store
- * (core/nsstore.h), without HTTP (scripts/bench_adapt.sh runs the daemon
+ * (store/nsstore.h), without HTTP (scripts/bench_adapt.sh runs the daemon
  * end to end):
  *
  *   bench_adapt fsync MODEL [SECONDS]

@@ -1,5 +1,5 @@
 /* fuzz_snapshot.c -- libFuzzer harness for the namespace snapshot reader
- * (core/nsstore.c verify_snapshot and load_snapshot, reached through
+ * (store/nsstore.c verify_snapshot and load_snapshot, reached through
  * nsstore_open; behind them ubcache_load's values reader and FAISS's index
  * reader, wordtable_load, the provenance and document tables).
  *

@@ -1,5 +1,5 @@
 /* fuzz_wal.c -- libFuzzer harness for the write-ahead log reader
- * (core/wal.c, wal_replay): the input is one to three log segments
+ * (store/wal.c, wal_replay): the input is one to three log segments
  * (separated by the line "==SEG=="), each written under the name its header
  * claims; wal_replay must refuse corruption with a message or hand out
  * records with consecutive seq numbers, and a second replay of what it left

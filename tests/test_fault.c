@@ -340,7 +340,7 @@ TEST(spec_and_threads)
     nc_fault_disarm();
 }
 
-/* ---- namespace snapshots and recovery (core/nsstore) ---------------------- */
+/* ---- namespace snapshots and recovery (store/nsstore) ---------------------- */
 
 static int open_store(nc_model *m, const char *dir, nc_nsstore **ns, nc_nsstore_recovery *info, char *err,
                       size_t errlen)

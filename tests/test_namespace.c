@@ -1,4 +1,4 @@
-/* test_namespace.c -- the durable namespace store (core/nsstore): pairs,
+/* test_namespace.c -- the durable namespace store (store/nsstore): pairs,
  * open-vocabulary words and provenance survive close/reopen through the log
  * alone, through snapshot + log tail, through a corrupt snapshot the log can
  * stand in for; a corrupt snapshot the log cannot cover and a corrupt log

@@ -1,7 +1,7 @@
 /* nsstore.h -- a durable namespace: the unbounded cache of one namespace
  * (core/ubcache: FAISS index + word ids), its open-vocabulary word table
  * (core/wordtable), the provenance of every pair (document, token offset),
- * a write-ahead log (core/wal) and snapshots. Design §5-§6.
+ * a write-ahead log (store/wal) and snapshots. Design §5-§6.
  *
  * On disk, under dir:
  *   wal/wal-<seq>.log   the log: DOC records (a document id) and ADD records
