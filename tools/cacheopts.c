@@ -316,7 +316,7 @@ int co_prepare(const nc_model *m, const nc_tokens *t, bool bos_eos, nc_wordtable
     if (!rc && bos_eos)
         lstm_step(m, s, m->eos_id, w);
     if (!rc)
-        rc = doc_prepare(m, s, bos_eos, t, words, out, err, errlen);
+        rc = doc_prepare(m, s, bos_eos, t, words, NULL, out, err, errlen);
     lstm_state_free(s);
     lstm_work_free(w);
     return rc;
