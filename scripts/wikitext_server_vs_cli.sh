@@ -8,11 +8,13 @@
 # nprobe 8, lambda 0.3; the model's trained index, switch at 65536 pairs).
 # Both vocabulary modes: closed (the default) and open (with uniform mu
 # 0.01, so that a word nothing predicts still has a finite log-probability).
-# Prints perplexities, the largest per-token difference and the memory's
-# streaming speed on both sides (upload / --memory).
+# EXACT=1 keeps both on the exact flat index (switch at 10^9 pairs), so that
+# only float16 keys and summation order separate them. Prints perplexities,
+# the largest per-token difference and the memory's streaming speed on both
+# sides (upload / --memory).
 #
 #   scripts/wikitext_server_vs_cli.sh            # models/demo, HELD=150 lines
-#   BIN=/path/to/bin MODEL=dir HELD=150 MEMORY_LINES=N scripts/wikitext_server_vs_cli.sh
+#   BIN=/path/to/bin MODEL=dir HELD=150 MEMORY_LINES=N EXACT=1 scripts/wikitext_server_vs_cli.sh
 set -euo pipefail
 BIN=${BIN:-bin}
 MODEL=${MODEL:-models/demo}
@@ -33,7 +35,10 @@ echo "memory: $(wc -l < "$TMP/memory.txt") lines of $SRC; held out: its last $HE
 
 ROOT=
 [ "$(id -u)" = 0 ] && ROOT=--allow-root
-"$BIN/neurocached" --model "$MODEL" --port 0 --port-file "$TMP/port" --data-dir "$TMP/data" \
+SWITCH=65536
+[ "${EXACT:-0}" = 1 ] && SWITCH=1000000000
+echo "index: exact flat up to $SWITCH pairs, then the model's unbounded.faiss"
+"$BIN/neurocached" --model "$MODEL" --index-switch-at $SWITCH --port 0 --port-file "$TMP/port" --data-dir "$TMP/data" \
     --log-level warn $ROOT > "$TMP/daemon.log" 2>&1 &
 PID=$!
 for _ in $(seq 300); do [ -s "$TMP/port" ] && curl -sf "http://127.0.0.1:$(cat "$TMP/port")/ready" > /dev/null && break; sleep 0.2; done
@@ -41,7 +46,7 @@ URL="http://127.0.0.1:$(cat "$TMP/port")"
 
 NEURAL='"neural_size":2000,"neural_theta":1,"neural_lambda":0.3'
 UNB='"unbounded":true,"knn":1024,"nprobe":8,"unbounded_lambda":0.3'
-CLIOPTS="--neural-cache 2000 --theta 1 --lambda 0.3 --unbounded --knn 1024 --nprobe 8 --unbounded-lambda 0.3"
+CLIOPTS="--switch-at $SWITCH --neural-cache 2000 --theta 1 --lambda 0.3 --unbounded --knn 1024 --nprobe 8 --unbounded-lambda 0.3"
 for mode in closed open; do
     if [ $mode = open ]; then VOC=',"open_vocab":true,"uniform_mu":0.01'; CV="--open-vocab --uniform-mu 0.01"; else VOC=; CV=; fi
     t0=$(date +%s.%N)
@@ -75,7 +80,7 @@ cli = re.search(r"(\d+) tokens scored in ([\d.]+) s", err)
 print(f"{mode:6s} tokens {len(d)}  perplexity daemon {ppl(d):.2f}  CLI {ppl(c):.2f}  "
       f"max |dlogp| {diff:.3g}")
 print(f"       memory {u['tokens_added']} tokens: upload {u['tokens_added'] / (t1 - t0):.0f} tokens/s "
-      f"({t1 - t0:.1f} s), CLI --memory {mem_tps} tokens/s; feed {t3 - t2:.1f} s, CLI scoring {cli.group(2)} s")
+      f"({t1 - t0:.1f} s), CLI --memory {mem_tps} tokens/s; session feed {t3 - t2:.1f} s, CLI memory + scoring {cli.group(2)} s")
 PY
 done
 kill "$PID"; wait "$PID" 2>/dev/null || true; PID=

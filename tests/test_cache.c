@@ -402,6 +402,14 @@ TEST(open_vocabulary)
     CHECK(isfinite(lp2[10]) && lp2[10] > log(0.01 / V));
     CHECK(stream_predict(sc, false, &dist, err, sizeof err) == NC_OK && dist.n == (size_t)V);
 
+    /* the mode is fixed at creation: the open stream's windows hold the
+     * OOV word under its own id, the closed one's as <unk> */
+    CHECK(stream_set_params(s, &pc, err, sizeof err) == NC_ESTATE);
+    CHECK(stream_set_params(sc, &p, err, sizeof err) == NC_ESTATE);
+    nc_cache_params p2 = p;
+    p2.neural_lambda = 0.2f;
+    CHECK(stream_set_params(s, &p2, err, sizeof err) == NC_OK);
+
     stream_free(sc);
     doc_free(d);
     lstm_state_free(st);
