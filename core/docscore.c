@@ -19,6 +19,7 @@ int doc_alloc(int dim, int V, size_t n, nc_doc **out, char *err, size_t errlen)
     d->dim = dim;
     d->V = V;
     d->n = n;
+    d->unk_id = -1;
     /* one spare row: the batched LSTM writes h after every token, and the
      * last one is the state, not a query */
     d->q = nc_calloc(n + 1, (size_t)dim * sizeof(float));
@@ -42,14 +43,26 @@ void doc_free(nc_doc *d)
         return;
     nc_free(d->q);
     nc_free(d->ids);
+    nc_free(d->mem_ids);
     nc_free(d->s_target);
     nc_free(d->log_z);
     nc_free(d->vfull);
     free(d);
 }
 
+/* The id of token j in table t: its own (possibly new, >= V) for an OOV
+ * word, the model id otherwise; negative on allocation failure. */
+static int table_id(const nc_model *m, nc_wordtable *t, const nc_tokens *toks, size_t j)
+{
+    int id = toks->ids[j];
+    if (id == m->unk_id && toks->words && toks->words[j])
+        return wordtable_id(t, toks->words[j], strlen(toks->words[j]), true);
+    return id;
+}
+
 int doc_prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks,
-                nc_wordtable *words, nc_doc **out, char *err, size_t errlen)
+                nc_wordtable *words, nc_wordtable *mem_words, nc_doc **out, char *err,
+                size_t errlen)
 {
     const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
     const size_t n = toks->n;
@@ -58,7 +71,12 @@ int doc_prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *tok
     if (rc)
         return rc;
     *out = NULL;
+    d->unk_id = m->unk_id;
     d->first = has_h ? 0 : (n > 0 ? 1 : 0);
+    if (mem_words && mem_words != words && !(d->mem_ids = nc_calloc(n + 1, sizeof(int)))) {
+        doc_free(d);
+        return nc_error(err, errlen, NC_ENOMEM, "document of %zu tokens", n);
+    }
     for (size_t j = 0; j < n; j++) {
         int id = toks->ids[j];
         if (id < 0 || id >= V) {
@@ -69,14 +87,13 @@ int doc_prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *tok
         if (words) {
             /* |V_full| as it was before token j (causal), then its own id */
             d->vfull[j] = wordtable_size(words);
-            if (id == m->unk_id && toks->words && toks->words[j]) {
-                int w = wordtable_id(words, toks->words[j], strlen(toks->words[j]), true);
-                if (w < 0) {
-                    doc_free(d);
-                    return nc_error(err, errlen, NC_ENOMEM, "word table");
-                }
-                id = w;
-            }
+            id = table_id(m, words, toks, j);
+        }
+        if (d->mem_ids && (d->mem_ids[j] = table_id(m, mem_words, toks, j)) < 0)
+            id = -1;
+        if (id < 0) {
+            doc_free(d);
+            return nc_error(err, errlen, NC_ENOMEM, "word table");
         }
         d->ids[j] = id;
     }
@@ -106,6 +123,12 @@ int doc_prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *tok
     }
     *out = d;
     return NC_OK;
+}
+
+/* How this document's scoring reads the unbounded cache (ubcache.h). */
+static int doc_reader(const nc_doc *d, const nc_cache_params *p)
+{
+    return p->open_vocab || d->unk_id < 0 ? NC_UB_OPEN : d->unk_id;
 }
 
 int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_t block,
@@ -199,13 +222,15 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
         }
         if (ub_add) {
             int64_t first_id;
-            if ((rc = ubcache_add(ub, Q, d->ids + b0, nb, &first_id, err, errlen)))
+            if ((rc = ubcache_add(ub, Q, (d->mem_ids ? d->mem_ids : d->ids) + b0, nb, &first_id, err,
+                                  errlen)))
                 goto out;
             for (size_t r = 0; ub_read && r < nb; r++)
                 lim[r] = first_id + (int64_t)r;   /* pairs of this block at >= r are the future */
         }
         if (ub_read && (rc = ubcache_search(ub, Q, nb, k, p->nprobe, ub_add ? lim : NULL,
-                                            ub_add ? (int)nb : 0, ud2, uw, err, errlen)))
+                                            ub_add ? (int)nb : 0, doc_reader(d, p), ud2, uw, err,
+                                            errlen)))
             goto out;
         for (size_t r = 0; r < nb; r++) {
             size_t t = b0 + r;
@@ -269,13 +294,14 @@ int doc_neighbours(const nc_doc *d, const nc_cache_params *p, nc_ubcache *ub, bo
         const float *Q = d->q + b0 * H;
         if (adapt) {
             int64_t first_id;
-            if ((rc = ubcache_add(ub, Q, d->ids + b0, nb, &first_id, err, errlen)))
+            if ((rc = ubcache_add(ub, Q, (d->mem_ids ? d->mem_ids : d->ids) + b0, nb, &first_id, err,
+                                  errlen)))
                 break;
             for (size_t r = 0; r < nb; r++)
                 lim[r] = first_id + (int64_t)r;
         }
         rc = ubcache_search(ub, Q, nb, k, p->nprobe, adapt ? lim : NULL, adapt ? (int)nb : 0,
-                            d2 + b0 * (size_t)k, words + b0 * (size_t)k, err, errlen);
+                            doc_reader(d, p), d2 + b0 * (size_t)k, words + b0 * (size_t)k, err, errlen);
     }
     free(lim);
     return rc;

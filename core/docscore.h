@@ -23,6 +23,11 @@ typedef struct {
     size_t first;                 /* tokens [0, first) are context only (no query) */
     float *q;                     /* [n, dim] row j = h before token j: query for j, key of pair j */
     int *ids;                     /* [n] cache word id of token j (>= V: open-vocabulary word) */
+    int *mem_ids;                 /* [n] id the unbounded cache stores for token j, or NULL = ids:
+                                   * differs when a closed-vocabulary reader adapts a memory
+                                   * with a word table (its OOV words go there by name) */
+    int unk_id;                   /* the model's unk_token id: how a closed-vocabulary reader
+                                   * reads stored OOV words (ubcache.h); -1 = unknown (doc_alloc) */
     float *s_target;              /* [n] decoder logit of token j at row j (-INF if id >= V) */
     float *log_z;                 /* [n] logsumexp of the decoder logits at row j */
     int *vfull;                   /* [n] |V_full| before token j: V + dynamic words seen */
@@ -37,9 +42,14 @@ void doc_free(nc_doc *d);        /* NULL allowed */
  * token). has_h: s already holds an h_t that predicts toks[0] (a session, or a
  * document started with eos); otherwise toks[0] is context only (--bos none).
  * words: open-vocabulary table (OOV tokens get their own ids, added to it), or
- * NULL for closed vocabulary (OOV = unk). */
+ * NULL for closed vocabulary (OOV = unk). mem_words: the word table of the
+ * unbounded cache the document will adapt, or NULL: when it is not words
+ * (a closed-vocabulary stream adapting a namespace), OOV tokens are stored
+ * there by their own name (d->mem_ids), so that the namespace holds the same
+ * words whichever kind of session wrote them (design §4). */
 int doc_prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks,
-                nc_wordtable *words, nc_doc **out, char *err, size_t errlen);
+                nc_wordtable *words, nc_wordtable *mem_words, nc_doc **out, char *err,
+                size_t errlen);
 
 /* The caches a scoring pass reads and updates. NULL local caches that the
  * params switch on are created empty for the call. The local caches end

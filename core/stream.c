@@ -129,8 +129,12 @@ int stream_set_params(nc_stream *s, const nc_cache_params *p, char *err, size_t 
         return rc;
     if (p->unbounded && !s->ub)
         return nc_error(err, errlen, NC_ESTATE, "this stream has no unbounded cache");
-    if (p->open_vocab && !s->words)
-        return nc_error(err, errlen, NC_ESTATE, "open vocabulary must be chosen when the stream is created");
+    /* The windows hold the words as the stream's mode named them (an OOV
+     * word by its own id, or as unk): switching would leave the other
+     * mode's ids in them, so the mode is fixed at creation. */
+    if (p->open_vocab != s->p.open_vocab)
+        return nc_error(err, errlen, NC_ESTATE, "open_vocab is fixed when the stream is created (its caches "
+                        "hold words in that mode): create a new stream to change it");
     /* rebuild windows keeping the newest pairs */
     nc_ncache nn = {0};
     nc_ucache nu = {0};
@@ -191,7 +195,8 @@ int stream_feed(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprob
     if (!st)
         return nc_error(err, errlen, NC_ENOMEM, "stream state");
     lstm_state_copy(st, s->st);
-    int rc = doc_prepare(s->m, st, s->has_h, toks, s->p.open_vocab ? s->words : NULL, &d, err, errlen);
+    int rc = doc_prepare(s->m, st, s->has_h, toks, s->p.open_vocab ? s->words : NULL,
+                         adapt && s->ub ? ubcache_words(s->ub) : NULL, &d, err, errlen);
     double *lp = logprobs;
     if (!rc && !lp) {
         lp = malloc(toks->n * sizeof(double));
@@ -280,7 +285,8 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
         if (!ud2 || !uw)
             rc = nc_error(err, errlen, NC_ENOMEM, "neighbours");
         else
-            rc = ubcache_search(s->ub, h, 1, k, s->p.nprobe, NULL, 0, ud2, uw, err, errlen);
+            rc = ubcache_search(s->ub, h, 1, k, s->p.nprobe, NULL, 0, stream_ub_reader(s), ud2, uw, err,
+                                errlen);
         in.ub_d2 = ud2;
         in.ub_words = uw;
         in.ub_k = k;
@@ -292,6 +298,11 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
     free(ud2);
     free(uw);
     return rc;
+}
+
+int stream_ub_reader(const nc_stream *s)
+{
+    return s->p.open_vocab ? NC_UB_OPEN : s->m->unk_id;
 }
 
 const char *stream_word(nc_stream *s, int id)

@@ -26,7 +26,8 @@ void stream_free(nc_stream *s);  /* NULL allowed */
 void stream_reset(nc_stream *s, bool bos);
 
 /* New parameters; windows resized keep their newest pairs. Turning on
- * open_vocab or unbounded on a stream created without them is NC_ESTATE. */
+ * unbounded on a stream created without it, or changing open_vocab either
+ * way (the windows hold words in the mode they were fed), is NC_ESTATE. */
 int stream_set_params(nc_stream *s, const nc_cache_params *p, char *err, size_t errlen);
 const nc_cache_params *stream_params(const nc_stream *s);
 
@@ -60,6 +61,9 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
  * model id, or >= V for a word remembered under its own name), -1 when the
  * table has no such word or the stream has no table. */
 int stream_word_id(nc_stream *s, const char *word, size_t len);
+/* How the stream reads its unbounded cache's word ids: NC_UB_OPEN in open
+ * vocabulary, else the model's unk id (ubcache.h). */
+int stream_ub_reader(const nc_stream *s);
 /* Surface string of id (model or open-vocabulary word), NULL if unknown. */
 const char *stream_word(nc_stream *s, int id);
 int64_t stream_position(const nc_stream *s);      /* tokens fed since start */

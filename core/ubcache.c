@@ -5,6 +5,7 @@
 #include "vmath.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -368,19 +369,23 @@ int ubcache_word_at(nc_ubcache *u, int64_t id)
 }
 
 int ubcache_search(nc_ubcache *u, const float *queries, size_t nq, int k, int nprobe,
-                   const int64_t *id_limit, int extra, float *out_d2, int *out_words,
+                   const int64_t *id_limit, int extra, int reader, float *out_d2, int *out_words,
                    char *err, size_t errlen)
 {
-    return ubcache_search_ids(u, queries, nq, k, nprobe, id_limit, extra, out_d2, out_words, NULL,
-                              err, errlen);
+    return ubcache_search_ids(u, queries, nq, k, nprobe, id_limit, extra, reader, out_d2, out_words,
+                              NULL, err, errlen);
 }
 
 int ubcache_search_ids(nc_ubcache *u, const float *queries, size_t nq, int k, int nprobe,
-                       const int64_t *id_limit, int extra, float *out_d2, int *out_words,
+                       const int64_t *id_limit, int extra, int reader, float *out_d2, int *out_words,
                        int64_t *out_ids, char *err, size_t errlen)
 {
     if (k <= 0 || extra < 0)
         return nc_error(err, errlen, NC_EINVAL, "knn %d / extra %d", k, extra);
+    /* the one place where stored values become a reader's word ids: a
+     * closed-vocabulary reader sees every open-vocabulary word as unk
+     * (design §4), in the kernel sum, explain and the components alike */
+    const int model_v = reader != NC_UB_OPEN && u->words ? wordtable_model_size(u->words) : INT_MAX;
     for (size_t i = 0; i < nq * (size_t)k; i++) {
         out_d2[i] = 0.0f;
         out_words[i] = -1;
@@ -428,7 +433,8 @@ int ubcache_search_ids(nc_ubcache *u, const float *queries, size_t nq, int k, in
                 if (id_limit && id >= id_limit[q])
                     continue;   /* causal filter: not yet in M_t */
                 out_d2[q * k + got] = d[q * kk + j];
-                out_words[q * k + got] = u->values[id];
+                int w = u->values[id];
+                out_words[q * k + got] = w < model_v ? w : reader;
                 if (out_ids)
                     out_ids[q * k + got] = id;
                 got++;

@@ -48,22 +48,34 @@ void ubcache_free(nc_ubcache *u);            /* NULL allowed */
 int ubcache_add(nc_ubcache *u, const float *keys, const int *words, size_t n,
                 int64_t *first_id, char *err, size_t errlen);
 
+/* Who reads a search's word ids (design §4). A namespace stores every word
+ * by its own id -- out-of-vocabulary words under dynamic ids >= V, whoever
+ * wrote them -- so that open- and closed-vocabulary sessions can share it:
+ * an open-vocabulary reader (NC_UB_OPEN) gets the ids as stored; a
+ * closed-vocabulary reader passes the model's unk_token id and gets every
+ * stored id outside the model vocabulary [0, V) as that id, which is how it
+ * sees its own out-of-vocabulary tokens. A cache without a word table holds
+ * model ids only (its writers are closed-vocabulary), so nothing maps. */
+#define NC_UB_OPEN (-1)
+
 /* k-NN search of nq queries [nq, dim]: out_d2[nq, k] squared L2 distances
- * ascending, out_words[nq, k] word ids (-1 = no neighbour; -1 ids that FAISS
+ * ascending, out_words[nq, k] word ids as reader sees them (NC_UB_OPEN or a
+ * closed reader's unk id, above; -1 = no neighbour; -1 ids that FAISS
  * returns are not neighbours). Causal filtering: if id_limit is non-NULL,
  * query q only accepts FAISS ids < id_limit[q]; the search then asks FAISS for
  * k + extra neighbours and keeps the first k accepted (pass extra >= the
  * number of ids that can be rejected). nprobe <= 0 keeps the current one. */
 int ubcache_search(nc_ubcache *u, const float *queries, size_t nq, int k, int nprobe,
-                   const int64_t *id_limit, int extra, float *out_d2, int *out_words,
+                   const int64_t *id_limit, int extra, int reader, float *out_d2, int *out_words,
                    char *err, size_t errlen);
 
 /* As ubcache_search, also giving the FAISS id of each neighbour in
  * out_ids[nq, k] (-1 = none): the key to the pair's provenance. */
 int ubcache_search_ids(nc_ubcache *u, const float *queries, size_t nq, int k, int nprobe,
-                       const int64_t *id_limit, int extra, float *out_d2, int *out_words,
+                       const int64_t *id_limit, int extra, int reader, float *out_d2, int *out_words,
                        int64_t *out_ids, char *err, size_t errlen);
-/* Word id of the pair with FAISS id, -1 if out of range. */
+/* Word id of the pair with FAISS id as stored (surface word, for
+ * provenance), -1 if out of range. */
 int ubcache_word_at(nc_ubcache *u, int64_t id);
 
 /* Called by ubcache_add under the cache's write lock, before the pairs enter

@@ -552,8 +552,8 @@ json_t *namespaces_explain(nc_session *s, const int *ids, size_t k)
     int64_t *id = malloc((size_t)kn * sizeof *id);
     char err[NC_ERRLEN];
     if (!d2 || !w || !id ||
-        ubcache_search_ids(nsstore_ubcache(r->store), h, 1, kn, p->nprobe, NULL, 0, d2, w, id, err,
-                           sizeof err) != NC_OK)
+        ubcache_search_ids(nsstore_ubcache(r->store), h, 1, kn, p->nprobe, NULL, 0, stream_ub_reader(s->stream),
+                           d2, w, id, err, sizeof err) != NC_OK)
         goto done;
     /* kernel weights as the mixture computes them (Grave, Cisse, Joulin
      * 2017, eq. 5-6): theta = distance to the k-th neighbour returned,

@@ -230,7 +230,7 @@ int main(int argc, char **argv)
     lstm_step(m, s, m->eos_id, w);
     nc_doc *d = NULL;
     t0 = now();
-    if (doc_prepare(m, s, true, &q, NULL, &d, err, sizeof err)) {
+    if (doc_prepare(m, s, true, &q, NULL, NULL, &d, err, sizeof err)) {
         fprintf(stderr, "bench_cache: %s\n", err);
         return 1;
     }

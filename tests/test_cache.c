@@ -132,7 +132,7 @@ static void causality(bool ivf)
     nc_ubcache *u1 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
     nc_state *s = lstm_state_new(m);
     nc_doc *d = NULL;
-    CHECK(doc_prepare(m, s, false, &doc, NULL, &d, err, sizeof err) == NC_OK);
+    CHECK(doc_prepare(m, s, false, &doc, NULL, NULL, &d, err, sizeof err) == NC_OK);
     nc_doc_caches dc = {.ub = u1, .adapt = true};
     CHECKF(doc_score(d, &p, &dc, 0, a, err, sizeof err) == NC_OK, "%s", err);
     CHECK(ubcache_count(u1) == (int64_t)(nbase + doc.n - 1));
@@ -181,7 +181,7 @@ static void causality(bool ivf)
     nc_ubcache *u4 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
     nc_doc *d2 = NULL;
     lstm_state_reset(s);
-    CHECK(doc_prepare(m, s, false, &doc2, NULL, &d2, err, sizeof err) == NC_OK);
+    CHECK(doc_prepare(m, s, false, &doc2, NULL, NULL, &d2, err, sizeof err) == NC_OK);
     nc_doc_caches dc2 = {.ub = u4, .adapt = true};
     CHECK(doc_score(d2, &p, &dc2, 0, c, err, sizeof err) == NC_OK);
     double wf = 0;
@@ -270,7 +270,7 @@ TEST(causality_f16_keys)
            *c = malloc(doc.n * sizeof(double)), *flip = calloc(doc.n, sizeof(double));
     nc_state *s = lstm_state_new(m);
     nc_doc *d = NULL;
-    CHECK(doc_prepare(m, s, false, &doc, NULL, &d, err, sizeof err) == NC_OK);
+    CHECK(doc_prepare(m, s, false, &doc, NULL, NULL, &d, err, sizeof err) == NC_OK);
     CHECKF(doc_score(d, &p, NULL, 0, a, err, sizeof err) == NC_OK, "%s", err);
     p.neural_f16 = false;
     CHECK(doc_score(d, &p, NULL, 0, c, err, sizeof err) == NC_OK);
@@ -394,7 +394,7 @@ TEST(open_vocabulary)
     lstm_step(m, st, m->eos_id, wk);
     lstm_work_free(wk);
     nc_doc *d = NULL;
-    CHECK(doc_prepare(m, st, true, &t, wt, &d, err, sizeof err) == NC_OK);
+    CHECK(doc_prepare(m, st, true, &t, wt, NULL, &d, err, sizeof err) == NC_OK);
     CHECK(d->ids[10] == V && d->ids[30] == V && d->vfull[10] == V && d->vfull[30] == V + 1);
     double lp2[40];
     CHECK(doc_score(d, &p, NULL, 0, lp2, err, sizeof err) == NC_OK);
@@ -413,6 +413,14 @@ TEST(open_vocabulary)
     CHECK(stream_feed(sc, &t, false, lp2, err, sizeof err) == NC_OK);
     CHECK(isfinite(lp2[10]) && lp2[10] > log(0.01 / V));
     CHECK(stream_predict(sc, false, &dist, err, sizeof err) == NC_OK && dist.n == (size_t)V);
+
+    /* the mode is fixed at creation: the open stream's windows hold the
+     * OOV word under its own id, the closed one's as <unk> */
+    CHECK(stream_set_params(s, &pc, err, sizeof err) == NC_ESTATE);
+    CHECK(stream_set_params(sc, &p, err, sizeof err) == NC_ESTATE);
+    nc_cache_params p2 = p;
+    p2.neural_lambda = 0.2f;
+    CHECK(stream_set_params(s, &p2, err, sizeof err) == NC_OK);
 
     stream_free(sc);
     doc_free(d);
@@ -477,7 +485,7 @@ TEST(ivfpq_vs_exact_and_switch)
     int *nw = malloc(nq * k * sizeof(int));
     double nll[2] = {0, 0};
     for (int pass = 0; pass < 2; pass++) {
-        CHECK(ubcache_search(pass ? iv : ex, q, nq, k, 8, NULL, 0, d2, nw, err, sizeof err) == NC_OK);
+        CHECK(ubcache_search(pass ? iv : ex, q, nq, k, 8, NULL, 0, NC_UB_OPEN, d2, nw, err, sizeof err) == NC_OK);
         for (size_t i = 0; i < nq; i++) {
             nc_mix_input in = {.V = 1000, .s_target = -INFINITY, .log_z = 0, .ub_d2 = d2 + i * k,
                                .ub_words = nw + i * k, .ub_k = k};
@@ -504,7 +512,7 @@ TEST(ivfpq_vs_exact_and_switch)
     for (size_t i = 0; i < 5000; i += 7) {
         float dd[1];
         int ww[1];
-        CHECK(ubcache_search(fl, x + i * dim, 1, 1, 16, NULL, 0, dd, ww, err, sizeof err) == NC_OK);
+        CHECK(ubcache_search(fl, x + i * dim, 1, 1, 16, NULL, 0, NC_UB_OPEN, dd, ww, err, sizeof err) == NC_OK);
         if (ww[0] != w[i] || dd[0] > 1e-6f)
             bad++;
     }
@@ -514,7 +522,7 @@ TEST(ivfpq_vs_exact_and_switch)
     int64_t lim[1] = {100};
     float dd[5];
     int ww[5];
-    CHECK(ubcache_search(ex, x + 150 * dim, 1, 5, 0, lim, 5000, dd, ww, err, sizeof err) == NC_OK);
+    CHECK(ubcache_search(ex, x + 150 * dim, 1, 5, 0, lim, 5000, NC_UB_OPEN, dd, ww, err, sizeof err) == NC_OK);
     CHECK(dd[0] > 1e-6f);   /* itself (id 150) is not allowed */
 
     /* snapshot round trip, then a corrupt one */
@@ -528,8 +536,8 @@ TEST(ivfpq_vs_exact_and_switch)
         CHECK(ubcache_count(ld) == (int64_t)n && !ubcache_is_exact(ld));
         float *d2b = malloc(nq * k * sizeof(float));
         int *nwb = malloc(nq * k * sizeof(int));
-        CHECK(ubcache_search(iv, q, 20, k, 8, NULL, 0, d2, nw, err, sizeof err) == NC_OK);
-        CHECK(ubcache_search(ld, q, 20, k, 8, NULL, 0, d2b, nwb, err, sizeof err) == NC_OK);
+        CHECK(ubcache_search(iv, q, 20, k, 8, NULL, 0, NC_UB_OPEN, d2, nw, err, sizeof err) == NC_OK);
+        CHECK(ubcache_search(ld, q, 20, k, 8, NULL, 0, NC_UB_OPEN, d2b, nwb, err, sizeof err) == NC_OK);
         CHECK(memcmp(nw, nwb, 20 * k * sizeof(int)) == 0);
         free(d2b);
         free(nwb);
@@ -595,7 +603,7 @@ static void *search_thread(void *arg)
     float dd[4];
     int ww[4];
     for (int i = 0; i < 200; i++)
-        if (ubcache_search(j->u, j->x + (size_t)(i % 50) * j->dim, 1, 4, 16, NULL, 0, dd, ww, err, sizeof err) != NC_OK)
+        if (ubcache_search(j->u, j->x + (size_t)(i % 50) * j->dim, 1, 4, 16, NULL, 0, NC_UB_OPEN, dd, ww, err, sizeof err) != NC_OK)
             j->failures++;
     return NULL;
 }
@@ -637,7 +645,7 @@ TEST(switch_with_concurrent_adds)
     for (size_t i = 0; i < n; i += 3) {
         float dd[1];
         int ww[1];
-        CHECK(ubcache_search(u, x + i * dim, 1, 1, 16, NULL, 0, dd, ww, err, sizeof err) == NC_OK);
+        CHECK(ubcache_search(u, x + i * dim, 1, 1, 16, NULL, 0, NC_UB_OPEN, dd, ww, err, sizeof err) == NC_OK);
         if (ww[0] != w[i] || dd[0] > 1e-6f)
             bad++;
     }

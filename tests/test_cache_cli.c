@@ -177,7 +177,7 @@ TEST(score_caches_match_library)
     nc_lstm_work *w = lstm_work_new(m);
     lstm_step(m, s, m->eos_id, w);
     nc_doc *d = NULL;
-    CHECK(doc_prepare(m, s, true, &t, NULL, &d, err, sizeof err) == NC_OK);
+    CHECK(doc_prepare(m, s, true, &t, NULL, NULL, &d, err, sizeof err) == NC_OK);
     nc_cache_params p;
     cache_params_default(&p);
     p.neural_size = 40, p.neural_theta = 0.7f, p.neural_lambda = 0.2f;

@@ -114,7 +114,7 @@ static void check_doc_path(const fixture *f, const char *mix, size_t block)
     char err[NC_ERRLEN];
     nc_state *s = lstm_state_new(f->m);
     nc_doc *d = NULL;
-    int rc = doc_prepare(f->m, s, false, &f->toks, NULL, &d, err, sizeof err);
+    int rc = doc_prepare(f->m, s, false, &f->toks, NULL, NULL, &d, err, sizeof err);
     CHECKF(rc == NC_OK, "%s", err);
     nc_ubcache *ub = p.unbounded ? new_exact_ub(f) : NULL;
     nc_doc_caches c = {.ub = ub, .adapt = true};

@@ -101,7 +101,7 @@ static void fingerprint(nc_nsstore *ns, print *p)
     float q[8 * 64];
     for (int i = 0; i < 8 * H; i++)
         q[i] = rng_uniform(&r) * 2 - 1;
-    ubcache_search(nsstore_ubcache(ns), q, 8, 16, 0, NULL, 0, p->d2, p->w, err, sizeof err);
+    ubcache_search(nsstore_ubcache(ns), q, 8, 16, 0, NULL, 0, NC_UB_OPEN, p->d2, p->w, err, sizeof err);
 }
 
 static bool same(const print *a, const print *b)

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -286,7 +287,7 @@ int co_prepare(const nc_model *m, const nc_tokens *t, bool bos_eos, nc_wordtable
     if (!rc && bos_eos)
         lstm_step(m, s, m->eos_id, w);
     if (!rc)
-        rc = doc_prepare(m, s, bos_eos, t, words, out, err, errlen);
+        rc = doc_prepare(m, s, bos_eos, t, words, NULL, out, err, errlen);
     lstm_state_free(s);
     lstm_work_free(w);
     return rc;
@@ -306,6 +307,54 @@ double co_ppl(const double *lp, size_t len, size_t *n)
     return c ? exp(-sum / (double)c) : NAN;
 }
 
+/* One chunk of the hidden pass: rows h[0..n] (row 0 = h before the first
+ * token) and the cache ids of the n tokens. */
+typedef struct {
+    float *h;
+    int *ids;
+    size_t n;
+} hp_chunk;
+
+/* The consumer side of co_hidden_pass: calls fn on the chunks in order, in
+ * its own thread, while the caller's thread runs the LSTM over the next
+ * chunk -- the two-stage pipeline an upload to the daemon runs (its upload
+ * worker), so that --memory streams at upload speed: with the model's IVF
+ * index the adds (coarse assignment + PQ encoding) cost as much as the LSTM. */
+typedef struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    hp_chunk slot[2];
+    int ready[2];                 /* slot filled, waiting for fn */
+    bool done;                    /* producer finished (or failed) */
+    int rc;                       /* fn's first failure */
+    char err[NC_ERRLEN];
+    co_hidden_fn fn;
+    void *ctx;
+} hp_pipe;
+
+static void *hp_consumer(void *arg)
+{
+    hp_pipe *p = arg;
+    for (int b = 0;; b ^= 1) {
+        pthread_mutex_lock(&p->lock);
+        while (!p->ready[b] && !p->done)
+            pthread_cond_wait(&p->cond, &p->lock);
+        bool have = p->ready[b];
+        pthread_mutex_unlock(&p->lock);
+        if (!have)
+            return NULL;
+        int rc = p->fn(p->slot[b].h, p->slot[b].ids, p->slot[b].n, p->ctx, p->err, sizeof p->err);
+        pthread_mutex_lock(&p->lock);
+        p->ready[b] = 0;
+        if (rc && !p->rc)
+            p->rc = rc;
+        pthread_cond_broadcast(&p->cond);
+        pthread_mutex_unlock(&p->lock);
+        if (rc)
+            return NULL;
+    }
+}
+
 int co_hidden_pass(const nc_model *m, const nc_tokens *toks, nc_wordtable *words, co_hidden_fn fn,
                    void *ctx, bool progress, char *err, size_t errlen)
 {
@@ -313,17 +362,43 @@ int co_hidden_pass(const nc_model *m, const nc_tokens *toks, nc_wordtable *words
     const int H = m->cfg.hidden_size;
     nc_state *s = lstm_state_new(m);
     nc_lstm_work *w = lstm_work_new(m);
-    float *h = malloc((C + 1) * (size_t)H * sizeof(float));
-    int *ids = malloc(C * sizeof(int));
-    int rc = (!s || !w || !h || !ids) ? nc_error(err, errlen, NC_ENOMEM, "hidden pass buffers") : NC_OK;
-    if (!rc)
+    hp_pipe p = {.fn = fn, .ctx = ctx};
+    pthread_mutex_init(&p.lock, NULL);
+    pthread_cond_init(&p.cond, NULL);
+    bool alloc_ok = s && w;
+    for (int b = 0; b < 2; b++) {
+        p.slot[b].h = malloc((C + 1) * (size_t)H * sizeof(float));
+        p.slot[b].ids = malloc(C * sizeof(int));
+        alloc_ok = alloc_ok && p.slot[b].h && p.slot[b].ids;
+    }
+    int rc = alloc_ok ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "hidden pass buffers");
+    pthread_t th;
+    bool started = false;
+    if (!rc) {
         lstm_step(m, s, m->eos_id, w);
+        started = pthread_create(&th, NULL, hp_consumer, &p) == 0;
+        if (!started)
+            rc = nc_error(err, errlen, NC_ENOMEM, "hidden pass thread");
+    }
+    /* the two stages share the cores: one BLAS thread for the LSTM, as the
+     * daemon runs it (FAISS's OpenMP count is cacheopts_finish's) */
+    int blas = openblas_get_num_threads();
+    openblas_set_num_threads(1);
     double t0 = co_now(), last = t0;
-    for (size_t j0 = 0; !rc && j0 < toks->n; j0 += C) {
+    int b = 0;
+    for (size_t j0 = 0; !rc && j0 < toks->n; j0 += C, b ^= 1) {
         size_t nb = toks->n - j0 < C ? toks->n - j0 : C;
+        pthread_mutex_lock(&p.lock);
+        while (p.ready[b] && !p.rc)
+            pthread_cond_wait(&p.cond, &p.lock);   /* slot b still being added */
+        rc = p.rc;
+        pthread_mutex_unlock(&p.lock);
+        if (rc)
+            break;
+        hp_chunk *c = &p.slot[b];
         /* row 0 = h before the chunk's first token, rows 1..nb = after each */
-        memcpy(h, lstm_state_top(s), (size_t)H * sizeof(float));
-        rc = lstm_forward_seq(m, s, toks->ids + j0, nb, h + H, err, errlen);
+        memcpy(c->h, lstm_state_top(s), (size_t)H * sizeof(float));
+        rc = lstm_forward_seq(m, s, toks->ids + j0, nb, c->h + H, err, errlen);
         for (size_t r = 0; !rc && r < nb; r++) {
             int id = toks->ids[j0 + r];
             if (words && id == m->unk_id && toks->words && toks->words[j0 + r]) {
@@ -331,10 +406,15 @@ int co_hidden_pass(const nc_model *m, const nc_tokens *toks, nc_wordtable *words
                 if (id < 0)
                     rc = nc_error(err, errlen, NC_ENOMEM, "word table");
             }
-            ids[r] = id;
+            c->ids[r] = id;
         }
-        if (!rc)
-            rc = fn(h, ids, nb, ctx, err, errlen);
+        if (rc)
+            break;
+        c->n = nb;
+        pthread_mutex_lock(&p.lock);
+        p.ready[b] = 1;
+        pthread_cond_broadcast(&p.cond);
+        pthread_mutex_unlock(&p.lock);
         double t = co_now();
         if (progress && (t - last > 2.0 || j0 + nb == toks->n)) {
             fprintf(stderr, "  %zu/%zu tokens (%.0f%%), %.0f tokens/s\n", j0 + nb, toks->n,
@@ -342,8 +422,25 @@ int co_hidden_pass(const nc_model *m, const nc_tokens *toks, nc_wordtable *words
             last = t;
         }
     }
-    free(h);
-    free(ids);
+    if (started) {
+        pthread_mutex_lock(&p.lock);
+        p.done = true;
+        pthread_cond_broadcast(&p.cond);
+        pthread_mutex_unlock(&p.lock);
+        pthread_join(th, NULL);   /* after the last chunk was consumed */
+        if (!rc && p.rc)
+            rc = nc_error(err, errlen, p.rc, "%s", p.err);
+    }
+    openblas_set_num_threads(blas);
+    if (!rc && progress && toks->n)
+        fprintf(stderr, "  stored in %.2f s (%.0f tokens/s)\n", co_now() - t0,
+                (double)toks->n / (co_now() - t0 + 1e-9));
+    for (int k = 0; k < 2; k++) {
+        free(p.slot[k].h);
+        free(p.slot[k].ids);
+    }
+    pthread_cond_destroy(&p.cond);
+    pthread_mutex_destroy(&p.lock);
     lstm_state_free(s);
     lstm_work_free(w);
     return rc;

@@ -65,8 +65,10 @@ int cacheopts_fill_memory(const nc_model *m, const char *path, nc_wordtable *wor
 
 /* Runs the model over toks[0..n) from the state after one eos and calls fn
  * with chunks of rows: h[i] = the h_t that predicts token ids[i] (i.e. the
- * pair (h[i], ids[i])). Chunks of at most 4096 rows, in order. fn returns
- * NC_OK to go on. */
+ * pair (h[i], ids[i])). Chunks of at most 4096 rows, in order, one call at a
+ * time, from a second thread while the LSTM runs over the next chunk (on one
+ * BLAS thread meanwhile): fn must not touch what the caller's thread uses.
+ * fn returns NC_OK to go on; its error (code and message) is returned. */
 typedef int (*co_hidden_fn)(const float *h, const int *ids, size_t n, void *ctx, char *err, size_t errlen);
 int co_hidden_pass(const nc_model *m, const nc_tokens *toks, nc_wordtable *words, co_hidden_fn fn,
                    void *ctx, bool progress, char *err, size_t errlen);
