@@ -99,10 +99,10 @@ $(LIBSERVER): $(SERVER_LIB_OBJ) $(WEB_OBJ)
 	@mkdir -p $(dir $@)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-$(BIN)/neurocache: $(TOOLS_OBJ) $(LIBCORE) $(FAISS_C) $(FAISS_SIMD_LIB)
+$(BIN)/neurocache: $(TOOLS_OBJ) $(LIBPROTO) $(LIBCORE) $(FAISS_C) $(FAISS_SIMD_LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) $(TOOLS_OBJ) $(LIBCORE) $(LIBS_CORE) -lcurl -o $@
+	$(Q)$(CC) $(LDFLAGS) $(TOOLS_OBJ) $(LIBPROTO) $(LIBCORE) $(LIBS_CORE) -lcurl -o $@
 
 $(BIN)/neurocached: $(SERVER_MAIN_OBJ) $(LIBSERVER) $(LIBSTORE) $(LIBPROTO) $(LIBCORE) $(FAISS_C) $(FAISS_SIMD_LIB)
 	@mkdir -p $(dir $@)

@@ -3,7 +3,6 @@
  * hand-over of every session on drain (libcurl as the HTTP client). */
 #include "migrate.h"
 
-#include <curl/curl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +11,8 @@
 
 #include "api_errors.h"
 #include "auth.h"
+#include "buf.h"
+#include "httpclient.h"
 #include "metrics.h"
 #include "slog.h"
 
@@ -26,7 +27,7 @@ static struct {
     peer peers[MAX_PEERS];
     int npeers;
     uint64_t fingerprint;
-    char auth_header[160];        /* "Authorization: Bearer <peer_key>" or "" */
+    char peer_key[128];           /* sent to the peers as Bearer, "" = none */
 } mg;
 
 
@@ -159,79 +160,25 @@ truncated:
     return API_STATE_CORRUPT;
 }
 
-/* ---- HTTP client ---------------------------------------------------------- */
+/* ---- calls to the peers ---------------------------------------------------- */
 
-typedef struct { char *b; size_t n, cap, max; bool over; } cbuf;
-
-static size_t on_data(char *ptr, size_t size, size_t nmemb, void *ud)
+/* method on a peer's url with the peer key; *resp malloc'ed (NUL-terminated,
+ * free()), *status the HTTP status (0 when no answer). 0, or -1 with a
+ * message (connection failed). */
+static int peer_call(const char *method, const char *url, const void *body, size_t len, char **resp,
+                     size_t *resp_len, long *status, char *err, size_t errlen)
 {
-    cbuf *c = ud;
-    size_t n = size * nmemb;
-    if (c->n + n + 1 > c->max) {
-        c->over = true;
-        return 0;
-    }
-    if (c->n + n + 1 > c->cap) {
-        size_t cap = c->cap ? c->cap : 4096;
-        while (cap < c->n + n + 1) cap *= 2;
-        char *nb = realloc(c->b, cap);
-        if (!nb) return 0;
-        c->b = nb;
-        c->cap = cap;
-    }
-    memcpy(c->b + c->n, ptr, n);
-    c->n += n;
-    c->b[c->n] = 0;
-    return n;
-}
-
-int migrate_http(const char *method, const char *url, const void *body, size_t len,
-                 const char *content_type, long timeout_ms, char **resp, size_t *resp_len,
-                 long *status, char *err, size_t errlen)
-{
+    http_client_req r = {.method = method, .url = url, .body = body, .len = len, .bearer = mg.peer_key,
+                         .connect_timeout_ms = 1000, .timeout_ms = 30000};
+    nc_buf out = NC_BUF_INIT;
     *resp = NULL;
     *resp_len = 0;
-    *status = 0;
-    CURL *c = curl_easy_init();
-    if (!c) {
-        snprintf(err, errlen, "curl_easy_init failed");
+    if (http_client_call(&r, &out, status, err, errlen) != 0) {
+        buf_free(&out);
         return -1;
     }
-    cbuf buf = {.max = (size_t)1 << 31};
-    char ct[128];
-    struct curl_slist *hdr = NULL;
-    snprintf(ct, sizeof ct, "Content-Type: %s", content_type ? content_type : "application/octet-stream");
-    hdr = curl_slist_append(hdr, ct);
-    hdr = curl_slist_append(hdr, "Expect:");
-    if (mg.auth_header[0])
-        hdr = curl_slist_append(hdr, mg.auth_header);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    if (body || strcmp(method, "GET") != 0) {
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body ? body : "");
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-    }
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdr);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &buf);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 1000L);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    CURLcode cr = curl_easy_perform(c);
-    int rc = 0;
-    if (cr != CURLE_OK) {
-        snprintf(err, errlen, "%s %s: %s", method, url, curl_easy_strerror(cr));
-        free(buf.b);
-        rc = -1;
-    } else {
-        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, status);
-        if (!buf.b) buf.b = calloc(1, 1);
-        *resp = buf.b;
-        *resp_len = buf.n;
-    }
-    curl_slist_free_all(hdr);
-    curl_easy_cleanup(c);
-    return rc;
+    *resp = buf_detach(&out, resp_len);
+    return *resp ? 0 : -1;
 }
 
 /* ---- set-up ---------------------------------------------------------------- */
@@ -240,10 +187,8 @@ int migrate_init(nc_server *srv, char *err, size_t errlen)
 {
     mg.npeers = 0;
     mg.fingerprint = model_fingerprint(srv->model);
-    mg.auth_header[0] = 0;
-    if (srv->cfg.peer_key[0])
-        snprintf(mg.auth_header, sizeof mg.auth_header, "Authorization: Bearer %s", srv->cfg.peer_key);
-    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+    snprintf(mg.peer_key, sizeof mg.peer_key, "%s", srv->cfg.peer_key);
+    if (http_client_init() != 0) {
         snprintf(err, errlen, "libcurl initialisation failed");
         return -1;
     }
@@ -293,7 +238,7 @@ int migrate_init(nc_server *srv, char *err, size_t errlen)
 
 void migrate_shutdown(void)
 {
-    curl_global_cleanup();
+    http_client_cleanup();
 }
 
 /* ---- ids -------------------------------------------------------------------- */
@@ -346,7 +291,7 @@ static int pull(nc_server *srv, const char *id)
             size_t blen = 0;
             long status = 0;
             snprintf(url, sizeof url, "%s/v1/sessions/%s/handoff", p->url, id);
-            if (migrate_http("POST", url, NULL, 0, NULL, 30000, &body, &blen, &status, err, sizeof err))
+            if (peer_call("POST", url, NULL, 0, &body, &blen, &status, err, sizeof err))
                 continue;   /* peer down: nothing to get from it */
             if (status == 503)
                 moving = 1;
@@ -378,7 +323,7 @@ static int pull(nc_server *srv, const char *id)
             size_t r2l = 0;
             long st2 = 0;
             snprintf(url, sizeof url, "%s/v1/sessions/%s/state", p->url, id);
-            int back = migrate_http("PUT", url, body, blen, NULL, 30000, &r2, &r2l, &st2, err, sizeof err);
+            int back = peer_call("PUT", url, body, blen, &r2, &r2l, &st2, err, sizeof err);
             slog(SLOG_WARN, "session pull refused",
                  json_pack("{s:s,s:s,s:s,s:b}", "session", id, "from", p->url, "error", msg,
                            "returned", back == 0 && st2 == 201));
@@ -588,7 +533,7 @@ int migrate_drain(nc_server *srv, int *failed)
                     size_t blen = 0;
                     long status = 0;
                     snprintf(url, sizeof url, "%s/v1/sessions/%s/state", p->url, s->id);
-                    if (migrate_http("PUT", url, blob, len, NULL, 30000, &body, &blen, &status, err,
+                    if (peer_call("PUT", url, blob, len, &body, &blen, &status, err,
                                      sizeof err) == 0 && status == 201)
                         ok = true;
                     free(body);

@@ -79,11 +79,5 @@ void migrate_h_handoff(nc_server *srv, http_request *req, http_response *resp);
  * *failed gets the number kept (no peer took them). */
 int migrate_drain(nc_server *srv, int *failed);
 
-/* HTTP client for the CLI and the tests too: method on url with an optional
- * body; *resp malloc'ed (NUL-terminated, free()), *status the HTTP status
- * (0 when no answer). Returns 0, or -1 with a message (connection failed). */
-int migrate_http(const char *method, const char *url, const void *body, size_t len,
-                 const char *content_type, long timeout_ms, char **resp, size_t *resp_len,
-                 long *status, char *err, size_t errlen);
 
 #endif

@@ -4,7 +4,6 @@
  * step under its lock, PUT {to}/v1/sessions/{id}/state recreates it; if the
  * target refuses, the state goes back to the source (and, failing that, to a
  * file the user can PUT later). */
-#include <curl/curl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,45 +11,22 @@
 #include "atomicfile.h"
 #include "buf.h"
 #include "commands.h"
+#include "httpclient.h"
 #include "nc_common.h"
 
-/* libcurl's write callback: a short count makes it fail the transfer */
-static size_t on_data(char *p, size_t sz, size_t nm, void *ud)
-{
-    return buf_append(ud, p, sz * nm) == NC_OK ? sz * nm : 0;
-}
-
-static char auth_header[200];   /* "Authorization: Bearer KEY" or "" */
+static const char *bearer;   /* --key or $NEUROCACHE_API_KEY, NULL = none */
 
 /* One request; *out gets the body. Returns the HTTP status, or -1 with the
  * transport error printed. */
 static long request(const char *method, const char *url, const void *body, size_t len, nc_buf *out)
 {
-    CURL *c = curl_easy_init();
-    if (!c) return -1;
-    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/octet-stream");
-    h = curl_slist_append(h, "Expect:");
-    if (auth_header[0])
-        h = curl_slist_append(h, auth_header);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    if (body || strcmp(method, "GET") != 0) {
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body ? body : "");
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-    }
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, out);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 3000L);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 120000L);
-    CURLcode cr = curl_easy_perform(c);
+    http_client_req r = {.method = method, .url = url, .body = body, .len = len, .bearer = bearer};
     long status = -1;
-    if (cr == CURLE_OK)
-        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    else
-        fprintf(stderr, "neurocache migrate: %s %s: %s\n", method, url, curl_easy_strerror(cr));
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
+    char err[NC_ERRLEN];
+    if (http_client_call(&r, out, &status, err, sizeof err) != 0) {
+        fprintf(stderr, "neurocache migrate: %s\n", err);
+        return -1;
+    }
     return status;
 }
 
@@ -104,13 +80,13 @@ int cmd_migrate(int argc, char **argv)
         return 2;
     }
     if (!as) as = id;
-    auth_header[0] = 0;
+    bearer = NULL;
     if (key && *key) {
         if (strlen(key) > 127 || strpbrk(key, " \t\r\n")) {
             fprintf(stderr, "neurocache migrate: --key: an API key is 1-127 characters without white space\n");
             return 2;
         }
-        snprintf(auth_header, sizeof auth_header, "Authorization: Bearer %s", key);
+        bearer = key;
     }
     if (strlen(id) > 63 || strlen(as) > 63 || strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != strlen(id) ||
         strspn(as, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != strlen(as)) {
@@ -122,7 +98,10 @@ int cmd_migrate(int argc, char **argv)
     snprintf(t, sizeof t, "%s", to);
     trim(f);
     trim(t);
-    curl_global_init(CURL_GLOBAL_DEFAULT);
+    if (http_client_init() != 0) {
+        fprintf(stderr, "neurocache migrate: libcurl initialisation failed\n");
+        return 1;
+    }
 
     nc_buf blob = NC_BUF_INIT, ans = NC_BUF_INIT;
     int rc = 1;
@@ -170,6 +149,6 @@ int cmd_migrate(int argc, char **argv)
 done:
     buf_free(&blob);
     buf_free(&ans);
-    curl_global_cleanup();
+    http_client_cleanup();
     return rc;
 }
