@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "batcher.h"
+#include "atomicfile.h"
 #include "auth.h"
 #include "cache.h"
 #include "compute.h"
@@ -41,15 +42,14 @@ static int cache_defaults_from_config(const nc_server_config *c, nc_cache_params
     return 0;
 }
 
-/* Written via a temporary file and rename, so a reader never sees a
- * partial number. */
+/* Written whole through a temporary file and rename (atomicfile.h), so a
+ * reader never sees a partial number. */
 static int write_port_file(const char *path, int port, char *err, size_t errlen)
 {
-    char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f || fprintf(f, "%d\n", port) < 0 || fclose(f) != 0 || rename(tmp, path) != 0) {
-        snprintf(err, errlen, "option 'port_file': cannot write '%.900s': %s", path, strerror(errno));
+    char text[32], msg[NC_ERRLEN];
+    int n = snprintf(text, sizeof text, "%d\n", port);
+    if (atomicfile_write(path, text, (size_t)n, msg, sizeof msg) != NC_OK) {
+        snprintf(err, errlen, "option 'port_file': %s", msg);
         return -1;
     }
     return 0;
@@ -134,6 +134,167 @@ static void *watchdog_main(void *arg)
     return NULL;
 }
 
+/* ---- start-up, in order ----------------------------------------------------- */
+
+/* Logs why start-up failed and gives main's exit status 1. */
+static int startup_failed(const char *err, const char *option)
+{
+    slog(SLOG_ERROR, "startup failed",
+         option ? json_pack("{s:s,s:s}", "error", err, "option", option) : json_pack("{s:s}", "error", err));
+    return 1;
+}
+
+/* Signals are taken synchronously by the main thread only: every thread
+ * created from here on inherits the mask. */
+static void take_signals(sigset_t *sigs)
+{
+    sigemptyset(sigs);
+    sigaddset(sigs, SIGTERM);
+    sigaddset(sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, sigs, NULL);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+static int cores(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* The workers, then the listening socket: /health answers (and /ready says
+ * 503) while the model loads. */
+static int start_listening(nc_server *srv, char *err, size_t errlen)
+{
+    /* Each request thread runs its own BLAS calls: one BLAS thread per
+     * request thread avoids oversubscribing the cores (design §6). */
+    openblas_set_num_threads(1);
+    /* The heavy requests' workers (workguard.h); threads = 0: one per core. */
+    if (srv->cfg.threads <= 0)
+        srv->cfg.threads = cores();
+    srv->pool = workpool_new(srv->cfg.threads, srv->cfg.max_queued, srv->cfg.worker_nice);
+    if (!srv->pool)
+        return startup_failed("cannot start the worker threads", NULL);
+    int n;
+    const http_route *routes = handlers_routes(&n);
+    if (http_start(srv, routes, n, err, errlen) != 0)
+        return startup_failed(err, NULL);
+    slog(SLOG_INFO, "listening",
+         json_pack("{s:s,s:i,s:i,s:s,s:s,s:s}", "bind", srv->cfg.bind, "port", srv->port, "threads",
+                   srv->cfg.threads, "version", NC_VERSION, "simd", vm_isa(), "blas", nc_blas_core()));
+    if (srv->cfg.port_file[0] && write_port_file(srv->cfg.port_file, srv->port, err, errlen) != 0)
+        return startup_failed(err, NULL);
+    return 0;
+}
+
+/* The model, the sessions and the predict batcher, the peers, replication,
+ * then the namespaces (snapshot + log replay of each: /ready stays 503 until
+ * every one is back; a corrupt one stops start-up, naming the file). */
+static int load_and_recover(nc_server *srv, char *err, size_t errlen)
+{
+    if (model_load(srv->cfg.model, &srv->model, err, errlen) != NC_OK)
+        return startup_failed(err, "model");
+    srv->sessions = sessions_new(srv->model, srv->cfg.max_sessions, srv->cfg.session_ttl_s,
+                                 (size_t)srv->cfg.session_memory_mb << 20, srv->cfg.replica_tag);
+    if (!srv->sessions)
+        return startup_failed("out of memory", NULL);
+    if (srv->cfg.batch_predict) {
+        int threads = srv->cfg.batch_threads > 0 ? srv->cfg.batch_threads : cores();
+        srv->batcher = batcher_new(srv->model, threads, srv->cfg.max_batch);
+        if (!srv->batcher)
+            return startup_failed("cannot start the predict batcher", NULL);
+    }
+    if (migrate_init(srv, err, errlen) != 0)
+        return startup_failed(err, "peers");
+    /* before the namespaces are recovered: each is attached as it opens */
+    if (replication_start(srv, err, errlen) != 0)
+        return startup_failed(err, "redis");
+    if (namespaces_init(srv, err, errlen) != 0)
+        return startup_failed(err, "data_dir");
+    sessions_set_binder(srv->sessions, namespaces_bind_session, namespaces_unbind_session, srv);
+    return 0;
+}
+
+/* ---- serving and stopping ---------------------------------------------------- */
+
+/* The main thread waits for a signal, evicting idle sessions once a second
+ * meanwhile. Returns the signal. */
+static int serve_until_signal(nc_server *srv, const sigset_t *sigs)
+{
+    for (;;) {
+        int sig = wait_signal(sigs, 1000);
+        if (sig == SIGTERM || sig == SIGINT)
+            return sig;
+        int ev = sessions_evict_idle(srv->sessions);
+        if (ev > 0) {
+            metrics_add_evictions((uint64_t)ev);
+            slog(SLOG_INFO, "sessions evicted", json_pack("{s:i}", "count", ev));
+        }
+    }
+}
+
+/* /ready answers 503 from now on; in-flight requests finish until
+ * drain_timeout, then are cancelled (answered 503). */
+static void drain(nc_server *srv, const sigset_t *sigs, int sig)
+{
+    atomic_store(&srv->draining, 1);
+    sd_notify(0, "STOPPING=1");
+    slog(SLOG_INFO, "draining", json_pack("{s:s,s:I}", "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                                          "inflight", (json_int_t)atomic_load(&srv->inflight)));
+    /* Scale-out: keep serving while the balancer notices /ready (drain_grace),
+     * then hand the sessions to the peers (migrate.h); requests for them
+     * arriving later are answered session_moved and retried elsewhere. */
+    for (double until = workguard_now() + srv->cfg.drain_grace_s; workguard_now() < until;)
+        drain_wait(sigs, 50);
+    int kept = 0, handed = migrate_drain(srv, &kept);
+    if (handed || kept)
+        slog(kept ? SLOG_WARN : SLOG_INFO, "sessions handed over",
+             json_pack("{s:i,s:i}", "handed", handed, "kept", kept));
+    double drain_end = workguard_now() + srv->cfg.drain_timeout_s;
+    while (atomic_load(&srv->inflight) > 0 && workguard_now() < drain_end)
+        drain_wait(sigs, 10);
+    if (atomic_load(&srv->inflight) > 0) {
+        /* What still runs is stopped within one slice and answered 503;
+         * queued heavy requests are answered at once. */
+        slog(SLOG_WARN, "drain timeout: cancelling",
+             json_pack("{s:I}", "inflight", (json_int_t)atomic_load(&srv->inflight)));
+        workguard_cancel_all();
+        for (double until = workguard_now() + 1.0; atomic_load(&srv->inflight) > 0 && workguard_now() < until;)
+            drain_wait(sigs, 10);
+    }
+    /* The workers are idle (or their requests' answers are on the way):
+     * anything arriving from now on is refused at once. */
+    workguard_cancel_all();
+}
+
+/* Stops the threads and closes everything, namespaces last but the model:
+ * their final snapshots. Returns the number of sessions dropped. */
+static long shut_down(nc_server *srv)
+{
+    /* Batches still queued finish and resume their connections before the
+     * HTTP daemon stops (it must not stop with suspended connections); a
+     * predict arriving meanwhile runs inline. */
+    batcher_stop(srv->batcher);
+    http_stop(srv);
+    batcher_free(srv->batcher);
+    srv->batcher = NULL;
+    workpool_free(srv->pool);
+    srv->pool = NULL;
+    replication_stop();   /* publishes what is queued; before the namespaces close */
+    long count = 0;
+    sessions_stats(srv->sessions, &count, NULL);
+    sessions_free(srv->sessions);
+    namespaces_shutdown(srv);   /* after the sessions: they hold namespaces */
+    migrate_shutdown();
+    model_free(srv->model);
+    auth_shutdown();
+    return count;
+}
+
 int main(int argc, char **argv)
 {
     static nc_server srv;
@@ -152,101 +313,20 @@ int main(int argc, char **argv)
     slog_init(srv.cfg.log_format, srv.cfg.log_level);
     /* Hardening (auth.h): no root unless allowed, API keys. Fault simulation
      * (core/fault.h) is armed only by tests, through the environment. */
-    if (nc_fault_from_spec(getenv("NEUROCACHE_FAULT")) != 0 || auth_startup(&srv.cfg, err, sizeof err) != 0) {
-        slog(SLOG_ERROR, "startup failed", json_pack("{s:s}", "error", err[0] ? err : "bad NEUROCACHE_FAULT"));
-        return 1;
-    }
-
-    /* Signals are taken synchronously by the main thread only: every thread
-     * created from here on inherits the mask. */
+    if (nc_fault_from_spec(getenv("NEUROCACHE_FAULT")) != 0)
+        return startup_failed("bad NEUROCACHE_FAULT", NULL);
+    if (auth_startup(&srv.cfg, err, sizeof err) != 0)
+        return startup_failed(err, NULL);
     sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-
-    /* Each HTTP worker runs its own BLAS calls: one BLAS thread per request
-     * thread avoids oversubscribing the cores (design §6). */
-    openblas_set_num_threads(1);
-
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    /* The heavy requests' workers (workguard.h); threads = 0: one per core. */
-    if (srv.cfg.threads <= 0)
-        srv.cfg.threads = (int)(cores > 0 ? cores : 1);
-    srv.pool = workpool_new(srv.cfg.threads, srv.cfg.max_queued, srv.cfg.worker_nice);
-    if (!srv.pool) {
-        slog(SLOG_ERROR, "startup failed", json_pack("{s:s}", "error", "cannot start the worker threads"));
-        return 1;
-    }
-    int n;
-    const http_route *routes = handlers_routes(&n);
-    if (http_start(&srv, routes, n, err, sizeof err) != 0) {
-        slog(SLOG_ERROR, "startup failed", json_pack("{s:s}", "error", err));
-        return 1;
-    }
-    slog(SLOG_INFO, "listening",
-         json_pack("{s:s,s:i,s:i,s:s,s:s,s:s}", "bind", srv.cfg.bind, "port", srv.port, "threads",
-                   srv.cfg.threads, "version", NC_VERSION, "simd",
-                   vm_isa(), "blas", nc_blas_core()));
-    if (srv.cfg.port_file[0] && write_port_file(srv.cfg.port_file, srv.port, err, sizeof err) != 0) {
-        slog(SLOG_ERROR, "startup failed", json_pack("{s:s}", "error", err));
-        http_stop(&srv);
-        return 1;
-    }
+    take_signals(&sigs);
 
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    rc = model_load(srv.cfg.model, &srv.model, err, sizeof err);
-    if (rc != NC_OK) {
-        slog(SLOG_ERROR, "startup failed",
-             json_pack("{s:s,s:s}", "error", err, "option", "model"));
+    /* a failed start-up closes the socket and exits: nothing was acknowledged */
+    if (start_listening(&srv, err, sizeof err) != 0 || load_and_recover(&srv, err, sizeof err) != 0) {
         http_stop(&srv);
         return 1;
     }
-    srv.sessions = sessions_new(srv.model, srv.cfg.max_sessions, srv.cfg.session_ttl_s,
-                                (size_t)srv.cfg.session_memory_mb << 20, srv.cfg.replica_tag);
-    if (!srv.sessions) {
-        slog(SLOG_ERROR, "startup failed", json_pack("{s:s}", "error", "out of memory"));
-        http_stop(&srv);
-        model_free(srv.model);
-        return 1;
-    }
-    if (srv.cfg.batch_predict) {
-        int bt = srv.cfg.batch_threads > 0 ? srv.cfg.batch_threads : (int)(cores > 0 ? cores : 1);
-        srv.batcher = batcher_new(srv.model, bt, srv.cfg.max_batch);
-        if (!srv.batcher) {
-            slog(SLOG_ERROR, "startup failed", json_pack("{s:s}", "error", "cannot start the predict batcher"));
-            http_stop(&srv);
-            sessions_free(srv.sessions);
-            model_free(srv.model);
-            return 1;
-        }
-    }
-    if (migrate_init(&srv, err, sizeof err) != 0) {
-        slog(SLOG_ERROR, "startup failed", json_pack("{s:s,s:s}", "error", err, "option", "peers"));
-        http_stop(&srv);
-        return 1;
-    }
-    /* Before the namespaces are recovered: each is attached as it opens. */
-    if (replication_start(&srv, err, sizeof err) != 0) {
-        slog(SLOG_ERROR, "startup failed", json_pack("{s:s,s:s}", "error", err, "option", "redis"));
-        http_stop(&srv);
-        return 1;
-    }
-    /* Namespaces: snapshot + log replay of each; /ready stays 503 until
-     * every one is back (a corrupt one stops start-up, naming the file). */
-    if (namespaces_init(&srv, err, sizeof err) != 0) {
-        slog(SLOG_ERROR, "startup failed", json_pack("{s:s,s:s}", "error", err, "option", "data_dir"));
-        http_stop(&srv);
-        return 1;
-    }
-    sessions_set_binder(srv.sessions, namespaces_bind_session, namespaces_unbind_session, &srv);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     atomic_store(&srv.ready, 1);
     char desc[256];
@@ -258,71 +338,14 @@ int main(int argc, char **argv)
                    "cache", cache_params_describe(&srv.cache_defaults, desc, sizeof desc)));
     sd_notify(0, "READY=1");
 
-    /* The main thread waits for a signal, evicting idle sessions once a
-     * second meanwhile. */
-    int sig = 0;
-    for (;;) {
-        sig = wait_signal(&sigs, 1000);
-        if (sig == SIGTERM || sig == SIGINT)
-            break;
-        int ev = sessions_evict_idle(srv.sessions);
-        if (ev > 0) {
-            metrics_add_evictions((uint64_t)ev);
-            slog(SLOG_INFO, "sessions evicted", json_pack("{s:i}", "count", ev));
-        }
-    }
-
-    /* Drain: /ready answers 503 from now on; requests in flight finish. */
-    atomic_store(&srv.draining, 1);
-    sd_notify(0, "STOPPING=1");
+    int sig = serve_until_signal(&srv, &sigs);
     /* SIGTERM exits within drain_grace + drain_timeout + 2 s whatever runs:
      * the watchdog sees to the last part. */
     watchdog.at = workguard_now() + srv.cfg.drain_grace_s + srv.cfg.drain_timeout_s + 1.8;
     pthread_t wd;
     bool wd_started = pthread_create(&wd, NULL, watchdog_main, NULL) == 0;
-    slog(SLOG_INFO, "draining", json_pack("{s:s,s:I}", "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT",
-                                          "inflight", (json_int_t)atomic_load(&srv.inflight)));
-    /* Scale-out: keep serving while the balancer notices /ready (drain_grace),
-     * then hand the sessions to the peers (migrate.h); requests for them
-     * arriving later are answered session_moved and retried elsewhere. */
-    for (double until = workguard_now() + srv.cfg.drain_grace_s; workguard_now() < until;)
-        drain_wait(&sigs, 50);
-    int kept = 0, handed = migrate_drain(&srv, &kept);
-    if (handed || kept)
-        slog(kept ? SLOG_WARN : SLOG_INFO, "sessions handed over",
-             json_pack("{s:i,s:i}", "handed", handed, "kept", kept));
-    double drain_end = workguard_now() + srv.cfg.drain_timeout_s;
-    while (atomic_load(&srv.inflight) > 0 && workguard_now() < drain_end)
-        drain_wait(&sigs, 10);
-    if (atomic_load(&srv.inflight) > 0) {
-        /* What still runs is stopped within one slice and answered 503;
-         * queued heavy requests are answered at once. */
-        slog(SLOG_WARN, "drain timeout: cancelling",
-             json_pack("{s:I}", "inflight", (json_int_t)atomic_load(&srv.inflight)));
-        workguard_cancel_all();
-        for (double until = workguard_now() + 1.0; atomic_load(&srv.inflight) > 0 && workguard_now() < until;)
-            drain_wait(&sigs, 10);
-    }
-    /* The workers are idle (or their requests' answers are on the way):
-     * anything arriving from now on is refused at once. */
-    workguard_cancel_all();
-    /* Batches still queued finish and resume their connections before the
-     * HTTP daemon stops (it must not stop with suspended connections); a
-     * predict arriving meanwhile runs inline. */
-    batcher_stop(srv.batcher);
-    http_stop(&srv);
-    batcher_free(srv.batcher);
-    srv.batcher = NULL;
-    workpool_free(srv.pool);
-    srv.pool = NULL;
-    replication_stop();   /* publishes what is queued; before the namespaces close */
-    long count = 0;
-    sessions_stats(srv.sessions, &count, NULL);
-    sessions_free(srv.sessions);
-    namespaces_shutdown(&srv);   /* after the sessions: they hold namespaces */
-    migrate_shutdown();
-    model_free(srv.model);
-    auth_shutdown();
+    drain(&srv, &sigs, sig);
+    long dropped = shut_down(&srv);
     if (wd_started) {
         pthread_mutex_lock(&watchdog.lock);
         watchdog.done = true;
@@ -330,6 +353,6 @@ int main(int argc, char **argv)
         pthread_mutex_unlock(&watchdog.lock);
         pthread_join(wd, NULL);
     }
-    slog(SLOG_INFO, "stopped", json_pack("{s:i}", "sessions_dropped", (int)count));
+    slog(SLOG_INFO, "stopped", json_pack("{s:i}", "sessions_dropped", (int)dropped));
     return 0;
 }
