@@ -56,6 +56,13 @@ void cacheopts_init(cacheopts *co)
     cache_params_default(&co->p);
 }
 
+void cacheopts_start(cacheopts *co)
+{
+    cacheopts_init(co);
+    opterr = 0;   /* the command prints its own messages */
+    optind = 1;
+}
+
 bool cacheopts_given(const cacheopts *co, int code)
 {
     return code > CO_FIRST && code < CO_LAST && co->seen[code - CO_FIRST];

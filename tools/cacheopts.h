@@ -43,7 +43,10 @@ typedef struct {
 /* The cache options' help: the knob table's rows, then the CLI's own. */
 const char *cacheopts_help(void);
 
+/* Defaults (cacheopts_init); cacheopts_start also readies getopt_long for
+ * the command's own loop over argv (from argv[1], quiet). */
 void cacheopts_init(cacheopts *co);
+void cacheopts_start(cacheopts *co);
 /* Handles one getopt code: 1 = it was a cache option (consumed), 0 = not
  * one, -1 = bad value (message printed, prefixed with cmd). */
 int cacheopts_parse(cacheopts *co, int code, const char *arg, const char *cmd);

@@ -341,10 +341,8 @@ int cmd_eval(int argc, char **argv)
     int nextra = 0;
     bool bos_eos = true;
     cacheopts co;
-    cacheopts_init(&co);
+    cacheopts_start(&co);
     int c;
-    opterr = 0;
-    optind = 1;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case OPT_MODEL: model_dir = optarg; break;

@@ -77,10 +77,8 @@ int cmd_score(int argc, char **argv)
     nc_bos bos = NC_BOS_EOS;
     bool json = false;
     cacheopts co;
-    cacheopts_init(&co);
+    cacheopts_start(&co);
     int c;
-    opterr = 0;
-    optind = 1;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'm':

@@ -151,8 +151,6 @@ static int parse_args(int argc, char **argv, tune_args *a)
         {NULL, 0, NULL, 0},
     };
     int c, bad = 0;
-    opterr = 0;
-    optind = 1;
     while (!bad && (c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case OPT_MODEL: a->model_dir = optarg; break;
@@ -562,7 +560,7 @@ static int stage_unbounded(tune_run *r, char *err, size_t errlen)
 int cmd_tune(int argc, char **argv)
 {
     tune_args a = {.prefix = "tune", .bos_eos = true, .plot = true};
-    cacheopts_init(&a.co);
+    cacheopts_start(&a.co);
     int bad = parse_args(argc, argv, &a);
     if (!bad)
         bad = check_args(&a);
