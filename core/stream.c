@@ -575,3 +575,204 @@ int stream_import(const nc_model *m, nc_ubcache *ub, nc_wordtable *words, const 
     *out = s;
     return NC_OK;
 }
+
+/* ---- N-best rescoring (stream_rescore) ---------------------------------- */
+
+/* What a continuation overwrites in the local caches: the ring slots from
+ * head on (at most one per token), head and count; put back afterwards. */
+typedef struct {
+    int n_head, n_count, n_slots;
+    void *n_keys;                 /* [n_slots, dim] as stored (f32 or f16) */
+    int *n_vals;
+    int u_head, u_count, u_slots;
+    int *u_ring;
+} cache_undo;
+
+static int undo_save(nc_stream *s, size_t ntok, cache_undo *u, char *err, size_t errlen)
+{
+    memset(u, 0, sizeof *u);
+    if (s->neural.size) {
+        nc_ncache *c = &s->neural;
+        size_t ks = (c->f16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)c->dim;
+        u->n_head = c->head;
+        u->n_count = c->count;
+        u->n_slots = ntok < (size_t)c->size ? (int)ntok : c->size;
+        u->n_keys = malloc((size_t)(u->n_slots ? u->n_slots : 1) * ks);
+        u->n_vals = malloc((size_t)(u->n_slots ? u->n_slots : 1) * sizeof(int));
+        if (!u->n_keys || !u->n_vals)
+            return nc_error(err, errlen, NC_ENOMEM, "rescoring");
+        for (int k = 0; k < u->n_slots; k++) {
+            int slot = (c->head + k) % c->size;
+            memcpy((char *)u->n_keys + (size_t)k * ks, (char *)c->keys + (size_t)slot * ks, ks);
+            u->n_vals[k] = c->values[slot];
+        }
+    }
+    if (s->unigram.size) {
+        nc_ucache *c = &s->unigram;
+        u->u_head = c->head;
+        u->u_count = c->count;
+        u->u_slots = ntok < (size_t)c->size ? (int)ntok : c->size;
+        u->u_ring = malloc((size_t)(u->u_slots ? u->u_slots : 1) * sizeof(int));
+        if (!u->u_ring)
+            return nc_error(err, errlen, NC_ENOMEM, "rescoring");
+        for (int k = 0; k < u->u_slots; k++)
+            u->u_ring[k] = c->ring[(c->head + k) % c->size];
+    }
+    return NC_OK;
+}
+
+static void undo_restore(nc_stream *s, cache_undo *u)
+{
+    if (s->neural.size) {
+        nc_ncache *c = &s->neural;
+        size_t ks = (c->f16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)c->dim;
+        for (int k = 0; k < u->n_slots; k++) {
+            int slot = (u->n_head + k) % c->size;
+            memcpy((char *)c->keys + (size_t)slot * ks, (char *)u->n_keys + (size_t)k * ks, ks);
+            c->values[slot] = u->n_vals[k];
+        }
+        c->head = u->n_head;
+        c->count = u->n_count;
+    }
+    if (s->unigram.size) {
+        nc_ucache *c = &s->unigram;
+        for (int k = 0; k < u->u_slots; k++)
+            c->ring[(u->u_head + k) % c->size] = u->u_ring[k];
+        c->head = u->u_head;
+        c->count = u->u_count;
+        /* the counts are the window's histogram: rebuilt from it */
+        memset(c->counts, 0, (size_t)c->ncounts * sizeof(int));
+        for (int i = 0; i < c->count; i++)
+            c->counts[ucache_at(c, i)]++;
+    }
+    free(u->n_keys);
+    free(u->n_vals);
+    free(u->u_ring);
+    memset(u, 0, sizeof *u);
+}
+
+/* A continuation's document (docscore.h) from a copy of the stream's LSTM
+ * state, decoder left for later (s_target, log_z unset). Ids as
+ * doc_prepare gives them, except that a word new to the open-vocabulary
+ * table is not added to it: it gets the id it would get (table size + its
+ * rank among the continuation's new words), so |V_full| grows as a feed
+ * would grow it, and the table is left alone. */
+static int rescore_prepare(nc_stream *s, nc_state *st, const nc_tokens *t, nc_doc **out, char *err,
+                           size_t errlen)
+{
+    const nc_model *m = s->m;
+    const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    nc_doc *d;
+    int rc = doc_alloc(H, V, t->n, &d, err, errlen);
+    if (rc)
+        return rc;
+    d->first = s->has_h ? 0 : (t->n > 0 ? 1 : 0);
+    nc_wordtable *words = s->p.open_vocab ? s->words : NULL;
+    int base = words ? wordtable_size(words) : V, nnew = 0;
+    const char **fresh = words && t->n ? malloc(t->n * sizeof *fresh) : NULL;
+    if (words && t->n && !fresh)
+        rc = nc_error(err, errlen, NC_ENOMEM, "rescoring");
+    for (size_t j = 0; !rc && j < t->n; j++) {
+        int id = t->ids[j];
+        if (id < 0 || id >= V) {
+            rc = nc_error(err, errlen, NC_EINVAL, "token %zu has id %d outside [0, %d)", j, id, V);
+            break;
+        }
+        if (words) {
+            d->vfull[j] = base + nnew;
+            if (id == m->unk_id && t->words && t->words[j]) {
+                int w = wordtable_id(words, t->words[j], strlen(t->words[j]), false);
+                for (int k = 0; w < 0 && k < nnew; k++)
+                    if (strcmp(fresh[k], t->words[j]) == 0)
+                        w = base + k;
+                if (w < 0) {
+                    fresh[nnew] = t->words[j];
+                    w = base + nnew++;
+                }
+                id = w;
+            }
+        }
+        d->ids[j] = id;
+    }
+    free(fresh);
+    if (!rc && t->n) {
+        lstm_state_copy(st, s->st);
+        memcpy(d->q, lstm_state_top(st), (size_t)H * sizeof(float));
+        rc = lstm_forward_seq(m, st, t->ids, t->n, d->q + H, err, errlen);
+    }
+    if (rc) {
+        doc_free(d);
+        return rc;
+    }
+    *out = d;
+    return NC_OK;
+}
+
+/* Rows of decoder products per GEMM (as doc_prepare's blocks). */
+#define RESCORE_LOGIT_BLOCK 128
+
+int stream_rescore(nc_stream *s, const nc_tokens *conts, size_t n, double **logprobs, char *err,
+                   size_t errlen)
+{
+    const nc_model *m = s->m;
+    const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    nc_doc **docs = calloc(n ? n : 1, sizeof *docs);
+    nc_state *st = lstm_state_new(m);
+    float *rows = nc_alloc((size_t)RESCORE_LOGIT_BLOCK * H * sizeof(float));
+    float *logits = nc_alloc((size_t)RESCORE_LOGIT_BLOCK * V * sizeof(float));
+    size_t *owner = malloc(RESCORE_LOGIT_BLOCK * 2 * sizeof *owner);
+    int rc = docs && st && rows && logits && owner ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "rescoring");
+    for (size_t i = 0; !rc && i < n; i++)
+        rc = rescore_prepare(s, st, &conts[i], &docs[i], err, errlen);
+    /* The decoder for every scored position of every continuation, in
+     * blocks of rows gathered across continuations. */
+    size_t nb = 0;
+    for (size_t i = 0; !rc && i <= n; i++) {
+        for (size_t j = i < n ? docs[i]->first : 0; i < n && j < docs[i]->n; j++) {
+            memcpy(rows + nb * H, docs[i]->q + j * H, (size_t)H * sizeof(float));
+            owner[2 * nb] = i;
+            owner[2 * nb + 1] = j;
+            if (++nb < RESCORE_LOGIT_BLOCK)
+                continue;
+            lstm_logits_batch(m, rows, nb, logits);
+            for (size_t r = 0; r < nb; r++) {
+                nc_doc *d = docs[owner[2 * r]];
+                size_t t = owner[2 * r + 1];
+                const float *l = logits + r * (size_t)V;
+                d->log_z[t] = nc_logsumexp(l, (size_t)V);
+                d->s_target[t] = d->ids[t] < V ? l[d->ids[t]] : -INFINITY;
+            }
+            nb = 0;
+        }
+        if (i == n && nb > 0) {
+            lstm_logits_batch(m, rows, nb, logits);
+            for (size_t r = 0; r < nb; r++) {
+                nc_doc *d = docs[owner[2 * r]];
+                size_t t = owner[2 * r + 1];
+                const float *l = logits + r * (size_t)V;
+                d->log_z[t] = nc_logsumexp(l, (size_t)V);
+                d->s_target[t] = d->ids[t] < V ? l[d->ids[t]] : -INFINITY;
+            }
+        }
+    }
+    /* The caches, continuation by continuation, each put back after it. */
+    for (size_t i = 0; !rc && i < n; i++) {
+        cache_undo u;
+        rc = undo_save(s, docs[i]->n, &u, err, errlen);
+        if (!rc) {
+            nc_doc_caches c = {.neural = s->neural.size ? &s->neural : NULL,
+                               .unigram = s->unigram.size ? &s->unigram : NULL,
+                               .ub = s->ub, .adapt = false};
+            rc = doc_score(docs[i], &s->p, &c, 0, logprobs[i], err, errlen);
+        }
+        undo_restore(s, &u);
+    }
+    for (size_t i = 0; docs && i < n; i++)
+        doc_free(docs[i]);
+    free(docs);
+    lstm_state_free(st);
+    nc_free(rows);
+    nc_free(logits);
+    free(owner);
+    return rc;
+}

@@ -71,6 +71,24 @@ bool stream_has_h(const nc_stream *s);
 size_t stream_memory(const nc_stream *s);         /* bytes owned by the stream */
 nc_ubcache *stream_ubcache(const nc_stream *s);
 
+/* N-best rescoring: scores each of the n continuations conts[i] from the
+ * stream's current state as if it alone were fed (stream_feed with
+ * logprobs: its own earlier tokens in the local caches, its new
+ * open-vocabulary words counted in |V_full|, the unbounded cache read, never
+ * adapted), and leaves the stream exactly as it was: LSTM state, caches and
+ * word table unchanged, bit for bit. logprobs[i][j] = log p(token j of
+ * continuation i | state, tokens < j of it), NAN where the stream had no h
+ * yet (first token, bos none).
+ *
+ * Cheaper than n copies of the stream fed one by one: each continuation
+ * starts from a copy of the LSTM state only (L x 2H floats); the caches are
+ * used in place -- the few ring slots a continuation writes are saved and
+ * put back after it, instead of copying the windows -- and the decoder
+ * products of all the continuations' positions run as one series of GEMMs
+ * (the cost that dominates: V x H per token). */
+int stream_rescore(nc_stream *s, const nc_tokens *conts, size_t n, double **logprobs, char *err,
+                   size_t errlen);
+
 /* Deep copy (shares m, ub and a borrowed word table). */
 int stream_clone(const nc_stream *s, nc_stream **out, char *err, size_t errlen);
 /* Serialisation: a self-contained little-endian blob (params, LSTM state,

@@ -403,6 +403,41 @@ int proto_decode_session(const json_t *body, const nc_cache_params *defaults,
     return proto_decode_cache(json_object_get(body, "cache"), defaults, &r->cache, st);
 }
 
+/* "stop": absent, null, a string or a list of up to PROTO_MAX_STOP
+ * non-empty strings (OpenAI's form; lm-eval sends a list). */
+static int decode_stop(const json_t *body, const char **stop, size_t *len, size_t *n, api_status *st)
+{
+    *n = 0;
+    const json_t *v = field(body, "stop");
+    if (!v)
+        return 0;
+    if (json_is_string(v)) {
+        if (json_string_length(v) == 0)
+            return 0;             /* "" stops nothing */
+        stop[0] = json_string_value(v);
+        len[0] = json_string_length(v);
+        *n = 1;
+        return 0;
+    }
+    if (!json_is_array(v))
+        return proto_fail(st, API_INVALID_TYPE, "field 'stop' must be a string or a list of strings");
+    if (json_array_size(v) > PROTO_MAX_STOP)
+        return proto_fail(st, API_OUT_OF_RANGE, "field 'stop' has %zu sequences, at most %d are allowed",
+                          json_array_size(v), PROTO_MAX_STOP);
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e) {
+        if (!json_is_string(e))
+            return proto_fail(st, API_INVALID_TYPE, "stop sequence %zu must be a string", i);
+        if (json_string_length(e) == 0)
+            continue;
+        stop[*n] = json_string_value(e);
+        len[*n] = json_string_length(e);
+        (*n)++;
+    }
+    return 0;
+}
+
 static int check_prompt(const json_t *p, int vocab_size, api_status *st)
 {
     if (json_is_string(p)) {
@@ -465,11 +500,99 @@ int proto_decode_completions(const json_t *body, int vocab_size, long max_top_k,
     if (proto_get_bool(body, "echo", false, &r->echo, st)) return -1;
     long nn;
     if (proto_get_int(body, "n", 1, 1, 1, &nn, st)) return -1;
-    bool stream;
-    if (proto_get_bool(body, "stream", false, &stream, st)) return -1;
-    if (stream)
-        return proto_fail(st, API_OUT_OF_RANGE, "field 'stream': streaming is not supported");
+    if (proto_get_bool(body, "stream", false, &r->stream, st)) return -1;
+    const json_t *so = field(body, "stream_options");
+    if (so) {
+        if (!json_is_object(so))
+            return proto_fail(st, API_INVALID_TYPE, "field 'stream_options' must be an object");
+        if (proto_get_bool(so, "include_usage", false, &r->include_usage, st)) return -1;
+    }
+    if (proto_get_bool(body, "allow_unk", false, &r->allow_unk, st)) return -1;
+    return decode_stop(body, r->stop, r->stop_len, &r->n_stop, st);
+}
+
+int proto_decode_generate(const json_t *body, long max_top_k, long max_completion_tokens,
+                          proto_generate_req *r, api_status *st)
+{
+    static const char *const keys[] = {"max_tokens", "temperature", "top_p", "seed", "logprobs", "allow_unk",
+                                       "stream", "advance", "stop", NULL};
+    memset(r, 0, sizeof *r);
+    if (proto_check_keys(body, keys, st)) return -1;
+    if (proto_get_int(body, "max_tokens", 1, max_completion_tokens, 16, &r->max_tokens, st)) return -1;
+    if (proto_get_double(body, "temperature", 0, 100, 0.0, &r->temperature, st)) return -1;
+    if (proto_get_double(body, "top_p", 0, 1, 1.0, &r->top_p, st)) return -1;
+    if (r->top_p <= 0 && json_object_get(body, "top_p"))
+        return proto_fail(st, API_OUT_OF_RANGE, "field 'top_p' must be in (0, 1]");
+    if (field(body, "seed")) {
+        long seed;
+        if (proto_get_int(body, "seed", -9007199254740991L, 9007199254740991L, 0, &seed, st)) return -1;
+        r->seed = seed;
+        r->has_seed = true;
+    }
+    if (proto_get_int(body, "logprobs", 0, max_top_k, -1, &r->logprobs, st)) return -1;
+    if (proto_get_bool(body, "allow_unk", false, &r->allow_unk, st)) return -1;
+    if (proto_get_bool(body, "stream", false, &r->stream, st)) return -1;
+    if (proto_get_bool(body, "advance", true, &r->advance, st)) return -1;
+    return decode_stop(body, r->stop, r->stop_len, &r->n_stop, st);
+}
+
+int proto_decode_rescore(const json_t *body, bool stateless, const nc_cache_params *defaults,
+                         long max_hypotheses, proto_rescore_req *r, api_status *st)
+{
+    static const char *const keys_s[] = {"hypotheses", "top_k", NULL};
+    static const char *const keys_l[] = {"context", "hypotheses", "top_k", "cache", "bos", NULL};
+    memset(r, 0, sizeof *r);
+    r->context = "";
+    r->bos_eos = true;
+    if (proto_check_keys(body, stateless ? keys_l : keys_s, st)) return -1;
+    const json_t *h = field(body, "hypotheses");
+    if (!h)
+        return proto_fail(st, API_MISSING_FIELD, "field 'hypotheses' is required");
+    if (!json_is_array(h))
+        return proto_fail(st, API_INVALID_TYPE, "field 'hypotheses' must be a list of strings");
+    size_t n = json_array_size(h);
+    if (n == 0 || (long)n > max_hypotheses)
+        return proto_fail(st, API_OUT_OF_RANGE, "field 'hypotheses' must hold 1 to %ld strings (got %zu)",
+                          max_hypotheses, n);
+    r->hyps = calloc(n, sizeof *r->hyps);
+    r->hyp_len = calloc(n, sizeof *r->hyp_len);
+    if (!r->hyps || !r->hyp_len)
+        return proto_fail(st, API_INTERNAL, "out of memory");
+    r->n = n;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_array_get(h, i);
+        if (!json_is_string(e))
+            return proto_fail(st, API_INVALID_TYPE, "hypothesis %zu must be a string", i);
+        if (memchr(json_string_value(e), 0, json_string_length(e)))
+            return proto_fail(st, API_INVALID_TEXT, "hypothesis %zu contains a NUL character", i);
+        r->hyps[i] = json_string_value(e);
+        r->hyp_len[i] = json_string_length(e);
+    }
+    if (proto_get_int(body, "top_k", 1, (long)n, 0, &r->top_k, st)) return -1;
+    if (!stateless)
+        return 0;
+    if (proto_get_string(body, "context", false, &r->context, &r->context_len, st)) return -1;
+    if (!r->context) {
+        r->context = "";
+        r->context_len = 0;
+    }
+    if (proto_decode_cache(json_object_get(body, "cache"), defaults, &r->cache, st)) return -1;
+    const char *bos;
+    if (proto_get_string(body, "bos", false, &bos, NULL, st)) return -1;
+    if (bos && strcmp(bos, "eos") && strcmp(bos, "none"))
+        return proto_fail(st, API_OUT_OF_RANGE, "field 'bos' must be \"eos\" or \"none\"");
+    r->bos_eos = !bos || strcmp(bos, "eos") == 0;
     return 0;
+}
+
+void proto_rescore_free(proto_rescore_req *r)
+{
+    if (!r) return;
+    free(r->hyps);
+    free(r->hyp_len);
+    r->hyps = NULL;
+    r->hyp_len = NULL;
+    r->n = 0;
 }
 
 void proto_completions_free(proto_completions_req *r)

@@ -134,6 +134,10 @@ typedef struct {
 int proto_decode_session(const json_t *body, const nc_cache_params *defaults,
                          proto_session_req *r, api_status *st);
 
+/* Stop sequences a generation request may give ("stop": a string or a
+ * list of non-empty strings). */
+#define PROTO_MAX_STOP 16
+
 /* OpenAI /v1/completions subset. prompts are borrowed from body: each is a
  * JSON string or an array of token ids (validated against vocab_size). */
 typedef struct {
@@ -144,10 +148,48 @@ typedef struct {
     long long seed; bool has_seed;
     long logprobs;           /* -1 = none, else top-N (0 allowed) */
     bool echo;
+    bool stream;             /* server-sent events */
+    bool include_usage;      /* stream_options.include_usage: usage in a last chunk */
+    bool allow_unk;          /* unk_token may be generated */
+    const char *stop[PROTO_MAX_STOP];   /* stop sequences, borrowed from body */
+    size_t stop_len[PROTO_MAX_STOP];
+    size_t n_stop;
 } proto_completions_req;
 int proto_decode_completions(const json_t *body, int vocab_size, long max_top_k,
                              long max_completion_tokens, proto_completions_req *r,
                              api_status *st);
 void proto_completions_free(proto_completions_req *r);
+
+/* POST /v1/sessions/{id}/generate: words drawn from the session's state. */
+typedef struct {
+    long max_tokens;
+    double temperature, top_p;
+    long long seed; bool has_seed;
+    long logprobs;           /* alternatives per word, -1 = none */
+    bool allow_unk, stream;
+    bool advance;            /* the session advances by the words delivered (default true) */
+    const char *stop[PROTO_MAX_STOP];
+    size_t stop_len[PROTO_MAX_STOP];
+    size_t n_stop;
+} proto_generate_req;
+int proto_decode_generate(const json_t *body, long max_top_k, long max_completion_tokens,
+                          proto_generate_req *r, api_status *st);
+
+/* N-best rescoring: POST /v1/sessions/{id}/rescore {"hypotheses", "top_k"}
+ * and POST /v1/rescore {"context", "hypotheses", "top_k", "cache", "bos"}.
+ * hyps are borrowed from body. */
+typedef struct {
+    const char **hyps;       /* [n], malloc'd: free with proto_rescore_free */
+    size_t *hyp_len;
+    size_t n;
+    long top_k;              /* 0 = every hypothesis, in the request's order */
+    const char *context; size_t context_len;   /* stateless only ("" when absent) */
+    nc_cache_params cache;   /* stateless only */
+    bool bos_eos;            /* stateless only */
+} proto_rescore_req;
+/* stateless: the /v1/rescore form (context, cache, bos allowed). */
+int proto_decode_rescore(const json_t *body, bool stateless, const nc_cache_params *defaults,
+                         long max_hypotheses, proto_rescore_req *r, api_status *st);
+void proto_rescore_free(proto_rescore_req *r);
 
 #endif

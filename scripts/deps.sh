@@ -13,7 +13,7 @@ packages=(build-essential pkg-config dpkg-dev
           clang libclang-rt-dev gnuplot-nox wrk procps curl
           haproxy nginx-light redis-server python3-yaml   # multi-replica tests, deploy/lint.sh
           chromium)                                       # the web page's browser test (tests/web)
-# node and npm drive that browser (puppeteer-core): Debian's, unless a node is
+# node and npm drive that browser (puppeteer-core) and the openai client test: Debian's, unless a node is
 # already installed (its own npm comes with it)
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 
@@ -52,6 +52,20 @@ install_web_test_modules() {
     ( cd "$dir" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error ) >&2
 }
 install_web_test_modules
+
+# The official openai client for the real-client test (tests/openai:
+# package.json + package-lock.json), the same way into build/node-openai.
+install_openai_test_modules() {
+    local dir="$here/build/node-openai" lock="$here/tests/openai/package-lock.json"
+    if [ -f "$dir/node_modules/openai/package.json" ] && cmp -s "$lock" "$dir/package-lock.json"; then
+        return 0
+    fi
+    echo "deps: npm ci (tests/openai: openai) into build/node-openai" >&2
+    mkdir -p "$dir"
+    cp "$here/tests/openai/package.json" "$lock" "$dir/"
+    ( cd "$dir" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error ) >&2
+}
+install_openai_test_modules
 
 # FAISS's distance and IVFPQ kernels, recompiled for this CPU (see below).
 build_simd_kernels() {

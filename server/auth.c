@@ -375,6 +375,9 @@ static const struct { const char *endpoint; int ops; } route_ops[] = {
     {"sessions_create", AUTH_READ}, {"sessions_list", AUTH_READ}, {"sessions_get", AUTH_READ},
     {"sessions_delete", AUTH_READ}, {"predict", AUTH_READ}, {"score", AUTH_READ},
     {"completions", AUTH_READ}, {"tokenize", AUTH_READ}, {"detokenize", AUTH_READ},
+    {"tokenizer_info", AUTH_READ}, {"rescore", AUTH_READ}, {"rescore_session", AUTH_READ},
+    /* generate advances one's own session as a feed without adapt does */
+    {"generate", AUTH_READ},
     {"sessions_state_get", AUTH_READ}, {"namespaces_get", AUTH_READ}, {"documents_list", AUTH_READ},
     /* feed is a read of one's own session unless it adapts the namespace
      * ("adapt": true, checked in auth_check) */

@@ -12,7 +12,11 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "api_completions.h"
 #include "api_errors.h"
+#include "api_generate.h"
+#include "api_rescore.h"
+#include "apiutil.h"
 #include "batcher.h"
 #include "compute.h"
 #include "metrics.h"
@@ -32,37 +36,6 @@
  * steps (max_tokens_per_request), full-vocabulary distributions
  * (max_generation_steps), unbounded-cache neighbours
  * (max_neighbours_per_request). */
-
-/* At least the number of tokens tokenize() gives for text: it splits on
- * Unicode white space (a superset of ASCII's) and appends eos at each '\n'.
- * A byte scan, so that an oversized text is refused before it is
- * tokenised. */
-static size_t tokens_at_least(const char *text, size_t len)
-{
-    size_t n = 0;
-    bool in_word = false;
-    for (size_t i = 0; i < len; i++) {
-        char c = text[i];
-        bool sp = c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
-        if (!sp && !in_word)
-            n++;
-        in_word = !sp;
-        if (c == '\n')
-            n++;
-    }
-    return n;
-}
-
-static int over_token_budget(nc_server *srv, size_t n, http_response *resp)
-{
-    if ((long)n <= srv->cfg.max_tokens_per_request)
-        return 0;
-    http_reply_error(resp, API_TOO_MANY_TOKENS,
-                     "%zu tokens are over max_tokens_per_request = %ld (LSTM steps per request): score long "
-                     "texts in pieces, stream corpora with POST /v1/namespaces/{ns}/documents",
-                     n, srv->cfg.max_tokens_per_request);
-    return -1;
-}
 
 /* Feeds t into s (adapting the session's namespace when adapt_s) in slices
  * of WORKGUARD_SLICE tokens, checking the request's guard between slices.
@@ -95,85 +68,6 @@ static int feed_slices(nc_server *srv, http_request *req, nc_stream *st, nc_sess
             *done += nb;
     }
     return rc;
-}
-
-/* Tokenises text and enforces max_tokens_per_request; on failure answers
- * and returns -1 (t is cleared either way by the caller). */
-static int tokenize_req(nc_server *srv, const char *text, size_t len, bool final_eos,
-                        nc_tokens *t, http_response *resp)
-{
-    char err[NC_ERRLEN] = "";
-    if (over_token_budget(srv, tokens_at_least(text, len), resp))
-        return -1;
-    int rc = tokenize(srv->model, text, len, final_eos, t, err, sizeof err);
-    if (rc != NC_OK) {
-        http_reply_error(resp, rc == NC_EFORMAT ? API_INVALID_TEXT : api_error_from_core(rc), "text: %s", err);
-        return -1;
-    }
-    return over_token_budget(srv, t->n, resp);
-}
-
-/* A log-probability as JSON: NaN (no prediction) is null, -inf is a large
- * negative number (JSON has no infinity). */
-static json_t *json_logprob(double lp)
-{
-    if (isnan(lp))
-        return json_null();
-    if (isinf(lp))
-        return json_real(-1e30);
-    return json_real(lp);
-}
-
-/* Indices of the k largest p, sorted by decreasing p (ties: lower id first).
- * A bounded min-heap: O(n log k). Returns the count written to out. */
-static int heap_less(const float *p, int a, int b)
-{
-    return p[a] < p[b] || (p[a] == p[b] && a > b);
-}
-
-static void sift_down(const float *p, int *h, size_t n, size_t i)
-{
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && heap_less(p, h[l], h[m])) m = l;
-        if (r < n && heap_less(p, h[r], h[m])) m = r;
-        if (m == i) return;
-        int t = h[i]; h[i] = h[m]; h[m] = t;
-        i = m;
-    }
-}
-
-static size_t top_k(const float *p, size_t n, size_t k, int *out)
-{
-    if (k > n) k = n;
-    if (k == 0) return 0;
-    for (size_t i = 0; i < k; i++) out[i] = (int)i;
-    for (size_t i = k / 2; i-- > 0;) sift_down(p, out, k, i);
-    for (size_t i = k; i < n; i++)
-        if (heap_less(p, out[0], (int)i)) {
-            out[0] = (int)i;
-            sift_down(p, out, k, 0);
-        }
-    /* Heap sort: repeatedly move the minimum to the end -> descending. */
-    for (size_t m = k; m > 1; m--) {
-        int t = out[0]; out[0] = out[m - 1]; out[m - 1] = t;
-        sift_down(p, out, m - 1, 0);
-    }
-    return k;
-}
-
-static const char *model_name(nc_server *srv)
-{
-    const char *d = srv->cfg.model;
-    size_t n = strlen(d);
-    while (n > 1 && d[n - 1] == '/') n--;
-    const char *slash = NULL;
-    for (size_t i = 0; i < n; i++)
-        if (d[i] == '/') slash = d + i;
-    static __thread char name[256];
-    const char *b = slash ? slash + 1 : d;
-    snprintf(name, sizeof name, "%.*s", (int)(n - (size_t)(b - d)), b);
-    return name;
 }
 
 /* ---- health, readiness, metrics, model -------------------------------- */
@@ -213,7 +107,7 @@ static void h_model(nc_server *srv, http_request *req, http_response *resp)
     (void)req;
     const nc_model_config *c = &srv->model->cfg;
     json_t *o = json_pack("{s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:b,s:b,s:s,s:s,s:I}",
-                          "name", model_name(srv), "directory", srv->cfg.model,
+                          "name", api_model_name(srv), "directory", srv->cfg.model,
                           "model_type", c->model_type, "vocab_size", c->vocab_size,
                           "embedding_size", c->embedding_size, "hidden_size", c->hidden_size,
                           "num_layers", c->num_layers, "tie_weights", c->tie_weights,
@@ -250,7 +144,7 @@ static void h_models(nc_server *srv, http_request *req, http_response *resp)
     (void)req;
     http_reply_json(resp, 200,
                     json_pack("{s:s,s:[{s:s,s:s,s:I,s:s}]}", "object", "list", "data", "id",
-                              model_name(srv), "object", "model", "created", (json_int_t)0,
+                              api_model_name(srv), "object", "model", "created", (json_int_t)0,
                               "owned_by", "neurocache"));
 }
 
@@ -385,7 +279,7 @@ static void h_feed(nc_server *srv, http_request *req, http_response *resp)
     }
     nc_tokens t;
     tokens_init(&t);
-    if (tokenize_req(srv, r.text, r.len, false, &t, resp)) {
+    if (api_tokenize(srv, r.text, r.len, false, &t, resp)) {
         tokens_clear(&t);
         return;
     }
@@ -469,7 +363,7 @@ static void h_feed(nc_server *srv, http_request *req, http_response *resp)
             json_t *words = json_array(), *lps = json_array();
             for (size_t i = 0; i < t.n; i++) {
                 json_array_append_new(words, json_string(t.words[i]));
-                json_array_append_new(lps, json_logprob(lp[i]));
+                json_array_append_new(lps, api_logprob(lp[i]));
             }
             json_object_set_new(o, "tokens", words);
             json_object_set_new(o, "logprobs", lps);
@@ -513,7 +407,7 @@ static void predict_answer(nc_session *s, const proto_predict_req *r, const floa
             snprintf(err, sizeof err, "out of memory");
         }
         if (idx) {
-            k = top_k(d.p, d.n, k, idx);
+            k = api_top_k(d.p, d.n, k, idx);
             json_t *preds = json_array();
             for (size_t i = 0; i < k; i++) {
                 int w = idx[i];
@@ -616,7 +510,7 @@ static void h_score(nc_server *srv, http_request *req, http_response *resp)
     }
     nc_tokens t;
     tokens_init(&t);
-    if (tokenize_req(srv, r.text, r.len, r.final_eos, &t, resp)) {
+    if (api_tokenize(srv, r.text, r.len, r.final_eos, &t, resp)) {
         tokens_clear(&t);
         return;
     }
@@ -640,7 +534,7 @@ static void h_score(nc_server *srv, http_request *req, http_response *resp)
         size_t counted = 0;
         for (size_t i = 0; i < t.n; i++) {
             json_array_append_new(words, json_string(t.words[i]));
-            json_array_append_new(lps, json_logprob(lp[i]));
+            json_array_append_new(lps, api_logprob(lp[i]));
             if (!isnan(lp[i])) {
                 sum += lp[i];
                 counted++;
@@ -658,449 +552,6 @@ static void h_score(nc_server *srv, http_request *req, http_response *resp)
     stream_free(s);
     free(lp);
     tokens_clear(&t);
-}
-
-/* ---- tokenizer endpoints ----------------------------------------------- */
-
-static void h_tokenize(nc_server *srv, http_request *req, http_response *resp)
-{
-    static const char *const keys[] = {"prompt", "text", "final_eos", "model", "add_special_tokens", NULL};
-    api_status st;
-    const char *text, *text2;
-    size_t len, len2;
-    bool final_eos;
-    if (proto_check_keys(req->json, keys, &st) ||
-        proto_get_string(req->json, "prompt", false, &text, &len, &st) ||
-        proto_get_string(req->json, "text", false, &text2, &len2, &st) ||
-        proto_get_bool(req->json, "final_eos", false, &final_eos, &st)) {
-        http_reply_status(resp, &st);
-        return;
-    }
-    if (!text) { text = text2; len = len2; }
-    if (!text) {
-        http_reply_error(resp, API_MISSING_FIELD, "field 'prompt' (or 'text') is required");
-        return;
-    }
-    nc_tokens t;
-    tokens_init(&t);
-    if (tokenize_req(srv, text, len, final_eos, &t, resp) == 0) {
-        json_t *ids = json_array(), *words = json_array(), *offs = json_array();
-        for (size_t i = 0; i < t.n; i++) {
-            json_array_append_new(ids, json_integer(t.ids[i]));
-            json_array_append_new(words, json_string(t.words[i]));
-            json_array_append_new(offs, json_integer((json_int_t)t.offsets[i]));
-        }
-        http_reply_json(resp, 200, json_pack("{s:o,s:o,s:o,s:I}", "tokens", ids, "words", words,
-                                             "offsets", offs, "count", (json_int_t)t.n));
-    }
-    tokens_clear(&t);
-}
-
-/* Text of model ids: words separated by spaces, eos as a newline. Appends
- * to a growable buffer; offsets[i] (optional) = start of word i. */
-typedef struct { char *s; size_t len, cap; } strbuf;
-
-static int sb_add(strbuf *b, const char *s, size_t n)
-{
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *ns = realloc(b->s, cap);
-        if (!ns) return -1;
-        b->s = ns;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = 0;
-    return 0;
-}
-
-/* Appends one word as detokenised text; returns the offset it starts at. */
-static size_t sb_add_word(strbuf *b, const char *word, bool is_eos)
-{
-    if (is_eos) {
-        size_t off = b->len;
-        sb_add(b, "\n", 1);
-        return off;
-    }
-    if (b->len > 0 && b->s[b->len - 1] != '\n' && b->s[b->len - 1] != ' ')
-        sb_add(b, " ", 1);
-    size_t off = b->len;
-    sb_add(b, word, strlen(word));
-    return off;
-}
-
-static void h_detokenize(nc_server *srv, http_request *req, http_response *resp)
-{
-    static const char *const keys[] = {"tokens", "model", NULL};
-    api_status st;
-    if (proto_check_keys(req->json, keys, &st)) {
-        http_reply_status(resp, &st);
-        return;
-    }
-    json_t *toks = json_object_get(req->json, "tokens");
-    if (!toks) {
-        http_reply_error(resp, API_MISSING_FIELD, "field 'tokens' is required");
-        return;
-    }
-    if (!json_is_array(toks)) {
-        http_reply_error(resp, API_INVALID_TYPE, "field 'tokens' must be a list of token ids");
-        return;
-    }
-    int V = srv->model->cfg.vocab_size;
-    strbuf b = {0};
-    sb_add(&b, "", 0);
-    size_t i;
-    json_t *v;
-    json_array_foreach(toks, i, v) {
-        if (!json_is_integer(v)) {
-            free(b.s);
-            http_reply_error(resp, API_INVALID_TYPE, "token %zu must be an integer id", i);
-            return;
-        }
-        json_int_t id = json_integer_value(v);
-        if (id < 0 || id >= V) {
-            free(b.s);
-            http_reply_error(resp, API_OUT_OF_RANGE, "token %zu = %lld is outside [0, %d)", i, (long long)id, V);
-            return;
-        }
-        sb_add_word(&b, vocab_word(srv->model->vocab, (int)id), id == srv->model->eos_id);
-    }
-    http_reply_json(resp, 200, b.s ? json_pack("{s:s,s:s}", "prompt", b.s, "text", b.s) : NULL);
-    free(b.s);
-}
-
-/* ---- OpenAI-compatible completions ------------------------------------- */
-
-/* top_logprobs entry: {word: logprob} of the n most probable next words. */
-static json_t *top_logprobs_json(nc_stream *st, const nc_dist *d, int n, int *idx)
-{
-    json_t *o = json_object();
-    size_t k = top_k(d->p, d->n, (size_t)n, idx);
-    for (size_t i = 0; i < k; i++) {
-        const char *w = stream_word(st, idx[i]);
-        json_object_set_new(o, w ? w : "", json_logprob(log((double)d->p[idx[i]])));
-    }
-    return o;
-}
-
-/* Picks the next token: greedy at temperature 0, else sampled from
- * p^(1/T) restricted to the smallest set of words whose mass reaches top_p
- * (nucleus sampling). order is scratch of d->n ints. */
-static int choose(const nc_dist *d, double temperature, double top_p, nc_rng *rng, int *order)
-{
-    size_t n = d->n;
-    if (temperature <= 0) {
-        int best = 0;
-        for (size_t i = 1; i < n; i++)
-            if (d->p[i] > d->p[best]) best = (int)i;
-        return best;
-    }
-    size_t k = n;
-    if (top_p < 1.0) {
-        k = top_k(d->p, n, n, order);
-        double cum = 0;
-        size_t m = 0;
-        while (m < k && cum < top_p) cum += d->p[order[m++]];
-        k = m ? m : 1;
-    } else {
-        for (size_t i = 0; i < n; i++) order[i] = (int)i;
-    }
-    /* Weights p^(1/T), scaled by the largest to stay finite. */
-    double maxlog = -INFINITY;
-    for (size_t i = 0; i < k; i++)
-        if (d->p[order[i]] > 0) {
-            double l = log((double)d->p[order[i]]) / temperature;
-            if (l > maxlog) maxlog = l;
-        }
-    double total = 0;
-    for (size_t i = 0; i < k; i++)
-        if (d->p[order[i]] > 0) total += exp(log((double)d->p[order[i]]) / temperature - maxlog);
-    double u = (double)rng_uniform(rng) * total, acc = 0;
-    int last = order[0];
-    for (size_t i = 0; i < k; i++) {
-        if (d->p[order[i]] <= 0) continue;
-        acc += exp(log((double)d->p[order[i]]) / temperature - maxlog);
-        last = order[i];
-        if (u < acc) break;
-    }
-    return last;
-}
-
-/* Budgets of /v1/completions (before any work, from the request alone):
- * LSTM steps = prompt tokens + max_tokens, full-vocabulary distributions =
- * max_tokens (+ the prompt tokens with echo and logprobs, each of which gets
- * its top list), summed over the prompts. A string prompt counts as
- * tokens_at_least(); complete_one checks the exact count as it goes.
- * Returns 0 or answers 413 and returns -1. */
-static int completions_budget(nc_server *srv, const proto_completions_req *r, http_response *resp)
-{
-    long long steps = 0, dists = 0;
-    for (size_t i = 0; i < r->n_prompts; i++) {
-        const json_t *p = r->prompts[i];
-        long long np = json_is_string(p) ? (long long)tokens_at_least(json_string_value(p), json_string_length(p))
-                                         : (long long)json_array_size(p);
-        steps += np + r->max_tokens;
-        dists += r->max_tokens + (r->echo && r->logprobs > 0 ? np : 0);
-    }
-    if (dists > srv->cfg.max_generation_steps) {
-        http_reply_error(resp, API_OVER_BUDGET,
-                         "%zu prompts x max_tokens %ld%s = %lld full-vocabulary distributions are over "
-                         "max_generation_steps = %ld", r->n_prompts, r->max_tokens,
-                         r->echo && r->logprobs > 0 ? " (+ prompt tokens, echo with logprobs)" : "", dists,
-                         srv->cfg.max_generation_steps);
-        return -1;
-    }
-    if (steps > srv->cfg.max_tokens_per_request) {
-        http_reply_error(resp, API_TOO_MANY_TOKENS,
-                         "%lld prompt and generated tokens are over max_tokens_per_request = %ld (LSTM steps per request)",
-                         steps, srv->cfg.max_tokens_per_request);
-        return -1;
-    }
-    return 0;
-}
-
-/* What a completion request has used of its budgets so far. */
-typedef struct {
-    long long steps, dists;
-} completion_use;
-
-/* One choice of /v1/completions. Returns NC_OK and *choice, or an rc with
- * err (and *api for request errors; a stop of the request's guard is
- * *api = its error). */
-static int complete_one(nc_server *srv, http_request *req, const proto_completions_req *r,
-                        const json_t *prompt, size_t index, nc_rng *rng, completion_use *use,
-                        json_t **choice, size_t *n_prompt, size_t *n_gen, api_error *api, char *err,
-                        size_t errlen)
-{
-    const nc_model *m = srv->model;
-    nc_tokens t;
-    tokens_init(&t);
-    strbuf text = {0};
-    sb_add(&text, "", 0);
-    int rc = NC_OK;
-    *api = API_INTERNAL;
-    /* The prompt as tokens, and its text (the original string, or the
-     * detokenised ids). */
-    if (json_is_string(prompt)) {
-        rc = tokenize(m, json_string_value(prompt), json_string_length(prompt), false, &t, err, errlen);
-        if (rc != NC_OK) *api = API_INVALID_TEXT;
-        else sb_add(&text, json_string_value(prompt), json_string_length(prompt));
-    } else {
-        size_t i;
-        json_t *v;
-        json_array_foreach(prompt, i, v) {
-            int id = (int)json_integer_value(v);
-            const char *w = vocab_word(m->vocab, id);
-            size_t off = sb_add_word(&text, w, id == m->eos_id);
-            if (rc == NC_OK) rc = tokens_push(&t, id, w, strlen(w), off);
-        }
-    }
-    if (rc == NC_OK) {
-        use->steps += (long long)t.n + r->max_tokens;
-        use->dists += r->max_tokens + (r->echo && r->logprobs > 0 ? (long long)t.n : 0);
-        if (use->steps > srv->cfg.max_tokens_per_request) {
-            rc = NC_EINVAL;
-            *api = API_TOO_MANY_TOKENS;
-            snprintf(err, errlen, "prompt and generated tokens are over max_tokens_per_request = %ld (LSTM steps "
-                     "per request)", srv->cfg.max_tokens_per_request);
-        } else if (use->dists > srv->cfg.max_generation_steps) {
-            rc = NC_EINVAL;
-            *api = API_OVER_BUDGET;
-            snprintf(err, errlen, "full-vocabulary distributions are over max_generation_steps = %ld",
-                     srv->cfg.max_generation_steps);
-        }
-    }
-    wg_stop why = WG_RUN;
-    nc_stream *st = NULL;
-    if (rc == NC_OK)
-        rc = stream_new(m, &srv->cache_defaults, NULL, NULL, true, &st, err, errlen);
-    size_t V = (size_t)m->cfg.vocab_size;
-    int *idx = malloc((V + 1024) * sizeof *idx);
-    double *lp = malloc((t.n ? t.n : 1) * sizeof *lp);
-    if (rc == NC_OK && (!idx || !lp)) {
-        rc = NC_ENOMEM;
-        snprintf(err, errlen, "out of memory");
-    }
-    json_t *tokens = json_array(), *token_lps = json_array(), *tops = json_array(), *offs = json_array();
-    bool want_top = r->logprobs > 0;
-    nc_dist d;
-    dist_init(&d);
-    /* The prompt: batched when no per-position top list is needed. */
-    if (rc == NC_OK && t.n > 0) {
-        if (r->echo && want_top) {
-            nc_tokens one;
-            tokens_init(&one);
-            for (size_t i = 0; i < t.n && rc == NC_OK; i++) {
-                if ((why = workguard_check(&req->guard)) != WG_RUN)
-                    break;
-                rc = stream_predict(st, false, &d, err, errlen);
-                if (rc == NC_OK && i > 0) {
-                    int *scratch = d.n > V + 1024 ? malloc(d.n * sizeof(int)) : idx;
-                    json_array_append_new(tops, scratch ? top_logprobs_json(st, &d, (int)r->logprobs, scratch) : json_null());
-                    if (scratch != idx) free(scratch);
-                } else if (rc == NC_OK) {
-                    json_array_append_new(tops, json_null());
-                }
-                tokens_clear(&one);
-                if (rc == NC_OK) rc = tokens_push(&one, t.ids[i], t.words[i], strlen(t.words[i]), t.offsets[i]);
-                if (rc == NC_OK) rc = stream_feed(st, &one, false, &lp[i], err, errlen);
-            }
-            tokens_clear(&one);
-        } else {
-            size_t done = 0;
-            uint64_t seq = 0;
-            rc = feed_slices(srv, req, st, NULL, &t, lp, NULL, &done, &why, &seq, err, errlen);
-            if (r->echo)
-                for (size_t i = 0; i < t.n; i++) json_array_append_new(tops, json_null());
-        }
-        if (rc == NC_OK && why == WG_RUN && r->echo)
-            for (size_t i = 0; i < t.n; i++) {
-                json_array_append_new(tokens, json_string(t.words[i]));
-                /* OpenAI's convention: the first prompt token has no logprob. */
-                json_array_append_new(token_lps, i == 0 ? json_null() : json_logprob(lp[i]));
-                json_array_append_new(offs, json_integer((json_int_t)t.offsets[i]));
-            }
-    }
-    /* Without echo the returned text holds only the completion, which
-     * (OpenAI's convention) continues the prompt's string: a space first
-     * when the prompt does not end in white space, and text_offset counted
-     * from the start of the prompt. */
-    size_t off_base = 0;
-    if (rc == NC_OK && !r->echo) {
-        off_base = text.len;
-        bool space = text.len > 0 && !strchr(" \t\n\r", text.s[text.len - 1]);
-        text.len = 0;
-        text.s[0] = 0;
-        if (space && r->max_tokens > 0)
-            sb_add(&text, " ", 1);
-    }
-    /* Generation. */
-    size_t gen = 0;
-    nc_tokens one;
-    tokens_init(&one);
-    for (long j = 0; rc == NC_OK && why == WG_RUN && j < r->max_tokens; j++) {
-        /* one check a token: a stop frees the worker within one step */
-        if ((why = workguard_check(&req->guard)) != WG_RUN)
-            break;
-        rc = stream_predict(st, false, &d, err, errlen);
-        if (rc != NC_OK) break;
-        int *order = d.n > V + 1024 ? malloc(d.n * sizeof(int)) : idx;
-        if (!order) { rc = NC_ENOMEM; snprintf(err, errlen, "out of memory"); break; }
-        int w = choose(&d, r->temperature, r->top_p, rng, order);
-        if (want_top)
-            json_array_append_new(tops, top_logprobs_json(st, &d, (int)r->logprobs, order));
-        else
-            json_array_append_new(tops, json_null());
-        if (order != idx) free(order);
-        const char *word = stream_word(st, w);
-        if (!word) word = m->cfg.unk_token;
-        bool is_eos = w == m->eos_id;
-        size_t off = sb_add_word(&text, word, is_eos);
-        json_array_append_new(tokens, json_string(word));
-        json_array_append_new(token_lps, json_logprob(log((double)d.p[w])));
-        json_array_append_new(offs, json_integer((json_int_t)(off_base + off)));
-        tokens_clear(&one);
-        /* Open-vocabulary words enter the LSTM as unk, the caches by name. */
-        rc = tokens_push(&one, w < (int)V ? w : m->unk_id, word, strlen(word), off);
-        if (rc == NC_OK) rc = stream_feed(st, &one, false, NULL, err, errlen);
-        gen++;
-    }
-    tokens_clear(&one);
-    if (rc == NC_OK && why != WG_RUN) {
-        rc = NC_EINVAL;
-        *api = workguard_api(why);
-        snprintf(err, errlen, "stopped at prompt %zu: %s", index, workguard_reason(why, srv->cfg.request_timeout_s));
-    }
-    if (rc == NC_OK) {
-        json_t *lpo = json_null();
-        if (r->logprobs >= 0) {
-            lpo = json_pack("{s:O,s:O,s:O,s:O}", "tokens", tokens, "token_logprobs", token_lps,
-                            "top_logprobs", want_top ? tops : json_null(), "text_offset", offs);
-            if (!want_top) {
-                /* logprobs = 0: no alternatives, one empty object per token. */
-                json_t *empty = json_array();
-                for (size_t i = 0; i < json_array_size(tokens); i++)
-                    json_array_append_new(empty, json_object());
-                json_object_set_new(lpo, "top_logprobs", empty);
-            }
-        }
-        *choice = json_pack("{s:s,s:I,s:o,s:s}", "text", text.s ? text.s : "", "index",
-                            (json_int_t)index, "logprobs", lpo, "finish_reason", "length");
-        *n_prompt = t.n;
-        *n_gen = gen;
-    }
-    json_decref(tokens);
-    json_decref(token_lps);
-    json_decref(tops);
-    json_decref(offs);
-    dist_free(&d);
-    stream_free(st);
-    free(idx);
-    free(lp);
-    free(text.s);
-    tokens_clear(&t);
-    return rc;
-}
-
-static void h_completions(nc_server *srv, http_request *req, http_response *resp)
-{
-    proto_completions_req r;
-    api_status st;
-    if (proto_decode_completions(req->json, srv->model->cfg.vocab_size, srv->cfg.max_top_k,
-                                 srv->cfg.max_completion_tokens, &r, &st)) {
-        proto_completions_free(&r);
-        http_reply_status(resp, &st);
-        return;
-    }
-    if (completions_budget(srv, &r, resp)) {
-        proto_completions_free(&r);
-        return;
-    }
-    nc_rng rng;
-    uint64_t seed = (uint64_t)r.seed;
-    if (!r.has_seed && getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed)
-        seed = (uint64_t)time(NULL);
-    rng_seed(&rng, seed);
-    json_t *choices = json_array();
-    size_t tot_prompt = 0, tot_gen = 0;
-    char err[NC_ERRLEN] = "";
-    int rc = NC_OK;
-    api_error api = API_INTERNAL;
-    completion_use use = {0, 0};
-    for (size_t i = 0; i < r.n_prompts && rc == NC_OK; i++) {
-        json_t *choice = NULL;
-        size_t np = 0, ng = 0;
-        rc = complete_one(srv, req, &r, r.prompts[i], i, &rng, &use, &choice, &np, &ng, &api, err, sizeof err);
-        if (rc == NC_OK) {
-            json_array_append_new(choices, choice);
-            tot_prompt += np;
-            tot_gen += ng;
-        }
-    }
-    if (rc != NC_OK) {
-        json_decref(choices);
-        http_reply_error(resp, api == API_INTERNAL ? api_error_from_core(rc) : api, "completions: %s", err);
-    } else {
-        unsigned char rb[12];
-        char id[40] = "cmpl-";
-        if (getrandom(rb, sizeof rb, 0) == (ssize_t)sizeof rb)
-            for (size_t i = 0; i < sizeof rb; i++) snprintf(id + 5 + 2 * i, 3, "%02x", rb[i]);
-        const char *mname = NULL;
-        size_t mlen;
-        if (proto_get_string(req->json, "model", false, &mname, &mlen, NULL) || !mname)
-            mname = model_name(srv);
-        metrics_add_tokens_scored(tot_prompt);
-        metrics_add_predictions(tot_gen);
-        http_reply_json(resp, 200,
-                        json_pack("{s:s,s:s,s:I,s:s,s:o,s:{s:I,s:I,s:I}}", "id", id, "object",
-                                  "text_completion", "created", (json_int_t)time(NULL), "model", mname,
-                                  "choices", choices, "usage", "prompt_tokens", (json_int_t)tot_prompt,
-                                  "completion_tokens", (json_int_t)tot_gen, "total_tokens",
-                                  (json_int_t)(tot_prompt + tot_gen)));
-    }
-    proto_completions_free(&r);
 }
 
 /* ---- the route table ---------------------------------------------------- */
@@ -1140,9 +591,13 @@ static const http_route route_table[] = {
     {"POST", "/v1/sessions/{id}/handoff", migrate_h_handoff, "sessions_handoff", M},
     {"POST", "/v1/sessions/{id}/predict", h_predict, "predict", J | ROUTE_EMPTY_OK | M},
     {"POST", "/v1/score", h_score, "score", J | M | H},
-    {"POST", "/v1/completions", h_completions, "completions", J | M | H},
-    {"POST", "/tokenize", h_tokenize, "tokenize", J | M},
-    {"POST", "/detokenize", h_detokenize, "detokenize", J | M},
+    {"POST", "/v1/sessions/{id}/generate", api_h_generate, "generate", J | M | H},
+    {"POST", "/v1/sessions/{id}/rescore", api_h_rescore_session, "rescore_session", J | M | H},
+    {"POST", "/v1/rescore", api_h_rescore, "rescore", J | M | H},
+    {"POST", "/v1/completions", api_h_completions, "completions", J | M | H},
+    {"POST", "/tokenize", api_h_tokenize, "tokenize", J | M},
+    {"POST", "/detokenize", api_h_detokenize, "detokenize", J | M},
+    {"GET", "/tokenizer_info", api_h_tokenizer_info, "tokenizer_info", M},
     {"GET", "/v1/namespaces", h_ns_list, "namespaces_list", M},
     {"GET", "/v1/namespaces/{ns}", h_ns_get, "namespaces_get", M},
     {"DELETE", "/v1/namespaces/{ns}", h_ns_delete, "namespaces_delete", M},

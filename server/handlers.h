@@ -8,5 +8,4 @@
 /* The static route table (n rows); misses answer 404/405 in http.c. */
 const http_route *handlers_routes(int *n);
 
-
 #endif

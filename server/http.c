@@ -21,6 +21,7 @@
 #include "auth.h"
 #include "metrics.h"
 #include "slog.h"
+#include "sse.h"
 
 static const http_route *routes;
 static int nroutes;
@@ -130,6 +131,41 @@ static enum MHD_Result send_response(struct MHD_Connection *conn, http_request *
     resp->json = NULL;
     free(resp->text);
     resp->text = NULL;
+    return ret;
+}
+
+/* A streamed answer (sse.h): its producer goes to the pool, the response
+ * pulls its events on this connection's thread. The request was admitted
+ * when its handler ran, so the queue limit does not apply again. */
+static enum MHD_Result send_stream(nc_server *srv, struct MHD_Connection *conn, http_request *req,
+                                   http_response *resp)
+{
+    sse_stream *s = resp->sse;
+    resp->sse = NULL;
+    json_decref(resp->json);
+    resp->json = NULL;
+    wp_result wr = sse_start(s, srv->pool, req->guard.deadline, req->fd);
+    if (wr != WP_DONE) {
+        sse_abort(s);
+        http_response e = {0};
+        http_reply_error(&e, wr == WP_FULL ? API_OVERLOADED : API_NOT_READY, "not started: %s",
+                         wr == WP_FULL ? "out of memory" : workguard_reason(WG_SHUTDOWN, 0));
+        return send_response(conn, req, &e, NULL);
+    }
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, sse_read, s,
+                                                               sse_release);
+    if (!r) {
+        sse_release(s);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    /* nginx would otherwise buffer the events (deploy/ proxies) */
+    MHD_add_response_header(r, "X-Accel-Buffering", "no");
+    req->status = 200;
+    req->answered = true;
+    enum MHD_Result ret = MHD_queue_response(conn, 200, r);
+    MHD_destroy_response(r);
     return ret;
 }
 
@@ -435,6 +471,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (run_heavy(srv, req, rt, &resp, (rt->flags & ROUTE_STREAM) != 0) == WP_GONE) {
             auth_done(srv, key, rt, &resp);
             json_decref(resp.json);
+            sse_abort(resp.sse);
             return MHD_NO;        /* nobody to answer: close */
         }
     } else {
@@ -443,6 +480,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     auth_done(srv, key, rt, &resp);
     if (req->deferred)
         return send_later(conn, req);   /* answered from http_resume */
+    if (resp.sse)
+        return send_stream(srv, conn, req, &resp);
     if (!resp.json && !resp.text && resp.status != 204) {
         resp.status = 500;
         resp.json = proto_error_body(API_INTERNAL, "out of memory");

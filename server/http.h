@@ -51,6 +51,8 @@ typedef struct {
     size_t text_len;              /* binary text: its length (0 = strlen) */
     unsigned retry_after;         /* seconds for a Retry-After header, 0 = none */
     const char *challenge;        /* a 401's WWW-Authenticate value (static) */
+    struct sse_stream *sse;       /* owned: a streamed answer (sse.h), 200 text/event-stream,
+                                   * produced on a worker while it is sent */
 } http_response;
 
 typedef void (*http_handler)(nc_server *srv, http_request *req, http_response *resp);

@@ -81,6 +81,7 @@ typedef struct job {
     void (*fn)(void *);
     void *arg;
     bool started, done;
+    bool detached;                /* workpool_submit: nobody waits, the worker frees it */
     pthread_cond_t cv;            /* signalled when done */
     struct job *next;
 } job;
@@ -126,6 +127,10 @@ static void *worker_main(void *arg)
         j->fn(j->arg);
         pthread_mutex_lock(&p->lock);
         p->nrunning--;
+        if (j->detached) {
+            free(j);
+            continue;
+        }
         j->done = true;
         /* the waiter frees j once it sees done: not touched after this */
         pthread_cond_signal(&j->cv);
@@ -178,7 +183,7 @@ void workpool_free(workpool *p)
 
 /* The client hung up (FIN or reset): its half of the connection is shut. A
  * client that sends more (a pipelined request) is not gone. */
-static bool peer_gone(int fd)
+bool workguard_client_gone(int fd)
 {
     struct pollfd pf = {.fd = fd, .events = POLLRDHUP};
     if (poll(&pf, 1, 0) <= 0)
@@ -248,7 +253,7 @@ wp_result workpool_run(workpool *p, workguard *g, int fd, bool admitted, void (*
         if (j.done)
             break;
         pthread_mutex_unlock(&p->lock);
-        bool gone = fd >= 0 && peer_gone(fd);
+        bool gone = fd >= 0 && workguard_client_gone(fd);
         if (gone) {
             int none = WG_RUN;
             atomic_compare_exchange_strong(&g->stop, &none, WG_CLIENT_GONE);
@@ -266,6 +271,36 @@ wp_result workpool_run(workpool *p, workguard *g, int fd, bool admitted, void (*
     }
     pthread_mutex_unlock(&p->lock);
     pthread_cond_destroy(&j.cv);
+    return r;
+}
+
+wp_result workpool_submit(workpool *p, bool admitted, void (*fn)(void *), void *arg)
+{
+    job *j = calloc(1, sizeof *j);
+    if (!j)
+        return WP_FULL;
+    j->fn = fn;
+    j->arg = arg;
+    j->detached = true;
+    wp_result r = WP_DONE;
+    pthread_mutex_lock(&p->lock);
+    if (atomic_load(&cancel_all) || p->stop) {
+        r = WP_SHUTDOWN;
+    } else if (!admitted && p->nqueued >= p->max_queued + p->nidle) {
+        r = WP_FULL;
+        atomic_fetch_add(&rejected, 1);
+    } else {
+        if (p->tail)
+            p->tail->next = j;
+        else
+            p->head = j;
+        p->tail = j;
+        p->nqueued++;
+        pthread_cond_signal(&p->cv);
+    }
+    pthread_mutex_unlock(&p->lock);
+    if (r != WP_DONE)
+        free(j);
     return r;
 }
 

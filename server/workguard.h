@@ -86,6 +86,18 @@ typedef enum {
  * FIN or reset without reading the socket. */
 wp_result workpool_run(workpool *p, workguard *g, int fd, bool admitted, void (*fn)(void *), void *arg);
 
+/* Queues fn(arg) on a worker and returns at once (a streamed answer: the
+ * connection's thread sends what fn produces meanwhile, sse.h). admitted as
+ * for workpool_run. fn always runs once queued, even if its client has gone
+ * or the server is shutting down: it must check its own guard first. At
+ * shutdown (workpool_free) queued jobs still run before the workers exit.
+ * Returns WP_DONE (queued), WP_FULL or WP_SHUTDOWN (not queued: fn never
+ * runs). */
+wp_result workpool_submit(workpool *p, bool admitted, void (*fn)(void *), void *arg);
+
+/* The peer of socket fd hung up (FIN or reset), seen without reading it. */
+bool workguard_client_gone(int fd);
+
 /* Appends the pool's gauges and counters (Prometheus text) to text,
  * which it reallocates; returns the new text (NULL if text was NULL or on
  * out of memory, text freed). NULL p: nothing added. */

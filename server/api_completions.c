@@ -1,0 +1,551 @@
+/* api_completions.c -- OpenAI-compatible /v1/completions, answered whole or
+ * as server-sent events ("stream": true, OpenAI's chunk format), and the
+ * tokenizer endpoints as lm-eval's local-completions model calls them.
+ *
+ * One code path produces both forms: each choice is generated as a series
+ * of pieces (the echoed prompt, then runs of generated words that no stop
+ * sequence can still claim, then the last piece with its finish_reason);
+ * a streamed request sends each piece as a chunk, a whole one concatenates
+ * them. So a stream's concatenated text and logprobs are the whole
+ * answer's, by construction. */
+#include "api_completions.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "api_errors.h"
+#include "apiutil.h"
+#include "generate.h"
+#include "metrics.h"
+#include "sse.h"
+#include "workguard.h"
+
+/* ---- tokenizer endpoints ----------------------------------------------- */
+
+void api_h_tokenize(nc_server *srv, http_request *req, http_response *resp)
+{
+    static const char *const keys[] = {"prompt", "text", "final_eos", "model", "add_special_tokens", NULL};
+    api_status st;
+    const char *text, *text2;
+    size_t len, len2;
+    bool final_eos;
+    if (proto_check_keys(req->json, keys, &st) ||
+        proto_get_string(req->json, "prompt", false, &text, &len, &st) ||
+        proto_get_string(req->json, "text", false, &text2, &len2, &st) ||
+        proto_get_bool(req->json, "final_eos", false, &final_eos, &st)) {
+        http_reply_status(resp, &st);
+        return;
+    }
+    if (!text) { text = text2; len = len2; }
+    if (!text) {
+        http_reply_error(resp, API_MISSING_FIELD, "field 'prompt' (or 'text') is required");
+        return;
+    }
+    nc_tokens t;
+    tokens_init(&t);
+    if (api_tokenize(srv, text, len, final_eos, &t, resp) == 0) {
+        json_t *ids = json_array(), *words = json_array(), *offs = json_array();
+        for (size_t i = 0; i < t.n; i++) {
+            json_array_append_new(ids, json_integer(t.ids[i]));
+            json_array_append_new(words, json_string(t.words[i]));
+            json_array_append_new(offs, json_integer((json_int_t)t.offsets[i]));
+        }
+        http_reply_json(resp, 200, json_pack("{s:o,s:o,s:o,s:I}", "tokens", ids, "words", words,
+                                             "offsets", offs, "count", (json_int_t)t.n));
+    }
+    tokens_clear(&t);
+}
+
+void api_h_detokenize(nc_server *srv, http_request *req, http_response *resp)
+{
+    static const char *const keys[] = {"tokens", "model", NULL};
+    api_status st;
+    if (proto_check_keys(req->json, keys, &st)) {
+        http_reply_status(resp, &st);
+        return;
+    }
+    json_t *toks = json_object_get(req->json, "tokens");
+    if (!toks) {
+        http_reply_error(resp, API_MISSING_FIELD, "field 'tokens' is required");
+        return;
+    }
+    if (!json_is_array(toks)) {
+        http_reply_error(resp, API_INVALID_TYPE, "field 'tokens' must be a list of token ids");
+        return;
+    }
+    int V = srv->model->cfg.vocab_size;
+    strbuf b = {0};
+    sb_add(&b, "", 0);
+    size_t i;
+    json_t *v;
+    json_array_foreach(toks, i, v) {
+        if (!json_is_integer(v)) {
+            free(b.s);
+            http_reply_error(resp, API_INVALID_TYPE, "token %zu must be an integer id", i);
+            return;
+        }
+        json_int_t id = json_integer_value(v);
+        if (id < 0 || id >= V) {
+            free(b.s);
+            http_reply_error(resp, API_OUT_OF_RANGE, "token %zu = %lld is outside [0, %d)", i, (long long)id, V);
+            return;
+        }
+        sb_add_word(&b, vocab_word(srv->model->vocab, (int)id), id == srv->model->eos_id);
+    }
+    http_reply_json(resp, 200, b.s ? json_pack("{s:s,s:s}", "prompt", b.s, "text", b.s) : NULL);
+    free(b.s);
+}
+
+/* What lm-eval's remote tokenizer reads before it trusts /tokenize
+ * (lm_eval.utils.check_remote_tokenizer_support needs "eos_token"; its
+ * RemoteTokenizer takes eos_token, bos_token, pad_token and chat_template
+ * from here, and the eos id as /tokenize of eos_token). A sequence starts
+ * after eos_token (design §3): it is the model's bos as well. */
+void api_h_tokenizer_info(nc_server *srv, http_request *req, http_response *resp)
+{
+    (void)req;
+    const nc_model_config *c = &srv->model->cfg;
+    http_reply_json(resp, 200,
+                    json_pack("{s:s,s:s,s:n,s:s,s:s,s:i,s:i,s:b,s:s,s:s}", "eos_token", c->eos_token, "bos_token",
+                              c->eos_token, "pad_token", "unk_token", c->unk_token, "tokenizer_class",
+                              "neurocache-words", "vocab_size", c->vocab_size, "model_max_length", 1 << 30,
+                              "lowercase", c->lowercase, "word_separator", " ", "eos_text", "\n"));
+}
+
+/* ---- completions -------------------------------------------------------- */
+
+/* Budgets of /v1/completions (before any work, from the request alone):
+ * LSTM steps = prompt tokens + max_tokens, full-vocabulary distributions =
+ * max_tokens (+ the prompt tokens with echo and logprobs, each of which gets
+ * its top list), summed over the prompts. A string prompt counts as
+ * api_tokens_at_least(); complete_one checks the exact count as it goes.
+ * Returns 0 or answers 413 and returns -1. */
+static int completions_budget(nc_server *srv, const proto_completions_req *r, http_response *resp)
+{
+    long long steps = 0, dists = 0;
+    for (size_t i = 0; i < r->n_prompts; i++) {
+        const json_t *p = r->prompts[i];
+        long long np = json_is_string(p) ? (long long)api_tokens_at_least(json_string_value(p), json_string_length(p))
+                                         : (long long)json_array_size(p);
+        steps += np + r->max_tokens;
+        dists += r->max_tokens + (r->echo && r->logprobs > 0 ? np : 0);
+    }
+    if (dists > srv->cfg.max_generation_steps) {
+        http_reply_error(resp, API_OVER_BUDGET,
+                         "%zu prompts x max_tokens %ld%s = %lld full-vocabulary distributions are over "
+                         "max_generation_steps = %ld", r->n_prompts, r->max_tokens,
+                         r->echo && r->logprobs > 0 ? " (+ prompt tokens, echo with logprobs)" : "", dists,
+                         srv->cfg.max_generation_steps);
+        return -1;
+    }
+    if (steps > srv->cfg.max_tokens_per_request) {
+        http_reply_error(resp, API_TOO_MANY_TOKENS,
+                         "%lld prompt and generated tokens are over max_tokens_per_request = %ld (LSTM steps per request)",
+                         steps, srv->cfg.max_tokens_per_request);
+        return -1;
+    }
+    return 0;
+}
+
+/* One completion request, answered whole or streamed. */
+typedef struct {
+    nc_server *srv;
+    json_t *body;                 /* the request: prompts and stops are borrowed from it */
+    proto_completions_req r;
+    gen_params gp;
+    nc_rng rng;
+    char id[40];
+    char model[256];
+    json_int_t created;
+    sse_stream *sse;              /* streamed: the chunks go here */
+    json_t *choices;              /* whole: the choices done */
+    strbuf text;                  /* whole: the choice being built */
+    json_t *tokens, *lps, *tops, *offs;
+    long long steps, dists;       /* budgets used so far */
+    size_t tot_prompt, tot_gen;
+    api_error api;                /* why it failed (API_INTERNAL: see rc) */
+    char err[NC_ERRLEN];
+} cmpl_job;
+
+static void cmpl_free(void *arg)
+{
+    cmpl_job *j = arg;
+    if (!j)
+        return;
+    proto_completions_free(&j->r);
+    json_decref(j->body);
+    json_decref(j->choices);
+    json_decref(j->tokens);
+    json_decref(j->lps);
+    json_decref(j->tops);
+    json_decref(j->offs);
+    free(j->text.s);
+    free(j);
+}
+
+static json_t *logprobs_obj(const cmpl_job *j, json_t *tokens, json_t *lps, json_t *tops, json_t *offs)
+{
+    if (j->r.logprobs < 0) {
+        json_decref(tokens);
+        json_decref(lps);
+        json_decref(tops);
+        json_decref(offs);
+        return json_null();
+    }
+    return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
+                     "text_offset", offs);
+}
+
+/* A piece of choice index: text[0..len) and its tokens (arrays stolen);
+ * finish != NULL ends the choice. Returns 0, or -1 when the client of a
+ * stream is gone. */
+static int piece(cmpl_job *j, size_t index, const char *text, size_t len, json_t *tokens, json_t *lps,
+                 json_t *tops, json_t *offs, const char *finish)
+{
+    if (j->sse) {
+        json_t *ch = json_pack("{s:s%,s:I,s:o,s:s?}", "text", text, len, "index", (json_int_t)index, "logprobs",
+                               logprobs_obj(j, tokens, lps, tops, offs), "finish_reason", finish);
+        json_t *chunk = json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", j->id, "object", "text_completion", "created",
+                                  j->created, "model", j->model, "choices", ch);
+        if (chunk && j->r.include_usage)
+            json_object_set_new(chunk, "usage", json_null());
+        return sse_event(j->sse, chunk);
+    }
+    if (!j->tokens) {
+        j->tokens = json_array();
+        j->lps = json_array();
+        j->tops = json_array();
+        j->offs = json_array();
+    }
+    sb_add(&j->text, text, len);
+    json_array_extend(j->tokens, tokens);
+    json_array_extend(j->lps, lps);
+    json_array_extend(j->tops, tops);
+    json_array_extend(j->offs, offs);
+    json_decref(tokens);
+    json_decref(lps);
+    json_decref(tops);
+    json_decref(offs);
+    if (finish) {
+        json_t *ch = json_pack("{s:s,s:I,s:o,s:s}", "text", j->text.s ? j->text.s : "", "index", (json_int_t)index,
+                               "logprobs", logprobs_obj(j, j->tokens, j->lps, j->tops, j->offs), "finish_reason",
+                               finish);
+        j->tokens = j->lps = j->tops = j->offs = NULL;
+        free(j->text.s);
+        memset(&j->text, 0, sizeof j->text);
+        json_array_append_new(j->choices, ch);
+    }
+    return 0;
+}
+
+/* Hands out the generated words that are ready (gen_text_ready) as one
+ * piece. Returns 0 or -1 (client gone). */
+static int send_ready(cmpl_job *j, gen_text *gt, size_t index, bool final, const char *finish)
+{
+    size_t end;
+    size_t n = gen_text_ready(gt, &j->gp, final, &end);
+    if (n == 0 && end == gt->sent && !finish)
+        return 0;
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    for (size_t i = 0; i < n; i++) {
+        gen_word *w = &gt->pend[i];
+        json_array_append_new(tokens, json_string(w->word));
+        json_array_append_new(lps, api_logprob(w->logprob));
+        json_array_append_new(tops, w->top ? w->top : json_object());
+        w->top = NULL;
+        json_array_append_new(offs, json_integer((json_int_t)w->start));
+    }
+    const char *t = gt->text.s + gt->sent;
+    size_t len = end - gt->sent;
+    gen_text_consume(gt, n, end);
+    return piece(j, index, t, len, tokens, lps, tops, offs, finish);
+}
+
+/* The prompt as tokens, and its text (the original string, or the
+ * detokenised ids). */
+static int prompt_tokens(const nc_model *m, const json_t *prompt, nc_tokens *t, strbuf *text, char *err,
+                         size_t errlen)
+{
+    int rc = NC_OK;
+    if (json_is_string(prompt)) {
+        rc = tokenize(m, json_string_value(prompt), json_string_length(prompt), false, t, err, errlen);
+        sb_add(text, json_string_value(prompt), json_string_length(prompt));
+        return rc;
+    }
+    sb_add(text, "", 0);
+    size_t i;
+    json_t *v;
+    json_array_foreach(prompt, i, v) {
+        int id = (int)json_integer_value(v);
+        const char *w = vocab_word(m->vocab, id);
+        size_t off = sb_add_word(text, w, id == m->eos_id);
+        if (rc == NC_OK) rc = tokens_push(t, id, w, strlen(w), off);
+    }
+    if (rc == NC_OK && text->oom)
+        rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
+    return rc;
+}
+
+/* One choice of /v1/completions, from a fresh stream started like a
+ * document (design §3). Returns NC_OK, or an rc with j->err (j->api the
+ * request error: a budget, a stop of the guard g); NC_ECANCELED-like
+ * silence (rc NC_OK with *gone) when a stream's client left. */
+static int complete_one(cmpl_job *j, workguard *g, const json_t *prompt, size_t index, bool *gone)
+{
+    nc_server *srv = j->srv;
+    const nc_model *m = srv->model;
+    const proto_completions_req *r = &j->r;
+    char *err = j->err;
+    const size_t errlen = sizeof j->err;
+    nc_tokens t;
+    tokens_init(&t);
+    strbuf ptext = {0};
+    j->api = API_INTERNAL;
+    int rc = prompt_tokens(m, prompt, &t, &ptext, err, errlen);
+    if (rc == NC_EFORMAT)
+        j->api = API_INVALID_TEXT;
+    if (rc == NC_OK) {
+        j->steps += (long long)t.n + r->max_tokens;
+        j->dists += r->max_tokens + (r->echo && r->logprobs > 0 ? (long long)t.n : 0);
+        if (j->steps > srv->cfg.max_tokens_per_request) {
+            rc = NC_EINVAL;
+            j->api = API_TOO_MANY_TOKENS;
+            snprintf(err, errlen, "prompt and generated tokens are over max_tokens_per_request = %ld (LSTM steps "
+                     "per request)", srv->cfg.max_tokens_per_request);
+        } else if (j->dists > srv->cfg.max_generation_steps) {
+            rc = NC_EINVAL;
+            j->api = API_OVER_BUDGET;
+            snprintf(err, errlen, "full-vocabulary distributions are over max_generation_steps = %ld",
+                     srv->cfg.max_generation_steps);
+        }
+    }
+    wg_stop why = WG_RUN;
+    nc_stream *st = NULL;
+    if (rc == NC_OK)
+        rc = stream_new(m, &srv->cache_defaults, NULL, NULL, true, &st, err, errlen);
+    double *lp = rc == NC_OK ? malloc((t.n ? t.n : 1) * sizeof *lp) : NULL;
+    if (rc == NC_OK && !lp)
+        rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
+    bool want_top = r->logprobs > 0;
+    json_t *ptops = NULL;
+    /* The prompt: batched when no per-position top list is needed. With
+     * one, each prompt token's logprob is read from the same full
+     * distribution as its top list, so that a token that is the argmax
+     * carries exactly the top entry's value (lm-eval's greedy check
+     * compares them with !=); design §4's two paths agree only to float
+     * tolerance. */
+    if (rc == NC_OK && t.n > 0) {
+        if (r->echo && want_top) {
+            ptops = json_array();
+            nc_dist d;
+            dist_init(&d);
+            int *idx = NULL;
+            size_t idx_cap = 0;
+            nc_tokens one;
+            tokens_init(&one);
+            for (size_t i = 0; i < t.n && rc == NC_OK; i++) {
+                if ((why = workguard_check(g)) != WG_RUN)
+                    break;
+                rc = stream_predict(st, false, &d, err, errlen);
+                if (rc == NC_OK && idx_cap < d.n) {
+                    free(idx);
+                    idx_cap = d.n + 1024;
+                    idx = malloc(idx_cap * sizeof *idx);
+                    if (!idx) {
+                        idx_cap = 0;
+                        rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
+                    }
+                }
+                if (rc != NC_OK)
+                    break;
+                json_array_append_new(ptops, i > 0 ? gen_top_json(st, &d, (int)r->logprobs, idx) : json_null());
+                int x = t.ids[i];
+                if (x == m->unk_id && stream_params(st)->open_vocab)
+                    x = stream_word_id(st, t.words[i], strlen(t.words[i]));
+                double full = x >= 0 && (size_t)x < d.n ? log((double)d.p[x]) : NAN;
+                tokens_clear(&one);
+                rc = tokens_push(&one, t.ids[i], t.words[i], strlen(t.words[i]), t.offsets[i]);
+                if (rc == NC_OK) rc = stream_feed(st, &one, false, &lp[i], err, errlen);
+                if (!isnan(full))
+                    lp[i] = full;
+            }
+            tokens_clear(&one);
+            free(idx);
+            dist_free(&d);
+        } else {
+            rc = gen_feed(st, g, &t, lp, &why, err, errlen);
+        }
+    }
+    /* The echoed prompt is the choice's first piece. OpenAI's convention:
+     * the first prompt token has no logprob (null) and no top list. */
+    if (rc == NC_OK && why == WG_RUN && r->echo) {
+        json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+        for (size_t i = 0; i < t.n; i++) {
+            json_array_append_new(tokens, json_string(t.words[i]));
+            json_array_append_new(lps, i == 0 ? json_null() : api_logprob(lp[i]));
+            json_array_append_new(tops, want_top ? json_incref(json_array_get(ptops, i))
+                                                 : i == 0 && r->logprobs > 0 ? json_null() : json_object());
+            json_array_append_new(offs, json_integer((json_int_t)t.offsets[i]));
+        }
+        if (piece(j, index, ptext.s ? ptext.s : "", ptext.len, tokens, lps, tops, offs, NULL) != 0)
+            *gone = true;
+    }
+    json_decref(ptops);
+    /* Generation. The text continues the prompt's string (OpenAI's
+     * convention: a space first when the prompt does not end in white
+     * space; text_offset counted from the start of the prompt). */
+    gen_text gtx;
+    bool gt_ok = false;
+    if (rc == NC_OK && why == WG_RUN && !*gone) {
+        rc = gen_text_init(&gtx, ptext.s ? ptext.s : "", ptext.len);
+        gt_ok = rc == NC_OK;
+    }
+    gen_state gs;
+    gen_init(&gs, st, m, &j->gp, &j->rng);
+    size_t gen = 0;
+    for (long k = 0; gt_ok && rc == NC_OK && why == WG_RUN && !*gone && !gtx.stopped && k < r->max_tokens; k++) {
+        /* one check a token: a stop frees the worker within one step */
+        if ((why = workguard_check(g)) != WG_RUN)
+            break;
+        gen_token tk;
+        rc = gen_next(&gs, &tk, err, errlen);
+        if (rc != NC_OK)
+            break;
+        gen++;
+        rc = gen_text_add(&gtx, &tk, &j->gp);
+        if (rc == NC_OK && !gtx.stopped && send_ready(j, &gtx, index, false, NULL) != 0)
+            *gone = true;
+    }
+    gen_free(&gs);
+    if (gt_ok && rc == NC_OK && why == WG_RUN && !*gone &&
+        send_ready(j, &gtx, index, true, gtx.stopped ? "stop" : "length") != 0)
+        *gone = true;
+    if (gt_ok)
+        gen_text_free(&gtx);
+    if (rc == NC_OK && why != WG_RUN) {
+        rc = NC_EINVAL;
+        j->api = workguard_api(why);
+        if (why == WG_CLIENT_GONE)
+            *gone = true;
+        snprintf(err, errlen, "stopped at prompt %zu: %s", index, workguard_reason(why, srv->cfg.request_timeout_s));
+    }
+    if (rc == NC_OK) {
+        j->tot_prompt += t.n;
+        j->tot_gen += gen;
+    }
+    stream_free(st);
+    free(lp);
+    free(ptext.s);
+    tokens_clear(&t);
+    return rc;
+}
+
+/* Runs every choice; answers into j (whole) or its stream. Returns NC_OK
+ * or an rc with j->api / j->err. */
+static int run_choices(cmpl_job *j, workguard *g, bool *gone)
+{
+    int rc = NC_OK;
+    for (size_t i = 0; i < j->r.n_prompts && rc == NC_OK && !*gone; i++)
+        rc = complete_one(j, g, j->r.prompts[i], i, gone);
+    if (rc == NC_OK) {
+        metrics_add_tokens_scored(j->tot_prompt);
+        metrics_add_predictions(j->tot_gen);
+    }
+    return rc;
+}
+
+static json_t *usage_json(const cmpl_job *j)
+{
+    return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)j->tot_prompt, "completion_tokens",
+                     (json_int_t)j->tot_gen, "total_tokens", (json_int_t)(j->tot_prompt + j->tot_gen));
+}
+
+/* The producer of a streamed completion (sse.h), on a worker. An error
+ * after the first byte can only travel in the stream: an event
+ * {"error": {...}} and no [DONE] (what OpenAI's clients raise as an API
+ * error). */
+static void cmpl_produce(sse_stream *s, void *arg)
+{
+    cmpl_job *j = arg;
+    bool gone = false;
+    int rc = run_choices(j, sse_guard(s), &gone);
+    if (gone)
+        return;
+    if (rc != NC_OK) {
+        sse_event(s, proto_error_body(j->api == API_INTERNAL ? api_error_from_core(rc) : j->api, j->err));
+        return;
+    }
+    if (j->r.include_usage) {
+        json_t *last = json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", j->id, "object", "text_completion", "created",
+                                 j->created, "model", j->model, "choices", "usage", usage_json(j));
+        if (sse_event(s, last) != 0)
+            return;
+    }
+    sse_event_raw(s, "[DONE]");
+}
+
+void api_h_completions(nc_server *srv, http_request *req, http_response *resp)
+{
+    cmpl_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        http_reply_error(resp, API_INTERNAL, "out of memory");
+        return;
+    }
+    j->srv = srv;
+    j->body = json_incref(req->json);
+    api_status st;
+    if (proto_decode_completions(req->json, srv->model->cfg.vocab_size, srv->cfg.max_top_k,
+                                 srv->cfg.max_completion_tokens, &j->r, &st)) {
+        http_reply_status(resp, &st);
+        cmpl_free(j);
+        return;
+    }
+    if (completions_budget(srv, &j->r, resp)) {
+        cmpl_free(j);
+        return;
+    }
+    j->gp = (gen_params){.temperature = j->r.temperature, .top_p = j->r.top_p, .logprobs = j->r.logprobs,
+                         .allow_unk = j->r.allow_unk, .n_stop = j->r.n_stop};
+    for (size_t i = 0; i < j->r.n_stop; i++) {
+        j->gp.stop[i] = j->r.stop[i];
+        j->gp.stop_len[i] = j->r.stop_len[i];
+    }
+    uint64_t seed = (uint64_t)j->r.seed;
+    if (!j->r.has_seed && getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed)
+        seed = (uint64_t)time(NULL);
+    rng_seed(&j->rng, seed);
+    unsigned char rb[12];
+    snprintf(j->id, sizeof j->id, "cmpl-");
+    if (getrandom(rb, sizeof rb, 0) == (ssize_t)sizeof rb)
+        for (size_t i = 0; i < sizeof rb; i++) snprintf(j->id + 5 + 2 * i, 3, "%02x", rb[i]);
+    const char *mname = NULL;
+    size_t mlen;
+    if (proto_get_string(req->json, "model", false, &mname, &mlen, NULL) || !mname)
+        mname = api_model_name(srv);
+    snprintf(j->model, sizeof j->model, "%s", mname);
+    j->created = (json_int_t)time(NULL);
+    if (j->r.stream) {
+        /* sent by http.c as the worker produces it (sse.h) */
+        resp->sse = sse_new(cmpl_produce, j, cmpl_free);
+        if (!resp->sse)
+            http_reply_error(resp, API_INTERNAL, "out of memory");
+        else
+            j->sse = resp->sse;
+        return;
+    }
+    j->choices = json_array();
+    bool gone = false;
+    int rc = run_choices(j, &req->guard, &gone);
+    if (rc != NC_OK) {
+        http_reply_error(resp, j->api == API_INTERNAL ? api_error_from_core(rc) : j->api, "completions: %s", j->err);
+    } else {
+        http_reply_json(resp, 200,
+                        json_pack("{s:s,s:s,s:I,s:s,s:O,s:o}", "id", j->id, "object", "text_completion", "created",
+                                  j->created, "model", j->model, "choices", j->choices, "usage", usage_json(j)));
+    }
+    cmpl_free(j);
+}

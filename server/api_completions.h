@@ -1,0 +1,14 @@
+/* api_completions.h -- OpenAI-compatible /v1/completions (with server-sent
+ * events when "stream": true) and the tokenizer endpoints lm-eval's
+ * local-completions model calls (/tokenize, /detokenize, /tokenizer_info). */
+#ifndef NC_SERVER_API_COMPLETIONS_H
+#define NC_SERVER_API_COMPLETIONS_H
+
+#include "http.h"
+
+void api_h_completions(nc_server *srv, http_request *req, http_response *resp);
+void api_h_tokenize(nc_server *srv, http_request *req, http_response *resp);
+void api_h_detokenize(nc_server *srv, http_request *req, http_response *resp);
+void api_h_tokenizer_info(nc_server *srv, http_request *req, http_response *resp);
+
+#endif

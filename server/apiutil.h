@@ -1,0 +1,56 @@
+/* apiutil.h -- what the API's handlers share: the token budget, JSON log-probabilities, top-k
+ * selection, detokenised text and the model's name. No handler lives here. */
+#ifndef NC_SERVER_APIUTIL_H
+#define NC_SERVER_APIUTIL_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "http.h"
+#include "sessions.h"
+
+/* At least the number of tokens tokenize() gives for text[0..len): it
+ * splits on Unicode white space (a superset of ASCII's) and appends eos at
+ * each '\n'. A byte scan, so that an oversized text is refused before it is
+ * tokenised. */
+size_t api_tokens_at_least(const char *text, size_t len);
+
+/* n LSTM steps against max_tokens_per_request: 0, or answers 413
+ * too_many_tokens and returns -1. */
+int api_over_token_budget(nc_server *srv, size_t n, http_response *resp);
+
+/* Tokenises text and enforces max_tokens_per_request; on failure answers
+ * and returns -1 (t is cleared either way by the caller). */
+int api_tokenize(nc_server *srv, const char *text, size_t len, bool final_eos, nc_tokens *t,
+                 http_response *resp);
+
+/* A log-probability as JSON: NaN (no prediction) is null, -inf is a large
+ * negative number (JSON has no infinity). New reference. */
+json_t *api_logprob(double lp);
+
+/* Indices of the k largest p[0..n), sorted by decreasing p (ties: lower id
+ * first), into out[k]. A bounded min-heap: O(n log k). Returns the count
+ * written (min(k, n)). */
+size_t api_top_k(const float *p, size_t n, size_t k, int *out);
+
+/* The model's name: the last component of its directory (thread-local
+ * buffer, valid until the thread's next call). */
+const char *api_model_name(nc_server *srv);
+
+/* Text of words: words separated by spaces, eos as a newline (design §3's
+ * eos_token ends a line). A growable buffer, always NUL-terminated once
+ * anything was added; s == NULL after an allocation failure (oom set). */
+typedef struct {
+    char *s;
+    size_t len, cap;
+    bool oom;
+} strbuf;
+
+int sb_add(strbuf *b, const char *s, size_t n);
+/* Appends one word as detokenised text (a space before it unless at the
+ * start or after white space; eos_token as "\n"); returns the offset the
+ * word (or the newline) starts at. */
+size_t sb_add_word(strbuf *b, const char *word, bool is_eos);
+
+#endif
