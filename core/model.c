@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "fault.h"
+#include "gate.h"
 
 /* Upper bounds that keep every size product far from overflow and reject
  * absurd configs before anything is allocated. */
@@ -65,6 +66,7 @@ void model_free(nc_model *m)
     if (!m)
         return;
     impl_free(m->impl);
+    gate_free(m->gate);
     vocab_free(m->vocab);
     free(m->layers);
     free(m);
@@ -579,6 +581,12 @@ int model_load(const char *dir, nc_model **out, char *err, size_t errlen)
     if (rc == NC_OK) {
         path_join(path, sizeof path, dir, "model.safetensors");
         rc = safetensors_load(m, im, path, err, errlen);
+    }
+    if (rc == NC_OK) {
+        /* the adaptive mixture's gate, when the directory has one */
+        rc = gate_load(dir, &m->gate, err, errlen);
+        if (rc == NC_ENOTFOUND && !m->gate)
+            rc = NC_OK;
     }
     if (rc != NC_OK) {
         model_free(m);

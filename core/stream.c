@@ -2,6 +2,7 @@
  * optional namespace unbounded cache. Scoring goes through doc_score so that
  * streams and documents share one causal code path. */
 #include "stream.h"
+#include "gate.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -59,6 +60,9 @@ int stream_new(const nc_model *m, const nc_cache_params *p, nc_ubcache *ub, nc_w
         return rc;
     if (p->unbounded && !ub)
         return nc_error(err, errlen, NC_EINVAL, "unbounded cache requested but none given");
+    if (p->gate && !m->gate)
+        return nc_error(err, errlen, NC_EINVAL, "gate: the model has no gate (gate.safetensors; fit one with "
+                                                "neurocache fit-gate)");
     if (ub && ubcache_dim(ub) != m->cfg.hidden_size)
         return nc_error(err, errlen, NC_EINVAL, "unbounded cache dimension %d, model hidden size %d",
                         ubcache_dim(ub), m->cfg.hidden_size);
@@ -127,6 +131,9 @@ int stream_set_params(nc_stream *s, const nc_cache_params *p, char *err, size_t 
         return rc;
     if (p->unbounded && !s->ub)
         return nc_error(err, errlen, NC_ESTATE, "this stream has no unbounded cache");
+    if (p->gate && !s->m->gate)
+        return nc_error(err, errlen, NC_EINVAL, "gate: the model has no gate (gate.safetensors; fit one with "
+                                                "neurocache fit-gate)");
     if (p->open_vocab && !s->words)
         return nc_error(err, errlen, NC_ESTATE, "open vocabulary must be chosen when the stream is created");
     /* rebuild windows keeping the newest pairs */
@@ -263,7 +270,26 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
     float *ud2 = NULL;
     int *uw = NULL;
     int rc = NC_OK;
-    if (s->p.unbounded && s->ub) {
+    bool skip = false;
+    if (s->p.gate && s->m->gate) {
+        /* the adaptive mixture: p_vocab's statistics, then the pre-search
+         * gate decides whether the unbounded cache is searched (gate.h) */
+        float *scratch = malloc((size_t)V * sizeof(float));
+        if (!scratch) {
+            free(vals);
+            return nc_error(err, errlen, NC_ENOMEM, "gate features");
+        }
+        gate_vocab_stats(logits, V, scratch, &in.v_ent, &in.v_logmax, &in.v_argmax);
+        free(scratch);
+        in.gate = s->m->gate;
+        if (s->p.unbounded && s->ub) {
+            skip = gate_skip_search(s->m->gate, &s->p, &in);
+            in.ub_skipped = skip;
+            if (gate_threshold(s->m->gate, &s->p) > 0.0)
+                gate_count_searches(!skip, skip);
+        }
+    }
+    if (s->p.unbounded && s->ub && !skip) {
         int k = s->p.knn;
         ud2 = malloc((size_t)k * sizeof(float));
         uw = malloc((size_t)k * sizeof(int));
@@ -320,7 +346,7 @@ int stream_clone(const nc_stream *s, nc_stream **out, char *err, size_t errlen)
 }
 
 /* ---- serialisation ----
- * "NCSTRM01", u32 V, H, L, params (fixed list of 4-byte fields), u8 has_h,
+ * "NCSTRM02", u32 V, H, L, params (fixed list of 4-byte fields), u8 has_h,
  * i64 pos, u64 state length + lstm_state blob, u32 number of dynamic words +
  * (u32 len, bytes) each, neural: i32 size count f16 + count x (keys, i32 ref),
  * unigram: i32 size count + count x i32 ref, u32 crc32 of everything before.
@@ -385,9 +411,10 @@ static void put_params(wbuf *w, const nc_cache_params *p)
     put_i32(w, p->unbounded); put_i32(w, p->knn); put_i32(w, p->nprobe);
     put_f32(w, p->unbounded_lambda); put_i32(w, (int32_t)p->kernel); put_i32(w, p->exact);
     put_i32(w, p->open_vocab); put_f32(w, p->uniform_mu); put_i32(w, p->vocab_size_full);
+    put_i32(w, p->gate); put_f32(w, p->gate_skip);
 }
 
-static void get_params(rbuf *r, nc_cache_params *p)
+static void get_params(rbuf *r, nc_cache_params *p, int version)
 {
     cache_params_default(p);
     p->unigram_size = get_i32(r); p->unigram_lambda = get_f32(r);
@@ -396,6 +423,9 @@ static void get_params(rbuf *r, nc_cache_params *p)
     p->unbounded = get_i32(r) != 0; p->knn = get_i32(r); p->nprobe = get_i32(r);
     p->unbounded_lambda = get_f32(r); p->kernel = (nc_kernel)get_i32(r); p->exact = get_i32(r) != 0;
     p->open_vocab = get_i32(r) != 0; p->uniform_mu = get_f32(r); p->vocab_size_full = get_i32(r);
+    if (version >= 2) {
+        p->gate = get_i32(r) != 0; p->gate_skip = get_f32(r);
+    }
 }
 
 /* Dynamic ids met in the windows, in first-seen order: map id -> blob ref. */
@@ -446,7 +476,7 @@ int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_
             rc = nc_error(err, errlen, NC_ENOMEM, "stream export");
     wbuf w = {0};
     if (!rc) {
-        put(&w, "NCSTRM01", 8);
+        put(&w, "NCSTRM02", 8);
         put_u32(&w, (uint32_t)V);
         put_u32(&w, (uint32_t)H);
         put_u32(&w, (uint32_t)s->m->cfg.num_layers);
@@ -513,8 +543,10 @@ int stream_import(const nc_model *m, nc_ubcache *ub, nc_wordtable *words, const 
 {
     *out = NULL;
     const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
-    if (len < 12 || memcmp(blob, "NCSTRM01", 8) != 0)
+    /* NCSTRM01: the same without the gate's two knobs (read as their defaults) */
+    if (len < 12 || (memcmp(blob, "NCSTRM01", 8) != 0 && memcmp(blob, "NCSTRM02", 8) != 0))
         return nc_error(err, errlen, NC_EFORMAT, "not a neurocache stream blob");
+    int version = ((const char *)blob)[7] - '0';
     uint32_t crc;
     memcpy(&crc, (const char *)blob + len - 4, 4);
     if (crc != (uint32_t)crc32(0L, blob, (uInt)(len - 4)))
@@ -525,7 +557,7 @@ int stream_import(const nc_model *m, nc_ubcache *ub, nc_wordtable *words, const 
         return nc_error(err, errlen, NC_EFORMAT, "stream blob is for a model V=%u H=%u L=%u, this one "
                         "has V=%d H=%d L=%d", bV, bH, bL, V, H, m->cfg.num_layers);
     nc_cache_params p;
-    get_params(&r, &p);
+    get_params(&r, &p, version);
     unsigned char hh = 0;
     int64_t pos = 0;
     uint64_t sl = 0;
