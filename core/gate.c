@@ -2,6 +2,7 @@
  * objective and gradient, L-BFGS fit, adaptive-retrieval decision, files. */
 #include "gate.h"
 #include "cache.h"
+#include "rng.h"
 #include "vmath.h"
 
 #include <cblas.h>
@@ -137,23 +138,33 @@ static void weights_of(const nc_gate *g, const double z[NC_NCOMP], unsigned avai
     }
 }
 
-static void logits_of(const double W[NC_NCOMP][NC_GATE_NW], const nc_gate *g, const double *f, double *x,
+/* z from raw features: x (normalised) and the hidden activations a are
+ * kept for the gradient */
+static void logits_of(const nc_gate_net *net, const nc_gate *g, const double *f, double *x, double *a,
                       double z[NC_NCOMP])
 {
     for (int i = 0; i < NC_GATE_NFEAT; i++)
         x[i] = (f[i] - g->mean[i]) / g->sd[i];
-    for (int c = 0; c < NC_NCOMP; c++) {
-        double a = W[c][NC_GATE_NFEAT];
+    for (int j = 0; j < g->nh; j++) {
+        double s = net->u[j][NC_GATE_NFEAT];
         for (int i = 0; i < NC_GATE_NFEAT; i++)
-            a += W[c][i] * x[i];
-        z[c] = a;
+            s += net->u[j][i] * x[i];
+        a[j] = tanh(s);
+    }
+    for (int c = 0; c < NC_NCOMP; c++) {
+        double s = net->w[c][NC_GATE_NFEAT];
+        for (int i = 0; i < NC_GATE_NFEAT; i++)
+            s += net->w[c][i] * x[i];
+        for (int j = 0; j < g->nh; j++)
+            s += net->v[c][j] * a[j];
+        z[c] = s;
     }
 }
 
 void gate_weights(const nc_gate *g, bool pre, const double f[NC_GATE_NFEAT], unsigned avail, double w[NC_NCOMP])
 {
-    double x[NC_GATE_NFEAT], z[NC_NCOMP];
-    logits_of(pre ? g->w_pre : g->w, g, f, x, z);
+    double x[NC_GATE_NFEAT], a[NC_GATE_MAXH], z[NC_NCOMP];
+    logits_of(pre ? &g->pre : &g->full, g, f, x, a, z);
     weights_of(g, z, avail, w);
 }
 
@@ -223,16 +234,17 @@ static bool token_used(const nc_gate *g, const double *pc)
 
 double gate_objective(const nc_gate *g, bool pre, const nc_gate_data *d, double l2, double *grad, size_t *used)
 {
-    const double(*W)[NC_GATE_NW] = pre ? g->w_pre : g->w;
-    double loss = 0.0, x[NC_GATE_NFEAT], z[NC_NCOMP], w[NC_NCOMP];
+    const nc_gate_net *net = pre ? &g->pre : &g->full;
+    nc_gate_net *gr = (nc_gate_net *)grad;
+    double loss = 0.0, x[NC_GATE_NFEAT], a[NC_GATE_MAXH], z[NC_NCOMP], w[NC_NCOMP], gz[NC_NCOMP];
     size_t n = 0;
-    if (grad)
-        memset(grad, 0, NC_NCOMP * NC_GATE_NW * sizeof(double));
+    if (gr)
+        memset(gr, 0, sizeof *gr);
     for (size_t t = 0; t < d->n; t++) {
         const double *pc = d->pc + t * NC_NCOMP, *f = d->f + t * NC_GATE_NFEAT;
         if (!token_used(g, pc))
             continue;
-        logits_of(W, g, f, x, z);
+        logits_of(net, g, f, x, a, z);
         weights_of(g, z, g->comps, w);
         double P = 0.0;
         for (int c = 0; c < NC_NCOMP; c++)
@@ -240,36 +252,60 @@ double gate_objective(const nc_gate *g, bool pre, const nc_gate_data *d, double 
                 P += w[c] * pc[c];
         loss -= log(P);
         n++;
-        if (!grad)
+        if (!gr)
             continue;
-        /* d(-log Σ_c w_c p_c)/dz_c = -w_c (p_c / P - 1) (softmax) */
+        /* d(-log Σ_c w_c p_c)/dz_c = -w_c (p_c / P - 1) (softmax), then
+         * back through the linear part and the tanh layer */
         for (int c = 0; c < NC_NCOMP; c++) {
-            if (!((g->comps >> c) & 1u))
+            gz[c] = ((g->comps >> c) & 1u) ? -w[c] * (pc[c] / P - 1.0) : 0.0;
+            if (gz[c] == 0.0)
                 continue;
-            double gz = -w[c] * (pc[c] / P - 1.0);
-            double *gr = grad + c * NC_GATE_NW;
             for (int i = 0; i < NC_GATE_NFEAT; i++)
-                gr[i] += gz * x[i];
-            gr[NC_GATE_NFEAT] += gz;
+                gr->w[c][i] += gz[c] * x[i];
+            gr->w[c][NC_GATE_NFEAT] += gz[c];
+            for (int j = 0; j < g->nh; j++)
+                gr->v[c][j] += gz[c] * a[j];
+        }
+        for (int j = 0; j < g->nh; j++) {
+            double da = 0.0;
+            for (int c = 0; c < NC_NCOMP; c++)
+                da += gz[c] * net->v[c][j];
+            da *= 1.0 - a[j] * a[j];
+            for (int i = 0; i < NC_GATE_NFEAT; i++)
+                gr->u[j][i] += da * x[i];
+            gr->u[j][NC_GATE_NFEAT] += da;
         }
     }
     if (used)
         *used = n;
     double inv = n ? 1.0 / (double)n : 0.0;
     loss *= inv;
-    for (int c = 0; c < NC_NCOMP; c++)
+    if (gr)
+        for (int i = 0; i < NC_GATE_NP; i++)
+            grad[i] *= inv;
+    /* L2 on the weights, not the biases */
+    for (int c = 0; c < NC_NCOMP; c++) {
         for (int i = 0; i < NC_GATE_NFEAT; i++) {
-            if (grad)
-                grad[c * NC_GATE_NW + i] = grad[c * NC_GATE_NW + i] * inv + l2 * W[c][i];
-            loss += 0.5 * l2 * W[c][i] * W[c][i];
+            loss += 0.5 * l2 * net->w[c][i] * net->w[c][i];
+            if (gr)
+                gr->w[c][i] += l2 * net->w[c][i];
         }
-    if (grad)
-        for (int c = 0; c < NC_NCOMP; c++)
-            grad[c * NC_GATE_NW + NC_GATE_NFEAT] *= inv;
+        for (int j = 0; j < g->nh; j++) {
+            loss += 0.5 * l2 * net->v[c][j] * net->v[c][j];
+            if (gr)
+                gr->v[c][j] += l2 * net->v[c][j];
+        }
+    }
+    for (int j = 0; j < g->nh; j++)
+        for (int i = 0; i < NC_GATE_NFEAT; i++) {
+            loss += 0.5 * l2 * net->u[j][i] * net->u[j][i];
+            if (gr)
+                gr->u[j][i] += l2 * net->u[j][i];
+        }
     return loss;
 }
 
-#define NP (NC_NCOMP * NC_GATE_NW)
+#define NP NC_GATE_NP
 #define LBFGS_M 8
 
 /* the free parameters: rows of the fitted components but the model's (the
@@ -277,12 +313,18 @@ double gate_objective(const nc_gate *g, bool pre, const nc_gate_data *d, double 
  * pre-search gate: the bias and the pre-search feature columns only */
 static void free_mask(const nc_gate *g, bool pre, double *mask)
 {
-    for (int c = 0; c < NC_NCOMP; c++)
+    nc_gate_net *m = (nc_gate_net *)mask;
+    memset(m, 0, sizeof *m);
+    for (int c = 0; c < NC_NCOMP; c++) {
+        bool row = c != NC_COMP_MODEL && ((g->comps >> c) & 1u);
         for (int i = 0; i < NC_GATE_NW; i++)
-            mask[c * NC_GATE_NW + i] = (c != NC_COMP_MODEL && ((g->comps >> c) & 1u) &&
-                                        (!pre || i < NC_GATE_NPRE || i == NC_GATE_NFEAT))
-                                           ? 1.0
-                                           : 0.0;
+            m->w[c][i] = row && (!pre || i < NC_GATE_NPRE || i == NC_GATE_NFEAT);
+        for (int j = 0; j < g->nh; j++)
+            m->v[c][j] = row;
+    }
+    for (int j = 0; j < g->nh; j++)
+        for (int i = 0; i < NC_GATE_NW; i++)
+            m->u[j][i] = !pre || i < NC_GATE_NPRE || i == NC_GATE_NFEAT;
 }
 
 static double dot(const double *a, const double *b)
@@ -296,7 +338,7 @@ static double dot(const double *a, const double *b)
 static double eval_at(nc_gate *g, bool pre, const double *x, const nc_gate_data *d, double l2, double *grad,
                       const double *mask)
 {
-    memcpy(pre ? &g->w_pre[0][0] : &g->w[0][0], x, NP * sizeof(double));
+    memcpy(pre ? &g->pre : &g->full, x, sizeof(nc_gate_net));
     double f = gate_objective(g, pre, d, l2, grad, NULL);
     for (int i = 0; i < NP; i++)
         grad[i] *= mask[i];
@@ -310,7 +352,7 @@ static void lbfgs(nc_gate *g, bool pre, const nc_gate_data *d, double l2, int it
     double S[LBFGS_M][NP], Y[LBFGS_M][NP];
     double rho[LBFGS_M], alpha[LBFGS_M], mask[NP], x[NP], gr[NP], dir[NP], xn[NP], gn[NP];
     free_mask(g, pre, mask);
-    memcpy(x, pre ? &g->w_pre[0][0] : &g->w[0][0], sizeof x);
+    memcpy(x, pre ? &g->pre : &g->full, sizeof x);
     double f = eval_at(g, pre, x, d, l2, gr, mask);
     int hist = 0, head = 0;
     if (curve)
@@ -382,7 +424,7 @@ static void lbfgs(nc_gate *g, bool pre, const nc_gate_data *d, double l2, int it
         if (df < 1e-11 * (fabs(f) > 1.0 ? fabs(f) : 1.0))
             break;
     }
-    memcpy(pre ? &g->w_pre[0][0] : &g->w[0][0], x, sizeof x);
+    memcpy(pre ? &g->pre : &g->full, x, sizeof x);
 }
 
 double gate_data_ppl(const nc_gate *g, const nc_gate_data *d, double thr, double *skipped)
@@ -422,10 +464,13 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-int gate_fit(nc_gate *g, const nc_cache_params *p, const nc_gate_data *d, int iters, double l2, double max_loss,
-             FILE *curve, char *err, size_t errlen)
+int gate_fit(nc_gate *g, const nc_cache_params *p, const nc_gate_data *d, int nh, uint64_t seed, int iters,
+             double l2, double max_loss, FILE *curve, char *err, size_t errlen)
 {
     memset(g, 0, sizeof *g);
+    if (nh < 0 || nh > NC_GATE_MAXH)
+        return nc_error(err, errlen, NC_EINVAL, "gate: %d hidden units, at most %d", nh, NC_GATE_MAXH);
+    g->nh = nh;
     /* the components: those the fitting text has at all */
     for (size_t t = 0; t < d->n; t++)
         for (int c = 0; c < NC_NCOMP; c++)
@@ -458,7 +503,18 @@ int gate_fit(nc_gate *g, const nc_cache_params *p, const nc_gate_data *d, int it
     for (int c = 0; c < NC_NCOMP; c++)
         if ((g->comps >> c) & 1u) {
             double b = log(w0[c] > 1e-6 ? w0[c] : 1e-6) - log(w0[NC_COMP_MODEL] > 1e-6 ? w0[NC_COMP_MODEL] : 1e-6);
-            g->w[c][NC_GATE_NFEAT] = g->w_pre[c][NC_GATE_NFEAT] = b;
+            g->full.w[c][NC_GATE_NFEAT] = g->pre.w[c][NC_GATE_NFEAT] = b;
+        }
+    /* hidden units: U ~ uniform(±1/√F) from the seed (V = 0: the start is
+     * still the constant mixture); the pre-search gate's copy without the
+     * unbounded features */
+    nc_rng r;
+    rng_seed(&r, seed);
+    for (int j = 0; j < nh; j++)
+        for (int i = 0; i < NC_GATE_NW; i++) {
+            double u = (2.0 * rng_uniform(&r) - 1.0) / sqrt((double)NC_GATE_NFEAT);
+            g->full.u[j][i] = u;
+            g->pre.u[j][i] = i < NC_GATE_NPRE || i == NC_GATE_NFEAT ? u : 0.0;
         }
     lbfgs(g, false, d, l2, iters, curve);
     lbfgs(g, true, d, l2, iters, curve);
@@ -492,17 +548,32 @@ int gate_fit(nc_gate *g, const nc_cache_params *p, const nc_gate_data *d, int it
 
 /* ---- files ---- */
 
-static const char *const tensor_names[4] = {"w", "w_pre", "mean", "sd"};
+#define NTENSOR 8
+static const char *const tensor_names[NTENSOR] = {"w", "w_pre", "mean", "sd", "u", "u_pre", "v", "v_pre"};
 
-static void tensor_of(const nc_gate *g, int i, const double **data, size_t *count, int *rows, int *cols)
+/* tensor i of g: a pointer to its first double, its shape (rows 0: a
+ * vector) and the row stride in doubles (the hidden tensors are the
+ * leading nh rows/columns of fixed arrays); 4..7 only with nh > 0 */
+static void tensor_of(const nc_gate *g, int i, const double **data, int *rows, int *cols, int *stride)
 {
+    const nc_gate_net *n = (i == 1 || i == 5 || i == 7) ? &g->pre : &g->full;
     switch (i) {
-    case 0: *data = &g->w[0][0]; *rows = NC_NCOMP; *cols = NC_GATE_NW; break;
-    case 1: *data = &g->w_pre[0][0]; *rows = NC_NCOMP; *cols = NC_GATE_NW; break;
-    case 2: *data = g->mean; *rows = 0; *cols = NC_GATE_NFEAT; break;
-    default: *data = g->sd; *rows = 0; *cols = NC_GATE_NFEAT; break;
+    case 0: case 1: *data = &n->w[0][0]; *rows = NC_NCOMP; *cols = NC_GATE_NW; *stride = NC_GATE_NW; break;
+    case 2: *data = g->mean; *rows = 0; *cols = NC_GATE_NFEAT; *stride = 0; break;
+    case 3: *data = g->sd; *rows = 0; *cols = NC_GATE_NFEAT; *stride = 0; break;
+    case 4: case 5: *data = &n->u[0][0]; *rows = g->nh; *cols = NC_GATE_NW; *stride = NC_GATE_NW; break;
+    default: *data = &n->v[0][0]; *rows = NC_NCOMP; *cols = g->nh; *stride = NC_GATE_MAXH; break;
     }
-    *count = (size_t)(*rows ? *rows : 1) * (size_t)*cols;
+}
+
+static size_t tensor_count(int rows, int cols)
+{
+    return (size_t)(rows ? rows : 1) * (size_t)cols;
+}
+
+static double *tensor_at(const double *data, int rows, int cols, int stride, size_t k)
+{
+    return (double *)(rows ? data + (k / (size_t)cols) * (size_t)stride + k % (size_t)cols : data + k);
 }
 
 static int write_atomic(const char *dir, const char *name, const void *a, size_t alen, const void *b, size_t blen,
@@ -531,11 +602,12 @@ int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, si
     /* gate.safetensors: F64 little-endian (exact doubles) */
     json_t *hdr = json_object();
     size_t off = 0;
-    for (int i = 0; i < 4; i++) {
+    int nt = g->nh > 0 ? NTENSOR : 4;
+    for (int i = 0; i < nt; i++) {
         const double *data;
-        size_t cnt;
-        int r, c;
-        tensor_of(g, i, &data, &cnt, &r, &c);
+        int r, c, st;
+        tensor_of(g, i, &data, &r, &c, &st);
+        size_t cnt = tensor_count(r, c);
         json_t *shape = r ? json_pack("[i,i]", r, c) : json_pack("[i]", c);
         json_object_set_new(hdr, tensor_names[i],
                             json_pack("{s:s,s:o,s:[I,I]}", "dtype", "F64", "shape", shape, "data_offsets",
@@ -560,14 +632,14 @@ int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, si
     memset(buf + 8 + hl, ' ', pad);
     free(h);
     unsigned char *o = buf + 8 + hlen;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < nt; i++) {
         const double *data;
-        size_t cnt;
-        int r, c;
-        tensor_of(g, i, &data, &cnt, &r, &c);
+        int r, c, st;
+        tensor_of(g, i, &data, &r, &c, &st);
+        size_t cnt = tensor_count(r, c);
         for (size_t k = 0; k < cnt; k++) {
             uint64_t u;
-            memcpy(&u, &data[k], 8);
+            memcpy(&u, tensor_at(data, r, c, st, k), 8);
             for (int b = 0; b < 8; b++)
                 *o++ = (unsigned char)(u >> (8 * b));
         }
@@ -587,9 +659,11 @@ int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, si
     for (int c = 0; c < NC_NCOMP; c++)
         if ((g->comps >> c) & 1u)
             json_array_append_new(comps, json_string(nc_comp_names[c]));
-    json_t *j = json_pack("{s:i,s:o,s:i,s:o,s:f,s:o,s:o,s:s}", "version", 1, "features", feats, "pre_search_features",
-                          NC_GATE_NPRE, "components", comps, "skip_threshold", g->skip, "mean", mean, "sd", sd,
-                          "form", "w_c = softmax_c(b_c + sum_f W_cf (f - mean_f) / sd_f), model row 0");
+    json_t *j = json_pack("{s:i,s:o,s:i,s:o,s:i,s:f,s:o,s:o,s:s}", "version", 1, "features", feats,
+                          "pre_search_features", NC_GATE_NPRE, "components", comps, "hidden", g->nh, "skip_threshold",
+                          g->skip, "mean", mean, "sd", sd, "form",
+                          "x = (f - mean) / sd; w_c = softmax_c(b_c + W_c.x + sum_j V_cj tanh(U_j.x + b'_j)); "
+                          "model row 0");
     if (j && info)
         json_object_set_new(j, "fitted", json_string(info));
     char *js = j ? json_dumps(j, JSON_INDENT(2)) : NULL;
@@ -642,27 +716,71 @@ int gate_load(const char *dir, nc_gate **out, char *err, size_t errlen)
     snprintf(path, sizeof path, "%s/gate.safetensors", dir);
     if (access(path, F_OK) != 0)
         return NC_ENOTFOUND;
+    nc_gate *g = calloc(1, sizeof *g);
+    if (!g)
+        return nc_error(err, errlen, NC_ENOMEM, "gate");
+    int rc = NC_OK;
+    /* gate.json: the feature list must be this program's; components,
+     * hidden units, threshold */
+    snprintf(path, sizeof path, "%s/gate.json", dir);
+    json_error_t je;
+    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    json_t *feats = j ? json_object_get(j, "features") : NULL, *comps = j ? json_object_get(j, "components") : NULL;
+    json_t *skip = j ? json_object_get(j, "skip_threshold") : NULL, *hid = j ? json_object_get(j, "hidden") : NULL;
+    if (!j)
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: %s", path, je.text);
+    else if (!json_is_array(feats) || json_array_size(feats) != NC_GATE_NFEAT)
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: \"features\" must list the %d features", path, NC_GATE_NFEAT);
+    for (int i = 0; !rc && i < NC_GATE_NFEAT; i++) {
+        const char *fs = json_string_value(json_array_get(feats, (size_t)i));
+        if (!fs || strcmp(fs, nc_gate_feature_names[i]))
+            rc = nc_error(err, errlen, NC_EFORMAT, "%s: feature %d is '%s', this program computes '%s'", path, i,
+                          fs ? fs : "?", nc_gate_feature_names[i]);
+    }
+    if (!rc && !json_is_array(comps))
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: \"components\" must be an array", path);
+    for (size_t i = 0; !rc && i < json_array_size(comps); i++) {
+        const char *cs = json_string_value(json_array_get(comps, i));
+        int c = 0;
+        while (c < NC_NCOMP && (!cs || strcmp(cs, nc_comp_names[c])))
+            c++;
+        if (c == NC_NCOMP)
+            rc = nc_error(err, errlen, NC_EFORMAT, "%s: unknown component '%s'", path, cs ? cs : "?");
+        else
+            g->comps |= 1u << c;
+    }
+    if (!rc && !(g->comps & (1u << NC_COMP_MODEL)))
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: \"components\" must include \"model\"", path);
+    if (!rc && (!json_is_number(skip) || !(json_number_value(skip) >= 0.0) || json_number_value(skip) > 1.0))
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: \"skip_threshold\" must be a number in [0, 1]", path);
+    if (!rc && (!json_is_integer(hid) || json_integer_value(hid) < 0 || json_integer_value(hid) > NC_GATE_MAXH))
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: \"hidden\" must be an integer in [0, %d]", path, NC_GATE_MAXH);
+    if (!rc) {
+        g->skip = json_number_value(skip);
+        g->nh = (int)json_integer_value(hid);
+    }
+    json_decref(j);
+    /* gate.safetensors: F64 tensors of the shapes gate.json implies */
+    snprintf(path, sizeof path, "%s/gate.safetensors", dir);
     unsigned char *b = NULL;
     size_t len = 0;
-    int rc = read_all(path, &b, &len, err, errlen);
-    if (rc)
-        return rc;
-    nc_gate *g = calloc(1, sizeof *g);
-    json_t *hdr = NULL, *j = NULL;
+    if (!rc)
+        rc = read_all(path, &b, &len, err, errlen);
+    json_t *hdr = NULL;
     uint64_t hl = 0;
-    for (int i = 0; i < 8 && len >= 8; i++)
+    for (int i = 0; !rc && i < 8 && len >= 8; i++)
         hl |= (uint64_t)b[i] << (8 * i);
-    if (!g)
-        rc = nc_error(err, errlen, NC_ENOMEM, "gate");
-    else if (len < 8 || hl > len - 8)
+    if (!rc && (len < 8 || hl > len - 8))
         rc = nc_error(err, errlen, NC_EFORMAT, "%s: bad header length", path);
-    else if (!(hdr = json_loadb((const char *)b + 8, (size_t)hl, JSON_REJECT_DUPLICATES, NULL)) || !json_is_object(hdr))
+    else if (!rc && (!(hdr = json_loadb((const char *)b + 8, (size_t)hl, JSON_REJECT_DUPLICATES, NULL)) ||
+                     !json_is_object(hdr)))
         rc = nc_error(err, errlen, NC_EFORMAT, "%s: header is not a JSON object", path);
-    for (int i = 0; !rc && i < 4; i++) {
+    int nt = g->nh > 0 ? NTENSOR : 4;
+    for (int i = 0; !rc && i < nt; i++) {
         const double *data;
-        size_t cnt;
-        int r, c;
-        tensor_of(g, i, &data, &cnt, &r, &c);
+        int r, c, st;
+        tensor_of(g, i, &data, &r, &c, &st);
+        size_t cnt = tensor_count(r, c);
         json_t *t = json_object_get(hdr, tensor_names[i]), *of = t ? json_object_get(t, "data_offsets") : NULL,
                *sh = t ? json_object_get(t, "shape") : NULL;
         const char *dt = t ? json_string_value(json_object_get(t, "dtype")) : NULL;
@@ -678,13 +796,13 @@ int gate_load(const char *dir, nc_gate **out, char *err, size_t errlen)
             break;
         }
         const unsigned char *src = b + 8 + hl + b0;
-        double *dst = (double *)data;
         for (size_t k = 0; k < cnt; k++) {
             uint64_t u = 0;
             for (int q = 0; q < 8; q++)
                 u |= (uint64_t)src[k * 8 + q] << (8 * q);
-            memcpy(&dst[k], &u, 8);
-            if (!isfinite(dst[k]) || (i == 3 && !(dst[k] > 0.0))) {
+            double *dst = tensor_at(data, r, c, st, k);
+            memcpy(dst, &u, 8);
+            if (!isfinite(*dst) || (i == 3 && !(*dst > 0.0))) {
                 rc = nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' has a non-finite%s value", path,
                               tensor_names[i], i == 3 ? " or non-positive" : "");
                 break;
@@ -693,43 +811,6 @@ int gate_load(const char *dir, nc_gate **out, char *err, size_t errlen)
     }
     json_decref(hdr);
     free(b);
-    /* gate.json: the feature list must be this program's */
-    if (!rc) {
-        snprintf(path, sizeof path, "%s/gate.json", dir);
-        json_error_t je;
-        j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-        json_t *feats = j ? json_object_get(j, "features") : NULL, *comps = j ? json_object_get(j, "components") : NULL;
-        json_t *skip = j ? json_object_get(j, "skip_threshold") : NULL;
-        if (!j)
-            rc = nc_error(err, errlen, NC_EFORMAT, "%s: %s", path, je.text);
-        else if (!json_is_array(feats) || json_array_size(feats) != NC_GATE_NFEAT)
-            rc = nc_error(err, errlen, NC_EFORMAT, "%s: \"features\" must list the %d features", path, NC_GATE_NFEAT);
-        for (int i = 0; !rc && i < NC_GATE_NFEAT; i++) {
-            const char *s = json_string_value(json_array_get(feats, (size_t)i));
-            if (!s || strcmp(s, nc_gate_feature_names[i]))
-                rc = nc_error(err, errlen, NC_EFORMAT, "%s: feature %d is '%s', this program computes '%s'", path, i,
-                              s ? s : "?", nc_gate_feature_names[i]);
-        }
-        if (!rc && !json_is_array(comps))
-            rc = nc_error(err, errlen, NC_EFORMAT, "%s: \"components\" must be an array", path);
-        for (size_t i = 0; !rc && i < json_array_size(comps); i++) {
-            const char *s = json_string_value(json_array_get(comps, i));
-            int c = 0;
-            while (c < NC_NCOMP && (!s || strcmp(s, nc_comp_names[c])))
-                c++;
-            if (c == NC_NCOMP)
-                rc = nc_error(err, errlen, NC_EFORMAT, "%s: unknown component '%s'", path, s ? s : "?");
-            else
-                g->comps |= 1u << c;
-        }
-        if (!rc && !(g->comps & (1u << NC_COMP_MODEL)))
-            rc = nc_error(err, errlen, NC_EFORMAT, "%s: \"components\" must include \"model\"", path);
-        if (!rc && (!json_is_number(skip) || !(json_number_value(skip) >= 0.0) || json_number_value(skip) > 1.0))
-            rc = nc_error(err, errlen, NC_EFORMAT, "%s: \"skip_threshold\" must be a number in [0, 1]", path);
-        if (!rc)
-            g->skip = json_number_value(skip);
-        json_decref(j);
-    }
     if (rc) {
         free(g);
         return rc;

@@ -10,8 +10,9 @@
  * Berg-Kirkpatrick 2021 ("Efficient Nearest Neighbor Language Models", §4)
  * predict from pre-retrieval features when the search can be skipped.
  *
- * The gate is a linear softmax over the components it was fitted with:
- *   z_c = b_c + Σ_f W_cf (f_f - mean_f) / sd_f,   w_c = softmax_c(z)
+ * The gate is a softmax over the components it was fitted with, of a linear
+ * map of the normalised features plus (optionally) one tanh hidden layer:
+ *   z_c = b_c + Σ_f W_cf x_f + Σ_j V_cj tanh(U_j · x + b'_j),   w_c = softmax_c(z)
  * and the mixture is p(x) = Σ_c w_c p_c(x). A component that is off or empty
  * at a position (an empty window, no neighbour, a skipped search) passes its
  * weight on to the components before it in the mixture order, in proportion
@@ -26,8 +27,10 @@
  * with the unbounded weight passed on as above.
  *
  * Files (model directory): gate.safetensors (F64 tensors "w", "w_pre"
- * [NC_NCOMP, NC_GATE_NFEAT + 1], "mean", "sd" [NC_GATE_NFEAT]) and gate.json
- * (feature names, components, skip threshold, how it was fitted). */
+ * [NC_NCOMP, NC_GATE_NFEAT + 1], "mean", "sd" [NC_GATE_NFEAT], and with nh
+ * hidden units "u", "u_pre" [nh, NC_GATE_NFEAT + 1], "v", "v_pre"
+ * [NC_NCOMP, nh]) and gate.json (feature names, components, hidden units,
+ * skip threshold, how it was fitted). */
 #ifndef NC_GATE_H
 #define NC_GATE_H
 
@@ -61,13 +64,25 @@ enum {
 };
 extern const char *const nc_gate_feature_names[NC_GATE_NFEAT];
 
-#define NC_GATE_NW (NC_GATE_NFEAT + 1)   /* weights per component, bias last */
+#define NC_GATE_NW (NC_GATE_NFEAT + 1)   /* weights per unit, bias last */
+#define NC_GATE_MAXH 32                  /* hidden units at most */
+
+/* One gate's parameters (doubles only: L-BFGS treats it as one vector):
+ *   a_j = tanh(b'_j + Σ_f U_jf x_f)            (j < nh; none when nh = 0)
+ *   z_c = b_c + Σ_f W_cf x_f + Σ_j V_cj a_j,    x_f = (f_f - mean_f) / sd_f */
+typedef struct {
+    double w[NC_NCOMP][NC_GATE_NW];
+    double u[NC_GATE_MAXH][NC_GATE_NW];
+    double v[NC_NCOMP][NC_GATE_MAXH];
+} nc_gate_net;
+#define NC_GATE_NP ((int)(sizeof(nc_gate_net) / sizeof(double)))
 
 typedef struct nc_gate {
     unsigned comps;                        /* bit c: component c was fitted */
+    int nh;                                /* hidden units (0 = linear) */
     double mean[NC_GATE_NFEAT], sd[NC_GATE_NFEAT];
-    double w[NC_NCOMP][NC_GATE_NW];        /* full gate */
-    double w_pre[NC_NCOMP][NC_GATE_NW];    /* pre-search gate (unbounded feature columns 0) */
+    nc_gate_net full;                      /* the gate */
+    nc_gate_net pre;                       /* pre-search gate (unbounded feature columns 0) */
     double skip;                           /* threshold picked on validation (gate_skip = -1) */
 } nc_gate;
 
@@ -112,21 +127,22 @@ typedef struct {
 } nc_gate_data;
 
 /* Mean negative log-likelihood (nats a token) of the tokens where every
- * fitted component is available, plus l2/2 Σ W² (not the biases), for the
- * gate's full (pre = false) or pre-search weights; grad (NULL or
- * [NC_NCOMP * NC_GATE_NW], same layout as w) gets its gradient. *used: the
- * tokens counted. */
+ * fitted component is available, plus l2/2 Σ (W² + U² + V², not the
+ * biases), for the gate's full (pre = false) or pre-search net; grad (NULL
+ * or an nc_gate_net's NC_GATE_NP doubles, same layout) gets its gradient.
+ * *used: the tokens counted. */
 double gate_objective(const nc_gate *g, bool pre, const nc_gate_data *d, double l2, double *grad,
                       size_t *used);
 
 /* Fits g (comps, mean and sd set from d; both gates) by L-BFGS in double
- * precision, from the constant mixture of p (W = 0, b = log of its
- * weights), iters iterations at most; deterministic (no random draw).
+ * precision, from the constant mixture of p (W = V = 0, b = log of its
+ * weights) with nh hidden units (U drawn from seed), iters iterations at
+ * most; deterministic for a seed.
  * curve (NULL or a FILE): one CSV line per iteration: gate,iter,nll,ppl.
  * Also picks g->skip: the largest threshold whose skipping costs at most
  * max_loss (relative perplexity, e.g. 0.005) on d. */
-int gate_fit(nc_gate *g, const struct nc_cache_params_s *p, const nc_gate_data *d, int iters, double l2,
-             double max_loss, FILE *curve, char *err, size_t errlen);
+int gate_fit(nc_gate *g, const struct nc_cache_params_s *p, const nc_gate_data *d, int nh, uint64_t seed,
+             int iters, double l2, double max_loss, FILE *curve, char *err, size_t errlen);
 
 /* Perplexity of d under g (pre: the pre-search gate) with skipping at
  * threshold thr (< 0: never), and the fraction of tokens skipped. */

@@ -38,13 +38,15 @@ static void usage(FILE *out)
             "  --iters N            L-BFGS iterations at most per gate (default 200)\n"
             "  --l2 X               L2 penalty on the feature weights (default 1e-4)\n"
             "  --max-loss X         skip threshold: relative perplexity it may cost (default 0.0025)\n"
+            "  --hidden N           tanh hidden units beside the linear map (default 0, at most 32)\n"
+            "  --seed N             draw of the hidden units' first weights (default 1)\n"
             "  -h, --help           this help\n"
             "\n%s\n"
             "exit status: 0 success, 1 runtime error, 2 usage error\n",
             cacheopts_help());
 }
 
-enum { OPT_MODEL = 1, OPT_VALID, OPT_OUT, OPT_BOS, OPT_ITERS, OPT_L2, OPT_MAXLOSS, OPT_HELP };
+enum { OPT_MODEL = 1, OPT_VALID, OPT_OUT, OPT_BOS, OPT_ITERS, OPT_L2, OPT_MAXLOSS, OPT_HIDDEN, OPT_SEED, OPT_HELP };
 
 int cmd_fit_gate(int argc, char **argv)
 {
@@ -53,11 +55,12 @@ int cmd_fit_gate(int argc, char **argv)
         {"out", required_argument, NULL, OPT_OUT},     {"bos", required_argument, NULL, OPT_BOS},
         {"iters", required_argument, NULL, OPT_ITERS}, {"l2", required_argument, NULL, OPT_L2},
         {"max-loss", required_argument, NULL, OPT_MAXLOSS}, {"help", no_argument, NULL, OPT_HELP},
+        {"hidden", required_argument, NULL, OPT_HIDDEN}, {"seed", required_argument, NULL, OPT_SEED},
         CACHEOPTS_LONG,                                {NULL, 0, NULL, 0},
     };
     const char *model_dir = NULL, *valid = NULL, *out_dir = NULL;
     bool bos_eos = true;
-    long iters = 200;
+    long iters = 200, hidden = 0, seed = 1;
     double l2 = 1e-4, max_loss = 0.0025;
     cacheopts co;
     cacheopts_init(&co);
@@ -79,6 +82,20 @@ int cmd_fit_gate(int argc, char **argv)
         case OPT_ITERS:
             if (!co_parse_int(optarg, 0, 100000, &iters)) {
                 fprintf(stderr, "neurocache fit-gate: --iters must be an integer in [0, 100000], not '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case OPT_HIDDEN:
+            if (!co_parse_int(optarg, 0, NC_GATE_MAXH, &hidden)) {
+                fprintf(stderr, "neurocache fit-gate: --hidden must be an integer in [0, %d], not '%s'\n",
+                        NC_GATE_MAXH, optarg);
+                return 2;
+            }
+            break;
+        case OPT_SEED:
+            if (!co_parse_int(optarg, 0, 2147483647L, &seed)) {
+                fprintf(stderr, "neurocache fit-gate: --seed must be an integer in [0, 2147483647], not '%s'\n",
+                        optarg);
                 return 2;
             }
             break;
@@ -183,18 +200,9 @@ int cmd_fit_gate(int argc, char **argv)
         else
             fprintf(curve, "gate,iter,nll,ppl\n");
     }
-    if (!rc && getenv("NC_ORACLE")) {   /* TEMP */
-        double s = 0; size_t n = 0;
-        for (size_t t = 0; t < gd.n; t++) {
-            double mx = -1; int ok = 1;
-            for (int k = 0; k < NC_NCOMP; k++) { double v = gd.pc[t*NC_NCOMP+k]; if (k==0 && isnan(v)) ok = 0; if (!isnan(v) && v > mx) mx = v; }
-            if (ok && mx > 0) { s += log(mx); n++; }
-        }
-        printf("oracle %.3f\n", exp(-s / n));
-    }
     if (!rc) {
         t0 = co_now();
-        rc = gate_fit(&g, p, &gd, (int)iters, l2, max_loss, curve, err, sizeof err);
+        rc = gate_fit(&g, p, &gd, (int)hidden, (uint64_t)seed, (int)iters, l2, max_loss, curve, err, sizeof err);
         t_fit = co_now() - t0;
     }
     if (curve && fclose(curve) != 0 && !rc)
@@ -210,9 +218,10 @@ int cmd_fit_gate(int argc, char **argv)
         printf("constant: perplexity %.3f (%s)\n", ppl_const, desc);
         printf("gate: perplexity %.3f (%+.2f%%) on the %zu tokens with every component present\n", ppl_gate,
                100.0 * (ppl_gate / ppl_const - 1.0), used);
-        printf("gate: %d components x %d weights (%d features + bias), %d parameters fitted "
-               "(model row fixed at 0), fit %.2f s\n",
-               ncomp, NC_GATE_NW, NC_GATE_NFEAT, 2 * (ncomp - 1) * NC_GATE_NW, t_fit);
+        int np = (ncomp - 1) * (NC_GATE_NW + g.nh) + g.nh * NC_GATE_NW;
+        printf("gate: %d components, %d features + bias, %d hidden units: %d parameters per gate (model row "
+               "fixed at 0; the pre-search gate as many), fit %.2f s\n",
+               ncomp, NC_GATE_NFEAT, g.nh, np, t_fit);
         if (g.comps & (1u << NC_COMP_UNBOUNDED))
             printf("adaptive retrieval: threshold %.4g skips %.1f%% of the searches, perplexity %.3f (%+.2f%% "
                    "against the gate always searching)\n",
