@@ -280,15 +280,16 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
             /* search the positions not skipped, as one batch */
             size_t ns = 0;
             for (size_t r = 0; r < nb; r++)
-                if (!skip[r]) {
-                    if (ns != r) {
-                        memcpy(qs + ns * H, Q + r * H, (size_t)H * sizeof(float));
-                        lim[ns] = lim[r];
-                    }
+                if (!skip[r])
                     row_of[ns++] = (int)r;
-                }
+            /* a skip in the block: its searched rows into qs (all of them,
+             * the ones before the first skip included), limits alike */
+            for (size_t i = 0; ns < nb && i < ns; i++) {
+                memcpy(qs + i * H, Q + (size_t)row_of[i] * H, (size_t)H * sizeof(float));
+                lim[i] = lim[row_of[i]];
+            }
             const float *QS = ns == nb ? Q : qs;
-            if (ns > 0 && (rc = ubcache_search(ub, QS, ns, k, p->nprobe, ub_add ? lim : NULL, ub_add ? (int)ns : 0,
+            if (ns > 0 && (rc = ubcache_search(ub, QS, ns, k, p->nprobe, ub_add ? lim : NULL, ub_add ? (int)nb : 0,
                                                ud2, uw, err, errlen)))
                 goto out;
             /* results to their rows, from the last (row_of[i] >= i) */

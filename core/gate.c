@@ -143,8 +143,13 @@ static void weights_of(const nc_gate *g, const double z[NC_NCOMP], unsigned avai
 static void logits_of(const nc_gate_net *net, const nc_gate *g, const double *f, double *x, double *a,
                       double z[NC_NCOMP])
 {
-    for (int i = 0; i < NC_GATE_NFEAT; i++)
-        x[i] = (f[i] - g->mean[i]) / g->sd[i];
+    /* normalised, and clipped to ±NC_GATE_CLIP: a text or memory unlike the
+     * fitting one (a denser index, another domain) must not drive the gate
+     * by extrapolation far outside what it was fitted on */
+    for (int i = 0; i < NC_GATE_NFEAT; i++) {
+        double v = (f[i] - g->mean[i]) / g->sd[i];
+        x[i] = v > NC_GATE_CLIP ? NC_GATE_CLIP : v < -NC_GATE_CLIP ? -NC_GATE_CLIP : v;
+    }
     for (int j = 0; j < g->nh; j++) {
         double s = net->u[j][NC_GATE_NFEAT];
         for (int i = 0; i < NC_GATE_NFEAT; i++)
@@ -662,7 +667,7 @@ int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, si
     json_t *j = json_pack("{s:i,s:o,s:i,s:o,s:i,s:f,s:o,s:o,s:s}", "version", 1, "features", feats,
                           "pre_search_features", NC_GATE_NPRE, "components", comps, "hidden", g->nh, "skip_threshold",
                           g->skip, "mean", mean, "sd", sd, "form",
-                          "x = (f - mean) / sd; w_c = softmax_c(b_c + W_c.x + sum_j V_cj tanh(U_j.x + b'_j)); "
+                          "x = clip((f - mean) / sd, -4, 4); w_c = softmax_c(b_c + W_c.x + sum_j V_cj tanh(U_j.x + b'_j)); "
                           "model row 0");
     if (j && info)
         json_object_set_new(j, "fitted", json_string(info));

@@ -66,10 +66,12 @@ extern const char *const nc_gate_feature_names[NC_GATE_NFEAT];
 
 #define NC_GATE_NW (NC_GATE_NFEAT + 1)   /* weights per unit, bias last */
 #define NC_GATE_MAXH 32                  /* hidden units at most */
+#define NC_GATE_CLIP 4.0                 /* normalised features are clipped to ±4 */
 
 /* One gate's parameters (doubles only: L-BFGS treats it as one vector):
  *   a_j = tanh(b'_j + Σ_f U_jf x_f)            (j < nh; none when nh = 0)
- *   z_c = b_c + Σ_f W_cf x_f + Σ_j V_cj a_j,    x_f = (f_f - mean_f) / sd_f */
+ *   z_c = b_c + Σ_f W_cf x_f + Σ_j V_cj a_j,
+ *   x_f = clip((f_f - mean_f) / sd_f, ±NC_GATE_CLIP) */
 typedef struct {
     double w[NC_NCOMP][NC_GATE_NW];
     double u[NC_GATE_MAXH][NC_GATE_NW];

@@ -488,6 +488,99 @@ TEST(adaptive_retrieval_extremes)
     model_free(m);
 }
 
+/* Skipping part of a block's searches (the searched rows compacted into one
+ * batch) gives what the precomputed neighbours give with the same tokens
+ * dropped: the live search path against eval's. Exact search both ways; the
+ * batches differ, so the distances may differ by a reordered float sum:
+ * within the fixtures' path bound. */
+TEST(partial_skip_equals_precomputed)
+{
+    nc_model *m = load_fixture();
+    if (!m)
+        return;
+    const int H = m->cfg.hidden_size;
+    nc_tokens doc;
+    make_doc(m, 400, &doc);
+    nc_cache_params p;
+    cache_setup(&p);
+    char err[NC_ERRLEN];
+    size_t n = doc.n;
+    /* a gate of moderate weights on this text's own feature scale: the
+     * constant mixture's biases plus W ~ 0.3 N(0, 1) */
+    double *f = malloc(n * NC_GATE_NFEAT * sizeof(double)), *lp = malloc(n * sizeof(double));
+    double *a = malloc(n * sizeof(double)), *b = malloc(n * sizeof(double)), *wu = malloc(n * sizeof(double));
+    lcg = 11;
+    nc_ubcache *u = ub_make(H, 150);
+    score_doc(m, &doc, &p, u, lp, f, NULL, NULL);
+    ubcache_free(u);
+    nc_gate *g = calloc(1, sizeof *g);
+    constant_gate(&p, (1u << NC_COMP_MODEL) | (1u << NC_COMP_NEURAL) | (1u << NC_COMP_UNIGRAM) |
+                          (1u << NC_COMP_UNBOUNDED), g);
+    for (int i = 0; i < NC_GATE_NFEAT; i++) {
+        double s1 = 0, s2 = 0;
+        for (size_t t = 1; t < n; t++) {
+            s1 += f[t * NC_GATE_NFEAT + i];
+            s2 += f[t * NC_GATE_NFEAT + i] * f[t * NC_GATE_NFEAT + i];
+        }
+        g->mean[i] = s1 / (double)(n - 1);
+        double var = s2 / (double)(n - 1) - g->mean[i] * g->mean[i];
+        g->sd[i] = var > 1e-12 ? sqrt(var) : 1.0;
+        for (int c = 1; c < NC_NCOMP; c++) {
+            g->full.w[c][i] = 0.3 * gauss();
+            g->pre.w[c][i] = i < NC_GATE_NPRE ? 0.3 * gauss() : 0.0;
+        }
+    }
+    m->gate = g;
+    /* the pre-search gate's unbounded weights on this text: threshold at their median */
+    for (size_t t = 1; t < n; t++) {
+        double w[NC_NCOMP];
+        gate_weights(g, true, f + t * NC_GATE_NFEAT, g->comps, w);
+        wu[t - 1] = w[NC_COMP_UNBOUNDED];
+    }
+    for (size_t i = 0; i + 1 < n - 1; i++)   /* sort (small n) */
+        for (size_t j = i + 1; j < n - 1; j++)
+            if (wu[j] < wu[i]) {
+                double x = wu[i];
+                wu[i] = wu[j];
+                wu[j] = x;
+            }
+    p.gate = true;
+    p.gate_skip = (float)wu[(n - 1) / 2];
+    /* live: searches of the tokens kept, batched */
+    size_t searched, skipped;
+    lcg = 11;
+    u = ub_make(H, 150);
+    score_doc(m, &doc, &p, u, a, NULL, &searched, &skipped);
+    ubcache_free(u);
+    CHECKF(skipped > n / 4 && searched > n / 4, "searched %zu, skipped %zu", searched, skipped);
+    /* precomputed: every position searched, then the same ones dropped */
+    lcg = 11;
+    u = ub_make(H, 150);
+    nc_state *s = lstm_state_new(m);
+    nc_doc *d = NULL;
+    CHECK(doc_prepare(m, s, false, &doc, NULL, &d, err, sizeof err) == NC_OK);
+    float *d2 = malloc(n * (size_t)p.knn * sizeof(float));
+    int *ww = malloc(n * (size_t)p.knn * sizeof(int));
+    CHECK(doc_neighbours(d, &p, u, true, 0, d2, ww, err, sizeof err) == NC_OK);
+    nc_doc_caches dc = {.ub = u, .pre_d2 = d2, .pre_words = ww};
+    CHECK(doc_score(d, &p, &dc, 0, b, err, sizeof err) == NC_OK);
+    CHECK(dc.searched == searched && dc.skipped == skipped);
+    for (size_t t = 1; t < n; t++)
+        CHECKF(fabs(a[t] - b[t]) <= TOL_FIXTURE_PATHS, "token %zu: live %.9g, precomputed %.9g", t, a[t], b[t]);
+    ubcache_free(u);
+    doc_free(d);
+    lstm_state_free(s);
+    free(d2);
+    free(ww);
+    free(f);
+    free(lp);
+    free(a);
+    free(b);
+    free(wu);
+    tokens_clear(&doc);
+    model_free(m);
+}
+
 /* ---- the daemon and the CLI ---- */
 
 static int run_capture(const char *cmd, char *out, size_t cap)
@@ -643,6 +736,7 @@ int main(void)
     RUN(constant_gate_reproduces_constant_lambda);
     RUN(gate_never_reads_the_target);
     RUN(adaptive_retrieval_extremes);
+    RUN(partial_skip_equals_precomputed);
     RUN(server_and_cli_agree);
     return harness_summary();
 }
