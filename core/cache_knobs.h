@@ -47,7 +47,12 @@
     X(uniform_mu, "uniform-mu", FLOAT_BELOW_MAX, 0, 1, "0",                                                    \
       "open vocabulary: weight mu of the uniform distribution, in [0, 1)")                            \
     X(vocab_size_full, "vocab-size-full", INT, 0, 2000000000, "0",                                   \
-      "open vocabulary: |V_full| of the uniform term, 0 = V + words seen")
+      "open vocabulary: |V_full| of the uniform term, 0 = V + words seen")                            \
+    X(gate, "gate", BOOL, 0, 1, "false",                                                               \
+      "weigh the components per token with the model's gate (gate.safetensors, neurocache fit-gate)") \
+    X(gate_skip, "gate-skip", FLOAT, -1, 1, "-1",                                                      \
+      "with the gate: skip the unbounded search when the gate's pre-search unbounded weight is below " \
+      "this; -1 = the gate's own threshold (picked on validation), 0 = always search")
 
 typedef enum { NC_KNOB_INT, NC_KNOB_FLOAT, NC_KNOB_FLOAT_BELOW_MAX, NC_KNOB_BOOL, NC_KNOB_KERNEL } nc_knob_type;
 

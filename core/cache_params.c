@@ -189,6 +189,10 @@ const char *cache_params_describe(const nc_cache_params *p, char *buf, size_t le
             p->exact ? " exact" : "");
     if (p->open_vocab)
         ADD("open-vocab mu=%g ", (double)p->uniform_mu);
+    if (p->gate && p->gate_skip >= 0.0f && p->unbounded)
+        ADD("gate skip<%g ", (double)p->gate_skip);
+    else if (p->gate)
+        ADD("gate ");
     if (o == 0)
         ADD("static");
     else if (o < len && o > 0 && buf[o - 1] == ' ')

@@ -1,5 +1,6 @@
 /* docscore.c -- batched, causal scoring of a token sequence with the caches. */
 #include "docscore.h"
+#include "gate.h"
 #include "vmath.h"
 
 #include <cblas.h>
@@ -47,6 +48,9 @@ void doc_free(nc_doc *d)
     nc_free(d->s_target);
     nc_free(d->log_z);
     nc_free(d->vfull);
+    free(d->v_ent);
+    free(d->v_logmax);
+    free(d->v_argmax);
     free(d);
 }
 
@@ -64,6 +68,12 @@ int doc_prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *tok
                 nc_wordtable *words, nc_wordtable *mem_words, nc_doc **out, char *err,
                 size_t errlen)
 {
+    return doc_prepare_ex(m, s, has_h, toks, words, mem_words, m->gate != NULL, out, err, errlen);
+}
+
+int doc_prepare_ex(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
+                   nc_wordtable *mem_words, bool vocab_stats, nc_doc **out, char *err, size_t errlen)
+{
     const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
     const size_t n = toks->n;
     nc_doc *d;
@@ -72,6 +82,18 @@ int doc_prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *tok
         return rc;
     *out = NULL;
     d->unk_id = m->unk_id;
+    d->gate = m->gate;
+    d->dec_w = m->decoder_w;
+    d->dec_b = m->decoder_b;
+    if (vocab_stats) {
+        d->v_ent = calloc(n + 1, sizeof(float));
+        d->v_logmax = calloc(n + 1, sizeof(float));
+        d->v_argmax = calloc(n + 1, sizeof(int));
+        if (!d->v_ent || !d->v_logmax || !d->v_argmax) {
+            doc_free(d);
+            return nc_error(err, errlen, NC_ENOMEM, "vocabulary statistics of %zu tokens", n);
+        }
+    }
     d->first = has_h ? 0 : (n > 0 ? 1 : 0);
     if (mem_words && mem_words != words && !(d->mem_ids = nc_calloc(n + 1, sizeof(int)))) {
         doc_free(d);
@@ -104,7 +126,8 @@ int doc_prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *tok
     memcpy(d->q, lstm_state_top(s), (size_t)H * sizeof(float));
     rc = lstm_forward_seq(m, s, toks->ids, n, d->q + H, err, errlen);
     float *logits = rc ? NULL : nc_alloc((size_t)DOC_LOGIT_BLOCK * V * sizeof(float));
-    if (!rc && !logits)
+    float *scratch = rc || !vocab_stats ? NULL : nc_alloc((size_t)V * sizeof(float));
+    if (!rc && (!logits || (vocab_stats && !scratch)))
         rc = nc_error(err, errlen, NC_ENOMEM, "logits block");
     for (size_t j0 = d->first; !rc && j0 < n; j0 += DOC_LOGIT_BLOCK) {
         size_t nb = n - j0 < DOC_LOGIT_BLOCK ? n - j0 : DOC_LOGIT_BLOCK;
@@ -114,9 +137,12 @@ int doc_prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *tok
             int id = d->ids[j0 + r];
             d->log_z[j0 + r] = nc_logsumexp(l, (size_t)V);
             d->s_target[j0 + r] = id < V ? l[id] : -INFINITY;
+            if (vocab_stats)
+                gate_vocab_stats(l, V, scratch, &d->v_ent[j0 + r], &d->v_logmax[j0 + r], &d->v_argmax[j0 + r]);
         }
     }
     nc_free(logits);
+    nc_free(scratch);
     if (rc) {
         doc_free(d);
         return rc;
@@ -141,8 +167,13 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
     int rc = cache_params_validate(p, err, errlen);
     if (rc)
         return rc;
-    for (size_t j = 0; j < d->first && j < n; j++)
+    for (size_t j = 0; j < d->first && j < n; j++) {
         logprobs[j] = NAN;
+        for (int i = 0; c && c->gate_f && i < NC_GATE_NFEAT; i++)
+            c->gate_f[j * NC_GATE_NFEAT + i] = NAN;
+        for (int i = 0; c && c->gate_pc && i < NC_NCOMP; i++)
+            c->gate_pc[j * NC_NCOMP + i] = NAN;
+    }
     if (d->first >= n)
         return NC_OK;
 
@@ -169,6 +200,19 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
     bool ub_read = p->unbounded && ub && !pre;
     bool ub_add = c && c->adapt && ub && !pre;
     int k = p->knn;
+    bool gated = p->gate;
+    if (gated && !d->gate) {
+        rc = nc_error(err, errlen, NC_EINVAL, "gate: the model has no gate (gate.safetensors; fit one with "
+                                              "neurocache fit-gate)");
+        goto out_free_local;
+    }
+    if ((gated || (c && c->gate_f)) && !d->v_ent) {
+        rc = nc_error(err, errlen, NC_EINVAL, "gate: the document was prepared without p_vocab's statistics");
+        goto out_free_local;
+    }
+    /* adaptive retrieval (gate.h): only with a gate, an unbounded cache
+     * and a threshold above 0 */
+    bool skipping = gated && p->unbounded && (ub_read || pre) && gate_threshold(d->gate, p) > 0.0;
 
     /* window actually read: the ring may be bigger than neural_size when a
      * stream shrank its params without reallocating */
@@ -184,7 +228,12 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
     float *ud2 = ub_read ? malloc(B * (size_t)k * sizeof(float)) : NULL;
     int *uw = ub_read ? malloc(B * (size_t)k * sizeof(int)) : NULL;
     int64_t *lim = ub_read ? malloc(B * sizeof(int64_t)) : NULL;
-    if ((nc && !direct && (!keys || !kv)) || (nc && !dots) || (ub_read && (!ud2 || !uw || !lim))) {
+    nc_mix_input *ins = malloc(B * sizeof *ins);
+    bool *skip = calloc(B, sizeof *skip);
+    float *qs = skipping && ub_read ? malloc(B * (size_t)H * sizeof(float)) : NULL;
+    int *row_of = ub_read ? malloc(B * sizeof(int)) : NULL;
+    if ((nc && !direct && (!keys || !kv)) || (nc && !dots) || (ub_read && (!ud2 || !uw || !lim || !row_of)) ||
+        !ins || !skip || (skipping && ub_read && !qs)) {
         rc = nc_error(err, errlen, NC_ENOMEM, "scoring buffers");
         goto out;
     }
@@ -220,6 +269,29 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, nk, H, 1.0f, Q, H, K, H,
                             0.0f, dots, nk);
         }
+        /* what each position reads before the unbounded search */
+        for (size_t r = 0; r < nb; r++) {
+            size_t t = b0 + r;
+            nc_mix_input *in = &ins[r];
+            *in = (nc_mix_input){.V = d->V, .s_target = d->s_target[t], .log_z = d->log_z[t], .uni = uc,
+                                 .vocab_full = p->vocab_size_full > 0 ? p->vocab_size_full : d->vfull[t],
+                                 .gate = gated ? d->gate : NULL, .h = d->q + t * H,
+                                 .dec_w = d->dec_w, .dec_b = d->dec_b, .H = H};
+            if (d->v_ent) {
+                in->v_ent = d->v_ent[t];
+                in->v_logmax = d->v_logmax[t];
+                in->v_argmax = d->v_argmax[t];
+            }
+            if (nc) {
+                int nk = c0 + (int)nb - 1, avail = c0 + (int)r;
+                int w = avail < N ? avail : N;
+                in->ndots = dots + r * (size_t)(nk > 0 ? nk : 0) + (avail - w);
+                in->nvals = kvals + (avail - w);
+                in->nn = w;
+            }
+            /* adaptive retrieval: the pre-search gate decides from these */
+            skip[r] = skipping && gate_skip_search(d->gate, p, in);
+        }
         if (ub_add) {
             int64_t first_id;
             if ((rc = ubcache_add(ub, Q, (d->mem_ids ? d->mem_ids : d->ids) + b0, nb, &first_id, err,
@@ -228,32 +300,57 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
             for (size_t r = 0; ub_read && r < nb; r++)
                 lim[r] = first_id + (int64_t)r;   /* pairs of this block at >= r are the future */
         }
-        if (ub_read && (rc = ubcache_search(ub, Q, nb, k, p->nprobe, ub_add ? lim : NULL,
-                                            ub_add ? (int)nb : 0, doc_reader(d, p), ud2, uw, err,
-                                            errlen)))
-            goto out;
+        if (ub_read) {
+            /* search the positions not skipped, as one batch */
+            size_t ns = 0;
+            for (size_t r = 0; r < nb; r++)
+                if (!skip[r])
+                    row_of[ns++] = (int)r;
+            /* a skip in the block: its searched rows into qs (all of them,
+             * the ones before the first skip included), limits alike */
+            for (size_t i = 0; ns < nb && i < ns; i++) {
+                memcpy(qs + i * H, Q + (size_t)row_of[i] * H, (size_t)H * sizeof(float));
+                lim[i] = lim[row_of[i]];
+            }
+            const float *QS = ns == nb ? Q : qs;
+            if (ns > 0 && (rc = ubcache_search(ub, QS, ns, k, p->nprobe, ub_add ? lim : NULL, ub_add ? (int)nb : 0,
+                                               doc_reader(d, p), ud2, uw, err, errlen)))
+                goto out;
+            /* results to their rows, from the last (row_of[i] >= i) */
+            for (size_t i = ns; i-- > 0;)
+                if ((size_t)row_of[i] != i) {
+                    memcpy(ud2 + (size_t)row_of[i] * k, ud2 + i * k, (size_t)k * sizeof(float));
+                    memcpy(uw + (size_t)row_of[i] * k, uw + i * k, (size_t)k * sizeof(int));
+                }
+            if (skipping) {
+                c->searched += ns;
+                c->skipped += nb - ns;
+                gate_count_searches(ns, nb - ns);
+            }
+        } else if (pre && p->unbounded && skipping) {
+            for (size_t r = 0; r < nb; r++)
+                skip[r] ? c->skipped++ : c->searched++;
+        }
         for (size_t r = 0; r < nb; r++) {
             size_t t = b0 + r;
-            nc_mix_input in = {.V = d->V, .s_target = d->s_target[t], .log_z = d->log_z[t],
-                               .uni = uc, .vocab_full = p->vocab_size_full > 0 ? p->vocab_size_full
-                                                                              : d->vfull[t]};
-            if (nc) {
-                int nk = c0 + (int)nb - 1, avail = c0 + (int)r;
-                int w = avail < N ? avail : N;
-                in.ndots = dots + r * (size_t)(nk > 0 ? nk : 0) + (avail - w);
-                in.nvals = kvals + (avail - w);
-                in.nn = w;
-            }
-            if (ub_read) {
-                in.ub_d2 = ud2 + r * (size_t)k;
-                in.ub_words = uw + r * (size_t)k;
-                in.ub_k = k;
+            nc_mix_input *in = &ins[r];
+            if (skip[r]) {
+                in->ub_skipped = true;
+            } else if (ub_read) {
+                in->ub_d2 = ud2 + r * (size_t)k;
+                in->ub_words = uw + r * (size_t)k;
+                in->ub_k = k;
             } else if (pre && p->unbounded) {
-                in.ub_d2 = c->pre_d2 + t * (size_t)k;
-                in.ub_words = c->pre_words + t * (size_t)k;
-                in.ub_k = k;
+                in->ub_d2 = c->pre_d2 + t * (size_t)k;
+                in->ub_words = c->pre_words + t * (size_t)k;
+                in->ub_k = k;
             }
-            logprobs[t] = mixture_target(p, &in, d->ids[t]);
+            logprobs[t] = mixture_target(p, in, d->ids[t]);
+            if (c && c->gate_f) {
+                unsigned a = mixture_available(p, in);
+                gate_features(p, in, (a >> NC_COMP_UNBOUNDED) & 1u, c->gate_f + t * NC_GATE_NFEAT);
+                mixture_components(p, in, d->ids[t], c->gate_pc + t * NC_NCOMP);
+            }
             if (uc && (rc = ucache_push(uc, d->ids[t]))) {
                 rc = nc_error(err, errlen, rc, "unigram cache");
                 goto out;
@@ -263,6 +360,10 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
             ncache_push(nc, Q + r * H, d->ids[b0 + r]);
     }
 out:
+    free(ins);
+    free(skip);
+    free(qs);
+    free(row_of);
     nc_free(keys);
     free(kv);
     nc_free(dots);

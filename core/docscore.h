@@ -31,6 +31,12 @@ typedef struct {
     float *s_target;              /* [n] decoder logit of token j at row j (-INF if id >= V) */
     float *log_z;                 /* [n] logsumexp of the decoder logits at row j */
     int *vfull;                   /* [n] |V_full| before token j: V + dynamic words seen */
+    /* The adaptive mixture (gate.h): the model's gate (NULL if none) and
+     * p_vocab's statistics at row j (NULL unless prepared with them). */
+    const struct nc_gate *gate;
+    float *v_ent, *v_logmax;
+    int *v_argmax;
+    const float *dec_w, *dec_b;   /* the model's decoder (borrowed), for p_vocab of one word */
 } nc_doc;
 
 /* Empty document with room for n tokens (fields to be filled by the caller:
@@ -50,6 +56,11 @@ void doc_free(nc_doc *d);        /* NULL allowed */
 int doc_prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks,
                 nc_wordtable *words, nc_wordtable *mem_words, nc_doc **out, char *err,
                 size_t errlen);
+/* The same; vocab_stats: also keep p_vocab's statistics for the gate's
+ * features (doc_prepare does when the model has a gate; fitting one needs
+ * them before it exists). */
+int doc_prepare_ex(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
+                   nc_wordtable *mem_words, bool vocab_stats, nc_doc **out, char *err, size_t errlen);
 
 /* The caches a scoring pass reads and updates. NULL local caches that the
  * params switch on are created empty for the call. The local caches end
@@ -63,6 +74,13 @@ typedef struct {
      * instead of searching ub (tuning λ reuses one search for all points). */
     const float *pre_d2;
     const int *pre_words;
+    /* Out, with p->gate: unbounded searches run and skipped (adaptive
+     * retrieval, gate.h); with precomputed neighbours a skip drops them. */
+    size_t searched, skipped;
+    /* Optional out, for fitting a gate: per position, the gate's raw
+     * features [n, NC_GATE_NFEAT] and each component's probability of the
+     * target [n, NC_NCOMP] (NAN: unavailable; rows < first all NAN). */
+    double *gate_f, *gate_pc;
 } nc_doc_caches;
 
 /* The unbounded-cache neighbours of every position, with the same causal
@@ -73,7 +91,10 @@ int doc_neighbours(const nc_doc *d, const nc_cache_params *p, nc_ubcache *ub, bo
                    size_t block, float *d2, int *words, char *err, size_t errlen);
 
 /* logprobs[j] = log p(token j | tokens < j, caches) for j >= first, NAN for
- * j < first. block: positions per GEMM/search batch (0 = 64). */
+ * j < first. block: positions per GEMM/search batch (0 = 64). With p->gate
+ * the weights come from d->gate (NC_EINVAL if the model has none), and a
+ * position whose pre-search gate predicts a small unbounded weight is not
+ * searched (its pair is still added with adapt). */
 int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_t block,
               double *logprobs, char *err, size_t errlen);
 

@@ -2,6 +2,7 @@
  * target-only log-probability. Both paths run the same steps in the same
  * order (see mixture.h) so they agree to float rounding. */
 #include "cache.h"
+#include "gate.h"
 #include "vmath.h"
 
 #include <math.h>
@@ -127,8 +128,8 @@ static void blend(nc_dist *d, bool shares, double lambda, const double *q, int c
     }
 }
 
-int mixture_full(const nc_cache_params *p, const nc_mix_input *in, size_t n_words, bool shares,
-                 nc_dist *out, char *err, size_t errlen)
+static int mixture_full_const(const nc_cache_params *p, const nc_mix_input *in, size_t n_words, bool shares,
+                              nc_dist *out, char *err, size_t errlen)
 {
     const int V = in->V;
     if (n_words < (size_t)V)
@@ -262,8 +263,120 @@ static void neural_sums(const nc_mix_input *in, double theta, double bias, doubl
     *z = vm_cache_exp_sum(NULL, in->ndots, in->nvals, (size_t)in->nn, (float)theta, (float)(m - bias), x, num);
 }
 
+static bool ub_on(const nc_cache_params *p, const nc_mix_input *in)
+{
+    return p->unbounded && in->ub_k > 0 && !in->ub_skipped && ub_weights(p, in, NULL) > 0.0;
+}
+
+unsigned mixture_available(const nc_cache_params *p, const nc_mix_input *in)
+{
+    unsigned a = 1u << NC_COMP_MODEL;
+    if (neural_on(p, in) && !p->global_norm)
+        a |= 1u << NC_COMP_NEURAL;
+    if (unigram_on(p, in))
+        a |= 1u << NC_COMP_UNIGRAM;
+    if (ub_on(p, in))
+        a |= 1u << NC_COMP_UNBOUNDED;
+    if (p->open_vocab && p->uniform_mu > 0.0f)
+        a |= 1u << NC_COMP_UNIFORM;
+    return a;
+}
+
+/* The gate's weights at this position (gate.h): the full gate when the
+ * unbounded cache's features exist, else the pre-search one. */
+static unsigned gated_weights(const nc_cache_params *p, const nc_mix_input *in, double w[NC_NCOMP])
+{
+    unsigned avail = mixture_available(p, in);
+    bool ub = (avail >> NC_COMP_UNBOUNDED) & 1u;
+    double f[NC_GATE_NFEAT];
+    gate_features(p, in, ub, f);
+    gate_weights(in->gate, !ub, f, avail, w);
+    return avail;
+}
+
+int mixture_full(const nc_cache_params *p, const nc_mix_input *in, size_t n_words, bool shares,
+                 nc_dist *out, char *err, size_t errlen)
+{
+    if (!p->gate || !in->gate) {
+        int rc = mixture_full_const(p, in, n_words, shares, out, err, errlen);
+        if (rc == NC_OK)
+            gate_const_weights(p, mixture_available(p, in), out->weight);
+        return rc;
+    }
+    /* The gate's flat weights w_c as the λs of the steps: step c mixes
+     * (1-λ_c) p + λ_c p_c, so λ_c = w_c / Σ_{c' <= c} w_c' (a component not
+     * available has w_c = 0 and is skipped by the step anyway). The full
+     * path is float: λ rounded to float moves p by ~1e-7 relative, inside
+     * the full/target agreement. */
+    double w[NC_NCOMP];
+    gated_weights(p, in, w);
+    nc_cache_params q = *p;
+    double cum = w[NC_COMP_MODEL];
+    float *lam[NC_NCOMP] = {NULL, &q.neural_lambda, &q.unigram_lambda, &q.unbounded_lambda, &q.uniform_mu};
+    for (int c = 1; c < NC_NCOMP; c++) {
+        cum += w[c];
+        *lam[c] = (float)(cum > 0.0 ? w[c] / cum : 0.0);
+    }
+    nc_mix_input in2 = *in;
+    if (in->ub_skipped)
+        in2.ub_k = 0;
+    int rc = mixture_full_const(&q, &in2, n_words, shares, out, err, errlen);
+    if (rc == NC_OK)
+        memcpy(out->weight, w, sizeof w);
+    if (in->weights)
+        memcpy(in->weights, w, sizeof w);
+    return rc;
+}
+
+void mixture_components(const nc_cache_params *p, const nc_mix_input *in, int x, double pc[NC_NCOMP])
+{
+    unsigned a = mixture_available(p, in);
+    for (int c = 0; c < NC_NCOMP; c++)
+        pc[c] = NAN;
+    if (neural_on(p, in) && p->global_norm) {
+        /* global normalisation: one component, the model with the cache
+         * terms in its normaliser (eq. 4) -- the same sums as mixture_target */
+        double m = in->log_z, mc = max_scaled(in, p->neural_theta, p->neural_alpha);
+        if (mc > m)
+            m = mc;
+        double zc, nc;
+        neural_sums(in, p->neural_theta, p->neural_alpha, m, x, &zc, &nc);
+        pc[NC_COMP_MODEL] = ((x < in->V ? exp(in->s_target - m) : 0.0) + nc) / (exp(in->log_z - m) + zc);
+    } else {
+        pc[NC_COMP_MODEL] = x < in->V ? exp((double)in->s_target - in->log_z) : 0.0;
+    }
+    if (a & (1u << NC_COMP_NEURAL)) {
+        double mc = max_scaled(in, p->neural_theta, 0.0), zs, num;
+        neural_sums(in, p->neural_theta, 0.0, mc, x, &zs, &num);
+        pc[NC_COMP_NEURAL] = num / zs;
+    }
+    if (a & (1u << NC_COMP_UNIGRAM))
+        pc[NC_COMP_UNIGRAM] = ucache_prob(in->uni, x);
+    if (a & (1u << NC_COMP_UNBOUNDED)) {
+        double sw = ub_weights(p, in, NULL), theta2 = ub_theta2(in), num = 0.0;
+        for (int i = 0; i < in->ub_k; i++)
+            if (in->ub_words[i] == x)
+                num += ub_weight(p, theta2, in->ub_d2[i]);
+        pc[NC_COMP_UNBOUNDED] = num / sw;
+    }
+    if (a & (1u << NC_COMP_UNIFORM))
+        pc[NC_COMP_UNIFORM] = 1.0 / (in->vocab_full > 0 ? in->vocab_full : in->V);
+}
+
 double mixture_target(const nc_cache_params *p, const nc_mix_input *in, int x)
 {
+    if (p->gate && in->gate) {
+        /* p(x) = Σ_c w_c(f_t) p_c(x): f_t never reads x (gate.h) */
+        double w[NC_NCOMP], pc[NC_NCOMP], pr = 0.0;
+        unsigned a = gated_weights(p, in, w);
+        mixture_components(p, in, x, pc);
+        for (int c = 0; c < NC_NCOMP; c++)
+            if ((a >> c) & 1u)
+                pr += w[c] * pc[c];
+        if (in->weights)
+            memcpy(in->weights, w, sizeof w);
+        return pr > 0.0 ? log(pr) : -INFINITY;
+    }
     bool global = neural_on(p, in) && p->global_norm;
     double pr;
     if (global) {
@@ -286,7 +399,7 @@ double mixture_target(const nc_cache_params *p, const nc_mix_input *in, int x)
     }
     if (unigram_on(p, in))
         pr = (1.0 - p->unigram_lambda) * pr + p->unigram_lambda * ucache_prob(in->uni, x);
-    if (p->unbounded && in->ub_k > 0) {
+    if (p->unbounded && in->ub_k > 0 && !in->ub_skipped) {
         double sw = ub_weights(p, in, NULL), theta2 = ub_theta2(in);
         if (sw > 0.0) {
             double num = 0.0;

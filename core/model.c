@@ -18,6 +18,7 @@
 #include "atomicfile.h"
 #include "buf.h"
 #include "fault.h"
+#include "gate.h"
 
 /* Upper bounds that keep every size product far from overflow and reject
  * absurd configs before anything is allocated. */
@@ -68,6 +69,7 @@ void model_free(nc_model *m)
     if (!m)
         return;
     impl_free(m->impl);
+    gate_free(m->gate);
     vocab_free(m->vocab);
     free(m->layers);
     free(m);
@@ -585,6 +587,12 @@ int model_load(const char *dir, nc_model **out, char *err, size_t errlen)
     if (rc == NC_OK) {
         path_join(path, sizeof path, dir, "model.safetensors");
         rc = safetensors_load(m, im, path, err, errlen);
+    }
+    if (rc == NC_OK) {
+        /* the adaptive mixture's gate, when the directory has one */
+        rc = gate_load(dir, &m->gate, err, errlen);
+        if (rc == NC_ENOTFOUND && !m->gate)
+            rc = NC_OK;
     }
     if (rc != NC_OK) {
         model_free(m);

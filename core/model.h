@@ -41,6 +41,7 @@ typedef struct nc_model {
     float *decoder_w;             /* [V, H]; aliases encoder when tied */
     float *decoder_b;             /* [V] */
     char dir[1024];               /* directory it was loaded from ("" if built) */
+    struct nc_gate *gate;         /* the adaptive mixture's gate (gate.h), NULL if the directory has none */
     void *impl;                   /* owned storage (mmap / buffers) */
 } nc_model;
 
@@ -51,7 +52,8 @@ typedef struct nc_model {
  * tensors are used in place (writes are private copy-on-write), F16 are
  * widened. With tie_weights, decoder.weight is used when present, else the
  * decoder aliases the encoder. Tensors not named in design §2 are ignored
- * (but their byte ranges are still checked). */
+ * (but their byte ranges are still checked). A gate.safetensors + gate.json
+ * (gate.h) are loaded into m->gate when present. */
 int model_load(const char *dir, nc_model **out, char *err, size_t errlen);
 
 /* A model with freshly allocated, zeroed weights for cfg (vocab is taken over

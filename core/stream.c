@@ -4,6 +4,7 @@
 #include "stream.h"
 #include "binio.h"
 #include "buf.h"
+#include "gate.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -61,6 +62,9 @@ int stream_new(const nc_model *m, const nc_cache_params *p, nc_ubcache *ub, nc_w
         return rc;
     if (p->unbounded && !ub)
         return nc_error(err, errlen, NC_EINVAL, "unbounded cache requested but none given");
+    if (p->gate && !m->gate)
+        return nc_error(err, errlen, NC_EINVAL, "gate: the model has no gate (gate.safetensors; fit one with "
+                                                "neurocache fit-gate)");
     if (ub && ubcache_dim(ub) != m->cfg.hidden_size)
         return nc_error(err, errlen, NC_EINVAL, "unbounded cache dimension %d, model hidden size %d",
                         ubcache_dim(ub), m->cfg.hidden_size);
@@ -135,6 +139,9 @@ int stream_set_params(nc_stream *s, const nc_cache_params *p, char *err, size_t 
     if (p->open_vocab != s->p.open_vocab)
         return nc_error(err, errlen, NC_ESTATE, "open_vocab is fixed when the stream is created (its caches "
                         "hold words in that mode): create a new stream to change it");
+    if (p->gate && !s->m->gate)
+        return nc_error(err, errlen, NC_EINVAL, "gate: the model has no gate (gate.safetensors; fit one with "
+                                                "neurocache fit-gate)");
     /* rebuild windows keeping the newest pairs */
     nc_ncache nn = {0};
     nc_ucache nu = {0};
@@ -278,7 +285,26 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
     float *ud2 = NULL;
     int *uw = NULL;
     int rc = NC_OK;
-    if (s->p.unbounded && s->ub) {
+    bool skip = false;
+    if (s->p.gate && s->m->gate) {
+        /* the adaptive mixture: p_vocab's statistics, then the pre-search
+         * gate decides whether the unbounded cache is searched (gate.h) */
+        float *scratch = malloc((size_t)V * sizeof(float));
+        if (!scratch) {
+            free(vals);
+            return nc_error(err, errlen, NC_ENOMEM, "gate features");
+        }
+        gate_vocab_stats(logits, V, scratch, &in.v_ent, &in.v_logmax, &in.v_argmax);
+        free(scratch);
+        in.gate = s->m->gate;
+        if (s->p.unbounded && s->ub) {
+            skip = gate_skip_search(s->m->gate, &s->p, &in);
+            in.ub_skipped = skip;
+            if (gate_threshold(s->m->gate, &s->p) > 0.0)
+                gate_count_searches(!skip, skip);
+        }
+    }
+    if (s->p.unbounded && s->ub && !skip) {
         int k = s->p.knn;
         ud2 = malloc((size_t)k * sizeof(float));
         uw = malloc((size_t)k * sizeof(int));
@@ -341,7 +367,7 @@ int stream_clone(const nc_stream *s, nc_stream **out, char *err, size_t errlen)
 }
 
 /* ---- serialisation ----
- * "NCSTRM01", u32 V, H, L, params (fixed list of 4-byte fields), u8 has_h,
+ * "NCSTRM02", u32 V, H, L, params (fixed list of 4-byte fields), u8 has_h,
  * i64 pos, u64 state length + lstm_state blob, u32 number of dynamic words +
  * (u32 len, bytes) each, neural: i32 size count f16 + count x (keys, i32 ref),
  * unigram: i32 size count + count x i32 ref, u32 crc32 of everything before
@@ -356,9 +382,10 @@ static void put_params(binio_writer *w, const nc_cache_params *p)
     binio_put_i32(w, p->unbounded); binio_put_i32(w, p->knn); binio_put_i32(w, p->nprobe);
     binio_put_f32(w, p->unbounded_lambda); binio_put_i32(w, (int32_t)p->kernel); binio_put_i32(w, p->exact);
     binio_put_i32(w, p->open_vocab); binio_put_f32(w, p->uniform_mu); binio_put_i32(w, p->vocab_size_full);
+    binio_put_i32(w, p->gate); binio_put_f32(w, p->gate_skip);
 }
 
-static void get_params(binio_reader *r, nc_cache_params *p)
+static void get_params(binio_reader *r, nc_cache_params *p, int version)
 {
     cache_params_default(p);
     p->unigram_size = binio_get_i32(r); p->unigram_lambda = binio_get_f32(r);
@@ -367,6 +394,9 @@ static void get_params(binio_reader *r, nc_cache_params *p)
     p->unbounded = binio_get_i32(r) != 0; p->knn = binio_get_i32(r); p->nprobe = binio_get_i32(r);
     p->unbounded_lambda = binio_get_f32(r); p->kernel = (nc_kernel)binio_get_i32(r); p->exact = binio_get_i32(r) != 0;
     p->open_vocab = binio_get_i32(r) != 0; p->uniform_mu = binio_get_f32(r); p->vocab_size_full = binio_get_i32(r);
+    if (version >= 2) {
+        p->gate = binio_get_i32(r) != 0; p->gate_skip = binio_get_f32(r);
+    }
 }
 
 /* Dynamic ids met in the windows, in first-seen order: map id -> blob ref. */
@@ -419,7 +449,7 @@ int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_
     binio_writer w;
     binio_writer_buf(&w, &out);
     if (!rc) {
-        binio_put(&w, "NCSTRM01", 8);
+        binio_put(&w, "NCSTRM02", 8);
         binio_put_u32(&w, (uint32_t)V);
         binio_put_u32(&w, (uint32_t)H);
         binio_put_u32(&w, (uint32_t)s->m->cfg.num_layers);
@@ -478,8 +508,10 @@ int stream_import(const nc_model *m, nc_ubcache *ub, nc_wordtable *words, const 
 {
     *out = NULL;
     const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
-    if (len < 12 || memcmp(blob, "NCSTRM01", 8) != 0)
+    /* NCSTRM01: the same without the gate's two knobs (read as their defaults) */
+    if (len < 12 || (memcmp(blob, "NCSTRM01", 8) != 0 && memcmp(blob, "NCSTRM02", 8) != 0))
         return nc_error(err, errlen, NC_EFORMAT, "not a neurocache stream blob");
+    int version = ((const char *)blob)[7] - '0';
     binio_reader r;
     if (!binio_open(&r, blob, len, 8))
         return nc_error(err, errlen, NC_EFORMAT, "stream blob checksum mismatch");
@@ -488,7 +520,7 @@ int stream_import(const nc_model *m, nc_ubcache *ub, nc_wordtable *words, const 
         return nc_error(err, errlen, NC_EFORMAT, "stream blob is for a model V=%u H=%u L=%u, this one "
                         "has V=%d H=%d L=%d", bV, bH, bL, V, H, m->cfg.num_layers);
     nc_cache_params p;
-    get_params(&r, &p);
+    get_params(&r, &p, version);
     unsigned char hh = 0;
     int64_t pos = 0;
     uint64_t sl = 0;

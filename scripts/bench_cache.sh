@@ -5,7 +5,7 @@
 # the work directory, where build-index writes its unbounded.faiss).
 #
 #   BENCH_MODEL=DIR   model directory (default models/demo, else runs/demo)
-#   BENCH_STEPS="index ptb wp wt2 cost"   what to run (default all)
+#   BENCH_STEPS="index ptb wp wt2 cost gate"   what to run (default all)
 #   BENCH_QUICK=1     small grids and corpora (a smoke run, figures meaningless)
 #   BENCH_EVAL_LINES=N  out-of-domain evaluation on the N lines after the
 #                     tuning part (default 0 = all the rest: War and Peace's
@@ -24,7 +24,7 @@ BIN=${BIN:-bin}
 BUILD=${BUILD:-build}
 NC="nice -n 5 $BIN/neurocache"
 DATA=../shared/data
-STEPS=${BENCH_STEPS:-index ptb wp wt2 cost}
+STEPS=${BENCH_STEPS:-index ptb wp wt2 cost gate}
 SRC=${BENCH_MODEL:-}
 if [ -z "$SRC" ]; then
     if [ -f models/demo/model.safetensors ]; then SRC=models/demo; else SRC=runs/demo; fi
@@ -151,4 +151,53 @@ if [[ " $STEPS " == *" cost "* ]]; then
     echo "== the same on both cores (FAISS on 2 OpenMP threads, OpenBLAS on 1 while searching; no exact rows)"
     BENCH_THREADS=2 BENCH_NO_EXACT=1 BENCH_REAL=${BENCH_REAL:-100000} nice -n 5 "$BUILD/tests/bench_cache" "$M" \
         "$M/unbounded.faiss" "$W/wp.mem.txt,$DATA/ptb/ptb.train.txt" "$W/wp.q.txt" "$sizes" "${lam:-0.3}" 2000 0
+fi
+
+if [[ " $STEPS " == *" gate "* ]]; then
+    # The adaptive mixture (issue 18): the gate fitted on validation text (PTB
+    # valid; the first 10% of War and Peace / WikiText-2) and evaluated on the
+    # held-out text beside the constant-lambda row of the same settings (the
+    # settings tuned in BENCHMARKS.md "Caches"). Each model copy holds its own
+    # gate (links to the model's files).
+    GH=${BENCH_GATE_HIDDEN:-16}
+    # the trained index: the index step's, else the source model's
+    [ -f "$M/unbounded.faiss" ] || [ ! -f "$SRC/unbounded.faiss" ] || cp "$SRC/unbounded.faiss" "$M/"
+    gate_dir() { mkdir -p "$W/$1"; for f in config.json vocab.txt model.safetensors unbounded.faiss; do
+        ln -sf "$(cd "$M" && pwd)/$f" "$W/$1/$f"; done; rm -f "$W/$1"/gate.*; echo "$W/$1"; }
+    n=$(wc -l < "$DATA/books/warandpeace.ptb.txt"); h=$(( n / 10 ))
+    cut_lines "$DATA/books/warandpeace.ptb.txt" 0 "$h" "$W/wp.head.txt"
+    cut_lines "$DATA/books/warandpeace.ptb.txt" "$h" "$(rest_end "$h")" "$W/wp.rest.txt"
+    n=$(wc -l < "$DATA/wikitext-2/valid.ptb.txt"); h=$(( n / 10 ))
+    cut_lines "$DATA/wikitext-2/valid.ptb.txt" 0 "$h" "$W/wt2.head.txt"
+    cut_lines "$DATA/wikitext-2/valid.ptb.txt" "$h" "$(rest_end "$h")" "$W/wt2.rest.txt"
+    run_gate() {   # run_gate NAME FIT_FILE EVAL_FILE MEMORY|- OPTIONS...
+        local name=$1 fitf=$2 evalf=$3 memf=$4; shift 4
+        local d mem=()
+        d=$(gate_dir "gate-$name")
+        [ "$memf" = - ] || mem=(--memory "$memf")
+        echo "== gate $name: fit on $(basename "$fitf"), eval on $(basename "$evalf") $*"
+        $NC fit-gate --model "$d" --valid "$fitf" --hidden "$GH" "$@" | tee "$W/gate-$name-fit.txt"
+        $NC eval --model "$d" "${mem[@]}" --csv "$W/gate-$name-eval.csv" "$@" --gate "$evalf" \
+            | tee "$W/gate-$name-eval.txt"
+    }
+    run_gate ptb "$DATA/ptb/ptb.valid.txt" "$DATA/ptb/ptb.test.txt" - --neural-cache 500 --theta 0.7 --lambda 0.1
+    run_gate wp "$W/wp.head.txt" "$W/wp.rest.txt" "$W/wp.head.txt" --neural-cache 2000 --theta 0.7 --lambda 0.3 \
+        --unbounded --knn 256 --kernel epanechnikov --unbounded-lambda 0.3 "${UB[@]:2}"
+    run_gate wp-open "$W/wp.head.txt" "$W/wp.rest.txt" "$W/wp.head.txt" --neural-cache 2000 --theta 0.7 \
+        --lambda 0.4 --unbounded --unbounded-lambda 0.3 "${UB[@]}" --open-vocab --uniform-mu 0.01
+    run_gate wt2 "$W/wt2.head.txt" "$W/wt2.rest.txt" "$W/wt2.head.txt" --neural-cache 2000 --theta 0.7 \
+        --lambda 0.4 --unbounded --unbounded-lambda 0.1 "${UB[@]}"
+    # real hidden states only (War and Peace's head, then PTB train): the
+    # cost step's synthetic copies (real + noise) put ten near-identical
+    # neighbours around every query, which no fitting text shows a gate
+    echo "== adaptive retrieval at 1M stored states (unbounded cache alone, lambda 0.5, real states)"
+    d=$(gate_dir gate-ub)
+    $NC fit-gate --model "$d" --valid "$W/wp.head.txt" --hidden "$GH" --unbounded --knn 1024 \
+        --unbounded-lambda 0.5 "${UB[@]:2}" | tee "$W/gate-ub-fit.txt"
+    n=$(wc -l < "$DATA/books/warandpeace.ptb.txt")
+    head -n $(( n - 400 )) "$DATA/books/warandpeace.ptb.txt" > "$W/wp.mem.txt"
+    tail -n 400 "$DATA/books/warandpeace.ptb.txt" > "$W/wp.q.txt"
+    BENCH_GATE_SKIPS=${BENCH_GATE_SKIPS:-0,-1,0.3,0.4,0.5} BENCH_THREADS=2 BENCH_NO_EXACT=1 \
+        BENCH_REAL=${BENCH_GATE_REAL:-1000000} nice -n 5 "$BUILD/tests/bench_cache" "$d" "$M/unbounded.faiss" \
+        "$W/wp.mem.txt,$DATA/ptb/ptb.train.txt" "$W/wp.q.txt" "${BENCH_GATE_SIZES:-1000000}" 0.5 2000 0
 fi

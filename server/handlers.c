@@ -432,6 +432,13 @@ static void predict_answer(nc_session *s, const proto_predict_req *r, const floa
             }
             o = json_pack("{s:o,s:I,s:I}", "predictions", preds, "vocab_size", (json_int_t)d.n,
                           "position", (json_int_t)stream_position(s->stream));
+            if (o && r->components) {
+                /* the components' weights at this position (per token with the gate) */
+                json_t *wt = json_object();
+                for (int ci = 0; ci < NC_NCOMP; ci++)
+                    json_object_set_new(wt, nc_comp_names[ci], json_real(d.weight[ci]));
+                json_object_set_new(o, "weights", wt);
+            }
         }
     }
     if (rc != NC_OK) {

@@ -1,5 +1,6 @@
 /* metrics.c -- Prometheus counters and histograms of the daemon. */
 #include "metrics.h"
+#include "gate.h"
 
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -119,6 +120,13 @@ char *metrics_render(long sessions_active, size_t session_bytes, int ready, int 
                        "# HELP neurocache_predict_batched_total Predict requests run in those batches.\n"
                        "# TYPE neurocache_predict_batched_total counter\nneurocache_predict_batched_total %lu\n",
                    atomic_load(&predict_batches), atomic_load(&predict_batched));
+    uint64_t gsearched, gskipped;
+    gate_counters(&gsearched, &gskipped);
+    metrics_printf(&b, "# HELP neurocache_gate_searches_total Unbounded-cache searches run under the gate's adaptive retrieval.\n"
+                       "# TYPE neurocache_gate_searches_total counter\nneurocache_gate_searches_total %llu\n"
+                       "# HELP neurocache_gate_skipped_total Unbounded-cache searches the gate skipped.\n"
+                       "# TYPE neurocache_gate_skipped_total counter\nneurocache_gate_skipped_total %llu\n",
+                   (unsigned long long)gsearched, (unsigned long long)gskipped);
     metrics_printf(&b, "# HELP neurocache_sessions_evicted_total Sessions evicted after their idle TTL.\n"
                        "# TYPE neurocache_sessions_evicted_total counter\nneurocache_sessions_evicted_total %lu\n",
                    atomic_load(&evictions));

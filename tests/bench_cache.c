@@ -21,6 +21,7 @@
 #include <cblas.h>
 
 #include "cache.h"
+#include "gate.h"
 
 static double now(void)
 {
@@ -286,6 +287,39 @@ int main(int argc, char **argv)
                 check_ppl[exact] = ppl_of(lp, q.n);
             fflush(stdout);
             ubcache_free(u);
+            /* BENCH_GATE_SKIPS=T1,T2,...: the same with the model's gate
+             * (fit-gate) and adaptive retrieval at each threshold (0 = the
+             * gate always searching, -1 = the gate's own threshold); each on
+             * a fresh copy of the memory */
+            const char *gs = getenv("BENCH_GATE_SKIPS");
+            for (const char *q2 = gs; !exact && q2 && *q2 && m->gate;) {
+                double thr = atof(q2);
+                q2 = strchr(q2, ',');
+                if (q2)
+                    q2++;
+                nc_cache_params pg = p;
+                pg.gate = true;
+                pg.gate_skip = (float)thr;
+                u = make_ub(H, argv[2], false, &ms, n, &t_add);
+                nc_doc_caches gc = {.ub = u, .adapt = !getenv("BENCH_NO_ADAPT")};
+                t0 = now();
+                c0 = cpu();
+                if (search_threads > 1)
+                    openblas_set_num_threads(1);
+                if (doc_score(d, &pg, &gc, 0, lp2, err, sizeof err)) {
+                    fprintf(stderr, "bench_cache: %s\n", err);
+                    return 1;
+                }
+                openblas_set_num_threads(blas_threads);
+                ts = now() - t0;
+                tc = cpu() - c0;
+                size_t tot = gc.searched + gc.skipped;
+                printf("| %zu | IVFPQ, gate, skip below %.3g: %.1f%% skipped | %.1f | %.0f | %.0f | %.0f | %.2f |\n", n,
+                       gate_threshold(m->gate, &pg), tot ? 100.0 * (double)gc.skipped / (double)tot : 0.0, t_add,
+                       (double)q.n / ts, (double)q.n / tc, (double)q.n / (ts + t_lstm), ppl_of(lp2, q.n));
+                fflush(stdout);
+                ubcache_free(u);
+            }
         }
     }
 

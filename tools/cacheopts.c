@@ -207,6 +207,7 @@ int cacheopts_finish(cacheopts *co, const char *cmd)
         {CO_MEMORY, CO_KNOB_unbounded, "--memory needs --unbounded"},
         {CO_KNOB_uniform_mu, CO_KNOB_open_vocab, "--uniform-mu needs --open-vocab"},
         {CO_KNOB_vocab_size_full, CO_KNOB_open_vocab, "--vocab-size-full needs --open-vocab"},
+        {CO_KNOB_gate_skip, CO_KNOB_gate, "--gate-skip needs --gate"},
     };
     for (size_t i = 0; i < sizeof rules / sizeof *rules; i++)
         if (cacheopts_given(co, rules[i].opt) && !cacheopts_given(co, rules[i].needs)) {
@@ -288,13 +289,19 @@ int co_read_tokens(const nc_model *m, const char *path, nc_tokens *out, char *er
 int co_prepare(const nc_model *m, const nc_tokens *t, bool bos_eos, nc_wordtable *words, nc_doc **out,
                char *err, size_t errlen)
 {
+    return co_prepare_ex(m, t, bos_eos, words, m->gate != NULL, out, err, errlen);
+}
+
+int co_prepare_ex(const nc_model *m, const nc_tokens *t, bool bos_eos, nc_wordtable *words, bool vocab_stats,
+                  nc_doc **out, char *err, size_t errlen)
+{
     nc_state *s = lstm_state_new(m);
     nc_lstm_work *w = lstm_work_new(m);
     int rc = (!s || !w) ? nc_error(err, errlen, NC_ENOMEM, "state") : NC_OK;
     if (!rc && bos_eos)
         lstm_step(m, s, m->eos_id, w);
     if (!rc)
-        rc = doc_prepare(m, s, bos_eos, t, words, NULL, out, err, errlen);
+        rc = doc_prepare_ex(m, s, bos_eos, t, words, NULL, vocab_stats, out, err, errlen);
     lstm_state_free(s);
     lstm_work_free(w);
     return rc;
@@ -498,6 +505,9 @@ int co_score_cached(const nc_model *m, const cacheopts *co, const nc_tokens *tok
         int blas = co_search_begin(co);
         rc = doc_score(d, &co->p, &dc, 0, lp, err, errlen);
         co_search_end(blas);
+        if (!rc && progress && dc.searched + dc.skipped > 0)
+            fprintf(stderr, "gate: %zu of %zu unbounded searches skipped (%.1f%%)\n", dc.skipped,
+                    dc.searched + dc.skipped, 100.0 * (double)dc.skipped / (double)(dc.searched + dc.skipped));
     }
     if (!rc && ub && progress)
         fprintf(stderr, "unbounded cache: %lld pairs, %s index\n", (long long)ubcache_count(ub),

@@ -114,6 +114,10 @@ int co_read_tokens(const nc_model *m, const char *path, nc_tokens *out, char *er
  * token scored) or none (first token context only). */
 int co_prepare(const nc_model *m, const nc_tokens *t, bool bos_eos, nc_wordtable *words, nc_doc **out,
                char *err, size_t errlen);
+/* The same; vocab_stats: keep p_vocab's statistics for the gate's features
+ * (co_prepare does when the model has a gate; fit-gate needs them before). */
+int co_prepare_ex(const nc_model *m, const nc_tokens *t, bool bos_eos, nc_wordtable *words, bool vocab_stats,
+                  nc_doc **out, char *err, size_t errlen);
 /* Perplexity of the scored entries (NAN entries skipped); *n gets their count. */
 double co_ppl(const double *lp, size_t len, size_t *n);
 

@@ -39,6 +39,11 @@ static void usage(FILE *out)
             "  --out PREFIX         sweep output prefix (default sweep-KNOB)\n"
             "  --row \"OPTS\"        one more row with these cache options (repeatable; with\n"
             "                       no other cache option: the static row and these only)\n"
+            "  --gate               (a cache option) each cache row twice: constant λ, and\n"
+            "                       weighed per token by the model's gate (fit-gate); the\n"
+            "                       'skipped' column: unbounded searches the gate skipped\n"
+            "                       (their cost is still counted: the search runs once per\n"
+            "                       file for every row; see tests/bench_cache for the saving)\n"
             "  -h, --help           this help\n"
             "\n%s\n"
             "exit status: 0 success, 1 runtime error, 2 usage error\n",
@@ -198,6 +203,7 @@ static int table_rows(const cacheopts *co, row *rows)
 typedef struct {
     double ppl, seconds, cpu;     /* wall and CPU (all threads) seconds of the row */
     size_t scored;
+    double skipped;               /* gate rows: fraction of unbounded searches skipped (else NAN) */
 } result;
 
 /* Scores one file under every row. */
@@ -282,6 +288,7 @@ static int eval_file(const nc_model *m, const cacheopts *co, bool bos_eos, const
         c0 = co_cpu();
         rc = doc_score(d, p, &dc, 0, lp, err, errlen);
         double ts = co_now() - t0, cs = co_cpu() - c0;
+        res[i].skipped = dc.searched + dc.skipped > 0 ? (double)dc.skipped / (double)(dc.searched + dc.skipped) : NAN;
         res[i].ppl = co_ppl(lp, d->n, &res[i].scored);
         res[i].seconds = tp + tk + ts;
         res[i].cpu = cp + ck + cs;
@@ -461,6 +468,21 @@ int cmd_eval(int argc, char **argv)
         add_row(rows, &nrows, &st);
     } else {
         nrows = table_rows(&co, rows);
+        if (co.p.gate) {
+            /* --gate: each cache row twice, constant λ and gated, side by side */
+            int n0 = nrows;
+            for (int i = 0; i < n0; i++)
+                rows[i].p.gate = false;
+            for (int i = 0; i < n0; i++) {
+                cache_params_describe(&rows[i].p, rows[i].name, sizeof rows[i].name);
+                if (i > 0) {
+                    nc_cache_params q = rows[i].p;
+                    q.gate = true;
+                    q.gate_skip = co.p.gate_skip;
+                    add_row(rows, &nrows, &q);
+                }
+            }
+        }
     }
     for (int i = 0; i < nextra; i++) {
         nc_cache_params p;
@@ -484,6 +506,10 @@ int cmd_eval(int argc, char **argv)
     nc_model *m = NULL;
     FILE *csv = NULL;
     int rc = model_load(model_dir, &m, err, sizeof err);
+    for (int i = 0; !rc && i < nrows; i++)
+        if (rows[i].p.gate && !m->gate)
+            rc = nc_error(err, sizeof err, NC_EINVAL, "%s has no gate (gate.safetensors): fit one with "
+                          "neurocache fit-gate", model_dir);
     char csvname[1100];
     if (!rc && (csv_path || sweep)) {
         if (sweep)
@@ -497,7 +523,7 @@ int cmd_eval(int argc, char **argv)
             fprintf(csv, "file,knob,%s,ppl,static_ppl,seconds,tokens_per_s,cpu_seconds,tokens_per_cpu_s\n",
                     swept->flag);
         else
-            fprintf(csv, "file,config,tokens,ppl,seconds,tokens_per_s,cpu_seconds,tokens_per_cpu_s\n");
+            fprintf(csv, "file,config,tokens,ppl,seconds,tokens_per_s,cpu_seconds,tokens_per_cpu_s,skipped\n");
     }
     result *res = calloc((size_t)nrows, sizeof *res);
     if (!rc && !res)
@@ -514,8 +540,8 @@ int cmd_eval(int argc, char **argv)
         for (int i = 0; i < nrows; i++)
             if ((int)strlen(rows[i].name) > wname)
                 wname = (int)strlen(rows[i].name);
-        printf("  %-*s %12s %8s %12s %14s\n", wname, sweep ? swept->flag : "configuration", "perplexity",
-               "change", "tokens/s", "tokens/CPU-s");
+        printf("  %-*s %12s %8s %12s %14s %9s\n", wname, sweep ? swept->flag : "configuration", "perplexity",
+               "change", "tokens/s", "tokens/CPU-s", "skipped");
         for (int i = 0; i < nrows; i++) {
             const result *r = &res[i];
             double tps = r->scored / (r->seconds > 0 ? r->seconds : 1e-9);
@@ -523,10 +549,13 @@ int cmd_eval(int argc, char **argv)
             if (isfinite(ppl0) && isfinite(r->ppl) && (sweep ? i != nrows - 1 : i != 0))
                 snprintf(chg, sizeof chg, "%+.1f%%", 100.0 * (r->ppl / ppl0 - 1.0));
             double cps = r->scored / (r->cpu > 0 ? r->cpu : 1e-9);
-            printf("  %-*s %12.3f %8s %12.0f %14.0f\n", wname, rows[i].name, r->ppl, chg, tps, cps);
+            char skp[32] = "";
+            if (!isnan(r->skipped))
+                snprintf(skp, sizeof skp, "%.1f%%", 100.0 * r->skipped);
+            printf("  %-*s %12.3f %8s %12.0f %14.0f %9s\n", wname, rows[i].name, r->ppl, chg, tps, cps, skp);
             if (csv && !sweep)
-                fprintf(csv, "%s,\"%s\",%zu,%.6f,%.6f,%.1f,%.6f,%.1f\n", base_name(argv[f]), rows[i].name, r->scored,
-                        r->ppl, r->seconds, tps, r->cpu, cps);
+                fprintf(csv, "%s,\"%s\",%zu,%.6f,%.6f,%.1f,%.6f,%.1f,%s\n", base_name(argv[f]), rows[i].name,
+                        r->scored, r->ppl, r->seconds, tps, r->cpu, cps, skp);
             else if (csv && i != nrows - 1)
                 fprintf(csv, "%s,%s,%g,%.6f,%.6f,%.6f,%.1f,%.6f,%.1f\n", base_name(argv[f]), swept->flag,
                         rows[i].sweep_value, r->ppl, ppl0, r->seconds, tps, r->cpu, cps);

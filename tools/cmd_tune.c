@@ -24,7 +24,9 @@ static void usage(FILE *out)
             "(--neural-cache N, --unigram-cache N, --unbounded); with none, the neural cache\n"
             "with N=2000. The other knobs (--knn, --nprobe, --kernel, --open-vocab, ...) are\n"
             "fixed as given. Prints each stage's best options, writes the grids as CSV and\n"
-            "the theta x lambda perplexities as a heat map (gnuplot PNG).\n"
+            "the theta x lambda perplexities as a heat map (gnuplot PNG). With --gate every\n"
+            "point is weighed by the model's gate (fit-gate): the lambdas then have no\n"
+            "effect, theta, N and k still do.\n"
             "\n"
             "grid options (comma lists):\n"
             "  --thetas LIST              default 0,0.1,0.2,0.3,0.4,0.5,0.7,1,1.5,2\n"
@@ -105,6 +107,11 @@ static void options_of(const nc_cache_params *p, char *buf, size_t len)
             ADD("--uniform-mu %g ", (double)p->uniform_mu);
         if (p->vocab_size_full > 0)
             ADD("--vocab-size-full %d ", p->vocab_size_full);
+    }
+    if (p->gate) {
+        ADD("--gate ");
+        if (p->gate_skip >= 0.0f && p->unbounded)
+            ADD("--gate-skip %g ", (double)p->gate_skip);
     }
     if (o > 0 && o < len)
         buf[o - 1] = '\0';

@@ -8,6 +8,7 @@ int cmd_score(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_tune(int argc, char **argv);
+int cmd_fit_gate(int argc, char **argv);
 int cmd_build_index(int argc, char **argv);
 int cmd_migrate(int argc, char **argv);
 

@@ -15,6 +15,7 @@ static const struct {
     {"score", cmd_score, "score a text file: per-token log-probabilities and perplexity"},
     {"eval", cmd_eval, "perplexity table: static model and every cache combination"},
     {"tune", cmd_tune, "grid-search cache hyper-parameters on a validation file"},
+    {"fit-gate", cmd_fit_gate, "fit the adaptive mixture's per-token gate on a validation file"},
     {"train", cmd_train, "train an LSTM language model on a corpus"},
     {"build-index", cmd_build_index, "train the unbounded cache's IVFPQ quantizer"},
     {"migrate", cmd_migrate, "move a live session from one neurocached replica to another"},
