@@ -75,7 +75,7 @@ build_simd_kernels() {
     # `FAISS_SIMD=none make deps && make test` tests the generic kernels:
     # make test runs deps again without the variable); a fresh tree is auto.
     if [ -z "$want" ]; then
-        want=$(cat "$build/simd.level" 2>/dev/null)
+        want=$(cat "$build/simd.level" 2>/dev/null || true)
         [ -n "$want" ] && [ -f "$out" ] || want=auto
     fi
     if [ "$want" = auto ]; then
