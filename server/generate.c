@@ -244,7 +244,8 @@ size_t gen_text_ready(const gen_text *gt, const gen_params *p, bool final, size_
 
 void gen_text_consume(gen_text *gt, size_t n, size_t end)
 {
-    memmove(gt->pend, gt->pend + n, (gt->npend - n) * sizeof *gt->pend);
+    if (n > 0 && n < gt->npend)   /* pend is NULL while nothing is pending */
+        memmove(gt->pend, gt->pend + n, (gt->npend - n) * sizeof *gt->pend);
     gt->npend -= n;
     gt->sent = end;
 }
