@@ -184,8 +184,10 @@ static void run(gen_job *j, workguard *g, http_response *resp)
     else if (why != WG_RUN)
         e = proto_error_body(workguard_api(why), workguard_reason(why, srv->cfg.request_timeout_s));
     if (j->sse) {
-        if (gone || why == WG_CLIENT_GONE)
+        if (gone || why == WG_CLIENT_GONE) {
+            json_decref(e);   /* nobody to tell */
             return;
+        }
         if (e) {
             sse_event(j->sse, e);
             return;

@@ -10,7 +10,10 @@
  * refuse an over-budget request, drain_timeout + 2 s to exit) are the
  * issue's acceptance; each is measured on its property -- the workers are
  * shown busy (neurocache_work_running) before the probes and still busy
- * after them -- not on the machine's speed. */
+ * after them -- not on the machine's speed. Under the sanitizers (make asan
+ * sets NEUROCACHE_SANITIZED) the daemon's C code runs 2-5x slower, its JSON
+ * parse of a 360 kB body included: the time bounds are 5x there, the
+ * properties (no token scored, workers busy) unchanged. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -27,6 +30,12 @@
 
 #include "daemon.h"
 #include "harness.h"
+
+/* A latency bound of the acceptance, for this build (see above). */
+static double bound_s(double s)
+{
+    return getenv("NEUROCACHE_SANITIZED") ? 5 * s : s;
+}
 
 /* ---- raw HTTP, for requests whose client hangs up ---------------------- */
 
@@ -223,7 +232,7 @@ TEST(health_while_workers_busy)
         sleep_ms(20);
     }
     CHECKF(ok == 20, "%d of 20 probes answered 200", ok);
-    CHECKF(worst < 0.100, "slowest /health %.1f ms with three heavy requests running", worst * 1e3);
+    CHECKF(worst < bound_s(0.100), "slowest /health %.1f ms with three heavy requests running", worst * 1e3);
     /* ... and the workers were busy all along */
     CHECKF(metric(H.port, "neurocache_work_running") == 3, "the heavy work ended before the probes did");
     /* /ready and /metrics do not wait either */
@@ -231,7 +240,7 @@ TEST(health_while_workers_busy)
     double t0 = now_s();
     CHECK(http_call(H.port, "GET", "/ready", NULL, NULL, 0, &r) == 0 && r.status == 200);
     http_resp_free(&r);
-    CHECKF(now_s() - t0 < 0.100, "/ready took %.1f ms", (now_s() - t0) * 1e3);
+    CHECKF(now_s() - t0 < bound_s(0.100), "/ready took %.1f ms", (now_s() - t0) * 1e3);
     fprintf(stderr, "    20 /health with 3 heavy requests running: slowest %.2f ms\n", worst * 1e3);
 }
 
@@ -328,7 +337,7 @@ TEST(over_budget_refused_before_work)
     CHECK(r.status == 413);
     CHECK(!strcmp(http_error_code(&r), "over_budget"));
     CHECK_STR_CONTAINS(r.body, "max_generation_steps");
-    CHECKF(dt < 0.050, "refused after %.1f ms", dt * 1e3);
+    CHECKF(dt < bound_s(0.050), "refused after %.1f ms", dt * 1e3);
     http_resp_free(&r);
     free(c);
     /* 60,000 tokens to score: over max_tokens_per_request (50,000) */
@@ -339,7 +348,7 @@ TEST(over_budget_refused_before_work)
     CHECK(r.status == 413);
     CHECK(!strcmp(http_error_code(&r), "too_many_tokens"));
     CHECK_STR_CONTAINS(r.body, "max_tokens_per_request");
-    CHECKF(dt < 0.050, "refused after %.1f ms", dt * 1e3);
+    CHECKF(dt < bound_s(0.050), "refused after %.1f ms", dt * 1e3);
     http_resp_free(&r);
     free(s);
     /* a feed reading the unbounded cache: 20,000 tokens x knn 1024 is over
@@ -356,7 +365,7 @@ TEST(over_budget_refused_before_work)
     CHECK(r.status == 413);
     CHECK(!strcmp(http_error_code(&r), "over_budget"));
     CHECK_STR_CONTAINS(r.body, "max_neighbours_per_request");
-    CHECKF(dt < 0.050, "refused after %.1f ms", dt * 1e3);
+    CHECKF(dt < bound_s(0.050), "refused after %.1f ms", dt * 1e3);
     http_resp_free(&r);
     free(s);
     /* nothing was scored meanwhile */
