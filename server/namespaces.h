@@ -19,8 +19,8 @@
 #include "nsstore.h"
 #include "sessions.h"
 
-typedef struct nsreg nsreg;
-typedef struct nsref nsref;
+typedef struct ns_registry ns_registry;
+typedef struct ns_handle ns_handle;
 
 /* Creates srv->namespaces and recovers every namespace found in
  * data_dir/namespaces (an empty data_dir = a private temporary directory,
@@ -32,17 +32,17 @@ void namespaces_shutdown(nc_server *srv);
 
 /* A held namespace (opened, or created when create). NULL with a message
  * (bad name, I/O error...). Release once. */
-nsref *namespaces_acquire(nc_server *srv, const char *name, bool create, char *err, size_t errlen);
+ns_handle *namespaces_acquire(nc_server *srv, const char *name, bool create, char *err, size_t errlen);
 /* The same, with the failure's NC_ code in *rc: NC_EINVAL a bad name,
  * NC_ENOTFOUND no such namespace, else opening its store's (NC_EIO,
  * NC_ENOSPACE, NC_EFORMAT, NC_ENOMEM). */
-nsref *namespaces_acquire_rc(nc_server *srv, const char *name, bool create, int *rc, char *err, size_t errlen);
+ns_handle *namespaces_acquire_rc(nc_server *srv, const char *name, bool create, int *rc, char *err, size_t errlen);
 /* Deletes a namespace (its directory moves aside; sessions bound to it keep
  * their memory until they go). 0 with *entries (optional) the pairs it held,
  * or -1 with a message (no such namespace). */
 int namespaces_delete(nc_server *srv, const char *name, int64_t *entries, char *err, size_t errlen);
-void namespaces_release(nc_server *srv, nsref *r);
-nc_nsstore *nsref_store(nsref *r);
+void namespaces_release(nc_server *srv, ns_handle *r);
+nc_nsstore *namespaces_store(ns_handle *r);
 
 /* sessions.c binder: holds the namespace of a new session. */
 int namespaces_bind_session(void *ctx, const char *ns, nc_ubcache **ub, void **ref, char *err,

@@ -363,9 +363,9 @@ static uint64_t unpublished_records(void)
         if (s->pub_pos > done) done = s->pub_pos;
         pthread_mutex_unlock(&R.lock);
         char err[NC_ERRLEN];
-        nsref *ref = attached ? namespaces_acquire(R.srv, s->name, false, err, sizeof err) : NULL;
+        ns_handle *ref = attached ? namespaces_acquire(R.srv, s->name, false, err, sizeof err) : NULL;
         if (!ref) continue;
-        uint64_t last = nsstore_last_seq(nsref_store(ref));
+        uint64_t last = nsstore_last_seq(namespaces_store(ref));
         namespaces_release(R.srv, ref);
         pthread_mutex_lock(&R.lock);
         bool same = s->gen == gen;
@@ -491,10 +491,10 @@ static int publish_ns(redisContext *c, ns_state *s, bool final)
     if (deleting)
         return 1;   /* created again since its deletion: after the tombstone, whose DEL and
                        SREM would take away the new store's entries and announcement */
-    nsref *ref = namespaces_acquire(R.srv, s->name, false, err, sizeof err);
+    ns_handle *ref = namespaces_acquire(R.srv, s->name, false, err, sizeof err);
     if (!ref)
         return 0;
-    nc_nsstore *store = nsref_store(ref);
+    nc_nsstore *store = namespaces_store(ref);
     pthread_mutex_lock(&R.lock);
     bool same = s->gen == gen;
     pthread_mutex_unlock(&R.lock);
@@ -704,12 +704,12 @@ static void *publisher(void *arg)
     for (int i = 0; i < nns; i++) {
         ns_state *s = &R.ns[i];
         char err[NC_ERRLEN];
-        nsref *ref = s->log ? namespaces_acquire(R.srv, s->name, false, err, sizeof err) : NULL;
+        ns_handle *ref = s->log ? namespaces_acquire(R.srv, s->name, false, err, sizeof err) : NULL;
         if (ref) {
             pthread_mutex_lock(&R.lock);
             uint64_t birth = s->gen == s->log_gen ? s->birth : 0;
             pthread_mutex_unlock(&R.lock);
-            if (birth) marker_flush(s, nsref_store(ref), birth, true);
+            if (birth) marker_flush(s, namespaces_store(ref), birth, true);
             namespaces_release(R.srv, ref);
         }
         nsstore_log_close(s->log);
@@ -762,10 +762,10 @@ static void pos_load(ns_state *s)
     s->nhw = 0;
     s->loaded = true;
     char err[NC_ERRLEN];
-    nsref *ref = namespaces_acquire(R.srv, s->name, false, err, sizeof err);
+    ns_handle *ref = namespaces_acquire(R.srv, s->name, false, err, sizeof err);
     if (!ref)
         return;   /* not here yet: everything from the start */
-    nc_nsstore *st = nsref_store(ref);
+    nc_nsstore *st = namespaces_store(ref);
     uint32_t n = nsstore_doc_count(st);
     char id[1200];
     for (uint32_t i = 0; i < n; i++) {
@@ -1084,7 +1084,7 @@ static void *applier(void *arg)
                 want = en->type == REDIS_REPLY_ARRAY && en->elements == 2 &&
                        sid_cmp(en->element[0]->str, ns->last_id) > 0 && entry_wanted(ns, tomb, en->element[1], false);
             }
-            nsref *ref = NULL;
+            ns_handle *ref = NULL;
             char err[NC_ERRLEN] = "";
             if (want && !(ref = namespaces_acquire(R.srv, ns->name, true, err, sizeof err))) {
                 /* Retried at the next read, from the same position; logged
@@ -1097,7 +1097,7 @@ static void *applier(void *arg)
                 continue;
             }
             ns->warned = false;
-            nc_nsstore *st = ref ? nsref_store(ref) : NULL;
+            nc_nsstore *st = ref ? namespaces_store(ref) : NULL;
             uint64_t last_seq = 0;
             for (size_t e = 0; e < ents->elements; e++) {
                 const redisReply *en = ents->element[e];

@@ -15,7 +15,7 @@ typedef struct nc_server {
     nc_cache_params cache_defaults;   /* from the [cache] options */
     nc_model *model;                  /* NULL until loaded */
     sessions *sessions;               /* NULL until the model is loaded */
-    struct nsreg *namespaces;         /* namespaces.h; NULL until recovered */
+    struct ns_registry *namespaces;         /* namespaces.h; NULL until recovered */
     struct batcher *batcher;          /* predict batching (batcher.h); NULL = predict inline */
     struct workpool *pool;            /* workers of heavy requests (workguard.h) */
     atomic_int ready;                 /* model loaded */
