@@ -24,7 +24,6 @@
 #include "apiutil.h"
 #include "generate.h"
 #include "metrics.h"
-#include "migrate.h"
 #include "sse.h"
 
 typedef struct {
@@ -118,7 +117,7 @@ static void run(gen_job *j, workguard *g, http_response *resp)
     nc_session *s = j->s;
     char err[NC_ERRLEN] = "";
     http_response lockr = {0};
-    if (migrate_lock(srv, s, &lockr) != 0) {
+    if (api_session_lock(srv, s, &lockr) != 0) {
         if (j->sse)
             sse_event(j->sse, lockr.json);
         else
@@ -249,7 +248,7 @@ void api_h_generate(nc_server *srv, http_request *req, http_response *resp)
         job_free(j);
         return;
     }
-    j->s = migrate_acquire(srv, req, resp);
+    j->s = api_session_acquire(srv, req, resp);
     if (!j->s) {
         job_free(j);
         return;

@@ -365,7 +365,7 @@ bool auth_key_allows(const auth_key *k, int ops, const char *ns)
     return false;
 }
 
-/* Operation of each route, by its endpoint label (handlers.c). */
+/* Operation of each route, by its endpoint label (routes.c). */
 static const struct { const char *endpoint; int ops; } route_ops[] = {
     {"health", 0}, {"ready", 0},
     /* the page's static files (web.h): no data in them; every API call the

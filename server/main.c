@@ -16,7 +16,7 @@
 #include "compute.h"
 #include "fault.h"
 #include "config.h"
-#include "handlers.h"
+#include "routes.h"
 #include "http.h"
 #include "metrics.h"
 #include "namespaces.h"
@@ -180,7 +180,7 @@ static int start_listening(nc_server *srv, char *err, size_t errlen)
     if (!srv->pool)
         return startup_failed("cannot start the worker threads", NULL);
     int n;
-    const http_route *routes = handlers_routes(&n);
+    const http_route *routes = routes_table(&n);
     if (http_start(srv, routes, n, err, errlen) != 0)
         return startup_failed(err, NULL);
     slog(SLOG_INFO, "listening",
@@ -289,7 +289,7 @@ static long shut_down(nc_server *srv)
     sessions_stats(srv->sessions, &count, NULL);
     sessions_free(srv->sessions);
     namespaces_shutdown(srv);   /* after the sessions: they hold namespaces */
-    migrate_shutdown();
+    migrate_shutdown(srv);
     model_free(srv->model);
     auth_shutdown();
     return count;

@@ -15,7 +15,8 @@ typedef struct nc_server {
     nc_cache_params cache_defaults;   /* from the [cache] options */
     nc_model *model;                  /* NULL until loaded */
     sessions *sessions;               /* NULL until the model is loaded */
-    struct ns_registry *namespaces;         /* namespaces.h; NULL until recovered */
+    struct ns_registry *namespaces;   /* namespaces.h; NULL until recovered */
+    struct migration *migration;      /* peers, model fingerprint (migrate.h); NULL until the model is loaded */
     struct batcher *batcher;          /* predict batching (batcher.h); NULL = predict inline */
     struct workpool *pool;            /* workers of heavy requests (workguard.h) */
     atomic_int ready;                 /* model loaded */
