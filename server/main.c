@@ -26,6 +26,7 @@
 #include "sessions.h"
 #include "vmath.h"
 #include "slog.h"
+#include "uploads.h"
 #include "workguard.h"
 
 /* The [cache] options: each was checked against the knob table when set;
@@ -215,6 +216,8 @@ static int load_and_recover(nc_server *srv, char *err, size_t errlen)
         return startup_failed(err, "redis");
     if (namespaces_init(srv, err, errlen) != 0)
         return startup_failed(err, "data_dir");
+    if (uploads_init(srv, err, errlen) != 0)
+        return startup_failed(err, NULL);
     sessions_set_binder(srv->sessions, namespaces_bind_session, namespaces_unbind_session, srv);
     return 0;
 }
@@ -288,6 +291,7 @@ static long shut_down(nc_server *srv)
     long count = 0;
     sessions_stats(srv->sessions, &count, NULL);
     sessions_free(srv->sessions);
+    uploads_shutdown(srv);   /* no upload runs: the HTTP daemon stopped */
     namespaces_shutdown(srv);   /* after the sessions: they hold namespaces */
     migrate_shutdown(srv);
     model_free(srv->model);

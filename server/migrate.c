@@ -138,7 +138,7 @@ api_error migrate_decode(const nc_model *m, uint64_t fingerprint, sessions *t, c
     if (brc != 0) {
         snprintf(err, errlen, "session state: namespace '%s': %s", ns, msg);
         /* the namespace's disk (503/507), else the state's name */
-        return brc == NC_EIO || brc == NC_ENOSPACE ? api_error_from_core(brc) : API_OUT_OF_RANGE;
+        return api_error_from_storage(brc, API_OUT_OF_RANGE);
     }
     int rc = stream_import(m, ub, NULL, p, (size_t)sl, out, msg, sizeof msg);
     if (rc != NC_OK && t) {

@@ -237,8 +237,9 @@ static void on_local_add(void *ctx, nc_nsstore *ns, uint32_t doc, uint64_t off, 
     pthread_mutex_unlock(&R.lock);
 }
 
-void replication_attach(const char *ns_name, nc_nsstore *store)
+void replication_attach(void *ctx, const char *ns_name, nc_nsstore *store)
 {
+    (void)ctx;
     if (!R.on || !store)
         return;
     /* The incarnation and position of the store, from its marker; a store

@@ -57,7 +57,7 @@ void replication_stop(void);
 /* Called by the namespace registry for every store it opens or creates,
  * before any add: reads (or creates) its marker; its log is published from
  * the marker on. No-op when replication is off. */
-void replication_attach(const char *ns_name, nc_nsstore *store);
+void replication_attach(void *ctx, const char *ns_name, nc_nsstore *store);
 
 /* A namespace was deleted here: the tombstone is recorded on disk, then
  * published; the other replicas delete it too (those down now when they

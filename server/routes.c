@@ -5,11 +5,11 @@
 
 #include "api_completions.h"
 #include "api_generate.h"
+#include "api_namespaces.h"
 #include "api_predict.h"
 #include "api_rescore.h"
 #include "api_service.h"
 #include "api_sessions.h"
-#include "namespaces.h"
 #include "replication.h"
 #include "web.h"
 
@@ -55,11 +55,11 @@ static const http_route route_table[] = {
     {"POST", "/tokenize", api_h_tokenize, "tokenize", J | M},
     {"POST", "/detokenize", api_h_detokenize, "detokenize", J | M},
     {"GET", "/tokenizer_info", api_h_tokenizer_info, "tokenizer_info", M},
-    {"GET", "/v1/namespaces", h_ns_list, "namespaces_list", M},
-    {"GET", "/v1/namespaces/{ns}", h_ns_get, "namespaces_get", M},
-    {"DELETE", "/v1/namespaces/{ns}", h_ns_delete, "namespaces_delete", M},
-    {"GET", "/v1/namespaces/{ns}/documents", h_ns_docs_list, "documents_list", M},
-    {"POST", "/v1/namespaces/{ns}/documents", h_ns_documents, "documents", ROUTE_STREAM | M | H},
+    {"GET", "/v1/namespaces", api_h_ns_list, "namespaces_list", M},
+    {"GET", "/v1/namespaces/{ns}", api_h_ns_get, "namespaces_get", M},
+    {"DELETE", "/v1/namespaces/{ns}", api_h_ns_delete, "namespaces_delete", M},
+    {"GET", "/v1/namespaces/{ns}/documents", api_h_ns_docs_list, "documents_list", M},
+    {"POST", "/v1/namespaces/{ns}/documents", api_h_ns_documents, "documents", ROUTE_STREAM | M | H},
     /* last: everything else is 404 or 405 */
     {NULL, NULL, h_unmatched, "unmatched", 0},
 };

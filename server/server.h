@@ -25,10 +25,12 @@ typedef struct nc_server {
     int port;                         /* bound port */
     struct MHD_Daemon *mhd;
     struct http_gate *gate;           /* accepts connections for mhd (http.c) */
+    struct upload_registry *uploads;  /* uploads in progress (uploads.h) */
     /* Called by the namespace registry for every store it opens or creates,
-     * before any add (replication attaches its publisher); set before
-     * namespaces_init, NULL = nobody listens. */
-    void (*namespace_opened)(const char *name, struct nc_nsstore *store);
+     * before any add, with namespace_opened_ctx (replication attaches its
+     * publisher); set before namespaces_init, NULL = nobody listens. */
+    void (*namespace_opened)(void *ctx, const char *name, struct nc_nsstore *store);
+    void *namespace_opened_ctx;
 } nc_server;
 
 #endif
