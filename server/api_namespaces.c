@@ -98,7 +98,7 @@ void api_h_ns_delete(nc_server *srv, http_request *req, http_response *resp)
         return;
     }
     /* The other replicas delete it too (replication.h; no-op without Redis). */
-    replication_namespace_deleted(name);
+    replication_namespace_deleted(srv, name);
     http_reply_json(resp, 200, json_pack("{s:s,s:b,s:I}", "name", name, "deleted", 1, "entries",
                                          (json_int_t)entries));
 }

@@ -36,7 +36,7 @@ void api_h_metrics(nc_server *srv, http_request *req, http_response *resp)
     size_t bytes = 0;
     if (srv->sessions)
         sessions_stats(srv->sessions, &n, &bytes);
-    resp->text = workpool_metrics(srv->pool, replication_metrics(namespaces_metrics(
+    resp->text = workpool_metrics(srv->pool, replication_metrics(srv, namespaces_metrics(
         srv, metrics_render(n, bytes, atomic_load(&srv->ready), atomic_load(&srv->draining)))));
     resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
     resp->status = 200;
@@ -86,4 +86,10 @@ void api_h_models(nc_server *srv, http_request *req, http_response *resp)
                     json_pack("{s:s,s:[{s:s,s:s,s:I,s:s}]}", "object", "list", "data", "id",
                               api_model_name(srv), "object", "model", "created", (json_int_t)0,
                               "owned_by", "neurocache"));
+}
+
+void api_h_replication(nc_server *srv, http_request *req, http_response *resp)
+{
+    (void)req;
+    http_reply_json(resp, 200, replication_status(srv));
 }

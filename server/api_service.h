@@ -15,5 +15,6 @@ void api_h_ready(nc_server *srv, http_request *req, http_response *resp);
 void api_h_metrics(nc_server *srv, http_request *req, http_response *resp);
 void api_h_model(nc_server *srv, http_request *req, http_response *resp);
 void api_h_models(nc_server *srv, http_request *req, http_response *resp);
+void api_h_replication(nc_server *srv, http_request *req, http_response *resp);
 
 #endif

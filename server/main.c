@@ -287,12 +287,13 @@ static long shut_down(nc_server *srv)
     srv->batcher = NULL;
     workpool_free(srv->pool);
     srv->pool = NULL;
-    replication_stop();   /* publishes what is queued; before the namespaces close */
+    replication_stop(srv);   /* publishes what is queued; before the namespaces close */
     long count = 0;
     sessions_stats(srv->sessions, &count, NULL);
     sessions_free(srv->sessions);
     uploads_shutdown(srv);   /* no upload runs: the HTTP daemon stopped */
     namespaces_shutdown(srv);   /* after the sessions: they hold namespaces */
+    replication_shutdown(srv);
     migrate_shutdown(srv);
     model_free(srv->model);
     auth_shutdown();

@@ -10,7 +10,6 @@
 #include "api_rescore.h"
 #include "api_service.h"
 #include "api_sessions.h"
-#include "replication.h"
 #include "web.h"
 
 /* The last row: 405 with the methods the path allows, else 404. */
@@ -42,7 +41,7 @@ static const http_route route_table[] = {
     {"GET", "/v1/sessions/{id}", api_h_sessions_get, "sessions_get", M},
     {"DELETE", "/v1/sessions/{id}", api_h_sessions_delete, "sessions_delete", M},
     {"POST", "/v1/sessions/{id}/feed", api_h_feed, "feed", J | M | H},
-    {"GET", "/v1/replication", h_replication, "replication", 0},
+    {"GET", "/v1/replication", api_h_replication, "replication", 0},
     {"GET", "/v1/sessions/{id}/state", api_h_sessions_state_get, "sessions_state_get", M},
     {"PUT", "/v1/sessions/{id}/state", api_h_sessions_state_put, "sessions_state_put", M},
     {"POST", "/v1/sessions/{id}/handoff", api_h_sessions_handoff, "sessions_handoff", M},
