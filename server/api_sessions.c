@@ -3,6 +3,7 @@
  * (migrate.h holds the blob and the peers). */
 #include "api_sessions.h"
 
+#include <microhttpd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,7 +160,8 @@ void api_h_sessions_state_put(nc_server *srv, http_request *req, http_response *
     /* The namespace is inside the blob, where the key check before the
      * handler cannot see it: a key may only import into namespaces it may
      * write. Checked before the namespace is bound (or created). */
-    const auth_key *key = auth_identify(req);
+    const auth_key *key = auth_identify(srv, MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND,
+                                                                          MHD_HTTP_HEADER_AUTHORIZATION));
     if (key) {
         void *noref = NULL;
         api_error e0 = migrate_import(srv, false, req->body ? req->body : "", req->len, NULL, &noref, ns, sizeof ns,

@@ -296,7 +296,7 @@ static long shut_down(nc_server *srv)
     replication_shutdown(srv);
     migrate_shutdown(srv);
     model_free(srv->model);
-    auth_shutdown();
+    auth_shutdown(srv);
     return count;
 }
 
@@ -320,7 +320,7 @@ int main(int argc, char **argv)
      * (core/fault.h) is armed only by tests, through the environment. */
     if (nc_fault_from_spec(getenv("NEUROCACHE_FAULT")) != 0)
         return startup_failed("bad NEUROCACHE_FAULT", NULL);
-    if (auth_startup(&srv.cfg, err, sizeof err) != 0)
+    if (auth_startup(&srv, err, sizeof err) != 0)
         return startup_failed(err, NULL);
     sigset_t sigs;
     take_signals(&sigs);

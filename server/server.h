@@ -27,6 +27,7 @@ typedef struct nc_server {
     struct http_gate *gate;           /* accepts connections for mhd (http.c) */
     struct upload_registry *uploads;  /* uploads in progress (uploads.h) */
     struct replication *replication;  /* Redis publisher and applier (replication.h); NULL = off */
+    struct auth_table *auth;          /* API keys (auth.h); NULL = none: every request allowed */
     /* Called by the namespace registry for every store it opens or creates,
      * before any add, with namespace_opened_ctx (replication attaches its
      * publisher); set before namespaces_init, NULL = nobody listens. */
