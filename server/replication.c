@@ -472,6 +472,108 @@ static int publish_deletes(replication *rep, redisContext *c)
     return rc;
 }
 
+/* Opens a follower of store's log at published into s->log (attachment
+ * gen). 0, or -1 when the log cannot be read (logged once). */
+static int follow_log(replication *rep, ns_state *s, nc_nsstore *store, unsigned gen, uint64_t published)
+{
+    char err[NC_ERRLEN] = "";
+    int rc = nsstore_log_open(store, published, &s->log, err, sizeof err);
+    if (rc == NC_ENOTFOUND) {
+        /* Only if segments were removed behind replication's back
+         * (nsstore_retain_log keeps them): what they held is lost for
+         * the other replicas. Go on from what exists. */
+        nc_nsstore_stats st;
+        nsstore_stats(store, &st);
+        slog(SLOG_ERROR, "replication: the log no longer holds unpublished records; publishing from its end",
+             json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
+        published = st.last_seq;
+        rc = nsstore_log_open(store, published, &s->log, err, sizeof err);
+    }
+    if (rc != NC_OK) {
+        if (!s->log_warned)
+            slog(SLOG_ERROR, "replication: cannot read the namespace's log",
+                 json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
+        s->log_warned = true;
+        return -1;
+    }
+    s->log_gen = gen;
+    /* A new follower (a store opened or created again, a name deleted
+     * and created again here or elsewhere, whose deletion took it out
+     * of the namespace set): announced again, or a replica that learns
+     * names from the set would never read its stream. */
+    s->announced = false;
+    pub_pos_advance(rep, s, gen, published, true);
+    return 0;
+}
+
+/* Queues on c (pipelined) the announcement of s's namespace when it is not
+ * announced on this connection yet: the set first, then the wake-up, so a
+ * reader woken by the control entry finds the namespace in the set.
+ * Returns the number of commands queued. */
+static int announce(replication *rep, redisContext *c, const ns_state *s)
+{
+    if (s->announced)
+        return 0;
+    char ctl[200];
+    snprintf(ctl, sizeof ctl, "%sctl", rep->prefix);
+    redisAppendCommand(c, "SADD %snamespaces %s", rep->prefix, s->name);
+    const char *av[] = {"XADD", ctl, "MAXLEN", "~", "10000", "*", "ns", s->name};
+    size_t al[8];
+    for (int i = 0; i < 8; i++) al[i] = strlen(av[i]);
+    redisAppendCommandArgv(c, 8, av, al);
+    return 2;
+}
+
+/* Queues on c (pipelined) one XADD per local add that s's log holds next,
+ * up to a batch (BATCH_ENTRIES, or BATCH_BYTES of keys); adds applied from
+ * other replicas are passed over. *sent and *tokens count what was queued;
+ * returns what the log's reader last said (1 more, 0 at the end, NC_* < 0
+ * an error with err). */
+static int queue_adds(replication *rep, redisContext *c, ns_state *s, uint64_t birth, int *sent, uint64_t *tokens,
+                      char *err, size_t errlen)
+{
+    char key[256], mt[32], maxlen[32], bs[32];
+    stream_key(rep, s->name, key, sizeof key);
+    snprintf(mt, sizeof mt, "%016llx", (unsigned long long)rep->model_fp);
+    snprintf(maxlen, sizeof maxlen, "%ld", rep->maxlen);
+    snprintf(bs, sizeof bs, "%llu", (unsigned long long)birth);
+    size_t bytes = 0;
+    nc_nslog_add a;
+    int rc = 0;
+    *sent = 0;
+    *tokens = 0;
+    while (*sent < BATCH_ENTRIES && bytes < BATCH_BYTES && (rc = nsstore_log_next(s->log, &a, err, errlen)) == 1) {
+        if (!strncmp(a.doc, "repl:", 5))
+            continue;   /* applied from another replica: its origin published it */
+        char off[32], n[32], sq[32];
+        snprintf(off, sizeof off, "%llu", (unsigned long long)a.off);
+        snprintf(n, sizeof n, "%zu", a.n);
+        snprintf(sq, sizeof sq, "%llu", (unsigned long long)a.seq);
+        const char *argv[28];
+        size_t argl[28];
+        int k = 0;
+#define ARG(x, l) (argv[k] = (x), argl[k] = (l), k++)
+        ARG("XADD", 4); ARG(key, strlen(key));
+        if (rep->maxlen > 0) { ARG("MAXLEN", 6); ARG("~", 1); ARG(maxlen, strlen(maxlen)); }
+        ARG("*", 1);
+        ARG("o", 1); ARG(rep->tag, strlen(rep->tag));
+        ARG("b", 1); ARG(bs, strlen(bs));
+        ARG("s", 1); ARG(sq, strlen(sq));
+        ARG("d", 1); ARG(a.doc, strlen(a.doc));
+        ARG("f", 1); ARG(off, strlen(off));
+        ARG("n", 1); ARG(n, strlen(n));
+        ARG("m", 1); ARG(mt, strlen(mt));
+        ARG("w", 1); ARG(a.words, a.words_len);
+        ARG("k", 1); ARG((const char *)a.keys_f16, a.n * (size_t)rep->H * 2);
+#undef ARG
+        redisAppendCommandArgv(c, k, argv, argl);
+        (*sent)++;
+        *tokens += a.n;
+        bytes += a.n * (size_t)rep->H * 2;
+    }
+    return rc;
+}
+
 /* Publishes what s's log holds after its position, up to one batch.
  * 1 when more may be waiting (a full batch, or records not yet durable),
  * 0 when s is up to date, -1 when Redis failed (the position stays: the
@@ -507,34 +609,9 @@ static int publish_ns(replication *rep, redisContext *c, ns_state *s, bool final
         namespaces_release(rep->srv, ref);
         return 1;   /* attached again meanwhile: look again */
     }
-    if (!s->log) {
-        int rc = nsstore_log_open(store, published, &s->log, err, sizeof err);
-        if (rc == NC_ENOTFOUND) {
-            /* Only if segments were removed behind replication's back
-             * (nsstore_retain_log keeps them): what they held is lost for
-             * the other replicas. Go on from what exists. */
-            nc_nsstore_stats st;
-            nsstore_stats(store, &st);
-            slog(SLOG_ERROR, "replication: the log no longer holds unpublished records; publishing from its end",
-                 json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
-            published = st.last_seq;
-            rc = nsstore_log_open(store, published, &s->log, err, sizeof err);
-        }
-        if (rc != NC_OK) {
-            if (!s->log_warned)
-                slog(SLOG_ERROR, "replication: cannot read the namespace's log",
-                     json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
-            s->log_warned = true;
-            namespaces_release(rep->srv, ref);
-            return 0;
-        }
-        s->log_gen = gen;
-        /* A new follower (a store opened or created again, a name deleted
-         * and created again here or elsewhere, whose deletion took it out
-         * of the namespace set): announced again, or a replica that learns
-         * names from the set would never read its stream. */
-        s->announced = false;
-        pub_pos_advance(rep, s, gen, published, true);
+    if (!s->log && follow_log(rep, s, store, gen, published) != 0) {
+        namespaces_release(rep->srv, ref);
+        return 0;
     }
     /* A long upload syncs its log only before it answers: publishing
      * would wait for the whole document. Records appended but not yet
@@ -549,58 +626,9 @@ static int publish_ns(replication *rep, redisContext *c, ns_state *s, bool final
         s->log_warned = true;
         broken = true;
     }
-    int extra = 0;
-    if (!s->announced) {
-        /* the set first, then the wake-up: a reader woken by the control
-         * entry finds the namespace in the set */
-        char ctl[200];
-        snprintf(ctl, sizeof ctl, "%sctl", rep->prefix);
-        redisAppendCommand(c, "SADD %snamespaces %s", rep->prefix, s->name);
-        const char *av[] = {"XADD", ctl, "MAXLEN", "~", "10000", "*", "ns", s->name};
-        size_t al[8];
-        for (int i = 0; i < 8; i++) al[i] = strlen(av[i]);
-        redisAppendCommandArgv(c, 8, av, al);
-        extra = 2;
-    }
-    char key[256], mt[32], maxlen[32], bs[32];
-    stream_key(rep, s->name, key, sizeof key);
-    snprintf(mt, sizeof mt, "%016llx", (unsigned long long)rep->model_fp);
-    snprintf(maxlen, sizeof maxlen, "%ld", rep->maxlen);
-    snprintf(bs, sizeof bs, "%llu", (unsigned long long)birth);
-    int sent = 0, more = 0;
+    int extra = announce(rep, c, s), sent = 0, more = 0;
     uint64_t tokens = 0;
-    size_t bytes = 0;
-    nc_nslog_add a;
-    int rc = 0;
-    while (sent < BATCH_ENTRIES && bytes < BATCH_BYTES && (rc = nsstore_log_next(s->log, &a, err, sizeof err)) == 1) {
-        if (!strncmp(a.doc, "repl:", 5))
-            continue;   /* applied from another replica: its origin published it */
-        char off[32], n[32], sq[32];
-        snprintf(off, sizeof off, "%llu", (unsigned long long)a.off);
-        snprintf(n, sizeof n, "%zu", a.n);
-        snprintf(sq, sizeof sq, "%llu", (unsigned long long)a.seq);
-        const char *argv[28];
-        size_t argl[28];
-        int k = 0;
-#define ARG(x, l) (argv[k] = (x), argl[k] = (l), k++)
-        ARG("XADD", 4); ARG(key, strlen(key));
-        if (rep->maxlen > 0) { ARG("MAXLEN", 6); ARG("~", 1); ARG(maxlen, strlen(maxlen)); }
-        ARG("*", 1);
-        ARG("o", 1); ARG(rep->tag, strlen(rep->tag));
-        ARG("b", 1); ARG(bs, strlen(bs));
-        ARG("s", 1); ARG(sq, strlen(sq));
-        ARG("d", 1); ARG(a.doc, strlen(a.doc));
-        ARG("f", 1); ARG(off, strlen(off));
-        ARG("n", 1); ARG(n, strlen(n));
-        ARG("m", 1); ARG(mt, strlen(mt));
-        ARG("w", 1); ARG(a.words, a.words_len);
-        ARG("k", 1); ARG((const char *)a.keys_f16, a.n * (size_t)rep->H * 2);
-#undef ARG
-        redisAppendCommandArgv(c, k, argv, argl);
-        sent++;
-        tokens += a.n;
-        bytes += a.n * (size_t)rep->H * 2;
-    }
+    int rc = queue_adds(rep, c, s, birth, &sent, &tokens, err, sizeof err);
     /* what was sent covers the log up to here (a bad record stops the
      * batch before it: the next pass opens the log again and stops there
      * again, logged once, until the log is repaired) */
@@ -968,6 +996,104 @@ static int load_tombstones(replication *rep, redisContext *c)
     return 0;
 }
 
+/* XREAD COUNT 256 BLOCK 500 STREAMS ctl k1..kn ctl_id id1..idn: the control
+ * stream and the first nns namespaces' streams after their positions. The
+ * reply (NULL when the connection failed), or NULL with *oom. */
+static redisReply *xread(replication *rep, redisContext *c, const char *ctl_key, const char *ctl_id, int nns,
+                         bool *oom)
+{
+    int argc = 6 + 2 * (nns + 1);
+    const char **argv = malloc((size_t)argc * sizeof *argv);
+    size_t *argl = malloc((size_t)argc * sizeof *argl);
+    char (*keys)[256] = malloc((size_t)(nns + 1) * sizeof *keys);
+    *oom = !argv || !argl || !keys;
+    redisReply *r = NULL;
+    if (!*oom) {
+        argv[0] = "XREAD"; argv[1] = "COUNT"; argv[2] = "256"; argv[3] = "BLOCK"; argv[4] = "500";
+        argv[5] = "STREAMS";
+        argv[6] = ctl_key;
+        argv[7 + nns] = ctl_id;
+        for (int i = 0; i < nns; i++) {
+            stream_key(rep, rep->ns[i].name, keys[i], sizeof keys[i]);
+            argv[7 + i] = keys[i];
+            argv[8 + nns + i] = rep->ns[i].last_id;
+        }
+        for (int i = 0; i < argc; i++) argl[i] = strlen(argv[i]);
+        r = redisCommandArgv(c, argc, argv, argl);
+    }
+    free(argv);
+    free(argl);
+    free(keys);
+    return r;
+}
+
+/* The control stream's entries: a namespace announced (the caller reads
+ * the set again) or deleted by another replica (deleted here too);
+ * ctl_id[idcap] follows them. */
+static void apply_control(replication *rep, const redisReply *ents, char *ctl_id, size_t idcap)
+{
+    for (size_t e = 0; ents->type == REDIS_REPLY_ARRAY && e < ents->elements; e++) {
+        const redisReply *en = ents->element[e];
+        if (en->type != REDIS_REPLY_ARRAY || en->elements != 2) continue;
+        snprintf(ctl_id, idcap, "%s", en->element[0]->str);
+        const redisReply *del = field(en->element[1], "del"), *o = field(en->element[1], "o"),
+                         *t = field(en->element[1], "t");
+        if (!del || !o || !strcmp(o->str, rep->tag) || strlen(del->str) >= SESSION_ID_MAX) continue;
+        apply_tombstone(rep, del->str, strtoull(t ? t->str : en->element[0]->str, NULL, 10), o->str);
+    }
+}
+
+/* The entries read from ns's stream: those wanted are applied to the local
+ * store (opened, or created, only for them), synced once; ns's position
+ * moves past all of them. 0, or -1 when the store is unavailable (retried
+ * from the same position at the next read). */
+static int apply_stream(replication *rep, ns_state *ns, const redisReply *ents)
+{
+    if (ents->type != REDIS_REPLY_ARRAY || ents->elements == 0) return 0;
+    pthread_mutex_lock(&rep->lock);
+    uint64_t tomb = ns->tomb;
+    bool reset = ns->reset;
+    pthread_mutex_unlock(&rep->lock);
+    if (reset) return 0;   /* deleted here meanwhile: read again from the start */
+    /* The store is opened (created) only for entries to apply: a
+     * stream of a deleted incarnation must not bring the name back. */
+    bool want = false;
+    for (size_t e = 0; e < ents->elements && !want; e++) {
+        const redisReply *en = ents->element[e];
+        want = en->type == REDIS_REPLY_ARRAY && en->elements == 2 &&
+               sid_cmp(en->element[0]->str, ns->last_id) > 0 && entry_wanted(rep, ns, tomb, en->element[1], false);
+    }
+    ns_handle *ref = NULL;
+    char err[NC_ERRLEN] = "";
+    if (want && !(ref = namespaces_acquire(rep->srv, ns->name, true, err, sizeof err))) {
+        /* Retried at the next read, from the same position; logged
+         * once, not at every retry. */
+        if (!ns->warned)
+            slog(SLOG_WARN, "replication: namespace unavailable",
+                 json_pack("{s:s,s:s}", "namespace", ns->name, "error", err));
+        ns->warned = true;
+        return -1;
+    }
+    ns->warned = false;
+    nc_nsstore *st = ref ? namespaces_store(ref) : NULL;
+    uint64_t last_seq = 0;
+    for (size_t e = 0; e < ents->elements; e++) {
+        const redisReply *en = ents->element[e];
+        if (en->type != REDIS_REPLY_ARRAY || en->elements != 2) continue;
+        if (sid_cmp(en->element[0]->str, ns->last_id) <= 0)
+            continue;
+        if (entry_wanted(rep, ns, tomb, en->element[1], true) && st) {
+            uint64_t seq = apply_entry(rep, ns, st, en->element[0]->str, en->element[1]);
+            if (seq) last_seq = seq;
+        }
+        snprintf(ns->last_id, sizeof ns->last_id, "%s", en->element[0]->str);
+    }
+    if (last_seq && nsstore_sync(st, last_seq, err, sizeof err) != NC_OK)
+        slog(SLOG_WARN, "replication: sync failed", json_pack("{s:s,s:s}", "namespace", ns->name, "error", err));
+    if (ref) namespaces_release(rep->srv, ref);
+    return 0;
+}
+
 static void *applier(void *arg)
 {
     replication *rep = arg;
@@ -1010,30 +1136,12 @@ static void *applier(void *arg)
         pthread_mutex_unlock(&rep->lock);
         for (int i = 0; i < nns; i++)
             if (!rep->ns[i].loaded) pos_load(rep, &rep->ns[i]);
-        /* XREAD COUNT 256 BLOCK 500 STREAMS ctl k1..kn ctl_id id1..idn */
-        int argc = 6 + 2 * (nns + 1);
-        const char **argv = malloc((size_t)argc * sizeof *argv);
-        size_t *argl = malloc((size_t)argc * sizeof *argl);
-        char (*keys)[256] = malloc((size_t)(nns + 1) * sizeof *keys);
-        if (!argv || !argl || !keys) {
-            free(argv); free(argl); free(keys);
+        bool oom = false;
+        redisReply *r = xread(rep, c, ctl_key, ctl_id, nns, &oom);
+        if (oom) {
             sleep_ms(100);
             continue;
         }
-        argv[0] = "XREAD"; argv[1] = "COUNT"; argv[2] = "256"; argv[3] = "BLOCK"; argv[4] = "500";
-        argv[5] = "STREAMS";
-        argv[6] = ctl_key;
-        argv[7 + nns] = ctl_id;
-        for (int i = 0; i < nns; i++) {
-            stream_key(rep, rep->ns[i].name, keys[i], sizeof keys[i]);
-            argv[7 + i] = keys[i];
-            argv[8 + nns + i] = rep->ns[i].last_id;
-        }
-        for (int i = 0; i < argc; i++) argl[i] = strlen(argv[i]);
-        redisReply *r = redisCommandArgv(c, argc, argv, argl);
-        free(argv);
-        free(argl);
-        free(keys);
         if (!r || r->type == REDIS_REPLY_ERROR) {
             if (r) {
                 slog(SLOG_WARN, "replication: XREAD failed", json_pack("{s:s}", "error", r->str));
@@ -1053,18 +1161,7 @@ static void *applier(void *arg)
             if (sr->type != REDIS_REPLY_ARRAY || sr->elements != 2) continue;
             const char *key = sr->element[0]->str;
             if (!strcmp(key, ctl_key)) {
-                /* A namespace announced (read the set again now) or deleted
-                 * by another replica (delete it here too). */
-                const redisReply *ents = sr->element[1];
-                for (size_t e = 0; ents->type == REDIS_REPLY_ARRAY && e < ents->elements; e++) {
-                    const redisReply *en = ents->element[e];
-                    if (en->type != REDIS_REPLY_ARRAY || en->elements != 2) continue;
-                    snprintf(ctl_id, sizeof ctl_id, "%s", en->element[0]->str);
-                    const redisReply *del = field(en->element[1], "del"), *o = field(en->element[1], "o"),
-                                     *t = field(en->element[1], "t");
-                    if (!del || !o || !strcmp(o->str, rep->tag) || strlen(del->str) >= SESSION_ID_MAX) continue;
-                    apply_tombstone(rep, del->str, strtoull(t ? t->str : en->element[0]->str, NULL, 10), o->str);
-                }
+                apply_control(rep, sr->element[1], ctl_id, sizeof ctl_id);
                 last_refresh = 0;
                 continue;
             }
@@ -1074,50 +1171,8 @@ static void *applier(void *arg)
                 stream_key(rep, rep->ns[i].name, k, sizeof k);
                 if (!strcmp(k, key)) ns = &rep->ns[i];
             }
-            const redisReply *ents = sr->element[1];
-            if (!ns || ents->type != REDIS_REPLY_ARRAY || ents->elements == 0) continue;
-            pthread_mutex_lock(&rep->lock);
-            uint64_t tomb = ns->tomb;
-            bool reset = ns->reset;
-            pthread_mutex_unlock(&rep->lock);
-            if (reset) continue;   /* deleted here meanwhile: read again from the start */
-            /* The store is opened (created) only for entries to apply: a
-             * stream of a deleted incarnation must not bring the name back. */
-            bool want = false;
-            for (size_t e = 0; e < ents->elements && !want; e++) {
-                const redisReply *en = ents->element[e];
-                want = en->type == REDIS_REPLY_ARRAY && en->elements == 2 &&
-                       sid_cmp(en->element[0]->str, ns->last_id) > 0 && entry_wanted(rep, ns, tomb, en->element[1], false);
-            }
-            ns_handle *ref = NULL;
-            char err[NC_ERRLEN] = "";
-            if (want && !(ref = namespaces_acquire(rep->srv, ns->name, true, err, sizeof err))) {
-                /* Retried at the next read, from the same position; logged
-                 * once, not at every retry. */
-                if (!ns->warned)
-                    slog(SLOG_WARN, "replication: namespace unavailable",
-                         json_pack("{s:s,s:s}", "namespace", ns->name, "error", err));
-                ns->warned = true;
+            if (ns && apply_stream(rep, ns, sr->element[1]) != 0)
                 retry_later = true;
-                continue;
-            }
-            ns->warned = false;
-            nc_nsstore *st = ref ? namespaces_store(ref) : NULL;
-            uint64_t last_seq = 0;
-            for (size_t e = 0; e < ents->elements; e++) {
-                const redisReply *en = ents->element[e];
-                if (en->type != REDIS_REPLY_ARRAY || en->elements != 2) continue;
-                if (sid_cmp(en->element[0]->str, ns->last_id) <= 0)
-                    continue;
-                if (entry_wanted(rep, ns, tomb, en->element[1], true) && st) {
-                    uint64_t seq = apply_entry(rep, ns, st, en->element[0]->str, en->element[1]);
-                    if (seq) last_seq = seq;
-                }
-                snprintf(ns->last_id, sizeof ns->last_id, "%s", en->element[0]->str);
-            }
-            if (last_seq && nsstore_sync(st, last_seq, err, sizeof err) != NC_OK)
-                slog(SLOG_WARN, "replication: sync failed", json_pack("{s:s,s:s}", "namespace", ns->name, "error", err));
-            if (ref) namespaces_release(rep->srv, ref);
         }
         freeReplyObject(r);
         if (retry_later)
