@@ -508,16 +508,8 @@ void api_h_completions(nc_server *srv, http_request *req, http_response *resp)
         cmpl_free(j);
         return;
     }
-    j->gp = (gen_params){.temperature = j->r.temperature, .top_p = j->r.top_p, .logprobs = j->r.logprobs,
-                         .allow_unk = j->r.allow_unk, .n_stop = j->r.n_stop};
-    for (size_t i = 0; i < j->r.n_stop; i++) {
-        j->gp.stop[i] = j->r.stop[i];
-        j->gp.stop_len[i] = j->r.stop_len[i];
-    }
-    uint64_t seed = (uint64_t)j->r.seed;
-    if (!j->r.has_seed && getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed)
-        seed = (uint64_t)time(NULL);
-    rng_seed(&j->rng, seed);
+    gen_setup(&j->gp, &j->rng, j->r.temperature, j->r.top_p, j->r.logprobs, j->r.allow_unk, j->r.stop,
+              j->r.stop_len, j->r.n_stop, j->r.has_seed, j->r.seed);
     unsigned char rb[12];
     snprintf(j->id, sizeof j->id, "cmpl-");
     if (getrandom(rb, sizeof rb, 0) == (ssize_t)sizeof rb)

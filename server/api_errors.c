@@ -18,6 +18,21 @@ api_error api_error_from_core(int rc)
     }
 }
 
+api_error api_error_from_storage(int rc, api_error otherwise)
+{
+    return rc == NC_EIO || rc == NC_ENOSPACE ? api_error_from_core(rc) : otherwise;
+}
+
+api_error api_error_from_namespace(int rc)
+{
+    switch (rc) {
+    case NC_EINVAL: return API_OUT_OF_RANGE;
+    case NC_ENOTFOUND: return API_NOT_FOUND;
+    case NC_ESTATE: return API_NOT_READY;
+    default: return api_error_from_storage(rc, API_INTERNAL);
+    }
+}
+
 api_error api_error_from_sessions(sessions_rc rc)
 {
     static const api_error map[] = {

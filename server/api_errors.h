@@ -12,6 +12,15 @@
  * (any other write or fsync error), anything else 500. */
 api_error api_error_from_core(int rc);
 
+/* A failure of durable storage (the log, a snapshot: NC_EIO, NC_ENOSPACE)
+ * as api_error_from_core says; any other code is otherwise. */
+api_error api_error_from_storage(int rc, api_error otherwise);
+
+/* Why a namespace could not be opened (created): a bad name is the
+ * client's; its log and snapshot can fail on the disk (503
+ * storage_unavailable, 507 when full) or on what is on it (500). */
+api_error api_error_from_namespace(int rc);
+
 /* A session table failure (create, adopt). */
 api_error api_error_from_sessions(sessions_rc rc);
 

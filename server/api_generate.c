@@ -17,14 +17,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-#include <time.h>
 
 #include "api_errors.h"
 #include "apiutil.h"
 #include "generate.h"
 #include "metrics.h"
-#include "migrate.h"
 #include "sse.h"
 
 typedef struct {
@@ -118,7 +115,7 @@ static void run(gen_job *j, workguard *g, http_response *resp)
     nc_session *s = j->s;
     char err[NC_ERRLEN] = "";
     http_response lockr = {0};
-    if (migrate_lock(srv, s, &lockr) != 0) {
+    if (api_session_lock(srv, s, &lockr) != 0) {
         if (j->sse)
             sse_event(j->sse, lockr.json);
         else
@@ -251,7 +248,7 @@ void api_h_generate(nc_server *srv, http_request *req, http_response *resp)
         job_free(j);
         return;
     }
-    j->s = migrate_acquire(srv, req, resp);
+    j->s = api_session_acquire(srv, req, resp);
     if (!j->s) {
         job_free(j);
         return;
@@ -264,16 +261,8 @@ void api_h_generate(nc_server *srv, http_request *req, http_response *resp)
         job_free(j);
         return;
     }
-    j->gp = (gen_params){.temperature = j->r.temperature, .top_p = j->r.top_p, .logprobs = j->r.logprobs,
-                         .allow_unk = j->r.allow_unk, .n_stop = j->r.n_stop};
-    for (size_t i = 0; i < j->r.n_stop; i++) {
-        j->gp.stop[i] = j->r.stop[i];
-        j->gp.stop_len[i] = j->r.stop_len[i];
-    }
-    uint64_t seed = (uint64_t)j->r.seed;
-    if (!j->r.has_seed && getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed)
-        seed = (uint64_t)time(NULL);
-    rng_seed(&j->rng, seed);
+    gen_setup(&j->gp, &j->rng, j->r.temperature, j->r.top_p, j->r.logprobs, j->r.allow_unk, j->r.stop,
+              j->r.stop_len, j->r.n_stop, j->r.has_seed, j->r.seed);
     if (j->r.stream) {
         resp->sse = sse_new(produce, j, job_free);
         if (!resp->sse)

@@ -13,7 +13,6 @@
 #include "apiutil.h"
 #include "generate.h"
 #include "metrics.h"
-#include "migrate.h"
 #include "stream.h"
 
 typedef struct {
@@ -163,7 +162,7 @@ void api_h_rescore_session(nc_server *srv, http_request *req, http_response *res
         work_free(&w);
         return;
     }
-    nc_session *s = migrate_acquire(srv, req, resp);
+    nc_session *s = api_session_acquire(srv, req, resp);
     if (!s) {
         work_free(&w);
         return;
@@ -179,7 +178,7 @@ void api_h_rescore_session(nc_server *srv, http_request *req, http_response *res
         work_free(&w);
         return;
     }
-    if (migrate_lock(srv, s, resp) != 0) {
+    if (api_session_lock(srv, s, resp) != 0) {
         sessions_release(srv->sessions, s);
         work_free(&w);
         return;

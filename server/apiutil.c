@@ -7,6 +7,29 @@
 #include <string.h>
 
 #include "api_errors.h"
+#include "migrate.h"
+
+nc_session *api_session_acquire(nc_server *srv, http_request *req, http_response *resp)
+{
+    api_error why = API_SESSION_NOT_FOUND;
+    char msg[512] = "";
+    nc_session *s = migrate_acquire(srv, req->params[0], &why, msg, sizeof msg);
+    if (!s)
+        http_reply_error(resp, why, "%s", msg);
+    return s;
+}
+
+int api_session_lock(nc_server *srv, nc_session *s, http_response *resp)
+{
+    pthread_mutex_lock(&s->lock);
+    if (!sessions_removed(srv->sessions, s))
+        return 0;
+    pthread_mutex_unlock(&s->lock);
+    http_reply_error(resp, API_SESSION_MOVED,
+                     "session '%s' was handed to another replica or deleted while this request "
+                     "waited: retry", s->id);
+    return -1;
+}
 
 size_t api_tokens_at_least(const char *text, size_t len)
 {

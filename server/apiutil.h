@@ -1,5 +1,5 @@
-/* apiutil.h -- what the API's handlers share: the token budget, JSON log-probabilities, top-k
- * selection, detokenised text and the model's name. No handler lives here. */
+/* apiutil.h -- what the API's handlers share: the session a path names, the token budget, JSON
+ * log-probabilities, top-k selection, detokenised text and the model's name. No handler lives here. */
 #ifndef NC_SERVER_APIUTIL_H
 #define NC_SERVER_APIUTIL_H
 
@@ -9,6 +9,17 @@
 
 #include "http.h"
 #include "sessions.h"
+
+/* The session a request names (req->params[0]), held (release with
+ * sessions_release); pulled from the peers if it is not here (migrate.h).
+ * NULL when nobody holds it, answered 404 session_not_here, 503
+ * session_moved or 404 session_not_found. */
+nc_session *api_session_acquire(nc_server *srv, http_request *req, http_response *resp);
+
+/* Locks s->lock for a request; if the session was handed over or deleted
+ * while the request waited, unlocks, answers 503 session_moved and returns
+ * -1 (the caller still releases s). */
+int api_session_lock(nc_server *srv, nc_session *s, http_response *resp);
 
 /* At least the number of tokens tokenize() gives for text[0..len): it
  * splits on Unicode white space (a superset of ASCII's) and appends eos at

@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
-#include <microhttpd.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,7 +48,6 @@ struct auth_table {
     int n;
 };
 
-static auth_table *active;
 
 /* ---- the key file -------------------------------------------------------- */
 
@@ -365,7 +363,7 @@ bool auth_key_allows(const auth_key *k, int ops, const char *ns)
     return false;
 }
 
-/* Operation of each route, by its endpoint label (handlers.c). */
+/* Operation of each route, by its endpoint label (routes.c). */
 static const struct { const char *endpoint; int ops; } route_ops[] = {
     {"health", 0}, {"ready", 0},
     /* the page's static files (web.h): no data in them; every API call the
@@ -416,8 +414,9 @@ static bool is_loopback(const char *bind)
     return !strncmp(bind, "127.", 4) || !strcmp(bind, "::1") || !strcmp(bind, "localhost");
 }
 
-int auth_startup(const nc_server_config *cfg, char *err, size_t errlen)
+int auth_startup(nc_server *srv, char *err, size_t errlen)
 {
+    const nc_server_config *cfg = &srv->cfg;
     if (geteuid() == 0 && !cfg->allow_root) {
         snprintf(err, errlen, "refusing to run as root: run neurocached as an unprivileged user "
                  "(or pass --allow-root, e.g. inside a container)");
@@ -427,8 +426,8 @@ int auth_startup(const nc_server_config *cfg, char *err, size_t errlen)
         auth_table *t = auth_load_file(cfg->api_keys, err, errlen);
         if (!t)
             return -1;
-        auth_table_free(active);
-        active = t;
+        auth_table_free(srv->auth);
+        srv->auth = t;
         slog(SLOG_INFO, "api keys loaded", json_pack("{s:s,s:i}", "file", cfg->api_keys, "keys", t->n));
     } else if (!is_loopback(cfg->bind)) {
         slog(SLOG_WARN, "no api keys",
@@ -439,10 +438,10 @@ int auth_startup(const nc_server_config *cfg, char *err, size_t errlen)
     return 0;
 }
 
-void auth_shutdown(void)
+void auth_shutdown(nc_server *srv)
 {
-    auth_table_free(active);
-    active = NULL;
+    auth_table_free(srv->auth);
+    srv->auth = NULL;
 }
 
 /* ---- per request --------------------------------------------------------- */
@@ -467,11 +466,10 @@ static void prune_sessions(nc_server *srv, auth_key *k)
     k->nsess = j;
 }
 
-/* The key of the request's "Authorization: Bearer" header, or NULL with
- * the reason in *why. */
-static const auth_key *bearer_key(const auth_table *t, http_request *req, const char **why)
+/* The key of an "Authorization: Bearer" header's value h (NULL = no
+ * header), or NULL with the reason in *why. */
+static const auth_key *bearer_key(const auth_table *t, const char *h, const char **why)
 {
-    const char *h = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!h) {
         *why = "an API key is required: Authorization: Bearer <key>";
         return NULL;
@@ -491,70 +489,85 @@ static const auth_key *bearer_key(const auth_table *t, http_request *req, const 
     return k;
 }
 
-const auth_key *auth_identify(http_request *req)
+const auth_key *auth_identify(nc_server *srv, const char *authorization)
 {
     const char *why;
-    return active ? bearer_key(active, req, &why) : NULL;
+    return srv->auth ? bearer_key(srv->auth, authorization, &why) : NULL;
 }
 
-int auth_check(nc_server *srv, http_request *req, const http_route *rt, const auth_key **key,
-               http_response *resp)
+static int refuse(auth_refusal *why, api_error code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int refuse(auth_refusal *why, api_error code, const char *fmt, ...)
+{
+    why->code = code;
+    why->challenge = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why->message, sizeof why->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* The namespace a request touches (ns; has_ns: it names one), or -1 with
+ * why filled when it names a session of a namespace k cannot see. */
+static int request_namespace(nc_server *srv, const auth_request *ar, const auth_key *k, char *ns, size_t nslen,
+                             bool *has_ns, auth_refusal *why)
+{
+    ns[0] = 0;
+    *has_ns = false;
+    const char *pat = ar->pattern;
+    if (!strncmp(pat, "/v1/namespaces/{", 16)) {
+        snprintf(ns, nslen, "%s", ar->param);
+        *has_ns = true;
+    } else if (!strncmp(pat, "/v1/sessions/{", 14)) {
+        nc_session *s = srv->sessions ? sessions_acquire(srv->sessions, ar->param) : NULL;
+        if (s) {
+            snprintf(ns, nslen, "%s", s->ns);
+            sessions_release(srv->sessions, s);
+            if (!auth_key_allows(k, 0, ns))
+                /* Indistinguishable from a session that does not exist. */
+                return refuse(why, API_SESSION_NOT_FOUND, "no session '%s' (unknown, deleted or expired)",
+                              ar->param);
+        }
+    } else if (ar->json && json_is_string(json_object_get(ar->json, "namespace"))) {
+        snprintf(ns, nslen, "%s", json_string_value(json_object_get(ar->json, "namespace")));
+        *has_ns = true;
+    } else if (!strcmp(ar->endpoint, "sessions_create")) {
+        *has_ns = true;                /* a session without namespace lives in "default" */
+    }
+    return 0;
+}
+
+int auth_check(nc_server *srv, const auth_request *ar, const auth_key **key, auth_refusal *why)
 {
     *key = NULL;
-    auth_table *t = active;
+    auth_table *t = srv->auth;
     if (!t)
         return 0;
-    int ops = auth_route_ops(rt->endpoint);
+    int ops = auth_route_ops(ar->endpoint);
     if (ops == 0)
         return 0;
-    if (!strcmp(rt->endpoint, "feed") && req->json && json_is_true(json_object_get(req->json, "adapt")))
+    if (!strcmp(ar->endpoint, "feed") && ar->json && json_is_true(json_object_get(ar->json, "adapt")))
         ops |= AUTH_WRITE;
-    const char *why = NULL;
-    auth_key *k = (auth_key *)bearer_key(t, req, &why);
+    const char *reason = NULL;
+    auth_key *k = (auth_key *)bearer_key(t, ar->authorization, &reason);
     if (!k) {
-        http_reply_error(resp, API_UNAUTHORIZED, "%s", why);
+        refuse(why, API_UNAUTHORIZED, "%s", reason);
         /* RFC 6750 section 3: every 401 names the scheme; a key that was
          * sent but is not known is an invalid_token */
-        bool sent = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION) != NULL;
-        resp->challenge = sent ? "Bearer realm=\"neurocache\", error=\"invalid_token\""
-                               : "Bearer realm=\"neurocache\"";
+        why->challenge = ar->authorization ? "Bearer realm=\"neurocache\", error=\"invalid_token\""
+                                           : "Bearer realm=\"neurocache\"";
         return -1;
     }
-    if ((k->ops & ops) != ops) {
-        http_reply_error(resp, API_FORBIDDEN, "key '%s' may not %s (%s %s)", k->name, op_name(ops), req->method,
-              req->url);
-        return -1;
-    }
+    if ((k->ops & ops) != ops)
+        return refuse(why, API_FORBIDDEN, "key '%s' may not %s (%s %s)", k->name, op_name(ops), ar->method, ar->url);
     /* The namespace the request touches. */
-    char ns[128] = "";             /* as long as a URL capture */
-    bool has_ns = false;
-    const char *pat = rt->pattern;
-    if (!strncmp(pat, "/v1/namespaces/{", 16)) {
-        snprintf(ns, sizeof ns, "%s", req->params[0]);
-        has_ns = true;
-    } else if (!strncmp(pat, "/v1/sessions/{", 14)) {
-        nc_session *s = srv->sessions ? sessions_acquire(srv->sessions, req->params[0]) : NULL;
-        if (s) {
-            snprintf(ns, sizeof ns, "%s", s->ns);
-            sessions_release(srv->sessions, s);
-            if (!auth_key_allows(k, 0, ns)) {
-                /* Indistinguishable from a session that does not exist. */
-                http_reply_error(resp, API_SESSION_NOT_FOUND, "no session '%s' (unknown, deleted or expired)",
-                      req->params[0]);
-                return -1;
-            }
-        }
-    } else if (req->json && json_is_string(json_object_get(req->json, "namespace"))) {
-        snprintf(ns, sizeof ns, "%s", json_string_value(json_object_get(req->json, "namespace")));
-        has_ns = true;
-    } else if (!strcmp(rt->endpoint, "sessions_create")) {
-        has_ns = true;                 /* a session without namespace lives in "default" */
-    }
-    if (has_ns && !auth_key_allows(k, 0, ns)) {
-        http_reply_error(resp, API_FORBIDDEN, "key '%s' has no access to namespace '%s'", k->name,
-              ns[0] ? ns : "default");
+    char ns[128];                  /* as long as a URL capture */
+    bool has_ns;
+    if (request_namespace(srv, ar, k, ns, sizeof ns, &has_ns, why) != 0)
         return -1;
-    }
+    if (has_ns && !auth_key_allows(k, 0, ns))
+        return refuse(why, API_FORBIDDEN, "key '%s' has no access to namespace '%s'", k->name,
+                      ns[0] ? ns : "default");
     /* Limits. */
     int rc = 0;
     pthread_mutex_lock(&k->lock);
@@ -564,8 +577,7 @@ int auth_check(nc_server *srv, http_request *req, const http_route *rt, const au
         k->rate_bucket = fmin(cap, k->rate_bucket + (now - k->rate_t) * k->rate);
         k->rate_t = now;
         if (k->rate_bucket < 1) {
-            http_reply_error(resp, API_RATE_LIMITED, "key '%s': over %g requests per second", k->name, k->rate);
-            rc = -1;
+            rc = refuse(why, API_RATE_LIMITED, "key '%s': over %g requests per second", k->name, k->rate);
         } else {
             k->rate_bucket -= 1;
         }
@@ -575,17 +587,15 @@ int auth_check(nc_server *srv, http_request *req, const http_route *rt, const au
         k->tok_bucket = fmin(cap, k->tok_bucket + (now - k->tok_t) * cap / 60.0);
         k->tok_t = now;
         if (k->tok_bucket <= 0) {
-            http_reply_error(resp, API_TOKEN_BUDGET, "key '%s': over %ld tokens per minute", k->name,
-                  k->tokens_per_min);
-            rc = -1;
+            rc = refuse(why, API_TOKEN_BUDGET, "key '%s': over %ld tokens per minute", k->name,
+                        k->tokens_per_min);
         }
     }
-    if (rc == 0 && k->max_sessions > 0 && !strcmp(rt->endpoint, "sessions_create")) {
+    if (rc == 0 && k->max_sessions > 0 && !strcmp(ar->endpoint, "sessions_create")) {
         prune_sessions(srv, k);
         if (k->nsess + k->pending_creates >= k->max_sessions) {
-            http_reply_error(resp, API_TOO_MANY_SESSIONS, "key '%s' already has %d sessions (its limit)", k->name,
-                  k->nsess + k->pending_creates);
-            rc = -1;
+            rc = refuse(why, API_TOO_MANY_SESSIONS, "key '%s' already has %d sessions (its limit)", k->name,
+                        k->nsess + k->pending_creates);
         } else {
             k->pending_creates++;
         }
@@ -615,19 +625,18 @@ static long answer_tokens(const json_t *j)
     return 0;
 }
 
-void auth_done(nc_server *srv, const auth_key *key, const http_route *rt, const http_response *resp)
+void auth_done(nc_server *srv, const auth_key *key, const char *endpoint, unsigned status, const json_t *answer)
 {
     (void)srv;
     if (!key)
         return;
     auth_key *k = (auth_key *)key;
-    bool create = !strcmp(rt->endpoint, "sessions_create");
+    bool create = !strcmp(endpoint, "sessions_create");
     long tokens = 0;
-    if (resp->json && resp->status == 200 && strcmp(rt->endpoint, "tokenize") && strcmp(rt->endpoint, "detokenize") &&
-        strncmp(rt->endpoint, "sessions_", 9))
-        tokens = answer_tokens(resp->json);
-    const char *id = create && resp->status == 201 && resp->json
-                         ? json_string_value(json_object_get(resp->json, "id")) : NULL;
+    if (answer && status == 200 && strcmp(endpoint, "tokenize") && strcmp(endpoint, "detokenize") &&
+        strncmp(endpoint, "sessions_", 9))
+        tokens = answer_tokens(answer);
+    const char *id = create && status == 201 && answer ? json_string_value(json_object_get(answer, "id")) : NULL;
     if (!tokens && !create)
         return;
     pthread_mutex_lock(&k->lock);

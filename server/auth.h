@@ -29,10 +29,11 @@
 #ifndef NC_SERVER_AUTH_H
 #define NC_SERVER_AUTH_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "http.h"
+#include "proto.h"
 #include "server.h"
 
 enum { AUTH_READ = 1, AUTH_WRITE = 2, AUTH_ADMIN = 4 };
@@ -65,28 +66,48 @@ bool auth_equal(const char *a, size_t alen, const char *b, size_t blen);
 int auth_route_ops(const char *endpoint);
 
 /* Start-up, called by main after the configuration is read: refuses to run
- * as root without allow_root, loads cfg->api_keys (if set) as the active
- * table, warns when listening beyond loopback without keys. Returns 0, or
- * -1 with a message. */
-int auth_startup(const nc_server_config *cfg, char *err, size_t errlen);
+ * as root without allow_root, loads cfg.api_keys (if set) as the active
+ * table (srv->auth), warns when listening beyond loopback without keys.
+ * Returns 0, or -1 with a message. */
+int auth_startup(nc_server *srv, char *err, size_t errlen);
 /* Frees the active table (at exit). */
-void auth_shutdown(void);
+void auth_shutdown(nc_server *srv);
+
+/* What auth_check reads of a request (http.c fills it in). */
+typedef struct {
+    const char *method, *url;
+    const char *endpoint;         /* the route's label (auth_route_ops) */
+    const char *pattern;          /* the route's path pattern */
+    const char *param;            /* the path's first {capture} ("" = none) */
+    const json_t *json;           /* the parsed body, NULL = none (yet) */
+    const char *authorization;    /* the Authorization header, NULL = absent */
+} auth_request;
+
+/* Why a request is refused: the API error, its message, and for a 401 the
+ * WWW-Authenticate value (static; NULL otherwise). */
+typedef struct {
+    api_error code;
+    char message[400];
+    const char *challenge;
+} auth_refusal;
 
 /* Per request, before the handler (http.c): with no active table returns 0
  * at once. Otherwise checks the bearer key, the route's operation, the
  * namespace (of the URL, of the body's "namespace", or of the session the
- * URL names) and the key's limits; returns 0 with *key set, or -1 with resp
- * holding the answer: 401 (no or unknown key), 403 (operation or namespace
- * not allowed), 404 (a session in a namespace the key cannot see: as if it
- * did not exist), 429 (a limit). */
-int auth_check(nc_server *srv, http_request *req, const http_route *rt, const auth_key **key,
-               http_response *resp);
-/* The key of a request already checked (a streaming route is checked by
- * auth_check on its first callback, before its body arrives; its last
- * callback only needs the key for auth_done). NULL without keys. */
-const auth_key *auth_identify(http_request *req);
-/* After the handler: charges the tokens the answer reports to the key's
- * per-minute budget and records the sessions it created. key NULL: no-op. */
-void auth_done(nc_server *srv, const auth_key *key, const http_route *rt, const http_response *resp);
+ * URL names) and the key's limits; returns 0 with *key set, or -1 with why
+ * filled: unauthorized (no or unknown key), forbidden (operation or
+ * namespace not allowed), session_not_found (a session in a namespace the
+ * key cannot see: as if it did not exist), rate_limited,
+ * token_budget_exceeded or too_many_sessions (a limit). */
+int auth_check(nc_server *srv, const auth_request *ar, const auth_key **key, auth_refusal *why);
+/* The key of a request already checked, from its Authorization header
+ * (a streaming route is checked by auth_check on its first callback,
+ * before its body arrives; its last callback only needs the key for
+ * auth_done). NULL without keys. */
+const auth_key *auth_identify(nc_server *srv, const char *authorization);
+/* After the handler: charges the tokens the answer (status, JSON body or
+ * NULL) reports to the key's per-minute budget and records the sessions it
+ * created. key NULL: no-op. */
+void auth_done(nc_server *srv, const auth_key *key, const char *endpoint, unsigned status, const json_t *answer);
 
 #endif

@@ -6,6 +6,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+void gen_setup(gen_params *gp, nc_rng *rng, double temperature, double top_p, long logprobs, bool allow_unk,
+               const char *const *stop, const size_t *stop_len, size_t n_stop, bool has_seed, long long seed)
+{
+    *gp = (gen_params){.temperature = temperature, .top_p = top_p, .logprobs = logprobs, .allow_unk = allow_unk,
+                       .n_stop = n_stop};
+    for (size_t i = 0; i < n_stop; i++) {
+        gp->stop[i] = stop[i];
+        gp->stop_len[i] = stop_len[i];
+    }
+    uint64_t s = (uint64_t)seed;
+    if (!has_seed && getrandom(&s, sizeof s, 0) != (ssize_t)sizeof s)
+        s = (uint64_t)time(NULL);
+    rng_seed(rng, s);
+}
 
 void gen_init(gen_state *g, nc_stream *st, const nc_model *m, const gen_params *p, nc_rng *rng)
 {

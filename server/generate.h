@@ -53,6 +53,12 @@ typedef struct {
     json_t *top;                  /* owned: {word: logprob} of the p.logprobs likeliest, NULL if none asked */
 } gen_token;
 
+/* A request's sampling settings into *gp (the stop sequences borrowed, at
+ * most GEN_MAX_STOP) and rng seeded with its seed, or without one from the
+ * system's entropy (the clock if that fails). */
+void gen_setup(gen_params *gp, nc_rng *rng, double temperature, double top_p, long logprobs, bool allow_unk,
+               const char *const *stop, const size_t *stop_len, size_t n_stop, bool has_seed, long long seed);
+
 void gen_init(gen_state *g, nc_stream *st, const nc_model *m, const gen_params *p, nc_rng *rng);
 void gen_free(gen_state *g);
 /* Draws the next word from the stream and feeds it (the LSTM and the local

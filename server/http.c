@@ -306,6 +306,12 @@ static int fallback_route(void)
     return -1;
 }
 
+/* The request's Authorization header, NULL when absent. */
+static const char *request_authorization(http_request *req)
+{
+    return MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+}
+
 static int is_json_type(const char *ct)
 {
     if (!ct)
@@ -316,115 +322,131 @@ static int is_json_type(const char *ct)
            (ct[n] == 0 || ct[n] == ';' || ct[n] == ' ');
 }
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload_data, size_t *upload_data_size,
-                                  void **con_cls)
+/* The API key check of auth.h for req on route rt: 0 with *key, or -1 with
+ * resp holding the refusal. */
+static int check_key(nc_server *srv, http_request *req, const http_route *rt, const auth_key **key,
+                     http_response *resp)
 {
-    nc_server *srv = cls;
-    http_request *req = *con_cls;
-    (void)version;
+    auth_request ar = {.method = req->method, .url = req->url, .endpoint = rt->endpoint,
+                       .pattern = rt->pattern, .param = req->params[0], .json = req->json,
+                       .authorization = request_authorization(req)};
+    auth_refusal why;
+    if (auth_check(srv, &ar, key, &why) == 0)
+        return 0;
+    http_reply_error(resp, why.code, "%s", why.message);
+    resp->challenge = why.challenge;
+    return -1;
+}
 
-    if (!req) {
-        req = calloc(1, sizeof *req);
-        if (!req)
-            return MHD_NO;
-        req->conn = conn;
-        req->method = method;
-        req->url = url;
-        req->t0 = now_s();
-        req->route = -1;
-        req->status = 500;
-        pthread_mutex_init(&req->wait_lock, NULL);
-        pthread_cond_init(&req->wait_cv, NULL);
-        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-        req->fd = ci ? ci->connect_fd : -1;
-        /* The deadline counts from the request's head: waiting for a
-         * worker is part of it. */
-        req->guard.deadline = req->t0 + srv->cfg.request_timeout_s;
-        atomic_fetch_add(&srv->inflight, 1);
-        *con_cls = req;
-        /* A streaming route gets its body piece by piece as it arrives
-         * (ROUTE_STREAM): no size limit, nothing accumulated here. */
-        char sallow[64];
-        int sr = find_route(method, url, req->params, sallow, sizeof sallow);
-        if (sr >= 0 && (routes[sr].flags & ROUTE_STREAM)) {
-            req->route = sr;
-            /* An upload is as long as its client makes it: no deadline (it
-             * stops with its connection, or at shutdown). */
-            req->guard.deadline = 0;
-            if ((routes[sr].flags & ROUTE_NEEDS_MODEL) && !atomic_load(&srv->ready))
-                return answer_error(conn, req, API_NOT_READY, NULL, "the server is not ready yet");
-            http_response aresp = {.status = 500};
-            const auth_key *akey;   /* API keys: checked before any of the body is used */
-            if (auth_check(srv, req, &routes[sr], &akey, &aresp) != 0)
-                return send_response(conn, req, &aresp, NULL);
-            /* An upload of any length is processed as it arrives: a piece can
-             * take long (the index's switch to IVF trains it), so the idle
-             * timeout must not cut the connection meanwhile. */
-            MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)0);
-            return MHD_YES;
-        }
-        /* A declared length over the limit is refused before reading it. */
-        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > (unsigned long long)srv->cfg.max_body_bytes) {
-            req->too_large = true;
-            return answer_error(conn, req, API_BODY_TOO_LARGE, NULL,
-                                "request body of %s bytes is over the limit of %ld bytes", cl,
-                                srv->cfg.max_body_bytes);
-        }
+/* The first callback of a request: its state, its deadline, and a
+ * streaming route's checks before any of its body arrives (a body over
+ * the limit is refused on its declared length). */
+static enum MHD_Result request_begin(nc_server *srv, struct MHD_Connection *conn, const char *url,
+                                     const char *method, void **con_cls)
+{
+    http_request *req = calloc(1, sizeof *req);
+    if (!req)
+        return MHD_NO;
+    req->conn = conn;
+    req->method = method;
+    req->url = url;
+    req->t0 = now_s();
+    req->route = -1;
+    req->status = 500;
+    pthread_mutex_init(&req->wait_lock, NULL);
+    pthread_cond_init(&req->wait_cv, NULL);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    req->fd = ci ? ci->connect_fd : -1;
+    /* The deadline counts from the request's head: waiting for a
+     * worker is part of it. */
+    req->guard.deadline = req->t0 + srv->cfg.request_timeout_s;
+    atomic_fetch_add(&srv->inflight, 1);
+    *con_cls = req;
+    /* A streaming route gets its body piece by piece as it arrives
+     * (ROUTE_STREAM): no size limit, nothing accumulated here. */
+    char sallow[64];
+    int sr = find_route(method, url, req->params, sallow, sizeof sallow);
+    if (sr >= 0 && (routes[sr].flags & ROUTE_STREAM)) {
+        req->route = sr;
+        /* An upload is as long as its client makes it: no deadline (it
+         * stops with its connection, or at shutdown). */
+        req->guard.deadline = 0;
+        if ((routes[sr].flags & ROUTE_NEEDS_MODEL) && !atomic_load(&srv->ready))
+            return answer_error(conn, req, API_NOT_READY, NULL, "the server is not ready yet");
+        http_response aresp = {.status = 500};
+        const auth_key *akey;   /* API keys: checked before any of the body is used */
+        if (check_key(srv, req, &routes[sr], &akey, &aresp) != 0)
+            return send_response(conn, req, &aresp, NULL);
+        /* An upload of any length is processed as it arrives: a piece can
+         * take long (the index's switch to IVF trains it), so the idle
+         * timeout must not cut the connection meanwhile. */
+        MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)0);
         return MHD_YES;
     }
+    /* A declared length over the limit is refused before reading it. */
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl && strtoull(cl, NULL, 10) > (unsigned long long)srv->cfg.max_body_bytes) {
+        req->too_large = true;
+        return answer_error(conn, req, API_BODY_TOO_LARGE, NULL,
+                            "request body of %s bytes is over the limit of %ld bytes", cl,
+                            srv->cfg.max_body_bytes);
+    }
+    return MHD_YES;
+}
 
-    if (*upload_data_size > 0) {
-        size_t n = *upload_data_size;
-        *upload_data_size = 0;
-        if (req->route >= 0 && (routes[req->route].flags & ROUTE_STREAM)) {
-            if (!req->answered) {
-                req->chunk = upload_data;
-                req->chunk_len = n;
-                /* each piece waits its turn among the heavy requests; an
-                 * upload is never refused half-way (admitted) */
-                wp_result wr = WP_DONE;
-                if (routes[req->route].flags & ROUTE_HEAVY)
-                    wr = run_heavy(srv, req, &routes[req->route], NULL, true);
-                else
-                    routes[req->route].handler(srv, req, NULL);
-                req->chunk = NULL;
-                /* hung up, or shutting down: the connection closes, what was
-                 * added stays (and is in the log) */
-                if (wr != WP_DONE)
-                    return MHD_NO;
-            }
-            return MHD_YES;
-        }
-        if (req->too_large || req->answered)
-            return MHD_YES;
-        if (req->len + n > (size_t)srv->cfg.max_body_bytes) {
-            req->too_large = true;       /* keep reading, drop the bytes */
-            free(req->body);
-            req->body = NULL;
-            req->len = req->cap = 0;
-            return MHD_YES;
-        }
-        if (req->len + n + 1 > req->cap) {
-            size_t cap = req->cap ? req->cap : 4096;
-            while (cap < req->len + n + 1) cap *= 2;
-            char *nb = realloc(req->body, cap);
-            if (!nb)
+/* A piece of the body: handed to a streaming route as it comes, else
+ * accumulated up to max_body_bytes (beyond, read and dropped). */
+static enum MHD_Result request_piece(nc_server *srv, http_request *req, const char *data, size_t n)
+{
+    if (req->route >= 0 && (routes[req->route].flags & ROUTE_STREAM)) {
+        if (!req->answered) {
+            req->chunk = data;
+            req->chunk_len = n;
+            /* each piece waits its turn among the heavy requests; an
+             * upload is never refused half-way (admitted) */
+            wp_result wr = WP_DONE;
+            if (routes[req->route].flags & ROUTE_HEAVY)
+                wr = run_heavy(srv, req, &routes[req->route], NULL, true);
+            else
+                routes[req->route].handler(srv, req, NULL);
+            req->chunk = NULL;
+            /* hung up, or shutting down: the connection closes, what was
+             * added stays (and is in the log) */
+            if (wr != WP_DONE)
                 return MHD_NO;
-            req->body = nb;
-            req->cap = cap;
         }
-        memcpy(req->body + req->len, upload_data, n);
-        req->len += n;
-        req->body[req->len] = 0;
         return MHD_YES;
     }
-
-    /* The whole request is in: route, check, parse, handle. */
-    if (req->answered)
+    if (req->too_large || req->answered)
         return MHD_YES;
+    if (req->len + n > (size_t)srv->cfg.max_body_bytes) {
+        req->too_large = true;       /* keep reading, drop the bytes */
+        free(req->body);
+        req->body = NULL;
+        req->len = req->cap = 0;
+        return MHD_YES;
+    }
+    if (req->len + n + 1 > req->cap) {
+        size_t cap = req->cap ? req->cap : 4096;
+        while (cap < req->len + n + 1) cap *= 2;
+        char *nb = realloc(req->body, cap);
+        if (!nb)
+            return MHD_NO;
+        req->body = nb;
+        req->cap = cap;
+    }
+    memcpy(req->body + req->len, data, n);
+    req->len += n;
+    req->body[req->len] = 0;
+    return MHD_YES;
+}
+
+/* The route of a whole request, or -1 when it was answered: no route (the
+ * table's last row answers 404/405), a body over the limit, a JSON route
+ * whose body is not JSON, or the model not loaded yet. */
+static int request_route(nc_server *srv, struct MHD_Connection *conn, http_request *req, enum MHD_Result *ret)
+{
+    const char *method = req->method, *url = req->url;
     req->route = find_route(method, url, req->params, req->allow, sizeof req->allow);
     if (req->route < 0) {
         /* The table's last row answers 404/405 (req->allow says which). */
@@ -433,43 +455,61 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             req->route = fb;
             http_response resp = {.status = 500};
             routes[fb].handler(srv, req, &resp);
-            return send_response(conn, req, &resp, resp.status == 405 ? req->allow : NULL);
+            *ret = send_response(conn, req, &resp, resp.status == 405 ? req->allow : NULL);
+        } else if (!req->allow[0]) {
+            *ret = answer_error(conn, req, API_NOT_FOUND, NULL, "no route for %s %s", method, url);
+        } else {
+            *ret = answer_error(conn, req, API_METHOD_NOT_ALLOWED, req->allow,
+                                "method %s is not allowed on %s (allowed: %s)", method, url, req->allow);
         }
-        if (!req->allow[0])
-            return answer_error(conn, req, API_NOT_FOUND, NULL, "no route for %s %s", method, url);
-        return answer_error(conn, req, API_METHOD_NOT_ALLOWED, req->allow,
-                            "method %s is not allowed on %s (allowed: %s)", method, url, req->allow);
+        return -1;
     }
-    if (req->too_large)
-        return answer_error(conn, req, API_BODY_TOO_LARGE, NULL,
-                            "request body is over the limit of %ld bytes", srv->cfg.max_body_bytes);
+    if (req->too_large) {
+        *ret = answer_error(conn, req, API_BODY_TOO_LARGE, NULL, "request body is over the limit of %ld bytes",
+                            srv->cfg.max_body_bytes);
+        return -1;
+    }
     const http_route *rt = &routes[req->route];
     if (rt->flags & ROUTE_JSON) {
         const char *ct = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
-        if ((req->len > 0 || !(rt->flags & ROUTE_EMPTY_OK)) && !is_json_type(ct))
-            return answer_error(conn, req, API_UNSUPPORTED_MEDIA, NULL,
+        if ((req->len > 0 || !(rt->flags & ROUTE_EMPTY_OK)) && !is_json_type(ct)) {
+            *ret = answer_error(conn, req, API_UNSUPPORTED_MEDIA, NULL,
                                 "Content-Type must be application/json (got %s)", ct ? ct : "none");
+            return -1;
+        }
         api_status st;
         req->json = proto_parse_body(req->body ? req->body : "", req->len,
                                      (rt->flags & ROUTE_EMPTY_OK) != 0, &st);
         if (!req->json) {
             http_response resp = {0};
             http_reply_status(&resp, &st);
-            return send_response(conn, req, &resp, NULL);
+            *ret = send_response(conn, req, &resp, NULL);
+            return -1;
         }
     }
-    if ((rt->flags & ROUTE_NEEDS_MODEL) && !atomic_load(&srv->ready))
-        return answer_error(conn, req, API_NOT_READY, NULL, "the model is not loaded yet");
+    if ((rt->flags & ROUTE_NEEDS_MODEL) && !atomic_load(&srv->ready)) {
+        *ret = answer_error(conn, req, API_NOT_READY, NULL, "the model is not loaded yet");
+        return -1;
+    }
+    return req->route;
+}
 
+/* The whole request is in: route, check, parse, handle, answer. */
+static enum MHD_Result request_answer(nc_server *srv, struct MHD_Connection *conn, http_request *req)
+{
+    enum MHD_Result ret = MHD_YES;
+    if (request_route(srv, conn, req, &ret) < 0)
+        return ret;
+    const http_route *rt = &routes[req->route];
     http_response resp = {.status = 500};
     /* API keys (auth.h): 401/403/404/429 before the handler (a streaming
      * route was checked on its first callback). */
-    const auth_key *key = (rt->flags & ROUTE_STREAM) ? auth_identify(req) : NULL;
-    if (!(rt->flags & ROUTE_STREAM) && auth_check(srv, req, rt, &key, &resp) != 0)
+    const auth_key *key = (rt->flags & ROUTE_STREAM) ? auth_identify(srv, request_authorization(req)) : NULL;
+    if (!(rt->flags & ROUTE_STREAM) && check_key(srv, req, rt, &key, &resp) != 0)
         return send_response(conn, req, &resp, NULL);
     if (rt->flags & ROUTE_HEAVY) {
         if (run_heavy(srv, req, rt, &resp, (rt->flags & ROUTE_STREAM) != 0) == WP_GONE) {
-            auth_done(srv, key, rt, &resp);
+            auth_done(srv, key, rt->endpoint, resp.status, resp.json);
             json_decref(resp.json);
             sse_abort(resp.sse);
             return MHD_NO;        /* nobody to answer: close */
@@ -477,7 +517,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     } else {
         rt->handler(srv, req, &resp);
     }
-    auth_done(srv, key, rt, &resp);
+    auth_done(srv, key, rt->endpoint, resp.status, resp.json);
     if (req->deferred)
         return send_later(conn, req);   /* answered from http_resume */
     if (resp.sse)
@@ -487,6 +527,26 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         resp.json = proto_error_body(API_INTERNAL, "out of memory");
     }
     return send_response(conn, req, &resp, NULL);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls)
+{
+    nc_server *srv = cls;
+    http_request *req = *con_cls;
+    (void)version;
+    if (!req)
+        return request_begin(srv, conn, url, method, con_cls);
+    if (*upload_data_size > 0) {
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        return request_piece(srv, req, upload_data, n);
+    }
+    if (req->answered)
+        return MHD_YES;
+    return request_answer(srv, conn, req);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,

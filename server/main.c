@@ -16,7 +16,7 @@
 #include "compute.h"
 #include "fault.h"
 #include "config.h"
-#include "handlers.h"
+#include "routes.h"
 #include "http.h"
 #include "metrics.h"
 #include "namespaces.h"
@@ -26,6 +26,7 @@
 #include "sessions.h"
 #include "vmath.h"
 #include "slog.h"
+#include "uploads.h"
 #include "workguard.h"
 
 /* The [cache] options: each was checked against the knob table when set;
@@ -180,7 +181,7 @@ static int start_listening(nc_server *srv, char *err, size_t errlen)
     if (!srv->pool)
         return startup_failed("cannot start the worker threads", NULL);
     int n;
-    const http_route *routes = handlers_routes(&n);
+    const http_route *routes = routes_table(&n);
     if (http_start(srv, routes, n, err, errlen) != 0)
         return startup_failed(err, NULL);
     slog(SLOG_INFO, "listening",
@@ -215,6 +216,8 @@ static int load_and_recover(nc_server *srv, char *err, size_t errlen)
         return startup_failed(err, "redis");
     if (namespaces_init(srv, err, errlen) != 0)
         return startup_failed(err, "data_dir");
+    if (uploads_init(srv, err, errlen) != 0)
+        return startup_failed(err, NULL);
     sessions_set_binder(srv->sessions, namespaces_bind_session, namespaces_unbind_session, srv);
     return 0;
 }
@@ -284,14 +287,16 @@ static long shut_down(nc_server *srv)
     srv->batcher = NULL;
     workpool_free(srv->pool);
     srv->pool = NULL;
-    replication_stop();   /* publishes what is queued; before the namespaces close */
+    replication_stop(srv);   /* publishes what is queued; before the namespaces close */
     long count = 0;
     sessions_stats(srv->sessions, &count, NULL);
     sessions_free(srv->sessions);
+    uploads_shutdown(srv);   /* no upload runs: the HTTP daemon stopped */
     namespaces_shutdown(srv);   /* after the sessions: they hold namespaces */
-    migrate_shutdown();
+    replication_shutdown(srv);
+    migrate_shutdown(srv);
     model_free(srv->model);
-    auth_shutdown();
+    auth_shutdown(srv);
     return count;
 }
 
@@ -315,7 +320,7 @@ int main(int argc, char **argv)
      * (core/fault.h) is armed only by tests, through the environment. */
     if (nc_fault_from_spec(getenv("NEUROCACHE_FAULT")) != 0)
         return startup_failed("bad NEUROCACHE_FAULT", NULL);
-    if (auth_startup(&srv.cfg, err, sizeof err) != 0)
+    if (auth_startup(&srv, err, sizeof err) != 0)
         return startup_failed(err, NULL);
     sigset_t sigs;
     take_signals(&sigs);

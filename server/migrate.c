@@ -1,6 +1,6 @@
-/* migrate.c -- sessions that move between replicas: state blobs, the
- * export/import/handoff endpoints, pull-on-miss from the peers and the
- * hand-over of every session on drain (libcurl as the HTTP client). */
+/* migrate.c -- sessions that move between replicas: state blobs,
+ * pull-on-miss from the peers and the hand-over of every session on drain
+ * (migrate.h). */
 #include "migrate.h"
 
 #include <stdio.h>
@@ -10,7 +10,6 @@
 #include <zlib.h>
 
 #include "api_errors.h"
-#include "auth.h"
 #include "buf.h"
 #include "httpclient.h"
 #include "metrics.h"
@@ -23,12 +22,12 @@ typedef struct {
     char url[256];   /* no trailing slash */
 } peer;
 
-static struct {
+struct migration {
     peer peers[MAX_PEERS];
     int npeers;
-    uint64_t fingerprint;
+    uint64_t fingerprint;         /* model_fingerprint of the model served */
     char peer_key[128];           /* sent to the peers as Bearer, "" = none */
-} mg;
+};
 
 
 /* ---- blob --------------------------------------------------------------- */
@@ -139,7 +138,7 @@ api_error migrate_decode(const nc_model *m, uint64_t fingerprint, sessions *t, c
     if (brc != 0) {
         snprintf(err, errlen, "session state: namespace '%s': %s", ns, msg);
         /* the namespace's disk (503/507), else the state's name */
-        return brc == NC_EIO || brc == NC_ENOSPACE ? api_error_from_core(brc) : API_OUT_OF_RANGE;
+        return api_error_from_storage(brc, API_OUT_OF_RANGE);
     }
     int rc = stream_import(m, ub, NULL, p, (size_t)sl, out, msg, sizeof msg);
     if (rc != NC_OK && t) {
@@ -160,15 +159,27 @@ truncated:
     return API_STATE_CORRUPT;
 }
 
+int migrate_export(nc_server *srv, const nc_session *s, void **blob, size_t *len, char *err, size_t errlen)
+{
+    return migrate_encode(srv->model, srv->migration->fingerprint, s, blob, len, err, errlen);
+}
+
+api_error migrate_import(nc_server *srv, bool bind, const void *blob, size_t len, nc_stream **out, void **ns_ref,
+                         char *ns, size_t nslen, char *err, size_t errlen)
+{
+    return migrate_decode(srv->model, srv->migration->fingerprint, bind ? srv->sessions : NULL, blob, len, out,
+                          ns_ref, ns, nslen, err, errlen);
+}
+
 /* ---- calls to the peers ---------------------------------------------------- */
 
 /* method on a peer's url with the peer key; *resp malloc'ed (NUL-terminated,
  * free()), *status the HTTP status (0 when no answer). 0, or -1 with a
  * message (connection failed). */
-static int peer_call(const char *method, const char *url, const void *body, size_t len, char **resp,
+static int peer_call(const migration *mg, const char *method, const char *url, const void *body, size_t len, char **resp,
                      size_t *resp_len, long *status, char *err, size_t errlen)
 {
-    http_client_req r = {.method = method, .url = url, .body = body, .len = len, .bearer = mg.peer_key,
+    http_client_req r = {.method = method, .url = url, .body = body, .len = len, .bearer = mg->peer_key,
                          .connect_timeout_ms = 1000, .timeout_ms = 30000};
     nc_buf out = NC_BUF_INIT;
     *resp = NULL;
@@ -183,16 +194,10 @@ static int peer_call(const char *method, const char *url, const void *body, size
 
 /* ---- set-up ---------------------------------------------------------------- */
 
-int migrate_init(nc_server *srv, char *err, size_t errlen)
+/* The entries of a peers option ("tag=url,tag=url", or bare urls) into
+ * mg->peers, skipping this replica's own tag. 0 or -1 with a message. */
+static int parse_peers(migration *mg, const char *s, const char *self_tag, char *err, size_t errlen)
 {
-    mg.npeers = 0;
-    mg.fingerprint = model_fingerprint(srv->model);
-    snprintf(mg.peer_key, sizeof mg.peer_key, "%s", srv->cfg.peer_key);
-    if (http_client_init() != 0) {
-        snprintf(err, errlen, "libcurl initialisation failed");
-        return -1;
-    }
-    const char *s = srv->cfg.peers;
     while (*s) {
         while (*s == ',' || *s == ' ') s++;
         if (!*s) break;
@@ -217,17 +222,17 @@ int migrate_init(nc_server *srv, char *err, size_t errlen)
             snprintf(err, errlen, "option 'peers': '%s' is not tag=http://host:port", item);
             return -1;
         }
-        if (strlen(tag) >= sizeof mg.peers[0].tag || strlen(url) >= sizeof mg.peers[0].url) {
+        if (strlen(tag) >= sizeof mg->peers[0].tag || strlen(url) >= sizeof mg->peers[0].url) {
             snprintf(err, errlen, "option 'peers': '%s' has a tag over 15 or a URL over 255 bytes", url);
             return -1;
         }
-        if (tag[0] && strcmp(tag, srv->cfg.replica_tag) == 0)
+        if (tag[0] && strcmp(tag, self_tag) == 0)
             continue;   /* this replica */
-        if (mg.npeers == MAX_PEERS) {
+        if (mg->npeers == MAX_PEERS) {
             snprintf(err, errlen, "option 'peers': more than %d peers", MAX_PEERS);
             return -1;
         }
-        peer *p = &mg.peers[mg.npeers++];
+        peer *p = &mg->peers[mg->npeers++];
         snprintf(p->tag, sizeof p->tag, "%s", tag);
         snprintf(p->url, sizeof p->url, "%s", url);
         size_t ul = strlen(p->url);
@@ -236,9 +241,30 @@ int migrate_init(nc_server *srv, char *err, size_t errlen)
     return 0;
 }
 
-void migrate_shutdown(void)
+int migrate_init(nc_server *srv, char *err, size_t errlen)
 {
+    migration *mg = calloc(1, sizeof *mg);
+    if (!mg) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    srv->migration = mg;
+    mg->fingerprint = model_fingerprint(srv->model);
+    snprintf(mg->peer_key, sizeof mg->peer_key, "%s", srv->cfg.peer_key);
+    if (http_client_init() != 0) {
+        snprintf(err, errlen, "libcurl initialisation failed");
+        return -1;
+    }
+    return parse_peers(mg, srv->cfg.peers, srv->cfg.replica_tag, err, errlen);
+}
+
+void migrate_shutdown(nc_server *srv)
+{
+    if (!srv->migration)
+        return;
     http_client_cleanup();
+    free(srv->migration);
+    srv->migration = NULL;
 }
 
 /* ---- ids -------------------------------------------------------------------- */
@@ -263,7 +289,7 @@ static int id_tag(const char *id, char *out, size_t cap)
 
 /* Session ids as POST /v1/sessions accepts them ([A-Za-z0-9_.-]), which
  * are also safe to put in a peer URL. */
-static int id_url_safe(const char *id)
+bool migrate_id_url_safe(const char *id)
 {
     return id[0] && strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") == strlen(id);
 }
@@ -274,24 +300,25 @@ static int id_url_safe(const char *id)
  * adopts it. 1 if it is now here, 0 if no peer had it. */
 static int pull(nc_server *srv, const char *id)
 {
+    const migration *mg = srv->migration;
     char tag[16] = "";
     int tagged = id_tag(id, tag, sizeof tag);
     int order[MAX_PEERS], n = 0;
-    for (int i = 0; i < mg.npeers; i++)
-        if (tagged && strcmp(mg.peers[i].tag, tag) == 0) order[n++] = i;
-    for (int i = 0; i < mg.npeers; i++)
-        if (!(tagged && strcmp(mg.peers[i].tag, tag) == 0)) order[n++] = i;
+    for (int i = 0; i < mg->npeers; i++)
+        if (tagged && strcmp(mg->peers[i].tag, tag) == 0) order[n++] = i;
+    for (int i = 0; i < mg->npeers; i++)
+        if (!(tagged && strcmp(mg->peers[i].tag, tag) == 0)) order[n++] = i;
     /* A peer answering session_moved is pushing it somewhere right now:
      * look again a little later. */
     for (int round = 0; round < 3; round++) {
         int moving = 0;
         for (int k = 0; k < n; k++) {
-            const peer *p = &mg.peers[order[k]];
+            const peer *p = &mg->peers[order[k]];
             char url[512], err[256], *body = NULL;
             size_t blen = 0;
             long status = 0;
             snprintf(url, sizeof url, "%s/v1/sessions/%s/handoff", p->url, id);
-            if (peer_call("POST", url, NULL, 0, &body, &blen, &status, err, sizeof err))
+            if (peer_call(mg, "POST", url, NULL, 0, &body, &blen, &status, err, sizeof err))
                 continue;   /* peer down: nothing to get from it */
             if (status == 503)
                 moving = 1;
@@ -302,8 +329,7 @@ static int pull(nc_server *srv, const char *id)
             nc_stream *st = NULL;
             void *ref = NULL;
             char ns[SESSION_ID_MAX], msg[512] = "";
-            api_error e = migrate_decode(srv->model, mg.fingerprint, srv->sessions, body, blen, &st, &ref,
-                                         ns, sizeof ns, msg, sizeof msg);
+            api_error e = migrate_import(srv, true, body, blen, &st, &ref, ns, sizeof ns, msg, sizeof msg);
             nc_session *s = NULL;
             sessions_rc src = SESS_EINVAL;
             if (e == API_OK)
@@ -323,7 +349,7 @@ static int pull(nc_server *srv, const char *id)
             size_t r2l = 0;
             long st2 = 0;
             snprintf(url, sizeof url, "%s/v1/sessions/%s/state", p->url, id);
-            int back = peer_call("PUT", url, body, blen, &r2, &r2l, &st2, err, sizeof err);
+            int back = peer_call(mg, "PUT", url, body, blen, &r2, &r2l, &st2, err, sizeof err);
             slog(SLOG_WARN, "session pull refused",
                  json_pack("{s:s,s:s,s:s,s:b}", "session", id, "from", p->url, "error", msg,
                            "returned", back == 0 && st2 == 201));
@@ -344,14 +370,13 @@ static int pull(nc_server *srv, const char *id)
     return 0;
 }
 
-nc_session *migrate_acquire(nc_server *srv, http_request *req, http_response *resp)
+nc_session *migrate_acquire(nc_server *srv, const char *id, api_error *why, char *msg, size_t msglen)
 {
-    const char *id = req->params[0];
     nc_session *s = sessions_acquire(srv->sessions, id);
     if (s)
         return s;
     bool draining = atomic_load(&srv->draining);
-    if (!draining && mg.npeers > 0 && id_url_safe(id) && pull(srv, id)) {
+    if (!draining && srv->migration->npeers > 0 && migrate_id_url_safe(id) && pull(srv, id)) {
         s = sessions_acquire(srv->sessions, id);
         if (s)
             return s;
@@ -362,155 +387,31 @@ nc_session *migrate_acquire(nc_server *srv, http_request *req, http_response *re
         return s;
     char tag[16] = "";
     const char *mine = sessions_tag(srv->sessions);
-    if (id_tag(id, tag, sizeof tag) && strcmp(tag, mine) != 0)
-        http_reply_error(resp, API_SESSION_NOT_HERE,
-                         "session '%s' belongs to replica '%s', not to this one ('%s'), and no peer "
-                         "holds it: re-create it, or PUT its saved state to /v1/sessions/{id}/state",
-                         id, tag, mine);
-    else if (draining)
-        http_reply_error(resp, API_SESSION_MOVED,
-                         "this replica is draining and does not hold session '%s' (handed over): retry", id);
-    else
-        http_reply_error(resp, API_SESSION_NOT_FOUND, "no session '%s' (unknown, deleted or expired)", id);
+    if (id_tag(id, tag, sizeof tag) && strcmp(tag, mine) != 0) {
+        *why = API_SESSION_NOT_HERE;
+        snprintf(msg, msglen,
+                 "session '%s' belongs to replica '%s', not to this one ('%s'), and no peer "
+                 "holds it: re-create it, or PUT its saved state to /v1/sessions/{id}/state",
+                 id, tag, mine);
+    } else if (draining) {
+        *why = API_SESSION_MOVED;
+        snprintf(msg, msglen, "this replica is draining and does not hold session '%s' (handed over): retry", id);
+    } else {
+        *why = API_SESSION_NOT_FOUND;
+        snprintf(msg, msglen, "no session '%s' (unknown, deleted or expired)", id);
+    }
     return NULL;
-}
-
-int migrate_lock(nc_server *srv, nc_session *s, http_response *resp)
-{
-    pthread_mutex_lock(&s->lock);
-    if (!sessions_removed(srv->sessions, s))
-        return 0;
-    pthread_mutex_unlock(&s->lock);
-    http_reply_error(resp, API_SESSION_MOVED,
-                     "session '%s' was handed to another replica or deleted while this request "
-                     "waited: retry", s->id);
-    return -1;
-}
-
-/* ---- endpoints -------------------------------------------------------------- */
-
-static void reply_blob(http_response *resp, unsigned status, void *blob, size_t len)
-{
-    resp->status = status;
-    resp->text = blob;
-    resp->text_len = len;
-    resp->content_type = "application/octet-stream";
-}
-
-void migrate_h_state_get(nc_server *srv, http_request *req, http_response *resp)
-{
-    nc_session *s = migrate_acquire(srv, req, resp);
-    if (!s)
-        return;
-    void *blob = NULL;
-    size_t len = 0;
-    char err[NC_ERRLEN] = "";
-    int rc = -1;
-    if (migrate_lock(srv, s, resp) == 0) {
-        rc = migrate_encode(srv->model, mg.fingerprint, s, &blob, &len, err, sizeof err);
-        pthread_mutex_unlock(&s->lock);
-        if (rc != NC_OK)
-            http_reply_error(resp, API_INTERNAL, "export: %s", err);
-    }
-    sessions_release(srv->sessions, s);
-    if (rc == NC_OK)
-        reply_blob(resp, 200, blob, len);
-}
-
-void migrate_h_handoff(nc_server *srv, http_request *req, http_response *resp)
-{
-    /* No pull here: a peer asking us must not make us ask the others. */
-    nc_session *s = sessions_acquire(srv->sessions, req->params[0]);
-    if (!s) {
-        http_reply_error(resp, API_SESSION_NOT_FOUND, "no session '%s' here", req->params[0]);
-        return;
-    }
-    void *blob = NULL;
-    size_t len = 0;
-    char err[NC_ERRLEN] = "";
-    int rc = -1;
-    if (migrate_lock(srv, s, resp) == 0) {
-        rc = migrate_encode(srv->model, mg.fingerprint, s, &blob, &len, err, sizeof err);
-        if (rc == NC_OK)
-            sessions_delete(srv->sessions, s->id);
-        else
-            http_reply_error(resp, API_INTERNAL, "export: %s", err);
-        pthread_mutex_unlock(&s->lock);
-    }
-    if (rc == NC_OK)
-        slog(SLOG_INFO, "session handed over", json_pack("{s:s,s:I}", "session", s->id, "bytes", (json_int_t)len));
-    sessions_release(srv->sessions, s);
-    if (rc == NC_OK)
-        reply_blob(resp, 200, blob, len);
-}
-
-void migrate_h_state_put(nc_server *srv, http_request *req, http_response *resp)
-{
-    const char *id = req->params[0];
-    if (atomic_load(&srv->draining)) {
-        http_reply_error(resp, API_NOT_READY, "draining: the server is shutting down");
-        return;
-    }
-    if (!id_url_safe(id) || strlen(id) >= SESSION_ID_MAX) {
-        http_reply_error(resp, API_OUT_OF_RANGE, "session id must be 1-%d characters of [A-Za-z0-9_.-]",
-                         SESSION_ID_MAX - 1);
-        return;
-    }
-    nc_stream *st = NULL;
-    void *ref = NULL;
-    char ns[SESSION_ID_MAX], err[NC_ERRLEN] = "";
-    /* The namespace is inside the blob, where the key check before the
-     * handler cannot see it: a key may only import into namespaces it may
-     * write. Checked before the namespace is bound (or created). */
-    const auth_key *key = auth_identify(req);
-    if (key) {
-        void *noref = NULL;
-        api_error e0 = migrate_decode(srv->model, mg.fingerprint, NULL, req->body ? req->body : "", req->len,
-                                      NULL, &noref, ns, sizeof ns, err, sizeof err);
-        if (e0 != API_OK) {
-            http_reply_error(resp, e0, "%s", err);
-            return;
-        }
-        if (!auth_key_allows(key, AUTH_WRITE, ns)) {
-            char msg[256];
-            snprintf(msg, sizeof msg, "the session state belongs to namespace '%s', which this key may not write",
-                     ns[0] ? ns : "default");
-            http_reply_json(resp, 403, json_pack("{s:{s:s,s:s}}", "error", "code", "forbidden", "message", msg));
-            return;
-        }
-    }
-    api_error e = migrate_decode(srv->model, mg.fingerprint, srv->sessions, req->body ? req->body : "",
-                                 req->len, &st, &ref, ns, sizeof ns, err, sizeof err);
-    if (e != API_OK) {
-        http_reply_error(resp, e, "%s", err);
-        return;
-    }
-    /* PUT replaces: a session of that id (an older copy) goes first. */
-    sessions_delete(srv->sessions, id);
-    nc_session *s = NULL;
-    sessions_rc rc = sessions_adopt(srv->sessions, id, ns, stream_params(st), st, ref, &s, err, sizeof err);
-    if (rc != SESS_OK) {
-        http_reply_error(resp, api_error_from_sessions(rc), "%s", err);
-        return;
-    }
-    pthread_mutex_lock(&s->lock);
-    json_t *o = json_pack("{s:s,s:s?,s:I,s:b}", "id", s->id, "namespace", s->ns[0] ? s->ns : NULL,
-                          "tokens", (json_int_t)stream_position(s->stream), "imported", 1);
-    if (o)
-        json_object_set_new(o, "cache", proto_encode_cache(&s->params));
-    pthread_mutex_unlock(&s->lock);
-    sessions_release(srv->sessions, s);
-    http_reply_json(resp, 201, o);
 }
 
 /* ---- drain ------------------------------------------------------------------- */
 
 int migrate_drain(nc_server *srv, int *failed)
 {
+    const migration *mg = srv->migration;
     *failed = 0;
     char (*ids)[SESSION_ID_MAX] = NULL;
     size_t n = 0;
-    if (mg.npeers == 0 || sessions_ids(srv->sessions, &ids, &n) != 0)
+    if (mg->npeers == 0 || sessions_ids(srv->sessions, &ids, &n) != 0)
         return 0;
     int handed = 0;
     for (size_t i = 0; i < n; i++) {
@@ -523,17 +424,17 @@ int migrate_drain(nc_server *srv, int *failed)
             void *blob = NULL;
             size_t len = 0;
             char err[NC_ERRLEN] = "";
-            if (migrate_encode(srv->model, mg.fingerprint, s, &blob, &len, err, sizeof err) == NC_OK) {
+            if (migrate_export(srv, s, &blob, &len, err, sizeof err) == NC_OK) {
                 /* Round-robin start, then the next peers on failure. The lock
                  * is held across the PUT: a request waiting for it then sees
                  * the session gone and answers session_moved (retried). */
-                for (int k = 0; k < mg.npeers && !ok; k++) {
-                    const peer *p = &mg.peers[(i + (size_t)k) % (size_t)mg.npeers];
+                for (int k = 0; k < mg->npeers && !ok; k++) {
+                    const peer *p = &mg->peers[(i + (size_t)k) % (size_t)mg->npeers];
                     char url[512], *body = NULL;
                     size_t blen = 0;
                     long status = 0;
                     snprintf(url, sizeof url, "%s/v1/sessions/%s/state", p->url, s->id);
-                    if (peer_call("PUT", url, blob, len, &body, &blen, &status, err,
+                    if (peer_call(mg, "PUT", url, blob, len, &body, &blen, &status, err,
                                      sizeof err) == 0 && status == 201)
                         ok = true;
                     free(body);

@@ -1,7 +1,9 @@
 /* migrate.h -- sessions that move between replicas: the versioned,
- * checksummed session state blob, the endpoints that export and import it,
- * pulling a session from the peers when a request lands on a replica that
- * does not hold it, and handing every session to the peers on drain.
+ * checksummed session state blob, pulling a session from the peers when a
+ * request lands on a replica that does not hold it, and handing every
+ * session to the peers on drain. The endpoints that export and import a
+ * blob are the API's (api_sessions.h); the peers are called through the
+ * one HTTP client (proto/httpclient.h).
  *
  * Blob layout (little-endian), version 1:
  *   "NCSESS\r\n"  magic (8 bytes; the \r\n catches text-mode mangling)
@@ -19,20 +21,26 @@
 #ifndef NC_SERVER_MIGRATE_H
 #define NC_SERVER_MIGRATE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "http.h"
+#include "proto.h"
 #include "server.h"
 
 #define MIGRATE_BLOB_VERSION 1u
 
+/* The peers and this replica's model fingerprint (srv->migration). */
+typedef struct migration migration;
+
 /* Parses cfg.peers ("tag=url,tag=url", an entry with this replica's tag is
  * skipped; a bare url is accepted), computes the model fingerprint and
- * initialises libcurl. Call once, after the model is loaded, before any
- * request can reach the session endpoints. 0 or -1 with a message. */
+ * initialises libcurl; sets srv->migration. Call once, after the model is
+ * loaded, before any request can reach the session endpoints. 0 or -1 with
+ * a message. */
 int migrate_init(nc_server *srv, char *err, size_t errlen);
-void migrate_shutdown(void);
+/* Frees srv->migration (NULL ok). */
+void migrate_shutdown(nc_server *srv);
 
 /* Serialises a session whose lock the caller holds. *blob malloc'ed
  * (free()). 0 or an NC_* rc with err. */
@@ -51,33 +59,26 @@ api_error migrate_decode(const nc_model *m, uint64_t fingerprint, sessions *t, c
                          size_t len, nc_stream **out, void **ns_ref, char *ns, size_t nslen,
                          char *err, size_t errlen);
 
-/* The session a request names (req->params[0]), held (release with
- * sessions_release). On a miss, asks the peers to hand it over first; if
- * nobody holds it, answers 404 session_not_here (the id names another
- * replica), 503 session_moved (this replica is draining and the session was
- * handed over: the balancer retries elsewhere) or 404 session_not_found, and
- * returns NULL. */
-nc_session *migrate_acquire(nc_server *srv, http_request *req, http_response *resp);
+/* migrate_encode and migrate_decode for this replica's model (its
+ * fingerprint); bind: the namespace through srv->sessions' binder. */
+int migrate_export(nc_server *srv, const nc_session *s, void **blob, size_t *len, char *err, size_t errlen);
+api_error migrate_import(nc_server *srv, bool bind, const void *blob, size_t len, nc_stream **out, void **ns_ref,
+                         char *ns, size_t nslen, char *err, size_t errlen);
 
-/* Locks s->lock for a request; if the session was handed over or deleted
- * while the request waited, unlocks, answers 503 session_moved / 404 and
- * returns -1 (the caller still releases s). */
-int migrate_lock(nc_server *srv, nc_session *s, http_response *resp);
+/* Whether id is one POST /v1/sessions accepts ([A-Za-z0-9_.-], non-empty),
+ * which is also safe to put in a peer URL. */
+bool migrate_id_url_safe(const char *id);
 
-/* GET /v1/sessions/{id}/state: the blob (application/octet-stream). */
-void migrate_h_state_get(nc_server *srv, http_request *req, http_response *resp);
-/* PUT /v1/sessions/{id}/state: recreates the session under {id} from a blob
- * (replacing a session of that id). 201 with the session. */
-void migrate_h_state_put(nc_server *srv, http_request *req, http_response *resp);
-/* POST /v1/sessions/{id}/handoff: export and remove in one step under the
- * session's lock, so no token fed here is lost (live migration, peers
- * pulling a session). 200 with the blob; 404 when absent. */
-void migrate_h_handoff(nc_server *srv, http_request *req, http_response *resp);
+/* The session named id, held (release with sessions_release). On a miss,
+ * asks the peers to hand it over first; if nobody holds it, returns NULL
+ * with *why = session_not_here (the id names another replica),
+ * session_moved (this replica is draining and the session was handed over:
+ * the balancer retries elsewhere) or session_not_found, and a message. */
+nc_session *migrate_acquire(nc_server *srv, const char *id, api_error *why, char *msg, size_t msglen);
 
 /* Drain: hands every session to the peers (PUT /state, round-robin, next
  * peer on failure), removing each one handed. Returns the number handed;
  * *failed gets the number kept (no peer took them). */
 int migrate_drain(nc_server *srv, int *failed);
-
 
 #endif

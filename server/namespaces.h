@@ -1,26 +1,23 @@
 /* namespaces.h -- the daemon's namespaces: a registry of durable namespace
  * stores (store/nsstore.h) under data_dir/namespaces/<name>, recovered at
  * start-up (before /ready turns 200), snapshotted periodically by a
- * background thread and once at shutdown; the HTTP endpoints
- *   GET    /v1/namespaces                   list
- *   GET    /v1/namespaces/{ns}              entries, words, index, bytes
- *   DELETE /v1/namespaces/{ns}?confirm={ns} removal (with confirmation)
- *   POST   /v1/namespaces/{ns}/documents    streaming upload (plain text or
- *                                           NDJSON), processed as it arrives
- *   GET    /v1/namespaces/{ns}/documents    documents and their pair counts
- * and the pieces sessions use: binding a session to its namespace, feed with
- * "adapt" (logged, durable before the answer) and predict with "explain". */
+ * background thread and once at shutdown, and the pieces sessions use:
+ * binding a session to its namespace, feed with "adapt" (logged, durable
+ * before the answer) and predict with "explain". The endpoints are the
+ * API's (api_namespaces.h), document uploads are uploads.h's; whoever
+ * must know of every store opened (replication) listens through
+ * nc_server.namespace_opened. */
 #ifndef NC_SERVER_NAMESPACES_H
 #define NC_SERVER_NAMESPACES_H
 
 #include <jansson.h>
 
-#include "http.h"
 #include "nsstore.h"
+#include "server.h"
 #include "sessions.h"
 
-typedef struct nsreg nsreg;
-typedef struct nsref nsref;
+typedef struct ns_registry ns_registry;
+typedef struct ns_handle ns_handle;
 
 /* Creates srv->namespaces and recovers every namespace found in
  * data_dir/namespaces (an empty data_dir = a private temporary directory,
@@ -32,17 +29,27 @@ void namespaces_shutdown(nc_server *srv);
 
 /* A held namespace (opened, or created when create). NULL with a message
  * (bad name, I/O error...). Release once. */
-nsref *namespaces_acquire(nc_server *srv, const char *name, bool create, char *err, size_t errlen);
+ns_handle *namespaces_acquire(nc_server *srv, const char *name, bool create, char *err, size_t errlen);
 /* The same, with the failure's NC_ code in *rc: NC_EINVAL a bad name,
  * NC_ENOTFOUND no such namespace, else opening its store's (NC_EIO,
  * NC_ENOSPACE, NC_EFORMAT, NC_ENOMEM). */
-nsref *namespaces_acquire_rc(nc_server *srv, const char *name, bool create, int *rc, char *err, size_t errlen);
+ns_handle *namespaces_acquire_rc(nc_server *srv, const char *name, bool create, int *rc, char *err, size_t errlen);
 /* Deletes a namespace (its directory moves aside; sessions bound to it keep
  * their memory until they go). 0 with *entries (optional) the pairs it held,
  * or -1 with a message (no such namespace). */
 int namespaces_delete(nc_server *srv, const char *name, int64_t *entries, char *err, size_t errlen);
-void namespaces_release(nc_server *srv, nsref *r);
-nc_nsstore *nsref_store(nsref *r);
+void namespaces_release(nc_server *srv, ns_handle *r);
+nc_nsstore *namespaces_store(ns_handle *r);
+const char *namespaces_name(const ns_handle *r);
+
+/* Calls fn(handle, ctx) for every live namespace, each held meanwhile (the
+ * registry is not locked during the calls). */
+void namespaces_each(nc_server *srv, void (*fn)(ns_handle *, void *), void *ctx);
+
+/* Counters of /metrics: pairs added to a namespace (documents, feed with
+ * adapt), documents streamed in. */
+void namespaces_count_added(nc_server *srv, uint64_t tokens);
+void namespaces_count_document(nc_server *srv);
 
 /* sessions.c binder: holds the namespace of a new session. */
 int namespaces_bind_session(void *ctx, const char *ns, nc_ubcache **ub, void **ref, char *err,
@@ -63,15 +70,5 @@ json_t *namespaces_explain(nc_session *s, const int *ids, size_t k);
 
 /* Prometheus lines of the namespaces, appended to text (realloc'ed). */
 char *namespaces_metrics(nc_server *srv, char *text);
-
-/* Routes. */
-void h_ns_list(nc_server *srv, http_request *req, http_response *resp);
-void h_ns_get(nc_server *srv, http_request *req, http_response *resp);
-void h_ns_delete(nc_server *srv, http_request *req, http_response *resp);
-void h_ns_docs_list(nc_server *srv, http_request *req, http_response *resp);
-/* Streaming upload (route flag ROUTE_STREAM): called with resp == NULL for
- * each piece of the body as it arrives (req->chunk), then with resp to
- * answer once the pairs are durable. */
-void h_ns_documents(nc_server *srv, http_request *req, http_response *resp);
 
 #endif

@@ -39,6 +39,7 @@ typedef struct {
 } hwm_t;
 
 typedef struct {
+    replication *rep;             /* the one it belongs to (for the log observer) */
     char name[SESSION_ID_MAX];
     /* applier thread only */
     char last_id[64];             /* last applied (or skipped) stream id */
@@ -46,7 +47,7 @@ typedef struct {
     bool warned;                  /* "namespace unavailable" logged */
     hwm_t *hw;
     int nhw, hwcap;
-    /* under R.lock */
+    /* under rep->lock */
     uint64_t tomb;                /* newest deletion of the name known (ms), 0 = none */
     bool reset;                   /* deleted here: the applier forgets its position */
     unsigned gen;                 /* attachments of a store under this name */
@@ -57,7 +58,7 @@ typedef struct {
     nc_nslog *log;                /* follower of the attached store's log */
     unsigned log_gen;
     uint64_t pub_pos;             /* published, maybe not yet in the marker (also
-                                     under R.lock: the metrics read it) */
+                                     under rep->lock: the metrics read it) */
     double marker_at;
     bool announced;               /* in the namespace set, on this connection */
     bool log_warned;
@@ -68,7 +69,7 @@ typedef struct {
     uint64_t t;
 } pending_del;
 
-static struct {
+struct replication {
     bool on;
     nc_server *srv;
     char host[256];
@@ -95,7 +96,7 @@ static struct {
     atomic_ullong applied_entries, applied_tokens, refused_entries, redis_errors;
     atomic_llong last_lag_ms, max_lag_ms;
     atomic_int connected_pub, connected_app;
-} R = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+};
 
 /* Set while the applier adds remote pairs: the observer ignores them. */
 static __thread int applying;
@@ -154,72 +155,73 @@ static int marker_write(const char *dir, uint64_t birth, uint64_t published, cha
     return atomicfile_write(path, buf, (size_t)k, err, errlen) == NC_OK ? 0 : -1;
 }
 
-/* The tombstones this replica has not yet put in Redis (R.lock held). */
-static void deletes_save(void)
+/* The tombstones this replica has not yet put in Redis (rep->lock held). */
+static void deletes_save(replication *rep)
 {
-    if (!R.deletes_path[0]) return;
-    size_t cap = 64 + (size_t)R.ndels * (SESSION_ID_MAX + 24), k = 0;
+    if (!rep->deletes_path[0]) return;
+    size_t cap = 64 + (size_t)rep->ndels * (SESSION_ID_MAX + 24), k = 0;
     char *buf = malloc(cap), err[NC_ERRLEN];
     if (!buf) return;
-    for (int i = 0; i < R.ndels; i++)
-        k += (size_t)snprintf(buf + k, cap - k, "%s %llu\n", R.dels[i].name, (unsigned long long)R.dels[i].t);
-    if (atomicfile_write(R.deletes_path, buf, k, err, sizeof err) != NC_OK)
+    for (int i = 0; i < rep->ndels; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s %llu\n", rep->dels[i].name, (unsigned long long)rep->dels[i].t);
+    if (atomicfile_write(rep->deletes_path, buf, k, err, sizeof err) != NC_OK)
         slog(SLOG_ERROR, "replication: cannot record a namespace deletion", json_pack("{s:s}", "error", err));
     free(buf);
 }
 
-static void deletes_add(const char *name, uint64_t t)
+static void deletes_add(replication *rep, const char *name, uint64_t t)
 {
     int i;
-    for (i = 0; i < R.ndels && strcmp(R.dels[i].name, name); i++) {}
-    if (i == R.ndels) {
-        if (R.ndels == R.delcap) {
-            int c = R.delcap ? 2 * R.delcap : 8;
-            pending_del *p = realloc(R.dels, (size_t)c * sizeof *p);
+    for (i = 0; i < rep->ndels && strcmp(rep->dels[i].name, name); i++) {}
+    if (i == rep->ndels) {
+        if (rep->ndels == rep->delcap) {
+            int c = rep->delcap ? 2 * rep->delcap : 8;
+            pending_del *p = realloc(rep->dels, (size_t)c * sizeof *p);
             if (!p) return;
-            R.dels = p;
-            R.delcap = c;
+            rep->dels = p;
+            rep->delcap = c;
         }
-        snprintf(R.dels[R.ndels].name, sizeof R.dels[0].name, "%s", name);
-        R.dels[R.ndels].t = 0;
-        R.ndels++;
+        snprintf(rep->dels[rep->ndels].name, sizeof rep->dels[0].name, "%s", name);
+        rep->dels[rep->ndels].t = 0;
+        rep->ndels++;
     }
-    if (t > R.dels[i].t) R.dels[i].t = t;
+    if (t > rep->dels[i].t) rep->dels[i].t = t;
 }
 
-static void deletes_load(void)
+static void deletes_load(replication *rep)
 {
-    FILE *f = R.deletes_path[0] ? fopen(R.deletes_path, "r") : NULL;
+    FILE *f = rep->deletes_path[0] ? fopen(rep->deletes_path, "r") : NULL;
     if (!f) return;
     char name[SESSION_ID_MAX];
     unsigned long long t;
     while (fscanf(f, "%63s %llu", name, &t) == 2)
-        deletes_add(name, t);
+        deletes_add(rep, name, t);
     fclose(f);
 }
 
 /* ---- namespaces --------------------------------------------------------------- */
 
-/* The entry of name, or NULL (R.lock held). */
-static ns_state *ns_find(const char *name)
+/* The entry of name, or NULL (rep->lock held). */
+static ns_state *ns_find(replication *rep, const char *name)
 {
-    for (int i = 0; i < R.nns; i++)
-        if (!strcmp(R.ns[i].name, name)) return &R.ns[i];
+    for (int i = 0; i < rep->nns; i++)
+        if (!strcmp(rep->ns[i].name, name)) return &rep->ns[i];
     return NULL;
 }
 
-/* The entry of name, created when absent (R.lock held); NULL when full. */
-static ns_state *ns_get(const char *name)
+/* The entry of name, created when absent (rep->lock held); NULL when full. */
+static ns_state *ns_get(replication *rep, const char *name)
 {
-    ns_state *s = ns_find(name);
-    if (s || R.nns == MAX_NS) return s;
-    s = &R.ns[R.nns];
+    ns_state *s = ns_find(rep, name);
+    if (s || rep->nns == MAX_NS) return s;
+    s = &rep->ns[rep->nns];
     memset(s, 0, sizeof *s);
+    s->rep = rep;
     snprintf(s->name, sizeof s->name, "%s", name);
     snprintf(s->last_id, sizeof s->last_id, "0");
     /* published fully before the count grows: the applier reads entries
      * below the count without the lock */
-    __atomic_store_n(&R.nns, R.nns + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&rep->nns, rep->nns + 1, __ATOMIC_RELEASE);
     return s;
 }
 
@@ -230,16 +232,18 @@ static void on_local_add(void *ctx, nc_nsstore *ns, uint32_t doc, uint64_t off, 
 {
     (void)ns, (void)doc, (void)off, (void)keys, (void)words, (void)n;
     ns_state *s = ctx;
+    replication *rep = s->rep;
     if (applying) return;
-    pthread_mutex_lock(&R.lock);
+    pthread_mutex_lock(&rep->lock);
     s->dirty = true;
-    pthread_cond_signal(&R.cond);
-    pthread_mutex_unlock(&R.lock);
+    pthread_cond_signal(&rep->cond);
+    pthread_mutex_unlock(&rep->lock);
 }
 
-void replication_attach(const char *ns_name, nc_nsstore *store)
+void replication_attach(void *ctx, const char *ns_name, nc_nsstore *store)
 {
-    if (!R.on || !store)
+    replication *rep = ctx;
+    if (!rep || !rep->on || !store)
         return;
     /* The incarnation and position of the store, from its marker; a store
      * without one is new (its whole log is to publish) or older than the
@@ -254,8 +258,8 @@ void replication_attach(const char *ns_name, nc_nsstore *store)
     if (m < 0)
         slog(SLOG_WARN, "replication: marker unreadable; the namespace's log is taken as published",
              json_pack("{s:s,s:s}", "namespace", ns_name, "error", err));
-    pthread_mutex_lock(&R.lock);
-    ns_state *s = ns_get(ns_name);
+    pthread_mutex_lock(&rep->lock);
+    ns_state *s = ns_get(rep, ns_name);
     if (m <= 0) {
         birth = (uint64_t)now_ms();
         if (s && birth <= s->tomb) birth = s->tomb + 1;   /* after any deletion of the name */
@@ -268,8 +272,8 @@ void replication_attach(const char *ns_name, nc_nsstore *store)
         s->pub_pos = published;
         s->dirty = true;
     }
-    pthread_cond_signal(&R.cond);
-    pthread_mutex_unlock(&R.lock);
+    pthread_cond_signal(&rep->cond);
+    pthread_mutex_unlock(&rep->lock);
     if (!s) {
         slog(SLOG_WARN, "replication: too many namespaces; not replicated", json_pack("{s:s}", "namespace", ns_name));
         return;
@@ -281,16 +285,17 @@ void replication_attach(const char *ns_name, nc_nsstore *store)
     nsstore_set_observer(store, on_local_add, s);
 }
 
-void replication_namespace_deleted(const char *ns_name)
+void replication_namespace_deleted(nc_server *srv, const char *ns_name)
 {
-    if (!R.on)
+    replication *rep = srv->replication;
+    if (!rep || !rep->on)
         return;
     /* The tombstone: a time after the deleted incarnation's birth (so the
      * other replicas skip its entries and drop their copies, even those
      * down now) and before any later one's (replication_attach). Recorded
      * on disk before the answer, published by the publisher. */
-    pthread_mutex_lock(&R.lock);
-    ns_state *s = ns_get(ns_name);
+    pthread_mutex_lock(&rep->lock);
+    ns_state *s = ns_get(rep, ns_name);
     uint64_t t = (uint64_t)now_ms();
     if (s) {
         if (t <= s->birth) t = s->birth + 1;
@@ -299,18 +304,18 @@ void replication_namespace_deleted(const char *ns_name)
         s->birth = 0;
         s->reset = true;
     }
-    deletes_add(ns_name, t);
-    deletes_save();
-    pthread_cond_signal(&R.cond);
-    pthread_mutex_unlock(&R.lock);
+    deletes_add(rep, ns_name, t);
+    deletes_save(rep);
+    pthread_cond_signal(&rep->cond);
+    pthread_mutex_unlock(&rep->lock);
 }
 
 /* ---- Redis ------------------------------------------------------------------ */
 
-static redisContext *connect_redis(atomic_int *flag)
+static redisContext *connect_redis(replication *rep, atomic_int *flag)
 {
     struct timeval tv = {1, 0};
-    redisContext *c = redisConnectWithTimeout(R.host, R.port, tv);
+    redisContext *c = redisConnectWithTimeout(rep->host, rep->port, tv);
     if (!c || c->err) {
         if (c) redisFree(c);
         atomic_store(flag, 0);
@@ -322,9 +327,9 @@ static redisContext *connect_redis(atomic_int *flag)
     return c;
 }
 
-static void stream_key(const char *ns, char *out, size_t cap)
+static void stream_key(replication *rep, const char *ns, char *out, size_t cap)
 {
-    snprintf(out, cap, "%sns:%s", R.prefix, ns);
+    snprintf(out, cap, "%sns:%s", rep->prefix, ns);
 }
 
 /* Reads n pipelined replies; 0 when all succeeded. */
@@ -348,28 +353,28 @@ static int read_replies(redisContext *c, int n)
 
 /* Log records of the attached stores not yet published (or passed over:
  * DOC records, entries applied from others), whatever Redis's state. */
-static uint64_t unpublished_records(void)
+static uint64_t unpublished_records(replication *rep)
 {
     uint64_t total = 0;
-    pthread_mutex_lock(&R.lock);
-    int nns = R.nns;
-    pthread_mutex_unlock(&R.lock);
+    pthread_mutex_lock(&rep->lock);
+    int nns = rep->nns;
+    pthread_mutex_unlock(&rep->lock);
     for (int i = 0; i < nns; i++) {
-        ns_state *s = &R.ns[i];
-        pthread_mutex_lock(&R.lock);
+        ns_state *s = &rep->ns[i];
+        pthread_mutex_lock(&rep->lock);
         unsigned gen = s->gen;
         bool attached = s->birth != 0;
         uint64_t done = s->published;
         if (s->pub_pos > done) done = s->pub_pos;
-        pthread_mutex_unlock(&R.lock);
+        pthread_mutex_unlock(&rep->lock);
         char err[NC_ERRLEN];
-        nsref *ref = attached ? namespaces_acquire(R.srv, s->name, false, err, sizeof err) : NULL;
+        ns_handle *ref = attached ? namespaces_acquire(rep->srv, s->name, false, err, sizeof err) : NULL;
         if (!ref) continue;
-        uint64_t last = nsstore_last_seq(nsref_store(ref));
-        namespaces_release(R.srv, ref);
-        pthread_mutex_lock(&R.lock);
+        uint64_t last = nsstore_last_seq(namespaces_store(ref));
+        namespaces_release(rep->srv, ref);
+        pthread_mutex_lock(&rep->lock);
         bool same = s->gen == gen;
-        pthread_mutex_unlock(&R.lock);
+        pthread_mutex_unlock(&rep->lock);
         if (same && last > done) total += last - done;
     }
     return total;
@@ -381,89 +386,191 @@ static uint64_t unpublished_records(void)
  * is still attached to the store of attachment gen: a position in the log
  * of a store deleted (and created again) meanwhile means nothing in the
  * new store's log, whose records would be passed over. */
-static void pub_pos_advance(ns_state *s, unsigned gen, uint64_t pos, bool reset)
+static void pub_pos_advance(replication *rep, ns_state *s, unsigned gen, uint64_t pos, bool reset)
 {
-    pthread_mutex_lock(&R.lock);
+    pthread_mutex_lock(&rep->lock);
     if (s->gen == gen && (reset || pos > s->pub_pos)) s->pub_pos = pos;
-    pthread_mutex_unlock(&R.lock);
+    pthread_mutex_unlock(&rep->lock);
 }
 
 /* Writes s's marker if it is behind and due (or forced). */
-static void marker_flush(ns_state *s, nc_nsstore *store, uint64_t birth, bool force)
+static void marker_flush(replication *rep, ns_state *s, nc_nsstore *store, uint64_t birth, bool force)
 {
-    pthread_mutex_lock(&R.lock);
+    pthread_mutex_lock(&rep->lock);
     uint64_t pos = s->pub_pos;
     bool behind = pos > s->published && s->birth == birth;
-    pthread_mutex_unlock(&R.lock);
+    pthread_mutex_unlock(&rep->lock);
     if (!behind || (!force && now_ms() - s->marker_at < MARKER_EVERY_MS))
         return;
     char err[NC_ERRLEN] = "";
     s->marker_at = now_ms();
-    if (R.no_marker)
+    if (rep->no_marker)
         return;
     if (marker_write(nsstore_dir(store), birth, pos, err, sizeof err) != 0) {
         slog(SLOG_WARN, "replication: cannot write the marker (entries may be published twice after a crash; "
              "the other replicas skip them)", json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
         return;
     }
-    pthread_mutex_lock(&R.lock);
+    pthread_mutex_lock(&rep->lock);
     if (s->birth == birth) s->published = pos;
-    pthread_mutex_unlock(&R.lock);
+    pthread_mutex_unlock(&rep->lock);
     nsstore_retain_log(store, pos);
 }
 
-/* Whether a deletion of name waits to be published (R.lock held). */
-static bool deletion_pending(const char *name)
+/* Whether a deletion of name waits to be published (rep->lock held). */
+static bool deletion_pending(replication *rep, const char *name)
 {
-    for (int i = 0; i < R.ndels; i++)
-        if (!strcmp(R.dels[i].name, name)) return true;
+    for (int i = 0; i < rep->ndels; i++)
+        if (!strcmp(rep->dels[i].name, name)) return true;
     return false;
 }
 
 /* Tombstones not yet in Redis: the control stream wakes the replicas that
  * are up, the hash tells the ones down now when they come back. 0, or -1
  * when Redis failed. */
-static int publish_deletes(redisContext *c)
+static int publish_deletes(replication *rep, redisContext *c)
 {
-    pthread_mutex_lock(&R.lock);
-    int n = R.ndels;
+    pthread_mutex_lock(&rep->lock);
+    int n = rep->ndels;
     pending_del *d = n ? malloc((size_t)n * sizeof *d) : NULL;
-    if (d) memcpy(d, R.dels, (size_t)n * sizeof *d);
-    pthread_mutex_unlock(&R.lock);
+    if (d) memcpy(d, rep->dels, (size_t)n * sizeof *d);
+    pthread_mutex_unlock(&rep->lock);
     if (!d) return 0;
     char ctl[200], tombs[200];
-    snprintf(ctl, sizeof ctl, "%sctl", R.prefix);
-    snprintf(tombs, sizeof tombs, "%stombstones", R.prefix);
+    snprintf(ctl, sizeof ctl, "%sctl", rep->prefix);
+    snprintf(tombs, sizeof tombs, "%stombstones", rep->prefix);
     for (int i = 0; i < n; i++) {
         char key[256], t[32];
-        stream_key(d[i].name, key, sizeof key);
+        stream_key(rep, d[i].name, key, sizeof key);
         snprintf(t, sizeof t, "%llu", (unsigned long long)d[i].t);
         /* the hash first: a replica woken by the control entry finds it */
         const char *hv[] = {"HSET", tombs, d[i].name, t};
         size_t hl[4];
         for (int k = 0; k < 4; k++) hl[k] = strlen(hv[k]);
         redisAppendCommandArgv(c, 4, hv, hl);
-        const char *av[] = {"XADD", ctl, "MAXLEN", "~", "10000", "*", "del", d[i].name, "o", R.tag, "t", t};
+        const char *av[] = {"XADD", ctl, "MAXLEN", "~", "10000", "*", "del", d[i].name, "o", rep->tag, "t", t};
         size_t al[12];
         for (int k = 0; k < 12; k++) al[k] = strlen(av[k]);
         redisAppendCommandArgv(c, 12, av, al);
         redisAppendCommand(c, "DEL %s", key);
-        redisAppendCommand(c, "SREM %snamespaces %s", R.prefix, d[i].name);
+        redisAppendCommand(c, "SREM %snamespaces %s", rep->prefix, d[i].name);
     }
     int rc = read_replies(c, 4 * n);
     if (rc == 0) {
         /* done with these (a newer deletion of a name meanwhile stays) */
-        pthread_mutex_lock(&R.lock);
+        pthread_mutex_lock(&rep->lock);
         for (int i = 0; i < n; i++)
-            for (int j = 0; j < R.ndels; j++)
-                if (!strcmp(R.dels[j].name, d[i].name) && R.dels[j].t == d[i].t) {
-                    R.dels[j] = R.dels[--R.ndels];
+            for (int j = 0; j < rep->ndels; j++)
+                if (!strcmp(rep->dels[j].name, d[i].name) && rep->dels[j].t == d[i].t) {
+                    rep->dels[j] = rep->dels[--rep->ndels];
                     break;
                 }
-        deletes_save();
-        pthread_mutex_unlock(&R.lock);
+        deletes_save(rep);
+        pthread_mutex_unlock(&rep->lock);
     }
     free(d);
+    return rc;
+}
+
+/* Opens a follower of store's log at published into s->log (attachment
+ * gen). 0, or -1 when the log cannot be read (logged once). */
+static int follow_log(replication *rep, ns_state *s, nc_nsstore *store, unsigned gen, uint64_t published)
+{
+    char err[NC_ERRLEN] = "";
+    int rc = nsstore_log_open(store, published, &s->log, err, sizeof err);
+    if (rc == NC_ENOTFOUND) {
+        /* Only if segments were removed behind replication's back
+         * (nsstore_retain_log keeps them): what they held is lost for
+         * the other replicas. Go on from what exists. */
+        nc_nsstore_stats st;
+        nsstore_stats(store, &st);
+        slog(SLOG_ERROR, "replication: the log no longer holds unpublished records; publishing from its end",
+             json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
+        published = st.last_seq;
+        rc = nsstore_log_open(store, published, &s->log, err, sizeof err);
+    }
+    if (rc != NC_OK) {
+        if (!s->log_warned)
+            slog(SLOG_ERROR, "replication: cannot read the namespace's log",
+                 json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
+        s->log_warned = true;
+        return -1;
+    }
+    s->log_gen = gen;
+    /* A new follower (a store opened or created again, a name deleted
+     * and created again here or elsewhere, whose deletion took it out
+     * of the namespace set): announced again, or a replica that learns
+     * names from the set would never read its stream. */
+    s->announced = false;
+    pub_pos_advance(rep, s, gen, published, true);
+    return 0;
+}
+
+/* Queues on c (pipelined) the announcement of s's namespace when it is not
+ * announced on this connection yet: the set first, then the wake-up, so a
+ * reader woken by the control entry finds the namespace in the set.
+ * Returns the number of commands queued. */
+static int announce(replication *rep, redisContext *c, const ns_state *s)
+{
+    if (s->announced)
+        return 0;
+    char ctl[200];
+    snprintf(ctl, sizeof ctl, "%sctl", rep->prefix);
+    redisAppendCommand(c, "SADD %snamespaces %s", rep->prefix, s->name);
+    const char *av[] = {"XADD", ctl, "MAXLEN", "~", "10000", "*", "ns", s->name};
+    size_t al[8];
+    for (int i = 0; i < 8; i++) al[i] = strlen(av[i]);
+    redisAppendCommandArgv(c, 8, av, al);
+    return 2;
+}
+
+/* Queues on c (pipelined) one XADD per local add that s's log holds next,
+ * up to a batch (BATCH_ENTRIES, or BATCH_BYTES of keys); adds applied from
+ * other replicas are passed over. *sent and *tokens count what was queued;
+ * returns what the log's reader last said (1 more, 0 at the end, NC_* < 0
+ * an error with err). */
+static int queue_adds(replication *rep, redisContext *c, ns_state *s, uint64_t birth, int *sent, uint64_t *tokens,
+                      char *err, size_t errlen)
+{
+    char key[256], mt[32], maxlen[32], bs[32];
+    stream_key(rep, s->name, key, sizeof key);
+    snprintf(mt, sizeof mt, "%016llx", (unsigned long long)rep->model_fp);
+    snprintf(maxlen, sizeof maxlen, "%ld", rep->maxlen);
+    snprintf(bs, sizeof bs, "%llu", (unsigned long long)birth);
+    size_t bytes = 0;
+    nc_nslog_add a;
+    int rc = 0;
+    *sent = 0;
+    *tokens = 0;
+    while (*sent < BATCH_ENTRIES && bytes < BATCH_BYTES && (rc = nsstore_log_next(s->log, &a, err, errlen)) == 1) {
+        if (!strncmp(a.doc, "repl:", 5))
+            continue;   /* applied from another replica: its origin published it */
+        char off[32], n[32], sq[32];
+        snprintf(off, sizeof off, "%llu", (unsigned long long)a.off);
+        snprintf(n, sizeof n, "%zu", a.n);
+        snprintf(sq, sizeof sq, "%llu", (unsigned long long)a.seq);
+        const char *argv[28];
+        size_t argl[28];
+        int k = 0;
+#define ARG(x, l) (argv[k] = (x), argl[k] = (l), k++)
+        ARG("XADD", 4); ARG(key, strlen(key));
+        if (rep->maxlen > 0) { ARG("MAXLEN", 6); ARG("~", 1); ARG(maxlen, strlen(maxlen)); }
+        ARG("*", 1);
+        ARG("o", 1); ARG(rep->tag, strlen(rep->tag));
+        ARG("b", 1); ARG(bs, strlen(bs));
+        ARG("s", 1); ARG(sq, strlen(sq));
+        ARG("d", 1); ARG(a.doc, strlen(a.doc));
+        ARG("f", 1); ARG(off, strlen(off));
+        ARG("n", 1); ARG(n, strlen(n));
+        ARG("m", 1); ARG(mt, strlen(mt));
+        ARG("w", 1); ARG(a.words, a.words_len);
+        ARG("k", 1); ARG((const char *)a.keys_f16, a.n * (size_t)rep->H * 2);
+#undef ARG
+        redisAppendCommandArgv(c, k, argv, argl);
+        (*sent)++;
+        *tokens += a.n;
+        bytes += a.n * (size_t)rep->H * 2;
+    }
     return rc;
 }
 
@@ -471,16 +578,16 @@ static int publish_deletes(redisContext *c)
  * 1 when more may be waiting (a full batch, or records not yet durable),
  * 0 when s is up to date, -1 when Redis failed (the position stays: the
  * batch is read again from the log next time). */
-static int publish_ns(redisContext *c, ns_state *s, bool final)
+static int publish_ns(replication *rep, redisContext *c, ns_state *s, bool final)
 {
     char err[NC_ERRLEN] = "";
-    pthread_mutex_lock(&R.lock);
+    pthread_mutex_lock(&rep->lock);
     unsigned gen = s->gen;
     /* from what Redis acknowledged (the marker may lag it) */
     uint64_t birth = s->birth, published = s->pub_pos, tomb = s->tomb;
-    bool deleting = deletion_pending(s->name);
+    bool deleting = deletion_pending(rep, s->name);
     s->dirty = false;
-    pthread_mutex_unlock(&R.lock);
+    pthread_mutex_unlock(&rep->lock);
     if (s->log && (s->log_gen != gen || birth == 0)) {
         /* the store it followed was closed (deleted, or opened again) */
         nsstore_log_close(s->log);
@@ -491,45 +598,20 @@ static int publish_ns(redisContext *c, ns_state *s, bool final)
     if (deleting)
         return 1;   /* created again since its deletion: after the tombstone, whose DEL and
                        SREM would take away the new store's entries and announcement */
-    nsref *ref = namespaces_acquire(R.srv, s->name, false, err, sizeof err);
+    ns_handle *ref = namespaces_acquire(rep->srv, s->name, false, err, sizeof err);
     if (!ref)
         return 0;
-    nc_nsstore *store = nsref_store(ref);
-    pthread_mutex_lock(&R.lock);
+    nc_nsstore *store = namespaces_store(ref);
+    pthread_mutex_lock(&rep->lock);
     bool same = s->gen == gen;
-    pthread_mutex_unlock(&R.lock);
+    pthread_mutex_unlock(&rep->lock);
     if (!same) {
-        namespaces_release(R.srv, ref);
+        namespaces_release(rep->srv, ref);
         return 1;   /* attached again meanwhile: look again */
     }
-    if (!s->log) {
-        int rc = nsstore_log_open(store, published, &s->log, err, sizeof err);
-        if (rc == NC_ENOTFOUND) {
-            /* Only if segments were removed behind replication's back
-             * (nsstore_retain_log keeps them): what they held is lost for
-             * the other replicas. Go on from what exists. */
-            nc_nsstore_stats st;
-            nsstore_stats(store, &st);
-            slog(SLOG_ERROR, "replication: the log no longer holds unpublished records; publishing from its end",
-                 json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
-            published = st.last_seq;
-            rc = nsstore_log_open(store, published, &s->log, err, sizeof err);
-        }
-        if (rc != NC_OK) {
-            if (!s->log_warned)
-                slog(SLOG_ERROR, "replication: cannot read the namespace's log",
-                     json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
-            s->log_warned = true;
-            namespaces_release(R.srv, ref);
-            return 0;
-        }
-        s->log_gen = gen;
-        /* A new follower (a store opened or created again, a name deleted
-         * and created again here or elsewhere, whose deletion took it out
-         * of the namespace set): announced again, or a replica that learns
-         * names from the set would never read its stream. */
-        s->announced = false;
-        pub_pos_advance(s, gen, published, true);
+    if (!s->log && follow_log(rep, s, store, gen, published) != 0) {
+        namespaces_release(rep->srv, ref);
+        return 0;
     }
     /* A long upload syncs its log only before it answers: publishing
      * would wait for the whole document. Records appended but not yet
@@ -544,58 +626,9 @@ static int publish_ns(redisContext *c, ns_state *s, bool final)
         s->log_warned = true;
         broken = true;
     }
-    int extra = 0;
-    if (!s->announced) {
-        /* the set first, then the wake-up: a reader woken by the control
-         * entry finds the namespace in the set */
-        char ctl[200];
-        snprintf(ctl, sizeof ctl, "%sctl", R.prefix);
-        redisAppendCommand(c, "SADD %snamespaces %s", R.prefix, s->name);
-        const char *av[] = {"XADD", ctl, "MAXLEN", "~", "10000", "*", "ns", s->name};
-        size_t al[8];
-        for (int i = 0; i < 8; i++) al[i] = strlen(av[i]);
-        redisAppendCommandArgv(c, 8, av, al);
-        extra = 2;
-    }
-    char key[256], mt[32], maxlen[32], bs[32];
-    stream_key(s->name, key, sizeof key);
-    snprintf(mt, sizeof mt, "%016llx", (unsigned long long)R.model_fp);
-    snprintf(maxlen, sizeof maxlen, "%ld", R.maxlen);
-    snprintf(bs, sizeof bs, "%llu", (unsigned long long)birth);
-    int sent = 0, more = 0;
+    int extra = announce(rep, c, s), sent = 0, more = 0;
     uint64_t tokens = 0;
-    size_t bytes = 0;
-    nc_nslog_add a;
-    int rc = 0;
-    while (sent < BATCH_ENTRIES && bytes < BATCH_BYTES && (rc = nsstore_log_next(s->log, &a, err, sizeof err)) == 1) {
-        if (!strncmp(a.doc, "repl:", 5))
-            continue;   /* applied from another replica: its origin published it */
-        char off[32], n[32], sq[32];
-        snprintf(off, sizeof off, "%llu", (unsigned long long)a.off);
-        snprintf(n, sizeof n, "%zu", a.n);
-        snprintf(sq, sizeof sq, "%llu", (unsigned long long)a.seq);
-        const char *argv[28];
-        size_t argl[28];
-        int k = 0;
-#define ARG(x, l) (argv[k] = (x), argl[k] = (l), k++)
-        ARG("XADD", 4); ARG(key, strlen(key));
-        if (R.maxlen > 0) { ARG("MAXLEN", 6); ARG("~", 1); ARG(maxlen, strlen(maxlen)); }
-        ARG("*", 1);
-        ARG("o", 1); ARG(R.tag, strlen(R.tag));
-        ARG("b", 1); ARG(bs, strlen(bs));
-        ARG("s", 1); ARG(sq, strlen(sq));
-        ARG("d", 1); ARG(a.doc, strlen(a.doc));
-        ARG("f", 1); ARG(off, strlen(off));
-        ARG("n", 1); ARG(n, strlen(n));
-        ARG("m", 1); ARG(mt, strlen(mt));
-        ARG("w", 1); ARG(a.words, a.words_len);
-        ARG("k", 1); ARG((const char *)a.keys_f16, a.n * (size_t)R.H * 2);
-#undef ARG
-        redisAppendCommandArgv(c, k, argv, argl);
-        sent++;
-        tokens += a.n;
-        bytes += a.n * (size_t)R.H * 2;
-    }
+    int rc = queue_adds(rep, c, s, birth, &sent, &tokens, err, sizeof err);
     /* what was sent covers the log up to here (a bad record stops the
      * batch before it: the next pass opens the log again and stops there
      * again, logged once, until the log is repaired) */
@@ -619,52 +652,52 @@ static int publish_ns(redisContext *c, ns_state *s, bool final)
         nsstore_log_close(s->log);
         s->log = NULL;
         s->announced = false;
-        namespaces_release(R.srv, ref);
+        namespaces_release(rep->srv, ref);
         return -1;
     }
     if (extra) s->announced = true;
     if (rc >= 0 && !broken) s->log_warned = false;
-    atomic_fetch_add(&R.published_entries, (unsigned long long)sent);
-    atomic_fetch_add(&R.published_tokens, tokens);
-    if (sent && R.publish_delay_ms > 0)
-        sleep_ms(R.publish_delay_ms);
-    pub_pos_advance(s, gen, pos, false);
+    atomic_fetch_add(&rep->published_entries, (unsigned long long)sent);
+    atomic_fetch_add(&rep->published_tokens, tokens);
+    if (sent && rep->publish_delay_ms > 0)
+        sleep_ms(rep->publish_delay_ms);
+    pub_pos_advance(rep, s, gen, pos, false);
     more = rc == 1 || (!broken && nsstore_last_seq(store) > pos);
-    marker_flush(s, store, birth, final || !more);
-    namespaces_release(R.srv, ref);
+    marker_flush(rep, s, store, birth, final || !more);
+    namespaces_release(rep->srv, ref);
     return more;
 }
 
 static void *publisher(void *arg)
 {
-    (void)arg;
+    replication *rep = arg;
     redisContext *c = NULL;
     double stop_at = 0;
     bool pending = true;   /* something may be left to publish */
     for (;;) {
-        bool stopping = atomic_load(&R.stop);
+        bool stopping = atomic_load(&rep->stop);
         if (stopping && stop_at == 0) stop_at = now_ms() + 5000;
         if (stopping && (!pending || now_ms() > stop_at)) break;
         /* Nothing before the namespaces are recovered and the tombstones
          * read: a store of a deleted incarnation must not be published. */
-        if (!atomic_load(&R.srv->ready) || !atomic_load(&R.tombs_loaded)) {
+        if (!atomic_load(&rep->srv->ready) || !atomic_load(&rep->tombs_loaded)) {
             if (stopping) break;
             sleep_ms(20);
             continue;
         }
-        if (!c && !(c = connect_redis(&R.connected_pub))) {
-            atomic_fetch_add(&R.redis_errors, 1);
+        if (!c && !(c = connect_redis(rep, &rep->connected_pub))) {
+            atomic_fetch_add(&rep->redis_errors, 1);
             if (stopping) break;
             sleep_ms(200);
             continue;
         }
-        int failed = publish_deletes(c);
-        pthread_mutex_lock(&R.lock);
-        int nns = R.nns;
-        pthread_mutex_unlock(&R.lock);
+        int failed = publish_deletes(rep, c);
+        pthread_mutex_lock(&rep->lock);
+        int nns = rep->nns;
+        pthread_mutex_unlock(&rep->lock);
         bool more = false;
         for (int i = 0; i < nns && !failed; i++) {
-            int r = publish_ns(c, &R.ns[i], stopping);
+            int r = publish_ns(rep, c, &rep->ns[i], stopping);
             if (r < 0) failed = 1;
             if (r > 0) more = true;
         }
@@ -672,11 +705,11 @@ static void *publisher(void *arg)
         if (failed) {
             /* Redis unreachable or failing: everything stays in the logs,
              * read again once it is back. */
-            atomic_fetch_add(&R.redis_errors, 1);
+            atomic_fetch_add(&rep->redis_errors, 1);
             redisFree(c);
             c = NULL;
-            atomic_store(&R.connected_pub, 0);
-            for (int i = 0; i < nns; i++) R.ns[i].announced = false;
+            atomic_store(&rep->connected_pub, 0);
+            for (int i = 0; i < nns; i++) rep->ns[i].announced = false;
             if (stopping) break;
             sleep_ms(200);
             continue;
@@ -684,33 +717,33 @@ static void *publisher(void *arg)
         if (stopping) continue;
         /* Sleep until a local add, a deletion, or (records appended but not
          * yet durable, markers behind) a short while. */
-        pthread_mutex_lock(&R.lock);
-        bool dirty = R.ndels > 0;
-        for (int i = 0; i < R.nns && !dirty; i++) dirty = R.ns[i].dirty;
-        if (!dirty && !atomic_load(&R.stop)) {
+        pthread_mutex_lock(&rep->lock);
+        bool dirty = rep->ndels > 0;
+        for (int i = 0; i < rep->nns && !dirty; i++) dirty = rep->ns[i].dirty;
+        if (!dirty && !atomic_load(&rep->stop)) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             long wait_ns = more ? 2000000L : (long)MARKER_EVERY_MS * 1000000L;
             ts.tv_nsec += wait_ns;
             if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-            pthread_cond_timedwait(&R.cond, &R.lock, &ts);
+            pthread_cond_timedwait(&rep->cond, &rep->lock, &ts);
         }
-        pthread_mutex_unlock(&R.lock);
+        pthread_mutex_unlock(&rep->lock);
     }
     /* markers as far as published; followers closed before the stores */
-    pthread_mutex_lock(&R.lock);
-    int nns = R.nns;
-    pthread_mutex_unlock(&R.lock);
+    pthread_mutex_lock(&rep->lock);
+    int nns = rep->nns;
+    pthread_mutex_unlock(&rep->lock);
     for (int i = 0; i < nns; i++) {
-        ns_state *s = &R.ns[i];
+        ns_state *s = &rep->ns[i];
         char err[NC_ERRLEN];
-        nsref *ref = s->log ? namespaces_acquire(R.srv, s->name, false, err, sizeof err) : NULL;
+        ns_handle *ref = s->log ? namespaces_acquire(rep->srv, s->name, false, err, sizeof err) : NULL;
         if (ref) {
-            pthread_mutex_lock(&R.lock);
+            pthread_mutex_lock(&rep->lock);
             uint64_t birth = s->gen == s->log_gen ? s->birth : 0;
-            pthread_mutex_unlock(&R.lock);
-            if (birth) marker_flush(s, nsref_store(ref), birth, true);
-            namespaces_release(R.srv, ref);
+            pthread_mutex_unlock(&rep->lock);
+            if (birth) marker_flush(rep, s, namespaces_store(ref), birth, true);
+            namespaces_release(rep->srv, ref);
         }
         nsstore_log_close(s->log);
         s->log = NULL;
@@ -756,16 +789,16 @@ static hwm_t *hwm_find(ns_state *s, const char *origin, uint64_t birth, bool add
  * whose document holds its n pairs, and the last applied record of each
  * origin's incarnation (birth) is the largest seq -- exact after any crash,
  * no separate file to lose. */
-static void pos_load(ns_state *s)
+static void pos_load(replication *rep, ns_state *s)
 {
     snprintf(s->last_id, sizeof s->last_id, "0");
     s->nhw = 0;
     s->loaded = true;
     char err[NC_ERRLEN];
-    nsref *ref = namespaces_acquire(R.srv, s->name, false, err, sizeof err);
+    ns_handle *ref = namespaces_acquire(rep->srv, s->name, false, err, sizeof err);
     if (!ref)
         return;   /* not here yet: everything from the start */
-    nc_nsstore *st = nsref_store(ref);
+    nc_nsstore *st = namespaces_store(ref);
     uint32_t n = nsstore_doc_count(st);
     char id[1200];
     for (uint32_t i = 0; i < n; i++) {
@@ -784,7 +817,7 @@ static void pos_load(ns_state *s)
             if (h && sq > h->seq) h->seq = sq;
         }
     }
-    namespaces_release(R.srv, ref);
+    namespaces_release(rep->srv, ref);
 }
 
 static const redisReply *field(const redisReply *kv, const char *name)
@@ -800,10 +833,10 @@ static const redisReply *field(const redisReply *kv, const char *name)
 /* Whether an entry is to be applied here: not our own, not of a deleted
  * incarnation of the namespace, not one applied already (an origin that
  * crashed between its XADD and its marker publishes it again). */
-static bool entry_wanted(ns_state *s, uint64_t tomb, const redisReply *kv, bool count)
+static bool entry_wanted(replication *rep, ns_state *s, uint64_t tomb, const redisReply *kv, bool count)
 {
     const redisReply *o = field(kv, "o"), *b = field(kv, "b"), *sq = field(kv, "s");
-    if (!o || !strcmp(o->str, R.tag))
+    if (!o || !strcmp(o->str, rep->tag))
         return false;   /* ours: already in the local store */
     uint64_t birth = b ? strtoull(b->str, NULL, 10) : 0;
     if (birth && birth <= tomb)
@@ -811,7 +844,7 @@ static bool entry_wanted(ns_state *s, uint64_t tomb, const redisReply *kv, bool 
     if (birth && sq) {
         hwm_t *h = hwm_find(s, o->str, birth, false);
         if (h && strtoull(sq->str, NULL, 10) <= h->seq) {
-            if (count) atomic_fetch_add(&R.duplicate_entries, 1);
+            if (count) atomic_fetch_add(&rep->duplicate_entries, 1);
             return false;
         }
     }
@@ -820,13 +853,13 @@ static bool entry_wanted(ns_state *s, uint64_t tomb, const redisReply *kv, bool 
 
 /* Applies one entry of another replica into the store; returns the log
  * sequence to sync (0 = none). */
-static uint64_t apply_entry(ns_state *s, nc_nsstore *st, const char *sid, const redisReply *kv)
+static uint64_t apply_entry(replication *rep, ns_state *s, nc_nsstore *st, const char *sid, const redisReply *kv)
 {
     const redisReply *o = field(kv, "o"), *d = field(kv, "d"), *f = field(kv, "f"), *n = field(kv, "n"),
                      *m = field(kv, "m"), *w = field(kv, "w"), *k = field(kv, "k"), *b = field(kv, "b"),
                      *sq = field(kv, "s");
     if (!o || !d || !f || !n || !m || !w || !k) {
-        atomic_fetch_add(&R.refused_entries, 1);
+        atomic_fetch_add(&rep->refused_entries, 1);
         return 0;
     }
     size_t cnt = strtoull(n->str, NULL, 10);
@@ -835,15 +868,15 @@ static uint64_t apply_entry(ns_state *s, nc_nsstore *st, const char *sid, const 
     /* The pair count is checked against the keys' length by division: a
      * product (cnt * H * 2) wraps for a count near 2^62, which the key
      * length then matches, and the buffers sized by it are tiny. */
-    size_t key_bytes = (size_t)R.H * 2;
-    if (strtoull(m->str, NULL, 16) != R.model_fp || cnt == 0 || k->len % key_bytes != 0 ||
+    size_t key_bytes = (size_t)rep->H * 2;
+    if (strtoull(m->str, NULL, 16) != rep->model_fp || cnt == 0 || k->len % key_bytes != 0 ||
         cnt != k->len / key_bytes || strlen(o->str) >= sizeof s->hw[0].origin) {
-        if (atomic_fetch_add(&R.refused_entries, 1) == 0)
+        if (atomic_fetch_add(&rep->refused_entries, 1) == 0)
             slog(SLOG_WARN, "replication: entry refused (another model or malformed)",
                  json_pack("{s:s,s:s}", "id", sid, "origin", o->str));
         return 0;
     }
-    float *keys = malloc(cnt * (size_t)R.H * sizeof(float));
+    float *keys = malloc(cnt * (size_t)rep->H * sizeof(float));
     int *ids = malloc(cnt * sizeof(int));
     uint64_t seq = 0;
     char err[NC_ERRLEN] = "";
@@ -858,7 +891,7 @@ static uint64_t apply_entry(ns_state *s, nc_nsstore *st, const char *sid, const 
         p = nl ? nl + 1 : end;
     }
     const uint16_t *kh = (const uint16_t *)k->str;
-    for (size_t i = 0; rc == NC_OK && i < cnt * (size_t)R.H; i++) {
+    for (size_t i = 0; rc == NC_OK && i < cnt * (size_t)rep->H; i++) {
         uint16_t h;
         memcpy(&h, kh + i, 2);
         keys[i] = nc_half_to_float(h);
@@ -878,18 +911,18 @@ static uint64_t apply_entry(ns_state *s, nc_nsstore *st, const char *sid, const 
         applying = 0;
     }
     if (rc == NC_OK) {
-        atomic_fetch_add(&R.applied_entries, 1);
-        atomic_fetch_add(&R.applied_tokens, cnt);
+        atomic_fetch_add(&rep->applied_entries, 1);
+        atomic_fetch_add(&rep->applied_tokens, cnt);
         if (birth && oseq) {
             hwm_t *h = hwm_find(s, o->str, birth, true);
             if (h && oseq > h->seq) h->seq = oseq;
         }
         long long lag = (long long)(now_ms() - (double)strtoull(sid, NULL, 10));
         if (lag < 0) lag = 0;
-        atomic_store(&R.last_lag_ms, lag);
-        if (lag > atomic_load(&R.max_lag_ms)) atomic_store(&R.max_lag_ms, lag);
+        atomic_store(&rep->last_lag_ms, lag);
+        if (lag > atomic_load(&rep->max_lag_ms)) atomic_store(&rep->max_lag_ms, lag);
     } else {
-        atomic_fetch_add(&R.refused_entries, 1);
+        atomic_fetch_add(&rep->refused_entries, 1);
         slog(SLOG_WARN, "replication: entry not applied", json_pack("{s:s,s:s}", "id", sid, "error", err));
     }
     free(keys);
@@ -898,17 +931,17 @@ static uint64_t apply_entry(ns_state *s, nc_nsstore *st, const char *sid, const 
 }
 
 /* The namespaces announced in Redis, added to the table. */
-static int refresh_namespaces(redisContext *c)
+static int refresh_namespaces(replication *rep, redisContext *c)
 {
-    redisReply *r = redisCommand(c, "SMEMBERS %snamespaces", R.prefix);
+    redisReply *r = redisCommand(c, "SMEMBERS %snamespaces", rep->prefix);
     if (!r) return -1;
     if (r->type == REDIS_REPLY_ARRAY) {
-        pthread_mutex_lock(&R.lock);
+        pthread_mutex_lock(&rep->lock);
         for (size_t i = 0; i < r->elements; i++) {
             const char *name = r->element[i]->str;
-            if (name && strlen(name) < SESSION_ID_MAX) ns_get(name);
+            if (name && strlen(name) < SESSION_ID_MAX) ns_get(rep, name);
         }
-        pthread_mutex_unlock(&R.lock);
+        pthread_mutex_unlock(&rep->lock);
     }
     freeReplyObject(r);
     return 0;
@@ -917,37 +950,37 @@ static int refresh_namespaces(redisContext *c)
 /* A deletion of name at time t (ms, the deleting replica's clock) by
  * another replica, seen live or in the tombstones after a downtime: the
  * local store goes if it is of an older incarnation. */
-static void apply_tombstone(const char *name, uint64_t t, const char *origin)
+static void apply_tombstone(replication *rep, const char *name, uint64_t t, const char *origin)
 {
     /* Only names in the table matter: a name announced later is added
      * there and its tombstone read again before its stream is. */
-    pthread_mutex_lock(&R.lock);
-    ns_state *s = ns_find(name);
+    pthread_mutex_lock(&rep->lock);
+    ns_state *s = ns_find(rep, name);
     bool drop = false;
     if (s) {
         if (t > s->tomb) s->tomb = t;
         drop = s->birth != 0 && s->birth <= t;
     }
-    pthread_mutex_unlock(&R.lock);
+    pthread_mutex_unlock(&rep->lock);
     if (!drop) return;
     char err[NC_ERRLEN] = "";
     int64_t gone = 0;
-    if (namespaces_delete(R.srv, name, &gone, err, sizeof err) == 0)
+    if (namespaces_delete(rep->srv, name, &gone, err, sizeof err) == 0)
         slog(SLOG_INFO, "replication: namespace deleted by another replica",
              json_pack("{s:s,s:s,s:I}", "namespace", name, "origin", origin, "entries", (json_int_t)gone));
-    pthread_mutex_lock(&R.lock);
+    pthread_mutex_lock(&rep->lock);
     if (s->birth != 0 && s->birth <= t) {
         s->birth = 0;
         s->reset = true;
     }
-    pthread_mutex_unlock(&R.lock);
+    pthread_mutex_unlock(&rep->lock);
 }
 
 /* Every tombstone in Redis (a replica down when a namespace was deleted
  * learns it here). 0, or -1 when Redis failed. */
-static int load_tombstones(redisContext *c)
+static int load_tombstones(replication *rep, redisContext *c)
 {
-    redisReply *r = redisCommand(c, "HGETALL %stombstones", R.prefix);
+    redisReply *r = redisCommand(c, "HGETALL %stombstones", rep->prefix);
     if (!r || r->type == REDIS_REPLY_ERROR) {
         if (r) freeReplyObject(r);
         return -1;
@@ -956,88 +989,168 @@ static int load_tombstones(redisContext *c)
         const char *name = r->element[i]->str;
         const char *t = r->element[i + 1]->str;
         if (name && t && strlen(name) < SESSION_ID_MAX)
-            apply_tombstone(name, strtoull(t, NULL, 10), "tombstone");
+            apply_tombstone(rep, name, strtoull(t, NULL, 10), "tombstone");
     }
     freeReplyObject(r);
-    atomic_store(&R.tombs_loaded, 1);
+    atomic_store(&rep->tombs_loaded, 1);
     return 0;
 }
 
-static void *applier(void *arg)
+/* XREAD COUNT 256 BLOCK 500 STREAMS ctl k1..kn ctl_id id1..idn: the control
+ * stream and the first nns namespaces' streams after their positions. The
+ * reply (NULL when the connection failed), or NULL with *oom. */
+static redisReply *xread(replication *rep, redisContext *c, const char *ctl_key, const char *ctl_id, int nns,
+                         bool *oom)
 {
-    (void)arg;
-    redisContext *c = NULL;
-    double last_refresh = 0;
-    char ctl_key[200], ctl_id[64] = "$";
-    snprintf(ctl_key, sizeof ctl_key, "%sctl", R.prefix);
-    while (!atomic_load(&R.stop)) {
-        /* Namespaces are recovered before the server turns ready. */
-        if (!atomic_load(&R.srv->ready)) {
-            sleep_ms(50);
-            continue;
-        }
-        if (!c && !(c = connect_redis(&R.connected_app))) {
-            sleep_ms(300);
-            continue;
-        }
-        if (now_ms() - last_refresh > 1000) {
-            if (refresh_namespaces(c) || load_tombstones(c)) {
-                redisFree(c);
-                c = NULL;
-                atomic_fetch_add(&R.redis_errors, 1);
-                continue;
-            }
-            last_refresh = now_ms();
-        }
-        /* Entries of R.ns never move and only this thread writes their
-         * positions: the lock only guards the count and the fields shared
-         * with the publisher and the request threads. */
-        pthread_mutex_lock(&R.lock);
-        int nns = R.nns;
-        for (int i = 0; i < nns; i++)
-            if (R.ns[i].reset) {
-                /* deleted here: whatever comes next is of a new incarnation */
-                R.ns[i].reset = false;
-                R.ns[i].loaded = true;
-                R.ns[i].nhw = 0;
-                snprintf(R.ns[i].last_id, sizeof R.ns[i].last_id, "0");
-            }
-        pthread_mutex_unlock(&R.lock);
-        for (int i = 0; i < nns; i++)
-            if (!R.ns[i].loaded) pos_load(&R.ns[i]);
-        /* XREAD COUNT 256 BLOCK 500 STREAMS ctl k1..kn ctl_id id1..idn */
-        int argc = 6 + 2 * (nns + 1);
-        const char **argv = malloc((size_t)argc * sizeof *argv);
-        size_t *argl = malloc((size_t)argc * sizeof *argl);
-        char (*keys)[256] = malloc((size_t)(nns + 1) * sizeof *keys);
-        if (!argv || !argl || !keys) {
-            free(argv); free(argl); free(keys);
-            sleep_ms(100);
-            continue;
-        }
+    int argc = 6 + 2 * (nns + 1);
+    const char **argv = malloc((size_t)argc * sizeof *argv);
+    size_t *argl = malloc((size_t)argc * sizeof *argl);
+    char (*keys)[256] = malloc((size_t)(nns + 1) * sizeof *keys);
+    *oom = !argv || !argl || !keys;
+    redisReply *r = NULL;
+    if (!*oom) {
         argv[0] = "XREAD"; argv[1] = "COUNT"; argv[2] = "256"; argv[3] = "BLOCK"; argv[4] = "500";
         argv[5] = "STREAMS";
         argv[6] = ctl_key;
         argv[7 + nns] = ctl_id;
         for (int i = 0; i < nns; i++) {
-            stream_key(R.ns[i].name, keys[i], sizeof keys[i]);
+            stream_key(rep, rep->ns[i].name, keys[i], sizeof keys[i]);
             argv[7 + i] = keys[i];
-            argv[8 + nns + i] = R.ns[i].last_id;
+            argv[8 + nns + i] = rep->ns[i].last_id;
         }
         for (int i = 0; i < argc; i++) argl[i] = strlen(argv[i]);
-        redisReply *r = redisCommandArgv(c, argc, argv, argl);
-        free(argv);
-        free(argl);
-        free(keys);
+        r = redisCommandArgv(c, argc, argv, argl);
+    }
+    free(argv);
+    free(argl);
+    free(keys);
+    return r;
+}
+
+/* The control stream's entries: a namespace announced (the caller reads
+ * the set again) or deleted by another replica (deleted here too);
+ * ctl_id[idcap] follows them. */
+static void apply_control(replication *rep, const redisReply *ents, char *ctl_id, size_t idcap)
+{
+    for (size_t e = 0; ents->type == REDIS_REPLY_ARRAY && e < ents->elements; e++) {
+        const redisReply *en = ents->element[e];
+        if (en->type != REDIS_REPLY_ARRAY || en->elements != 2) continue;
+        snprintf(ctl_id, idcap, "%s", en->element[0]->str);
+        const redisReply *del = field(en->element[1], "del"), *o = field(en->element[1], "o"),
+                         *t = field(en->element[1], "t");
+        if (!del || !o || !strcmp(o->str, rep->tag) || strlen(del->str) >= SESSION_ID_MAX) continue;
+        apply_tombstone(rep, del->str, strtoull(t ? t->str : en->element[0]->str, NULL, 10), o->str);
+    }
+}
+
+/* The entries read from ns's stream: those wanted are applied to the local
+ * store (opened, or created, only for them), synced once; ns's position
+ * moves past all of them. 0, or -1 when the store is unavailable (retried
+ * from the same position at the next read). */
+static int apply_stream(replication *rep, ns_state *ns, const redisReply *ents)
+{
+    if (ents->type != REDIS_REPLY_ARRAY || ents->elements == 0) return 0;
+    pthread_mutex_lock(&rep->lock);
+    uint64_t tomb = ns->tomb;
+    bool reset = ns->reset;
+    pthread_mutex_unlock(&rep->lock);
+    if (reset) return 0;   /* deleted here meanwhile: read again from the start */
+    /* The store is opened (created) only for entries to apply: a
+     * stream of a deleted incarnation must not bring the name back. */
+    bool want = false;
+    for (size_t e = 0; e < ents->elements && !want; e++) {
+        const redisReply *en = ents->element[e];
+        want = en->type == REDIS_REPLY_ARRAY && en->elements == 2 &&
+               sid_cmp(en->element[0]->str, ns->last_id) > 0 && entry_wanted(rep, ns, tomb, en->element[1], false);
+    }
+    ns_handle *ref = NULL;
+    char err[NC_ERRLEN] = "";
+    if (want && !(ref = namespaces_acquire(rep->srv, ns->name, true, err, sizeof err))) {
+        /* Retried at the next read, from the same position; logged
+         * once, not at every retry. */
+        if (!ns->warned)
+            slog(SLOG_WARN, "replication: namespace unavailable",
+                 json_pack("{s:s,s:s}", "namespace", ns->name, "error", err));
+        ns->warned = true;
+        return -1;
+    }
+    ns->warned = false;
+    nc_nsstore *st = ref ? namespaces_store(ref) : NULL;
+    uint64_t last_seq = 0;
+    for (size_t e = 0; e < ents->elements; e++) {
+        const redisReply *en = ents->element[e];
+        if (en->type != REDIS_REPLY_ARRAY || en->elements != 2) continue;
+        if (sid_cmp(en->element[0]->str, ns->last_id) <= 0)
+            continue;
+        if (entry_wanted(rep, ns, tomb, en->element[1], true) && st) {
+            uint64_t seq = apply_entry(rep, ns, st, en->element[0]->str, en->element[1]);
+            if (seq) last_seq = seq;
+        }
+        snprintf(ns->last_id, sizeof ns->last_id, "%s", en->element[0]->str);
+    }
+    if (last_seq && nsstore_sync(st, last_seq, err, sizeof err) != NC_OK)
+        slog(SLOG_WARN, "replication: sync failed", json_pack("{s:s,s:s}", "namespace", ns->name, "error", err));
+    if (ref) namespaces_release(rep->srv, ref);
+    return 0;
+}
+
+static void *applier(void *arg)
+{
+    replication *rep = arg;
+    redisContext *c = NULL;
+    double last_refresh = 0;
+    char ctl_key[200], ctl_id[64] = "$";
+    snprintf(ctl_key, sizeof ctl_key, "%sctl", rep->prefix);
+    while (!atomic_load(&rep->stop)) {
+        /* Namespaces are recovered before the server turns ready. */
+        if (!atomic_load(&rep->srv->ready)) {
+            sleep_ms(50);
+            continue;
+        }
+        if (!c && !(c = connect_redis(rep, &rep->connected_app))) {
+            sleep_ms(300);
+            continue;
+        }
+        if (now_ms() - last_refresh > 1000) {
+            if (refresh_namespaces(rep, c) || load_tombstones(rep, c)) {
+                redisFree(c);
+                c = NULL;
+                atomic_fetch_add(&rep->redis_errors, 1);
+                continue;
+            }
+            last_refresh = now_ms();
+        }
+        /* Entries of rep->ns never move and only this thread writes their
+         * positions: the lock only guards the count and the fields shared
+         * with the publisher and the request threads. */
+        pthread_mutex_lock(&rep->lock);
+        int nns = rep->nns;
+        for (int i = 0; i < nns; i++)
+            if (rep->ns[i].reset) {
+                /* deleted here: whatever comes next is of a new incarnation */
+                rep->ns[i].reset = false;
+                rep->ns[i].loaded = true;
+                rep->ns[i].nhw = 0;
+                snprintf(rep->ns[i].last_id, sizeof rep->ns[i].last_id, "0");
+            }
+        pthread_mutex_unlock(&rep->lock);
+        for (int i = 0; i < nns; i++)
+            if (!rep->ns[i].loaded) pos_load(rep, &rep->ns[i]);
+        bool oom = false;
+        redisReply *r = xread(rep, c, ctl_key, ctl_id, nns, &oom);
+        if (oom) {
+            sleep_ms(100);
+            continue;
+        }
         if (!r || r->type == REDIS_REPLY_ERROR) {
             if (r) {
                 slog(SLOG_WARN, "replication: XREAD failed", json_pack("{s:s}", "error", r->str));
                 freeReplyObject(r);
             }
-            atomic_fetch_add(&R.redis_errors, 1);
+            atomic_fetch_add(&rep->redis_errors, 1);
             redisFree(c);
             c = NULL;
-            atomic_store(&R.connected_app, 0);
+            atomic_store(&rep->connected_app, 0);
             sleep_ms(200);
             continue;
         }
@@ -1048,71 +1161,18 @@ static void *applier(void *arg)
             if (sr->type != REDIS_REPLY_ARRAY || sr->elements != 2) continue;
             const char *key = sr->element[0]->str;
             if (!strcmp(key, ctl_key)) {
-                /* A namespace announced (read the set again now) or deleted
-                 * by another replica (delete it here too). */
-                const redisReply *ents = sr->element[1];
-                for (size_t e = 0; ents->type == REDIS_REPLY_ARRAY && e < ents->elements; e++) {
-                    const redisReply *en = ents->element[e];
-                    if (en->type != REDIS_REPLY_ARRAY || en->elements != 2) continue;
-                    snprintf(ctl_id, sizeof ctl_id, "%s", en->element[0]->str);
-                    const redisReply *del = field(en->element[1], "del"), *o = field(en->element[1], "o"),
-                                     *t = field(en->element[1], "t");
-                    if (!del || !o || !strcmp(o->str, R.tag) || strlen(del->str) >= SESSION_ID_MAX) continue;
-                    apply_tombstone(del->str, strtoull(t ? t->str : en->element[0]->str, NULL, 10), o->str);
-                }
+                apply_control(rep, sr->element[1], ctl_id, sizeof ctl_id);
                 last_refresh = 0;
                 continue;
             }
             ns_state *ns = NULL;
             for (int i = 0; i < nns; i++) {
                 char k[256];
-                stream_key(R.ns[i].name, k, sizeof k);
-                if (!strcmp(k, key)) ns = &R.ns[i];
+                stream_key(rep, rep->ns[i].name, k, sizeof k);
+                if (!strcmp(k, key)) ns = &rep->ns[i];
             }
-            const redisReply *ents = sr->element[1];
-            if (!ns || ents->type != REDIS_REPLY_ARRAY || ents->elements == 0) continue;
-            pthread_mutex_lock(&R.lock);
-            uint64_t tomb = ns->tomb;
-            bool reset = ns->reset;
-            pthread_mutex_unlock(&R.lock);
-            if (reset) continue;   /* deleted here meanwhile: read again from the start */
-            /* The store is opened (created) only for entries to apply: a
-             * stream of a deleted incarnation must not bring the name back. */
-            bool want = false;
-            for (size_t e = 0; e < ents->elements && !want; e++) {
-                const redisReply *en = ents->element[e];
-                want = en->type == REDIS_REPLY_ARRAY && en->elements == 2 &&
-                       sid_cmp(en->element[0]->str, ns->last_id) > 0 && entry_wanted(ns, tomb, en->element[1], false);
-            }
-            nsref *ref = NULL;
-            char err[NC_ERRLEN] = "";
-            if (want && !(ref = namespaces_acquire(R.srv, ns->name, true, err, sizeof err))) {
-                /* Retried at the next read, from the same position; logged
-                 * once, not at every retry. */
-                if (!ns->warned)
-                    slog(SLOG_WARN, "replication: namespace unavailable",
-                         json_pack("{s:s,s:s}", "namespace", ns->name, "error", err));
-                ns->warned = true;
+            if (ns && apply_stream(rep, ns, sr->element[1]) != 0)
                 retry_later = true;
-                continue;
-            }
-            ns->warned = false;
-            nc_nsstore *st = ref ? nsref_store(ref) : NULL;
-            uint64_t last_seq = 0;
-            for (size_t e = 0; e < ents->elements; e++) {
-                const redisReply *en = ents->element[e];
-                if (en->type != REDIS_REPLY_ARRAY || en->elements != 2) continue;
-                if (sid_cmp(en->element[0]->str, ns->last_id) <= 0)
-                    continue;
-                if (entry_wanted(ns, tomb, en->element[1], true) && st) {
-                    uint64_t seq = apply_entry(ns, st, en->element[0]->str, en->element[1]);
-                    if (seq) last_seq = seq;
-                }
-                snprintf(ns->last_id, sizeof ns->last_id, "%s", en->element[0]->str);
-            }
-            if (last_seq && nsstore_sync(st, last_seq, err, sizeof err) != NC_OK)
-                slog(SLOG_WARN, "replication: sync failed", json_pack("{s:s,s:s}", "namespace", ns->name, "error", err));
-            if (ref) namespaces_release(R.srv, ref);
         }
         freeReplyObject(r);
         if (retry_later)
@@ -1123,103 +1183,153 @@ static void *applier(void *arg)
 }
 /* ---- set-up ------------------------------------------------------------------- */
 
-int replication_start(nc_server *srv, char *err, size_t errlen)
+/* "host:port" (or "redis://host:port") into rep->host and rep->port. 0, or
+ * -1 with a message. */
+static int parse_redis(replication *rep, const char *url, char *err, size_t errlen)
 {
-    R.on = false;
-    if (!srv->cfg.redis[0])
-        return 0;
-    /* every store the registry opens from now on publishes its adds */
-    srv->namespace_opened = replication_attach;
-    if (!srv->cfg.replica_tag[0]) {
-        snprintf(err, errlen, "option 'redis' needs option 'replica_tag' (the origin of what this replica publishes)");
-        return -1;
-    }
-    const char *u = srv->cfg.redis;
+    const char *u = url;
     if (!strncmp(u, "redis://", 8)) u += 8;
     const char *colon = strrchr(u, ':');
-    R.port = 6379;
+    rep->port = 6379;
     size_t hl = colon ? (size_t)(colon - u) : strlen(u);
     if (colon) {
         char *end;
         long p = strtol(colon + 1, &end, 10);
         if (*end || p <= 0 || p > 65535) {
-            snprintf(err, errlen, "option 'redis': '%s' is not host:port", srv->cfg.redis);
+            snprintf(err, errlen, "option 'redis': '%s' is not host:port", url);
             return -1;
         }
-        R.port = (int)p;
+        rep->port = (int)p;
     }
-    if (hl == 0 || hl >= sizeof R.host) {
-        snprintf(err, errlen, "option 'redis': '%s' is not host:port", srv->cfg.redis);
+    if (hl == 0 || hl >= sizeof rep->host) {
+        snprintf(err, errlen, "option 'redis': '%s' is not host:port", url);
         return -1;
     }
-    memcpy(R.host, u, hl);
-    R.host[hl] = 0;
-    R.srv = srv;
-    snprintf(R.prefix, sizeof R.prefix, "%s", srv->cfg.redis_prefix);
-    R.maxlen = srv->cfg.redis_maxlen;
-    snprintf(R.tag, sizeof R.tag, "%s", srv->cfg.replica_tag);
-    R.model_fp = model_fingerprint(srv->model);
-    R.H = srv->model->cfg.hidden_size;
-    R.deletes_path[0] = 0;
+    memcpy(rep->host, u, hl);
+    rep->host[hl] = 0;
+    return 0;
+}
+
+static void replication_free(replication *rep)
+{
+    if (!rep)
+        return;
+    for (int i = 0; i < rep->nns; i++)
+        free(rep->ns[i].hw);
+    free(rep->dels);
+    pthread_cond_destroy(&rep->cond);
+    pthread_mutex_destroy(&rep->lock);
+    free(rep);
+}
+
+/* The settings of rep from the configuration and the test hooks. 0, or -1
+ * with a message. */
+static int replication_setup(replication *rep, nc_server *srv, char *err, size_t errlen)
+{
+    if (!srv->cfg.replica_tag[0]) {
+        snprintf(err, errlen, "option 'redis' needs option 'replica_tag' (the origin of what this replica publishes)");
+        return -1;
+    }
+    if (parse_redis(rep, srv->cfg.redis, err, errlen) != 0)
+        return -1;
+    rep->srv = srv;
+    snprintf(rep->prefix, sizeof rep->prefix, "%s", srv->cfg.redis_prefix);
+    rep->maxlen = srv->cfg.redis_maxlen;
+    snprintf(rep->tag, sizeof rep->tag, "%s", srv->cfg.replica_tag);
+    rep->model_fp = model_fingerprint(srv->model);
+    rep->H = srv->model->cfg.hidden_size;
+    rep->deletes_path[0] = 0;
     if (srv->cfg.data_dir[0])
-        snprintf(R.deletes_path, sizeof R.deletes_path, "%.1000s/%s", srv->cfg.data_dir, DELETES_FILE);
-    deletes_load();
+        snprintf(rep->deletes_path, sizeof rep->deletes_path, "%.1000s/%s", srv->cfg.data_dir, DELETES_FILE);
+    deletes_load(rep);
     /* Test hook (tests/test_replication.c): the publisher never records its
      * progress, so a restart publishes the whole log again -- what a crash
      * between an XADD and the marker does to the last batch. */
     const char *nm = getenv("NEUROCACHE_TEST_REPLICATION_NO_MARKER");
-    R.no_marker = nm && nm[0] == '1';
+    rep->no_marker = nm && nm[0] == '1';
     /* Test hook: widens the window in which a namespace is deleted and
      * created again while a batch of its old store is in flight. */
     const char *delay = getenv("NEUROCACHE_TEST_REPLICATION_PUBLISH_DELAY_MS");
-    R.publish_delay_ms = delay ? atoi(delay) : 0;
-    atomic_store(&R.tombs_loaded, 0);
-    atomic_store(&R.stop, 0);
-    R.on = true;
-    if (pthread_create(&R.pub, NULL, publisher, NULL) != 0 ||
-        pthread_create(&R.app, NULL, applier, NULL) != 0) {
-        snprintf(err, errlen, "cannot start the replication threads");
-        R.on = false;
-        return -1;
-    }
-    slog(SLOG_INFO, "replication", json_pack("{s:s,s:i,s:s,s:s}", "redis_host", R.host, "redis_port", R.port,
-                                            "prefix", R.prefix, "replica", R.tag));
+    rep->publish_delay_ms = delay ? atoi(delay) : 0;
     return 0;
 }
 
-void replication_stop(void)
+int replication_start(nc_server *srv, char *err, size_t errlen)
 {
-    if (!R.on)
+    srv->replication = NULL;
+    if (!srv->cfg.redis[0])
+        return 0;
+    replication *rep = calloc(1, sizeof *rep);
+    if (!rep) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    pthread_mutex_init(&rep->lock, NULL);
+    pthread_cond_init(&rep->cond, NULL);
+    if (replication_setup(rep, srv, err, errlen) != 0) {
+        replication_free(rep);
+        return -1;
+    }
+    atomic_store(&rep->tombs_loaded, 0);
+    atomic_store(&rep->stop, 0);
+    rep->on = true;
+    if (pthread_create(&rep->pub, NULL, publisher, rep) != 0) {
+        snprintf(err, errlen, "cannot start the replication threads");
+        replication_free(rep);
+        return -1;
+    }
+    if (pthread_create(&rep->app, NULL, applier, rep) != 0) {
+        snprintf(err, errlen, "cannot start the replication threads");
+        atomic_store(&rep->stop, 1);
+        pthread_join(rep->pub, NULL);
+        replication_free(rep);
+        return -1;
+    }
+    srv->replication = rep;
+    /* every store the registry opens from now on publishes its adds */
+    srv->namespace_opened = replication_attach;
+    srv->namespace_opened_ctx = rep;
+    slog(SLOG_INFO, "replication", json_pack("{s:s,s:i,s:s,s:s}", "redis_host", rep->host, "redis_port", rep->port,
+                                            "prefix", rep->prefix, "replica", rep->tag));
+    return 0;
+}
+
+void replication_stop(nc_server *srv)
+{
+    replication *rep = srv->replication;
+    if (!rep)
         return;
     /* The publisher goes on for up to 5 s while there is something to
      * publish and Redis answers; what is left stays in the logs, published
      * at the next start. */
-    atomic_store(&R.stop, 1);
-    pthread_mutex_lock(&R.lock);
-    pthread_cond_broadcast(&R.cond);
-    pthread_mutex_unlock(&R.lock);
-    pthread_join(R.pub, NULL);
-    pthread_join(R.app, NULL);
-    unsigned long long left = unpublished_records();
-    if (left || R.ndels)
+    atomic_store(&rep->stop, 1);
+    pthread_mutex_lock(&rep->lock);
+    pthread_cond_broadcast(&rep->cond);
+    pthread_mutex_unlock(&rep->lock);
+    pthread_join(rep->pub, NULL);
+    pthread_join(rep->app, NULL);
+    unsigned long long left = unpublished_records(rep);
+    if (left || rep->ndels)
         slog(SLOG_WARN, "replication: not everything published at exit (kept, published at the next start)",
-             json_pack("{s:I,s:i}", "log_records", (json_int_t)left, "deletions", R.ndels));
-    for (int i = 0; i < R.nns; i++) {
-        free(R.ns[i].hw);
-        R.ns[i].hw = NULL;
-    }
-    R.nns = 0;
-    free(R.dels);
-    R.dels = NULL;
-    R.ndels = R.delcap = 0;
-    R.on = false;
+             json_pack("{s:I,s:i}", "log_records", (json_int_t)left, "deletions", rep->ndels));
+    rep->on = false;
+}
+
+void replication_shutdown(nc_server *srv)
+{
+    /* the stores' log observers point into rep until they are closed */
+    replication_free(srv->replication);
+    srv->replication = NULL;
+    srv->namespace_opened = NULL;
+    srv->namespace_opened_ctx = NULL;
 }
 
 /* ---- observability -------------------------------------------------------------- */
 
-char *replication_metrics(char *text)
+char *replication_metrics(nc_server *srv, char *text)
 {
-    if (!R.on)
+    replication *rep = srv->replication;
+    if (!rep)
         return text;
     char buf[2048];
     snprintf(buf, sizeof buf,
@@ -1244,13 +1354,13 @@ char *replication_metrics(char *text)
              "# HELP neurocache_replication_redis_up The reader's Redis connection is up.\n"
              "# TYPE neurocache_replication_redis_up gauge\n"
              "neurocache_replication_redis_up %d\n",
-             (unsigned long long)atomic_load(&R.published_tokens),
-             (unsigned long long)atomic_load(&R.applied_tokens),
-             (unsigned long long)atomic_load(&R.duplicate_entries),
-             (unsigned long long)atomic_load(&R.refused_entries),
-             (unsigned long long)unpublished_records(),
-             (double)atomic_load(&R.last_lag_ms) / 1e3,
-             atomic_load(&R.connected_app));
+             (unsigned long long)atomic_load(&rep->published_tokens),
+             (unsigned long long)atomic_load(&rep->applied_tokens),
+             (unsigned long long)atomic_load(&rep->duplicate_entries),
+             (unsigned long long)atomic_load(&rep->refused_entries),
+             (unsigned long long)unpublished_records(rep),
+             (double)atomic_load(&rep->last_lag_ms) / 1e3,
+             atomic_load(&rep->connected_app));
     size_t a = text ? strlen(text) : 0, b = strlen(buf);
     char *t = realloc(text, a + b + 1);
     if (!t) return text;
@@ -1258,34 +1368,34 @@ char *replication_metrics(char *text)
     return t;
 }
 
-void h_replication(nc_server *srv, http_request *req, http_response *resp)
+json_t *replication_status(nc_server *srv)
 {
-    (void)srv, (void)req;
-    json_t *o = json_pack("{s:b}", "enabled", R.on);
-    if (R.on && o) {
+    replication *rep = srv->replication;
+    json_t *o = json_pack("{s:b}", "enabled", rep != NULL);
+    if (rep && o) {
         json_t *pos = json_object();
-        pthread_mutex_lock(&R.lock);
-        for (int i = 0; i < R.nns; i++)
-            json_object_set_new(pos, R.ns[i].name, json_string(R.ns[i].loaded ? R.ns[i].last_id : "0"));
-        pthread_mutex_unlock(&R.lock);
-        json_object_set_new(o, "replica", json_string(R.tag));
-        json_object_set_new(o, "redis", json_pack("{s:s,s:i,s:b,s:b}", "host", R.host, "port", R.port,
-                                                  "reader_connected", atomic_load(&R.connected_app),
-                                                  "publisher_connected", atomic_load(&R.connected_pub)));
-        json_object_set_new(o, "published_entries", json_integer((json_int_t)atomic_load(&R.published_entries)));
-        json_object_set_new(o, "published_tokens", json_integer((json_int_t)atomic_load(&R.published_tokens)));
-        json_object_set_new(o, "applied_entries", json_integer((json_int_t)atomic_load(&R.applied_entries)));
-        json_object_set_new(o, "applied_tokens", json_integer((json_int_t)atomic_load(&R.applied_tokens)));
-        json_object_set_new(o, "duplicate_entries", json_integer((json_int_t)atomic_load(&R.duplicate_entries)));
-        json_object_set_new(o, "refused_entries", json_integer((json_int_t)atomic_load(&R.refused_entries)));
-        json_object_set_new(o, "unpublished_records", json_integer((json_int_t)unpublished_records()));
-        pthread_mutex_lock(&R.lock);
-        int nd = R.ndels;
-        pthread_mutex_unlock(&R.lock);
+        pthread_mutex_lock(&rep->lock);
+        for (int i = 0; i < rep->nns; i++)
+            json_object_set_new(pos, rep->ns[i].name, json_string(rep->ns[i].loaded ? rep->ns[i].last_id : "0"));
+        pthread_mutex_unlock(&rep->lock);
+        json_object_set_new(o, "replica", json_string(rep->tag));
+        json_object_set_new(o, "redis", json_pack("{s:s,s:i,s:b,s:b}", "host", rep->host, "port", rep->port,
+                                                  "reader_connected", atomic_load(&rep->connected_app),
+                                                  "publisher_connected", atomic_load(&rep->connected_pub)));
+        json_object_set_new(o, "published_entries", json_integer((json_int_t)atomic_load(&rep->published_entries)));
+        json_object_set_new(o, "published_tokens", json_integer((json_int_t)atomic_load(&rep->published_tokens)));
+        json_object_set_new(o, "applied_entries", json_integer((json_int_t)atomic_load(&rep->applied_entries)));
+        json_object_set_new(o, "applied_tokens", json_integer((json_int_t)atomic_load(&rep->applied_tokens)));
+        json_object_set_new(o, "duplicate_entries", json_integer((json_int_t)atomic_load(&rep->duplicate_entries)));
+        json_object_set_new(o, "refused_entries", json_integer((json_int_t)atomic_load(&rep->refused_entries)));
+        json_object_set_new(o, "unpublished_records", json_integer((json_int_t)unpublished_records(rep)));
+        pthread_mutex_lock(&rep->lock);
+        int nd = rep->ndels;
+        pthread_mutex_unlock(&rep->lock);
         json_object_set_new(o, "pending_deletions", json_integer(nd));
-        json_object_set_new(o, "last_lag_ms", json_integer((json_int_t)atomic_load(&R.last_lag_ms)));
-        json_object_set_new(o, "max_lag_ms", json_integer((json_int_t)atomic_load(&R.max_lag_ms)));
+        json_object_set_new(o, "last_lag_ms", json_integer((json_int_t)atomic_load(&rep->last_lag_ms)));
+        json_object_set_new(o, "max_lag_ms", json_integer((json_int_t)atomic_load(&rep->max_lag_ms)));
         json_object_set_new(o, "applied_positions", pos);
     }
-    http_reply_json(resp, 200, o);
+    return o;
 }

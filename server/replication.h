@@ -43,33 +43,44 @@
 #ifndef NC_SERVER_REPLICATION_H
 #define NC_SERVER_REPLICATION_H
 
-#include "http.h"
+#include <jansson.h>
+
 #include "nsstore.h"
 #include "server.h"
 
+/* The publisher and applier's state (srv->replication; NULL when option
+ * `redis` is empty). */
+typedef struct replication replication;
+
 /* Starts the publisher and applier threads when cfg.redis is set (a
- * replica_tag is then required). 0, or -1 with a message. */
+ * replica_tag is then required), sets srv->replication and makes the
+ * namespace registry attach every store it opens (nc_server.namespace_opened).
+ * 0, or -1 with a message. */
 int replication_start(nc_server *srv, char *err, size_t errlen);
 /* Publishes what the logs hold (up to a few seconds while Redis answers),
  * stops the threads; what is left is published at the next start. */
-void replication_stop(void);
+void replication_stop(nc_server *srv);
+/* Frees srv->replication, once the namespaces are closed (their logs'
+ * observers point into it). */
+void replication_shutdown(nc_server *srv);
 
 /* Called by the namespace registry for every store it opens or creates,
- * before any add: reads (or creates) its marker; its log is published from
- * the marker on. No-op when replication is off. */
-void replication_attach(const char *ns_name, nc_nsstore *store);
+ * before any add (ctx: srv->replication): reads (or creates) its marker;
+ * its log is published from the marker on. No-op when replication is off. */
+void replication_attach(void *ctx, const char *ns_name, nc_nsstore *store);
 
 /* A namespace was deleted here: the tombstone is recorded on disk, then
  * published; the other replicas delete it too (those down now when they
  * come back), its stream is removed from Redis, and entries of the deleted
  * incarnation are not applied anywhere (a namespace created later under the
  * name starts empty). */
-void replication_namespace_deleted(const char *ns_name);
+void replication_namespace_deleted(nc_server *srv, const char *ns_name);
 
 /* Prometheus lines appended to text (realloc'ed; returns the new pointer). */
-char *replication_metrics(char *text);
+char *replication_metrics(nc_server *srv, char *text);
 
-/* GET /v1/replication: enabled, counters, lag, per-namespace positions. */
-void h_replication(nc_server *srv, http_request *req, http_response *resp);
+/* What GET /v1/replication answers: enabled, counters, lag, per-namespace
+ * positions. A new reference. */
+json_t *replication_status(nc_server *srv);
 
 #endif

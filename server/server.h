@@ -15,7 +15,8 @@ typedef struct nc_server {
     nc_cache_params cache_defaults;   /* from the [cache] options */
     nc_model *model;                  /* NULL until loaded */
     sessions *sessions;               /* NULL until the model is loaded */
-    struct nsreg *namespaces;         /* namespaces.h; NULL until recovered */
+    struct ns_registry *namespaces;   /* namespaces.h; NULL until recovered */
+    struct migration *migration;      /* peers, model fingerprint (migrate.h); NULL until the model is loaded */
     struct batcher *batcher;          /* predict batching (batcher.h); NULL = predict inline */
     struct workpool *pool;            /* workers of heavy requests (workguard.h) */
     atomic_int ready;                 /* model loaded */
@@ -24,10 +25,14 @@ typedef struct nc_server {
     int port;                         /* bound port */
     struct MHD_Daemon *mhd;
     struct http_gate *gate;           /* accepts connections for mhd (http.c) */
+    struct upload_registry *uploads;  /* uploads in progress (uploads.h) */
+    struct replication *replication;  /* Redis publisher and applier (replication.h); NULL = off */
+    struct auth_table *auth;          /* API keys (auth.h); NULL = none: every request allowed */
     /* Called by the namespace registry for every store it opens or creates,
-     * before any add (replication attaches its publisher); set before
-     * namespaces_init, NULL = nobody listens. */
-    void (*namespace_opened)(const char *name, struct nc_nsstore *store);
+     * before any add, with namespace_opened_ctx (replication attaches its
+     * publisher); set before namespaces_init, NULL = nobody listens. */
+    void (*namespace_opened)(void *ctx, const char *name, struct nc_nsstore *store);
+    void *namespace_opened_ctx;
 } nc_server;
 
 #endif

@@ -15,7 +15,7 @@
 #include "auth.h"
 #include "config.h"
 #include "daemon.h"
-#include "handlers.h"
+#include "routes.h"
 #include "harness.h"
 #include "web.h"
 
@@ -166,7 +166,7 @@ TEST(key_file_mode)
 TEST(route_classes_and_defaults)
 {
     int n = 0;
-    const http_route *r = handlers_routes(&n);
+    const http_route *r = routes_table(&n);
     for (int i = 0; i < n; i++) {
         int ops = auth_route_ops(r[i].endpoint);
         if (!strcmp(r[i].endpoint, "health") || !strcmp(r[i].endpoint, "ready"))

@@ -9,7 +9,7 @@
 #include <strings.h>
 #include <yaml.h>
 
-#include "handlers.h"
+#include "routes.h"
 #include "harness.h"
 #include "proto.h"
 
@@ -68,7 +68,7 @@ TEST(every_route_documented)
     yaml_node_t *paths = get(yaml_document_get_root_node(&doc), "paths");
     CHECK(paths && paths->type == YAML_MAPPING_NODE);
     int n;
-    const http_route *rt = handlers_routes(&n);
+    const http_route *rt = routes_table(&n);
     CHECK(n > 10);
     int fallback = 0;
     for (int i = 0; i < n; i++) {
@@ -92,7 +92,7 @@ TEST(every_operation_routed)
     yaml_node_t *paths = get(yaml_document_get_root_node(&doc), "paths");
     if (!paths || paths->type != YAML_MAPPING_NODE) return;
     int n, ops = 0;
-    const http_route *rt = handlers_routes(&n);
+    const http_route *rt = routes_table(&n);
     static const char *const methods[] = {"get", "put", "post", "delete", "patch", "head", "options", NULL};
     for (yaml_node_pair_t *p = paths->data.mapping.pairs.start; p < paths->data.mapping.pairs.top; p++) {
         const char *path = scalar(yaml_document_get_node(&doc, p->key));

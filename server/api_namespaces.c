@@ -1,0 +1,163 @@
+/* api_namespaces.c -- the namespace endpoints (api_namespaces.h): list,
+ * inspect, delete, the document list and the streaming document upload
+ * (the pipeline is uploads.h's, the registry namespaces.h's). */
+#include "api_namespaces.h"
+
+#include <microhttpd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "metrics.h"
+#include "namespaces.h"
+#include "replication.h"
+#include "uploads.h"
+
+/* The uploads in progress into r, as GET /v1/namespaces/{ns} shows them. */
+static json_t *uploads_json(nc_server *srv, ns_handle *r)
+{
+    json_t *a = json_array();
+    upload_status *up = NULL;
+    size_t n = uploads_in_progress(srv, r, &up);
+    for (size_t i = 0; i < n; i++) {
+        const upload_status *p = &up[i];
+        json_array_append_new(a, json_pack("{s:s,s:I,s:I,s:I,s:f,s:f}", "document", p->document, "documents",
+                                           (json_int_t)p->documents, "bytes_received", (json_int_t)p->bytes,
+                                           "tokens_added", (json_int_t)p->tokens_added, "seconds", p->seconds,
+                                           "tokens_per_second",
+                                           p->seconds > 0 ? (double)p->tokens_added / p->seconds : 0.0));
+    }
+    free(up);
+    return a;
+}
+
+static json_t *ns_json(nc_server *srv, ns_handle *r)
+{
+    nc_nsstore_stats st;
+    nsstore_stats(namespaces_store(r), &st);
+    char idx[160];
+    if (st.exact)
+        snprintf(idx, sizeof idx, "Flat");
+    else
+        snprintf(idx, sizeof idx, "%s", st.factory ? st.factory : "IVF");
+    return json_pack("{s:s,s:I,s:i,s:I,s:{s:s,s:b,s:i},s:I,s:I,s:I,s:{s:I,s:I,s:f,s:f},s:I,s:o}", "name", namespaces_name(r),
+                     "entries", (json_int_t)st.entries, "words", st.words, "documents", (json_int_t)st.docs,
+                     "index", "type", idx, "exact", st.exact, "nprobe", st.nprobe,
+                     "disk_bytes", (json_int_t)st.disk_bytes, "wal_bytes", (json_int_t)st.wal_bytes,
+                     "memory_bytes", (json_int_t)st.memory_bytes,
+                     "log", "last_seq", (json_int_t)st.last_seq, "synced_seq", (json_int_t)st.synced_seq,
+                     "snapshot_age", st.snapshot_age, "snapshot_seconds", st.snapshot_seconds,
+                     "fsyncs", (json_int_t)st.fsyncs, "uploads", uploads_json(srv, r));
+}
+
+typedef struct {
+    nc_server *srv;
+    json_t *list;
+} ns_list;
+
+static void list_one(ns_handle *r, void *ctx)
+{
+    ns_list *l = ctx;
+    json_array_append_new(l->list, ns_json(l->srv, r));
+}
+
+void api_h_ns_list(nc_server *srv, http_request *req, http_response *resp)
+{
+    (void)req;
+    ns_list l = {srv, json_array()};
+    namespaces_each(srv, list_one, &l);
+    http_reply_json(resp, 200, json_pack("{s:o}", "namespaces", l.list));
+}
+
+void api_h_ns_get(nc_server *srv, http_request *req, http_response *resp)
+{
+    char err[NC_ERRLEN] = "";
+    ns_handle *r = namespaces_acquire(srv, req->params[0], false, err, sizeof err);
+    if (!r) {
+        http_reply_error(resp, API_NOT_FOUND, "%s", err);
+        return;
+    }
+    http_reply_json(resp, 200, ns_json(srv, r));
+    namespaces_release(srv, r);
+}
+
+void api_h_ns_delete(nc_server *srv, http_request *req, http_response *resp)
+{
+    const char *name = req->params[0];
+    const char *confirm = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "confirm");
+    if (!confirm || strcmp(confirm, name) != 0) {
+        http_reply_error(resp, API_OUT_OF_RANGE,
+                         "deleting namespace '%s' removes every document streamed into it: confirm with "
+                         "?confirm=%s", name, name);
+        return;
+    }
+    char err[NC_ERRLEN] = "";
+    int64_t entries = 0;
+    if (namespaces_delete(srv, name, &entries, err, sizeof err) != 0) {
+        http_reply_error(resp, API_NOT_FOUND, "%s", err);
+        return;
+    }
+    /* The other replicas delete it too (replication.h; no-op without Redis). */
+    replication_namespace_deleted(srv, name);
+    http_reply_json(resp, 200, json_pack("{s:s,s:b,s:I}", "name", name, "deleted", 1, "entries",
+                                         (json_int_t)entries));
+}
+
+void api_h_ns_docs_list(nc_server *srv, http_request *req, http_response *resp)
+{
+    char err[NC_ERRLEN] = "";
+    ns_handle *r = namespaces_acquire(srv, req->params[0], false, err, sizeof err);
+    if (!r) {
+        http_reply_error(resp, API_NOT_FOUND, "%s", err);
+        return;
+    }
+    json_t *a = json_array();
+    uint32_t n = nsstore_doc_count(namespaces_store(r));
+    for (uint32_t i = 0; i < n; i++) {
+        char id[1100];
+        uint64_t pairs = 0;
+        if (nsstore_doc_info(namespaces_store(r), i, id, sizeof id, &pairs) == NC_OK)
+            json_array_append_new(a, json_pack("{s:s,s:I}", "id", id, "tokens", (json_int_t)pairs));
+    }
+    namespaces_release(srv, r);
+    http_reply_json(resp, 200, json_pack("{s:s,s:o}", "namespace", req->params[0], "documents", a));
+}
+
+/* The upload of this request, opened on its first piece (the namespace
+ * from the path, plain text or NDJSON from its Content-Type, a plain
+ * document's id from ?id=); NULL when out of memory. */
+static upload *request_upload(nc_server *srv, http_request *req)
+{
+    if (!req->user) {
+        const char *ct = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+        const char *id = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "id");
+        req->user = upload_open(srv, req->params[0], ct, id);
+        if (req->user)
+            req->user_free = upload_free;
+    }
+    return req->user;
+}
+
+void api_h_ns_documents(nc_server *srv, http_request *req, http_response *resp)
+{
+    upload *u = request_upload(srv, req);
+    if (!resp) {
+        if (u)
+            upload_chunk(u, req->chunk, req->chunk_len);
+        return;   /* without u: answered 500 at the end */
+    }
+    if (!u) {
+        http_reply_error(resp, API_INTERNAL, "out of memory");
+        return;
+    }
+    upload_result res;
+    if (upload_finish(u, &res) != 0) {
+        http_reply_error(resp, res.code, "%s (%llu documents, %llu tokens were added before this)", res.msg,
+                         (unsigned long long)res.documents, (unsigned long long)res.tokens_added);
+        return;
+    }
+    metrics_add_tokens_fed(res.tokens_added);
+    http_reply_json(resp, 200, json_pack("{s:s,s:I,s:I,s:O,s:I}", "namespace", res.ns, "documents",
+                                         (json_int_t)res.documents, "tokens_added", (json_int_t)res.tokens_added,
+                                         "ids", res.ids, "entries", (json_int_t)res.entries));
+}

@@ -1,0 +1,404 @@
+/* api_predict.c -- a session's feed and predict, and stateless scoring
+ * (api_predict.h). Sessions are held (api_session_acquire) and locked for
+ * the work, so requests on one session are serialised while different
+ * sessions run in parallel. */
+#include "api_predict.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api_errors.h"
+#include "apiutil.h"
+#include "batcher.h"
+#include "metrics.h"
+#include "namespaces.h"
+#include "workguard.h"
+
+/* Feed with "components": token by token, the full distribution with each
+ * component's share (stream_predict) read at the token, then the token fed
+ * (stream_feed, which gives its logprob through the target-only path; the
+ * two paths agree, design §4). shares[i][c] is NAN where there is no
+ * prediction (no h yet) or the word has no id yet (a new open-vocabulary
+ * word: only the uniform term gives it mass). One full softmax per token,
+ * as predict: for the page's surprisal map, not for bulk scoring. Unlike
+ * stream_feed, a failure midway (out of memory) leaves the tokens before it
+ * fed. */
+static int feed_components(nc_stream *st, const nc_model *m, const nc_tokens *t, double *lp,
+                           float (*shares)[NC_NCOMP], char *err, size_t errlen)
+{
+    nc_dist d;
+    dist_init(&d);
+    nc_tokens one;
+    tokens_init(&one);
+    int rc = NC_OK;
+    for (size_t i = 0; i < t->n && rc == NC_OK; i++) {
+        /* an out-of-vocabulary word is the cache's own id with open
+         * vocabulary (-1 while the word is new), else unk_token */
+        int id = t->ids[i];
+        if (id == m->unk_id && t->words[i] && stream_params(st)->open_vocab)
+            id = stream_word_id(st, t->words[i], strlen(t->words[i]));
+        for (int c = 0; c < NC_NCOMP; c++)
+            shares[i][c] = NAN;
+        if (stream_has_h(st)) {
+            rc = stream_predict(st, true, &d, err, errlen);
+            for (int c = 0; rc == NC_OK && id >= 0 && c < NC_NCOMP && (size_t)id < d.n; c++)
+                shares[i][c] = d.share[c][id];
+        }
+        tokens_clear(&one);
+        if (rc == NC_OK)
+            rc = tokens_push(&one, t->ids[i], t->words[i], strlen(t->words[i]), t->offsets[i]);
+        if (rc == NC_OK)
+            rc = stream_feed(st, &one, false, &lp[i], err, errlen);
+    }
+    tokens_clear(&one);
+    dist_free(&d);
+    return rc;
+}
+
+/* ---- work budgets (config [limits]) -------------------------------------
+ * Each is checked before the work starts, in the unit that costs: LSTM
+ * steps (max_tokens_per_request), full-vocabulary distributions
+ * (max_generation_steps), unbounded-cache neighbours
+ * (max_neighbours_per_request). */
+
+/* Feeds t into s (adapting the session's namespace when adapt_s) in slices
+ * of WORKGUARD_SLICE tokens, checking the request's guard between slices.
+ * *done = tokens fed; *why = why it stopped early (WG_RUN: it did not);
+ * *seq = the last log record of the adapted pairs. Each slice is all or
+ * nothing; the slices before a stop stay fed (the stream's results do not
+ * depend on how the tokens are split, stream.h). */
+static int feed_slices(nc_server *srv, http_request *req, nc_stream *st, nc_session *adapt_s,
+                       const nc_tokens *t, double *lp, float (*shares)[NC_NCOMP], size_t *done, wg_stop *why,
+                       uint64_t *seq, char *err, size_t errlen)
+{
+    int rc = NC_OK;
+    *done = 0;
+    *why = WG_RUN;
+    for (size_t i = 0; i < t->n && rc == NC_OK; i += WORKGUARD_SLICE) {
+        if ((*why = workguard_check(&req->guard)) != WG_RUN)
+            break;
+        size_t nb = t->n - i < WORKGUARD_SLICE ? t->n - i : WORKGUARD_SLICE;
+        nc_tokens v = {t->ids + i, t->words + i, t->offsets + i, nb, nb};
+        uint64_t sq = 0;
+        rc = adapt_s ? namespaces_feed_adapt(srv, adapt_s, &v, lp ? lp + i : NULL, &sq, err, errlen)
+             : shares ? feed_components(st, srv->model, &v, lp + i, shares + i, err, errlen)
+                      : stream_feed(st, &v, false, lp ? lp + i : NULL, err, errlen);
+        if (sq)
+            *seq = sq;
+        if (rc == NC_OK)
+            *done += nb;
+    }
+    return rc;
+}
+
+/* A feed request, decoded and tokenised, with the buffers of its answer. */
+typedef struct {
+    proto_feed_req r;
+    nc_tokens t;
+    double *lp;                   /* [t.n] log-probabilities ("scores") */
+    float (*shares)[NC_NCOMP];    /* [t.n] components' shares ("components") */
+} feed_work;
+
+static void feed_work_free(feed_work *w)
+{
+    free(w->lp);
+    free(w->shares);
+    tokens_clear(&w->t);
+}
+
+/* The work budgets of a feed on s (locked): 0, or answers over_budget and
+ * returns -1. */
+static int feed_over_budget(nc_server *srv, const nc_session *s, const feed_work *w, http_response *resp)
+{
+    size_t n = w->t.n;
+    /* every token read with the unbounded cache searches knn neighbours */
+    long long neighbours = s->params.unbounded && stream_ubcache(s->stream) ? (long long)n * s->params.knn : 0;
+    if (neighbours > srv->cfg.max_neighbours_per_request) {
+        http_reply_error(resp, API_OVER_BUDGET,
+                         "%zu tokens x knn %d = %lld unbounded-cache neighbours are over max_neighbours_per_request "
+                         "= %ld: feed fewer tokens at a time", n, s->params.knn, neighbours,
+                         srv->cfg.max_neighbours_per_request);
+        return -1;
+    }
+    /* components: a full-vocabulary distribution per token, the unit of
+     * generation's budget */
+    if (w->shares && (long long)n > srv->cfg.max_generation_steps) {
+        http_reply_error(resp, API_OVER_BUDGET,
+                         "%zu tokens with components are %zu full-vocabulary distributions, over "
+                         "max_generation_steps = %ld: feed fewer tokens at a time", n, n,
+                         srv->cfg.max_generation_steps);
+        return -1;
+    }
+    return 0;
+}
+
+/* The answer of a feed that took every token: consumed, position, and the
+ * tokens' log-probabilities and components when asked. */
+static json_t *feed_json(const feed_work *w, int64_t pos)
+{
+    const nc_tokens *t = &w->t;
+    json_t *o = json_pack("{s:I,s:I}", "consumed", (json_int_t)t->n, "position", (json_int_t)pos);
+    if (o && w->r.scores) {
+        json_t *words = json_array(), *lps = json_array();
+        for (size_t i = 0; i < t->n; i++) {
+            json_array_append_new(words, json_string(t->words[i]));
+            json_array_append_new(lps, api_logprob(w->lp[i]));
+        }
+        json_object_set_new(o, "tokens", words);
+        json_object_set_new(o, "logprobs", lps);
+    }
+    if (o && w->shares) {
+        json_t *comps = json_array();
+        for (size_t i = 0; i < t->n; i++) {
+            json_t *c = isnan(w->shares[i][0]) ? json_null() : json_object();
+            for (int k = 0; json_is_object(c) && k < NC_NCOMP; k++)
+                json_object_set_new(c, nc_comp_names[k], json_real(w->shares[i][k]));
+            json_array_append_new(comps, c);
+        }
+        json_object_set_new(o, "components", comps);
+    }
+    return o;
+}
+
+void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
+{
+    feed_work w = {0};
+    api_status st;
+    if (proto_decode_feed(req->json, &w.r, &st)) {
+        http_reply_status(resp, &st);
+        return;
+    }
+    tokens_init(&w.t);
+    nc_session *s = NULL;
+    if (api_tokenize(srv, w.r.text, w.r.len, false, &w.t, resp) || !(s = api_session_acquire(srv, req, resp))) {
+        feed_work_free(&w);
+        return;
+    }
+    const nc_tokens *t = &w.t;
+    w.lp = w.r.scores && t->n ? malloc(t->n * sizeof *w.lp) : NULL;
+    w.shares = w.r.components && t->n ? malloc(t->n * sizeof *w.shares) : NULL;
+    char err[NC_ERRLEN] = "";
+    int rc = (w.r.scores && t->n && (!w.lp || (w.r.components && !w.shares))) ? NC_ENOMEM : NC_OK;
+    /* A session handed over while this request waited must not take the
+     * tokens (they would be lost): session_moved, the balancer retries. */
+    if (api_session_lock(srv, s, resp) != 0) {
+        sessions_release(srv->sessions, s);
+        feed_work_free(&w);
+        return;
+    }
+    if (feed_over_budget(srv, s, &w, resp) != 0) {
+        pthread_mutex_unlock(&s->lock);
+        sessions_release(srv->sessions, s);
+        feed_work_free(&w);
+        return;
+    }
+    uint64_t seq = 0;
+    size_t done = 0;
+    wg_stop why = WG_RUN;
+    if (rc == NC_OK && t->n)
+        rc = feed_slices(srv, req, s->stream, w.r.adapt ? s : NULL, t, w.lp, w.shares, &done, &why, &seq, err,
+                         sizeof err);
+    int64_t pos = stream_position(s->stream);
+    pthread_mutex_unlock(&s->lock);
+    /* adapted pairs are durable before the answer (group commit), also
+     * those of the slices fed before a stop */
+    if (seq) {
+        char serr[NC_ERRLEN] = "";
+        int src = namespaces_sync(s, seq, serr, sizeof serr);
+        if (rc == NC_OK && src != NC_OK) {
+            rc = src;
+            snprintf(err, sizeof err, "%s", serr);
+        }
+    }
+    sessions_release(srv->sessions, s);
+    if (rc != NC_OK) {
+        http_reply_error(resp, api_error_from_core(rc), "feed: %s", err);
+    } else if (why != WG_RUN) {
+        metrics_add_tokens_fed(done);
+        http_reply_error(resp, workguard_api(why),
+                         "feed stopped: %s; the first %zu of %zu tokens were fed (the session is at position %lld)",
+                         workguard_reason(why, srv->cfg.request_timeout_s), done, t->n, (long long)pos);
+    } else {
+        metrics_add_tokens_fed(t->n);
+        json_t *o = feed_json(&w, pos);
+        if (o && w.r.scores)
+            metrics_add_tokens_scored(t->n);
+        http_reply_json(resp, 200, o);
+    }
+    feed_work_free(&w);
+}
+
+/* The answer of a predict on s (locked): logits = the session's decoder
+ * output when the batcher computed it, NULL to compute it here. */
+static void predict_answer(nc_session *s, const proto_predict_req *r, const float *logits,
+                           http_response *resp)
+{
+    nc_dist d;
+    dist_init(&d);
+    char err[NC_ERRLEN] = "";
+    json_t *o = NULL;
+    int *idx = NULL;
+    int rc = logits ? stream_predict_logits(s->stream, logits, r->components, &d, err, sizeof err)
+                    : stream_predict(s->stream, r->components, &d, err, sizeof err);
+    if (rc == NC_OK) {
+        size_t k = r->full ? d.n : (size_t)r->top_k;
+        if (k > d.n) k = d.n;
+        idx = malloc((k ? k : 1) * sizeof *idx);
+        if (!idx) {
+            rc = NC_ENOMEM;
+            snprintf(err, sizeof err, "out of memory");
+        }
+        if (idx) {
+            k = api_top_k(d.p, d.n, k, idx);
+            json_t *preds = json_array();
+            for (size_t i = 0; i < k; i++) {
+                int w = idx[i];
+                const char *word = stream_word(s->stream, w);
+                json_t *it = json_pack("{s:s,s:i,s:f}", "word", word ? word : "", "id", w, "prob",
+                                       (double)d.p[w]);
+                if (r->components && it) {
+                    json_t *c = json_object();
+                    for (int ci = 0; ci < NC_NCOMP; ci++)
+                        if (d.share[ci])
+                            json_object_set_new(c, nc_comp_names[ci], json_real(d.share[ci][w]));
+                    json_object_set_new(it, "components", c);
+                }
+                json_array_append_new(preds, it);
+            }
+            if (r->explain && preds) {
+                /* which stored text each word comes from (namespaces.h) */
+                json_t *ex = namespaces_explain(s, idx, k);
+                for (size_t i = 0; ex && i < k; i++)
+                    json_object_set(json_array_get(preds, i), "explain", json_array_get(ex, i));
+                json_decref(ex);
+            }
+            o = json_pack("{s:o,s:I,s:I}", "predictions", preds, "vocab_size", (json_int_t)d.n,
+                          "position", (json_int_t)stream_position(s->stream));
+            if (o && r->components) {
+                /* the components' weights at this position (per token with the gate) */
+                json_t *wt = json_object();
+                for (int ci = 0; ci < NC_NCOMP; ci++)
+                    json_object_set_new(wt, nc_comp_names[ci], json_real(d.weight[ci]));
+                json_object_set_new(o, "weights", wt);
+            }
+        }
+    }
+    if (rc != NC_OK) {
+        json_decref(o);
+        http_reply_error(resp, api_error_from_core(rc), "predict: %s", err);
+    } else {
+        metrics_add_predictions(1);
+        http_reply_json(resp, 200, o);
+    }
+    free(idx);
+    dist_free(&d);
+}
+
+/* A predict handed to the batcher (batcher.h): the connection is suspended
+ * until done. */
+typedef struct {
+    batch_job job;                /* first: the batcher's view */
+    nc_server *srv;
+    http_request *req;
+    proto_predict_req r;
+    http_response resp;
+} predict_job;
+
+static void predict_run(batch_job *j, const float *logits)
+{
+    predict_job *p = (predict_job *)j;
+    predict_answer(j->s, &p->r, logits, &p->resp);
+}
+
+static void predict_done(batch_job *j)
+{
+    predict_job *p = (predict_job *)j;
+    sessions_release(p->srv->sessions, j->s);
+    http_resume(p->req, &p->resp);
+    free(p);
+}
+
+void api_h_predict(nc_server *srv, http_request *req, http_response *resp)
+{
+    proto_predict_req r;
+    api_status st;
+    if (proto_decode_predict(req->json, srv->cfg.max_top_k, &r, &st)) {
+        http_reply_status(resp, &st);
+        return;
+    }
+    nc_session *s = api_session_acquire(srv, req, resp);
+    if (!s)
+        return;
+    predict_job *p = srv->batcher ? calloc(1, sizeof *p) : NULL;
+    if (p) {
+        p->job.s = s;
+        p->job.run = predict_run;
+        p->job.done = predict_done;
+        p->srv = srv;
+        p->req = req;
+        p->r = r;
+        http_defer(req);
+        batcher_submit(srv->batcher, &p->job);
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    predict_answer(s, &r, NULL, resp);
+    pthread_mutex_unlock(&s->lock);
+    sessions_release(srv->sessions, s);
+}
+
+void api_h_score(nc_server *srv, http_request *req, http_response *resp)
+{
+    proto_score_req r;
+    api_status st;
+    if (proto_decode_score(req->json, &srv->cache_defaults, &r, &st)) {
+        http_reply_status(resp, &st);
+        return;
+    }
+    nc_tokens t;
+    tokens_init(&t);
+    if (api_tokenize(srv, r.text, r.len, r.final_eos, &t, resp)) {
+        tokens_clear(&t);
+        return;
+    }
+    char err[NC_ERRLEN] = "";
+    nc_stream *s = NULL;
+    double *lp = malloc((t.n ? t.n : 1) * sizeof *lp);
+    int rc = lp ? stream_new(srv->model, &r.cache, NULL, NULL, r.bos_eos, &s, err, sizeof err) : NC_ENOMEM;
+    size_t done = 0;
+    wg_stop why = WG_RUN;
+    uint64_t seq = 0;
+    if (rc == NC_OK && t.n)
+        rc = feed_slices(srv, req, s, NULL, &t, lp, NULL, &done, &why, &seq, err, sizeof err);
+    if (rc != NC_OK) {
+        http_reply_error(resp, api_error_from_core(rc), "score: %s", err);
+    } else if (why != WG_RUN) {
+        http_reply_error(resp, workguard_api(why), "score stopped after %zu of %zu tokens: %s", done, t.n,
+                         workguard_reason(why, srv->cfg.request_timeout_s));
+    } else {
+        json_t *words = json_array(), *lps = json_array();
+        double sum = 0;
+        size_t counted = 0;
+        for (size_t i = 0; i < t.n; i++) {
+            json_array_append_new(words, json_string(t.words[i]));
+            json_array_append_new(lps, api_logprob(lp[i]));
+            if (!isnan(lp[i])) {
+                sum += lp[i];
+                counted++;
+            }
+        }
+        json_t *o = json_pack("{s:o,s:o,s:f,s:I}", "tokens", words, "logprobs", lps, "logprob_sum",
+                              isinf(sum) ? -1e30 : sum, "count", (json_int_t)counted);
+        if (o) {
+            double ppl = counted ? exp(-sum / (double)counted) : 1.0;
+            json_object_set_new(o, "ppl", isfinite(ppl) ? json_real(ppl) : json_null());
+        }
+        metrics_add_tokens_scored(counted);
+        http_reply_json(resp, 200, o);
+    }
+    stream_free(s);
+    free(lp);
+    tokens_clear(&t);
+}

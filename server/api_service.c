@@ -1,0 +1,95 @@
+/* api_service.c -- the daemon's own endpoints (api_service.h): health,
+ * readiness, metrics, the model, replication's status. */
+#include "api_service.h"
+
+#include <string.h>
+
+#include "apiutil.h"
+#include "compute.h"
+#include "metrics.h"
+#include "namespaces.h"
+#include "replication.h"
+#include "vmath.h"
+#include "workguard.h"
+
+void api_h_health(nc_server *srv, http_request *req, http_response *resp)
+{
+    (void)srv, (void)req;
+    http_reply_json(resp, 200, json_pack("{s:s}", "status", "ok"));
+}
+
+void api_h_ready(nc_server *srv, http_request *req, http_response *resp)
+{
+    (void)req;
+    if (atomic_load(&srv->draining))
+        http_reply_error(resp, API_NOT_READY, "draining: the server is shutting down");
+    else if (!atomic_load(&srv->ready))
+        http_reply_error(resp, API_NOT_READY, "loading the model and recovering namespaces");
+    else
+        http_reply_json(resp, 200, json_pack("{s:s}", "status", "ready"));
+}
+
+void api_h_metrics(nc_server *srv, http_request *req, http_response *resp)
+{
+    (void)req;
+    long n = 0;
+    size_t bytes = 0;
+    if (srv->sessions)
+        sessions_stats(srv->sessions, &n, &bytes);
+    resp->text = workpool_metrics(srv->pool, replication_metrics(srv, namespaces_metrics(
+        srv, metrics_render(n, bytes, atomic_load(&srv->ready), atomic_load(&srv->draining)))));
+    resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    resp->status = 200;
+}
+
+void api_h_model(nc_server *srv, http_request *req, http_response *resp)
+{
+    (void)req;
+    const nc_model_config *c = &srv->model->cfg;
+    json_t *o = json_pack("{s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:b,s:b,s:s,s:s,s:I}",
+                          "name", api_model_name(srv), "directory", srv->cfg.model,
+                          "model_type", c->model_type, "vocab_size", c->vocab_size,
+                          "embedding_size", c->embedding_size, "hidden_size", c->hidden_size,
+                          "num_layers", c->num_layers, "tie_weights", c->tie_weights,
+                          "lowercase", c->lowercase, "unk_token", c->unk_token,
+                          "eos_token", c->eos_token,
+                          "parameters", (json_int_t)model_num_params(srv->model));
+    if (o) {
+        json_object_set_new(o, "cache_defaults", proto_encode_cache(&srv->cache_defaults));
+        json_object_set_new(o, "cache_knobs", proto_encode_cache_knobs());
+        /* every option of the [limits] section, by its name (config.c's
+         * table is where each is defined), then the sessions' */
+        json_t *lim = json_object();
+        for (const config_option *co = config_options(); lim && co->name; co++) {
+            long long v;
+            if (!strcmp(co->section, "limits") && config_get_integer(&srv->cfg, co, &v) == 0)
+                json_object_set_new(lim, co->name, json_integer((json_int_t)v));
+        }
+        if (lim) {
+            json_object_set_new(lim, "max_sessions", json_integer(srv->cfg.max_sessions));
+            json_object_set_new(lim, "session_ttl", json_integer(srv->cfg.session_ttl_s));
+            json_object_set_new(lim, "session_memory_bytes", json_integer((json_int_t)srv->cfg.session_memory_mb << 20));
+            json_object_set_new(lim, "threads", json_integer(srv->cfg.threads));
+        }
+        json_object_set_new(o, "limits", lim);
+        json_object_set_new(o, "compute",
+                            json_pack("{s:s,s:s,s:s,s:s}", "version", NC_VERSION, "simd", vm_isa(),
+                                      "simd_supported", vm_isa_supported(), "blas", nc_blas_core()));
+    }
+    http_reply_json(resp, 200, o);
+}
+
+void api_h_models(nc_server *srv, http_request *req, http_response *resp)
+{
+    (void)req;
+    http_reply_json(resp, 200,
+                    json_pack("{s:s,s:[{s:s,s:s,s:I,s:s}]}", "object", "list", "data", "id",
+                              api_model_name(srv), "object", "model", "created", (json_int_t)0,
+                              "owned_by", "neurocache"));
+}
+
+void api_h_replication(nc_server *srv, http_request *req, http_response *resp)
+{
+    (void)req;
+    http_reply_json(resp, 200, replication_status(srv));
+}
