@@ -1,13 +1,13 @@
 /* cache.h -- cache settings (implemented in cache_params.c) and the umbrella
  * header of the caches: including it gives the whole cache API. Design §3-§5.
  *
- *   ucache.h     unigram cache (window counts)
- *   ncache.h     neural cache ring buffer (keys f32 or f16)
- *   wordtable.h  thread-safe open-vocabulary word table (ids >= V)
- *   ubcache.h    unbounded cache: FAISS index + values + word table, per namespace
- *   mixture.h    the formulas of design §4: full distribution and target-only
- *   docscore.h   batched causal scoring of a token sequence
- *   stream.h     the per-stream predictor (a session): state + local caches
+ *   unigram_cache.h    unigram cache: window counts and its term p_uni
+ *   neural_cache.h     neural cache: ring buffer (keys f32 or f16) and its terms
+ *   wordtable.h        thread-safe open-vocabulary word table (ids >= V)
+ *   unbounded_cache.h  unbounded cache: FAISS index + values + word table, per namespace
+ *   mixture.h          design §4's mixture of the terms: full distribution and target-only
+ *   doc.h              a prepared document and its batched causal scoring
+ *   stream.h           the per-stream predictor (a session): state + local caches
  */
 #ifndef NC_CACHE_H
 #define NC_CACHE_H
@@ -45,12 +45,12 @@ int cache_params_validate(const nc_cache_params *p, char *err, size_t errlen);
  * CLI tables). Returns buf. */
 const char *cache_params_describe(const nc_cache_params *p, char *buf, size_t len);
 
-#include "ucache.h"
-#include "ncache.h"
+#include "unigram_cache.h"
+#include "neural_cache.h"
 #include "wordtable.h"
-#include "ubcache.h"
+#include "unbounded_cache.h"
 #include "mixture.h"
-#include "docscore.h"
+#include "doc.h"
 #include "stream.h"
 
 #endif

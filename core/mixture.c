@@ -143,8 +143,8 @@ static int mixture_full_const(const nc_cache_params *p, const nc_mix_input *in, 
             n_words = (size_t)in->ub_words[i] + 1;
     if (in->uni)
         for (int i = 0; i < in->uni->count; i++)
-            if ((size_t)ucache_at(in->uni, i) >= n_words)
-                n_words = (size_t)ucache_at(in->uni, i) + 1;
+            if ((size_t)unigram_cache_at(in->uni, i) >= n_words)
+                n_words = (size_t)unigram_cache_at(in->uni, i) + 1;
     if (dist_reserve(out, n_words, shares))
         return nc_error(err, errlen, NC_ENOMEM, "distribution over %zu words", n_words);
     /* q: dense scratch of the later steps, only when one is on. */
@@ -225,7 +225,7 @@ static int mixture_full_const(const nc_cache_params *p, const nc_mix_input *in, 
     if (unigram_on(p, in)) {
         memset(q, 0, n_words * sizeof(double));
         for (int i = 0; i < in->uni->count; i++)
-            q[ucache_at(in->uni, i)] += 1.0 / in->uni->count;
+            q[unigram_cache_at(in->uni, i)] += 1.0 / in->uni->count;
         blend(out, shares, p->unigram_lambda, q, NC_COMP_UNIGRAM);
     }
 
@@ -351,7 +351,7 @@ void mixture_components(const nc_cache_params *p, const nc_mix_input *in, int x,
         pc[NC_COMP_NEURAL] = num / zs;
     }
     if (a & (1u << NC_COMP_UNIGRAM))
-        pc[NC_COMP_UNIGRAM] = ucache_prob(in->uni, x);
+        pc[NC_COMP_UNIGRAM] = unigram_cache_prob(in->uni, x);
     if (a & (1u << NC_COMP_UNBOUNDED)) {
         double sw = ub_weights(p, in, NULL), theta2 = ub_theta2(in), num = 0.0;
         for (int i = 0; i < in->ub_k; i++)
@@ -398,7 +398,7 @@ double mixture_target(const nc_cache_params *p, const nc_mix_input *in, int x)
         }
     }
     if (unigram_on(p, in))
-        pr = (1.0 - p->unigram_lambda) * pr + p->unigram_lambda * ucache_prob(in->uni, x);
+        pr = (1.0 - p->unigram_lambda) * pr + p->unigram_lambda * unigram_cache_prob(in->uni, x);
     if (p->unbounded && in->ub_k > 0 && !in->ub_skipped) {
         double sw = ub_weights(p, in, NULL), theta2 = ub_theta2(in);
         if (sw > 0.0) {

@@ -18,7 +18,7 @@
 #define NC_MIXTURE_H
 
 #include "nc_common.h"
-#include "ucache.h"
+#include "unigram_cache.h"
 
 struct nc_cache_params_s;
 struct nc_gate;
@@ -49,7 +49,7 @@ typedef struct {
     const float *ndots;           /* [nn] h_t·h_i over the neural window, any order */
     const int *nvals;             /* [nn] x_{i+1} of those pairs */
     int nn;
-    const nc_ucache *uni;         /* unigram window (NULL or empty = off) */
+    const nc_unigram_cache *uni;         /* unigram window (NULL or empty = off) */
     const float *ub_d2;           /* [ub_k] squared distances, ascending */
     const int *ub_words;          /* [ub_k] word ids, -1 = no neighbour */
     int ub_k;

@@ -18,7 +18,7 @@ typedef struct nc_stream nc_stream;
  * stream owns a private one (when p->open_vocab). bos: start from the zero
  * state advanced by eos (design §3); false = zero state, the first token fed
  * is context only. */
-int stream_new(const nc_model *m, const nc_cache_params *p, nc_ubcache *ub,
+int stream_new(const nc_model *m, const nc_cache_params *p, nc_unbounded_cache *ub,
                nc_wordtable *words, bool bos, nc_stream **out, char *err, size_t errlen);
 void stream_free(nc_stream *s);  /* NULL allowed */
 
@@ -50,7 +50,7 @@ const float *stream_h(const nc_stream *s);
 /* The neural cache's ring (oldest pair first; pair i holds the key before
  * token position stream_position - count + i and that token), NULL when the
  * stream has none. Borrowed; valid until the stream changes. */
-const nc_ncache *stream_neural(const nc_stream *s);
+const nc_neural_cache *stream_neural(const nc_stream *s);
 /* stream_predict with the decoder logits W h_t + b ([V]) already computed by
  * the caller, so that a server can batch the decoder products of many
  * streams into one GEMM (lstm_logits_batch). */
@@ -62,14 +62,14 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
  * table has no such word or the stream has no table. */
 int stream_word_id(nc_stream *s, const char *word, size_t len);
 /* How the stream reads its unbounded cache's word ids: NC_UB_OPEN in open
- * vocabulary, else the model's unk id (ubcache.h). */
+ * vocabulary, else the model's unk id (unbounded_cache.h). */
 int stream_ub_reader(const nc_stream *s);
 /* Surface string of id (model or open-vocabulary word), NULL if unknown. */
 const char *stream_word(nc_stream *s, int id);
 int64_t stream_position(const nc_stream *s);      /* tokens fed since start */
 bool stream_has_h(const nc_stream *s);
 size_t stream_memory(const nc_stream *s);         /* bytes owned by the stream */
-nc_ubcache *stream_ubcache(const nc_stream *s);
+nc_unbounded_cache *stream_unbounded_cache(const nc_stream *s);
 
 /* N-best rescoring: scores each of the n continuations conts[i] from the
  * stream's current state as if it alone were fed (stream_feed with
@@ -97,7 +97,7 @@ int stream_clone(const nc_stream *s, nc_stream **out, char *err, size_t errlen);
  * everything (NC_EFORMAT on a bad blob) and binds the stream to m, ub, words
  * as stream_new does. */
 int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_t errlen);
-int stream_import(const nc_model *m, nc_ubcache *ub, nc_wordtable *words, const void *blob,
+int stream_import(const nc_model *m, nc_unbounded_cache *ub, nc_wordtable *words, const void *blob,
                   size_t len, nc_stream **out, char *err, size_t errlen);
 
 #endif

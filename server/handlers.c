@@ -303,7 +303,7 @@ static void h_feed(nc_server *srv, http_request *req, http_response *resp)
         return;
     }
     /* every token read with the unbounded cache searches knn neighbours */
-    long long neighbours = s->params.unbounded && stream_ubcache(s->stream) ? (long long)t.n * s->params.knn : 0;
+    long long neighbours = s->params.unbounded && stream_unbounded_cache(s->stream) ? (long long)t.n * s->params.knn : 0;
     if (neighbours > srv->cfg.max_neighbours_per_request) {
         pthread_mutex_unlock(&s->lock);
         sessions_release(srv->sessions, s);

@@ -92,7 +92,7 @@ static int open_store(nsreg *g, const char *dir, nc_nsstore **out, nc_nsstore_re
                       size_t errlen)
 {
     nc_nsstore_opts o = {.dir = dir, .model = g->m, .sync = g->sync};
-    ubcache_opts_default(&o.ub, g->m->cfg.hidden_size);
+    unbounded_cache_opts_default(&o.ub, g->m->cfg.hidden_size);
     o.ub.trained_path = g->trained[0] ? g->trained : NULL;
     o.ub.factory = g->factory[0] ? g->factory : NULL;
     o.ub.train_self = g->train_self;
@@ -191,7 +191,7 @@ nc_nsstore *nsref_store(nsref *r)
     return r->store;
 }
 
-int namespaces_bind_session(void *ctx, const char *ns, nc_ubcache **ub, void **ref, char *err,
+int namespaces_bind_session(void *ctx, const char *ns, nc_unbounded_cache **ub, void **ref, char *err,
                             size_t errlen)
 {
     nc_server *srv = ctx;
@@ -199,7 +199,7 @@ int namespaces_bind_session(void *ctx, const char *ns, nc_ubcache **ub, void **r
     nsref *r = namespaces_acquire_rc(srv, ns && ns[0] ? ns : "default", true, &rc, err, errlen);
     if (!r)
         return rc != NC_OK ? rc : NC_EINVAL;   /* the code tells a full disk from an I/O error */
-    *ub = nsstore_ubcache(r->store);
+    *ub = nsstore_unbounded_cache(r->store);
     *ref = r;
     return 0;
 }
@@ -485,7 +485,7 @@ int namespaces_sync(nc_session *s, uint64_t seq, char *err, size_t errlen)
  * Usunier 2017, eq. 2), by their token position in the session. */
 static void explain_neural(nc_session *s, const float *h, const int *ids, size_t k, json_t *out)
 {
-    const nc_ncache *c = stream_neural(s->stream);
+    const nc_neural_cache *c = stream_neural(s->stream);
     const nc_cache_params *p = &s->params;
     if (!c || c->count == 0)
         return;
@@ -496,8 +496,8 @@ static void explain_neural(nc_session *s, const float *h, const int *ids, size_t
         free(vals);
         return;
     }
-    int cnt = ncache_dots(c, h, dots);
-    ncache_export(c, NULL, vals);
+    int cnt = neural_cache_dots(c, h, dots);
+    neural_cache_export(c, NULL, vals);
     int w = cnt < p->neural_size ? cnt : p->neural_size, first = cnt - w;
     double mx = -INFINITY, total = 0;
     for (int i = first; i < cnt; i++)
@@ -552,7 +552,7 @@ json_t *namespaces_explain(nc_session *s, const int *ids, size_t k)
     int64_t *id = malloc((size_t)kn * sizeof *id);
     char err[NC_ERRLEN];
     if (!d2 || !w || !id ||
-        ubcache_search_ids(nsstore_ubcache(r->store), h, 1, kn, p->nprobe, NULL, 0, stream_ub_reader(s->stream),
+        unbounded_cache_search_ids(nsstore_unbounded_cache(r->store), h, 1, kn, p->nprobe, NULL, 0, stream_ub_reader(s->stream),
                            d2, w, id, err, sizeof err) != NC_OK)
         goto done;
     /* kernel weights as the mixture computes them (Grave, Cisse, Joulin
@@ -1351,5 +1351,5 @@ void h_ns_documents(nc_server *srv, http_request *req, http_response *resp)
     http_reply_json(resp, 200, json_pack("{s:s,s:I,s:I,s:O,s:I}", "namespace", u->r->name, "documents",
                                          (json_int_t)u->prog.documents, "tokens_added",
                                          (json_int_t)u->prog.tokens_added, "ids", u->ids, "entries",
-                                         (json_int_t)ubcache_count(nsstore_ubcache(u->r->store))));
+                                         (json_int_t)unbounded_cache_count(nsstore_unbounded_cache(u->r->store))));
 }

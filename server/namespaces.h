@@ -45,7 +45,7 @@ void namespaces_release(nc_server *srv, nsref *r);
 nc_nsstore *nsref_store(nsref *r);
 
 /* sessions.c binder: holds the namespace of a new session. */
-int namespaces_bind_session(void *ctx, const char *ns, nc_ubcache **ub, void **ref, char *err,
+int namespaces_bind_session(void *ctx, const char *ns, nc_unbounded_cache **ub, void **ref, char *err,
                             size_t errlen);
 void namespaces_unbind_session(void *ctx, void *ref);
 

@@ -1,12 +1,12 @@
-/* ncache.c -- the neural cache's ring buffer of (h_i, x_{i+1}) pairs. */
-#include "ncache.h"
+/* neural_cache.c -- the neural cache's ring buffer of (h_i, x_{i+1}) pairs. */
+#include "neural_cache.h"
 #include "vmath.h"
 
 #include <cblas.h>
 #include <immintrin.h>
 #include <string.h>
 
-int ncache_init(nc_ncache *c, int size, int dim, bool f16, char *err, size_t errlen)
+int neural_cache_init(nc_neural_cache *c, int size, int dim, bool f16, char *err, size_t errlen)
 {
     memset(c, 0, sizeof *c);
     if (size <= 0 || dim <= 0)
@@ -18,13 +18,13 @@ int ncache_init(nc_ncache *c, int size, int dim, bool f16, char *err, size_t err
     c->keys = nc_alloc((size_t)size * dim * (f16 ? sizeof(uint16_t) : sizeof(float)));
     c->values = nc_alloc((size_t)size * sizeof(int));
     if (!c->keys || !c->values) {
-        ncache_free(c);
+        neural_cache_free(c);
         return nc_error(err, errlen, NC_ENOMEM, "neural cache of %d x %d keys", size, dim);
     }
     return NC_OK;
 }
 
-void ncache_free(nc_ncache *c)
+void neural_cache_free(nc_neural_cache *c)
 {
     if (!c)
         return;
@@ -33,12 +33,12 @@ void ncache_free(nc_ncache *c)
     memset(c, 0, sizeof *c);
 }
 
-void ncache_clear(nc_ncache *c)
+void neural_cache_clear(nc_neural_cache *c)
 {
     c->count = c->head = 0;
 }
 
-void ncache_push(nc_ncache *c, const float *h, int w)
+void neural_cache_push(nc_neural_cache *c, const float *h, int w)
 {
     size_t off = (size_t)c->head * c->dim;
     if (c->f16) {
@@ -52,10 +52,10 @@ void ncache_push(nc_ncache *c, const float *h, int w)
         c->count++;
 }
 
-int ncache_export(const nc_ncache *c, float *out, int *vals)
+int neural_cache_export(const nc_neural_cache *c, float *out, int *vals)
 {
     for (int i = 0; i < c->count; i++) {
-        int s = ncache_slot(c, i);
+        int s = neural_cache_slot(c, i);
         if (out) {
             float *o = out + (size_t)i * c->dim;
             if (c->f16) {
@@ -111,14 +111,14 @@ static void dots_f16(const uint16_t *keys, int rows, int dim, const float *q, fl
     }
 }
 
-int ncache_dots(const nc_ncache *c, const float *q, float *dots)
+int neural_cache_dots(const nc_neural_cache *c, const float *q, float *dots)
 {
     if (c->count == 0)
         return 0;
     /* The ring holds at most two contiguous runs of keys, oldest first: one
      * matrix-vector product each (a scalar loop here was half of a server
      * predict with a 2,000-entry window). */
-    int first = ncache_slot(c, 0);
+    int first = neural_cache_slot(c, 0);
     int n1 = c->count < c->size - first ? c->count : c->size - first, n2 = c->count - n1;
     if (!c->f16) {
         const float *keys = c->keys;
@@ -136,7 +136,7 @@ int ncache_dots(const nc_ncache *c, const float *q, float *dots)
     return c->count;
 }
 
-size_t ncache_memory(const nc_ncache *c)
+size_t neural_cache_memory(const nc_neural_cache *c)
 {
     return sizeof *c + (size_t)c->size * c->dim * (c->f16 ? 2 : 4) + (size_t)c->size * sizeof(int);
 }

@@ -1,7 +1,7 @@
-/* ucache.h -- unigram cache (Kuhn & De Mori): word counts over the window of
+/* unigram_cache.h -- unigram cache (Kuhn & De Mori): word counts over the window of
  * the last N targets x_{i+1}. Design §4. */
-#ifndef NC_UCACHE_H
-#define NC_UCACHE_H
+#ifndef NC_UNIGRAM_CACHE_H
+#define NC_UNIGRAM_CACHE_H
 
 #include "nc_common.h"
 
@@ -14,28 +14,28 @@ typedef struct {
     int *ring;                    /* [size] */
     int *counts;                  /* [ncounts] occurrences of each id in the window */
     int ncounts;
-} nc_ucache;
+} nc_unigram_cache;
 
-int ucache_init(nc_ucache *u, int size, char *err, size_t errlen);
-void ucache_free(nc_ucache *u);   /* releases contents; zeroed u allowed */
-void ucache_clear(nc_ucache *u);
+int unigram_cache_init(nc_unigram_cache *u, int size, char *err, size_t errlen);
+void unigram_cache_free(nc_unigram_cache *u);   /* releases contents; zeroed u allowed */
+void unigram_cache_clear(nc_unigram_cache *u);
 /* Pushes word id w (>= 0), evicting the oldest when full. NC_ENOMEM only
  * when the count array cannot grow. */
-int ucache_push(nc_ucache *u, int w);
+int unigram_cache_push(nc_unigram_cache *u, int w);
 /* p_uni(w) = count(w) / |W| (0 when empty). */
-static inline float ucache_prob(const nc_ucache *u, int w)
+static inline float unigram_cache_prob(const nc_unigram_cache *u, int w)
 {
     if (u->count == 0 || w < 0 || w >= u->ncounts)
         return 0.0f;
     return (float)u->counts[w] / (float)u->count;
 }
 /* Word id of the i-th oldest entry, 0 <= i < count. */
-static inline int ucache_at(const nc_ucache *u, int i)
+static inline int unigram_cache_at(const nc_unigram_cache *u, int i)
 {
     int start = (u->head - u->count + u->size) % u->size;
     return u->ring[(start + i) % u->size];
 }
-int ucache_copy(nc_ucache *dst, const nc_ucache *src, char *err, size_t errlen);
-size_t ucache_memory(const nc_ucache *u);
+int unigram_cache_copy(nc_unigram_cache *dst, const nc_unigram_cache *src, char *err, size_t errlen);
+size_t unigram_cache_memory(const nc_unigram_cache *u);
 
 #endif
