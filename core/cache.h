@@ -5,6 +5,7 @@
  *   neural_cache.h     neural cache: ring buffer (keys f32 or f16) and its terms
  *   wordtable.h        thread-safe open-vocabulary word table (ids >= V)
  *   unbounded_cache.h  unbounded cache: FAISS index + values + word table, per namespace
+ *   dist.h             a next-word distribution with its components' shares
  *   mixture.h          design §4's mixture of the terms: full distribution and target-only
  *   doc.h              a prepared document and its batched causal scoring
  *   stream.h           the per-stream predictor (a session): state + local caches

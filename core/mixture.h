@@ -18,27 +18,11 @@
 #define NC_MIXTURE_H
 
 #include "nc_common.h"
+#include "dist.h"
 #include "unigram_cache.h"
 
 struct nc_cache_params_s;
 struct nc_gate;
-
-/* Components of the final distribution: p[w] = Σ_c share[c][w]. */
-enum { NC_COMP_MODEL = 0, NC_COMP_NEURAL, NC_COMP_UNIGRAM, NC_COMP_UNBOUNDED,
-       NC_COMP_UNIFORM, NC_NCOMP };
-extern const char *const nc_comp_names[NC_NCOMP];   /* "model", "neural", ... */
-
-/* A distribution over word ids [0, n). Arrays are owned and reused across
- * calls; dist_free releases them. */
-typedef struct {
-    size_t n, cap;
-    float *p;                     /* [n], sums to 1 */
-    float *share[NC_NCOMP];       /* [n] each when shares were asked, else NULL */
-    double weight[NC_NCOMP];      /* the components' weights at this position (Σ = 1; 0 = off,
-                                   * empty or skipped; global normalisation: all in "model") */
-} nc_dist;
-void dist_init(nc_dist *d);
-void dist_free(nc_dist *d);
 
 /* Everything the formulas read at one position t. */
 typedef struct {
