@@ -18,8 +18,8 @@
 #include "tokenizer.h"
 #include "lstm.h"
 #include "cache_knobs.h"
+#include "unbounded_cache.h"   /* nc_kernel, a knob's type */
 
-typedef enum { NC_KERNEL_GAUSSIAN = 0, NC_KERNEL_EPANECHNIKOV = 1 } nc_kernel;
 
 /* Every knob of the mixture: one field per row of NC_CACHE_KNOBS
  * (cache_knobs.h), where its type, bounds, default and meaning are defined. */
@@ -49,7 +49,6 @@ const char *cache_params_describe(const nc_cache_params *p, char *buf, size_t le
 #include "unigram_cache.h"
 #include "neural_cache.h"
 #include "wordtable.h"
-#include "unbounded_cache.h"
 #include "mixture.h"
 #include "doc.h"
 #include "stream.h"

@@ -76,8 +76,8 @@ void gate_features(const nc_cache_params *p, const nc_mix_input *in, bool ub, do
         best_word = in->nvals[im];
         /* Σ_i exp(θ (d_i - d_max)) = 1 / max attention weight; the pairs
          * of the best-attended word summed: p_neural of that word (eq. 2) */
-        double z = vm_cache_exp_sum(NULL, in->ndots, in->nvals, (size_t)in->nn, p->neural_theta,
-                                    (float)(p->neural_theta * dmax), best_word, &top);
+        double z = neural_cache_exp_sum(NULL, in->ndots, in->nvals, in->nn, p->neural_theta, 0.0,
+                                        p->neural_theta * dmax, best_word, &top);
         f[NC_GF_NEURAL_FILL] = log1p((double)in->nn);
         f[NC_GF_NEURAL_MAXDOT] = dmax;
         f[NC_GF_NEURAL_LOGMAXATT] = -log(z);

@@ -1,16 +1,20 @@
-/* mixture.h -- the formulas of design §4 for one position, through the two
+/* mixture.h -- design §4's mixture of the terms at one position, through the two
  * paths that must agree: the full next-word distribution and the target-only
  * log-probability (normalisers by sums over the window, no V-sized vector
  * beyond the model's log-sum-exp; Wadsworth & Palefsky-Smith §3.1).
  *
  * Mixture order (each step sees the previous result as p_model):
  *   1. p_vocab = softmax(s) (0 for open-vocabulary words >= V)
- *   2. neural cache: linear (1-λ)p + λ p_cache, or global normalisation
- *      p(w) ∝ exp(s_w) + Σ_{x_{i+1}=w} exp(θ h·h_i + α)   (Grave et al. 2017, eq. 2-4)
- *   3. unigram cache: (1-λu) p + λu p_uni
- *   4. unbounded cache: (1-λ) p + λ p_kde, p_kde(w) ∝ Σ_{i∈N_k, w_i=w} K(d_i/θ(h))
- *      (Grave, Cisse, Joulin 2017, eq. 5-6)
+ *   2. neural cache (neural_cache.h): linear (1-λ)p + λ p_cache (Grave et al.
+ *      2017, eq. 3, p_cache of eq. 2), or global normalisation
+ *      p(w) ∝ exp(s_w) + Σ_{x_{i+1}=w} exp(θ h·h_i + α)   (eq. 4)
+ *   3. unigram cache (unigram_cache.h): (1-λu) p + λu p_uni
+ *   4. unbounded cache (unbounded_cache.h): (1-λ) p + λ p_kde,
+ *      p_kde(w) ∝ Σ_{i∈N_k, w_i=w} K(d_i/θ(h))   (Grave, Cisse, Joulin 2017, eq. 5-6)
  *   5. open vocabulary: (1-μ) p + μ/|V_full|
+ * Each term is computed by its cache's file; this module only weighs and
+ * sums them, so predict, doc_score (score, tune, eval) and explain
+ * (stream_explain) read one definition of each formula.
  * A component that is off, or whose memory is empty, is skipped (p unchanged).
  * With p->gate and in->gate, the weights come per position from the gate
  * (gate.h) instead of the constant λs: p = Σ_c w_c p_c. */
@@ -19,6 +23,8 @@
 
 #include "nc_common.h"
 #include "dist.h"
+#include "neural_cache.h"
+#include "unbounded_cache.h"
 #include "unigram_cache.h"
 
 struct nc_cache_params_s;

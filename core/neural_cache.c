@@ -1,9 +1,12 @@
-/* neural_cache.c -- the neural cache's ring buffer of (h_i, x_{i+1}) pairs. */
+/* neural_cache.c -- the neural cache: ring buffer of (h_i, x_{i+1}) pairs and
+ * its terms (Grave, Joulin, Usunier 2017, eq. 2 and 4). */
 #include "neural_cache.h"
 #include "vmath.h"
 
 #include <cblas.h>
 #include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 int neural_cache_init(nc_neural_cache *c, int size, int dim, bool f16, char *err, size_t errlen)
@@ -139,4 +142,70 @@ int neural_cache_dots(const nc_neural_cache *c, const float *q, float *dots)
 size_t neural_cache_memory(const nc_neural_cache *c)
 {
     return sizeof *c + (size_t)c->size * c->dim * (c->f16 ? 2 : 4) + (size_t)c->size * sizeof(int);
+}
+
+/* ---- the terms (neural_cache.h) ------------------------------------------- */
+
+double neural_cache_max_logit(const float *dots, int n, double theta, double bias)
+{
+    if (n <= 0)
+        return -INFINITY;
+    return theta * (double)vm_max(dots, (size_t)n) + bias;
+}
+
+/* With libm's scalar exp these sums were most of the neural cache's cost
+ * (2,000 per token), and a scalar match loop after them the next most. */
+double neural_cache_exp_sum(float *e, const float *dots, const int *vals, int n, double theta, double bias,
+                            double m, int x, double *match)
+{
+    if (n <= 0) {
+        *match = 0.0;
+        return 0.0;
+    }
+    return vm_cache_exp_sum(e, dots, vals, (size_t)n, (float)theta, (float)(m - bias), x, match);
+}
+
+/* eq. 2: the softmax over the window, shifted by its max */
+double neural_cache_prob(const float *dots, const int *vals, int n, double theta, int x)
+{
+    if (n <= 0)
+        return 0.0;
+    double num, z = neural_cache_exp_sum(NULL, dots, vals, n, theta, 0.0, neural_cache_max_logit(dots, n, theta, 0.0),
+                                         x, &num);
+    return num / z;
+}
+
+/* The shift of eq. 4's exponentials: the larger of the logits' and the
+ * cache's maxima (log_z >= max_w s_w stands in for the logits'). */
+static double global_shift(const float *dots, int n, double theta, double alpha, double log_z)
+{
+    double m = log_z, mc = neural_cache_max_logit(dots, n, theta, alpha);
+    return mc > m ? mc : m;
+}
+
+double neural_cache_global_prob(const float *dots, const int *vals, int n, double theta, double alpha,
+                                double s_x, double log_z, int x)
+{
+    double m = global_shift(dots, n, theta, alpha, log_z), nc;
+    double zc = neural_cache_exp_sum(NULL, dots, vals, n, theta, alpha, m, x, &nc);
+    return (exp(s_x - m) + nc) / (exp(log_z - m) + zc);
+}
+
+int neural_cache_weights(const float *dots, const int *vals, int n, double theta, double alpha, bool global,
+                         double log_z, double *w)
+{
+    if (n <= 0)
+        return NC_OK;
+    float *e = malloc((size_t)n * sizeof *e);
+    if (!e)
+        return NC_ENOMEM;
+    double bias = global ? alpha : 0.0, unused;
+    double m = global ? global_shift(dots, n, theta, alpha, log_z) : neural_cache_max_logit(dots, n, theta, 0.0);
+    double z = neural_cache_exp_sum(e, dots, vals, n, theta, bias, m, -1, &unused);
+    if (global)
+        z += exp(log_z - m);
+    for (int i = 0; i < n; i++)
+        w[i] = z > 0.0 ? e[i] / z : 0.0;
+    free(e);
+    return NC_OK;
 }

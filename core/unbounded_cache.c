@@ -1,11 +1,14 @@
 /* unbounded_cache.c -- the unbounded cache: FAISS index (C API) + word-id values,
- * exact flat index first, switch to IVF(PQ) without losing entries. */
+ * exact flat index first, switch to IVF(PQ) without losing entries; and its
+ * term, the variable-bandwidth kernel density of Grave, Cisse, Joulin 2017,
+ * eq. 5-6. */
 #include "unbounded_cache.h"
 #include "fault.h"
 #include "vmath.h"
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -630,4 +633,63 @@ int unbounded_cache_load(const nc_unbounded_cache_opts *o, nc_wordtable *words, 
     }
     *out = u;
     return NC_OK;
+}
+
+/* ---- the term (unbounded_cache.h) ----------------------------------------- */
+
+/* θ(h)², the squared distance to the last neighbour returned; -1 when there
+ * is none (ids -1 that an IVF search returns are not neighbours, design §4). */
+static double bandwidth2(const float *d2, const int *words, int k)
+{
+    int last = -1;
+    for (int i = 0; i < k; i++)
+        if (words[i] >= 0)
+            last = i;
+    if (last < 0)
+        return -1.0;
+    return d2[last] > 0.0f ? (double)d2[last] : 0.0;
+}
+
+/* K(d / θ) from squared distances: u² = d² / θ² (FAISS's d² is clamped at 0
+ * against rounding); θ = 0 gives weight 1 to all. */
+static double kernel(nc_kernel kernel, double theta2, float d2)
+{
+    if (theta2 <= 0.0)
+        return 1.0;
+    double u2 = (d2 > 0.0f ? d2 : 0.0) / theta2;
+    return kernel == NC_KERNEL_GAUSSIAN ? exp(-0.5 * u2) : (u2 < 1.0 ? 1.0 - u2 : 0.0);
+}
+
+double unbounded_cache_kernel_sum(nc_kernel kern, const float *d2, const int *words, int k, double *w)
+{
+    double theta2 = bandwidth2(d2, words, k);
+    if (theta2 < 0.0)
+        return 0.0;
+    double sum = 0.0;
+    for (int i = 0; i < k; i++) {
+        double kw = words[i] >= 0 ? kernel(kern, theta2, d2[i]) : 0.0;
+        if (w)
+            w[i] = kw;
+        sum += kw;
+    }
+    return sum;
+}
+
+double unbounded_cache_prob(nc_kernel kern, const float *d2, const int *words, int k, int x)
+{
+    double sum = unbounded_cache_kernel_sum(kern, d2, words, k, NULL), theta2 = bandwidth2(d2, words, k), num = 0.0;
+    if (sum <= 0.0)
+        return 0.0;
+    for (int i = 0; i < k; i++)
+        if (words[i] == x)
+            num += kernel(kern, theta2, d2[i]);
+    return num / sum;
+}
+
+double unbounded_cache_weights(nc_kernel kern, const float *d2, const int *words, int k, double *w)
+{
+    double sum = unbounded_cache_kernel_sum(kern, d2, words, k, w);
+    for (int i = 0; i < k; i++)
+        w[i] = sum > 0.0 ? w[i] / sum : 0.0;
+    return sum;
 }

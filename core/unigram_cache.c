@@ -1,4 +1,5 @@
-/* unigram_cache.c -- unigram cache: counts over a ring of the last N word ids. */
+/* unigram_cache.c -- the unigram cache: counts over a ring of the last N word
+ * ids, and its term p_uni (Kuhn & De Mori 1990). */
 #include "unigram_cache.h"
 
 #include <stdlib.h>
@@ -80,4 +81,10 @@ int unigram_cache_copy(nc_unigram_cache *dst, const nc_unigram_cache *src, char 
 size_t unigram_cache_memory(const nc_unigram_cache *u)
 {
     return sizeof *u + ((size_t)u->size + (size_t)u->ncounts) * sizeof(int);
+}
+
+void unigram_cache_add_dist(const nc_unigram_cache *u, double *q)
+{
+    for (int i = 0; i < u->count; i++)
+        q[unigram_cache_at(u, i)] += 1.0 / u->count;
 }
