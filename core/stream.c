@@ -5,6 +5,7 @@
 #include "binio.h"
 #include "buf.h"
 #include "gate.h"
+#include "vmath.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -244,14 +245,51 @@ int stream_predict(nc_stream *s, bool shares, nc_dist *out, char *err, size_t er
     return stream_predict_logits(s, s->logits, shares, out, err, errlen);
 }
 
-const nc_neural_cache *stream_neural(const nc_stream *s)
-{
-    return s->neural.size && s->p.neural_size > 0 ? &s->neural : NULL;
-}
-
 const float *stream_h(const nc_stream *s)
 {
     return s->has_h ? lstm_state_top(s->st) : NULL;
+}
+
+/* The neural window as the formulas read it from h (design §4): the dots
+ * h·h_i of the ring's pairs into s->dots and their words into *vals
+ * (malloc'ed, NULL when the cache is off or empty); in->ndots/nvals/nn get
+ * the last neural_size of them (the window's pair i is the ring's pair
+ * count - nn + i). */
+static int neural_window(nc_stream *s, const float *h, nc_mix_input *in, int **vals, char *err, size_t errlen)
+{
+    *vals = NULL;
+    if (s->p.neural_size <= 0 || s->neural.count <= 0)
+        return NC_OK;
+    *vals = malloc((size_t)s->neural.size * sizeof(int));
+    if (!*vals)
+        return nc_error(err, errlen, NC_ENOMEM, "neural window");
+    int cnt = neural_cache_dots(&s->neural, h, s->dots);
+    neural_cache_export(&s->neural, NULL, *vals);
+    int w = cnt < s->p.neural_size ? cnt : s->p.neural_size;
+    in->ndots = s->dots + (cnt - w);
+    in->nvals = *vals + (cnt - w);
+    in->nn = w;
+    return NC_OK;
+}
+
+/* The unbounded cache's k nearest neighbours of h as this stream reads them
+ * (stream_ub_reader): *d2, *words and, when ids is non-NULL, *ids malloc'ed
+ * [knn]; in->ub_d2/ub_words/ub_k point at them. */
+static int unbounded_neighbours(nc_stream *s, const float *h, nc_mix_input *in, float **d2, int **words,
+                                int64_t **ids, char *err, size_t errlen)
+{
+    int k = s->p.knn;
+    *d2 = malloc((size_t)k * sizeof(float));
+    *words = malloc((size_t)k * sizeof(int));
+    if (ids)
+        *ids = malloc((size_t)k * sizeof(int64_t));
+    in->ub_d2 = *d2;
+    in->ub_words = *words;
+    in->ub_k = k;
+    if (!*d2 || !*words || (ids && !*ids))
+        return nc_error(err, errlen, NC_ENOMEM, "neighbours");
+    return unbounded_cache_search_ids(s->ub, h, 1, k, s->p.nprobe, NULL, 0, stream_ub_reader(s), *d2, *words,
+                                      ids ? *ids : NULL, err, errlen);
 }
 
 int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dist *out, char *err,
@@ -259,7 +297,7 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
 {
     if (!s->has_h)
         return nc_error(err, errlen, NC_ESTATE, "nothing to predict from yet (no token fed)");
-    const int H = s->m->cfg.hidden_size, V = s->m->cfg.vocab_size;
+    const int V = s->m->cfg.vocab_size;
     const float *h = lstm_state_top(s->st);
     nc_mix_input in = {.V = V, .logits = logits, .vocab_full = V};
     size_t n_words = (size_t)V;
@@ -267,24 +305,14 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
         n_words = (size_t)wordtable_size(s->words);
         in.vocab_full = s->p.vocab_size_full > 0 ? s->p.vocab_size_full : (int)n_words;
     }
-    int vals_cap = s->neural.size;
-    int *vals = NULL;
-    if (s->p.neural_size > 0 && s->neural.count > 0) {
-        vals = malloc((size_t)vals_cap * sizeof(int));
-        if (!vals)
-            return nc_error(err, errlen, NC_ENOMEM, "neural window");
-        int cnt = neural_cache_dots(&s->neural, h, s->dots);
-        neural_cache_export(&s->neural, NULL, vals);
-        int w = cnt < s->p.neural_size ? cnt : s->p.neural_size;
-        in.ndots = s->dots + (cnt - w);
-        in.nvals = vals + (cnt - w);
-        in.nn = w;
-    }
+    int *vals;
+    int rc = neural_window(s, h, &in, &vals, err, errlen);
+    if (rc)
+        return rc;
     if (s->p.unigram_size > 0)
         in.uni = &s->unigram;
     float *ud2 = NULL;
     int *uw = NULL;
-    int rc = NC_OK;
     bool skip = false;
     if (s->p.gate && s->m->gate) {
         /* the adaptive mixture: p_vocab's statistics, then the pre-search
@@ -304,25 +332,112 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
                 gate_count_searches(!skip, skip);
         }
     }
-    if (s->p.unbounded && s->ub && !skip) {
-        int k = s->p.knn;
-        ud2 = malloc((size_t)k * sizeof(float));
-        uw = malloc((size_t)k * sizeof(int));
-        if (!ud2 || !uw)
-            rc = nc_error(err, errlen, NC_ENOMEM, "neighbours");
-        else
-            rc = unbounded_cache_search(s->ub, h, 1, k, s->p.nprobe, NULL, 0, stream_ub_reader(s), ud2, uw, err,
-                                errlen);
-        in.ub_d2 = ud2;
-        in.ub_words = uw;
-        in.ub_k = k;
-    }
-    (void)H;
+    if (s->p.unbounded && s->ub && !skip)
+        rc = unbounded_neighbours(s, h, &in, &ud2, &uw, NULL, err, errlen);
     if (!rc)
         rc = mixture_full(&s->p, &in, n_words, shares, out, err, errlen);
     free(vals);
     free(ud2);
     free(uw);
+    return rc;
+}
+
+/* Moves the heaviest of the n candidates cand[] (weight w[i] > 0; ties: the
+ * larger key[i] when key is non-NULL, then the earlier candidate) to the
+ * front, at most max of them, in that order; returns how many. Selection,
+ * not a sort: max is a handful. */
+static int heaviest(int *cand, int n, const double *w, const float *key, int max)
+{
+    int got = 0;
+    for (; got < max; got++) {
+        int best = -1;
+        for (int j = got; j < n; j++) {
+            int i = cand[j], b = best < 0 ? -1 : cand[best];
+            if (w[i] <= 0.0)
+                continue;
+            if (best < 0 || w[i] > w[b] || (w[i] == w[b] && key && key[i] > key[b]))
+                best = j;
+        }
+        if (best < 0)
+            break;
+        int t = cand[got];
+        cand[got] = cand[best];
+        cand[best] = t;
+    }
+    return got;
+}
+
+int stream_explain(nc_stream *s, const int *ids, size_t k, int per_source, nc_explain_entry *out, int *counts,
+                   char *err, size_t errlen)
+{
+    for (size_t q = 0; q < k; q++)
+        counts[q] = 0;
+    if (!s->has_h)
+        return nc_error(err, errlen, NC_ESTATE, "nothing to predict from yet (no token fed)");
+    const float *h = lstm_state_top(s->st);
+    nc_mix_input in = {.V = s->m->cfg.vocab_size};
+    int *vals = NULL, *uw = NULL, *cand = NULL;
+    float *ud2 = NULL;
+    int64_t *uid = NULL;
+    double *w = NULL;
+    int rc = neural_window(s, h, &in, &vals, err, errlen);
+    bool global = s->p.global_norm;
+    double log_z = 0.0;
+    if (!rc && in.nn > 0 && global) {
+        /* eq. 4's normaliser holds the vocabulary's exponentials */
+        lstm_logits(s->m, h, s->logits);
+        log_z = vm_logsumexp(s->logits, (size_t)in.V);
+    }
+    /* the search predict runs (also where the gate would skip it: explain
+     * shows where the mass would come from) */
+    if (!rc && s->p.unbounded && s->ub)
+        rc = unbounded_neighbours(s, h, &in, &ud2, &uw, &uid, err, errlen);
+    int n = in.nn > in.ub_k ? in.nn : in.ub_k;
+    if (!rc && n > 0) {
+        w = malloc((size_t)n * sizeof *w);
+        cand = malloc((size_t)n * sizeof *cand);
+        if (!w || !cand)
+            rc = nc_error(err, errlen, NC_ENOMEM, "explain");
+    }
+    if (!rc && in.nn > 0 &&
+        (rc = neural_cache_weights(in.ndots, in.nvals, in.nn, s->p.neural_theta, s->p.neural_alpha, global,
+                                   log_z, w)) != NC_OK)
+        nc_error(err, errlen, rc, "explain: neural weights");
+    for (size_t q = 0; !rc && q < k && in.nn > 0; q++) {
+        /* the window's pairs of this word, heaviest first; a tie (θ = 0)
+         * goes to the larger h_t·h_i, then the older pair */
+        int nc = 0;
+        for (int i = 0; i < in.nn; i++)
+            if (in.nvals[i] == ids[q])
+                cand[nc++] = i;
+        nc = heaviest(cand, nc, w, in.ndots, per_source);
+        for (int j = 0; j < nc; j++) {
+            int i = cand[j];
+            out[q * 2 * (size_t)per_source + counts[q]++] = (nc_explain_entry){
+                .source = NC_COMP_NEURAL, .at = s->pos - in.nn + i, .weight = w[i], .distance = NAN};
+        }
+    }
+    if (!rc && in.ub_k > 0)
+        unbounded_cache_weights(s->p.kernel, in.ub_d2, in.ub_words, in.ub_k, w);
+    for (size_t q = 0; !rc && q < k && in.ub_k > 0; q++) {
+        int nc = 0;
+        for (int i = 0; i < in.ub_k; i++)
+            if (in.ub_words[i] == ids[q])
+                cand[nc++] = i;
+        nc = heaviest(cand, nc, w, NULL, per_source);
+        for (int j = 0; j < nc; j++) {
+            int i = cand[j];
+            out[q * 2 * (size_t)per_source + counts[q]++] = (nc_explain_entry){
+                .source = NC_COMP_UNBOUNDED, .at = uid[i], .weight = w[i],
+                .distance = sqrt(in.ub_d2[i] > 0.0f ? (double)in.ub_d2[i] : 0.0)};
+        }
+    }
+    free(vals);
+    free(ud2);
+    free(uw);
+    free(uid);
+    free(w);
+    free(cand);
     return rc;
 }
 

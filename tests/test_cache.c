@@ -1,7 +1,8 @@
 /* test_cache.c -- cache behaviour beyond the reference vectors: causality
  * (one batch = random chunks = token by token, flat and IVF indexes), open
  * vocabulary, IVFPQ versus exact search, the flat->IVF switch losing no
- * entry, snapshots, stream export/import, parameter validation. */
+ * entry, snapshots, stream export/import, parameter validation, explain's
+ * weights against predict's terms. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -752,6 +753,132 @@ TEST(stream_export_import)
     model_free(m);
 }
 
+/* Explain and predict share the formula code: for every word of the
+ * distribution, the weights stream_explain gives its pairs (all of them:
+ * per_source covers the window and k) sum to the cache's term, read from
+ * predict's shares -- share_c(w) = weight_c * term_c(w) for the neural
+ * (linear, eq. 2) and unbounded (eq. 6) components; under global
+ * normalisation (eq. 4) the cache's part of p(w) sits in the model
+ * component, scaled by the later steps as the model is (weight_model), and
+ * share_neural(w) = weight_model * Σ weights. Across all words a source's
+ * weights sum to 1 (linear, unbounded).
+ *
+ * Tolerance, relative to the share (u = F32_U). Linear: explain's weight is
+ * e_i / Σ e in double with predict's own exponentials e_i (one kernel,
+ * same arguments); predict rounds λ/Σe (1 u), each λ/Σe * e_i (1 u), adds
+ * a word's m <= n pairs in float ((m-1) u) and scales by fl(1-λ) in up to
+ * 3 later steps (2 u each): (n + 8) u. Unbounded: the same kernel weights
+ * K_i / Σ K in double; predict rounds λ q(w) once and scales by the later
+ * step: within the same (n + 8) u. Global: predict shifts the exponents by
+ * max(max_w s_w, max_i θ h.h_i + α) and sums Σ_w exp(s_w - m) itself,
+ * explain shifts by max(log Z, ...) and uses log Z from vm_logsumexp: each
+ * exponential differs by the kernel's 3e-7 plus the rounding of its
+ * argument, 2 u A with A bounding |θ h.h_i| + |α| + |m| + |s_w| (fixture:
+ * |h_j| <= 1 so |h.h_i| <= H, |s_w| <= 7.61, log Z <= 7.61 + log V), four
+ * such factors (numerator and normaliser, both sides), and log Z's float
+ * sum over V terms (V u): (n + 8) u + 4 (3e-7 + 2 u A) + (V + 4) u. */
+static void explain_sums(const nc_model *m, nc_unbounded_cache *u, const nc_tokens *doc, const nc_cache_params *p)
+{
+    char err[NC_ERRLEN];
+    nc_stream *s = NULL;
+    CHECKF(stream_new(m, p, u, NULL, true, &s, err, sizeof err) == NC_OK, "%s", err);
+    if (!s)
+        return;
+    nc_tokens head = slice(doc, 0, 70);
+    CHECK(stream_feed(s, &head, false, NULL, err, sizeof err) == NC_OK);
+    nc_dist d;
+    dist_init(&d);
+    CHECK(stream_predict(s, true, &d, err, sizeof err) == NC_OK);
+    int per = p->neural_size > p->knn ? p->neural_size : p->knn, V = m->cfg.vocab_size, H = m->cfg.hidden_size;
+    int *ids = malloc(d.n * sizeof *ids), *cnt = malloc(d.n * sizeof *cnt);
+    nc_explain_entry *e = malloc(d.n * 2 * (size_t)per * sizeof *e);
+    for (size_t w = 0; w < d.n; w++)
+        ids[w] = (int)w;
+    CHECKF(stream_explain(s, ids, d.n, per, e, cnt, err, sizeof err) == NC_OK, "%s", err);
+    double A = p->neural_theta * H + fabs(p->neural_alpha);
+    A += A + 7.61 + log((double)V) + 7.61;
+    double tol_n = (p->neural_size + 8) * F32_U, tol_u = (p->knn + 8) * F32_U;
+    if (p->global_norm)
+        tol_n += 4 * (3e-7 + 2 * F32_U * A) + (V + 4) * F32_U;
+    double tot[2] = {0, 0}, worst[2] = {0, 0};
+    int entries[2] = {0, 0};
+    for (size_t w = 0; w < d.n; w++) {
+        double sum[2] = {0, 0};
+        for (int j = 0; j < cnt[w]; j++) {
+            const nc_explain_entry *x = &e[w * 2 * (size_t)per + j];
+            int src = x->source == NC_COMP_UNBOUNDED;
+            CHECK(x->source == NC_COMP_NEURAL || x->source == NC_COMP_UNBOUNDED);
+            CHECK(x->weight > 0);
+            sum[src] += x->weight;
+            entries[src]++;
+        }
+        tot[0] += sum[0];
+        tot[1] += sum[1];
+        double wn = p->global_norm ? d.weight[NC_COMP_MODEL] : d.weight[NC_COMP_NEURAL];
+        double got[2] = {wn * sum[0], d.weight[NC_COMP_UNBOUNDED] * sum[1]};
+        double want[2] = {d.share[NC_COMP_NEURAL][w], d.share[NC_COMP_UNBOUNDED][w]};
+        for (int c = 0; c < 2; c++) {
+            double err_rel = fabs(got[c] - want[c]) / fmax(fmax(got[c], want[c]), 1e-300);
+            worst[c] = fmax(worst[c], got[c] == want[c] ? 0.0 : err_rel);
+        }
+    }
+    CHECKF(worst[0] <= tol_n, "neural: explain's weights vs predict's share off by %.3g relative (tol %.3g)",
+           worst[0], tol_n);
+    CHECKF(worst[1] <= tol_u, "unbounded: off by %.3g relative (tol %.3g)", worst[1], tol_u);
+    CHECKF(entries[0] > 0 && entries[1] > 0, "entries: neural %d, unbounded %d", entries[0], entries[1]);
+    if (!p->global_norm)
+        CHECKF(fabs(tot[0] - 1) <= tol_n, "neural weights sum to %.9g over all words", tot[0]);
+    CHECKF(fabs(tot[1] - 1) <= tol_u, "unbounded weights sum to %.9g over all words", tot[1]);
+    free(ids);
+    free(cnt);
+    free(e);
+    dist_free(&d);
+    stream_free(s);
+}
+
+TEST(explain_weights_sum_to_terms)
+{
+    nc_model *m = load_fixture();
+    if (!m)
+        return;
+    char err[NC_ERRLEN];
+    nc_tokens doc;
+    make_doc(m, 200, &doc);
+    nc_unbounded_cache_opts o;
+    unbounded_cache_opts_default(&o, m->cfg.hidden_size);
+    nc_unbounded_cache *u = NULL;
+    CHECK(unbounded_cache_new(&o, NULL, &u, err, sizeof err) == NC_OK);
+    nc_cache_params p;
+    cache_params_default(&p);
+    p.unbounded = true;
+    p.knn = 24;
+    nc_stream *w = NULL;
+    CHECK(stream_new(m, &p, u, NULL, true, &w, err, sizeof err) == NC_OK);
+    CHECK(stream_feed(w, &doc, true, NULL, err, sizeof err) == NC_OK);   /* the namespace's memory */
+    stream_free(w);
+    /* every component on, linear neural cache, Gaussian kernel */
+    p.neural_size = 40;
+    p.neural_theta = 0.7f;
+    p.neural_lambda = 0.3f;
+    p.unigram_size = 30;
+    p.unigram_lambda = 0.1f;
+    p.unbounded_lambda = 0.2f;
+    explain_sums(m, u, &doc, &p);
+    /* global normalisation, Epanechnikov kernel (the k-th neighbour weighs 0) */
+    p.global_norm = true;
+    p.neural_alpha = 1.0f;
+    p.kernel = NC_KERNEL_EPANECHNIKOV;
+    explain_sums(m, u, &doc, &p);
+    /* θ = 0: uniform attention, every pair of the window weighs 1/n */
+    p.global_norm = false;
+    p.neural_theta = 0.0f;
+    p.kernel = NC_KERNEL_GAUSSIAN;
+    explain_sums(m, u, &doc, &p);
+    tokens_clear(&doc);
+    unbounded_cache_free(u);
+    model_free(m);
+}
+
 /* neural_cache_dots (BLAS for float32 keys, AVX-512 or scalar for float16) against
  * a naive double-precision dot over the exported keys: ring wrapped so the
  * keys sit in two runs, a dimension with a vector tail, partly filled and
@@ -831,6 +958,7 @@ int main(void)
     RUN(empty_caches_contribute_nothing);
     RUN(stream_export_import);
     RUN(neural_cache_dots_naive);
+    RUN(explain_weights_sum_to_terms);
     RUN(params_validation);
     return harness_summary();
 }
