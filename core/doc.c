@@ -1,6 +1,7 @@
 /* doc.c -- batched, causal scoring of a token sequence with the caches. */
 #include "doc.h"
 #include "gate.h"
+#include "mixture.h"
 #include "vmath.h"
 
 #include <cblas.h>

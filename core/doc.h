@@ -14,7 +14,15 @@
 #ifndef NC_DOC_H
 #define NC_DOC_H
 
-#include "cache.h"
+#include "cache_params.h"
+#include "lstm.h"
+#include "neural_cache.h"
+#include "tokenizer.h"
+#include "unbounded_cache.h"
+#include "unigram_cache.h"
+#include "wordtable.h"
+
+struct nc_gate;
 
 typedef struct {
     int dim;                      /* H */

@@ -1,7 +1,8 @@
 /* gate.c -- the adaptive mixture's gate (see gate.h): features, weights,
  * objective and gradient, L-BFGS fit, adaptive-retrieval decision, files. */
 #include "gate.h"
-#include "cache.h"
+#include "cache_params.h"
+#include "neural_cache.h"
 #include "rng.h"
 #include "vmath.h"
 

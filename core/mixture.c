@@ -3,7 +3,8 @@
  * order (see mixture.h) so they agree to float rounding. The caches' terms
  * are their files' (unigram_cache.h, neural_cache.h, unbounded_cache.h):
  * this file only composes them. */
-#include "cache.h"
+#include "mixture.h"
+#include "cache_params.h"
 #include "gate.h"
 #include "vmath.h"
 

@@ -4,7 +4,10 @@
 #include "stream.h"
 #include "binio.h"
 #include "buf.h"
+#include "doc.h"
 #include "gate.h"
+#include "lstm.h"
+#include "mixture.h"
 #include "vmath.h"
 
 #include <math.h>

@@ -8,7 +8,12 @@
 #ifndef NC_STREAM_H
 #define NC_STREAM_H
 
-#include "cache.h"
+#include "cache_params.h"
+#include "dist.h"
+#include "model.h"
+#include "tokenizer.h"
+#include "unbounded_cache.h"
+#include "wordtable.h"
 
 typedef struct nc_stream nc_stream;
 
