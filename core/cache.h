@@ -1,13 +1,18 @@
-/* cache.h -- cache settings (implemented in cache_params.c) and the umbrella
- * header of the caches: including it gives the whole cache API. Design §3-§5.
+/* cache.h -- the umbrella header of the caches: including it gives the whole
+ * cache API (for the programs on top of core; core's own files include the
+ * headers they use, so that no core header includes this one). Design §3-§5.
  *
- *   ucache.h     unigram cache (window counts)
- *   ncache.h     neural cache ring buffer (keys f32 or f16)
- *   wordtable.h  thread-safe open-vocabulary word table (ids >= V)
- *   ubcache.h    unbounded cache: FAISS index + values + word table, per namespace
- *   mixture.h    the formulas of design §4: full distribution and target-only
- *   docscore.h   batched causal scoring of a token sequence
- *   stream.h     the per-stream predictor (a session): state + local caches
+ *   cache_params.h     the settings (nc_cache_params) from the knob table
+ *
+ *   unigram_cache.h    unigram cache: window counts and its term p_uni
+ *   neural_cache.h     neural cache: ring buffer (keys f32 or f16) and its terms
+ *   wordtable.h        thread-safe open-vocabulary word table (ids >= V)
+ *   unbounded_cache.h  unbounded cache: FAISS index + values + word table, per namespace
+ *   dist.h             a next-word distribution with its components' shares
+ *   mix_input.h        what the formulas read at one position (nc_mix_input)
+ *   mixture.h          design §4's mixture of the terms: full distribution and target-only
+ *   doc.h              a prepared document and its batched causal scoring
+ *   stream.h           the per-stream predictor (a session): state + local caches
  */
 #ifndef NC_CACHE_H
 #define NC_CACHE_H
@@ -16,41 +21,13 @@
 #include "model.h"
 #include "tokenizer.h"
 #include "lstm.h"
-#include "cache_knobs.h"
+#include "cache_params.h"
 
-typedef enum { NC_KERNEL_GAUSSIAN = 0, NC_KERNEL_EPANECHNIKOV = 1 } nc_kernel;
-
-/* Every knob of the mixture: one field per row of NC_CACHE_KNOBS
- * (cache_knobs.h), where its type, bounds, default and meaning are defined. */
-#define NC_KNOB_CTYPE_INT int
-#define NC_KNOB_CTYPE_FLOAT float
-#define NC_KNOB_CTYPE_FLOAT_BELOW_MAX float
-#define NC_KNOB_CTYPE_BOOL bool
-#define NC_KNOB_CTYPE_KERNEL nc_kernel
-#define NC_KNOB_FIELD(name, flag, type, min, max, def, doc) NC_KNOB_CTYPE_##type name;
-typedef struct nc_cache_params_s {
-    NC_CACHE_KNOBS(NC_KNOB_FIELD)
-} nc_cache_params;
-#undef NC_KNOB_FIELD
-
-/* The table's defaults: every cache off; a cache switched on without its
- * knobs takes the defaults of those (cache_knobs.h). */
-void cache_params_default(nc_cache_params *p);
-/* NC_EINVAL with the offending field named if any value is out of the
- * table's range (the message of cache_knob_set_number) or the combination
- * makes no sense. */
-int cache_params_validate(const nc_cache_params *p, char *err, size_t errlen);
-
-/* One line "unigram=N/λ neural=N/θ/λ ..." describing what is on (for logs,
- * CLI tables). Returns buf. */
-const char *cache_params_describe(const nc_cache_params *p, char *buf, size_t len);
-
-#include "ucache.h"
-#include "ncache.h"
+#include "unigram_cache.h"
+#include "neural_cache.h"
 #include "wordtable.h"
-#include "ubcache.h"
 #include "mixture.h"
-#include "docscore.h"
+#include "doc.h"
 #include "stream.h"
 
 #endif

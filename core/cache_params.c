@@ -1,6 +1,6 @@
 /* cache_params.c -- the knob table (cache_knobs.h) and the defaults,
  * validation and description of nc_cache_params built on it. */
-#include "cache.h"
+#include "cache_params.h"
 
 #include <errno.h>
 #include <math.h>

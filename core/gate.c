@@ -1,7 +1,8 @@
 /* gate.c -- the adaptive mixture's gate (see gate.h): features, weights,
  * objective and gradient, L-BFGS fit, adaptive-retrieval decision, files. */
 #include "gate.h"
-#include "cache.h"
+#include "cache_params.h"
+#include "neural_cache.h"
 #include "rng.h"
 #include "vmath.h"
 
@@ -76,8 +77,8 @@ void gate_features(const nc_cache_params *p, const nc_mix_input *in, bool ub, do
         best_word = in->nvals[im];
         /* Σ_i exp(θ (d_i - d_max)) = 1 / max attention weight; the pairs
          * of the best-attended word summed: p_neural of that word (eq. 2) */
-        double z = vm_cache_exp_sum(NULL, in->ndots, in->nvals, (size_t)in->nn, p->neural_theta,
-                                    (float)(p->neural_theta * dmax), best_word, &top);
+        double z = neural_cache_exp_sum(NULL, in->ndots, in->nvals, in->nn, p->neural_theta, 0.0,
+                                        p->neural_theta * dmax, best_word, &top);
         f[NC_GF_NEURAL_FILL] = log1p((double)in->nn);
         f[NC_GF_NEURAL_MAXDOT] = dmax;
         f[NC_GF_NEURAL_LOGMAXATT] = -log(z);

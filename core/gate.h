@@ -34,7 +34,8 @@
 #ifndef NC_GATE_H
 #define NC_GATE_H
 
-#include "mixture.h"
+#include "dist.h"
+#include "mix_input.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -1,94 +1,16 @@
-/* mixture.c -- design §4's formulas for one position: full distribution and
+/* mixture.c -- design §4's mixture at one position: full distribution and
  * target-only log-probability. Both paths run the same steps in the same
- * order (see mixture.h) so they agree to float rounding. */
-#include "cache.h"
+ * order (see mixture.h) so they agree to float rounding. The caches' terms
+ * are their files' (unigram_cache.h, neural_cache.h, unbounded_cache.h):
+ * this file only composes them. */
+#include "mixture.h"
+#include "cache_params.h"
 #include "gate.h"
 #include "vmath.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-const char *const nc_comp_names[NC_NCOMP] = {"model", "neural", "unigram", "unbounded", "uniform"};
-
-void dist_init(nc_dist *d)
-{
-    memset(d, 0, sizeof *d);
-}
-
-void dist_free(nc_dist *d)
-{
-    if (!d)
-        return;
-    nc_free(d->p);
-    for (int c = 0; c < NC_NCOMP; c++)
-        nc_free(d->share[c]);
-    memset(d, 0, sizeof *d);
-}
-
-static int dist_reserve(nc_dist *d, size_t n, bool shares)
-{
-    if (n > d->cap) {
-        nc_free(d->p);
-        for (int c = 0; c < NC_NCOMP; c++) {
-            nc_free(d->share[c]);
-            d->share[c] = NULL;
-        }
-        d->cap = 0;
-        d->p = nc_alloc(n * sizeof(float));
-        if (!d->p)
-            return NC_ENOMEM;
-        d->cap = n;
-    }
-    for (int c = 0; c < NC_NCOMP; c++) {
-        if (shares && !d->share[c]) {
-            d->share[c] = nc_alloc(d->cap * sizeof(float));
-            if (!d->share[c])
-                return NC_ENOMEM;
-        }
-    }
-    d->n = n;
-    return NC_OK;
-}
-
-/* Kernel weights of the unbounded cache (Grave, Cisse, Joulin 2017, eq. 6):
- * u_i = d_i / θ(h) with θ(h) the distance to the k-th (last) neighbour
- * returned; K(u) = exp(-u²/2) or max(0, 1-u²); θ = 0 gives weight 1 to all.
- * Writes w[i] (0 for missing neighbours) when w is non-NULL and returns Σ w,
- * 0 when there is no neighbour. */
-static double ub_weight(const nc_cache_params *p, double theta2, float d2)
-{
-    if (theta2 <= 0.0)
-        return 1.0;
-    double u2 = (d2 > 0.0f ? d2 : 0.0) / theta2;
-    return p->kernel == NC_KERNEL_GAUSSIAN ? exp(-0.5 * u2) : (u2 < 1.0 ? 1.0 - u2 : 0.0);
-}
-
-static double ub_theta2(const nc_mix_input *in)
-{
-    int last = -1;
-    for (int i = 0; i < in->ub_k; i++)
-        if (in->ub_words[i] >= 0)
-            last = i;
-    if (last < 0)
-        return -1.0;
-    return in->ub_d2[last] > 0.0f ? (double)in->ub_d2[last] : 0.0;
-}
-
-static double ub_weights(const nc_cache_params *p, const nc_mix_input *in, double *w)
-{
-    double theta2 = ub_theta2(in);
-    if (theta2 < 0.0)
-        return 0.0;
-    double sum = 0.0;
-    for (int i = 0; i < in->ub_k; i++) {
-        double k = in->ub_words[i] >= 0 ? ub_weight(p, theta2, in->ub_d2[i]) : 0.0;
-        if (w)
-            w[i] = k;
-        sum += k;
-    }
-    return sum;
-}
 
 static bool neural_on(const nc_cache_params *p, const nc_mix_input *in)
 {
@@ -100,13 +22,11 @@ static bool unigram_on(const nc_cache_params *p, const nc_mix_input *in)
     return p->unigram_size > 0 && in->uni && in->uni->count > 0;
 }
 
-/* max_i θ h·h_i + bias: θ >= 0 (validated), so it is θ max_i h·h_i + bias,
- * one vectorised max instead of a scalar pass per token. */
-static double max_scaled(const nc_mix_input *in, double theta, double bias)
+/* the unbounded cache is a component: on, searched, and some neighbour */
+static bool unbounded_on(const nc_cache_params *p, const nc_mix_input *in)
 {
-    if (in->nn <= 0)
-        return -INFINITY;
-    return theta * (double)vm_max(in->ndots, (size_t)in->nn) + bias;
+    return p->unbounded && in->ub_k > 0 && !in->ub_skipped &&
+           unbounded_cache_kernel_sum(p->kernel, in->ub_d2, in->ub_words, in->ub_k, NULL) > 0.0;
 }
 
 /* Linear step on the full distribution: p <- (1-λ) p + λ q, shares scaled
@@ -143,15 +63,15 @@ static int mixture_full_const(const nc_cache_params *p, const nc_mix_input *in, 
             n_words = (size_t)in->ub_words[i] + 1;
     if (in->uni)
         for (int i = 0; i < in->uni->count; i++)
-            if ((size_t)ucache_at(in->uni, i) >= n_words)
-                n_words = (size_t)ucache_at(in->uni, i) + 1;
+            if ((size_t)unigram_cache_at(in->uni, i) >= n_words)
+                n_words = (size_t)unigram_cache_at(in->uni, i) + 1;
     if (dist_reserve(out, n_words, shares))
         return nc_error(err, errlen, NC_ENOMEM, "distribution over %zu words", n_words);
     /* q: dense scratch of the later steps, only when one is on. */
     bool dense = unigram_on(p, in) || (p->unbounded && in->ub_k > 0) ||
                  (p->open_vocab && p->uniform_mu > 0.0f);
     double *q = dense ? calloc(n_words, sizeof(double)) : NULL;
-    double *kw = in->ub_k > 0 ? malloc((size_t)in->ub_k * sizeof(double)) : NULL;
+    double *kw = in->ub_k > 0 ? malloc((size_t)in->ub_k * sizeof(double)) : NULL;   /* K_i / Σ K */
     float *e = in->nn > 0 ? malloc((size_t)in->nn * sizeof(float)) : NULL;
     if ((dense && !q) || (in->ub_k > 0 && !kw) || (in->nn > 0 && !e)) {
         free(q);
@@ -172,7 +92,7 @@ static int mixture_full_const(const nc_cache_params *p, const nc_mix_input *in, 
     bool linear = neural_on(p, in) && !global;
     double m = smax;
     if (global) {
-        double mc = max_scaled(in, p->neural_theta, p->neural_alpha);
+        double mc = neural_cache_max_logit(in->ndots, in->nn, p->neural_theta, p->neural_alpha);
         if (mc > m)
             m = mc;
     }
@@ -184,10 +104,9 @@ static int mixture_full_const(const nc_cache_params *p, const nc_mix_input *in, 
     double zc = 0.0;
     if (global || linear) {
         double bias = global ? p->neural_alpha : 0.0;
-        double mc = global ? m : max_scaled(in, p->neural_theta, 0.0);
+        double mc = global ? m : neural_cache_max_logit(in->ndots, in->nn, p->neural_theta, 0.0);
         double unused;
-        zc = vm_cache_exp_sum(e, in->ndots, in->nvals, (size_t)in->nn, (float)p->neural_theta,
-                              (float)(mc - bias), -1, &unused);
+        zc = neural_cache_exp_sum(e, in->ndots, in->nvals, in->nn, p->neural_theta, bias, mc, -1, &unused);
     }
     double ztot = global ? z + zc : z;
     float inv = (float)(1.0 / ztot);
@@ -224,19 +143,17 @@ static int mixture_full_const(const nc_cache_params *p, const nc_mix_input *in, 
     /* 3. unigram cache (Kuhn & De Mori): counts / |W| */
     if (unigram_on(p, in)) {
         memset(q, 0, n_words * sizeof(double));
-        for (int i = 0; i < in->uni->count; i++)
-            q[ucache_at(in->uni, i)] += 1.0 / in->uni->count;
+        unigram_cache_add_dist(in->uni, q);
         blend(out, shares, p->unigram_lambda, q, NC_COMP_UNIGRAM);
     }
 
     /* 4. unbounded cache: kernel density over the k nearest neighbours */
     if (p->unbounded && in->ub_k > 0) {
-        double sw = ub_weights(p, in, kw);
-        if (sw > 0.0) {
+        if (unbounded_cache_weights(p->kernel, in->ub_d2, in->ub_words, in->ub_k, kw) > 0.0) {
             memset(q, 0, n_words * sizeof(double));
             for (int i = 0; i < in->ub_k; i++)
                 if (in->ub_words[i] >= 0)
-                    q[in->ub_words[i]] += kw[i] / sw;
+                    q[in->ub_words[i]] += kw[i];
             blend(out, shares, p->unbounded_lambda, q, NC_COMP_UNBOUNDED);
         }
     }
@@ -253,21 +170,6 @@ static int mixture_full_const(const nc_cache_params *p, const nc_mix_input *in, 
     return NC_OK;
 }
 
-/* Σ_i exp(θ h·h_i + bias - m) over the window into *z, and the part of it
- * whose pair predicts x into *num: one vectorised pass (vm_cache_exp_sum);
- * with libm's scalar exp these were most of the neural cache's cost
- * (2,000 per token), and a scalar match loop after them the next most. */
-static void neural_sums(const nc_mix_input *in, double theta, double bias, double m, int x, double *z,
-                        double *num)
-{
-    *z = vm_cache_exp_sum(NULL, in->ndots, in->nvals, (size_t)in->nn, (float)theta, (float)(m - bias), x, num);
-}
-
-static bool ub_on(const nc_cache_params *p, const nc_mix_input *in)
-{
-    return p->unbounded && in->ub_k > 0 && !in->ub_skipped && ub_weights(p, in, NULL) > 0.0;
-}
-
 unsigned mixture_available(const nc_cache_params *p, const nc_mix_input *in)
 {
     unsigned a = 1u << NC_COMP_MODEL;
@@ -275,7 +177,7 @@ unsigned mixture_available(const nc_cache_params *p, const nc_mix_input *in)
         a |= 1u << NC_COMP_NEURAL;
     if (unigram_on(p, in))
         a |= 1u << NC_COMP_UNIGRAM;
-    if (ub_on(p, in))
+    if (unbounded_on(p, in))
         a |= 1u << NC_COMP_UNBOUNDED;
     if (p->open_vocab && p->uniform_mu > 0.0f)
         a |= 1u << NC_COMP_UNIFORM;
@@ -328,39 +230,51 @@ int mixture_full(const nc_cache_params *p, const nc_mix_input *in, size_t n_word
     return rc;
 }
 
+/* The model component's probability of x: p_vocab(x) = exp(s_x - log Z)
+ * (0 for an open-vocabulary word), or under global normalisation the model
+ * and the neural cache in one softmax (neural_cache_global_prob, eq. 4). */
+static double model_prob(const nc_cache_params *p, const nc_mix_input *in, int x)
+{
+    double s_x = x < in->V ? (double)in->s_target : -INFINITY;
+    if (neural_on(p, in) && p->global_norm)
+        return neural_cache_global_prob(in->ndots, in->nvals, in->nn, p->neural_theta, p->neural_alpha, s_x,
+                                        in->log_z, x);
+    return exp(s_x - in->log_z);
+}
+
+/* The caches' terms of x, each from its cache's file */
+static double neural_prob(const nc_cache_params *p, const nc_mix_input *in, int x)
+{
+    return neural_cache_prob(in->ndots, in->nvals, in->nn, p->neural_theta, x);
+}
+
+static double unbounded_prob(const nc_cache_params *p, const nc_mix_input *in, int x)
+{
+    return unbounded_cache_prob(p->kernel, in->ub_d2, in->ub_words, in->ub_k, x);
+}
+
+/* |V_full| of the uniform term */
+static int vocab_full(const nc_mix_input *in)
+{
+    return in->vocab_full > 0 ? in->vocab_full : in->V;
+}
+
 void mixture_components(const nc_cache_params *p, const nc_mix_input *in, int x, double pc[NC_NCOMP])
 {
     unsigned a = mixture_available(p, in);
     for (int c = 0; c < NC_NCOMP; c++)
         pc[c] = NAN;
-    if (neural_on(p, in) && p->global_norm) {
-        /* global normalisation: one component, the model with the cache
-         * terms in its normaliser (eq. 4) -- the same sums as mixture_target */
-        double m = in->log_z, mc = max_scaled(in, p->neural_theta, p->neural_alpha);
-        if (mc > m)
-            m = mc;
-        double zc, nc;
-        neural_sums(in, p->neural_theta, p->neural_alpha, m, x, &zc, &nc);
-        pc[NC_COMP_MODEL] = ((x < in->V ? exp(in->s_target - m) : 0.0) + nc) / (exp(in->log_z - m) + zc);
-    } else {
-        pc[NC_COMP_MODEL] = x < in->V ? exp((double)in->s_target - in->log_z) : 0.0;
-    }
-    if (a & (1u << NC_COMP_NEURAL)) {
-        double mc = max_scaled(in, p->neural_theta, 0.0), zs, num;
-        neural_sums(in, p->neural_theta, 0.0, mc, x, &zs, &num);
-        pc[NC_COMP_NEURAL] = num / zs;
-    }
+    /* global normalisation: one component, the model with the cache terms
+     * in its normaliser (eq. 4) */
+    pc[NC_COMP_MODEL] = model_prob(p, in, x);
+    if (a & (1u << NC_COMP_NEURAL))
+        pc[NC_COMP_NEURAL] = neural_prob(p, in, x);
     if (a & (1u << NC_COMP_UNIGRAM))
-        pc[NC_COMP_UNIGRAM] = ucache_prob(in->uni, x);
-    if (a & (1u << NC_COMP_UNBOUNDED)) {
-        double sw = ub_weights(p, in, NULL), theta2 = ub_theta2(in), num = 0.0;
-        for (int i = 0; i < in->ub_k; i++)
-            if (in->ub_words[i] == x)
-                num += ub_weight(p, theta2, in->ub_d2[i]);
-        pc[NC_COMP_UNBOUNDED] = num / sw;
-    }
+        pc[NC_COMP_UNIGRAM] = unigram_cache_prob(in->uni, x);
+    if (a & (1u << NC_COMP_UNBOUNDED))
+        pc[NC_COMP_UNBOUNDED] = unbounded_prob(p, in, x);
     if (a & (1u << NC_COMP_UNIFORM))
-        pc[NC_COMP_UNIFORM] = 1.0 / (in->vocab_full > 0 ? in->vocab_full : in->V);
+        pc[NC_COMP_UNIFORM] = 1.0 / vocab_full(in);
 }
 
 double mixture_target(const nc_cache_params *p, const nc_mix_input *in, int x)
@@ -377,39 +291,15 @@ double mixture_target(const nc_cache_params *p, const nc_mix_input *in, int x)
             memcpy(in->weights, w, sizeof w);
         return pr > 0.0 ? log(pr) : -INFINITY;
     }
-    bool global = neural_on(p, in) && p->global_norm;
-    double pr;
-    if (global) {
-        double m = in->log_z;
-        double mc = max_scaled(in, p->neural_theta, p->neural_alpha);
-        if (mc > m)
-            m = mc;
-        double zc, nc;
-        neural_sums(in, p->neural_theta, p->neural_alpha, m, x, &zc, &nc);
-        double num = (x < in->V ? exp(in->s_target - m) : 0.0) + nc;
-        double z = exp(in->log_z - m) + zc;
-        pr = num / z;
-    } else {
-        pr = x < in->V ? exp((double)in->s_target - in->log_z) : 0.0;
-        if (neural_on(p, in)) {
-            double mc = max_scaled(in, p->neural_theta, 0.0), zs, num;
-            neural_sums(in, p->neural_theta, 0.0, mc, x, &zs, &num);
-            pr = (1.0 - p->neural_lambda) * pr + p->neural_lambda * num / zs;
-        }
-    }
+    /* the constant λs, step by step in mixture.h's order */
+    double pr = model_prob(p, in, x);
+    if (neural_on(p, in) && !p->global_norm)
+        pr = (1.0 - p->neural_lambda) * pr + p->neural_lambda * neural_prob(p, in, x);
     if (unigram_on(p, in))
-        pr = (1.0 - p->unigram_lambda) * pr + p->unigram_lambda * ucache_prob(in->uni, x);
-    if (p->unbounded && in->ub_k > 0 && !in->ub_skipped) {
-        double sw = ub_weights(p, in, NULL), theta2 = ub_theta2(in);
-        if (sw > 0.0) {
-            double num = 0.0;
-            for (int i = 0; i < in->ub_k; i++)
-                if (in->ub_words[i] == x)
-                    num += ub_weight(p, theta2, in->ub_d2[i]);
-            pr = (1.0 - p->unbounded_lambda) * pr + p->unbounded_lambda * num / sw;
-        }
-    }
+        pr = (1.0 - p->unigram_lambda) * pr + p->unigram_lambda * unigram_cache_prob(in->uni, x);
+    if (unbounded_on(p, in))
+        pr = (1.0 - p->unbounded_lambda) * pr + p->unbounded_lambda * unbounded_prob(p, in, x);
     if (p->open_vocab && p->uniform_mu > 0.0f)
-        pr = (1.0 - p->uniform_mu) * pr + p->uniform_mu / (in->vocab_full > 0 ? in->vocab_full : in->V);
+        pr = (1.0 - p->uniform_mu) * pr + p->uniform_mu / vocab_full(in);
     return pr > 0.0 ? log(pr) : -INFINITY;
 }

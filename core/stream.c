@@ -4,7 +4,11 @@
 #include "stream.h"
 #include "binio.h"
 #include "buf.h"
+#include "doc.h"
 #include "gate.h"
+#include "lstm.h"
+#include "mixture.h"
+#include "vmath.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -17,9 +21,9 @@ struct nc_stream {
     nc_lstm_work *work;
     bool has_h;
     int64_t pos;
-    nc_ncache neural;             /* size 0 when off */
-    nc_ucache unigram;
-    nc_ubcache *ub;
+    nc_neural_cache neural;             /* size 0 when off */
+    nc_unigram_cache unigram;
+    nc_unbounded_cache *ub;
     nc_wordtable *words;          /* open vocabulary table or NULL */
     bool own_words;
     float *logits;                /* [V] scratch for predict */
@@ -30,7 +34,7 @@ static int setup_caches(nc_stream *s, char *err, size_t errlen)
 {
     int rc = NC_OK;
     if (s->p.neural_size > 0)
-        rc = ncache_init(&s->neural, s->p.neural_size, s->m->cfg.hidden_size, s->p.neural_f16, err,
+        rc = neural_cache_init(&s->neural, s->p.neural_size, s->m->cfg.hidden_size, s->p.neural_f16, err,
                          errlen);
     if (!rc && s->p.neural_size > 0) {
         s->dots = nc_alloc((size_t)s->p.neural_size * sizeof(float));
@@ -38,7 +42,7 @@ static int setup_caches(nc_stream *s, char *err, size_t errlen)
             rc = nc_error(err, errlen, NC_ENOMEM, "neural cache scratch");
     }
     if (!rc && s->p.unigram_size > 0)
-        rc = ucache_init(&s->unigram, s->p.unigram_size, err, errlen);
+        rc = unigram_cache_init(&s->unigram, s->p.unigram_size, err, errlen);
     return rc;
 }
 
@@ -53,7 +57,7 @@ static void start(nc_stream *s, bool bos)
     }
 }
 
-int stream_new(const nc_model *m, const nc_cache_params *p, nc_ubcache *ub, nc_wordtable *words,
+int stream_new(const nc_model *m, const nc_cache_params *p, nc_unbounded_cache *ub, nc_wordtable *words,
                bool bos, nc_stream **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -65,9 +69,9 @@ int stream_new(const nc_model *m, const nc_cache_params *p, nc_ubcache *ub, nc_w
     if (p->gate && !m->gate)
         return nc_error(err, errlen, NC_EINVAL, "gate: the model has no gate (gate.safetensors; fit one with "
                                                 "neurocache fit-gate)");
-    if (ub && ubcache_dim(ub) != m->cfg.hidden_size)
+    if (ub && unbounded_cache_dim(ub) != m->cfg.hidden_size)
         return nc_error(err, errlen, NC_EINVAL, "unbounded cache dimension %d, model hidden size %d",
-                        ubcache_dim(ub), m->cfg.hidden_size);
+                        unbounded_cache_dim(ub), m->cfg.hidden_size);
     nc_stream *s = calloc(1, sizeof *s);
     if (!s)
         return nc_error(err, errlen, NC_ENOMEM, "stream");
@@ -80,7 +84,7 @@ int stream_new(const nc_model *m, const nc_cache_params *p, nc_ubcache *ub, nc_w
     if (!s->st || !s->work || !s->logits)
         rc = nc_error(err, errlen, NC_ENOMEM, "stream state");
     if (!rc && p->open_vocab) {
-        s->words = words ? words : (ub ? ubcache_words(ub) : NULL);
+        s->words = words ? words : (ub ? unbounded_cache_words(ub) : NULL);
         if (!s->words) {
             rc = wordtable_new(m->vocab, &s->words, err, errlen);
             s->own_words = rc == NC_OK;
@@ -103,8 +107,8 @@ void stream_free(nc_stream *s)
         return;
     lstm_state_free(s->st);
     lstm_work_free(s->work);
-    ncache_free(&s->neural);
-    ucache_free(&s->unigram);
+    neural_cache_free(&s->neural);
+    unigram_cache_free(&s->unigram);
     if (s->own_words)
         wordtable_free(s->words);
     nc_free(s->logits);
@@ -115,9 +119,9 @@ void stream_free(nc_stream *s)
 void stream_reset(nc_stream *s, bool bos)
 {
     if (s->neural.size)
-        ncache_clear(&s->neural);
+        neural_cache_clear(&s->neural);
     if (s->unigram.size)
-        ucache_clear(&s->unigram);
+        unigram_cache_clear(&s->unigram);
     start(s, bos);
 }
 
@@ -143,12 +147,12 @@ int stream_set_params(nc_stream *s, const nc_cache_params *p, char *err, size_t 
         return nc_error(err, errlen, NC_EINVAL, "gate: the model has no gate (gate.safetensors; fit one with "
                                                 "neurocache fit-gate)");
     /* rebuild windows keeping the newest pairs */
-    nc_ncache nn = {0};
-    nc_ucache nu = {0};
+    nc_neural_cache nn = {0};
+    nc_unigram_cache nu = {0};
     float *dots = NULL;
     const int H = s->m->cfg.hidden_size;
     if (p->neural_size > 0) {
-        if ((rc = ncache_init(&nn, p->neural_size, H, p->neural_f16, err, errlen)))
+        if ((rc = neural_cache_init(&nn, p->neural_size, H, p->neural_f16, err, errlen)))
             return rc;
         dots = nc_alloc((size_t)p->neural_size * sizeof(float));
         float *tmp = s->neural.count ? nc_alloc((size_t)s->neural.count * H * sizeof(float)) : NULL;
@@ -157,32 +161,32 @@ int stream_set_params(nc_stream *s, const nc_cache_params *p, char *err, size_t 
             nc_free(tmp);
             free(vals);
             nc_free(dots);
-            ncache_free(&nn);
+            neural_cache_free(&nn);
             return nc_error(err, errlen, NC_ENOMEM, "neural cache");
         }
-        int cnt = ncache_export(&s->neural, tmp, vals);
+        int cnt = neural_cache_export(&s->neural, tmp, vals);
         for (int i = cnt > p->neural_size ? cnt - p->neural_size : 0; i < cnt; i++)
-            ncache_push(&nn, tmp + (size_t)i * H, vals[i]);
+            neural_cache_push(&nn, tmp + (size_t)i * H, vals[i]);
         nc_free(tmp);
         free(vals);
     }
     if (p->unigram_size > 0) {
-        if ((rc = ucache_init(&nu, p->unigram_size, err, errlen))) {
-            ncache_free(&nn);
+        if ((rc = unigram_cache_init(&nu, p->unigram_size, err, errlen))) {
+            neural_cache_free(&nn);
             nc_free(dots);
             return rc;
         }
         int cnt = s->unigram.count;
         for (int i = cnt > p->unigram_size ? cnt - p->unigram_size : 0; i < cnt; i++)
-            if (ucache_push(&nu, ucache_at(&s->unigram, i))) {
-                ncache_free(&nn);
-                ucache_free(&nu);
+            if (unigram_cache_push(&nu, unigram_cache_at(&s->unigram, i))) {
+                neural_cache_free(&nn);
+                unigram_cache_free(&nu);
                 nc_free(dots);
                 return nc_error(err, errlen, NC_ENOMEM, "unigram cache");
             }
     }
-    ncache_free(&s->neural);
-    ucache_free(&s->unigram);
+    neural_cache_free(&s->neural);
+    unigram_cache_free(&s->unigram);
     nc_free(s->dots);
     s->neural = nn;
     s->unigram = nu;
@@ -203,7 +207,7 @@ int stream_feed(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprob
         return nc_error(err, errlen, NC_ENOMEM, "stream state");
     lstm_state_copy(st, s->st);
     int rc = doc_prepare(s->m, st, s->has_h, toks, s->p.open_vocab ? s->words : NULL,
-                         adapt && s->ub ? ubcache_words(s->ub) : NULL, &d, err, errlen);
+                         adapt && s->ub ? unbounded_cache_words(s->ub) : NULL, &d, err, errlen);
     double *lp = logprobs;
     if (!rc && !lp) {
         lp = malloc(toks->n * sizeof(double));
@@ -244,14 +248,51 @@ int stream_predict(nc_stream *s, bool shares, nc_dist *out, char *err, size_t er
     return stream_predict_logits(s, s->logits, shares, out, err, errlen);
 }
 
-const nc_ncache *stream_neural(const nc_stream *s)
-{
-    return s->neural.size && s->p.neural_size > 0 ? &s->neural : NULL;
-}
-
 const float *stream_h(const nc_stream *s)
 {
     return s->has_h ? lstm_state_top(s->st) : NULL;
+}
+
+/* The neural window as the formulas read it from h (design §4): the dots
+ * h·h_i of the ring's pairs into s->dots and their words into *vals
+ * (malloc'ed, NULL when the cache is off or empty); in->ndots/nvals/nn get
+ * the last neural_size of them (the window's pair i is the ring's pair
+ * count - nn + i). */
+static int neural_window(nc_stream *s, const float *h, nc_mix_input *in, int **vals, char *err, size_t errlen)
+{
+    *vals = NULL;
+    if (s->p.neural_size <= 0 || s->neural.count <= 0)
+        return NC_OK;
+    *vals = malloc((size_t)s->neural.size * sizeof(int));
+    if (!*vals)
+        return nc_error(err, errlen, NC_ENOMEM, "neural window");
+    int cnt = neural_cache_dots(&s->neural, h, s->dots);
+    neural_cache_export(&s->neural, NULL, *vals);
+    int w = cnt < s->p.neural_size ? cnt : s->p.neural_size;
+    in->ndots = s->dots + (cnt - w);
+    in->nvals = *vals + (cnt - w);
+    in->nn = w;
+    return NC_OK;
+}
+
+/* The unbounded cache's k nearest neighbours of h as this stream reads them
+ * (stream_ub_reader): *d2, *words and, when ids is non-NULL, *ids malloc'ed
+ * [knn]; in->ub_d2/ub_words/ub_k point at them. */
+static int unbounded_neighbours(nc_stream *s, const float *h, nc_mix_input *in, float **d2, int **words,
+                                int64_t **ids, char *err, size_t errlen)
+{
+    int k = s->p.knn;
+    *d2 = malloc((size_t)k * sizeof(float));
+    *words = malloc((size_t)k * sizeof(int));
+    if (ids)
+        *ids = malloc((size_t)k * sizeof(int64_t));
+    in->ub_d2 = *d2;
+    in->ub_words = *words;
+    in->ub_k = k;
+    if (!*d2 || !*words || (ids && !*ids))
+        return nc_error(err, errlen, NC_ENOMEM, "neighbours");
+    return unbounded_cache_search_ids(s->ub, h, 1, k, s->p.nprobe, NULL, 0, stream_ub_reader(s), *d2, *words,
+                                      ids ? *ids : NULL, err, errlen);
 }
 
 int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dist *out, char *err,
@@ -259,7 +300,7 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
 {
     if (!s->has_h)
         return nc_error(err, errlen, NC_ESTATE, "nothing to predict from yet (no token fed)");
-    const int H = s->m->cfg.hidden_size, V = s->m->cfg.vocab_size;
+    const int V = s->m->cfg.vocab_size;
     const float *h = lstm_state_top(s->st);
     nc_mix_input in = {.V = V, .logits = logits, .vocab_full = V};
     size_t n_words = (size_t)V;
@@ -267,24 +308,14 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
         n_words = (size_t)wordtable_size(s->words);
         in.vocab_full = s->p.vocab_size_full > 0 ? s->p.vocab_size_full : (int)n_words;
     }
-    int vals_cap = s->neural.size;
-    int *vals = NULL;
-    if (s->p.neural_size > 0 && s->neural.count > 0) {
-        vals = malloc((size_t)vals_cap * sizeof(int));
-        if (!vals)
-            return nc_error(err, errlen, NC_ENOMEM, "neural window");
-        int cnt = ncache_dots(&s->neural, h, s->dots);
-        ncache_export(&s->neural, NULL, vals);
-        int w = cnt < s->p.neural_size ? cnt : s->p.neural_size;
-        in.ndots = s->dots + (cnt - w);
-        in.nvals = vals + (cnt - w);
-        in.nn = w;
-    }
+    int *vals;
+    int rc = neural_window(s, h, &in, &vals, err, errlen);
+    if (rc)
+        return rc;
     if (s->p.unigram_size > 0)
         in.uni = &s->unigram;
     float *ud2 = NULL;
     int *uw = NULL;
-    int rc = NC_OK;
     bool skip = false;
     if (s->p.gate && s->m->gate) {
         /* the adaptive mixture: p_vocab's statistics, then the pre-search
@@ -304,25 +335,112 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
                 gate_count_searches(!skip, skip);
         }
     }
-    if (s->p.unbounded && s->ub && !skip) {
-        int k = s->p.knn;
-        ud2 = malloc((size_t)k * sizeof(float));
-        uw = malloc((size_t)k * sizeof(int));
-        if (!ud2 || !uw)
-            rc = nc_error(err, errlen, NC_ENOMEM, "neighbours");
-        else
-            rc = ubcache_search(s->ub, h, 1, k, s->p.nprobe, NULL, 0, stream_ub_reader(s), ud2, uw, err,
-                                errlen);
-        in.ub_d2 = ud2;
-        in.ub_words = uw;
-        in.ub_k = k;
-    }
-    (void)H;
+    if (s->p.unbounded && s->ub && !skip)
+        rc = unbounded_neighbours(s, h, &in, &ud2, &uw, NULL, err, errlen);
     if (!rc)
         rc = mixture_full(&s->p, &in, n_words, shares, out, err, errlen);
     free(vals);
     free(ud2);
     free(uw);
+    return rc;
+}
+
+/* Moves the heaviest of the n candidates cand[] (weight w[i] > 0; ties: the
+ * larger key[i] when key is non-NULL, then the earlier candidate) to the
+ * front, at most max of them, in that order; returns how many. Selection,
+ * not a sort: max is a handful. */
+static int heaviest(int *cand, int n, const double *w, const float *key, int max)
+{
+    int got = 0;
+    for (; got < max; got++) {
+        int best = -1;
+        for (int j = got; j < n; j++) {
+            int i = cand[j], b = best < 0 ? -1 : cand[best];
+            if (w[i] <= 0.0)
+                continue;
+            if (best < 0 || w[i] > w[b] || (w[i] == w[b] && key && key[i] > key[b]))
+                best = j;
+        }
+        if (best < 0)
+            break;
+        int t = cand[got];
+        cand[got] = cand[best];
+        cand[best] = t;
+    }
+    return got;
+}
+
+int stream_explain(nc_stream *s, const int *ids, size_t k, int per_source, nc_explain_entry *out, int *counts,
+                   char *err, size_t errlen)
+{
+    for (size_t q = 0; q < k; q++)
+        counts[q] = 0;
+    if (!s->has_h)
+        return nc_error(err, errlen, NC_ESTATE, "nothing to predict from yet (no token fed)");
+    const float *h = lstm_state_top(s->st);
+    nc_mix_input in = {.V = s->m->cfg.vocab_size};
+    int *vals = NULL, *uw = NULL, *cand = NULL;
+    float *ud2 = NULL;
+    int64_t *uid = NULL;
+    double *w = NULL;
+    int rc = neural_window(s, h, &in, &vals, err, errlen);
+    bool global = s->p.global_norm;
+    double log_z = 0.0;
+    if (!rc && in.nn > 0 && global) {
+        /* eq. 4's normaliser holds the vocabulary's exponentials */
+        lstm_logits(s->m, h, s->logits);
+        log_z = vm_logsumexp(s->logits, (size_t)in.V);
+    }
+    /* the search predict runs (also where the gate would skip it: explain
+     * shows where the mass would come from) */
+    if (!rc && s->p.unbounded && s->ub)
+        rc = unbounded_neighbours(s, h, &in, &ud2, &uw, &uid, err, errlen);
+    int n = in.nn > in.ub_k ? in.nn : in.ub_k;
+    if (!rc && n > 0) {
+        w = malloc((size_t)n * sizeof *w);
+        cand = malloc((size_t)n * sizeof *cand);
+        if (!w || !cand)
+            rc = nc_error(err, errlen, NC_ENOMEM, "explain");
+    }
+    if (!rc && in.nn > 0 &&
+        (rc = neural_cache_weights(in.ndots, in.nvals, in.nn, s->p.neural_theta, s->p.neural_alpha, global,
+                                   log_z, w)) != NC_OK)
+        nc_error(err, errlen, rc, "explain: neural weights");
+    for (size_t q = 0; !rc && q < k && in.nn > 0; q++) {
+        /* the window's pairs of this word, heaviest first; a tie (θ = 0)
+         * goes to the larger h_t·h_i, then the older pair */
+        int nc = 0;
+        for (int i = 0; i < in.nn; i++)
+            if (in.nvals[i] == ids[q])
+                cand[nc++] = i;
+        nc = heaviest(cand, nc, w, in.ndots, per_source);
+        for (int j = 0; j < nc; j++) {
+            int i = cand[j];
+            out[q * 2 * (size_t)per_source + counts[q]++] = (nc_explain_entry){
+                .source = NC_COMP_NEURAL, .at = s->pos - in.nn + i, .weight = w[i], .distance = NAN};
+        }
+    }
+    if (!rc && in.ub_k > 0)
+        unbounded_cache_weights(s->p.kernel, in.ub_d2, in.ub_words, in.ub_k, w);
+    for (size_t q = 0; !rc && q < k && in.ub_k > 0; q++) {
+        int nc = 0;
+        for (int i = 0; i < in.ub_k; i++)
+            if (in.ub_words[i] == ids[q])
+                cand[nc++] = i;
+        nc = heaviest(cand, nc, w, NULL, per_source);
+        for (int j = 0; j < nc; j++) {
+            int i = cand[j];
+            out[q * 2 * (size_t)per_source + counts[q]++] = (nc_explain_entry){
+                .source = NC_COMP_UNBOUNDED, .at = uid[i], .weight = w[i],
+                .distance = sqrt(in.ub_d2[i] > 0.0f ? (double)in.ub_d2[i] : 0.0)};
+        }
+    }
+    free(vals);
+    free(ud2);
+    free(uw);
+    free(uid);
+    free(w);
+    free(cand);
     return rc;
 }
 
@@ -340,15 +458,15 @@ const char *stream_word(nc_stream *s, int id)
 
 int64_t stream_position(const nc_stream *s) { return s->pos; }
 bool stream_has_h(const nc_stream *s) { return s->has_h; }
-nc_ubcache *stream_ubcache(const nc_stream *s) { return s->ub; }
+nc_unbounded_cache *stream_unbounded_cache(const nc_stream *s) { return s->ub; }
 
 size_t stream_memory(const nc_stream *s)
 {
     size_t m = sizeof *s + 2 * lstm_state_blob_size(s->st) + (size_t)s->m->cfg.vocab_size * sizeof(float);
     if (s->neural.size)
-        m += ncache_memory(&s->neural) + (size_t)s->neural.size * sizeof(float);
+        m += neural_cache_memory(&s->neural) + (size_t)s->neural.size * sizeof(float);
     if (s->unigram.size)
-        m += ucache_memory(&s->unigram);
+        m += unigram_cache_memory(&s->unigram);
     if (s->own_words)
         m += wordtable_memory(s->words);
     return m;
@@ -438,12 +556,12 @@ int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_
     if (!nref || !uref || !vals)
         rc = nc_error(err, errlen, NC_ENOMEM, "stream export");
     if (!rc && nn)
-        ncache_export(&s->neural, NULL, vals);
+        neural_cache_export(&s->neural, NULL, vals);
     for (int i = 0; !rc && i < nn; i++)
         if ((nref[i] = ref_of(&ids, V, vals[i])) < 0)
             rc = nc_error(err, errlen, NC_ENOMEM, "stream export");
     for (int i = 0; !rc && i < nu; i++)
-        if ((uref[i] = ref_of(&ids, V, ucache_at(&s->unigram, i))) < 0)
+        if ((uref[i] = ref_of(&ids, V, unigram_cache_at(&s->unigram, i))) < 0)
             rc = nc_error(err, errlen, NC_ENOMEM, "stream export");
     nc_buf out = NC_BUF_INIT;
     binio_writer w;
@@ -479,7 +597,7 @@ int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_
         binio_put_i32(&w, nn);
         binio_put_i32(&w, s->neural.f16);
         for (int i = 0; i < nn; i++) {
-            int slot = ncache_slot(&s->neural, i);
+            int slot = neural_cache_slot(&s->neural, i);
             size_t ks = s->neural.f16 ? 2 : 4;
             binio_put(&w, (const char *)s->neural.keys + (size_t)slot * H * ks, (size_t)H * ks);
             binio_put_i32(&w, nref[i]);
@@ -503,7 +621,7 @@ int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_
     return NC_OK;
 }
 
-int stream_import(const nc_model *m, nc_ubcache *ub, nc_wordtable *words, const void *blob,
+int stream_import(const nc_model *m, nc_unbounded_cache *ub, nc_wordtable *words, const void *blob,
                   size_t len, nc_stream **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -593,7 +711,7 @@ int stream_import(const nc_model *m, nc_ubcache *ub, nc_wordtable *words, const 
         int id = REF(ref);
         if (r.bad || id < 0)
             rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: bad word reference %d", ref);
-        else if (ucache_push(&s->unigram, id))
+        else if (unigram_cache_push(&s->unigram, id))
             rc = nc_error(err, errlen, NC_ENOMEM, "unigram cache");
     }
 #undef REF
@@ -624,7 +742,7 @@ static int undo_save(nc_stream *s, size_t ntok, cache_undo *u, char *err, size_t
 {
     memset(u, 0, sizeof *u);
     if (s->neural.size) {
-        nc_ncache *c = &s->neural;
+        nc_neural_cache *c = &s->neural;
         size_t ks = (c->f16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)c->dim;
         u->n_head = c->head;
         u->n_count = c->count;
@@ -640,7 +758,7 @@ static int undo_save(nc_stream *s, size_t ntok, cache_undo *u, char *err, size_t
         }
     }
     if (s->unigram.size) {
-        nc_ucache *c = &s->unigram;
+        nc_unigram_cache *c = &s->unigram;
         u->u_head = c->head;
         u->u_count = c->count;
         u->u_slots = ntok < (size_t)c->size ? (int)ntok : c->size;
@@ -656,7 +774,7 @@ static int undo_save(nc_stream *s, size_t ntok, cache_undo *u, char *err, size_t
 static void undo_restore(nc_stream *s, cache_undo *u)
 {
     if (s->neural.size) {
-        nc_ncache *c = &s->neural;
+        nc_neural_cache *c = &s->neural;
         size_t ks = (c->f16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)c->dim;
         for (int k = 0; k < u->n_slots; k++) {
             int slot = (u->n_head + k) % c->size;
@@ -667,7 +785,7 @@ static void undo_restore(nc_stream *s, cache_undo *u)
         c->count = u->n_count;
     }
     if (s->unigram.size) {
-        nc_ucache *c = &s->unigram;
+        nc_unigram_cache *c = &s->unigram;
         for (int k = 0; k < u->u_slots; k++)
             c->ring[(u->u_head + k) % c->size] = u->u_ring[k];
         c->head = u->u_head;
@@ -675,7 +793,7 @@ static void undo_restore(nc_stream *s, cache_undo *u)
         /* the counts are the window's histogram: rebuilt from it */
         memset(c->counts, 0, (size_t)c->ncounts * sizeof(int));
         for (int i = 0; i < c->count; i++)
-            c->counts[ucache_at(c, i)]++;
+            c->counts[unigram_cache_at(c, i)]++;
     }
     free(u->n_keys);
     free(u->n_vals);
@@ -683,7 +801,7 @@ static void undo_restore(nc_stream *s, cache_undo *u)
     memset(u, 0, sizeof *u);
 }
 
-/* A continuation's document (docscore.h) from a copy of the stream's LSTM
+/* A continuation's document (doc.h) from a copy of the stream's LSTM
  * state, decoder left for later (s_target, log_z unset). Ids as
  * doc_prepare gives them, except that a word new to the open-vocabulary
  * table is not added to it: it gets the id it would get (table size + its

@@ -8,7 +8,12 @@
 #ifndef NC_STREAM_H
 #define NC_STREAM_H
 
-#include "cache.h"
+#include "cache_params.h"
+#include "dist.h"
+#include "model.h"
+#include "tokenizer.h"
+#include "unbounded_cache.h"
+#include "wordtable.h"
 
 typedef struct nc_stream nc_stream;
 
@@ -18,7 +23,7 @@ typedef struct nc_stream nc_stream;
  * stream owns a private one (when p->open_vocab). bos: start from the zero
  * state advanced by eos (design §3); false = zero state, the first token fed
  * is context only. */
-int stream_new(const nc_model *m, const nc_cache_params *p, nc_ubcache *ub,
+int stream_new(const nc_model *m, const nc_cache_params *p, nc_unbounded_cache *ub,
                nc_wordtable *words, bool bos, nc_stream **out, char *err, size_t errlen);
 void stream_free(nc_stream *s);  /* NULL allowed */
 
@@ -47,29 +52,49 @@ int stream_predict(nc_stream *s, bool shares, nc_dist *out, char *err, size_t er
 /* The decoder input h_t (top layer output, [H]; valid until the stream
  * changes), or NULL if the stream has no h yet. */
 const float *stream_h(const nc_stream *s);
-/* The neural cache's ring (oldest pair first; pair i holds the key before
- * token position stream_position - count + i and that token), NULL when the
- * stream has none. Borrowed; valid until the stream changes. */
-const nc_ncache *stream_neural(const nc_stream *s);
 /* stream_predict with the decoder logits W h_t + b ([V]) already computed by
  * the caller, so that a server can batch the decoder products of many
  * streams into one GEMM (lstm_logits_batch). */
 int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dist *out, char *err,
                           size_t errlen);
 
+/* One entry of explain: a stored pair that gives a predicted word mass. */
+typedef struct {
+    int source;                   /* NC_COMP_NEURAL or NC_COMP_UNBOUNDED (dist.h) */
+    int64_t at;                   /* neural: the token position of the pair's word (its key is the
+                                   * h that predicted it); unbounded: the pair's FAISS id */
+    double weight;                /* the pair's weight in its cache's term of the word, normalised
+                                   * as the mixture normalises it (neural_cache_weights,
+                                   * unbounded_cache_weights): over all of a word's pairs of
+                                   * one source the weights sum to that cache's term */
+    double distance;              /* unbounded: ||h_t - h_i||; neural: NAN */
+} nc_explain_entry;
+
+/* Explain of the next-word distribution at the stream's h (NC_ESTATE
+ * without one): for each of the k words ids[q], into out[q * 2 * per_source
+ * ...] and counts[q], the pairs that give it weight > 0 -- the neural
+ * window's first, then the unbounded cache's neighbours, each source's
+ * heaviest first and at most per_source of them. The unbounded cache is
+ * searched as predict searches it, also where the gate would skip the
+ * search (explain says where the mass would come from). With global
+ * normalisation the neural weights share eq. 4's normaliser, so the decoder
+ * product is recomputed. Does not change the stream's state. */
+int stream_explain(nc_stream *s, const int *ids, size_t k, int per_source, nc_explain_entry *out, int *counts,
+                   char *err, size_t errlen);
+
 /* Open vocabulary: the id the stream's word table gives word[0..len) (a
  * model id, or >= V for a word remembered under its own name), -1 when the
  * table has no such word or the stream has no table. */
 int stream_word_id(nc_stream *s, const char *word, size_t len);
 /* How the stream reads its unbounded cache's word ids: NC_UB_OPEN in open
- * vocabulary, else the model's unk id (ubcache.h). */
+ * vocabulary, else the model's unk id (unbounded_cache.h). */
 int stream_ub_reader(const nc_stream *s);
 /* Surface string of id (model or open-vocabulary word), NULL if unknown. */
 const char *stream_word(nc_stream *s, int id);
 int64_t stream_position(const nc_stream *s);      /* tokens fed since start */
 bool stream_has_h(const nc_stream *s);
 size_t stream_memory(const nc_stream *s);         /* bytes owned by the stream */
-nc_ubcache *stream_ubcache(const nc_stream *s);
+nc_unbounded_cache *stream_unbounded_cache(const nc_stream *s);
 
 /* N-best rescoring: scores each of the n continuations conts[i] from the
  * stream's current state as if it alone were fed (stream_feed with
@@ -97,7 +122,7 @@ int stream_clone(const nc_stream *s, nc_stream **out, char *err, size_t errlen);
  * everything (NC_EFORMAT on a bad blob) and binds the stream to m, ub, words
  * as stream_new does. */
 int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_t errlen);
-int stream_import(const nc_model *m, nc_ubcache *ub, nc_wordtable *words, const void *blob,
+int stream_import(const nc_model *m, nc_unbounded_cache *ub, nc_wordtable *words, const void *blob,
                   size_t len, nc_stream **out, char *err, size_t errlen);
 
 #endif

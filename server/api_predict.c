@@ -114,7 +114,7 @@ static int feed_over_budget(nc_server *srv, const nc_session *s, const feed_work
 {
     size_t n = w->t.n;
     /* every token read with the unbounded cache searches knn neighbours */
-    long long neighbours = s->params.unbounded && stream_ubcache(s->stream) ? (long long)n * s->params.knn : 0;
+    long long neighbours = s->params.unbounded && stream_unbounded_cache(s->stream) ? (long long)n * s->params.knn : 0;
     if (neighbours > srv->cfg.max_neighbours_per_request) {
         http_reply_error(resp, API_OVER_BUDGET,
                          "%zu tokens x knn %d = %lld unbounded-cache neighbours are over max_neighbours_per_request "

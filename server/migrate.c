@@ -133,7 +133,7 @@ api_error migrate_decode(const nc_model *m, uint64_t fingerprint, sessions *t, c
     if (!out)
         return API_OK;   /* the envelope only (namespace for a key check) */
     char msg[NC_ERRLEN] = "";
-    nc_ubcache *ub = NULL;
+    nc_unbounded_cache *ub = NULL;
     int brc = t ? sessions_bind(t, ns, &ub, ns_ref, msg, sizeof msg) : 0;
     if (brc != 0) {
         snprintf(err, errlen, "session state: namespace '%s': %s", ns, msg);

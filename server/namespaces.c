@@ -68,7 +68,7 @@ static int open_store(ns_registry *g, const char *dir, nc_nsstore **out, nc_nsst
                       size_t errlen)
 {
     nc_nsstore_opts o = {.dir = dir, .model = g->m, .sync = g->sync};
-    ubcache_opts_default(&o.ub, g->m->cfg.hidden_size);
+    unbounded_cache_opts_default(&o.ub, g->m->cfg.hidden_size);
     o.ub.trained_path = g->trained[0] ? g->trained : NULL;
     o.ub.factory = g->factory[0] ? g->factory : NULL;
     o.ub.train_self = g->train_self;
@@ -172,7 +172,7 @@ const char *namespaces_name(const ns_handle *r)
     return r->name;
 }
 
-int namespaces_bind_session(void *ctx, const char *ns, nc_ubcache **ub, void **ref, char *err,
+int namespaces_bind_session(void *ctx, const char *ns, nc_unbounded_cache **ub, void **ref, char *err,
                             size_t errlen)
 {
     nc_server *srv = ctx;
@@ -180,7 +180,7 @@ int namespaces_bind_session(void *ctx, const char *ns, nc_ubcache **ub, void **r
     ns_handle *r = namespaces_acquire_rc(srv, ns && ns[0] ? ns : "default", true, &rc, err, errlen);
     if (!r)
         return rc != NC_OK ? rc : NC_EINVAL;   /* the code tells a full disk from an I/O error */
-    *ub = nsstore_ubcache(r->store);
+    *ub = nsstore_unbounded_cache(r->store);
     *ref = r;
     return 0;
 }
@@ -507,144 +507,50 @@ int namespaces_sync(nc_session *s, uint64_t seq, char *err, size_t errlen)
 
 /* namespaces_explain's own name for a handle, kept while the core's
  * restructuring (issue 16) rewrites that function; nothing else uses it. */
-typedef ns_handle nsref;
 
-/* The neural cache's part of explain: the window pairs that carry each
- * predicted word with the largest softmax_i(theta h.h_i) (Grave, Joulin,
- * Usunier 2017, eq. 2), by their token position in the session. */
-static void explain_neural(nc_session *s, const float *h, const int *ids, size_t k, json_t *out)
-{
-    const nc_ncache *c = stream_neural(s->stream);
-    const nc_cache_params *p = &s->params;
-    if (!c || c->count == 0)
-        return;
-    float *dots = malloc((size_t)c->count * sizeof *dots);
-    int *vals = malloc((size_t)c->count * sizeof *vals);
-    if (!dots || !vals) {
-        free(dots);
-        free(vals);
-        return;
-    }
-    int cnt = ncache_dots(c, h, dots);
-    ncache_export(c, NULL, vals);
-    int w = cnt < p->neural_size ? cnt : p->neural_size, first = cnt - w;
-    double mx = -INFINITY, total = 0;
-    for (int i = first; i < cnt; i++)
-        mx = fmax(mx, (double)p->neural_theta * dots[i]);
-    for (int i = first; i < cnt; i++)
-        total += exp((double)p->neural_theta * dots[i] - mx);
-    int64_t pos = stream_position(s->stream);
-    for (size_t q = 0; q < k && total > 0; q++) {
-        int picked[EXPLAIN_PER_WORD], np = 0;
-        for (int t = 0; t < EXPLAIN_PER_WORD; t++) {
-            int best = -1;
-            for (int i = first; i < cnt; i++) {
-                if (vals[i] != ids[q])
-                    continue;
-                bool dup = false;
-                for (int j = 0; j < np; j++)
-                    dup |= picked[j] == i;
-                if (!dup && (best < 0 || dots[i] > dots[best]))
-                    best = i;
-            }
-            if (best < 0)
-                break;
-            picked[np++] = best;
-        }
-        for (int j = 0; j < np; j++) {
-            int i = picked[j];
-            json_array_append_new(json_array_get(out, q),
-                                  json_pack("{s:s,s:I,s:f}", "source", "neural", "position",
-                                            (json_int_t)(pos - cnt + i),
-                                            "weight", exp((double)p->neural_theta * dots[i] - mx) / total));
-        }
-    }
-    free(dots);
-    free(vals);
-}
 
+/* Formats what stream_explain returns (core computes the weights with the
+ * mixture's own functions): neural pairs by their token position in the
+ * session, unbounded pairs with their provenance from the namespace store. */
 json_t *namespaces_explain(nc_session *s, const int *ids, size_t k)
 {
     json_t *out = json_array();
-    for (size_t i = 0; i < k; i++)
+    for (size_t i = 0; out && i < k; i++)
         json_array_append_new(out, json_array());
-    nsref *r = s->ns_ref;
-    const float *h = stream_h(s->stream);
-    const nc_cache_params *p = &s->params;
-    if (out && h && k > 0)
-        explain_neural(s, h, ids, k, out);
-    if (!out || !r || !h || !p->unbounded || k == 0)
-        return out;
-    int kn = p->knn;
-    float *d2 = malloc((size_t)kn * sizeof *d2);
-    int *w = malloc((size_t)kn * sizeof *w);
-    int64_t *id = malloc((size_t)kn * sizeof *id);
+    ns_handle *r = s->ns_ref;
+    nc_explain_entry *e = malloc((k ? k : 1) * 2 * EXPLAIN_PER_WORD * sizeof *e);
+    int *cnt = malloc((k ? k : 1) * sizeof *cnt);
     char err[NC_ERRLEN];
-    if (!d2 || !w || !id ||
-        ubcache_search_ids(nsstore_ubcache(r->store), h, 1, kn, p->nprobe, NULL, 0, stream_ub_reader(s->stream),
-                           d2, w, id, err, sizeof err) != NC_OK)
+    if (!out || !e || !cnt || k == 0 ||
+        stream_explain(s->stream, ids, k, EXPLAIN_PER_WORD, e, cnt, err, sizeof err) != NC_OK)
         goto done;
-    /* kernel weights as the mixture computes them (Grave, Cisse, Joulin
-     * 2017, eq. 5-6): theta = distance to the k-th neighbour returned,
-     * K(d / theta), normalised over the neighbours */
-    int n = 0;
-    while (n < kn && w[n] >= 0)
-        n++;
-    if (n == 0)
-        goto done;
-    double theta = sqrt((double)(d2[n - 1] > 0 ? d2[n - 1] : 0)), total = 0;
-    double *kw = malloc((size_t)n * sizeof *kw);
-    if (!kw)
-        goto done;
-    for (int j = 0; j < n; j++) {
-        double u = theta > 0 ? sqrt((double)(d2[j] > 0 ? d2[j] : 0)) / theta : 0;
-        kw[j] = theta == 0 ? 1.0
-                : p->kernel == NC_KERNEL_EPANECHNIKOV ? fmax(0.0, 1 - u * u) : exp(-u * u / 2);
-        total += kw[j];
-    }
-    for (size_t i = 0; i < k && total > 0; i++) {
+    for (size_t i = 0; i < k; i++) {
         json_t *list = json_array_get(out, i);
-        bool used[EXPLAIN_PER_WORD * 4] = {0};
-        (void)used;
-        int picked[EXPLAIN_PER_WORD], np = 0;
-        /* the EXPLAIN_PER_WORD heaviest neighbours carrying this word */
-        for (int t = 0; t < EXPLAIN_PER_WORD; t++) {
-            int best = -1;
-            for (int j = 0; j < n; j++) {
-                if (w[j] != ids[i] || kw[j] <= 0)
-                    continue;
-                bool dup = false;
-                for (int q = 0; q < np; q++)
-                    dup |= picked[q] == j;
-                if (!dup && (best < 0 || kw[j] > kw[best]))
-                    best = j;
-            }
-            if (best < 0)
-                break;
-            picked[np++] = best;
-        }
-        for (int q = 0; q < np; q++) {
-            int j = picked[q];
+        for (int j = 0; j < cnt[i]; j++) {
+            const nc_explain_entry *x = &e[i * 2 * EXPLAIN_PER_WORD + j];
             char doc[1100], snip[512];
             uint64_t off = 0;
             json_t *o;
-            if (nsstore_entry(r->store, id[j], doc, sizeof doc, &off, NULL, err, sizeof err) == NC_OK) {
-                nsstore_snippet(r->store, id[j], 8, 4, snip, sizeof snip);
+            if (x->source == NC_COMP_NEURAL) {
+                o = json_pack("{s:s,s:I,s:f}", "source", "neural", "position", (json_int_t)x->at, "weight",
+                              x->weight);
+            } else if (!r) {
+                continue;
+            } else if (nsstore_entry(r->store, x->at, doc, sizeof doc, &off, NULL, err, sizeof err) == NC_OK) {
+                nsstore_snippet(r->store, x->at, 8, 4, snip, sizeof snip);
                 o = json_pack("{s:s,s:s,s:I,s:I,s:f,s:f,s:s}", "source", "unbounded", "document", doc, "offset",
-                              (json_int_t)off, "entry", (json_int_t)id[j], "weight", kw[j] / total,
-                              "distance", sqrt((double)(d2[j] > 0 ? d2[j] : 0)), "snippet", snip);
+                              (json_int_t)off, "entry", (json_int_t)x->at, "weight", x->weight, "distance",
+                              x->distance, "snippet", snip);
             } else {
-                o = json_pack("{s:s,s:I,s:f,s:f}", "source", "unbounded", "entry", (json_int_t)id[j], "weight",
-                              kw[j] / total, "distance", sqrt((double)(d2[j] > 0 ? d2[j] : 0)));
+                o = json_pack("{s:s,s:I,s:f,s:f}", "source", "unbounded", "entry", (json_int_t)x->at, "weight",
+                              x->weight, "distance", x->distance);
             }
             json_array_append_new(list, o);
         }
     }
-    free(kw);
 done:
-    free(d2);
-    free(w);
-    free(id);
+    free(e);
+    free(cnt);
     return out;
 }
 

@@ -52,7 +52,7 @@ void namespaces_count_added(nc_server *srv, uint64_t tokens);
 void namespaces_count_document(nc_server *srv);
 
 /* sessions.c binder: holds the namespace of a new session. */
-int namespaces_bind_session(void *ctx, const char *ns, nc_ubcache **ub, void **ref, char *err,
+int namespaces_bind_session(void *ctx, const char *ns, nc_unbounded_cache **ub, void **ref, char *err,
                             size_t errlen);
 void namespaces_unbind_session(void *ctx, void *ref);
 

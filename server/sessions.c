@@ -18,13 +18,13 @@ struct sessions {
     size_t budget, used;
     long count;
     char tag[16];
-    int (*bind)(void *ctx, const char *ns, nc_ubcache **ub, void **ref, char *err, size_t errlen);
+    int (*bind)(void *ctx, const char *ns, nc_unbounded_cache **ub, void **ref, char *err, size_t errlen);
     void (*unbind)(void *ctx, void *ref);
     void *bind_ctx;
 };
 
 void sessions_set_binder(sessions *t,
-                         int (*bind)(void *ctx, const char *ns, nc_ubcache **ub, void **ref,
+                         int (*bind)(void *ctx, const char *ns, nc_unbounded_cache **ub, void **ref,
                                      char *err, size_t errlen),
                          void (*unbind)(void *ctx, void *ref), void *ctx)
 {
@@ -123,7 +123,7 @@ sessions_rc sessions_create(sessions *t, const char *id, const char *ns,
     return sessions_adopt(t, id, ns, p, NULL, NULL, out, err, errlen);
 }
 
-int sessions_bind(sessions *t, const char *ns, nc_ubcache **ub, void **ref, char *err, size_t errlen)
+int sessions_bind(sessions *t, const char *ns, nc_unbounded_cache **ub, void **ref, char *err, size_t errlen)
 {
     *ub = NULL;
     *ref = NULL;
@@ -193,7 +193,7 @@ sessions_rc sessions_adopt(sessions *t, const char *id, const char *ns, const nc
             s->ns_unbind = t->unbind;
             s->ns_ctx = t->bind_ctx;
         } else {
-            nc_ubcache *ub = NULL;
+            nc_unbounded_cache *ub = NULL;
             /* Names were validated by proto: a binder failure is the
              * server's (opening the namespace's log or snapshot: I/O), a
              * 5xx, not the client's 400 (found by test_fault's fsync walk). */

@@ -72,7 +72,7 @@ sessions_rc sessions_adopt(sessions *t, const char *id, const char *ns, const nc
  * *ub the namespace's unbounded cache (NULL for ns "" or no binder), *ref
  * released by sessions_unbind (NULL allowed) unless handed to
  * sessions_adopt. 0 or the binder's negative NC_ code with a message. */
-int sessions_bind(sessions *t, const char *ns, nc_ubcache **ub, void **ref, char *err, size_t errlen);
+int sessions_bind(sessions *t, const char *ns, nc_unbounded_cache **ub, void **ref, char *err, size_t errlen);
 void sessions_unbind(sessions *t, void *ref);
 
 /* Whether s was deleted, evicted or handed over since it was acquired (a
@@ -93,7 +93,7 @@ int sessions_ids(sessions *t, char (**ids)[SESSION_ID_MAX], size_t *n);
  * NC_ code with a message (the creation then fails with SESS_ESTORAGE for
  * NC_EIO, SESS_ENOSPACE for NC_ENOSPACE, else SESS_ENOMEM). */
 void sessions_set_binder(sessions *t,
-                         int (*bind)(void *ctx, const char *ns, nc_ubcache **ub, void **ref,
+                         int (*bind)(void *ctx, const char *ns, nc_unbounded_cache **ub, void **ref,
                                      char *err, size_t errlen),
                          void (*unbind)(void *ctx, void *ref), void *ctx);
 

@@ -533,7 +533,7 @@ int upload_finish(upload *u, upload_result *res)
     res->msg[0] = 0;
     res->ns = namespaces_name(u->r);
     res->ids = u->ids;
-    res->entries = (int64_t)ubcache_count(nsstore_ubcache(namespaces_store(u->r)));
+    res->entries = (int64_t)unbounded_cache_count(nsstore_unbounded_cache(namespaces_store(u->r)));
     return 0;
 }
 

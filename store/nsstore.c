@@ -33,10 +33,10 @@ struct nc_nsstore {
     const nc_model *m;
     int V, H;
     uint32_t tag;
-    nc_ubcache_opts ubo;
+    nc_unbounded_cache_opts ubo;
     nc_wal_sync sync;
     nc_wordtable *words;
-    nc_ubcache *ub;
+    nc_unbounded_cache *ub;
     nc_wal *wal;
     /* provenance and documents, guarded by meta */
     pthread_rwlock_t meta;
@@ -104,7 +104,7 @@ void nsstore_clear_context(void)
     memset(&tl, 0, sizeof tl);
 }
 
-nc_ubcache *nsstore_ubcache(nc_nsstore *ns) { return ns->ub; }
+nc_unbounded_cache *nsstore_unbounded_cache(nc_nsstore *ns) { return ns->ub; }
 nc_wordtable *nsstore_words(nc_nsstore *ns) { return ns->words; }
 
 /* ---- provenance and documents (meta lock) --------------------------------- */
@@ -271,7 +271,7 @@ int nsstore_entry(nc_nsstore *ns, int64_t id, char *doc_id, size_t doc_len, uint
     }
     pthread_rwlock_unlock(&ns->meta);
     if (!rc && word)
-        *word = ubcache_word_at(ns->ub, id);
+        *word = unbounded_cache_word_at(ns->ub, id);
     return rc;
 }
 
@@ -299,7 +299,7 @@ void nsstore_snippet(nc_nsstore *ns, int64_t id, int before, int after, char *bu
     pthread_rwlock_unlock(&ns->meta);
     size_t k = 0;
     for (int64_t i = lo; i <= hi && k + 1 < len; i++) {
-        const char *w = wordtable_word(ns->words, ubcache_word_at(ns->ub, i));
+        const char *w = wordtable_word(ns->words, unbounded_cache_word_at(ns->ub, i));
         int n = snprintf(buf + k, len - k, "%s%s%s%s", k ? " " : "", i == id ? "[" : "", w ? w : "?",
                          i == id ? "]" : "");
         if (n < 0 || (size_t)n >= len - k) {
@@ -425,7 +425,7 @@ int nsstore_add(nc_nsstore *ns, const float *keys, const int *words, size_t n, u
             return nc_error(err, errlen, NC_EINVAL, "word id %d outside the namespace's table", words[i]);
     __typeof__(tl) saved = tl;
     nsstore_set_context(ns, doc, off);
-    int rc = ubcache_add(ns->ub, keys, words, n, NULL, err, errlen);
+    int rc = unbounded_cache_add(ns->ub, keys, words, n, NULL, err, errlen);
     if (seq)
         *seq = tl.seq;
     tl = saved;
@@ -716,7 +716,7 @@ static int replay_record(void *vctx, uint64_t seq, const void *payload, size_t l
     if ((len - k) != (size_t)n * (4 + 2 * (size_t)H))
         return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %zu bytes for %u pairs", (unsigned long long)seq,
                         len - k, n);
-    int64_t have = ubcache_count(ns->ub);
+    int64_t have = unbounded_cache_count(ns->ub);
     if (first > have)
         return nc_error(err, errlen, NC_EFORMAT, "log record %llu: pairs from id %lld but only %lld are known "
                         "(a record is missing)", (unsigned long long)seq, (long long)first, (long long)have);
@@ -756,7 +756,7 @@ static int replay_record(void *vctx, uint64_t seq, const void *payload, size_t l
         c->keys[i] = nc_half_to_float(h);
     }
     nsstore_set_context(ns, doc, off + skip);
-    int rc = ubcache_add(ns->ub, c->keys, c->ids, m, NULL, err, errlen);
+    int rc = unbounded_cache_add(ns->ub, c->keys, c->ids, m, NULL, err, errlen);
     nsstore_clear_context();
     return rc;
 }
@@ -987,7 +987,7 @@ static int write_snapshot(nc_nsstore *ns, uint64_t S, double t0, char *err, size
      * each other; pairs added meanwhile are in the log after S and are
      * skipped by id on replay */
     if (!rc)
-        rc = ubcache_save(ns->ub, tmp, err, errlen);
+        rc = unbounded_cache_save(ns->ub, tmp, err, errlen);
     uint64_t C = 0;
     if (!rc) {
         snprintf(p, sizeof p, "%s/values.bin", tmp);
@@ -1184,10 +1184,10 @@ static int load_snapshot(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen)
     if (!rc)
         rc = wordtable_new(ns->m->vocab, &ns->words, err, errlen);
     if (!rc)
-        rc = ubcache_load(&ns->ubo, ns->words, sdir, &ns->ub, err, errlen);
-    if (!rc && (uint64_t)ubcache_count(ns->ub) != entries)
+        rc = unbounded_cache_load(&ns->ubo, ns->words, sdir, &ns->ub, err, errlen);
+    if (!rc && (uint64_t)unbounded_cache_count(ns->ub) != entries)
         rc = nc_error(err, errlen, NC_EFORMAT, "%s: %lld pairs, the manifest says %llu", sdir,
-                      (long long)ubcache_count(ns->ub), (unsigned long long)entries);
+                      (long long)unbounded_cache_count(ns->ub), (unsigned long long)entries);
     unsigned char *b = NULL;
     size_t len = 0;
     if (!rc) {
@@ -1246,7 +1246,7 @@ static int load_snapshot(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen)
     }
     free(b);
     if (rc) {
-        ubcache_free(ns->ub);
+        unbounded_cache_free(ns->ub);
         wordtable_free(ns->words);
         ns->ub = NULL;
         ns->words = NULL;
@@ -1296,7 +1296,7 @@ int nsstore_open(const nc_nsstore_opts *o, nc_nsstore **out, nc_nsstore_recovery
         if (lrc == NC_OK) {
             base = snaps[i];
             info->snapshot_seq = base;
-            info->snapshot_entries = ubcache_count(ns->ub);
+            info->snapshot_entries = unbounded_cache_count(ns->ub);
             break;
         }
         if (lrc != NC_EFORMAT && lrc != NC_ENOTFOUND) {
@@ -1325,11 +1325,11 @@ int nsstore_open(const nc_nsstore_opts *o, nc_nsstore **out, nc_nsstore_recovery
     if (!rc && !ns->ub) {
         rc = wordtable_new(ns->m->vocab, &ns->words, err, errlen);
         if (!rc)
-            rc = ubcache_new(&ns->ubo, ns->words, &ns->ub, err, errlen);
+            rc = unbounded_cache_new(&ns->ubo, ns->words, &ns->ub, err, errlen);
     }
     /* 2. the log after it */
     if (!rc) {
-        ubcache_set_add_hook(ns->ub, add_hook, ns);
+        unbounded_cache_set_add_hook(ns->ub, add_hook, ns);
         ns->replaying = true;
         replay_ctx c = {.ns = ns};
         nc_wal_replay_info wi;
@@ -1368,7 +1368,7 @@ int nsstore_open(const nc_nsstore_opts *o, nc_nsstore **out, nc_nsstore_recovery
     }
     ns->snap_seq = base;
     ns->snap_time = mono_now();
-    info->entries = ubcache_count(ns->ub);
+    info->entries = unbounded_cache_count(ns->ub);
     info->seconds = mono_now() - t0;
     *out = ns;
     return NC_OK;
@@ -1379,9 +1379,9 @@ void nsstore_close(nc_nsstore *ns)
     if (!ns)
         return;
     if (ns->ub)
-        ubcache_set_add_hook(ns->ub, NULL, NULL);
+        unbounded_cache_set_add_hook(ns->ub, NULL, NULL);
     wal_close(ns->wal);
-    ubcache_free(ns->ub);
+    unbounded_cache_free(ns->ub);
     wordtable_free(ns->words);
     free_meta(ns);
     buf_free(&ns->rec);
@@ -1394,16 +1394,16 @@ void nsstore_close(nc_nsstore *ns)
 void nsstore_stats(nc_nsstore *ns, nc_nsstore_stats *st)
 {
     memset(st, 0, sizeof *st);
-    st->entries = ubcache_count(ns->ub);
+    st->entries = unbounded_cache_count(ns->ub);
     st->words = wordtable_size(ns->words) - ns->V;
     st->docs = nsstore_doc_count(ns);
-    st->exact = ubcache_is_exact(ns->ub);
+    st->exact = unbounded_cache_is_exact(ns->ub);
     st->nprobe = ns->ubo.nprobe > 0 ? ns->ubo.nprobe : 8;
     st->factory = ns->ubo.factory;
     st->wal_bytes = wal_disk_bytes(ns->waldir);
     st->disk_bytes = dir_bytes(ns->dir);
     /* lock order is cache -> meta (the add hook): never the reverse */
-    size_t mem = ubcache_memory(ns->ub) + wordtable_memory(ns->words);
+    size_t mem = unbounded_cache_memory(ns->ub) + wordtable_memory(ns->words);
     pthread_rwlock_rdlock(&ns->meta);
     st->memory_bytes = mem + ns->provcap * 8 + ns->doccap * 16;
     pthread_rwlock_unlock(&ns->meta);

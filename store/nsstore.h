@@ -1,5 +1,5 @@
 /* nsstore.h -- a durable namespace: the unbounded cache of one namespace
- * (core/ubcache: FAISS index + word ids), its open-vocabulary word table
+ * (core/unbounded_cache: FAISS index + word ids), its open-vocabulary word table
  * (core/wordtable), the provenance of every pair (document, token offset),
  * a write-ahead log (store/wal) and snapshots. Design §5-§6.
  *
@@ -8,7 +8,7 @@
  *                       (first pair id, document, offset, f16 keys, words;
  *                       open-vocabulary words by their surface string)
  *   snap-<seq>/         a snapshot covering every record <= seq: index.faiss,
- *                       values.bin, words.txt (ubcache_save), prov.bin,
+ *                       values.bin, words.txt (unbounded_cache_save), prov.bin,
  *                       docs.bin and MANIFEST (sizes and crc32 of each file,
  *                       itself checksummed; written last, so a snapshot
  *                       without a valid MANIFEST is incomplete)
@@ -19,12 +19,12 @@
  * far enough to rebuild without it (the previous snapshot and the log since
  * then are kept for that), which is done with a warning.
  *
- * Keys are stored rounded to float16 (ubcache key_f16), so the log's f16 keys
+ * Keys are stored rounded to float16 (unbounded_cache key_f16), so the log's f16 keys
  * rebuild exactly the index that served before: predictions after a restart
  * are identical.
  *
  * Adds can come from two places: nsstore_add (documents), or any
- * ubcache_add on nsstore_ubcache() -- a session's stream adapting through
+ * unbounded_cache_add on nsstore_unbounded_cache() -- a session's stream adapting through
  * doc_score -- which the store logs through the cache's add hook. The
  * provenance of the latter is taken from the calling thread's context
  * (nsstore_set_context). Thread-safe. */
@@ -41,7 +41,7 @@ typedef struct nc_nsstore nc_nsstore;
 typedef struct {
     const char *dir;              /* namespace directory (created if absent) */
     const nc_model *model;        /* borrowed: vocabulary, hidden size */
-    nc_ubcache_opts ub;           /* index options; dim and key_f16 are set */
+    nc_unbounded_cache_opts ub;           /* index options; dim and key_f16 are set */
     nc_wal_sync sync;             /* fsync policy of the log */
 } nc_nsstore_opts;
 
@@ -60,7 +60,7 @@ int nsstore_open(const nc_nsstore_opts *o, nc_nsstore **out, nc_nsstore_recovery
 /* Closes without a snapshot (the log holds everything). NULL allowed. */
 void nsstore_close(nc_nsstore *ns);
 
-nc_ubcache *nsstore_ubcache(nc_nsstore *ns);
+nc_unbounded_cache *nsstore_unbounded_cache(nc_nsstore *ns);
 nc_wordtable *nsstore_words(nc_nsstore *ns);
 
 /* Registers a document (id of 1..1024 bytes; "" = generated "doc-<n>") and
@@ -75,7 +75,7 @@ int nsstore_doc_begin(nc_nsstore *ns, const char *id, size_t len, uint32_t *doc,
 int nsstore_add(nc_nsstore *ns, const float *keys, const int *words, size_t n, uint32_t doc,
                 uint64_t off, uint64_t *seq, char *err, size_t errlen);
 
-/* Provenance for adds made through ubcache_add in this thread: doc and the
+/* Provenance for adds made through unbounded_cache_add in this thread: doc and the
  * offset of the next pair (advanced by each add). clear ends it; last_seq
  * is the last record this thread logged since set_context (0 = none). */
 void nsstore_set_context(nc_nsstore *ns, uint32_t doc, uint64_t off);

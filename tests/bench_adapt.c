@@ -50,7 +50,7 @@ static void die(const char *what, const char *err)
 static nc_nsstore *open_ns(const char *dir, nc_wal_sync sync, const char *trained, nc_nsstore_recovery *info)
 {
     nc_nsstore_opts o = {.dir = dir, .model = model, .sync = sync};
-    ubcache_opts_default(&o.ub, model->cfg.hidden_size);
+    unbounded_cache_opts_default(&o.ub, model->cfg.hidden_size);
     o.ub.trained_path = trained;
     o.ub.exact = trained == NULL;
     nc_nsstore *ns;
@@ -248,8 +248,8 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Writes a ubcache snapshot directory (index.faiss, values.bin, words.txt)
- * holding idx with value ids vals (ubcache_load's format). */
+/* Writes an unbounded_cache snapshot directory (index.faiss, values.bin, words.txt)
+ * holding idx with value ids vals (unbounded_cache_load's format). */
 static void write_cache_dir(const char *dir, FaissIndex *idx, const int *vals, size_t n)
 {
     char p[512];
@@ -334,11 +334,11 @@ static int bench_predict(const char *corpus, const char *trained, int nsizes, ch
         write_cache_dir(dir, idx, vals, have);
         faiss_Index_free(idx);
         free(vals);
-        nc_ubcache_opts o;
-        ubcache_opts_default(&o, H);
+        nc_unbounded_cache_opts o;
+        unbounded_cache_opts_default(&o, H);
         o.omp_threads = 1;
-        nc_ubcache *ub;
-        if (ubcache_load(&o, NULL, dir, &ub, err, sizeof err))
+        nc_unbounded_cache *ub;
+        if (unbounded_cache_load(&o, NULL, dir, &ub, err, sizeof err))
             die(dir, err);
         rmdir_all(dir);
         nc_stream *st;
@@ -373,7 +373,7 @@ static int bench_predict(const char *corpus, const char *trained, int nsizes, ch
         dist_free(&d);
         tokens_clear(&t);
         stream_free(st);
-        ubcache_free(ub);
+        unbounded_cache_free(ub);
     }
     faiss_Index_free(base);
     free(s.keys);
@@ -394,7 +394,7 @@ int main(int argc, char **argv)
      * with the cores shared, spinning worker threads cost far more than
      * they bring */
     openblas_set_num_threads(1);
-    ubcache_set_threads(1);
+    unbounded_cache_set_threads(1);
     int rc = 2;
     if (strcmp(argv[1], "fsync") == 0)
         rc = bench_fsync(argc > 3 ? atof(argv[3]) : 3.0);

@@ -107,16 +107,16 @@ static void memory_keys(const memory_src *ms, size_t from, size_t n, float *out,
     }
 }
 
-static nc_ubcache *make_ub(int H, const char *index, bool exact, const memory_src *ms, size_t n, double *t_add)
+static nc_unbounded_cache *make_ub(int H, const char *index, bool exact, const memory_src *ms, size_t n, double *t_add)
 {
-    nc_ubcache_opts o;
-    ubcache_opts_default(&o, H);
+    nc_unbounded_cache_opts o;
+    unbounded_cache_opts_default(&o, H);
     o.trained_path = exact ? NULL : index;
     o.exact = exact;
     o.switch_at = 1;   /* IVF from the first pair: every size measures the same index type */
-    nc_ubcache *u = NULL;
+    nc_unbounded_cache *u = NULL;
     char err[NC_ERRLEN];
-    if (ubcache_new(&o, NULL, &u, err, sizeof err)) {
+    if (unbounded_cache_new(&o, NULL, &u, err, sizeof err)) {
         fprintf(stderr, "bench_cache: %s\n", err);
         exit(1);
     }
@@ -129,7 +129,7 @@ static nc_ubcache *make_ub(int H, const char *index, bool exact, const memory_sr
         double g0 = now();
         memory_keys(ms, i, b, kb, ib);
         t_gen += now() - g0;
-        if (ubcache_add(u, kb, ib, b, NULL, err, sizeof err)) {
+        if (unbounded_cache_add(u, kb, ib, b, NULL, err, sizeof err)) {
             fprintf(stderr, "bench_cache: %s\n", err);
             exit(1);
         }
@@ -161,7 +161,7 @@ int main(int argc, char **argv)
     /* one FAISS thread (as the CLI) unless BENCH_THREADS; with more, OpenBLAS
      * on one thread while scoring, as `--threads` does (cacheopts.c) */
     int search_threads = getenv("BENCH_THREADS") ? atoi(getenv("BENCH_THREADS")) : 1;
-    ubcache_set_threads(search_threads);
+    unbounded_cache_set_threads(search_threads);
     int blas_threads = openblas_get_num_threads();
     const int H = m->cfg.hidden_size;
     size_t maxsize = 0;
@@ -269,7 +269,7 @@ int main(int argc, char **argv)
             if (exact && ((n > 100000 && n != check) || getenv("BENCH_NO_EXACT")))
                 continue;   /* exact search over 1M states: only for the IVFPQ-vs-exact check */
             double t_add;
-            nc_ubcache *u = make_ub(H, argv[2], exact, &ms, n, &t_add);
+            nc_unbounded_cache *u = make_ub(H, argv[2], exact, &ms, n, &t_add);
             nc_doc_caches dc = {.ub = u, .adapt = !getenv("BENCH_NO_ADAPT")};
             t0 = now();
             double c0 = cpu();
@@ -286,7 +286,7 @@ int main(int argc, char **argv)
             if (n == check)
                 check_ppl[exact] = ppl_of(lp, q.n);
             fflush(stdout);
-            ubcache_free(u);
+            unbounded_cache_free(u);
             /* BENCH_GATE_SKIPS=T1,T2,...: the same with the model's gate
              * (fit-gate) and adaptive retrieval at each threshold (0 = the
              * gate always searching, -1 = the gate's own threshold); each on
@@ -318,7 +318,7 @@ int main(int argc, char **argv)
                        gate_threshold(m->gate, &pg), tot ? 100.0 * (double)gc.skipped / (double)tot : 0.0, t_add,
                        (double)q.n / ts, (double)q.n / tc, (double)q.n / (ts + t_lstm), ppl_of(lp2, q.n));
                 fflush(stdout);
-                ubcache_free(u);
+                unbounded_cache_free(u);
             }
         }
     }
@@ -331,14 +331,14 @@ int main(int argc, char **argv)
     } else if (check > 0 && check <= have) {
         double pp[2], t_add;
         for (int exact = 0; exact < 2; exact++) {
-            nc_ubcache *u = make_ub(H, argv[2], exact, &ms, check, &t_add);
+            nc_unbounded_cache *u = make_ub(H, argv[2], exact, &ms, check, &t_add);
             nc_doc_caches dc = {.ub = u, .adapt = true};
             if (doc_score(d, &p, &dc, 0, exact ? lp2 : lp, err, sizeof err)) {
                 fprintf(stderr, "bench_cache: %s\n", err);
                 return 1;
             }
             pp[exact] = ppl_of(exact ? lp2 : lp, q.n);
-            ubcache_free(u);
+            unbounded_cache_free(u);
         }
         printf("\nIVFPQ vs exact on %zu stored states (+ the query's own), k=1024, lambda=%g, %zu query tokens:\n"
                "  exact %.3f, IVF4096,PQ32 nprobe 8 %.3f: %+.2f%% (static %.3f)\n",

@@ -14,7 +14,7 @@
 
 #include "lstm.h"
 #include "model.h"
-#include "score.h"
+#include "scorer.h"
 #include "tokenizer.h"
 #include "vocab.h"
 
@@ -178,7 +178,7 @@ int main(int argc, char **argv)
         openblas_set_num_threads(th);
         scorer_begin(sc, s, NC_BOS_EOS, toks.ids, n, &first, err, sizeof err);
         double t0 = now_s();
-        if (score_tokens(sc, s, toks.ids, n, lp, NULL, NULL, err, sizeof err) != NC_OK) {
+        if (scorer_run(sc, s, toks.ids, n, lp, NULL, NULL, err, sizeof err) != NC_OK) {
             fprintf(stderr, "bench_score: %s\n", err);
             return 1;
         }

@@ -1,6 +1,6 @@
 /* fuzz_snapshot.c -- libFuzzer harness for the namespace snapshot reader
  * (store/nsstore.c verify_snapshot and load_snapshot, reached through
- * nsstore_open; behind them ubcache_load's values reader and FAISS's index
+ * nsstore_open; behind them unbounded_cache_load's values reader and FAISS's index
  * reader, wordtable_load, the provenance and document tables).
  *
  * The input is a flag byte, then the snapshot's files separated by the line
@@ -39,7 +39,7 @@
 
 #include "model.h"
 #include "nsstore.h"
-#include "ubcache.h"
+#include "unbounded_cache.h"
 #include "wordtable.h"
 
 #ifndef FUZZ_ENTRY
@@ -109,7 +109,7 @@ static unsigned char *fsnap_read(const char *path, size_t *len)
 static int fsnap_open(const char *dir, nc_nsstore **ns, char *err, size_t errlen)
 {
     nc_nsstore_opts o = {.dir = dir, .model = fsnap_model, .sync = WAL_SYNC_NONE};
-    ubcache_opts_default(&o.ub, fsnap_model->cfg.hidden_size);
+    unbounded_cache_opts_default(&o.ub, fsnap_model->cfg.hidden_size);
     o.ub.exact = true;   /* a flat index, no training */
     return nsstore_open(&o, ns, NULL, err, errlen);
 }
@@ -169,13 +169,13 @@ static void fsnap_init(void)
  * entry count. */
 static int64_t fsnap_check(nc_nsstore *ns)
 {
-    nc_ubcache *ub = nsstore_ubcache(ns);
+    nc_unbounded_cache *ub = nsstore_unbounded_cache(ns);
     nc_wordtable *words = nsstore_words(ns);
-    int64_t n = ubcache_count(ub);
+    int64_t n = unbounded_cache_count(ub);
     uint32_t docs = nsstore_doc_count(ns);
     uint64_t with_doc = 0;
     for (int64_t id = 0; id < n; id++) {
-        int w = ubcache_word_at(ub, id);
+        int w = unbounded_cache_word_at(ub, id);
         if (w < 0 || w >= wordtable_size(words))
             abort();
         char doc_id[1100], err[NC_ERRLEN];

@@ -1,7 +1,8 @@
 /* test_cache.c -- cache behaviour beyond the reference vectors: causality
  * (one batch = random chunks = token by token, flat and IVF indexes), open
  * vocabulary, IVFPQ versus exact search, the flat->IVF switch losing no
- * entry, snapshots, stream export/import, parameter validation. */
+ * entry, snapshots, stream export/import, parameter validation, explain's
+ * weights against predict's terms. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -75,20 +76,20 @@ static void write_template(const char *factory, int dim, const float *x, size_t 
     faiss_Index_free(idx);
 }
 
-static nc_ubcache *ub_make(int dim, const char *trained, const float *base, const int *bw, size_t nbase)
+static nc_unbounded_cache *ub_make(int dim, const char *trained, const float *base, const int *bw, size_t nbase)
 {
-    nc_ubcache_opts o;
-    ubcache_opts_default(&o, dim);
+    nc_unbounded_cache_opts o;
+    unbounded_cache_opts_default(&o, dim);
     o.trained_path = trained;
     o.exact = trained == NULL;
-    nc_ubcache *u = NULL;
+    nc_unbounded_cache *u = NULL;
     char err[NC_ERRLEN];
-    int rc = ubcache_new(&o, NULL, &u, err, sizeof err);
+    int rc = unbounded_cache_new(&o, NULL, &u, err, sizeof err);
     CHECKF(rc == NC_OK, "%s", err);
     if (nbase) {
-        CHECK(ubcache_add(u, base, bw, nbase, NULL, err, sizeof err) == NC_OK);
+        CHECK(unbounded_cache_add(u, base, bw, nbase, NULL, err, sizeof err) == NC_OK);
         if (trained)
-            CHECK(ubcache_switch(u, err, sizeof err) == NC_OK);
+            CHECK(unbounded_cache_switch(u, err, sizeof err) == NC_OK);
     }
     return u;
 }
@@ -129,15 +130,15 @@ static void causality(bool ivf)
     double *a = malloc(doc.n * sizeof(double)), *b = malloc(doc.n * sizeof(double)),
            *c = malloc(doc.n * sizeof(double));
     /* 1. one batch */
-    nc_ubcache *u1 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
+    nc_unbounded_cache *u1 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
     nc_state *s = lstm_state_new(m);
     nc_doc *d = NULL;
     CHECK(doc_prepare(m, s, false, &doc, NULL, NULL, &d, err, sizeof err) == NC_OK);
     nc_doc_caches dc = {.ub = u1, .adapt = true};
     CHECKF(doc_score(d, &p, &dc, 0, a, err, sizeof err) == NC_OK, "%s", err);
-    CHECK(ubcache_count(u1) == (int64_t)(nbase + doc.n - 1));
+    CHECK(unbounded_cache_count(u1) == (int64_t)(nbase + doc.n - 1));
     /* 2. random chunks through a stream */
-    nc_ubcache *u2 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
+    nc_unbounded_cache *u2 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
     nc_stream *st = NULL;
     CHECK(stream_new(m, &p, u2, NULL, false, &st, err, sizeof err) == NC_OK);
     for (size_t i = 0; i < doc.n;) {
@@ -148,7 +149,7 @@ static void causality(bool ivf)
     }
     stream_free(st);
     /* 3. token by token */
-    nc_ubcache *u3 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
+    nc_unbounded_cache *u3 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
     CHECK(stream_new(m, &p, u3, NULL, false, &st, err, sizeof err) == NC_OK);
     for (size_t i = 0; i < doc.n; i++) {
         nc_tokens sl = slice(&doc, i, i + 1);
@@ -169,7 +170,7 @@ static void causality(bool ivf)
      * spread keys such a tie has probability ~1e-5 per query. */
     CHECKF(w12 <= TOL_FIXTURE_PATHS, "%s: batch vs chunks differ by %g", ivf ? "ivf" : "flat", w12);
     CHECKF(w13 <= TOL_FIXTURE_PATHS, "%s: batch vs token by token differ by %g", ivf ? "ivf" : "flat", w13);
-    CHECK(ubcache_is_exact(u1) == !ivf);
+    CHECK(unbounded_cache_is_exact(u1) == !ivf);
 
     /* a token's score must not change when later tokens change */
     nc_tokens doc2;
@@ -178,7 +179,7 @@ static void causality(bool ivf)
         int id = i < 150 ? doc.ids[i] : (doc.ids[i] + 7) % 50;
         tokens_push(&doc2, id, vocab_word(m->vocab, id), strlen(vocab_word(m->vocab, id)), i);
     }
-    nc_ubcache *u4 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
+    nc_unbounded_cache *u4 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
     nc_doc *d2 = NULL;
     lstm_state_reset(s);
     CHECK(doc_prepare(m, s, false, &doc2, NULL, NULL, &d2, err, sizeof err) == NC_OK);
@@ -195,19 +196,19 @@ static void causality(bool ivf)
     CHECK(fabs(a[150] - c[150]) > TOL_FIXTURE_PATHS);
     tokens_clear(&doc2);
     doc_free(d2);
-    ubcache_free(u4);
+    unbounded_cache_free(u4);
 
     /* neighbours searched once (doc_neighbours, another block size) and
      * handed to doc_score as pre_d2/pre_words give the same numbers: what
      * tune and eval rely on to share one search across grid points */
-    nc_ubcache *u5 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
+    nc_unbounded_cache *u5 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
     float *pd2 = malloc(doc.n * (size_t)p.knn * sizeof(float));
     int *pw = malloc(doc.n * (size_t)p.knn * sizeof(int));
     CHECKF(doc_neighbours(d, &p, u5, true, 17, pd2, pw, err, sizeof err) == NC_OK, "%s", err);
-    CHECK(ubcache_count(u5) == (int64_t)(nbase + doc.n - 1));
+    CHECK(unbounded_cache_count(u5) == (int64_t)(nbase + doc.n - 1));
     nc_doc_caches dc5 = {.ub = u5, .pre_d2 = pd2, .pre_words = pw};
     CHECKF(doc_score(d, &p, &dc5, 0, c, err, sizeof err) == NC_OK, "%s", err);
-    CHECK(ubcache_count(u5) == (int64_t)(nbase + doc.n - 1));   /* pre: no second add */
+    CHECK(unbounded_cache_count(u5) == (int64_t)(nbase + doc.n - 1));   /* pre: no second add */
     double wp = 0;
     for (size_t i = 1; i < doc.n; i++)
         wp = fmax(wp, fabs(a[i] - c[i]));
@@ -215,11 +216,11 @@ static void causality(bool ivf)
     CHECKF(wp <= TOL_FIXTURE_PATHS, "%s: precomputed neighbours differ by %g", ivf ? "ivf" : "flat", wp);
     free(pd2);
     free(pw);
-    ubcache_free(u5);
+    unbounded_cache_free(u5);
 
-    ubcache_free(u1);
-    ubcache_free(u2);
-    ubcache_free(u3);
+    unbounded_cache_free(u1);
+    unbounded_cache_free(u2);
+    unbounded_cache_free(u3);
     doc_free(d);
     lstm_state_free(s);
     tokens_clear(&doc);
@@ -457,23 +458,23 @@ TEST(ivfpq_vs_exact_and_switch)
     synth(dim, nq, nclust, cent, q, qw);
 
     /* exact cache */
-    nc_ubcache_opts o;
-    ubcache_opts_default(&o, dim);
+    nc_unbounded_cache_opts o;
+    unbounded_cache_opts_default(&o, dim);
     o.exact = true;
-    nc_ubcache *ex = NULL, *iv = NULL;
-    CHECK(ubcache_new(&o, NULL, &ex, err, sizeof err) == NC_OK);
-    CHECK(ubcache_add(ex, x, w, n, NULL, err, sizeof err) == NC_OK);
+    nc_unbounded_cache *ex = NULL, *iv = NULL;
+    CHECK(unbounded_cache_new(&o, NULL, &ex, err, sizeof err) == NC_OK);
+    CHECK(unbounded_cache_add(ex, x, w, n, NULL, err, sizeof err) == NC_OK);
     /* self-trained IVFPQ that switches half way through the adds */
-    ubcache_opts_default(&o, dim);
+    unbounded_cache_opts_default(&o, dim);
     o.factory = "IVF64,PQ16x4";
     o.train_self = true;
     o.switch_at = 10000;
-    CHECK(ubcache_new(&o, NULL, &iv, err, sizeof err) == NC_OK);
+    CHECK(unbounded_cache_new(&o, NULL, &iv, err, sizeof err) == NC_OK);
     for (size_t i = 0; i < n; i += 1000) {
-        CHECKF(ubcache_add(iv, x + i * dim, w + i, 1000, NULL, err, sizeof err) == NC_OK, "%s", err);
-        CHECK(ubcache_is_exact(iv) == (i + 1000 < 10000));
+        CHECKF(unbounded_cache_add(iv, x + i * dim, w + i, 1000, NULL, err, sizeof err) == NC_OK, "%s", err);
+        CHECK(unbounded_cache_is_exact(iv) == (i + 1000 < 10000));
     }
-    CHECK(ubcache_count(iv) == (int64_t)n);
+    CHECK(unbounded_cache_count(iv) == (int64_t)n);
 
     nc_cache_params p;
     cache_params_default(&p);
@@ -485,7 +486,7 @@ TEST(ivfpq_vs_exact_and_switch)
     int *nw = malloc(nq * k * sizeof(int));
     double nll[2] = {0, 0};
     for (int pass = 0; pass < 2; pass++) {
-        CHECK(ubcache_search(pass ? iv : ex, q, nq, k, 8, NULL, 0, NC_UB_OPEN, d2, nw, err, sizeof err) == NC_OK);
+        CHECK(unbounded_cache_search(pass ? iv : ex, q, nq, k, 8, NULL, 0, NC_UB_OPEN, d2, nw, err, sizeof err) == NC_OK);
         for (size_t i = 0; i < nq; i++) {
             nc_mix_input in = {.V = 1000, .s_target = -INFINITY, .log_z = 0, .ub_d2 = d2 + i * k,
                                .ub_words = nw + i * k, .ub_k = k};
@@ -499,20 +500,20 @@ TEST(ivfpq_vs_exact_and_switch)
 
     /* the switch lost nothing and kept ids aligned with values: with an
      * IVF,Flat index probing every list, each stored vector finds itself */
-    nc_ubcache *fl = NULL;
-    ubcache_opts_default(&o, dim);
+    nc_unbounded_cache *fl = NULL;
+    unbounded_cache_opts_default(&o, dim);
     o.factory = "IVF16,Flat";
     o.train_self = true;
     o.switch_at = 3000;
-    CHECK(ubcache_new(&o, NULL, &fl, err, sizeof err) == NC_OK);
+    CHECK(unbounded_cache_new(&o, NULL, &fl, err, sizeof err) == NC_OK);
     for (size_t i = 0; i < 5000; i += 500)
-        CHECK(ubcache_add(fl, x + i * dim, w + i, 500, NULL, err, sizeof err) == NC_OK);
-    CHECK(!ubcache_is_exact(fl));
+        CHECK(unbounded_cache_add(fl, x + i * dim, w + i, 500, NULL, err, sizeof err) == NC_OK);
+    CHECK(!unbounded_cache_is_exact(fl));
     int bad = 0;
     for (size_t i = 0; i < 5000; i += 7) {
         float dd[1];
         int ww[1];
-        CHECK(ubcache_search(fl, x + i * dim, 1, 1, 16, NULL, 0, NC_UB_OPEN, dd, ww, err, sizeof err) == NC_OK);
+        CHECK(unbounded_cache_search(fl, x + i * dim, 1, 1, 16, NULL, 0, NC_UB_OPEN, dd, ww, err, sizeof err) == NC_OK);
         if (ww[0] != w[i] || dd[0] > 1e-6f)
             bad++;
     }
@@ -522,26 +523,26 @@ TEST(ivfpq_vs_exact_and_switch)
     int64_t lim[1] = {100};
     float dd[5];
     int ww[5];
-    CHECK(ubcache_search(ex, x + 150 * dim, 1, 5, 0, lim, 5000, NC_UB_OPEN, dd, ww, err, sizeof err) == NC_OK);
+    CHECK(unbounded_cache_search(ex, x + 150 * dim, 1, 5, 0, lim, 5000, NC_UB_OPEN, dd, ww, err, sizeof err) == NC_OK);
     CHECK(dd[0] > 1e-6f);   /* itself (id 150) is not allowed */
 
     /* snapshot round trip, then a corrupt one */
     char dir[] = "/tmp/nc_test_ubXXXXXX";
     CHECK(mkdtemp(dir) != NULL);
-    CHECKF(ubcache_save(iv, dir, err, sizeof err) == NC_OK, "%s", err);
-    nc_ubcache *ld = NULL;
-    ubcache_opts_default(&o, dim);
-    CHECKF(ubcache_load(&o, NULL, dir, &ld, err, sizeof err) == NC_OK, "%s", err);
+    CHECKF(unbounded_cache_save(iv, dir, err, sizeof err) == NC_OK, "%s", err);
+    nc_unbounded_cache *ld = NULL;
+    unbounded_cache_opts_default(&o, dim);
+    CHECKF(unbounded_cache_load(&o, NULL, dir, &ld, err, sizeof err) == NC_OK, "%s", err);
     if (ld) {
-        CHECK(ubcache_count(ld) == (int64_t)n && !ubcache_is_exact(ld));
+        CHECK(unbounded_cache_count(ld) == (int64_t)n && !unbounded_cache_is_exact(ld));
         float *d2b = malloc(nq * k * sizeof(float));
         int *nwb = malloc(nq * k * sizeof(int));
-        CHECK(ubcache_search(iv, q, 20, k, 8, NULL, 0, NC_UB_OPEN, d2, nw, err, sizeof err) == NC_OK);
-        CHECK(ubcache_search(ld, q, 20, k, 8, NULL, 0, NC_UB_OPEN, d2b, nwb, err, sizeof err) == NC_OK);
+        CHECK(unbounded_cache_search(iv, q, 20, k, 8, NULL, 0, NC_UB_OPEN, d2, nw, err, sizeof err) == NC_OK);
+        CHECK(unbounded_cache_search(ld, q, 20, k, 8, NULL, 0, NC_UB_OPEN, d2b, nwb, err, sizeof err) == NC_OK);
         CHECK(memcmp(nw, nwb, 20 * k * sizeof(int)) == 0);
         free(d2b);
         free(nwb);
-        ubcache_free(ld);
+        unbounded_cache_free(ld);
     }
     char path[1200];
     snprintf(path, sizeof path, "%s/values.bin", dir);
@@ -552,7 +553,7 @@ TEST(ivfpq_vs_exact_and_switch)
         fclose(f);
     }
     ld = NULL;
-    CHECK(ubcache_load(&o, NULL, dir, &ld, err, sizeof err) == NC_EFORMAT);
+    CHECK(unbounded_cache_load(&o, NULL, dir, &ld, err, sizeof err) == NC_EFORMAT);
     CHECK_STR_CONTAINS(msg(err), "checksum");
     CHECK(ld == NULL);
     const char *names[] = {"index.faiss", "values.bin", "words.txt"};
@@ -562,9 +563,9 @@ TEST(ivfpq_vs_exact_and_switch)
     }
     rmdir(dir);
 
-    ubcache_free(fl);
-    ubcache_free(ex);
-    ubcache_free(iv);
+    unbounded_cache_free(fl);
+    unbounded_cache_free(ex);
+    unbounded_cache_free(iv);
     free(d2);
     free(nw);
     free(cent);
@@ -578,7 +579,7 @@ TEST(ivfpq_vs_exact_and_switch)
  * fills the IVF index outside the lock, then adds what came meanwhile):
  * nothing lost, ids and values aligned, searches answered throughout. */
 typedef struct {
-    nc_ubcache *u;
+    nc_unbounded_cache *u;
     const float *x;
     const int *w;
     int dim;
@@ -591,7 +592,7 @@ static void *add_thread(void *arg)
     add_job *j = arg;
     char err[NC_ERRLEN];
     for (size_t i = j->from; i < j->to; i += 100)
-        if (ubcache_add(j->u, j->x + i * j->dim, j->w + i, 100, NULL, err, sizeof err) != NC_OK)
+        if (unbounded_cache_add(j->u, j->x + i * j->dim, j->w + i, 100, NULL, err, sizeof err) != NC_OK)
             j->failures++;
     return NULL;
 }
@@ -603,7 +604,7 @@ static void *search_thread(void *arg)
     float dd[4];
     int ww[4];
     for (int i = 0; i < 200; i++)
-        if (ubcache_search(j->u, j->x + (size_t)(i % 50) * j->dim, 1, 4, 16, NULL, 0, NC_UB_OPEN, dd, ww, err, sizeof err) != NC_OK)
+        if (unbounded_cache_search(j->u, j->x + (size_t)(i % 50) * j->dim, 1, 4, 16, NULL, 0, NC_UB_OPEN, dd, ww, err, sizeof err) != NC_OK)
             j->failures++;
     return NULL;
 }
@@ -618,13 +619,13 @@ TEST(switch_with_concurrent_adds)
     for (int i = 0; i < nclust * dim; i++)
         cent[i] = gauss();
     synth(dim, n, nclust, cent, x, w);
-    nc_ubcache_opts o;
-    ubcache_opts_default(&o, dim);
+    nc_unbounded_cache_opts o;
+    unbounded_cache_opts_default(&o, dim);
     o.factory = "IVF16,Flat";
     o.train_self = true;
     o.switch_at = 3000;
-    nc_ubcache *u = NULL;
-    CHECK(ubcache_new(&o, NULL, &u, err, sizeof err) == NC_OK);
+    nc_unbounded_cache *u = NULL;
+    CHECK(unbounded_cache_new(&o, NULL, &u, err, sizeof err) == NC_OK);
     if (!u)
         return;
     add_job jobs[4];
@@ -639,18 +640,18 @@ TEST(switch_with_concurrent_adds)
         pthread_join(th[t], NULL);
         CHECKF(jobs[t].failures == 0, "thread %d: %d failed calls", t, jobs[t].failures);
     }
-    CHECK(ubcache_count(u) == (int64_t)n);
-    CHECK(!ubcache_is_exact(u));
+    CHECK(unbounded_cache_count(u) == (int64_t)n);
+    CHECK(!unbounded_cache_is_exact(u));
     int bad = 0;
     for (size_t i = 0; i < n; i += 3) {
         float dd[1];
         int ww[1];
-        CHECK(ubcache_search(u, x + i * dim, 1, 1, 16, NULL, 0, NC_UB_OPEN, dd, ww, err, sizeof err) == NC_OK);
+        CHECK(unbounded_cache_search(u, x + i * dim, 1, 1, 16, NULL, 0, NC_UB_OPEN, dd, ww, err, sizeof err) == NC_OK);
         if (ww[0] != w[i] || dd[0] > 1e-6f)
             bad++;
     }
     CHECKF(bad == 0, "%d of %zu stored vectors not found with their word after the switch", bad, n / 3);
-    ubcache_free(u);
+    unbounded_cache_free(u);
     free(cent), free(x), free(w);
 }
 
@@ -660,10 +661,10 @@ TEST(empty_caches_contribute_nothing)
     if (!m)
         return;
     char err[NC_ERRLEN];
-    nc_ubcache_opts o;
-    ubcache_opts_default(&o, m->cfg.hidden_size);
-    nc_ubcache *u = NULL;
-    CHECK(ubcache_new(&o, NULL, &u, err, sizeof err) == NC_OK);
+    nc_unbounded_cache_opts o;
+    unbounded_cache_opts_default(&o, m->cfg.hidden_size);
+    nc_unbounded_cache *u = NULL;
+    CHECK(unbounded_cache_new(&o, NULL, &u, err, sizeof err) == NC_OK);
     nc_cache_params p, p0;
     cache_params_default(&p);
     cache_params_default(&p0);
@@ -686,7 +687,7 @@ TEST(empty_caches_contribute_nothing)
     dist_free(&db);
     stream_free(a);
     stream_free(b);
-    ubcache_free(u);
+    unbounded_cache_free(u);
     model_free(m);
 }
 
@@ -752,28 +753,154 @@ TEST(stream_export_import)
     model_free(m);
 }
 
-/* ncache_dots (BLAS for float32 keys, AVX-512 or scalar for float16) against
+/* Explain and predict share the formula code: for every word of the
+ * distribution, the weights stream_explain gives its pairs (all of them:
+ * per_source covers the window and k) sum to the cache's term, read from
+ * predict's shares -- share_c(w) = weight_c * term_c(w) for the neural
+ * (linear, eq. 2) and unbounded (eq. 6) components; under global
+ * normalisation (eq. 4) the cache's part of p(w) sits in the model
+ * component, scaled by the later steps as the model is (weight_model), and
+ * share_neural(w) = weight_model * Σ weights. Across all words a source's
+ * weights sum to 1 (linear, unbounded).
+ *
+ * Tolerance, relative to the share (u = F32_U). Linear: explain's weight is
+ * e_i / Σ e in double with predict's own exponentials e_i (one kernel,
+ * same arguments); predict rounds λ/Σe (1 u), each λ/Σe * e_i (1 u), adds
+ * a word's m <= n pairs in float ((m-1) u) and scales by fl(1-λ) in up to
+ * 3 later steps (2 u each): (n + 8) u. Unbounded: the same kernel weights
+ * K_i / Σ K in double; predict rounds λ q(w) once and scales by the later
+ * step: within the same (n + 8) u. Global: predict shifts the exponents by
+ * max(max_w s_w, max_i θ h.h_i + α) and sums Σ_w exp(s_w - m) itself,
+ * explain shifts by max(log Z, ...) and uses log Z from vm_logsumexp: each
+ * exponential differs by the kernel's 3e-7 plus the rounding of its
+ * argument, 2 u A with A bounding |θ h.h_i| + |α| + |m| + |s_w| (fixture:
+ * |h_j| <= 1 so |h.h_i| <= H, |s_w| <= 7.61, log Z <= 7.61 + log V), four
+ * such factors (numerator and normaliser, both sides), and log Z's float
+ * sum over V terms (V u): (n + 8) u + 4 (3e-7 + 2 u A) + (V + 4) u. */
+static void explain_sums(const nc_model *m, nc_unbounded_cache *u, const nc_tokens *doc, const nc_cache_params *p)
+{
+    char err[NC_ERRLEN];
+    nc_stream *s = NULL;
+    CHECKF(stream_new(m, p, u, NULL, true, &s, err, sizeof err) == NC_OK, "%s", err);
+    if (!s)
+        return;
+    nc_tokens head = slice(doc, 0, 70);
+    CHECK(stream_feed(s, &head, false, NULL, err, sizeof err) == NC_OK);
+    nc_dist d;
+    dist_init(&d);
+    CHECK(stream_predict(s, true, &d, err, sizeof err) == NC_OK);
+    int per = p->neural_size > p->knn ? p->neural_size : p->knn, V = m->cfg.vocab_size, H = m->cfg.hidden_size;
+    int *ids = malloc(d.n * sizeof *ids), *cnt = malloc(d.n * sizeof *cnt);
+    nc_explain_entry *e = malloc(d.n * 2 * (size_t)per * sizeof *e);
+    for (size_t w = 0; w < d.n; w++)
+        ids[w] = (int)w;
+    CHECKF(stream_explain(s, ids, d.n, per, e, cnt, err, sizeof err) == NC_OK, "%s", err);
+    double A = p->neural_theta * H + fabs(p->neural_alpha);
+    A += A + 7.61 + log((double)V) + 7.61;
+    double tol_n = (p->neural_size + 8) * F32_U, tol_u = (p->knn + 8) * F32_U;
+    if (p->global_norm)
+        tol_n += 4 * (3e-7 + 2 * F32_U * A) + (V + 4) * F32_U;
+    double tot[2] = {0, 0}, worst[2] = {0, 0};
+    int entries[2] = {0, 0};
+    for (size_t w = 0; w < d.n; w++) {
+        double sum[2] = {0, 0};
+        for (int j = 0; j < cnt[w]; j++) {
+            const nc_explain_entry *x = &e[w * 2 * (size_t)per + j];
+            int src = x->source == NC_COMP_UNBOUNDED;
+            CHECK(x->source == NC_COMP_NEURAL || x->source == NC_COMP_UNBOUNDED);
+            CHECK(x->weight > 0);
+            sum[src] += x->weight;
+            entries[src]++;
+        }
+        tot[0] += sum[0];
+        tot[1] += sum[1];
+        double wn = p->global_norm ? d.weight[NC_COMP_MODEL] : d.weight[NC_COMP_NEURAL];
+        double got[2] = {wn * sum[0], d.weight[NC_COMP_UNBOUNDED] * sum[1]};
+        double want[2] = {d.share[NC_COMP_NEURAL][w], d.share[NC_COMP_UNBOUNDED][w]};
+        for (int c = 0; c < 2; c++) {
+            double err_rel = fabs(got[c] - want[c]) / fmax(fmax(got[c], want[c]), 1e-300);
+            worst[c] = fmax(worst[c], got[c] == want[c] ? 0.0 : err_rel);
+        }
+    }
+    CHECKF(worst[0] <= tol_n, "neural: explain's weights vs predict's share off by %.3g relative (tol %.3g)",
+           worst[0], tol_n);
+    CHECKF(worst[1] <= tol_u, "unbounded: off by %.3g relative (tol %.3g)", worst[1], tol_u);
+    CHECKF(entries[0] > 0 && entries[1] > 0, "entries: neural %d, unbounded %d", entries[0], entries[1]);
+    if (!p->global_norm)
+        CHECKF(fabs(tot[0] - 1) <= tol_n, "neural weights sum to %.9g over all words", tot[0]);
+    CHECKF(fabs(tot[1] - 1) <= tol_u, "unbounded weights sum to %.9g over all words", tot[1]);
+    free(ids);
+    free(cnt);
+    free(e);
+    dist_free(&d);
+    stream_free(s);
+}
+
+TEST(explain_weights_sum_to_terms)
+{
+    nc_model *m = load_fixture();
+    if (!m)
+        return;
+    char err[NC_ERRLEN];
+    nc_tokens doc;
+    make_doc(m, 200, &doc);
+    nc_unbounded_cache_opts o;
+    unbounded_cache_opts_default(&o, m->cfg.hidden_size);
+    nc_unbounded_cache *u = NULL;
+    CHECK(unbounded_cache_new(&o, NULL, &u, err, sizeof err) == NC_OK);
+    nc_cache_params p;
+    cache_params_default(&p);
+    p.unbounded = true;
+    p.knn = 24;
+    nc_stream *w = NULL;
+    CHECK(stream_new(m, &p, u, NULL, true, &w, err, sizeof err) == NC_OK);
+    CHECK(stream_feed(w, &doc, true, NULL, err, sizeof err) == NC_OK);   /* the namespace's memory */
+    stream_free(w);
+    /* every component on, linear neural cache, Gaussian kernel */
+    p.neural_size = 40;
+    p.neural_theta = 0.7f;
+    p.neural_lambda = 0.3f;
+    p.unigram_size = 30;
+    p.unigram_lambda = 0.1f;
+    p.unbounded_lambda = 0.2f;
+    explain_sums(m, u, &doc, &p);
+    /* global normalisation, Epanechnikov kernel (the k-th neighbour weighs 0) */
+    p.global_norm = true;
+    p.neural_alpha = 1.0f;
+    p.kernel = NC_KERNEL_EPANECHNIKOV;
+    explain_sums(m, u, &doc, &p);
+    /* θ = 0: uniform attention, every pair of the window weighs 1/n */
+    p.global_norm = false;
+    p.neural_theta = 0.0f;
+    p.kernel = NC_KERNEL_GAUSSIAN;
+    explain_sums(m, u, &doc, &p);
+    tokens_clear(&doc);
+    unbounded_cache_free(u);
+    model_free(m);
+}
+
+/* neural_cache_dots (BLAS for float32 keys, AVX-512 or scalar for float16) against
  * a naive double-precision dot over the exported keys: ring wrapped so the
  * keys sit in two runs, a dimension with a vector tail, partly filled and
  * empty rings. */
-TEST(ncache_dots_naive)
+TEST(neural_cache_dots_naive)
 {
     for (int f16 = 0; f16 <= 1; f16++) {
         for (int pushes = 0; pushes <= 100; pushes += 25) {
-            nc_ncache c;
+            nc_neural_cache c;
             char err[NC_ERRLEN];
             const int size = 37, dim = 21;
-            CHECK(ncache_init(&c, size, dim, f16, err, sizeof err) == NC_OK);
+            CHECK(neural_cache_init(&c, size, dim, f16, err, sizeof err) == NC_OK);
             float h[21], q[21], keys[37 * 21], dots[37];
             int vals[37];
             for (int i = 0; i < pushes; i++) {
                 for (int j = 0; j < dim; j++) h[j] = gauss();
-                ncache_push(&c, h, i);
+                neural_cache_push(&c, h, i);
             }
             for (int j = 0; j < dim; j++) q[j] = gauss();
-            int n = ncache_dots(&c, q, dots);
+            int n = neural_cache_dots(&c, q, dots);
             CHECK(n == (pushes < size ? pushes : size));
-            CHECK(ncache_export(&c, keys, vals) == n);
+            CHECK(neural_cache_export(&c, keys, vals) == n);
             double worst = 0;
             for (int i = 0; i < n; i++) {
                 double ref = 0;
@@ -785,7 +912,7 @@ TEST(ncache_dots_naive)
             /* one float32 dot of 21 Gaussian terms against double: lambda sqrt(21) u
              * sum|q_j k_j| (~13 for unit Gaussians) / (1 + |ref|) ~ 4e-6 */
             CHECKF(worst < 1e-5, "f16=%d pushes=%d: worst relative error %g", f16, pushes, worst);
-            ncache_free(&c);
+            neural_cache_free(&c);
         }
     }
 }
@@ -821,7 +948,7 @@ TEST(params_validation)
 
 int main(void)
 {
-    ubcache_set_threads(1);
+    unbounded_cache_set_threads(1);
     RUN(causality_flat);
     RUN(causality_ivf);
     RUN(causality_f16_keys);
@@ -830,7 +957,8 @@ int main(void)
     RUN(switch_with_concurrent_adds);
     RUN(empty_caches_contribute_nothing);
     RUN(stream_export_import);
-    RUN(ncache_dots_naive);
+    RUN(neural_cache_dots_naive);
+    RUN(explain_weights_sum_to_terms);
     RUN(params_validation);
     return harness_summary();
 }

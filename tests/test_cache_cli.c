@@ -183,10 +183,10 @@ TEST(score_caches_match_library)
     p.neural_size = 40, p.neural_theta = 0.7f, p.neural_lambda = 0.2f;
     p.unigram_size = 25, p.unigram_lambda = 0.1f;
     p.unbounded = true, p.knn = 16, p.unbounded_lambda = 0.3f;
-    nc_ubcache_opts o;
-    ubcache_opts_default(&o, m->cfg.hidden_size);
-    nc_ubcache *ub = NULL;
-    CHECK(ubcache_new(&o, NULL, &ub, err, sizeof err) == NC_OK);
+    nc_unbounded_cache_opts o;
+    unbounded_cache_opts_default(&o, m->cfg.hidden_size);
+    nc_unbounded_cache *ub = NULL;
+    CHECK(unbounded_cache_new(&o, NULL, &ub, err, sizeof err) == NC_OK);
     double *lp = malloc(t.n * sizeof(double));
     nc_doc_caches dc = {.ub = ub, .adapt = true};
     CHECKF(doc_score(d, &p, &dc, 0, lp, err, sizeof err) == NC_OK, "%s", err);
@@ -217,7 +217,7 @@ TEST(score_caches_match_library)
     free(js);
     free(lp);
     doc_free(d);
-    ubcache_free(ub);
+    unbounded_cache_free(ub);
     lstm_state_free(s);
     lstm_work_free(w);
     tokens_clear(&t);

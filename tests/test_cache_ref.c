@@ -94,14 +94,14 @@ static void params_for(const fixture *f, const char *mix, nc_cache_params *p)
     }
 }
 
-static nc_ubcache *new_exact_ub(const fixture *f)
+static nc_unbounded_cache *new_exact_ub(const fixture *f)
 {
-    nc_ubcache_opts o;
-    ubcache_opts_default(&o, f->m->cfg.hidden_size);
+    nc_unbounded_cache_opts o;
+    unbounded_cache_opts_default(&o, f->m->cfg.hidden_size);
     o.exact = true;
-    nc_ubcache *u = NULL;
+    nc_unbounded_cache *u = NULL;
     char err[NC_ERRLEN];
-    int rc = ubcache_new(&o, NULL, &u, err, sizeof err);
+    int rc = unbounded_cache_new(&o, NULL, &u, err, sizeof err);
     CHECKF(rc == NC_OK, "%s", err);
     return u;
 }
@@ -116,7 +116,7 @@ static void check_doc_path(const fixture *f, const char *mix, size_t block)
     nc_doc *d = NULL;
     int rc = doc_prepare(f->m, s, false, &f->toks, NULL, NULL, &d, err, sizeof err);
     CHECKF(rc == NC_OK, "%s", err);
-    nc_ubcache *ub = p.unbounded ? new_exact_ub(f) : NULL;
+    nc_unbounded_cache *ub = p.unbounded ? new_exact_ub(f) : NULL;
     nc_doc_caches c = {.ub = ub, .adapt = true};
     double *lp = malloc(f->T * sizeof(double));
     rc = doc_score(d, &p, &c, block, lp, err, sizeof err);
@@ -127,7 +127,7 @@ static void check_doc_path(const fixture *f, const char *mix, size_t block)
         worst = fmax(worst, fabs(lp[t + 1] - ref_target(f, mix, t)));
     CHECKF(worst <= TOL_LOGPROB, "%s doc path (block %zu): max |diff| %g", mix, block, worst);
     free(lp);
-    ubcache_free(ub);
+    unbounded_cache_free(ub);
     doc_free(d);
     lstm_state_free(s);
 }
@@ -159,7 +159,7 @@ static void check_hidden_path(const fixture *f, const char *mix)
         d->log_z[t] = nc_logsumexp(logits, (size_t)V);
         d->s_target[t] = logits[d->ids[t]];
     }
-    nc_ubcache *ub = p.unbounded ? new_exact_ub(f) : NULL;
+    nc_unbounded_cache *ub = p.unbounded ? new_exact_ub(f) : NULL;
     nc_doc_caches c = {.ub = ub, .adapt = true};
     double *lp = malloc(f->T * sizeof(double));
     rc = doc_score(d, &p, &c, 7, lp, err, sizeof err);
@@ -170,7 +170,7 @@ static void check_hidden_path(const fixture *f, const char *mix)
     CHECKF(worst <= TOL_LOGPROB, "%s hidden path: max |diff| %g", mix, worst);
     free(lp);
     free(logits);
-    ubcache_free(ub);
+    unbounded_cache_free(ub);
     doc_free(d);
 }
 
@@ -181,7 +181,7 @@ static void check_stream_path(const fixture *f, const char *mix)
     nc_cache_params p;
     params_for(f, mix, &p);
     char err[NC_ERRLEN];
-    nc_ubcache *ub = p.unbounded ? new_exact_ub(f) : NULL;
+    nc_unbounded_cache *ub = p.unbounded ? new_exact_ub(f) : NULL;
     nc_stream *s = NULL;
     int rc = stream_new(f->m, &p, ub, NULL, false, &s, err, sizeof err);
     CHECKF(rc == NC_OK, "%s", err);
@@ -225,7 +225,7 @@ static void check_stream_path(const fixture *f, const char *mix)
     CHECKF(worst_share <= 1e-6, "%s: shares do not add up (%g)", mix, worst_share);
     dist_free(&dist);
     stream_free(s);
-    ubcache_free(ub);
+    unbounded_cache_free(ub);
 }
 
 TEST(reference_mixtures)

@@ -346,7 +346,7 @@ static int open_store(nc_model *m, const char *dir, nc_nsstore **ns, nc_nsstore_
                       size_t errlen)
 {
     nc_nsstore_opts o = {.dir = dir, .model = m, .sync = WAL_SYNC_GROUP};
-    ubcache_opts_default(&o.ub, m->cfg.hidden_size);
+    unbounded_cache_opts_default(&o.ub, m->cfg.hidden_size);
     o.ub.exact = true;
     return nsstore_open(&o, ns, info, err, errlen);
 }

@@ -40,7 +40,7 @@ static float gauss(void)
  * nested (1-λ) p + λ q: a handful (< 20) of double operations, each
  * rounding by at most 2^-53 relative (4.4e-15 on log p). One more rounding
  * is the constant path's own: it forms λ_u p_uni in float (a float knob
- * times ucache_prob's float), a term <= p, so log p moves by at most one
+ * times unigram_cache_prob's float), a term <= p, so log p moves by at most one
  * float unit roundoff F32_U = 6e-8. Anything the gate really changed (a
  * feature leaking in, a weight off by 1e-6) would be larger. */
 #define TOL_DOUBLE_PATHS (F32_U + 1e-12)
@@ -70,21 +70,21 @@ static void make_doc(const nc_model *m, size_t n, nc_tokens *t)
 }
 
 /* An exact unbounded cache holding nbase random pairs. */
-static nc_ubcache *ub_make(int dim, size_t nbase)
+static nc_unbounded_cache *ub_make(int dim, size_t nbase)
 {
-    nc_ubcache_opts o;
-    ubcache_opts_default(&o, dim);
+    nc_unbounded_cache_opts o;
+    unbounded_cache_opts_default(&o, dim);
     o.exact = true;
-    nc_ubcache *u = NULL;
+    nc_unbounded_cache *u = NULL;
     char err[NC_ERRLEN];
-    CHECKF(ubcache_new(&o, NULL, &u, err, sizeof err) == NC_OK, "%s", err);
+    CHECKF(unbounded_cache_new(&o, NULL, &u, err, sizeof err) == NC_OK, "%s", err);
     float *base = malloc(nbase * (size_t)dim * sizeof(float));
     int *bw = malloc(nbase * sizeof(int));
     for (size_t i = 0; i < nbase * (size_t)dim; i++)
         base[i] = 0.3f * gauss();
     for (size_t i = 0; i < nbase; i++)
         bw[i] = 2 + (int)(rnd() % 48);
-    CHECK(u && ubcache_add(u, base, bw, nbase, NULL, err, sizeof err) == NC_OK);
+    CHECK(u && unbounded_cache_add(u, base, bw, nbase, NULL, err, sizeof err) == NC_OK);
     free(base);
     free(bw);
     return u;
@@ -270,7 +270,7 @@ TEST(files_round_trip_and_bad_ones_refused)
 }
 
 /* Scores doc with p (gate on the model's gate g when p->gate); caches fresh. */
-static void score_doc(nc_model *m, const nc_tokens *doc, const nc_cache_params *p, nc_ubcache *ub, double *lp,
+static void score_doc(nc_model *m, const nc_tokens *doc, const nc_cache_params *p, nc_unbounded_cache *ub, double *lp,
                       double *gf, size_t *searched, size_t *skipped)
 {
     char err[NC_ERRLEN];
@@ -306,9 +306,9 @@ TEST(constant_gate_reproduces_constant_lambda)
     double *a = malloc(doc.n * sizeof(double)), *b = malloc(doc.n * sizeof(double));
     /* the same memory for both: 200 random pairs, then the document's own */
     lcg = 99;
-    nc_ubcache *u1 = ub_make(H, 200);
+    nc_unbounded_cache *u1 = ub_make(H, 200);
     lcg = 99;
-    nc_ubcache *u2 = ub_make(H, 200);
+    nc_unbounded_cache *u2 = ub_make(H, 200);
     score_doc(m, &doc, &p, u1, a, NULL, NULL, NULL);
     nc_cache_params pg = p;
     pg.gate = true;
@@ -321,8 +321,8 @@ TEST(constant_gate_reproduces_constant_lambda)
         CHECKF(e <= TOL_DOUBLE_PATHS, "token %zu: constant %.17g, constant gate %.17g", t, a[t], b[t]);
     }
     fprintf(stderr, "   target path: largest difference %.3g\n", worst);
-    ubcache_free(u1);
-    ubcache_free(u2);
+    unbounded_cache_free(u1);
+    unbounded_cache_free(u2);
 
     /* the full distribution: two streams fed alike, predict with and
      * without the gate. The gated full path turns the weights back into
@@ -403,9 +403,9 @@ TEST(gate_never_reads_the_target)
             tokens_push(&alt, id, w, strlen(w), i);
         }
         lcg = 7;
-        nc_ubcache *u1 = ub_make(H, 100);
+        nc_unbounded_cache *u1 = ub_make(H, 100);
         lcg = 7;
-        nc_ubcache *u2 = ub_make(H, 100);
+        nc_unbounded_cache *u2 = ub_make(H, 100);
         score_doc(m, &doc, &p, u1, la, fa, NULL, NULL);
         score_doc(m, &alt, &p, u2, lb, fb, NULL, NULL);
         /* tokens before j: the same; token j: the same features, so the
@@ -416,8 +416,8 @@ TEST(gate_never_reads_the_target)
             CHECKF(memcmp(fa + t * NC_GATE_NFEAT, fb + t * NC_GATE_NFEAT, NC_GATE_NFEAT * sizeof(double)) == 0,
                    "j=%zu: features of token %zu moved with token j", j, t);
         CHECK(la[j] != lb[j]);   /* the target did change */
-        ubcache_free(u1);
-        ubcache_free(u2);
+        unbounded_cache_free(u1);
+        unbounded_cache_free(u2);
         tokens_clear(&alt);
     }
     free(la);
@@ -452,11 +452,11 @@ TEST(adaptive_retrieval_extremes)
     /* threshold 1: every search skipped; the tokens then score as with the
      * unbounded cache off (its weight passed on to the others) */
     p.gate_skip = 1.0f;
-    nc_ubcache *u = ub_make(H, 100);
+    nc_unbounded_cache *u = ub_make(H, 100);
     score_doc(m, &doc, &p, u, a, NULL, &searched, &skipped);
     CHECKF(searched == 0 && skipped == n - 1, "searched %zu skipped %zu", searched, skipped);
-    CHECK(ubcache_count(u) == (int64_t)(100 + n - 1));   /* pairs still added */
-    ubcache_free(u);
+    CHECK(unbounded_cache_count(u) == (int64_t)(100 + n - 1));   /* pairs still added */
+    unbounded_cache_free(u);
     nc_cache_params off = p;
     off.unbounded = false;
     score_doc(m, &doc, &off, NULL, b, NULL, NULL, NULL);
@@ -471,14 +471,14 @@ TEST(adaptive_retrieval_extremes)
     for (size_t t = 1; t < n; t++)
         diff += fabs(c[t] - a[t]);
     CHECK(diff > 1e-3);   /* the unbounded cache was read */
-    ubcache_free(u);
+    unbounded_cache_free(u);
     /* the gate's own threshold (-1) between: counts add up */
     g->skip = 0.3;
     p.gate_skip = -1.0f;
     u = ub_make(H, 100);
     score_doc(m, &doc, &p, u, c, NULL, &searched, &skipped);
     CHECK(searched + skipped == n - 1);
-    ubcache_free(u);
+    unbounded_cache_free(u);
     free(a);
     free(b);
     free(c);
@@ -510,9 +510,9 @@ TEST(partial_skip_equals_precomputed)
     double *f = malloc(n * NC_GATE_NFEAT * sizeof(double)), *lp = malloc(n * sizeof(double));
     double *a = malloc(n * sizeof(double)), *b = malloc(n * sizeof(double)), *wu = malloc(n * sizeof(double));
     lcg = 11;
-    nc_ubcache *u = ub_make(H, 150);
+    nc_unbounded_cache *u = ub_make(H, 150);
     score_doc(m, &doc, &p, u, lp, f, NULL, NULL);
-    ubcache_free(u);
+    unbounded_cache_free(u);
     nc_gate *g = calloc(1, sizeof *g);
     constant_gate(&p, (1u << NC_COMP_MODEL) | (1u << NC_COMP_NEURAL) | (1u << NC_COMP_UNIGRAM) |
                           (1u << NC_COMP_UNBOUNDED), g);
@@ -551,7 +551,7 @@ TEST(partial_skip_equals_precomputed)
     lcg = 11;
     u = ub_make(H, 150);
     score_doc(m, &doc, &p, u, a, NULL, &searched, &skipped);
-    ubcache_free(u);
+    unbounded_cache_free(u);
     CHECKF(skipped > n / 4 && searched > n / 4, "searched %zu, skipped %zu", searched, skipped);
     /* precomputed: every position searched, then the same ones dropped */
     lcg = 11;
@@ -567,7 +567,7 @@ TEST(partial_skip_equals_precomputed)
     CHECK(dc.searched == searched && dc.skipped == skipped);
     for (size_t t = 1; t < n; t++)
         CHECKF(fabs(a[t] - b[t]) <= TOL_FIXTURE_PATHS, "token %zu: live %.9g, precomputed %.9g", t, a[t], b[t]);
-    ubcache_free(u);
+    unbounded_cache_free(u);
     doc_free(d);
     lstm_state_free(s);
     free(d2);

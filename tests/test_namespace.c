@@ -34,7 +34,7 @@ static void scratch(char *dir, size_t n)
 static int open_ns(const char *dir, nc_nsstore **ns, nc_nsstore_recovery *info, char *err, size_t errlen)
 {
     nc_nsstore_opts o = {.dir = dir, .model = model, .sync = WAL_SYNC_GROUP};
-    ubcache_opts_default(&o.ub, H);
+    unbounded_cache_opts_default(&o.ub, H);
     o.ub.exact = true;
     return nsstore_open(&o, ns, info, err, errlen);
 }
@@ -82,7 +82,7 @@ typedef struct {
 static void fingerprint(nc_nsstore *ns, print *p)
 {
     char err[NC_ERRLEN];
-    p->n = ubcache_count(nsstore_ubcache(ns));
+    p->n = unbounded_cache_count(nsstore_unbounded_cache(ns));
     p->words = wordtable_size(nsstore_words(ns));
     size_t cap = 64 + (size_t)p->n * 48, k = 0;
     p->prov = malloc(cap);
@@ -101,7 +101,7 @@ static void fingerprint(nc_nsstore *ns, print *p)
     float q[8 * 64];
     for (int i = 0; i < 8 * H; i++)
         q[i] = rng_uniform(&r) * 2 - 1;
-    ubcache_search(nsstore_ubcache(ns), q, 8, 16, 0, NULL, 0, NC_UB_OPEN, p->d2, p->w, err, sizeof err);
+    unbounded_cache_search(nsstore_unbounded_cache(ns), q, 8, 16, 0, NULL, 0, NC_UB_OPEN, p->d2, p->w, err, sizeof err);
 }
 
 static bool same(const print *a, const print *b)
@@ -327,7 +327,7 @@ TEST(stream_adapt_logged)
     p.knn = 8;
     p.exact = true;
     nc_stream *s;
-    CHECK(stream_new(model, &p, nsstore_ubcache(ns), NULL, true, &s, err, sizeof err) == NC_OK);
+    CHECK(stream_new(model, &p, nsstore_unbounded_cache(ns), NULL, true, &s, err, sizeof err) == NC_OK);
     nc_tokens t;
     tokens_init(&t);
     const char *text = "w1 w2 platypus w3 w4 w5 platypus w6\nw7";
@@ -340,7 +340,7 @@ TEST(stream_adapt_logged)
     uint64_t seq = nsstore_context_seq();
     nsstore_clear_context();
     CHECK(seq > 0 && nsstore_sync(ns, seq, err, sizeof err) == NC_OK);
-    CHECK(ubcache_count(nsstore_ubcache(ns)) == (int64_t)t.n);
+    CHECK(unbounded_cache_count(nsstore_unbounded_cache(ns)) == (int64_t)t.n);
     char id[64];
     uint64_t off;
     int w;
@@ -356,7 +356,7 @@ TEST(stream_adapt_logged)
     /* a fresh stream on the recovered namespace scores the text as one on
      * the original did after the same adaptation */
     nc_stream *s2;
-    CHECK(stream_new(model, &p, nsstore_ubcache(ns), NULL, true, &s2, err, sizeof err) == NC_OK);
+    CHECK(stream_new(model, &p, nsstore_unbounded_cache(ns), NULL, true, &s2, err, sizeof err) == NC_OK);
     CHECK(stream_feed(s2, &t, false, lp2, err, sizeof err) == NC_OK);
     /* the second pass sees the adapted pairs: "platypus" now has mass */
     CHECK(isfinite(lp2[2]) && !isfinite(lp1[2]));
@@ -382,7 +382,7 @@ TEST(bad_input)
     float k[64] = {0};
     int w = V + 100;
     CHECK(nsstore_add(ns, k, &w, 1, NSSTORE_NO_DOC, 0, NULL, err, sizeof err) == NC_EINVAL);
-    CHECK(ubcache_count(nsstore_ubcache(ns)) == 0);
+    CHECK(unbounded_cache_count(nsstore_unbounded_cache(ns)) == 0);
     nsstore_close(ns);
     nsstore_close(NULL);
     /* a log of another model is refused */
@@ -396,7 +396,7 @@ TEST(bad_input)
     snprintf(path, sizeof path, "%s/lstm-1layer-tied", harness_fixtures());
     CHECK(model_load(path, &other, err, sizeof err) == NC_OK);
     nc_nsstore_opts o = {.dir = dir, .model = other, .sync = WAL_SYNC_GROUP};
-    ubcache_opts_default(&o.ub, other->cfg.hidden_size);
+    unbounded_cache_opts_default(&o.ub, other->cfg.hidden_size);
     o.ub.exact = true;
     CHECK(nsstore_open(&o, &ns, NULL, err, sizeof err) == NC_EFORMAT);
     HAS(err, "another model");

@@ -12,7 +12,7 @@
 #include "harness.h"
 #include "lstm.h"
 #include "model.h"
-#include "score.h"
+#include "scorer.h"
 
 static const char *fixtures[] = {"lstm-2layer", "lstm-1layer-tied", "lstm-2layer-f16"};
 
@@ -76,7 +76,7 @@ TEST(reference_target_logprobs)
             char err[NC_ERRLEN];
             CHECK(scorer_begin(sc, s, NC_BOS_NONE, f.tokens, f.T, &first, err, sizeof err) == NC_OK);
             CHECK(first == 1);
-            CHECK(score_tokens(sc, s, f.tokens + 1, f.T - 1, lp, NULL, NULL, err, sizeof err) == NC_OK);
+            CHECK(scorer_run(sc, s, f.tokens + 1, f.T - 1, lp, NULL, NULL, err, sizeof err) == NC_OK);
             double worst = 0;
             for (size_t t = 0; t + 1 < f.T; t++)
                 worst = fmax(worst, fabs(lp[t] - ref_static(&f, t)));
@@ -130,7 +130,7 @@ TEST(bos_eos_matches_full_distribution)
     char err[NC_ERRLEN];
     CHECK(scorer_begin(sc, s, NC_BOS_EOS, f.tokens, f.T, &first, err, sizeof err) == NC_OK);
     CHECK(first == 0);
-    CHECK(score_tokens(sc, s, f.tokens, f.T, lp, NULL, NULL, err, sizeof err) == NC_OK);
+    CHECK(scorer_run(sc, s, f.tokens, f.T, lp, NULL, NULL, err, sizeof err) == NC_OK);
     lstm_step(f.m, n, f.m->eos_id, w);
     double worst = 0;
     for (size_t t = 0; t < f.T; t++) {

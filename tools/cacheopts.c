@@ -232,7 +232,7 @@ int cacheopts_finish(cacheopts *co, const char *cmd)
      * where OpenMP's fork/join costs more than it saves, and with the cores
      * busy (a training run, the other scorer) its spin-waiting threads made
      * `score --unbounded` 60x slower (170 vs 9,900 tokens/s, BENCHMARKS.md). */
-    ubcache_set_threads(co->threads > 0 ? co->threads : 1);
+    unbounded_cache_set_threads(co->threads > 0 ? co->threads : 1);
     return 0;
 }
 
@@ -250,10 +250,10 @@ void co_search_end(int saved)
 }
 
 int cacheopts_make_ub(const cacheopts *co, const nc_cache_params *p, const nc_model *m,
-                      nc_wordtable *words, nc_ubcache **out, char *err, size_t errlen)
+                      nc_wordtable *words, nc_unbounded_cache **out, char *err, size_t errlen)
 {
-    nc_ubcache_opts o;
-    ubcache_opts_default(&o, m->cfg.hidden_size);
+    nc_unbounded_cache_opts o;
+    unbounded_cache_opts_default(&o, m->cfg.hidden_size);
     char path[1200];
     o.exact = p->exact;
     if (!p->exact) {
@@ -268,7 +268,7 @@ int cacheopts_make_ub(const cacheopts *co, const nc_cache_params *p, const nc_mo
     if (co->switch_at > 0)
         o.switch_at = co->switch_at;
     o.nprobe = p->nprobe;
-    return ubcache_new(&o, words, out, err, errlen);
+    return unbounded_cache_new(&o, words, out, err, errlen);
 }
 
 int co_read_tokens(const nc_model *m, const char *path, nc_tokens *out, char *err, size_t errlen)
@@ -462,10 +462,10 @@ int co_hidden_pass(const nc_model *m, const nc_tokens *toks, nc_wordtable *words
 
 static int add_to_ub(const float *h, const int *ids, size_t n, void *ctx, char *err, size_t errlen)
 {
-    return ubcache_add(ctx, h, ids, n, NULL, err, errlen);
+    return unbounded_cache_add(ctx, h, ids, n, NULL, err, errlen);
 }
 
-int cacheopts_fill_memory(const nc_model *m, const char *path, nc_wordtable *words, nc_ubcache *ub,
+int cacheopts_fill_memory(const nc_model *m, const char *path, nc_wordtable *words, nc_unbounded_cache *ub,
                           bool progress, char *err, size_t errlen)
 {
     nc_tokens t;
@@ -489,7 +489,7 @@ int co_score_cached(const nc_model *m, const cacheopts *co, const nc_tokens *tok
                     double *lp, bool progress, char *err, size_t errlen)
 {
     nc_wordtable *words = NULL;
-    nc_ubcache *ub = NULL;
+    nc_unbounded_cache *ub = NULL;
     nc_doc *d = NULL;
     int rc = NC_OK;
     if (co->p.open_vocab)
@@ -510,10 +510,10 @@ int co_score_cached(const nc_model *m, const cacheopts *co, const nc_tokens *tok
                     dc.searched + dc.skipped, 100.0 * (double)dc.skipped / (double)(dc.searched + dc.skipped));
     }
     if (!rc && ub && progress)
-        fprintf(stderr, "unbounded cache: %lld pairs, %s index\n", (long long)ubcache_count(ub),
-                ubcache_is_exact(ub) ? "exact (flat)" : "IVF");
+        fprintf(stderr, "unbounded cache: %lld pairs, %s index\n", (long long)unbounded_cache_count(ub),
+                unbounded_cache_is_exact(ub) ? "exact (flat)" : "IVF");
     doc_free(d);
-    ubcache_free(ub);
+    unbounded_cache_free(ub);
     wordtable_free(words);
     return rc;
 }

@@ -57,13 +57,13 @@ int cacheopts_finish(cacheopts *co, const char *cmd);
 /* A fresh unbounded cache for model m (trained index from --index or the
  * model directory's unbounded.faiss unless --exact). */
 int cacheopts_make_ub(const cacheopts *co, const nc_cache_params *p, const nc_model *m,
-                      nc_wordtable *words, nc_ubcache **out, char *err, size_t errlen);
+                      nc_wordtable *words, nc_unbounded_cache **out, char *err, size_t errlen);
 
 /* Streams the text file path through the model (state after one eos, then
  * every token) and adds every pair (h_t, x_{t+1}) to ub: the memory a
  * namespace would hold after that text was fed into it. words: open
  * vocabulary table or NULL. progress: print a line on stderr now and then. */
-int cacheopts_fill_memory(const nc_model *m, const char *path, nc_wordtable *words, nc_ubcache *ub,
+int cacheopts_fill_memory(const nc_model *m, const char *path, nc_wordtable *words, nc_unbounded_cache *ub,
                           bool progress, char *err, size_t errlen);
 
 /* Runs the model over toks[0..n) from the state after one eos and calls fn

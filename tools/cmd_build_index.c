@@ -131,7 +131,7 @@ int cmd_build_index(int argc, char **argv)
     }
     /* one OpenMP thread unless asked (see cacheopts_finish): FAISS's
      * spin-waiting threads are slowest exactly when the cores are busy */
-    ubcache_set_threads(threads > 0 ? (int)threads : 1);
+    unbounded_cache_set_threads(threads > 0 ? (int)threads : 1);
 
     char err[NC_ERRLEN], factory[128], out[1200];
     nc_model *m = NULL;
@@ -145,7 +145,7 @@ int cmd_build_index(int argc, char **argv)
         if (factory_arg)
             snprintf(factory, sizeof factory, "%s", factory_arg);
         else
-            /* np: see ubcache.c -- skips polysemous training, same index */
+            /* np: see unbounded_cache.c -- skips polysemous training, same index */
             snprintf(factory, sizeof factory, "IVF4096,PQ%dnp", H / 8 > 0 ? H / 8 : 1);
         snprintf(out, sizeof out, "%s/unbounded.faiss", model_dir);
         if (out_arg)

@@ -213,7 +213,7 @@ static int eval_file(const nc_model *m, const cacheopts *co, bool bos_eos, const
     nc_tokens toks;
     tokens_init(&toks);
     nc_wordtable *words = NULL;
-    nc_ubcache *ub = NULL;
+    nc_unbounded_cache *ub = NULL;
     nc_doc *d = NULL;
     float *nd2 = NULL, *kd2 = NULL;
     int *nw = NULL, *kw = NULL;
@@ -299,7 +299,7 @@ static int eval_file(const nc_model *m, const cacheopts *co, bool bos_eos, const
     free(kd2);
     free(kw);
     doc_free(d);
-    ubcache_free(ub);
+    unbounded_cache_free(ub);
     wordtable_free(words);
     tokens_clear(&toks);
     return rc;

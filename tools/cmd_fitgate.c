@@ -151,7 +151,7 @@ int cmd_fit_gate(int argc, char **argv)
     nc_tokens toks;
     tokens_init(&toks);
     nc_wordtable *words = NULL;
-    nc_ubcache *ub = NULL;
+    nc_unbounded_cache *ub = NULL;
     nc_doc *d = NULL;
     double *lp = NULL;
     nc_gate_data gd = {0};
@@ -239,7 +239,7 @@ int cmd_fit_gate(int argc, char **argv)
     free(gd.f);
     free(gd.pc);
     doc_free(d);
-    ubcache_free(ub);
+    unbounded_cache_free(ub);
     wordtable_free(words);
     tokens_clear(&toks);
     model_free(m);

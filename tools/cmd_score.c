@@ -14,7 +14,7 @@
 #include "commands.h"
 #include "lstm.h"
 #include "model.h"
-#include "score.h"
+#include "scorer.h"
 #include "tokenizer.h"
 
 static void score_usage(FILE *out)
@@ -170,7 +170,7 @@ int cmd_score(int argc, char **argv)
     if (rc == NC_OK && !cached) {
         progress_ctx pc = {t0, -1};
         scored = toks.n - first;
-        rc = score_tokens(sc, s, toks.ids + first, scored, lp, isatty(2) ? progress_bar : NULL, &pc, err,
+        rc = scorer_run(sc, s, toks.ids + first, scored, lp, isatty(2) ? progress_bar : NULL, &pc, err,
                           sizeof err);
         dt = co_now() - t0;
         if (isatty(2))

@@ -54,7 +54,7 @@ typedef struct {
     double *lp;
     const float *pre_d2;
     const int *pre_w;
-    nc_ubcache *ub;
+    nc_unbounded_cache *ub;
     int npoints;
 } tune_ctx;
 
@@ -273,7 +273,7 @@ typedef struct {
     nc_model *m;
     nc_tokens toks;
     nc_wordtable *words;
-    nc_ubcache *ub;
+    nc_unbounded_cache *ub;
     nc_doc *d;
     float *nd2;                   /* [n, knn] precomputed neighbours */
     int *nw;
@@ -291,7 +291,7 @@ static void run_free(tune_run *r)
     free(r->nd2);
     free(r->nw);
     doc_free(r->d);
-    ubcache_free(r->ub);
+    unbounded_cache_free(r->ub);
     wordtable_free(r->words);
     tokens_clear(&r->toks);
     model_free(r->m);
@@ -336,7 +336,7 @@ static int tune_prepare(tune_args *a, tune_run *r, char *err, size_t errlen)
         co_search_end(blas);
         if (!rc)
             fprintf(stderr, "tune: unbounded search (k=%d, %s) %.1f s\n", g->knn,
-                    ubcache_is_exact(r->ub) ? "exact" : "IVF", co_now() - t0);
+                    unbounded_cache_is_exact(r->ub) ? "exact" : "IVF", co_now() - t0);
     }
     r->t = (tune_ctx){.d = r->d, .lp = r->lp, .pre_d2 = r->nd2, .pre_w = r->nw, .ub = r->ub};
     r->st = r->best = *g;

@@ -1,5 +1,5 @@
-/* score.c -- batched target-only scoring with the static model. */
-#include "score.h"
+/* scorer.c -- batched target-only scoring with the static model. */
+#include "scorer.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -110,7 +110,7 @@ const float *scorer_lse(const nc_scorer *sc)
     return sc->lse;
 }
 
-int score_tokens(nc_scorer *sc, nc_state *s, const int *tokens, size_t n, float *logprobs,
+int scorer_run(nc_scorer *sc, nc_state *s, const int *tokens, size_t n, float *logprobs,
                  nc_score_progress progress, void *ctx, char *err, size_t errlen)
 {
     for (size_t t0 = 0; t0 < n; t0 += sc->block) {

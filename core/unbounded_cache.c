@@ -1,11 +1,14 @@
-/* ubcache.c -- the unbounded cache: FAISS index (C API) + word-id values,
- * exact flat index first, switch to IVF(PQ) without losing entries. */
-#include "ubcache.h"
+/* unbounded_cache.c -- the unbounded cache: FAISS index (C API) + word-id values,
+ * exact flat index first, switch to IVF(PQ) without losing entries; and its
+ * term, the variable-bandwidth kernel density of Grave, Cisse, Joulin 2017,
+ * eq. 5-6. */
+#include "unbounded_cache.h"
 #include "fault.h"
 #include "vmath.h"
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,9 +30,9 @@ extern void omp_set_num_threads(int n);
 
 #define UB_VALUES_MAGIC "NCUBVAL1"
 
-struct nc_ubcache {
+struct nc_unbounded_cache {
     pthread_rwlock_t lock;
-    nc_ubcache_opts o;
+    nc_unbounded_cache_opts o;
     char factory[128];
     char trained_path[1024];
     FaissIndex *idx;              /* IndexFlatL2 while flat, else the IVF index */
@@ -40,7 +43,7 @@ struct nc_ubcache {
     size_t nvalues, cap;
     nc_wordtable *words;
     int nprobe;                   /* current nprobe of the IVF index */
-    ubcache_add_hook hook;        /* durable store's logger, or NULL */
+    unbounded_cache_add_hook hook;        /* durable store's logger, or NULL */
     void *hook_ctx;
     float *kbuf;                  /* rounded keys scratch (key_f16) */
     size_t kbuf_n;
@@ -56,13 +59,13 @@ static int faiss_err(char *err, size_t errlen, const char *what)
  * that enters FAISS (HTTP workers, snapshot thread) must set it, or FAISS's
  * parallel regions there spin a team of the default size on shared cores
  * (design §6: measured 80% of an upload's time in libgomp's barrier). */
-static void omp_limit(const nc_ubcache *u)
+static void omp_limit(const nc_unbounded_cache *u)
 {
     if (u->o.omp_threads > 0)
         omp_set_num_threads(u->o.omp_threads);
 }
 
-void ubcache_opts_default(nc_ubcache_opts *o, int dim)
+void unbounded_cache_opts_default(nc_unbounded_cache_opts *o, int dim)
 {
     memset(o, 0, sizeof *o);
     o->dim = dim;
@@ -70,13 +73,13 @@ void ubcache_opts_default(nc_ubcache_opts *o, int dim)
     o->nprobe = 8;
 }
 
-void ubcache_set_threads(int n)
+void unbounded_cache_set_threads(int n)
 {
     if (n > 0)
         omp_set_num_threads(n);
 }
 
-static int set_nprobe(nc_ubcache *u, FaissIndex *idx, int nprobe, char *err, size_t errlen)
+static int set_nprobe(nc_unbounded_cache *u, FaissIndex *idx, int nprobe, char *err, size_t errlen)
 {
     FaissParameterSpace *ps = NULL;
     if (faiss_ParameterSpace_new(&ps))
@@ -90,7 +93,7 @@ static int set_nprobe(nc_ubcache *u, FaissIndex *idx, int nprobe, char *err, siz
 }
 
 /* Reads the trained template (if any) and checks it fits. */
-static int load_template(nc_ubcache *u, char *err, size_t errlen)
+static int load_template(nc_unbounded_cache *u, char *err, size_t errlen)
 {
     if (!u->trained_path[0])
         return NC_OK;
@@ -113,13 +116,13 @@ static int load_template(nc_ubcache *u, char *err, size_t errlen)
     return NC_OK;
 }
 
-static int cache_create(const nc_ubcache_opts *o, nc_wordtable *words, nc_ubcache **out,
+static int cache_create(const nc_unbounded_cache_opts *o, nc_wordtable *words, nc_unbounded_cache **out,
                         char *err, size_t errlen)
 {
     *out = NULL;
     if (o->dim <= 0)
         return nc_error(err, errlen, NC_EINVAL, "unbounded cache dimension %d", o->dim);
-    nc_ubcache *u = calloc(1, sizeof *u);
+    nc_unbounded_cache *u = calloc(1, sizeof *u);
     if (!u)
         return nc_error(err, errlen, NC_ENOMEM, "unbounded cache");
     u->o = *o;
@@ -142,35 +145,35 @@ static int cache_create(const nc_ubcache_opts *o, nc_wordtable *words, nc_ubcach
     u->nprobe = u->o.nprobe;
     pthread_rwlock_init(&u->lock, NULL);
     if (o->omp_threads > 0)
-        ubcache_set_threads(o->omp_threads);
+        unbounded_cache_set_threads(o->omp_threads);
     *out = u;
     return NC_OK;
 }
 
-int ubcache_new(const nc_ubcache_opts *o, nc_wordtable *words, nc_ubcache **out, char *err,
+int unbounded_cache_new(const nc_unbounded_cache_opts *o, nc_wordtable *words, nc_unbounded_cache **out, char *err,
                 size_t errlen)
 {
-    nc_ubcache *u;
+    nc_unbounded_cache *u;
     int rc = cache_create(o, words, &u, err, errlen);
     if (rc)
         return rc;
     FaissIndexFlatL2 *f = NULL;
     if (faiss_IndexFlatL2_new_with(&f, o->dim)) {
         rc = faiss_err(err, errlen, "flat index");
-        ubcache_free(u);
+        unbounded_cache_free(u);
         return rc;
     }
     u->idx = (FaissIndex *)f;
     u->flat = true;
     if (!u->o.exact && (rc = load_template(u, err, errlen))) {
-        ubcache_free(u);
+        unbounded_cache_free(u);
         return rc;
     }
     *out = u;
     return NC_OK;
 }
 
-void ubcache_free(nc_ubcache *u)
+void unbounded_cache_free(nc_unbounded_cache *u)
 {
     if (!u)
         return;
@@ -198,7 +201,7 @@ typedef struct {
 
 /* Under the write lock: takes the template (or trains one) and copies the
  * vectors. *started false: nothing to switch to, stay exact. */
-static int switch_begin(nc_ubcache *u, ub_switch_job *job, bool *started, char *err, size_t errlen)
+static int switch_begin(nc_unbounded_cache *u, ub_switch_job *job, bool *started, char *err, size_t errlen)
 {
     *started = false;
     if (!u->flat || u->o.exact || u->switching)
@@ -237,7 +240,7 @@ static int switch_begin(nc_ubcache *u, ub_switch_job *job, bool *started, char *
 }
 
 /* Without the lock: fills the IVF index from the copy. */
-static int switch_fill(const nc_ubcache *u, ub_switch_job *job, char *err, size_t errlen)
+static int switch_fill(const nc_unbounded_cache *u, ub_switch_job *job, char *err, size_t errlen)
 {
     const idx_t chunk = 65536;
     for (idx_t i = 0; i < job->n; i += chunk) {
@@ -250,7 +253,7 @@ static int switch_fill(const nc_ubcache *u, ub_switch_job *job, char *err, size_
 
 /* Under the write lock: adds what came meanwhile and swaps the indexes; after
  * a failure the cache stays exact and the half-filled IVF index is dropped. */
-static int switch_finish(nc_ubcache *u, ub_switch_job *job, int rc, char *err, size_t errlen)
+static int switch_finish(nc_unbounded_cache *u, ub_switch_job *job, int rc, char *err, size_t errlen)
 {
     free(job->xb);
     job->xb = NULL;
@@ -278,7 +281,7 @@ static int switch_finish(nc_ubcache *u, ub_switch_job *job, int rc, char *err, s
 }
 
 /* Called with the write lock held; returns with it released. */
-static int switch_and_unlock(nc_ubcache *u, char *err, size_t errlen)
+static int switch_and_unlock(nc_unbounded_cache *u, char *err, size_t errlen)
 {
     ub_switch_job job = {0};
     bool started = false;
@@ -293,14 +296,14 @@ static int switch_and_unlock(nc_ubcache *u, char *err, size_t errlen)
     return rc;
 }
 
-int ubcache_switch(nc_ubcache *u, char *err, size_t errlen)
+int unbounded_cache_switch(nc_unbounded_cache *u, char *err, size_t errlen)
 {
     omp_limit(u);
     pthread_rwlock_wrlock(&u->lock);
     return switch_and_unlock(u, err, errlen);
 }
 
-int ubcache_add(nc_ubcache *u, const float *keys, const int *words, size_t n, int64_t *first_id,
+int unbounded_cache_add(nc_unbounded_cache *u, const float *keys, const int *words, size_t n, int64_t *first_id,
                 char *err, size_t errlen)
 {
     int rc = NC_OK;
@@ -352,7 +355,7 @@ out:
     return rc;
 }
 
-void ubcache_set_add_hook(nc_ubcache *u, ubcache_add_hook fn, void *ctx)
+void unbounded_cache_set_add_hook(nc_unbounded_cache *u, unbounded_cache_add_hook fn, void *ctx)
 {
     pthread_rwlock_wrlock(&u->lock);
     u->hook = fn;
@@ -360,7 +363,7 @@ void ubcache_set_add_hook(nc_ubcache *u, ubcache_add_hook fn, void *ctx)
     pthread_rwlock_unlock(&u->lock);
 }
 
-int ubcache_word_at(nc_ubcache *u, int64_t id)
+int unbounded_cache_word_at(nc_unbounded_cache *u, int64_t id)
 {
     pthread_rwlock_rdlock(&u->lock);
     int w = id >= 0 && (size_t)id < u->nvalues ? u->values[id] : -1;
@@ -368,15 +371,15 @@ int ubcache_word_at(nc_ubcache *u, int64_t id)
     return w;
 }
 
-int ubcache_search(nc_ubcache *u, const float *queries, size_t nq, int k, int nprobe,
+int unbounded_cache_search(nc_unbounded_cache *u, const float *queries, size_t nq, int k, int nprobe,
                    const int64_t *id_limit, int extra, int reader, float *out_d2, int *out_words,
                    char *err, size_t errlen)
 {
-    return ubcache_search_ids(u, queries, nq, k, nprobe, id_limit, extra, reader, out_d2, out_words,
+    return unbounded_cache_search_ids(u, queries, nq, k, nprobe, id_limit, extra, reader, out_d2, out_words,
                               NULL, err, errlen);
 }
 
-int ubcache_search_ids(nc_ubcache *u, const float *queries, size_t nq, int k, int nprobe,
+int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size_t nq, int k, int nprobe,
                        const int64_t *id_limit, int extra, int reader, float *out_d2, int *out_words,
                        int64_t *out_ids, char *err, size_t errlen)
 {
@@ -449,7 +452,7 @@ out:
     return rc;
 }
 
-int64_t ubcache_count(nc_ubcache *u)
+int64_t unbounded_cache_count(nc_unbounded_cache *u)
 {
     pthread_rwlock_rdlock(&u->lock);
     int64_t n = (int64_t)u->nvalues;
@@ -457,7 +460,7 @@ int64_t ubcache_count(nc_ubcache *u)
     return n;
 }
 
-bool ubcache_is_exact(nc_ubcache *u)
+bool unbounded_cache_is_exact(nc_unbounded_cache *u)
 {
     pthread_rwlock_rdlock(&u->lock);
     bool f = u->flat;
@@ -465,17 +468,17 @@ bool ubcache_is_exact(nc_ubcache *u)
     return f;
 }
 
-int ubcache_dim(const nc_ubcache *u)
+int unbounded_cache_dim(const nc_unbounded_cache *u)
 {
     return u->o.dim;
 }
 
-nc_wordtable *ubcache_words(nc_ubcache *u)
+nc_wordtable *unbounded_cache_words(nc_unbounded_cache *u)
 {
     return u->words;
 }
 
-size_t ubcache_memory(nc_ubcache *u)
+size_t unbounded_cache_memory(nc_unbounded_cache *u)
 {
     pthread_rwlock_rdlock(&u->lock);
     size_t per = u->flat ? (size_t)u->o.dim * sizeof(float) : (size_t)(u->o.dim / 8 + 8);
@@ -494,7 +497,7 @@ static int path_join(char *out, size_t n, const char *dir, const char *name, cha
     return NC_OK;
 }
 
-static int write_values(const nc_ubcache *u, const char *path, char *err, size_t errlen)
+static int write_values(const nc_unbounded_cache *u, const char *path, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "wb");
     if (!f)
@@ -512,7 +515,7 @@ static int write_values(const nc_ubcache *u, const char *path, char *err, size_t
     return ok ? NC_OK : nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(e));
 }
 
-int ubcache_save(nc_ubcache *u, const char *dir, char *err, size_t errlen)
+int unbounded_cache_save(nc_unbounded_cache *u, const char *dir, char *err, size_t errlen)
 {
     char p1[1200], p2[1200];
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
@@ -542,7 +545,7 @@ int ubcache_save(nc_ubcache *u, const char *dir, char *err, size_t errlen)
     return rc;
 }
 
-static int read_values(nc_ubcache *u, const char *path, char *err, size_t errlen)
+static int read_values(nc_unbounded_cache *u, const char *path, char *err, size_t errlen)
 {
     FILE *f = nc_fopen(path, "rb");
     if (!f)
@@ -585,10 +588,10 @@ static int read_values(nc_ubcache *u, const char *path, char *err, size_t errlen
     return rc;
 }
 
-int ubcache_load(const nc_ubcache_opts *o, nc_wordtable *words, const char *dir, nc_ubcache **out,
-                 char *err, size_t errlen)
+int unbounded_cache_load(const nc_unbounded_cache_opts *o, nc_wordtable *words, const char *dir,
+                         nc_unbounded_cache **out, char *err, size_t errlen)
 {
-    nc_ubcache *u;
+    nc_unbounded_cache *u;
     *out = NULL;
     int rc = cache_create(o, words, &u, err, errlen);
     if (rc)
@@ -625,9 +628,68 @@ int ubcache_load(const nc_ubcache_opts *o, nc_wordtable *words, const char *dir,
     if (!rc && u->flat && !u->o.exact)
         rc = load_template(u, err, errlen);
     if (rc) {
-        ubcache_free(u);
+        unbounded_cache_free(u);
         return rc;
     }
     *out = u;
     return NC_OK;
+}
+
+/* ---- the term (unbounded_cache.h) ----------------------------------------- */
+
+/* θ(h)², the squared distance to the last neighbour returned; -1 when there
+ * is none (ids -1 that an IVF search returns are not neighbours, design §4). */
+static double bandwidth2(const float *d2, const int *words, int k)
+{
+    int last = -1;
+    for (int i = 0; i < k; i++)
+        if (words[i] >= 0)
+            last = i;
+    if (last < 0)
+        return -1.0;
+    return d2[last] > 0.0f ? (double)d2[last] : 0.0;
+}
+
+/* K(d / θ) from squared distances: u² = d² / θ² (FAISS's d² is clamped at 0
+ * against rounding); θ = 0 gives weight 1 to all. */
+static double kernel(nc_kernel kernel, double theta2, float d2)
+{
+    if (theta2 <= 0.0)
+        return 1.0;
+    double u2 = (d2 > 0.0f ? d2 : 0.0) / theta2;
+    return kernel == NC_KERNEL_GAUSSIAN ? exp(-0.5 * u2) : (u2 < 1.0 ? 1.0 - u2 : 0.0);
+}
+
+double unbounded_cache_kernel_sum(nc_kernel kern, const float *d2, const int *words, int k, double *w)
+{
+    double theta2 = bandwidth2(d2, words, k);
+    if (theta2 < 0.0)
+        return 0.0;
+    double sum = 0.0;
+    for (int i = 0; i < k; i++) {
+        double kw = words[i] >= 0 ? kernel(kern, theta2, d2[i]) : 0.0;
+        if (w)
+            w[i] = kw;
+        sum += kw;
+    }
+    return sum;
+}
+
+double unbounded_cache_prob(nc_kernel kern, const float *d2, const int *words, int k, int x)
+{
+    double sum = unbounded_cache_kernel_sum(kern, d2, words, k, NULL), theta2 = bandwidth2(d2, words, k), num = 0.0;
+    if (sum <= 0.0)
+        return 0.0;
+    for (int i = 0; i < k; i++)
+        if (words[i] == x)
+            num += kernel(kern, theta2, d2[i]);
+    return num / sum;
+}
+
+double unbounded_cache_weights(nc_kernel kern, const float *d2, const int *words, int k, double *w)
+{
+    double sum = unbounded_cache_kernel_sum(kern, d2, words, k, w);
+    for (int i = 0; i < k; i++)
+        w[i] = sum > 0.0 ? w[i] / sum : 0.0;
+    return sum;
 }

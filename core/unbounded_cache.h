@@ -1,6 +1,9 @@
-/* ubcache.h -- the unbounded cache of a namespace (Grave, Cisse, Joulin 2017):
- * every pair (h_i, w_{i+1}) ever streamed into it, in a FAISS index (C API)
- * with the word ids in an array indexed by FAISS id. Design §4-§5.
+/* unbounded_cache.h -- the unbounded cache of a namespace (Grave, Cisse,
+ * Joulin, NIPS 2017, §3.3): its memory, every pair (h_i, w_{i+1}) ever
+ * streamed into it, in a FAISS index (C API) with the word ids in an array
+ * indexed by FAISS id; and its term, the kernel density estimate over the k
+ * nearest neighbours (eq. 5-6) with the per-neighbour weights that explain
+ * reports. mixture.h composes the term. Design §4-§5.
  *
  * Index life: an exact IndexFlatL2 serves while the memory holds fewer than
  * switch_at pairs, or for ever when no trained index is available (no
@@ -10,13 +13,16 @@
  *
  * Concurrency: searches take a read lock and run in parallel; adds, the switch
  * and nprobe changes take the write lock. All functions are thread-safe. */
-#ifndef NC_UBCACHE_H
-#define NC_UBCACHE_H
+#ifndef NC_UNBOUNDED_CACHE_H
+#define NC_UNBOUNDED_CACHE_H
 
 #include "nc_common.h"
 #include "wordtable.h"
 
-typedef struct nc_ubcache nc_ubcache;
+typedef struct nc_unbounded_cache nc_unbounded_cache;
+
+/* The kernel K of eq. 5 (a knob: cache_knobs.h). */
+typedef enum { NC_KERNEL_GAUSSIAN = 0, NC_KERNEL_EPANECHNIKOV = 1 } nc_kernel;
 
 typedef struct {
     int dim;                      /* H, required */
@@ -32,20 +38,20 @@ typedef struct {
     bool key_f16;                 /* round keys to float16 precision before
                                    * storing them, so that a log holding f16
                                    * keys rebuilds exactly the same index */
-} nc_ubcache_opts;
+} nc_unbounded_cache_opts;
 
-void ubcache_opts_default(nc_ubcache_opts *o, int dim);
+void unbounded_cache_opts_default(nc_unbounded_cache_opts *o, int dim);
 
 /* words: the namespace's word table; the cache borrows it (it must outlive
  * the cache) and saves/loads it with the index. NULL = closed vocabulary. */
-int ubcache_new(const nc_ubcache_opts *o, nc_wordtable *words, nc_ubcache **out,
+int unbounded_cache_new(const nc_unbounded_cache_opts *o, nc_wordtable *words, nc_unbounded_cache **out,
                 char *err, size_t errlen);
-void ubcache_free(nc_ubcache *u);            /* NULL allowed */
+void unbounded_cache_free(nc_unbounded_cache *u);            /* NULL allowed */
 
 /* Adds n pairs (keys[n, dim], word ids) with consecutive FAISS ids; if
  * first_id is non-NULL it receives the id of the first one. May trigger the
  * switch to the IVF index. */
-int ubcache_add(nc_ubcache *u, const float *keys, const int *words, size_t n,
+int unbounded_cache_add(nc_unbounded_cache *u, const float *keys, const int *words, size_t n,
                 int64_t *first_id, char *err, size_t errlen);
 
 /* Who reads a search's word ids (design §4). A namespace stores every word
@@ -65,47 +71,69 @@ int ubcache_add(nc_ubcache *u, const float *keys, const int *words, size_t n,
  * query q only accepts FAISS ids < id_limit[q]; the search then asks FAISS for
  * k + extra neighbours and keeps the first k accepted (pass extra >= the
  * number of ids that can be rejected). nprobe <= 0 keeps the current one. */
-int ubcache_search(nc_ubcache *u, const float *queries, size_t nq, int k, int nprobe,
+int unbounded_cache_search(nc_unbounded_cache *u, const float *queries, size_t nq, int k, int nprobe,
                    const int64_t *id_limit, int extra, int reader, float *out_d2, int *out_words,
                    char *err, size_t errlen);
 
-/* As ubcache_search, also giving the FAISS id of each neighbour in
+/* As unbounded_cache_search, also giving the FAISS id of each neighbour in
  * out_ids[nq, k] (-1 = none): the key to the pair's provenance. */
-int ubcache_search_ids(nc_ubcache *u, const float *queries, size_t nq, int k, int nprobe,
+int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size_t nq, int k, int nprobe,
                        const int64_t *id_limit, int extra, int reader, float *out_d2, int *out_words,
                        int64_t *out_ids, char *err, size_t errlen);
 /* Word id of the pair with FAISS id as stored (surface word, for
  * provenance), -1 if out of range. */
-int ubcache_word_at(nc_ubcache *u, int64_t id);
+int unbounded_cache_word_at(nc_unbounded_cache *u, int64_t id);
 
-/* Called by ubcache_add under the cache's write lock, before the pairs enter
+/* Called by unbounded_cache_add under the cache's write lock, before the pairs enter
  * the index, with the keys as they will be stored (rounded when key_f16)
  * and the id of the first pair: a durable store logs the pairs here, so the
  * log's order is the id order. A nonzero return fails the add (nothing is
  * stored). NULL fn removes the hook. */
-typedef int (*ubcache_add_hook)(void *ctx, const float *keys, const int *words, size_t n,
+typedef int (*unbounded_cache_add_hook)(void *ctx, const float *keys, const int *words, size_t n,
                                 int64_t first_id, char *err, size_t errlen);
-void ubcache_set_add_hook(nc_ubcache *u, ubcache_add_hook fn, void *ctx);
+void unbounded_cache_set_add_hook(nc_unbounded_cache *u, unbounded_cache_add_hook fn, void *ctx);
 
-int64_t ubcache_count(nc_ubcache *u);        /* pairs stored */
-bool ubcache_is_exact(nc_ubcache *u);        /* still on the flat index */
-int ubcache_dim(const nc_ubcache *u);
-nc_wordtable *ubcache_words(nc_ubcache *u);  /* NULL in closed vocabulary */
-size_t ubcache_memory(nc_ubcache *u);        /* bytes, approximate */
+int64_t unbounded_cache_count(nc_unbounded_cache *u);        /* pairs stored */
+bool unbounded_cache_is_exact(nc_unbounded_cache *u);        /* still on the flat index */
+int unbounded_cache_dim(const nc_unbounded_cache *u);
+nc_wordtable *unbounded_cache_words(nc_unbounded_cache *u);  /* NULL in closed vocabulary */
+size_t unbounded_cache_memory(nc_unbounded_cache *u);        /* bytes, approximate */
 /* Forces the switch now (tests, build tools); no-op when already switched. */
-int ubcache_switch(nc_ubcache *u, char *err, size_t errlen);
+int unbounded_cache_switch(nc_unbounded_cache *u, char *err, size_t errlen);
 
 /* Snapshot into dir (created if needed): index.faiss (faiss_write_index),
  * values.bin (magic, count, int32 ids, crc32), words.txt (dynamic words).
  * Written to temp names and renamed, so a crash leaves the old snapshot.
- * ubcache_load reads such a directory into a fresh cache with options o
+ * unbounded_cache_load reads such a directory into a fresh cache with options o
  * (the loaded index type wins over o's factory); a corrupt or inconsistent
  * snapshot is NC_EFORMAT with the reason. */
-int ubcache_save(nc_ubcache *u, const char *dir, char *err, size_t errlen);
-int ubcache_load(const nc_ubcache_opts *o, nc_wordtable *words, const char *dir,
-                 nc_ubcache **out, char *err, size_t errlen);
+int unbounded_cache_save(nc_unbounded_cache *u, const char *dir, char *err, size_t errlen);
+int unbounded_cache_load(const nc_unbounded_cache_opts *o, nc_wordtable *words, const char *dir,
+                 nc_unbounded_cache **out, char *err, size_t errlen);
+
+/* ---- the term ------------------------------------------------------------
+ * It reads one search's k neighbours as unbounded_cache_search returns them:
+ * d2[k] squared distances ascending, words[k] word ids (-1 = no neighbour). */
+
+/* Kernel weights of eq. 6: w[i] = K(d_i / θ(h)) with d_i = sqrt(d2[i]) and
+ * θ(h) the distance to the last neighbour returned (the k-th), K(u) =
+ * exp(-u²/2) (Gaussian) or max(0, 1 - u²) (Epanechnikov); every weight is 1
+ * when θ(h) = 0, and 0 for a missing neighbour. w may be NULL. Returns
+ * Σ_i w[i]: 0 when there is no neighbour (the cache then contributes
+ * nothing). */
+double unbounded_cache_kernel_sum(nc_kernel kernel, const float *d2, const int *words, int k, double *w);
+
+/* The cache's term, eq. 6 normalised over the neighbours:
+ * p_cache(x) = Σ_{i : w_i = x} K_i / Σ_i K_i; 0 when there is no neighbour. */
+double unbounded_cache_prob(nc_kernel kernel, const float *d2, const int *words, int k, int x);
+
+/* Explain and the full distribution: w[i] = K_i / Σ_j K_j, the weight
+ * neighbour i carries in the term of its own word words[i], so that
+ * Σ_{i : words[i] = x} w[i] = unbounded_cache_prob(x); all 0 when there is
+ * no neighbour. Returns Σ_j K_j. */
+double unbounded_cache_weights(nc_kernel kernel, const float *d2, const int *words, int k, double *w);
 
 /* Sets FAISS's OpenMP thread count for the process (omp_set_num_threads). */
-void ubcache_set_threads(int n);
+void unbounded_cache_set_threads(int n);
 
 #endif

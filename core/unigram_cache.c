@@ -1,10 +1,11 @@
-/* ucache.c -- unigram cache: counts over a ring of the last N word ids. */
-#include "ucache.h"
+/* unigram_cache.c -- the unigram cache: counts over a ring of the last N word
+ * ids, and its term p_uni (Kuhn & De Mori 1990). */
+#include "unigram_cache.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-int ucache_init(nc_ucache *u, int size, char *err, size_t errlen)
+int unigram_cache_init(nc_unigram_cache *u, int size, char *err, size_t errlen)
 {
     memset(u, 0, sizeof *u);
     if (size <= 0)
@@ -16,7 +17,7 @@ int ucache_init(nc_ucache *u, int size, char *err, size_t errlen)
     return NC_OK;
 }
 
-void ucache_free(nc_ucache *u)
+void unigram_cache_free(nc_unigram_cache *u)
 {
     if (!u)
         return;
@@ -25,14 +26,14 @@ void ucache_free(nc_ucache *u)
     memset(u, 0, sizeof *u);
 }
 
-void ucache_clear(nc_ucache *u)
+void unigram_cache_clear(nc_unigram_cache *u)
 {
     u->count = u->head = 0;
     if (u->counts)
         memset(u->counts, 0, (size_t)u->ncounts * sizeof(int));
 }
 
-int ucache_push(nc_ucache *u, int w)
+int unigram_cache_push(nc_unigram_cache *u, int w)
 {
     if (w < 0)
         return NC_EINVAL;
@@ -57,9 +58,9 @@ int ucache_push(nc_ucache *u, int w)
     return NC_OK;
 }
 
-int ucache_copy(nc_ucache *dst, const nc_ucache *src, char *err, size_t errlen)
+int unigram_cache_copy(nc_unigram_cache *dst, const nc_unigram_cache *src, char *err, size_t errlen)
 {
-    int rc = ucache_init(dst, src->size, err, errlen);
+    int rc = unigram_cache_init(dst, src->size, err, errlen);
     if (rc)
         return rc;
     memcpy(dst->ring, src->ring, (size_t)src->size * sizeof(int));
@@ -68,7 +69,7 @@ int ucache_copy(nc_ucache *dst, const nc_ucache *src, char *err, size_t errlen)
     if (src->ncounts) {
         dst->counts = malloc((size_t)src->ncounts * sizeof(int));
         if (!dst->counts) {
-            ucache_free(dst);
+            unigram_cache_free(dst);
             return nc_error(err, errlen, NC_ENOMEM, "unigram counts");
         }
         memcpy(dst->counts, src->counts, (size_t)src->ncounts * sizeof(int));
@@ -77,7 +78,13 @@ int ucache_copy(nc_ucache *dst, const nc_ucache *src, char *err, size_t errlen)
     return NC_OK;
 }
 
-size_t ucache_memory(const nc_ucache *u)
+size_t unigram_cache_memory(const nc_unigram_cache *u)
 {
     return sizeof *u + ((size_t)u->size + (size_t)u->ncounts) * sizeof(int);
+}
+
+void unigram_cache_add_dist(const nc_unigram_cache *u, double *q)
+{
+    for (int i = 0; i < u->count; i++)
+        q[unigram_cache_at(u, i)] += 1.0 / u->count;
 }

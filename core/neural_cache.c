@@ -1,12 +1,15 @@
-/* ncache.c -- the neural cache's ring buffer of (h_i, x_{i+1}) pairs. */
-#include "ncache.h"
+/* neural_cache.c -- the neural cache: ring buffer of (h_i, x_{i+1}) pairs and
+ * its terms (Grave, Joulin, Usunier 2017, eq. 2 and 4). */
+#include "neural_cache.h"
 #include "vmath.h"
 
 #include <cblas.h>
 #include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
-int ncache_init(nc_ncache *c, int size, int dim, bool f16, char *err, size_t errlen)
+int neural_cache_init(nc_neural_cache *c, int size, int dim, bool f16, char *err, size_t errlen)
 {
     memset(c, 0, sizeof *c);
     if (size <= 0 || dim <= 0)
@@ -18,13 +21,13 @@ int ncache_init(nc_ncache *c, int size, int dim, bool f16, char *err, size_t err
     c->keys = nc_alloc((size_t)size * dim * (f16 ? sizeof(uint16_t) : sizeof(float)));
     c->values = nc_alloc((size_t)size * sizeof(int));
     if (!c->keys || !c->values) {
-        ncache_free(c);
+        neural_cache_free(c);
         return nc_error(err, errlen, NC_ENOMEM, "neural cache of %d x %d keys", size, dim);
     }
     return NC_OK;
 }
 
-void ncache_free(nc_ncache *c)
+void neural_cache_free(nc_neural_cache *c)
 {
     if (!c)
         return;
@@ -33,12 +36,12 @@ void ncache_free(nc_ncache *c)
     memset(c, 0, sizeof *c);
 }
 
-void ncache_clear(nc_ncache *c)
+void neural_cache_clear(nc_neural_cache *c)
 {
     c->count = c->head = 0;
 }
 
-void ncache_push(nc_ncache *c, const float *h, int w)
+void neural_cache_push(nc_neural_cache *c, const float *h, int w)
 {
     size_t off = (size_t)c->head * c->dim;
     if (c->f16) {
@@ -52,10 +55,10 @@ void ncache_push(nc_ncache *c, const float *h, int w)
         c->count++;
 }
 
-int ncache_export(const nc_ncache *c, float *out, int *vals)
+int neural_cache_export(const nc_neural_cache *c, float *out, int *vals)
 {
     for (int i = 0; i < c->count; i++) {
-        int s = ncache_slot(c, i);
+        int s = neural_cache_slot(c, i);
         if (out) {
             float *o = out + (size_t)i * c->dim;
             if (c->f16) {
@@ -111,14 +114,14 @@ static void dots_f16(const uint16_t *keys, int rows, int dim, const float *q, fl
     }
 }
 
-int ncache_dots(const nc_ncache *c, const float *q, float *dots)
+int neural_cache_dots(const nc_neural_cache *c, const float *q, float *dots)
 {
     if (c->count == 0)
         return 0;
     /* The ring holds at most two contiguous runs of keys, oldest first: one
      * matrix-vector product each (a scalar loop here was half of a server
      * predict with a 2,000-entry window). */
-    int first = ncache_slot(c, 0);
+    int first = neural_cache_slot(c, 0);
     int n1 = c->count < c->size - first ? c->count : c->size - first, n2 = c->count - n1;
     if (!c->f16) {
         const float *keys = c->keys;
@@ -136,7 +139,73 @@ int ncache_dots(const nc_ncache *c, const float *q, float *dots)
     return c->count;
 }
 
-size_t ncache_memory(const nc_ncache *c)
+size_t neural_cache_memory(const nc_neural_cache *c)
 {
     return sizeof *c + (size_t)c->size * c->dim * (c->f16 ? 2 : 4) + (size_t)c->size * sizeof(int);
+}
+
+/* ---- the terms (neural_cache.h) ------------------------------------------- */
+
+double neural_cache_max_logit(const float *dots, int n, double theta, double bias)
+{
+    if (n <= 0)
+        return -INFINITY;
+    return theta * (double)vm_max(dots, (size_t)n) + bias;
+}
+
+/* With libm's scalar exp these sums were most of the neural cache's cost
+ * (2,000 per token), and a scalar match loop after them the next most. */
+double neural_cache_exp_sum(float *e, const float *dots, const int *vals, int n, double theta, double bias,
+                            double m, int x, double *match)
+{
+    if (n <= 0) {
+        *match = 0.0;
+        return 0.0;
+    }
+    return vm_cache_exp_sum(e, dots, vals, (size_t)n, (float)theta, (float)(m - bias), x, match);
+}
+
+/* eq. 2: the softmax over the window, shifted by its max */
+double neural_cache_prob(const float *dots, const int *vals, int n, double theta, int x)
+{
+    if (n <= 0)
+        return 0.0;
+    double num, z = neural_cache_exp_sum(NULL, dots, vals, n, theta, 0.0, neural_cache_max_logit(dots, n, theta, 0.0),
+                                         x, &num);
+    return num / z;
+}
+
+/* The shift of eq. 4's exponentials: the larger of the logits' and the
+ * cache's maxima (log_z >= max_w s_w stands in for the logits'). */
+static double global_shift(const float *dots, int n, double theta, double alpha, double log_z)
+{
+    double m = log_z, mc = neural_cache_max_logit(dots, n, theta, alpha);
+    return mc > m ? mc : m;
+}
+
+double neural_cache_global_prob(const float *dots, const int *vals, int n, double theta, double alpha,
+                                double s_x, double log_z, int x)
+{
+    double m = global_shift(dots, n, theta, alpha, log_z), nc;
+    double zc = neural_cache_exp_sum(NULL, dots, vals, n, theta, alpha, m, x, &nc);
+    return (exp(s_x - m) + nc) / (exp(log_z - m) + zc);
+}
+
+int neural_cache_weights(const float *dots, const int *vals, int n, double theta, double alpha, bool global,
+                         double log_z, double *w)
+{
+    if (n <= 0)
+        return NC_OK;
+    float *e = malloc((size_t)n * sizeof *e);
+    if (!e)
+        return NC_ENOMEM;
+    double bias = global ? alpha : 0.0, unused;
+    double m = global ? global_shift(dots, n, theta, alpha, log_z) : neural_cache_max_logit(dots, n, theta, 0.0);
+    double z = neural_cache_exp_sum(e, dots, vals, n, theta, bias, m, -1, &unused);
+    if (global)
+        z += exp(log_z - m);
+    for (int i = 0; i < n; i++)
+        w[i] = z > 0.0 ? e[i] / z : 0.0;
+    free(e);
+    return NC_OK;
 }

@@ -1,4 +1,4 @@
-/* docscore.h -- batched, causal scoring of a token sequence with the caches.
+/* doc.h -- batched, causal scoring of a token sequence with the caches.
  *
  * A document is first "prepared" (one LSTM pass: input projections and the
  * decoder as GEMMs, recurrence step by step), keeping per token j the query
@@ -8,13 +8,21 @@
  * unbounded searches batched per block. Causality (design §3): token j's
  * probability depends only on pairs of tokens < j, however the text is cut
  * into calls -- including the unbounded cache, where a block's own pairs are
- * added before its search and filtered out by FAISS id (ubcache_search's
+ * added before its search and filtered out by FAISS id (unbounded_cache_search's
  * id_limit). The prepared document can be scored many times with different
  * parameters (tune shares the LSTM pass across a grid). */
-#ifndef NC_DOCSCORE_H
-#define NC_DOCSCORE_H
+#ifndef NC_DOC_H
+#define NC_DOC_H
 
-#include "cache.h"
+#include "cache_params.h"
+#include "lstm.h"
+#include "neural_cache.h"
+#include "tokenizer.h"
+#include "unbounded_cache.h"
+#include "unigram_cache.h"
+#include "wordtable.h"
+
+struct nc_gate;
 
 typedef struct {
     int dim;                      /* H */
@@ -27,7 +35,7 @@ typedef struct {
                                    * differs when a closed-vocabulary reader adapts a memory
                                    * with a word table (its OOV words go there by name) */
     int unk_id;                   /* the model's unk_token id: how a closed-vocabulary reader
-                                   * reads stored OOV words (ubcache.h); -1 = unknown (doc_alloc) */
+                                   * reads stored OOV words (unbounded_cache.h); -1 = unknown (doc_alloc) */
     float *s_target;              /* [n] decoder logit of token j at row j (-INF if id >= V) */
     float *log_z;                 /* [n] logsumexp of the decoder logits at row j */
     int *vfull;                   /* [n] |V_full| before token j: V + dynamic words seen */
@@ -66,9 +74,9 @@ int doc_prepare_ex(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *
  * params switch on are created empty for the call. The local caches end
  * holding the document's last pairs (they continue a stream). */
 typedef struct {
-    nc_ncache *neural;
-    nc_ucache *unigram;
-    nc_ubcache *ub;               /* read when p->unbounded; NULL = none */
+    nc_neural_cache *neural;
+    nc_unigram_cache *unigram;
+    nc_unbounded_cache *ub;               /* read when p->unbounded; NULL = none */
     bool adapt;                   /* also add the document's pairs to ub */
     /* Optional precomputed neighbours [n, p->knn] from doc_neighbours: used
      * instead of searching ub (tuning λ reuses one search for all points). */
@@ -87,7 +95,7 @@ typedef struct {
  * rules as doc_score (adapt: the document's own earlier pairs are in the
  * memory, and are added to ub). d2 and words are [n, p->knn]; rows before
  * d->first are left as "no neighbour". */
-int doc_neighbours(const nc_doc *d, const nc_cache_params *p, nc_ubcache *ub, bool adapt,
+int doc_neighbours(const nc_doc *d, const nc_cache_params *p, nc_unbounded_cache *ub, bool adapt,
                    size_t block, float *d2, int *words, char *err, size_t errlen);
 
 /* logprobs[j] = log p(token j | tokens < j, caches) for j >= first, NAN for

@@ -1,6 +1,7 @@
-/* docscore.c -- batched, causal scoring of a token sequence with the caches. */
-#include "docscore.h"
+/* doc.c -- batched, causal scoring of a token sequence with the caches. */
+#include "doc.h"
 #include "gate.h"
+#include "mixture.h"
 #include "vmath.h"
 
 #include <cblas.h>
@@ -151,7 +152,7 @@ int doc_prepare_ex(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *
     return NC_OK;
 }
 
-/* How this document's scoring reads the unbounded cache (ubcache.h). */
+/* How this document's scoring reads the unbounded cache (unbounded_cache.h). */
 static int doc_reader(const nc_doc *d, const nc_cache_params *p)
 {
     return p->open_vocab || d->unk_id < 0 ? NC_UB_OPEN : d->unk_id;
@@ -177,13 +178,13 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
     if (d->first >= n)
         return NC_OK;
 
-    nc_ncache tmp_n = {0};
-    nc_ucache tmp_u = {0};
-    nc_ncache *nc = NULL;
-    nc_ucache *uc = NULL;
+    nc_neural_cache tmp_n = {0};
+    nc_unigram_cache tmp_u = {0};
+    nc_neural_cache *nc = NULL;
+    nc_unigram_cache *uc = NULL;
     if (p->neural_size > 0) {
         nc = c && c->neural ? c->neural : &tmp_n;
-        if (nc == &tmp_n && (rc = ncache_init(&tmp_n, p->neural_size, H, p->neural_f16, err, errlen)))
+        if (nc == &tmp_n && (rc = neural_cache_init(&tmp_n, p->neural_size, H, p->neural_f16, err, errlen)))
             return rc;
         if (nc->dim != H) {
             rc = nc_error(err, errlen, NC_EINVAL, "neural cache dimension %d, model %d", nc->dim, H);
@@ -192,10 +193,10 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
     }
     if (p->unigram_size > 0) {
         uc = c && c->unigram ? c->unigram : &tmp_u;
-        if (uc == &tmp_u && (rc = ucache_init(&tmp_u, p->unigram_size, err, errlen)))
+        if (uc == &tmp_u && (rc = unigram_cache_init(&tmp_u, p->unigram_size, err, errlen)))
             goto out_free_local;
     }
-    nc_ubcache *ub = c ? c->ub : NULL;
+    nc_unbounded_cache *ub = c ? c->ub : NULL;
     bool pre = c && c->pre_d2 && c->pre_words;
     bool ub_read = p->unbounded && ub && !pre;
     bool ub_add = c && c->adapt && ub && !pre;
@@ -253,7 +254,7 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
                 kvals = d->ids + lo;
                 c0 = (int)(b0 - lo);
             } else {
-                c0 = ncache_export(nc, keys, kv);
+                c0 = neural_cache_export(nc, keys, kv);
                 if (nb > 1) {
                     float *kb = keys + (size_t)c0 * H;
                     memcpy(kb, Q, (nb - 1) * (size_t)H * sizeof(float));
@@ -294,7 +295,7 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
         }
         if (ub_add) {
             int64_t first_id;
-            if ((rc = ubcache_add(ub, Q, (d->mem_ids ? d->mem_ids : d->ids) + b0, nb, &first_id, err,
+            if ((rc = unbounded_cache_add(ub, Q, (d->mem_ids ? d->mem_ids : d->ids) + b0, nb, &first_id, err,
                                   errlen)))
                 goto out;
             for (size_t r = 0; ub_read && r < nb; r++)
@@ -313,8 +314,9 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
                 lim[i] = lim[row_of[i]];
             }
             const float *QS = ns == nb ? Q : qs;
-            if (ns > 0 && (rc = ubcache_search(ub, QS, ns, k, p->nprobe, ub_add ? lim : NULL, ub_add ? (int)nb : 0,
-                                               doc_reader(d, p), ud2, uw, err, errlen)))
+            if (ns > 0 && (rc = unbounded_cache_search(ub, QS, ns, k, p->nprobe, ub_add ? lim : NULL,
+                                                       ub_add ? (int)nb : 0, doc_reader(d, p), ud2, uw, err,
+                                                       errlen)))
                 goto out;
             /* results to their rows, from the last (row_of[i] >= i) */
             for (size_t i = ns; i-- > 0;)
@@ -351,13 +353,13 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
                 gate_features(p, in, (a >> NC_COMP_UNBOUNDED) & 1u, c->gate_f + t * NC_GATE_NFEAT);
                 mixture_components(p, in, d->ids[t], c->gate_pc + t * NC_NCOMP);
             }
-            if (uc && (rc = ucache_push(uc, d->ids[t]))) {
+            if (uc && (rc = unigram_cache_push(uc, d->ids[t]))) {
                 rc = nc_error(err, errlen, rc, "unigram cache");
                 goto out;
             }
         }
         for (size_t r = 0; nc && r < nb; r++)
-            ncache_push(nc, Q + r * H, d->ids[b0 + r]);
+            neural_cache_push(nc, Q + r * H, d->ids[b0 + r]);
     }
 out:
     free(ins);
@@ -371,12 +373,12 @@ out:
     free(uw);
     free(lim);
 out_free_local:
-    ncache_free(&tmp_n);
-    ucache_free(&tmp_u);
+    neural_cache_free(&tmp_n);
+    unigram_cache_free(&tmp_u);
     return rc;
 }
 
-int doc_neighbours(const nc_doc *d, const nc_cache_params *p, nc_ubcache *ub, bool adapt,
+int doc_neighbours(const nc_doc *d, const nc_cache_params *p, nc_unbounded_cache *ub, bool adapt,
                    size_t block, float *d2, int *words, char *err, size_t errlen)
 {
     const int k = p->knn, H = d->dim;
@@ -395,13 +397,13 @@ int doc_neighbours(const nc_doc *d, const nc_cache_params *p, nc_ubcache *ub, bo
         const float *Q = d->q + b0 * H;
         if (adapt) {
             int64_t first_id;
-            if ((rc = ubcache_add(ub, Q, (d->mem_ids ? d->mem_ids : d->ids) + b0, nb, &first_id, err,
+            if ((rc = unbounded_cache_add(ub, Q, (d->mem_ids ? d->mem_ids : d->ids) + b0, nb, &first_id, err,
                                   errlen)))
                 break;
             for (size_t r = 0; r < nb; r++)
                 lim[r] = first_id + (int64_t)r;
         }
-        rc = ubcache_search(ub, Q, nb, k, p->nprobe, adapt ? lim : NULL, adapt ? (int)nb : 0,
+        rc = unbounded_cache_search(ub, Q, nb, k, p->nprobe, adapt ? lim : NULL, adapt ? (int)nb : 0,
                             doc_reader(d, p), d2 + b0 * (size_t)k, words + b0 * (size_t)k, err, errlen);
     }
     free(lim);

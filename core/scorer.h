@@ -1,9 +1,9 @@
-/* score.h -- batched target-only scoring of token sequences with the static
+/* scorer.h -- batched target-only scoring of token sequences with the static
  * model (design §4: input projections, decoder and normaliser by blocks of
  * GEMMs, the recurrence step by step). The CLI, the server and the caches'
  * mixture build on it. */
-#ifndef NC_SCORE_H
-#define NC_SCORE_H
+#ifndef NC_SCORER_H
+#define NC_SCORER_H
 
 #include "nc_common.h"
 #include "lstm.h"
@@ -52,7 +52,7 @@ typedef void (*nc_score_progress)(size_t done, size_t total, void *ctx);
 
 /* Scores tokens[0..n) from state s by blocks (s advances past the last
  * token): logprobs[i] = log p(tokens[i] | state before it). */
-int score_tokens(nc_scorer *sc, nc_state *s, const int *tokens, size_t n, float *logprobs,
+int scorer_run(nc_scorer *sc, nc_state *s, const int *tokens, size_t n, float *logprobs,
                  nc_score_progress progress, void *ctx, char *err, size_t errlen);
 
 #endif

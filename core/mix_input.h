@@ -1,0 +1,41 @@
+/* mix_input.h -- what design §4's formulas read at one position t
+ * (nc_mix_input): the model's logits or the target's, the caches' windows
+ * and neighbours, the gate's inputs. The mixture (mixture.h) and the gate
+ * (gate.h) both read it; it sits below both. */
+#ifndef NC_MIX_INPUT_H
+#define NC_MIX_INPUT_H
+
+#include "nc_common.h"
+#include "unigram_cache.h"
+
+struct nc_gate;
+
+/* Everything the formulas read at one position t. */
+typedef struct {
+    int V;                        /* model vocabulary size */
+    const float *logits;          /* [V] decoder logits s (full path only) */
+    float s_target;               /* s_x for the target (target path; -INF if x >= V) */
+    float log_z;                  /* logsumexp(s) over V (target path) */
+    const float *ndots;           /* [nn] h_t·h_i over the neural window, any order */
+    const int *nvals;             /* [nn] x_{i+1} of those pairs */
+    int nn;
+    const nc_unigram_cache *uni;         /* unigram window (NULL or empty = off) */
+    const float *ub_d2;           /* [ub_k] squared distances, ascending */
+    const int *ub_words;          /* [ub_k] word ids, -1 = no neighbour */
+    int ub_k;
+    int vocab_full;               /* |V_full| for the uniform term */
+    /* The adaptive mixture (gate.h), when p->gate: the gate, p_vocab's
+     * statistics (gate_vocab_stats) and whether the unbounded search was
+     * skipped for this position (then ub_k = 0). */
+    const struct nc_gate *gate;
+    float v_ent, v_logmax;
+    int v_argmax;
+    /* the target path's way to p_vocab of one word w for the features
+     * (logits is NULL there): W_w · h + b_w with the model's decoder */
+    const float *h, *dec_w, *dec_b;
+    int H;
+    bool ub_skipped;
+    double *weights;              /* out (NULL = not wanted): [NC_NCOMP] weights used */
+} nc_mix_input;
+
+#endif
