@@ -65,8 +65,10 @@ int nsstore_add_hook(void *ctx, const float *keys, const int *words, size_t n, i
                      char *err, size_t errlen);
 
 /* snapshot.c */
-/* snapshot seqs under dir, newest first; cleanup_tmp removes unfinished ones */
+/* The seqs of the snapshots under dir (snap-<16 hex>), newest first;
+ * cleanup_tmp removes interrupted ones (snap-<seq>.tmp). */
 int nsstore_snapshot_list(const char *dir, uint64_t **out, int *n, bool cleanup_tmp);
+/* dir/snap-<seq><suffix> */
 void nsstore_snapshot_path(const nc_nsstore *ns, uint64_t seq, const char *suffix, char *buf, size_t len);
 /* Loads snapshot seq into ns (fresh word table and cache). */
 int nsstore_snapshot_load(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen);
