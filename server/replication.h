@@ -48,10 +48,6 @@
 #include "nsstore.h"
 #include "server.h"
 
-/* The publisher and applier's state (srv->replication; NULL when option
- * `redis` is empty). */
-typedef struct replication replication;
-
 /* Starts the publisher and applier threads when cfg.redis is set (a
  * replica_tag is then required), sets srv->replication and makes the
  * namespace registry attach every store it opens (nc_server.namespace_opened).

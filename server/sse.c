@@ -190,6 +190,9 @@ static int append(sse_stream *s, const char *a, size_t na, const char *b, size_t
         }
     }
     if (s->gone) {
+        /* the connection ended (mark_gone set the guard): count the stop
+         * here too, the producer may not reach its own check */
+        (void)workguard_check(&s->guard);
         pthread_mutex_unlock(&s->lock);
         return -1;
     }

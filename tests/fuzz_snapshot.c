@@ -1,5 +1,5 @@
 /* fuzz_snapshot.c -- libFuzzer harness for the namespace snapshot reader
- * (store/nsstore.c verify_snapshot and load_snapshot, reached through
+ * (store/snapshot.c verify_snapshot and nsstore_snapshot_load, reached through
  * nsstore_open; behind them unbounded_cache_load's values reader and FAISS's index
  * reader, wordtable_load, the provenance and document tables).
  *

@@ -1,0 +1,76 @@
+/* nsstore_internal.h -- what the namespace store's files share (nsstore.c,
+ * snapshot.c, recovery.c): the store's struct, the log record layout, and
+ * the functions one file lends another. Not for use outside store/. */
+#ifndef NC_NSSTORE_INTERNAL_H
+#define NC_NSSTORE_INTERNAL_H
+
+#include "nsstore.h"
+#include "buf.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#define REC_DOC 1
+#define REC_ADD 2
+#define KEY_F16 1
+#define DOC_ID_MAX 1024
+
+struct nc_nsstore {
+    char dir[1024], waldir[1100];
+    const nc_model *m;
+    int V, H;
+    uint32_t tag;
+    nc_unbounded_cache_opts ubo;
+    nc_wal_sync sync;
+    nc_wordtable *words;
+    nc_unbounded_cache *ub;
+    nc_wal *wal;
+    /* provenance and documents, guarded by meta */
+    pthread_rwlock_t meta;
+    uint32_t *prov_doc, *prov_off;
+    size_t nprov, provcap;
+    char **doc_ids;
+    uint64_t *doc_pairs;
+    uint32_t ndocs, doccap;
+    /* hook state: only touched under the cache's write lock */
+    bool replaying;
+    nsstore_observer obs;         /* replication (server/replication.c) */
+    void *obs_ctx;
+    nc_buf rec;                   /* the ADD record being built (grown, reused) */
+    int *dyn;                     /* dynamic ids of the record being built */
+    size_t dyn_cap;
+    /* snapshots */
+    pthread_mutex_t snap_lock;
+    uint64_t snap_seq, prev_snap_seq;
+    double snap_time, snap_secs;
+    uint64_t retain;              /* nsstore_retain_log (atomic) */
+};
+
+static inline double nsstore_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* nsstore.c: documents and provenance (meta lock) */
+bool nsstore_valid_doc_id(const char *id, size_t len);
+/* meta write lock held */
+int nsstore_doc_push(nc_nsstore *ns, const char *id, size_t len, char *err, size_t errlen);
+void nsstore_free_meta(nc_nsstore *ns);
+/* the cache's add hook: logs one ADD record per add (unbounded_cache_add_hook) */
+int nsstore_add_hook(void *ctx, const float *keys, const int *words, size_t n, int64_t first_id,
+                     char *err, size_t errlen);
+
+/* snapshot.c */
+/* The seqs of the snapshots under dir (snap-<16 hex>), newest first;
+ * cleanup_tmp removes interrupted ones (snap-<seq>.tmp). */
+int nsstore_snapshot_list(const char *dir, uint64_t **out, int *n, bool cleanup_tmp);
+/* dir/snap-<seq><suffix> */
+void nsstore_snapshot_path(const nc_nsstore *ns, uint64_t seq, const char *suffix, char *buf, size_t len);
+/* Loads snapshot seq into ns (fresh word table and cache). */
+int nsstore_snapshot_load(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,434 @@
+/* recovery.c -- reading a namespace's log back: nsstore_open (the newest
+ * snapshot that verifies, then the log after it replayed) and the log
+ * follower (nsstore_log_*) that replication reads. */
+#include "nsstore_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* ---- following the log ---------------------------------------------------------- */
+
+struct nc_nslog {
+    nc_nsstore *ns;
+    nc_wal_reader *r;
+    char doc[DOC_ID_MAX + 1];
+    char *words;
+    size_t wcap;
+    size_t *dyn_off;              /* offsets of the record's open-vocabulary strings */
+    uint32_t *dyn_len;
+    size_t dcap;
+};
+
+int nsstore_log_open(nc_nsstore *ns, uint64_t after, nc_nslog **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    nc_nslog *l = calloc(1, sizeof *l);
+    if (!l)
+        return nc_error(err, errlen, NC_ENOMEM, "log follower");
+    l->ns = ns;
+    int rc = wal_reader_open(ns->waldir, ns->tag, after, &l->r, err, errlen);
+    if (rc) {
+        free(l);
+        return rc;
+    }
+    *out = l;
+    return NC_OK;
+}
+
+uint64_t nsstore_log_position(const nc_nslog *l)
+{
+    return wal_reader_position(l->r);
+}
+
+void nsstore_log_close(nc_nslog *l)
+{
+    if (!l)
+        return;
+    wal_reader_close(l->r);
+    free(l->words);
+    free(l->dyn_off);
+    free(l->dyn_len);
+    free(l);
+}
+
+/* One open-vocabulary string of an ADD record's word list at *k (u32
+ * length, then the bytes): its offset and length, *k moved past it. The
+ * log follower and the replay read the list alike. */
+static int add_record_word(const unsigned char *p, size_t len, uint64_t seq, size_t *k, size_t *off,
+                           uint32_t *wl, char *err, size_t errlen)
+{
+    if (len - *k < 4)
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: truncated word list", (unsigned long long)seq);
+    memcpy(wl, p + *k, 4);
+    *k += 4;
+    if (*wl == 0 || *wl > len - *k)
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: bad word length", (unsigned long long)seq);
+    *off = *k;
+    *k += *wl;
+    return NC_OK;
+}
+
+/* One ADD record (the layout nsstore_add_hook writes) into a; NC_EFORMAT if it
+ * does not hold together. */
+static int log_decode_add(nc_nslog *l, uint64_t seq, const unsigned char *p, size_t len, nc_nslog_add *a,
+                          char *err, size_t errlen)
+{
+    nc_nsstore *ns = l->ns;
+    uint32_t n, H, doc, nd;
+    uint64_t off;
+    if (len < 36)
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: short add record", (unsigned long long)seq);
+    memcpy(&n, p + 4, 4);
+    memcpy(&H, p + 8, 4);
+    memcpy(&doc, p + 12, 4);
+    memcpy(&off, p + 24, 8);
+    memcpy(&nd, p + 32, 4);
+    if (p[1] != KEY_F16 || H != (uint32_t)ns->H || n == 0 || nd > n)
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: add of %u pairs of dimension %u",
+                        (unsigned long long)seq, n, H);
+    if (nd > l->dcap) {
+        size_t *o = realloc(l->dyn_off, nd * sizeof *o);
+        if (o)
+            l->dyn_off = o;
+        uint32_t *dl = o ? realloc(l->dyn_len, nd * sizeof *dl) : NULL;
+        if (!dl)
+            return nc_error(err, errlen, NC_ENOMEM, "log follower");
+        l->dyn_len = dl;
+        l->dcap = nd;
+    }
+    size_t k = 36, wl = 0;
+    for (uint32_t j = 0; j < nd; j++) {
+        int rc = add_record_word(p, len, seq, &k, &l->dyn_off[j], &l->dyn_len[j], err, errlen);
+        if (rc)
+            return rc;
+    }
+    if (len - k != (size_t)n * (4 + 2 * (size_t)H))
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %zu bytes for %u pairs", (unsigned long long)seq,
+                        len - k, n);
+    const unsigned char *refs = p + k;
+    /* surface strings: vocabulary words from the table, the others from
+     * the record (the table may hold them under other ids by now) */
+    for (int pass = 0; pass < 2; pass++) {
+        size_t w = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            int32_t r;
+            memcpy(&r, refs + (size_t)i * 4, 4);
+            const char *s;
+            size_t sl;
+            if (r >= 0 && r < ns->V) {
+                s = wordtable_word(ns->words, r);
+                sl = s ? strlen(s) : 0;
+            } else if (r >= ns->V && (uint32_t)(r - ns->V) < nd) {
+                s = (const char *)p + l->dyn_off[r - ns->V];
+                sl = l->dyn_len[r - ns->V];
+            } else {
+                return nc_error(err, errlen, NC_EFORMAT, "log record %llu: bad word reference %d",
+                                (unsigned long long)seq, r);
+            }
+            if (pass == 1) {
+                memcpy(l->words + w, s, sl);
+                if (i + 1 < n)
+                    l->words[w + sl] = '\n';
+            }
+            w += sl + (i + 1 < n);
+        }
+        if (pass == 0) {
+            wl = w;
+            if (wl + 1 > l->wcap) {
+                char *b = realloc(l->words, wl + 1);
+                if (!b)
+                    return nc_error(err, errlen, NC_ENOMEM, "log follower");
+                l->words = b;
+                l->wcap = wl + 1;
+            }
+        }
+    }
+    l->words[wl] = 0;
+    l->doc[0] = 0;
+    if (doc != NSSTORE_NO_DOC) {
+        pthread_rwlock_rdlock(&ns->meta);
+        if (doc < ns->ndocs)
+            snprintf(l->doc, sizeof l->doc, "%s", ns->doc_ids[doc]);
+        pthread_rwlock_unlock(&ns->meta);
+        if (!l->doc[0])
+            return nc_error(err, errlen, NC_EFORMAT, "log record %llu: unknown document %u", (unsigned long long)seq,
+                            doc);
+    }
+    a->seq = seq;
+    a->doc = l->doc;
+    a->off = off;
+    a->n = n;
+    a->keys_f16 = refs + (size_t)n * 4;
+    a->words = l->words;
+    a->words_len = wl;
+    return NC_OK;
+}
+
+int nsstore_log_next(nc_nslog *l, nc_nslog_add *a, char *err, size_t errlen)
+{
+    uint64_t upto = wal_durable_seq(l->ns->wal);
+    for (;;) {
+        uint64_t seq;
+        const void *payload;
+        size_t len;
+        int rc = wal_reader_next(l->r, upto, &seq, &payload, &len, err, errlen);
+        if (rc <= 0)
+            return rc;
+        const unsigned char *p = payload;
+        if (len < 4)
+            return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %zu bytes", (unsigned long long)seq, len);
+        if (p[0] == REC_DOC)
+            continue;
+        if (p[0] != REC_ADD)
+            return nc_error(err, errlen, NC_EFORMAT, "log record %llu: unknown type %d", (unsigned long long)seq,
+                            p[0]);
+        rc = log_decode_add(l, seq, p, len, a, err, errlen);
+        return rc ? rc : 1;
+    }
+}
+
+/* ---- replay ------------------------------------------------------------------- */
+
+typedef struct {
+    nc_nsstore *ns;
+    float *keys;
+    size_t kcap;
+    int *ids;
+    size_t icap;
+    int *map;
+    size_t mcap;
+} replay_ctx;
+
+static int replay_record(void *vctx, uint64_t seq, const void *payload, size_t len, char *err,
+                         size_t errlen)
+{
+    replay_ctx *c = vctx;
+    nc_nsstore *ns = c->ns;
+    const unsigned char *p = payload;
+    if (len < 4)
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %zu bytes", (unsigned long long)seq, len);
+    if (p[0] == REC_DOC) {
+        uint32_t d, l;
+        if (len < 12)
+            return nc_error(err, errlen, NC_EFORMAT, "log record %llu: short document record",
+                            (unsigned long long)seq);
+        memcpy(&d, p + 4, 4);
+        memcpy(&l, p + 8, 4);
+        if (l != len - 12 || !nsstore_valid_doc_id((const char *)p + 12, l))
+            return nc_error(err, errlen, NC_EFORMAT, "log record %llu: bad document id", (unsigned long long)seq);
+        int rc = NC_OK;
+        pthread_rwlock_wrlock(&ns->meta);
+        if (d > ns->ndocs)
+            rc = nc_error(err, errlen, NC_EFORMAT, "log record %llu: document %u after %u documents",
+                          (unsigned long long)seq, d, ns->ndocs);
+        else if (d == ns->ndocs)
+            rc = nsstore_doc_push(ns, (const char *)p + 12, l, err, errlen);
+        /* d < ndocs: already in the snapshot */
+        pthread_rwlock_unlock(&ns->meta);
+        return rc;
+    }
+    if (p[0] != REC_ADD)
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: unknown type %d", (unsigned long long)seq, p[0]);
+    if (len < 36)
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: short add record", (unsigned long long)seq);
+    uint32_t n, H, doc, nd;
+    int64_t first;
+    uint64_t off;
+    memcpy(&n, p + 4, 4);
+    memcpy(&H, p + 8, 4);
+    memcpy(&doc, p + 12, 4);
+    memcpy(&first, p + 16, 8);
+    memcpy(&off, p + 24, 8);
+    memcpy(&nd, p + 32, 4);
+    if (p[1] != KEY_F16 || H != (uint32_t)ns->H || n == 0 || nd > n)
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: add of %u pairs of dimension %u (model %d)",
+                        (unsigned long long)seq, n, H, ns->H);
+    size_t k = 36;
+    if (nd > c->mcap) {
+        int *m = realloc(c->map, nd * sizeof *m);
+        if (!m)
+            return nc_error(err, errlen, NC_ENOMEM, "replay");
+        c->map = m;
+        c->mcap = nd;
+    }
+    for (uint32_t j = 0; j < nd; j++) {
+        size_t woff;
+        uint32_t l;
+        int rc = add_record_word(p, len, seq, &k, &woff, &l, err, errlen);
+        if (rc)
+            return rc;
+        c->map[j] = wordtable_id(ns->words, (const char *)p + woff, l, true);
+        if (c->map[j] < 0)
+            return nc_error(err, errlen, NC_ENOMEM, "word table");
+    }
+    if ((len - k) != (size_t)n * (4 + 2 * (size_t)H))
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %zu bytes for %u pairs", (unsigned long long)seq,
+                        len - k, n);
+    int64_t have = unbounded_cache_count(ns->ub);
+    if (first > have)
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: pairs from id %lld but only %lld are known "
+                        "(a record is missing)", (unsigned long long)seq, (long long)first, (long long)have);
+    if (first + (int64_t)n <= have)
+        return NC_OK;   /* already in the snapshot */
+    size_t skip = (size_t)(have - first), m = n - skip;
+    if (doc != NSSTORE_NO_DOC && doc >= nsstore_doc_count(ns))
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: unknown document %u", (unsigned long long)seq, doc);
+    if (m > c->icap) {
+        int *ids = realloc(c->ids, m * sizeof *ids);
+        if (!ids)
+            return nc_error(err, errlen, NC_ENOMEM, "replay");
+        c->ids = ids;
+        c->icap = m;
+    }
+    if (m * H > c->kcap) {
+        float *kk = realloc(c->keys, m * H * sizeof *kk);
+        if (!kk)
+            return nc_error(err, errlen, NC_ENOMEM, "replay");
+        c->keys = kk;
+        c->kcap = m * H;
+    }
+    const unsigned char *refs = p + k, *kh = p + k + (size_t)n * 4;
+    int wsize = wordtable_size(ns->words);
+    for (size_t i = 0; i < m; i++) {
+        int32_t r;
+        memcpy(&r, refs + (skip + i) * 4, 4);
+        int id = r >= 0 && r < ns->V ? r : (r >= ns->V && (uint32_t)(r - ns->V) < nd ? c->map[r - ns->V] : -1);
+        if (id < 0 || id >= wsize)
+            return nc_error(err, errlen, NC_EFORMAT, "log record %llu: bad word reference %d",
+                            (unsigned long long)seq, r);
+        c->ids[i] = id;
+    }
+    for (size_t i = 0; i < m * H; i++) {
+        uint16_t h;
+        memcpy(&h, kh + (skip * H + i) * 2, 2);
+        c->keys[i] = nc_half_to_float(h);
+    }
+    nsstore_set_context(ns, doc, off + skip);
+    int rc = unbounded_cache_add(ns->ub, c->keys, c->ids, m, NULL, err, errlen);
+    nsstore_clear_context();
+    return rc;
+}
+
+/* ---- opening: the newest snapshot that verifies, then the log after it ----- */
+
+int nsstore_open(const nc_nsstore_opts *o, nc_nsstore **out, nc_nsstore_recovery *info, char *err,
+                 size_t errlen)
+{
+    nc_nsstore_recovery dummy;
+    if (!info)
+        info = &dummy;
+    memset(info, 0, sizeof *info);
+    *out = NULL;
+    double t0 = nsstore_now();
+    if (mkdir(o->dir, 0755) != 0 && errno != EEXIST)
+        return nc_error(err, errlen, NC_EIO, "%s: %s", o->dir, strerror(errno));
+    nc_nsstore *ns = calloc(1, sizeof *ns);
+    if (!ns)
+        return nc_error(err, errlen, NC_ENOMEM, "namespace");
+    snprintf(ns->dir, sizeof ns->dir, "%s", o->dir);
+    snprintf(ns->waldir, sizeof ns->waldir, "%s/wal", o->dir);
+    ns->m = o->model;
+    ns->V = o->model->cfg.vocab_size;
+    ns->H = o->model->cfg.hidden_size;
+    ns->tag = nsstore_model_tag(o->model);
+    ns->ubo = o->ub;
+    ns->ubo.dim = ns->H;
+    ns->ubo.key_f16 = true;
+    ns->sync = o->sync;
+    ns->retain = UINT64_MAX;
+    pthread_rwlock_init(&ns->meta, NULL);
+    pthread_mutex_init(&ns->snap_lock, NULL);
+
+    /* 1. the newest snapshot that verifies */
+    uint64_t *snaps = NULL;
+    int nsn = 0, rc = nsstore_snapshot_list(ns->dir, &snaps, &nsn, true);
+    if (rc)
+        rc = nc_error(err, errlen, rc, "%s: cannot list snapshots", ns->dir);
+    char first_err[NC_ERRLEN] = "";
+    uint64_t base = 0, corrupt_seq = 0;
+    for (int i = 0; !rc && i < nsn; i++) {
+        char e2[NC_ERRLEN] = "";
+        int lrc = nsstore_snapshot_load(ns, snaps[i], e2, sizeof e2);
+        if (lrc == NC_OK) {
+            base = snaps[i];
+            info->snapshot_seq = base;
+            info->snapshot_entries = unbounded_cache_count(ns->ub);
+            break;
+        }
+        if (lrc != NC_EFORMAT && lrc != NC_ENOTFOUND) {
+            /* An I/O error or a failed allocation says nothing about the
+             * snapshot: refuse without touching the disk, so that the open
+             * succeeds once the fault is gone (found by test_fault: two
+             * transient read errors used to set both snapshots aside and
+             * leave a namespace the log could no longer rebuild). */
+            rc = nc_error(err, errlen, lrc, "%s (nothing was changed on disk)", e2);
+            break;
+        }
+        if (!first_err[0])
+            snprintf(first_err, sizeof first_err, "%s", e2);
+        if (snaps[i] > corrupt_seq)
+            corrupt_seq = snaps[i];
+        /* kept aside for inspection, never loaded again */
+        char from[1200], to[1200];
+        nsstore_snapshot_path(ns, snaps[i], "", from, sizeof from);
+        nsstore_snapshot_path(ns, snaps[i], ".corrupt", to, sizeof to);
+        nsstore_remove_dir(to, NULL, 0);
+        rename(from, to);
+        snprintf(info->warning + strlen(info->warning), sizeof info->warning - strlen(info->warning),
+                 "%s%s (set aside as %s)", info->warning[0] ? "; " : "", e2, to);
+    }
+    free(snaps);
+    if (!rc && !ns->ub) {
+        rc = wordtable_new(ns->m->vocab, &ns->words, err, errlen);
+        if (!rc)
+            rc = unbounded_cache_new(&ns->ubo, ns->words, &ns->ub, err, errlen);
+    }
+    /* 2. the log after it */
+    if (!rc) {
+        unbounded_cache_set_add_hook(ns->ub, nsstore_add_hook, ns);
+        ns->replaying = true;
+        replay_ctx c = {.ns = ns};
+        nc_wal_replay_info wi;
+        rc = wal_replay(ns->waldir, ns->tag, base, replay_record, &c, &wi, err, errlen);
+        ns->replaying = false;
+        free(c.keys);
+        free(c.ids);
+        free(c.map);
+        if (rc == NC_ENOTFOUND && first_err[0])
+            /* a corrupt snapshot the log cannot stand in for */
+            rc = nc_error(err, errlen, NC_EFORMAT, "%s; the log does not reach back far enough to rebuild "
+                          "it: restore the snapshot or remove the namespace", first_err);
+        if (!rc && corrupt_seq > (wi.last_seq > base ? wi.last_seq : base))
+            rc = nc_error(err, errlen, NC_EFORMAT, "%s; the log ends at record %llu and cannot rebuild it: "
+                          "restore the snapshot or remove the namespace", first_err,
+                          (unsigned long long)wi.last_seq);
+        if (!rc) {
+            info->records_replayed = wi.records;
+            if (wi.truncated)
+                snprintf(info->warning + strlen(info->warning), sizeof info->warning - strlen(info->warning),
+                         "%s%s", info->warning[0] ? "; " : "", wi.warning);
+            bool stopped = false;
+            rc = wal_open_or_stopped(ns->waldir, ns->tag, (wi.last_seq > base ? wi.last_seq : base) + 1, ns->sync,
+                                     &ns->wal, &stopped, err, errlen);
+            if (stopped)
+                /* a full disk: everything is recovered and can be read;
+                 * writes fail (507) until nsstore_heal finds room */
+                snprintf(info->warning + strlen(info->warning), sizeof info->warning - strlen(info->warning),
+                         "%sno room on the disk for a new log segment: read-only until there is room (%s)",
+                         info->warning[0] ? "; " : "", err);
+        }
+    }
+    if (rc) {
+        nsstore_close(ns);
+        return rc;
+    }
+    ns->snap_seq = base;
+    ns->snap_time = nsstore_now();
+    info->entries = unbounded_cache_count(ns->ub);
+    info->seconds = nsstore_now() - t0;
+    *out = ns;
+    return NC_OK;
+}
