@@ -111,7 +111,7 @@ $(BUILD)/tests/fuzz_%: $(BUILD)/obj/tests/fuzz_%.o $(LIBSERVER) $(LIBPROTO) $(LI
 # kernel level the CPU supports (run_levels.sh), so an AVX-512 machine also
 # proves the AVX2 and scalar paths. NEUROCACHE_SIMD=scalar make test forces
 # one level for the first pass as well.
-NUMERIC_TESTS := lstm cache cache_ref cache_cli score train model model_errors namespace
+NUMERIC_TESTS := lstm cache cache_ref cache_cli score train model model_errors namespace gate
 NUMERIC_BINS := $(patsubst %,$(BUILD)/tests/test_%,$(NUMERIC_TESTS))
 test: deps
 	$(Q)$(MAKE) --no-print-directory tests
