@@ -141,7 +141,9 @@ double gate_objective(const nc_gate *g, bool pre, const nc_gate_data *d, double 
  * precision, from the constant mixture of p (W = V = 0, b = log of its
  * weights) with nh hidden units (U drawn from seed), iters iterations at
  * most; deterministic for a seed.
- * curve (NULL or a FILE): one CSV line per iteration: gate,iter,nll,ppl.
+ * curve (NULL or a FILE): one CSV line per iteration: gate (full | pre),
+ * iter, objective (mean NLL + the L2 term), exp(objective); then one line
+ * per skip threshold tried: skip, threshold, NLL, perplexity.
  * Also picks g->skip: the largest threshold whose skipping costs at most
  * max_loss (relative perplexity, e.g. 0.005) on d. */
 int gate_fit(nc_gate *g, const struct nc_cache_params_s *p, const nc_gate_data *d, int nh, uint64_t seed,

@@ -184,6 +184,20 @@ unsigned mixture_available(const nc_cache_params *p, const nc_mix_input *in)
     return a;
 }
 
+unsigned mixture_components_on(const nc_cache_params *p)
+{
+    unsigned a = 1u << NC_COMP_MODEL;
+    if (p->neural_size > 0 && !p->global_norm)
+        a |= 1u << NC_COMP_NEURAL;
+    if (p->unigram_size > 0)
+        a |= 1u << NC_COMP_UNIGRAM;
+    if (p->unbounded)
+        a |= 1u << NC_COMP_UNBOUNDED;
+    if (p->open_vocab && p->uniform_mu > 0.0f)
+        a |= 1u << NC_COMP_UNIFORM;
+    return a;
+}
+
 /* The gate's weights at this position (gate.h): the full gate when the
  * unbounded cache's features exist, else the pre-search one. */
 static unsigned gated_weights(const nc_cache_params *p, const nc_mix_input *in, double w[NC_NCOMP])

@@ -37,6 +37,9 @@ struct nc_cache_params_s;
  * open_vocab with uniform_mu > 0 (with global normalisation the neural
  * cache is inside the model component, not a component of its own). */
 unsigned mixture_available(const struct nc_cache_params_s *p, const nc_mix_input *in);
+/* The components p switches on (whatever the caches hold): the set a gate
+ * is fitted for (gate.json's "components"). */
+unsigned mixture_components_on(const struct nc_cache_params_s *p);
 
 /* Each component's probability of target x, pc[c] (NAN for a component not
  * in mixture_available): the terms that mixture_target mixes. */

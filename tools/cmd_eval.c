@@ -11,6 +11,7 @@
 
 #include "cacheopts.h"
 #include "commands.h"
+#include "gate.h"
 
 static void usage(FILE *out)
 {
@@ -39,11 +40,14 @@ static void usage(FILE *out)
             "  --out PREFIX         sweep output prefix (default sweep-KNOB)\n"
             "  --row \"OPTS\"        one more row with these cache options (repeatable; with\n"
             "                       no other cache option: the static row and these only)\n"
-            "  --gate               (a cache option) each cache row twice: constant λ, and\n"
-            "                       weighed per token by the model's gate (fit-gate); the\n"
-            "                       'skipped' column: unbounded searches the gate skipped\n"
-            "                       (their cost is still counted: the search runs once per\n"
-            "                       file for every row; see tests/bench_cache for the saving)\n"
+            "  --gate               (a cache option) the rows of the caches the model's gate\n"
+            "                       was fitted for (fit-gate) once more, weighed per token by\n"
+            "                       the gate; with the unbounded cache twice: always searching\n"
+            "                       (skip<0) and with adaptive retrieval at the gate's own\n"
+            "                       threshold (or --gate-skip's); the 'skipped' column: searches\n"
+            "                       the gate skipped (their cost is still counted: the search\n"
+            "                       runs once per file for every row; see tests/bench_cache\n"
+            "                       for the saving)\n"
             "  -h, --help           this help\n"
             "\n%s\n"
             "exit status: 0 success, 1 runtime error, 2 usage error\n",
@@ -417,7 +421,7 @@ int cmd_eval(int argc, char **argv)
         return 2;
 
     static row rows[MAX_ROWS];
-    int nrows = 0;
+    int nrows = 0, gate_rows_from = -1;
     const nc_cache_knob *swept = NULL;
     char prefix[1024] = "";
     if (sweep) {
@@ -469,18 +473,26 @@ int cmd_eval(int argc, char **argv)
     } else {
         nrows = table_rows(&co, rows);
         if (co.p.gate) {
-            /* --gate: each cache row twice, constant λ and gated, side by side */
+            /* --gate: the rows of the components the gate was fitted for,
+             * gated, after the constant-λ rows; with the unbounded cache
+             * twice, always searching and with adaptive retrieval (unless
+             * --gate-skip fixes the threshold) */
             int n0 = nrows;
-            for (int i = 0; i < n0; i++)
-                rows[i].p.gate = false;
+            gate_rows_from = n0;
             for (int i = 0; i < n0; i++) {
+                rows[i].p.gate = false;
                 cache_params_describe(&rows[i].p, rows[i].name, sizeof rows[i].name);
-                if (i > 0) {
-                    nc_cache_params q = rows[i].p;
-                    q.gate = true;
-                    q.gate_skip = co.p.gate_skip;
+            }
+            for (int i = 1; i < n0; i++) {
+                nc_cache_params q = rows[i].p;
+                q.gate = true;
+                q.gate_skip = co.p.gate_skip;
+                if (q.unbounded && !cacheopts_given(&co, CO_KNOB_gate_skip)) {
+                    q.gate_skip = 0.0f;
                     add_row(rows, &nrows, &q);
+                    q.gate_skip = -1.0f;
                 }
+                add_row(rows, &nrows, &q);
             }
         }
     }
@@ -510,6 +522,18 @@ int cmd_eval(int argc, char **argv)
         if (rows[i].p.gate && !m->gate)
             rc = nc_error(err, sizeof err, NC_EINVAL, "%s has no gate (gate.safetensors): fit one with "
                           "neurocache fit-gate", model_dir);
+    if (!rc && gate_rows_from >= 0) {
+        /* a gate weighs the components it was fitted with: the twins of
+         * other component sets would only show it used outside them */
+        int o = gate_rows_from;
+        for (int i = gate_rows_from; i < nrows; i++)
+            if (mixture_components_on(&rows[i].p) == m->gate->comps)
+                rows[o++] = rows[i];
+        if (o == gate_rows_from)
+            fprintf(stderr, "neurocache eval: the gate was fitted for other caches (see its gate.json): "
+                            "no gated row\n");
+        nrows = o;
+    }
     char csvname[1100];
     if (!rc && (csv_path || sweep)) {
         if (sweep)

@@ -198,7 +198,7 @@ int cmd_fit_gate(int argc, char **argv)
         if (!curve)
             rc = nc_error(err, sizeof err, NC_EIO, "%s: cannot write", path);
         else
-            fprintf(curve, "gate,iter,nll,ppl\n");
+            fprintf(curve, "gate,iter,objective,exp_objective\n");
     }
     if (!rc) {
         t0 = co_now();
