@@ -34,7 +34,7 @@ load=$(cut -d' ' -f1 /proc/loadavg)
 echo "load average before the run: $load"
 echo
 echo "### predict batching on (default), float32 neural keys; C client (a libcurl thread per session)"
-"$gen" "${model_args[@]}" --seconds "$SECONDS_PER_ROW" --clients 1,16,64 --score-tokens 50000
+"$gen" "${model_args[@]}" --seconds "$SECONDS_PER_ROW" --clients 1,16,64 --score-tokens 45000
 echo
 if command -v wrk >/dev/null; then
     echo "### same, wrk client (event loop: less client CPU on the shared cores)"
