@@ -67,19 +67,25 @@ static int point(tune_ctx *t, const nc_cache_params *p, double *ppl, char *err, 
     return rc;
 }
 
-static int parse_grid(const char *opt, const char *arg, double lo, double hi, double **out, int *n)
+/* A grid of values of one knob: each checked against the knob table's
+ * bounds (cache_knobs.h), with its message. */
+static int parse_grid(const char *opt, const char *arg, const char *knob, double **out, int *n)
 {
     free(*out);
     *n = co_parse_list(arg, out);
-    for (int i = 0; *n > 0 && i < *n; i++)
-        if (!isfinite((*out)[i]) || (*out)[i] < lo || (*out)[i] > hi) {
-            fprintf(stderr, "neurocache tune: --%s: %g out of range [%g, %g]\n", opt, (*out)[i], lo, hi);
-            return 2;
-        }
     if (*n <= 0) {
         fprintf(stderr, "neurocache tune: --%s: bad list '%s'\n", opt, arg);
         return 2;
     }
+    const nc_cache_knob *k = cache_knob_find(knob);
+    nc_cache_params p;
+    cache_params_default(&p);
+    char err[NC_ERRLEN];
+    for (int i = 0; i < *n; i++)
+        if (cache_knob_set_number(&p, k, (*out)[i], err, sizeof err) != NC_OK) {
+            fprintf(stderr, "neurocache tune: --%s: %s\n", opt, err);
+            return 2;
+        }
     return 0;
 }
 
@@ -171,17 +177,17 @@ static int parse_args(int argc, char **argv, tune_args *a)
             }
             a->bos_eos = !strcmp(optarg, "eos");
             break;
-        case OPT_THETAS: bad = parse_grid("thetas", optarg, 0, 1e4, &a->thetas, &a->nth); break;
+        case OPT_THETAS: bad = parse_grid("thetas", optarg, "neural_theta", &a->thetas, &a->nth); break;
         case OPT_LAMBDAS:
             a->lambdas_given = true;
-            bad = parse_grid("lambdas", optarg, 0, 1, &a->lambdas, &a->nla);
+            bad = parse_grid("lambdas", optarg, "neural_lambda", &a->lambdas, &a->nla);
             break;
         case OPT_ALPHAS:
             a->alphas_given = true;
-            bad = parse_grid("alphas", optarg, -100, 100, &a->lambdas, &a->nla);
+            bad = parse_grid("alphas", optarg, "neural_alpha", &a->lambdas, &a->nla);
             break;
-        case OPT_ULAMBDAS: bad = parse_grid("unigram-lambdas", optarg, 0, 1, &a->ul, &a->nul); break;
-        case OPT_UBLAMBDAS: bad = parse_grid("unbounded-lambdas", optarg, 0, 1, &a->ubl, &a->nubl); break;
+        case OPT_ULAMBDAS: bad = parse_grid("unigram-lambdas", optarg, "unigram_lambda", &a->ul, &a->nul); break;
+        case OPT_UBLAMBDAS: bad = parse_grid("unbounded-lambdas", optarg, "unbounded_lambda", &a->ubl, &a->nubl); break;
         case 'h':
         case OPT_HELP: usage(stdout); return -1;
         case ':':
