@@ -861,6 +861,23 @@ static int rescore_prepare(nc_stream *s, nc_state *st, const nc_tokens *t, nc_do
 /* Rows of decoder products per GEMM (as doc_prepare's blocks). */
 #define RESCORE_LOGIT_BLOCK 128
 
+/* The decoder for nb gathered rows (row r: position owner[2r+1] of
+ * continuation owner[2r]) in one GEMM: each position's normaliser and its
+ * target's logit. */
+static void rescore_logits(const nc_model *m, nc_doc **docs, const float *rows, const size_t *owner, size_t nb,
+                           float *logits)
+{
+    const int V = m->cfg.vocab_size;
+    lstm_logits_batch(m, rows, nb, logits);
+    for (size_t r = 0; r < nb; r++) {
+        nc_doc *d = docs[owner[2 * r]];
+        size_t t = owner[2 * r + 1];
+        const float *l = logits + r * (size_t)V;
+        d->log_z[t] = nc_logsumexp(l, (size_t)V);
+        d->s_target[t] = d->ids[t] < V ? l[d->ids[t]] : -INFINITY;
+    }
+}
+
 int stream_rescore(nc_stream *s, const nc_tokens *conts, size_t n, double **logprobs, char *err,
                    size_t errlen)
 {
@@ -877,34 +894,18 @@ int stream_rescore(nc_stream *s, const nc_tokens *conts, size_t n, double **logp
     /* The decoder for every scored position of every continuation, in
      * blocks of rows gathered across continuations. */
     size_t nb = 0;
-    for (size_t i = 0; !rc && i <= n; i++) {
-        for (size_t j = i < n ? docs[i]->first : 0; i < n && j < docs[i]->n; j++) {
+    for (size_t i = 0; !rc && i < n; i++)
+        for (size_t j = docs[i]->first; j < docs[i]->n; j++) {
             memcpy(rows + nb * H, docs[i]->q + j * H, (size_t)H * sizeof(float));
             owner[2 * nb] = i;
             owner[2 * nb + 1] = j;
-            if (++nb < RESCORE_LOGIT_BLOCK)
-                continue;
-            lstm_logits_batch(m, rows, nb, logits);
-            for (size_t r = 0; r < nb; r++) {
-                nc_doc *d = docs[owner[2 * r]];
-                size_t t = owner[2 * r + 1];
-                const float *l = logits + r * (size_t)V;
-                d->log_z[t] = nc_logsumexp(l, (size_t)V);
-                d->s_target[t] = d->ids[t] < V ? l[d->ids[t]] : -INFINITY;
-            }
-            nb = 0;
-        }
-        if (i == n && nb > 0) {
-            lstm_logits_batch(m, rows, nb, logits);
-            for (size_t r = 0; r < nb; r++) {
-                nc_doc *d = docs[owner[2 * r]];
-                size_t t = owner[2 * r + 1];
-                const float *l = logits + r * (size_t)V;
-                d->log_z[t] = nc_logsumexp(l, (size_t)V);
-                d->s_target[t] = d->ids[t] < V ? l[d->ids[t]] : -INFINITY;
+            if (++nb == RESCORE_LOGIT_BLOCK) {
+                rescore_logits(m, docs, rows, owner, nb, logits);
+                nb = 0;
             }
         }
-    }
+    if (!rc && nb > 0)
+        rescore_logits(m, docs, rows, owner, nb, logits);
     /* The caches, continuation by continuation, each put back after it. */
     for (size_t i = 0; !rc && i < n; i++) {
         cache_undo u;

@@ -149,6 +149,25 @@ static json_t *answer(const rescore_work *w)
     return json_pack("{s:o}", "hypotheses", items);
 }
 
+/* The answer of both routes: the failure, the stop, or the ranked
+ * hypotheses (with the session's position when pos >= 0). */
+static void reply(nc_server *srv, const rescore_work *w, int rc, wg_stop why, const char *err, int64_t pos,
+                  http_response *resp)
+{
+    if (rc != NC_OK) {
+        http_reply_error(resp, api_error_from_core(rc), "rescore: %s", err);
+    } else if (why != WG_RUN) {
+        http_reply_error(resp, workguard_api(why), "rescore stopped: %s",
+                         workguard_reason(why, srv->cfg.request_timeout_s));
+    } else {
+        metrics_add_tokens_scored(w->total);
+        json_t *o = answer(w);
+        if (o && pos >= 0)
+            json_object_set_new(o, "position", json_integer((json_int_t)pos));
+        http_reply_json(resp, 200, o);
+    }
+}
+
 void api_h_rescore_session(nc_server *srv, http_request *req, http_response *resp)
 {
     rescore_work w = {0};
@@ -189,18 +208,7 @@ void api_h_rescore_session(nc_server *srv, http_request *req, http_response *res
     int64_t pos = stream_position(s->stream);
     pthread_mutex_unlock(&s->lock);
     sessions_release(srv->sessions, s);
-    if (rc != NC_OK) {
-        http_reply_error(resp, api_error_from_core(rc), "rescore: %s", err);
-    } else if (why != WG_RUN) {
-        http_reply_error(resp, workguard_api(why), "rescore stopped: %s",
-                         workguard_reason(why, srv->cfg.request_timeout_s));
-    } else {
-        metrics_add_tokens_scored(w.total);
-        json_t *o = answer(&w);
-        if (o)
-            json_object_set_new(o, "position", json_integer((json_int_t)pos));
-        http_reply_json(resp, 200, o);
-    }
+    reply(srv, &w, rc, why, err, pos, resp);
     work_free(&w);
 }
 
@@ -228,15 +236,7 @@ void api_h_rescore(nc_server *srv, http_request *req, http_response *resp)
         rc = gen_feed(s, &req->guard, &ctx, NULL, &why, err, sizeof err);
     if (rc == NC_OK && why == WG_RUN)
         rc = score_all(s, &w, &req->guard, &why, err, sizeof err);
-    if (rc != NC_OK) {
-        http_reply_error(resp, api_error_from_core(rc), "rescore: %s", err);
-    } else if (why != WG_RUN) {
-        http_reply_error(resp, workguard_api(why), "rescore stopped: %s",
-                         workguard_reason(why, srv->cfg.request_timeout_s));
-    } else {
-        metrics_add_tokens_scored(w.total);
-        http_reply_json(resp, 200, answer(&w));
-    }
+    reply(srv, &w, rc, why, err, -1, resp);
     stream_free(s);
     tokens_clear(&ctx);
     work_free(&w);
