@@ -12,8 +12,6 @@
 /* Bytes the producer may run ahead of the connection: a few hundred
  * chunks; past it the producer waits for the client to read. */
 #define SSE_QUEUE_MAX (64 * 1024)
-/* How often a waiting side looks at the client's socket and the guard. */
-#define SSE_WATCH_MS 50
 
 struct sse_stream {
     pthread_mutex_t lock;
@@ -100,23 +98,12 @@ void sse_abort(sse_stream *s)
         sse_free(s);
 }
 
-/* Until deadline ms from now on s->cv; s->lock held. */
+/* Waits on s->cv for a watch period at most; s->lock held. */
 static void wait_a_while(sse_stream *s)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_nsec += SSE_WATCH_MS * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    workguard_watch_deadline(&ts);
     pthread_cond_timedwait(&s->cv, &s->lock, &ts);
-}
-
-static void mark_gone(sse_stream *s)
-{
-    int none = WG_RUN;
-    atomic_compare_exchange_strong(&s->guard.stop, &none, WG_CLIENT_GONE);
 }
 
 ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
@@ -151,7 +138,7 @@ ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
         bool gone = s->fd >= 0 && workguard_client_gone(s->fd);
         pthread_mutex_lock(&s->lock);
         if (gone) {
-            mark_gone(s);
+            workguard_mark_gone(&s->guard);
             pthread_cond_broadcast(&s->cv);
             pthread_mutex_unlock(&s->lock);
             return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -165,7 +152,7 @@ void sse_release(void *cls)
     pthread_mutex_lock(&s->lock);
     s->gone = true;
     if (!s->done)
-        mark_gone(s);             /* the connection ended before the stream */
+        workguard_mark_gone(&s->guard);             /* the connection ended before the stream */
     pthread_cond_broadcast(&s->cv);
     unref_unlock(s);
 }
@@ -190,7 +177,7 @@ static int append(sse_stream *s, const char *a, size_t na, const char *b, size_t
         }
     }
     if (s->gone) {
-        /* the connection ended (mark_gone set the guard): count the stop
+        /* the connection ended (workguard_mark_gone set the guard): count the stop
          * here too, the producer may not reach its own check */
         (void)workguard_check(&s->guard);
         pthread_mutex_unlock(&s->lock);

@@ -207,9 +207,47 @@ static void unlink_job(workpool *p, job *j)
     p->nqueued--;
 }
 
-/* How often a waiting request looks at its client's socket: a hang-up
- * reaches the work within this plus one slice. */
-#define WATCH_MS 50
+void workguard_mark_gone(workguard *g)
+{
+    int none = WG_RUN;
+    atomic_compare_exchange_strong(&g->stop, &none, WG_CLIENT_GONE);
+}
+
+void workguard_watch_deadline(struct timespec *ts)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_nsec += WORKGUARD_WATCH_MS * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+/* Appends j to the queue and wakes a worker; p->lock held. */
+static void enqueue(workpool *p, job *j)
+{
+    if (p->tail)
+        p->tail->next = j;
+    else
+        p->head = j;
+    p->tail = j;
+    p->nqueued++;
+    pthread_cond_signal(&p->cv);
+}
+
+/* The admission of a job, p->lock held: WP_DONE (take it), WP_SHUTDOWN, or
+ * WP_FULL when it would wait beyond max_queued (an idle worker takes a job
+ * at once: only jobs beyond the idle workers wait). */
+static wp_result admit(workpool *p, bool admitted)
+{
+    if (atomic_load(&cancel_all) || p->stop)
+        return WP_SHUTDOWN;
+    if (!admitted && p->nqueued >= p->max_queued + p->nidle) {
+        atomic_fetch_add(&rejected, 1);
+        return WP_FULL;
+    }
+    return WP_DONE;
+}
 
 wp_result workpool_run(workpool *p, workguard *g, int fd, bool admitted, void (*fn)(void *), void *arg)
 {
@@ -219,45 +257,23 @@ wp_result workpool_run(workpool *p, workguard *g, int fd, bool admitted, void (*
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&j.cv, &ca);
     pthread_condattr_destroy(&ca);
-    wp_result r = WP_DONE;
     pthread_mutex_lock(&p->lock);
-    if (atomic_load(&cancel_all) || p->stop) {
-        r = WP_SHUTDOWN;
-    } else if (!admitted && p->nqueued >= p->max_queued + p->nidle) {
-        /* an idle worker takes the job at once: only jobs beyond the idle
-         * workers wait, and at most max_queued of them */
-        r = WP_FULL;
-        atomic_fetch_add(&rejected, 1);
-    }
+    wp_result r = admit(p, admitted);
     if (r != WP_DONE) {
         pthread_mutex_unlock(&p->lock);
         pthread_cond_destroy(&j.cv);
         return r;
     }
-    if (p->tail)
-        p->tail->next = &j;
-    else
-        p->head = &j;
-    p->tail = &j;
-    p->nqueued++;
-    pthread_cond_signal(&p->cv);
+    enqueue(p, &j);
     while (!j.done) {
         struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += WATCH_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        workguard_watch_deadline(&ts);
         pthread_cond_timedwait(&j.cv, &p->lock, &ts);
         if (j.done)
             break;
         pthread_mutex_unlock(&p->lock);
-        bool gone = fd >= 0 && workguard_client_gone(fd);
-        if (gone) {
-            int none = WG_RUN;
-            atomic_compare_exchange_strong(&g->stop, &none, WG_CLIENT_GONE);
-        }
+        if (fd >= 0 && workguard_client_gone(fd))
+            workguard_mark_gone(g);
         pthread_mutex_lock(&p->lock);
         if (j.started || j.done)
             continue;
@@ -282,22 +298,10 @@ wp_result workpool_submit(workpool *p, bool admitted, void (*fn)(void *), void *
     j->fn = fn;
     j->arg = arg;
     j->detached = true;
-    wp_result r = WP_DONE;
     pthread_mutex_lock(&p->lock);
-    if (atomic_load(&cancel_all) || p->stop) {
-        r = WP_SHUTDOWN;
-    } else if (!admitted && p->nqueued >= p->max_queued + p->nidle) {
-        r = WP_FULL;
-        atomic_fetch_add(&rejected, 1);
-    } else {
-        if (p->tail)
-            p->tail->next = j;
-        else
-            p->head = j;
-        p->tail = j;
-        p->nqueued++;
-        pthread_cond_signal(&p->cv);
-    }
+    wp_result r = admit(p, admitted);
+    if (r == WP_DONE)
+        enqueue(p, j);
     pthread_mutex_unlock(&p->lock);
     if (r != WP_DONE)
         free(j);

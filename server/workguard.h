@@ -97,6 +97,15 @@ wp_result workpool_submit(workpool *p, bool admitted, void (*fn)(void *), void *
 
 /* The peer of socket fd hung up (FIN or reset), seen without reading it. */
 bool workguard_client_gone(int fd);
+/* Records that g's client is gone, unless g is already stopped for
+ * another reason; the work sees it at its next workguard_check. */
+void workguard_mark_gone(workguard *g);
+/* How often a thread waiting on behalf of a client looks at its socket and
+ * guard: a hang-up reaches the work within this plus one slice. */
+#define WORKGUARD_WATCH_MS 50
+/* *ts = CLOCK_MONOTONIC now + WORKGUARD_WATCH_MS, for a condition variable
+ * on that clock. */
+void workguard_watch_deadline(struct timespec *ts);
 
 /* Appends the pool's gauges and counters (Prometheus text) to text,
  * which it reallocates; returns the new text (NULL if text was NULL or on
