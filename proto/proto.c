@@ -358,6 +358,17 @@ int proto_decode_feed(const json_t *body, proto_feed_req *r, api_status *st)
     return 0;
 }
 
+/* "bos": "eos" (default: start after one eos token) or "none". */
+static int get_bos(const json_t *body, bool *bos_eos, api_status *st)
+{
+    const char *bos;
+    if (proto_get_string(body, "bos", false, &bos, NULL, st)) return -1;
+    if (bos && strcmp(bos, "eos") && strcmp(bos, "none"))
+        return proto_fail(st, API_OUT_OF_RANGE, "field 'bos' must be \"eos\" or \"none\"");
+    *bos_eos = !bos || strcmp(bos, "eos") == 0;
+    return 0;
+}
+
 int proto_decode_score(const json_t *body, const nc_cache_params *defaults,
                        proto_score_req *r, api_status *st)
 {
@@ -365,11 +376,7 @@ int proto_decode_score(const json_t *body, const nc_cache_params *defaults,
     if (proto_check_keys(body, keys, st)) return -1;
     if (proto_get_string(body, "text", true, &r->text, &r->len, st)) return -1;
     if (proto_decode_cache(json_object_get(body, "cache"), defaults, &r->cache, st)) return -1;
-    const char *bos;
-    if (proto_get_string(body, "bos", false, &bos, NULL, st)) return -1;
-    if (bos && strcmp(bos, "eos") && strcmp(bos, "none"))
-        return proto_fail(st, API_OUT_OF_RANGE, "field 'bos' must be \"eos\" or \"none\"");
-    r->bos_eos = !bos || strcmp(bos, "eos") == 0;
+    if (get_bos(body, &r->bos_eos, st)) return -1;
     if (proto_get_bool(body, "final_eos", true, &r->final_eos, st)) return -1;
     return 0;
 }
@@ -577,11 +584,7 @@ int proto_decode_rescore(const json_t *body, bool stateless, const nc_cache_para
         r->context_len = 0;
     }
     if (proto_decode_cache(json_object_get(body, "cache"), defaults, &r->cache, st)) return -1;
-    const char *bos;
-    if (proto_get_string(body, "bos", false, &bos, NULL, st)) return -1;
-    if (bos && strcmp(bos, "eos") && strcmp(bos, "none"))
-        return proto_fail(st, API_OUT_OF_RANGE, "field 'bos' must be \"eos\" or \"none\"");
-    r->bos_eos = !bos || strcmp(bos, "eos") == 0;
+    if (get_bos(body, &r->bos_eos, st)) return -1;
     return 0;
 }
 
