@@ -38,34 +38,22 @@ if [ ${#missing[@]} -gt 0 ]; then
     rm -f "$log"
 fi
 
-# The browser test's node modules (tests/web/package-lock.json: puppeteer-core,
-# which downloads no browser), installed with npm ci into build/node; again
-# only when the lock file changed.
-install_web_test_modules() {
-    local dir="$here/build/node" lock="$here/tests/web/package-lock.json"
-    if [ -f "$dir/node_modules/puppeteer-core/package.json" ] && cmp -s "$lock" "$dir/package-lock.json"; then
+# The node modules of the tests that drive real clients, each pinned by a
+# package-lock.json under tests/ and installed with npm ci into the build
+# tree (no install scripts: nothing downloads a browser); again only when
+# the lock file changed. install_test_modules SRC DIR MODULE
+install_test_modules() {
+    local src="$here/tests/$1" dir="$here/build/$2" module=$3
+    if [ -f "$dir/node_modules/$module/package.json" ] && cmp -s "$src/package-lock.json" "$dir/package-lock.json"; then
         return 0
     fi
-    echo "deps: npm ci (tests/web: puppeteer-core) into build/node" >&2
+    echo "deps: npm ci (tests/$1: $module) into build/$2" >&2
     mkdir -p "$dir"
-    cp "$here/tests/web/package.json" "$lock" "$dir/"
+    cp "$src/package.json" "$src/package-lock.json" "$dir/"
     ( cd "$dir" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error ) >&2
 }
-install_web_test_modules
-
-# The official openai client for the real-client test (tests/openai:
-# package.json + package-lock.json), the same way into build/node-openai.
-install_openai_test_modules() {
-    local dir="$here/build/node-openai" lock="$here/tests/openai/package-lock.json"
-    if [ -f "$dir/node_modules/openai/package.json" ] && cmp -s "$lock" "$dir/package-lock.json"; then
-        return 0
-    fi
-    echo "deps: npm ci (tests/openai: openai) into build/node-openai" >&2
-    mkdir -p "$dir"
-    cp "$here/tests/openai/package.json" "$lock" "$dir/"
-    ( cd "$dir" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error ) >&2
-}
-install_openai_test_modules
+install_test_modules web node puppeteer-core         # the browser test (Debian's chromium)
+install_test_modules openai node-openai openai       # the official openai client
 
 # FAISS's distance and IVFPQ kernels, recompiled for this CPU (see below).
 build_simd_kernels() {
