@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "vmath.h"
 
@@ -55,6 +56,33 @@ static inline int harness_summary(void)
 {
     printf("%d passed, %d failed\n", harness_passed, harness_failed);
     return harness_failed == 0 ? 0 : 1;
+}
+
+/* Runs a test program of another language (cmd, e.g. "node tests/web/ui_test.js")
+ * that ends with its own "N passed, N failed": its other lines are echoed on
+ * stderr behind "  TAG: ", its counts join this binary's, and it must have
+ * printed the line and exited 1 exactly when something failed. */
+static inline void harness_run_external(const char *cmd, const char *tag)
+{
+    FILE *p = popen(cmd, "r");
+    CHECKF(p != NULL, "cannot run %s", cmd);
+    int np = -1, nf = -1;
+    char line[4096];
+    while (p && fgets(line, sizeof line, p)) {
+        int a, b;
+        if (sscanf(line, "%d passed, %d failed", &a, &b) == 2) {
+            np = a, nf = b;
+            continue;
+        }
+        fprintf(stderr, "  %s: %s", tag, line);
+    }
+    int st = p ? pclose(p) : -1;
+    CHECKF(np >= 0, "%s printed no summary line (exit status %d)", cmd, st);
+    CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == (nf > 0), "%s exit status %d", cmd, st);
+    if (np >= 0) {
+        harness_passed += np;
+        harness_failed += nf;
+    }
 }
 
 /* Directory of the test fixtures (tests/fixtures), overridable by env. */

@@ -33,25 +33,7 @@ TEST(openai_client)
     snprintf(url, sizeof url, "http://127.0.0.1:%d", d.port);
     setenv("NC_URL", url, 1);
     setenv("NC_NODE_MODULES", modules, 1);
-    FILE *p = popen("node tests/openai/client_test.mjs", "r");
-    CHECK(p != NULL);
-    int np = -1, nf = -1;
-    char line[4096];
-    while (p && fgets(line, sizeof line, p)) {
-        int a, b;
-        if (sscanf(line, "%d passed, %d failed", &a, &b) == 2) {
-            np = a, nf = b;
-            continue;
-        }
-        fprintf(stderr, "  openai: %s", line);
-    }
-    int st = p ? pclose(p) : -1;
-    CHECKF(np >= 0, "client_test.mjs printed no summary line (exit status %d)", st);
-    CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == (nf > 0), "client_test.mjs exit status %d", st);
-    if (np >= 0) {
-        harness_passed += np;
-        harness_failed += nf;
-    }
+    harness_run_external("node tests/openai/client_test.mjs", "openai");
     if (harness_failed)
         daemon_dump_log(&d);
     CHECK(daemon_stop(&d) == 0);

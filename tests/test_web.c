@@ -256,25 +256,7 @@ TEST(browser)
     }
     /* the sanitizer build's daemon is slower: the test's waits are about
      * events, not time, and its own timeouts are generous */
-    FILE *p = popen("node tests/web/ui_test.js", "r");
-    CHECK(p != NULL);
-    int np = -1, nf = -1;
-    char line[4096];
-    while (p && fgets(line, sizeof line, p)) {
-        int a, b;
-        if (sscanf(line, "%d passed, %d failed", &a, &b) == 2) {
-            np = a, nf = b;
-            continue;
-        }
-        fprintf(stderr, "  ui: %s", line);
-    }
-    int st = p ? pclose(p) : -1;
-    CHECKF(np >= 0, "ui_test.js printed no summary line (exit status %d)", st);
-    CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == (nf > 0), "ui_test.js exit status %d", st);
-    if (np >= 0) {
-        harness_passed += np;
-        harness_failed += nf;
-    }
+    harness_run_external("node tests/web/ui_test.js", "ui");
     if (harness_failed)
         daemon_dump_log(&d);
     CHECK(daemon_stop(&d) == 0);
