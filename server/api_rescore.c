@@ -39,7 +39,8 @@ static int prepare(nc_server *srv, rescore_work *w, size_t extra, http_response 
 {
     size_t at_least = extra;
     for (size_t i = 0; i < w->r.n; i++)
-        at_least += api_tokens_at_least(w->r.hyps[i], w->r.hyp_len[i]);
+        at_least += api_tokens_at_least(w->r.hyps[i], w->r.hyp_len[i],
+                                        w->r.normalize && srv->model->cfg.text.declared);
     if (api_over_token_budget(srv, at_least, resp))
         return -1;
     w->toks = calloc(w->r.n, sizeof *w->toks);
@@ -52,7 +53,8 @@ static int prepare(nc_server *srv, rescore_work *w, size_t extra, http_response 
     w->total = extra;
     for (size_t i = 0; i < w->r.n; i++) {
         tokens_init(&w->toks[i]);
-        int rc = tokenize(srv->model, w->r.hyps[i], w->r.hyp_len[i], false, &w->toks[i], err, sizeof err);
+        int rc = tokenize_ex(srv->model, w->r.hyps[i], w->r.hyp_len[i], false, w->r.normalize, &w->toks[i], err,
+                             sizeof err);
         if (rc != NC_OK) {
             http_reply_error(resp, rc == NC_EFORMAT ? API_INVALID_TEXT : api_error_from_core(rc), "hypothesis %zu: %s", i, err);
             return -1;
@@ -223,7 +225,7 @@ void api_h_rescore(nc_server *srv, http_request *req, http_response *resp)
     }
     nc_tokens ctx;
     tokens_init(&ctx);
-    if (api_tokenize(srv, w.r.context, w.r.context_len, false, &ctx, resp) || prepare(srv, &w, ctx.n, resp)) {
+    if (api_tokenize(srv, w.r.context, w.r.context_len, false, w.r.normalize, &ctx, resp) || prepare(srv, &w, ctx.n, resp)) {
         tokens_clear(&ctx);
         work_free(&w);
         return;
