@@ -572,15 +572,19 @@ static int run(norm_run *r, bool final_eos)
             continue;
         }
         if (cl == CL_STOP) {
-            size_t e = i;
+            size_t e = i, last = i;
             while (e < r->len && cls_at(r, e) == CL_STOP) {
                 at(r, e, &k);
                 if (c->punctuation == NORM_SPLIT && (rc = norm_word(r, e, e + k)) == NC_OK)
                     rc = emit(r, (const char *)r->buf, r->blen, e, k, false);
+                last = e;
                 e += k;
             }
+            /* the eos spans the run, or its last stop when the stops are
+             * tokens themselves (offsets never go back) */
+            size_t eo = c->punctuation == NORM_SPLIT ? last : i;
             if (rc == NC_OK && sentences && r->since_eos && sentence_ends(r, i, e))
-                rc = emit_eos(r, i, e - i);
+                rc = emit_eos(r, eo, e - eo);
             i = e;
             continue;
         }

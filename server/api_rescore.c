@@ -102,7 +102,7 @@ static int by_score(const void *a, const void *b)
 
 /* The answer: each hypothesis with its tokens, logprobs, sum and rank (1 =
  * the likeliest); top_k: only the k best, best first. */
-static json_t *answer(const rescore_work *w)
+static json_t *answer(const nc_server *srv, const rescore_work *w)
 {
     size_t n = w->r.n;
     ranked *rk = malloc(n * sizeof *rk);
@@ -139,10 +139,12 @@ static json_t *answer(const rescore_work *w)
             json_array_append_new(words, json_string(w->toks[i].words[j]));
             json_array_append_new(lps, api_logprob(w->lp[i][j]));
         }
-        json_array_append_new(items, json_pack("{s:I,s:s%,s:o,s:o,s:f,s:I,s:I}", "index", (json_int_t)i, "text",
-                                               w->r.hyps[i], w->r.hyp_len[i], "tokens", words, "logprobs", lps,
-                                               "logprob_sum", isinf(sums[i]) ? -1e30 : sums[i], "count",
-                                               (json_int_t)counts[i], "rank", (json_int_t)rank[i]));
+        json_t *it = json_pack("{s:I,s:s%,s:o,s:o,s:f,s:I,s:I}", "index", (json_int_t)i, "text", w->r.hyps[i],
+                               w->r.hyp_len[i], "tokens", words, "logprobs", lps, "logprob_sum",
+                               isinf(sums[i]) ? -1e30 : sums[i], "count", (json_int_t)counts[i], "rank",
+                               (json_int_t)rank[i]);
+        api_token_info(it, srv->model, &w->toks[i], true);   /* unknown words, offsets into the hypothesis */
+        json_array_append_new(items, it);
     }
     free(sums);
     free(counts);
@@ -163,7 +165,7 @@ static void reply(nc_server *srv, const rescore_work *w, int rc, wg_stop why, co
                          workguard_reason(why, srv->cfg.request_timeout_s));
     } else {
         metrics_add_tokens_scored(w->total);
-        json_t *o = answer(w);
+        json_t *o = answer(srv, w);
         if (o && pos >= 0)
             json_object_set_new(o, "position", json_integer((json_int_t)pos));
         http_reply_json(resp, 200, o);
