@@ -212,6 +212,9 @@ typedef struct {
     norm_emit_fn emit;
     void *ctx;
     size_t since_eos;             /* tokens emitted since the last eos */
+    bool continues;               /* the text continues earlier text (a feed: !final_eos) and
+                                   * nothing was emitted yet: a stop first ends the sentence
+                                   * the earlier text left open ("Hello" then ". ") */
     uint8_t *buf;                 /* the normalised word */
     size_t blen, bcap;
 } norm_run;
@@ -257,6 +260,7 @@ static bool wordlike(const nc_text_conv *c, int cl)
 static int emit(norm_run *r, const char *w, size_t wl, size_t off, size_t sl, bool is_eos)
 {
     r->since_eos = is_eos ? 0 : r->since_eos + 1;
+    r->continues = false;
     return r->emit(r->ctx, w, wl, off, sl, is_eos);
 }
 
@@ -583,7 +587,7 @@ static int run(norm_run *r, bool final_eos)
             /* the eos spans the run, or its last stop when the stops are
              * tokens themselves (offsets never go back) */
             size_t eo = c->punctuation == NORM_SPLIT ? last : i;
-            if (rc == NC_OK && sentences && r->since_eos && sentence_ends(r, i, e))
+            if (rc == NC_OK && sentences && (r->since_eos || r->continues) && sentence_ends(r, i, e))
                 rc = emit_eos(r, eo, e - eo);
             i = e;
             continue;
@@ -606,7 +610,7 @@ int normalize_text(const nc_text_conv *c, const char *text, size_t len, bool fin
                    const char *eos, norm_known_fn known, norm_emit_fn emitfn, void *ctx)
 {
     norm_run r = {.c = c, .s = (const uint8_t *)text, .len = len, .unk = unk, .eos = eos, .known = known,
-                  .emit = emitfn, .ctx = ctx};
+                  .emit = emitfn, .ctx = ctx, .continues = !final_eos};
     int rc = run(&r, final_eos);
     free(r.buf);
     return rc;

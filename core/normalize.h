@@ -67,7 +67,9 @@ typedef bool (*norm_known_fn)(void *ctx, const char *word, size_t n);
  * and calls emit for every token in order, with increasing src_off inside
  * [0, len]. unk and eos (the model's tokens) written verbatim as a word stay
  * themselves, and so does c->number. final_eos: a last sentence (or line)
- * without an end gets an eos too. known may be NULL. Returns the first
+ * without an end gets an eos too (a whole document); without it the text
+ * may continue earlier text (a feed), so a stop before any word ends the
+ * sentence that text left open. known may be NULL. Returns the first
  * non-OK rc of emit, NC_ENOMEM, or NC_OK. */
 int normalize_text(const nc_text_conv *c, const char *text, size_t len, bool final_eos, const char *unk,
                    const char *eos, norm_known_fn known, norm_emit_fn emit, void *ctx);

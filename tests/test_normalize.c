@@ -84,14 +84,21 @@ TEST(ptb_ordinary_text)
     /* abbreviations the vocabulary has keep their period and end nothing */
     EXPECT(m, "Mr. Hello said U.S. company.", false,
            "mr.@0+3 hello@4+5 said@10+4 u.s.@15+4 company@20+7 <eos>@27+1");
-    /* sentences: . ! ? end one (a run of them once), a blank line ends one,
-     * a single newline is a space; final_eos closes the last */
-    EXPECT(m, "a b?! c\nd\n\ne", true, "a@0+1 b@2+1 <eos>@3+2 c@6+1 d@8+1 <eos>@10+1 e@11+1 <eos>@12+0");
-    EXPECT(m, "a.\n\nb", false, "a@0+1 <eos>@1+1 b@4+1");
+    /* sentences: . ! ? end one (a run of them once) unless the next word
+     * starts in lower case, a blank line ends one, a single newline is a
+     * space; final_eos closes the last */
+    EXPECT(m, "a b?! C\nd\n\ne", true, "a@0+1 b@2+1 <eos>@3+2 c@6+1 d@8+1 <eos>@10+1 e@11+1 <eos>@12+0");
+    EXPECT(m, "a b! c. \xe2\x80\x9c\xc3\x89", false, "a@0+1 b@2+1 c@5+1 <eos>@6+1 e@11+2");
+    EXPECT(m, "a.\n\nB", false, "a@0+1 <eos>@1+1 b@4+1");
+    EXPECT(m, "a.\n\nb", false, "a@0+1 <eos>@3+1 b@4+1");
+    /* a feed that starts with a stop ends the sentence fed before it; a
+     * whole document does not start with an eos */
+    EXPECT(m, ". B", false, "<eos>@0+1 b@2+1");
+    EXPECT(m, ". B", true, "b@2+1 <eos>@3+0");
     /* the model's own tokens written out stay themselves */
     EXPECT(m, "<unk> and <eos>", false, "<unk>?@0+5 and@6+3 <eos>@10+5");
     /* nothing but punctuation: no token */
-    EXPECT(m, " \"--\" (...) ", false, "");
+    EXPECT(m, " \"--\" (...) ", true, "");
     EXPECT(m, "", true, "");
     model_free(m);
 }

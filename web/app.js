@@ -245,7 +245,8 @@ function showUnknown(words) {
 }
 
 /* What the page types for the model's eos token: a sentence end under
- * sentence conventions (a newline is only a space there), else a newline. */
+ * sentence conventions (a newline is only a space there; a feed that
+ * starts with it ends the sentence fed before), else a newline. */
 function eosText() {
   const t = state.model && state.model.text;
   return t && t.lines === 'sentences' ? '. ' : '\n';
@@ -427,6 +428,7 @@ async function runMap() {
   prog.max = parts.length;
   prog.value = 0;
   $('#map-run').disabled = true;
+  $('#map-status').dataset.done = '0';
   mapState.running = true;
   mapState.tokens = [];
   const sums = { static: [0, 0], cached: [0, 0] };
