@@ -225,6 +225,44 @@ TEST(fixture_without_conventions)
     daemon_stop(&d);
 }
 
+/* The CLI's stderr (and stdout) of a command line. */
+static char *run_cli(const char *args)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", daemon_bin_path("neurocache"), args);
+    FILE *p = popen(cmd, "r");
+    static char out[8192];
+    size_t n = p ? fread(out, 1, sizeof out - 1, p) : 0;
+    out[n] = 0;
+    if (p)
+        pclose(p);
+    return out;
+}
+
+TEST(cli_unknown_rate_and_switch)
+{
+    char path[] = "/tmp/nc-normcli-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    const char *text = "The Company said, \"Hello!\"\n";
+    CHECK(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+    close(fd);
+    char args[600];
+    snprintf(args, sizeof args, "score --model %s %s", demo, path);
+    /* the unknown-word rate beside the perplexity: "hello" only */
+    CHECK_STR_CONTAINS(run_cli(args), "5 tokens scored");
+    CHECK_STR_CONTAINS(run_cli(args), "unknown words 1 (20.00%)");
+    snprintf(args, sizeof args, "score --model %s --no-normalize %s", demo, path);
+    CHECK_STR_CONTAINS(run_cli(args), "unknown words 4 (80.00%)");
+    snprintf(args, sizeof args, "score --model %s --format json %s", demo, path);
+    CHECK_STR_CONTAINS(run_cli(args), "\"unk_count\":1}");
+    snprintf(args, sizeof args, "eval --model %s --row '--no-normalize' %s", demo, path);
+    CHECK_STR_CONTAINS(run_cli(args), "not a per-row cache option");
+    unlink(path);
+    CHECK_STR_CONTAINS(run_cli("train --train x --out y --text lines=paragraphs"),
+                       "--text: text.lines is 'paragraphs', expected one of eos, sentences");
+}
+
 int main(void)
 {
     httpc_init();
@@ -233,6 +271,7 @@ int main(void)
         RUN(fixture_without_conventions);
         return harness_summary();
     }
+    RUN(cli_unknown_rate_and_switch);
     RUN(tokenize_offsets);
     RUN(newcomer_and_off_switch);
     RUN(fixture_without_conventions);
