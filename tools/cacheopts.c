@@ -152,6 +152,9 @@ double co_cpu(void)
 
 /* Set once by the command's option loop, before any file is read. */
 static bool co_normalize = true;
+/* co_read_tokens prints each file's unknown-word rate (score prints its own
+ * beside its perplexity) */
+bool co_report_unk = true;
 
 int co_parse_normalize(int code)
 {
@@ -299,9 +302,19 @@ int co_read_tokens(const nc_model *m, const char *path, nc_tokens *out, char *er
                                : buf_read_stream(&text, stdin, "standard input", err, errlen);
     if (!rc) {
         char e2[NC_ERRLEN];
+        size_t n0 = out->n, unk;
         rc = tokenize_ex(m, text.data ? text.data : "", text.len, true, co_normalize, out, e2, sizeof e2);
         if (rc)
             nc_error(err, errlen, rc, "%s: %s", path, e2);
+        /* every perplexity a command prints comes with the rate of <unk>
+         * behind it (an <unk>-heavy text flatters it: docs/normalisation.md) */
+        nc_tokens mine = {out->ids + n0, out->words + n0, out->offsets + n0, out->n - n0, out->n - n0, NULL};
+        double rate = rc ? 0 : co_unk_rate(m, &mine, &unk);
+        if (!rc && co_report_unk)
+            fprintf(stderr, "%s: %zu tokens (%s), %zu unknown words (%.2f%%)\n", path, mine.n,
+                    co_normalize && m->cfg.text.declared ? "normalised to the model's text conventions"
+                                                         : "split on white space",
+                    unk, rate);
     }
     buf_free(&text);
     return rc;

@@ -40,6 +40,9 @@ enum {
 /* 1 when code is --no-normalize (co_read_tokens then splits on white space
  * only), else 0. */
 int co_parse_normalize(int code);
+/* co_read_tokens prints "FILE: N tokens (...), U unknown words (x%)" on
+ * stderr (default true; score prints the rate beside its perplexity). */
+extern bool co_report_unk;
 
 typedef struct {
     nc_cache_params p;

@@ -140,6 +140,7 @@ int cmd_score(int argc, char **argv)
     nc_scorer *sc = NULL;
     float *lp = NULL;
     int rc = model_load(model_dir, &m, err, sizeof err);
+    co_report_unk = false;   /* beside the perplexity below */
     if (rc == NC_OK)
         rc = co_read_tokens(m, file, &toks, err, sizeof err);
     double *dlp = NULL;
