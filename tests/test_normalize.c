@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fault.h"
 #include "harness.h"
 #include "model.h"
 #include "normalize.h"
@@ -236,11 +237,52 @@ TEST(config_object)
     model_free(m);
 }
 
+/* Every allocation of a normalised tokenize can fail: the answer is
+ * NC_ENOMEM, what the list held before is kept and nothing is appended;
+ * the same list then tokenises completely. (libunistring's own results
+ * are not behind the fault wrappers: only the core's buffers are walked.) */
+TEST(allocation_failures)
+{
+    nc_model *m = ptb_model();
+    char text[8192] = "";
+    for (int i = 0; i < 200; i++)
+        strcat(text, i % 9 == 8 ? "Company\xe2\x80\x99s 1,805 roubles. \xc3\x89" "cole " : "The Company, ");
+    nc_tokens ref;
+    tokens_init(&ref);
+    char err[NC_ERRLEN];
+    CHECK(tokenize(m, text, strlen(text), true, &ref, err, sizeof err) == NC_OK && ref.n > 256);
+    nc_fault_thread(true);
+    long n;
+    for (n = 1; n <= 2000; n++) {
+        nc_tokens t;
+        tokens_init(&t);
+        CHECK(tokens_push(&t, 0, "x", 1, 0) == NC_OK);
+        nc_fault_arm(NC_FAULT_ALLOC, n, 0);
+        int rc = tokenize(m, text, strlen(text), true, &t, err, sizeof err);
+        long hits = nc_fault_hits(NC_FAULT_ALLOC);
+        nc_fault_disarm();
+        if (hits == 0) {
+            CHECK(rc == NC_OK && t.n == ref.n + 1);
+            tokens_clear(&t);
+            break;
+        }
+        CHECKF(rc == NC_ENOMEM && t.n == 1 && !strcmp(t.words[0], "x"), "alloc:%ld: rc %d, %zu tokens", n, rc, t.n);
+        rc = tokenize(m, text, strlen(text), true, &t, err, sizeof err);
+        CHECK(rc == NC_OK && t.n == ref.n + 1 && t.offsets[ref.n] == ref.offsets[ref.n - 1]);
+        tokens_clear(&t);
+    }
+    nc_fault_thread(false);
+    CHECKF(n > (long)ref.n && n <= 2000, "walk: %ld points for %zu tokens", n - 1, ref.n);
+    tokens_clear(&ref);
+    model_free(m);
+}
+
 int main(void)
 {
     RUN(ptb_ordinary_text);
     RUN(offsets_point_at_the_word);
     RUN(modes_and_off_switch);
     RUN(config_object);
+    RUN(allocation_failures);
     return harness_summary();
 }
