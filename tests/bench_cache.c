@@ -54,7 +54,7 @@ static int read_tokens(const nc_model *m, const char *path, nc_tokens *t)
     size_t got = fread(buf, 1, (size_t)n, f);
     fclose(f);
     char err[NC_ERRLEN];
-    int rc = tokenize(m, buf, got, true, t, err, sizeof err);
+    int rc = tokenize_ex(m, buf, got, true, false, t, err, sizeof err);   /* PTB-style text, as written */
     free(buf);
     if (rc)
         fprintf(stderr, "bench_cache: %s: %s\n", path, err);
