@@ -11,36 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
+#include "buf.h"
+#include "daemon.h"   /* now_s */
 #include "model.h"
 #include "tokenizer.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (!b || fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        fclose(f);
-        return NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
 
 int main(int argc, char **argv)
 {
@@ -77,12 +51,14 @@ int main(int argc, char **argv)
     }
     printf("%-44s %-10s %10s %10s %8s %12s\n", "file", "mode", "tokens", "unknown", "unk %", "tokens/s");
     for (; a < argc; a++) {
-        size_t len;
-        char *text = slurp(argv[a], &len);
-        if (!text) {
-            printf("bench_normalize: %s absent, skipped\n", argv[a]);
+        nc_buf b = NC_BUF_INIT;
+        if (buf_read_file(&b, argv[a], err, sizeof err) != NC_OK) {
+            printf("bench_normalize: %s, skipped\n", err);
+            buf_free(&b);
             continue;
         }
+        const char *text = b.data ? b.data : "";
+        size_t len = b.len;
         double best[2] = {0, 0};
         size_t ntok[2] = {0, 0}, nunk[2] = {0, 0};
         for (int r = 0; r < runs; r++) {
@@ -109,7 +85,7 @@ int main(int argc, char **argv)
             printf("%-44s %-10s %10zu %10zu %7.2f%% %12.0f\n", argv[a], mode ? "whitespace" : "normalised",
                    ntok[mode], nunk[mode], ntok[mode] ? 100.0 * (double)nunk[mode] / (double)ntok[mode] : 0.0,
                    best[mode]);
-        free(text);
+        buf_free(&b);
     }
     if (df)
         fclose(df);
