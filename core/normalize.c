@@ -303,6 +303,13 @@ static int norm_word(norm_run *r, size_t a, size_t b)
 {
     const nc_text_conv *c = r->c;
     int rc = buf_set(r, r->s + a, b - a);
+    /* a WikiText compound (word_end joined it): " @-@ " is its hyphen */
+    for (uint8_t *w = rc == NC_OK ? memmem(r->buf, r->blen, " @-@ ", 5) : NULL; w;
+         w = memmem(r->buf, r->blen, " @-@ ", 5)) {
+        *w = '-';
+        memmove(w + 1, w + 5, r->blen - (size_t)(w + 5 - r->buf) + 1);
+        r->blen -= 4;
+    }
     bool ascii = true;
     for (size_t i = 0; i < r->blen && ascii; i++)
         ascii = r->buf[i] < 0x80;
@@ -451,6 +458,13 @@ static size_t word_end(norm_run *r, size_t i)
         }
         if (cl == CL_HYPHEN && c->hyphens == NORM_KEEP && nx_word && classify(prev) == CL_WORD) {
             j += k, prev = u;
+            continue;
+        }
+        /* WikiText's tokenised form writes a hyphen inside a word as " @-@ "
+         * (red @-@ tipped): the same compound */
+        if (u == ' ' && c->hyphens == NORM_KEEP && classify(prev) == CL_WORD && j + 5 < r->len &&
+            !memcmp(r->s + j, " @-@ ", 5) && cls_at(r, j + 5) == CL_WORD) {
+            j += 5, prev = '-';
             continue;
         }
         if ((u == '.' || u == ',') && is_digit(prev) && is_digit(nx)) {

@@ -10,7 +10,8 @@
 # copy white-space split (it is already in the conventions).
 #
 #   scripts/bench_normalize.sh                  # models/demo, War and Peace and WikiText-2 valid
-#   MODEL=dir STEPS="cost cli daemon" ROWS="raw-normalised raw-whitespace ptb-whitespace" scripts/bench_normalize.sh
+#   MODEL=dir STEPS="cost cli daemon" ROWS="raw-normalised raw-whitespace ptb-whitespace" ONLY=wikitext \
+#       scripts/bench_normalize.sh
 set -euo pipefail
 BIN=${BIN:-bin}
 BUILD=${BUILD:-build}
@@ -18,6 +19,7 @@ MODEL=${MODEL:-models/demo}
 DATA=${NEUROCACHE_DATA:-../shared/data}
 STEPS=${STEPS:-cost cli daemon}
 ROWS=${ROWS:-raw-normalised raw-whitespace ptb-whitespace}
+ONLY=${ONLY:-}   # only the corpora whose path contains this
 PAIRS=("$DATA/books/warandpeace.txt:$DATA/books/warandpeace.ptb.txt" "$DATA/wikitext-2/valid.txt:$DATA/wikitext-2/valid.ptb.txt")
 for p in "${PAIRS[@]}"; do
     for f in ${p//:/ }; do [ -f "$f" ] || { echo "bench_normalize: $f is absent: skipped (corpora live in ../shared/data)"; exit 0; }; done
@@ -33,6 +35,7 @@ trap cleanup EXIT
 runs() {
     for p in "${PAIRS[@]}"; do
         raw=${p%%:*} ptb=${p#*:}
+        [[ "$raw" == *"$ONLY"* ]] || continue
         [[ " $ROWS " == *" raw-normalised "* ]] && echo "$raw normalised"
         [[ " $ROWS " == *" raw-whitespace "* ]] && echo "$raw whitespace"
         [[ " $ROWS " == *" ptb-whitespace "* ]] && echo "$ptb whitespace"

@@ -82,6 +82,8 @@ TEST(ptb_ordinary_text)
            "fine@0+5 the@6+9 dolokhov?@16+9");
     /* hyphenated compounds kept, dashes separate */
     EXPECT(m, "red-tipped you\xe2\x80\x94sit -- it", false, "red-tipped@0+10 you@11+3 sit@17+3 it@24+2");
+    /* WikiText's " @-@ " is a hyphen inside a word; its " @,@ " and " @.@ " separate */
+    EXPECT(m, "red @-@ tipped 1 @,@ 805 @-@", false, "red-tipped@0+14 N@15+1 N@21+3");
     /* abbreviations the vocabulary has keep their period and end nothing */
     EXPECT(m, "Mr. Hello said U.S. company.", false,
            "mr.@0+3 hello@4+5 said@10+4 u.s.@15+4 company@20+7 <eos>@27+1");
