@@ -200,7 +200,7 @@ demo-model: all
 	$(Q)mkdir -p models/demo && cp $(DEMO_RUN)/config.json $(DEMO_RUN)/vocab.txt \
 	    $(DEMO_RUN)/model.safetensors $(DEMO_RUN)/curve.csv $(DEMO_RUN)/curve.png models/demo/
 	@# trained on text already in PTB's conventions; it declares them for ordinary text (docs/normalisation.md)
-	$(Q)python3 -c 'import json,sys; p=sys.argv[1]; c=json.load(open(p)); c["lowercase"]=True; \
+	$(Q)python3 -c 'import json,sys; p=sys.argv[1]; c=json.load(open(p)); \
 	    c["text"]={"preset": "ptb"}; open(p, "w").write(json.dumps(c, indent=2) + "\n")' models/demo/config.json
 	$(Q)$(BIN)/neurocache build-index --model models/demo --no-normalize --corpus $(DEMO_DATA)/ptb.train.txt --threads 2
 

@@ -697,8 +697,9 @@ static int write_config(const nc_model_config *c, FILE *f)
     json_object_set_new(o, "unk_token", json_string(c->unk_token));
     json_object_set_new(o, "eos_token", json_string(c->eos_token));
     if (c->text.declared) {
-        /* older readers need "lowercase"; it says what "case" does */
-        json_object_set_new(o, "lowercase", json_boolean(c->text.case_mode != NORM_CASE_KEEP));
+        /* older readers need "lowercase" (this reader ignores it when "text"
+         * is there): kept as it was, so that they read text as before */
+        json_object_set_new(o, "lowercase", json_boolean(c->lowercase));
         json_t *t = json_object();
         const char *key;
         char val[64];

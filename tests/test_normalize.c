@@ -188,7 +188,7 @@ TEST(config_object)
     CHECK(text_conv_set(&c, "nfkc", "yes", err, sizeof err) == NC_EINVAL);
     CHECK(text_conv_set(&c, "number_token", "a b", err, sizeof err) == NC_EINVAL);
 
-    /* saved and loaded back: the same conventions, "lowercase" for older readers */
+    /* saved and loaded back: the same conventions, "lowercase" as it was for older readers */
     nc_model *m = ptb_model();
     CHECK(text_conv_set(&m->cfg.text, "symbols", "$&%", err, sizeof err) == NC_OK);
     char dir[] = "/tmp/nc-norm-XXXXXX";
@@ -204,7 +204,7 @@ TEST(config_object)
     buf[n] = 0;
     if (f)
         fclose(f);
-    CHECK_STR_CONTAINS(msg(buf), "\"lowercase\": true");
+    CHECK_STR_CONTAINS(msg(buf), "\"lowercase\": false");
     CHECK_STR_CONTAINS(msg(buf), "\"lines\": \"sentences\"");
     model_free(l);
 
