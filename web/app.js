@@ -397,6 +397,7 @@ async function runMap() {
   if (!text.trim()) { showError(new Error('nothing to score: paste a text or choose a file')); return; }
   const { cache: cached, note } = mapCache(cacheSettings());
   $('#map-cache-note').textContent = note;
+  delete $('#map-status').dataset.done;
   /* the static side: the same settings with every cache off */
   const plain = Object.assign({}, cached, { unigram_size: 0, neural_size: 0, unbounded: false,
                                             global_norm: false, neural_f16: false });
