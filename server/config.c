@@ -362,7 +362,7 @@ int config_from_args(nc_server_config *c, int argc, char **argv, char *err, size
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strncmp(a, "--", 2) != 0) {
-            snprintf(err, errlen, "unexpected argument '%s'", a);
+            snprintf(err, errlen, "unexpected argument '%s' (options are --name value); see 'neurocached --help'", a);
             return -1;
         }
         a += 2;

@@ -40,7 +40,10 @@ int main(int argc, char **argv)
         return 2;
     }
     if (argc < 2) {
-        usage(stderr);
+        char names[256] = "";
+        for (size_t i = 0, o = 0; i < sizeof commands / sizeof commands[0]; i++)
+            o += (size_t)snprintf(names + o, sizeof names - o, "%s%s", i ? ", " : "", commands[i].name);
+        fprintf(stderr, "neurocache: a command is needed (%s); see 'neurocache --help'\n", names);
         return 2;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
