@@ -80,8 +80,9 @@ const nc_cache_knob *cache_knobs(size_t *n);
 const nc_cache_knob *cache_knob_find(const char *name);
 const nc_cache_knob *cache_knob_by_flag(const char *flag);
 /* The knob name nearest to a misspelt one (neural_sise -> "neural_size"),
- * NULL if none is near (suggest.h); flags: compare with the options
- * (neural-size, and the aliases) instead and answer the option. */
+ * NULL if none is near (suggest.h). flags: compare with the command-line
+ * options instead (neural-size, and the older aliases) and answer with the
+ * knob's option (thetaa -> "neural-theta", never the alias). */
 const char *cache_knob_suggest(const char *word, bool flags);
 
 /* Sets k in p from a number (INT: must be whole; BOOL: 0 or 1), checking

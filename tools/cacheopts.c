@@ -42,10 +42,16 @@ static const char *code_name(int code)
 
 void cacheopts_options(const struct option *own, struct option *out)
 {
-    size_t o = 0, n;
-    for (; own && own[o].name; o++)
-        out[o] = own[o];
+    size_t o = 0, n, rows = 0, aliases = 0;
     const nc_cache_knob *k = cache_knobs(&n);
+    while (own && own[rows].name)
+        rows++;
+    for (size_t i = 0; i < n; i++)
+        aliases += k[i].alias != NULL;
+    if (rows + n + aliases + sizeof own_cache_opts / sizeof *own_cache_opts + 1 > CACHEOPTS_MAX)
+        abort();   /* a command with more options than the table holds: a programming error */
+    for (; o < rows; o++)
+        out[o] = own[o];
     for (size_t i = 0; i < n; i++) {
         int has_arg = k[i].type == NC_KNOB_BOOL ? no_argument : required_argument;
         out[o++] = (struct option){k[i].flag, has_arg, NULL, CO_FIRST + 1 + (int)i};
@@ -55,8 +61,6 @@ void cacheopts_options(const struct option *own, struct option *out)
     for (size_t i = 0; i < sizeof own_cache_opts / sizeof *own_cache_opts; i++)
         out[o++] = own_cache_opts[i];
     out[o] = (struct option){NULL, 0, NULL, 0};
-    if (o >= CACHEOPTS_MAX)
-        abort();   /* a command with more options than the table holds: a programming error */
 }
 
 static void build_help(void)
