@@ -34,7 +34,7 @@ static const http_route route_table[] = {
     /* the page (web.h): static files only, no key needed, nothing served but them */
     {"GET", "/", web_h_page, "web_page", 0},
     {"GET", "/web/{file}", web_h_page, "web_asset", 0},
-    {"GET", "/favicon.ico", web_h_page, "favicon", 0},
+    {"GET", "/favicon.ico", web_h_page, "web_favicon", 0},
     {"GET", "/v1/model", api_h_model, "model", M},
     {"GET", "/v1/models", api_h_models, "models", M},
     {"POST", "/v1/sessions", api_h_sessions_create, "sessions_create", J | ROUTE_EMPTY_OK | M},
