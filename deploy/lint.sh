@@ -10,14 +10,14 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 if command -v haproxy >/dev/null; then
     haproxy -c -q -f deploy/haproxy/haproxy.cfg && echo "ok   haproxy -c deploy/haproxy/haproxy.cfg" || fail=1
-else echo "skip haproxy: not installed (make deps)"; fi
+else echo "skip haproxy: not installed (make deps-test)"; fi
 
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
 if [ -x "$nginx_bin" ]; then
     mkdir -p "$tmp/nginx/logs"
     "$nginx_bin" -q -t -p "$tmp/nginx" -c "$PWD/deploy/nginx/nginx-test.conf" \
         && echo "ok   nginx -t deploy/nginx/neurocache.conf" || fail=1
-else echo "skip nginx: not installed (make deps)"; fi
+else echo "skip nginx: not installed (make deps-test)"; fi
 
 if command -v systemd-analyze >/dev/null; then
     sed "s#/usr/local/bin/neurocached#$PWD/bin/neurocached#" deploy/systemd/neurocached.service \
