@@ -8,7 +8,8 @@ against a daemon on --port: the documents' localhost:8080 and 127.0.0.1:8080
 become that port. A command is a line that is not a comment, with its
 continuation lines (ending in \\, | or &&); the lines right after it that
 start with "#> " are its expected output, one "#> " line per output line.
-Other comments are prose and are not checked.
+Other comments are prose and are not checked, nor is standard error (a
+failing command's report quotes the end of it).
 
 Expected output is compared line by line:
   * a line that parses as JSON is compared as JSON: an object shown may
@@ -131,7 +132,7 @@ def run_file(path, port, root, regen):
     if not cmds:
         return 0, 0
     # one bash: each command's output between markers, its status after it
-    script = ["cd " + json.dumps(root), "exec 2>&1"]
+    script = ["cd " + json.dumps(root)]
     for n, (_, cmd, _, _) in enumerate(cmds):
         cmd = re.sub(r"(localhost|127\.0\.0\.1):8080\b", r"\g<1>:" + str(port), cmd)
         if os.environ.get("NEUROCACHE_BIN"):   # the binaries under test (make asan's too)
@@ -140,7 +141,9 @@ def run_file(path, port, root, regen):
         script.append(cmd)
         script.append(f"printf '\\n@@doctest-end {n} %d\\n' $?")
     env = dict(os.environ, NC_PORT=str(port))
-    p = subprocess.run(["bash", "-c", "\n".join(script)], stdout=subprocess.PIPE, env=env, timeout=600)
+    p = subprocess.run(["bash", "-c", "\n".join(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                       timeout=600)
+    err_tail = " | ".join(p.stderr.decode("utf-8", "replace").strip().split("\n")[-3:])
     out = p.stdout.decode("utf-8", "replace")
     got = {}
     for m in re.finditer(r"@@doctest-begin (\d+)\n(.*?)\n@@doctest-end \1 (\d+)\n", out, re.S):
@@ -158,7 +161,7 @@ def run_file(path, port, root, regen):
         outl, rc = got[n]
         reason = None
         if rc != 0:
-            reason = f"exit status {rc}: {' | '.join(outl)[:300]}"
+            reason = f"exit status {rc}: {' | '.join(outl)[:300]} (stderr ends: {err_tail[:300]})"
         elif exp and len(outl) != len(exp):
             reason = f"{len(outl)} output lines, the document shows {len(exp)}: {' | '.join(outl)[:300]}"
         else:
