@@ -125,6 +125,7 @@ install_test_modules() {
 if [ "$mode" = test ]; then
     install_test_modules web node puppeteer-core     # the browser test (Debian's chromium)
     install_test_modules openai node-openai openai   # the official openai client
+    install_test_modules k8s node-k8s kubernetes-models  # deploy/k8s against the Kubernetes schemas
 fi
 
 # FAISS's distance and IVFPQ kernels, recompiled for this CPU (see below).

@@ -21,7 +21,9 @@ Expected output is compared line by line:
     model's answers are deterministic up to float32 summation order
     (SIMD level, thread count, batch shape: relative differences of order
     1e-6, tests/tolerance.h), and a wrong answer differs in the 2nd-3rd digit;
-  * any other line is compared as text, "…" matching any run of characters.
+  * any other line is compared as text: "…" matches any run of characters;
+    without one, the numbers in the line match within the same tolerance
+    and the rest exactly.
 A command without "#> " lines must only exit 0.
 
 --regen rewrites the "#> " lines that do not match with the real output
@@ -123,6 +125,15 @@ def line_match(want, got):
             return json_match(w, g)
     except ValueError:
         pass
+    if "…" not in want:
+        # text with numbers in it (a TSV line): the words exact, the numbers within the tolerance
+        num = r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
+        wp, gp = re.split(num, want.rstrip()), re.split(num, got.rstrip())
+        wn, gn = re.findall(num, want), re.findall(num, got)
+        if wp == gp and len(wn) == len(gn) and all(
+                abs(float(g) - float(w)) <= ABS_TOL + REL_TOL * abs(float(w)) for w, g in zip(wn, gn)):
+            return None
+        return f"{got[:120]!r} != {want[:120]!r}"
     pat = "^" + ".*".join(re.escape(p) for p in want.rstrip().split("…")) + "$"
     return None if re.match(pat, got.rstrip(), re.S) else f"{got[:120]!r} != {want[:120]!r}"
 

@@ -1,5 +1,5 @@
 /* test_docs.c -- the documents' examples run as written: tests/doctest.py
- * runs every ```sh doctest block of README.md and docs/*.md, in order,
+ * runs every ```sh doctest block of README.md and of every docs/ page, in order,
  * against this daemon on the demo model (a free port stands for the
  * documents' 8080) and compares the outputs they show; its checks count
  * here, one per command. */
