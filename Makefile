@@ -213,6 +213,7 @@ demo-model: all
 # it; /ready, a predict, a clean SIGTERM. Not part of `make test`: the image
 # build takes many minutes on two cores. Skips, saying why, without podman.
 container-test:
+	$(Q)bash scripts/deps.sh container
 	$(Q)bash scripts/container_test.sh
 
 clean:

@@ -8,6 +8,8 @@
 #   deps.sh test     that, plus the test rig (make deps-test, make test):
 #                    clang, the balancers and Redis of the multi-replica
 #                    tests, Chromium and the pinned node modules
+#   deps.sh container  only what make container-test needs: podman, runc,
+#                    debootstrap (the image builds its own dependencies)
 #
 # The two lists below are what README.md says each command installs.
 set -euo pipefail
@@ -15,8 +17,8 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 build="$here/build/faiss_c"
 mode=${1:-server}
 case "$mode" in
-    server|test) ;;
-    *) echo "usage: deps.sh [server|test]" >&2; exit 2 ;;
+    server|test|container) ;;
+    *) echo "usage: deps.sh [server|test|container]" >&2; exit 2 ;;
 esac
 
 # Building and serving: the compiler, the libraries bin/neurocached and
@@ -38,7 +40,11 @@ test_packages=(libyaml-dev clang libclang-rt-dev gnuplot-nox wrk procps curl jq 
 # installation nor left enabled (see keep_services_down).
 service_packages=(haproxy:haproxy nginx-light:nginx redis-server:redis-server)
 
+# make container-test (scripts/container_test.sh): rootful podman with runc
+container_packages=(podman runc debootstrap curl jq)
+
 packages=("${server_packages[@]}")
+[ "$mode" = container ] && packages=("${container_packages[@]}")
 if [ "$mode" = test ]; then
     packages+=("${test_packages[@]}")
     # node and npm drive that browser (puppeteer-core) and the openai client
@@ -107,6 +113,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     disable_services
     drop_policy; own_policy=0
 fi
+[ "$mode" != container ] || exit 0
 
 # The node modules of the tests that drive real clients, each pinned by a
 # package-lock.json under tests/ and installed with npm ci into the build

@@ -29,8 +29,12 @@ A command without "#> " lines must only exit 0.
 --regen rewrites the "#> " lines that do not match with the real output
 (lines that match are kept, with their "…"), for a human to review.
 
-Prints one line per command that fails, and "N passed, N failed" (one per
-command run).
+The code's citations of docs/design.md ("design §N") must name its
+sections, and every relative link of the files is checked too: the file exists, and so
+does the heading its #fragment names.
+
+Prints one line per command or link that fails, and "N passed, N failed"
+(one check per command run and per link).
 """
 import argparse
 import json
@@ -207,6 +211,72 @@ def run_file(path, port, root, regen):
     return npass, nfail
 
 
+def slug(title):
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces -> '-'."""
+    t = re.sub(r"[`*_]", "", title.strip().lower())
+    t = re.sub(r"[^\w\- ]", "", t)
+    return t.replace(" ", "-")
+
+
+def anchors(path):
+    out, fence = set(), False
+    for ln in open(path, encoding="utf-8"):
+        if ln.startswith("```"):
+            fence = not fence
+        elif not fence and ln.startswith("#"):
+            out.add(slug(ln.lstrip("#")))
+    return out
+
+
+def check_links(path):
+    """Every relative link of the document names a file that exists, and a
+    heading of it when it has a #fragment. Returns (passed, failed)."""
+    text = re.sub(r"```.*?```", "", open(path, encoding="utf-8").read(), flags=re.S)
+    npass = nfail = 0
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"^[a-z]+:", target):
+            continue
+        file, _, frag = target.partition("#")
+        full = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+        reason = None
+        if not os.path.exists(full):
+            reason = "no such file"
+        elif frag and full.endswith(".md") and frag not in anchors(full):
+            reason = f"no heading '#{frag}' in {full}"
+        if reason:
+            print(f"FAIL {path}: link ({target}): {reason}")
+            nfail += 1
+        else:
+            npass += 1
+    return npass, nfail
+
+
+def check_design_cites(root):
+    """Code comments cite docs/design.md as "design §N" (also "§N-§M",
+    "§N, §M"): every section cited must be a "## N." heading there."""
+    heads = set(re.findall(r"^## (\d+)\.", open(os.path.join(root, "docs/design.md"), encoding="utf-8").read(), re.M))
+    cited = {}
+    for top in ("core", "store", "proto", "server", "tools", "tests", "scripts", "deploy", "web", "config"):
+        for dirpath, _, files in os.walk(os.path.join(root, top)):
+            for fn in files:
+                fp = os.path.join(dirpath, fn)
+                try:
+                    text = open(fp, encoding="utf-8").read()
+                except (UnicodeDecodeError, OSError):
+                    continue
+                for m in re.finditer(r"design[^§\n]{0,12}((?:§ ?\d+[^§\n]{0,4})+)", text):
+                    for n in re.findall(r"§ ?(\d+)", m.group(1)):
+                        cited.setdefault(n, os.path.relpath(fp, root))
+    npass = nfail = 0
+    for n, where in sorted(cited.items()):
+        if n in heads:
+            npass += 1
+        else:
+            print(f"FAIL {where} cites design §{n}: docs/design.md has no section {n}")
+            nfail += 1
+    return npass, nfail
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
@@ -217,8 +287,13 @@ def main():
     tp = tf = 0
     for f in a.files:
         p, fl = run_file(f, a.port, root, a.regen)
+        lp, lf = check_links(f)
+        p, fl = p + lp, fl + lf
         print(f"{f}: {p} passed, {fl} failed")
         tp, tf = tp + p, tf + fl
+    p, fl = check_design_cites(root)
+    print(f"design § cited in the code: {p} passed, {fl} failed")
+    tp, tf = tp + p, tf + fl
     print(f"{tp} passed, {tf} failed")
     return 1 if tf else 0
 
