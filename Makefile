@@ -193,7 +193,7 @@ run: deps all
 	$(Q)$(BIN)/neurocached --model models/demo --log-format text \
 	    $(if $(filter 0,$(shell id -u)),--allow-root) $(RUN_ARGS)
 
-# The shipped demo model (README "Training"): PTB, 2x256 tied LSTM, PyTorch
+# The shipped demo model (docs/cli.md "Training"): PTB, 2x256 tied LSTM, PyTorch
 # word_language_model recipe, 90 minutes of wall-clock. Resumable: an
 # interrupted `make demo-model` continues from $(DEMO_RUN)/train-state.bin.
 DEMO_DATA ?= ../shared/data/ptb

@@ -6,6 +6,10 @@
 # (exit status 0, the daemon's own "stopped" log line). Prints
 # "N passed, N failed"; where podman cannot run, says why and counts nothing.
 #
+# NC_FRESH_MAKE_RUN=1 also runs `make run` in a container of the bare base
+# (a fresh Debian 12 with the committed tree, npm_config_registry pointed at
+# nothing) and checks it serves and installed no node or npm.
+#
 # Run by `make container-test` (not by `make test`: the image build compiles
 # FAISS's C API and the whole tree inside, minutes on two shared cores).
 # Everything podman keeps lives under build/container/: its configuration
@@ -163,6 +167,42 @@ if [ "$code" = 0 ] && grep -q '"draining"' <<<"$logs" && grep -q '"stopped"' <<<
 else
     tail -n 10 <<<"$logs"
     bad "SIGTERM: exit status $code after $stop_s s"
+fi
+
+# ---- NC_FRESH_MAKE_RUN=1: `make run` on a fresh Debian 12 (the base, the ----
+# ---- committed tree, only make and ca-certificates added), npm unreachable ----
+if [ "${NC_FRESH_MAKE_RUN:-0}" = 1 ]; then
+    fresh="$work/fresh-src"; rm -rf "$fresh"; mkdir -p "$fresh"
+    git ls-files -z | tar --null -T - -cf - | tar -C "$fresh" -xf -     # as a fresh clone
+    fport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    fname="nc-fresh-make-run-$$"
+    trap 'cleanup; pm rm -f "$fname" >/dev/null 2>&1 || true' EXIT
+    t0=$(now)
+    pm run -d --name "$fname" --network host -v "$fresh:/src" docker.io/library/debian:bookworm bash -c \
+        "apt-get update -qq && apt-get install -y -qq --no-install-recommends make ca-certificates >/dev/null &&
+         cd /src && npm_config_registry=http://127.0.0.1:9 make run RUN_ARGS='--port $fport'" >/dev/null
+    ready=0
+    for _ in $(seq 1 3600); do     # apt-get, FAISS's C API and the build: minutes
+        if curl -fsS "http://127.0.0.1:$fport/ready" >/dev/null 2>&1; then ready=1; break; fi
+        [ "$(pm inspect -f '{{.State.Running}}' "$fname")" = true ] || break
+        sleep 0.5
+    done
+    pm logs "$fname" >"$work/fresh-make-run.log" 2>&1
+    if [ $ready = 1 ]; then
+        ok "make run on a fresh Debian 12 serves after $(secs "$t0" "$(now)") s (log: $work/fresh-make-run.log)"
+        if pm exec "$fname" sh -c 'command -v node || command -v npm' >/dev/null 2>&1; then
+            bad "make run installed node or npm"
+        else
+            ok "no node or npm installed by make run (npm_config_registry pointed nowhere)"
+        fi
+        p=$(curl -s "http://127.0.0.1:$fport/v1/score" -H 'Content-Type: application/json' \
+            -d '{"text":"the company said"}' | jq .count)
+        [ "$p" = 4 ] && ok "the fresh make run scores text" || bad "score answered count '$p'"
+    else
+        tail -n 20 "$work/fresh-make-run.log"
+        bad "make run on a fresh Debian 12 never served"
+    fi
+    pm stop -t 30 "$fname" >/dev/null 2>&1
 fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
