@@ -29,9 +29,9 @@ now()  { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 
 [ "$(id -u)" -eq 0 ] || skip "needs root (rootful podman with runc and cgroupfs; rootless needs subuids and a user session)"
-for tool in podman runc debootstrap curl jq; do
+for tool in podman runc debootstrap curl jq python3; do
     command -v "$tool" >/dev/null 2>&1 ||
-        skip "$tool is not installed (apt-get install podman runc debootstrap curl jq)"
+        skip "$tool is not installed (make container-test installs podman runc debootstrap curl jq)"
 done
 
 # ---- podman's configuration: the test's own, nothing of /etc/containers ----
@@ -115,8 +115,8 @@ size=$(pm image inspect -f '{{.Size}}' "$image")
 echo "container: image size $((size / 1048576)) MiB ($size bytes)"
 
 # ---- run: loopback port of host networking, as the image's own user ----
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null ||
-       echo 18080)
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+port=$(free_port)
 cleanup() { pm rm -f "$name" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 t0=$(now)
@@ -174,7 +174,7 @@ fi
 if [ "${NC_FRESH_MAKE_RUN:-0}" = 1 ]; then
     fresh="$work/fresh-src"; rm -rf "$fresh"; mkdir -p "$fresh"
     git ls-files -z | tar --null -T - -cf - | tar -C "$fresh" -xf -     # as a fresh clone
-    fport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    fport=$(free_port)
     fname="nc-fresh-make-run-$$"
     trap 'cleanup; pm rm -f "$fname" >/dev/null 2>&1 || true' EXIT
     t0=$(now)
