@@ -101,6 +101,7 @@ if ! pm image exists docker.io/library/debian:bookworm; then
 fi
 
 # ---- build ----
+old_id=$(pm image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)
 t0=$(now)
 echo "container: podman build -f deploy/docker/Dockerfile (log: $work/build.log)"
 if pm build --pull=never --network host --ignorefile deploy/docker/Dockerfile.dockerignore \
@@ -111,6 +112,10 @@ else
     bad "podman build (log above)"
     echo "$pass passed, $fail failed"; exit 1
 fi
+# the previous run's image, now untagged: its own layers only (the build
+# stage's cached layers stay for the next build)
+new_id=$(pm image inspect -f '{{.Id}}' "$image")
+[ -z "$old_id" ] || [ "$old_id" = "$new_id" ] || pm rmi "$old_id" >/dev/null 2>&1 || true
 size=$(pm image inspect -f '{{.Size}}' "$image")
 echo "container: image size $((size / 1048576)) MiB ($size bytes)"
 
@@ -203,6 +208,8 @@ if [ "${NC_FRESH_MAKE_RUN:-0}" = 1 ]; then
         bad "make run on a fresh Debian 12 never served"
     fi
     pm stop -t 30 "$fname" >/dev/null 2>&1
+    pm rm -f "$fname" >/dev/null 2>&1
+    rm -rf "$fresh"
 fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
