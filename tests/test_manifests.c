@@ -1,6 +1,7 @@
 /* test_manifests.c -- the deployment files checked with the real tools:
- * the deploy/k8s manifests against the Kubernetes API's schemas (tests/k8s/check.mjs,
- * kubernetes-models pinned by tests/k8s/package-lock.json and installed by
+ * the deploy/k8s manifests against the Kubernetes API's schemas and,
+ * strictly, its types (tests/k8s/check.mjs: kubernetes-models and
+ * TypeScript, pinned by tests/k8s/package-lock.json and installed by
  * scripts/deps.sh into build/node-k8s), and deploy/lint.sh (haproxy -c,
  * nginx -t, systemd-analyze verify). The container image itself is built and
  * run by `make container-test`. */
