@@ -250,8 +250,8 @@ TEST(browser)
     const char *chromium = getenv("CHROMIUM") ? getenv("CHROMIUM") : "/usr/bin/chromium";
     char pc[512];
     snprintf(pc, sizeof pc, "%s/puppeteer-core/package.json", modules);
-    CHECKF(access(pc, R_OK) == 0, "%s missing: run make deps (scripts/deps.sh installs tests/web with npm ci)", pc);
-    CHECKF(access(chromium, X_OK) == 0, "%s missing: run make deps (Debian's chromium)", chromium);
+    CHECKF(access(pc, R_OK) == 0, "%s missing: run make deps-test (scripts/deps.sh installs tests/web with npm ci)", pc);
+    CHECKF(access(chromium, X_OK) == 0, "%s missing: run make deps-test (Debian's chromium)", chromium);
     if (access(pc, R_OK) != 0 || access(chromium, X_OK) != 0) {
         daemon_stop(&d);
         return;

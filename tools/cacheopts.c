@@ -638,6 +638,6 @@ int co_gnuplot(const char *script, char *err, size_t errlen)
     fputs(script, g);
     int st = pclose(g);
     if (st != 0)
-        return nc_error(err, errlen, NC_EIO, "gnuplot failed (status %d; is gnuplot installed? make deps)", st);
+        return nc_error(err, errlen, NC_EIO, "gnuplot failed (status %d; is gnuplot installed? apt-get install gnuplot-nox, or make deps-test)", st);
     return NC_OK;
 }
