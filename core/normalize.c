@@ -212,6 +212,7 @@ typedef struct {
     norm_emit_fn emit;
     void *ctx;
     size_t since_eos;             /* tokens emitted since the last eos */
+    bool oom;                     /* an allocation failed where no rc travels (word_end) */
     bool continues;               /* the text continues earlier text (a feed: !final_eos) and
                                    * nothing was emitted yet: a stop first ends the sentence
                                    * the earlier text left open ("Hello" then ". ") */
@@ -477,9 +478,12 @@ static size_t word_end(norm_run *r, size_t i)
         }
         break;
     }
-    if (c->abbreviations && r->known && j < r->len && r->s[j] == '.' && norm_word(r, i, j + 1) == NC_OK &&
-        r->known(r->ctx, (const char *)r->buf, r->blen))
-        j++;
+    if (c->abbreviations && r->known && j < r->len && r->s[j] == '.') {
+        if (norm_word(r, i, j + 1) != NC_OK)
+            r->oom = true;
+        else if (r->known(r->ctx, (const char *)r->buf, r->blen))
+            j++;
+    }
     return j;
 }
 
@@ -546,10 +550,35 @@ static bool kept_symbol(const nc_text_conv *c, const uint8_t *p, size_t k)
     return false;
 }
 
+/* Whether the text is written in sentences: at least one run of stops
+ * outside the words (a '.' inside 3.5, u.s. or the vocabulary's mr. is
+ * none) per four lines. Otherwise it is taken as one sentence per line, as
+ * PTB-style text is written (whose rare stray stop, "non-u.s.", must not
+ * turn 2,000 lines into one) and as a line typed without a period is meant.
+ * A scan like run()'s, emitting nothing. */
+static bool in_sentences(norm_run *r)
+{
+    size_t i = 0, k, stops = 0, lines = 0;
+    while (i < r->len && !r->oom) {
+        int cl = classify(at(r, i, &k));
+        if (cl == CL_STOP) {
+            stops++;
+            while (i < r->len && cls_at(r, i) == CL_STOP)
+                at(r, i, &k), i += k;
+            continue;
+        }
+        lines += cl == CL_NEWLINE;
+        i = wordlike(r->c, cl) ? word_end(r, i) : i + k;
+    }
+    return stops > 0 && stops * 4 >= lines;
+}
+
 static int run(norm_run *r, bool final_eos)
 {
     const nc_text_conv *c = r->c;
-    bool sentences = c->lines == NORM_LINES_SENTENCES;
+    bool sentences = c->lines == NORM_LINES_SENTENCES && in_sentences(r);
+    if (r->oom)
+        return NC_ENOMEM;
     bool line_has_content = false, at_start = true;   /* at_start: after white space */
     size_t i = 0, k;
     int rc = NC_OK;
@@ -577,7 +606,7 @@ static int run(norm_run *r, bool final_eos)
         at_start = false;
         if (wordlike(c, cl)) {
             size_t e = word_end(r, i);
-            rc = emit_word(r, i, e);
+            rc = r->oom ? NC_ENOMEM : emit_word(r, i, e);
             i = e;
             continue;
         }

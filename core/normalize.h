@@ -17,7 +17,9 @@ typedef enum { NORM_CASE_KEEP = 0, NORM_CASE_LOWER, NORM_CASE_FOLD } norm_case;
 typedef enum {
     NORM_LINES_EOS = 0,           /* every '\n' is an eos (one sentence per line, as today) */
     NORM_LINES_SENTENCES,         /* . ! ? ; … and blank lines end a sentence; '\n' is a space
-                                   * (hard-wrapped prose: books, paragraphs) */
+                                   * (hard-wrapped prose: books, paragraphs); a text with fewer
+                                   * than one stop per four lines is one sentence per line
+                                   * (PTB-style text, lines typed without a period) */
 } norm_lines;
 
 /* A model's text conventions: config.json's "text" object. All-zero is
