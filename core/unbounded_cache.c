@@ -3,6 +3,7 @@
  * term, the variable-bandwidth kernel density of Grave, Cisse, Joulin 2017,
  * eq. 5-6. */
 #include "unbounded_cache.h"
+#include "faiss_shim.h"
 #include "fault.h"
 #include "vmath.h"
 
@@ -45,6 +46,8 @@ struct nc_unbounded_cache {
     int nprobe;                   /* current nprobe of the IVF index */
     unbounded_cache_add_hook hook;        /* durable store's logger, or NULL */
     void *hook_ctx;
+    unbounded_cache_search_hook shook;    /* tests: inside a search */
+    void *shook_ctx;
     float *kbuf;                  /* rounded keys scratch (key_f16) */
     size_t kbuf_n;
 };
@@ -363,6 +366,14 @@ void unbounded_cache_set_add_hook(nc_unbounded_cache *u, unbounded_cache_add_hoo
     pthread_rwlock_unlock(&u->lock);
 }
 
+void unbounded_cache_set_search_hook(nc_unbounded_cache *u, unbounded_cache_search_hook fn, void *ctx)
+{
+    pthread_rwlock_wrlock(&u->lock);
+    u->shook = fn;
+    u->shook_ctx = ctx;
+    pthread_rwlock_unlock(&u->lock);
+}
+
 int unbounded_cache_word_at(nc_unbounded_cache *u, int64_t id)
 {
     pthread_rwlock_rdlock(&u->lock);
@@ -399,17 +410,11 @@ int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size
         return NC_OK;
     omp_limit(u);
     int rc = NC_OK;
-    bool wlock = false;
+    /* nprobe travels with the search (faiss_shim.h), not in the shared
+     * index: readers with different nprobe search side by side under the
+     * read lock, and only adds and the switch write */
     pthread_rwlock_rdlock(&u->lock);
-    if (!u->flat && nprobe > 0 && nprobe != u->nprobe) {
-        /* nprobe is a field of the index: change it alone, search under the
-         * same write lock so no concurrent search sees a half-set value */
-        pthread_rwlock_unlock(&u->lock);
-        pthread_rwlock_wrlock(&u->lock);
-        wlock = true;
-        if ((rc = set_nprobe(u, u->idx, nprobe, err, errlen)))
-            goto out;
-    }
+    const int np = nprobe > 0 ? nprobe : u->nprobe;
     idx_t ntotal = faiss_Index_ntotal(u->idx);
     if (ntotal == 0)
         goto out;
@@ -424,8 +429,11 @@ int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size
         rc = nc_error(err, errlen, NC_ENOMEM, "search buffers (%zu x %ld)", nq, (long)kk);
         goto out;
     }
-    if (faiss_Index_search(u->idx, (idx_t)nq, queries, kk, d, l)) {
-        rc = faiss_err(err, errlen, "unbounded cache search");
+    char ferr[256];
+    if (u->shook)
+        u->shook(u->shook_ctx, u->flat ? 0 : np);
+    if (faiss_shim_search(u->idx, (int64_t)nq, queries, (int64_t)kk, u->flat ? 0 : np, d, l, ferr, sizeof ferr)) {
+        rc = nc_error(err, errlen, NC_EFORMAT, "unbounded cache search: %s", ferr);
     } else {
         for (size_t q = 0; q < nq; q++) {
             int got = 0;
@@ -447,7 +455,6 @@ int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size
     free(d);
     free(l);
 out:
-    (void)wlock;
     pthread_rwlock_unlock(&u->lock);
     return rc;
 }
