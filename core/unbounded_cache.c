@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,8 @@ struct nc_unbounded_cache {
     int nprobe;                   /* current nprobe of the IVF index */
     unbounded_cache_add_hook hook;        /* durable store's logger, or NULL */
     void *hook_ctx;
+    _Atomic uint64_t ndis;        /* codes scanned by our own IVFPQ scan */
+    _Atomic uint64_t nsearched;   /* queries it answered */
     unbounded_cache_search_hook shook;    /* tests: inside a search */
     void *shook_ctx;
     float *kbuf;                  /* rounded keys scratch (key_f16) */
@@ -421,6 +424,8 @@ int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size
     idx_t kk = (idx_t)k + extra;
     if (kk > ntotal)
         kk = ntotal;   /* FAISS pads with -1 anyway; no point asking for more */
+    if (kk < k)
+        kk = k;        /* our own scan returns k a query, padded */
     float *d = malloc(nq * (size_t)kk * sizeof(float));
     idx_t *l = malloc(nq * (size_t)kk * sizeof(idx_t));
     if (!d || !l) {
@@ -432,7 +437,22 @@ int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size
     char ferr[256];
     if (u->shook)
         u->shook(u->shook_ctx, u->flat ? 0 : np);
-    if (faiss_shim_search(u->idx, (int64_t)nq, queries, (int64_t)kk, u->flat ? 0 : np, d, l, ferr, sizeof ferr)) {
+    /* our own scan of the IVFPQ lists (faiss_shim_ivfpq_search) filters
+     * causally before it selects, so k a query is enough; it answers 1 for
+     * an index it does not read, which FAISS then searches for k + extra */
+    int how = 1;
+    if (!u->flat && !u->o.faiss_scan) {
+        uint64_t nd = 0;
+        how = faiss_shim_ivfpq_search(u->idx, (int64_t)nq, queries, k, np, id_limit, d, l, &nd, ferr, sizeof ferr);
+        if (how == 0) {
+            kk = k;
+            atomic_fetch_add_explicit(&u->ndis, nd, memory_order_relaxed);
+            atomic_fetch_add_explicit(&u->nsearched, nq, memory_order_relaxed);
+        }
+    }
+    if (how == 1)
+        how = faiss_shim_search(u->idx, (int64_t)nq, queries, (int64_t)kk, u->flat ? 0 : np, d, l, ferr, sizeof ferr);
+    if (how != 0) {
         rc = nc_error(err, errlen, NC_EFORMAT, "unbounded cache search: %s", ferr);
     } else {
         for (size_t q = 0; q < nq; q++) {
@@ -457,6 +477,12 @@ int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size
 out:
     pthread_rwlock_unlock(&u->lock);
     return rc;
+}
+
+void unbounded_cache_scan_stats(nc_unbounded_cache *u, uint64_t *queries, uint64_t *codes)
+{
+    *queries = atomic_load(&u->nsearched);
+    *codes = atomic_load(&u->ndis);
 }
 
 int64_t unbounded_cache_count(nc_unbounded_cache *u)

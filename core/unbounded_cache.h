@@ -37,6 +37,10 @@ typedef struct {
     long switch_at;               /* pairs at which to switch; 0 = 65536 */
     int nprobe;                   /* initial nprobe; 0 = 8 */
     int omp_threads;              /* FAISS OpenMP threads; 0 = leave as is */
+    bool faiss_scan;              /* search IVFPQ with FAISS's own scan (a
+                                   * heap of k + extra), not ours
+                                   * (faiss_shim_ivfpq_search): benchmarks'
+                                   * reference; same neighbours up to ties */
     bool key_f16;                 /* round keys to float16 precision before
                                    * storing them, so that a log holding f16
                                    * keys rebuilds exactly the same index */
@@ -102,6 +106,10 @@ void unbounded_cache_set_add_hook(nc_unbounded_cache *u, unbounded_cache_add_hoo
  * NULL fn removes the hook. */
 typedef void (*unbounded_cache_search_hook)(void *ctx, int nprobe);
 void unbounded_cache_set_search_hook(nc_unbounded_cache *u, unbounded_cache_search_hook fn, void *ctx);
+
+/* Queries our own IVFPQ scan answered and the codes it scanned, since the
+ * cache was made (benchmarks: codes per query). */
+void unbounded_cache_scan_stats(nc_unbounded_cache *u, uint64_t *queries, uint64_t *codes);
 
 int64_t unbounded_cache_count(nc_unbounded_cache *u);        /* pairs stored */
 bool unbounded_cache_is_exact(nc_unbounded_cache *u);        /* still on the flat index */

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <cblas.h>
 
@@ -38,6 +39,12 @@ static double cpu(void)
     getrusage(RUSAGE_SELF, &ru);
     return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
            1e-6 * (double)ru.ru_stime.tv_usec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
 }
 
 /* BENCH_PERF_CTL=FIFO: perf record -D -1 --control fifo:FIFO samples the
@@ -126,8 +133,22 @@ static nc_unbounded_cache *make_ub(int H, const char *index, bool exact, const m
     o.trained_path = exact ? NULL : index;
     o.exact = exact;
     o.switch_at = 1;   /* IVF from the first pair: every size measures the same index type */
+    o.faiss_scan = getenv("BENCH_FAISS_SCAN") != NULL;   /* FAISS's scan, not ours: the reference */
     nc_unbounded_cache *u = NULL;
     char err[NC_ERRLEN];
+    /* BENCH_INDEX_DIR=DIR: the filled IVF cache of n states is saved in
+     * DIR/n by a first run and loaded by the next ones (a sweep of search
+     * settings adds the 1M states once) */
+    char sdir[1200] = "";
+    if (getenv("BENCH_INDEX_DIR") && !exact) {
+        snprintf(sdir, sizeof sdir, "%s/%zu", getenv("BENCH_INDEX_DIR"), n);
+        double l0 = now();
+        if (unbounded_cache_load(&o, NULL, sdir, &u, err, sizeof err) == NC_OK) {
+            *t_add = now() - l0;
+            fprintf(stderr, "memory: %zu states loaded from %s in %.1f s\n", n, sdir, *t_add);
+            return u;
+        }
+    }
     if (unbounded_cache_new(&o, NULL, &u, err, sizeof err)) {
         fprintf(stderr, "bench_cache: %s\n", err);
         exit(1);
@@ -151,6 +172,11 @@ static nc_unbounded_cache *make_ub(int H, const char *index, bool exact, const m
     *t_add = now() - t0 - t_gen;   /* the adds alone, not making the synthetic states */
     free(kb);
     free(ib);
+    if (sdir[0]) {
+        mkdir(getenv("BENCH_INDEX_DIR"), 0755);
+        if (unbounded_cache_save(u, sdir, err, sizeof err))
+            fprintf(stderr, "bench_cache: %s\n", err);
+    }
     return u;
 }
 
@@ -327,6 +353,23 @@ int main(int argc, char **argv)
                 }
                 printf("  search alone (k %d + 64, nprobe %d, blocks of 64): %.0f queries/CPU-s\n", p.knn, p.nprobe,
                        (double)q.n / (cpu() - s0));
+                /* one query at a time, as a daemon's predict searches (k,
+                 * no extra): the in-process latency of the search call, a
+                 * floor under the daemon's predict (not its HTTP path) */
+                size_t n1 = q.n < 1000 ? q.n : 1000;
+                double *lat = malloc(n1 * sizeof(double));
+                s0 = cpu();
+                for (size_t i = 0; i < n1; i++) {
+                    double w0 = now();
+                    unbounded_cache_search(u, d->q + i * H, 1, p.knn, p.nprobe, NULL, 0, NC_UB_OPEN, sd, sw, err,
+                                           sizeof err);
+                    lat[i] = now() - w0;
+                }
+                double c1 = cpu() - s0;
+                qsort(lat, n1, sizeof *lat, cmp_double);
+                printf("  one query per call: %.0f queries/CPU-s, wall latency p50 %.3f ms, p99 %.3f ms\n",
+                       (double)n1 / c1, 1e3 * lat[n1 / 2], 1e3 * lat[n1 * 99 / 100]);
+                free(lat);
                 free(sd);
                 free(sw);
             }
@@ -346,6 +389,13 @@ int main(int argc, char **argv)
                    t_add, (double)q.n / ts, (double)q.n / tc, (double)q.n / (ts + t_lstm), ppl_of(lp, q.n));
             printf("  whole read (LSTM pass + cache) %.0f tokens/CPU-s = %.1f%% of static\n",
                    (double)q.n / (tc + c_lstm), 100.0 * c_static / (tc + c_lstm));
+            uint64_t sq = 0, sc = 0;
+            unbounded_cache_scan_stats(u, &sq, &sc);
+            if (sq)
+                printf("  our IVFPQ scan: %llu queries, %.0f codes scanned per query\n", (unsigned long long)sq,
+                       (double)sc / (double)sq);
+            else
+                printf("  FAISS's own IVFPQ scan (BENCH_FAISS_SCAN)\n");
             if (n == check)
                 check_ppl[exact] = ppl_of(lp, q.n);
             fflush(stdout);
