@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <vector>
 
 #include <faiss/Index.h>
 #include <faiss/IndexIVF.h>
+#include <faiss/IndexIVFFastScan.h>
 #include <faiss/IndexIVFPQ.h>
 #include <faiss/invlists/InvertedLists.h>
 #include <faiss/utils/utils.h>
@@ -26,7 +28,10 @@ extern "C" int faiss_shim_search(const FaissIndex *idx, int64_t n, const float *
     try {
         const faiss::Index *ix = reinterpret_cast<const faiss::Index *>(idx);
         const faiss::IndexIVF *ivf = dynamic_cast<const faiss::IndexIVF *>(ix);
-        if (ivf && nprobe > 0) {
+        if (ivf && nprobe > 0 && (size_t)nprobe != ivf->nprobe) {
+            /* FAISS 1.7.3's fast-scan IVF takes no search parameters */
+            if (dynamic_cast<const faiss::IndexIVFFastScan *>(ivf))
+                return shim_error(err, errlen, "a fast-scan IVF index searches with its own nprobe only (FAISS 1.7.3)");
             /* the parameters live on this call's stack: the index's own
              * nprobe is neither read nor written */
             faiss::SearchParametersIVF sp;
@@ -51,14 +56,25 @@ extern "C" int faiss_shim_is_ivf(const FaissIndex *idx)
 
 namespace {
 
-struct cand {
-    float d;
-    int64_t id;
-};
-
-inline bool cand_less(const cand &a, const cand &b)
+/* A candidate as one 64-bit key: the distance's bits made monotonic as an
+ * unsigned integer (flip all bits of a negative float, the sign bit of a
+ * positive one) above the id (< 2^32, checked), so that integer order is
+ * (distance, id) order and selecting and sorting compare integers. */
+inline uint64_t cand_key(float d, int64_t id)
 {
-    return a.d < b.d || (a.d == b.d && a.id < b.id);
+    uint32_t b;
+    std::memcpy(&b, &d, sizeof b);
+    b ^= (b >> 31) ? 0xffffffffu : 0x80000000u;
+    return (uint64_t)b << 32 | (uint64_t)(uint32_t)id;
+}
+
+inline float cand_dist(uint64_t key)
+{
+    uint32_t b = (uint32_t)(key >> 32);
+    b ^= (b >> 31) ? 0x80000000u : 0xffffffffu;
+    float d;
+    std::memcpy(&d, &b, sizeof d);
+    return d;
 }
 
 /* The index kinds faiss_shim_ivfpq_search reads; any other goes to FAISS. */
@@ -67,7 +83,7 @@ const faiss::IndexIVFPQ *scannable(const FaissIndex *idx)
     const faiss::IndexIVFPQ *pq = dynamic_cast<const faiss::IndexIVFPQ *>(reinterpret_cast<const faiss::Index *>(idx));
     if (!pq || !pq->by_residual || pq->metric_type != faiss::METRIC_L2 || pq->use_precomputed_table != 1 ||
         pq->pq.nbits != 8 || pq->polysemous_ht != 0 || !pq->invlists ||
-        pq->precomputed_table.size() != pq->nlist * pq->pq.M * pq->pq.ksub)
+        pq->precomputed_table.size() != pq->nlist * pq->pq.M * pq->pq.ksub || pq->ntotal >= ((faiss::Index::idx_t)1 << 32))
         return nullptr;
     return pq;
 }
@@ -77,7 +93,7 @@ const faiss::IndexIVFPQ *scannable(const FaissIndex *idx)
  * list's table, scratch. */
 uint64_t scan_query(const faiss::IndexIVFPQ *ix, const float *x, const float *cdis, const faiss::Index::idx_t *cids,
                     int np, int64_t limit, int64_t k, std::vector<float> &tab2, std::vector<float> &tab,
-                    std::vector<cand> &c, float *d, int64_t *l)
+                    std::vector<uint64_t> &c, float *d, int64_t *l)
 {
     const size_t M = ix->pq.M, ksub = ix->pq.ksub, cs = ix->code_size;
     ix->pq.compute_inner_prod_table(x, tab2.data());
@@ -116,7 +132,7 @@ uint64_t scan_query(const faiss::IndexIVFPQ *ix, const float *x, const float *cd
             const float a[4] = {a0, a1, a2, a3};
             for (int r = 0; r < 4; r++)
                 if (ip[m + r] < limit)
-                    c.push_back({dis0 + a[r], ip[m + r]});
+                    c.push_back(cand_key(dis0 + a[r], ip[m + r]));
         }
         for (; m < ls; m++) {
             const uint8_t *c0 = cp + m * cs;
@@ -124,16 +140,16 @@ uint64_t scan_query(const faiss::IndexIVFPQ *ix, const float *x, const float *cd
             for (size_t s = 0; s < M; s++)
                 a0 += t[s * ksub + c0[s]];
             if (ip[m] < limit)
-                c.push_back({dis0 + a0, ip[m]});
+                c.push_back(cand_key(dis0 + a0, ip[m]));
         }
     }
     int64_t got = (int64_t)c.size() < k ? (int64_t)c.size() : k;
     if ((int64_t)c.size() > k)
-        std::nth_element(c.begin(), c.begin() + k, c.end(), cand_less);
-    std::sort(c.begin(), c.begin() + got, cand_less);
+        std::nth_element(c.begin(), c.begin() + k, c.end());
+    std::sort(c.begin(), c.begin() + got);
     for (int64_t i = 0; i < k; i++) {
-        d[i] = i < got ? c[(size_t)i].d : INFINITY;
-        l[i] = i < got ? c[(size_t)i].id : -1;
+        d[i] = i < got ? cand_dist(c[(size_t)i]) : INFINITY;
+        l[i] = i < got ? (int64_t)(uint32_t)c[(size_t)i] : -1;
     }
     return nd;
 }
@@ -158,7 +174,7 @@ extern "C" int faiss_shim_ivfpq_search(const FaissIndex *idx, int64_t n, const f
         ix->quantizer->search(n, x, np, cdis.data(), cids.data());
         uint64_t nd = 0;
         std::vector<float> tab2(tsz), tab(tsz);
-        std::vector<cand> c;
+        std::vector<uint64_t> c;
         c.reserve(4096);
         for (int64_t q = 0; q < n; q++)
             nd += scan_query(ix, x + (size_t)q * d_, cdis.data() + (size_t)q * np, cids.data() + (size_t)q * np, np,

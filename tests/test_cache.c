@@ -781,6 +781,82 @@ TEST(nprobe_per_search_concurrent)
     free(q), free(cent), free(x), free(w);
 }
 
+/* Our IVFPQ scan (faiss_shim_ivfpq_search) against FAISS's own search of
+ * the same index: at each rank the same distance, to float rounding (the
+ * sum of M = 8 table entries in another order: |error| <= 8 * 2^-24 of the
+ * terms' magnitude, far below the 1e-4 relative allowed), and the same id
+ * wherever that distance is not tied within the tolerance; with and
+ * without the causal filter (FAISS asked for k + n, so that it rejects
+ * what it must and still keeps k). */
+TEST(own_scan_matches_faiss)
+{
+    const int dim = 16, nclust = 30, nq = 40, k = 24;
+    const size_t n = 6000;
+    char err[NC_ERRLEN];
+    float *cent = malloc((size_t)nclust * dim * sizeof(float)), *x = malloc(n * dim * sizeof(float));
+    int *w = malloc(n * sizeof(int));
+    for (int i = 0; i < nclust * dim; i++)
+        cent[i] = gauss();
+    synth(dim, n, nclust, cent, x, w);
+    nc_unbounded_cache *u[2] = {NULL, NULL};   /* [ours, FAISS's] */
+    for (int c = 0; c < 2; c++) {
+        nc_unbounded_cache_opts o;
+        unbounded_cache_opts_default(&o, dim);
+        o.factory = "IVF16,PQ8";
+        o.train_self = true;
+        o.switch_at = 3000;
+        o.faiss_scan = c == 1;
+        CHECK(unbounded_cache_new(&o, NULL, &u[c], err, sizeof err) == NC_OK);
+        if (!u[c])
+            return;
+        CHECKF(unbounded_cache_add(u[c], x, w, n, NULL, err, sizeof err) == NC_OK, "%s", err);
+        CHECK(!unbounded_cache_is_exact(u[c]));
+    }
+    float *q = malloc((size_t)nq * dim * sizeof(float));
+    int64_t lim[40];
+    for (int i = 0; i < nq; i++) {
+        for (int j = 0; j < dim; j++)
+            q[i * dim + j] = x[(size_t)i * 131 * dim + j] + 0.3f * gauss();
+        lim[i] = 1000 + 120 * i;
+    }
+    float d2[2][40 * 24];
+    int ww[2][40 * 24];
+    int64_t ids[2][40 * 24];
+    for (int filt = 0; filt < 2; filt++) {
+        for (int c = 0; c < 2; c++)
+            CHECKF(unbounded_cache_search_ids(u[c], q, nq, k, 4, filt ? lim : NULL, filt ? (int)n : 0, NC_UB_OPEN,
+                                              d2[c], ww[c], ids[c], err, sizeof err) == NC_OK, "%s", err);
+        int bad_d = 0, bad_id = 0, over = 0, missing = 0;
+        for (int i = 0; i < nq * k; i++) {
+            float a = d2[0][i], b = d2[1][i], tol = 1e-4f * fabsf(b) + 1e-5f;
+            if ((ids[0][i] < 0) != (ids[1][i] < 0)) {
+                missing++;
+                continue;
+            }
+            if (ids[0][i] < 0)
+                continue;
+            if (fabsf(a - b) > tol)
+                bad_d++;
+            bool tied = (i % k > 0 && fabsf(d2[1][i - 1] - b) <= tol) || (i % k < k - 1 && fabsf(d2[1][i + 1] - b) <= tol);
+            if (!tied && ids[0][i] != ids[1][i])
+                bad_id++;
+            if (filt && ids[0][i] >= lim[i / k])
+                over++;
+        }
+        CHECKF(bad_d == 0 && bad_id == 0 && missing == 0 && over == 0,
+               "filter %d: %d distances, %d ids differ, %d missing, %d past the limit", filt, bad_d, bad_id, missing,
+               over);
+    }
+    uint64_t sq[2], sc[2];
+    for (int c = 0; c < 2; c++)
+        unbounded_cache_scan_stats(u[c], &sq[c], &sc[c]);
+    CHECKF(sq[0] == 2 * (uint64_t)nq && sc[0] > 0 && sq[1] == 0, "scan stats: ours %llu queries, FAISS's %llu",
+           (unsigned long long)sq[0], (unsigned long long)sq[1]);
+    unbounded_cache_free(u[0]);
+    unbounded_cache_free(u[1]);
+    free(q), free(cent), free(x), free(w);
+}
+
 TEST(empty_caches_contribute_nothing)
 {
     nc_model *m = load_fixture();
@@ -1082,6 +1158,7 @@ int main(void)
     RUN(ivfpq_vs_exact_and_switch);
     RUN(switch_with_concurrent_adds);
     RUN(nprobe_per_search_concurrent);
+    RUN(own_scan_matches_faiss);
     RUN(empty_caches_contribute_nothing);
     RUN(stream_export_import);
     RUN(neural_cache_dots_naive);
