@@ -42,6 +42,11 @@ int faiss_shim_ivfpq_search(const FaissIndex *idx, int64_t n, const float *x, in
                             const int64_t *id_limit, float *d, int64_t *l, uint64_t *ndis, char *err,
                             size_t errlen);
 
+/* Bytes idx holds whatever its size: an IVF index's coarse centroids and,
+ * for IVFPQ, its PQ centroids and precomputed residual tables (nlist x M x
+ * 256 floats: 128 MB for IVF4096,PQ32); 0 for other indexes. */
+size_t faiss_shim_fixed_bytes(const FaissIndex *idx);
+
 /* Whether idx is an IVF index (any kind). */
 int faiss_shim_is_ivf(const FaissIndex *idx);
 

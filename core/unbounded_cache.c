@@ -514,8 +514,11 @@ nc_wordtable *unbounded_cache_words(nc_unbounded_cache *u)
 size_t unbounded_cache_memory(nc_unbounded_cache *u)
 {
     pthread_rwlock_rdlock(&u->lock);
+    /* per pair: its key (flat: dim floats; IVFPQ: its code and its int64
+     * id in the inverted list) and its word id; plus what the trained index
+     * holds whatever its size (centroids, precomputed tables) */
     size_t per = u->flat ? (size_t)u->o.dim * sizeof(float) : (size_t)(u->o.dim / 8 + 8);
-    size_t m = sizeof *u + u->cap * sizeof(int) + u->nvalues * per;
+    size_t m = sizeof *u + u->cap * sizeof(int) + u->nvalues * per + faiss_shim_fixed_bytes(u->idx);
     pthread_rwlock_unlock(&u->lock);
     return m;
 }
