@@ -389,7 +389,8 @@ int main(int argc, char **argv)
                    t_add, (double)q.n / ts, (double)q.n / tc, (double)q.n / (ts + t_lstm), ppl_of(lp, q.n));
             printf("  whole read (LSTM pass + cache) %.0f tokens/CPU-s = %.1f%% of static\n",
                    (double)q.n / (tc + c_lstm), 100.0 * c_static / (tc + c_lstm));
-            printf("  memory: %.1f MB in RAM (unbounded_cache_memory: %.1f B a stored state + the trained index's tables)\n",
+            printf("  memory: %.1f MB in RAM (unbounded_cache_memory, the trained index's fixed tables included: %.0f B a "
+                   "stored state)\n",
                    (double)unbounded_cache_memory(u) / 1e6, (double)unbounded_cache_memory(u) / (double)unbounded_cache_count(u));
             uint64_t sq = 0, sc = 0;
             unbounded_cache_scan_stats(u, &sq, &sc);
