@@ -22,31 +22,41 @@ static int shim_error(char *err, size_t errlen, const char *what)
     return -1;
 }
 
-extern "C" int faiss_shim_search(const FaissIndex *idx, int64_t n, const float *x, int64_t k, int nprobe, float *d,
-                                 int64_t *l, char *err, size_t errlen)
+/* f() with FAISS's exceptions turned into -1 and their message: none may
+ * cross into C */
+template <class F> static int guarded(char *err, size_t errlen, F f)
 {
     try {
-        const faiss::Index *ix = reinterpret_cast<const faiss::Index *>(idx);
-        const faiss::IndexIVF *ivf = dynamic_cast<const faiss::IndexIVF *>(ix);
-        if (ivf && nprobe > 0 && (size_t)nprobe != ivf->nprobe) {
-            /* FAISS 1.7.3's fast-scan IVF takes no search parameters */
-            if (dynamic_cast<const faiss::IndexIVFFastScan *>(ivf))
-                return shim_error(err, errlen, "a fast-scan IVF index searches with its own nprobe only (FAISS 1.7.3)");
-            /* the parameters live on this call's stack: the index's own
-             * nprobe is neither read nor written */
-            faiss::SearchParametersIVF sp;
-            sp.nprobe = (size_t)nprobe;
-            sp.max_codes = ivf->max_codes;
-            ix->search(n, x, k, d, reinterpret_cast<faiss::Index::idx_t *>(l), &sp);
-        } else {
-            ix->search(n, x, k, d, reinterpret_cast<faiss::Index::idx_t *>(l));
-        }
+        return f();
     } catch (const std::exception &e) {
         return shim_error(err, errlen, e.what());
     } catch (...) {
         return shim_error(err, errlen, "unknown FAISS exception");
     }
-    return 0;
+}
+
+extern "C" int faiss_shim_search(const FaissIndex *idx, int64_t n, const float *x, int64_t k, int nprobe, float *d,
+                                 int64_t *l, char *err, size_t errlen)
+{
+    return guarded(err, errlen, [&]() {
+        const faiss::Index *ix = reinterpret_cast<const faiss::Index *>(idx);
+        const faiss::IndexIVF *ivf = dynamic_cast<const faiss::IndexIVF *>(ix);
+        faiss::Index::idx_t *li = reinterpret_cast<faiss::Index::idx_t *>(l);
+        if (!ivf || nprobe <= 0 || (size_t)nprobe == ivf->nprobe) {
+            ix->search(n, x, k, d, li);
+            return 0;
+        }
+        /* FAISS 1.7.3's fast-scan IVF takes no search parameters */
+        if (dynamic_cast<const faiss::IndexIVFFastScan *>(ivf))
+            return shim_error(err, errlen, "a fast-scan IVF index searches with its own nprobe only (FAISS 1.7.3)");
+        /* the parameters live on this call's stack: the index's nprobe
+         * (set once, under the cache's write lock) is not written */
+        faiss::SearchParametersIVF sp;
+        sp.nprobe = (size_t)nprobe;
+        sp.max_codes = ivf->max_codes;
+        ix->search(n, x, k, d, li, &sp);
+        return 0;
+    });
 }
 
 extern "C" int faiss_shim_is_ivf(const FaissIndex *idx)
@@ -182,7 +192,7 @@ extern "C" int faiss_shim_ivfpq_search(const FaissIndex *idx, int64_t n, const f
     const faiss::IndexIVFPQ *ix = scannable(idx);
     if (!ix)
         return 1;
-    try {
+    return guarded(err, errlen, [&]() {
         int np = nprobe > 0 ? nprobe : (int)ix->nprobe;
         if ((size_t)np > ix->nlist)
             np = (int)ix->nlist;
@@ -201,12 +211,8 @@ extern "C" int faiss_shim_ivfpq_search(const FaissIndex *idx, int64_t n, const f
                              l + (size_t)q * k);
         if (ndis)
             *ndis += nd;
-    } catch (const std::exception &e) {
-        return shim_error(err, errlen, e.what());
-    } catch (...) {
-        return shim_error(err, errlen, "unknown FAISS exception");
-    }
-    return 0;
+        return 0;
+    });
 }
 
 extern "C" size_t faiss_shim_fixed_bytes(const FaissIndex *idx)

@@ -609,16 +609,26 @@ static void *search_thread(void *arg)
     return NULL;
 }
 
+/* Points around nclust Gaussian centres (synth), the centres included:
+ * *cent [nclust, dim], *x [n, dim], *w [n] malloc'ed, the caller frees. */
+static void synth_points(int dim, size_t n, int nclust, float **cent, float **x, int **w)
+{
+    *cent = malloc((size_t)nclust * dim * sizeof(float));
+    *x = malloc(n * dim * sizeof(float));
+    *w = malloc(n * sizeof(int));
+    for (int i = 0; i < nclust * dim; i++)
+        (*cent)[i] = gauss();
+    synth(dim, n, nclust, *cent, *x, *w);
+}
+
 TEST(switch_with_concurrent_adds)
 {
     const int dim = 16, nclust = 20;
     const size_t n = 9000;
     char err[NC_ERRLEN];
-    float *cent = malloc((size_t)nclust * dim * sizeof(float)), *x = malloc(n * dim * sizeof(float));
-    int *w = malloc(n * sizeof(int));
-    for (int i = 0; i < nclust * dim; i++)
-        cent[i] = gauss();
-    synth(dim, n, nclust, cent, x, w);
+    float *cent, *x;
+    int *w;
+    synth_points(dim, n, nclust, &cent, &x, &w);
     nc_unbounded_cache_opts o;
     unbounded_cache_opts_default(&o, dim);
     o.factory = "IVF16,Flat";
@@ -721,11 +731,9 @@ TEST(nprobe_per_search_concurrent)
     const int dim = 16, nclust = 40, nq = 50, k = 8;
     const size_t n = 6000;
     char err[NC_ERRLEN];
-    float *cent = malloc((size_t)nclust * dim * sizeof(float)), *x = malloc(n * dim * sizeof(float));
-    int *w = malloc(n * sizeof(int));
-    for (int i = 0; i < nclust * dim; i++)
-        cent[i] = gauss();
-    synth(dim, n, nclust, cent, x, w);
+    float *cent, *x;
+    int *w;
+    synth_points(dim, n, nclust, &cent, &x, &w);
     nc_unbounded_cache_opts o;
     unbounded_cache_opts_default(&o, dim);
     o.factory = "IVF32,Flat";
@@ -793,11 +801,9 @@ TEST(own_scan_matches_faiss)
     const int dim = 16, nclust = 30, nq = 40, k = 24;
     const size_t n = 6000;
     char err[NC_ERRLEN];
-    float *cent = malloc((size_t)nclust * dim * sizeof(float)), *x = malloc(n * dim * sizeof(float));
-    int *w = malloc(n * sizeof(int));
-    for (int i = 0; i < nclust * dim; i++)
-        cent[i] = gauss();
-    synth(dim, n, nclust, cent, x, w);
+    float *cent, *x;
+    int *w;
+    synth_points(dim, n, nclust, &cent, &x, &w);
     nc_unbounded_cache *u[2] = {NULL, NULL};   /* [ours, FAISS's] */
     for (int c = 0; c < 2; c++) {
         nc_unbounded_cache_opts o;
