@@ -127,27 +127,10 @@ uint64_t scan_query(const faiss::IndexIVFPQ *ix, const float *x, const float *cd
         const float *t = tab.data();
         nd += ls;
         size_t m = 0;
-        /* eight codes at a time when M is a multiple of 8: eight independent
-         * sums (each in FAISS's order, s = 0..M-1) hide the adds' latency,
-         * and each code's bytes come eight to a load */
-        if (M % 8 == 0)
-            for (; m + 8 <= ls; m += 8) {
-                const uint8_t *c0 = cp + m * cs;
-                float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                for (size_t s = 0; s < M; s += 8) {
-                    uint64_t b[8];
-                    for (int r = 0; r < 8; r++)
-                        std::memcpy(&b[r], c0 + (size_t)r * cs + s, 8);
-                    const float *ts = t + s * ksub;
-                    for (int j = 0; j < 8; j++, ts += ksub)
-                        for (int r = 0; r < 8; r++)
-                            a[r] += ts[(b[r] >> (8 * j)) & 0xff];
-                }
-                for (int r = 0; r < 8; r++)
-                    if (ip[m + r] < limit)
-                        c.push_back(cand_key(dis0 + a[r], ip[m + r]));
-            }
-        /* the rest four at a time, then one by one */
+        /* four codes at a time: four independent sums (each in FAISS's
+         * order, s = 0..M-1) for the CPU's parallel adds. Eight at a time,
+         * with each code's bytes eight to a load, measured slower: 3,121
+         * against 4,237 queries/CPU-s at 1M states (k 1,024, nprobe 8) */
         for (; m + 4 <= ls; m += 4) {
             const uint8_t *c0 = cp + m * cs, *c1 = c0 + cs, *c2 = c1 + cs, *c3 = c2 + cs;
             float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
