@@ -9,7 +9,9 @@ SANFLAGS ?=
 CFLAGS   += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE $(OPT) $(SANFLAGS) -MMD -MP -I. -Icore -Istore -Iproto -Iserver
 LDFLAGS  += $(SANFLAGS)
 CXX      ?= g++
-CXXFLAGS += -std=c++17 -Wall -Wextra -Werror $(OPT) $(SANFLAGS) -MMD -MP -I. -Icore
+# -fno-sanitize=vptr: UBSan's dynamic-type check needs its C++ runtime, which
+# the C link (cc) of the programs does not bring
+CXXFLAGS += -std=c++17 -Wall -Wextra -Werror $(OPT) $(SANFLAGS) -fno-sanitize=vptr -MMD -MP -I. -Icore
 
 FAISS_C  := build/faiss_c/libfaiss_c.a
 # FAISS's distance and IVFPQ kernels recompiled for this CPU by deps.sh
