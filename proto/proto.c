@@ -55,6 +55,9 @@ static const struct {
     [API_FORBIDDEN] = {403, "forbidden", 0},
     [API_RATE_LIMITED] = {429, "rate_limited", 0},
     [API_TOKEN_BUDGET] = {429, "token_budget_exceeded", 0},
+    /* for good: a retry cannot succeed, the namespace created again under
+     * the name is another incarnation (docs/namespaces.md) */
+    [API_NAMESPACE_DELETED] = {410, "namespace_deleted", 0},
 };
 
 unsigned proto_http_status(api_error e)

@@ -34,13 +34,30 @@ ns_handle *namespaces_acquire(nc_server *srv, const char *name, bool create, cha
  * NC_ENOTFOUND no such namespace, else opening its store's (NC_EIO,
  * NC_ENOSPACE, NC_EFORMAT, NC_ENOMEM). */
 ns_handle *namespaces_acquire_rc(nc_server *srv, const char *name, bool create, int *rc, char *err, size_t errlen);
-/* Deletes a namespace (its directory moves aside; sessions bound to it keep
- * their memory until they go). 0 with *entries (optional) the pairs it held,
- * or -1 with a message (no such namespace). */
-int namespaces_delete(nc_server *srv, const char *name, int64_t *entries, char *err, size_t errlen);
+/* Deletes a namespace's live incarnation (its store is retired and its
+ * directory moves aside, removed when the last handle goes; sessions bound
+ * to it answer 410 namespace_deleted from now on). 0 with *entries and
+ * *incarnation (both optional) of what was deleted, or -1 with a message
+ * (no such namespace). */
+int namespaces_delete(nc_server *srv, const char *name, int64_t *entries, uint64_t *incarnation, char *err,
+                      size_t errlen);
 void namespaces_release(nc_server *srv, ns_handle *r);
 nc_nsstore *namespaces_store(ns_handle *r);
 const char *namespaces_name(const ns_handle *r);
+
+/* Incarnations. A namespace deleted and created again under its name is a
+ * new incarnation: a new store in a new directory, and a new number (ms
+ * since the epoch at its creation, replication's "birth" when Redis is on:
+ * the replicas compare it with the deletions' tombstones; kept in the
+ * directory, so it survives restarts). A handle stays bound to the
+ * incarnation it was acquired on: once that is deleted, namespaces_live is
+ * false for good and its store is retired (nsstore_retire: every write is
+ * refused), whatever is created under the name later. */
+uint64_t namespaces_incarnation(const ns_handle *r);
+bool namespaces_live(const ns_handle *r);
+/* Whether s is bound to an incarnation deleted since (the API answers
+ * 410 namespace_deleted; s->ns_ref is immutable, no lock needed). */
+bool namespaces_session_deleted(const nc_session *s);
 
 /* Calls fn(handle, ctx) for every live namespace, each held meanwhile (the
  * registry is not locked during the calls). */

@@ -28,11 +28,11 @@ static void on_local_add(void *ctx, nc_nsstore *ns, uint32_t doc, uint64_t off, 
     pthread_mutex_unlock(&rep->lock);
 }
 
-void replication_attach(void *ctx, const char *ns_name, nc_nsstore *store)
+uint64_t replication_attach(void *ctx, const char *ns_name, nc_nsstore *store)
 {
     replication *rep = ctx;
     if (!rep || !rep->on || !store)
-        return;
+        return 0;
     /* The incarnation and position of the store, from its marker; a store
      * without one is new (its whole log is to publish) or older than the
      * marker (written by a version that published from memory, or while
@@ -64,13 +64,14 @@ void replication_attach(void *ctx, const char *ns_name, nc_nsstore *store)
     pthread_mutex_unlock(&rep->lock);
     if (!s) {
         slog(SLOG_WARN, "replication: too many namespaces; not replicated", json_pack("{s:s}", "namespace", ns_name));
-        return;
+        return 0;
     }
     if (m <= 0 && replication_marker_write(dir, birth, published, err, sizeof err) != 0)
         slog(SLOG_ERROR, "replication: cannot write the marker", json_pack("{s:s,s:s}", "namespace", ns_name, "error", err));
     /* Segments holding unpublished records outlive snapshots. */
     nsstore_retain_log(store, published);
     nsstore_set_observer(store, on_local_add, s);
+    return birth;
 }
 
 void replication_namespace_deleted(nc_server *srv, const char *ns_name)

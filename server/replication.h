@@ -62,8 +62,10 @@ void replication_shutdown(nc_server *srv);
 
 /* Called by the namespace registry for every store it opens or creates,
  * before any add (ctx: srv->replication): reads (or creates) its marker;
- * its log is published from the marker on. No-op when replication is off. */
-void replication_attach(void *ctx, const char *ns_name, nc_nsstore *store);
+ * its log is published from the marker on. Returns the store's birth (its
+ * incarnation, namespaces.h), 0 when replication is off or the namespace is
+ * not replicated. */
+uint64_t replication_attach(void *ctx, const char *ns_name, nc_nsstore *store);
 
 /* A namespace was deleted here: the tombstone is recorded on disk, then
  * published; the other replicas delete it too (those down now when they

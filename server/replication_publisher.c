@@ -22,6 +22,18 @@ static void pub_pos_advance(replication *rep, ns_state *s, unsigned gen, uint64_
     pthread_mutex_unlock(&rep->lock);
 }
 
+typedef struct {
+    uint64_t birth, pos;
+    char *err;
+    size_t errlen;
+} marker_job;
+
+static int marker_write_in(void *ctx, const char *dir)
+{
+    marker_job *j = ctx;
+    return replication_marker_write(dir, j->birth, j->pos, j->err, j->errlen) == 0 ? NC_OK : NC_EIO;
+}
+
 /* Writes s's marker if it is behind and due (or forced). */
 static void marker_flush(replication *rep, ns_state *s, nc_nsstore *store, uint64_t birth, bool force)
 {
@@ -35,7 +47,13 @@ static void marker_flush(replication *rep, ns_state *s, nc_nsstore *store, uint6
     s->marker_at = now_ms();
     if (rep->no_marker)
         return;
-    if (replication_marker_write(nsstore_dir(store), birth, pos, err, sizeof err) != 0) {
+    /* Through nsstore_run_live: a store deleted meanwhile is retired and
+     * its path may already be a new incarnation's, whose marker this is not. */
+    marker_job job = {birth, pos, err, sizeof err};
+    int wrc = nsstore_run_live(store, marker_write_in, &job);
+    if (wrc == NC_ESTATE)
+        return;
+    if (wrc != NC_OK) {
         slog(SLOG_WARN, "replication: cannot write the marker (entries may be published twice after a crash; "
              "the other replicas skip them)", json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
         return;

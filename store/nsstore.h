@@ -175,6 +175,21 @@ typedef struct {
 } nc_nsstore_stats;
 void nsstore_stats(nc_nsstore *ns, nc_nsstore_stats *st);
 
+/* Retires the store of a deleted namespace, before its directory is moved
+ * or removed: waits for a snapshot, heal or nsstore_run_live in progress
+ * (they write under the directory's path), then refuses with NC_ESTATE
+ * every later write (documents, adds, snapshots, heals, log followers),
+ * so nothing of a deleted incarnation lands in a directory a namespace
+ * created again under the same name now owns. Reads of memory go on
+ * (the caller decides who may still read). Idempotent. */
+void nsstore_retire(nc_nsstore *ns);
+bool nsstore_retired(nc_nsstore *ns);
+/* Calls fn(ctx, dir) with the store's directory unless the store is
+ * retired, excluding nsstore_retire meanwhile (a file written next to the
+ * store, e.g. replication's marker, lands in this incarnation's directory
+ * or not at all). fn's return, or NC_ESTATE when retired. */
+int nsstore_run_live(nc_nsstore *ns, int (*fn)(void *ctx, const char *dir), void *ctx);
+
 /* Removes a namespace directory and everything in it (the store must be
  * closed). */
 int nsstore_remove_dir(const char *dir, char *err, size_t errlen);
