@@ -100,9 +100,12 @@ void api_h_ns_delete(nc_server *srv, http_request *req, http_response *resp)
         return;
     }
     /* The other replicas delete it too (replication.h; no-op without Redis). */
-    replication_namespace_deleted(srv, name);
-    http_reply_json(resp, 200, json_pack("{s:s,s:b,s:I,s:I}", "name", name, "deleted", 1, "entries",
-                                         (json_int_t)entries, "incarnation", (json_int_t)incarnation));
+    uint64_t tomb = replication_namespace_deleted(srv, name);
+    json_t *o = json_pack("{s:s,s:b,s:I,s:I}", "name", name, "deleted", 1, "entries", (json_int_t)entries,
+                          "incarnation", (json_int_t)incarnation);
+    if (o && tomb)
+        json_object_set_new(o, "tombstone", json_integer((json_int_t)tomb));
+    http_reply_json(resp, 200, o);
 }
 
 void api_h_ns_docs_list(nc_server *srv, http_request *req, http_response *resp)

@@ -217,6 +217,7 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
      * retired store refused it, or took it just before) is answered 410,
      * never 200 for a pair that went with the deleted namespace. */
     bool gone = w.r.adapt && namespaces_session_deleted(s);
+    uint64_t inc = s->ns_ref ? namespaces_incarnation(s->ns_ref) : 0;   /* s may go with its release */
     if (gone) {
         pthread_mutex_lock(&s->lock);
         api_session_namespace_check(s, true, resp);
@@ -235,6 +236,8 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
     } else {
         metrics_add_tokens_fed(t->n);
         json_t *o = feed_json(&w, pos);
+        if (o && w.r.adapt && inc)   /* the incarnation the pairs went into */
+            json_object_set_new(o, "namespace_incarnation", json_integer((json_int_t)inc));
         if (o && w.r.scores)
             metrics_add_tokens_scored(t->n);
         http_reply_json(resp, 200, o);

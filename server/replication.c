@@ -74,11 +74,11 @@ uint64_t replication_attach(void *ctx, const char *ns_name, nc_nsstore *store)
     return birth;
 }
 
-void replication_namespace_deleted(nc_server *srv, const char *ns_name)
+uint64_t replication_namespace_deleted(nc_server *srv, const char *ns_name)
 {
     replication *rep = srv->replication;
     if (!rep || !rep->on)
-        return;
+        return 0;
     /* The tombstone: a time after the deleted incarnation's birth (so the
      * other replicas skip its entries and drop their copies, even those
      * down now) and before any later one's (replication_attach). Recorded
@@ -97,6 +97,7 @@ void replication_namespace_deleted(nc_server *srv, const char *ns_name)
     replication_deletes_save(rep);
     pthread_cond_signal(&rep->cond);
     pthread_mutex_unlock(&rep->lock);
+    return t;
 }
 
 /* ---- set-up ------------------------------------------------------------------- */

@@ -71,8 +71,10 @@ uint64_t replication_attach(void *ctx, const char *ns_name, nc_nsstore *store);
  * published; the other replicas delete it too (those down now when they
  * come back), its stream is removed from Redis, and entries of the deleted
  * incarnation are not applied anywhere (a namespace created later under the
- * name starts empty). */
-void replication_namespace_deleted(nc_server *srv, const char *ns_name);
+ * name starts empty). Returns the tombstone's time (ms; every incarnation
+ * born at or before it, on any replica, is deleted), 0 when replication is
+ * off. */
+uint64_t replication_namespace_deleted(nc_server *srv, const char *ns_name);
 
 /* Prometheus lines appended to text (realloc'ed; returns the new pointer). */
 char *replication_metrics(nc_server *srv, char *text);
