@@ -407,9 +407,10 @@ int proto_decode_session(const json_t *body, const nc_cache_params *defaults,
     if (proto_get_string(body, "namespace", false, &r->ns, NULL, st)) return -1;
     /* A namespace name becomes a directory under data_dir: "." and ".."
      * (and hidden names) would leave it or collide with its files. */
-    if (r->ns && (!valid_id(r->ns) || r->ns[0] == '.'))
+    if (r->ns && (!valid_id(r->ns) || r->ns[0] == '.' || strstr(r->ns, ".deleted-")))
         return proto_fail(st, API_OUT_OF_RANGE,
-                          "field 'namespace' must be 1-63 characters of [A-Za-z0-9_.-], not starting with '.'");
+                          "field 'namespace' must be 1-63 characters of [A-Za-z0-9_.-], not starting with '.' nor "
+                          "holding '.deleted-' (the directories of deleted incarnations)");
     return proto_decode_cache(json_object_get(body, "cache"), defaults, &r->cache, st);
 }
 

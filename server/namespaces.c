@@ -93,10 +93,15 @@ static uint64_t incarnation_of_dir(ns_registry *g, const char *dir, char *err, s
     return inc;
 }
 
+/* namespaces_delete moves a deleted incarnation's directory to
+ * "<name>.deleted-<time>" until its last handle goes: no namespace may be
+ * named so, and recovery finishes such a removal a crash interrupted. */
+#define DELETED_MARK ".deleted-"
+
 static bool valid_name(const char *s)
 {
     size_t n = strlen(s);
-    if (n == 0 || n >= NS_NAME_MAX || s[0] == '.')
+    if (n == 0 || n >= NS_NAME_MAX || s[0] == '.' || strstr(s, DELETED_MARK))
         return false;
     for (; *s; s++)
         if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
@@ -156,7 +161,8 @@ ns_handle *namespaces_acquire_rc(nc_server *srv, const char *name, bool create, 
         return NULL;
     }
     if (!valid_name(name)) {
-        snprintf(err, errlen, "namespace name must be 1-63 characters of [A-Za-z0-9_.-], not starting with '.'");
+        snprintf(err, errlen, "namespace name must be 1-63 characters of [A-Za-z0-9_.-], not starting with '.' "
+                 "nor holding '" DELETED_MARK "'");
         *rc = NC_EINVAL;
         return NULL;
     }
@@ -434,9 +440,20 @@ static int recover_all(ns_registry *g, char *err, size_t errlen)
     struct dirent *e;
     int rc = 0;
     while (rc == 0 && d && (e = readdir(d))) {
+        char dir[1200];
+        if (strstr(e->d_name, DELETED_MARK)) {
+            /* a deleted incarnation whose removal a crash cut short: it
+             * must not come back as a namespace (nor be replicated) */
+            snprintf(dir, sizeof dir, "%.1000s/%.150s", g->root, e->d_name);
+            char err[NC_ERRLEN] = "";
+            if (nsstore_remove_dir(dir, err, sizeof err) != NC_OK)
+                slog(SLOG_WARN, "deleted namespace not removed", json_pack("{s:s,s:s}", "dir", dir, "error", err));
+            else
+                slog(SLOG_INFO, "deleted namespace removed", json_pack("{s:s}", "dir", dir));
+            continue;
+        }
         if (!valid_name(e->d_name))
             continue;
-        char dir[1200];
         snprintf(dir, sizeof dir, "%.1000s/%.63s", g->root, e->d_name);
         struct stat st;
         if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))

@@ -68,8 +68,10 @@ uint64_t replication_attach(void *ctx, const char *ns_name, nc_nsstore *store)
     }
     if (m <= 0 && replication_marker_write(dir, birth, published, err, sizeof err) != 0)
         slog(SLOG_ERROR, "replication: cannot write the marker", json_pack("{s:s,s:s}", "namespace", ns_name, "error", err));
-    /* Segments holding unpublished records outlive snapshots. */
-    nsstore_retain_log(store, published);
+    /* Segments holding unpublished records outlive snapshots, and so do
+     * the published ones for a while (retain_point): everything the log
+     * holds now, until this store's follower is RETAIN_MS old. */
+    nsstore_retain_log(store, 0);
     nsstore_set_observer(store, on_local_add, s);
     return birth;
 }
@@ -92,6 +94,7 @@ uint64_t replication_namespace_deleted(nc_server *srv, const char *ns_name)
         s->tomb = t;
         s->birth = 0;
         s->reset = true;
+        replication_tombs_save(rep);
     }
     replication_deletes_add(rep, ns_name, t);
     replication_deletes_save(rep);
@@ -161,6 +164,18 @@ static int replication_setup(replication *rep, nc_server *srv, char *err, size_t
     if (srv->cfg.data_dir[0])
         snprintf(rep->deletes_path, sizeof rep->deletes_path, "%.1000s/%s", srv->cfg.data_dir, DELETES_FILE);
     replication_deletes_load(rep);
+    rep->tombs_path[0] = rep->epoch_path[0] = 0;
+    if (srv->cfg.data_dir[0]) {
+        snprintf(rep->tombs_path, sizeof rep->tombs_path, "%.1000s/%s", srv->cfg.data_dir, TOMBS_FILE);
+        snprintf(rep->epoch_path, sizeof rep->epoch_path, "%.1000s/%s", srv->cfg.data_dir, EPOCH_FILE);
+    }
+    replication_tombs_load(rep);
+    FILE *ef = rep->epoch_path[0] ? fopen(rep->epoch_path, "r") : NULL;
+    if (ef) {
+        if (!fgets(rep->epoch, sizeof rep->epoch, ef)) rep->epoch[0] = 0;
+        rep->epoch[strcspn(rep->epoch, "\n")] = 0;
+        fclose(ef);
+    }
     /* Test hook (tests/test_replication.c): the publisher never records its
      * progress, so a restart publishes the whole log again -- what a crash
      * between an XADD and the marker does to the last batch. */

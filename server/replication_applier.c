@@ -218,7 +218,10 @@ static void apply_tombstone(replication *rep, const char *name, uint64_t t, cons
     ns_state *s = replication_ns_find(rep, name);
     bool drop = false;
     if (s) {
-        if (t > s->tomb) s->tomb = t;
+        if (t > s->tomb) {
+            s->tomb = t;
+            replication_tombs_save(rep);   /* given back to a Redis that loses its data */
+        }
         drop = s->birth != 0 && s->birth <= t;
     }
     pthread_mutex_unlock(&rep->lock);

@@ -97,6 +97,33 @@ void replication_deletes_load(replication *rep)
     fclose(f);
 }
 
+void replication_tombs_save(replication *rep)
+{
+    if (!rep->tombs_path[0]) return;
+    size_t cap = 64 + (size_t)rep->nns * (SESSION_ID_MAX + 24), k = 0;
+    char *buf = malloc(cap), err[NC_ERRLEN];
+    if (!buf) return;
+    for (int i = 0; i < rep->nns; i++)
+        if (rep->ns[i].tomb)
+            k += (size_t)snprintf(buf + k, cap - k, "%s %llu\n", rep->ns[i].name, (unsigned long long)rep->ns[i].tomb);
+    if (atomicfile_write(rep->tombs_path, buf, k, err, sizeof err) != NC_OK)
+        slog(SLOG_ERROR, "replication: cannot record the tombstones", json_pack("{s:s}", "error", err));
+    free(buf);
+}
+
+void replication_tombs_load(replication *rep)
+{
+    FILE *f = rep->tombs_path[0] ? fopen(rep->tombs_path, "r") : NULL;
+    if (!f) return;
+    char name[SESSION_ID_MAX];
+    unsigned long long t;
+    while (fscanf(f, "%63s %llu", name, &t) == 2) {
+        ns_state *s = replication_ns_get(rep, name);
+        if (s && t > s->tomb) s->tomb = t;
+    }
+    fclose(f);
+}
+
 /* ---- namespaces --------------------------------------------------------------- */
 
 /* The entry of name, or NULL (rep->lock held). */

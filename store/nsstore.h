@@ -112,6 +112,9 @@ int nsstore_log_open(nc_nsstore *ns, uint64_t after, nc_nslog **out, char *err, 
  * (valid until the next call), 0 when none is durable yet, or a negative
  * NC_ code. */
 int nsstore_log_next(nc_nslog *l, nc_nslog_add *a, char *err, size_t errlen);
+/* The oldest record ns's log still holds (first of its oldest segment;
+ * snapshots prune older ones), 0 = none. */
+uint64_t nsstore_log_oldest(nc_nsstore *ns);
 /* The last record consumed (ADD or DOC). */
 uint64_t nsstore_log_position(const nc_nslog *l);
 /* NULL allowed. */

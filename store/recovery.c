@@ -38,6 +38,11 @@ int nsstore_log_open(nc_nsstore *ns, uint64_t after, nc_nslog **out, char *err, 
     return NC_OK;
 }
 
+uint64_t nsstore_log_oldest(nc_nsstore *ns)
+{
+    return wal_oldest_seq(ns->waldir);
+}
+
 uint64_t nsstore_log_position(const nc_nslog *l)
 {
     return wal_reader_position(l->r);

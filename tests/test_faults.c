@@ -585,6 +585,8 @@ static void run_round(uint64_t *r, int round_ms)
     /* the kind is counted by what it did: a delete of a name that did not
      * exist there is not a fault */
     if (done) fault_count[kind]++;
+    if (getenv("NEUROCACHE_FAULT_VERBOSE"))
+        fprintf(stderr, "  %.3f %s %s%s\n", now_s(), FAULT_NAMES[kind], TAGS[i], done ? "" : " (nothing to do)");
     sleep_ms(round_ms / 2);
 }
 
@@ -609,7 +611,7 @@ static json_t *docs_on(int i, int ns)
             json_array_foreach(a, k, d) {
                 const char *id = json_string_value(json_object_get(d, "id"));
                 json_int_t n = json_integer_value(json_object_get(d, "tokens"));
-                if (!id) continue;
+                if (!id || n == 0) continue;   /* a document of no pair (a refused feed) is local */
                 if (!strncmp(id, "repl:", 5)) {
                     const char *p = id;
                     for (int c = 0; c < 5 && p; c++) p = strchr(p + 1, ':');
@@ -786,7 +788,19 @@ static int run_seed(uint64_t seed, int rounds, int round_ms, verdict *v)
         sleep_ms(1000);
     json_decref(prev);
     CHECKF(ok, "seed %llu: replication did not settle within 90 s", (unsigned long long)seed);
+    long bad_before = v->lost + v->duplicated + v->resurrected + v->diverged;
     check_history(v);
+    bool keep = !ok || v->lost + v->duplicated + v->resurrected + v->diverged > bad_before;
+    for (int i = 0; keep && i < NREP; i++) {
+        http_resp r;
+        if (http_call(rep_port[i], "GET", "/v1/replication", NULL, NULL, 0, &r) == 0)
+            fprintf(stderr, "faults: replica %s: %s\n", TAGS[i], r.body ? r.body : "");
+        http_resp_free(&r);
+        /* the logs stay for a look (daemon_stop removes the scratch dir) */
+        char cmd[800];
+        snprintf(cmd, sizeof cmd, "cp '%s' '%s/replica-%s.log' 2>/dev/null", rep[i].log, workdir, TAGS[i]);
+        if (system(cmd) != 0) { /* best effort */ }
+    }
 
     for (size_t h = 0; h < nhist; h++) {
         free(hist[h].feed_inc);
@@ -804,7 +818,8 @@ static int run_seed(uint64_t seed, int rounds, int round_ms, verdict *v)
     redis_kill();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", workdir);
-    if (system(cmd) != 0) { /* best effort */ }
+    if (keep) fprintf(stderr, "faults: seed %llu failed: its files are kept in %s\n", (unsigned long long)seed, workdir);
+    else if (system(cmd) != 0) { /* best effort */ }
     return 0;
 }
 
