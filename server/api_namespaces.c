@@ -10,7 +10,6 @@
 
 #include "metrics.h"
 #include "namespaces.h"
-#include "replication.h"
 #include "uploads.h"
 
 /* The uploads in progress into r, as GET /v1/namespaces/{ns} shows them. */
@@ -94,13 +93,13 @@ void api_h_ns_delete(nc_server *srv, http_request *req, http_response *resp)
     }
     char err[NC_ERRLEN] = "";
     int64_t entries = 0;
-    uint64_t incarnation = 0;
-    if (namespaces_delete(srv, name, &entries, &incarnation, err, sizeof err) != 0) {
+    uint64_t incarnation = 0, tomb = 0;
+    /* The other replicas delete it too (its tombstone: replication.h;
+     * none without Redis). */
+    if (namespaces_delete(srv, name, 0, &entries, &incarnation, &tomb, err, sizeof err) != 0) {
         http_reply_error(resp, API_NOT_FOUND, "%s", err);
         return;
     }
-    /* The other replicas delete it too (replication.h; no-op without Redis). */
-    uint64_t tomb = replication_namespace_deleted(srv, name);
     json_t *o = json_pack("{s:s,s:b,s:I,s:I}", "name", name, "deleted", 1, "entries", (json_int_t)entries,
                           "incarnation", (json_int_t)incarnation);
     if (o && tomb)

@@ -52,6 +52,7 @@ struct ns_registry {
     long switch_at;
     bool train_self;
     uint64_t (*opened)(void *ctx, const char *name, nc_nsstore *store);   /* nc_server.namespace_opened */
+    uint64_t (*deleted)(void *ctx, const char *name);                     /* nc_server.namespace_deleted */
     void *opened_ctx;
     uint64_t last_incarnation;    /* the newest issued here (registry lock) */
 };
@@ -477,6 +478,7 @@ static int registry_setup(ns_registry *g, const nc_server *srv, char *err, size_
     g->switch_at = srv->cfg.index_switch_at;
     g->train_self = srv->cfg.index_train_self;
     g->opened = srv->namespace_opened;
+    g->deleted = srv->namespace_deleted;
     g->opened_ctx = srv->namespace_opened_ctx;
     snprintf(g->factory, sizeof g->factory, "%s", srv->cfg.index_factory);
     const char *data = srv->cfg.data_dir;
@@ -734,8 +736,8 @@ char *namespaces_metrics(nc_server *srv, char *text)
 
 /* ---- deletion ------------------------------------------------------------------ */
 
-int namespaces_delete(nc_server *srv, const char *name, int64_t *entries, uint64_t *incarnation, char *err,
-                      size_t errlen)
+int namespaces_delete(nc_server *srv, const char *name, uint64_t born_by, int64_t *entries, uint64_t *incarnation,
+                      uint64_t *tombstone, char *err, size_t errlen)
 {
     ns_registry *g = srv->namespaces;
     ns_handle *r = namespaces_acquire(srv, name, false, err, errlen);
@@ -744,14 +746,21 @@ int namespaces_delete(nc_server *srv, const char *name, int64_t *entries, uint64
     nc_nsstore_stats st;
     nsstore_stats(r->store, &st);
     pthread_mutex_lock(&g->lock);
-    if (r->removed) {
-        /* a concurrent deletion took it out between our acquire and here */
+    if (r->removed || (born_by && r->incarnation > born_by)) {
+        /* a concurrent deletion took it out between our acquire and here
+         * (HASH_DEL twice would corrupt the table), or the incarnation
+         * under the name is younger than the tombstone being applied */
         pthread_mutex_unlock(&g->lock);
         namespaces_release(srv, r);
-        snprintf(err, errlen, "no namespace '%s'", name);
+        snprintf(err, errlen, "no namespace '%s'%s", name, r->removed ? "" : " of that incarnation");
         return -1;
     }
     HASH_DEL(g->by_name, r);
+    /* the tombstone is made before the lock goes: any incarnation created
+     * under the name from now on is born after it (replication_attach) */
+    uint64_t tomb = tombstone && g->deleted ? g->deleted(g->opened_ctx, name) : 0;
+    if (tombstone)
+        *tombstone = tomb;
     __atomic_store_n(&r->removed, true, __ATOMIC_RELEASE);
     /* No write of this incarnation may land under the path from here on:
      * a snapshot or marker write in progress finishes first (and moves

@@ -36,11 +36,15 @@ ns_handle *namespaces_acquire(nc_server *srv, const char *name, bool create, cha
 ns_handle *namespaces_acquire_rc(nc_server *srv, const char *name, bool create, int *rc, char *err, size_t errlen);
 /* Deletes a namespace's live incarnation (its store is retired and its
  * directory moves aside, removed when the last handle goes; sessions bound
- * to it answer 410 namespace_deleted from now on). 0 with *entries and
+ * to it answer 410 namespace_deleted from now on). born_by: only an
+ * incarnation born at or before it (a tombstone applied), 0 = whichever
+ * lives. tombstone non-NULL: a deletion made here, announced to the other
+ * replicas (nc_server.namespace_deleted, under the registry's lock) and
+ * its tombstone stored there (0 without replication). 0 with *entries and
  * *incarnation (both optional) of what was deleted, or -1 with a message
- * (no such namespace). */
-int namespaces_delete(nc_server *srv, const char *name, int64_t *entries, uint64_t *incarnation, char *err,
-                      size_t errlen);
+ * (no such namespace, or none of that age). */
+int namespaces_delete(nc_server *srv, const char *name, uint64_t born_by, int64_t *entries, uint64_t *incarnation,
+                      uint64_t *tombstone, char *err, size_t errlen);
 void namespaces_release(nc_server *srv, ns_handle *r);
 nc_nsstore *namespaces_store(ns_handle *r);
 const char *namespaces_name(const ns_handle *r);

@@ -76,9 +76,9 @@ uint64_t replication_attach(void *ctx, const char *ns_name, nc_nsstore *store)
     return birth;
 }
 
-uint64_t replication_namespace_deleted(nc_server *srv, const char *ns_name)
+uint64_t replication_namespace_deleted(void *ctx, const char *ns_name)
 {
-    replication *rep = srv->replication;
+    replication *rep = ctx;
     if (!rep || !rep->on)
         return 0;
     /* The tombstone: a time after the deleted incarnation's birth (so the
@@ -222,6 +222,7 @@ int replication_start(nc_server *srv, char *err, size_t errlen)
     srv->replication = rep;
     /* every store the registry opens from now on publishes its adds */
     srv->namespace_opened = replication_attach;
+    srv->namespace_deleted = replication_namespace_deleted;
     srv->namespace_opened_ctx = rep;
     slog(SLOG_INFO, "replication", json_pack("{s:s,s:i,s:s,s:s}", "redis_host", rep->host, "redis_port", rep->port,
                                             "prefix", rep->prefix, "replica", rep->tag));
@@ -255,6 +256,7 @@ void replication_shutdown(nc_server *srv)
     replication_free(srv->replication);
     srv->replication = NULL;
     srv->namespace_opened = NULL;
+    srv->namespace_deleted = NULL;
     srv->namespace_opened_ctx = NULL;
 }
 

@@ -228,7 +228,7 @@ static void apply_tombstone(replication *rep, const char *name, uint64_t t, cons
     if (!drop) return;
     char err[NC_ERRLEN] = "";
     int64_t gone = 0;
-    if (namespaces_delete(rep->srv, name, &gone, NULL, err, sizeof err) == 0)
+    if (namespaces_delete(rep->srv, name, t, &gone, NULL, NULL, err, sizeof err) == 0)
         slog(SLOG_INFO, "replication: namespace deleted by another replica",
              json_pack("{s:s,s:s,s:I}", "namespace", name, "origin", origin, "entries", (json_int_t)gone));
     pthread_mutex_lock(&rep->lock);

@@ -366,41 +366,27 @@ static int marker_reset_in(void *ctx, const char *dir)
     return replication_marker_write(dir, ((marker_reset *)ctx)->birth, 0, err, sizeof err) == 0 ? NC_OK : NC_EIO;
 }
 
-/* Everything attached published again from the start of its log: the
- * markers say so on disk first. */
-static void republish_logs(replication *rep)
+/* One store published again from the start of its log (republish_logs):
+ * the marker says so on disk first. */
+static void republish_one(replication *rep, ns_state *s, nc_nsstore *store, uint64_t birth, unsigned gen, void *ctx)
 {
+    (void)ctx;
+    marker_reset mr = {birth};
     pthread_mutex_lock(&rep->lock);
-    int nns = rep->nns;
+    bool same = s->gen == gen && s->birth == birth;
+    if (same) {
+        s->published = 0;
+        s->pub_pos = 0;
+        s->dirty = true;
+    }
     pthread_mutex_unlock(&rep->lock);
-    for (int i = 0; i < nns; i++) {
-        ns_state *s = &rep->ns[i];
-        pthread_mutex_lock(&rep->lock);
-        uint64_t birth = s->birth;
-        unsigned gen = s->gen;
-        pthread_mutex_unlock(&rep->lock);
-        char err[NC_ERRLEN];
-        ns_handle *ref = birth ? namespaces_acquire(rep->srv, s->name, false, err, sizeof err) : NULL;
-        if (!ref) continue;
-        nc_nsstore *store = namespaces_store(ref);
-        marker_reset mr = {birth};
-        pthread_mutex_lock(&rep->lock);
-        bool same = s->gen == gen && s->birth == birth;
-        if (same) {
-            s->published = 0;
-            s->pub_pos = 0;
-            s->dirty = true;
-        }
-        pthread_mutex_unlock(&rep->lock);
-        if (same) {
-            nsstore_retain_log(store, 0);
-            nsstore_run_live(store, marker_reset_in, &mr);
-            if (s->log) {
-                nsstore_log_close(s->log);
-                s->log = NULL;
-            }
-        }
-        namespaces_release(rep->srv, ref);
+    if (!same)
+        return;
+    nsstore_retain_log(store, 0);
+    nsstore_run_live(store, marker_reset_in, &mr);
+    if (s->log) {
+        nsstore_log_close(s->log);
+        s->log = NULL;
     }
 }
 
@@ -453,7 +439,7 @@ static int check_epoch(replication *rep, redisContext *c)
     if (rep->epoch[0]) {
         slog(SLOG_WARN, "replication: Redis lost its data (a restart without appendonly?); publishing the logs "
              "and tombstones again", json_pack("{s:s,s:s}", "epoch_was", rep->epoch, "epoch", now));
-        republish_logs(rep);
+        replication_each_store(rep, republish_one, NULL);
         if (republish_tombstones(rep, c) != 0) return -1;
     }
     char err[NC_ERRLEN];

@@ -145,6 +145,11 @@ redisContext *replication_connect_redis(replication *rep, atomic_int *flag);
 void replication_stream_key(replication *rep, const char *ns, char *out, size_t cap);
 /* Reads n pipelined replies; 0 when all succeeded. */
 int replication_read_replies(redisContext *c, int n);
+/* Calls fn(rep, s, store, birth, gen, ctx) for every namespace with a
+ * store attached, held meanwhile (fn checks s->gen == gen under rep->lock
+ * before it trusts s: the store may be deleted and created again). */
+void replication_each_store(replication *rep, void (*fn)(replication *, ns_state *, nc_nsstore *, uint64_t, unsigned,
+                                                          void *), void *ctx);
 /* Log records of the attached stores not yet published (or passed over:
  * DOC records, entries applied from others), whatever Redis's state. */
 uint64_t replication_unpublished_records(replication *rep);
