@@ -15,7 +15,6 @@
 #include <unistd.h>
 #include <uthash.h>
 
-#include "atomicfile.h"
 #include "metrics.h"
 #include "slog.h"
 
@@ -57,41 +56,11 @@ struct ns_registry {
     uint64_t last_incarnation;    /* the newest issued here (registry lock) */
 };
 
-#define INCARNATION_FILE "INCARNATION"
-
 static uint64_t wall_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-/* The incarnation of the store in dir when nobody else (replication) names
- * it: the creation time (ms) kept in dir/INCARNATION, written when absent
- * (a new directory, or one made by a version without incarnations), later
- * than any issued before in this process, so a namespace deleted and
- * created again within a millisecond still gets a new one. 0 when it can
- * be neither read nor written (err says). */
-static uint64_t incarnation_of_dir(ns_registry *g, const char *dir, char *err, size_t errlen)
-{
-    char path[1300], buf[64];
-    snprintf(path, sizeof path, "%s/%s", dir, INCARNATION_FILE);
-    FILE *f = fopen(path, "r");
-    unsigned long long v = 0;
-    if (f) {
-        size_t n = fread(buf, 1, sizeof buf - 1, f);
-        fclose(f);
-        buf[n] = 0;
-        if (sscanf(buf, "%llu", &v) == 1 && v > 0)
-            return v;
-    }
-    uint64_t inc = wall_ms();
-    if (inc <= g->last_incarnation)
-        inc = g->last_incarnation + 1;
-    int k = snprintf(buf, sizeof buf, "%llu\n", (unsigned long long)inc);
-    if (atomicfile_write(path, buf, (size_t)k, err, errlen) != NC_OK)
-        return 0;
-    return inc;
 }
 
 /* namespaces_delete moves a deleted incarnation's directory to
@@ -134,10 +103,14 @@ static int open_store(ns_registry *g, const char *dir, nc_nsstore **out, uint64_
         const char *slash = strrchr(dir, '/');
         *inc = g->opened(g->opened_ctx, slash ? slash + 1 : dir, *out);
     }
-    if (rc == NC_OK && *inc == 0 && (*inc = incarnation_of_dir(g, dir, err, errlen)) == 0) {
-        nsstore_close(*out);
-        *out = NULL;
-        rc = NC_EIO;
+    if (rc == NC_OK && *inc == 0) {
+        /* Nobody shares it (no replication): named for this run of the
+         * daemon, the time it was opened, later than any issued before --
+         * sessions, which bind to it, do not outlive the run either, and no
+         * file write is added to creating a namespace. */
+        *inc = wall_ms();
+        if (*inc <= g->last_incarnation)
+            *inc = g->last_incarnation + 1;
     }
     if (rc == NC_OK && *inc > g->last_incarnation)
         g->last_incarnation = *inc;
@@ -321,7 +294,8 @@ static void each_one(ns_registry *g, ns_handle *r, void *arg)
 {
     (void)g;
     each_call *c = arg;
-    c->fn(r, c->ctx);
+    if (namespaces_live(r))   /* not one deleted since for_each held it */
+        c->fn(r, c->ctx);
 }
 
 void namespaces_each(nc_server *srv, void (*fn)(ns_handle *, void *), void *ctx)

@@ -50,10 +50,11 @@ nc_nsstore *namespaces_store(ns_handle *r);
 const char *namespaces_name(const ns_handle *r);
 
 /* Incarnations. A namespace deleted and created again under its name is a
- * new incarnation: a new store in a new directory, and a new number (ms
- * since the epoch at its creation, replication's "birth" when Redis is on:
- * the replicas compare it with the deletions' tombstones; kept in the
- * directory, so it survives restarts). A handle stays bound to the
+ * new incarnation: a new store in a new directory, and a new number. With
+ * replication it is the store's "birth" (ms at its creation, kept in its
+ * marker, compared by the replicas with the deletions' tombstones); without,
+ * the time it was opened in this run of the daemon (sessions, which bind to
+ * it, do not outlive the run). Numbers only grow. A handle stays bound to the
  * incarnation it was acquired on: once that is deleted, namespaces_live is
  * false for good and its store is retired (nsstore_retire: every write is
  * refused), whatever is created under the name later. */

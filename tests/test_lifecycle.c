@@ -179,10 +179,11 @@ TEST(deleted_namespace_refuses_old_session)
     CHECKF(entries == n_new + 3, "new incarnation after adapt: %lld entries", (long long)entries);
     json_int_t inc_get = ns_field(&d, "zz", "incarnation", &st);
     CHECK(inc_get == inc2);
-    /* the incarnation survives a restart, and so does only what it holds */
+    /* only what the last incarnation holds survives a restart (without
+     * replication, the number names the incarnation for a run: it grows) */
     CHECK(daemon_stop(&d) == 0);
     CHECK(start(&d, NULL) == 0);
-    CHECK(ns_field(&d, "zz", "incarnation", &st) == inc2);
+    CHECK(ns_field(&d, "zz", "incarnation", &st) > inc2);
     entries = ns_field(&d, "zz", "entries", &st);
     CHECKF(entries == n_new + 3, "after restart: %lld entries", (long long)entries);
     CHECK(call(&d, "DELETE", "/v1/namespaces/zz?confirm=zz", NULL, NULL, NULL, 0) == 200);
@@ -349,7 +350,7 @@ TEST(delete_recreate_under_adapt_and_snapshots)
     json_int_t entries = ns_field(&d, "rz", "entries", &st);
     CHECKF(st == 200 && entries == n_new, "after restart the last incarnation holds %lld entries (%lld expected)",
            (long long)entries, (long long)n_new);
-    CHECK(ns_field(&d, "rz", "incarnation", &st) == inc);
+    CHECK(ns_field(&d, "rz", "incarnation", &st) > inc);
     CHECK(daemon_stop(&d) == 0);
 }
 
