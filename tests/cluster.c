@@ -2,8 +2,10 @@
 #include "cluster.h"
 
 #include <curl/curl.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 int cluster_haproxy_cfg(const char *out, int lb_port, const int rep_port[CLUSTER_NREP], int stats_port,
                         const char *sock)
@@ -38,6 +40,25 @@ int cluster_haproxy_cfg(const char *out, int lb_port, const int rep_port[CLUSTER
     }
     fclose(in);
     return fclose(o);
+}
+
+pid_t cluster_haproxy_start(const char *bin, const char *workdir, int lb_port, const int rep_port[CLUSTER_NREP],
+                            int stats_port)
+{
+    char cfg[400], log[400], sock[400];
+    snprintf(cfg, sizeof cfg, "%s/haproxy.cfg", workdir);
+    snprintf(log, sizeof log, "%s/haproxy.log", workdir);
+    snprintf(sock, sizeof sock, "%s/haproxy.sock", workdir);
+    if (cluster_haproxy_cfg(cfg, lb_port, rep_port, stats_port, sock))
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
+        execl(bin, "haproxy", "-db", "-f", cfg, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
 }
 
 int cluster_lb_call(int lb_port, const char *method, const char *path, const char *ctype, const char *body,

@@ -4,6 +4,8 @@
 #ifndef NC_TEST_CLUSTER_H
 #define NC_TEST_CLUSTER_H
 
+#include <sys/types.h>
+
 #include "daemon.h"
 
 #define CLUSTER_NREP 3
@@ -13,6 +15,13 @@
  * statistics on stats_port and the admin socket at sock. 0 or -1. */
 int cluster_haproxy_cfg(const char *out, int lb_port, const int rep_port[CLUSTER_NREP], int stats_port,
                         const char *sock);
+
+/* Starts haproxy (binary bin) in the foreground (-db) on workdir's
+ * haproxy.cfg written by cluster_haproxy_cfg (admin socket
+ * workdir/haproxy.sock), its output in workdir/haproxy.log. The child's
+ * pid, or -1. The caller waits for what it needs (servers up, the port). */
+pid_t cluster_haproxy_start(const char *bin, const char *workdir, int lb_port, const int rep_port[CLUSTER_NREP],
+                            int stats_port);
 
 /* One request through the balancer on lb_port. ctype NULL = JSON; body may
  * be NULL; sid != NULL adds X-Session-Id (the balancer routes by it).

@@ -26,8 +26,9 @@
  * All four must be 0. Figures (rounds, faults by kind, acknowledged
  * documents and pairs) are printed on one line "faults: ...".
  *
- * NEUROCACHE_FAULT_ROUNDS (default 4), NEUROCACHE_FAULT_SEEDS (default "1",
- * comma-separated), NEUROCACHE_FAULT_ROUND_MS (default 1200). Skipped when
+ * NEUROCACHE_FAULT_ROUNDS (default 6), NEUROCACHE_FAULT_SEEDS (default
+ * "188", whose six rounds apply each kind of fault once; comma-separated),
+ * NEUROCACHE_FAULT_ROUND_MS (default 1200). Skipped when
  * haproxy or redis-server is not installed (`make deps`). */
 #include <arpa/inet.h>
 #include <curl/curl.h>
@@ -269,19 +270,7 @@ static void term_replica(int i)
 
 static int start_haproxy(void)
 {
-    char cfg[400], log[400];
-    snprintf(cfg, sizeof cfg, "%s/haproxy.cfg", workdir);
-    snprintf(log, sizeof log, "%s/haproxy.log", workdir);
-    char sock[300];
-    snprintf(sock, sizeof sock, "%s/haproxy.sock", workdir);
-    if (cluster_haproxy_cfg(cfg, lb_port, rep_port, stats_port, sock)) return -1;
-    haproxy_pid = fork();
-    if (haproxy_pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
-        execl(haproxy_bin, "haproxy", "-db", "-f", cfg, (char *)NULL);
-        _exit(127);
-    }
+    if ((haproxy_pid = cluster_haproxy_start(haproxy_bin, workdir, lb_port, rep_port, stats_port)) < 0) return -1;
     for (int i = 0; i < 200; i++) {
         int fd = connect_port(lb_port);
         if (fd >= 0) {
@@ -764,12 +753,13 @@ static int run_seed(uint64_t seed, int rounds, int round_ms, verdict *v)
 TEST(fault_schedule)
 {
     const char *e = getenv("NEUROCACHE_FAULT_ROUNDS");
-    int rounds = e ? atoi(e) : 4;
+    int rounds = e ? atoi(e) : 6;
     e = getenv("NEUROCACHE_FAULT_ROUND_MS");
     int round_ms = e ? atoi(e) : 1200;
     e = getenv("NEUROCACHE_FAULT_SEEDS");
     char seeds[256];
-    snprintf(seeds, sizeof seeds, "%s", e ? e : "1");
+    /* seed 188's first six rounds are one fault of each kind */
+    snprintf(seeds, sizeof seeds, "%s", e ? e : "188");
     verdict v = {0};
     int nseeds = 0, total_rounds = 0;
     long ok_before = 0;

@@ -142,19 +142,7 @@ static int wait_status(const char *tag, const char *want, double timeout_s)
 
 static int start_haproxy(void)
 {
-    char cfg[400], log[400];
-    snprintf(cfg, sizeof cfg, "%s/haproxy.cfg", workdir);
-    snprintf(log, sizeof log, "%s/haproxy.log", workdir);
-    char sock[300];
-    snprintf(sock, sizeof sock, "%s/haproxy.sock", workdir);
-    if (cluster_haproxy_cfg(cfg, lb_port, rep_port, stats_port, sock)) return -1;
-    haproxy_pid = fork();
-    if (haproxy_pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
-        execl(haproxy_bin, "haproxy", "-db", "-f", cfg, (char *)NULL);
-        _exit(127);
-    }
+    if ((haproxy_pid = cluster_haproxy_start(haproxy_bin, workdir, lb_port, rep_port, stats_port)) < 0) return -1;
     for (int i = 0; i < NREP; i++)
         if (wait_status(TAGS[i], "UP", 20)) return -1;
     return 0;
