@@ -57,6 +57,9 @@ static const struct {
     [API_FORBIDDEN] = {403, "forbidden", 0},
     [API_RATE_LIMITED] = {429, "rate_limited", 0},
     [API_TOKEN_BUDGET] = {429, "token_budget_exceeded", 0},
+    /* for good: a retry cannot succeed, the namespace created again under
+     * the name is another incarnation (docs/namespaces.md) */
+    [API_NAMESPACE_DELETED] = {410, "namespace_deleted", 0},
     [API_CONFIRMATION_REQUIRED] = {400, "confirmation_required", 0},
 };
 
@@ -455,9 +458,10 @@ int proto_decode_session(const json_t *body, const nc_cache_params *defaults,
     if (proto_get_string(body, "namespace", false, &r->ns, NULL, st)) return -1;
     /* A namespace name becomes a directory under data_dir: "." and ".."
      * (and hidden names) would leave it or collide with its files. */
-    if (r->ns && (!valid_id(r->ns) || r->ns[0] == '.'))
+    if (r->ns && (!valid_id(r->ns) || r->ns[0] == '.' || strstr(r->ns, ".deleted-")))
         return proto_fail(st, API_OUT_OF_RANGE,
-                          "field 'namespace' must be 1-63 characters of [A-Za-z0-9_.-], not starting with '.'");
+                          "field 'namespace' must be 1-63 characters of [A-Za-z0-9_.-], not starting with '.' nor "
+                          "holding '.deleted-' (the directories of deleted incarnations)");
     return proto_decode_cache(json_object_get(body, "cache"), defaults, &r->cache, st);
 }
 

@@ -47,6 +47,7 @@ typedef enum {
     API_FORBIDDEN,           /* 403 the key may not do this, or not in this namespace */
     API_RATE_LIMITED,        /* 429 over the key's requests per second */
     API_TOKEN_BUDGET,        /* 429 over the key's tokens per minute */
+    API_NAMESPACE_DELETED,   /* 410 the session's namespace incarnation was deleted */
     API_CONFIRMATION_REQUIRED, /* 400 a destructive request without its ?confirm= */
     API_ERROR_COUNT
 } api_error;

@@ -189,7 +189,7 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
         feed_work_free(&w);
         return;
     }
-    if (feed_over_budget(srv, s, &w, resp) != 0) {
+    if ((w.r.adapt && api_session_namespace_check(s, true, resp) != 0) || feed_over_budget(srv, s, &w, resp) != 0) {
         pthread_mutex_unlock(&s->lock);
         sessions_release(srv->sessions, s);
         feed_work_free(&w);
@@ -213,8 +213,21 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
             snprintf(err, sizeof err, "%s", serr);
         }
     }
+    /* An adapted pair is acknowledged only if its incarnation was live
+     * after it was durable: a deletion that raced with the write (the
+     * retired store refused it, or took it just before) is answered 410,
+     * never 200 for a pair that went with the deleted namespace. */
+    bool gone = w.r.adapt && namespaces_session_deleted(s);
+    uint64_t inc = s->ns_ref ? namespaces_incarnation(s->ns_ref) : 0;   /* s may go with its release */
+    if (gone) {
+        pthread_mutex_lock(&s->lock);
+        api_session_namespace_check(s, true, resp);
+        pthread_mutex_unlock(&s->lock);
+    }
     sessions_release(srv->sessions, s);
-    if (rc != NC_OK) {
+    if (gone) {
+        /* answered */
+    } else if (rc != NC_OK) {
         http_reply_error(resp, api_error_from_core(rc), "feed: %s", err);
     } else if (why != WG_RUN) {
         metrics_add_tokens_fed(done);
@@ -224,6 +237,8 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
     } else {
         metrics_add_tokens_fed(t->n);
         json_t *o = feed_json(srv, &w, pos);
+        if (o && w.r.adapt && inc)   /* the incarnation the pairs went into */
+            json_object_set_new(o, "namespace_incarnation", json_integer((json_int_t)inc));
         if (o && w.r.scores)
             metrics_add_tokens_scored(t->n);
         http_reply_json(resp, 200, o);
@@ -236,6 +251,9 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
 static void predict_answer(nc_session *s, const proto_predict_req *r, const float *logits,
                            http_response *resp)
 {
+    /* a session reading a deleted incarnation's cache answers 410 */
+    if (api_session_namespace_check(s, false, resp) != 0)
+        return;
     nc_dist d;
     dist_init(&d);
     char err[NC_ERRLEN] = "";

@@ -8,6 +8,7 @@
 
 #include "api_errors.h"
 #include "migrate.h"
+#include "namespaces.h"
 
 nc_session *api_session_acquire(nc_server *srv, http_request *req, http_response *resp)
 {
@@ -19,15 +20,37 @@ nc_session *api_session_acquire(nc_server *srv, http_request *req, http_response
     return s;
 }
 
+int api_session_namespace_check(nc_session *s, bool adapt, http_response *resp)
+{
+    if (!namespaces_session_deleted(s) || (!adapt && !stream_unbounded_cache(s->stream)))
+        return 0;
+    const ns_handle *r = s->ns_ref;
+    http_reply_error(resp, API_NAMESPACE_DELETED,
+                     "namespace '%s' (incarnation %llu), which session '%s' reads and adapts, was deleted: "
+                     "create a new session (a namespace created again under the name is a new incarnation "
+                     "this session does not join)", namespaces_name(r),
+                     (unsigned long long)namespaces_incarnation(r), s->id);
+    return -1;
+}
+
 int api_session_lock(nc_server *srv, nc_session *s, http_response *resp)
 {
     pthread_mutex_lock(&s->lock);
-    if (!sessions_removed(srv->sessions, s))
-        return 0;
+    if (!sessions_removed(srv->sessions, s)) {
+        if (api_session_namespace_check(s, false, resp) == 0)
+            return 0;
+        pthread_mutex_unlock(&s->lock);
+        return -1;
+    }
     pthread_mutex_unlock(&s->lock);
-    http_reply_error(resp, API_SESSION_MOVED,
-                     "session '%s' was handed to another replica or deleted while this request "
-                     "waited: retry", s->id);
+    /* Only a session that lives on elsewhere (handed over, replaced by an
+     * import) or a draining replica is worth a retry: one deleted here is
+     * gone, and a retry would only find that out. */
+    if (sessions_moved(srv->sessions, s) || atomic_load(&srv->draining))
+        http_reply_error(resp, API_SESSION_MOVED,
+                         "session '%s' was handed to another replica while this request waited: retry", s->id);
+    else
+        http_reply_error(resp, API_SESSION_NOT_FOUND, "session '%s' was deleted while this request waited", s->id);
     return -1;
 }
 

@@ -16,10 +16,19 @@
  * session_moved or 404 session_not_found. */
 nc_session *api_session_acquire(nc_server *srv, http_request *req, http_response *resp);
 
-/* Locks s->lock for a request; if the session was handed over or deleted
- * while the request waited, unlocks, answers 503 session_moved and returns
- * -1 (the caller still releases s). */
+/* Locks s->lock for a request; if the session was handed over while the
+ * request waited (or the replica drains), unlocks, answers 503
+ * session_moved, if it was deleted, 404 session_not_found, and if it reads
+ * the unbounded cache of a namespace incarnation deleted since, 410
+ * namespace_deleted (api_session_namespace_check), and returns -1 (the
+ * caller still releases s). */
 int api_session_lock(nc_server *srv, nc_session *s, http_response *resp);
+
+/* s locked: 0 if s may go on, or answers 410 namespace_deleted and
+ * returns -1 when the namespace incarnation s is bound to was deleted and
+ * the request needs it -- it adapts (adapt), or s's stream reads the
+ * namespace's unbounded cache. */
+int api_session_namespace_check(nc_session *s, bool adapt, http_response *resp);
 
 /* At least the number of tokens tokenize() gives for text[0..len) without
  * normalisation: it splits on Unicode white space (a superset of ASCII's)

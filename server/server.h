@@ -30,8 +30,14 @@ typedef struct nc_server {
     struct auth_table *auth;          /* API keys (auth.h); NULL = none: every request allowed */
     /* Called by the namespace registry for every store it opens or creates,
      * before any add, with namespace_opened_ctx (replication attaches its
-     * publisher); set before namespaces_init, NULL = nobody listens. */
-    void (*namespace_opened)(void *ctx, const char *name, struct nc_nsstore *store);
+     * publisher); set before namespaces_init, NULL = nobody listens. It
+     * returns the store's incarnation as it knows it (replication's birth,
+     * ms), 0 = none: the registry then keeps its own (namespaces.h). */
+    uint64_t (*namespace_opened)(void *ctx, const char *name, struct nc_nsstore *store);
+    /* Called by the registry when a namespace is deleted here, under its
+     * lock (before the name can be created again), with the same ctx:
+     * returns the deletion's tombstone (replication's; 0 = none). */
+    uint64_t (*namespace_deleted)(void *ctx, const char *name);
     void *namespace_opened_ctx;
 } nc_server;
 

@@ -523,6 +523,14 @@ int upload_finish(upload *u, upload_result *res)
     char err[NC_ERRLEN] = "";
     int rc = u->r ? nsstore_sync(namespaces_store(u->r), u->w.last_seq, err, sizeof err) : NC_OK;
     upload_unlist(u);
+    if (u->r && !namespaces_live(u->r)) {
+        /* deleted while it streamed: whatever it added went with the
+         * deleted incarnation (its store refused the rest) -- never a 200,
+         * and this error rather than the refused add's */
+        u->failed = false;
+        up_fail(u, API_NAMESPACE_DELETED, "namespace '%s' (incarnation %llu) was deleted during the upload; "
+                "nothing of it is kept", namespaces_name(u->r), (unsigned long long)namespaces_incarnation(u->r));
+    }
     if (rc != NC_OK && !u->failed)
         up_fail(u, api_error_from_core(rc), "making the upload durable: %s", err);
     res->documents = u->prog.documents;
@@ -537,6 +545,7 @@ int upload_finish(upload *u, upload_result *res)
     res->ns = namespaces_name(u->r);
     res->ids = u->ids;
     res->entries = (int64_t)unbounded_cache_count(nsstore_unbounded_cache(namespaces_store(u->r)));
+    res->incarnation = namespaces_incarnation(u->r);
     return 0;
 }
 

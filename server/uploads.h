@@ -50,6 +50,7 @@ typedef struct {
     const char *ns;               /* the namespace's name */
     json_t *ids;                  /* the documents' ids (the first 1000) */
     int64_t entries;              /* pairs in the namespace now */
+    uint64_t incarnation;         /* the namespace incarnation it went into (namespaces.h) */
 } upload_result;
 int upload_finish(upload *u, upload_result *res);
 

@@ -131,10 +131,40 @@ bool nsstore_valid_doc_id(const char *id, size_t len)
     return true;
 }
 
+int nsstore_check_live(nc_nsstore *ns, char *err, size_t errlen)
+{
+    if (!__atomic_load_n(&ns->retired, __ATOMIC_ACQUIRE))
+        return NC_OK;
+    return nc_error(err, errlen, NC_ESTATE, "the namespace was deleted");
+}
+
+bool nsstore_retired(nc_nsstore *ns)
+{
+    return __atomic_load_n(&ns->retired, __ATOMIC_ACQUIRE);
+}
+
+void nsstore_retire(nc_nsstore *ns)
+{
+    pthread_mutex_lock(&ns->snap_lock);
+    __atomic_store_n(&ns->retired, true, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&ns->snap_lock);
+}
+
+int nsstore_run_live(nc_nsstore *ns, int (*fn)(void *ctx, const char *dir), void *ctx)
+{
+    pthread_mutex_lock(&ns->snap_lock);
+    int rc = nsstore_check_live(ns, NULL, 0) == NC_OK ? fn(ctx, ns->dir) : NC_ESTATE;
+    pthread_mutex_unlock(&ns->snap_lock);
+    return rc;
+}
+
 int nsstore_doc_begin(nc_nsstore *ns, const char *id, size_t len, uint32_t *doc, char *id_out,
                       size_t id_len, char *err, size_t errlen)
 {
     char gen[64];
+    int live = nsstore_check_live(ns, err, errlen);
+    if (live != NC_OK)
+        return live;
     if (!id || len == 0) {
         /* generated below under the lock, from the document number */
         id = NULL;
@@ -266,6 +296,11 @@ int nsstore_add_hook(void *ctx, const float *keys, const int *words, size_t n, i
     uint64_t off = mine ? tl.off : 0;
     if (ns->replaying)
         return prov_append(ns, first_id, n, doc, off, err, errlen);
+    /* a deleted incarnation takes no more adds (the cache refuses the add
+     * whole when its hook fails) */
+    int live = nsstore_check_live(ns, err, errlen);
+    if (live != NC_OK)
+        return live;
     const int H = ns->H, V = ns->V;
     /* open-vocabulary words of the record, by surface string */
     size_t ndyn = 0, slen = 0;

@@ -38,6 +38,11 @@ int nsstore_log_open(nc_nsstore *ns, uint64_t after, nc_nslog **out, char *err, 
     return NC_OK;
 }
 
+uint64_t nsstore_log_oldest(nc_nsstore *ns)
+{
+    return wal_oldest_seq(ns->waldir);
+}
+
 uint64_t nsstore_log_position(const nc_nslog *l)
 {
     return wal_reader_position(l->r);
@@ -169,6 +174,9 @@ static int log_decode_add(nc_nslog *l, uint64_t seq, const unsigned char *p, siz
 
 int nsstore_log_next(nc_nslog *l, nc_nslog_add *a, char *err, size_t errlen)
 {
+    int live = nsstore_check_live(l->ns, err, errlen);
+    if (live != NC_OK)
+        return live;   /* its segments' names now belong to a new incarnation */
     uint64_t upto = wal_durable_seq(l->ns->wal);
     for (;;) {
         uint64_t seq;

@@ -312,7 +312,9 @@ int nsstore_snapshot(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
     pthread_mutex_lock(&ns->snap_lock);
     double t0 = nsstore_now();
     uint64_t S;
-    int rc = wal_rotate(ns->wal, &S, err, errlen);
+    int rc = nsstore_check_live(ns, err, errlen);
+    if (!rc)
+        rc = wal_rotate(ns->wal, &S, err, errlen);
     if (!rc && S == ns->snap_seq)
         ns->snap_time = nsstore_now();   /* nothing logged since the last snapshot */
     else if (!rc)
@@ -333,12 +335,12 @@ int nsstore_heal(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
     pthread_mutex_lock(&ns->snap_lock);
     double t0 = nsstore_now();
     uint64_t S;
-    int rc = NC_OK;
+    int rc = nsstore_check_live(ns, err, errlen);
     /* While the log is broken no add gets in (the add hook's append fails
      * first), so memory holds exactly the records up to S: a snapshot of
      * it covers them, whatever the failed fsync lost of the segment. */
     bool tail_unknown = true;
-    if (wal_broken(ns->wal, &S, &tail_unknown)) {
+    if (!rc && wal_broken(ns->wal, &S, &tail_unknown)) {
         /* a log opened stopped on a full disk has every record whole on
          * disk: it needs only its new segment, not room for a snapshot */
         if (tail_unknown && S != ns->snap_seq)

@@ -114,6 +114,18 @@ static int list_segments(const char *dir, seglist *l, char *err, size_t errlen)
     return rc;
 }
 
+uint64_t wal_oldest_seq(const char *dir)
+{
+    seglist l;
+    if (list_segments(dir, &l, NULL, 0) != NC_OK) {
+        free(l.first);
+        return 0;
+    }
+    uint64_t s = l.n ? l.first[0] : 0;
+    free(l.first);
+    return s;
+}
+
 /* ---- replay --------------------------------------------------------------- */
 
 /* Is there a complete, valid record at p[0..n) (any seq)? */
