@@ -5,6 +5,7 @@
 #include "neural_cache.h"
 #include "rng.h"
 #include "vmath.h"
+#include "fault.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -528,7 +529,7 @@ int gate_fit(nc_gate *g, const nc_cache_params *p, const nc_gate_data *d, int nh
      * gate's unbounded weight) costing at most max_loss */
     g->skip = 0.0;
     if (g->comps & UB_BIT) {
-        double *q = malloc(n * sizeof(double)), w[NC_NCOMP];
+        double *q = nc_malloc(n * sizeof(double)), w[NC_NCOMP];
         if (!q)
             return nc_error(err, errlen, NC_ENOMEM, "gate: %zu weights", n);
         size_t m = 0;
@@ -626,7 +627,7 @@ int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, si
         return nc_error(err, errlen, NC_ENOMEM, "gate header");
     size_t hl = strlen(h), pad = (8 - (8 + hl) % 8) % 8;
     size_t total = 8 + hl + pad + off;
-    unsigned char *buf = malloc(total);
+    unsigned char *buf = nc_malloc(total);
     if (!buf) {
         free(h);
         return nc_error(err, errlen, NC_ENOMEM, "gate file");
@@ -687,7 +688,7 @@ static int read_all(const char *path, unsigned char **out, size_t *len, char *er
     if (!f)
         return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: %s", path, strerror(errno));
     size_t cap = 4096, n = 0;
-    unsigned char *b = malloc(cap);
+    unsigned char *b = nc_malloc(cap);
     while (b) {
         size_t r = fread(b + n, 1, cap - n, f);
         n += r;
@@ -698,7 +699,7 @@ static int read_all(const char *path, unsigned char **out, size_t *len, char *er
             fclose(f);
             return nc_error(err, errlen, NC_EFORMAT, "%s: too large for a gate", path);
         }
-        unsigned char *nb = realloc(b, cap * 2);
+        unsigned char *nb = nc_realloc(b, cap * 2);
         if (!nb) {
             free(b);
             b = NULL;
@@ -722,7 +723,7 @@ int gate_load(const char *dir, nc_gate **out, char *err, size_t errlen)
     snprintf(path, sizeof path, "%s/gate.safetensors", dir);
     if (access(path, F_OK) != 0)
         return NC_ENOTFOUND;
-    nc_gate *g = calloc(1, sizeof *g);
+    nc_gate *g = nc_zalloc(1, sizeof *g);
     if (!g)
         return nc_error(err, errlen, NC_ENOMEM, "gate");
     int rc = NC_OK;

@@ -8,6 +8,7 @@
 #endif
 #include "lstm_grad.h"
 #include "vmath.h"
+#include "fault.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -45,14 +46,14 @@ int lstm_grad_net_new(int V, int E, int H, int L, bool tied, lstm_grad_net **out
     if (tied && E != H)
         return nc_error(err, errlen, NC_EINVAL,
                         "tied weights need embedding size == hidden size (%d != %d)", E, H);
-    lstm_grad_net *n = calloc(1, sizeof *n);
+    lstm_grad_net *n = nc_zalloc(1, sizeof *n);
     if (!n)
         return nc_error(err, errlen, NC_ENOMEM, "out of memory");
     n->V = V, n->E = E, n->H = H, n->L = L, n->tied = tied;
-    n->off_w_ih = calloc((size_t)L, sizeof(size_t));
-    n->off_w_hh = calloc((size_t)L, sizeof(size_t));
-    n->off_b_ih = calloc((size_t)L, sizeof(size_t));
-    n->off_b_hh = calloc((size_t)L, sizeof(size_t));
+    n->off_w_ih = nc_zalloc((size_t)L, sizeof(size_t));
+    n->off_w_hh = nc_zalloc((size_t)L, sizeof(size_t));
+    n->off_b_ih = nc_zalloc((size_t)L, sizeof(size_t));
+    n->off_b_hh = nc_zalloc((size_t)L, sizeof(size_t));
     if (!n->off_w_ih || !n->off_w_hh || !n->off_b_ih || !n->off_b_hh) {
         lstm_grad_net_free(n);
         return nc_error(err, errlen, NC_ENOMEM, "out of memory");
@@ -215,7 +216,7 @@ int lstm_grad_work_new(const lstm_grad_net *n, int Tmax, int B, lstm_grad_work *
     *out = NULL;
     if (Tmax < 1 || B < 1)
         return nc_error(err, errlen, NC_EINVAL, "bad segment shape T=%d B=%d", Tmax, B);
-    lstm_grad_work *w = calloc(1, sizeof *w);
+    lstm_grad_work *w = nc_zalloc(1, sizeof *w);
     if (!w)
         return nc_error(err, errlen, NC_ENOMEM, "out of memory");
     int L = n->L, H = n->H, E = n->E, V = n->V;
@@ -226,12 +227,12 @@ int lstm_grad_work_new(const lstm_grad_net *n, int Tmax, int B, lstm_grad_work *
     A(w->state_h, (size_t)L * B * H);
     A(w->state_c, (size_t)L * B * H);
     A(w->mask_emb, TB * E);
-    w->xin = calloc((size_t)L, sizeof(float *));
-    w->mask_hid = calloc((size_t)L, sizeof(float *));
-    w->gates = calloc((size_t)L, sizeof(float *));
-    w->hbuf = calloc((size_t)L, sizeof(float *));
-    w->cbuf = calloc((size_t)L, sizeof(float *));
-    w->tc = calloc((size_t)L, sizeof(float *));
+    w->xin = nc_zalloc((size_t)L, sizeof(float *));
+    w->mask_hid = nc_zalloc((size_t)L, sizeof(float *));
+    w->gates = nc_zalloc((size_t)L, sizeof(float *));
+    w->hbuf = nc_zalloc((size_t)L, sizeof(float *));
+    w->cbuf = nc_zalloc((size_t)L, sizeof(float *));
+    w->tc = nc_zalloc((size_t)L, sizeof(float *));
     if (!w->xin || !w->mask_hid || !w->gates || !w->hbuf || !w->cbuf || !w->tc) {
         lstm_grad_work_free(w);
         return nc_error(err, errlen, NC_ENOMEM, "out of memory");

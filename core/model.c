@@ -606,8 +606,8 @@ int model_load(const char *dir, nc_model **out, char *err, size_t errlen)
 int model_create(const nc_model_config *cfg, nc_vocab *vocab, nc_model **out, char *err, size_t errlen)
 {
     *out = NULL;
-    nc_model *m = calloc(1, sizeof *m);
-    model_impl *im = calloc(1, sizeof *im);
+    nc_model *m = nc_zalloc(1, sizeof *m);
+    model_impl *im = nc_zalloc(1, sizeof *im);
     if (!m || !im) {
         free(m);
         free(im);
