@@ -5,7 +5,9 @@
 #include "neural_cache.h"
 #include "rng.h"
 #include "vmath.h"
+#include "atomicfile.h"
 #include "fault.h"
+#include "safetensors.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -583,25 +585,14 @@ static double *tensor_at(const double *data, int rows, int cols, int stride, siz
     return (double *)(rows ? data + (k / (size_t)cols) * (size_t)stride + k % (size_t)cols : data + k);
 }
 
-static int write_atomic(const char *dir, const char *name, const void *a, size_t alen, const void *b, size_t blen,
-                        char *err, size_t errlen)
+/* dir/name replaced atomically (atomicfile.h: temporary file, fsync,
+ * rename, fsync of the directory). */
+static int save_file(const char *dir, const char *name, const void *data, size_t len, char *err, size_t errlen)
 {
-    char path[1200], tmp[1300];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return nc_error(err, errlen, NC_EIO, "%s: %s", tmp, strerror(errno));
-    bool ok = fwrite(a, 1, alen, f) == alen && (!blen || fwrite(b, 1, blen, f) == blen);
-    ok = fflush(f) == 0 && ok;
-    ok = fsync(fileno(f)) == 0 && ok;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(e));
-    }
-    return NC_OK;
+    char path[1200];
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path)
+        return nc_error(err, errlen, NC_EINVAL, "path too long: %s/%s", dir, name);
+    return atomicfile_write(path, data, len, err, errlen);
 }
 
 int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, size_t errlen)
@@ -651,7 +642,7 @@ int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, si
                 *o++ = (unsigned char)(u >> (8 * b));
         }
     }
-    int rc = write_atomic(dir, "gate.safetensors", buf, total, NULL, 0, err, errlen);
+    int rc = save_file(dir, "gate.safetensors", buf, total, err, errlen);
     free(buf);
     if (rc)
         return rc;
@@ -675,44 +666,43 @@ int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, si
         json_object_set_new(j, "fitted", json_string(info));
     char *js = j ? json_dumps(j, JSON_INDENT(2)) : NULL;
     json_decref(j);
-    if (!js)
+    size_t jl = js ? strlen(js) : 0;
+    char *jn = js ? nc_realloc(js, jl + 2) : NULL;
+    if (!jn) {
+        free(js);
         return nc_error(err, errlen, NC_ENOMEM, "gate.json");
-    rc = write_atomic(dir, "gate.json", js, strlen(js), "\n", 1, err, errlen);
-    free(js);
+    }
+    memcpy(jn + jl, "\n", 2);
+    rc = save_file(dir, "gate.json", jn, jl + 1, err, errlen);
+    free(jn);
     return rc;
 }
 
-static int read_all(const char *path, unsigned char **out, size_t *len, char *err, size_t errlen)
+/* Tensor i of g from the file: F64 of the shape tensor_of gives (the byte
+ * range was checked by safetensors_open), finite, sd positive. */
+static int read_tensor(nc_gate *g, int i, const nc_safetensors *st, const char *path, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    unsigned char *b = nc_malloc(cap);
-    while (b) {
-        size_t r = fread(b + n, 1, cap - n, f);
-        n += r;
-        if (n < cap)
-            break;
-        if (cap >= (1u << 24)) {
-            free(b);
-            fclose(f);
-            return nc_error(err, errlen, NC_EFORMAT, "%s: too large for a gate", path);
-        }
-        unsigned char *nb = nc_realloc(b, cap * 2);
-        if (!nb) {
-            free(b);
-            b = NULL;
-        } else {
-            b = nb;
-            cap *= 2;
-        }
+    const double *data;
+    int r, c, stride;
+    tensor_of(g, i, &data, &r, &c, &stride);
+    size_t cnt = tensor_count(r, c);
+    const nc_st_tensor *t = safetensors_find(st, tensor_names[i]);
+    bool ok = t && !strcmp(t->dtype, "F64") && t->rank == (r ? 2 : 1) && t->dims[0] == (r ? r : c) &&
+              (!r || t->dims[1] == c);
+    if (!ok)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' missing or not F64 of shape [%d%s%d]", path,
+                        tensor_names[i], r ? r : c, r ? "," : "", r ? c : 0);
+    const unsigned char *src = st->data + t->begin;
+    for (size_t k = 0; k < cnt; k++) {
+        uint64_t u = 0;
+        for (int q = 0; q < 8; q++)
+            u |= (uint64_t)src[k * 8 + q] << (8 * q);
+        double *dst = tensor_at(data, r, c, stride, k);
+        memcpy(dst, &u, 8);
+        if (!isfinite(*dst) || (i == 3 && !(*dst > 0.0)))
+            return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' has a non-finite%s value", path,
+                            tensor_names[i], i == 3 ? " or non-positive" : "");
     }
-    fclose(f);
-    if (!b)
-        return nc_error(err, errlen, NC_ENOMEM, "%s", path);
-    *out = b;
-    *len = n;
     return NC_OK;
 }
 
@@ -769,55 +759,13 @@ int gate_load(const char *dir, nc_gate **out, char *err, size_t errlen)
     json_decref(j);
     /* gate.safetensors: F64 tensors of the shapes gate.json implies */
     snprintf(path, sizeof path, "%s/gate.safetensors", dir);
-    unsigned char *b = NULL;
-    size_t len = 0;
+    nc_safetensors st = {0};
     if (!rc)
-        rc = read_all(path, &b, &len, err, errlen);
-    json_t *hdr = NULL;
-    uint64_t hl = 0;
-    for (int i = 0; !rc && i < 8 && len >= 8; i++)
-        hl |= (uint64_t)b[i] << (8 * i);
-    if (!rc && (len < 8 || hl > len - 8))
-        rc = nc_error(err, errlen, NC_EFORMAT, "%s: bad header length", path);
-    else if (!rc && (!(hdr = json_loadb((const char *)b + 8, (size_t)hl, JSON_REJECT_DUPLICATES, NULL)) ||
-                     !json_is_object(hdr)))
-        rc = nc_error(err, errlen, NC_EFORMAT, "%s: header is not a JSON object", path);
+        rc = safetensors_open(&st, path, err, errlen);
     int nt = g->nh > 0 ? NTENSOR : 4;
-    for (int i = 0; !rc && i < nt; i++) {
-        const double *data;
-        int r, c, st;
-        tensor_of(g, i, &data, &r, &c, &st);
-        size_t cnt = tensor_count(r, c);
-        json_t *t = json_object_get(hdr, tensor_names[i]), *of = t ? json_object_get(t, "data_offsets") : NULL,
-               *sh = t ? json_object_get(t, "shape") : NULL;
-        const char *dt = t ? json_string_value(json_object_get(t, "dtype")) : NULL;
-        json_int_t b0 = of ? json_integer_value(json_array_get(of, 0)) : -1,
-                   b1 = of ? json_integer_value(json_array_get(of, 1)) : -1;
-        bool shape_ok = sh && json_is_array(sh) && json_array_size(sh) == (size_t)(r ? 2 : 1) &&
-                        json_integer_value(json_array_get(sh, 0)) == (r ? r : c) &&
-                        (!r || json_integer_value(json_array_get(sh, 1)) == c);
-        if (!dt || strcmp(dt, "F64") || !shape_ok || b0 < 0 || b1 - b0 != (json_int_t)(cnt * 8) ||
-            (uint64_t)b1 > len - 8 - hl) {
-            rc = nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' missing or not F64 of shape [%d%s%d]", path,
-                          tensor_names[i], r ? r : c, r ? "," : "", r ? c : 0);
-            break;
-        }
-        const unsigned char *src = b + 8 + hl + b0;
-        for (size_t k = 0; k < cnt; k++) {
-            uint64_t u = 0;
-            for (int q = 0; q < 8; q++)
-                u |= (uint64_t)src[k * 8 + q] << (8 * q);
-            double *dst = tensor_at(data, r, c, st, k);
-            memcpy(dst, &u, 8);
-            if (!isfinite(*dst) || (i == 3 && !(*dst > 0.0))) {
-                rc = nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' has a non-finite%s value", path,
-                              tensor_names[i], i == 3 ? " or non-positive" : "");
-                break;
-            }
-        }
-    }
-    json_decref(hdr);
-    free(b);
+    for (int i = 0; !rc && i < nt; i++)
+        rc = read_tensor(g, i, &st, path, err, errlen);
+    safetensors_close(&st);
     if (rc) {
         free(g);
         return rc;
