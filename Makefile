@@ -6,7 +6,19 @@ BUILD    ?= build
 BIN      ?= bin
 OPT      ?= -O2 -march=x86-64-v2 -g
 SANFLAGS ?=
-CFLAGS   += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE $(OPT) $(SANFLAGS) -MMD -MP -I. -Icore -Istore -Iproto -Iserver
+CFLAGS   += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE $(OPT) $(SANFLAGS) -MMD -MP
+# Include paths per folder keep the layering in the build: a folder sees its
+# own headers and those of the layers below it, so `#include "server.h"` in a
+# core file does not compile (tests/check_layering.sh proves it). core is
+# the bottom; store and proto sit on core; tools (the CLI) on proto and core;
+# server, the tests and the generated web page see everything.
+INC_core   := -Icore
+INC_store  := -Istore -Icore
+INC_proto  := -Iproto -Icore
+INC_tools  := -Itools -Iproto -Icore
+INC_server := -Iserver -Istore -Iproto -Icore
+INC_tests  := -Itests -Iserver -Istore -Iproto -Icore
+INC_gen    := $(INC_server)
 LDFLAGS  += $(SANFLAGS)
 
 FAISS_C  := build/faiss_c/libfaiss_c.a
@@ -56,7 +68,11 @@ WEB_GEN   := $(BUILD)/gen/web_assets.c
 WEB_OBJ   := $(BUILD)/obj/gen/web_assets.o
 LIBSERVER := $(BUILD)/libncserver.a
 
-.PHONY: all deps test check asan bench fuzz run soak demo-model clean tests
+.PHONY: all deps test check asan bench fuzz run soak demo-model clean tests print-inc
+
+# The include flags of a folder (tests/check_layering.sh compiles probes with them).
+print-inc:
+	@echo $(INC_$(DIR))
 .DEFAULT_GOAL := all
 
 all: $(BIN)/neurocache $(if $(SERVER_MAIN_OBJ),$(BIN)/neurocached)
@@ -73,7 +89,7 @@ $(FAISS_SIMD_LIB): $(FAISS_C)
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+	$(Q)$(CC) $(CFLAGS) $(INC_$(firstword $(subst /, ,$*))) -c $< -o $@
 
 $(LIBCORE): $(CORE_OBJ)
 	@mkdir -p $(dir $@)
@@ -93,7 +109,7 @@ $(WEB_GEN): $(WEB_FILES) scripts/embed_web.sh
 $(WEB_OBJ): $(WEB_GEN)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+	$(Q)$(CC) $(CFLAGS) $(INC_gen) -c $< -o $@
 
 $(LIBSERVER): $(SERVER_LIB_OBJ) $(WEB_OBJ)
 	@mkdir -p $(dir $@)
@@ -130,11 +146,14 @@ $(BUILD)/tests/fuzz_%: $(BUILD)/obj/tests/fuzz_%.o $(LIBSERVER) $(LIBSTORE) $(LI
 # kernel level the CPU supports (run_levels.sh), so an AVX-512 machine also
 # proves the AVX2 and scalar paths. NEUROCACHE_SIMD=scalar make test forces
 # one level for the first pass as well.
+# Checks of the source itself (layering, function length, the lock list of
+# docs/threads.md), each printing "N passed, N failed" like a test binary.
+CHECK_SCRIPTS := $(sort $(wildcard tests/check_*.sh))
 NUMERIC_TESTS := lstm cache cache_ref cache_cli score train model model_errors namespace gate vocab_modes
 NUMERIC_BINS := $(patsubst %,$(BUILD)/tests/test_%,$(NUMERIC_TESTS))
 test: deps
 	$(Q)$(MAKE) --no-print-directory tests
-	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) bash tests/run_tests.sh $(TEST_BINS)
+	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) bash tests/run_tests.sh $(TEST_BINS) $(CHECK_SCRIPTS)
 	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) bash tests/run_levels.sh $(NUMERIC_BINS)
 
 check: test
