@@ -4,7 +4,6 @@
 
 #include <stdatomic.h>
 
-#include "cache.h"
 #include "config.h"
 #include "sessions.h"
 
