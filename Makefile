@@ -1,5 +1,5 @@
 # neurocache -- adaptive LSTM language-model prediction server.
-# Targets: deps all test bench asan fuzz run soak demo-model clean. V=1 for verbose.
+# Targets: deps all test bench asan tsan fuzz run soak demo-model clean. V=1 for verbose.
 
 CC       ?= cc
 BUILD    ?= build
@@ -68,7 +68,7 @@ WEB_GEN   := $(BUILD)/gen/web_assets.c
 WEB_OBJ   := $(BUILD)/obj/gen/web_assets.o
 LIBSERVER := $(BUILD)/libncserver.a
 
-.PHONY: all deps test check asan bench fuzz run soak demo-model clean tests print-inc
+.PHONY: all deps test check asan tsan bench fuzz run soak demo-model clean tests print-inc
 
 # The include flags of a folder (tests/check_layering.sh compiles probes with them).
 print-inc:
@@ -168,6 +168,29 @@ asan: deps
 	    NEUROCACHE_BIN=$(abspath build/asan/bin) NEUROCACHE_SANITIZED=1 \
 	    bash tests/run_tests.sh $(patsubst $(BUILD)/%,build/asan/%,$(TEST_BINS))
 
+# ThreadSanitizer build (clang -fsanitize=thread), in its own tree, running
+# the suites that drive the daemon's threads (docs/threads.md). Every
+# process writes its reports to build/tsan/reports/ (the daemon runs as a
+# child of the tests, so its stderr alone would be lost); the target fails
+# when any report was written, and prints them. tests/tsan.supp names the
+# libraries whose own threads TSan cannot see synchronise (OpenMP, OpenBLAS).
+# test_server_guard is not among them: its checks are the latency bounds of
+# an acceptance (a refusal within 50 ms, an exit within drain_timeout + 2 s),
+# which TSan's 5-15x slowdown breaks without a race (it reported none).
+TSAN_TESTS := server server_stream server_batcher namespace_server namespace replication replicas wal
+TSAN_BINS := $(patsubst %,build/tsan/tests/test_%,$(TSAN_TESTS))
+tsan: deps
+	$(Q)$(MAKE) --no-print-directory BUILD=build/tsan BIN=build/tsan/bin CC=clang \
+	    OPT="-O1 -g -fno-omit-frame-pointer" SANFLAGS="-fsanitize=thread" \
+	    build/tsan/bin/neurocache build/tsan/bin/neurocached $(TSAN_BINS)
+	$(Q)rm -rf build/tsan/reports && mkdir -p build/tsan/reports
+	$(Q)TSAN_OPTIONS="log_path=$(abspath build/tsan/reports)/tsan second_deadlock_stack=1 suppressions=$(abspath tests/tsan.supp)" \
+	    OMP_NUM_THREADS=1 NEUROCACHE_BIN=$(abspath build/tsan/bin) NEUROCACHE_SANITIZED=1 \
+	    bash tests/run_tests.sh $(TSAN_BINS); rc=$$?; \
+	    n=$$(ls build/tsan/reports | wc -l); \
+	    if [ "$$n" -gt 0 ]; then cat build/tsan/reports/*; echo "tsan: $$n process(es) reported (build/tsan/reports)"; exit 1; fi; \
+	    echo "tsan: no reports"; exit $$rc
+
 # Fuzzing: every tests/fuzz_*.c under libFuzzer + ASan + UBSan for
 # FUZZ_SECONDS each, from its committed seeds (tests/fuzz/corpus/<name>);
 # new inputs go to build/fuzz/corpus/<name>, crashes to build/fuzz/artifacts.
@@ -221,6 +244,6 @@ demo-model: all
 	$(Q)$(BIN)/neurocache build-index --model models/demo --corpus $(DEMO_DATA)/ptb.train.txt --threads 2
 
 clean:
-	rm -rf build/obj build/gen build/tests build/asan build/*.a $(BIN)
+	rm -rf build/obj build/gen build/tests build/asan build/tsan build/*.a $(BIN)
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
