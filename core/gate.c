@@ -692,6 +692,8 @@ static int read_tensor(nc_gate *g, int i, const nc_safetensors *st, const char *
     if (!ok)
         return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' missing or not F64 of shape [%d%s%d]", path,
                         tensor_names[i], r ? r : c, r ? "," : "", r ? c : 0);
+    /* safetensors_open checked the byte range against dtype x shape */
+    NC_ASSERT(t->end - t->begin == cnt * 8, "tensor '%s'", tensor_names[i]);
     const unsigned char *src = st->data + t->begin;
     for (size_t k = 0; k < cnt; k++) {
         uint64_t u = 0;

@@ -265,6 +265,8 @@ static int bind_tensor(model_impl *im, const nc_safetensors *st, const tensor_sp
                         want);
     }
     size_t n = spec_numel(sp);
+    /* safetensors_open checked the byte range against dtype x shape */
+    NC_ASSERT(e->end - e->begin == n * (f32 ? 4 : 2), "tensor '%s'", sp->name);
     const unsigned char *src = st->data + e->begin;
     if (f32 && ((uintptr_t)src % sizeof(float)) == 0) {
         *sp->dst = (float *)(uintptr_t)src;

@@ -170,6 +170,10 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
         http_reply_status(resp, &st);
         return;
     }
+    /* feed_components writes a log-probability beside each token's shares,
+     * and feed_json reads them: proto_parse_feed turns "scores" on with
+     * "components" */
+    NC_ASSERT(!w.r.components || w.r.scores, "a feed with components but no scores from proto");
     tokens_init(&w.t);
     nc_session *s = NULL;
     if (api_tokenize(srv, w.r.text, w.r.len, false, &w.t, resp) || !(s = api_session_acquire(srv, req, resp))) {

@@ -345,6 +345,9 @@ int nsstore_add_hook(void *ctx, const float *keys, const int *words, size_t n, i
         memcpy(kh + i, &h, 2);
     }
     k += n * (size_t)H * 2;
+    /* replay (recovery.c) decodes by the same sizes: an encoder that wrote
+     * other than it reserved would make a log that cannot be read back */
+    NC_ASSERT(k == plen, "add record of %zu bytes, %zu reserved", k, plen);
     uint64_t seq;
     rc = wal_append(ns->wal, p, k, &seq, err, errlen);
     if (!rc)
