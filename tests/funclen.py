@@ -51,6 +51,19 @@ def blank(src):
     return ''.join(out)
 
 
+def closing_brace(b, i):
+    """Index of the '}' that closes the '{' at b[i] (len(b) if none)."""
+    d = 0
+    for j in range(i, len(b)):
+        if b[j] == '{':
+            d += 1
+        elif b[j] == '}':
+            d -= 1
+            if d == 0:
+                return j
+    return len(b)
+
+
 def functions(path):
     src = open(path, encoding='utf-8', errors='replace').read()
     b = blank(src)
@@ -65,15 +78,7 @@ def functions(path):
                 kw = re.search(r'(=|\b(struct|union|enum)\b[^;)]*)\s*$', head)
                 if m and not kw and m.group(1) not in ('if', 'for', 'while', 'switch', 'sizeof'):
                     start = b.count('\n', 0, i - len(head) + m.start(1)) + 1
-                    d, j = 0, i
-                    while j < n:
-                        if b[j] == '{':
-                            d += 1
-                        elif b[j] == '}':
-                            d -= 1
-                            if d == 0:
-                                break
-                        j += 1
+                    j = closing_brace(b, i)
                     end = b.count('\n', 0, j) + 1
                     # the comment block just above (and the signature lines)
                     k, above = start - 2, []

@@ -7,7 +7,7 @@ import re
 import sys
 
 sys.path.insert(0, __file__.rsplit('/', 1)[0])
-from funclen import blank  # noqa: E402  comments and literals blanked
+from funclen import blank, closing_brace  # noqa: E402
 
 
 def enclosing(b, pos):
@@ -25,15 +25,7 @@ def enclosing(b, pos):
                     return m.group(1)
                 if re.search(r'\b(struct|union)\s*$', head):
                     # anonymous: typedef struct {...} NAME; or static struct {...} var;
-                    d, j = 0, i
-                    while j < len(b):
-                        if b[j] == '{':
-                            d += 1
-                        elif b[j] == '}':
-                            d -= 1
-                            if d == 0:
-                                break
-                        j += 1
+                    j = closing_brace(b, i)
                     m = re.match(r'\s*(\w+)', b[j + 1:])
                     return m.group(1) if m else '?'
                 return None   # a function body: a local
