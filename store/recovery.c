@@ -71,13 +71,23 @@ static int add_record_word(const unsigned char *p, size_t len, uint64_t seq, siz
     return NC_OK;
 }
 
+/* An ADD record being decoded: its seq, bytes, word references (n int32,
+ * after the nd surface strings). */
+typedef struct {
+    uint64_t seq;
+    const unsigned char *p, *refs;
+    uint32_t n, nd;
+} add_view;
+
 /* The n words of an ADD record joined by '\n' into l->words (*wlen bytes,
  * NUL-terminated): vocabulary words from the table, the others from the
  * record (the table may hold them under other ids by now). */
-static int log_join_words(nc_nslog *l, uint64_t seq, const unsigned char *p, const unsigned char *refs, uint32_t n,
-                          uint32_t nd, size_t *wlen, char *err, size_t errlen)
+static int log_join_words(nc_nslog *l, const add_view *v, size_t *wlen, char *err, size_t errlen)
 {
     nc_nsstore *ns = l->ns;
+    const unsigned char *p = v->p, *refs = v->refs;
+    uint32_t n = v->n, nd = v->nd;
+    uint64_t seq = v->seq;
     for (int pass = 0; pass < 2; pass++) {
         size_t w = 0;
         for (uint32_t i = 0; i < n; i++) {
@@ -155,7 +165,8 @@ static int log_decode_add(nc_nslog *l, uint64_t seq, const unsigned char *p, siz
         return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %zu bytes for %u pairs", (unsigned long long)seq,
                         len - k, n);
     const unsigned char *refs = p + k;
-    int rc = log_join_words(l, seq, p, refs, n, nd, &wl, err, errlen);
+    add_view v = {.seq = seq, .p = p, .refs = refs, .n = n, .nd = nd};
+    int rc = log_join_words(l, &v, &wl, err, errlen);
     if (rc)
         return rc;
     l->doc[0] = 0;

@@ -127,29 +127,39 @@ static bool valid_record_at(const unsigned char *p, size_t n)
     return rd32(p + 16) == rec_crc(p, p + REC_HDR, len);
 }
 
-/* Replays one mapped segment. *expect: the next seq (updated). last: this is
- * the last segment (a bad tail may be cut). Returns rc; *cut = valid length
- * if the tail must be truncated, else (size_t)-1. */
-static int replay_segment(const char *path, const unsigned char *m, size_t size, uint32_t tag,
-                          bool last, uint64_t *expect, uint64_t after, wal_record_fn fn, void *ctx,
-                          nc_wal_replay_info *info, size_t *cut, char *err, size_t errlen)
+/* What wal_replay carries from segment to segment. */
+typedef struct {
+    uint32_t tag;
+    uint64_t after;               /* records up to it are the caller's already */
+    wal_record_fn fn;
+    void *ctx;
+    nc_wal_replay_info *info;
+    uint64_t expect;              /* the next record's seq */
+} replay_run;
+
+/* Replays one mapped segment of r's log; r->expect: the next seq (updated).
+ * last: this is the last segment (a bad tail may be cut). Returns rc; *cut =
+ * valid length if the tail must be truncated, else (size_t)-1. */
+static int replay_segment(replay_run *r, const char *path, const unsigned char *m, size_t size, bool last,
+                          size_t *cut, char *err, size_t errlen)
 {
+    nc_wal_replay_info *info = r->info;
     *cut = (size_t)-1;
     size_t off = SEG_HDR;
     while (off < size) {
-        const unsigned char *r = m + off;
+        const unsigned char *rec = m + off;
         size_t left = size - off;
         const char *why = NULL;
         uint32_t len = 0;
         if (left < REC_HDR)
             why = "incomplete record header";
-        else if (rd32(r) != REC_MAGIC)
+        else if (rd32(rec) != REC_MAGIC)
             why = "bad record magic";
-        else if ((len = rd32(r + 4)) > WAL_MAX_RECORD)
+        else if ((len = rd32(rec + 4)) > WAL_MAX_RECORD)
             why = "implausible record length";
         else if (len > left - REC_HDR)
             why = "record runs past the end of the file";
-        else if (rd32(r + 16) != rec_crc(r, r + REC_HDR, len))
+        else if (rd32(rec + 16) != rec_crc(rec, rec + REC_HDR, len))
             why = "checksum mismatch";
         if (why) {
             /* torn tail or corruption? a crash only tears the end: if any
@@ -170,33 +180,22 @@ static int replay_segment(const char *path, const unsigned char *m, size_t size,
             *cut = off;
             return NC_OK;
         }
-        uint64_t seq = rd64(r + 8);
-        if (seq != *expect)
+        uint64_t seq = rd64(rec + 8);
+        if (seq != r->expect)
             return nc_error(err, errlen, NC_EFORMAT, "%s: record at byte %zu has seq %llu, expected %llu",
-                            path, off, (unsigned long long)seq, (unsigned long long)*expect);
-        if (seq > after && fn) {
-            int rc = fn(ctx, seq, r + REC_HDR, len, err, errlen);
+                            path, off, (unsigned long long)seq, (unsigned long long)r->expect);
+        if (seq > r->after && r->fn) {
+            int rc = r->fn(r->ctx, seq, rec + REC_HDR, len, err, errlen);
             if (rc)
                 return rc;
             info->records++;
         }
         info->last_seq = seq;
-        (*expect)++;
+        r->expect++;
         off += REC_HDR + len;
     }
-    (void)tag;
     return NC_OK;
 }
-
-/* What wal_replay carries from segment to segment. */
-typedef struct {
-    uint32_t tag;
-    uint64_t after;               /* records up to it are the caller's already */
-    wal_record_fn fn;
-    void *ctx;
-    nc_wal_replay_info *info;
-    uint64_t expect;              /* the next record's seq */
-} replay_run;
 
 /* The header of segment path (mapped at m) against its name (first), the
  * model's tag and the seq the previous segment ended at. */
@@ -258,8 +257,7 @@ static int replay_file(replay_run *r, const char *dir, uint64_t first, bool last
     int rc = check_segment_header(path, m, first, r, err, errlen);
     size_t cut = (size_t)-1;
     if (!rc)
-        rc = replay_segment(path, m, size, r->tag, last, &r->expect, r->after, r->fn, r->ctx, r->info, &cut, err,
-                            errlen);
+        rc = replay_segment(r, path, m, size, last, &cut, err, errlen);
     munmap(m, size);
     if (!rc && cut != (size_t)-1) {
         if (ftruncate(fd, (off_t)cut) != 0 || fsync(fd) != 0)
