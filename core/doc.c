@@ -3,6 +3,7 @@
 #include "gate.h"
 #include "mixture.h"
 #include "vmath.h"
+#include "fault.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -15,7 +16,7 @@
 int doc_alloc(int dim, int V, size_t n, nc_doc **out, char *err, size_t errlen)
 {
     *out = NULL;
-    nc_doc *d = calloc(1, sizeof *d);
+    nc_doc *d = nc_zalloc(1, sizeof *d);
     if (!d)
         return nc_error(err, errlen, NC_ENOMEM, "document");
     d->dim = dim;
@@ -87,9 +88,9 @@ int doc_prepare_ex(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *
     d->dec_w = m->decoder_w;
     d->dec_b = m->decoder_b;
     if (vocab_stats) {
-        d->v_ent = calloc(n + 1, sizeof(float));
-        d->v_logmax = calloc(n + 1, sizeof(float));
-        d->v_argmax = calloc(n + 1, sizeof(int));
+        d->v_ent = nc_zalloc(n + 1, sizeof(float));
+        d->v_logmax = nc_zalloc(n + 1, sizeof(float));
+        d->v_argmax = nc_zalloc(n + 1, sizeof(int));
         if (!d->v_ent || !d->v_logmax || !d->v_argmax) {
             doc_free(d);
             return nc_error(err, errlen, NC_ENOMEM, "vocabulary statistics of %zu tokens", n);
@@ -224,15 +225,15 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
     bool direct = nc && nc->count == 0 && !nc->f16;   /* f16: the rounded keys are the ring's */
     size_t B = block;
     float *keys = nc && !direct ? nc_alloc(((size_t)nc->size + B) * H * sizeof(float)) : NULL;
-    int *kv = nc && !direct ? malloc(((size_t)nc->size + B) * sizeof(int)) : NULL;
+    int *kv = nc && !direct ? nc_malloc(((size_t)nc->size + B) * sizeof(int)) : NULL;
     float *dots = nc ? nc_alloc(B * ((size_t)nc->size + B) * sizeof(float)) : NULL;
-    float *ud2 = ub_read ? malloc(B * (size_t)k * sizeof(float)) : NULL;
-    int *uw = ub_read ? malloc(B * (size_t)k * sizeof(int)) : NULL;
-    int64_t *lim = ub_read ? malloc(B * sizeof(int64_t)) : NULL;
-    nc_mix_input *ins = malloc(B * sizeof *ins);
-    bool *skip = calloc(B, sizeof *skip);
-    float *qs = skipping && ub_read ? malloc(B * (size_t)H * sizeof(float)) : NULL;
-    int *row_of = ub_read ? malloc(B * sizeof(int)) : NULL;
+    float *ud2 = ub_read ? nc_malloc(B * (size_t)k * sizeof(float)) : NULL;
+    int *uw = ub_read ? nc_malloc(B * (size_t)k * sizeof(int)) : NULL;
+    int64_t *lim = ub_read ? nc_malloc(B * sizeof(int64_t)) : NULL;
+    nc_mix_input *ins = nc_malloc(B * sizeof *ins);
+    bool *skip = nc_zalloc(B, sizeof *skip);
+    float *qs = skipping && ub_read ? nc_malloc(B * (size_t)H * sizeof(float)) : NULL;
+    int *row_of = ub_read ? nc_malloc(B * sizeof(int)) : NULL;
     if ((nc && !direct && (!keys || !kv)) || (nc && !dots) || (ub_read && (!ud2 || !uw || !lim || !row_of)) ||
         !ins || !skip || (skipping && ub_read && !qs)) {
         rc = nc_error(err, errlen, NC_ENOMEM, "scoring buffers");
@@ -388,7 +389,7 @@ int doc_neighbours(const nc_doc *d, const nc_cache_params *p, nc_unbounded_cache
         d2[i] = 0.0f;
         words[i] = -1;
     }
-    int64_t *lim = malloc(block * sizeof(int64_t));
+    int64_t *lim = nc_malloc(block * sizeof(int64_t));
     if (!lim)
         return nc_error(err, errlen, NC_ENOMEM, "search buffers");
     int rc = NC_OK;

@@ -9,6 +9,7 @@
 #include "lstm.h"
 #include "mixture.h"
 #include "vmath.h"
+#include "fault.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -72,7 +73,7 @@ int stream_new(const nc_model *m, const nc_cache_params *p, nc_unbounded_cache *
     if (ub && unbounded_cache_dim(ub) != m->cfg.hidden_size)
         return nc_error(err, errlen, NC_EINVAL, "unbounded cache dimension %d, model hidden size %d",
                         unbounded_cache_dim(ub), m->cfg.hidden_size);
-    nc_stream *s = calloc(1, sizeof *s);
+    nc_stream *s = nc_zalloc(1, sizeof *s);
     if (!s)
         return nc_error(err, errlen, NC_ENOMEM, "stream");
     s->m = m;
@@ -156,7 +157,7 @@ int stream_set_params(nc_stream *s, const nc_cache_params *p, char *err, size_t 
             return rc;
         dots = nc_alloc((size_t)p->neural_size * sizeof(float));
         float *tmp = s->neural.count ? nc_alloc((size_t)s->neural.count * H * sizeof(float)) : NULL;
-        int *vals = s->neural.count ? malloc((size_t)s->neural.count * sizeof(int)) : NULL;
+        int *vals = s->neural.count ? nc_malloc((size_t)s->neural.count * sizeof(int)) : NULL;
         if (!dots || (s->neural.count && (!tmp || !vals))) {
             nc_free(tmp);
             free(vals);
@@ -210,7 +211,7 @@ int stream_feed(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprob
                          adapt && s->ub ? unbounded_cache_words(s->ub) : NULL, &d, err, errlen);
     double *lp = logprobs;
     if (!rc && !lp) {
-        lp = malloc(toks->n * sizeof(double));
+        lp = nc_malloc(toks->n * sizeof(double));
         if (!lp)
             rc = nc_error(err, errlen, NC_ENOMEM, "log-probabilities");
     }
@@ -263,7 +264,7 @@ static int neural_window(nc_stream *s, const float *h, nc_mix_input *in, int **v
     *vals = NULL;
     if (s->p.neural_size <= 0 || s->neural.count <= 0)
         return NC_OK;
-    *vals = malloc((size_t)s->neural.size * sizeof(int));
+    *vals = nc_malloc((size_t)s->neural.size * sizeof(int));
     if (!*vals)
         return nc_error(err, errlen, NC_ENOMEM, "neural window");
     int cnt = neural_cache_dots(&s->neural, h, s->dots);
@@ -282,10 +283,10 @@ static int unbounded_neighbours(nc_stream *s, const float *h, nc_mix_input *in, 
                                 int64_t **ids, char *err, size_t errlen)
 {
     int k = s->p.knn;
-    *d2 = malloc((size_t)k * sizeof(float));
-    *words = malloc((size_t)k * sizeof(int));
+    *d2 = nc_malloc((size_t)k * sizeof(float));
+    *words = nc_malloc((size_t)k * sizeof(int));
     if (ids)
-        *ids = malloc((size_t)k * sizeof(int64_t));
+        *ids = nc_malloc((size_t)k * sizeof(int64_t));
     in->ub_d2 = *d2;
     in->ub_words = *words;
     in->ub_k = k;
@@ -320,7 +321,7 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
     if (s->p.gate && s->m->gate) {
         /* the adaptive mixture: p_vocab's statistics, then the pre-search
          * gate decides whether the unbounded cache is searched (gate.h) */
-        float *scratch = malloc((size_t)V * sizeof(float));
+        float *scratch = nc_malloc((size_t)V * sizeof(float));
         if (!scratch) {
             free(vals);
             return nc_error(err, errlen, NC_ENOMEM, "gate features");
@@ -397,8 +398,8 @@ int stream_explain(nc_stream *s, const int *ids, size_t k, int per_source, nc_ex
         rc = unbounded_neighbours(s, h, &in, &ud2, &uw, &uid, err, errlen);
     int n = in.nn > in.ub_k ? in.nn : in.ub_k;
     if (!rc && n > 0) {
-        w = malloc((size_t)n * sizeof *w);
-        cand = malloc((size_t)n * sizeof *cand);
+        w = nc_malloc((size_t)n * sizeof *w);
+        cand = nc_malloc((size_t)n * sizeof *cand);
         if (!w || !cand)
             rc = nc_error(err, errlen, NC_ENOMEM, "explain");
     }
@@ -532,7 +533,7 @@ static int ref_of(idlist *l, int V, int id)
             return V + i;
     if (l->n == l->cap) {
         int c = l->cap ? 2 * l->cap : 64;
-        int *p = realloc(l->ids, (size_t)c * sizeof(int));
+        int *p = nc_realloc(l->ids, (size_t)c * sizeof(int));
         if (!p)
             return -1;
         l->ids = p;
@@ -550,8 +551,8 @@ int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_
     idlist ids = {0};
     /* refs first (the word list precedes the windows in the blob) */
     int nn = s->neural.size ? s->neural.count : 0, nu = s->unigram.size ? s->unigram.count : 0;
-    int *nref = malloc(((size_t)nn + 1) * sizeof(int)), *uref = malloc(((size_t)nu + 1) * sizeof(int));
-    int *vals = malloc(((size_t)nn + 1) * sizeof(int));
+    int *nref = nc_malloc(((size_t)nn + 1) * sizeof(int)), *uref = nc_malloc(((size_t)nu + 1) * sizeof(int));
+    int *vals = nc_malloc(((size_t)nn + 1) * sizeof(int));
     int rc = NC_OK;
     if (!nref || !uref || !vals)
         rc = nc_error(err, errlen, NC_ENOMEM, "stream export");
@@ -577,7 +578,7 @@ int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_
         binio_put(&w, &s->pos, 8);
         uint64_t sl = lstm_state_blob_size(s->st);
         binio_put(&w, &sl, 8);
-        void *tmp = malloc(sl);
+        void *tmp = nc_malloc(sl);
         if (tmp) {
             lstm_state_to_blob(s->st, tmp);
             binio_put(&w, tmp, sl);
@@ -666,7 +667,7 @@ int stream_import(const nc_model *m, nc_unbounded_cache *ub, nc_wordtable *words
         if (nw > binio_left(&r) / 4 || !s->words) {
             rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: %u dynamic words %s", nw,
                           s->words ? "(truncated)" : "without open vocabulary");
-        } else if (!(map = malloc(nw * sizeof(int)))) {
+        } else if (!(map = nc_malloc(nw * sizeof(int)))) {
             rc = nc_error(err, errlen, NC_ENOMEM, "stream import");
         }
         for (uint32_t i = 0; !rc && i < nw; i++) {
@@ -747,8 +748,8 @@ static int undo_save(nc_stream *s, size_t ntok, cache_undo *u, char *err, size_t
         u->n_head = c->head;
         u->n_count = c->count;
         u->n_slots = ntok < (size_t)c->size ? (int)ntok : c->size;
-        u->n_keys = malloc((size_t)(u->n_slots ? u->n_slots : 1) * ks);
-        u->n_vals = malloc((size_t)(u->n_slots ? u->n_slots : 1) * sizeof(int));
+        u->n_keys = nc_malloc((size_t)(u->n_slots ? u->n_slots : 1) * ks);
+        u->n_vals = nc_malloc((size_t)(u->n_slots ? u->n_slots : 1) * sizeof(int));
         if (!u->n_keys || !u->n_vals)
             return nc_error(err, errlen, NC_ENOMEM, "rescoring");
         for (int k = 0; k < u->n_slots; k++) {
@@ -762,7 +763,7 @@ static int undo_save(nc_stream *s, size_t ntok, cache_undo *u, char *err, size_t
         u->u_head = c->head;
         u->u_count = c->count;
         u->u_slots = ntok < (size_t)c->size ? (int)ntok : c->size;
-        u->u_ring = malloc((size_t)(u->u_slots ? u->u_slots : 1) * sizeof(int));
+        u->u_ring = nc_malloc((size_t)(u->u_slots ? u->u_slots : 1) * sizeof(int));
         if (!u->u_ring)
             return nc_error(err, errlen, NC_ENOMEM, "rescoring");
         for (int k = 0; k < u->u_slots; k++)
@@ -819,7 +820,7 @@ static int rescore_prepare(nc_stream *s, nc_state *st, const nc_tokens *t, nc_do
     d->first = s->has_h ? 0 : (t->n > 0 ? 1 : 0);
     nc_wordtable *words = s->p.open_vocab ? s->words : NULL;
     int base = words ? wordtable_size(words) : V, nnew = 0;
-    const char **fresh = words && t->n ? malloc(t->n * sizeof *fresh) : NULL;
+    const char **fresh = words && t->n ? nc_malloc(t->n * sizeof *fresh) : NULL;
     if (words && t->n && !fresh)
         rc = nc_error(err, errlen, NC_ENOMEM, "rescoring");
     for (size_t j = 0; !rc && j < t->n; j++) {
@@ -883,11 +884,11 @@ int stream_rescore(nc_stream *s, const nc_tokens *conts, size_t n, double **logp
 {
     const nc_model *m = s->m;
     const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
-    nc_doc **docs = calloc(n ? n : 1, sizeof *docs);
+    nc_doc **docs = nc_zalloc(n ? n : 1, sizeof *docs);
     nc_state *st = lstm_state_new(m);
     float *rows = nc_alloc((size_t)RESCORE_LOGIT_BLOCK * H * sizeof(float));
     float *logits = nc_alloc((size_t)RESCORE_LOGIT_BLOCK * V * sizeof(float));
-    size_t *owner = malloc(RESCORE_LOGIT_BLOCK * 2 * sizeof *owner);
+    size_t *owner = nc_malloc(RESCORE_LOGIT_BLOCK * 2 * sizeof *owner);
     int rc = docs && st && rows && logits && owner ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "rescoring");
     for (size_t i = 0; !rc && i < n; i++)
         rc = rescore_prepare(s, st, &conts[i], &docs[i], err, errlen);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "metrics.h"
+#include "lstm.h"
 
 /* One batch thread and its scratch, allocated up front so a batch never
  * fails for memory. */

@@ -12,6 +12,7 @@
 #include <strings.h>
 
 #include "api_errors.h"
+#include "lstm.h"
 
 #define UPLOAD_BATCH 512          /* tokens per LSTM pass / log record */
 #define UPLOAD_MAX_WORD (1 << 20) /* a "word" longer than this is refused */

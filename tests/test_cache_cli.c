@@ -17,7 +17,11 @@
 
 #include "harness.h"
 #include "tolerance.h"
-#include "cache.h"
+#include "doc.h"
+#include "lstm.h"
+#include "tokenizer.h"
+#include "model.h"
+#include "nc_common.h"
 
 static char fixdir[1024], docpath[64] = "/tmp/nc_cli_docXXXXXX", tmpdir[64] = "/tmp/nc_cli_dirXXXXXX";
 

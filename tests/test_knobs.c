@@ -14,7 +14,8 @@
 #include <unistd.h>
 #include <yaml.h>
 
-#include "cache.h"
+#include "cache_params.h"
+#include "cache_knobs.h"
 #include "suggest.h"
 
 static char model_dir[512];

@@ -5,7 +5,10 @@
 
 #include <getopt.h>
 
-#include "cache.h"
+#include "doc.h"
+#include "tokenizer.h"
+#include "model.h"
+#include "cache_params.h"
 
 /* getopt codes: one per row of the core's knob table (CO_KNOB_<name>), then
  * the options of the CLI's own. */

@@ -12,6 +12,7 @@
 #include "cacheopts.h"
 #include "commands.h"
 #include "gate.h"
+#include "mixture.h"
 
 static void usage(FILE *out)
 {
