@@ -557,8 +557,13 @@ static void update(nc_dyneval *d, float lr, float decay)
             if (f > 1.0f)
                 f = 1.0f;   /* RMS_norm clipped at 1/lambda: never past theta_g */
             float dlt = (t->w[j] - t->w0[j]) * (1.0f - f);
-            if (lr > 0.0f && t->g)
-                dlt -= lr * t->g[j] / (r + eps);
+            if (lr > 0.0f && t->g) {
+                float u = t->g[j] / (r + eps);
+                /* a guard, not the paper's: a step of at most NC_DYN_CLIP
+                 * RMS units, so no lr makes the weights overflow */
+                u = u > NC_DYN_CLIP ? NC_DYN_CLIP : u < -NC_DYN_CLIP ? -NC_DYN_CLIP : u;
+                dlt -= lr * u;
+            }
             if (fabsf(dlt) < FLT_MIN)
                 dlt = 0.0f;
             float wn = t->w0[j] + dlt;

@@ -48,6 +48,12 @@ enum {
  * step of eta / eps when it finally gets one. */
 #define NC_DYN_EPS_REL 0.1f
 
+/* The normalised gradient grad / (sqrt(MS_g) + eps) is clipped to
+ * [-NC_DYN_CLIP, NC_DYN_CLIP] (a guard against a too large eta: the
+ * weights stay finite and within eta * NC_DYN_CLIP / (decay rate) of the
+ * trained ones). */
+#define NC_DYN_CLIP 1000.0f
+
 typedef struct nc_dyneval nc_dyneval;
 
 /* New adaptation state on m (borrowed) for subset (NC_DYN_*), with the

@@ -275,7 +275,9 @@ TEST(update_matches_naive_rule)
                 double r = msv[j], f = decay * (r + eps) / mean_r;
                 if (f > 1)
                     f = 1;
-                double want = (double)w0[j] + 0.0 * (1 - f) - lr * gnum / (r + eps);
+                double u = gnum / (r + eps);
+                u = u > NC_DYN_CLIP ? NC_DYN_CLIP : u < -NC_DYN_CLIP ? -NC_DYN_CLIP : u;
+                double want = (double)w0[j] + 0.0 * (1 - f) - lr * u;
                 double tol = TOL_GRAD(gnum) * lr / (r + eps) + 4 * F32_U * fabs(want) + 1e-30;
                 CHECKF(fabs(w[j] - want) <= tol, "subset %d tensor %d [%zu]: %.9g, naive %.9g (tol %.3g)", subset, k,
                        j, (double)w[j], want, tol);
