@@ -544,36 +544,55 @@ int dyneval_loss(nc_dyneval *d, const nc_state *s0, bool has_h, const int *y, in
 
 /* ---- the update --------------------------------------------------------- */
 
-/* One step on the gradient in t->g (dyneval.h's rule), then the decay,
- * which alone brings every weight back to the trained one exactly. */
+/* The step's loop over one tensor (dyneval.h's rule, then the decay), free
+ * of branches so that it vectorises: it is a pass over every adapted weight
+ * per segment. */
+__attribute__((optimize("O3"))) static void step_tensor(float *restrict w, const float *restrict w0,
+                                                        const float *restrict rms, const float *restrict g, size_t n,
+                                                        float lr, float decay, float eps, float inv_mean)
+{
+    for (size_t j = 0; j < n; j++) {
+        float re = rms[j] + eps;
+        float f = decay * re * inv_mean;
+        f = f > 1.0f ? 1.0f : f;   /* RMS_norm clipped at 1/lambda: never past theta_g */
+        float u = g[j] / re;
+        /* a guard, not the paper's: at most NC_DYN_CLIP RMS units */
+        u = u > NC_DYN_CLIP ? NC_DYN_CLIP : u;
+        u = u < -NC_DYN_CLIP ? -NC_DYN_CLIP : u;
+        float dlt = (w[j] - w0[j]) * (1.0f - f) - lr * u;
+        dlt = fabsf(dlt) < FLT_MIN ? 0.0f : dlt;
+        w[j] = w0[j] + dlt;
+    }
+}
+
+/* Decay alone (lr 0), which brings every weight back to the trained one
+ * exactly: within a few ulps of it, w0 + dlt rounds back to where it was
+ * (w0 + 5.7 ulp -> w0 + 6 ulp), so such a weight moves one ulp towards it. */
+static void decay_tensor(float *w, const float *w0, const float *rms, size_t n, float decay, float eps,
+                         float inv_mean)
+{
+    for (size_t j = 0; j < n; j++) {
+        float f = decay * (rms[j] + eps) * inv_mean;
+        f = f > 1.0f ? 1.0f : f;
+        float dlt = (w[j] - w0[j]) * (1.0f - f);
+        if (fabsf(dlt) < FLT_MIN)
+            dlt = 0.0f;
+        float wn = w0[j] + dlt;
+        if (wn == w[j] && wn != w0[j] && f > 0.0f)
+            wn = nextafterf(wn, w0[j]);
+        w[j] = wn;
+    }
+}
+
 static void update(nc_dyneval *d, float lr, float decay)
 {
     const float eps = NC_DYN_EPS_REL * d->rms_mean, inv_mean = 1.0f / d->rms_mean;
     for (int k = 0; k < d->nt; k++) {
         dyn_tensor *t = &d->t[k];
-        for (size_t j = 0; j < t->n; j++) {
-            float r = t->ms[j];
-            float f = decay * (r + eps) * inv_mean;
-            if (f > 1.0f)
-                f = 1.0f;   /* RMS_norm clipped at 1/lambda: never past theta_g */
-            float dlt = (t->w[j] - t->w0[j]) * (1.0f - f);
-            if (lr > 0.0f && t->g) {
-                float u = t->g[j] / (r + eps);
-                /* a guard, not the paper's: a step of at most NC_DYN_CLIP
-                 * RMS units, so no lr makes the weights overflow */
-                u = u > NC_DYN_CLIP ? NC_DYN_CLIP : u < -NC_DYN_CLIP ? -NC_DYN_CLIP : u;
-                dlt -= lr * u;
-            }
-            if (fabsf(dlt) < FLT_MIN)
-                dlt = 0.0f;
-            float wn = t->w0[j] + dlt;
-            /* decay alone within a few ulps of the trained weight rounds
-             * back to where it was (w0 + 5.7 ulp -> w0 + 6 ulp): it then
-             * moves one ulp towards it */
-            if (wn == t->w[j] && wn != t->w0[j] && !(lr > 0.0f && t->g) && f > 0.0f)
-                wn = nextafterf(wn, t->w0[j]);
-            t->w[j] = wn;
-        }
+        if (lr > 0.0f && t->g)
+            step_tensor(t->w, t->w0, t->ms, t->g, t->n, lr, decay, eps, inv_mean);
+        else
+            decay_tensor(t->w, t->w0, t->ms, t->n, decay, eps, inv_mean);
     }
     dyneval_refresh(d);
 }

@@ -30,8 +30,9 @@ fi
 NEU="--neural-cache 500 --theta 0.7 --lambda 0.1"
 if [[ " $STEPS " == *" stats "* ]] && [ ! -d "$M/dyneval" ]; then
     echo "== dyn-stats: MS_g on PTB train (first 100,000 tokens, segments of 20)"
-    $NC dyn-stats --model "$M" --train "$DATA/ptb/ptb.train.txt" --tokens 100000 --segment 20
+    $NC dyn-stats --model "$M" --train "$DATA/ptb/ptb.train.txt" --tokens 100000 --segment 20 2>&1 | tee "$W/stats.txt"
 fi
+[ -f "$W/stats.txt" ] && cat "$W/stats.txt"
 opts_of() { sed -n "s/^$1 .*options: //p" "$2"; }
 if [[ " $STEPS " == *" ptb "* ]]; then
     echo "== PTB: gate for the neural cache (fit-gate on PTB valid)"
@@ -84,6 +85,4 @@ if [[ " $STEPS " == *" cost "* ]]; then
     for P in 0 1 2 3; do
         $NC eval --model "$M" --row "--dyn-lr 0.001 --dyn-params $P --dyn-segment 20" "$W/cost.txt" 2>&1 | tail -n 2
     done
-    echo "== memory per session (bytes of adapted weights, from /v1/model's formula)"
-    "$BUILD_TESTS"/test_dyneval --memory "$M" 2>/dev/null || true
 fi

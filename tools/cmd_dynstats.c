@@ -96,6 +96,10 @@ int cmd_dyn_stats(int argc, char **argv)
         fprintf(stderr, "dyn-stats: %zu segments of %ld tokens in %.1f s (%.0f tokens/s), mean loss %.4f "
                 "(perplexity %.2f); wrote %s\n", n / (size_t)seg, seg, dt, (double)(n / (size_t)seg * seg) / dt,
                 loss, exp(loss), outdir ? outdir : path);
+        static const char *const names[] = {"biases (sparse)", "last LSTM layer", "every LSTM layer", "all weights"};
+        for (int sub = NC_DYN_BIAS; sub <= NC_DYN_ALL; sub++)
+            fprintf(stderr, "dyn-stats: a session adapting dyn_params %d (%s) holds %zu bytes of weights\n", sub,
+                    names[sub], dyneval_memory_of(m, sub));
     } else {
         fprintf(stderr, "neurocache dyn-stats: %s\n", err);
     }
