@@ -547,7 +547,12 @@ int dyneval_loss(nc_dyneval *d, const nc_state *s0, bool has_h, const int *y, in
 /* The step's loop over one tensor (dyneval.h's rule, then the decay), free
  * of branches so that it vectorises: it is a pass over every adapted weight
  * per segment. */
-__attribute__((optimize("O3"))) static void step_tensor(float *restrict w, const float *restrict w0,
+#if defined(__GNUC__) && !defined(__clang__)
+#define DYN_VECTORISE __attribute__((optimize("O3")))   /* gcc's -O2 does not vectorise it */
+#else
+#define DYN_VECTORISE
+#endif
+DYN_VECTORISE static void step_tensor(float *restrict w, const float *restrict w0,
                                                         const float *restrict rms, const float *restrict g, size_t n,
                                                         float lr, float decay, float eps, float inv_mean)
 {
