@@ -9,6 +9,10 @@
 #   tokens of its first 10% (the unbounded cache growing online), evaluate
 #   on the first DYN_WP_LINES lines of the other 90% with the whole tenth
 #   in the unbounded cache (0 = all of the 90%).
+# The defaults are small (the grids, DYN_PTB_LINES, DYN_WP_LINES) because a
+# session with dynamic evaluation runs at ~1/10 of the static model's speed
+# and the benchmark machine is shared; set them to 0 / larger for the full
+# protocol.
 # Model: a scratch copy of models/demo (its statistics go into the copy).
 # Work and results: build/bench-dyneval; a step whose output is there is
 # skipped, so a long run resumes. STEPS="stats ptb wp cost" selects.
@@ -18,7 +22,9 @@ DATA=${NEUROCACHE_DATA:-../shared/data}
 W=${BENCH_DYN_DIR:-build/bench-dyneval}
 STEPS=${STEPS:-stats ptb wp cost}
 TUNE_TOK=${DYN_TUNE_TOKENS:-5000}
-WP_LINES=${DYN_WP_LINES:-2500}
+WP_LINES=${DYN_WP_LINES:-1000}
+PTB_LINES=${DYN_PTB_LINES:-750}     # of PTB test (0 = all)
+LRS=${DYN_LRS:-0.001,0.002,0.003}; DECAYS=${DYN_DECAYS:-0.02}; SEGS=${DYN_SEGS:-20}
 NC="nice -n 10 $BIN/neurocache"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); $(date -u '+%F %H:%M UTC'); load $(cut -d' ' -f1-3 /proc/loadavg)"
 if [ ! -f "$DATA/ptb/ptb.train.txt" ] || [ ! -f models/demo/model.safetensors ]; then
@@ -43,15 +49,17 @@ if [[ " $STEPS " == *" ptb "* ]]; then
     if ! grep -q "^best all" "$T" 2>/dev/null; then
         echo "== PTB: tune --dyn --dyn-params 2 on the first $TUNE_TOK tokens of PTB valid"
         $NC tune --model "$M" --valid "$DATA/ptb/ptb.valid.txt" --neural-cache 500 --thetas 0.7 --lambdas 0.1 \
-            --dyn --dyn-params 2 --dyn-tokens "$TUNE_TOK" --dyn-lrs 0.001,0.002,0.003 --dyn-decays 0.005,0.02 \
-            --dyn-segments 10,20 --no-plot --out "$W/ptb" > "$T"
+            --dyn --dyn-params 2 --dyn-tokens "$TUNE_TOK" --dyn-lrs "$LRS" --dyn-decays "$DECAYS" \
+            --dyn-segments "$SEGS" --no-plot --out "$W/ptb" > "$T"
     fi
     cat "$T"
     D=$(opts_of "best dyn" "$T"); B=$(dyn_of "$(opts_of "best dyn+caches" "$T")")
+    P=$DATA/ptb/ptb.test.txt
+    if [ "$PTB_LINES" -gt 0 ]; then head -n "$PTB_LINES" "$P" > "$W/ptb.part.txt"; P=$W/ptb.part.txt; fi
     if ! grep -q "tokens scored" "$W/ptb-eval.txt" 2>/dev/null; then
-        echo "== PTB test: static, neural, dynamic, both"
-        $NC eval --model "$M" --csv "$W/ptb-eval.csv" --row "$NEU" --row "$D" --row "$NEU $B" \
-            "$DATA/ptb/ptb.test.txt" > "$W/ptb-eval.txt" 2>&1
+        echo "== PTB test ($(wc -w < "$P") words): static, neural, dynamic, both"
+        $NC eval --model "$M" --csv "$W/ptb-eval.csv" --row "$NEU" --row "$D" --row "$NEU $B" "$P" \
+            > "$W/ptb-eval.txt" 2>&1
     fi
     cat "$W/ptb-eval.txt"
 fi
@@ -67,8 +75,8 @@ if [[ " $STEPS " == *" wp "* ]]; then
     if ! grep -q "^best all" "$T" 2>/dev/null; then
         echo "== War and Peace: tune --dyn on the first $TUNE_TOK tokens of its first 10%"
         $NC tune --model "$M" --valid "$W/wp.head.txt" --neural-cache 2000 --thetas 0.7 --lambdas 0.3 $UB \
-            --unbounded-lambdas 0.3 --dyn --dyn-params 2 --dyn-tokens "$TUNE_TOK" --dyn-lrs 0.001,0.002,0.003 \
-            --dyn-decays 0.005,0.02 --dyn-segments 20 --no-plot --out "$W/wp" > "$T"
+            --unbounded-lambdas 0.3 --dyn --dyn-params 2 --dyn-tokens "$TUNE_TOK" --dyn-lrs "$LRS" \
+            --dyn-decays "$DECAYS" --dyn-segments "$SEGS" --no-plot --out "$W/wp" > "$T"
     fi
     cat "$T"
     D=$(opts_of "best dyn" "$T"); B=$(dyn_of "$(opts_of "best dyn+caches" "$T")")

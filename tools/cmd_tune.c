@@ -672,6 +672,9 @@ static int stage_dyn(tune_run *r, char *err, size_t errlen)
             const double *g = stage == 0 ? a->dlr : stage == 1 ? a->ddec : a->dseg;
             int ng = stage == 0 ? a->ndlr : stage == 1 ? a->nddec : a->ndseg;
             nc_cache_params c = stage == 0 ? base : best;
+            /* a single value the best point already has: nothing to try */
+            if (stage > 0 && ng == 1 && (stage == 1 ? (float)g[0] == best.dyn_decay : (int)g[0] == best.dyn_segment))
+                continue;
             for (int i = 0; !rc && i < ng; i++) {
                 if (stage == 0)
                     c.dyn_lr = (float)g[i];
