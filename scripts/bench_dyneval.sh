@@ -70,7 +70,7 @@ if [[ " $STEPS " == *" wp "* ]]; then
     R=$W/wp.rest.txt
     if [ "$WP_LINES" -gt 0 ]; then head -n "$WP_LINES" "$W/wp.rest.txt" > "$W/wp.part.txt"; R=$W/wp.part.txt; fi
     UB="--unbounded --knn 256 --kernel epanechnikov --switch-at 20000 --threads 2"
-    WPC="--neural-cache 2000 --theta 0.7 --lambda 0.3 $UB --unbounded-lambda 0.3"
+    WPC="--neural-cache 2000 --theta 0.7 --lambda 0.3 --unbounded --knn 256 --kernel epanechnikov --unbounded-lambda 0.3"
     T=$W/wp-tune.txt
     if ! grep -q "^best all" "$T" 2>/dev/null; then
         echo "== War and Peace: tune --dyn on the first $TUNE_TOK tokens of its first 10%"
