@@ -62,6 +62,12 @@ if [[ " $STEPS " == *" ptb "* ]]; then
             > "$W/ptb-eval.txt" 2>&1
     fi
     cat "$W/ptb-eval.txt"
+    if ! grep -q "tokens scored" "$W/ptb-gate-eval.txt" 2>/dev/null; then
+        echo "== PTB test, the same part: the neural cache weighed by the gate (fit-gate on PTB valid), without and with dynamic evaluation"
+        [ -f "$M/gate.safetensors" ] || $NC fit-gate --model "$M" --valid "$DATA/ptb/ptb.valid.txt" --hidden 16 $NEU > "$W/ptb-gate.txt" 2>&1
+        $NC eval --model "$M" --row "$NEU --gate" --row "$NEU $B --gate" "$P" > "$W/ptb-gate-eval.txt" 2>&1
+    fi
+    cat "$W/ptb-gate-eval.txt"
 fi
 if [[ " $STEPS " == *" wp "* ]]; then
     n=$(wc -l < "$DATA/books/warandpeace.ptb.txt"); h=$(( n / 10 ))
