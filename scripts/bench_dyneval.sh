@@ -96,7 +96,7 @@ fi
 if [[ " $STEPS " == *" cost "* ]]; then
     echo "== cost: tokens/CPU-s of a fed token, static vs dynamic evaluation per subset (PTB valid, first 200 lines)"
     head -n 200 "$DATA/ptb/ptb.valid.txt" > "$W/cost.txt"
-    $NC eval --model "$M" --row "--dyn-lr 0.002 --dyn-params 0 --dyn-segment 20" \
+    OPENBLAS_NUM_THREADS=1 $NC eval --model "$M" --row "--dyn-lr 0.002 --dyn-params 0 --dyn-segment 20" \
         --row "--dyn-lr 0.002 --dyn-params 1 --dyn-segment 20" --row "--dyn-lr 0.002 --dyn-params 2 --dyn-segment 20" \
         --row "--dyn-lr 0.0003 --dyn-params 3 --dyn-segment 20" --row "--dyn-lr 0.002 --dyn-params 2 --dyn-segment 40" \
         "$W/cost.txt" 2>&1 | tail -n 7 | tee "$W/cost-eval.txt"
