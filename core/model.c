@@ -115,17 +115,48 @@ static const struct {
     config_kind kind;
     size_t off;
     size_t size;                  /* for strings: buffer size */
+    bool optional;                /* may be absent (zero) */
 } config_keys[] = {
-    {"model_type", CK_STR, offsetof(nc_model_config, model_type), sizeof(((nc_model_config *)0)->model_type)},
-    {"vocab_size", CK_INT, offsetof(nc_model_config, vocab_size), 0},
-    {"embedding_size", CK_INT, offsetof(nc_model_config, embedding_size), 0},
-    {"hidden_size", CK_INT, offsetof(nc_model_config, hidden_size), 0},
-    {"num_layers", CK_INT, offsetof(nc_model_config, num_layers), 0},
-    {"tie_weights", CK_BOOL, offsetof(nc_model_config, tie_weights), 0},
-    {"unk_token", CK_STR, offsetof(nc_model_config, unk_token), sizeof(((nc_model_config *)0)->unk_token)},
-    {"eos_token", CK_STR, offsetof(nc_model_config, eos_token), sizeof(((nc_model_config *)0)->eos_token)},
-    {"lowercase", CK_BOOL, offsetof(nc_model_config, lowercase), 0},
+    {"model_type", CK_STR, offsetof(nc_model_config, model_type), sizeof(((nc_model_config *)0)->model_type), false},
+    {"vocab_size", CK_INT, offsetof(nc_model_config, vocab_size), 0, false},
+    {"embedding_size", CK_INT, offsetof(nc_model_config, embedding_size), 0, false},
+    {"hidden_size", CK_INT, offsetof(nc_model_config, hidden_size), 0, false},
+    {"num_layers", CK_INT, offsetof(nc_model_config, num_layers), 0, false},
+    {"tie_weights", CK_BOOL, offsetof(nc_model_config, tie_weights), 0, false},
+    {"unk_token", CK_STR, offsetof(nc_model_config, unk_token), sizeof(((nc_model_config *)0)->unk_token), false},
+    {"eos_token", CK_STR, offsetof(nc_model_config, eos_token), sizeof(((nc_model_config *)0)->eos_token), false},
+    /* replaced by "text" (normalize.h); still read, and written for older readers */
+    {"lowercase", CK_BOOL, offsetof(nc_model_config, lowercase), 0, true},
 };
+
+/* config.json's "text" object (normalize.h): each member a boolean or a
+ * string, set through text_conv_set so that the keys are defined once. */
+static int config_text(json_t *o, nc_text_conv *t, const char *path, char *err, size_t errlen)
+{
+    if (!json_is_object(o))
+        return nc_error(err, errlen, NC_EFORMAT, "%s: key 'text' must be an object", path);
+    *t = (nc_text_conv){.declared = true};
+    /* a preset first, so that the other keys refine it whatever their order */
+    json_t *preset = json_object_get(o, "preset");
+    const char *key;
+    json_t *v;
+    char e2[NC_ERRLEN];
+    if (preset && (!json_is_string(preset) || text_conv_set(t, "preset", json_string_value(preset), e2, sizeof e2)))
+        return nc_error(err, errlen, NC_EFORMAT, "%s: %s", path,
+                        json_is_string(preset) ? e2 : "text.preset must be a string");
+    json_object_foreach(o, key, v) {
+        if (!strcmp(key, "preset"))
+            continue;
+        bool isbool = text_conv_key_is_bool(key);
+        if (isbool ? !json_is_boolean(v) : !json_is_string(v))
+            return nc_error(err, errlen, NC_EFORMAT, "%s: text.%s must be %s", path, key,
+                            isbool ? "true or false" : "a string");
+        const char *val = isbool ? (json_is_true(v) ? "true" : "false") : json_string_value(v);
+        if (text_conv_set(t, key, val, e2, sizeof e2) != NC_OK)
+            return nc_error(err, errlen, NC_EFORMAT, "%s: %s", path, e2);
+    }
+    return NC_OK;
+}
 
 static int config_load(const char *path, nc_model_config *cfg, char *err, size_t errlen)
 {
@@ -149,6 +180,8 @@ static int config_load(const char *path, nc_model_config *cfg, char *err, size_t
         const char *key = config_keys[i].key;
         json_t *v = json_object_get(root, key);
         char *dst = (char *)cfg + config_keys[i].off;
+        if (!v && config_keys[i].optional)
+            continue;
         if (!v) {
             rc = nc_error(err, errlen, NC_EFORMAT, "%s: missing required key '%s'", path, key);
             break;
@@ -179,6 +212,11 @@ static int config_load(const char *path, nc_model_config *cfg, char *err, size_t
             break;
         }
     }
+    json_t *tobj = rc == NC_OK ? json_object_get(root, "text") : NULL;
+    if (tobj)
+        rc = config_text(tobj, &cfg->text, path, err, errlen);
+    else if (rc == NC_OK && !json_object_get(root, "lowercase"))
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: missing required key 'lowercase' (or a 'text' object)", path);
     json_decref(root);
     if (rc == NC_OK)
         rc = config_check(cfg, path, err, errlen);
@@ -707,7 +745,19 @@ static int write_config(const nc_model_config *c, FILE *f)
     json_object_set_new(o, "tie_weights", json_boolean(c->tie_weights));
     json_object_set_new(o, "unk_token", json_string(c->unk_token));
     json_object_set_new(o, "eos_token", json_string(c->eos_token));
-    json_object_set_new(o, "lowercase", json_boolean(c->lowercase));
+    if (c->text.declared) {
+        /* older readers need "lowercase" (this reader ignores it when "text"
+         * is there): kept as it was, so that they read text as before */
+        json_object_set_new(o, "lowercase", json_boolean(c->lowercase));
+        json_t *t = json_object();
+        const char *key;
+        char val[64];
+        for (int i = 0; text_conv_get(&c->text, i, &key, val, sizeof val); i++)
+            json_object_set_new(t, key, text_conv_key_is_bool(key) ? json_boolean(!strcmp(val, "true")) : json_string(val));
+        json_object_set_new(o, "text", t);
+    } else {
+        json_object_set_new(o, "lowercase", json_boolean(c->lowercase));
+    }
     int r = o ? json_dumpf(o, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : -1;
     json_decref(o);
     if (r == 0)

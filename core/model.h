@@ -3,6 +3,7 @@
 #define NC_MODEL_H
 
 #include "nc_common.h"
+#include "normalize.h"
 #include "vocab.h"
 
 typedef struct {
@@ -12,7 +13,8 @@ typedef struct {
     int hidden_size;              /* H */
     int num_layers;               /* L */
     bool tie_weights;             /* decoder.weight == encoder.weight (needs E == H) */
-    bool lowercase;               /* tokenizer lower-cases input */
+    bool lowercase;               /* tokenizer lower-cases input (legacy: no "text" object) */
+    nc_text_conv text;            /* the "text" object: conventions the tokenizer normalises to */
     char unk_token[64];
     char eos_token[64];
 } nc_model_config;

@@ -89,7 +89,11 @@ static int tokenize_file(const char *path, const nc_model *m, token_fn fn, void 
     while (rc == NC_OK && pos < len) {
         size_t end = pos + (1 << 20) < len ? pos + (1 << 20) : len;
         if (end < len) {
-            const char *nl = memchr(buf + end, '\n', len - end);
+            /* at a blank line when one is near (it ends a paragraph, which a
+             * chunk boundary must not hide from sentence conventions), else a newline */
+            size_t win = len - end < (1 << 16) ? len - end : (1 << 16);
+            const char *bl = memmem(buf + end, win, "\n\n", 2);
+            const char *nl = bl ? bl + 1 : memchr(buf + end, '\n', len - end);
             end = nl ? (size_t)(nl - buf) + 1 : len;
         }
         tokens_clear(&t);
@@ -109,11 +113,15 @@ static int tokenize_file(const char *path, const nc_model *m, token_fn fn, void 
 }
 
 /* A model shell carrying only what tokenize() reads. */
-static void tok_model(nc_model *m, nc_vocab *v, bool lowercase, const char *eos, int unk_id, int eos_id)
+static void tok_model(nc_model *m, nc_vocab *v, const nc_text_conv *text, bool lowercase, const char *unk,
+                      const char *eos, int unk_id, int eos_id)
 {
     memset(m, 0, sizeof *m);
     m->vocab = v;
     m->cfg.lowercase = lowercase;
+    if (text)
+        m->cfg.text = *text;
+    snprintf(m->cfg.unk_token, sizeof m->cfg.unk_token, "%s", unk);
     snprintf(m->cfg.eos_token, sizeof m->cfg.eos_token, "%s", eos);
     m->unk_id = unk_id;
     m->eos_id = eos_id;
@@ -174,7 +182,7 @@ static int by_id(const void *a, const void *b)
     return *(const int *)a - *(const int *)b;
 }
 
-int train_build_vocab(const char *path, bool lowercase, int vocab_max, const char *unk,
+int train_build_vocab(const char *path, const nc_text_conv *text, bool lowercase, int vocab_max, const char *unk,
                       const char *eos, nc_vocab **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -182,7 +190,7 @@ int train_build_vocab(const char *path, bool lowercase, int vocab_max, const cha
     if (!c.v)
         return nc_error(err, errlen, NC_ENOMEM, "out of memory");
     nc_model m;
-    tok_model(&m, c.v, lowercase, eos, -1, -1);
+    tok_model(&m, c.v, text, lowercase, unk, eos, -1, -1);
     int rc = tokenize_file(path, &m, count_tokens, &c, err, errlen);
     /* unk must exist (it stands for every word outside the vocabulary), and
      * eos too, even in a corpus without newlines. */
@@ -256,13 +264,13 @@ static int collect_ids(const nc_tokens *t, void *ud, char *err, size_t errlen)
     return NC_OK;
 }
 
-int train_read_corpus(const char *path, const nc_vocab *v, bool lowercase, int unk_id, int eos_id,
+int train_read_corpus(const char *path, const nc_vocab *v, const nc_text_conv *text, bool lowercase, int unk_id, int eos_id,
                       int **ids, size_t *n, char *err, size_t errlen)
 {
     *ids = NULL;
     *n = 0;
     nc_model m;
-    tok_model(&m, (nc_vocab *)v, lowercase, vocab_word(v, eos_id), unk_id, eos_id);
+    tok_model(&m, (nc_vocab *)v, text, lowercase, vocab_word(v, unk_id), vocab_word(v, eos_id), unk_id, eos_id);
     ids_ctx c = {0};
     int rc = tokenize_file(path, &m, collect_ids, &c, err, errlen);
     if (rc != NC_OK) {
@@ -681,7 +689,7 @@ static int setup_vocab(trainer *t, bool resume, char *err, size_t errlen)
     if (resume) {
         rc = vocab_load(vpath, &t->vocab, err, errlen);
     } else {
-        rc = train_build_vocab(p->train_path, p->lowercase, p->vocab_max, p->unk_token, p->eos_token,
+        rc = train_build_vocab(p->train_path, &p->text, p->lowercase, p->vocab_max, p->unk_token, p->eos_token,
                                &t->vocab, err, errlen);
         if (rc == NC_OK)
             rc = vocab_save(t->vocab, vpath, err, errlen);
@@ -701,7 +709,7 @@ static int load_streams(trainer *t, const char *path, int B, int **out, size_t *
     const nc_train_params *p = &t->p;
     int *ids = NULL;
     size_t n = 0;
-    int rc = train_read_corpus(path, t->vocab, p->lowercase, t->unk_id, t->eos_id, &ids, &n, err, errlen);
+    int rc = train_read_corpus(path, t->vocab, &p->text, p->lowercase, t->unk_id, t->eos_id, &ids, &n, err, errlen);
     if (rc == NC_OK) {
         *out = batchify(ids, n, B, rows);
         if (*rows < 2)
@@ -738,6 +746,7 @@ static int setup_network(trainer *t, char *err, size_t errlen)
     cfg.num_layers = p->num_layers;
     cfg.tie_weights = p->tie_weights;
     cfg.lowercase = p->lowercase;
+    cfg.text = p->text;
     snprintf(cfg.unk_token, sizeof cfg.unk_token, "%s", p->unk_token);
     snprintf(cfg.eos_token, sizeof cfg.eos_token, "%s", p->eos_token);
     nc_vocab *vc = vocab_clone(t->vocab);

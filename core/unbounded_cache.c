@@ -3,6 +3,7 @@
  * term, the variable-bandwidth kernel density of Grave, Cisse, Joulin 2017,
  * eq. 5-6. */
 #include "unbounded_cache.h"
+#include "faiss_shim.h"
 #include "fault.h"
 #include "vmath.h"
 
@@ -10,6 +11,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +47,10 @@ struct nc_unbounded_cache {
     int nprobe;                   /* current nprobe of the IVF index */
     unbounded_cache_add_hook hook;        /* durable store's logger, or NULL */
     void *hook_ctx;
+    _Atomic uint64_t ndis;        /* codes scanned by our own IVFPQ scan */
+    _Atomic uint64_t nsearched;   /* queries it answered */
+    unbounded_cache_search_hook shook;    /* tests: inside a search */
+    void *shook_ctx;
     float *kbuf;                  /* rounded keys scratch (key_f16) */
     size_t kbuf_n;
 };
@@ -363,6 +369,14 @@ void unbounded_cache_set_add_hook(nc_unbounded_cache *u, unbounded_cache_add_hoo
     pthread_rwlock_unlock(&u->lock);
 }
 
+void unbounded_cache_set_search_hook(nc_unbounded_cache *u, unbounded_cache_search_hook fn, void *ctx)
+{
+    pthread_rwlock_wrlock(&u->lock);
+    u->shook = fn;
+    u->shook_ctx = ctx;
+    pthread_rwlock_unlock(&u->lock);
+}
+
 int unbounded_cache_word_at(nc_unbounded_cache *u, int64_t id)
 {
     pthread_rwlock_rdlock(&u->lock);
@@ -399,23 +413,19 @@ int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size
         return NC_OK;
     omp_limit(u);
     int rc = NC_OK;
-    bool wlock = false;
+    /* nprobe travels with the search (faiss_shim.h), not in the shared
+     * index: readers with different nprobe search side by side under the
+     * read lock, and only adds and the switch write */
     pthread_rwlock_rdlock(&u->lock);
-    if (!u->flat && nprobe > 0 && nprobe != u->nprobe) {
-        /* nprobe is a field of the index: change it alone, search under the
-         * same write lock so no concurrent search sees a half-set value */
-        pthread_rwlock_unlock(&u->lock);
-        pthread_rwlock_wrlock(&u->lock);
-        wlock = true;
-        if ((rc = set_nprobe(u, u->idx, nprobe, err, errlen)))
-            goto out;
-    }
+    const int np = nprobe > 0 ? nprobe : u->nprobe;
     idx_t ntotal = faiss_Index_ntotal(u->idx);
     if (ntotal == 0)
         goto out;
     idx_t kk = (idx_t)k + extra;
     if (kk > ntotal)
         kk = ntotal;   /* FAISS pads with -1 anyway; no point asking for more */
+    if (kk < k)
+        kk = k;        /* our own scan returns k a query, padded */
     float *d = malloc(nq * (size_t)kk * sizeof(float));
     idx_t *l = malloc(nq * (size_t)kk * sizeof(idx_t));
     if (!d || !l) {
@@ -424,8 +434,26 @@ int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size
         rc = nc_error(err, errlen, NC_ENOMEM, "search buffers (%zu x %ld)", nq, (long)kk);
         goto out;
     }
-    if (faiss_Index_search(u->idx, (idx_t)nq, queries, kk, d, l)) {
-        rc = faiss_err(err, errlen, "unbounded cache search");
+    char ferr[256];
+    if (u->shook)
+        u->shook(u->shook_ctx, u->flat ? 0 : np);
+    /* our own scan of the IVFPQ lists (faiss_shim_ivfpq_search) filters
+     * causally before it selects, so k a query is enough; it answers 1 for
+     * an index it does not read, which FAISS then searches for k + extra */
+    int how = 1;
+    if (!u->flat && !u->o.faiss_scan) {
+        uint64_t nd = 0;
+        how = faiss_shim_ivfpq_search(u->idx, (int64_t)nq, queries, k, np, id_limit, d, l, &nd, ferr, sizeof ferr);
+        if (how == 0) {
+            kk = k;
+            atomic_fetch_add_explicit(&u->ndis, nd, memory_order_relaxed);
+            atomic_fetch_add_explicit(&u->nsearched, nq, memory_order_relaxed);
+        }
+    }
+    if (how == 1)
+        how = faiss_shim_search(u->idx, (int64_t)nq, queries, (int64_t)kk, u->flat ? 0 : np, d, l, ferr, sizeof ferr);
+    if (how != 0) {
+        rc = nc_error(err, errlen, NC_EFORMAT, "unbounded cache search: %s", ferr);
     } else {
         for (size_t q = 0; q < nq; q++) {
             int got = 0;
@@ -447,9 +475,14 @@ int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size
     free(d);
     free(l);
 out:
-    (void)wlock;
     pthread_rwlock_unlock(&u->lock);
     return rc;
+}
+
+void unbounded_cache_scan_stats(nc_unbounded_cache *u, uint64_t *queries, uint64_t *codes)
+{
+    *queries = atomic_load(&u->nsearched);
+    *codes = atomic_load(&u->ndis);
 }
 
 int64_t unbounded_cache_count(nc_unbounded_cache *u)
@@ -481,8 +514,11 @@ nc_wordtable *unbounded_cache_words(nc_unbounded_cache *u)
 size_t unbounded_cache_memory(nc_unbounded_cache *u)
 {
     pthread_rwlock_rdlock(&u->lock);
+    /* per pair: its key (flat: dim floats; IVFPQ: its code and its int64
+     * id in the inverted list) and its word id; plus what the trained index
+     * holds whatever its size (centroids, precomputed tables) */
     size_t per = u->flat ? (size_t)u->o.dim * sizeof(float) : (size_t)(u->o.dim / 8 + 8);
-    size_t m = sizeof *u + u->cap * sizeof(int) + u->nvalues * per;
+    size_t m = sizeof *u + u->cap * sizeof(int) + u->nvalues * per + faiss_shim_fixed_bytes(u->idx);
     pthread_rwlock_unlock(&u->lock);
     return m;
 }

@@ -125,13 +125,15 @@ void api_h_ns_docs_list(nc_server *srv, http_request *req, http_response *resp)
 
 /* The upload of this request, opened on its first piece (the namespace
  * from the path, plain text or NDJSON from its Content-Type, a plain
- * document's id from ?id=); NULL when out of memory. */
+ * document's id from ?id=, ?normalize=false for text already in the
+ * model's conventions); NULL when out of memory. */
 static upload *request_upload(nc_server *srv, http_request *req)
 {
     if (!req->user) {
         const char *ct = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
         const char *id = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "id");
-        req->user = upload_open(srv, req->params[0], ct, id);
+        const char *norm = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "normalize");
+        req->user = upload_open(srv, req->params[0], ct, id, norm);
         if (req->user)
             req->user_free = upload_free;
     }

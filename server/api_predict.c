@@ -80,7 +80,7 @@ static int feed_slices(nc_server *srv, http_request *req, nc_stream *st, nc_sess
         if ((*why = workguard_check(&req->guard)) != WG_RUN)
             break;
         size_t nb = t->n - i < WORKGUARD_SLICE ? t->n - i : WORKGUARD_SLICE;
-        nc_tokens v = {t->ids + i, t->words + i, t->offsets + i, nb, nb};
+        nc_tokens v = {t->ids + i, t->words + i, t->offsets + i, nb, nb, t->lens ? t->lens + i : NULL};
         uint64_t sq = 0;
         rc = adapt_s ? namespaces_feed_adapt(srv, adapt_s, &v, lp ? lp + i : NULL, &sq, err, errlen)
              : shares ? feed_components(st, srv->model, &v, lp + i, shares + i, err, errlen)
@@ -136,7 +136,7 @@ static int feed_over_budget(nc_server *srv, const nc_session *s, const feed_work
 
 /* The answer of a feed that took every token: consumed, position, and the
  * tokens' log-probabilities and components when asked. */
-static json_t *feed_json(const feed_work *w, int64_t pos)
+static json_t *feed_json(nc_server *srv, const feed_work *w, int64_t pos)
 {
     const nc_tokens *t = &w->t;
     json_t *o = json_pack("{s:I,s:I}", "consumed", (json_int_t)t->n, "position", (json_int_t)pos);
@@ -149,6 +149,7 @@ static json_t *feed_json(const feed_work *w, int64_t pos)
         json_object_set_new(o, "tokens", words);
         json_object_set_new(o, "logprobs", lps);
     }
+    api_token_info(o, srv->model, t, w->r.scores);
     if (o && w->shares) {
         json_t *comps = json_array();
         for (size_t i = 0; i < t->n; i++) {
@@ -172,7 +173,7 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
     }
     tokens_init(&w.t);
     nc_session *s = NULL;
-    if (api_tokenize(srv, w.r.text, w.r.len, false, &w.t, resp) || !(s = api_session_acquire(srv, req, resp))) {
+    if (api_tokenize(srv, w.r.text, w.r.len, false, w.r.normalize, &w.t, resp) || !(s = api_session_acquire(srv, req, resp))) {
         feed_work_free(&w);
         return;
     }
@@ -222,7 +223,7 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
                          workguard_reason(why, srv->cfg.request_timeout_s), done, t->n, (long long)pos);
     } else {
         metrics_add_tokens_fed(t->n);
-        json_t *o = feed_json(&w, pos);
+        json_t *o = feed_json(srv, &w, pos);
         if (o && w.r.scores)
             metrics_add_tokens_scored(t->n);
         http_reply_json(resp, 200, o);
@@ -359,7 +360,7 @@ void api_h_score(nc_server *srv, http_request *req, http_response *resp)
     }
     nc_tokens t;
     tokens_init(&t);
-    if (api_tokenize(srv, r.text, r.len, r.final_eos, &t, resp)) {
+    if (api_tokenize(srv, r.text, r.len, r.final_eos, r.normalize, &t, resp)) {
         tokens_clear(&t);
         return;
     }
@@ -395,6 +396,7 @@ void api_h_score(nc_server *srv, http_request *req, http_response *resp)
             double ppl = counted ? exp(-sum / (double)counted) : 1.0;
             json_object_set_new(o, "ppl", isfinite(ppl) ? json_real(ppl) : json_null());
         }
+        api_token_info(o, srv->model, &t, true);
         metrics_add_tokens_scored(counted);
         http_reply_json(resp, 200, o);
     }

@@ -56,6 +56,7 @@ void api_h_model(nc_server *srv, http_request *req, http_response *resp)
                           "eos_token", c->eos_token,
                           "parameters", (json_int_t)model_num_params(srv->model));
     if (o) {
+        json_object_set_new(o, "text", api_text_conventions(srv->model));
         json_object_set_new(o, "cache_defaults", proto_encode_cache(&srv->cache_defaults));
         json_object_set_new(o, "cache_knobs", proto_encode_cache_knobs());
         json_t *dm = json_object();

@@ -83,6 +83,7 @@ struct upload {
     uint32_t doc;
     uint64_t off;                 /* token offset in the document */
     char plain_id[1100];          /* ?id= of a plain-text upload */
+    bool raw;                     /* ?normalize=false: the text is already in the model's conventions */
     uint64_t lines;
     json_t *ids;                  /* document ids (first 1000) */
     bool failed;
@@ -212,11 +213,15 @@ static upload *upload_alloc(nc_server *srv)
     return u;
 }
 
-upload *upload_open(nc_server *srv, const char *ns, const char *content_type, const char *plain_id)
+upload *upload_open(nc_server *srv, const char *ns, const char *content_type, const char *plain_id,
+                    const char *normalize)
 {
     upload *u = upload_alloc(srv);
     if (!u)
         return NULL;
+    if (normalize && strcmp(normalize, "true") && strcmp(normalize, "false"))
+        up_fail(u, API_OUT_OF_RANGE, "?normalize= must be true or false, not '%s'", normalize);
+    u->raw = normalize && !strcmp(normalize, "false");
     const char *ct = content_type;
     if (ct && (strncasecmp(ct, "application/x-ndjson", 20) == 0 || strncasecmp(ct, "application/jsonl", 17) == 0 ||
                strncasecmp(ct, "application/ndjson", 18) == 0 || strncasecmp(ct, "application/json-seq", 20) == 0))
@@ -386,7 +391,7 @@ static int add_text(upload *u, const char *text, size_t len, bool final_eos)
     nc_tokens t;
     tokens_init(&t);
     char err[NC_ERRLEN] = "";
-    int rc = tokenize(u->srv->model, text, len, final_eos, &t, err, sizeof err);
+    int rc = tokenize_ex(u->srv->model, text, len, final_eos, !u->raw, &t, err, sizeof err);
     if (rc != NC_OK)
         up_fail(u, rc == NC_EFORMAT ? API_INVALID_TEXT : API_INTERNAL, "document %llu: %s",
                 (unsigned long long)u->prog.documents, err);

@@ -164,7 +164,7 @@ static states corpus_states(const char *path, size_t max_tokens)
     nc_tokens t;
     tokens_init(&t);
     char err[NC_ERRLEN];
-    if (tokenize(model, text, len, true, &t, err, sizeof err))
+    if (tokenize_ex(model, text, len, true, false, &t, err, sizeof err))   /* PTB text, as written */
         die(path, err);
     free(text);
     states s;

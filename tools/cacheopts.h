@@ -25,6 +25,19 @@ enum {
 #define CACHEOPTS_MAX 128
 void cacheopts_options(const struct option *own, struct option *out);
 
+/* --no-normalize: read FILEs as already written in the model's text
+ * conventions (white-space split, eos per line; docs/normalisation.md). A
+ * code outside [CO_FIRST, CO_LAST): not a cache option (eval --row refuses
+ * it); cacheopts_options lists it and cacheopts_parse takes it (through
+ * co_parse_normalize). */
+#define CO_NO_NORMALIZE 999
+/* 1 when code is --no-normalize (co_read_tokens then splits on white space
+ * only), else 0. */
+int co_parse_normalize(int code);
+/* co_read_tokens prints "FILE: N tokens (...), U unknown words (x%)" on
+ * stderr (default true; score prints the rate beside its perplexity). */
+extern bool co_report_unk;
+
 typedef struct {
     nc_cache_params p;
     unsigned seen[CO_LAST - CO_FIRST];  /* which options were given */
@@ -120,7 +133,8 @@ void co_search_end(int saved);
 double co_cpu(void);
 
 /* Reads a text file ('-' = stdin) and tokenises it (file semantics: a last
- * line without newline also ends with eos). */
+ * line without newline also ends with eos), normalised to the model's text
+ * conventions unless --no-normalize was given. */
 int co_read_tokens(const nc_model *m, const char *path, nc_tokens *out, char *err, size_t errlen);
 /* Prepares a document from a token sequence: bos eos (state after eos, every
  * token scored) or none (first token context only). */
@@ -132,5 +146,9 @@ int co_prepare_ex(const nc_model *m, const nc_tokens *t, bool bos_eos, nc_wordta
                   nc_doc **out, char *err, size_t errlen);
 /* Perplexity of the scored entries (NAN entries skipped); *n gets their count. */
 double co_ppl(const double *lp, size_t len, size_t *n);
+/* Tokens of t that are the model's unk, and their share of t in percent
+ * (eos included in the denominator, as perplexity counts it): the figure
+ * printed beside every perplexity, for <unk>-heavy text flatters it. */
+double co_unk_rate(const nc_model *m, const nc_tokens *t, size_t *unk);
 
 #endif

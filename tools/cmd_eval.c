@@ -225,6 +225,7 @@ static int table_rows(const cacheopts *co, row *rows)
 typedef struct {
     double ppl, seconds, cpu;     /* wall and CPU (all threads) seconds of the row */
     size_t scored;
+    size_t unk;                   /* tokens of the file that are the model's unk (every row alike) */
     double skipped;               /* gate rows: fraction of unbounded searches skipped (else NAN) */
 } result;
 
@@ -346,6 +347,7 @@ static int eval_file(const nc_model *m, const cacheopts *co, bool bos_eos, const
         double ts = co_now() - t0, cs = co_cpu() - c0;
         res[i].skipped = dc.searched + dc.skipped > 0 ? (double)dc.skipped / (double)(dc.searched + dc.skipped) : NAN;
         res[i].ppl = co_ppl(lp, d->n, &res[i].scored);
+        res[i].unk = tokens_count_unk(m, &toks, 0);
         res[i].seconds = tp + tk + ts;
         res[i].cpu = cp + ck + cs;
     }
@@ -606,8 +608,9 @@ int cmd_eval(int argc, char **argv)
         if (rc)
             break;
         double ppl0 = sweep ? res[nrows - 1].ppl : res[0].ppl;
-        printf("%s: %zu tokens scored, LSTM pass %.2f s (%.0f tokens/s)%s\n", argv[f], res[0].scored, tl,
-               res[0].scored / (tl > 0 ? tl : 1e-9), co.p.open_vocab ? ", open vocabulary" : "");
+        printf("%s: %zu tokens scored, %zu unknown words (%.2f%%), LSTM pass %.2f s (%.0f tokens/s)%s\n", argv[f],
+               res[0].scored, res[0].unk, res[0].scored ? 100.0 * (double)res[0].unk / (double)res[0].scored : 0.0,
+               tl, res[0].scored / (tl > 0 ? tl : 1e-9), co.p.open_vocab ? ", open vocabulary" : "");
         int wname = 14;
         for (int i = 0; i < nrows; i++)
             if ((int)strlen(rows[i].name) > wname)
