@@ -50,6 +50,7 @@ void doc_free(nc_doc *d)
     nc_free(d->s_target);
     nc_free(d->log_z);
     nc_free(d->vfull);
+    nc_free(d->logits);
     free(d->v_ent);
     free(d->v_logmax);
     free(d->v_argmax);
@@ -73,8 +74,23 @@ int doc_prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *tok
     return doc_prepare_ex(m, s, has_h, toks, words, mem_words, m->gate != NULL, out, err, errlen);
 }
 
+static int prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
+                   nc_wordtable *mem_words, bool vocab_stats, bool keep, nc_doc **out, char *err, size_t errlen);
+
 int doc_prepare_ex(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
                    nc_wordtable *mem_words, bool vocab_stats, nc_doc **out, char *err, size_t errlen)
+{
+    return prepare(m, s, has_h, toks, words, mem_words, vocab_stats, false, out, err, errlen);
+}
+
+int doc_prepare_keep(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
+                     nc_wordtable *mem_words, nc_doc **out, char *err, size_t errlen)
+{
+    return prepare(m, s, has_h, toks, words, mem_words, m->gate != NULL, true, out, err, errlen);
+}
+
+static int prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
+                   nc_wordtable *mem_words, bool vocab_stats, bool keep, nc_doc **out, char *err, size_t errlen)
 {
     const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
     const size_t n = toks->n;
@@ -127,15 +143,19 @@ int doc_prepare_ex(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *
     }
     memcpy(d->q, lstm_state_top(s), (size_t)H * sizeof(float));
     rc = lstm_forward_seq(m, s, toks->ids, n, d->q + H, err, errlen);
-    float *logits = rc ? NULL : nc_alloc((size_t)DOC_LOGIT_BLOCK * V * sizeof(float));
+    /* kept: all rows in d->logits, else one block at a time */
+    if (!rc && keep && !(d->logits = nc_alloc(n * (size_t)V * sizeof(float))))
+        rc = nc_error(err, errlen, NC_ENOMEM, "logits of %zu tokens", n);
+    float *logits = rc || keep ? NULL : nc_alloc((size_t)DOC_LOGIT_BLOCK * V * sizeof(float));
     float *scratch = rc || !vocab_stats ? NULL : nc_alloc((size_t)V * sizeof(float));
-    if (!rc && (!logits || (vocab_stats && !scratch)))
+    if (!rc && ((!logits && !keep) || (vocab_stats && !scratch)))
         rc = nc_error(err, errlen, NC_ENOMEM, "logits block");
     for (size_t j0 = d->first; !rc && j0 < n; j0 += DOC_LOGIT_BLOCK) {
         size_t nb = n - j0 < DOC_LOGIT_BLOCK ? n - j0 : DOC_LOGIT_BLOCK;
-        lstm_logits_batch(m, d->q + j0 * H, nb, logits);
+        float *lb = keep ? d->logits + j0 * (size_t)V : logits;
+        lstm_logits_batch(m, d->q + j0 * H, nb, lb);
         for (size_t r = 0; r < nb; r++) {
-            const float *l = logits + r * (size_t)V;
+            const float *l = lb + r * (size_t)V;
             int id = d->ids[j0 + r];
             d->log_z[j0 + r] = nc_logsumexp(l, (size_t)V);
             d->s_target[j0 + r] = id < V ? l[id] : -INFINITY;

@@ -18,6 +18,7 @@
 #include "atomicfile.h"
 #include "buf.h"
 #include "fault.h"
+#include "dyneval.h"
 #include "gate.h"
 #include "safetensors.h"
 
@@ -70,6 +71,7 @@ void model_free(nc_model *m)
         return;
     impl_free(m->impl);
     gate_free(m->gate);
+    model_free(m->dyn_ms);
     vocab_free(m->vocab);
     free(m->layers);
     free(m);
@@ -433,6 +435,36 @@ static void path_join(char *out, size_t n, const char *dir, const char *name)
     snprintf(out, n, "%s/%s", dir, name);
 }
 
+/* dir/dyneval (dyneval.h), when present: a model directory whose weights
+ * are MS_g; it must have m's configuration and vocabulary. */
+static int dyn_stats_load(nc_model *m, const char *dir, char *err, size_t errlen)
+{
+    char path[4096];
+    struct stat st;
+    path_join(path, sizeof path, dir, "dyneval");
+    if (stat(path, &st) != 0)
+        return NC_OK;
+    char e2[NC_ERRLEN];
+    int rc = model_load(path, &m->dyn_ms, e2, sizeof e2);
+    if (rc)
+        return nc_error(err, errlen, rc, "%s (dynamic evaluation's gradient statistics): %s", path, e2);
+    const nc_model_config *a = &m->cfg, *b = &m->dyn_ms->cfg;
+    bool same = a->vocab_size == b->vocab_size && a->embedding_size == b->embedding_size &&
+                a->hidden_size == b->hidden_size && a->num_layers == b->num_layers &&
+                a->tie_weights == b->tie_weights;
+    for (int i = 0; same && i < a->vocab_size; i++)
+        same = strcmp(vocab_word(m->vocab, i), vocab_word(m->dyn_ms->vocab, i)) == 0;
+    if (!same)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: gradient statistics of another model (configuration or "
+                        "vocabulary differ); measure them again with neurocache dyn-stats", path);
+    for (int l = 0; l < m->cfg.num_layers; l++)
+        for (size_t j = 0; j < 4 * (size_t)m->cfg.hidden_size; j++)
+            if (!(m->dyn_ms->layers[l].b_ih[j] >= 0.0f))
+                return nc_error(err, errlen, NC_EFORMAT, "%s: a mean squared gradient is negative or NaN", path);
+    dyneval_rms_in_place(m->dyn_ms);
+    return NC_OK;
+}
+
 int model_probe(const char *dir, char *err, size_t errlen)
 {
     struct stat st;
@@ -487,6 +519,8 @@ int model_load(const char *dir, nc_model **out, char *err, size_t errlen)
         if (rc == NC_ENOTFOUND && !m->gate)
             rc = NC_OK;
     }
+    if (rc == NC_OK)
+        rc = dyn_stats_load(m, dir, err, errlen);
     if (rc != NC_OK) {
         model_free(m);
         return rc;

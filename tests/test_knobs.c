@@ -60,7 +60,7 @@ TEST(table_defaults_and_bounds)
 {
     size_t n;
     const nc_cache_knob *k = cache_knobs(&n);
-    CHECK(n == 19);   /* 17 + the gate's two (issue 18) */
+    CHECK(n == 23);   /* 17 + the gate's two (issue 18) + dynamic evaluation's four (issue 27) */
     nc_cache_params p;
     cache_params_default(&p);
     char err[NC_ERRLEN];
