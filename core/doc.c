@@ -74,75 +74,71 @@ int doc_prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *tok
     return doc_prepare_ex(m, s, has_h, toks, words, mem_words, m->gate != NULL, out, err, errlen);
 }
 
-static int prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
-                   nc_wordtable *mem_words, bool vocab_stats, bool keep, nc_doc **out, char *err, size_t errlen);
+/* What prepare works from: doc_prepare_ex's and doc_prepare_keep's
+ * arguments, one struct so that its pieces share them. */
+typedef struct {
+    const nc_model *m;
+    nc_state *s;                  /* advanced over the tokens */
+    bool has_h;
+    const nc_tokens *toks;
+    nc_wordtable *words, *mem_words;
+    bool vocab_stats;             /* gate features: entropy, max and argmax of each row */
+    bool keep;                    /* keep every row's logits in d->logits */
+} prep_input;
+
+static int prepare(const prep_input *in, nc_doc **out, char *err, size_t errlen);
 
 int doc_prepare_ex(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
                    nc_wordtable *mem_words, bool vocab_stats, nc_doc **out, char *err, size_t errlen)
 {
-    return prepare(m, s, has_h, toks, words, mem_words, vocab_stats, false, out, err, errlen);
+    const prep_input in = {m, s, has_h, toks, words, mem_words, vocab_stats, false};
+    return prepare(&in, out, err, errlen);
 }
 
 int doc_prepare_keep(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
                      nc_wordtable *mem_words, nc_doc **out, char *err, size_t errlen)
 {
-    return prepare(m, s, has_h, toks, words, mem_words, m->gate != NULL, true, out, err, errlen);
+    const prep_input in = {m, s, has_h, toks, words, mem_words, m->gate != NULL, true};
+    return prepare(&in, out, err, errlen);
 }
 
-static int prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
-                   nc_wordtable *mem_words, bool vocab_stats, bool keep, nc_doc **out, char *err, size_t errlen)
+/* d->ids (and d->mem_ids) from the tokens, growing the word tables with
+ * the OOV words met, and d->vfull: |V_full| before each token (causal). */
+static int doc_ids(const prep_input *in, nc_doc *d, char *err, size_t errlen)
 {
-    const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
-    const size_t n = toks->n;
-    nc_doc *d;
-    int rc = doc_alloc(H, V, n, &d, err, errlen);
-    if (rc)
-        return rc;
-    *out = NULL;
-    d->unk_id = m->unk_id;
-    d->gate = m->gate;
-    d->dec_w = m->decoder_w;
-    d->dec_b = m->decoder_b;
-    if (vocab_stats) {
-        d->v_ent = nc_zalloc(n + 1, sizeof(float));
-        d->v_logmax = nc_zalloc(n + 1, sizeof(float));
-        d->v_argmax = nc_zalloc(n + 1, sizeof(int));
-        if (!d->v_ent || !d->v_logmax || !d->v_argmax) {
-            doc_free(d);
-            return nc_error(err, errlen, NC_ENOMEM, "vocabulary statistics of %zu tokens", n);
-        }
-    }
-    d->first = has_h ? 0 : (n > 0 ? 1 : 0);
-    if (mem_words && mem_words != words && !(d->mem_ids = nc_calloc(n + 1, sizeof(int)))) {
-        doc_free(d);
-        return nc_error(err, errlen, NC_ENOMEM, "document of %zu tokens", n);
-    }
-    for (size_t j = 0; j < n; j++) {
+    const nc_model *m = in->m;
+    const nc_tokens *toks = in->toks;
+    const int V = m->cfg.vocab_size;
+    for (size_t j = 0; j < toks->n; j++) {
         int id = toks->ids[j];
-        if (id < 0 || id >= V) {
-            doc_free(d);
+        if (id < 0 || id >= V)
             return nc_error(err, errlen, NC_EINVAL, "token %zu has id %d outside [0, %d)", j, id, V);
-        }
         d->vfull[j] = V;
-        if (words) {
+        if (in->words) {
             /* |V_full| as it was before token j (causal), then its own id */
-            d->vfull[j] = wordtable_size(words);
-            id = table_id(m, words, toks, j);
+            d->vfull[j] = wordtable_size(in->words);
+            id = table_id(m, in->words, toks, j);
         }
-        if (d->mem_ids && (d->mem_ids[j] = table_id(m, mem_words, toks, j)) < 0)
+        if (d->mem_ids && (d->mem_ids[j] = table_id(m, in->mem_words, toks, j)) < 0)
             id = -1;
-        if (id < 0) {
-            doc_free(d);
+        if (id < 0)
             return nc_error(err, errlen, NC_ENOMEM, "word table");
-        }
         d->ids[j] = id;
     }
-    if (n == 0) {
-        *out = d;
-        return NC_OK;
-    }
-    memcpy(d->q, lstm_state_top(s), (size_t)H * sizeof(float));
-    rc = lstm_forward_seq(m, s, toks->ids, n, d->q + H, err, errlen);
+    return NC_OK;
+}
+
+/* The LSTM over the tokens (d->q), then the decoder's logits block by
+ * block, of which a document keeps log Z, the target's logit and, for the
+ * gate, the vocabulary statistics (all rows' logits too if in->keep). */
+static int doc_logits(const prep_input *in, nc_doc *d, char *err, size_t errlen)
+{
+    const nc_model *m = in->m;
+    const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    const size_t n = in->toks->n;
+    const bool keep = in->keep, vocab_stats = in->vocab_stats;
+    memcpy(d->q, lstm_state_top(in->s), (size_t)H * sizeof(float));
+    int rc = lstm_forward_seq(m, in->s, in->toks->ids, n, d->q + H, err, errlen);
     /* kept: all rows in d->logits, else one block at a time */
     if (!rc && keep && !(d->logits = nc_alloc(n * (size_t)V * sizeof(float))))
         rc = nc_error(err, errlen, NC_ENOMEM, "logits of %zu tokens", n);
@@ -165,6 +161,36 @@ static int prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *
     }
     nc_free(logits);
     nc_free(scratch);
+    return rc;
+}
+
+static int prepare(const prep_input *in, nc_doc **out, char *err, size_t errlen)
+{
+    const nc_model *m = in->m;
+    const size_t n = in->toks->n;
+    nc_doc *d;
+    int rc = doc_alloc(m->cfg.hidden_size, m->cfg.vocab_size, n, &d, err, errlen);
+    if (rc)
+        return rc;
+    *out = NULL;
+    d->unk_id = m->unk_id;
+    d->gate = m->gate;
+    d->dec_w = m->decoder_w;
+    d->dec_b = m->decoder_b;
+    if (in->vocab_stats) {
+        d->v_ent = nc_zalloc(n + 1, sizeof(float));
+        d->v_logmax = nc_zalloc(n + 1, sizeof(float));
+        d->v_argmax = nc_zalloc(n + 1, sizeof(int));
+        if (!d->v_ent || !d->v_logmax || !d->v_argmax)
+            rc = nc_error(err, errlen, NC_ENOMEM, "vocabulary statistics of %zu tokens", n);
+    }
+    d->first = in->has_h ? 0 : (n > 0 ? 1 : 0);
+    if (!rc && in->mem_words && in->mem_words != in->words && !(d->mem_ids = nc_calloc(n + 1, sizeof(int))))
+        rc = nc_error(err, errlen, NC_ENOMEM, "document of %zu tokens", n);
+    if (!rc)
+        rc = doc_ids(in, d, err, errlen);
+    if (!rc && n > 0)
+        rc = doc_logits(in, d, err, errlen);
     if (rc) {
         doc_free(d);
         return rc;

@@ -137,6 +137,59 @@ void dyneval_refresh(nc_dyneval *d)
                 d->bsum[l][j] = d->layers[l].b_ih[j] + d->layers[l].b_hh[j];
 }
 
+/* Tensor t (kind and layer set) becomes the stream's own copy of the
+ * trained weights, put in the shadow model, and its layer is marked as
+ * adapting. */
+static int adopt_tensor(nc_dyneval *d, dyn_tensor *t, char *err, size_t errlen)
+{
+    const nc_model *m = d->base, *ms = m->dyn_ms;
+    const int l = t->layer;
+    int rc = NC_OK;
+    t->n = count_of(m, t->kind, l);
+    t->w0 = *slot_of((nc_model *)m, t->kind, l);
+    t->ms = ms ? *slot_of((nc_model *)ms, t->kind, l) : NULL;
+    if (!(t->w = nc_alloc(t->n * sizeof(float))))
+        return nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation: %zu weights", t->n);
+    memcpy(t->w, t->w0, t->n * sizeof(float));
+    *slot_of(&d->shadow, t->kind, l) = t->w;
+    if (t->kind == K_WHH) {
+        /* the copy is F32 and will leave the half grid */
+        d->layers[l].w_hh_f16 = NULL;
+        d->layers[l].w_hh_f16_buf = NULL;
+    }
+    if (t->kind == K_WIH || t->kind == K_WHH)
+        d->lw[l] = true;
+    if (t->kind == K_BIH && !(d->bsum[l] = nc_alloc(4 * (size_t)m->cfg.hidden_size * sizeof(float))))
+        rc = nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation");
+    if (t->kind == K_BIH) {
+        d->lb[l] = true;
+        d->layers[l].b_sum = d->bsum[l];
+    }
+    if ((t->kind <= K_BHH) && l < d->lo)
+        d->lo = l;
+    if (t->kind == K_ENC || t->kind == K_DECW)
+        d->embed = true;
+    return rc;
+}
+
+/* RMS_norm's denominator: mean sqrt(MS_g) over the whole model, so that a
+ * weight decays at the same rate whichever subset adapts. */
+static float rms_mean_of(const nc_model *m, const nc_model *ms)
+{
+    int ak[DYN_MAX_TENSORS], al[DYN_MAX_TENSORS];
+    int na = plan(m, NC_DYN_ALL, ak, al);
+    double sum = 0;
+    size_t cnt = 0;
+    for (int k = 0; k < na; k++) {
+        const float *v = *slot_of((nc_model *)ms, ak[k], al[k]);
+        size_t n = count_of(m, ak[k], al[k]);
+        for (size_t j = 0; j < n; j++)
+            sum += (double)v[j];
+        cnt += n;
+    }
+    return cnt && sum > 0 ? (float)(sum / (double)cnt) : 1.0f;
+}
+
 /* The adaptation state; need_ms: the update will need MS_g. */
 static int dyn_create(const nc_model *m, int subset, bool need_ms, nc_dyneval **out, char *err, size_t errlen)
 {
@@ -171,57 +224,16 @@ static int dyn_create(const nc_model *m, int subset, bool need_ms, nc_dyneval **
     d->nt = rc ? 0 : plan(m, subset, kinds, layers);
     d->lo = L;
     for (int k = 0; !rc && k < d->nt; k++) {
-        dyn_tensor *t = &d->t[k];
-        t->kind = kinds[k];
-        t->layer = layers[k];
-        t->n = count_of(m, t->kind, t->layer);
-        t->w0 = *slot_of((nc_model *)m, t->kind, t->layer);
-        t->ms = ms ? *slot_of((nc_model *)ms, t->kind, t->layer) : NULL;
-        if (!(t->w = nc_alloc(t->n * sizeof(float)))) {
-            rc = nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation: %zu weights", t->n);
-            break;
-        }
-        memcpy(t->w, t->w0, t->n * sizeof(float));
-        *slot_of(&d->shadow, t->kind, t->layer) = t->w;
-        int l = t->layer;
-        if (t->kind == K_WHH) {
-            /* the copy is F32 and will leave the half grid */
-            d->layers[l].w_hh_f16 = NULL;
-            d->layers[l].w_hh_f16_buf = NULL;
-        }
-        if (t->kind == K_WIH || t->kind == K_WHH)
-            d->lw[l] = true;
-        if (t->kind == K_BIH && !(d->bsum[l] = nc_alloc(4 * (size_t)m->cfg.hidden_size * sizeof(float))))
-            rc = nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation");
-        if (t->kind == K_BIH) {
-            d->lb[l] = true;
-            d->layers[l].b_sum = d->bsum[l];
-        }
-        if ((t->kind <= K_BHH) && l < d->lo)
-            d->lo = l;
-        if (t->kind == K_ENC || t->kind == K_DECW)
-            d->embed = true;
+        d->t[k].kind = kinds[k];
+        d->t[k].layer = layers[k];
+        rc = adopt_tensor(d, &d->t[k], err, errlen);
     }
     if (!rc && d->embed && m->decoder_w == m->encoder)
         d->shadow.decoder_w = d->shadow.encoder;    /* tied: one adapted copy */
     if (!rc)
         dyneval_refresh(d);
-    if (!rc && ms) {
-        /* RMS_norm's denominator: mean sqrt(MS_g) over the whole model, so
-         * that a weight decays at the same rate whichever subset adapts */
-        int ak[DYN_MAX_TENSORS], al[DYN_MAX_TENSORS];
-        int na = plan(m, NC_DYN_ALL, ak, al);
-        double sum = 0;
-        size_t cnt = 0;
-        for (int k = 0; k < na; k++) {
-            const float *v = *slot_of((nc_model *)ms, ak[k], al[k]);
-            size_t n = count_of(m, ak[k], al[k]);
-            for (size_t j = 0; j < n; j++)
-                sum += (double)v[j];
-            cnt += n;
-        }
-        d->rms_mean = cnt && sum > 0 ? (float)(sum / (double)cnt) : 1.0f;
-    }
+    if (!rc && ms)
+        d->rms_mean = rms_mean_of(m, ms);
     if (rc) {
         dyneval_free(d);
         return rc;
@@ -445,13 +457,80 @@ static void backward_layer(nc_dyneval *d, const nc_state *s0, int l, int S, seg_
     }
 }
 
+/* The summed loss -log p(y[r]) of the scored rows r >= r0 of the logits p
+ * [T, V]; grad: each scored row becomes d(mean loss)/d logits, rows before
+ * r0 zero. */
+static double rows_loss(float *p, const int *y, int T, int r0, int V, bool grad)
+{
+    double sum = 0;
+    const float scale = T > r0 ? 1.0f / (float)(T - r0) : 0.0f;
+    for (int r = 0; r < T; r++) {
+        float *pr = p + (size_t)r * V;
+        if (r < r0) {
+            memset(pr, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        float lse = nc_logsumexp(pr, (size_t)V);
+        sum += (double)lse - (double)pr[y[r]];
+        if (grad) {
+            /* d(mean loss)/d logits = (softmax - onehot) / scored */
+            for (int v = 0; v < V; v++)
+                pr[v] = expf(pr[v] - lse) * scale;
+            pr[y[r]] -= scale;
+        }
+    }
+    return sum;
+}
+
+/* The gradients of every adapted tensor from dlogits (w->p, rows_loss's):
+ * the decoder's, then back through the LSTM's layers down to d->lo and,
+ * when the embedding adapts, into the rows of the inputs y[0..T-2]. */
+static void seg_backward(nc_dyneval *d, const nc_state *s0, const int *y, int T, int r0, seg_work *w)
+{
+    const nc_model *m = &d->shadow;
+    const int L = m->cfg.num_layers, H = m->cfg.hidden_size, V = m->cfg.vocab_size, E = m->cfg.embedding_size;
+    const int S = T - 1;
+    float *gb = grad_of(d, K_DECB, 0);
+    memset(gb, 0, (size_t)V * sizeof(float));
+    for (int r = r0; r < T; r++)
+        for (int v = 0; v < V; v++)
+            gb[v] += w->p[(size_t)r * V + v];
+    float *ge = d->embed ? grad_of(d, K_ENC, 0) : NULL;
+    float *gd = d->embed ? (m->decoder_w == m->encoder ? ge : grad_of(d, K_DECW, 0)) : NULL;
+    if (ge && ge != gd)
+        memset(ge, 0, (size_t)V * E * sizeof(float));
+    if (gd)   /* dW_dec = dlogits^T rows */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, H, T, 1.0f, w->p, V, w->rows, H, 0.0f, gd, H);
+    if (S <= 0 || d->lo >= L)
+        return;
+    /* dh at the top layer's outputs (rows 1..T-1) = dlogits W_dec */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, H, V, 1.0f, w->p + V, V, m->decoder_w, H, 0.0f,
+                w->dh, H);
+    for (int l = L - 1; l >= d->lo; l--) {
+        backward_layer(d, s0, l, S, w);
+        const int NI = m->layers[l].input_size;
+        if (l > d->lo || (l == 0 && ge)) {
+            /* gradient at the layer's inputs = dz W_ih */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, NI, 4 * H, 1.0f, w->dz, 4 * H,
+                        m->layers[l].w_ih, NI, 0.0f, w->dn, NI);
+            float *tmp = w->dh;
+            w->dh = w->dn;
+            w->dn = tmp;
+        }
+    }
+    if (ge && d->lo == 0)
+        for (int s = 0; s < S; s++)
+            for (int j = 0; j < E; j++)
+                ge[(size_t)y[s] * E + j] += w->dh[(size_t)s * E + j];
+}
+
 /* dyneval_loss; logits: the segment's decoder logits [T, V] already
  * computed by the scoring pass (overwritten), or NULL to compute them. */
 static int seg_loss(nc_dyneval *d, const nc_state *s0, bool has_h, const int *y, int T, bool grad, float *logits,
                     double *loss, int *nscored, char *err, size_t errlen)
 {
     const nc_model *m = &d->shadow;
-    const int L = m->cfg.num_layers, H = m->cfg.hidden_size, V = m->cfg.vocab_size, E = m->cfg.embedding_size;
+    const int L = m->cfg.num_layers, H = m->cfg.hidden_size, V = m->cfg.vocab_size;
     *loss = 0;
     *nscored = 0;
     if (T <= 0)
@@ -478,59 +557,10 @@ static int seg_loss(nc_dyneval *d, const nc_state *s0, bool has_h, const int *y,
         w.p = logits;
     else
         lstm_logits_batch(m, w.rows, (size_t)T, w.p);
-    double sum = 0;
-    const float scale = T > r0 ? 1.0f / (float)(T - r0) : 0.0f;
-    for (int r = 0; r < T; r++) {
-        float *p = w.p + (size_t)r * V;
-        if (r < r0) {
-            memset(p, 0, (size_t)V * sizeof(float));
-            continue;
-        }
-        float lse = nc_logsumexp(p, (size_t)V);
-        sum += (double)lse - (double)p[y[r]];
-        if (grad) {
-            /* d(mean loss)/d logits = (softmax - onehot) / scored */
-            for (int v = 0; v < V; v++)
-                p[v] = expf(p[v] - lse) * scale;
-            p[y[r]] -= scale;
-        }
-    }
-    *loss = sum;
+    *loss = rows_loss(w.p, y, T, r0, V, grad);
     *nscored = T - r0;
-    if (grad) {
-        float *gb = grad_of(d, K_DECB, 0);
-        memset(gb, 0, (size_t)V * sizeof(float));
-        for (int r = r0; r < T; r++)
-            for (int v = 0; v < V; v++)
-                gb[v] += w.p[(size_t)r * V + v];
-        float *ge = d->embed ? grad_of(d, K_ENC, 0) : NULL;
-        float *gd = d->embed ? (m->decoder_w == m->encoder ? ge : grad_of(d, K_DECW, 0)) : NULL;
-        if (ge && ge != gd)
-            memset(ge, 0, (size_t)V * E * sizeof(float));
-        if (gd)   /* dW_dec = dlogits^T rows */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, H, T, 1.0f, w.p, V, w.rows, H, 0.0f, gd, H);
-        if (S > 0 && d->lo < L) {
-            /* dh at the top layer's outputs (rows 1..T-1) = dlogits W_dec */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, H, V, 1.0f, w.p + V, V, m->decoder_w, H,
-                        0.0f, w.dh, H);
-            for (int l = L - 1; l >= d->lo; l--) {
-                backward_layer(d, s0, l, S, &w);
-                const int NI = m->layers[l].input_size;
-                if (l > d->lo || (l == 0 && ge)) {
-                    /* gradient at the layer's inputs = dz W_ih */
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, NI, 4 * H, 1.0f, w.dz, 4 * H,
-                                m->layers[l].w_ih, NI, 0.0f, w.dn, NI);
-                    float *tmp = w.dh;
-                    w.dh = w.dn;
-                    w.dn = tmp;
-                }
-            }
-            if (ge && d->lo == 0)
-                for (int s = 0; s < S; s++)
-                    for (int j = 0; j < E; j++)
-                        ge[(size_t)y[s] * E + j] += w.dh[(size_t)s * E + j];
-        }
-    }
+    if (grad)
+        seg_backward(d, s0, y, T, r0, &w);
     if (logits)
         w.p = NULL;   /* the caller's */
     work_free(&w, L);

@@ -163,7 +163,9 @@ const nc_cache_params *stream_params(const nc_stream *s)
     return &s->p;
 }
 
-int stream_set_params(nc_stream *s, const nc_cache_params *p, char *err, size_t errlen)
+/* The settings p that this stream cannot take, beyond
+ * cache_params_validate's: 0 or the error. */
+static int check_new_params(const nc_stream *s, const nc_cache_params *p, char *err, size_t errlen)
 {
     int rc = cache_params_validate(p, err, errlen);
     if (rc)
@@ -179,64 +181,100 @@ int stream_set_params(nc_stream *s, const nc_cache_params *p, char *err, size_t 
     if (p->gate && !s->m->gate)
         return nc_error(err, errlen, NC_EINVAL, "gate: the model has no gate (gate.safetensors; fit one with "
                                                 "neurocache fit-gate)");
-    /* dynamic evaluation: turned on, a fresh adaptation from here; a new
-     * subset only while the weights are the trained ones (the adapted ones
-     * of the old subset would be lost); off, the adapted weights stay and
-     * decay at each segment until they are the trained ones */
-    nc_dyneval *dyn_new = NULL;
-    bool dyn_replace = false;
+    return NC_OK;
+}
+
+/* Dynamic evaluation under p: turned on, a fresh adaptation from here
+ * (*dyn_new); a new subset only while the weights are the trained ones
+ * (the adapted ones of the old subset would be lost), *replace then set;
+ * off, the adapted weights stay and decay at each segment until they are
+ * the trained ones. */
+static int dyn_for_params(const nc_stream *s, const nc_cache_params *p, nc_dyneval **dyn_new, bool *replace,
+                          char *err, size_t errlen)
+{
+    *dyn_new = NULL;
+    *replace = false;
     if (s->dyn && p->dyn_params != dyneval_subset(s->dyn)) {
         if (!dyneval_at_rest(s->dyn))
             return nc_error(err, errlen, NC_ESTATE, "dyn_params cannot change while the session's weights are "
                             "adapted (set dyn_lr 0 and let them decay, or reset the session)");
-        dyn_replace = true;
+        *replace = true;
     }
-    if ((dyn_replace || !s->dyn) && p->dyn_lr > 0.0f &&
-        (rc = dyneval_new(s->m, p->dyn_params, s->st, s->has_h, &dyn_new, err, errlen)))
+    if ((*replace || !s->dyn) && p->dyn_lr > 0.0f)
+        return dyneval_new(s->m, p->dyn_params, s->st, s->has_h, dyn_new, err, errlen);
+    return NC_OK;
+}
+
+/* A neural window of p->neural_size (*nn, and its dot products' buffer
+ * *dots) holding the newest pairs of the stream's; on error nothing is
+ * left allocated. */
+static int rebuild_neural(const nc_stream *s, const nc_cache_params *p, nc_neural_cache *nn, float **dots,
+                          char *err, size_t errlen)
+{
+    const int H = s->m->cfg.hidden_size;
+    int rc = neural_cache_init(nn, p->neural_size, H, p->neural_f16, err, errlen);
+    if (rc)
+        return rc;
+    *dots = nc_alloc((size_t)p->neural_size * sizeof(float));
+    float *tmp = s->neural.count ? nc_alloc((size_t)s->neural.count * H * sizeof(float)) : NULL;
+    int *vals = s->neural.count ? nc_malloc((size_t)s->neural.count * sizeof(int)) : NULL;
+    if (!*dots || (s->neural.count && (!tmp || !vals))) {
+        nc_free(tmp);
+        free(vals);
+        nc_free(*dots);
+        *dots = NULL;
+        neural_cache_free(nn);
+        return nc_error(err, errlen, NC_ENOMEM, "neural cache");
+    }
+    int cnt = neural_cache_export(&s->neural, tmp, vals);
+    for (int i = cnt > p->neural_size ? cnt - p->neural_size : 0; i < cnt; i++)
+        neural_cache_push(nn, tmp + (size_t)i * H, vals[i]);
+    nc_free(tmp);
+    free(vals);
+    return NC_OK;
+}
+
+/* A unigram window of p->unigram_size (*nu) holding the newest words of
+ * the stream's; on error nothing is left allocated. */
+static int rebuild_unigram(const nc_stream *s, const nc_cache_params *p, nc_unigram_cache *nu, char *err,
+                           size_t errlen)
+{
+    int rc = unigram_cache_init(nu, p->unigram_size, err, errlen);
+    if (rc)
+        return rc;
+    int cnt = s->unigram.count;
+    for (int i = cnt > p->unigram_size ? cnt - p->unigram_size : 0; i < cnt; i++)
+        if (unigram_cache_push(nu, unigram_cache_at(&s->unigram, i))) {
+            unigram_cache_free(nu);
+            return nc_error(err, errlen, NC_ENOMEM, "unigram cache");
+        }
+    return NC_OK;
+}
+
+/* All that can fail (the new windows, a new adaptation) is built before
+ * the stream changes, so that on error it is as it was. */
+int stream_set_params(nc_stream *s, const nc_cache_params *p, char *err, size_t errlen)
+{
+    nc_dyneval *dyn_new = NULL;
+    bool dyn_replace = false;
+    int rc = check_new_params(s, p, err, errlen);
+    if (!rc)
+        rc = dyn_for_params(s, p, &dyn_new, &dyn_replace, err, errlen);
+    if (rc)
         return rc;
     /* rebuild windows keeping the newest pairs */
     nc_neural_cache nn = {0};
     nc_unigram_cache nu = {0};
     float *dots = NULL;
-    const int H = s->m->cfg.hidden_size;
-    if (p->neural_size > 0) {
-        if ((rc = neural_cache_init(&nn, p->neural_size, H, p->neural_f16, err, errlen))) {
-            dyneval_free(dyn_new);
-            return rc;
-        }
-        dots = nc_alloc((size_t)p->neural_size * sizeof(float));
-        float *tmp = s->neural.count ? nc_alloc((size_t)s->neural.count * H * sizeof(float)) : NULL;
-        int *vals = s->neural.count ? nc_malloc((size_t)s->neural.count * sizeof(int)) : NULL;
-        if (!dots || (s->neural.count && (!tmp || !vals))) {
-            nc_free(tmp);
-            free(vals);
-            nc_free(dots);
-            neural_cache_free(&nn);
-            dyneval_free(dyn_new);
-            return nc_error(err, errlen, NC_ENOMEM, "neural cache");
-        }
-        int cnt = neural_cache_export(&s->neural, tmp, vals);
-        for (int i = cnt > p->neural_size ? cnt - p->neural_size : 0; i < cnt; i++)
-            neural_cache_push(&nn, tmp + (size_t)i * H, vals[i]);
-        nc_free(tmp);
-        free(vals);
+    if (p->neural_size > 0)
+        rc = rebuild_neural(s, p, &nn, &dots, err, errlen);
+    if (!rc && p->unigram_size > 0 && (rc = rebuild_unigram(s, p, &nu, err, errlen))) {
+        neural_cache_free(&nn);
+        nc_free(dots);
     }
-    if (p->unigram_size > 0) {
-        if ((rc = unigram_cache_init(&nu, p->unigram_size, err, errlen))) {
-            neural_cache_free(&nn);
-            nc_free(dots);
-            dyneval_free(dyn_new);
-            return rc;
-        }
-        int cnt = s->unigram.count;
-        for (int i = cnt > p->unigram_size ? cnt - p->unigram_size : 0; i < cnt; i++)
-            if (unigram_cache_push(&nu, unigram_cache_at(&s->unigram, i))) {
-                neural_cache_free(&nn);
-                unigram_cache_free(&nu);
-                nc_free(dots);
-                dyneval_free(dyn_new);
-                return nc_error(err, errlen, NC_ENOMEM, "unigram cache");
-            }
+    if (rc) {
+        dyneval_free(dyn_new);
+        return rc;
     }
     neural_cache_free(&s->neural);
     unigram_cache_free(&s->unigram);
@@ -660,70 +698,102 @@ static int ref_of(idlist *l, int V, int id)
     return V + l->n - 1;
 }
 
+/* The blob's head: magic, shape, knobs, has_h, position and the LSTM
+ * state (a failed allocation marks the writer bad). */
+static void put_head(binio_writer *w, const nc_stream *s)
+{
+    binio_put(w, "NCSTRM03", 8);
+    binio_put_u32(w, (uint32_t)s->m->cfg.vocab_size);
+    binio_put_u32(w, (uint32_t)s->m->cfg.hidden_size);
+    binio_put_u32(w, (uint32_t)s->m->cfg.num_layers);
+    put_params(w, &s->p);
+    unsigned char hh = s->has_h;
+    binio_put(w, &hh, 1);
+    binio_put(w, &s->pos, 8);
+    uint64_t sl = lstm_state_blob_size(s->st);
+    binio_put(w, &sl, 8);
+    void *tmp = nc_malloc(sl);
+    if (tmp) {
+        lstm_state_to_blob(s->st, tmp);
+        binio_put(w, tmp, sl);
+        free(tmp);
+    } else {
+        w->bad = true;
+    }
+}
+
+/* The windows' refs into the blob: nref[nn] for the neural window's
+ * values, uref[nu] for the unigram window's, and in ids the dynamic words
+ * they name. */
+typedef struct {
+    idlist ids;
+    int nn, nu;
+    int *nref, *uref;
+} export_refs;
+
+static int collect_refs(const nc_stream *s, export_refs *x, char *err, size_t errlen)
+{
+    const int V = s->m->cfg.vocab_size;
+    x->nn = s->neural.size ? s->neural.count : 0;
+    x->nu = s->unigram.size ? s->unigram.count : 0;
+    x->nref = nc_malloc(((size_t)x->nn + 1) * sizeof(int));
+    x->uref = nc_malloc(((size_t)x->nu + 1) * sizeof(int));
+    int *vals = nc_malloc(((size_t)x->nn + 1) * sizeof(int));
+    int rc = NC_OK;
+    if (!x->nref || !x->uref || !vals)
+        rc = nc_error(err, errlen, NC_ENOMEM, "stream export");
+    if (!rc && x->nn)
+        neural_cache_export(&s->neural, NULL, vals);
+    for (int i = 0; !rc && i < x->nn; i++)
+        if ((x->nref[i] = ref_of(&x->ids, V, vals[i])) < 0)
+            rc = nc_error(err, errlen, NC_ENOMEM, "stream export");
+    for (int i = 0; !rc && i < x->nu; i++)
+        if ((x->uref[i] = ref_of(&x->ids, V, unigram_cache_at(&s->unigram, i))) < 0)
+            rc = nc_error(err, errlen, NC_ENOMEM, "stream export");
+    free(vals);
+    return rc;
+}
+
+/* The dynamic words, then the neural and unigram windows by ref. */
+static void put_windows(binio_writer *w, const nc_stream *s, const export_refs *x)
+{
+    const int H = s->m->cfg.hidden_size;
+    binio_put_u32(w, (uint32_t)x->ids.n);
+    for (int i = 0; i < x->ids.n; i++) {
+        const char *word = s->words ? wordtable_word(s->words, x->ids.ids[i]) : NULL;
+        if (!word)
+            word = "<unk>";
+        binio_put_u32(w, (uint32_t)strlen(word));
+        binio_put(w, word, strlen(word));
+    }
+    binio_put_i32(w, s->neural.size);
+    binio_put_i32(w, x->nn);
+    binio_put_i32(w, s->neural.f16);
+    for (int i = 0; i < x->nn; i++) {
+        int slot = neural_cache_slot(&s->neural, i);
+        size_t ks = s->neural.f16 ? 2 : 4;
+        binio_put(w, (const char *)s->neural.keys + (size_t)slot * H * ks, (size_t)H * ks);
+        binio_put_i32(w, x->nref[i]);
+    }
+    binio_put_i32(w, s->unigram.size);
+    binio_put_i32(w, x->nu);
+    for (int i = 0; i < x->nu; i++)
+        binio_put_i32(w, x->uref[i]);
+}
+
 int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_t errlen)
 {
     *blob = NULL;
     *len = 0;
-    const int V = s->m->cfg.vocab_size, H = s->m->cfg.hidden_size;
-    idlist ids = {0};
     /* refs first (the word list precedes the windows in the blob) */
-    int nn = s->neural.size ? s->neural.count : 0, nu = s->unigram.size ? s->unigram.count : 0;
-    int *nref = nc_malloc(((size_t)nn + 1) * sizeof(int)), *uref = nc_malloc(((size_t)nu + 1) * sizeof(int));
-    int *vals = nc_malloc(((size_t)nn + 1) * sizeof(int));
-    int rc = NC_OK;
-    if (!nref || !uref || !vals)
-        rc = nc_error(err, errlen, NC_ENOMEM, "stream export");
-    if (!rc && nn)
-        neural_cache_export(&s->neural, NULL, vals);
-    for (int i = 0; !rc && i < nn; i++)
-        if ((nref[i] = ref_of(&ids, V, vals[i])) < 0)
-            rc = nc_error(err, errlen, NC_ENOMEM, "stream export");
-    for (int i = 0; !rc && i < nu; i++)
-        if ((uref[i] = ref_of(&ids, V, unigram_cache_at(&s->unigram, i))) < 0)
-            rc = nc_error(err, errlen, NC_ENOMEM, "stream export");
+    export_refs x = {0};
+    int rc = collect_refs(s, &x, err, errlen);
     nc_buf out = NC_BUF_INIT;
     binio_writer w;
     binio_writer_buf(&w, &out);
     if (!rc) {
-        binio_put(&w, "NCSTRM03", 8);
-        binio_put_u32(&w, (uint32_t)V);
-        binio_put_u32(&w, (uint32_t)H);
-        binio_put_u32(&w, (uint32_t)s->m->cfg.num_layers);
-        put_params(&w, &s->p);
-        unsigned char hh = s->has_h;
-        binio_put(&w, &hh, 1);
-        binio_put(&w, &s->pos, 8);
-        uint64_t sl = lstm_state_blob_size(s->st);
-        binio_put(&w, &sl, 8);
-        void *tmp = nc_malloc(sl);
-        if (tmp) {
-            lstm_state_to_blob(s->st, tmp);
-            binio_put(&w, tmp, sl);
-            free(tmp);
-        } else {
-            w.bad = true;
-        }
-        binio_put_u32(&w, (uint32_t)ids.n);
-        for (int i = 0; i < ids.n; i++) {
-            const char *word = s->words ? wordtable_word(s->words, ids.ids[i]) : NULL;
-            if (!word)
-                word = "<unk>";
-            binio_put_u32(&w, (uint32_t)strlen(word));
-            binio_put(&w, word, strlen(word));
-        }
-        binio_put_i32(&w, s->neural.size);
-        binio_put_i32(&w, nn);
-        binio_put_i32(&w, s->neural.f16);
-        for (int i = 0; i < nn; i++) {
-            int slot = neural_cache_slot(&s->neural, i);
-            size_t ks = s->neural.f16 ? 2 : 4;
-            binio_put(&w, (const char *)s->neural.keys + (size_t)slot * H * ks, (size_t)H * ks);
-            binio_put_i32(&w, nref[i]);
-        }
-        binio_put_i32(&w, s->unigram.size);
-        binio_put_i32(&w, nu);
-        for (int i = 0; i < nu; i++)
-            binio_put_i32(&w, uref[i]);
+        put_head(&w, s);
+        put_windows(&w, s, &x);
         /* dynamic evaluation's own section: its adapted weights and segment */
         unsigned char hd = s->dyn != NULL;
         binio_put(&w, &hd, 1);
@@ -732,10 +802,9 @@ int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_
         if (binio_seal(&w) != NC_OK)
             rc = nc_error(err, errlen, NC_ENOMEM, "stream export");
     }
-    free(ids.ids);
-    free(nref);
-    free(uref);
-    free(vals);
+    free(x.ids.ids);
+    free(x.nref);
+    free(x.uref);
     if (rc) {
         buf_free(&out);
         return rc;

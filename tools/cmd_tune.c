@@ -164,6 +164,30 @@ static void args_free(tune_args *a)
     free(a->dseg);
 }
 
+/* --dyn-tokens N: 0, or 2 with the reason printed. */
+static int parse_dyn_tokens(const char *arg, long *out)
+{
+    char *end;
+    *out = strtol(arg, &end, 10);
+    if (*end || *out < 0) {
+        fprintf(stderr, "neurocache tune: --dyn-tokens must be a whole number >= 0, not '%s'\n", arg);
+        return 2;
+    }
+    return 0;
+}
+
+/* --bos eos|none: 0, or 2 with the reason printed. */
+static int parse_bos(const char *arg, bool *bos_eos)
+{
+    int bad = 0;
+    if (strcmp(arg, "eos") && strcmp(arg, "none")) {
+        fprintf(stderr, "neurocache tune: --bos must be 'eos' or 'none', not '%s'\n", arg);
+        bad = 2;
+    }
+    *bos_eos = !strcmp(arg, "eos");
+    return bad;
+}
+
 /* getopt over argv. 0, or the exit status to return now (2 usage error,
  * -1 help printed). */
 static int parse_args(int argc, char **argv, tune_args *a)
@@ -200,22 +224,8 @@ static int parse_args(int argc, char **argv, tune_args *a)
         case OPT_DLRS: bad = parse_grid("dyn-lrs", optarg, "dyn_lr", &a->dlr, &a->ndlr); break;
         case OPT_DDECAYS: bad = parse_grid("dyn-decays", optarg, "dyn_decay", &a->ddec, &a->nddec); break;
         case OPT_DSEGS: bad = parse_grid("dyn-segments", optarg, "dyn_segment", &a->dseg, &a->ndseg); break;
-        case OPT_DTOKENS: {
-            char *end;
-            a->dyn_tokens = strtol(optarg, &end, 10);
-            if (*end || a->dyn_tokens < 0) {
-                fprintf(stderr, "neurocache tune: --dyn-tokens must be a whole number >= 0, not '%s'\n", optarg);
-                bad = 2;
-            }
-            break;
-        }
-        case OPT_BOS:
-            if (strcmp(optarg, "eos") && strcmp(optarg, "none")) {
-                fprintf(stderr, "neurocache tune: --bos must be 'eos' or 'none', not '%s'\n", optarg);
-                bad = 2;
-            }
-            a->bos_eos = !strcmp(optarg, "eos");
-            break;
+        case OPT_DTOKENS: bad = parse_dyn_tokens(optarg, &a->dyn_tokens); break;
+        case OPT_BOS: bad = parse_bos(optarg, &a->bos_eos); break;
         case OPT_THETAS: bad = parse_grid("thetas", optarg, "neural_theta", &a->thetas, &a->nth); break;
         case OPT_LAMBDAS:
             a->lambdas_given = true;
