@@ -268,7 +268,14 @@ static void *predict_worker(void *arg)
              * (other IVF lists) rather than the same one again */
             json_t *fj = json_pack("{s:s}", "text", words[rng_next(&r) % (uint64_t)nwords]);
             char *one = json_dumps(fj, JSON_COMPACT);
-            if (!one || client_post(&cl, feed_path, one, strlen(one)) != 200) w->errors++;
+            long fs = one ? client_post(&cl, feed_path, one, strlen(one)) : 0;
+            /* 429: the workers' queue is full (64 sessions, 2 threads):
+             * later, as a client should */
+            for (int tries = 0; fs == 429 && tries < 1000 && now_s() < w->t_end; tries++) {
+                usleep(1000);
+                fs = client_post(&cl, feed_path, one, strlen(one));
+            }
+            if (fs != 200 && fs != 429) w->errors++;
             free(one);
             json_decref(fj);
         }
