@@ -272,7 +272,7 @@ static void *predict_worker(void *arg)
             /* 429: the workers' queue is full (64 sessions, 2 threads):
              * later, as a client should */
             for (int tries = 0; fs == 429 && tries < 1000 && now_s() < w->t_end; tries++) {
-                usleep(1000);
+                usleep(10000);
                 fs = client_post(&cl, feed_path, one, strlen(one));
             }
             if (fs != 200 && fs != 429) w->errors++;
