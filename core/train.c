@@ -18,6 +18,7 @@
 #include "optim.h"
 #include "rng.h"
 #include "tokenizer.h"
+#include "fault.h"
 
 #define STATE_FILE "train-state.bin"
 #define STATE_MAGIC "NCTRAIN1"
@@ -142,7 +143,7 @@ static int count_tokens(const nc_tokens *t, void *ud, char *err, size_t errlen)
             return nc_error(err, errlen, NC_ENOMEM, "out of memory building the vocabulary");
         if (id >= c->cap) {
             int ncap = c->cap ? c->cap * 2 : 1024;
-            long *nc = realloc(c->count, (size_t)ncap * sizeof(long));
+            long *nc = nc_realloc(c->count, (size_t)ncap * sizeof(long));
             if (!nc)
                 return nc_error(err, errlen, NC_ENOMEM, "out of memory building the vocabulary");
             memset(nc + c->cap, 0, (size_t)(ncap - c->cap) * sizeof(long));
@@ -203,7 +204,7 @@ int train_build_vocab(const char *path, const nc_text_conv *text, bool lowercase
         if (vocab_max < 2) {
             rc = nc_error(err, errlen, NC_EINVAL, "vocabulary cap %d is too small (eos and unk)", vocab_max);
         } else {
-            int *order = malloc((size_t)n * sizeof(int));
+            int *order = nc_malloc((size_t)n * sizeof(int));
             nc_vocab *nv = vocab_new();
             if (!order || !nv) {
                 rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
@@ -254,7 +255,7 @@ static int collect_ids(const nc_tokens *t, void *ud, char *err, size_t errlen)
         size_t ncap = c->cap ? c->cap : 1 << 16;
         while (ncap < c->n + t->n)
             ncap *= 2;
-        int *ni = realloc(c->ids, ncap * sizeof(int));
+        int *ni = nc_realloc(c->ids, ncap * sizeof(int));
         if (!ni)
             return nc_error(err, errlen, NC_ENOMEM, "out of memory reading the corpus");
         c->ids = ni, c->cap = ncap;
@@ -291,7 +292,7 @@ static int *batchify(const int *ids, size_t n, int B, size_t *rows)
     *rows = nb;
     if (nb == 0)
         return NULL;
-    int *d = malloc(nb * (size_t)B * sizeof(int));
+    int *d = nc_malloc(nb * (size_t)B * sizeof(int));
     if (!d)
         return NULL;
     for (int b = 0; b < B; b++)
@@ -475,7 +476,7 @@ int train_load_state_weights(const char *dir, float **w, size_t *n, char *err, s
         free(buf);
         return nc_error(err, errlen, NC_EFORMAT, "%s: truncated training state", dir);
     }
-    *w = malloc(cnt * sizeof(float) + 1);
+    *w = nc_malloc(cnt * sizeof(float) + 1);
     if (!*w) {
         free(buf);
         return nc_error(err, errlen, NC_ENOMEM, "out of memory");
@@ -532,7 +533,7 @@ static int state_restore(trainer *t, char *err, size_t errlen)
         if (nc > binio_left(&r) / sizeof(curve_row)) {
             r.bad = true;
         } else {
-            t->curve = malloc(nc * sizeof(curve_row));
+            t->curve = nc_malloc(nc * sizeof(curve_row));
             if (!t->curve) {
                 free(buf);
                 return nc_error(err, errlen, NC_ENOMEM, "out of memory");
@@ -558,7 +559,7 @@ static int curve_add(trainer *t, double val_loss, double train_loss, char *err, 
 {
     if (t->n_curve == t->cap_curve) {
         uint32_t ncap = t->cap_curve ? t->cap_curve * 2 : 64;
-        curve_row *nr = realloc(t->curve, ncap * sizeof(curve_row));
+        curve_row *nr = nc_realloc(t->curve, ncap * sizeof(curve_row));
         if (!nr)
             return nc_error(err, errlen, NC_ENOMEM, "out of memory");
         t->curve = nr, t->cap_curve = ncap;

@@ -128,7 +128,7 @@ static int cache_create(const nc_unbounded_cache_opts *o, nc_wordtable *words, n
     *out = NULL;
     if (o->dim <= 0)
         return nc_error(err, errlen, NC_EINVAL, "unbounded cache dimension %d", o->dim);
-    nc_unbounded_cache *u = calloc(1, sizeof *u);
+    nc_unbounded_cache *u = nc_zalloc(1, sizeof *u);
     if (!u)
         return nc_error(err, errlen, NC_ENOMEM, "unbounded cache");
     u->o = *o;
@@ -232,7 +232,7 @@ static int switch_begin(nc_unbounded_cache *u, ub_switch_job *job, bool *started
         return NC_OK;
     }
     size_t bytes = (size_t)n * (size_t)u->o.dim * sizeof(float);
-    job->xb = malloc(bytes ? bytes : 1);
+    job->xb = nc_malloc(bytes ? bytes : 1);
     if (!job->xb) {
         u->tmpl = ivf;   /* kept for the next attempt */
         return nc_error(err, errlen, NC_ENOMEM, "switching the unbounded cache to IVF: %zu bytes", bytes);
@@ -323,7 +323,7 @@ int unbounded_cache_add(nc_unbounded_cache *u, const float *keys, const int *wor
         size_t c = u->cap ? u->cap : 4096;
         while (c < u->nvalues + n)
             c *= 2;
-        int *v = realloc(u->values, c * sizeof(int));
+        int *v = nc_realloc(u->values, c * sizeof(int));
         if (!v) {
             rc = nc_error(err, errlen, NC_ENOMEM, "unbounded cache values (%zu)", c);
             goto out;
@@ -334,7 +334,7 @@ int unbounded_cache_add(nc_unbounded_cache *u, const float *keys, const int *wor
     if (u->o.key_f16) {
         size_t m = n * (size_t)u->o.dim;
         if (m > u->kbuf_n) {
-            float *kb = realloc(u->kbuf, m * sizeof(float));
+            float *kb = nc_realloc(u->kbuf, m * sizeof(float));
             if (!kb) {
                 rc = nc_error(err, errlen, NC_ENOMEM, "unbounded cache keys (%zu)", n);
                 goto out;
@@ -393,6 +393,18 @@ int unbounded_cache_search(nc_unbounded_cache *u, const float *queries, size_t n
                               NULL, err, errlen);
 }
 
+/* The answer of a search before it is made: no neighbour (word -1, id -1)
+ * in each of the n slots, which stay so where a query has fewer than k. */
+static void clear_neighbours(size_t n, float *d2, int *words, int64_t *ids)
+{
+    for (size_t i = 0; i < n; i++) {
+        d2[i] = 0.0f;
+        words[i] = -1;
+        if (ids)
+            ids[i] = -1;
+    }
+}
+
 int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size_t nq, int k, int nprobe,
                        const int64_t *id_limit, int extra, int reader, float *out_d2, int *out_words,
                        int64_t *out_ids, char *err, size_t errlen)
@@ -403,12 +415,7 @@ int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size
      * closed-vocabulary reader sees every open-vocabulary word as unk
      * (design §4), in the kernel sum, explain and the components alike */
     const int model_v = reader != NC_UB_OPEN && u->words ? wordtable_model_size(u->words) : INT_MAX;
-    for (size_t i = 0; i < nq * (size_t)k; i++) {
-        out_d2[i] = 0.0f;
-        out_words[i] = -1;
-        if (out_ids)
-            out_ids[i] = -1;
-    }
+    clear_neighbours(nq * (size_t)k, out_d2, out_words, out_ids);
     if (nq == 0)
         return NC_OK;
     omp_limit(u);
@@ -426,8 +433,8 @@ int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size
         kk = ntotal;   /* FAISS pads with -1 anyway; no point asking for more */
     if (kk < k)
         kk = k;        /* our own scan returns k a query, padded */
-    float *d = malloc(nq * (size_t)kk * sizeof(float));
-    idx_t *l = malloc(nq * (size_t)kk * sizeof(idx_t));
+    float *d = nc_malloc(nq * (size_t)kk * sizeof(float));
+    idx_t *l = nc_malloc(nq * (size_t)kk * sizeof(idx_t));
     if (!d || !l) {
         free(d);
         free(l);
@@ -535,14 +542,14 @@ static int path_join(char *out, size_t n, const char *dir, const char *name, cha
 
 static int write_values(const nc_unbounded_cache *u, const char *path, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "wb");
+    FILE *f = nc_fopen(path, "wb");
     if (!f)
         return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
     uint64_t n = u->nvalues;
     uint32_t crc = (uint32_t)crc32(0L, (const Bytef *)u->values, (uInt)(n * sizeof(int)));
-    bool ok = fwrite(UB_VALUES_MAGIC, 1, 8, f) == 8 && fwrite(&n, sizeof n, 1, f) == 1 &&
-              (n == 0 || fwrite(u->values, sizeof(int), n, f) == n) &&
-              fwrite(&crc, sizeof crc, 1, f) == 1 && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    bool ok = nc_fwrite(UB_VALUES_MAGIC, 1, 8, f) == 8 && nc_fwrite(&n, sizeof n, 1, f) == 1 &&
+              (n == 0 || nc_fwrite(u->values, sizeof(int), n, f) == n) &&
+              nc_fwrite(&crc, sizeof crc, 1, f) == 1 && fflush(f) == 0 && nc_fsync(fileno(f)) == 0;
     int e = errno;
     if (fclose(f) != 0 && ok) {
         ok = false;
@@ -608,7 +615,7 @@ static int read_values(nc_unbounded_cache *u, const char *path, char *err, size_
         rc = nc_error(err, errlen, NC_EFORMAT, "%s: %lld bytes, a values file of %llu entries has %llu", path,
                       (long long)st.st_size, (unsigned long long)n, (unsigned long long)(16 + n * sizeof(int) + 4));
     } else {
-        u->values = malloc((n ? n : 1) * sizeof(int));
+        u->values = nc_malloc((n ? n : 1) * sizeof(int));
         u->cap = n ? n : 1;
         if (!u->values)
             rc = nc_error(err, errlen, NC_ENOMEM, "%s: %llu values", path, (unsigned long long)n);

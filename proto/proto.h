@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "cache.h"
+#include "cache_params.h"
 
 /* Every API failure, with its HTTP status and wire code in one table
  * (proto.c). */

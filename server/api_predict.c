@@ -163,6 +163,22 @@ static json_t *feed_json(nc_server *srv, const feed_work *w, int64_t pos)
     return o;
 }
 
+/* Adapted pairs are durable before the answer (group commit), also those
+ * of the slices fed before a stop: waits for s's writes up to seq (0: none)
+ * and returns rc, or the sync's error (in err) when rc was NC_OK. */
+static int feed_sync(nc_session *s, uint64_t seq, int rc, char *err, size_t errlen)
+{
+    if (!seq)
+        return rc;
+    char serr[NC_ERRLEN] = "";
+    int src = namespaces_sync(s, seq, serr, sizeof serr);
+    if (rc == NC_OK && src != NC_OK) {
+        snprintf(err, errlen, "%s", serr);
+        return src;
+    }
+    return rc;
+}
+
 void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
 {
     feed_work w = {0};
@@ -171,6 +187,10 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
         http_reply_status(resp, &st);
         return;
     }
+    /* feed_components writes a log-probability beside each token's shares,
+     * and feed_json reads them: proto_parse_feed turns "scores" on with
+     * "components" */
+    NC_ASSERT(!w.r.components || w.r.scores, "a feed with components but no scores from proto");
     tokens_init(&w.t);
     nc_session *s = NULL;
     if (api_tokenize(srv, w.r.text, w.r.len, false, w.r.normalize, &w.t, resp) || !(s = api_session_acquire(srv, req, resp))) {
@@ -203,16 +223,7 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
                          sizeof err);
     int64_t pos = stream_position(s->stream);
     pthread_mutex_unlock(&s->lock);
-    /* adapted pairs are durable before the answer (group commit), also
-     * those of the slices fed before a stop */
-    if (seq) {
-        char serr[NC_ERRLEN] = "";
-        int src = namespaces_sync(s, seq, serr, sizeof serr);
-        if (rc == NC_OK && src != NC_OK) {
-            rc = src;
-            snprintf(err, sizeof err, "%s", serr);
-        }
-    }
+    rc = feed_sync(s, seq, rc, err, sizeof err);
     /* An adapted pair is acknowledged only if its incarnation was live
      * after it was durable: a deletion that raced with the write (the
      * retired store refused it, or took it just before) is answered 410,

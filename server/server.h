@@ -4,7 +4,6 @@
 
 #include <stdatomic.h>
 
-#include "cache.h"
 #include "config.h"
 #include "sessions.h"
 
@@ -24,7 +23,7 @@ typedef struct nc_server {
     atomic_long inflight;             /* requests between first and completed callback */
     int port;                         /* bound port */
     struct MHD_Daemon *mhd;
-    struct http_gate *gate;           /* accepts connections for mhd (http.c) */
+    struct http_acceptor *acceptor;   /* accepts connections for mhd (http.c) */
     struct upload_registry *uploads;  /* uploads in progress (uploads.h) */
     struct replication *replication;  /* Redis publisher and applier (replication.h); NULL = off */
     struct auth_table *auth;          /* API keys (auth.h); NULL = none: every request allowed */

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <uthash.h>
 
-#include "cache.h"
+#include "stream.h"
 
 #define SESSION_ID_MAX 64
 

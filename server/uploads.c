@@ -12,6 +12,7 @@
 #include <strings.h>
 
 #include "api_errors.h"
+#include "lstm.h"
 
 #define UPLOAD_BATCH 512          /* tokens per LSTM pass */
 #define UPLOAD_ADD_CHUNK 64       /* tokens per add (log record): the write lock's hold */

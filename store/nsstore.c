@@ -286,6 +286,36 @@ void nsstore_snippet(nc_nsstore *ns, int64_t id, int before, int after, char *bu
 
 /* ---- logging adds (the cache's add hook) ------------------------------------ */
 
+/* The distinct open-vocabulary words (ids >= V) of an add, in order of
+ * first use, into ns->dyn (*ndyn of them); *slen: the bytes their surface
+ * strings take in the record (4-byte length + the string each). */
+static int collect_dyn_words(nc_nsstore *ns, const int *words, size_t n, size_t *ndyn, size_t *slen, char *err,
+                             size_t errlen)
+{
+    if (n > ns->dyn_cap) {
+        int *d = realloc(ns->dyn, n * sizeof *d);
+        if (!d)
+            return nc_error(err, errlen, NC_ENOMEM, "log record");
+        ns->dyn = d;
+        ns->dyn_cap = n;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (words[i] < ns->V)
+            continue;
+        size_t j = 0;
+        while (j < *ndyn && ns->dyn[j] != words[i])
+            j++;
+        if (j == *ndyn) {
+            const char *w = wordtable_word(ns->words, words[i]);
+            if (!w)
+                return nc_error(err, errlen, NC_EINVAL, "word id %d is not in the namespace's table", words[i]);
+            ns->dyn[(*ndyn)++] = words[i];
+            *slen += 4 + strlen(w);
+        }
+    }
+    return NC_OK;
+}
+
 /* Under the cache's write lock: one ADD record per add, in id order. */
 int nsstore_add_hook(void *ctx, const float *keys, const int *words, size_t n, int64_t first_id,
                      char *err, size_t errlen)
@@ -302,29 +332,10 @@ int nsstore_add_hook(void *ctx, const float *keys, const int *words, size_t n, i
     if (live != NC_OK)
         return live;
     const int H = ns->H, V = ns->V;
-    /* open-vocabulary words of the record, by surface string */
     size_t ndyn = 0, slen = 0;
-    if (n > ns->dyn_cap) {
-        int *d = realloc(ns->dyn, n * sizeof *d);
-        if (!d)
-            return nc_error(err, errlen, NC_ENOMEM, "log record");
-        ns->dyn = d;
-        ns->dyn_cap = n;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (words[i] < V)
-            continue;
-        size_t j = 0;
-        while (j < ndyn && ns->dyn[j] != words[i])
-            j++;
-        if (j == ndyn) {
-            const char *w = wordtable_word(ns->words, words[i]);
-            if (!w)
-                return nc_error(err, errlen, NC_EINVAL, "word id %d is not in the namespace's table", words[i]);
-            ns->dyn[ndyn++] = words[i];
-            slen += 4 + strlen(w);
-        }
-    }
+    int rc = collect_dyn_words(ns, words, n, &ndyn, &slen, err, errlen);
+    if (rc)
+        return rc;
     size_t plen = 36 + slen + n * 4 + n * (size_t)H * 2;
     buf_clear(&ns->rec);
     if (buf_reserve(&ns->rec, plen))
@@ -369,8 +380,11 @@ int nsstore_add_hook(void *ctx, const float *keys, const int *words, size_t n, i
         memcpy(kh + i, &h, 2);
     }
     k += n * (size_t)H * 2;
+    /* replay (recovery.c) decodes by the same sizes: an encoder that wrote
+     * other than it reserved would make a log that cannot be read back */
+    NC_ASSERT(k == plen, "add record of %zu bytes, %zu reserved", k, plen);
     uint64_t seq;
-    int rc = wal_append(ns->wal, p, k, &seq, err, errlen);
+    rc = wal_append(ns->wal, p, k, &seq, err, errlen);
     if (!rc)
         rc = prov_append(ns, first_id, n, doc, off, err, errlen);
     nsstore_observer obs = __atomic_load_n(&ns->obs, __ATOMIC_ACQUIRE);

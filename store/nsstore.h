@@ -31,7 +31,8 @@
 #ifndef NC_NSSTORE_H
 #define NC_NSSTORE_H
 
-#include "cache.h"
+#include "unbounded_cache.h"
+#include "model.h"
 #include "wal.h"
 
 typedef struct nc_nsstore nc_nsstore;

@@ -28,7 +28,10 @@
 #include <faiss/c_api/index_io_c.h>
 #include <zlib.h>
 
-#include "cache.h"
+#include "stream.h"
+#include "cache_params.h"
+#include "lstm.h"
+#include "tokenizer.h"
 #include "nsstore.h"
 #include "rng.h"
 

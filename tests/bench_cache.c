@@ -21,7 +21,11 @@
 
 #include <cblas.h>
 
-#include "cache.h"
+#include "doc.h"
+#include "lstm.h"
+#include "unbounded_cache.h"
+#include "tokenizer.h"
+#include "model.h"
 #include "gate.h"
 
 static double now(void)

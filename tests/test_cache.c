@@ -16,7 +16,15 @@
 
 #include "harness.h"
 #include "tolerance.h"
-#include "cache.h"
+#include "mixture.h"
+#include "mix_input.h"
+#include "stream.h"
+#include "doc.h"
+#include "lstm.h"
+#include "cache_params.h"
+#include "unbounded_cache.h"
+#include "tokenizer.h"
+#include "model.h"
 
 static uint64_t lcg = 12345;
 static uint32_t rnd(void)

@@ -15,6 +15,7 @@
 #include <cblas.h>
 
 #include "buf.h"
+#include "stream.h"
 #include "suggest.h"
 
 static char help_text[6144];
@@ -629,7 +630,18 @@ int cacheopts_fill_memory(const nc_model *m, const char *path, nc_wordtable *wor
 bool cacheopts_any(const cacheopts *co)
 {
     const nc_cache_params *p = &co->p;
-    return p->neural_size > 0 || p->unigram_size > 0 || p->unbounded || p->open_vocab;
+    return p->neural_size > 0 || p->unigram_size > 0 || p->unbounded || p->open_vocab || p->dyn_lr > 0.0f;
+}
+
+int co_score_stream(const nc_model *m, const nc_cache_params *p, nc_unbounded_cache *ub, nc_wordtable *words,
+                    const nc_tokens *toks, bool bos_eos, double *lp, char *err, size_t errlen)
+{
+    nc_stream *s = NULL;
+    int rc = stream_new(m, p, ub, words, bos_eos, &s, err, errlen);
+    if (!rc)
+        rc = stream_feed(s, toks, ub != NULL, lp, err, errlen);
+    stream_free(s);
+    return rc;
 }
 
 int co_score_cached(const nc_model *m, const cacheopts *co, const nc_tokens *toks, bool bos_eos,
@@ -645,9 +657,14 @@ int co_score_cached(const nc_model *m, const cacheopts *co, const nc_tokens *tok
         rc = cacheopts_make_ub(co, &co->p, m, words, &ub, err, errlen);
     if (!rc && ub && co->memory_path)
         rc = cacheopts_fill_memory(m, co->memory_path, words, ub, progress, err, errlen);
-    if (!rc)
+    if (!rc && co->p.dyn_lr > 0.0f) {
+        int blas = co_search_begin(co);
+        rc = co_score_stream(m, &co->p, ub, words, toks, bos_eos, lp, err, errlen);
+        co_search_end(blas);
+    } else if (!rc) {
         rc = co_prepare(m, toks, bos_eos, words, &d, err, errlen);
-    if (!rc) {
+    }
+    if (!rc && d) {
         nc_doc_caches dc = {.ub = ub, .adapt = ub != NULL};
         int blas = co_search_begin(co);
         rc = doc_score(d, &co->p, &dc, 0, lp, err, errlen);

@@ -5,7 +5,10 @@
 
 #include <getopt.h>
 
-#include "cache.h"
+#include "doc.h"
+#include "tokenizer.h"
+#include "model.h"
+#include "cache_params.h"
 
 /* getopt codes: one per row of the core's knob table (CO_KNOB_<name>), then
  * the options of the CLI's own. */
@@ -90,6 +93,11 @@ bool cacheopts_any(const cacheopts *co);
  * table if asked, unbounded cache (filled with --memory first) with adapt,
  * one prepared document, doc_score. lp[toks->n]: NAN for context-only
  * tokens (bos none). */
+/* Scores toks through a stream of parameters p (stream_feed: how a session
+ * scores; dynamic evaluation needs it, its weights changing as it goes),
+ * ub adapted when given. lp[j] as doc_score's. */
+int co_score_stream(const nc_model *m, const nc_cache_params *p, nc_unbounded_cache *ub, nc_wordtable *words,
+                    const nc_tokens *toks, bool bos_eos, double *lp, char *err, size_t errlen);
 int co_score_cached(const nc_model *m, const cacheopts *co, const nc_tokens *toks, bool bos_eos,
                     double *lp, bool progress, char *err, size_t errlen);
 

@@ -12,6 +12,7 @@
 #include "cacheopts.h"
 #include "commands.h"
 #include "gate.h"
+#include "mixture.h"
 
 static void usage(FILE *out)
 {
@@ -229,6 +230,36 @@ typedef struct {
     double skipped;               /* gate rows: fraction of unbounded searches skipped (else NAN) */
 } result;
 
+/* A row with dynamic evaluation: a session through the file (its weights
+ * change as it goes, so the shared LSTM pass and neighbours do not serve),
+ * with its own unbounded cache filled with --memory, which it adapts. */
+static int eval_dyn_row(const nc_model *m, const cacheopts *co, bool bos_eos, const nc_tokens *toks,
+                        const nc_cache_params *p, double *lp, result *res, char *err, size_t errlen)
+{
+    nc_wordtable *words = NULL;
+    nc_unbounded_cache *ub = NULL;
+    int rc = NC_OK;
+    if (p->open_vocab)
+        rc = wordtable_new(m->vocab, &words, err, errlen);
+    if (!rc && p->unbounded)
+        rc = cacheopts_make_ub(co, p, m, words, &ub, err, errlen);
+    if (!rc && ub && co->memory_path)
+        rc = cacheopts_fill_memory(m, co->memory_path, words, ub, false, err, errlen);
+    double t0 = co_now(), c0 = co_cpu();
+    if (!rc) {
+        int blas = co_search_begin(co);
+        rc = co_score_stream(m, p, ub, words, toks, bos_eos, lp, err, errlen);
+        co_search_end(blas);
+    }
+    res->seconds = co_now() - t0;
+    res->cpu = co_cpu() - c0;
+    res->skipped = NAN;
+    res->ppl = rc ? NAN : co_ppl(lp, toks->n, &res->scored);
+    unbounded_cache_free(ub);
+    wordtable_free(words);
+    return rc;
+}
+
 /* Scores one file under every row. */
 static int eval_file(const nc_model *m, const cacheopts *co, bool bos_eos, const char *path, row *rows, int nrows,
                      result *res, double *t_lstm, char *err, size_t errlen)
@@ -285,6 +316,10 @@ static int eval_file(const nc_model *m, const cacheopts *co, bool bos_eos, const
     }
     for (int i = 0; !rc && i < nrows; i++) {
         const nc_cache_params *p = &rows[i].p;
+        if (p->dyn_lr > 0.0f) {
+            rc = eval_dyn_row(m, co, bos_eos, &toks, p, lp, &res[i], err, errlen);
+            continue;
+        }
         nc_doc_caches dc = {0};
         double tk = 0, ck = 0;
         if (p->unbounded) {

@@ -113,6 +113,37 @@ static double parse_duration(const char *s)
     return -1;
 }
 
+/* --optimizer NAME */
+static int set_optimizer(int *dst, const char *val)
+{
+    if (!strcasecmp(val, "sgd"))
+        *dst = NC_OPT_SGD;
+    else if (!strcasecmp(val, "adagrad"))
+        *dst = NC_OPT_ADAGRAD;
+    else {
+        fprintf(stderr, "neurocache train: --optimizer: expected sgd or adagrad, got '%s'\n", val);
+        return -1;
+    }
+    return 0;
+}
+
+/* --text ptb|none|KEY=VALUE: one setting of the text conventions (a bare
+ * word is a preset) */
+static int set_text(void *conv, const char *val)
+{
+    char key[32], err[NC_ERRLEN];
+    const char *eq = strchr(val, '=');
+    if (!eq)
+        snprintf(key, sizeof key, "preset");
+    else
+        snprintf(key, sizeof key, "%.*s", (int)(eq - val < 31 ? eq - val : 31), val);
+    if (text_conv_set(conv, key, eq ? eq + 1 : val, err, sizeof err) != NC_OK) {
+        fprintf(stderr, "neurocache train: --text: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
 static int set_option(const opt_def *o, const char *val, nc_train_params *p, cli_extra *x)
 {
     char *base = o->extra ? (char *)x : (char *)p;
@@ -177,32 +208,13 @@ static int set_option(const opt_def *o, const char *val, nc_train_params *p, cli
         return 0;
     }
     case OPT_OPTIM:
-        if (!strcasecmp(val, "sgd"))
-            *(int *)dst = NC_OPT_SGD;
-        else if (!strcasecmp(val, "adagrad"))
-            *(int *)dst = NC_OPT_ADAGRAD;
-        else {
-            fprintf(stderr, "neurocache train: --optimizer: expected sgd or adagrad, got '%s'\n", val);
-            return -1;
-        }
-        return 0;
+        return set_optimizer(dst, val);
     case OPT_BOOL_ON:
     case OPT_BOOL_OFF:
         *(bool *)dst = o->type == OPT_BOOL_ON;
         return 0;
-    case OPT_TEXT: {
-        char key[32], err[NC_ERRLEN];
-        const char *eq = strchr(val, '=');
-        if (!eq)
-            snprintf(key, sizeof key, "preset");
-        else
-            snprintf(key, sizeof key, "%.*s", (int)(eq - val < 31 ? eq - val : 31), val);
-        if (text_conv_set(dst, key, eq ? eq + 1 : val, err, sizeof err) != NC_OK) {
-            fprintf(stderr, "neurocache train: --text: %s\n", err);
-            return -1;
-        }
-        return 0;
-    }
+    case OPT_TEXT:
+        return set_text(dst, val);
     }
     return -1;
 }
