@@ -18,6 +18,7 @@
 #include "config.h"
 #include "routes.h"
 #include "http.h"
+#include "memstats.h"
 #include "metrics.h"
 #include "namespaces.h"
 #include "migrate.h"
@@ -304,6 +305,7 @@ int main(int argc, char **argv)
 {
     static nc_server srv;
     char err[2048] = "";
+    memstats_tune_malloc();   /* before the daemon's threads allocate */
     config_defaults(&srv.cfg);
     int rc = config_from_args(&srv.cfg, argc, argv, err, sizeof err);
     if (rc == 1) {
