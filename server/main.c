@@ -63,7 +63,7 @@ static int write_port_file(const char *path, int port, char *err, size_t errlen)
  * (whenever the main thread was not inside sigtimedwait; found by
  * test_fault). A handler makes that delivery harmless; the main loop picks
  * the signal up from got_signal within its one-second tick. */
-static volatile sig_atomic_t got_signal, signal_count;
+static volatile sig_atomic_t got_signal, signal_count, memory_report_count;
 
 static void on_stop_signal(int s)
 {
@@ -71,15 +71,26 @@ static void on_stop_signal(int s)
     signal_count++;
 }
 
-/* The main thread's wait for SIGTERM/SIGINT, for at most ms milliseconds:
- * the signal, or 0. */
+static void on_memory_signal(int s)
+{
+    (void)s;
+    memory_report_count++;
+}
+
+/* The main thread's wait for SIGTERM/SIGINT (or SIGUSR1, a memory report),
+ * for at most ms milliseconds: the signal, or 0. */
 static int wait_signal(const sigset_t *sigs, long ms)
 {
     static int seen;              /* signals the handler took, already returned */
     struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    static int reports;           /* SIGUSR1s the handler took, already returned */
     int sig = sigtimedwait(sigs, NULL, &t);
-    if (sig == SIGTERM || sig == SIGINT)
+    if (sig == SIGTERM || sig == SIGINT || sig == SIGUSR1)
         return sig;
+    if (memory_report_count != reports) {
+        reports = memory_report_count;
+        return SIGUSR1;
+    }
     if (signal_count != seen) {
         seen = signal_count;
         return got_signal;
@@ -94,7 +105,7 @@ static int wait_signal(const sigset_t *sigs, long ms)
 static void drain_wait(const sigset_t *sigs, long ms)
 {
     int sig = wait_signal(sigs, ms);
-    if (sig) {
+    if (sig == SIGTERM || sig == SIGINT) {
         slog(SLOG_WARN, "second signal: exiting at once",
              json_pack("{s:s}", "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"));
         _exit(1);
@@ -153,12 +164,15 @@ static void take_signals(sigset_t *sigs)
     sigemptyset(sigs);
     sigaddset(sigs, SIGTERM);
     sigaddset(sigs, SIGINT);
+    sigaddset(sigs, SIGUSR1);
     pthread_sigmask(SIG_BLOCK, sigs, NULL);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sa.sa_handler = on_memory_signal;
+    sigaction(SIGUSR1, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 }
 
@@ -225,14 +239,25 @@ static int load_and_recover(nc_server *srv, char *err, size_t errlen)
 
 /* ---- serving and stopping ---------------------------------------------------- */
 
+/* SIGUSR1: what malloc holds, arena by arena (malloc_info's XML), in the log
+ * at warn level so that it shows whatever the log level: an operator asked. */
+static void memory_report(void)
+{
+    char *xml = memstats_malloc_info();
+    slog(SLOG_WARN, "memory report (SIGUSR1)", json_pack("{s:s}", "malloc_info", xml ? xml : "unavailable"));
+    free(xml);
+}
+
 /* The main thread waits for a signal, evicting idle sessions once a second
- * meanwhile. Returns the signal. */
+ * meanwhile. Returns the signal that stops it. */
 static int serve_until_signal(nc_server *srv, const sigset_t *sigs)
 {
     for (;;) {
         int sig = wait_signal(sigs, 1000);
         if (sig == SIGTERM || sig == SIGINT)
             return sig;
+        if (sig == SIGUSR1)
+            memory_report();
         int ev = sessions_evict_idle(srv->sessions);
         if (ev > 0) {
             metrics_add_evictions((uint64_t)ev);

@@ -1,20 +1,30 @@
 /* soak.c -- soak test of neurocached (`make soak`): starts the real daemon
  * on loopback and drives it for a bounded time from many concurrent clients
  * with the traffic of real use -- create a session, feed text (sometimes
- * adapting its namespace), predict, score documents, stream documents into a
- * namespace, delete -- each client on a keep-alive connection. Every
- * interval it prints requests served, req/s, latency p50/p99/max, 5xx and
- * other errors, and the daemon's RSS; at the end a summary. Exits 1 on any
- * 5xx or transport error, or when RSS grew more than --max-growth percent
- * after the warm-up: the peak RSS of the second half of the measured time
- * against the peak of the first half (peaks, because rotating namespaces
- * make RSS a saw-tooth; a leak raises every peak). The warm-up (default
- * 180 s = three rotations) lets the namespaces reach their steady size. Namespaces rotate (see
- * ns_gen), which also makes namespace deletion part of the traffic. */
+ * adapting its namespace), predict, score documents, completions streamed
+ * and whole, stream documents into a namespace, then delete the session or
+ * leave it to expire (the daemon's --ttl) -- each client on a keep-alive
+ * connection. Every interval it prints requests served, req/s, latency
+ * p50/p99/max, 5xx and other errors, the daemon's RSS and what /metrics says
+ * holds the memory (malloc's arenas in use and free, its mmapped blocks, the
+ * namespaces' memory and entries, sessions); at the end a summary.
+ *
+ * Exits 1 on any 5xx or transport error, or when memory grew more than
+ * --max-growth percent (default 2) after the warm-up: the peak of the second
+ * half of the measured time against the peak of the first half (peaks,
+ * because rotating namespaces make RSS a saw-tooth; a leak raises every
+ * peak), of RSS less the namespaces' own memory (entries are data that must
+ * grow with use: reported per entry and subtracted, and raw RSS growth is
+ * printed too). It then prints each gauge at both peaks and its lowest value
+ * in each half -- what grew -- and the daemon's malloc_info totals (SIGUSR1).
+ * The warm-up (default 180 s = three rotations) lets the namespaces reach
+ * their steady size. Namespaces rotate (see ns_gen), which also makes
+ * namespace deletion part of the traffic. */
 #include <curl/curl.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -35,7 +45,7 @@ static struct {
     const char *model, *csv;
     int port;                     /* an already running daemon (0 = start one) */
     pid_t pid;                    /* its pid for RSS (0 = unknown) */
-} opt = {600, 16, 30, 180, 60, 1, 1, 5, 2.0, NULL, NULL, 0, 0};
+} opt = {600, 16, 30, 180, 60, 1, 1, 30, 2.0, NULL, NULL, 0, 0};
 
 static atomic_int stop;
 /* Namespace generation: sessions and streams use "soak<gen>"; the main loop
@@ -377,6 +387,36 @@ static void sample_gauges(client *admin, double *g)
         g[G_NS_ENTRIES] = g[G_NS_BYTES] = 0;   /* no namespace open */
 }
 
+/* On a failure: asks the daemon for its memory report (SIGUSR1: malloc_info
+ * in its log) and prints the report's totals, after the last arena's. */
+static void print_malloc_report(const nc_daemon *d)
+{
+    if (opt.pid <= 0 || kill(opt.pid, SIGUSR1) != 0)
+        return;
+    sleep(2);                     /* the main thread takes it within a second */
+    FILE *f = d->log[0] ? fopen(d->log, "r") : NULL;
+    if (!f)
+        return;
+    char *line = NULL, *last = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) > 0)
+        if (strstr(line, "memory report (SIGUSR1)")) {
+            free(last);
+            last = strdup(line);
+        }
+    free(line);
+    fclose(f);
+    json_t *j = last ? json_loads(last, 0, NULL) : NULL;
+    const char *xml = json_string_value(json_object_get(j, "malloc_info"));
+    const char *tail = xml ? strstr(xml, "</heap>") : NULL;
+    for (const char *p = tail; p && (p = strstr(p + 1, "</heap>"));)
+        tail = p;
+    if (tail)
+        printf("daemon's malloc_info totals (all arenas):\n%s", tail + strlen("</heap>\n"));
+    json_decref(j);
+    free(last);
+}
+
 /* ---- main ------------------------------------------------------------------- */
 
 static void usage(void)
@@ -583,6 +623,8 @@ int main(int argc, char **argv)
         if (cls[i].last_error[0])
             printf("client %d last error: %s\n", i, cls[i].last_error);
     int fail = tot_5xx > 0 || tot_transport > 0 || (isfinite(net_growth) && net_growth > opt.max_growth);
+    if (isfinite(net_growth) && net_growth > opt.max_growth)
+        print_malloc_report(&d);
     if (d.pid > 0) {
         int st = daemon_stop(&d);
         printf("daemon exit status %d\n", st);
