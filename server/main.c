@@ -249,15 +249,23 @@ static void memory_report(void)
 }
 
 /* The main thread waits for a signal, evicting idle sessions once a second
- * meanwhile. Returns the signal that stops it. */
+ * and giving malloc's free pages back every malloc_trim seconds meanwhile.
+ * Returns the signal that stops it. */
 static int serve_until_signal(nc_server *srv, const sigset_t *sigs)
 {
+    double next_trim = workguard_now() + srv->cfg.malloc_trim_s;
     for (;;) {
         int sig = wait_signal(sigs, 1000);
         if (sig == SIGTERM || sig == SIGINT)
             return sig;
         if (sig == SIGUSR1)
             memory_report();
+        if (srv->cfg.malloc_trim_s > 0 && workguard_now() >= next_trim) {
+            double took = memstats_trim();
+            if (took > 0.05)
+                slog(SLOG_INFO, "malloc_trim was slow", json_pack("{s:f}", "seconds", took));
+            next_trim = workguard_now() + srv->cfg.malloc_trim_s;
+        }
         int ev = sessions_evict_idle(srv->sessions);
         if (ev > 0) {
             metrics_add_evictions((uint64_t)ev);

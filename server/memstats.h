@@ -11,6 +11,10 @@
  * start-up, before any thread is created (memstats.c says why). */
 void memstats_tune_malloc(void);
 
+/* Gives the free pages inside malloc's arenas back to the kernel
+ * (malloc_trim); returns the seconds it took. */
+double memstats_trim(void);
+
 /* Appends the memory gauges to text (a malloc'd exposition, which it
  * reallocates; NULL stays NULL) and a count of the series the whole text
  * holds. Returns the new text; on a failed allocation the old one. */

@@ -481,9 +481,12 @@ int main(int argc, char **argv)
     FILE *csv = opt.csv ? fopen(opt.csv, "w") : NULL;
     if (csv) {
         fprintf(csv, "t_s,requests,req_per_s,p50_ms,p99_ms,max_ms,status_5xx,status_4xx,status_429,transport,rss_kb");
-        for (int i = 0; i < NGAUGE; i++)
-            fprintf(csv, ",%s%s%s", gauges[i].name + strlen("neurocache_"), gauges[i].label ? ":" : "",
-                    gauges[i].label ? strchr(gauges[i].label, '"') + 1 : "");
+        for (int i = 0; i < NGAUGE; i++) {
+            /* name:value of the label, e.g. malloc_bytes:arena_free */
+            const char *v = gauges[i].label ? strchr(gauges[i].label, '"') + 1 : "";
+            fprintf(csv, ",%s%s%.*s", gauges[i].name + strlen("neurocache_"), gauges[i].label ? ":" : "",
+                    (int)strcspn(v, "\""), v);
+        }
         fprintf(csv, "\n");
     }
     printf("soak: %d clients, %d s, model %s, port %d (loopback), %s traffic\n", opt.clients, opt.seconds,
