@@ -126,7 +126,13 @@ int doc_prepare_ex(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *
     }
     memcpy(d->q, lstm_state_top(s), (size_t)H * sizeof(float));
     rc = lstm_forward_seq(m, s, toks->ids, n, d->q + H, err, errlen);
-    float *logits = rc ? NULL : nc_alloc((size_t)DOC_LOGIT_BLOCK * V * sizeof(float));
+    /* a block of DOC_LOGIT_BLOCK rows at most, of the rows there are: a
+     * generated token's feed of one needs 40 kB, not 5 MB (which, over
+     * malloc's mmap threshold, was a mapping made and unmapped per token) */
+    size_t rows = n > d->first ? n - d->first : 1;
+    if (rows > DOC_LOGIT_BLOCK)
+        rows = DOC_LOGIT_BLOCK;
+    float *logits = rc ? NULL : nc_alloc(rows * (size_t)V * sizeof(float));
     float *scratch = rc || !vocab_stats ? NULL : nc_alloc((size_t)V * sizeof(float));
     if (!rc && (!logits || (vocab_stats && !scratch)))
         rc = nc_error(err, errlen, NC_ENOMEM, "logits block");
