@@ -1,5 +1,6 @@
 # neurocache -- adaptive LSTM language-model prediction server.
-# Targets: deps all test bench asan fuzz run soak demo-model clean. V=1 for verbose.
+# Targets: deps deps-test all test bench asan fuzz run soak demo-model
+# container-test clean. V=1 for verbose.
 
 CC       ?= cc
 BUILD    ?= build
@@ -56,19 +57,25 @@ WEB_GEN   := $(BUILD)/gen/web_assets.c
 WEB_OBJ   := $(BUILD)/obj/gen/web_assets.o
 LIBSERVER := $(BUILD)/libncserver.a
 
-.PHONY: all deps test check asan bench fuzz run soak demo-model clean tests
+.PHONY: all deps deps-test container-test test check asan bench fuzz run soak demo-model clean tests
 .DEFAULT_GOAL := all
 
 all: $(BIN)/neurocache $(if $(SERVER_MAIN_OBJ),$(BIN)/neurocached)
 
+# deps: what building and serving need (Debian packages, FAISS's C API);
+# deps-test: that and the test rig (clang, haproxy, nginx, redis, chromium,
+# node modules). scripts/deps.sh lists both; README.md repeats the lists.
 deps:
-	$(Q)bash scripts/deps.sh
+	$(Q)bash scripts/deps.sh server
+
+deps-test:
+	$(Q)bash scripts/deps.sh test
 
 $(FAISS_C):
-	$(Q)bash scripts/deps.sh
+	$(Q)bash scripts/deps.sh server
 
 $(FAISS_SIMD_LIB): $(FAISS_C)
-	$(Q)bash scripts/deps.sh
+	$(Q)bash scripts/deps.sh server
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -132,7 +139,7 @@ $(BUILD)/tests/fuzz_%: $(BUILD)/obj/tests/fuzz_%.o $(LIBSERVER) $(LIBSTORE) $(LI
 # one level for the first pass as well.
 NUMERIC_TESTS := lstm cache cache_ref cache_cli score train model model_errors namespace gate vocab_modes
 NUMERIC_BINS := $(patsubst %,$(BUILD)/tests/test_%,$(NUMERIC_TESTS))
-test: deps
+test: deps-test
 	$(Q)$(MAKE) --no-print-directory tests
 	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) bash tests/run_tests.sh $(TEST_BINS)
 	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) bash tests/run_levels.sh $(NUMERIC_BINS)
@@ -141,7 +148,7 @@ check: test
 
 # AddressSanitizer + UndefinedBehaviorSanitizer build of everything, in its
 # own tree, running the same suites.
-asan: deps
+asan: deps-test
 	$(Q)$(MAKE) --no-print-directory BUILD=build/asan BIN=build/asan/bin CC=clang \
 	    OPT="-O1 -g -fno-omit-frame-pointer" \
 	    SANFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" tests
@@ -155,7 +162,7 @@ asan: deps
 # `make test` replays the committed corpora (test_fuzz_replay).
 FUZZ_SECONDS ?= 60
 FUZZ_NAMES := $(patsubst tests/%.c,%,$(wildcard tests/fuzz_*.c))
-fuzz: deps
+fuzz: deps-test
 	$(Q)$(MAKE) --no-print-directory BUILD=build/fuzz BIN=build/fuzz/bin CC=clang \
 	    OPT="-O1 -g -fno-omit-frame-pointer" \
 	    SANFLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
@@ -164,7 +171,7 @@ fuzz: deps
 
 # Benchmarks: every scripts/bench_*.sh in name order (each says when the
 # corpora in ../shared/data are absent). Results go to BENCHMARKS.md by hand.
-bench: deps
+bench: deps-test
 	$(Q)$(MAKE) --no-print-directory all $(BENCH_BINS)
 	$(Q)for b in scripts/bench_*.sh; do [ -f "$$b" ] || continue; \
 	    echo "== $$b"; BUILD=$(BUILD) BIN=$(BIN) bash "$$b" || exit 1; done
@@ -177,7 +184,7 @@ SOAK_SECONDS ?= 600
 SOAK_CLIENTS ?= 16
 SOAK_MODEL ?= $(firstword $(wildcard models/demo runs/demo) $(abspath tests/fixtures/lstm-2layer))
 SOAK_ARGS ?=
-soak: deps all $(BUILD)/tests/soak
+soak: deps-test all $(BUILD)/tests/soak
 	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) $(BUILD)/tests/soak --seconds $(SOAK_SECONDS) \
 	    --clients $(SOAK_CLIENTS) --model $(SOAK_MODEL) $(SOAK_ARGS)
 
@@ -187,7 +194,7 @@ run: deps all
 	$(Q)$(BIN)/neurocached --model models/demo --log-format text \
 	    $(if $(filter 0,$(shell id -u)),--allow-root) $(RUN_ARGS)
 
-# The shipped demo model (README "Training"): PTB, 2x256 tied LSTM, PyTorch
+# The shipped demo model (docs/cli.md "Training"): PTB, 2x256 tied LSTM, PyTorch
 # word_language_model recipe, 90 minutes of wall-clock. Resumable: an
 # interrupted `make demo-model` continues from $(DEMO_RUN)/train-state.bin.
 DEMO_DATA ?= ../shared/data/ptb
@@ -201,6 +208,14 @@ demo-model: all
 	$(Q)mkdir -p models/demo && cp $(DEMO_RUN)/config.json $(DEMO_RUN)/vocab.txt \
 	    $(DEMO_RUN)/model.safetensors $(DEMO_RUN)/curve.csv $(DEMO_RUN)/curve.png models/demo/
 	$(Q)$(BIN)/neurocache build-index --model models/demo --corpus $(DEMO_DATA)/ptb.train.txt --threads 2
+
+# The container really built and run (scripts/container_test.sh): podman
+# builds deploy/docker/Dockerfile on a debootstrapped Debian 12 base and runs
+# it; /ready, a predict, a clean SIGTERM. Not part of `make test`: the image
+# build takes many minutes on two cores. Skips, saying why, without podman.
+container-test:
+	$(Q)bash scripts/deps.sh container
+	$(Q)bash scripts/container_test.sh
 
 clean:
 	rm -rf build/obj build/gen build/tests build/asan build/*.a $(BIN)

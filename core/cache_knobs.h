@@ -2,12 +2,16 @@
  *
  * Every knob of nc_cache_params is one row here: its name (the JSON field of
  * a request's "cache" object, the [cache] key of the daemon's config file and
- * the field of nc_cache_params), its command-line option, its type, its
- * bounds, its default and its documentation. The CLI, the JSON decoder, the
- * config file, /v1/model and the validation all read this table, so a bound
- * is written once; tests/test_knobs.c checks proto/openapi.yaml against it.
+ * the field of nc_cache_params; its command-line option is the same name
+ * with '-' for '_': --neural-theta), the option's older alias if it had
+ * one, its type, its bounds, its default and its documentation. The CLI,
+ * the JSON decoder, the config file, /v1/model and the validation all read
+ * this table, so a name and a bound are written once; tests/test_knobs.c
+ * checks proto/openapi.yaml against it.
  *
- * X(name, flag, type, min, max, def, doc)
+ * X(name, alias, type, min, max, def, doc)
+ *   alias the command-line option this knob had before it took its name
+ *         (--theta for --neural-theta), still accepted; NULL if none
  *   type  INT, FLOAT, FLOAT_BELOW_MAX (max itself excluded: uniform_mu = 1
  *         would leave the uniform distribution alone), BOOL or KERNEL (a
  *         name: gaussian | epanechnikov)
@@ -27,30 +31,30 @@
 #define NC_CACHE_KNOBS(X)                                                                              \
     X(unigram_size, "unigram-cache", INT, 0, NC_CACHE_MAX_WINDOW, "0",                                 \
       "unigram cache window (tokens), 0 = off")                                                        \
-    X(unigram_lambda, "unigram-lambda", FLOAT, 0, 1, "0.1", "unigram cache interpolation weight")     \
+    X(unigram_lambda, NULL, FLOAT, 0, 1, "0.1", "unigram cache interpolation weight")     \
     X(neural_size, "neural-cache", INT, 0, NC_CACHE_MAX_WINDOW, "0",                                  \
       "neural cache window ((h, word) pairs), 0 = off")                                                \
     X(neural_theta, "theta", FLOAT, 0, 1e4, "0.3", "neural cache flatness theta: softmax_i(theta h_t.h_i)") \
     X(neural_lambda, "lambda", FLOAT, 0, 1, "0.1", "neural cache interpolation weight (linear mode)") \
-    X(global_norm, "global-norm", BOOL, 0, 1, "false",                                               \
+    X(global_norm, NULL, BOOL, 0, 1, "false",                                               \
       "neural cache with global normalisation instead of linear interpolation")                       \
     X(neural_alpha, "alpha", FLOAT, -100, 100, "0", "global normalisation bias alpha")               \
     X(neural_f16, "f16-keys", BOOL, 0, 1, "false", "store the neural cache's keys as float16")       \
-    X(unbounded, "unbounded", BOOL, 0, 1, "false", "read the namespace's unbounded cache")           \
-    X(knn, "knn", INT, 1, NC_CACHE_MAX_KNN, "1024", "unbounded cache: neighbours searched")           \
-    X(nprobe, "nprobe", INT, 1, NC_CACHE_MAX_NPROBE, "8", "unbounded cache: IVF lists probed")       \
-    X(unbounded_lambda, "unbounded-lambda", FLOAT, 0, 1, "0.3", "unbounded cache interpolation weight") \
-    X(kernel, "kernel", KERNEL, 0, 1, "gaussian", "unbounded cache kernel: gaussian | epanechnikov") \
-    X(exact, "exact", BOOL, 0, 1, "false", "unbounded cache: exact (flat) search instead of IVFPQ")  \
-    X(open_vocab, "open-vocab", BOOL, 0, 1, "false",                                                 \
+    X(unbounded, NULL, BOOL, 0, 1, "false", "read the namespace's unbounded cache")           \
+    X(knn, NULL, INT, 1, NC_CACHE_MAX_KNN, "1024", "unbounded cache: neighbours searched")           \
+    X(nprobe, NULL, INT, 1, NC_CACHE_MAX_NPROBE, "8", "unbounded cache: IVF lists probed")       \
+    X(unbounded_lambda, NULL, FLOAT, 0, 1, "0.3", "unbounded cache interpolation weight") \
+    X(kernel, NULL, KERNEL, 0, 1, "gaussian", "unbounded cache kernel: gaussian | epanechnikov") \
+    X(exact, NULL, BOOL, 0, 1, "false", "unbounded cache: exact (flat) search instead of IVFPQ")  \
+    X(open_vocab, NULL, BOOL, 0, 1, "false",                                                 \
       "remember out-of-vocabulary words under their own name")                                        \
-    X(uniform_mu, "uniform-mu", FLOAT_BELOW_MAX, 0, 1, "0",                                                    \
+    X(uniform_mu, NULL, FLOAT_BELOW_MAX, 0, 1, "0",                                                    \
       "open vocabulary: weight mu of the uniform distribution, in [0, 1)")                            \
-    X(vocab_size_full, "vocab-size-full", INT, 0, 2000000000, "0",                                   \
+    X(vocab_size_full, NULL, INT, 0, 2000000000, "0",                                   \
       "open vocabulary: |V_full| of the uniform term, 0 = V + words seen")                            \
-    X(gate, "gate", BOOL, 0, 1, "false",                                                               \
+    X(gate, NULL, BOOL, 0, 1, "false",                                                               \
       "weigh the components per token with the model's gate (gate.safetensors, neurocache fit-gate)") \
-    X(gate_skip, "gate-skip", FLOAT, -1, 1, "-1",                                                      \
+    X(gate_skip, NULL, FLOAT, -1, 1, "-1",                                                      \
       "with the gate: skip the unbounded search when the gate's pre-search unbounded weight is below " \
       "this; -1 = the gate's own threshold (picked on validation), 0 = always search")
 
@@ -58,7 +62,8 @@ typedef enum { NC_KNOB_INT, NC_KNOB_FLOAT, NC_KNOB_FLOAT_BELOW_MAX, NC_KNOB_BOOL
 
 typedef struct {
     const char *name;      /* JSON field, config key, nc_cache_params field */
-    const char *flag;      /* command-line option, without "--" */
+    const char *flag;      /* command-line option, without "--": name with '-' for '_' */
+    const char *alias;     /* older command-line option still accepted, or NULL */
     nc_knob_type type;
     size_t offset;         /* of the field in nc_cache_params */
     double min, max;       /* bounds (INT, FLOAT) */
@@ -70,9 +75,15 @@ struct nc_cache_params_s;
 
 /* The table, in the order above; n gets its length. */
 const nc_cache_knob *cache_knobs(size_t *n);
-/* The row named name (JSON/config name) or with that flag; NULL if none. */
+/* The row named name (JSON/config name) or with that flag (or alias);
+ * NULL if none. */
 const nc_cache_knob *cache_knob_find(const char *name);
 const nc_cache_knob *cache_knob_by_flag(const char *flag);
+/* The knob name nearest to a misspelt one (neural_sise -> "neural_size"),
+ * NULL if none is near (suggest.h). flags: compare with the command-line
+ * options instead (neural-size, and the older aliases) and answer with the
+ * knob's option (thetaa -> "neural-theta", never the alias). */
+const char *cache_knob_suggest(const char *word, bool flags);
 
 /* Sets k in p from a number (INT: must be whole; BOOL: 0 or 1), checking
  * its bounds. NC_EINVAL with the one message every front end shows:

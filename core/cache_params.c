@@ -3,21 +3,44 @@
 #include "cache_params.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
-#define KNOB_ROW(name_, flag_, type_, min_, max_, def_, doc_)                                        \
-    {.name = #name_, .flag = flag_, .type = NC_KNOB_##type_, .offset = offsetof(nc_cache_params, name_), \
+#include "suggest.h"
+
+#define KNOB_ROW(name_, alias_, type_, min_, max_, def_, doc_)                                       \
+    {.name = #name_, .alias = alias_, .type = NC_KNOB_##type_, .offset = offsetof(nc_cache_params, name_), \
      .min = (min_), .max = (max_), .def = def_, .doc = doc_},
 
-static const nc_cache_knob knob_table[] = {NC_CACHE_KNOBS(KNOB_ROW)};
+#define KNOB_COUNT(...) +1
+enum { NKNOBS = 0 NC_CACHE_KNOBS(KNOB_COUNT) };
+#undef KNOB_COUNT
+
+/* The flags are the names with '-' for '_', written once at first use (the
+ * preprocessor cannot spell them): the table is read-only after that. */
+static nc_cache_knob knob_table[NKNOBS] = {NC_CACHE_KNOBS(KNOB_ROW)};
+static char knob_flags[NKNOBS][32];
+static pthread_once_t knob_flags_once = PTHREAD_ONCE_INIT;
+
+static void knob_flags_init(void)
+{
+    for (size_t i = 0; i < NKNOBS; i++) {
+        size_t j = 0;
+        for (; knob_table[i].name[j] && j + 1 < sizeof knob_flags[i]; j++)
+            knob_flags[i][j] = knob_table[i].name[j] == '_' ? '-' : knob_table[i].name[j];
+        knob_flags[i][j] = 0;
+        knob_table[i].flag = knob_flags[i];
+    }
+}
 
 const nc_cache_knob *cache_knobs(size_t *n)
 {
+    pthread_once(&knob_flags_once, knob_flags_init);
     if (n)
-        *n = sizeof knob_table / sizeof *knob_table;
+        *n = NKNOBS;
     return knob_table;
 }
 
@@ -36,9 +59,22 @@ const nc_cache_knob *cache_knob_by_flag(const char *flag)
     size_t n;
     const nc_cache_knob *k = cache_knobs(&n);
     for (size_t i = 0; i < n; i++)
-        if (strcmp(k[i].flag, flag) == 0)
+        if (strcmp(k[i].flag, flag) == 0 || (k[i].alias && strcmp(k[i].alias, flag) == 0))
             return &k[i];
     return NULL;
+}
+
+const char *cache_knob_suggest(const char *word, bool flags)
+{
+    size_t n;
+    const nc_cache_knob *k = cache_knobs(&n);
+    nc_suggest s;
+    suggest_init(&s, word);
+    for (size_t i = 0; i < n; i++)
+        suggest_offer(&s, flags ? k[i].flag : k[i].name);
+    for (size_t i = 0; flags && i < n; i++)
+        suggest_offer_as(&s, k[i].alias, k[i].flag);
+    return suggest_best(&s);
 }
 
 static const char *const kernel_names[] = {"gaussian", "epanechnikov"};

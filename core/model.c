@@ -555,6 +555,21 @@ static void path_join(char *out, size_t n, const char *dir, const char *name)
     snprintf(out, n, "%s/%s", dir, name);
 }
 
+int model_probe(const char *dir, char *err, size_t errlen)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return nc_error(err, errlen, NC_ENOTFOUND, "%s: not a model directory", dir);
+    static const char *const files[] = {"config.json", "vocab.txt", "model.safetensors"};
+    char path[4096];
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        path_join(path, sizeof path, dir, files[i]);
+        if (access(path, R_OK) != 0)
+            return nc_error(err, errlen, NC_ENOTFOUND, "%s: %s", path, strerror(errno));
+    }
+    return NC_OK;
+}
+
 int model_load(const char *dir, nc_model **out, char *err, size_t errlen)
 {
     *out = NULL;

@@ -56,6 +56,13 @@ typedef struct nc_model {
  * (gate.h) are loaded into m->gate when present. */
 int model_load(const char *dir, nc_model **out, char *err, size_t errlen);
 
+/* What model_load can tell without reading: dir is a directory holding
+ * config.json, vocab.txt and model.safetensors, each readable. NC_ENOTFOUND
+ * with model_load's message otherwise. The daemon asks before it listens,
+ * so a mistyped --model fails before it announces a port (the load itself
+ * comes after, while /health already answers). */
+int model_probe(const char *dir, char *err, size_t errlen);
+
 /* A model with freshly allocated, zeroed weights for cfg (vocab is taken over
  * by the model, on failure too: the caller must never free it). The vocab
  * must have exactly cfg->vocab_size words including unk_token and eos_token.

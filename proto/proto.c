@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistr.h>
 
+#include "suggest.h"
+
 /* The one table mapping failures to HTTP statuses, wire codes and the
  * Retry-After seconds (0 = no header). */
 static const struct {
@@ -55,6 +57,7 @@ static const struct {
     [API_FORBIDDEN] = {403, "forbidden", 0},
     [API_RATE_LIMITED] = {429, "rate_limited", 0},
     [API_TOKEN_BUDGET] = {429, "token_budget_exceeded", 0},
+    [API_CONFIRMATION_REQUIRED] = {400, "confirmation_required", 0},
 };
 
 unsigned proto_http_status(api_error e)
@@ -82,6 +85,22 @@ int proto_fail(api_status *st, api_error e, const char *fmt, ...)
         va_end(ap);
     }
     return -1;
+}
+
+char *proto_dump(const json_t *json, size_t *len)
+{
+    char *s = json_dumps(json, JSON_COMPACT | JSON_REAL_PRECISION(12));
+    size_t n = s ? strlen(s) : 0;
+    char *t = s ? realloc(s, n + 2) : NULL;
+    if (!t) {
+        free(s);
+        return NULL;
+    }
+    t[n] = '\n';
+    t[n + 1] = 0;
+    if (len)
+        *len = n + 1;
+    return t;
 }
 
 json_t *proto_error_body(api_error e, const char *message)
@@ -145,6 +164,28 @@ json_t *proto_parse_body(const char *body, size_t len, bool allow_empty, api_sta
     return j;
 }
 
+/* unknown_field for key, naming the nearest field of allowed; a body with a
+ * "cache" object also offers the knob names, which belong inside it. */
+static int unknown_field(api_status *st, const char *key, const char *const *allowed)
+{
+    nc_suggest s;
+    suggest_init(&s, key);
+    bool has_cache = false;
+    for (const char *const *a = allowed; *a; a++) {
+        suggest_offer(&s, *a);
+        has_cache = has_cache || !strcmp(*a, "cache");
+    }
+    const char *near = suggest_best(&s);
+    if (near)
+        return proto_fail(st, API_UNKNOWN_FIELD, "unknown field '%s' (did you mean '%s'?)", key, near);
+    const char *knob = has_cache ? cache_knob_suggest(key, false) : NULL;
+    if (knob)
+        return proto_fail(st, API_UNKNOWN_FIELD,
+                          "unknown field '%s' (did you mean \"cache\": {\"%s\": ...}? knobs go in the cache object)",
+                          key, knob);
+    return proto_fail(st, API_UNKNOWN_FIELD, "unknown field '%s'", key);
+}
+
 int proto_check_keys(const json_t *obj, const char *const *allowed, api_status *st)
 {
     const char *key;
@@ -154,7 +195,7 @@ int proto_check_keys(const json_t *obj, const char *const *allowed, api_status *
         for (const char *const *a = allowed; *a; a++)
             if (strcmp(*a, key) == 0) { ok = 1; break; }
         if (!ok)
-            return proto_fail(st, API_UNKNOWN_FIELD, "unknown field '%s'", key);
+            return unknown_field(st, key, allowed);
     }
     return 0;
 }
@@ -246,8 +287,14 @@ int proto_decode_cache(const json_t *obj, const nc_cache_params *defaults,
     char err[NC_ERRLEN] = "";
     json_object_foreach((json_t *)obj, key, v) {
         const nc_cache_knob *k = cache_knob_find(key);
-        if (!k)
+        if (!k) {
+            /* the nearest knob; a command-line option (theta, neural-cache) names its knob */
+            const nc_cache_knob *byflag = cache_knob_by_flag(key);
+            const char *near = byflag ? byflag->name : cache_knob_suggest(key, false);
+            if (near)
+                return proto_fail(st, API_UNKNOWN_FIELD, "unknown field '%s' (did you mean '%s'?)", key, near);
             return proto_fail(st, API_UNKNOWN_FIELD, "unknown field '%s'", key);
+        }
         if (json_is_null(v))
             continue;
         int rc;
@@ -326,6 +373,8 @@ json_t *proto_encode_cache_knobs(void)
             if (k[i].type == NC_KNOB_FLOAT_BELOW_MAX)
                 json_object_set_new(o, "exclusive_maximum", json_true());
         }
+        if (o && k[i].alias)
+            json_object_set_new(o, "alias", json_string(k[i].alias));
         if (o && k[i].type == NC_KNOB_KERNEL)
             json_object_set_new(o, "enum", json_pack("[s,s]", cache_kernel_name(0), cache_kernel_name(1)));
         json_object_set_new(all, k[i].name, o);
@@ -471,9 +520,28 @@ int proto_decode_completions(const json_t *body, int vocab_size, long max_top_k,
                              long max_completion_tokens, proto_completions_req *r,
                              api_status *st)
 {
+    /* OpenAI's fields this endpoint reads, then those it accepts and
+     * ignores: model (one model is served) and user (an end-user id for
+     * OpenAI's abuse monitoring); n, best_of, the penalties, logit_bias and
+     * suffix only at the values that ask for nothing we lack. Anything else
+     * is a misspelling (max_token) and answered as one, rather than ignored. */
+    static const char *const keys[] = {"prompt", "max_tokens", "temperature", "top_p", "seed", "logprobs", "echo",
+                                       "n", "stream", "stream_options", "allow_unk", "stop", "model", "user",
+                                       "best_of", "presence_penalty", "frequency_penalty", "logit_bias", "suffix",
+                                       NULL};
+    static const char *const stream_keys[] = {"include_usage", NULL};
     memset(r, 0, sizeof *r);
-    /* OpenAI clients send many fields we ignore (model, n=1, stop, user...),
-     * so unknown keys are accepted here, unlike the /v1 native endpoints. */
+    if (proto_check_keys(body, keys, st)) return -1;
+    double unused;
+    long one;
+    if (proto_get_double(body, "presence_penalty", 0, 0, 0, &unused, st)) return -1;
+    if (proto_get_double(body, "frequency_penalty", 0, 0, 0, &unused, st)) return -1;
+    if (proto_get_int(body, "best_of", 1, 1, 1, &one, st)) return -1;
+    const json_t *lb = field(body, "logit_bias"), *sfx = field(body, "suffix");
+    if (lb && (!json_is_object(lb) || json_object_size(lb) > 0))
+        return proto_fail(st, API_OUT_OF_RANGE, "field 'logit_bias' is not supported (only {} is accepted)");
+    if (sfx && (!json_is_string(sfx) || json_string_length(sfx) > 0))
+        return proto_fail(st, API_OUT_OF_RANGE, "field 'suffix' is not supported (only \"\" is accepted)");
     const json_t *p = json_object_get(body, "prompt");
     if (!p || json_is_null(p))
         return proto_fail(st, API_MISSING_FIELD, "field 'prompt' is required");
@@ -512,6 +580,7 @@ int proto_decode_completions(const json_t *body, int vocab_size, long max_top_k,
     if (so) {
         if (!json_is_object(so))
             return proto_fail(st, API_INVALID_TYPE, "field 'stream_options' must be an object");
+        if (proto_check_keys(so, stream_keys, st)) return -1;
         if (proto_get_bool(so, "include_usage", false, &r->include_usage, st)) return -1;
     }
     if (proto_get_bool(body, "allow_unk", false, &r->allow_unk, st)) return -1;

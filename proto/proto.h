@@ -47,6 +47,7 @@ typedef enum {
     API_FORBIDDEN,           /* 403 the key may not do this, or not in this namespace */
     API_RATE_LIMITED,        /* 429 over the key's requests per second */
     API_TOKEN_BUDGET,        /* 429 over the key's tokens per minute */
+    API_CONFIRMATION_REQUIRED, /* 400 a destructive request without its ?confirm= */
     API_ERROR_COUNT
 } api_error;
 
@@ -64,6 +65,14 @@ unsigned proto_retry_after(api_error e);
 /* Records a failure in st (if non-NULL) and returns -1. */
 int proto_fail(api_status *st, api_error e, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* The text of a JSON answer: compact, reals to 12 significant digits (0.1
+ * stays 0.1, not 0.10000000000000001; far beyond the float precision of
+ * probabilities), ending with a newline as every line of text does (curl's
+ * output leaves the shell prompt on a line of its own; line tools read one
+ * answer as one line). Server-sent events are framed by sse.c instead.
+ * malloc'd (free it), *len its length; NULL on ENOMEM. */
+char *proto_dump(const json_t *json, size_t *len);
 
 /* {"error":{"code":..,"message":..}}; new reference (NULL on ENOMEM). */
 json_t *proto_error_body(api_error e, const char *message);

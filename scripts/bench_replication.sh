@@ -5,7 +5,7 @@
 # holds every pair (b's apply rate, tokens/s), the lag of small documents
 # on an idle pair (median/max over 30), the catch-up of b restarted after
 # ptb.test.txt was streamed while it was down, and Redis bytes per token.
-# Needs redis-server (make deps), a model (MODEL, default models/demo, else
+# Needs redis-server (make deps-test), a model (MODEL, default models/demo, else
 # runs/demo) and ../shared/data/ptb (says so and exits 0 when absent).
 set -euo pipefail
 BIN=${BIN:-bin}
@@ -14,7 +14,7 @@ MODEL=${MODEL:-}
 if [ -z "$MODEL" ]; then
     if [ -f models/demo/model.safetensors ]; then MODEL=models/demo; else MODEL=runs/demo; fi
 fi
-command -v redis-server >/dev/null || { echo "bench_replication: redis-server not installed (make deps); skipped"; exit 0; }
+command -v redis-server >/dev/null || { echo "bench_replication: redis-server not installed (make deps-test); skipped"; exit 0; }
 [ -f "$DATA/ptb/ptb.valid.txt" ] || { echo "bench_replication: $DATA/ptb absent; skipped"; exit 0; }
 [ -f "$MODEL/model.safetensors" ] || { echo "bench_replication: no model in $MODEL; skipped"; exit 0; }
 

@@ -1,32 +1,106 @@
 #!/usr/bin/env bash
-# deps.sh -- install neurocache's build and test dependencies from Debian
-# packages and compile FAISS's C API (which Debian ships headers for, but does
-# not build) into build/faiss_c/libfaiss_c.a. Idempotent: quick when done.
+# deps.sh -- install neurocache's dependencies from Debian packages and
+# compile FAISS's C API (which Debian ships headers for, but does not build)
+# into build/faiss_c/libfaiss_c.a. Idempotent: quick when done.
+#
+#   deps.sh server   what building and serving need (make deps, make run);
+#                    no node, no npm, nothing from a registry but Debian's
+#   deps.sh test     that, plus the test rig (make deps-test, make test):
+#                    clang, the balancers and Redis of the multi-replica
+#                    tests, Chromium and the pinned node modules
+#   deps.sh container  only what make container-test needs: podman, runc,
+#                    debootstrap (the image builds its own dependencies)
+#
+# The two lists below are what README.md says each command installs.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build="$here/build/faiss_c"
+mode=${1:-server}
+case "$mode" in
+    server|test|container) ;;
+    *) echo "usage: deps.sh [server|test|container]" >&2; exit 2 ;;
+esac
 
-packages=(build-essential pkg-config dpkg-dev
-          libmicrohttpd-dev libjansson-dev libopenblas-dev liblapack-dev
-          libfaiss-dev uthash-dev libunistring-dev zlib1g-dev libinih-dev
-          libcurl4-openssl-dev libhiredis-dev libsystemd-dev libyaml-dev
-          clang libclang-rt-dev gnuplot-nox wrk procps curl
-          haproxy nginx-light redis-server python3-yaml   # multi-replica tests, deploy/lint.sh
-          chromium)                                       # the web page's browser test (tests/web)
-# node and npm drive that browser (puppeteer-core) and the openai client test: Debian's, unless a node is
-# already installed (its own npm comes with it)
-command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
+# Building and serving: the compiler, the libraries bin/neurocached and
+# bin/neurocache link (Makefile LIBS_CORE, LIBS_SERVER), dpkg-dev for
+# `apt-get source faiss`.
+server_packages=(build-essential pkg-config dpkg-dev
+                 libmicrohttpd-dev libjansson-dev libopenblas-dev liblapack-dev
+                 libfaiss-dev uthash-dev libunistring-dev zlib1g-dev libinih-dev
+                 libcurl4-openssl-dev libhiredis-dev libsystemd-dev)
+# The test rig: test binaries link libyaml; clang for make asan/fuzz;
+# gnuplot and wrk for plots and benchmarks; curl, jq and python3 for the
+# documents' examples (tests/doctest.py); haproxy, nginx and redis for the
+# multi-replica tests and deploy/lint.sh; chromium for the web page's test.
+test_packages=(libyaml-dev clang libclang-rt-dev gnuplot-nox wrk procps curl jq python3 python3-yaml
+               haproxy nginx-light redis-server
+               chromium)
+# Packages that come with a system service: the tests start their own
+# instances on loopback, so the services are neither started by the
+# installation nor left enabled (see keep_services_down).
+service_packages=(haproxy:haproxy nginx-light:nginx redis-server:redis-server)
+
+# make container-test (scripts/container_test.sh): rootful podman with runc
+container_packages=(podman runc debootstrap curl jq)
+
+packages=("${server_packages[@]}")
+[ "$mode" = container ] && packages=("${container_packages[@]}")
+if [ "$mode" = test ]; then
+    packages+=("${test_packages[@]}")
+    # node and npm drive that browser (puppeteer-core) and the openai client
+    # test: Debian's, unless a node is already installed (its own npm comes
+    # with it)
+    command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
+fi
+
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 
 missing=()
 for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    installed "$p" || missing+=("$p")
 done
 
 sudo_cmd=()
 [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
 
+# Debian starts a service when its package is installed (invoke-rc.d), and
+# enables it for the next boot (deb-systemd-helper). For the packages of
+# service_packages this installation adds, neither is wanted: a policy-rc.d
+# answering 101 ("action forbidden") while apt-get runs keeps them from
+# starting, and `systemctl disable` afterwards keeps them from starting at
+# boot. An existing policy-rc.d (containers ship one) is left as it is, and
+# so is a service whose package was already installed: that is the user's.
+policy=/usr/sbin/policy-rc.d
+own_policy=0
+new_services=()
+for sp in "${service_packages[@]}"; do
+    for m in "${missing[@]}"; do
+        [ "$m" = "${sp%%:*}" ] && new_services+=("${sp##*:}")
+    done
+done
+drop_policy() { [ "$own_policy" = 0 ] || "${sudo_cmd[@]}" rm -f "$policy"; }
+keep_services_down() {
+    [ ${#new_services[@]} -gt 0 ] || return 0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\n# neurocache deps.sh: no service starts while it installs packages\nexit 101\n' |
+            "${sudo_cmd[@]}" tee "$policy" >/dev/null
+        "${sudo_cmd[@]}" chmod 755 "$policy"
+        own_policy=1
+        trap drop_policy EXIT
+    fi
+}
+disable_services() {
+    [ ${#new_services[@]} -gt 0 ] || return 0
+    # only on a host booted with systemd; elsewhere nothing starts them
+    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+        echo "deps: disabling the services ${new_services[*]} (the tests run their own)" >&2
+        "${sudo_cmd[@]}" systemctl disable --now "${new_services[@]}" >/dev/null 2>&1 || true
+    fi
+}
+
 if [ ${#missing[@]} -gt 0 ]; then
-    echo "deps: installing ${missing[*]}" >&2
+    echo "deps ($mode): installing ${missing[*]}" >&2
+    keep_services_down
     log=$(mktemp)
     if ! { "${sudo_cmd[@]}" apt-get update -qq &&
            DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq \
@@ -36,7 +110,10 @@ if [ ${#missing[@]} -gt 0 ]; then
         exit 1
     fi
     rm -f "$log"
+    disable_services
+    drop_policy; own_policy=0
 fi
+[ "$mode" != container ] || exit 0
 
 # The node modules of the tests that drive real clients, each pinned by a
 # package-lock.json under tests/ and installed with npm ci into the build
@@ -52,8 +129,11 @@ install_test_modules() {
     cp "$src/package.json" "$src/package-lock.json" "$dir/"
     ( cd "$dir" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error ) >&2
 }
-install_test_modules web node puppeteer-core         # the browser test (Debian's chromium)
-install_test_modules openai node-openai openai       # the official openai client
+if [ "$mode" = test ]; then
+    install_test_modules web node puppeteer-core     # the browser test (Debian's chromium)
+    install_test_modules openai node-openai openai   # the official openai client
+    install_test_modules k8s node-k8s kubernetes-models  # deploy/k8s against the Kubernetes schemas
+fi
 
 # FAISS's distance and IVFPQ kernels, recompiled for this CPU (see below).
 build_simd_kernels() {

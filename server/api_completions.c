@@ -116,6 +116,15 @@ void api_h_tokenizer_info(nc_server *srv, http_request *req, http_response *resp
                               "lowercase", c->lowercase, "word_separator", " ", "eos_text", "\n"));
 }
 
+void api_h_chat_completions(nc_server *srv, http_request *req, http_response *resp)
+{
+    (void)srv;
+    (void)req;
+    http_reply_error(resp, API_NOT_FOUND,
+                     "/v1/chat/completions is not served: the model is a word-level language model without "
+                     "chat messages; use /v1/completions with a \"prompt\" (OpenAI's completions API)");
+}
+
 /* ---- completions -------------------------------------------------------- */
 
 /* Budgets of /v1/completions (before any work, from the request alone):

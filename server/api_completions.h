@@ -7,6 +7,10 @@
 #include "http.h"
 
 void api_h_completions(nc_server *srv, http_request *req, http_response *resp);
+/* POST /v1/chat/completions: 404 naming /v1/completions (a word-level
+ * model has no chat template; OpenAI clients set up for chat learn where
+ * to go instead of meeting a bare 404). */
+void api_h_chat_completions(nc_server *srv, http_request *req, http_response *resp);
 void api_h_tokenize(nc_server *srv, http_request *req, http_response *resp);
 void api_h_detokenize(nc_server *srv, http_request *req, http_response *resp);
 void api_h_tokenizer_info(nc_server *srv, http_request *req, http_response *resp);

@@ -86,7 +86,7 @@ void api_h_ns_delete(nc_server *srv, http_request *req, http_response *resp)
     const char *name = req->params[0];
     const char *confirm = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "confirm");
     if (!confirm || strcmp(confirm, name) != 0) {
-        http_reply_error(resp, API_OUT_OF_RANGE,
+        http_reply_error(resp, API_CONFIRMATION_REQUIRED,
                          "deleting namespace '%s' removes every document streamed into it: confirm with "
                          "?confirm=%s", name, name);
         return;

@@ -368,11 +368,11 @@ static const struct { const char *endpoint; int ops; } route_ops[] = {
     {"health", 0}, {"ready", 0},
     /* the page's static files (web.h): no data in them; every API call the
      * page makes carries the key the user typed and is checked here */
-    {"web_page", 0}, {"web_asset", 0},
+    {"web_page", 0}, {"web_asset", 0}, {"web_favicon", 0},
     {"metrics", AUTH_READ}, {"model", AUTH_READ}, {"models", AUTH_READ},
     {"sessions_create", AUTH_READ}, {"sessions_list", AUTH_READ}, {"sessions_get", AUTH_READ},
     {"sessions_delete", AUTH_READ}, {"predict", AUTH_READ}, {"score", AUTH_READ},
-    {"completions", AUTH_READ}, {"tokenize", AUTH_READ}, {"detokenize", AUTH_READ},
+    {"completions", AUTH_READ}, {"chat_completions", AUTH_READ}, {"tokenize", AUTH_READ}, {"detokenize", AUTH_READ},
     {"tokenizer_info", AUTH_READ}, {"rescore", AUTH_READ}, {"rescore_session", AUTH_READ},
     /* generate advances one's own session as a feed without adapt does */
     {"generate", AUTH_READ},

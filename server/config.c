@@ -8,12 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "suggest.h"
+
 #define OFF(f) offsetof(nc_server_config, f)
 #define SZ(f) sizeof(((nc_server_config *)0)->f)
 
 /* [cache]: the core's knob table, row for row (bounds and checks are the
  * core's: cache_knob_set_text). */
-#define CACHE_ROW(name_, flag_, type_, min_, max_, def_, doc_) \
+#define CACHE_ROW(name_, alias_, type_, min_, max_, def_, doc_) \
     {"cache", #name_, OPT_CACHE_KNOB, OFF(cache), 0, (min_), (max_), NULL, def_, doc_},
 
 /* Every option is one row: the file, the flags, the defaults and the
@@ -219,11 +221,49 @@ void config_defaults(nc_server_config *c)
             abort(); /* a bad default in the table is a programming error */
 }
 
+/* " (did you mean 'neural_size'?)" for the option nearest to name (in
+ * section, when given, which a file's key must match), written as a flag
+ * (--neural-size) or a key; "" when none is near. */
+static const char *did_you_mean(const char *name, const char *section, bool as_flag, char *buf, size_t len)
+{
+    nc_suggest s;
+    suggest_init(&s, name);
+    for (const config_option *o = options; o->name; o++)
+        if (!section || !strcmp(o->section, section))
+            suggest_offer(&s, o->name);
+    const char *best = suggest_best(&s);
+    buf[0] = 0;
+    if (best && as_flag) {
+        char flag[64];
+        snprintf(flag, sizeof flag, "%s", best);
+        for (char *q = flag; *q; q++)
+            if (*q == '_') *q = '-';
+        snprintf(buf, len, " (did you mean '--%s'?)", flag);
+    } else if (best) {
+        snprintf(buf, len, " (did you mean '%s'?)", best);
+    }
+    return buf;
+}
+
+/* A command-line flag's unknown-option message: the flag as typed
+ * (--neural-sise), the nearest flag. */
+static int unknown_flag(const char *name, char *err, size_t errlen)
+{
+    char flag[64], dym[96];
+    snprintf(flag, sizeof flag, "%s", name);
+    for (char *q = flag; *q; q++)
+        if (*q == '_') *q = '-';
+    snprintf(err, errlen, "unknown option '--%s'%s; see 'neurocached --help'", flag,
+             did_you_mean(name, NULL, true, dym, sizeof dym));
+    return -1;
+}
+
 int config_set(nc_server_config *c, const char *name, const char *value, char *err, size_t errlen)
 {
     const config_option *o = find(name);
     if (!o) {
-        snprintf(err, errlen, "unknown option '%s'", name);
+        char dym[96];
+        snprintf(err, errlen, "unknown option '%s'%s", name, did_you_mean(name, NULL, false, dym, sizeof dym));
         return -1;
     }
     return set_option(c, o, value, err, errlen);
@@ -243,7 +283,12 @@ static int on_ini_entry(void *user, const char *section, const char *name, const
         return 0;
     const config_option *o = find(name);
     if (!o || strcmp(o->section, section) != 0) {
-        snprintf(x->err, x->errlen, "unknown option '%s' in section [%s]", name, section);
+        char dym[96] = "";
+        if (o)   /* a known key in another section: say which */
+            snprintf(dym, sizeof dym, " ('%s' belongs in [%s])", name, o->section);
+        else
+            did_you_mean(name, section, false, dym, sizeof dym);
+        snprintf(x->err, x->errlen, "unknown option '%s' in section [%s]%s", name, section, dym);
         x->failed = 1;
         return 0;
     }
@@ -306,7 +351,7 @@ int config_from_args(nc_server_config *c, int argc, char **argv, char *err, size
         const char *cfg = NULL;
         if (strcmp(argv[i], "--config") == 0) {
             if (i + 1 >= argc) {
-                snprintf(err, errlen, "option 'config': missing value");
+                snprintf(err, errlen, "option '--config' needs a value; see 'neurocached --help'");
                 return -1;
             }
             cfg = argv[++i];
@@ -319,7 +364,7 @@ int config_from_args(nc_server_config *c, int argc, char **argv, char *err, size
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strncmp(a, "--", 2) != 0) {
-            snprintf(err, errlen, "unexpected argument '%s'", a);
+            snprintf(err, errlen, "unexpected argument '%s' (options are --name value); see 'neurocached --help'", a);
             return -1;
         }
         a += 2;
@@ -328,13 +373,16 @@ int config_from_args(nc_server_config *c, int argc, char **argv, char *err, size
         flag_to_name(a, eq ? (size_t)(eq - a) : strlen(a), name, sizeof name);
         const char *value;
         const config_option *bo = find(name);
+        if (!bo && strcmp(name, "config") != 0)
+            return unknown_flag(name, err, errlen);
         if (eq) {
             value = eq + 1;
         } else if (bo && bo->type == OPT_BOOL && (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)) {
             value = "true";            /* a boolean flag alone (--allow-root) means true */
         } else {
             if (i + 1 >= argc) {
-                snprintf(err, errlen, "option '%s': missing value", name);
+                snprintf(err, errlen, "option '--%.*s' needs a value; see 'neurocached --help'",
+                         (int)(eq ? (size_t)(eq - a) : strlen(a)), a);
                 return -1;
             }
             value = argv[++i];

@@ -91,14 +91,12 @@ static enum MHD_Result send_response(struct MHD_Connection *conn, http_request *
     size_t len = 0;
     const char *ctype = "application/json";
     if (resp->json) {
-        /* 12 significant digits: 0.1 stays 0.1 (not 0.10000000000000001),
-         * far beyond the float precision of probabilities. */
-        buf = json_dumps(resp->json, JSON_COMPACT | JSON_REAL_PRECISION(12));
+        buf = proto_dump(resp->json, &len);
         if (!buf) {
             resp->status = 500;
-            buf = strdup("{\"error\":{\"code\":\"internal\",\"message\":\"out of memory\"}}");
+            buf = strdup("{\"error\":{\"code\":\"internal\",\"message\":\"out of memory\"}}\n");
+            len = buf ? strlen(buf) : 0;
         }
-        len = buf ? strlen(buf) : 0;
     } else if (resp->text) {
         buf = resp->text;
         resp->text = NULL;
@@ -630,7 +628,7 @@ struct http_gate {
 static void gate_refuse(int fd, api_error e, const char *msg)
 {
     json_t *b = proto_error_body(e, msg);
-    char *body = b ? json_dumps(b, JSON_COMPACT) : NULL;
+    char *body = b ? proto_dump(b, NULL) : NULL;
     json_decref(b);
     char head[256];
     unsigned ra = proto_retry_after(e);

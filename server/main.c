@@ -362,6 +362,11 @@ int main(int argc, char **argv)
 
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* a model directory that is plainly wrong stops start-up before the
+     * port is announced ("listening" then "startup failed" read as a
+     * daemon that started); the model itself loads while /health answers */
+    if (model_probe(srv.cfg.model, err, sizeof err) != NC_OK)
+        return startup_failed(err, "model");
     /* a failed start-up closes the socket and exits: nothing was acknowledged */
     if (start_listening(&srv, err, sizeof err) != 0 || load_and_recover(&srv, err, sizeof err) != 0) {
         http_stop(&srv);

@@ -34,6 +34,7 @@ static const http_route route_table[] = {
     /* the page (web.h): static files only, no key needed, nothing served but them */
     {"GET", "/", web_h_page, "web_page", 0},
     {"GET", "/web/{file}", web_h_page, "web_asset", 0},
+    {"GET", "/favicon.ico", web_h_page, "web_favicon", 0},
     {"GET", "/v1/model", api_h_model, "model", M},
     {"GET", "/v1/models", api_h_models, "models", M},
     {"POST", "/v1/sessions", api_h_sessions_create, "sessions_create", J | ROUTE_EMPTY_OK | M},
@@ -50,6 +51,7 @@ static const http_route route_table[] = {
     {"POST", "/v1/sessions/{id}/generate", api_h_generate, "generate", J | M | H},
     {"POST", "/v1/sessions/{id}/rescore", api_h_rescore_session, "rescore_session", J | M | H},
     {"POST", "/v1/rescore", api_h_rescore, "rescore", J | M | H},
+    {"POST", "/v1/chat/completions", api_h_chat_completions, "chat_completions", 0},
     {"POST", "/v1/completions", api_h_completions, "completions", J | M | H},
     {"POST", "/tokenize", api_h_tokenize, "tokenize", J | M},
     {"POST", "/detokenize", api_h_detokenize, "detokenize", J | M},

@@ -412,14 +412,12 @@ static int ndjson_line(upload *u, const char *line, size_t len)
         return -1;
     }
     json_t *text = json_object_get(o, "text"), *id = json_object_get(o, "id");
-    const char *k;
-    json_t *v;
-    json_object_foreach(o, k, v) {
-        if (strcmp(k, "text") != 0 && strcmp(k, "id") != 0) {
-            up_fail(u, API_UNKNOWN_FIELD, "line %llu: unknown field '%s'", (unsigned long long)u->lines, k);
-            json_decref(o);
-            return -1;
-        }
+    static const char *const keys[] = {"id", "text", NULL};
+    api_status st;
+    if (proto_check_keys(o, keys, &st)) {
+        up_fail(u, st.code, "line %llu: %s", (unsigned long long)u->lines, st.message);
+        json_decref(o);
+        return -1;
     }
     if (!json_is_string(text) || (id && !json_is_string(id) && !json_is_null(id))) {
         up_fail(u, text ? API_INVALID_TYPE : API_MISSING_FIELD, "line %llu: %s", (unsigned long long)u->lines,

@@ -25,6 +25,7 @@ static const char *media_type(const char *name)
         {".js", "text/javascript; charset=utf-8"},
         {".svg", "image/svg+xml"},
         {".png", "image/png"},
+        {".ico", "image/x-icon"},
     };
     const char *dot = strrchr(name, '.');
     for (size_t i = 0; dot && i < sizeof types / sizeof types[0]; i++)
@@ -39,8 +40,11 @@ void web_h_page(nc_server *srv, http_request *req, http_response *resp)
         http_reply_error(resp, API_NOT_FOUND, "the web page is turned off (web = false)");
         return;
     }
-    /* "/" has no capture: the page itself */
-    const char *name = strcmp(req->url, "/") ? req->params[0] : "index.html";
+    /* "/" and "/favicon.ico" (where browsers look for the icon) have no
+     * capture: the page itself, the icon */
+    const char *name = !strcmp(req->url, "/")              ? "index.html"
+                       : !strcmp(req->url, "/favicon.ico") ? "favicon.ico"
+                                                           : req->params[0];
     const web_asset *a = web_find(name);
     if (!a) {
         http_reply_error(resp, API_NOT_FOUND, "no file '%s' in the web page", name);

@@ -22,7 +22,7 @@ typedef struct {
 /* The file called name, or NULL. */
 const web_asset *web_find(const char *name);
 
-/* GET / (index.html) and GET /web/{file}: the file with its media type, or
+/* GET / (index.html), GET /favicon.ico and GET /web/{file}: the file with its media type, or
  * 404 (unknown file, or web = false). */
 void web_h_page(nc_server *srv, http_request *req, http_response *resp);
 

@@ -267,16 +267,17 @@ TEST(usage_errors)
         const char *cmd, *args, *msg;
         int status;
     } cases[] = {
-        {"score", "--theta 0.5", "--theta needs --neural-cache", 2},
-        {"score", "--neural-cache 10 --global-norm --lambda 0.1", "with --global-norm use --alpha", 2},
-        {"score", "--alpha 1 --neural-cache 10", "--alpha needs --global-norm", 2},
+        {"score", "--theta 0.5", "--neural-theta needs --neural-size", 2},
+        {"score", "--neural-theta 0.5", "--neural-theta needs --neural-size", 2},
+        {"score", "--neural-cache 10 --global-norm --lambda 0.1", "with --global-norm use --neural-alpha", 2},
+        {"score", "--alpha 1 --neural-cache 10", "--neural-alpha needs --global-norm", 2},
         {"score", "--knn 5", "--knn needs --unbounded", 2},
         {"score", "--unbounded-lambda 0.2", "--unbounded-lambda needs --unbounded", 2},
         {"score", "--unbounded --exact --index /x", "contradict", 2},
         {"score", "--uniform-mu 0.1", "--uniform-mu needs --open-vocab", 2},
         /* the knob table's messages (test_knobs checks them against JSON and config) */
-        {"score", "--neural-cache -1", "--neural-cache: neural_size = -1 is out of range [0, 1000000]", 2},
-        {"score", "--neural-cache 10 --lambda 1.5", "--lambda: neural_lambda = 1.5 is out of range [0, 1]", 2},
+        {"score", "--neural-cache -1", "--neural-size: neural_size = -1 is out of range [0, 1000000]", 2},
+        {"score", "--neural-cache 10 --lambda 1.5", "--neural-lambda: neural_lambda = 1.5 is out of range [0, 1]", 2},
         {"score", "--unbounded --kernel cosine", "kernel = 'cosine' is not gaussian or epanechnikov", 2},
         {"score", "--unbounded --knn 99999999", "knn = 99999999 is out of range [1, 16384]", 2},
         {"score", "--memory /nonexistent/m.txt --unbounded", "/nonexistent/m.txt", 1},
@@ -286,9 +287,22 @@ TEST(usage_errors)
         {"eval", "--sweep knn=0,4", "out of range", 2},
         {"eval", "--sweep knn=4,", "bad value list", 2},
         {"eval", "--out x", "--out needs --sweep", 2},
-        {"eval", "--theta 1", "--theta needs --neural-cache", 2},
+        {"eval", "--theta 1", "--neural-theta needs --neural-size", 2},
         {"eval", "--row '--neural-cache 5 --bogus 1'", "not a per-row cache option", 2},
-        {"eval", "--row '--theta 1'", "--theta needs --neural-cache", 2},
+        {"eval", "--row '--theta 1'", "--neural-theta needs --neural-size", 2},
+        {"eval", "--row '--neural-theta 1'", "--neural-theta needs --neural-size", 2},
+        {"eval", "--sweep neural-thata=1,2", "--sweep wants KNOB=", 2},
+        /* a misspelt option: one line naming the nearest option (a knob's name,
+         * also when the nearest is an older alias), then where the help is */
+        {"score", "--neural-sise 5", "unknown option '--neural-sise' (did you mean '--neural-size'?); "
+                                     "see 'neurocache score --help'", 2},
+        {"score", "--thetaa 0.5", "unknown option '--thetaa' (did you mean '--neural-theta'?)", 2},
+        {"eval", "--neural-sise=5", "unknown option '--neural-sise=5' (did you mean '--neural-size'?)", 2},
+        {"tune", "--neural-sise 5", "(did you mean '--neural-size'?)", 2},
+        {"fit-gate", "--neural-sise 5", "(did you mean '--neural-size'?)", 2},
+        {"score", "--formt json", "(did you mean '--format'?)", 2},
+        {"score", "--neural 5", "option '--neural' is ambiguous (--neural-size, --neural-theta", 2},
+        {"score", "--zzzzzz", "unknown option '--zzzzzz'; see 'neurocache score --help'", 2},
         {"eval", "--row '--memory x --unbounded'", "not a per-row cache option", 2},
         {"tune", "--theta 0.3", "give grids", 2},
         {"tune", "--alphas 1,2", "--alphas needs --global-norm", 2},
@@ -306,13 +320,50 @@ TEST(usage_errors)
         CHECK_STR_CONTAINS(out, cases[i].msg);
         free(out);
     }
-    char *out = NULL;
-    CHECK(run(&out, "%s/neurocache eval --model %s 2>&1", bin_dir(), fixdir) == 2);
-    CHECK_STR_CONTAINS(out, "FILE is required");
-    free(out);
-    CHECK(run(&out, "%s/neurocache tune --model %s 2>&1", bin_dir(), fixdir) == 2);
-    CHECK_STR_CONTAINS(out, "--valid FILE is required");
-    free(out);
+    /* a missing argument: one line, the error and where the help is (not the
+     * whole help, which buried it) */
+    static const struct {
+        const char *args, *line;
+    } missing[] = {
+        {"eval --model M", "neurocache eval: FILE is required; see 'neurocache eval --help'\n"},
+        {"tune --model M", "neurocache tune: --valid FILE is required; see 'neurocache tune --help'\n"},
+        {"score F", "neurocache score: --model DIR is required; see 'neurocache score --help'\n"},
+        {"score --model M", "neurocache score: FILE is required; see 'neurocache score --help'\n"},
+        {"fit-gate --model M", "neurocache fit-gate: --valid FILE is required; see 'neurocache fit-gate --help'\n"},
+        {"build-index --model M", "neurocache build-index: --corpus FILE is required; "
+                                  "see 'neurocache build-index --help'\n"},
+        {"train --out /nonexistent/x", "neurocache train: --train and --out are required (or --resume DIR); "
+                                       "see 'neurocache train --help'\n"},
+        {"train --train", "neurocache train: option '--train' needs a value; see 'neurocache train --help'\n"},
+        {"train --nhidd 5", "neurocache train: unknown option '--nhidd' (did you mean '--nhid'?); "
+                            "see 'neurocache train --help'\n"},
+        {"migrate --from http://x", "neurocache migrate: --from, --to and --session are required; "
+                                    "see 'neurocache migrate --help'\n"},
+        {"migrate --sesion x", "neurocache migrate: unknown option '--sesion' (did you mean '--session'?); "
+                               "see 'neurocache migrate --help'\n"},
+        {"score --model", "neurocache score: option '--model' needs a value; see 'neurocache score --help'\n"},
+        {"scroe", "neurocache: unknown command 'scroe' (did you mean 'score'?); see 'neurocache --help'\n"},
+        {"", "neurocache: a command is needed (score, eval, tune, fit-gate, train, build-index, migrate); "
+             "see 'neurocache --help'\n"},
+    };
+    for (size_t i = 0; i < sizeof missing / sizeof *missing; i++) {
+        char args[512], *out = NULL;
+        /* M = the model, F = the text: a real path each, so only the missing piece is wrong */
+        size_t o = 0;
+        for (const char *p = missing[i].args; *p && o + 300 < sizeof args; p++) {
+            if (*p == 'M' && (p[1] == 0 || p[1] == ' ') && p[-1] == ' ')
+                o += (size_t)snprintf(args + o, sizeof args - o, "%s", fixdir);
+            else if (*p == 'F' && p[1] == 0 && p[-1] == ' ')
+                o += (size_t)snprintf(args + o, sizeof args - o, "%s", docpath);
+            else
+                args[o++] = *p;
+        }
+        args[o] = 0;
+        CHECKF(run(&out, "%s/neurocache %s 2>&1 >/dev/null", bin_dir(), args) == 2, "%s: exit status", args);
+        CHECKF(out && !strcmp(out, missing[i].line), "neurocache %s said '%s', not '%s'", args, out ? out : "",
+               missing[i].line);
+        free(out);
+    }
 }
 
 TEST(eval_table_matches_score)
@@ -390,7 +441,7 @@ TEST(eval_sweeps)
     CHECK(st == 0);
     free(out);
     snprintf(path, sizeof path, "%s.csv", prefix);
-    snprintf(key, sizeof key, "%s,neural-cache,50,", base);
+    snprintf(key, sizeof key, "%s,neural-size,50,", base);   /* the alias swept, the name shown */
     CHECKF(REL(csv_value(path, key, 3), score_ppl("--neural-cache 50 --theta 0.5 --lambda 0.2")) < TOL_PPL_PATHS,
            "sweep N=50");
     snprintf(path, sizeof path, "%s.png", prefix);
@@ -461,7 +512,7 @@ TEST(tune_best_matches_score)
                    "--alphas -2,0 --no-plot --out %s 2>/dev/null", bin_dir(), fixdir, docpath, prefix);
     CHECK(st == 0);
     CHECKF(out && best_line(out, "neural", &p, opts, sizeof opts), "%s", out);
-    CHECK_STR_CONTAINS(cs(opts), "--global-norm --alpha");
+    CHECK_STR_CONTAINS(cs(opts), "--global-norm --neural-alpha");
     CHECKF(REL(p, score_ppl(opts)) < TOL_PPL_PATHS, "best global %g vs score %s", p, opts);
     free(out);
 }

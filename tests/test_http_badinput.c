@@ -70,6 +70,17 @@ static const bad_case cases[] = {
     {"POST", "/v1/completions", "application/json", "{\"prompt\":\"w1\",\"logprobs\":1000000}", -1, 400, "out_of_range"},
     {"POST", "/v1/completions", "application/json", "{\"prompt\":\"w1\",\"n\":2}", -1, 400, "out_of_range"},
     {"POST", "/v1/completions", "application/json", "{\"prompt\":\"w1\",\"echo\":\"yes\"}", -1, 400, "invalid_type"},
+    /* completions reads a list of fields too: a misspelt one is an error, not ignored */
+    {"POST", "/v1/completions", "application/json", "{\"prompt\":\"w1\",\"max_token\":5}", -1, 400, "unknown_field"},
+    {"POST", "/v1/completions", "application/json", "{\"prompt\":\"w1\",\"stream\":true,\"stream_options\":{\"usage\":true}}",
+     -1, 400, "unknown_field"},
+    /* OpenAI's fields it does not use: accepted only at values asking for nothing */
+    {"POST", "/v1/completions", "application/json", "{\"prompt\":\"w1\",\"frequency_penalty\":0.5}", -1, 400, "out_of_range"},
+    {"POST", "/v1/completions", "application/json", "{\"prompt\":\"w1\",\"presence_penalty\":1}", -1, 400, "out_of_range"},
+    {"POST", "/v1/completions", "application/json", "{\"prompt\":\"w1\",\"best_of\":3}", -1, 400, "out_of_range"},
+    {"POST", "/v1/completions", "application/json", "{\"prompt\":\"w1\",\"logit_bias\":{\"5\":10}}", -1, 400, "out_of_range"},
+    {"POST", "/v1/completions", "application/json", "{\"prompt\":\"w1\",\"suffix\":\"end\"}", -1, 400, "out_of_range"},
+    {"POST", "/v1/chat/completions", "application/json", "{\"messages\":[]}", -1, 404, "not_found"},
     {"POST", "/detokenize", "application/json", "{\"tokens\":\"abc\"}", -1, 400, "invalid_type"},
     {"POST", "/detokenize", "application/json", "{\"tokens\":[1.5]}", -1, 400, "invalid_type"},
     {"POST", "/detokenize", "application/json", "{\"tokens\":[1000]}", -1, 400, "out_of_range"},
@@ -160,6 +171,92 @@ TEST(malformed_requests)
                "case %zu: no error message", i);
         if (c->status == 405)
             CHECKF(r.allow[0] != 0, "case %zu: 405 without Allow", i);
+        CHECKF(r.len > 0 && r.body[r.len - 1] == '\n', "case %zu: the answer does not end with a newline", i);
+        http_resp_free(&r);
+    }
+}
+
+/* An unknown field names the nearest field of its request kind (one list
+ * each), or the knob it was meant to be: one line, the exact message. */
+TEST(unknown_fields_name_the_nearest)
+{
+    static const struct {
+        const char *path, *body, *message;
+    } cases[] = {
+        {"/v1/sessions", "{\"cache\":{\"neural_sise\":5}}", "unknown field 'neural_sise' (did you mean 'neural_size'?)"},
+        /* a command-line name inside "cache": its knob */
+        {"/v1/sessions", "{\"cache\":{\"theta\":0.5}}", "unknown field 'theta' (did you mean 'neural_theta'?)"},
+        {"/v1/sessions", "{\"cache\":{\"neural-size\":5}}", "unknown field 'neural-size' (did you mean 'neural_size'?)"},
+        {"/v1/sessions", "{\"namepsace\":\"x\"}", "unknown field 'namepsace' (did you mean 'namespace'?)"},
+        /* a knob outside "cache" */
+        {"/v1/sessions", "{\"neural_size\":5}",
+         "unknown field 'neural_size' (did you mean \"cache\": {\"neural_size\": ...}? knobs go in the cache object)"},
+        {"/v1/score", "{\"txt\":\"w1\"}", "unknown field 'txt' (did you mean 'text'?)"},
+        {"/v1/score", "{\"text\":\"w1\",\"unigram_lambda\":0.2}",
+         "unknown field 'unigram_lambda' (did you mean \"cache\": {\"unigram_lambda\": ...}? knobs go in the cache object)"},
+        {"/v1/sessions/{S}/predict", "{\"topk\":3}", "unknown field 'topk' (did you mean 'top_k'?)"},
+        {"/v1/sessions/{S}/feed", "{\"text\":\"w1\",\"score\":true}", "unknown field 'score' (did you mean 'scores'?)"},
+        {"/v1/sessions/{S}/generate", "{\"max_token\":2}", "unknown field 'max_token' (did you mean 'max_tokens'?)"},
+        {"/v1/sessions/{S}/rescore", "{\"hypothesis\":[\"w1\"]}", "unknown field 'hypothesis' (did you mean 'hypotheses'?)"},
+        {"/v1/rescore", "{\"hypotheses\":[\"w1\"],\"contxt\":\"w2\"}", "unknown field 'contxt' (did you mean 'context'?)"},
+        {"/v1/completions", "{\"prompt\":\"w1\",\"max_token\":5}", "unknown field 'max_token' (did you mean 'max_tokens'?)"},
+        {"/v1/completions", "{\"prompt\":\"w1\",\"temprature\":0}", "unknown field 'temprature' (did you mean 'temperature'?)"},
+        {"/tokenize", "{\"promt\":\"w1\"}", "unknown field 'promt' (did you mean 'prompt'?)"},
+        {"/detokenize", "{\"token\":[1]}", "unknown field 'token' (did you mean 'tokens'?)"},
+        /* nothing near: the field alone */
+        {"/v1/score", "{\"text\":\"w1\",\"colour\":1}", "unknown field 'colour'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char path[256];
+        subst(cases[i].path, sid, path, sizeof path);
+        http_resp r;
+        CHECK(http_json(D.port, "POST", path, cases[i].body, &r) == 0);
+        json_t *m = json_object_get(json_object_get(r.json, "error"), "message");
+        CHECKF(r.status == 400 && !strcmp(http_error_code(&r), "unknown_field") && json_is_string(m) &&
+                   !strcmp(json_string_value(m), cases[i].message),
+               "%s %s: %ld %s, want '%s'", path, cases[i].body, r.status, r.body, cases[i].message);
+        http_resp_free(&r);
+    }
+    /* the fields OpenAI clients send and this server ignores still pass */
+    http_resp r;
+    CHECK(http_json(D.port, "POST", "/v1/completions",
+                    "{\"prompt\":\"w1\",\"max_tokens\":1,\"model\":\"x\",\"user\":\"u\",\"n\":1,\"best_of\":1,"
+                    "\"presence_penalty\":0,\"frequency_penalty\":0,\"logit_bias\":{},\"suffix\":\"\",\"stop\":[\"\\n\"]}",
+                    &r) == 0);
+    CHECKF(r.status == 200, "OpenAI's defaults: %ld %s", r.status, r.body);
+    http_resp_free(&r);
+    /* /v1/chat/completions: a 404 that says where to go */
+    CHECK(http_json(D.port, "POST", "/v1/chat/completions", "{\"model\":\"x\",\"messages\":[]}", &r) == 0);
+    json_t *m = json_object_get(json_object_get(r.json, "error"), "message");
+    CHECKF(r.status == 404 && json_is_string(m) && strstr(json_string_value(m), "use /v1/completions"), "chat: %ld %s",
+           r.status, r.body);
+    http_resp_free(&r);
+}
+
+/* Every JSON answer is one line ending with a newline, successes and errors
+ * (the socket gate's 400 for bytes that are not HTTP: test_server_guard). */
+TEST(json_answers_end_with_a_newline)
+{
+    char predict[256];
+    snprintf(predict, sizeof predict, "/v1/sessions/%s/predict", sid);
+    const struct {
+        const char *method, *path, *body;
+    } ok[] = {
+        {"GET", "/health", NULL},
+        {"GET", "/ready", NULL},
+        {"GET", "/v1/model", NULL},
+        {"GET", "/v1/sessions", NULL},
+        {"POST", predict, "{\"top_k\":2}"},
+        {"POST", "/v1/score", "{\"text\":\"w1 w2\"}"},
+        {"POST", "/tokenize", "{\"prompt\":\"w1 w2\"}"},
+        {"POST", "/v1/completions", "{\"prompt\":\"w1\",\"max_tokens\":2}"},
+        {"GET", "/nonexistent", NULL},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        http_resp r;
+        CHECK(http_json(D.port, ok[i].method, ok[i].path, ok[i].body, &r) == 0);
+        CHECKF(r.json && r.len > 1 && r.body[r.len - 1] == '\n' && !memchr(r.body, '\n', r.len - 1),
+               "%s %s: '%s' is not one line ending with a newline", ok[i].method, ok[i].path, r.body ? r.body : "");
         http_resp_free(&r);
     }
 }
@@ -262,6 +359,8 @@ int main(void)
     long pos = 0;
     CHECK(snapshot(before_top, &before_top_p, before_lp, &before_n, &pos) == 0 && pos == 6);
     RUN(malformed_requests);
+    RUN(unknown_fields_name_the_nearest);
+    RUN(json_answers_end_with_a_newline);
     RUN(hostile_bodies);
     RUN(still_healthy_and_unchanged);
     CHECK(daemon_stop(&D) == 0);

@@ -15,6 +15,7 @@
 #include <yaml.h>
 
 #include "cache.h"
+#include "suggest.h"
 
 static char model_dir[512];
 
@@ -63,9 +64,20 @@ TEST(table_defaults_and_bounds)
     cache_params_default(&p);
     char err[NC_ERRLEN];
     CHECKF(cache_params_validate(&p, err, sizeof err) == NC_OK, "defaults: %s", err);
+    int aliases = 0;
     for (size_t i = 0; i < n; i++) {
         CHECK(cache_knob_find(k[i].name) == &k[i]);
         CHECK(cache_knob_by_flag(k[i].flag) == &k[i]);
+        /* one name: the option is the JSON/config name with '-' for '_' */
+        char dashed[64];
+        snprintf(dashed, sizeof dashed, "%s", k[i].name);
+        for (char *q = dashed; *q; q++)
+            if (*q == '_') *q = '-';
+        CHECKF(!strcmp(k[i].flag, dashed), "%s's option is --%s", k[i].name, k[i].flag);
+        if (k[i].alias) {
+            aliases++;
+            CHECK(cache_knob_by_flag(k[i].alias) == &k[i] && strcmp(k[i].alias, k[i].flag) != 0);
+        }
         if (!numeric(&k[i]))
             continue;
         nc_cache_params q = p;
@@ -85,11 +97,117 @@ TEST(table_defaults_and_bounds)
         CHECKF(cache_params_validate(&q, err, sizeof err) == NC_EINVAL && strstr(err, k[i].name),
                "%s below its range passed validation", k[i].name);
     }
+    CHECK(aliases == 6);   /* the options renamed by issue 25: unigram-cache neural-cache theta lambda alpha f16-keys */
+    CHECK(cache_knob_by_flag("theta") == cache_knob_find("neural_theta"));
+    CHECK(cache_knob_by_flag("neural-cache") == cache_knob_find("neural_size"));
     const nc_cache_knob *kn = cache_knob_find("kernel");
     CHECK(cache_knob_set_text(&p, kn, "epanechnikov", err, sizeof err) == NC_OK && p.kernel == NC_KERNEL_EPANECHNIKOV);
     CHECK(cache_knob_set_text(&p, kn, "box", err, sizeof err) == NC_EINVAL);
     CHECK(cache_knob_set_text(&p, cache_knob_find("knn"), "12.5", err, sizeof err) == NC_EINVAL);
     CHECK(cache_knob_set_text(&p, cache_knob_find("unbounded"), "maybe", err, sizeof err) == NC_EINVAL);
+}
+
+/* The edit distance behind every "did you mean" (suggest.h): the optimal
+ * string alignment distance, values worked by hand. */
+TEST(suggestions)
+{
+    CHECK(suggest_distance("", "") == 0);
+    CHECK(suggest_distance("abc", "") == 3);
+    CHECK(suggest_distance("kitten", "sitting") == 3);      /* 2 substitutions, 1 insertion */
+    CHECK(suggest_distance("neural_sise", "neural_size") == 1);
+    CHECK(suggest_distance("max_token", "max_tokens") == 1);
+    CHECK(suggest_distance("ab", "ba") == 1);                /* one swap of neighbours */
+    CHECK(suggest_distance("ca", "abc") == 3);               /* OSA, not full Damerau (2): no edit of a swapped pair */
+    CHECK(suggest_distance("neural-size", "NEURAL_SIZE") == 0);   /* '-' = '_', case folded */
+    CHECK(suggest_distance("neural_size", "neural_theta") == 5);
+    /* the nearest within the limit, else none */
+    CHECK(cache_knob_suggest("neural_sise", false) && !strcmp(cache_knob_suggest("neural_sise", false), "neural_size"));
+    CHECK(cache_knob_suggest("neural-sise", true) && !strcmp(cache_knob_suggest("neural-sise", true), "neural-size"));
+    /* an older alias answers with the knob's name */
+    CHECK(cache_knob_suggest("thetaa", true) && !strcmp(cache_knob_suggest("thetaa", true), "neural-theta"));
+    CHECK(cache_knob_suggest("unbounded_lamda", false) &&
+          !strcmp(cache_knob_suggest("unbounded_lamda", false), "unbounded_lambda"));
+    CHECK(cache_knob_suggest("colour", false) == NULL);
+    CHECK(cache_knob_suggest("k", false) == NULL);   /* one letter is near every short name: no guess */
+    nc_suggest sg;
+    suggest_init(&sg, "txt");
+    suggest_offer(&sg, "id");
+    suggest_offer(&sg, "text");
+    suggest_offer(&sg, "next");
+    CHECK(suggest_best(&sg) && !strcmp(suggest_best(&sg), "text"));   /* the first of equals */
+    suggest_init(&sg, "temprature");
+    suggest_offer(&sg, "temperature");
+    suggest_offer(&sg, "top_p");
+    CHECK(suggest_best(&sg) && !strcmp(suggest_best(&sg), "temperature"));
+}
+
+/* A misspelt knob, in each front end: one line naming the knob it was meant
+ * to be (--neural-sise 5 -> --neural-size; {"neural_sise":5} -> neural_size). */
+TEST(misspelt_knob_everywhere)
+{
+    char cmd[4096], out[8192];
+    char text[] = "/tmp/nc-knobs-XXXXXX";
+    int fd = mkstemp(text);
+    CHECK(fd >= 0 && write(fd, "a b c\n", 6) == 6);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "%s score --model %s --neural-sise 5 %s 2>&1 >/dev/null", daemon_bin_path("neurocache"),
+             model_dir, text);
+    CHECK(run_capture(cmd, out, sizeof out) == 2);
+    CHECKF(!strcmp(out, "neurocache score: unknown option '--neural-sise' (did you mean '--neural-size'?); "
+                        "see 'neurocache score --help'\n"), "CLI said '%s'", out);
+    /* the daemon's flags and its config file */
+    snprintf(cmd, sizeof cmd, "%s --neural-sise 5 --model %s --port 0 --allow-root 2>&1", daemon_bin_path("neurocached"),
+             model_dir);
+    CHECK(run_capture(cmd, out, sizeof out) == 2);
+    CHECKF(!strcmp(out, "neurocached: unknown option '--neural-sise' (did you mean '--neural-size'?); "
+                        "see 'neurocached --help'\n"), "neurocached said '%s'", out);
+    snprintf(cmd, sizeof cmd, "%s --max-body-byte 5 --model %s --port 0 --allow-root 2>&1", daemon_bin_path("neurocached"),
+             model_dir);
+    CHECK(run_capture(cmd, out, sizeof out) == 2);
+    CHECKF(strstr(out, "unknown option '--max-body-byte' (did you mean '--max-body-bytes'?)"), "said '%s'", out);
+    static const struct {
+        const char *file, *said;
+    } confs[] = {
+        {"[cache]\nneural_sise = 5\n", "unknown option 'neural_sise' in section [cache] (did you mean 'neural_size'?)"},
+        {"[cache]\nneural-size = 5\n", "unknown option 'neural-size' in section [cache] (did you mean 'neural_size'?)"},
+        {"[server]\nneural_size = 5\n", "unknown option 'neural_size' in section [server] ('neural_size' belongs in [cache])"},
+        {"[limits]\nmax_top = 5\n", "unknown option 'max_top' in section [limits] (did you mean 'max_top_k'?)"},
+    };
+    for (size_t i = 0; i < sizeof confs / sizeof *confs; i++) {
+        char conf[] = "/tmp/nc-knobs-conf-XXXXXX";
+        fd = mkstemp(conf);
+        CHECK(fd >= 0 && write(fd, confs[i].file, strlen(confs[i].file)) == (ssize_t)strlen(confs[i].file));
+        close(fd);
+        snprintf(cmd, sizeof cmd, "%s --config %s --model %s --port 0 --allow-root 2>&1", daemon_bin_path("neurocached"),
+                 conf, model_dir);
+        CHECK(run_capture(cmd, out, sizeof out) == 2);
+        CHECKF(strstr(out, confs[i].said), "%s: said '%s'", confs[i].file, out);
+        unlink(conf);
+    }
+    /* a request's "cache" object */
+    nc_daemon d;
+    const char *args[] = {"--model", model_dir, NULL};
+    if (daemon_start(&d, args) != 0) {
+        CHECK(0);
+        unlink(text);
+        return;
+    }
+    http_resp r;
+    CHECK(http_json(d.port, "POST", "/v1/sessions", "{\"cache\": {\"neural_sise\": 5}}", &r) == 0);
+    json_t *m = json_object_get(json_object_get(r.json, "error"), "message");
+    CHECKF(r.status == 400 && json_is_string(m) &&
+               !strcmp(json_string_value(m), "unknown field 'neural_sise' (did you mean 'neural_size'?)"),
+           "JSON said %s", r.body);
+    http_resp_free(&r);
+    /* /v1/model: each knob's option and its older alias */
+    CHECK(http_json(d.port, "GET", "/v1/model", NULL, &r) == 0 && r.status == 200);
+    json_t *ns = json_object_get(json_object_get(r.json, "cache_knobs"), "neural_size");
+    CHECK(!strcmp(json_string_value(json_object_get(ns, "flag")), "neural-size") &&
+          !strcmp(json_string_value(json_object_get(ns, "alias")), "neural-cache"));
+    CHECK(json_object_get(json_object_get(json_object_get(r.json, "cache_knobs"), "knn"), "alias") == NULL);
+    http_resp_free(&r);
+    CHECK(daemon_stop(&d) == 0);
+    unlink(text);
 }
 
 /* neurocache score --FLAG VALUE: the knob's option with a value above its range. */
@@ -120,6 +238,12 @@ TEST(cli_config_and_json_say_the_same)
                  model_dir, k[i].flag, val, text);
         CHECKF(run_capture(cmd, out, sizeof out) == 2, "--%s %s: exit status", k[i].flag, val);
         CHECKF(strstr(out, msg) != NULL, "CLI --%s %s said '%s', the table '%s'", k[i].flag, val, out, msg);
+        if (k[i].alias) {   /* the older name: the same knob, the same message */
+            snprintf(cmd, sizeof cmd, "%s score --model %s --%s %s %s 2>&1 >/dev/null",
+                     daemon_bin_path("neurocache"), model_dir, k[i].alias, val, text);
+            CHECKF(run_capture(cmd, out, sizeof out) == 2 && strstr(out, msg), "CLI --%s %s said '%s'", k[i].alias,
+                   val, out);
+        }
         /* the config file's [cache] section */
         char conf[] = "/tmp/nc-knobs-conf-XXXXXX";
         fd = mkstemp(conf);
@@ -239,6 +363,8 @@ int main(void)
     snprintf(model_dir, sizeof model_dir, "%s/lstm-2layer", harness_fixtures());
     httpc_init();
     RUN(table_defaults_and_bounds);
+    RUN(suggestions);
+    RUN(misspelt_knob_everywhere);
     RUN(openapi_documents_the_table);
     RUN(cli_config_and_json_say_the_same);
     httpc_cleanup();

@@ -283,6 +283,12 @@ TEST(ndjson_and_errors)
     json_decref(j);
     CHECK(upload(&d, "nd", NULL, "application/x-ndjson", "not json\n", NULL) == 400);
     CHECK(upload(&d, "nd", NULL, "application/x-ndjson", "{\"text\":\"a\",\"bogus\":1}\n", NULL) == 400);
+    /* a misspelt field names the one it was meant to be */
+    j = NULL;
+    CHECK(upload(&d, "nd", NULL, "application/x-ndjson", "{\"txt\":\"a\"}\n", &j) == 400);
+    HAS(json_string_value(json_object_get(json_object_get(j, "error"), "message")),
+        "line 1: unknown field 'txt' (did you mean 'text'?)");
+    json_decref(j);
     CHECK(upload(&d, "nd", NULL, "image/png", "w1", NULL) == 415);
     CHECK(upload(&d, "..", NULL, "text/plain", "w1", NULL) == 400 || upload(&d, "..", NULL, "text/plain", "w1", NULL) == 404);
     CHECK(upload(&d, ".hidden", NULL, "text/plain", "w1", NULL) == 400);
@@ -292,6 +298,11 @@ TEST(ndjson_and_errors)
     http_resp r;
     CHECK(http_call(d.port, "DELETE", "/v1/namespaces/nd", NULL, NULL, 0, &r) == 0 && r.status == 400);
     HAS(r.body, "confirm");
+    CHECKF(!strcmp(http_error_code(&r), "confirmation_required"), "%s", r.body);
+    http_resp_free(&r);
+    /* the wrong name is no confirmation either */
+    CHECK(http_call(d.port, "DELETE", "/v1/namespaces/nd?confirm=other", NULL, NULL, 0, &r) == 0 && r.status == 400);
+    CHECKF(!strcmp(http_error_code(&r), "confirmation_required"), "%s", r.body);
     http_resp_free(&r);
     CHECK(http_call(d.port, "DELETE", "/v1/namespaces/nd?confirm=nd", NULL, NULL, 0, &r) == 0 && r.status == 200);
     http_resp_free(&r);

@@ -24,7 +24,7 @@ TEST(openai_client)
     const char *modules = getenv("NC_OPENAI_MODULES") ? getenv("NC_OPENAI_MODULES") : "build/node-openai/node_modules";
     char pc[512];
     snprintf(pc, sizeof pc, "%s/openai/package.json", modules);
-    CHECKF(access(pc, R_OK) == 0, "%s missing: run make deps (scripts/deps.sh installs tests/openai with npm ci)", pc);
+    CHECKF(access(pc, R_OK) == 0, "%s missing: run make deps-test (scripts/deps.sh installs tests/openai with npm ci)", pc);
     if (access(pc, R_OK) != 0) {
         daemon_stop(&d);
         return;

@@ -8,7 +8,7 @@
  * reaches every replica's unbounded cache (lag printed), the same predict
  * request answers the same distribution on each (1e-4), and the killed
  * replica, restarted, catches up. Skipped, with a message, when haproxy is
- * not installed; the Redis part when redis-server is not (`make deps`
+ * not installed; the Redis part when redis-server is not (`make deps-test`
  * installs both). nginx (deploy/nginx) is checked the same way for
  * affinity when installed. */
 #include <arpa/inet.h>
@@ -650,7 +650,7 @@ TEST(drain_under_load)
 int main(void)
 {
     if (find_haproxy()) {
-        printf("SKIP test_replicas: haproxy is not installed (`make deps` installs Debian's haproxy)\n");
+        printf("SKIP test_replicas: haproxy is not installed (`make deps-test` installs Debian's haproxy)\n");
         printf("0 passed, 0 failed\n");
         return 0;
     }
@@ -668,7 +668,7 @@ int main(void)
                       TAGS[i], rep_port[i]);
     }
     if (start_redis() != 0)
-        printf("note test_replicas: redis-server is not installed: replication checks skipped (`make deps`)\n");
+        printf("note test_replicas: redis-server is not installed: replication checks skipped (`make deps-test`)\n");
     int up = 1;
     for (int i = 0; i < NREP; i++)
         if (start_replica(i)) up = 0;

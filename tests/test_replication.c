@@ -4,7 +4,7 @@
  * same predict request answers the same distribution on both (1e-4), adds
  * made on B reach A, a restarted replica catches up from its last applied
  * entry (no duplicate), entries of another model are refused. Skipped, with
- * a message, when redis-server is not installed (`make deps` installs it). */
+ * a message, when redis-server is not installed (`make deps-test` installs it). */
 #include <arpa/inet.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
@@ -620,7 +620,7 @@ int main(void)
     if (!mkdtemp(work)) return 1;
     int rs = start_redis();
     if (rs == 1) {
-        printf("SKIP test_replication: redis-server is not installed (`make deps` installs Debian's redis-server)\n");
+        printf("SKIP test_replication: redis-server is not installed (`make deps-test` installs Debian's redis-server)\n");
         printf("0 passed, 0 failed\n");
         rmdir(work);
         return 0;

@@ -844,7 +844,7 @@ TEST(bad_config_names_option)
     CHECK_STR_CONTAINS(str(out), "'log_format'");
     snprintf(cmd, sizeof cmd, "%s --no-such-option 1 2>&1", daemon_bin_path("neurocached"));
     CHECK(run_capture(cmd, out, sizeof out) == 2);
-    CHECK_STR_CONTAINS(str(out), "no_such_option");
+    CHECK_STR_CONTAINS(str(out), "unknown option '--no-such-option'");   /* the flag as typed */
     char path[] = "/tmp/nc-conf-XXXXXX";
     int fd = mkstemp(path);
     const char *conf = "[sessions]\nttl = -5\n";
@@ -859,6 +859,25 @@ TEST(bad_config_names_option)
              daemon_bin_path("neurocached"));
     CHECK(run_capture(cmd, out, sizeof out) == 1);   /* gets as far as loading the model */
     CHECK_STR_CONTAINS(str(out), "startup failed");
+    /* a model directory that is not there fails before the port is
+     * announced: no "listening" line ahead of "startup failed" */
+    CHECKF(!strstr(out, "listening"), "a missing model logged 'listening': %s", out);
+    CHECK_STR_CONTAINS(str(out), "/nonexistent: not a model directory");
+    char dir[] = "/tmp/nc-nomodel-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(cmd, sizeof cmd, "%s --model %s --port 0 --allow-root 2>&1", daemon_bin_path("neurocached"), dir);
+    CHECK(run_capture(cmd, out, sizeof out) == 1);
+    CHECKF(!strstr(out, "listening") && strstr(out, "startup failed") && strstr(out, "config.json"),
+           "an empty model directory: %s", out);
+    rmdir(dir);
+    /* a misspelt flag and a missing value: one line each, naming the help */
+    snprintf(cmd, sizeof cmd, "%s --prot 8080 2>&1", daemon_bin_path("neurocached"));
+    CHECK(run_capture(cmd, out, sizeof out) == 2);
+    CHECKF(!strcmp(out, "neurocached: unknown option '--prot' (did you mean '--port'?); see 'neurocached --help'\n"),
+           "said '%s'", out);
+    snprintf(cmd, sizeof cmd, "%s --model 2>&1", daemon_bin_path("neurocached"));
+    CHECK(run_capture(cmd, out, sizeof out) == 2);
+    CHECKF(!strcmp(out, "neurocached: option '--model' needs a value; see 'neurocached --help'\n"), "said '%s'", out);
 }
 
 /* config/neurocached.conf sets every option of the table, in its section,

@@ -426,6 +426,13 @@ TEST(malformed_request_line)
         int closed;
         char *a = raw_read(fd, 5000, &closed);
         CHECKF(status_of(a) == 400 && strstr(a, "malformed_request"), "answer %d: %.200s", i, a);
+        /* its JSON body ends with a newline, as every answer's (and the
+         * Content-Length counts it: the body is read up to the close) */
+        const char *body = a ? strstr(a, "\r\n\r\n") : NULL;
+        const char *cl = a ? strcasestr(a, "Content-Length: ") : NULL;
+        CHECKF(body && cl && strlen(body + 4) == strtoul(cl + 16, NULL, 10) && strlen(body + 4) > 2 &&
+                   !strcmp(body + strlen(body) - 2, "}\n"),
+               "answer %d's body: %.200s", i, body ? body + 4 : "(none)");
         free(a);
         /* and the connection is closed */
         char c;

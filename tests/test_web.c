@@ -79,6 +79,8 @@ TEST(page_served_without_key_api_still_needs_one)
     check_file(d.port, "/", "index.html", "text/html");
     check_file(d.port, "/web/app.js", "app.js", "text/javascript");
     check_file(d.port, "/web/style.css", "style.css", "text/css");
+    /* the icon, where browsers ask for it, compiled in as the page's files are */
+    check_file(d.port, "/favicon.ico", "favicon.ico", "image/x-icon");
     http_resp r;
     httpc_set_bearer(NULL);
     http_call(d.port, "GET", "/web/nope.js", NULL, NULL, 0, &r);
@@ -140,8 +142,8 @@ TEST(web_false_turns_the_page_off)
     }
     http_resp r;
     httpc_set_bearer(NULL);
-    const char *paths[] = {"/", "/web/app.js"};
-    for (int i = 0; i < 2; i++) {
+    const char *paths[] = {"/", "/web/app.js", "/favicon.ico"};
+    for (int i = 0; i < 3; i++) {
         http_call(d.port, "GET", paths[i], NULL, NULL, 0, &r);
         CHECKF(r.status == 404, "GET %s with web = false: %ld", paths[i], r.status);
         CHECK_STR_CONTAINS(r.body, "web = false");
@@ -248,8 +250,8 @@ TEST(browser)
     const char *chromium = getenv("CHROMIUM") ? getenv("CHROMIUM") : "/usr/bin/chromium";
     char pc[512];
     snprintf(pc, sizeof pc, "%s/puppeteer-core/package.json", modules);
-    CHECKF(access(pc, R_OK) == 0, "%s missing: run make deps (scripts/deps.sh installs tests/web with npm ci)", pc);
-    CHECKF(access(chromium, X_OK) == 0, "%s missing: run make deps (Debian's chromium)", chromium);
+    CHECKF(access(pc, R_OK) == 0, "%s missing: run make deps-test (scripts/deps.sh installs tests/web with npm ci)", pc);
+    CHECKF(access(chromium, X_OK) == 0, "%s missing: run make deps-test (Debian's chromium)", chromium);
     if (access(pc, R_OK) != 0 || access(chromium, X_OK) != 0) {
         daemon_stop(&d);
         return;

@@ -2,9 +2,9 @@
 #include "cacheopts.h"
 
 #include <errno.h>
-#include <pthread.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,15 +15,61 @@
 #include <cblas.h>
 
 #include "buf.h"
+#include "suggest.h"
 
-static char help_text[4096];
+static char help_text[6144];
+
+/* The CLI's own cache options, after the knobs (codes CO_INDEX...). */
+static const struct option own_cache_opts[] = {
+    {"index", required_argument, NULL, CO_INDEX},
+    {"switch-at", required_argument, NULL, CO_SWITCH_AT},
+    {"threads", required_argument, NULL, CO_THREADS},
+    {"memory", required_argument, NULL, CO_MEMORY},
+};
+
+/* A cache option's name by its getopt code: the knob's flag, or the CLI's own. */
+static const char *code_name(int code)
+{
+    size_t n;
+    const nc_cache_knob *k = cache_knobs(&n);
+    if (code > CO_FIRST && code - CO_FIRST - 1 < (int)n)
+        return k[code - CO_FIRST - 1].flag;
+    for (size_t i = 0; i < sizeof own_cache_opts / sizeof *own_cache_opts; i++)
+        if (own_cache_opts[i].val == code)
+            return own_cache_opts[i].name;
+    return "?";
+}
+
+void cacheopts_options(const struct option *own, struct option *out)
+{
+    size_t o = 0, n, rows = 0, aliases = 0;
+    const nc_cache_knob *k = cache_knobs(&n);
+    while (own && own[rows].name)
+        rows++;
+    for (size_t i = 0; i < n; i++)
+        aliases += k[i].alias != NULL;
+    if (rows + n + aliases + sizeof own_cache_opts / sizeof *own_cache_opts + 1 > CACHEOPTS_MAX)
+        abort();   /* a command with more options than the table holds: a programming error */
+    for (; o < rows; o++)
+        out[o] = own[o];
+    for (size_t i = 0; i < n; i++) {
+        int has_arg = k[i].type == NC_KNOB_BOOL ? no_argument : required_argument;
+        out[o++] = (struct option){k[i].flag, has_arg, NULL, CO_FIRST + 1 + (int)i};
+        if (k[i].alias)
+            out[o++] = (struct option){k[i].alias, has_arg, NULL, CO_FIRST + 1 + (int)i};
+    }
+    for (size_t i = 0; i < sizeof own_cache_opts / sizeof *own_cache_opts; i++)
+        out[o++] = own_cache_opts[i];
+    out[o] = (struct option){NULL, 0, NULL, 0};
+}
 
 static void build_help(void)
 {
     size_t n, o = 0;
     const nc_cache_knob *k = cache_knobs(&n);
 #define ADD(...) do { if (o < sizeof help_text) o += (size_t)snprintf(help_text + o, sizeof help_text - o, __VA_ARGS__); } while (0)
-    ADD("cache options (all off by default; design §4):\n");
+    ADD("cache options (all off by default; design §4; each is the JSON/config knob\n"
+        "of the same name with '-' for '_'; older names in brackets still work):\n");
     for (size_t i = 0; i < n; i++) {
         char opt[64];
         snprintf(opt, sizeof opt, "--%s%s", k[i].flag,
@@ -33,6 +79,8 @@ static void build_help(void)
             ADD(" [%g, %g]", k[i].min, k[i].max);
         if (k[i].type != NC_KNOB_BOOL)
             ADD(" (default %s)", k[i].def);
+        if (k[i].alias)
+            ADD(" [--%s]", k[i].alias);
         ADD("\n");
     }
     ADD("  --index FILE           trained index (default: the model's unbounded.faiss if present)\n"
@@ -66,6 +114,68 @@ void cacheopts_start(cacheopts *co)
 bool cacheopts_given(const cacheopts *co, int code)
 {
     return code > CO_FIRST && code < CO_LAST && co->seen[code - CO_FIRST];
+}
+
+int co_usage_error(const char *cmd, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "neurocache %s: %s; see 'neurocache %s --help'\n", cmd, msg, cmd);
+    return 2;
+}
+
+/* The knob an option row sets (under its name or its alias), NULL for another option. */
+static const nc_cache_knob *option_knob(const struct option *o)
+{
+    return o->val > CO_FIRST && o->val < CO_INDEX ? cache_knob_by_flag(o->name) : NULL;
+}
+
+const char *co_suggest_option(const struct option *opts, const char *arg)
+{
+    char word[64];
+    size_t len = strcspn(arg, "=");
+    while (len > 0 && *arg == '-')
+        arg++, len--;
+    snprintf(word, sizeof word, "%.*s", (int)len, arg);
+    nc_suggest s;
+    suggest_init(&s, word);
+    for (size_t i = 0; opts[i].name; i++) {
+        const nc_cache_knob *k = option_knob(&opts[i]);
+        suggest_offer_as(&s, opts[i].name, k ? k->flag : opts[i].name);
+    }
+    return suggest_best(&s);
+}
+
+int co_bad_option(const char *cmd, const struct option *opts, int code, char **argv)
+{
+    const char *arg = argv[optind - 1];
+    if (code == ':')
+        return co_usage_error(cmd, "option '%s' needs a value", arg);
+    /* an unknown option: getopt_long takes unique prefixes, so a prefix of
+     * several is ambiguous rather than unknown */
+    if (!strncmp(arg, "--", 2) && arg[2]) {
+        size_t len = strcspn(arg + 2, "="), nm = 0;
+        char list[256] = "";
+        for (size_t i = 0; opts[i].name; i++) {
+            const nc_cache_knob *k = option_knob(&opts[i]);
+            if (k && strcmp(k->flag, opts[i].name))
+                continue;   /* an alias: its knob is listed under its name */
+            if (!strncmp(opts[i].name, arg + 2, len)) {
+                nm++;
+                size_t o = strlen(list);
+                snprintf(list + o, sizeof list - o, "%s--%s", o ? ", " : "", opts[i].name);
+            }
+        }
+        if (nm > 1)
+            return co_usage_error(cmd, "option '%s' is ambiguous (%s)", arg, list);
+    }
+    const char *near = co_suggest_option(opts, arg);
+    if (near)
+        return co_usage_error(cmd, "unknown option '%s' (did you mean '--%s'?)", arg, near);
+    return co_usage_error(cmd, "unknown option '%s'", arg);
 }
 
 bool co_parse_int(const char *s, long lo, long hi, long *out)
@@ -179,43 +289,45 @@ int cacheopts_parse(cacheopts *co, int code, const char *arg, const char *cmd)
     case CO_MEMORY: co->memory_path = arg; break;
     }
     return 1;
-bad:;
-    static const char *names[] = {"index", "switch-at", "threads", "memory"};
-    fprintf(stderr, "neurocache %s: bad value '%s' for --%s\n", cmd, arg, names[code - CO_INDEX]);
+bad:
+    fprintf(stderr, "neurocache %s: bad value '%s' for --%s\n", cmd, arg, code_name(code));
     return -1;
 }
 
 int cacheopts_finish(cacheopts *co, const char *cmd)
 {
+    /* option opt needs option needs (its cache); the message is built from
+     * the names, with what needs wants for a value and a hint */
     static const struct {
         int opt, needs;
-        const char *msg;
+        const char *value, *hint;
     } rules[] = {
-        {CO_KNOB_unigram_lambda, CO_KNOB_unigram_size, "--unigram-lambda needs --unigram-cache N"},
-        {CO_KNOB_neural_theta, CO_KNOB_neural_size, "--theta needs --neural-cache N"},
-        {CO_KNOB_neural_lambda, CO_KNOB_neural_size, "--lambda needs --neural-cache N (for the unbounded cache use --unbounded-lambda)"},
-        {CO_KNOB_global_norm, CO_KNOB_neural_size, "--global-norm needs --neural-cache N"},
-        {CO_KNOB_neural_alpha, CO_KNOB_global_norm, "--alpha needs --global-norm"},
-        {CO_KNOB_neural_f16, CO_KNOB_neural_size, "--f16-keys needs --neural-cache N"},
-        {CO_KNOB_knn, CO_KNOB_unbounded, "--knn needs --unbounded"},
-        {CO_KNOB_nprobe, CO_KNOB_unbounded, "--nprobe needs --unbounded"},
-        {CO_KNOB_unbounded_lambda, CO_KNOB_unbounded, "--unbounded-lambda needs --unbounded"},
-        {CO_KNOB_exact, CO_KNOB_unbounded, "--exact needs --unbounded"},
-        {CO_KNOB_kernel, CO_KNOB_unbounded, "--kernel needs --unbounded"},
-        {CO_INDEX, CO_KNOB_unbounded, "--index needs --unbounded"},
-        {CO_SWITCH_AT, CO_KNOB_unbounded, "--switch-at needs --unbounded"},
-        {CO_MEMORY, CO_KNOB_unbounded, "--memory needs --unbounded"},
-        {CO_KNOB_uniform_mu, CO_KNOB_open_vocab, "--uniform-mu needs --open-vocab"},
-        {CO_KNOB_vocab_size_full, CO_KNOB_open_vocab, "--vocab-size-full needs --open-vocab"},
-        {CO_KNOB_gate_skip, CO_KNOB_gate, "--gate-skip needs --gate"},
+        {CO_KNOB_unigram_lambda, CO_KNOB_unigram_size, " N", ""},
+        {CO_KNOB_neural_theta, CO_KNOB_neural_size, " N", ""},
+        {CO_KNOB_neural_lambda, CO_KNOB_neural_size, " N", " (for the unbounded cache use --unbounded-lambda)"},
+        {CO_KNOB_global_norm, CO_KNOB_neural_size, " N", ""},
+        {CO_KNOB_neural_alpha, CO_KNOB_global_norm, "", ""},
+        {CO_KNOB_neural_f16, CO_KNOB_neural_size, " N", ""},
+        {CO_KNOB_knn, CO_KNOB_unbounded, "", ""},
+        {CO_KNOB_nprobe, CO_KNOB_unbounded, "", ""},
+        {CO_KNOB_unbounded_lambda, CO_KNOB_unbounded, "", ""},
+        {CO_KNOB_exact, CO_KNOB_unbounded, "", ""},
+        {CO_KNOB_kernel, CO_KNOB_unbounded, "", ""},
+        {CO_INDEX, CO_KNOB_unbounded, "", ""},
+        {CO_SWITCH_AT, CO_KNOB_unbounded, "", ""},
+        {CO_MEMORY, CO_KNOB_unbounded, "", ""},
+        {CO_KNOB_uniform_mu, CO_KNOB_open_vocab, "", ""},
+        {CO_KNOB_vocab_size_full, CO_KNOB_open_vocab, "", ""},
+        {CO_KNOB_gate_skip, CO_KNOB_gate, "", ""},
     };
     for (size_t i = 0; i < sizeof rules / sizeof *rules; i++)
         if (cacheopts_given(co, rules[i].opt) && !cacheopts_given(co, rules[i].needs)) {
-            fprintf(stderr, "neurocache %s: %s\n", cmd, rules[i].msg);
+            fprintf(stderr, "neurocache %s: --%s needs --%s%s%s\n", cmd, code_name(rules[i].opt),
+                    code_name(rules[i].needs), rules[i].value, rules[i].hint);
             return 2;
         }
     if (cacheopts_given(co, CO_KNOB_neural_lambda) && co->p.global_norm) {
-        fprintf(stderr, "neurocache %s: --lambda is for linear interpolation; with --global-norm use --alpha\n",
+        fprintf(stderr, "neurocache %s: --neural-lambda is for linear interpolation; with --global-norm use --neural-alpha\n",
                 cmd);
         return 2;
     }
@@ -526,6 +638,6 @@ int co_gnuplot(const char *script, char *err, size_t errlen)
     fputs(script, g);
     int st = pclose(g);
     if (st != 0)
-        return nc_error(err, errlen, NC_EIO, "gnuplot failed (status %d; is gnuplot installed? make deps)", st);
+        return nc_error(err, errlen, NC_EIO, "gnuplot failed (status %d; is gnuplot installed? apt-get install gnuplot-nox, or make deps-test)", st);
     return NC_OK;
 }

@@ -17,19 +17,13 @@ enum {
 };
 #undef CO_KNOB_CODE
 
-/* A BOOL knob is a flag without argument (--unbounded). */
-#define CO_ARG_INT required_argument
-#define CO_ARG_FLOAT required_argument
-#define CO_ARG_FLOAT_BELOW_MAX required_argument
-#define CO_ARG_KERNEL required_argument
-#define CO_ARG_BOOL no_argument
-#define CO_KNOB_LONG(name, flag, type, min, max, def, doc) {flag, CO_ARG_##type, NULL, CO_KNOB_##name},
-#define CACHEOPTS_LONG \
-    NC_CACHE_KNOBS(CO_KNOB_LONG) \
-    {"index", required_argument, NULL, CO_INDEX}, \
-    {"switch-at", required_argument, NULL, CO_SWITCH_AT}, \
-    {"threads", required_argument, NULL, CO_THREADS}, \
-    {"memory", required_argument, NULL, CO_MEMORY}
+/* The getopt_long table of a command: its own rows (own, up to its {NULL}
+ * row), then each knob under its name with '-' (--neural-theta; a BOOL knob
+ * takes no argument) and under its older alias (--theta), then the CLI's own
+ * cache options (--index, --switch-at, --threads, --memory) and the ending
+ * row. out must hold CACHEOPTS_MAX rows. */
+#define CACHEOPTS_MAX 128
+void cacheopts_options(const struct option *own, struct option *out);
 
 typedef struct {
     nc_cache_params p;
@@ -89,6 +83,19 @@ int co_score_cached(const nc_model *m, const cacheopts *co, const nc_tokens *tok
 /* Runs gnuplot on script (a whole program, ending with the plot command).
  * NC_EIO with the reason if gnuplot is missing or fails. */
 int co_gnuplot(const char *script, char *err, size_t errlen);
+
+/* Usage errors, one line on stderr: "neurocache CMD: MESSAGE; see
+ * 'neurocache CMD --help'" (not the whole help, which would bury it).
+ * Returns 2, the usage error's exit status. */
+int co_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* getopt_long's complaint about argv[optind - 1] as a usage error: code
+ * ':' (the option needs a value) or anything else (unknown, or an
+ * ambiguous prefix), with the nearest option of opts (a knob's alias
+ * answers with its name): "unknown option '--neural-sise' (did you mean
+ * '--neural-size'?)". Returns 2. */
+int co_bad_option(const char *cmd, const struct option *opts, int code, char **argv);
+/* The name of opts' option nearest to arg ("--neural-sise=5" -> "neural-size"), or NULL. */
+const char *co_suggest_option(const struct option *opts, const char *arg);
 
 /* Helpers for the tools: strict number parsing; comma lists. */
 bool co_parse_int(const char *s, long lo, long hi, long *out);

@@ -112,22 +112,14 @@ int cmd_build_index(int argc, char **argv)
             }
             break;
         case 'h': usage(stdout); return 0;
-        case ':':
-            fprintf(stderr, "neurocache build-index: option '%s' needs a value\n", argv[optind - 1]);
-            return 2;
-        default:
-            fprintf(stderr, "neurocache build-index: unknown option '%s'\n(see 'neurocache build-index --help')\n",
-                    argv[optind - 1]);
-            return 2;
+        default: return co_bad_option("build-index", opts, c, argv);
         }
     }
     if (!model_dir || !corpus || optind != argc) {
-        fprintf(stderr, "neurocache build-index: %s\n\n",
-                !model_dir ? "--model DIR is required"
-                : !corpus  ? "--corpus FILE is required"
-                           : "unexpected argument");
-        usage(stderr);
-        return 2;
+        return co_usage_error("build-index", "%s",
+                              !model_dir ? "--model DIR is required"
+                              : !corpus  ? "--corpus FILE is required"
+                                         : "unexpected argument");
     }
     /* one OpenMP thread unless asked (see cacheopts_finish): FAISS's
      * spin-waiting threads are slowest exactly when the cores are busy */

@@ -34,9 +34,11 @@ static void usage(FILE *out)
             "  --bos eos|none       start state (default eos, as `score`)\n"
             "  --csv FILE           also write the table as CSV\n"
             "  --sweep KNOB=LIST    one row per value instead of the table; KNOB is one of\n"
-            "                       neural-cache, unigram-cache, knn, theta, lambda, alpha,\n"
-            "                       unbounded-lambda, unigram-lambda (the other knobs as\n"
-            "                       given); writes PREFIX.csv and PREFIX.png (gnuplot)\n"
+            "                       neural-size, unigram-size, knn, neural-theta,\n"
+            "                       neural-lambda, neural-alpha, unbounded-lambda,\n"
+            "                       unigram-lambda (or an older name: neural-cache, theta...;\n"
+            "                       the other knobs as given); writes PREFIX.csv and\n"
+            "                       PREFIX.png (gnuplot)\n"
             "  --out PREFIX         sweep output prefix (default sweep-KNOB)\n"
             "  --row \"OPTS\"        one more row with these cache options (repeatable; with\n"
             "                       no other cache option: the static row and these only)\n"
@@ -113,10 +115,10 @@ static int parse_row(const char *spec, const cacheopts *main_co, const struct op
     return 0;
 }
 
-/* The sweepable knobs, by their option names; their bounds are the knob
- * table's (core/cache_knobs.h). */
-static const char *const sweepable[] = {"neural-cache", "unigram-cache", "knn", "theta", "lambda",
-                                        "alpha", "unbounded-lambda", "unigram-lambda"};
+/* The sweepable knobs, by their names; --sweep takes their options (or the
+ * older aliases); their bounds are the knob table's (core/cache_knobs.h). */
+static const char *const sweepable[] = {"neural_size", "unigram_size", "knn", "neural_theta", "neural_lambda",
+                                        "neural_alpha", "unbounded_lambda", "unigram_lambda"};
 
 /* Sets the swept knob; a knob of a cache that is off switches the cache on
  * (the neural and unigram ones with N = 2000). */
@@ -125,18 +127,34 @@ static int set_knob(nc_cache_params *p, const nc_cache_knob *k, double v, char *
     int rc = cache_knob_set_number(p, k, v, err, errlen);
     if (rc != NC_OK)
         return rc;
-    const char *f = k->flag;
-    if (!strcmp(f, "knn") || !strcmp(f, "unbounded-lambda"))
+    const char *f = k->name;
+    if (!strcmp(f, "knn") || !strcmp(f, "unbounded_lambda"))
         p->unbounded = true;
-    if (!strcmp(f, "lambda"))
+    if (!strcmp(f, "neural_lambda"))
         p->global_norm = false;
-    if (!strcmp(f, "alpha"))
+    if (!strcmp(f, "neural_alpha"))
         p->global_norm = true;
-    if ((!strcmp(f, "theta") || !strcmp(f, "lambda") || !strcmp(f, "alpha")) && p->neural_size == 0)
+    if ((!strcmp(f, "neural_theta") || !strcmp(f, "neural_lambda") || !strcmp(f, "neural_alpha")) &&
+        p->neural_size == 0)
         p->neural_size = 2000;
-    if (!strcmp(f, "unigram-lambda") && p->unigram_size == 0)
+    if (!strcmp(f, "unigram_lambda") && p->unigram_size == 0)
         p->unigram_size = 2000;
     return NC_OK;
+}
+
+/* The sweepable knob named by --sweep's "KNOB=..." (an option or an alias), or NULL. */
+static const nc_cache_knob *swept_knob(const char *sweep)
+{
+    const char *eq = strchr(sweep, '=');
+    char flag[64];
+    if (!eq || (size_t)(eq - sweep) >= sizeof flag)
+        return NULL;
+    snprintf(flag, sizeof flag, "%.*s", (int)(eq - sweep), sweep);
+    const nc_cache_knob *k = cache_knob_by_flag(flag);
+    for (size_t i = 0; k && i < sizeof sweepable / sizeof *sweepable; i++)
+        if (!strcmp(k->name, sweepable[i]))
+            return k;
+    return NULL;
 }
 
 static void add_row(row *rows, int *n, const nc_cache_params *p)
@@ -318,7 +336,7 @@ static const char *base_name(const char *p)
 static int write_sweep_plot(const char *prefix, const char *knob, char *err, size_t errlen)
 {
     char script[4096];
-    bool logx = !strcmp(knob, "neural-cache") || !strcmp(knob, "unigram-cache") || !strcmp(knob, "knn");
+    bool logx = !strcmp(knob, "neural-size") || !strcmp(knob, "unigram-size") || !strcmp(knob, "knn");
     snprintf(script, sizeof script,
              "set terminal pngcairo size 800,500\n"
              "set output '%s.png'\n"
@@ -341,13 +359,15 @@ static int write_sweep_plot(const char *prefix, const char *knob, char *err, siz
 
 int cmd_eval(int argc, char **argv)
 {
-    static const struct option opts[] = {
+    static const struct option own[] = {
         {"model", required_argument, NULL, OPT_MODEL}, {"bos", required_argument, NULL, OPT_BOS},
         {"csv", required_argument, NULL, OPT_CSV},     {"sweep", required_argument, NULL, OPT_SWEEP},
         {"out", required_argument, NULL, OPT_OUT},     {"help", no_argument, NULL, OPT_HELP},
         {"row", required_argument, NULL, OPT_ROW},
-        CACHEOPTS_LONG,                                {NULL, 0, NULL, 0},
+        {NULL, 0, NULL, 0},
     };
+    struct option opts[CACHEOPTS_MAX];
+    cacheopts_options(own, opts);
     const char *model_dir = NULL, *csv_path = NULL, *sweep = NULL, *out_prefix = NULL, *extra[MAX_EXTRA];
     int nextra = 0;
     bool bos_eos = true;
@@ -377,22 +397,17 @@ int cmd_eval(int argc, char **argv)
         case 'h':
         case OPT_HELP: usage(stdout); return 0;
         case ':':
-            fprintf(stderr, "neurocache eval: option '%s' needs a value\n", argv[optind - 1]);
-            return 2;
+            return co_bad_option("eval", opts, c, argv);
         default:
             switch (cacheopts_parse(&co, c, optarg, "eval")) {
             case 1: continue;
             case -1: return 2;
             }
-            fprintf(stderr, "neurocache eval: unknown option '%s'\n(see 'neurocache eval --help')\n",
-                    argv[optind - 1]);
-            return 2;
+            return co_bad_option("eval", opts, c, argv);
         }
     }
     if (!model_dir || optind >= argc) {
-        fprintf(stderr, "neurocache eval: %s\n\n", !model_dir ? "--model DIR is required" : "FILE is required");
-        usage(stderr);
-        return 2;
+        return co_usage_error("eval", "%s", !model_dir ? "--model DIR is required" : "FILE is required");
     }
     if (out_prefix && !sweep) {
         fprintf(stderr, "neurocache eval: --out needs --sweep\n");
@@ -400,19 +415,19 @@ int cmd_eval(int argc, char **argv)
     }
     /* a sweep of a cache's size switches that cache on: its knobs are then
      * legal without the size option */
-    static const struct { const char *prefix; int code; } sweep_on[] = {
-        {"neural-cache=", CO_KNOB_neural_size}, {"unigram-cache=", CO_KNOB_unigram_size}, {"knn=", CO_KNOB_unbounded},
-        {"unbounded-lambda=", CO_KNOB_unbounded}};
-    for (size_t i = 0; sweep && i < sizeof sweep_on / sizeof *sweep_on; i++)
-        if (!strncmp(sweep, sweep_on[i].prefix, strlen(sweep_on[i].prefix))) {
-            co.seen[sweep_on[i].code - CO_FIRST] = 1;
-            if (sweep_on[i].code == CO_KNOB_neural_size && co.p.neural_size == 0)
-                co.p.neural_size = 2000;
-            if (sweep_on[i].code == CO_KNOB_unigram_size && co.p.unigram_size == 0)
-                co.p.unigram_size = 2000;
-            if (sweep_on[i].code == CO_KNOB_unbounded)
-                co.p.unbounded = true;
-        }
+    const nc_cache_knob *sk = sweep ? swept_knob(sweep) : NULL;
+    if (sk && !strcmp(sk->name, "neural_size")) {
+        co.seen[CO_KNOB_neural_size - CO_FIRST] = 1;
+        if (co.p.neural_size == 0)
+            co.p.neural_size = 2000;
+    } else if (sk && !strcmp(sk->name, "unigram_size")) {
+        co.seen[CO_KNOB_unigram_size - CO_FIRST] = 1;
+        if (co.p.unigram_size == 0)
+            co.p.unigram_size = 2000;
+    } else if (sk && (!strcmp(sk->name, "knn") || !strcmp(sk->name, "unbounded_lambda"))) {
+        co.seen[CO_KNOB_unbounded - CO_FIRST] = 1;
+        co.p.unbounded = true;
+    }
     /* with --row, the index options (--switch-at, --index, --memory) serve
      * the rows' unbounded cache */
     if (nextra > 0)
@@ -426,12 +441,11 @@ int cmd_eval(int argc, char **argv)
     char prefix[1024] = "";
     if (sweep) {
         const char *eq = strchr(sweep, '=');
-        for (size_t i = 0; eq && i < sizeof sweepable / sizeof *sweepable; i++)
-            if (strlen(sweepable[i]) == (size_t)(eq - sweep) && !strncmp(sweep, sweepable[i], (size_t)(eq - sweep)))
-                swept = cache_knob_by_flag(sweepable[i]);
+        swept = sk;
         if (!swept) {
-            fprintf(stderr, "neurocache eval: --sweep wants KNOB=V1,V2,... with KNOB one of neural-cache, "
-                            "unigram-cache, knn, theta, lambda, alpha, unbounded-lambda, unigram-lambda\n");
+            fprintf(stderr, "neurocache eval: --sweep wants KNOB=V1,V2,... with KNOB one of neural-size, "
+                            "unigram-size, knn, neural-theta, neural-lambda, neural-alpha, unbounded-lambda, "
+                            "unigram-lambda\n");
             return 2;
         }
         double *vals = NULL;
@@ -442,8 +456,8 @@ int cmd_eval(int argc, char **argv)
         }
         for (int i = 0; i < nv; i++) {
             double v = vals[i];
-            if (!strcmp(swept->flag, "lambda") && cacheopts_given(&co, CO_KNOB_global_norm)) {
-                fprintf(stderr, "neurocache eval: --sweep lambda is for linear interpolation, not --global-norm\n");
+            if (!strcmp(swept->name, "neural_lambda") && cacheopts_given(&co, CO_KNOB_global_norm)) {
+                fprintf(stderr, "neurocache eval: --sweep neural-lambda is for linear interpolation, not --global-norm\n");
                 free(vals);
                 return 2;
             }

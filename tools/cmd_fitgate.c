@@ -19,8 +19,8 @@ static void usage(FILE *out)
             "usage: neurocache fit-gate --model DIR --valid FILE [cache options] [options]\n"
             "\n"
             "Fits the adaptive mixture's gate on FILE: per token, the weights of the\n"
-            "components switched on by the cache options (model, --neural-cache,\n"
-            "--unigram-cache, --unbounded, --open-vocab's uniform term) from features\n"
+            "components switched on by the cache options (model, --neural-size,\n"
+            "--unigram-size, --unbounded, --open-vocab's uniform term) from features\n"
             "known before the next word (p_vocab's entropy and max, the neural cache's\n"
             "attention, the unbounded cache's distances and neighbour words), by\n"
             "maximising the mixture's log-likelihood, starting from the constant weights\n"
@@ -50,14 +50,16 @@ enum { OPT_MODEL = 1, OPT_VALID, OPT_OUT, OPT_BOS, OPT_ITERS, OPT_L2, OPT_MAXLOS
 
 int cmd_fit_gate(int argc, char **argv)
 {
-    static const struct option opts[] = {
+    static const struct option own[] = {
         {"model", required_argument, NULL, OPT_MODEL}, {"valid", required_argument, NULL, OPT_VALID},
         {"out", required_argument, NULL, OPT_OUT},     {"bos", required_argument, NULL, OPT_BOS},
         {"iters", required_argument, NULL, OPT_ITERS}, {"l2", required_argument, NULL, OPT_L2},
         {"max-loss", required_argument, NULL, OPT_MAXLOSS}, {"help", no_argument, NULL, OPT_HELP},
         {"hidden", required_argument, NULL, OPT_HIDDEN}, {"seed", required_argument, NULL, OPT_SEED},
-        CACHEOPTS_LONG,                                {NULL, 0, NULL, 0},
+        {NULL, 0, NULL, 0},
     };
+    struct option opts[CACHEOPTS_MAX];
+    cacheopts_options(own, opts);
     const char *model_dir = NULL, *valid = NULL, *out_dir = NULL;
     bool bos_eos = true;
     long iters = 200, hidden = 0, seed = 1;
@@ -114,24 +116,19 @@ int cmd_fit_gate(int argc, char **argv)
         case 'h':
         case OPT_HELP: usage(stdout); return 0;
         case ':':
-            fprintf(stderr, "neurocache fit-gate: option '%s' needs a value\n", argv[optind - 1]);
-            return 2;
+            return co_bad_option("fit-gate", opts, c, argv);
         default:
             switch (cacheopts_parse(&co, c, optarg, "fit-gate")) {
             case 1: continue;
             case -1: return 2;
             }
-            fprintf(stderr, "neurocache fit-gate: unknown option '%s'\n(see 'neurocache fit-gate --help')\n",
-                    argv[optind - 1]);
-            return 2;
+            return co_bad_option("fit-gate", opts, c, argv);
         }
     }
     if (!model_dir || !valid || optind != argc) {
-        fprintf(stderr, "neurocache fit-gate: %s\n\n", !model_dir ? "--model DIR is required"
-                                                      : !valid   ? "--valid FILE is required"
-                                                                 : "unexpected argument (the file goes after --valid)");
-        usage(stderr);
-        return 2;
+        return co_usage_error("fit-gate", "%s", !model_dir ? "--model DIR is required"
+                                                : !valid   ? "--valid FILE is required"
+                                                           : "unexpected argument (the file goes after --valid)");
     }
     if (cacheopts_given(&co, CO_KNOB_gate) || cacheopts_given(&co, CO_KNOB_gate_skip)) {
         fprintf(stderr, "neurocache fit-gate: --gate/--gate-skip use a gate; fit-gate fits one\n");
@@ -141,7 +138,7 @@ int cmd_fit_gate(int argc, char **argv)
         return 2;
     nc_cache_params *p = &co.p;
     if (p->neural_size == 0 && p->unigram_size == 0 && !p->unbounded && !(p->open_vocab && p->uniform_mu > 0)) {
-        fprintf(stderr, "neurocache fit-gate: switch on at least one cache (--neural-cache N, --unigram-cache N, "
+        fprintf(stderr, "neurocache fit-gate: switch on at least one cache (--neural-size N, --unigram-size N, "
                         "--unbounded) for the gate to weigh\n");
         return 2;
     }

@@ -10,6 +10,7 @@
 
 #include "atomicfile.h"
 #include "buf.h"
+#include "cacheopts.h"
 #include "commands.h"
 #include "httpclient.h"
 #include "nc_common.h"
@@ -68,17 +69,20 @@ int cmd_migrate(int argc, char **argv)
             copy = 1;
         } else if (dst && i + 1 < argc) {
             *dst = argv[++i];
+        } else if (dst) {
+            return co_usage_error("migrate", "option '%s' needs a value", a);
         } else {
-            fprintf(stderr, "neurocache migrate: unknown or incomplete option '%s'\n", a);
-            usage(stderr);
-            return 2;
+            static const struct option known[] = {{"from", 1, NULL, 0}, {"to", 1, NULL, 0}, {"session", 1, NULL, 0},
+                                                  {"as", 1, NULL, 0},   {"save", 1, NULL, 0}, {"key", 1, NULL, 0},
+                                                  {"copy", 0, NULL, 0}, {"help", 0, NULL, 0}, {NULL, 0, NULL, 0}};
+            const char *near = co_suggest_option(known, a);
+            if (near)
+                return co_usage_error("migrate", "unknown option '%s' (did you mean '--%s'?)", a, near);
+            return co_usage_error("migrate", "unknown option '%s'", a);
         }
     }
-    if (!from || !to || !id) {
-        fprintf(stderr, "neurocache migrate: --from, --to and --session are required\n");
-        usage(stderr);
-        return 2;
-    }
+    if (!from || !to || !id)
+        return co_usage_error("migrate", "--from, --to and --session are required");
     if (!as) as = id;
     bearer = NULL;
     if (key && *key) {

@@ -65,14 +65,15 @@ static void progress_bar(size_t done, size_t total, void *ctx)
 
 int cmd_score(int argc, char **argv)
 {
-    static const struct option opts[] = {
+    static const struct option own[] = {
         {"model", required_argument, NULL, 'm'},
         {"bos", required_argument, NULL, 'b'},
         {"format", required_argument, NULL, 'f'},
         {"help", no_argument, NULL, 'h'},
-        CACHEOPTS_LONG,
         {NULL, 0, NULL, 0},
     };
+    struct option opts[CACHEOPTS_MAX];
+    cacheopts_options(own, opts);
     const char *model_dir = NULL;
     nc_bos bos = NC_BOS_EOS;
     bool json = false;
@@ -106,8 +107,7 @@ int cmd_score(int argc, char **argv)
             score_usage(stdout);
             return 0;
         case ':':
-            fprintf(stderr, "neurocache score: option '%s' needs a value\n", argv[optind - 1]);
-            return 2;
+            return co_bad_option("score", opts, c, argv);
         default:
             switch (cacheopts_parse(&co, c, optarg, "score")) {
             case 1:
@@ -115,17 +115,13 @@ int cmd_score(int argc, char **argv)
             case -1:
                 return 2;
             }
-            fprintf(stderr, "neurocache score: unknown option '%s'\n(see 'neurocache score --help')\n",
-                    argv[optind - 1]);
-            return 2;
+            return co_bad_option("score", opts, c, argv);
         }
     }
     if (!model_dir || optind != argc - 1) {
-        fprintf(stderr, "neurocache score: %s\n\n", !model_dir ? "--model DIR is required"
-                                                    : optind >= argc ? "FILE is required"
-                                                                     : "exactly one FILE expected");
-        score_usage(stderr);
-        return 2;
+        return co_usage_error("score", "%s", !model_dir ? "--model DIR is required"
+                                             : optind >= argc ? "FILE is required"
+                                                              : "exactly one FILE expected");
     }
     const char *file = argv[optind];
     if (cacheopts_finish(&co, "score"))

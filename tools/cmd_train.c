@@ -10,7 +10,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cacheopts.h"
 #include "commands.h"
+#include "suggest.h"
 #include "train.h"
 
 /* ---- options table ----------------------------------------------------- */
@@ -337,8 +339,16 @@ int cmd_train(int argc, char **argv)
             if (strlen(options[k].name) == nlen && !strncmp(options[k].name, arg, nlen))
                 break;
         if (k == sizeof options / sizeof options[0]) {
-            fprintf(stderr, "neurocache train: unknown option '%s' (see --help)\n", arg);
-            return 2;
+            nc_suggest sg;
+            char word[64];
+            snprintf(word, sizeof word, "%.*s", (int)nlen, arg);
+            suggest_init(&sg, word);
+            for (k = 0; k < sizeof options / sizeof options[0]; k++)
+                if (options[k].help)   /* not the test hooks */
+                    suggest_offer(&sg, options[k].name);
+            if (suggest_best(&sg))
+                return co_usage_error("train", "unknown option '%s' (did you mean '%s'?)", arg, suggest_best(&sg));
+            return co_usage_error("train", "unknown option '%s'", arg);
         }
         const opt_def *o = &options[k];
         bool takes = o->type != OPT_BOOL_ON && o->type != OPT_BOOL_OFF;
@@ -347,13 +357,10 @@ int cmd_train(int argc, char **argv)
                 val = eq + 1;
             else if (i + 1 < argc)
                 val = argv[++i];
-            else {
-                fprintf(stderr, "neurocache train: %s needs a value\n", o->name);
-                return 2;
-            }
+            else
+                return co_usage_error("train", "option '%s' needs a value", o->name);
         } else if (eq) {
-            fprintf(stderr, "neurocache train: %s takes no value\n", o->name);
-            return 2;
+            return co_usage_error("train", "option '%s' takes no value", o->name);
         }
         if (set_option(o, val, &cli, &x) != 0)
             return 2;
@@ -382,9 +389,7 @@ int cmd_train(int argc, char **argv)
     } else {
         p = cli;
         if (!p.train_path[0] || !p.out_dir[0]) {
-            fprintf(stderr, "neurocache train: --train and --out are required (or --resume DIR)\n\n");
-            usage(stderr);
-            return 2;
+            return co_usage_error("train", "--train and --out are required (or --resume DIR)");
         }
     }
     if (p.threads == 0 && !resume) {

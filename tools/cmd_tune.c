@@ -21,7 +21,7 @@ static void usage(FILE *out)
             "--global-norm), the unigram cache's lambda and the unbounded cache's lambda\n"
             "(alone, and with the neural cache at its best theta, jointly with its lambda or\n"
             "alpha). Stages run for the caches given\n"
-            "(--neural-cache N, --unigram-cache N, --unbounded); with none, the neural cache\n"
+            "(--neural-size N, --unigram-size N, --unbounded); with none, the neural cache\n"
             "with N=2000. The other knobs (--knn, --nprobe, --kernel, --open-vocab, ...) are\n"
             "fixed as given. Prints each stage's best options, writes the grids as CSV and\n"
             "the theta x lambda perplexities as a heat map (gnuplot PNG). With --gate every\n"
@@ -95,14 +95,14 @@ static void options_of(const nc_cache_params *p, char *buf, size_t len)
     buf[0] = '\0';
 #define ADD(...) do { if (o < len) o += (size_t)snprintf(buf + o, len - o, __VA_ARGS__); } while (0)
     if (p->neural_size > 0) {
-        ADD("--neural-cache %d --theta %g ", p->neural_size, (double)p->neural_theta);
+        ADD("--neural-size %d --neural-theta %g ", p->neural_size, (double)p->neural_theta);
         if (p->global_norm)
-            ADD("--global-norm --alpha %g ", (double)p->neural_alpha);
+            ADD("--global-norm --neural-alpha %g ", (double)p->neural_alpha);
         else
-            ADD("--lambda %g ", (double)p->neural_lambda);
+            ADD("--neural-lambda %g ", (double)p->neural_lambda);
     }
     if (p->unigram_size > 0)
-        ADD("--unigram-cache %d --unigram-lambda %g ", p->unigram_size, (double)p->unigram_lambda);
+        ADD("--unigram-size %d --unigram-lambda %g ", p->unigram_size, (double)p->unigram_lambda);
     if (p->unbounded)
         ADD("--unbounded --knn %d --nprobe %d --unbounded-lambda %g%s%s ", p->knn, p->nprobe,
             (double)p->unbounded_lambda, p->kernel == NC_KERNEL_EPANECHNIKOV ? " --kernel epanechnikov" : "",
@@ -148,7 +148,7 @@ static void args_free(tune_args *a)
  * -1 help printed). */
 static int parse_args(int argc, char **argv, tune_args *a)
 {
-    static const struct option opts[] = {
+    static const struct option own[] = {
         {"model", required_argument, NULL, OPT_MODEL},
         {"valid", required_argument, NULL, OPT_VALID},
         {"bos", required_argument, NULL, OPT_BOS},
@@ -160,9 +160,10 @@ static int parse_args(int argc, char **argv, tune_args *a)
         {"out", required_argument, NULL, OPT_OUT},
         {"no-plot", no_argument, NULL, OPT_NOPLOT},
         {"help", no_argument, NULL, OPT_HELP},
-        CACHEOPTS_LONG,
         {NULL, 0, NULL, 0},
     };
+    struct option opts[CACHEOPTS_MAX];
+    cacheopts_options(own, opts);
     int c, bad = 0;
     while (!bad && (c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
@@ -191,25 +192,20 @@ static int parse_args(int argc, char **argv, tune_args *a)
         case 'h':
         case OPT_HELP: usage(stdout); return -1;
         case ':':
-            fprintf(stderr, "neurocache tune: option '%s' needs a value\n", argv[optind - 1]);
-            bad = 2;
+            bad = co_bad_option("tune", opts, c, argv);
             break;
         default:
             switch (cacheopts_parse(&a->co, c, optarg, "tune")) {
             case 1: continue;
             case -1: bad = 2; continue;
             }
-            fprintf(stderr, "neurocache tune: unknown option '%s'\n(see 'neurocache tune --help')\n",
-                    argv[optind - 1]);
-            bad = 2;
+            bad = co_bad_option("tune", opts, c, argv);
         }
     }
     if (!bad && (!a->model_dir || !a->valid || optind != argc)) {
-        fprintf(stderr, "neurocache tune: %s\n\n", !a->model_dir ? "--model DIR is required"
-                                                   : !a->valid   ? "--valid FILE is required"
-                                                                 : "unexpected argument (the file goes after --valid)");
-        usage(stderr);
-        bad = 2;
+        bad = co_usage_error("tune", "%s", !a->model_dir ? "--model DIR is required"
+                                           : !a->valid   ? "--valid FILE is required"
+                                                         : "unexpected argument (the file goes after --valid)");
     }
     return bad;
 }
@@ -220,7 +216,7 @@ static int check_args(tune_args *a)
 {
     const nc_cache_params *g = &a->co.p;
     const char *why = NULL;
-    /* the grids replace the single values: --theta/--lambda/--alpha are errors here */
+    /* the grids replace the single values: --neural-theta/--neural-lambda/--neural-alpha are errors here */
     if (cacheopts_given(&a->co, CO_KNOB_neural_theta) || cacheopts_given(&a->co, CO_KNOB_neural_lambda) ||
         cacheopts_given(&a->co, CO_KNOB_neural_alpha) || cacheopts_given(&a->co, CO_KNOB_unigram_lambda) ||
         cacheopts_given(&a->co, CO_KNOB_unbounded_lambda))
@@ -234,9 +230,9 @@ static int check_args(tune_args *a)
     else if (a->nubl && !g->unbounded)
         why = "--unbounded-lambdas needs --unbounded";
     else if (a->nul && g->unigram_size == 0)
-        why = "--unigram-lambdas needs --unigram-cache N";
+        why = "--unigram-lambdas needs --unigram-size N";
     else if ((a->thetas || a->lambdas) && g->neural_size == 0 && (g->unigram_size > 0 || g->unbounded))
-        why = "--thetas/--lambdas/--alphas need --neural-cache N";
+        why = "--thetas/--lambdas/--alphas need --neural-size N";
     if (why) {
         fprintf(stderr, "neurocache tune: %s\n", why);
         return 2;

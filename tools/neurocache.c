@@ -5,6 +5,7 @@
 #include "commands.h"
 #include "compute.h"
 #include "nc_common.h"
+#include "suggest.h"
 #include "vmath.h"
 
 static const struct {
@@ -39,7 +40,10 @@ int main(int argc, char **argv)
         return 2;
     }
     if (argc < 2) {
-        usage(stderr);
+        char names[256] = "";
+        for (size_t i = 0, o = 0; i < sizeof commands / sizeof commands[0]; i++)
+            o += (size_t)snprintf(names + o, sizeof names - o, "%s%s", i ? ", " : "", commands[i].name);
+        fprintf(stderr, "neurocache: a command is needed (%s); see 'neurocache --help'\n", names);
         return 2;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
@@ -55,7 +59,14 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name))
             return commands[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "neurocache: unknown command '%s'\n\n", argv[1]);
-    usage(stderr);
+    nc_suggest sg;
+    suggest_init(&sg, argv[1]);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        suggest_offer(&sg, commands[i].name);
+    if (suggest_best(&sg))
+        fprintf(stderr, "neurocache: unknown command '%s' (did you mean '%s'?); see 'neurocache --help'\n", argv[1],
+                suggest_best(&sg));
+    else
+        fprintf(stderr, "neurocache: unknown command '%s'; see 'neurocache --help'\n", argv[1]);
     return 2;
 }

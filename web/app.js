@@ -381,11 +381,23 @@ function fmtBits(b) { return b == null ? '–' : (b === Infinity ? '∞' : b.toF
 
 const mapState = { tokens: [], running: false };
 
+/* The map compares the static model with the caches: while the settings
+ * switch no cache on, its right column uses a small neural cache (the
+ * server's theta and lambda) rather than repeat the left one. */
+const MAP_NEURAL_SIZE = 500;
+function mapCache(settings) {
+  if (settings.neural_size > 0 || settings.unigram_size > 0 || settings.unbounded) return { cache: settings, note: '' };
+  return { cache: Object.assign({}, settings, { neural_size: MAP_NEURAL_SIZE }),
+           note: `neural cache ${MAP_NEURAL_SIZE} (the settings switch no cache on)` };
+}
+
 async function runMap() {
   if (mapState.running || !state.model) return;
   const text = $('#map-text').value;
   if (!text.trim()) { showError(new Error('nothing to score: paste a text or choose a file')); return; }
-  const cached = cacheSettings();
+  const { cache: cached, note } = mapCache(cacheSettings());
+  $('#map-cache-note').textContent = note;
+  delete $('#map-status').dataset.done;
   /* the static side: the same settings with every cache off */
   const plain = Object.assign({}, cached, { unigram_size: 0, neural_size: 0, unbounded: false,
                                             global_norm: false, neural_f16: false });

@@ -295,6 +295,23 @@ async function run(browser) {
   await spansHover();
   await shot('map');
 
+  /* ---- the map with no cache in the settings: a small neural cache on its
+   * right, not a copy of the left column */
+  await setField('neural_size', 0);
+  await page.evaluate(() => { delete document.querySelector('#map-status').dataset.done; });
+  await page.click('#map-run');
+  await page.waitForFunction(() => document.querySelector('#map-status').dataset.done === '1', { timeout: 30000 });
+  const plainMap = await page.evaluate(() => ({
+    ppl: [Number(document.querySelector('#ppl-static').dataset.ppl), Number(document.querySelector('#ppl-cached').dataset.ppl)],
+    note: document.querySelector('#map-cache-note').textContent }));
+  const sd = (await api('POST', '/v1/score', { text: MAP_TEXT, final_eos: false,
+    cache: Object.assign({}, model.cache_defaults, { neural_size: 500 }) })).json;
+  check(Math.abs(plainMap.ppl[0] / ss.ppl - 1) < 1e-4 && Math.abs(plainMap.ppl[1] / sd.ppl - 1) < 1e-4 &&
+        plainMap.ppl[1] < plainMap.ppl[0] && /neural cache 500/.test(plainMap.note),
+        `with the default settings the map compares the static model (ppl ${plainMap.ppl[0].toFixed(3)}) with a ` +
+        `neural cache of 500 (${plainMap.ppl[1].toFixed(3)} = /v1/score's ${sd.ppl.toFixed(3)}), and says so`, plainMap.note);
+  await setField('neural_size', 200);
+
   /* ---- a key that may not list namespaces: the server's 403 is shown */
   const setKey = async (k) => {
     await $eval('#api-key', (e, v) => { e.value = v; e.dispatchEvent(new Event('change', { bubbles: true })); }, k);
