@@ -1,5 +1,5 @@
 # neurocache -- adaptive LSTM language-model prediction server.
-# Targets: deps deps-test all test bench asan fuzz run soak demo-model
+# Targets: deps deps-test all test bench asan tsan fuzz run soak demo-model
 # container-test clean. V=1 for verbose.
 
 CC       ?= cc
@@ -7,8 +7,24 @@ BUILD    ?= build
 BIN      ?= bin
 OPT      ?= -O2 -march=x86-64-v2 -g
 SANFLAGS ?=
-CFLAGS   += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE $(OPT) $(SANFLAGS) -MMD -MP -I. -Icore -Istore -Iproto -Iserver
+CFLAGS   += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE $(OPT) $(SANFLAGS) -MMD -MP
+# Include paths per folder keep the layering in the build: a folder sees its
+# own headers and those of the layers below it, so `#include "server.h"` in a
+# core file does not compile (tests/check_layering.sh proves it). core is
+# the bottom; store and proto sit on core; tools (the CLI) on proto and core;
+# server, the tests and the generated web page see everything.
+INC_core   := -Icore
+INC_store  := -Istore -Icore
+INC_proto  := -Iproto -Icore
+INC_tools  := -Itools -Iproto -Icore
+INC_server := -Iserver -Istore -Iproto -Icore
+INC_tests  := -Itests -Iserver -Istore -Iproto -Icore
+INC_gen    := $(INC_server)
 LDFLAGS  += $(SANFLAGS)
+CXX      ?= g++
+# -fno-sanitize=vptr: UBSan's dynamic-type check needs its C++ runtime, which
+# the C link (cc) of the programs does not bring
+CXXFLAGS += -std=c++17 -Wall -Wextra -Werror $(OPT) $(SANFLAGS) -fno-sanitize=vptr -MMD -MP -I. -Icore
 
 FAISS_C  := build/faiss_c/libfaiss_c.a
 # FAISS's distance and IVFPQ kernels recompiled for this CPU by deps.sh
@@ -28,6 +44,8 @@ Q := @
 endif
 
 CORE_SRC   := $(wildcard core/*.c)
+# C++ of our own where FAISS's C API stops (core/faiss_shim.cpp)
+CORE_CXX_SRC := $(wildcard core/*.cpp)
 STORE_SRC  := $(wildcard store/*.c)
 PROTO_SRC  := $(wildcard proto/*.c)
 SERVER_SRC := $(wildcard server/*.c)
@@ -37,7 +55,7 @@ BENCH_SRC  := $(wildcard tests/bench_*.c)
 TESTLIB_SRC := $(filter-out tests/test_%.c tests/bench_%.c tests/fuzz_%.c tests/soak.c,$(wildcard tests/*.c))
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
-CORE_OBJ   := $(call obj,$(CORE_SRC))
+CORE_OBJ   := $(call obj,$(CORE_SRC)) $(patsubst %.cpp,$(BUILD)/obj/%.o,$(CORE_CXX_SRC))
 STORE_OBJ  := $(call obj,$(STORE_SRC))
 PROTO_OBJ  := $(call obj,$(PROTO_SRC))
 SERVER_OBJ := $(call obj,$(SERVER_SRC))
@@ -57,7 +75,11 @@ WEB_GEN   := $(BUILD)/gen/web_assets.c
 WEB_OBJ   := $(BUILD)/obj/gen/web_assets.o
 LIBSERVER := $(BUILD)/libncserver.a
 
-.PHONY: all deps deps-test container-test test check asan bench fuzz run soak demo-model clean tests
+.PHONY: all deps deps-test container-test test check asan tsan bench fuzz run soak demo-model clean tests print-inc
+
+# The include flags of a folder (tests/check_layering.sh compiles probes with them).
+print-inc:
+	@echo $(INC_$(DIR))
 .DEFAULT_GOAL := all
 
 all: $(BIN)/neurocache $(if $(SERVER_MAIN_OBJ),$(BIN)/neurocached)
@@ -80,7 +102,12 @@ $(FAISS_SIMD_LIB): $(FAISS_C)
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+	$(Q)$(CC) $(CFLAGS) $(INC_$(firstword $(subst /, ,$*))) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cpp
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CXX     $<")
+	$(Q)$(CXX) $(CXXFLAGS) -c $< -o $@
 
 $(LIBCORE): $(CORE_OBJ)
 	@mkdir -p $(dir $@)
@@ -100,7 +127,7 @@ $(WEB_GEN): $(WEB_FILES) scripts/embed_web.sh
 $(WEB_OBJ): $(WEB_GEN)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+	$(Q)$(CC) $(CFLAGS) $(INC_gen) -c $< -o $@
 
 $(LIBSERVER): $(SERVER_LIB_OBJ) $(WEB_OBJ)
 	@mkdir -p $(dir $@)
@@ -137,11 +164,14 @@ $(BUILD)/tests/fuzz_%: $(BUILD)/obj/tests/fuzz_%.o $(LIBSERVER) $(LIBSTORE) $(LI
 # kernel level the CPU supports (run_levels.sh), so an AVX-512 machine also
 # proves the AVX2 and scalar paths. NEUROCACHE_SIMD=scalar make test forces
 # one level for the first pass as well.
+# Checks of the source itself (layering, function length, the lock list of
+# docs/threads.md), each printing "N passed, N failed" like a test binary.
+CHECK_SCRIPTS := $(sort $(wildcard tests/check_*.sh))
 NUMERIC_TESTS := lstm cache cache_ref cache_cli score train model model_errors namespace gate vocab_modes
 NUMERIC_BINS := $(patsubst %,$(BUILD)/tests/test_%,$(NUMERIC_TESTS))
 test: deps-test
 	$(Q)$(MAKE) --no-print-directory tests
-	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) bash tests/run_tests.sh $(TEST_BINS)
+	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) bash tests/run_tests.sh $(TEST_BINS) $(CHECK_SCRIPTS)
 	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) bash tests/run_levels.sh $(NUMERIC_BINS)
 
 check: test
@@ -149,12 +179,35 @@ check: test
 # AddressSanitizer + UndefinedBehaviorSanitizer build of everything, in its
 # own tree, running the same suites.
 asan: deps-test
-	$(Q)$(MAKE) --no-print-directory BUILD=build/asan BIN=build/asan/bin CC=clang \
+	$(Q)$(MAKE) --no-print-directory BUILD=build/asan BIN=build/asan/bin CC=clang CXX=clang++ \
 	    OPT="-O1 -g -fno-omit-frame-pointer" \
 	    SANFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" tests
 	$(Q)ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	    NEUROCACHE_BIN=$(abspath build/asan/bin) NEUROCACHE_SANITIZED=1 \
 	    bash tests/run_tests.sh $(patsubst $(BUILD)/%,build/asan/%,$(TEST_BINS))
+
+# ThreadSanitizer build (clang -fsanitize=thread), in its own tree, running
+# the suites that drive the daemon's threads (docs/threads.md). Every
+# process writes its reports to build/tsan/reports/ (the daemon runs as a
+# child of the tests, so its stderr alone would be lost); the target fails
+# when any report was written, and prints them. tests/tsan.supp names the
+# libraries whose own threads TSan cannot see synchronise (OpenMP, OpenBLAS).
+# test_server_guard is not among them: its checks are the latency bounds of
+# an acceptance (a refusal within 50 ms, an exit within drain_timeout + 2 s),
+# which TSan's 5-15x slowdown breaks without a race (it reported none).
+TSAN_TESTS := server server_stream server_batcher namespace_server namespace replication replicas wal
+TSAN_BINS := $(patsubst %,build/tsan/tests/test_%,$(TSAN_TESTS))
+tsan: deps-test
+	$(Q)$(MAKE) --no-print-directory BUILD=build/tsan BIN=build/tsan/bin CC=clang \
+	    OPT="-O1 -g -fno-omit-frame-pointer" SANFLAGS="-fsanitize=thread" \
+	    build/tsan/bin/neurocache build/tsan/bin/neurocached $(TSAN_BINS)
+	$(Q)rm -rf build/tsan/reports && mkdir -p build/tsan/reports
+	$(Q)TSAN_OPTIONS="log_path=$(abspath build/tsan/reports)/tsan second_deadlock_stack=1 suppressions=$(abspath tests/tsan.supp)" \
+	    OMP_NUM_THREADS=1 NEUROCACHE_BIN=$(abspath build/tsan/bin) NEUROCACHE_SANITIZED=1 \
+	    bash tests/run_tests.sh $(TSAN_BINS); rc=$$?; \
+	    n=$$(ls build/tsan/reports | wc -l); \
+	    if [ "$$n" -gt 0 ]; then cat build/tsan/reports/*; echo "tsan: $$n process(es) reported (build/tsan/reports)"; exit 1; fi; \
+	    echo "tsan: no reports"; exit $$rc
 
 # Fuzzing: every tests/fuzz_*.c under libFuzzer + ASan + UBSan for
 # FUZZ_SECONDS each, from its committed seeds (tests/fuzz/corpus/<name>);
@@ -163,7 +216,7 @@ asan: deps-test
 FUZZ_SECONDS ?= 60
 FUZZ_NAMES := $(patsubst tests/%.c,%,$(wildcard tests/fuzz_*.c))
 fuzz: deps-test
-	$(Q)$(MAKE) --no-print-directory BUILD=build/fuzz BIN=build/fuzz/bin CC=clang \
+	$(Q)$(MAKE) --no-print-directory BUILD=build/fuzz BIN=build/fuzz/bin CC=clang CXX=clang++ \
 	    OPT="-O1 -g -fno-omit-frame-pointer" \
 	    SANFLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
 	    $(addprefix build/fuzz/tests/,$(FUZZ_NAMES))
@@ -207,7 +260,10 @@ demo-model: all
 	    --out $(DEMO_RUN) $(DEMO_TRAIN_ARGS); fi
 	$(Q)mkdir -p models/demo && cp $(DEMO_RUN)/config.json $(DEMO_RUN)/vocab.txt \
 	    $(DEMO_RUN)/model.safetensors $(DEMO_RUN)/curve.csv $(DEMO_RUN)/curve.png models/demo/
-	$(Q)$(BIN)/neurocache build-index --model models/demo --corpus $(DEMO_DATA)/ptb.train.txt --threads 2
+	@# trained on text already in PTB's conventions; it declares them for ordinary text (docs/normalisation.md)
+	$(Q)python3 -c 'import json,sys; p=sys.argv[1]; c=json.load(open(p)); \
+	    c["text"]={"preset": "ptb"}; open(p, "w").write(json.dumps(c, indent=2) + "\n")' models/demo/config.json
+	$(Q)$(BIN)/neurocache build-index --model models/demo --no-normalize --corpus $(DEMO_DATA)/ptb.train.txt --threads 2
 
 # The container really built and run (scripts/container_test.sh): podman
 # builds deploy/docker/Dockerfile on a debootstrapped Debian 12 base and runs
@@ -218,6 +274,6 @@ container-test:
 	$(Q)bash scripts/container_test.sh
 
 clean:
-	rm -rf build/obj build/gen build/tests build/asan build/*.a $(BIN)
+	rm -rf build/obj build/gen build/tests build/asan build/tsan build/*.a $(BIN)
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

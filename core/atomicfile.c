@@ -59,7 +59,7 @@ int atomicfile_rename(nc_atomicfile *a, char *err, size_t errlen)
 
 int atomicfile_sync_dir(const char *dir)
 {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int fd = nc_open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
     if (fd < 0)
         return -1;
     int r = nc_fsync(fd);

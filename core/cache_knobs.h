@@ -56,7 +56,16 @@
       "weigh the components per token with the model's gate (gate.safetensors, neurocache fit-gate)") \
     X(gate_skip, NULL, FLOAT, -1, 1, "-1",                                                      \
       "with the gate: skip the unbounded search when the gate's pre-search unbounded weight is below " \
-      "this; -1 = the gate's own threshold (picked on validation), 0 = always search")
+      "this; -1 = the gate's own threshold (picked on validation), 0 = always search")              \
+    X(dyn_lr, NULL, FLOAT, 0, 1000, "0",                                                           \
+      "dynamic evaluation: learning rate eta of the RMS-normalised step on each segment's loss "       \
+      "(Krause et al. 2018; needs the model's dyneval statistics), 0 = off")                           \
+    X(dyn_decay, NULL, FLOAT, 0, 1, "0.02",                                                     \
+      "dynamic evaluation: decay lambda of the adapted weights towards the trained ones, per segment") \
+    X(dyn_segment, NULL, INT, 1, 10000, "20", "dynamic evaluation: tokens per gradient step")  \
+    X(dyn_params, NULL, INT, 0, 3, "1",                                                        \
+      "dynamic evaluation: weights adapted, each with the decoder bias: 0 = the LSTM biases (sparse), " \
+      "1 = the last LSTM layer, 2 = every LSTM layer, 3 = all weights")
 
 typedef enum { NC_KNOB_INT, NC_KNOB_FLOAT, NC_KNOB_FLOAT_BELOW_MAX, NC_KNOB_BOOL, NC_KNOB_KERNEL } nc_knob_type;
 

@@ -225,6 +225,9 @@ const char *cache_params_describe(const nc_cache_params *p, char *buf, size_t le
             p->exact ? " exact" : "");
     if (p->open_vocab)
         ADD("open-vocab mu=%g ", (double)p->uniform_mu);
+    if (p->dyn_lr > 0.0f)
+        ADD("dyn lr=%g decay=%g n=%d params=%d ", (double)p->dyn_lr, (double)p->dyn_decay, p->dyn_segment,
+            p->dyn_params);
     if (p->gate && p->gate_skip >= 0.0f && p->unbounded)
         ADD("gate skip<%g ", (double)p->gate_skip);
     else if (p->gate)

@@ -3,6 +3,7 @@
 #include "gate.h"
 #include "mixture.h"
 #include "vmath.h"
+#include "fault.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -15,7 +16,7 @@
 int doc_alloc(int dim, int V, size_t n, nc_doc **out, char *err, size_t errlen)
 {
     *out = NULL;
-    nc_doc *d = calloc(1, sizeof *d);
+    nc_doc *d = nc_zalloc(1, sizeof *d);
     if (!d)
         return nc_error(err, errlen, NC_ENOMEM, "document");
     d->dim = dim;
@@ -49,6 +50,7 @@ void doc_free(nc_doc *d)
     nc_free(d->s_target);
     nc_free(d->log_z);
     nc_free(d->vfull);
+    nc_free(d->logits);
     free(d->v_ent);
     free(d->v_logmax);
     free(d->v_argmax);
@@ -72,8 +74,23 @@ int doc_prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *tok
     return doc_prepare_ex(m, s, has_h, toks, words, mem_words, m->gate != NULL, out, err, errlen);
 }
 
+static int prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
+                   nc_wordtable *mem_words, bool vocab_stats, bool keep, nc_doc **out, char *err, size_t errlen);
+
 int doc_prepare_ex(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
                    nc_wordtable *mem_words, bool vocab_stats, nc_doc **out, char *err, size_t errlen)
+{
+    return prepare(m, s, has_h, toks, words, mem_words, vocab_stats, false, out, err, errlen);
+}
+
+int doc_prepare_keep(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
+                     nc_wordtable *mem_words, nc_doc **out, char *err, size_t errlen)
+{
+    return prepare(m, s, has_h, toks, words, mem_words, m->gate != NULL, true, out, err, errlen);
+}
+
+static int prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
+                   nc_wordtable *mem_words, bool vocab_stats, bool keep, nc_doc **out, char *err, size_t errlen)
 {
     const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
     const size_t n = toks->n;
@@ -87,9 +104,9 @@ int doc_prepare_ex(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *
     d->dec_w = m->decoder_w;
     d->dec_b = m->decoder_b;
     if (vocab_stats) {
-        d->v_ent = calloc(n + 1, sizeof(float));
-        d->v_logmax = calloc(n + 1, sizeof(float));
-        d->v_argmax = calloc(n + 1, sizeof(int));
+        d->v_ent = nc_zalloc(n + 1, sizeof(float));
+        d->v_logmax = nc_zalloc(n + 1, sizeof(float));
+        d->v_argmax = nc_zalloc(n + 1, sizeof(int));
         if (!d->v_ent || !d->v_logmax || !d->v_argmax) {
             doc_free(d);
             return nc_error(err, errlen, NC_ENOMEM, "vocabulary statistics of %zu tokens", n);
@@ -126,21 +143,25 @@ int doc_prepare_ex(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *
     }
     memcpy(d->q, lstm_state_top(s), (size_t)H * sizeof(float));
     rc = lstm_forward_seq(m, s, toks->ids, n, d->q + H, err, errlen);
-    /* a block of DOC_LOGIT_BLOCK rows at most, of the rows there are: a
-     * generated token's feed of one needs 40 kB, not 5 MB (which, over
-     * malloc's mmap threshold, was a mapping made and unmapped per token) */
+    /* kept: all rows in d->logits, else one block at a time of
+     * DOC_LOGIT_BLOCK rows at most, of the rows there are: a generated
+     * token's feed of one needs 40 kB, not 5 MB (which, over malloc's mmap
+     * threshold, was a mapping made and unmapped per token) */
+    if (!rc && keep && !(d->logits = nc_alloc(n * (size_t)V * sizeof(float))))
+        rc = nc_error(err, errlen, NC_ENOMEM, "logits of %zu tokens", n);
     size_t rows = n > d->first ? n - d->first : 1;
     if (rows > DOC_LOGIT_BLOCK)
         rows = DOC_LOGIT_BLOCK;
-    float *logits = rc ? NULL : nc_alloc(rows * (size_t)V * sizeof(float));
+    float *logits = rc || keep ? NULL : nc_alloc(rows * (size_t)V * sizeof(float));
     float *scratch = rc || !vocab_stats ? NULL : nc_alloc((size_t)V * sizeof(float));
-    if (!rc && (!logits || (vocab_stats && !scratch)))
+    if (!rc && ((!logits && !keep) || (vocab_stats && !scratch)))
         rc = nc_error(err, errlen, NC_ENOMEM, "logits block");
     for (size_t j0 = d->first; !rc && j0 < n; j0 += DOC_LOGIT_BLOCK) {
         size_t nb = n - j0 < DOC_LOGIT_BLOCK ? n - j0 : DOC_LOGIT_BLOCK;
-        lstm_logits_batch(m, d->q + j0 * H, nb, logits);
+        float *lb = keep ? d->logits + j0 * (size_t)V : logits;
+        lstm_logits_batch(m, d->q + j0 * H, nb, lb);
         for (size_t r = 0; r < nb; r++) {
-            const float *l = logits + r * (size_t)V;
+            const float *l = lb + r * (size_t)V;
             int id = d->ids[j0 + r];
             d->log_z[j0 + r] = nc_logsumexp(l, (size_t)V);
             d->s_target[j0 + r] = id < V ? l[id] : -INFINITY;
@@ -230,15 +251,15 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
     bool direct = nc && nc->count == 0 && !nc->f16;   /* f16: the rounded keys are the ring's */
     size_t B = block;
     float *keys = nc && !direct ? nc_alloc(((size_t)nc->size + B) * H * sizeof(float)) : NULL;
-    int *kv = nc && !direct ? malloc(((size_t)nc->size + B) * sizeof(int)) : NULL;
+    int *kv = nc && !direct ? nc_malloc(((size_t)nc->size + B) * sizeof(int)) : NULL;
     float *dots = nc ? nc_alloc(B * ((size_t)nc->size + B) * sizeof(float)) : NULL;
-    float *ud2 = ub_read ? malloc(B * (size_t)k * sizeof(float)) : NULL;
-    int *uw = ub_read ? malloc(B * (size_t)k * sizeof(int)) : NULL;
-    int64_t *lim = ub_read ? malloc(B * sizeof(int64_t)) : NULL;
-    nc_mix_input *ins = malloc(B * sizeof *ins);
-    bool *skip = calloc(B, sizeof *skip);
-    float *qs = skipping && ub_read ? malloc(B * (size_t)H * sizeof(float)) : NULL;
-    int *row_of = ub_read ? malloc(B * sizeof(int)) : NULL;
+    float *ud2 = ub_read ? nc_malloc(B * (size_t)k * sizeof(float)) : NULL;
+    int *uw = ub_read ? nc_malloc(B * (size_t)k * sizeof(int)) : NULL;
+    int64_t *lim = ub_read ? nc_malloc(B * sizeof(int64_t)) : NULL;
+    nc_mix_input *ins = nc_malloc(B * sizeof *ins);
+    bool *skip = nc_zalloc(B, sizeof *skip);
+    float *qs = skipping && ub_read ? nc_malloc(B * (size_t)H * sizeof(float)) : NULL;
+    int *row_of = ub_read ? nc_malloc(B * sizeof(int)) : NULL;
     if ((nc && !direct && (!keys || !kv)) || (nc && !dots) || (ub_read && (!ud2 || !uw || !lim || !row_of)) ||
         !ins || !skip || (skipping && ub_read && !qs)) {
         rc = nc_error(err, errlen, NC_ENOMEM, "scoring buffers");
@@ -394,7 +415,7 @@ int doc_neighbours(const nc_doc *d, const nc_cache_params *p, nc_unbounded_cache
         d2[i] = 0.0f;
         words[i] = -1;
     }
-    int64_t *lim = malloc(block * sizeof(int64_t));
+    int64_t *lim = nc_malloc(block * sizeof(int64_t));
     if (!lim)
         return nc_error(err, errlen, NC_ENOMEM, "search buffers");
     int rc = NC_OK;

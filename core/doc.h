@@ -45,6 +45,8 @@ typedef struct {
     float *v_ent, *v_logmax;
     int *v_argmax;
     const float *dec_w, *dec_b;   /* the model's decoder (borrowed), for p_vocab of one word */
+    float *logits;                /* [n, V] decoder logits of row j (rows >= first), kept by
+                                   * doc_prepare_keep for dynamic evaluation's gradient; else NULL */
 } nc_doc;
 
 /* Empty document with room for n tokens (fields to be filled by the caller:
@@ -69,6 +71,11 @@ int doc_prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *tok
  * them before it exists). */
 int doc_prepare_ex(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
                    nc_wordtable *mem_words, bool vocab_stats, nc_doc **out, char *err, size_t errlen);
+
+/* doc_prepare, keeping every row's decoder logits in d->logits (n x V
+ * floats: for short documents, a dynamic evaluation segment). */
+int doc_prepare_keep(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
+                     nc_wordtable *mem_words, nc_doc **out, char *err, size_t errlen);
 
 /* The caches a scoring pass reads and updates. NULL local caches that the
  * params switch on are created empty for the call. The local caches end

@@ -152,6 +152,11 @@ void *nc_malloc(size_t n)
     return nc_fault_fail(NC_FAULT_ALLOC) ? NULL : malloc(n);
 }
 
+void *nc_zalloc(size_t count, size_t size)
+{
+    return nc_fault_fail(NC_FAULT_ALLOC) ? NULL : calloc(count, size);
+}
+
 void *nc_realloc(void *p, size_t n)
 {
     return nc_fault_fail(NC_FAULT_ALLOC) ? NULL : realloc(p, n);

@@ -23,7 +23,7 @@
 #include <sys/types.h>
 
 typedef enum {
-    NC_FAULT_ALLOC = 0,   /* nc_alloc, nc_calloc, nc_malloc, nc_realloc: NULL */
+    NC_FAULT_ALLOC = 0,   /* nc_alloc, nc_calloc, nc_malloc, nc_zalloc, nc_realloc: NULL */
     NC_FAULT_READ,        /* opening for reading, read, pread, fread, getline, mmap: EIO */
     NC_FAULT_WRITE,       /* opening for writing, write, fwrite: ENOSPC */
     NC_FAULT_FSYNC,       /* fsync, fdatasync: EIO */
@@ -73,9 +73,13 @@ static inline bool nc_fault_fail(nc_fault_kind kind)
 static inline bool nc_fault_fail(nc_fault_kind kind) { (void)kind; return false; }
 #endif
 
-/* Allocation wrappers (free with free(); nc_alloc/nc_calloc in nc_common.h
- * consult NC_FAULT_ALLOC too). */
+/* Allocation wrappers with libc's contracts (free with free(); nc_alloc and
+ * nc_calloc in nc_common.h, 64-byte aligned and NULL for 0 bytes, consult
+ * NC_FAULT_ALLOC too). nc_zalloc is calloc: zeroed, count * size checked
+ * for overflow. The core allocates only through these and nc_common.h's;
+ * tests/check_layering.sh fails the build's tests on a raw call. */
 void *nc_malloc(size_t n);
+void *nc_zalloc(size_t count, size_t size);
 void *nc_realloc(void *p, size_t n);
 
 /* I/O wrappers with the libc contracts: on an injected fault they return the

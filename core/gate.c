@@ -5,6 +5,9 @@
 #include "neural_cache.h"
 #include "rng.h"
 #include "vmath.h"
+#include "atomicfile.h"
+#include "fault.h"
+#include "safetensors.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -528,7 +531,7 @@ int gate_fit(nc_gate *g, const nc_cache_params *p, const nc_gate_data *d, int nh
      * gate's unbounded weight) costing at most max_loss */
     g->skip = 0.0;
     if (g->comps & UB_BIT) {
-        double *q = malloc(n * sizeof(double)), w[NC_NCOMP];
+        double *q = nc_malloc(n * sizeof(double)), w[NC_NCOMP];
         if (!q)
             return nc_error(err, errlen, NC_ENOMEM, "gate: %zu weights", n);
         size_t m = 0;
@@ -582,25 +585,19 @@ static double *tensor_at(const double *data, int rows, int cols, int stride, siz
     return (double *)(rows ? data + (k / (size_t)cols) * (size_t)stride + k % (size_t)cols : data + k);
 }
 
-static int write_atomic(const char *dir, const char *name, const void *a, size_t alen, const void *b, size_t blen,
-                        char *err, size_t errlen)
+/* dir/name replaced atomically with the bytes of a then b (atomicfile.h:
+ * temporary file, fsync, rename, fsync of the directory). */
+static int save_file(const char *dir, const char *name, const void *a, size_t alen, const void *b, size_t blen,
+                     char *err, size_t errlen)
 {
-    char path[1200], tmp[1300];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return nc_error(err, errlen, NC_EIO, "%s: %s", tmp, strerror(errno));
-    bool ok = fwrite(a, 1, alen, f) == alen && (!blen || fwrite(b, 1, blen, f) == blen);
-    ok = fflush(f) == 0 && ok;
-    ok = fsync(fileno(f)) == 0 && ok;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(e));
-    }
-    return NC_OK;
+    char path[1200];
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path)
+        return nc_error(err, errlen, NC_EINVAL, "path too long: %s/%s", dir, name);
+    nc_atomicfile f;
+    int rc = atomicfile_open(&f, path, err, errlen);
+    if (rc == NC_OK && (nc_fwrite(a, 1, alen, f.f) != alen || (blen && nc_fwrite(b, 1, blen, f.f) != blen)))
+        rc = nc_error(err, errlen, NC_EIO, "%s: write failed: %s", f.tmp, strerror(errno));
+    return atomicfile_commit(&f, rc, err, errlen);
 }
 
 int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, size_t errlen)
@@ -626,7 +623,7 @@ int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, si
         return nc_error(err, errlen, NC_ENOMEM, "gate header");
     size_t hl = strlen(h), pad = (8 - (8 + hl) % 8) % 8;
     size_t total = 8 + hl + pad + off;
-    unsigned char *buf = malloc(total);
+    unsigned char *buf = nc_malloc(total);
     if (!buf) {
         free(h);
         return nc_error(err, errlen, NC_ENOMEM, "gate file");
@@ -650,7 +647,7 @@ int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, si
                 *o++ = (unsigned char)(u >> (8 * b));
         }
     }
-    int rc = write_atomic(dir, "gate.safetensors", buf, total, NULL, 0, err, errlen);
+    int rc = save_file(dir, "gate.safetensors", buf, total, NULL, 0, err, errlen);
     free(buf);
     if (rc)
         return rc;
@@ -676,42 +673,38 @@ int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, si
     json_decref(j);
     if (!js)
         return nc_error(err, errlen, NC_ENOMEM, "gate.json");
-    rc = write_atomic(dir, "gate.json", js, strlen(js), "\n", 1, err, errlen);
+    rc = save_file(dir, "gate.json", js, strlen(js), "\n", 1, err, errlen);
     free(js);
     return rc;
 }
 
-static int read_all(const char *path, unsigned char **out, size_t *len, char *err, size_t errlen)
+/* Tensor i of g from the file: F64 of the shape tensor_of gives (the byte
+ * range was checked by safetensors_open), finite, sd positive. */
+static int read_tensor(nc_gate *g, int i, const nc_safetensors *st, const char *path, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    unsigned char *b = malloc(cap);
-    while (b) {
-        size_t r = fread(b + n, 1, cap - n, f);
-        n += r;
-        if (n < cap)
-            break;
-        if (cap >= (1u << 24)) {
-            free(b);
-            fclose(f);
-            return nc_error(err, errlen, NC_EFORMAT, "%s: too large for a gate", path);
-        }
-        unsigned char *nb = realloc(b, cap * 2);
-        if (!nb) {
-            free(b);
-            b = NULL;
-        } else {
-            b = nb;
-            cap *= 2;
-        }
+    const double *data;
+    int r, c, stride;
+    tensor_of(g, i, &data, &r, &c, &stride);
+    size_t cnt = tensor_count(r, c);
+    const nc_st_tensor *t = safetensors_find(st, tensor_names[i]);
+    bool ok = t && !strcmp(t->dtype, "F64") && t->rank == (r ? 2 : 1) && t->dims[0] == (r ? r : c) &&
+              (!r || t->dims[1] == c);
+    if (!ok)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' missing or not F64 of shape [%d%s%d]", path,
+                        tensor_names[i], r ? r : c, r ? "," : "", r ? c : 0);
+    /* safetensors_open checked the byte range against dtype x shape */
+    NC_ASSERT(t->end - t->begin == cnt * 8, "tensor '%s'", tensor_names[i]);
+    const unsigned char *src = st->data + t->begin;
+    for (size_t k = 0; k < cnt; k++) {
+        uint64_t u = 0;
+        for (int q = 0; q < 8; q++)
+            u |= (uint64_t)src[k * 8 + q] << (8 * q);
+        double *dst = tensor_at(data, r, c, stride, k);
+        memcpy(dst, &u, 8);
+        if (!isfinite(*dst) || (i == 3 && !(*dst > 0.0)))
+            return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' has a non-finite%s value", path,
+                            tensor_names[i], i == 3 ? " or non-positive" : "");
     }
-    fclose(f);
-    if (!b)
-        return nc_error(err, errlen, NC_ENOMEM, "%s", path);
-    *out = b;
-    *len = n;
     return NC_OK;
 }
 
@@ -722,7 +715,7 @@ int gate_load(const char *dir, nc_gate **out, char *err, size_t errlen)
     snprintf(path, sizeof path, "%s/gate.safetensors", dir);
     if (access(path, F_OK) != 0)
         return NC_ENOTFOUND;
-    nc_gate *g = calloc(1, sizeof *g);
+    nc_gate *g = nc_zalloc(1, sizeof *g);
     if (!g)
         return nc_error(err, errlen, NC_ENOMEM, "gate");
     int rc = NC_OK;
@@ -768,55 +761,13 @@ int gate_load(const char *dir, nc_gate **out, char *err, size_t errlen)
     json_decref(j);
     /* gate.safetensors: F64 tensors of the shapes gate.json implies */
     snprintf(path, sizeof path, "%s/gate.safetensors", dir);
-    unsigned char *b = NULL;
-    size_t len = 0;
+    nc_safetensors st = {0};
     if (!rc)
-        rc = read_all(path, &b, &len, err, errlen);
-    json_t *hdr = NULL;
-    uint64_t hl = 0;
-    for (int i = 0; !rc && i < 8 && len >= 8; i++)
-        hl |= (uint64_t)b[i] << (8 * i);
-    if (!rc && (len < 8 || hl > len - 8))
-        rc = nc_error(err, errlen, NC_EFORMAT, "%s: bad header length", path);
-    else if (!rc && (!(hdr = json_loadb((const char *)b + 8, (size_t)hl, JSON_REJECT_DUPLICATES, NULL)) ||
-                     !json_is_object(hdr)))
-        rc = nc_error(err, errlen, NC_EFORMAT, "%s: header is not a JSON object", path);
+        rc = safetensors_open(&st, path, err, errlen);
     int nt = g->nh > 0 ? NTENSOR : 4;
-    for (int i = 0; !rc && i < nt; i++) {
-        const double *data;
-        int r, c, st;
-        tensor_of(g, i, &data, &r, &c, &st);
-        size_t cnt = tensor_count(r, c);
-        json_t *t = json_object_get(hdr, tensor_names[i]), *of = t ? json_object_get(t, "data_offsets") : NULL,
-               *sh = t ? json_object_get(t, "shape") : NULL;
-        const char *dt = t ? json_string_value(json_object_get(t, "dtype")) : NULL;
-        json_int_t b0 = of ? json_integer_value(json_array_get(of, 0)) : -1,
-                   b1 = of ? json_integer_value(json_array_get(of, 1)) : -1;
-        bool shape_ok = sh && json_is_array(sh) && json_array_size(sh) == (size_t)(r ? 2 : 1) &&
-                        json_integer_value(json_array_get(sh, 0)) == (r ? r : c) &&
-                        (!r || json_integer_value(json_array_get(sh, 1)) == c);
-        if (!dt || strcmp(dt, "F64") || !shape_ok || b0 < 0 || b1 - b0 != (json_int_t)(cnt * 8) ||
-            (uint64_t)b1 > len - 8 - hl) {
-            rc = nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' missing or not F64 of shape [%d%s%d]", path,
-                          tensor_names[i], r ? r : c, r ? "," : "", r ? c : 0);
-            break;
-        }
-        const unsigned char *src = b + 8 + hl + b0;
-        for (size_t k = 0; k < cnt; k++) {
-            uint64_t u = 0;
-            for (int q = 0; q < 8; q++)
-                u |= (uint64_t)src[k * 8 + q] << (8 * q);
-            double *dst = tensor_at(data, r, c, st, k);
-            memcpy(dst, &u, 8);
-            if (!isfinite(*dst) || (i == 3 && !(*dst > 0.0))) {
-                rc = nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' has a non-finite%s value", path,
-                              tensor_names[i], i == 3 ? " or non-positive" : "");
-                break;
-            }
-        }
-    }
-    json_decref(hdr);
-    free(b);
+    for (int i = 0; !rc && i < nt; i++)
+        rc = read_tensor(g, i, &st, path, err, errlen);
+    safetensors_close(&st);
     if (rc) {
         free(g);
         return rc;

@@ -8,6 +8,7 @@
 #include <cblas.h>
 
 #include "vmath.h"
+#include "fault.h"
 
 /* Positions per block in lstm_forward_seq: bounds scratch to
  * LSTM_BLOCK * (4H + H) floats while keeping the GEMMs large. */
@@ -18,7 +19,7 @@
 
 nc_state *lstm_state_new(const nc_model *m)
 {
-    nc_state *s = calloc(1, sizeof *s);
+    nc_state *s = nc_zalloc(1, sizeof *s);
     if (!s)
         return NULL;
     s->num_layers = m->cfg.num_layers;
@@ -127,7 +128,7 @@ struct nc_lstm_work {
 
 nc_lstm_work *lstm_work_new(const nc_model *m)
 {
-    nc_lstm_work *w = calloc(1, sizeof *w);
+    nc_lstm_work *w = nc_zalloc(1, sizeof *w);
     if (!w)
         return NULL;
     w->gates = nc_calloc(4 * (size_t)m->cfg.hidden_size, sizeof(float));

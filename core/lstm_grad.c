@@ -8,6 +8,7 @@
 #endif
 #include "lstm_grad.h"
 #include "vmath.h"
+#include "fault.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -45,14 +46,14 @@ int lstm_grad_net_new(int V, int E, int H, int L, bool tied, lstm_grad_net **out
     if (tied && E != H)
         return nc_error(err, errlen, NC_EINVAL,
                         "tied weights need embedding size == hidden size (%d != %d)", E, H);
-    lstm_grad_net *n = calloc(1, sizeof *n);
+    lstm_grad_net *n = nc_zalloc(1, sizeof *n);
     if (!n)
         return nc_error(err, errlen, NC_ENOMEM, "out of memory");
     n->V = V, n->E = E, n->H = H, n->L = L, n->tied = tied;
-    n->off_w_ih = calloc((size_t)L, sizeof(size_t));
-    n->off_w_hh = calloc((size_t)L, sizeof(size_t));
-    n->off_b_ih = calloc((size_t)L, sizeof(size_t));
-    n->off_b_hh = calloc((size_t)L, sizeof(size_t));
+    n->off_w_ih = nc_zalloc((size_t)L, sizeof(size_t));
+    n->off_w_hh = nc_zalloc((size_t)L, sizeof(size_t));
+    n->off_b_ih = nc_zalloc((size_t)L, sizeof(size_t));
+    n->off_b_hh = nc_zalloc((size_t)L, sizeof(size_t));
     if (!n->off_w_ih || !n->off_w_hh || !n->off_b_ih || !n->off_b_hh) {
         lstm_grad_net_free(n);
         return nc_error(err, errlen, NC_ENOMEM, "out of memory");
@@ -215,7 +216,7 @@ int lstm_grad_work_new(const lstm_grad_net *n, int Tmax, int B, lstm_grad_work *
     *out = NULL;
     if (Tmax < 1 || B < 1)
         return nc_error(err, errlen, NC_EINVAL, "bad segment shape T=%d B=%d", Tmax, B);
-    lstm_grad_work *w = calloc(1, sizeof *w);
+    lstm_grad_work *w = nc_zalloc(1, sizeof *w);
     if (!w)
         return nc_error(err, errlen, NC_ENOMEM, "out of memory");
     int L = n->L, H = n->H, E = n->E, V = n->V;
@@ -226,12 +227,12 @@ int lstm_grad_work_new(const lstm_grad_net *n, int Tmax, int B, lstm_grad_work *
     A(w->state_h, (size_t)L * B * H);
     A(w->state_c, (size_t)L * B * H);
     A(w->mask_emb, TB * E);
-    w->xin = calloc((size_t)L, sizeof(float *));
-    w->mask_hid = calloc((size_t)L, sizeof(float *));
-    w->gates = calloc((size_t)L, sizeof(float *));
-    w->hbuf = calloc((size_t)L, sizeof(float *));
-    w->cbuf = calloc((size_t)L, sizeof(float *));
-    w->tc = calloc((size_t)L, sizeof(float *));
+    w->xin = nc_zalloc((size_t)L, sizeof(float *));
+    w->mask_hid = nc_zalloc((size_t)L, sizeof(float *));
+    w->gates = nc_zalloc((size_t)L, sizeof(float *));
+    w->hbuf = nc_zalloc((size_t)L, sizeof(float *));
+    w->cbuf = nc_zalloc((size_t)L, sizeof(float *));
+    w->tc = nc_zalloc((size_t)L, sizeof(float *));
     if (!w->xin || !w->mask_hid || !w->gates || !w->hbuf || !w->cbuf || !w->tc) {
         lstm_grad_work_free(w);
         return nc_error(err, errlen, NC_ENOMEM, "out of memory");
@@ -377,65 +378,129 @@ static double softmax_xent_row(float *restrict row, const float *restrict bias, 
     return nll;
 }
 
+/* Forward of layer k over the segment: input projections of all T*B
+ * positions in one GEMM, then the recurrence; the state carries over to
+ * the next segment; the output (dropped out) becomes the next layer's
+ * input, or the decoder's (w->dout) after the last layer. */
+static void forward_layer(const lstm_grad_net *n, lstm_grad_work *w, int k, int T, const lstm_grad_dropout *drop,
+                          nc_rng *rng)
+{
+    const int B = w->B, H = w->H, H4 = 4 * H, TB = T * B, in = k == 0 ? w->E : H;
+    const float *W = n->w, *w_ih = W + n->off_w_ih[k], *w_hh = W + n->off_w_hh[k];
+    float *bias = w->bias + (size_t)k * H4;
+    for (int j = 0; j < H4; j++)
+        bias[j] = W[n->off_b_ih[k] + j] + W[n->off_b_hh[k] + j];
+    float *G = w->gates[k], *hb = w->hbuf[k], *cb = w->cbuf[k], *tc = w->tc[k];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, TB, H4, in, 1.0f, w->xin[k], in, w_ih, in, 0.0f, G, H4);
+    memcpy(hb, w->state_h + (size_t)k * B * H, (size_t)B * H * sizeof(float));
+    memcpy(cb, w->state_c + (size_t)k * B * H, (size_t)B * H * sizeof(float));
+    for (int t = 0; t < T; t++) {
+        float *Gt = G + (size_t)t * B * H4;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, H4, H, 1.0f, hb + (size_t)t * B * H, H, w_hh, H,
+                    1.0f, Gt, H4);
+        lstm_cell_forward(B, H, Gt, bias, cb + (size_t)t * B * H, cb + (size_t)(t + 1) * B * H,
+                          tc + (size_t)t * B * H, hb + (size_t)(t + 1) * B * H);
+    }
+    memcpy(w->state_h + (size_t)k * B * H, hb + (size_t)T * B * H, (size_t)B * H * sizeof(float));
+    memcpy(w->state_c + (size_t)k * B * H, cb + (size_t)T * B * H, (size_t)B * H * sizeof(float));
+    const float *hout = hb + (size_t)B * H;
+    bool last = k + 1 == w->L;
+    float p = last ? drop->out : drop->hid;
+    float *dst = last ? w->dout : w->xin[k + 1], *mask = last ? w->mask_out : w->mask_hid[k + 1];
+    if (p > 0) {
+        draw_mask(mask, (size_t)TB * H, p, rng);
+        mul_into(dst, hout, mask, (size_t)TB * H);
+    } else {
+        memcpy(dst, hout, (size_t)TB * H * sizeof(float));
+    }
+}
+
+/* Backward of the decoder: its weight gradient dL^T D and bias gradient,
+ * and the gradient of its input dL W_dec into w->dbuf[0] (dropout mask
+ * applied); with tied weights the first also initialises the encoder's. */
+static void backward_decoder(lstm_grad_net *n, lstm_grad_work *w, int TB, const lstm_grad_dropout *drop)
+{
+    const int H = w->H, V = w->V;
+    float *g = n->g, *dl = w->logits;
+    const float *dec_w = n->w + n->off_dec_w;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, H, TB, 1.0f, dl, V, w->dout, H, 0.0f, g + n->off_dec_w,
+                H);
+    float *gdb = g + n->off_dec_b;
+    memset(gdb, 0, (size_t)V * sizeof(float));
+    for (int p = 0; p < TB; p++) {
+        const float *row = dl + (size_t)p * V;
+        for (int j = 0; j < V; j++)
+            gdb[j] += row[j];
+    }
+    float *dh = w->dbuf[0];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, TB, H, V, 1.0f, dl, V, dec_w, H, 0.0f, dh, H);
+    if (drop->out > 0)
+        mul_inplace(dh, w->mask_out, (size_t)TB * H);
+}
+
+/* Backward of layer k: the recurrence from w->dbuf[cur] (gradient of the
+ * layer's output), then its weight and bias gradients over the whole
+ * segment, and the gradient of its input into w->dbuf[cur ^ 1]. */
+static void backward_layer(lstm_grad_net *n, lstm_grad_work *w, int k, int T, int cur, const lstm_grad_dropout *drop)
+{
+    const int B = w->B, H = w->H, H4 = 4 * H, TB = T * B, in = k == 0 ? w->E : H;
+    const float *w_ih = n->w + n->off_w_ih[k], *w_hh = n->w + n->off_w_hh[k];
+    float *g = n->g, *G = w->gates[k], *hb = w->hbuf[k], *cb = w->cbuf[k], *tc = w->tc[k];
+    float *dG = w->dgates, *dh_out = w->dbuf[cur];
+    memset(w->dh_next, 0, (size_t)B * H * sizeof(float));
+    memset(w->dc_next, 0, (size_t)B * H * sizeof(float));
+    for (int t = T - 1; t >= 0; t--) {
+        float *dGt = dG + (size_t)t * B * H4;
+        lstm_cell_backward(B, H, G + (size_t)t * B * H4, tc + (size_t)t * B * H, cb + (size_t)t * B * H,
+                           dh_out + (size_t)t * B * H, w->dh_next, w->dc_next, dGt);
+        if (t > 0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, H, H4, 1.0f, dGt, H4, w_hh, H, 0.0f,
+                        w->dh_next, H);
+    }
+    /* Weight gradients over the whole segment, after the recurrence:
+     * dW_hh = dG^T [h_{-1} .. h_{T-2}], dW_ih = dG^T X. */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H4, H, TB, 1.0f, dG, H4, hb, H, 0.0f, g + n->off_w_hh[k], H);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H4, in, TB, 1.0f, dG, H4, w->xin[k], in, 0.0f,
+                g + n->off_w_ih[k], in);
+    float *gbi = g + n->off_b_ih[k], *gbh = g + n->off_b_hh[k];
+    memset(gbi, 0, (size_t)H4 * sizeof(float));
+    for (int p = 0; p < TB; p++) {
+        const float *row = dG + (size_t)p * H4;
+        for (int j = 0; j < H4; j++)
+            gbi[j] += row[j];
+    }
+    memcpy(gbh, gbi, (size_t)H4 * sizeof(float));
+    float *dIn = w->dbuf[cur ^ 1];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, TB, in, H4, 1.0f, dG, H4, w_ih, in, 0.0f, dIn, in);
+    if (k > 0) {
+        if (drop->hid > 0)
+            mul_inplace(dIn, w->mask_hid[k], (size_t)TB * H);
+    } else if (drop->emb > 0) {
+        mul_inplace(dIn, w->mask_emb, (size_t)TB * w->E);
+    }
+}
+
 double lstm_grad_segment(lstm_grad_net *n, lstm_grad_work *w, const int *x, const int *y,
                          int T, bool train, const lstm_grad_dropout *drop, nc_rng *rng,
                          bool backward)
 {
-    const int B = w->B, H = w->H, E = w->E, V = w->V, L = w->L, H4 = 4 * H;
+    const int B = w->B, H = w->H, E = w->E, V = w->V, L = w->L;
     const int TB = T * B;
     const float *W = n->w;
     lstm_grad_dropout nod = {0, 0, 0};
     if (!train || !drop)
         drop = &nod;
-    bool dr_emb = drop->emb > 0, dr_hid = drop->hid > 0, dr_out = drop->out > 0;
 
     /* Embedding lookup (+ dropout). */
     float *x0 = w->xin[0];
     for (int p = 0; p < TB; p++)
         memcpy(x0 + (size_t)p * E, W + n->off_enc + (size_t)x[p] * E, (size_t)E * sizeof(float));
-    if (dr_emb) {
+    if (drop->emb > 0) {
         draw_mask(w->mask_emb, (size_t)TB * E, drop->emb, rng);
         mul_inplace(x0, w->mask_emb, (size_t)TB * E);
     }
-
-    for (int k = 0; k < L; k++) {
-        int in = k == 0 ? E : H;
-        const float *w_ih = W + n->off_w_ih[k], *w_hh = W + n->off_w_hh[k];
-        float *bias = w->bias + (size_t)k * H4;
-        for (int j = 0; j < H4; j++)
-            bias[j] = W[n->off_b_ih[k] + j] + W[n->off_b_hh[k] + j];
-        float *G = w->gates[k], *hb = w->hbuf[k], *cb = w->cbuf[k], *tc = w->tc[k];
-        /* Input projections of all T*B positions: one GEMM. */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, TB, H4, in, 1.0f, w->xin[k], in,
-                    w_ih, in, 0.0f, G, H4);
-        memcpy(hb, w->state_h + (size_t)k * B * H, (size_t)B * H * sizeof(float));
-        memcpy(cb, w->state_c + (size_t)k * B * H, (size_t)B * H * sizeof(float));
-        for (int t = 0; t < T; t++) {
-            float *Gt = G + (size_t)t * B * H4;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, H4, H, 1.0f,
-                        hb + (size_t)t * B * H, H, w_hh, H, 1.0f, Gt, H4);
-            lstm_cell_forward(B, H, Gt, bias, cb + (size_t)t * B * H, cb + (size_t)(t + 1) * B * H,
-                              tc + (size_t)t * B * H, hb + (size_t)(t + 1) * B * H);
-        }
-        memcpy(w->state_h + (size_t)k * B * H, hb + (size_t)T * B * H, (size_t)B * H * sizeof(float));
-        memcpy(w->state_c + (size_t)k * B * H, cb + (size_t)T * B * H, (size_t)B * H * sizeof(float));
-        const float *hout = hb + (size_t)B * H;
-        if (k + 1 < L) {
-            if (dr_hid) {
-                draw_mask(w->mask_hid[k + 1], (size_t)TB * H, drop->hid, rng);
-                mul_into(w->xin[k + 1], hout, w->mask_hid[k + 1], (size_t)TB * H);
-            } else {
-                memcpy(w->xin[k + 1], hout, (size_t)TB * H * sizeof(float));
-            }
-        } else {
-            if (dr_out) {
-                draw_mask(w->mask_out, (size_t)TB * H, drop->out, rng);
-                mul_into(w->dout, hout, w->mask_out, (size_t)TB * H);
-            } else {
-                memcpy(w->dout, hout, (size_t)TB * H * sizeof(float));
-            }
-        }
-    }
+    for (int k = 0; k < L; k++)
+        forward_layer(n, w, k, T, drop, rng);
 
     /* Decoder over all positions: one GEMM, then softmax cross-entropy. */
     const float *dec_w = W + n->off_dec_w, *dec_b = W + n->off_dec_b;
@@ -448,70 +513,13 @@ double lstm_grad_segment(lstm_grad_net *n, lstm_grad_work *w, const int *x, cons
     if (!backward)
         return nll;
 
-    /* ---- backward ---- */
-    float *g = n->g, *dl = w->logits;
-    /* Decoder weight gradient dL^T D and input gradient dL W_dec, one GEMM
-     * each; with tied weights the first also initialises the encoder's. */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, H, TB, 1.0f, dl, V, w->dout, H, 0.0f,
-                g + n->off_dec_w, H);
-    float *gdb = g + n->off_dec_b;
-    memset(gdb, 0, (size_t)V * sizeof(float));
-    for (int p = 0; p < TB; p++) {
-        const float *row = dl + (size_t)p * V;
-        for (int j = 0; j < V; j++)
-            gdb[j] += row[j];
-    }
-    float *dh = w->dbuf[0];
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, TB, H, V, 1.0f, dl, V, dec_w, H, 0.0f,
-                dh, H);
-    if (dr_out)
-        mul_inplace(dh, w->mask_out, (size_t)TB * H);
-
+    backward_decoder(n, w, TB, drop);
     int cur = 0;
-    for (int k = L - 1; k >= 0; k--) {
-        int in = k == 0 ? E : H;
-        const float *w_ih = W + n->off_w_ih[k], *w_hh = W + n->off_w_hh[k];
-        float *G = w->gates[k], *hb = w->hbuf[k], *cb = w->cbuf[k], *tc = w->tc[k];
-        float *dG = w->dgates, *dh_out = w->dbuf[cur];
-        memset(w->dh_next, 0, (size_t)B * H * sizeof(float));
-        memset(w->dc_next, 0, (size_t)B * H * sizeof(float));
-        for (int t = T - 1; t >= 0; t--) {
-            float *dGt = dG + (size_t)t * B * H4;
-            lstm_cell_backward(B, H, G + (size_t)t * B * H4, tc + (size_t)t * B * H,
-                               cb + (size_t)t * B * H, dh_out + (size_t)t * B * H, w->dh_next,
-                               w->dc_next, dGt);
-            if (t > 0)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, H, H4, 1.0f, dGt, H4,
-                            w_hh, H, 0.0f, w->dh_next, H);
-        }
-        /* Weight gradients over the whole segment, after the recurrence:
-         * dW_hh = dG^T [h_{-1} .. h_{T-2}], dW_ih = dG^T X. */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H4, H, TB, 1.0f, dG, H4, hb, H, 0.0f,
-                    g + n->off_w_hh[k], H);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H4, in, TB, 1.0f, dG, H4, w->xin[k],
-                    in, 0.0f, g + n->off_w_ih[k], in);
-        float *gbi = g + n->off_b_ih[k], *gbh = g + n->off_b_hh[k];
-        memset(gbi, 0, (size_t)H4 * sizeof(float));
-        for (int p = 0; p < TB; p++) {
-            const float *row = dG + (size_t)p * H4;
-            for (int j = 0; j < H4; j++)
-                gbi[j] += row[j];
-        }
-        memcpy(gbh, gbi, (size_t)H4 * sizeof(float));
-        float *dIn = w->dbuf[cur ^ 1];
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, TB, in, H4, 1.0f, dG, H4, w_ih, in,
-                    0.0f, dIn, in);
-        if (k > 0) {
-            if (dr_hid)
-                mul_inplace(dIn, w->mask_hid[k], (size_t)TB * H);
-        } else if (dr_emb) {
-            mul_inplace(dIn, w->mask_emb, (size_t)TB * E);
-        }
-        cur ^= 1;
-    }
+    for (int k = L - 1; k >= 0; k--, cur ^= 1)
+        backward_layer(n, w, k, T, cur, drop);
     /* Embedding gradient: scatter-add the rows (the tied decoder's gradient
      * is already there; otherwise start from zero). */
-    float *ge = g + n->off_enc, *dx = w->dbuf[cur];
+    float *ge = n->g + n->off_enc, *dx = w->dbuf[cur];
     if (!n->tied)
         memset(ge, 0, (size_t)V * E * sizeof(float));
     for (int p = 0; p < TB; p++) {

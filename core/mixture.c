@@ -7,6 +7,7 @@
 #include "cache_params.h"
 #include "gate.h"
 #include "vmath.h"
+#include "fault.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -70,9 +71,9 @@ static int mixture_full_const(const nc_cache_params *p, const nc_mix_input *in, 
     /* q: dense scratch of the later steps, only when one is on. */
     bool dense = unigram_on(p, in) || (p->unbounded && in->ub_k > 0) ||
                  (p->open_vocab && p->uniform_mu > 0.0f);
-    double *q = dense ? calloc(n_words, sizeof(double)) : NULL;
-    double *kw = in->ub_k > 0 ? malloc((size_t)in->ub_k * sizeof(double)) : NULL;   /* K_i / Σ K */
-    float *e = in->nn > 0 ? malloc((size_t)in->nn * sizeof(float)) : NULL;
+    double *q = dense ? nc_zalloc(n_words, sizeof(double)) : NULL;
+    double *kw = in->ub_k > 0 ? nc_malloc((size_t)in->ub_k * sizeof(double)) : NULL;   /* K_i / Σ K */
+    float *e = in->nn > 0 ? nc_malloc((size_t)in->nn * sizeof(float)) : NULL;
     if ((dense && !q) || (in->ub_k > 0 && !kw) || (in->nn > 0 && !e)) {
         free(q);
         free(kw);

@@ -18,14 +18,15 @@
 #include "atomicfile.h"
 #include "buf.h"
 #include "fault.h"
+#include "dyneval.h"
 #include "gate.h"
+#include "safetensors.h"
 
 /* Upper bounds that keep every size product far from overflow and reject
  * absurd configs before anything is allocated. */
 #define MODEL_MAX_VOCAB   (1 << 24)
 #define MODEL_MAX_DIM     (1 << 16)
 #define MODEL_MAX_LAYERS  64
-#define ST_MAX_HEADER     (100u << 20)   /* safetensors' own limit is 100 MB */
 
 /* Storage behind a model: the safetensors mapping (F32 tensors used in place)
  * plus every buffer allocated for it (copies, widened F16, b_sum). */
@@ -70,6 +71,7 @@ void model_free(nc_model *m)
         return;
     impl_free(m->impl);
     gate_free(m->gate);
+    model_free(m->dyn_ms);
     vocab_free(m->vocab);
     free(m->layers);
     free(m);
@@ -113,17 +115,48 @@ static const struct {
     config_kind kind;
     size_t off;
     size_t size;                  /* for strings: buffer size */
+    bool optional;                /* may be absent (zero) */
 } config_keys[] = {
-    {"model_type", CK_STR, offsetof(nc_model_config, model_type), sizeof(((nc_model_config *)0)->model_type)},
-    {"vocab_size", CK_INT, offsetof(nc_model_config, vocab_size), 0},
-    {"embedding_size", CK_INT, offsetof(nc_model_config, embedding_size), 0},
-    {"hidden_size", CK_INT, offsetof(nc_model_config, hidden_size), 0},
-    {"num_layers", CK_INT, offsetof(nc_model_config, num_layers), 0},
-    {"tie_weights", CK_BOOL, offsetof(nc_model_config, tie_weights), 0},
-    {"unk_token", CK_STR, offsetof(nc_model_config, unk_token), sizeof(((nc_model_config *)0)->unk_token)},
-    {"eos_token", CK_STR, offsetof(nc_model_config, eos_token), sizeof(((nc_model_config *)0)->eos_token)},
-    {"lowercase", CK_BOOL, offsetof(nc_model_config, lowercase), 0},
+    {"model_type", CK_STR, offsetof(nc_model_config, model_type), sizeof(((nc_model_config *)0)->model_type), false},
+    {"vocab_size", CK_INT, offsetof(nc_model_config, vocab_size), 0, false},
+    {"embedding_size", CK_INT, offsetof(nc_model_config, embedding_size), 0, false},
+    {"hidden_size", CK_INT, offsetof(nc_model_config, hidden_size), 0, false},
+    {"num_layers", CK_INT, offsetof(nc_model_config, num_layers), 0, false},
+    {"tie_weights", CK_BOOL, offsetof(nc_model_config, tie_weights), 0, false},
+    {"unk_token", CK_STR, offsetof(nc_model_config, unk_token), sizeof(((nc_model_config *)0)->unk_token), false},
+    {"eos_token", CK_STR, offsetof(nc_model_config, eos_token), sizeof(((nc_model_config *)0)->eos_token), false},
+    /* replaced by "text" (normalize.h); still read, and written for older readers */
+    {"lowercase", CK_BOOL, offsetof(nc_model_config, lowercase), 0, true},
 };
+
+/* config.json's "text" object (normalize.h): each member a boolean or a
+ * string, set through text_conv_set so that the keys are defined once. */
+static int config_text(json_t *o, nc_text_conv *t, const char *path, char *err, size_t errlen)
+{
+    if (!json_is_object(o))
+        return nc_error(err, errlen, NC_EFORMAT, "%s: key 'text' must be an object", path);
+    *t = (nc_text_conv){.declared = true};
+    /* a preset first, so that the other keys refine it whatever their order */
+    json_t *preset = json_object_get(o, "preset");
+    const char *key;
+    json_t *v;
+    char e2[NC_ERRLEN];
+    if (preset && (!json_is_string(preset) || text_conv_set(t, "preset", json_string_value(preset), e2, sizeof e2)))
+        return nc_error(err, errlen, NC_EFORMAT, "%s: %s", path,
+                        json_is_string(preset) ? e2 : "text.preset must be a string");
+    json_object_foreach(o, key, v) {
+        if (!strcmp(key, "preset"))
+            continue;
+        bool isbool = text_conv_key_is_bool(key);
+        if (isbool ? !json_is_boolean(v) : !json_is_string(v))
+            return nc_error(err, errlen, NC_EFORMAT, "%s: text.%s must be %s", path, key,
+                            isbool ? "true or false" : "a string");
+        const char *val = isbool ? (json_is_true(v) ? "true" : "false") : json_string_value(v);
+        if (text_conv_set(t, key, val, e2, sizeof e2) != NC_OK)
+            return nc_error(err, errlen, NC_EFORMAT, "%s: %s", path, e2);
+    }
+    return NC_OK;
+}
 
 static int config_load(const char *path, nc_model_config *cfg, char *err, size_t errlen)
 {
@@ -147,6 +180,8 @@ static int config_load(const char *path, nc_model_config *cfg, char *err, size_t
         const char *key = config_keys[i].key;
         json_t *v = json_object_get(root, key);
         char *dst = (char *)cfg + config_keys[i].off;
+        if (!v && config_keys[i].optional)
+            continue;
         if (!v) {
             rc = nc_error(err, errlen, NC_EFORMAT, "%s: missing required key '%s'", path, key);
             break;
@@ -177,6 +212,11 @@ static int config_load(const char *path, nc_model_config *cfg, char *err, size_t
             break;
         }
     }
+    json_t *tobj = rc == NC_OK ? json_object_get(root, "text") : NULL;
+    if (tobj)
+        rc = config_text(tobj, &cfg->text, path, err, errlen);
+    else if (rc == NC_OK && !json_object_get(root, "lowercase"))
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: missing required key 'lowercase' (or a 'text' object)", path);
     json_decref(root);
     if (rc == NC_OK)
         rc = config_check(cfg, path, err, errlen);
@@ -239,230 +279,70 @@ static void shape_str(char *buf, size_t n, const long *dims, int rank)
         snprintf(buf + off, n - off, "]");
 }
 
-/* safetensors dtypes and their element sizes; only F32 and F16 are usable as
- * weights, the others are recognised so their byte ranges can be checked. */
-static int dtype_size(const char *dt)
+/* Points spec's destination at the file's tensor: in place for an aligned
+ * F32 tensor (the mapping is private), else a copy (F16 widened). The
+ * entry's byte range was checked by safetensors_open. */
+static int bind_tensor(model_impl *im, const nc_safetensors *st, const tensor_spec *sp, const char *path, char *err,
+                       size_t errlen)
 {
-    static const struct { const char *name; int size; } t[] = {
-        {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F64", 8}, {"I64", 8}, {"U64", 8},
-        {"I32", 4}, {"U32", 4}, {"I16", 2}, {"U16", 2}, {"I8", 1}, {"U8", 1},
-        {"BOOL", 1}, {"F8_E5M2", 1}, {"F8_E4M3", 1},
-    };
-    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
-        if (!strcmp(dt, t[i].name))
-            return t[i].size;
-    return 0;
-}
-
-typedef struct {
-    const char *name;
-    const char *dtype;
-    int rank;
-    long dims[8];
-    size_t begin, end;            /* relative to the data section */
-} st_entry;
-
-static int cmp_entry_begin(const void *a, const void *b)
-{
-    const st_entry *x = a, *y = b;
-    if (x->begin != y->begin)
-        return x->begin < y->begin ? -1 : 1;
-    return x->end < y->end ? -1 : x->end > y->end;
-}
-
-/* Parses and checks one header entry: dtype known, shape non-negative,
- * byte range consistent with dtype x shape and inside the data section. */
-static int st_parse_entry(const char *file, const char *name, json_t *v, size_t datalen, st_entry *e,
-                          char *err, size_t errlen)
-{
-    e->name = name;
-    if (!json_is_object(v))
-        return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s': header entry is not an object", file, name);
-    json_t *dt = json_object_get(v, "dtype"), *sh = json_object_get(v, "shape"),
-           *of = json_object_get(v, "data_offsets");
-    if (!json_is_string(dt))
-        return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s': missing or non-string 'dtype'", file, name);
-    e->dtype = json_string_value(dt);
-    int dsize = dtype_size(e->dtype);
-    if (!dsize)
-        return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' has unknown dtype '%s'", file, name, e->dtype);
-    if (!json_is_array(sh) || json_array_size(sh) > 8)
-        return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s': 'shape' must be an array of at most 8 integers",
-                        file, name);
-    e->rank = (int)json_array_size(sh);
-    size_t numel = 1;
-    for (int i = 0; i < e->rank; i++) {
-        json_t *d = json_array_get(sh, (size_t)i);
-        if (!json_is_integer(d) || json_integer_value(d) < 0 || json_integer_value(d) > (json_int_t)1 << 40)
-            return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s': shape[%d] is not a valid dimension", file,
-                            name, i);
-        e->dims[i] = (long)json_integer_value(d);
-        if (__builtin_mul_overflow(numel, (size_t)e->dims[i], &numel))
-            return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s': shape overflows", file, name);
+    const nc_st_tensor *e = safetensors_find(st, sp->name);
+    char want[64], got[64];
+    shape_str(want, sizeof want, sp->dims, sp->rank);
+    if (!e)
+        return sp->optional ? NC_OK
+                            : nc_error(err, errlen, NC_EFORMAT, "%s: missing tensor '%s' (shape %s)", path, sp->name,
+                                       want);
+    bool f32 = !strcmp(e->dtype, "F32"), f16 = !strcmp(e->dtype, "F16");
+    if (!f32 && !f16)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' has dtype %s, expected F32 or F16", path, sp->name,
+                        e->dtype);
+    bool same = e->rank == sp->rank;
+    for (int i = 0; same && i < sp->rank; i++)
+        same = e->dims[i] == sp->dims[i];
+    if (!same) {
+        shape_str(got, sizeof got, e->dims, e->rank);
+        return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' has shape %s, expected %s", path, sp->name, got,
+                        want);
     }
-    if (!json_is_array(of) || json_array_size(of) != 2 || !json_is_integer(json_array_get(of, 0)) ||
-        !json_is_integer(json_array_get(of, 1)))
-        return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s': 'data_offsets' must be [begin, end]", file, name);
-    json_int_t b = json_integer_value(json_array_get(of, 0)), en = json_integer_value(json_array_get(of, 1));
-    if (b < 0 || en < b)
-        return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' has invalid data_offsets [%lld,%lld]", file, name,
-                        (long long)b, (long long)en);
-    if ((unsigned long long)en > datalen)
-        return nc_error(err, errlen, NC_EFORMAT,
-                        "%s: tensor '%s' has data_offsets [%lld,%lld] past the end of the data (%zu bytes)", file,
-                        name, (long long)b, (long long)en, datalen);
-    e->begin = (size_t)b;
-    e->end = (size_t)en;
-    size_t nbytes;
-    if (__builtin_mul_overflow(numel, (size_t)dsize, &nbytes) || nbytes != e->end - e->begin)
-        return nc_error(err, errlen, NC_EFORMAT,
-                        "%s: tensor '%s': data_offsets [%zu,%zu] span %zu bytes, but %s x %zu elements need %zu",
-                        file, name, e->begin, e->end, e->end - e->begin, e->dtype, numel, numel * (size_t)dsize);
+    size_t n = spec_numel(sp);
+    /* safetensors_open checked the byte range against dtype x shape */
+    NC_ASSERT(e->end - e->begin == n * (f32 ? 4 : 2), "tensor '%s'", sp->name);
+    const unsigned char *src = st->data + e->begin;
+    if (f32 && ((uintptr_t)src % sizeof(float)) == 0) {
+        *sp->dst = (float *)(uintptr_t)src;
+        return NC_OK;
+    }
+    float *buf = impl_alloc(im, n);
+    if (!buf)
+        return nc_error(err, errlen, NC_ENOMEM, "%s: out of memory for tensor '%s'", path, sp->name);
+    if (f32) {
+        memcpy(buf, src, n * sizeof(float));
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h = (uint16_t)(src[2 * i] | (src[2 * i + 1] << 8));
+            buf[i] = nc_half_to_float(h);
+        }
+    }
+    *sp->dst = buf;
     return NC_OK;
 }
 
+/* Reads model.safetensors (safetensors.h checks the file) and binds every
+ * tensor the config implies; the mapping moves to im, which unmaps it. */
 static int safetensors_load(nc_model *m, model_impl *im, const char *path, char *err, size_t errlen)
 {
-    int fd = nc_open(path, O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0)
-        return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: cannot open: %s", path,
-                        strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return nc_error(err, errlen, NC_EIO, "%s: stat failed: %s", path, strerror(e));
-    }
-    size_t fsize = (size_t)st.st_size;
-    if (fsize < 8) {
-        close(fd);
-        return nc_error(err, errlen, NC_EFORMAT, "%s: truncated: %zu bytes, shorter than the 8-byte header length",
-                        path, fsize);
-    }
-    /* MAP_PRIVATE + PROT_WRITE: F32 tensors are used in place, and a caller
-     * that updates weights (fine-tuning) gets private copy-on-write pages
-     * instead of a fault or a modified file. */
-    void *map = nc_mmap(NULL, fsize, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-    int merr = errno;
-    close(fd);
-    if (map == MAP_FAILED)
-        return nc_error(err, errlen, NC_EIO, "%s: mmap failed: %s", path, strerror(merr));
-    im->map = map;
-    im->maplen = fsize;
-    const unsigned char *base = map;
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--)
-        hlen = (hlen << 8) | base[i];
-    if (hlen > fsize - 8)
-        return nc_error(err, errlen, NC_EFORMAT,
-                        "%s: header length %llu runs past the end of the file (%zu bytes): truncated or corrupt",
-                        path, (unsigned long long)hlen, fsize);
-    if (hlen > ST_MAX_HEADER)
-        return nc_error(err, errlen, NC_EFORMAT, "%s: header length %llu exceeds %u bytes", path,
-                        (unsigned long long)hlen, ST_MAX_HEADER);
-    const unsigned char *data = base + 8 + hlen;
-    size_t datalen = fsize - 8 - (size_t)hlen;
-
-    json_error_t jerr;
-    json_t *root = json_loadb((const char *)base + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return nc_error(err, errlen, NC_EFORMAT, "%s: malformed header JSON at byte %d: %s", path,
-                        jerr.position, jerr.text);
-    int rc = NC_OK;
-    st_entry *ents = NULL;
-    size_t nents = 0;
-    if (!json_is_object(root)) {
-        rc = nc_error(err, errlen, NC_EFORMAT, "%s: header is not a JSON object", path);
-    } else {
-        ents = nc_calloc(json_object_size(root) + 1, sizeof *ents);
-        if (!ents)
-            rc = nc_error(err, errlen, NC_ENOMEM, "%s: out of memory", path);
-    }
-    const char *key;
-    json_t *val;
-    if (rc == NC_OK) {
-        json_object_foreach(root, key, val) {
-            if (!strcmp(key, "__metadata__"))
-                continue;
-            rc = st_parse_entry(path, key, val, datalen, &ents[nents], err, errlen);
-            if (rc != NC_OK)
-                break;
-            nents++;
-        }
-    }
-    if (rc == NC_OK) {
-        /* Overlapping tensors would alias each other's weights. */
-        st_entry *sorted = nc_malloc((nents + 1) * sizeof *sorted);
-        if (!sorted) {
-            rc = nc_error(err, errlen, NC_ENOMEM, "%s: out of memory", path);
-        } else {
-            memcpy(sorted, ents, nents * sizeof *sorted);
-            qsort(sorted, nents, sizeof *sorted, cmp_entry_begin);
-            for (size_t i = 1; i < nents && rc == NC_OK; i++) {
-                if (sorted[i].begin < sorted[i - 1].end && sorted[i].end > sorted[i].begin)
-                    rc = nc_error(err, errlen, NC_EFORMAT,
-                                  "%s: tensors '%s' [%zu,%zu] and '%s' [%zu,%zu] overlap", path,
-                                  sorted[i - 1].name, sorted[i - 1].begin, sorted[i - 1].end, sorted[i].name,
-                                  sorted[i].begin, sorted[i].end);
-            }
-            free(sorted);
-        }
-    }
+    nc_safetensors st;
+    int rc = safetensors_open(&st, path, err, errlen);
+    if (rc != NC_OK)
+        return rc;
+    safetensors_keep_map(&st, &im->map, &im->maplen);
     tensor_spec specs[4 + 4 * MODEL_MAX_LAYERS];
-    int nspecs = rc == NC_OK ? model_specs(m, specs) : 0;
-    for (int s = 0; s < nspecs && rc == NC_OK; s++) {
-        const tensor_spec *sp = &specs[s];
-        const st_entry *e = NULL;
-        for (size_t i = 0; i < nents; i++)
-            if (!strcmp(ents[i].name, sp->name))
-                e = &ents[i];
-        char want[64], got[64];
-        shape_str(want, sizeof want, sp->dims, sp->rank);
-        if (!e) {
-            if (!sp->optional)
-                rc = nc_error(err, errlen, NC_EFORMAT, "%s: missing tensor '%s' (shape %s)", path, sp->name, want);
-            continue;
-        }
-        bool f32 = !strcmp(e->dtype, "F32"), f16 = !strcmp(e->dtype, "F16");
-        if (!f32 && !f16) {
-            rc = nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' has dtype %s, expected F32 or F16", path,
-                          sp->name, e->dtype);
-            break;
-        }
-        bool same = e->rank == sp->rank;
-        for (int i = 0; same && i < sp->rank; i++)
-            same = e->dims[i] == sp->dims[i];
-        if (!same) {
-            shape_str(got, sizeof got, e->dims, e->rank);
-            rc = nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' has shape %s, expected %s", path, sp->name, got,
-                          want);
-            break;
-        }
-        size_t n = spec_numel(sp);
-        const unsigned char *src = data + e->begin;
-        if (f32 && ((uintptr_t)src % sizeof(float)) == 0) {
-            *sp->dst = (float *)(uintptr_t)src;     /* in place: the mapping is private */
-            continue;
-        }
-        float *buf = impl_alloc(im, n);
-        if (!buf) {
-            rc = nc_error(err, errlen, NC_ENOMEM, "%s: out of memory for tensor '%s'", path, sp->name);
-            break;
-        }
-        if (f32) {
-            memcpy(buf, src, n * sizeof(float));
-        } else {
-            for (size_t i = 0; i < n; i++) {
-                uint16_t h = (uint16_t)(src[2 * i] | (src[2 * i + 1] << 8));
-                buf[i] = nc_half_to_float(h);
-            }
-        }
-        *sp->dst = buf;
-    }
+    int nspecs = model_specs(m, specs);
+    for (int s = 0; s < nspecs && rc == NC_OK; s++)
+        rc = bind_tensor(im, &st, &specs[s], path, err, errlen);
     if (rc == NC_OK && !m->decoder_w)
         m->decoder_w = m->encoder;  /* tied, decoder.weight absent */
-    free(ents);
-    json_decref(root);
+    safetensors_close(&st);
     return rc;
 }
 
@@ -555,6 +435,36 @@ static void path_join(char *out, size_t n, const char *dir, const char *name)
     snprintf(out, n, "%s/%s", dir, name);
 }
 
+/* dir/dyneval (dyneval.h), when present: a model directory whose weights
+ * are MS_g; it must have m's configuration and vocabulary. */
+static int dyn_stats_load(nc_model *m, const char *dir, char *err, size_t errlen)
+{
+    char path[4096];
+    struct stat st;
+    path_join(path, sizeof path, dir, "dyneval");
+    if (stat(path, &st) != 0)
+        return NC_OK;
+    char e2[NC_ERRLEN];
+    int rc = model_load(path, &m->dyn_ms, e2, sizeof e2);
+    if (rc)
+        return nc_error(err, errlen, rc, "%s (dynamic evaluation's gradient statistics): %s", path, e2);
+    const nc_model_config *a = &m->cfg, *b = &m->dyn_ms->cfg;
+    bool same = a->vocab_size == b->vocab_size && a->embedding_size == b->embedding_size &&
+                a->hidden_size == b->hidden_size && a->num_layers == b->num_layers &&
+                a->tie_weights == b->tie_weights;
+    for (int i = 0; same && i < a->vocab_size; i++)
+        same = strcmp(vocab_word(m->vocab, i), vocab_word(m->dyn_ms->vocab, i)) == 0;
+    if (!same)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: gradient statistics of another model (configuration or "
+                        "vocabulary differ); measure them again with neurocache dyn-stats", path);
+    for (int l = 0; l < m->cfg.num_layers; l++)
+        for (size_t j = 0; j < 4 * (size_t)m->cfg.hidden_size; j++)
+            if (!(m->dyn_ms->layers[l].b_ih[j] >= 0.0f))
+                return nc_error(err, errlen, NC_EFORMAT, "%s: a mean squared gradient is negative or NaN", path);
+    dyneval_rms_in_place(m->dyn_ms);
+    return NC_OK;
+}
+
 int model_probe(const char *dir, char *err, size_t errlen)
 {
     struct stat st;
@@ -609,6 +519,8 @@ int model_load(const char *dir, nc_model **out, char *err, size_t errlen)
         if (rc == NC_ENOTFOUND && !m->gate)
             rc = NC_OK;
     }
+    if (rc == NC_OK)
+        rc = dyn_stats_load(m, dir, err, errlen);
     if (rc != NC_OK) {
         model_free(m);
         return rc;
@@ -621,8 +533,8 @@ int model_load(const char *dir, nc_model **out, char *err, size_t errlen)
 int model_create(const nc_model_config *cfg, nc_vocab *vocab, nc_model **out, char *err, size_t errlen)
 {
     *out = NULL;
-    nc_model *m = calloc(1, sizeof *m);
-    model_impl *im = calloc(1, sizeof *im);
+    nc_model *m = nc_zalloc(1, sizeof *m);
+    model_impl *im = nc_zalloc(1, sizeof *im);
     if (!m || !im) {
         free(m);
         free(im);
@@ -673,7 +585,19 @@ static int write_config(const nc_model_config *c, FILE *f)
     json_object_set_new(o, "tie_weights", json_boolean(c->tie_weights));
     json_object_set_new(o, "unk_token", json_string(c->unk_token));
     json_object_set_new(o, "eos_token", json_string(c->eos_token));
-    json_object_set_new(o, "lowercase", json_boolean(c->lowercase));
+    if (c->text.declared) {
+        /* older readers need "lowercase" (this reader ignores it when "text"
+         * is there): kept as it was, so that they read text as before */
+        json_object_set_new(o, "lowercase", json_boolean(c->lowercase));
+        json_t *t = json_object();
+        const char *key;
+        char val[64];
+        for (int i = 0; text_conv_get(&c->text, i, &key, val, sizeof val); i++)
+            json_object_set_new(t, key, text_conv_key_is_bool(key) ? json_boolean(!strcmp(val, "true")) : json_string(val));
+        json_object_set_new(o, "text", t);
+    } else {
+        json_object_set_new(o, "lowercase", json_boolean(c->lowercase));
+    }
     int r = o ? json_dumpf(o, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : -1;
     json_decref(o);
     if (r == 0)

@@ -3,6 +3,7 @@
 #define NC_MODEL_H
 
 #include "nc_common.h"
+#include "normalize.h"
 #include "vocab.h"
 
 typedef struct {
@@ -12,7 +13,8 @@ typedef struct {
     int hidden_size;              /* H */
     int num_layers;               /* L */
     bool tie_weights;             /* decoder.weight == encoder.weight (needs E == H) */
-    bool lowercase;               /* tokenizer lower-cases input */
+    bool lowercase;               /* tokenizer lower-cases input (legacy: no "text" object) */
+    nc_text_conv text;            /* the "text" object: conventions the tokenizer normalises to */
     char unk_token[64];
     char eos_token[64];
 } nc_model_config;
@@ -42,6 +44,9 @@ typedef struct nc_model {
     float *decoder_b;             /* [V] */
     char dir[1024];               /* directory it was loaded from ("" if built) */
     struct nc_gate *gate;         /* the adaptive mixture's gate (gate.h), NULL if the directory has none */
+    struct nc_model *dyn_ms;      /* dynamic evaluation's gradient statistics in the model's own layout
+                                   * (dyneval.h; dir/dyneval/ holds MS_g, loaded as sqrt(MS_g)), NULL
+                                   * if the directory has none */
     void *impl;                   /* owned storage (mmap / buffers) */
 } nc_model;
 
@@ -53,7 +58,9 @@ typedef struct nc_model {
  * widened. With tie_weights, decoder.weight is used when present, else the
  * decoder aliases the encoder. Tensors not named in design §2 are ignored
  * (but their byte ranges are still checked). A gate.safetensors + gate.json
- * (gate.h) are loaded into m->gate when present. */
+ * (gate.h) are loaded into m->gate when present, and the gradient
+ * statistics of dynamic evaluation (dyneval.h: a model directory
+ * dir/dyneval of the same configuration and vocabulary) into m->dyn_ms. */
 int model_load(const char *dir, nc_model **out, char *err, size_t errlen);
 
 /* What model_load can tell without reading: dir is a directory holding

@@ -18,6 +18,18 @@ int nc_error(char *err, size_t errlen, int rc, const char *fmt, ...)
     return rc;
 }
 
+void nc_assert_fail(const char *cond, const char *file, int line, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s:%d: invariant '%s' failed: %s\n", file, line, cond, msg);
+    fflush(stderr);
+    abort();
+}
+
 float nc_half_to_float(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;

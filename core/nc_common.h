@@ -22,6 +22,19 @@ enum {
 
 #define NC_ERRLEN 512
 
+/* NC_ASSERT(cond, fmt, ...): an invariant one tier establishes and another
+ * relies on (proto's parse for the server's handlers, the safetensors reader
+ * for the model, the record encoder for its length), checked where it is
+ * relied on. Never a check of input: files, requests and options get error
+ * returns. Kept in release builds, so only for cheap conditions; a failure
+ * is a bug: it prints "file:line: invariant 'cond' failed: message" to
+ * stderr (the one place the core writes there) and aborts, leaving a core
+ * dump, before wrong data goes further. */
+#define NC_ASSERT(cond, ...) \
+    (__builtin_expect(!!(cond), 1) ? (void)0 : nc_assert_fail(#cond, __FILE__, __LINE__, __VA_ARGS__))
+_Noreturn void nc_assert_fail(const char *cond, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* printf-style: writes the message into err (if non-NULL) and returns rc,
  * so callers can `return nc_error(err, errlen, NC_EINVAL, "...", ...)`. */
 int nc_error(char *err, size_t errlen, int rc, const char *fmt, ...)

@@ -2,6 +2,7 @@
  * its terms (Grave, Joulin, Usunier 2017, eq. 2 and 4). */
 #include "neural_cache.h"
 #include "vmath.h"
+#include "fault.h"
 
 #include <cblas.h>
 #include <immintrin.h>
@@ -196,7 +197,7 @@ int neural_cache_weights(const float *dots, const int *vals, int n, double theta
 {
     if (n <= 0)
         return NC_OK;
-    float *e = malloc((size_t)n * sizeof *e);
+    float *e = nc_malloc((size_t)n * sizeof *e);
     if (!e)
         return NC_ENOMEM;
     double bias = global ? alpha : 0.0, unused;

@@ -1,5 +1,6 @@
 /* scorer.c -- batched target-only scoring with the static model. */
 #include "scorer.h"
+#include "fault.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +18,7 @@ nc_scorer *scorer_new(const nc_model *m, size_t block)
 {
     if (block == 0)
         block = NC_SCORE_BLOCK;
-    nc_scorer *sc = calloc(1, sizeof *sc);
+    nc_scorer *sc = nc_zalloc(1, sizeof *sc);
     if (!sc)
         return NULL;
     sc->m = m;

@@ -5,10 +5,12 @@
 #include "binio.h"
 #include "buf.h"
 #include "doc.h"
+#include "dyneval.h"
 #include "gate.h"
 #include "lstm.h"
 #include "mixture.h"
 #include "vmath.h"
+#include "fault.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -28,7 +30,32 @@ struct nc_stream {
     bool own_words;
     float *logits;                /* [V] scratch for predict */
     float *dots;                  /* [neural.size] scratch */
+    nc_dyneval *dyn;              /* dynamic evaluation's adapted weights, or NULL (the trained
+                                   * ones: dyn_lr 0 and nothing left to decay) */
 };
+
+/* The weights the stream predicts with: the adapted ones while dynamic
+ * evaluation holds any, else the model's. */
+static const nc_model *wm(const nc_stream *s)
+{
+    return s->dyn ? dyneval_model(s->dyn) : s->m;
+}
+
+const nc_model *stream_model(const nc_stream *s)
+{
+    return wm(s);
+}
+
+/* Dynamic evaluation on for p: a fresh adaptation from the trained weights,
+ * its first segment starting at the stream's current state. */
+static int dyn_start(nc_stream *s, const nc_cache_params *p, char *err, size_t errlen)
+{
+    dyneval_free(s->dyn);
+    s->dyn = NULL;
+    if (p->dyn_lr <= 0.0f)
+        return NC_OK;
+    return dyneval_new(s->m, p->dyn_params, s->st, s->has_h, &s->dyn, err, errlen);
+}
 
 static int setup_caches(nc_stream *s, char *err, size_t errlen)
 {
@@ -46,7 +73,7 @@ static int setup_caches(nc_stream *s, char *err, size_t errlen)
     return rc;
 }
 
-static void start(nc_stream *s, bool bos)
+static int start(nc_stream *s, bool bos, char *err, size_t errlen)
 {
     lstm_state_reset(s->st);
     s->has_h = false;
@@ -55,6 +82,7 @@ static void start(nc_stream *s, bool bos)
         lstm_step(s->m, s->st, s->m->eos_id, s->work);
         s->has_h = true;
     }
+    return dyn_start(s, &s->p, err, errlen);
 }
 
 int stream_new(const nc_model *m, const nc_cache_params *p, nc_unbounded_cache *ub, nc_wordtable *words,
@@ -72,7 +100,7 @@ int stream_new(const nc_model *m, const nc_cache_params *p, nc_unbounded_cache *
     if (ub && unbounded_cache_dim(ub) != m->cfg.hidden_size)
         return nc_error(err, errlen, NC_EINVAL, "unbounded cache dimension %d, model hidden size %d",
                         unbounded_cache_dim(ub), m->cfg.hidden_size);
-    nc_stream *s = calloc(1, sizeof *s);
+    nc_stream *s = nc_zalloc(1, sizeof *s);
     if (!s)
         return nc_error(err, errlen, NC_ENOMEM, "stream");
     s->m = m;
@@ -92,11 +120,12 @@ int stream_new(const nc_model *m, const nc_cache_params *p, nc_unbounded_cache *
     }
     if (!rc)
         rc = setup_caches(s, err, errlen);
+    if (!rc)
+        rc = start(s, bos, err, errlen);
     if (rc) {
         stream_free(s);
         return rc;
     }
-    start(s, bos);
     *out = s;
     return NC_OK;
 }
@@ -113,6 +142,7 @@ void stream_free(nc_stream *s)
         wordtable_free(s->words);
     nc_free(s->logits);
     nc_free(s->dots);
+    dyneval_free(s->dyn);
     free(s);
 }
 
@@ -122,7 +152,10 @@ void stream_reset(nc_stream *s, bool bos)
         neural_cache_clear(&s->neural);
     if (s->unigram.size)
         unigram_cache_clear(&s->unigram);
-    start(s, bos);
+    /* dyn_start cannot fail for parameters it accepted at creation but
+     * for memory: the stream then continues with the trained weights */
+    if (start(s, bos, NULL, 0) != NC_OK)
+        s->dyn = NULL;
 }
 
 const nc_cache_params *stream_params(const nc_stream *s)
@@ -146,22 +179,40 @@ int stream_set_params(nc_stream *s, const nc_cache_params *p, char *err, size_t 
     if (p->gate && !s->m->gate)
         return nc_error(err, errlen, NC_EINVAL, "gate: the model has no gate (gate.safetensors; fit one with "
                                                 "neurocache fit-gate)");
+    /* dynamic evaluation: turned on, a fresh adaptation from here; a new
+     * subset only while the weights are the trained ones (the adapted ones
+     * of the old subset would be lost); off, the adapted weights stay and
+     * decay at each segment until they are the trained ones */
+    nc_dyneval *dyn_new = NULL;
+    bool dyn_replace = false;
+    if (s->dyn && p->dyn_params != dyneval_subset(s->dyn)) {
+        if (!dyneval_at_rest(s->dyn))
+            return nc_error(err, errlen, NC_ESTATE, "dyn_params cannot change while the session's weights are "
+                            "adapted (set dyn_lr 0 and let them decay, or reset the session)");
+        dyn_replace = true;
+    }
+    if ((dyn_replace || !s->dyn) && p->dyn_lr > 0.0f &&
+        (rc = dyneval_new(s->m, p->dyn_params, s->st, s->has_h, &dyn_new, err, errlen)))
+        return rc;
     /* rebuild windows keeping the newest pairs */
     nc_neural_cache nn = {0};
     nc_unigram_cache nu = {0};
     float *dots = NULL;
     const int H = s->m->cfg.hidden_size;
     if (p->neural_size > 0) {
-        if ((rc = neural_cache_init(&nn, p->neural_size, H, p->neural_f16, err, errlen)))
+        if ((rc = neural_cache_init(&nn, p->neural_size, H, p->neural_f16, err, errlen))) {
+            dyneval_free(dyn_new);
             return rc;
+        }
         dots = nc_alloc((size_t)p->neural_size * sizeof(float));
         float *tmp = s->neural.count ? nc_alloc((size_t)s->neural.count * H * sizeof(float)) : NULL;
-        int *vals = s->neural.count ? malloc((size_t)s->neural.count * sizeof(int)) : NULL;
+        int *vals = s->neural.count ? nc_malloc((size_t)s->neural.count * sizeof(int)) : NULL;
         if (!dots || (s->neural.count && (!tmp || !vals))) {
             nc_free(tmp);
             free(vals);
             nc_free(dots);
             neural_cache_free(&nn);
+            dyneval_free(dyn_new);
             return nc_error(err, errlen, NC_ENOMEM, "neural cache");
         }
         int cnt = neural_cache_export(&s->neural, tmp, vals);
@@ -174,6 +225,7 @@ int stream_set_params(nc_stream *s, const nc_cache_params *p, char *err, size_t 
         if ((rc = unigram_cache_init(&nu, p->unigram_size, err, errlen))) {
             neural_cache_free(&nn);
             nc_free(dots);
+            dyneval_free(dyn_new);
             return rc;
         }
         int cnt = s->unigram.count;
@@ -182,6 +234,7 @@ int stream_set_params(nc_stream *s, const nc_cache_params *p, char *err, size_t 
                 neural_cache_free(&nn);
                 unigram_cache_free(&nu);
                 nc_free(dots);
+                dyneval_free(dyn_new);
                 return nc_error(err, errlen, NC_ENOMEM, "unigram cache");
             }
     }
@@ -192,11 +245,19 @@ int stream_set_params(nc_stream *s, const nc_cache_params *p, char *err, size_t 
     s->unigram = nu;
     s->dots = dots;
     s->p = *p;
+    if (dyn_new || dyn_replace) {
+        dyneval_free(s->dyn);
+        s->dyn = dyn_new;
+    } else if (s->dyn && p->dyn_lr <= 0.0f && dyneval_at_rest(s->dyn)) {
+        dyneval_free(s->dyn);
+        s->dyn = NULL;
+    }
     return NC_OK;
 }
 
-int stream_feed(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprobs, char *err,
-                size_t errlen)
+/* stream_feed with one set of weights (wm(s)). */
+static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprobs, float **logits, char *err,
+                     size_t errlen)
 {
     if (toks->n == 0)
         return NC_OK;
@@ -206,11 +267,12 @@ int stream_feed(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprob
     if (!st)
         return nc_error(err, errlen, NC_ENOMEM, "stream state");
     lstm_state_copy(st, s->st);
-    int rc = doc_prepare(s->m, st, s->has_h, toks, s->p.open_vocab ? s->words : NULL,
-                         adapt && s->ub ? unbounded_cache_words(s->ub) : NULL, &d, err, errlen);
+    nc_wordtable *words = s->p.open_vocab ? s->words : NULL, *mem = adapt && s->ub ? unbounded_cache_words(s->ub) : NULL;
+    int rc = logits ? doc_prepare_keep(wm(s), st, s->has_h, toks, words, mem, &d, err, errlen)
+                    : doc_prepare(wm(s), st, s->has_h, toks, words, mem, &d, err, errlen);
     double *lp = logprobs;
     if (!rc && !lp) {
-        lp = malloc(toks->n * sizeof(double));
+        lp = nc_malloc(toks->n * sizeof(double));
         if (!lp)
             rc = nc_error(err, errlen, NC_ENOMEM, "log-probabilities");
     }
@@ -226,9 +288,57 @@ int stream_feed(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprob
         lstm_state_copy(s->st, st);
         s->has_h = true;
         s->pos += (int64_t)toks->n;
+        if (logits) {
+            *logits = d->logits;   /* handed over */
+            d->logits = NULL;
+        }
     }
     lstm_state_free(st);
     doc_free(d);
+    return rc;
+}
+
+/* With dynamic evaluation the tokens go in parts that end where a segment
+ * ends, each scored with the weights of its segment; the step follows the
+ * segment's last token (causal: a token's probability comes from weights
+ * stepped on tokens before it only). The parts end at the same positions
+ * however the tokens are split across calls. */
+int stream_feed(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprobs, char *err,
+                size_t errlen)
+{
+    if (!s->dyn)
+        return feed_part(s, toks, adapt, logprobs, NULL, err, errlen);
+    const int V = s->m->cfg.vocab_size;
+    for (size_t j = 0; j < toks->n; j++)
+        if (toks->ids[j] < 0 || toks->ids[j] >= V)
+            return nc_error(err, errlen, NC_EINVAL, "token %zu has id %d outside [0, %d)", j, toks->ids[j], V);
+    int rc = NC_OK;
+    for (size_t j0 = 0; !rc && s->dyn && j0 < toks->n;) {
+        size_t room = (size_t)(s->p.dyn_segment - dyneval_pending(s->dyn));
+        if (s->p.dyn_segment <= dyneval_pending(s->dyn))
+            room = 1;
+        size_t k = toks->n - j0 < room ? toks->n - j0 : room;
+        nc_tokens part = {.ids = toks->ids + j0, .words = toks->words ? toks->words + j0 : NULL,
+                          .offsets = toks->offsets ? toks->offsets + j0 : NULL, .n = k};
+        bool whole = dyneval_pending(s->dyn) == 0 && (int)k == s->p.dyn_segment && s->p.dyn_lr > 0.0f;
+        float *logits = NULL;
+        rc = feed_part(s, &part, adapt, logprobs ? logprobs + j0 : NULL, whole ? &logits : NULL, err, errlen);
+        if (!rc)
+            rc = dyneval_push(s->dyn, part.ids, k, logits, s->p.dyn_segment, s->p.dyn_lr, s->p.dyn_decay, s->st,
+                              s->has_h, err, errlen);
+        nc_free(logits);
+        j0 += k;
+        if (!rc && s->p.dyn_lr <= 0.0f && dyneval_pending(s->dyn) == 0 && dyneval_at_rest(s->dyn)) {
+            /* decayed back to the trained weights: the model's again */
+            dyneval_free(s->dyn);
+            s->dyn = NULL;
+            if (j0 < toks->n) {
+                nc_tokens rest = {.ids = toks->ids + j0, .words = toks->words ? toks->words + j0 : NULL,
+                                  .offsets = toks->offsets ? toks->offsets + j0 : NULL, .n = toks->n - j0};
+                rc = feed_part(s, &rest, adapt, logprobs ? logprobs + j0 : NULL, NULL, err, errlen);
+            }
+        }
+    }
     return rc;
 }
 
@@ -244,7 +354,7 @@ int stream_predict(nc_stream *s, bool shares, nc_dist *out, char *err, size_t er
 {
     if (!s->has_h)
         return nc_error(err, errlen, NC_ESTATE, "nothing to predict from yet (no token fed)");
-    lstm_logits(s->m, lstm_state_top(s->st), s->logits);
+    lstm_logits(wm(s), lstm_state_top(s->st), s->logits);
     return stream_predict_logits(s, s->logits, shares, out, err, errlen);
 }
 
@@ -263,7 +373,7 @@ static int neural_window(nc_stream *s, const float *h, nc_mix_input *in, int **v
     *vals = NULL;
     if (s->p.neural_size <= 0 || s->neural.count <= 0)
         return NC_OK;
-    *vals = malloc((size_t)s->neural.size * sizeof(int));
+    *vals = nc_malloc((size_t)s->neural.size * sizeof(int));
     if (!*vals)
         return nc_error(err, errlen, NC_ENOMEM, "neural window");
     int cnt = neural_cache_dots(&s->neural, h, s->dots);
@@ -282,10 +392,10 @@ static int unbounded_neighbours(nc_stream *s, const float *h, nc_mix_input *in, 
                                 int64_t **ids, char *err, size_t errlen)
 {
     int k = s->p.knn;
-    *d2 = malloc((size_t)k * sizeof(float));
-    *words = malloc((size_t)k * sizeof(int));
+    *d2 = nc_malloc((size_t)k * sizeof(float));
+    *words = nc_malloc((size_t)k * sizeof(int));
     if (ids)
-        *ids = malloc((size_t)k * sizeof(int64_t));
+        *ids = nc_malloc((size_t)k * sizeof(int64_t));
     in->ub_d2 = *d2;
     in->ub_words = *words;
     in->ub_k = k;
@@ -320,7 +430,7 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
     if (s->p.gate && s->m->gate) {
         /* the adaptive mixture: p_vocab's statistics, then the pre-search
          * gate decides whether the unbounded cache is searched (gate.h) */
-        float *scratch = malloc((size_t)V * sizeof(float));
+        float *scratch = nc_malloc((size_t)V * sizeof(float));
         if (!scratch) {
             free(vals);
             return nc_error(err, errlen, NC_ENOMEM, "gate features");
@@ -388,7 +498,7 @@ int stream_explain(nc_stream *s, const int *ids, size_t k, int per_source, nc_ex
     double log_z = 0.0;
     if (!rc && in.nn > 0 && global) {
         /* eq. 4's normaliser holds the vocabulary's exponentials */
-        lstm_logits(s->m, h, s->logits);
+        lstm_logits(wm(s), h, s->logits);
         log_z = vm_logsumexp(s->logits, (size_t)in.V);
     }
     /* the search predict runs (also where the gate would skip it: explain
@@ -397,8 +507,8 @@ int stream_explain(nc_stream *s, const int *ids, size_t k, int per_source, nc_ex
         rc = unbounded_neighbours(s, h, &in, &ud2, &uw, &uid, err, errlen);
     int n = in.nn > in.ub_k ? in.nn : in.ub_k;
     if (!rc && n > 0) {
-        w = malloc((size_t)n * sizeof *w);
-        cand = malloc((size_t)n * sizeof *cand);
+        w = nc_malloc((size_t)n * sizeof *w);
+        cand = nc_malloc((size_t)n * sizeof *cand);
         if (!w || !cand)
             rc = nc_error(err, errlen, NC_ENOMEM, "explain");
     }
@@ -469,6 +579,8 @@ size_t stream_memory(const nc_stream *s)
         m += unigram_cache_memory(&s->unigram);
     if (s->own_words)
         m += wordtable_memory(s->words);
+    if (s->dyn)
+        m += dyneval_memory(s->dyn);
     return m;
 }
 
@@ -501,6 +613,8 @@ static void put_params(binio_writer *w, const nc_cache_params *p)
     binio_put_f32(w, p->unbounded_lambda); binio_put_i32(w, (int32_t)p->kernel); binio_put_i32(w, p->exact);
     binio_put_i32(w, p->open_vocab); binio_put_f32(w, p->uniform_mu); binio_put_i32(w, p->vocab_size_full);
     binio_put_i32(w, p->gate); binio_put_f32(w, p->gate_skip);
+    binio_put_f32(w, p->dyn_lr); binio_put_f32(w, p->dyn_decay); binio_put_i32(w, p->dyn_segment);
+    binio_put_i32(w, p->dyn_params);
 }
 
 static void get_params(binio_reader *r, nc_cache_params *p, int version)
@@ -514,6 +628,10 @@ static void get_params(binio_reader *r, nc_cache_params *p, int version)
     p->open_vocab = binio_get_i32(r) != 0; p->uniform_mu = binio_get_f32(r); p->vocab_size_full = binio_get_i32(r);
     if (version >= 2) {
         p->gate = binio_get_i32(r) != 0; p->gate_skip = binio_get_f32(r);
+    }
+    if (version >= 3) {
+        p->dyn_lr = binio_get_f32(r); p->dyn_decay = binio_get_f32(r); p->dyn_segment = binio_get_i32(r);
+        p->dyn_params = binio_get_i32(r);
     }
 }
 
@@ -532,7 +650,7 @@ static int ref_of(idlist *l, int V, int id)
             return V + i;
     if (l->n == l->cap) {
         int c = l->cap ? 2 * l->cap : 64;
-        int *p = realloc(l->ids, (size_t)c * sizeof(int));
+        int *p = nc_realloc(l->ids, (size_t)c * sizeof(int));
         if (!p)
             return -1;
         l->ids = p;
@@ -550,8 +668,8 @@ int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_
     idlist ids = {0};
     /* refs first (the word list precedes the windows in the blob) */
     int nn = s->neural.size ? s->neural.count : 0, nu = s->unigram.size ? s->unigram.count : 0;
-    int *nref = malloc(((size_t)nn + 1) * sizeof(int)), *uref = malloc(((size_t)nu + 1) * sizeof(int));
-    int *vals = malloc(((size_t)nn + 1) * sizeof(int));
+    int *nref = nc_malloc(((size_t)nn + 1) * sizeof(int)), *uref = nc_malloc(((size_t)nu + 1) * sizeof(int));
+    int *vals = nc_malloc(((size_t)nn + 1) * sizeof(int));
     int rc = NC_OK;
     if (!nref || !uref || !vals)
         rc = nc_error(err, errlen, NC_ENOMEM, "stream export");
@@ -567,7 +685,7 @@ int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_
     binio_writer w;
     binio_writer_buf(&w, &out);
     if (!rc) {
-        binio_put(&w, "NCSTRM02", 8);
+        binio_put(&w, "NCSTRM03", 8);
         binio_put_u32(&w, (uint32_t)V);
         binio_put_u32(&w, (uint32_t)H);
         binio_put_u32(&w, (uint32_t)s->m->cfg.num_layers);
@@ -577,7 +695,7 @@ int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_
         binio_put(&w, &s->pos, 8);
         uint64_t sl = lstm_state_blob_size(s->st);
         binio_put(&w, &sl, 8);
-        void *tmp = malloc(sl);
+        void *tmp = nc_malloc(sl);
         if (tmp) {
             lstm_state_to_blob(s->st, tmp);
             binio_put(&w, tmp, sl);
@@ -606,6 +724,11 @@ int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_
         binio_put_i32(&w, nu);
         for (int i = 0; i < nu; i++)
             binio_put_i32(&w, uref[i]);
+        /* dynamic evaluation's own section: its adapted weights and segment */
+        unsigned char hd = s->dyn != NULL;
+        binio_put(&w, &hd, 1);
+        if (s->dyn)
+            dyneval_write(s->dyn, &w);
         if (binio_seal(&w) != NC_OK)
             rc = nc_error(err, errlen, NC_ENOMEM, "stream export");
     }
@@ -626,8 +749,10 @@ int stream_import(const nc_model *m, nc_unbounded_cache *ub, nc_wordtable *words
 {
     *out = NULL;
     const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
-    /* NCSTRM01: the same without the gate's two knobs (read as their defaults) */
-    if (len < 12 || (memcmp(blob, "NCSTRM01", 8) != 0 && memcmp(blob, "NCSTRM02", 8) != 0))
+    /* NCSTRM01: the same without the gate's two knobs (read as their
+     * defaults); 02 without dynamic evaluation's knobs and section */
+    if (len < 12 || memcmp(blob, "NCSTRM0", 7) != 0 || ((const char *)blob)[7] < '1' ||
+        ((const char *)blob)[7] > '3')
         return nc_error(err, errlen, NC_EFORMAT, "not a neurocache stream blob");
     int version = ((const char *)blob)[7] - '0';
     binio_reader r;
@@ -666,7 +791,7 @@ int stream_import(const nc_model *m, nc_unbounded_cache *ub, nc_wordtable *words
         if (nw > binio_left(&r) / 4 || !s->words) {
             rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: %u dynamic words %s", nw,
                           s->words ? "(truncated)" : "without open vocabulary");
-        } else if (!(map = malloc(nw * sizeof(int)))) {
+        } else if (!(map = nc_malloc(nw * sizeof(int)))) {
             rc = nc_error(err, errlen, NC_ENOMEM, "stream import");
         }
         for (uint32_t i = 0; !rc && i < nw; i++) {
@@ -715,6 +840,22 @@ int stream_import(const nc_model *m, nc_unbounded_cache *ub, nc_wordtable *words
             rc = nc_error(err, errlen, NC_ENOMEM, "unigram cache");
     }
 #undef REF
+    unsigned char hd = 0;
+    if (!rc && version >= 3) {
+        binio_get(&r, &hd, 1);
+        if (r.bad)
+            rc = nc_error(err, errlen, NC_EFORMAT, "stream blob truncated");
+    }
+    if (!rc) {
+        /* the section replaces the fresh adaptation stream_new started */
+        dyneval_free(s->dyn);
+        s->dyn = NULL;
+        if (hd)
+            rc = dyneval_read(m, &r, &s->dyn, err, errlen);
+    }
+    if (!rc && hd && dyneval_subset(s->dyn) != p.dyn_params)
+        rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: adapted subset %d, dyn_params %d",
+                      dyneval_subset(s->dyn), p.dyn_params);
     if (!rc && !binio_done(&r))
         rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: %s", r.bad ? "truncated" : "trailing bytes");
     free(map);
@@ -747,8 +888,8 @@ static int undo_save(nc_stream *s, size_t ntok, cache_undo *u, char *err, size_t
         u->n_head = c->head;
         u->n_count = c->count;
         u->n_slots = ntok < (size_t)c->size ? (int)ntok : c->size;
-        u->n_keys = malloc((size_t)(u->n_slots ? u->n_slots : 1) * ks);
-        u->n_vals = malloc((size_t)(u->n_slots ? u->n_slots : 1) * sizeof(int));
+        u->n_keys = nc_malloc((size_t)(u->n_slots ? u->n_slots : 1) * ks);
+        u->n_vals = nc_malloc((size_t)(u->n_slots ? u->n_slots : 1) * sizeof(int));
         if (!u->n_keys || !u->n_vals)
             return nc_error(err, errlen, NC_ENOMEM, "rescoring");
         for (int k = 0; k < u->n_slots; k++) {
@@ -762,7 +903,7 @@ static int undo_save(nc_stream *s, size_t ntok, cache_undo *u, char *err, size_t
         u->u_head = c->head;
         u->u_count = c->count;
         u->u_slots = ntok < (size_t)c->size ? (int)ntok : c->size;
-        u->u_ring = malloc((size_t)(u->u_slots ? u->u_slots : 1) * sizeof(int));
+        u->u_ring = nc_malloc((size_t)(u->u_slots ? u->u_slots : 1) * sizeof(int));
         if (!u->u_ring)
             return nc_error(err, errlen, NC_ENOMEM, "rescoring");
         for (int k = 0; k < u->u_slots; k++)
@@ -810,7 +951,7 @@ static void undo_restore(nc_stream *s, cache_undo *u)
 static int rescore_prepare(nc_stream *s, nc_state *st, const nc_tokens *t, nc_doc **out, char *err,
                            size_t errlen)
 {
-    const nc_model *m = s->m;
+    const nc_model *m = wm(s);
     const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
     nc_doc *d;
     int rc = doc_alloc(H, V, t->n, &d, err, errlen);
@@ -819,7 +960,7 @@ static int rescore_prepare(nc_stream *s, nc_state *st, const nc_tokens *t, nc_do
     d->first = s->has_h ? 0 : (t->n > 0 ? 1 : 0);
     nc_wordtable *words = s->p.open_vocab ? s->words : NULL;
     int base = words ? wordtable_size(words) : V, nnew = 0;
-    const char **fresh = words && t->n ? malloc(t->n * sizeof *fresh) : NULL;
+    const char **fresh = words && t->n ? nc_malloc(t->n * sizeof *fresh) : NULL;
     if (words && t->n && !fresh)
         rc = nc_error(err, errlen, NC_ENOMEM, "rescoring");
     for (size_t j = 0; !rc && j < t->n; j++) {
@@ -881,13 +1022,13 @@ static void rescore_logits(const nc_model *m, nc_doc **docs, const float *rows, 
 int stream_rescore(nc_stream *s, const nc_tokens *conts, size_t n, double **logprobs, char *err,
                    size_t errlen)
 {
-    const nc_model *m = s->m;
+    const nc_model *m = wm(s);
     const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
-    nc_doc **docs = calloc(n ? n : 1, sizeof *docs);
+    nc_doc **docs = nc_zalloc(n ? n : 1, sizeof *docs);
     nc_state *st = lstm_state_new(m);
     float *rows = nc_alloc((size_t)RESCORE_LOGIT_BLOCK * H * sizeof(float));
     float *logits = nc_alloc((size_t)RESCORE_LOGIT_BLOCK * V * sizeof(float));
-    size_t *owner = malloc(RESCORE_LOGIT_BLOCK * 2 * sizeof *owner);
+    size_t *owner = nc_malloc(RESCORE_LOGIT_BLOCK * 2 * sizeof *owner);
     int rc = docs && st && rows && logits && owner ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "rescoring");
     for (size_t i = 0; !rc && i < n; i++)
         rc = rescore_prepare(s, st, &conts[i], &docs[i], err, errlen);

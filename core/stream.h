@@ -52,9 +52,14 @@ int stream_predict(nc_stream *s, bool shares, nc_dist *out, char *err, size_t er
 /* The decoder input h_t (top layer output, [H]; valid until the stream
  * changes), or NULL if the stream has no h yet. */
 const float *stream_h(const nc_stream *s);
+/* The weights the stream predicts with: its model, or while dynamic
+ * evaluation holds adapted weights (dyneval.h), a model sharing the
+ * trained tensors with its own copies of the adapted ones (valid until the
+ * stream is fed, reset, given new parameters or freed). */
+const nc_model *stream_model(const nc_stream *s);
 /* stream_predict with the decoder logits W h_t + b ([V]) already computed by
- * the caller, so that a server can batch the decoder products of many
- * streams into one GEMM (lstm_logits_batch). */
+ * the caller from stream_model's decoder, so that a server can batch the
+ * decoder products of many streams into one GEMM (lstm_logits_batch). */
 int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dist *out, char *err,
                           size_t errlen);
 

@@ -18,6 +18,7 @@
 #include "optim.h"
 #include "rng.h"
 #include "tokenizer.h"
+#include "fault.h"
 
 #define STATE_FILE "train-state.bin"
 #define STATE_MAGIC "NCTRAIN1"
@@ -89,7 +90,11 @@ static int tokenize_file(const char *path, const nc_model *m, token_fn fn, void 
     while (rc == NC_OK && pos < len) {
         size_t end = pos + (1 << 20) < len ? pos + (1 << 20) : len;
         if (end < len) {
-            const char *nl = memchr(buf + end, '\n', len - end);
+            /* at a blank line when one is near (it ends a paragraph, which a
+             * chunk boundary must not hide from sentence conventions), else a newline */
+            size_t win = len - end < (1 << 16) ? len - end : (1 << 16);
+            const char *bl = memmem(buf + end, win, "\n\n", 2);
+            const char *nl = bl ? bl + 1 : memchr(buf + end, '\n', len - end);
             end = nl ? (size_t)(nl - buf) + 1 : len;
         }
         tokens_clear(&t);
@@ -109,11 +114,15 @@ static int tokenize_file(const char *path, const nc_model *m, token_fn fn, void 
 }
 
 /* A model shell carrying only what tokenize() reads. */
-static void tok_model(nc_model *m, nc_vocab *v, bool lowercase, const char *eos, int unk_id, int eos_id)
+static void tok_model(nc_model *m, nc_vocab *v, const nc_text_conv *text, bool lowercase, const char *unk,
+                      const char *eos, int unk_id, int eos_id)
 {
     memset(m, 0, sizeof *m);
     m->vocab = v;
     m->cfg.lowercase = lowercase;
+    if (text)
+        m->cfg.text = *text;
+    snprintf(m->cfg.unk_token, sizeof m->cfg.unk_token, "%s", unk);
     snprintf(m->cfg.eos_token, sizeof m->cfg.eos_token, "%s", eos);
     m->unk_id = unk_id;
     m->eos_id = eos_id;
@@ -134,7 +143,7 @@ static int count_tokens(const nc_tokens *t, void *ud, char *err, size_t errlen)
             return nc_error(err, errlen, NC_ENOMEM, "out of memory building the vocabulary");
         if (id >= c->cap) {
             int ncap = c->cap ? c->cap * 2 : 1024;
-            long *nc = realloc(c->count, (size_t)ncap * sizeof(long));
+            long *nc = nc_realloc(c->count, (size_t)ncap * sizeof(long));
             if (!nc)
                 return nc_error(err, errlen, NC_ENOMEM, "out of memory building the vocabulary");
             memset(nc + c->cap, 0, (size_t)(ncap - c->cap) * sizeof(long));
@@ -174,7 +183,7 @@ static int by_id(const void *a, const void *b)
     return *(const int *)a - *(const int *)b;
 }
 
-int train_build_vocab(const char *path, bool lowercase, int vocab_max, const char *unk,
+int train_build_vocab(const char *path, const nc_text_conv *text, bool lowercase, int vocab_max, const char *unk,
                       const char *eos, nc_vocab **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -182,7 +191,7 @@ int train_build_vocab(const char *path, bool lowercase, int vocab_max, const cha
     if (!c.v)
         return nc_error(err, errlen, NC_ENOMEM, "out of memory");
     nc_model m;
-    tok_model(&m, c.v, lowercase, eos, -1, -1);
+    tok_model(&m, c.v, text, lowercase, unk, eos, -1, -1);
     int rc = tokenize_file(path, &m, count_tokens, &c, err, errlen);
     /* unk must exist (it stands for every word outside the vocabulary), and
      * eos too, even in a corpus without newlines. */
@@ -195,7 +204,7 @@ int train_build_vocab(const char *path, bool lowercase, int vocab_max, const cha
         if (vocab_max < 2) {
             rc = nc_error(err, errlen, NC_EINVAL, "vocabulary cap %d is too small (eos and unk)", vocab_max);
         } else {
-            int *order = malloc((size_t)n * sizeof(int));
+            int *order = nc_malloc((size_t)n * sizeof(int));
             nc_vocab *nv = vocab_new();
             if (!order || !nv) {
                 rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
@@ -246,7 +255,7 @@ static int collect_ids(const nc_tokens *t, void *ud, char *err, size_t errlen)
         size_t ncap = c->cap ? c->cap : 1 << 16;
         while (ncap < c->n + t->n)
             ncap *= 2;
-        int *ni = realloc(c->ids, ncap * sizeof(int));
+        int *ni = nc_realloc(c->ids, ncap * sizeof(int));
         if (!ni)
             return nc_error(err, errlen, NC_ENOMEM, "out of memory reading the corpus");
         c->ids = ni, c->cap = ncap;
@@ -256,13 +265,13 @@ static int collect_ids(const nc_tokens *t, void *ud, char *err, size_t errlen)
     return NC_OK;
 }
 
-int train_read_corpus(const char *path, const nc_vocab *v, bool lowercase, int unk_id, int eos_id,
+int train_read_corpus(const char *path, const nc_vocab *v, const nc_text_conv *text, bool lowercase, int unk_id, int eos_id,
                       int **ids, size_t *n, char *err, size_t errlen)
 {
     *ids = NULL;
     *n = 0;
     nc_model m;
-    tok_model(&m, (nc_vocab *)v, lowercase, vocab_word(v, eos_id), unk_id, eos_id);
+    tok_model(&m, (nc_vocab *)v, text, lowercase, vocab_word(v, unk_id), vocab_word(v, eos_id), unk_id, eos_id);
     ids_ctx c = {0};
     int rc = tokenize_file(path, &m, collect_ids, &c, err, errlen);
     if (rc != NC_OK) {
@@ -283,7 +292,7 @@ static int *batchify(const int *ids, size_t n, int B, size_t *rows)
     *rows = nb;
     if (nb == 0)
         return NULL;
-    int *d = malloc(nb * (size_t)B * sizeof(int));
+    int *d = nc_malloc(nb * (size_t)B * sizeof(int));
     if (!d)
         return NULL;
     for (int b = 0; b < B; b++)
@@ -467,7 +476,7 @@ int train_load_state_weights(const char *dir, float **w, size_t *n, char *err, s
         free(buf);
         return nc_error(err, errlen, NC_EFORMAT, "%s: truncated training state", dir);
     }
-    *w = malloc(cnt * sizeof(float) + 1);
+    *w = nc_malloc(cnt * sizeof(float) + 1);
     if (!*w) {
         free(buf);
         return nc_error(err, errlen, NC_ENOMEM, "out of memory");
@@ -524,7 +533,7 @@ static int state_restore(trainer *t, char *err, size_t errlen)
         if (nc > binio_left(&r) / sizeof(curve_row)) {
             r.bad = true;
         } else {
-            t->curve = malloc(nc * sizeof(curve_row));
+            t->curve = nc_malloc(nc * sizeof(curve_row));
             if (!t->curve) {
                 free(buf);
                 return nc_error(err, errlen, NC_ENOMEM, "out of memory");
@@ -550,7 +559,7 @@ static int curve_add(trainer *t, double val_loss, double train_loss, char *err, 
 {
     if (t->n_curve == t->cap_curve) {
         uint32_t ncap = t->cap_curve ? t->cap_curve * 2 : 64;
-        curve_row *nr = realloc(t->curve, ncap * sizeof(curve_row));
+        curve_row *nr = nc_realloc(t->curve, ncap * sizeof(curve_row));
         if (!nr)
             return nc_error(err, errlen, NC_ENOMEM, "out of memory");
         t->curve = nr, t->cap_curve = ncap;
@@ -681,7 +690,7 @@ static int setup_vocab(trainer *t, bool resume, char *err, size_t errlen)
     if (resume) {
         rc = vocab_load(vpath, &t->vocab, err, errlen);
     } else {
-        rc = train_build_vocab(p->train_path, p->lowercase, p->vocab_max, p->unk_token, p->eos_token,
+        rc = train_build_vocab(p->train_path, &p->text, p->lowercase, p->vocab_max, p->unk_token, p->eos_token,
                                &t->vocab, err, errlen);
         if (rc == NC_OK)
             rc = vocab_save(t->vocab, vpath, err, errlen);
@@ -701,7 +710,7 @@ static int load_streams(trainer *t, const char *path, int B, int **out, size_t *
     const nc_train_params *p = &t->p;
     int *ids = NULL;
     size_t n = 0;
-    int rc = train_read_corpus(path, t->vocab, p->lowercase, t->unk_id, t->eos_id, &ids, &n, err, errlen);
+    int rc = train_read_corpus(path, t->vocab, &p->text, p->lowercase, t->unk_id, t->eos_id, &ids, &n, err, errlen);
     if (rc == NC_OK) {
         *out = batchify(ids, n, B, rows);
         if (*rows < 2)
@@ -738,6 +747,7 @@ static int setup_network(trainer *t, char *err, size_t errlen)
     cfg.num_layers = p->num_layers;
     cfg.tie_weights = p->tie_weights;
     cfg.lowercase = p->lowercase;
+    cfg.text = p->text;
     snprintf(cfg.unk_token, sizeof cfg.unk_token, "%s", p->unk_token);
     snprintf(cfg.eos_token, sizeof cfg.eos_token, "%s", p->eos_token);
     nc_vocab *vc = vocab_clone(t->vocab);

@@ -28,6 +28,8 @@ typedef struct {
     bool tie_weights;             /* decoder.weight = encoder.weight (E == H) */
     int vocab_max;                /* keep the most frequent words (0 = all) */
     bool lowercase;               /* lower-case the corpus (recorded in config.json) */
+    nc_text_conv text;            /* text conventions the corpus is normalised to (normalize.h;
+                                   * recorded in config.json); not declared = whitespace split */
     char unk_token[64], eos_token[64];
     /* Optimisation. */
     int bptt;                     /* truncated BPTT length (35) */
@@ -117,12 +119,12 @@ int train_load_state_weights(const char *dir, float **w, size_t *n, char *err, s
  * appearance (as PyTorch's example); eos_token ends every line; unk_token is
  * always present. With vocab_max > 0 only the vocab_max most frequent words
  * are kept (ties: first appearance), eos and unk included. */
-int train_build_vocab(const char *path, bool lowercase, int vocab_max, const char *unk_token,
+int train_build_vocab(const char *path, const nc_text_conv *text, bool lowercase, int vocab_max, const char *unk_token,
                       const char *eos_token, nc_vocab **out, char *err, size_t errlen);
 
 /* Reads a text file as token ids under v (unknown words -> unk_id, eos after
  * every line, also a last line without newline). *ids is malloc'd. */
-int train_read_corpus(const char *path, const nc_vocab *v, bool lowercase, int unk_id,
+int train_read_corpus(const char *path, const nc_vocab *v, const nc_text_conv *text, bool lowercase, int unk_id,
                       int eos_id, int **ids, size_t *n, char *err, size_t errlen);
 
 #endif

@@ -3,6 +3,7 @@
  * term, the variable-bandwidth kernel density of Grave, Cisse, Joulin 2017,
  * eq. 5-6. */
 #include "unbounded_cache.h"
+#include "faiss_shim.h"
 #include "fault.h"
 #include "vmath.h"
 
@@ -10,6 +11,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +47,10 @@ struct nc_unbounded_cache {
     int nprobe;                   /* current nprobe of the IVF index */
     unbounded_cache_add_hook hook;        /* durable store's logger, or NULL */
     void *hook_ctx;
+    _Atomic uint64_t ndis;        /* codes scanned by our own IVFPQ scan */
+    _Atomic uint64_t nsearched;   /* queries it answered */
+    unbounded_cache_search_hook shook;    /* tests: inside a search */
+    void *shook_ctx;
     float *kbuf;                  /* rounded keys scratch (key_f16) */
     size_t kbuf_n;
 };
@@ -140,7 +146,7 @@ static int cache_create(const nc_unbounded_cache_opts *o, nc_wordtable *words, n
     *out = NULL;
     if (o->dim <= 0)
         return nc_error(err, errlen, NC_EINVAL, "unbounded cache dimension %d", o->dim);
-    nc_unbounded_cache *u = calloc(1, sizeof *u);
+    nc_unbounded_cache *u = nc_zalloc(1, sizeof *u);
     if (!u)
         return nc_error(err, errlen, NC_ENOMEM, "unbounded cache");
     u->o = *o;
@@ -246,7 +252,7 @@ static int switch_begin(nc_unbounded_cache *u, ub_switch_job *job, bool *started
         return NC_OK;
     }
     size_t bytes = (size_t)n * (size_t)u->o.dim * sizeof(float);
-    job->xb = malloc(bytes ? bytes : 1);
+    job->xb = nc_malloc(bytes ? bytes : 1);
     if (!job->xb) {
         u->tmpl = ivf;   /* kept for the next attempt */
         return nc_error(err, errlen, NC_ENOMEM, "switching the unbounded cache to IVF: %zu bytes", bytes);
@@ -347,7 +353,7 @@ int unbounded_cache_add(nc_unbounded_cache *u, const float *keys, const int *wor
         size_t c = u->cap ? u->cap : 4096;
         while (c < u->nvalues + n)
             c *= 2;
-        int *v = realloc(u->values, c * sizeof(int));
+        int *v = nc_realloc(u->values, c * sizeof(int));
         if (!v) {
             rc = nc_error(err, errlen, NC_ENOMEM, "unbounded cache values (%zu)", c);
             goto out;
@@ -358,7 +364,7 @@ int unbounded_cache_add(nc_unbounded_cache *u, const float *keys, const int *wor
     if (u->o.key_f16) {
         size_t m = n * (size_t)u->o.dim;
         if (m > u->kbuf_n) {
-            float *kb = realloc(u->kbuf, m * sizeof(float));
+            float *kb = nc_realloc(u->kbuf, m * sizeof(float));
             if (!kb) {
                 rc = nc_error(err, errlen, NC_ENOMEM, "unbounded cache keys (%zu)", n);
                 goto out;
@@ -393,6 +399,14 @@ void unbounded_cache_set_add_hook(nc_unbounded_cache *u, unbounded_cache_add_hoo
     pthread_rwlock_unlock(&u->lock);
 }
 
+void unbounded_cache_set_search_hook(nc_unbounded_cache *u, unbounded_cache_search_hook fn, void *ctx)
+{
+    pthread_rwlock_wrlock(&u->lock);
+    u->shook = fn;
+    u->shook_ctx = ctx;
+    pthread_rwlock_unlock(&u->lock);
+}
+
 int unbounded_cache_word_at(nc_unbounded_cache *u, int64_t id)
 {
     pthread_rwlock_rdlock(&u->lock);
@@ -409,6 +423,18 @@ int unbounded_cache_search(nc_unbounded_cache *u, const float *queries, size_t n
                               NULL, err, errlen);
 }
 
+/* The answer of a search before it is made: no neighbour (word -1, id -1)
+ * in each of the n slots, which stay so where a query has fewer than k. */
+static void clear_neighbours(size_t n, float *d2, int *words, int64_t *ids)
+{
+    for (size_t i = 0; i < n; i++) {
+        d2[i] = 0.0f;
+        words[i] = -1;
+        if (ids)
+            ids[i] = -1;
+    }
+}
+
 int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size_t nq, int k, int nprobe,
                        const int64_t *id_limit, int extra, int reader, float *out_d2, int *out_words,
                        int64_t *out_ids, char *err, size_t errlen)
@@ -419,43 +445,52 @@ int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size
      * closed-vocabulary reader sees every open-vocabulary word as unk
      * (design §4), in the kernel sum, explain and the components alike */
     const int model_v = reader != NC_UB_OPEN && u->words ? wordtable_model_size(u->words) : INT_MAX;
-    for (size_t i = 0; i < nq * (size_t)k; i++) {
-        out_d2[i] = 0.0f;
-        out_words[i] = -1;
-        if (out_ids)
-            out_ids[i] = -1;
-    }
+    clear_neighbours(nq * (size_t)k, out_d2, out_words, out_ids);
     if (nq == 0)
         return NC_OK;
     omp_limit(u);
     int rc = NC_OK;
-    bool wlock = false;
+    /* nprobe travels with the search (faiss_shim.h), not in the shared
+     * index: readers with different nprobe search side by side under the
+     * read lock, and only adds and the switch write */
     pthread_rwlock_rdlock(&u->lock);
-    if (!u->flat && nprobe > 0 && nprobe != u->nprobe) {
-        /* nprobe is a field of the index: change it alone, search under the
-         * same write lock so no concurrent search sees a half-set value */
-        pthread_rwlock_unlock(&u->lock);
-        pthread_rwlock_wrlock(&u->lock);
-        wlock = true;
-        if ((rc = set_nprobe(u, u->idx, nprobe, err, errlen)))
-            goto out;
-    }
+    const int np = nprobe > 0 ? nprobe : u->nprobe;
     idx_t ntotal = faiss_Index_ntotal(u->idx);
     if (ntotal == 0)
         goto out;
     idx_t kk = (idx_t)k + extra;
     if (kk > ntotal)
         kk = ntotal;   /* FAISS pads with -1 anyway; no point asking for more */
-    float *d = malloc(nq * (size_t)kk * sizeof(float));
-    idx_t *l = malloc(nq * (size_t)kk * sizeof(idx_t));
+    if (kk < k)
+        kk = k;        /* our own scan returns k a query, padded */
+    float *d = nc_malloc(nq * (size_t)kk * sizeof(float));
+    idx_t *l = nc_malloc(nq * (size_t)kk * sizeof(idx_t));
     if (!d || !l) {
         free(d);
         free(l);
         rc = nc_error(err, errlen, NC_ENOMEM, "search buffers (%zu x %ld)", nq, (long)kk);
         goto out;
     }
-    if (faiss_Index_search(u->idx, (idx_t)nq, queries, kk, d, l)) {
-        rc = faiss_err(err, errlen, "unbounded cache search");
+    char ferr[256];
+    if (u->shook)
+        u->shook(u->shook_ctx, u->flat ? 0 : np);
+    /* our own scan of the IVFPQ lists (faiss_shim_ivfpq_search) filters
+     * causally before it selects, so k a query is enough; it answers 1 for
+     * an index it does not read, which FAISS then searches for k + extra */
+    int how = 1;
+    if (!u->flat && !u->o.faiss_scan) {
+        uint64_t nd = 0;
+        how = faiss_shim_ivfpq_search(u->idx, (int64_t)nq, queries, k, np, id_limit, d, l, &nd, ferr, sizeof ferr);
+        if (how == 0) {
+            kk = k;
+            atomic_fetch_add_explicit(&u->ndis, nd, memory_order_relaxed);
+            atomic_fetch_add_explicit(&u->nsearched, nq, memory_order_relaxed);
+        }
+    }
+    if (how == 1)
+        how = faiss_shim_search(u->idx, (int64_t)nq, queries, (int64_t)kk, u->flat ? 0 : np, d, l, ferr, sizeof ferr);
+    if (how != 0) {
+        rc = nc_error(err, errlen, NC_EFORMAT, "unbounded cache search: %s", ferr);
     } else {
         for (size_t q = 0; q < nq; q++) {
             int got = 0;
@@ -477,9 +512,14 @@ int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size
     free(d);
     free(l);
 out:
-    (void)wlock;
     pthread_rwlock_unlock(&u->lock);
     return rc;
+}
+
+void unbounded_cache_scan_stats(nc_unbounded_cache *u, uint64_t *queries, uint64_t *codes)
+{
+    *queries = atomic_load(&u->nsearched);
+    *codes = atomic_load(&u->ndis);
 }
 
 int64_t unbounded_cache_count(nc_unbounded_cache *u)
@@ -511,8 +551,11 @@ nc_wordtable *unbounded_cache_words(nc_unbounded_cache *u)
 size_t unbounded_cache_memory(nc_unbounded_cache *u)
 {
     pthread_rwlock_rdlock(&u->lock);
+    /* per pair: its key (flat: dim floats; IVFPQ: its code and its int64
+     * id in the inverted list) and its word id; plus what the trained index
+     * holds whatever its size (centroids, precomputed tables) */
     size_t per = u->flat ? (size_t)u->o.dim * sizeof(float) : (size_t)(u->o.dim / 8 + 8);
-    size_t m = sizeof *u + u->cap * sizeof(int) + u->nvalues * per;
+    size_t m = sizeof *u + u->cap * sizeof(int) + u->nvalues * per + faiss_shim_fixed_bytes(u->idx);
     pthread_rwlock_unlock(&u->lock);
     return m;
 }
@@ -529,14 +572,14 @@ static int path_join(char *out, size_t n, const char *dir, const char *name, cha
 
 static int write_values(const nc_unbounded_cache *u, const char *path, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "wb");
+    FILE *f = nc_fopen(path, "wb");
     if (!f)
         return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
     uint64_t n = u->nvalues;
     uint32_t crc = (uint32_t)crc32(0L, (const Bytef *)u->values, (uInt)(n * sizeof(int)));
-    bool ok = fwrite(UB_VALUES_MAGIC, 1, 8, f) == 8 && fwrite(&n, sizeof n, 1, f) == 1 &&
-              (n == 0 || fwrite(u->values, sizeof(int), n, f) == n) &&
-              fwrite(&crc, sizeof crc, 1, f) == 1 && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    bool ok = nc_fwrite(UB_VALUES_MAGIC, 1, 8, f) == 8 && nc_fwrite(&n, sizeof n, 1, f) == 1 &&
+              (n == 0 || nc_fwrite(u->values, sizeof(int), n, f) == n) &&
+              nc_fwrite(&crc, sizeof crc, 1, f) == 1 && fflush(f) == 0 && nc_fsync(fileno(f)) == 0;
     int e = errno;
     if (fclose(f) != 0 && ok) {
         ok = false;
@@ -602,7 +645,7 @@ static int read_values(nc_unbounded_cache *u, const char *path, char *err, size_
         rc = nc_error(err, errlen, NC_EFORMAT, "%s: %lld bytes, a values file of %llu entries has %llu", path,
                       (long long)st.st_size, (unsigned long long)n, (unsigned long long)(16 + n * sizeof(int) + 4));
     } else {
-        u->values = malloc((n ? n : 1) * sizeof(int));
+        u->values = nc_malloc((n ? n : 1) * sizeof(int));
         u->cap = n ? n : 1;
         if (!u->values)
             rc = nc_error(err, errlen, NC_ENOMEM, "%s: %llu values", path, (unsigned long long)n);

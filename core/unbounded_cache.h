@@ -11,8 +11,10 @@
  * index (e.g. "IVF4096,PQ32" read from the model's unbounded.faiss) receives
  * every stored vector in id order, so no entry is lost and ids are kept.
  *
- * Concurrency: searches take a read lock and run in parallel; adds, the switch
- * and nprobe changes take the write lock. All functions are thread-safe. */
+ * Concurrency: searches take a read lock and run in parallel, each with its
+ * own nprobe (passed to FAISS with the search, core/faiss_shim.h, never set
+ * in the shared index); adds and the switch take the write lock. All
+ * functions are thread-safe. */
 #ifndef NC_UNBOUNDED_CACHE_H
 #define NC_UNBOUNDED_CACHE_H
 
@@ -35,6 +37,10 @@ typedef struct {
     long switch_at;               /* pairs at which to switch; 0 = 65536 */
     int nprobe;                   /* initial nprobe; 0 = 8 */
     int omp_threads;              /* FAISS OpenMP threads; 0 = leave as is */
+    bool faiss_scan;              /* search IVFPQ with FAISS's own scan (a
+                                   * heap of k + extra), not ours
+                                   * (faiss_shim_ivfpq_search): benchmarks'
+                                   * reference; same neighbours up to ties */
     bool key_f16;                 /* round keys to float16 precision before
                                    * storing them, so that a log holding f16
                                    * keys rebuilds exactly the same index */
@@ -70,7 +76,8 @@ int unbounded_cache_add(nc_unbounded_cache *u, const float *keys, const int *wor
  * returns are not neighbours). Causal filtering: if id_limit is non-NULL,
  * query q only accepts FAISS ids < id_limit[q]; the search then asks FAISS for
  * k + extra neighbours and keeps the first k accepted (pass extra >= the
- * number of ids that can be rejected). nprobe <= 0 keeps the current one. */
+ * number of ids that can be rejected). nprobe: IVF lists probed by this
+ * search alone; <= 0 = the cache's own (its options'). */
 int unbounded_cache_search(nc_unbounded_cache *u, const float *queries, size_t nq, int k, int nprobe,
                    const int64_t *id_limit, int extra, int reader, float *out_d2, int *out_words,
                    char *err, size_t errlen);
@@ -92,6 +99,17 @@ int unbounded_cache_word_at(nc_unbounded_cache *u, int64_t id);
 typedef int (*unbounded_cache_add_hook)(void *ctx, const float *keys, const int *words, size_t n,
                                 int64_t first_id, char *err, size_t errlen);
 void unbounded_cache_set_add_hook(nc_unbounded_cache *u, unbounded_cache_add_hook fn, void *ctx);
+
+/* Called by every search under the cache's read lock, just before FAISS
+ * searches, with the nprobe that search uses (the cache's own when it is
+ * flat: 0). For tests that hold one search inside while another runs.
+ * NULL fn removes the hook. */
+typedef void (*unbounded_cache_search_hook)(void *ctx, int nprobe);
+void unbounded_cache_set_search_hook(nc_unbounded_cache *u, unbounded_cache_search_hook fn, void *ctx);
+
+/* Queries our own IVFPQ scan answered and the codes it scanned, since the
+ * cache was made (benchmarks: codes per query). */
+void unbounded_cache_scan_stats(nc_unbounded_cache *u, uint64_t *queries, uint64_t *codes);
 
 int64_t unbounded_cache_count(nc_unbounded_cache *u);        /* pairs stored */
 bool unbounded_cache_is_exact(nc_unbounded_cache *u);        /* still on the flat index */

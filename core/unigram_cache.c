@@ -1,6 +1,7 @@
 /* unigram_cache.c -- the unigram cache: counts over a ring of the last N word
  * ids, and its term p_uni (Kuhn & De Mori 1990). */
 #include "unigram_cache.h"
+#include "fault.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +12,7 @@ int unigram_cache_init(nc_unigram_cache *u, int size, char *err, size_t errlen)
     if (size <= 0)
         return nc_error(err, errlen, NC_EINVAL, "unigram window %d must be positive", size);
     u->size = size;
-    u->ring = malloc((size_t)size * sizeof(int));
+    u->ring = nc_malloc((size_t)size * sizeof(int));
     if (!u->ring)
         return nc_error(err, errlen, NC_ENOMEM, "unigram window of %d entries", size);
     return NC_OK;
@@ -41,7 +42,7 @@ int unigram_cache_push(nc_unigram_cache *u, int w)
         int n = u->ncounts ? u->ncounts : 1024;
         while (n <= w)
             n *= 2;
-        int *c = realloc(u->counts, (size_t)n * sizeof(int));
+        int *c = nc_realloc(u->counts, (size_t)n * sizeof(int));
         if (!c)
             return NC_ENOMEM;
         memset(c + u->ncounts, 0, (size_t)(n - u->ncounts) * sizeof(int));
@@ -67,7 +68,7 @@ int unigram_cache_copy(nc_unigram_cache *dst, const nc_unigram_cache *src, char 
     dst->count = src->count;
     dst->head = src->head;
     if (src->ncounts) {
-        dst->counts = malloc((size_t)src->ncounts * sizeof(int));
+        dst->counts = nc_malloc((size_t)src->ncounts * sizeof(int));
         if (!dst->counts) {
             unigram_cache_free(dst);
             return nc_error(err, errlen, NC_ENOMEM, "unigram counts");

@@ -17,7 +17,7 @@ struct nc_wordtable {
 int wordtable_new(const nc_vocab *model_vocab, nc_wordtable **out, char *err, size_t errlen)
 {
     *out = NULL;
-    nc_wordtable *t = calloc(1, sizeof *t);
+    nc_wordtable *t = nc_zalloc(1, sizeof *t);
     if (!t)
         return nc_error(err, errlen, NC_ENOMEM, "word table");
     t->v = model_vocab ? vocab_clone(model_vocab) : vocab_new();
@@ -76,7 +76,7 @@ int wordtable_model_size(const nc_wordtable *t)
 
 int wordtable_save(nc_wordtable *t, const char *path, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "w");
+    FILE *f = nc_fopen(path, "w");
     if (!f)
         return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
     pthread_rwlock_rdlock(&t->lock);

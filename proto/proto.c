@@ -57,6 +57,9 @@ static const struct {
     [API_FORBIDDEN] = {403, "forbidden", 0},
     [API_RATE_LIMITED] = {429, "rate_limited", 0},
     [API_TOKEN_BUDGET] = {429, "token_budget_exceeded", 0},
+    /* for good: a retry cannot succeed, the namespace created again under
+     * the name is another incarnation (docs/namespaces.md) */
+    [API_NAMESPACE_DELETED] = {410, "namespace_deleted", 0},
     [API_CONFIRMATION_REQUIRED] = {400, "confirmation_required", 0},
 };
 
@@ -395,8 +398,9 @@ int proto_decode_predict(const json_t *body, long max_top_k, proto_predict_req *
 
 int proto_decode_feed(const json_t *body, proto_feed_req *r, api_status *st)
 {
-    static const char *const keys[] = {"text", "scores", "adapt", "components", NULL};
+    static const char *const keys[] = {"text", "scores", "adapt", "components", "normalize", NULL};
     if (proto_check_keys(body, keys, st)) return -1;
+    if (proto_get_bool(body, "normalize", true, &r->normalize, st)) return -1;
     if (proto_get_string(body, "text", true, &r->text, &r->len, st)) return -1;
     if (proto_get_bool(body, "scores", false, &r->scores, st)) return -1;
     if (proto_get_bool(body, "adapt", false, &r->adapt, st)) return -1;
@@ -421,8 +425,9 @@ static int get_bos(const json_t *body, bool *bos_eos, api_status *st)
 int proto_decode_score(const json_t *body, const nc_cache_params *defaults,
                        proto_score_req *r, api_status *st)
 {
-    static const char *const keys[] = {"text", "cache", "bos", "final_eos", NULL};
+    static const char *const keys[] = {"text", "cache", "bos", "final_eos", "normalize", NULL};
     if (proto_check_keys(body, keys, st)) return -1;
+    if (proto_get_bool(body, "normalize", true, &r->normalize, st)) return -1;
     if (proto_get_string(body, "text", true, &r->text, &r->len, st)) return -1;
     if (proto_decode_cache(json_object_get(body, "cache"), defaults, &r->cache, st)) return -1;
     if (get_bos(body, &r->bos_eos, st)) return -1;
@@ -453,9 +458,10 @@ int proto_decode_session(const json_t *body, const nc_cache_params *defaults,
     if (proto_get_string(body, "namespace", false, &r->ns, NULL, st)) return -1;
     /* A namespace name becomes a directory under data_dir: "." and ".."
      * (and hidden names) would leave it or collide with its files. */
-    if (r->ns && (!valid_id(r->ns) || r->ns[0] == '.'))
+    if (r->ns && (!valid_id(r->ns) || r->ns[0] == '.' || strstr(r->ns, ".deleted-")))
         return proto_fail(st, API_OUT_OF_RANGE,
-                          "field 'namespace' must be 1-63 characters of [A-Za-z0-9_.-], not starting with '.'");
+                          "field 'namespace' must be 1-63 characters of [A-Za-z0-9_.-], not starting with '.' nor "
+                          "holding '.deleted-' (the directories of deleted incarnations)");
     return proto_decode_cache(json_object_get(body, "cache"), defaults, &r->cache, st);
 }
 
@@ -584,6 +590,7 @@ int proto_decode_completions(const json_t *body, int vocab_size, long max_top_k,
         if (proto_get_bool(so, "include_usage", false, &r->include_usage, st)) return -1;
     }
     if (proto_get_bool(body, "allow_unk", false, &r->allow_unk, st)) return -1;
+    if (proto_get_bool(body, "normalize", true, &r->normalize, st)) return -1;
     return decode_stop(body, r->stop, r->stop_len, &r->n_stop, st);
 }
 
@@ -615,12 +622,13 @@ int proto_decode_generate(const json_t *body, long max_top_k, long max_completio
 int proto_decode_rescore(const json_t *body, bool stateless, const nc_cache_params *defaults,
                          long max_hypotheses, proto_rescore_req *r, api_status *st)
 {
-    static const char *const keys_s[] = {"hypotheses", "top_k", NULL};
-    static const char *const keys_l[] = {"context", "hypotheses", "top_k", "cache", "bos", NULL};
+    static const char *const keys_s[] = {"hypotheses", "top_k", "normalize", NULL};
+    static const char *const keys_l[] = {"context", "hypotheses", "top_k", "cache", "bos", "normalize", NULL};
     memset(r, 0, sizeof *r);
     r->context = "";
     r->bos_eos = true;
     if (proto_check_keys(body, stateless ? keys_l : keys_s, st)) return -1;
+    if (proto_get_bool(body, "normalize", true, &r->normalize, st)) return -1;
     const json_t *h = field(body, "hypotheses");
     if (!h)
         return proto_fail(st, API_MISSING_FIELD, "field 'hypotheses' is required");

@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "cache.h"
+#include "cache_params.h"
 
 /* Every API failure, with its HTTP status and wire code in one table
  * (proto.c). */
@@ -47,6 +47,7 @@ typedef enum {
     API_FORBIDDEN,           /* 403 the key may not do this, or not in this namespace */
     API_RATE_LIMITED,        /* 429 over the key's requests per second */
     API_TOKEN_BUDGET,        /* 429 over the key's tokens per minute */
+    API_NAMESPACE_DELETED,   /* 410 the session's namespace incarnation was deleted */
     API_CONFIRMATION_REQUIRED, /* 400 a destructive request without its ?confirm= */
     API_ERROR_COUNT
 } api_error;
@@ -123,6 +124,7 @@ typedef struct {
     const char *text; size_t len; bool scores;
     bool adapt;              /* also add the pairs to the namespace's unbounded cache */
     bool components;         /* each token's probability split by component (implies scores) */
+    bool normalize;          /* "normalize" (default true): text to the model's conventions */
 } proto_feed_req;
 int proto_decode_feed(const json_t *body, proto_feed_req *r, api_status *st);
 
@@ -131,6 +133,7 @@ typedef struct {
     nc_cache_params cache;
     bool bos_eos;            /* "bos": "eos" (default) or "none" */
     bool final_eos;          /* a last line without newline still ends with eos */
+    bool normalize;          /* "normalize" (default true): text to the model's conventions */
 } proto_score_req;
 int proto_decode_score(const json_t *body, const nc_cache_params *defaults,
                        proto_score_req *r, api_status *st);
@@ -163,6 +166,7 @@ typedef struct {
     const char *stop[PROTO_MAX_STOP];   /* stop sequences, borrowed from body */
     size_t stop_len[PROTO_MAX_STOP];
     size_t n_stop;
+    bool normalize;          /* "normalize" (default true): string prompts to the model's conventions */
 } proto_completions_req;
 int proto_decode_completions(const json_t *body, int vocab_size, long max_top_k,
                              long max_completion_tokens, proto_completions_req *r,
@@ -195,6 +199,7 @@ typedef struct {
     const char *context; size_t context_len;   /* stateless only ("" when absent) */
     nc_cache_params cache;   /* stateless only */
     bool bos_eos;            /* stateless only */
+    bool normalize;          /* "normalize" (default true): hypotheses and context to the model's conventions */
 } proto_rescore_req;
 /* stateless: the /v1/rescore form (context, cache, bos allowed). */
 int proto_decode_rescore(const json_t *body, bool stateless, const nc_cache_params *defaults,

@@ -49,7 +49,7 @@ if [ "$QUICK" != 1 ] && [ -f "$SRC/unbounded.faiss" ]; then
 else
     echo; echo "== training $FACTORY on $SAMPLE hidden states of ptb.train (neurocache build-index)"
     t0=$(date +%s.%N)
-    nice "$BIN"/neurocache build-index --model "$MODEL" --corpus "$PTB/ptb.train.txt" --factory "$FACTORY" \
+    nice "$BIN"/neurocache build-index --model "$MODEL" --no-normalize --corpus "$PTB/ptb.train.txt" --factory "$FACTORY" \
         --sample "$SAMPLE" --threads "$(nproc)" --out "$TMP/unbounded.faiss" 2>&1 | tail -n 2
     echo "trained in $(echo "$(date +%s.%N) - $t0" | bc) s"
 fi
@@ -68,7 +68,7 @@ for fs in group none; do
     if [ "$MB" != 0 ]; then head -c "${MB}000000" "$TMP/ptb.all.txt" > "$TMP/part.txt"; BODY="$TMP/part.txt"; fi
     t0=$(date +%s.%N)
     OUT=$(curl -sS -H 'Content-Type: text/plain' -H 'Transfer-Encoding: chunked' --data-binary @"$BODY" \
-        "http://127.0.0.1:$PORT/v1/namespaces/bench/documents?id=ptb")
+        "http://127.0.0.1:$PORT/v1/namespaces/bench/documents?id=ptb&normalize=false")
     t1=$(date +%s.%N)
     TOK=$(echo "$OUT" | grep -o '"tokens_added":[0-9]*' | cut -d: -f2)
     HWM=$(grep VmHWM /proc/$PID/status | awk '{print $2}')

@@ -75,7 +75,7 @@ if [[ " $STEPS " == *" index "* ]] && [ ! -f "$M/unbounded.faiss" ]; then
     # of the LSTM pass
     echo "== build-index on PTB train (first 15000 lines)"
     head -n 15000 "$DATA/ptb/ptb.train.txt" > "$W/ptb.train.head.txt"
-    $NC build-index --model "$M" --corpus "$W/ptb.train.head.txt" 2>&1 | grep -v '^  [0-9]' | tail -4
+    $NC build-index --no-normalize --model "$M" --corpus "$W/ptb.train.head.txt" 2>&1 | grep -v '^  [0-9]' | tail -4
 fi
 
 # one corpus: NAME TUNE_FILE EVAL_FILE MEMORY EXTRA_OPTS...
@@ -94,7 +94,7 @@ run_corpus() {
     echo "== $name: tune on $(basename "$tunef") ($(wc -w < "$tunef") words), eval on $(basename "$evalf") ($(wc -w < "$evalf") words)${mem[*]:+, memory ${memf##*/}} $*"
     local best="" bestp=""
     for n in $NEURAL_SIZES; do
-        $NC tune --model "$M" --valid "$tunef" --unigram-cache 2000 --neural-cache "$n" --unbounded "${UB[@]}" \
+        $NC tune --no-normalize --model "$M" --valid "$tunef" --unigram-cache 2000 --neural-cache "$n" --unbounded "${UB[@]}" \
             "${GRID[@]}" --out "$out-tune-n$n" "$@" > "$out-tune-n$n.txt"
         local p
         p=$(sed -n 's/^best neural+unbounded: perplexity \([0-9.]*\).*/\1/p' "$out-tune-n$n.txt")
@@ -110,7 +110,7 @@ run_corpus() {
     ub=$(sed -n 's/^best unbounded: .*options: //p' "$out-tune.txt")
     nub=$(sed -n 's/^best neural+unbounded: .*options: //p' "$out-tune.txt")
     strip() { echo "$1" | sed 's/--open-vocab//; s/--uniform-mu [^ ]*//; s/--switch-at [^ ]*//'; }
-    $NC eval --model "$M" "${UB[@]:4}" "${mem[@]}" --csv "$out-eval.csv" "$@" \
+    $NC eval --no-normalize --model "$M" "${UB[@]:4}" "${mem[@]}" --csv "$out-eval.csv" "$@" \
         --row "$(strip "$uni")" --row "$(strip "$neu")" --row "$(strip "$ub")" --row "$(strip "$nub")" "$evalf" \
         | tee "$out-eval.txt"
 }
@@ -136,7 +136,7 @@ if [[ " $STEPS " == *" wt2 "* ]]; then
 fi
 if [[ " $STEPS " == *" cost "* ]]; then
     echo "== cost of the neural cache (PTB valid, N=2000): static vs neural rows"
-    $NC eval --model "$M" --row "--neural-cache 2000 --theta 0.3 --lambda 0.1" \
+    $NC eval --no-normalize --model "$M" --row "--neural-cache 2000 --theta 0.3 --lambda 0.1" \
         --row "--neural-cache 2000 --theta 0.3 --lambda 0.1 --f16-keys" "$DATA/ptb/ptb.valid.txt"
     echo "== cost of the unbounded cache against stored states (memory: hidden states of War and Peace's"
     echo "   head, beyond 100k synthetic; queries: War and Peace's last 400 lines)"
@@ -176,8 +176,8 @@ if [[ " $STEPS " == *" gate "* ]]; then
         d=$(gate_dir "gate-$name")
         [ "$memf" = - ] || mem=(--memory "$memf")
         echo "== gate $name: fit on $(basename "$fitf"), eval on $(basename "$evalf") $*"
-        $NC fit-gate --model "$d" --valid "$fitf" --hidden "$GH" "$@" | tee "$W/gate-$name-fit.txt"
-        $NC eval --model "$d" "${mem[@]}" --csv "$W/gate-$name-eval.csv" "$@" --gate "$evalf" \
+        $NC fit-gate --no-normalize --model "$d" --valid "$fitf" --hidden "$GH" "$@" | tee "$W/gate-$name-fit.txt"
+        $NC eval --no-normalize --model "$d" "${mem[@]}" --csv "$W/gate-$name-eval.csv" "$@" --gate "$evalf" \
             | tee "$W/gate-$name-eval.txt"
     }
     run_gate ptb "$DATA/ptb/ptb.valid.txt" "$DATA/ptb/ptb.test.txt" - --neural-cache 500 --theta 0.7 --lambda 0.1
@@ -192,7 +192,7 @@ if [[ " $STEPS " == *" gate "* ]]; then
     # neighbours around every query, which no fitting text shows a gate
     echo "== adaptive retrieval at 1M stored states (unbounded cache alone, lambda 0.5, real states)"
     d=$(gate_dir gate-ub)
-    $NC fit-gate --model "$d" --valid "$W/wp.head.txt" --hidden "$GH" --unbounded --knn 1024 \
+    $NC fit-gate --no-normalize --model "$d" --valid "$W/wp.head.txt" --hidden "$GH" --unbounded --knn 1024 \
         --unbounded-lambda 0.5 "${UB[@]:2}" | tee "$W/gate-ub-fit.txt"
     n=$(wc -l < "$DATA/books/warandpeace.ptb.txt")
     head -n $(( n - 400 )) "$DATA/books/warandpeace.ptb.txt" > "$W/wp.mem.txt"

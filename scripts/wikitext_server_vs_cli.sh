@@ -11,7 +11,8 @@
 # EXACT=1 keeps both on the exact flat index (switch at 10^9 pairs), so that
 # only float16 keys and summation order separate them. Prints perplexities,
 # the largest per-token difference and the memory's streaming speed on both
-# sides (upload / --memory).
+# sides (upload / --memory). The text is PTB-style, read as written
+# (?normalize=false, "normalize": false, --no-normalize: docs/normalisation.md).
 #
 #   scripts/wikitext_server_vs_cli.sh            # models/demo, HELD=150 lines
 #   BIN=/path/to/bin MODEL=dir HELD=150 MEMORY_LINES=N EXACT=1 scripts/wikitext_server_vs_cli.sh
@@ -51,17 +52,17 @@ for mode in closed open; do
     if [ $mode = open ]; then VOC=',"open_vocab":true,"uniform_mu":0.01'; CV="--open-vocab --uniform-mu 0.01"; else VOC=; CV=; fi
     t0=$(date +%s.%N)
     curl -sf -X POST -H 'Content-Type: text/plain' --data-binary @"$TMP/memory.txt" \
-        "$URL/v1/namespaces/wiki-$mode/documents?id=valid" > "$TMP/up.json"
+        "$URL/v1/namespaces/wiki-$mode/documents?id=valid&normalize=false" > "$TMP/up.json"
     t1=$(date +%s.%N)
     curl -sf "$URL/v1/sessions" -H 'Content-Type: application/json' \
         -d "{\"id\":\"s-$mode\",\"namespace\":\"wiki-$mode\",\"cache\":{$NEURAL,$UNB$VOC}}" > /dev/null
-    python3 -c 'import json,sys; print(json.dumps({"text": open(sys.argv[1]).read(), "adapt": True, "scores": True}))' \
+    python3 -c 'import json,sys; print(json.dumps({"text": open(sys.argv[1]).read(), "adapt": True, "scores": True, "normalize": False}))' \
         "$TMP/text.txt" > "$TMP/feed.json"
     t2=$(date +%s.%N)
     curl -sf "$URL/v1/sessions/s-$mode/feed" -H 'Content-Type: application/json' --data-binary @"$TMP/feed.json" > "$TMP/daemon-$mode.json"
     t3=$(date +%s.%N)
     # shellcheck disable=SC2086
-    "$BIN/neurocache" score --model "$MODEL" --memory "$TMP/memory.txt" $CLIOPTS $CV --format json \
+    "$BIN/neurocache" score --model "$MODEL" --no-normalize --memory "$TMP/memory.txt" $CLIOPTS $CV --format json \
         "$TMP/text.txt" > "$TMP/cli-$mode.json" 2> "$TMP/cli-$mode.err"
     python3 - "$mode" "$TMP/up.json" "$TMP/daemon-$mode.json" "$TMP/cli-$mode.json" "$TMP/cli-$mode.err" \
         "$t0" "$t1" "$t2" "$t3" <<'PY'

@@ -28,15 +28,17 @@
 
 void api_h_tokenize(nc_server *srv, http_request *req, http_response *resp)
 {
-    static const char *const keys[] = {"prompt", "text", "final_eos", "model", "add_special_tokens", NULL};
+    static const char *const keys[] = {"prompt", "text", "final_eos", "model", "add_special_tokens", "normalize",
+                                       NULL};
     api_status st;
     const char *text, *text2;
     size_t len, len2;
-    bool final_eos;
+    bool final_eos, normalize;
     if (proto_check_keys(req->json, keys, &st) ||
         proto_get_string(req->json, "prompt", false, &text, &len, &st) ||
         proto_get_string(req->json, "text", false, &text2, &len2, &st) ||
-        proto_get_bool(req->json, "final_eos", false, &final_eos, &st)) {
+        proto_get_bool(req->json, "final_eos", false, &final_eos, &st) ||
+        proto_get_bool(req->json, "normalize", true, &normalize, &st)) {
         http_reply_status(resp, &st);
         return;
     }
@@ -47,15 +49,15 @@ void api_h_tokenize(nc_server *srv, http_request *req, http_response *resp)
     }
     nc_tokens t;
     tokens_init(&t);
-    if (api_tokenize(srv, text, len, final_eos, &t, resp) == 0) {
-        json_t *ids = json_array(), *words = json_array(), *offs = json_array();
+    if (api_tokenize(srv, text, len, final_eos, normalize, &t, resp) == 0) {
+        json_t *ids = json_array(), *words = json_array();
         for (size_t i = 0; i < t.n; i++) {
             json_array_append_new(ids, json_integer(t.ids[i]));
             json_array_append_new(words, json_string(t.words[i]));
-            json_array_append_new(offs, json_integer((json_int_t)t.offsets[i]));
         }
-        http_reply_json(resp, 200, json_pack("{s:o,s:o,s:o,s:I}", "tokens", ids, "words", words,
-                                             "offsets", offs, "count", (json_int_t)t.n));
+        json_t *o = json_pack("{s:o,s:o,s:I}", "tokens", ids, "words", words, "count", (json_int_t)t.n);
+        api_token_info(o, srv->model, &t, true);   /* offsets, lengths, unk, unk_count */
+        http_reply_json(resp, 200, o);
     }
     tokens_clear(&t);
 }
@@ -109,11 +111,13 @@ void api_h_tokenizer_info(nc_server *srv, http_request *req, http_response *resp
 {
     (void)req;
     const nc_model_config *c = &srv->model->cfg;
-    http_reply_json(resp, 200,
-                    json_pack("{s:s,s:s,s:n,s:s,s:s,s:i,s:i,s:b,s:s,s:s}", "eos_token", c->eos_token, "bos_token",
+    json_t *o = json_pack("{s:s,s:s,s:n,s:s,s:s,s:i,s:i,s:b,s:s,s:s}", "eos_token", c->eos_token, "bos_token",
                               c->eos_token, "pad_token", "unk_token", c->unk_token, "tokenizer_class",
                               "neurocache-words", "vocab_size", c->vocab_size, "model_max_length", 1 << 30,
-                              "lowercase", c->lowercase, "word_separator", " ", "eos_text", "\n"));
+                              "lowercase", c->lowercase, "word_separator", " ", "eos_text", "\n");
+    if (o)
+        json_object_set_new(o, "text", api_text_conventions(srv->model));
+    http_reply_json(resp, 200, o);
 }
 
 void api_h_chat_completions(nc_server *srv, http_request *req, http_response *resp)
@@ -138,7 +142,8 @@ static int completions_budget(nc_server *srv, const proto_completions_req *r, ht
     long long steps = 0, dists = 0;
     for (size_t i = 0; i < r->n_prompts; i++) {
         const json_t *p = r->prompts[i];
-        long long np = json_is_string(p) ? (long long)api_tokens_at_least(json_string_value(p), json_string_length(p))
+        long long np = json_is_string(p) ? (long long)api_tokens_at_least(json_string_value(p), json_string_length(p),
+                                                                          r->normalize && srv->model->cfg.text.declared)
                                          : (long long)json_array_size(p);
         steps += np + r->max_tokens;
         dists += r->max_tokens + (r->echo && r->logprobs > 0 ? np : 0);
@@ -176,6 +181,7 @@ typedef struct {
     json_t *tokens, *lps, *tops, *offs;
     long long steps, dists;       /* budgets used so far */
     size_t tot_prompt, tot_gen;
+    size_t tot_unk;               /* prompt tokens that were the model's unk */
     api_error api;                /* why it failed (API_INTERNAL: see rc) */
     char err[NC_ERRLEN];
 } cmpl_job;
@@ -276,12 +282,13 @@ static int send_ready(cmpl_job *j, gen_text *gt, size_t index, bool final, const
 
 /* The prompt as tokens, and its text (the original string, or the
  * detokenised ids). */
-static int prompt_tokens(const nc_model *m, const json_t *prompt, nc_tokens *t, strbuf *text, char *err,
-                         size_t errlen)
+static int prompt_tokens(const nc_model *m, const json_t *prompt, bool normalize, nc_tokens *t, strbuf *text,
+                         char *err, size_t errlen)
 {
     int rc = NC_OK;
     if (json_is_string(prompt)) {
-        rc = tokenize(m, json_string_value(prompt), json_string_length(prompt), false, t, err, errlen);
+        rc = tokenize_ex(m, json_string_value(prompt), json_string_length(prompt), false, normalize, t, err,
+                         errlen);
         sb_add(text, json_string_value(prompt), json_string_length(prompt));
         return rc;
     }
@@ -314,7 +321,7 @@ static int complete_one(cmpl_job *j, workguard *g, const json_t *prompt, size_t 
     tokens_init(&t);
     strbuf ptext = {0};
     j->api = API_INTERNAL;
-    int rc = prompt_tokens(m, prompt, &t, &ptext, err, errlen);
+    int rc = prompt_tokens(m, prompt, r->normalize, &t, &ptext, err, errlen);
     if (rc == NC_EFORMAT)
         j->api = API_INVALID_TEXT;
     if (rc == NC_OK) {
@@ -444,6 +451,7 @@ static int complete_one(cmpl_job *j, workguard *g, const json_t *prompt, size_t 
     }
     if (rc == NC_OK) {
         j->tot_prompt += t.n;
+        j->tot_unk += tokens_count_unk(m, &t, 0);
         j->tot_gen += gen;
     }
     stream_free(st);
@@ -469,8 +477,10 @@ static int run_choices(cmpl_job *j, workguard *g, bool *gone)
 
 static json_t *usage_json(const cmpl_job *j)
 {
-    return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)j->tot_prompt, "completion_tokens",
-                     (json_int_t)j->tot_gen, "total_tokens", (json_int_t)(j->tot_prompt + j->tot_gen));
+    /* unk_count: prompt words outside the vocabulary (docs/normalisation.md) */
+    return json_pack("{s:I,s:I,s:I,s:I}", "prompt_tokens", (json_int_t)j->tot_prompt, "completion_tokens",
+                     (json_int_t)j->tot_gen, "total_tokens", (json_int_t)(j->tot_prompt + j->tot_gen), "unk_count",
+                     (json_int_t)j->tot_unk);
 }
 
 /* The producer of a streamed completion (sse.h), on a worker. An error

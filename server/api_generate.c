@@ -161,7 +161,7 @@ static void run(gen_job *j, workguard *g, http_response *resp)
     int frc = NC_OK;
     char ferr[NC_ERRLEN] = "";
     if (j->r.advance && delivered > 0) {
-        nc_tokens v = {j->words.ids, j->words.words, j->words.offsets, delivered, delivered};
+        nc_tokens v = {j->words.ids, j->words.words, j->words.offsets, delivered, delivered, j->words.lens};
         frc = stream_feed(s->stream, &v, false, NULL, ferr, sizeof ferr);
     }
     int64_t pos = stream_position(s->stream);

@@ -10,7 +10,6 @@
 
 #include "metrics.h"
 #include "namespaces.h"
-#include "replication.h"
 #include "uploads.h"
 
 /* The uploads in progress into r, as GET /v1/namespaces/{ns} shows them. */
@@ -40,7 +39,8 @@ static json_t *ns_json(nc_server *srv, ns_handle *r)
         snprintf(idx, sizeof idx, "Flat");
     else
         snprintf(idx, sizeof idx, "%s", st.factory ? st.factory : "IVF");
-    return json_pack("{s:s,s:I,s:i,s:I,s:{s:s,s:b,s:i},s:I,s:I,s:I,s:{s:I,s:I,s:f,s:f},s:I,s:o}", "name", namespaces_name(r),
+    return json_pack("{s:s,s:I,s:I,s:i,s:I,s:{s:s,s:b,s:i},s:I,s:I,s:I,s:{s:I,s:I,s:f,s:f},s:I,s:o}", "name",
+                     namespaces_name(r), "incarnation", (json_int_t)namespaces_incarnation(r),
                      "entries", (json_int_t)st.entries, "words", st.words, "documents", (json_int_t)st.docs,
                      "index", "type", idx, "exact", st.exact, "nprobe", st.nprobe,
                      "disk_bytes", (json_int_t)st.disk_bytes, "wal_bytes", (json_int_t)st.wal_bytes,
@@ -93,14 +93,18 @@ void api_h_ns_delete(nc_server *srv, http_request *req, http_response *resp)
     }
     char err[NC_ERRLEN] = "";
     int64_t entries = 0;
-    if (namespaces_delete(srv, name, &entries, err, sizeof err) != 0) {
+    uint64_t incarnation = 0, tomb = 0;
+    /* The other replicas delete it too (its tombstone: replication.h;
+     * none without Redis). */
+    if (namespaces_delete(srv, name, 0, &entries, &incarnation, &tomb, err, sizeof err) != 0) {
         http_reply_error(resp, API_NOT_FOUND, "%s", err);
         return;
     }
-    /* The other replicas delete it too (replication.h; no-op without Redis). */
-    replication_namespace_deleted(srv, name);
-    http_reply_json(resp, 200, json_pack("{s:s,s:b,s:I}", "name", name, "deleted", 1, "entries",
-                                         (json_int_t)entries));
+    json_t *o = json_pack("{s:s,s:b,s:I,s:I}", "name", name, "deleted", 1, "entries", (json_int_t)entries,
+                          "incarnation", (json_int_t)incarnation);
+    if (o && tomb)
+        json_object_set_new(o, "tombstone", json_integer((json_int_t)tomb));
+    http_reply_json(resp, 200, o);
 }
 
 void api_h_ns_docs_list(nc_server *srv, http_request *req, http_response *resp)
@@ -125,13 +129,15 @@ void api_h_ns_docs_list(nc_server *srv, http_request *req, http_response *resp)
 
 /* The upload of this request, opened on its first piece (the namespace
  * from the path, plain text or NDJSON from its Content-Type, a plain
- * document's id from ?id=); NULL when out of memory. */
+ * document's id from ?id=, ?normalize=false for text already in the
+ * model's conventions); NULL when out of memory. */
 static upload *request_upload(nc_server *srv, http_request *req)
 {
     if (!req->user) {
         const char *ct = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
         const char *id = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "id");
-        req->user = upload_open(srv, req->params[0], ct, id);
+        const char *norm = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "normalize");
+        req->user = upload_open(srv, req->params[0], ct, id, norm);
         if (req->user)
             req->user_free = upload_free;
     }
@@ -157,7 +163,8 @@ void api_h_ns_documents(nc_server *srv, http_request *req, http_response *resp)
         return;
     }
     metrics_add_tokens_fed(res.tokens_added);
-    http_reply_json(resp, 200, json_pack("{s:s,s:I,s:I,s:O,s:I}", "namespace", res.ns, "documents",
+    http_reply_json(resp, 200, json_pack("{s:s,s:I,s:I,s:O,s:I,s:I}", "namespace", res.ns, "documents",
                                          (json_int_t)res.documents, "tokens_added", (json_int_t)res.tokens_added,
-                                         "ids", res.ids, "entries", (json_int_t)res.entries));
+                                         "ids", res.ids, "entries", (json_int_t)res.entries, "incarnation",
+                                         (json_int_t)res.incarnation));
 }

@@ -80,7 +80,7 @@ static int feed_slices(nc_server *srv, http_request *req, nc_stream *st, nc_sess
         if ((*why = workguard_check(&req->guard)) != WG_RUN)
             break;
         size_t nb = t->n - i < WORKGUARD_SLICE ? t->n - i : WORKGUARD_SLICE;
-        nc_tokens v = {t->ids + i, t->words + i, t->offsets + i, nb, nb};
+        nc_tokens v = {t->ids + i, t->words + i, t->offsets + i, nb, nb, t->lens ? t->lens + i : NULL};
         uint64_t sq = 0;
         rc = adapt_s ? namespaces_feed_adapt(srv, adapt_s, &v, lp ? lp + i : NULL, &sq, err, errlen)
              : shares ? feed_components(st, srv->model, &v, lp + i, shares + i, err, errlen)
@@ -136,7 +136,7 @@ static int feed_over_budget(nc_server *srv, const nc_session *s, const feed_work
 
 /* The answer of a feed that took every token: consumed, position, and the
  * tokens' log-probabilities and components when asked. */
-static json_t *feed_json(const feed_work *w, int64_t pos)
+static json_t *feed_json(nc_server *srv, const feed_work *w, int64_t pos)
 {
     const nc_tokens *t = &w->t;
     json_t *o = json_pack("{s:I,s:I}", "consumed", (json_int_t)t->n, "position", (json_int_t)pos);
@@ -149,6 +149,7 @@ static json_t *feed_json(const feed_work *w, int64_t pos)
         json_object_set_new(o, "tokens", words);
         json_object_set_new(o, "logprobs", lps);
     }
+    api_token_info(o, srv->model, t, w->r.scores);
     if (o && w->shares) {
         json_t *comps = json_array();
         for (size_t i = 0; i < t->n; i++) {
@@ -162,6 +163,22 @@ static json_t *feed_json(const feed_work *w, int64_t pos)
     return o;
 }
 
+/* Adapted pairs are durable before the answer (group commit), also those
+ * of the slices fed before a stop: waits for s's writes up to seq (0: none)
+ * and returns rc, or the sync's error (in err) when rc was NC_OK. */
+static int feed_sync(nc_session *s, uint64_t seq, int rc, char *err, size_t errlen)
+{
+    if (!seq)
+        return rc;
+    char serr[NC_ERRLEN] = "";
+    int src = namespaces_sync(s, seq, serr, sizeof serr);
+    if (rc == NC_OK && src != NC_OK) {
+        snprintf(err, errlen, "%s", serr);
+        return src;
+    }
+    return rc;
+}
+
 void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
 {
     feed_work w = {0};
@@ -170,9 +187,13 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
         http_reply_status(resp, &st);
         return;
     }
+    /* feed_components writes a log-probability beside each token's shares,
+     * and feed_json reads them: proto_parse_feed turns "scores" on with
+     * "components" */
+    NC_ASSERT(!w.r.components || w.r.scores, "a feed with components but no scores from proto");
     tokens_init(&w.t);
     nc_session *s = NULL;
-    if (api_tokenize(srv, w.r.text, w.r.len, false, &w.t, resp) || !(s = api_session_acquire(srv, req, resp))) {
+    if (api_tokenize(srv, w.r.text, w.r.len, false, w.r.normalize, &w.t, resp) || !(s = api_session_acquire(srv, req, resp))) {
         feed_work_free(&w);
         return;
     }
@@ -188,7 +209,7 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
         feed_work_free(&w);
         return;
     }
-    if (feed_over_budget(srv, s, &w, resp) != 0) {
+    if ((w.r.adapt && api_session_namespace_check(s, true, resp) != 0) || feed_over_budget(srv, s, &w, resp) != 0) {
         pthread_mutex_unlock(&s->lock);
         sessions_release(srv->sessions, s);
         feed_work_free(&w);
@@ -202,18 +223,22 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
                          sizeof err);
     int64_t pos = stream_position(s->stream);
     pthread_mutex_unlock(&s->lock);
-    /* adapted pairs are durable before the answer (group commit), also
-     * those of the slices fed before a stop */
-    if (seq) {
-        char serr[NC_ERRLEN] = "";
-        int src = namespaces_sync(s, seq, serr, sizeof serr);
-        if (rc == NC_OK && src != NC_OK) {
-            rc = src;
-            snprintf(err, sizeof err, "%s", serr);
-        }
+    rc = feed_sync(s, seq, rc, err, sizeof err);
+    /* An adapted pair is acknowledged only if its incarnation was live
+     * after it was durable: a deletion that raced with the write (the
+     * retired store refused it, or took it just before) is answered 410,
+     * never 200 for a pair that went with the deleted namespace. */
+    bool gone = w.r.adapt && namespaces_session_deleted(s);
+    uint64_t inc = s->ns_ref ? namespaces_incarnation(s->ns_ref) : 0;   /* s may go with its release */
+    if (gone) {
+        pthread_mutex_lock(&s->lock);
+        api_session_namespace_check(s, true, resp);
+        pthread_mutex_unlock(&s->lock);
     }
     sessions_release(srv->sessions, s);
-    if (rc != NC_OK) {
+    if (gone) {
+        /* answered */
+    } else if (rc != NC_OK) {
         http_reply_error(resp, api_error_from_core(rc), "feed: %s", err);
     } else if (why != WG_RUN) {
         metrics_add_tokens_fed(done);
@@ -222,7 +247,9 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
                          workguard_reason(why, srv->cfg.request_timeout_s), done, t->n, (long long)pos);
     } else {
         metrics_add_tokens_fed(t->n);
-        json_t *o = feed_json(&w, pos);
+        json_t *o = feed_json(srv, &w, pos);
+        if (o && w.r.adapt && inc)   /* the incarnation the pairs went into */
+            json_object_set_new(o, "namespace_incarnation", json_integer((json_int_t)inc));
         if (o && w.r.scores)
             metrics_add_tokens_scored(t->n);
         http_reply_json(resp, 200, o);
@@ -235,6 +262,9 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
 static void predict_answer(nc_session *s, const proto_predict_req *r, const float *logits,
                            http_response *resp)
 {
+    /* a session reading a deleted incarnation's cache answers 410 */
+    if (api_session_namespace_check(s, false, resp) != 0)
+        return;
     nc_dist d;
     dist_init(&d);
     char err[NC_ERRLEN] = "";
@@ -359,7 +389,7 @@ void api_h_score(nc_server *srv, http_request *req, http_response *resp)
     }
     nc_tokens t;
     tokens_init(&t);
-    if (api_tokenize(srv, r.text, r.len, r.final_eos, &t, resp)) {
+    if (api_tokenize(srv, r.text, r.len, r.final_eos, r.normalize, &t, resp)) {
         tokens_clear(&t);
         return;
     }
@@ -395,6 +425,7 @@ void api_h_score(nc_server *srv, http_request *req, http_response *resp)
             double ppl = counted ? exp(-sum / (double)counted) : 1.0;
             json_object_set_new(o, "ppl", isfinite(ppl) ? json_real(ppl) : json_null());
         }
+        api_token_info(o, srv->model, &t, true);
         metrics_add_tokens_scored(counted);
         http_reply_json(resp, 200, o);
     }

@@ -39,7 +39,8 @@ static int prepare(nc_server *srv, rescore_work *w, size_t extra, http_response 
 {
     size_t at_least = extra;
     for (size_t i = 0; i < w->r.n; i++)
-        at_least += api_tokens_at_least(w->r.hyps[i], w->r.hyp_len[i]);
+        at_least += api_tokens_at_least(w->r.hyps[i], w->r.hyp_len[i],
+                                        w->r.normalize && srv->model->cfg.text.declared);
     if (api_over_token_budget(srv, at_least, resp))
         return -1;
     w->toks = calloc(w->r.n, sizeof *w->toks);
@@ -52,7 +53,8 @@ static int prepare(nc_server *srv, rescore_work *w, size_t extra, http_response 
     w->total = extra;
     for (size_t i = 0; i < w->r.n; i++) {
         tokens_init(&w->toks[i]);
-        int rc = tokenize(srv->model, w->r.hyps[i], w->r.hyp_len[i], false, &w->toks[i], err, sizeof err);
+        int rc = tokenize_ex(srv->model, w->r.hyps[i], w->r.hyp_len[i], false, w->r.normalize, &w->toks[i], err,
+                             sizeof err);
         if (rc != NC_OK) {
             http_reply_error(resp, rc == NC_EFORMAT ? API_INVALID_TEXT : api_error_from_core(rc), "hypothesis %zu: %s", i, err);
             return -1;
@@ -100,7 +102,7 @@ static int by_score(const void *a, const void *b)
 
 /* The answer: each hypothesis with its tokens, logprobs, sum and rank (1 =
  * the likeliest); top_k: only the k best, best first. */
-static json_t *answer(const rescore_work *w)
+static json_t *answer(const nc_server *srv, const rescore_work *w)
 {
     size_t n = w->r.n;
     ranked *rk = malloc(n * sizeof *rk);
@@ -137,10 +139,12 @@ static json_t *answer(const rescore_work *w)
             json_array_append_new(words, json_string(w->toks[i].words[j]));
             json_array_append_new(lps, api_logprob(w->lp[i][j]));
         }
-        json_array_append_new(items, json_pack("{s:I,s:s%,s:o,s:o,s:f,s:I,s:I}", "index", (json_int_t)i, "text",
-                                               w->r.hyps[i], w->r.hyp_len[i], "tokens", words, "logprobs", lps,
-                                               "logprob_sum", isinf(sums[i]) ? -1e30 : sums[i], "count",
-                                               (json_int_t)counts[i], "rank", (json_int_t)rank[i]));
+        json_t *it = json_pack("{s:I,s:s%,s:o,s:o,s:f,s:I,s:I}", "index", (json_int_t)i, "text", w->r.hyps[i],
+                               w->r.hyp_len[i], "tokens", words, "logprobs", lps, "logprob_sum",
+                               isinf(sums[i]) ? -1e30 : sums[i], "count", (json_int_t)counts[i], "rank",
+                               (json_int_t)rank[i]);
+        api_token_info(it, srv->model, &w->toks[i], true);   /* unknown words, offsets into the hypothesis */
+        json_array_append_new(items, it);
     }
     free(sums);
     free(counts);
@@ -161,7 +165,7 @@ static void reply(nc_server *srv, const rescore_work *w, int rc, wg_stop why, co
                          workguard_reason(why, srv->cfg.request_timeout_s));
     } else {
         metrics_add_tokens_scored(w->total);
-        json_t *o = answer(w);
+        json_t *o = answer(srv, w);
         if (o && pos >= 0)
             json_object_set_new(o, "position", json_integer((json_int_t)pos));
         http_reply_json(resp, 200, o);
@@ -223,7 +227,7 @@ void api_h_rescore(nc_server *srv, http_request *req, http_response *resp)
     }
     nc_tokens ctx;
     tokens_init(&ctx);
-    if (api_tokenize(srv, w.r.context, w.r.context_len, false, &ctx, resp) || prepare(srv, &w, ctx.n, resp)) {
+    if (api_tokenize(srv, w.r.context, w.r.context_len, false, w.r.normalize, &ctx, resp) || prepare(srv, &w, ctx.n, resp)) {
         tokens_clear(&ctx);
         work_free(&w);
         return;

@@ -6,6 +6,7 @@
 
 #include "apiutil.h"
 #include "compute.h"
+#include "dyneval.h"
 #include "memstats.h"
 #include "metrics.h"
 #include "namespaces.h"
@@ -57,8 +58,17 @@ void api_h_model(nc_server *srv, http_request *req, http_response *resp)
                           "eos_token", c->eos_token,
                           "parameters", (json_int_t)model_num_params(srv->model));
     if (o) {
+        json_object_set_new(o, "text", api_text_conventions(srv->model));
         json_object_set_new(o, "cache_defaults", proto_encode_cache(&srv->cache_defaults));
         json_object_set_new(o, "cache_knobs", proto_encode_cache_knobs());
+        json_t *dm = json_object();
+        for (int sub = NC_DYN_BIAS; dm && sub <= NC_DYN_ALL; sub++) {
+            char key[4];
+            snprintf(key, sizeof key, "%d", sub);
+            json_object_set_new(dm, key, json_integer((json_int_t)dyneval_memory_of(srv->model, sub)));
+        }
+        json_object_set_new(o, "dyneval", json_pack("{s:b,s:o*}", "statistics", srv->model->dyn_ms != NULL,
+                                                     "memory_per_session", dm));
         /* every option of the [limits] section, by its name (config.c's
          * table is where each is defined), then the sessions' */
         json_t *lim = json_object();

@@ -12,6 +12,7 @@
 #include "apiutil.h"
 #include "auth.h"
 #include "migrate.h"
+#include "namespaces.h"
 #include "slog.h"
 
 static json_t *session_json(nc_session *s, bool locked_stream)
@@ -20,6 +21,11 @@ static json_t *session_json(nc_session *s, bool locked_stream)
     if (!o)
         return NULL;
     json_object_set_new(o, "cache", proto_encode_cache(&s->params));
+    if (s->ns_ref) {
+        /* the incarnation it is bound to, and whether that was deleted */
+        json_object_set_new(o, "namespace_incarnation", json_integer((json_int_t)namespaces_incarnation(s->ns_ref)));
+        json_object_set_new(o, "namespace_deleted", json_boolean(namespaces_session_deleted(s)));
+    }
     if (locked_stream) {
         json_object_set_new(o, "tokens", json_integer((json_int_t)stream_position(s->stream)));
         json_object_set_new(o, "memory_bytes", json_integer((json_int_t)stream_memory(s->stream)));
@@ -130,7 +136,7 @@ void api_h_sessions_handoff(nc_server *srv, http_request *req, http_response *re
     if (api_session_lock(srv, s, resp) == 0) {
         rc = migrate_export(srv, s, &blob, &len, err, sizeof err);
         if (rc == NC_OK)
-            sessions_delete(srv->sessions, s->id);
+            sessions_hand_over(srv->sessions, s->id);
         else
             http_reply_error(resp, API_INTERNAL, "export: %s", err);
         pthread_mutex_unlock(&s->lock);
@@ -184,8 +190,9 @@ void api_h_sessions_state_put(nc_server *srv, http_request *req, http_response *
         http_reply_error(resp, e, "%s", err);
         return;
     }
-    /* PUT replaces: a session of that id (an older copy) goes first. */
-    sessions_delete(srv->sessions, id);
+    /* PUT replaces: a session of that id (an older copy) goes first; a
+     * request waiting for the old copy is told to retry (it finds this one). */
+    sessions_hand_over(srv->sessions, id);
     nc_session *s = NULL;
     sessions_rc rc = sessions_adopt(srv->sessions, id, ns, stream_params(st), st, ref, &s, err, sizeof err);
     if (rc != SESS_OK) {

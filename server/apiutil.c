@@ -8,6 +8,7 @@
 
 #include "api_errors.h"
 #include "migrate.h"
+#include "namespaces.h"
 
 nc_session *api_session_acquire(nc_server *srv, http_request *req, http_response *resp)
 {
@@ -19,29 +20,52 @@ nc_session *api_session_acquire(nc_server *srv, http_request *req, http_response
     return s;
 }
 
-int api_session_lock(nc_server *srv, nc_session *s, http_response *resp)
+int api_session_namespace_check(nc_session *s, bool adapt, http_response *resp)
 {
-    pthread_mutex_lock(&s->lock);
-    if (!sessions_removed(srv->sessions, s))
+    if (!namespaces_session_deleted(s) || (!adapt && !stream_unbounded_cache(s->stream)))
         return 0;
-    pthread_mutex_unlock(&s->lock);
-    http_reply_error(resp, API_SESSION_MOVED,
-                     "session '%s' was handed to another replica or deleted while this request "
-                     "waited: retry", s->id);
+    const ns_handle *r = s->ns_ref;
+    http_reply_error(resp, API_NAMESPACE_DELETED,
+                     "namespace '%s' (incarnation %llu), which session '%s' reads and adapts, was deleted: "
+                     "create a new session (a namespace created again under the name is a new incarnation "
+                     "this session does not join)", namespaces_name(r),
+                     (unsigned long long)namespaces_incarnation(r), s->id);
     return -1;
 }
 
-size_t api_tokens_at_least(const char *text, size_t len)
+int api_session_lock(nc_server *srv, nc_session *s, http_response *resp)
+{
+    pthread_mutex_lock(&s->lock);
+    if (!sessions_removed(srv->sessions, s)) {
+        if (api_session_namespace_check(s, false, resp) == 0)
+            return 0;
+        pthread_mutex_unlock(&s->lock);
+        return -1;
+    }
+    pthread_mutex_unlock(&s->lock);
+    /* Only a session that lives on elsewhere (handed over, replaced by an
+     * import) or a draining replica is worth a retry: one deleted here is
+     * gone, and a retry would only find that out. */
+    if (sessions_moved(srv->sessions, s) || atomic_load(&srv->draining))
+        http_reply_error(resp, API_SESSION_MOVED,
+                         "session '%s' was handed to another replica while this request waited: retry", s->id);
+    else
+        http_reply_error(resp, API_SESSION_NOT_FOUND, "session '%s' was deleted while this request waited", s->id);
+    return -1;
+}
+
+size_t api_tokens_at_least(const char *text, size_t len, bool normalized)
 {
     size_t n = 0;
-    bool in_word = false;
+    bool counted = false;         /* this word was counted */
     for (size_t i = 0; i < len; i++) {
         char c = text[i];
         bool sp = c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
-        if (!sp && !in_word)
-            n++;
-        in_word = !sp;
-        if (c == '\n')
+        if (sp)
+            counted = false;
+        else if (!counted && (!normalized || (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z')))
+            n++, counted = true;
+        if (c == '\n' && !normalized)
             n++;
     }
     return n;
@@ -58,18 +82,49 @@ int api_over_token_budget(nc_server *srv, size_t n, http_response *resp)
     return -1;
 }
 
-int api_tokenize(nc_server *srv, const char *text, size_t len, bool final_eos,
+int api_tokenize(nc_server *srv, const char *text, size_t len, bool final_eos, bool normalize,
                         nc_tokens *t, http_response *resp)
 {
     char err[NC_ERRLEN] = "";
-    if (api_over_token_budget(srv, api_tokens_at_least(text, len), resp))
+    bool normalized = normalize && srv->model->cfg.text.declared;
+    if (api_over_token_budget(srv, api_tokens_at_least(text, len, normalized), resp))
         return -1;
-    int rc = tokenize(srv->model, text, len, final_eos, t, err, sizeof err);
+    int rc = tokenize_ex(srv->model, text, len, final_eos, normalize, t, err, sizeof err);
     if (rc != NC_OK) {
         http_reply_error(resp, rc == NC_EFORMAT ? API_INVALID_TEXT : api_error_from_core(rc), "text: %s", err);
         return -1;
     }
     return api_over_token_budget(srv, t->n, resp);
+}
+
+json_t *api_text_conventions(const nc_model *m)
+{
+    if (!m->cfg.text.declared)
+        return json_null();
+    json_t *o = json_object();
+    const char *key;
+    char val[64];
+    for (int i = 0; o && text_conv_get(&m->cfg.text, i, &key, val, sizeof val); i++)
+        json_object_set_new(o, key, text_conv_key_is_bool(key) ? json_boolean(!strcmp(val, "true")) : json_string(val));
+    return o;
+}
+
+void api_token_info(json_t *o, const nc_model *m, const nc_tokens *t, bool listed)
+{
+    if (!o)
+        return;
+    json_object_set_new(o, "unk_count", json_integer((json_int_t)tokens_count_unk(m, t, 0)));
+    if (!listed)
+        return;
+    json_t *unk = json_array(), *offs = json_array(), *lens = json_array();
+    for (size_t i = 0; i < t->n; i++) {
+        json_array_append_new(unk, json_boolean(t->ids[i] == m->unk_id));
+        json_array_append_new(offs, json_integer((json_int_t)t->offsets[i]));
+        json_array_append_new(lens, json_integer((json_int_t)(t->lens ? t->lens[i] : strlen(t->words[i]))));
+    }
+    json_object_set_new(o, "unk", unk);
+    json_object_set_new(o, "offsets", offs);
+    json_object_set_new(o, "lengths", lens);
 }
 
 /* A log-probability as JSON: NaN (no prediction) is null, -inf is a large

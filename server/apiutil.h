@@ -16,25 +16,50 @@
  * session_moved or 404 session_not_found. */
 nc_session *api_session_acquire(nc_server *srv, http_request *req, http_response *resp);
 
-/* Locks s->lock for a request; if the session was handed over or deleted
- * while the request waited, unlocks, answers 503 session_moved and returns
- * -1 (the caller still releases s). */
+/* Locks s->lock for a request; if the session was handed over while the
+ * request waited (or the replica drains), unlocks, answers 503
+ * session_moved, if it was deleted, 404 session_not_found, and if it reads
+ * the unbounded cache of a namespace incarnation deleted since, 410
+ * namespace_deleted (api_session_namespace_check), and returns -1 (the
+ * caller still releases s). */
 int api_session_lock(nc_server *srv, nc_session *s, http_response *resp);
 
-/* At least the number of tokens tokenize() gives for text[0..len): it
- * splits on Unicode white space (a superset of ASCII's) and appends eos at
- * each '\n'. A byte scan, so that an oversized text is refused before it is
- * tokenised. */
-size_t api_tokens_at_least(const char *text, size_t len);
+/* s locked: 0 if s may go on, or answers 410 namespace_deleted and
+ * returns -1 when the namespace incarnation s is bound to was deleted and
+ * the request needs it -- it adapts (adapt), or s's stream reads the
+ * namespace's unbounded cache. */
+int api_session_namespace_check(nc_session *s, bool adapt, http_response *resp);
+
+/* At least the number of tokens tokenize() gives for text[0..len) without
+ * normalisation: it splits on Unicode white space (a superset of ASCII's)
+ * and appends eos at each '\n'. A byte scan, so that an oversized text is
+ * refused before it is tokenised. normalized: the model's conventions apply
+ * (they may drop punctuation and newlines), so only words holding an ASCII
+ * letter or digit count (each gives at least one token). */
+size_t api_tokens_at_least(const char *text, size_t len, bool normalized);
 
 /* n LSTM steps against max_tokens_per_request: 0, or answers 413
  * too_many_tokens and returns -1. */
 int api_over_token_budget(nc_server *srv, size_t n, http_response *resp);
 
-/* Tokenises text and enforces max_tokens_per_request; on failure answers
- * and returns -1 (t is cleared either way by the caller). */
-int api_tokenize(nc_server *srv, const char *text, size_t len, bool final_eos, nc_tokens *t,
+/* Tokenises text (normalised to the model's text conventions unless
+ * normalize is false: the request's "normalize") and enforces
+ * max_tokens_per_request; on failure answers and returns -1 (t is cleared
+ * either way by the caller). */
+int api_tokenize(nc_server *srv, const char *text, size_t len, bool final_eos, bool normalize, nc_tokens *t,
                  http_response *resp);
+
+/* Adds to the answer o what a client needs to see unknown words and find
+ * each token in the text it sent: "unk_count" (tokens that are the model's
+ * unk), and with listed (the answer lists the tokens) "unk" (a flag per
+ * token), "offsets" and "lengths" (bytes of the original text each token
+ * came from: a normalised word points at the user's characters). */
+void api_token_info(json_t *o, const nc_model *m, const nc_tokens *t, bool listed);
+
+/* The model's text conventions (config.json's "text", normalize.h) as a
+ * JSON object, or null when it declares none (white-space split). New
+ * reference. */
+json_t *api_text_conventions(const nc_model *m);
 
 /* A log-probability as JSON: NaN (no prediction) is null, -inf is a large
  * negative number (JSON has no infinity). New reference. */

@@ -151,6 +151,92 @@ static int parse_limit(auth_key *k, const char *f, char *err, size_t errlen, int
     return 0;
 }
 
+/* Splits line l (comment cut) into at most 16 blank-separated fields.
+ * Returns their number, or -1 (err set) when there are more. */
+static int split_fields(char *l, char **fields, int line, char *err, size_t errlen)
+{
+    char *hash = strchr(l, '#');
+    if (hash) *hash = 0;
+    int nf = 0;
+    char *fs = NULL;
+    for (char *f = strtok_r(l, " \t\r", &fs); f; f = strtok_r(NULL, " \t\r", &fs)) {
+        if (nf == 16) {
+            snprintf(err, errlen, "line %d: too many fields", line);
+            return -1;
+        }
+        fields[nf++] = f;
+    }
+    return nf;
+}
+
+/* The fields of one key line, checked: name, secret, operations,
+ * namespaces, limits (auth.h). */
+static int check_key(auth_key *k, char **fields, int nf, int line, char *err, size_t errlen)
+{
+    size_t sl = strlen(fields[1]);
+    bool bad = true;
+    if (!valid_name(fields[0], strlen(fields[0])))
+        snprintf(err, errlen, "line %d: key name must be 1-63 characters of [A-Za-z0-9_.-]", line);
+    else if (sl < AUTH_SECRET_MIN || sl >= AUTH_SECRET_MAX)
+        snprintf(err, errlen, "line %d: key '%s' must be %d-%d characters long", line, fields[0], AUTH_SECRET_MIN,
+                 AUTH_SECRET_MAX - 1);
+    else if (each_item(fields[2], add_op, k) != 0)
+        snprintf(err, errlen, "line %d: key '%s': operations must be a comma list of read, write, admin, all", line,
+                 fields[0]);
+    else if (each_item(fields[3], add_ns, k) != 0)
+        snprintf(err, errlen, "line %d: key '%s': namespaces must be '*' or a comma list of names "
+                 "of [A-Za-z0-9_.-] (not '.' or '..')", line, fields[0]);
+    else
+        bad = false;
+    if (bad)
+        return -1;
+    for (int i = 4; i < nf; i++)
+        if (parse_limit(k, fields[i], err, errlen, line) != 0)
+            return -1;
+    for (size_t i = 0; i < sl; i++)
+        if ((unsigned char)fields[1][i] < 0x21 || (unsigned char)fields[1][i] > 0x7e) {
+            snprintf(err, errlen, "line %d: key '%s' must be printable ASCII", line, fields[0]);
+            return -1;
+        }
+    return 0;
+}
+
+/* Appends the key of one line (nf >= 4 fields) to t. 0, or -1 with err
+ * set; a key added before the failure stays in t for auth_table_free. */
+static int add_key(auth_table *t, char **fields, int nf, int line, char *err, size_t errlen)
+{
+    auth_key *nk = realloc(t->keys, (size_t)(t->n + 1) * sizeof *nk);
+    if (!nk) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    t->keys = nk;
+    auth_key *k = &t->keys[t->n];
+    memset(k, 0, sizeof *k);
+    pthread_mutex_init(&k->lock, NULL);
+    t->n++;
+    if (check_key(k, fields, nf, line, err, errlen) != 0)
+        return -1;
+    size_t sl = strlen(fields[1]);
+    snprintf(k->name, sizeof k->name, "%s", fields[0]);
+    memcpy(k->secret, fields[1], sl);
+    k->secret_len = sl;
+    int rc = 0;
+    for (int i = 0; i + 1 < t->n && rc == 0; i++) {
+        if (!strcmp(t->keys[i].name, k->name)) {
+            snprintf(err, errlen, "line %d: key name '%s' is used twice", line, k->name);
+            rc = -1;
+        } else if (auth_equal(t->keys[i].secret, t->keys[i].secret_len, k->secret, k->secret_len)) {
+            snprintf(err, errlen, "line %d: key '%s' has the same secret as '%s'", line, k->name, t->keys[i].name);
+            rc = -1;
+        }
+    }
+    k->rate_bucket = k->rate > 1 ? k->rate : 1;
+    k->tok_bucket = (double)k->tokens_per_min;
+    k->rate_t = k->tok_t = sessions_now();
+    return rc;
+}
+
 auth_table *auth_parse(const char *text, size_t len, char *err, size_t errlen)
 {
     auth_table *t = calloc(1, sizeof *t);
@@ -174,84 +260,17 @@ auth_table *auth_parse(const char *text, size_t len, char *err, size_t errlen)
         if (next)
             *next++ = 0;
         line++;
-        char *hash = strchr(l, '#');
-        if (hash) *hash = 0;
         char *fields[16];
-        int nf = 0;
-        char *fs = NULL;
-        for (char *f = strtok_r(l, " \t\r", &fs); f; f = strtok_r(NULL, " \t\r", &fs)) {
-            if (nf == 16) {
-                snprintf(err, errlen, "line %d: too many fields", line);
-                ok = 0;
-                break;
-            }
-            fields[nf++] = f;
-        }
-        if (!ok || nf == 0)
-            continue;
-        if (nf < 4) {
+        int nf = split_fields(l, fields, line, err, errlen);
+        if (nf < 0) {
+            ok = 0;
+        } else if (nf > 0 && nf < 4) {
             snprintf(err, errlen, "line %d: expected NAME KEY OPERATIONS NAMESPACES [LIMITS], got %d fields",
                      line, nf);
             ok = 0;
-            break;
+        } else if (nf > 0) {
+            ok = add_key(t, fields, nf, line, err, errlen) == 0;
         }
-        auth_key *nk = realloc(t->keys, (size_t)(t->n + 1) * sizeof *nk);
-        if (!nk) {
-            snprintf(err, errlen, "out of memory");
-            ok = 0;
-            break;
-        }
-        t->keys = nk;
-        auth_key *k = &t->keys[t->n];
-        memset(k, 0, sizeof *k);
-        pthread_mutex_init(&k->lock, NULL);
-        t->n++;
-        size_t sl = strlen(fields[1]);
-        if (!valid_name(fields[0], strlen(fields[0]))) {
-            snprintf(err, errlen, "line %d: key name must be 1-63 characters of [A-Za-z0-9_.-]", line);
-            ok = 0;
-        } else if (sl < AUTH_SECRET_MIN || sl >= AUTH_SECRET_MAX) {
-            snprintf(err, errlen, "line %d: key '%s' must be %d-%d characters long", line, fields[0],
-                     AUTH_SECRET_MIN, AUTH_SECRET_MAX - 1);
-            ok = 0;
-        } else if (each_item(fields[2], add_op, k) != 0) {
-            snprintf(err, errlen, "line %d: key '%s': operations must be a comma list of read, write, admin, all",
-                     line, fields[0]);
-            ok = 0;
-        } else if (each_item(fields[3], add_ns, k) != 0) {
-            snprintf(err, errlen, "line %d: key '%s': namespaces must be '*' or a comma list of names "
-                     "of [A-Za-z0-9_.-] (not '.' or '..')", line, fields[0]);
-            ok = 0;
-        }
-        for (int i = 4; ok && i < nf; i++)
-            if (parse_limit(k, fields[i], err, errlen, line) != 0)
-                ok = 0;
-        if (!ok)
-            break;
-        for (size_t i = 0; i < sl; i++)
-            if ((unsigned char)fields[1][i] < 0x21 || (unsigned char)fields[1][i] > 0x7e) {
-                snprintf(err, errlen, "line %d: key '%s' must be printable ASCII", line, fields[0]);
-                ok = 0;
-                break;
-            }
-        if (!ok)
-            break;
-        snprintf(k->name, sizeof k->name, "%s", fields[0]);
-        memcpy(k->secret, fields[1], sl);
-        k->secret_len = sl;
-        for (int i = 0; i + 1 < t->n && ok; i++) {
-            if (!strcmp(t->keys[i].name, k->name)) {
-                snprintf(err, errlen, "line %d: key name '%s' is used twice", line, k->name);
-                ok = 0;
-            } else if (auth_equal(t->keys[i].secret, t->keys[i].secret_len, k->secret, k->secret_len)) {
-                snprintf(err, errlen, "line %d: key '%s' has the same secret as '%s'", line, k->name,
-                         t->keys[i].name);
-                ok = 0;
-            }
-        }
-        k->rate_bucket = k->rate > 1 ? k->rate : 1;
-        k->tok_bucket = (double)k->tokens_per_min;
-        k->rate_t = k->tok_t = sessions_now();
     }
     explicit_bzero(buf, len);
     free(buf);

@@ -12,7 +12,6 @@
 #ifndef NC_SERVER_BATCHER_H
 #define NC_SERVER_BATCHER_H
 
-#include "cache.h"
 #include "sessions.h"
 
 typedef struct batch_job batch_job;

@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "cache.h"
+#include "cache_params.h"
 
 enum { LOG_FORMAT_JSON = 0, LOG_FORMAT_TEXT = 1 };
 

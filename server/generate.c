@@ -162,7 +162,7 @@ int gen_feed(nc_stream *st, workguard *g, const nc_tokens *t, double *lp, wg_sto
         if ((*why = workguard_check(g)) != WG_RUN)
             break;
         size_t nb = t->n - i < WORKGUARD_SLICE ? t->n - i : WORKGUARD_SLICE;
-        nc_tokens v = {t->ids + i, t->words + i, t->offsets + i, nb, nb};
+        nc_tokens v = {t->ids + i, t->words + i, t->offsets + i, nb, nb, t->lens ? t->lens + i : NULL};
         rc = stream_feed(st, &v, false, lp ? lp + i : NULL, err, errlen);
     }
     return rc;

@@ -593,31 +593,31 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     slog(SLOG_WARN, "libmicrohttpd", json_pack("{s:s}", "detail", msg));
 }
 
-/* ---- the gate --------------------------------------------------------
+/* ---- the connection acceptor -------------------------------------------
  * The daemon accepts connections itself and hands them to libmicrohttpd
  * (MHD_add_connection) once their first bytes look like an HTTP request
  * line: "METHOD " with METHOD upper-case letters. libmicrohttpd waits for a
  * line end before it judges a request line, so a TLS ClientHello (or any
  * bytes without a newline) held a connection and its thread until the idle
  * timeout, and a line it could not parse was closed without an answer; here
- * both get 400 malformed_request at once. The gate also bounds the open
+ * both get 400 malformed_request at once. The acceptor also bounds the open
  * connections (max_connections, each has a thread) with a 503. */
 
-#define GATE_PEEK 32              /* bytes that decide; methods are short */
+#define ACCEPTOR_PEEK 32              /* bytes that decide; methods are short */
 
 typedef struct {
     int fd;
     double since;
     struct sockaddr_storage addr;
     socklen_t alen;
-} gate_conn;
+} acceptor_conn;
 
-struct http_gate {
+struct http_acceptor {
     nc_server *srv;
     int lfd;                      /* listening socket */
     int wake[2];                  /* pipe: http_stop wakes the thread */
     pthread_t th;
-    gate_conn *pend;              /* accepted, no request line yet */
+    acceptor_conn *pend;              /* accepted, no request line yet */
     int npend, cap;
 };
 
@@ -625,7 +625,7 @@ struct http_gate {
  * closes it. What the client sent is read first: closing a socket with
  * unread bytes resets the connection, and the reset can destroy the answer
  * before the client reads it. */
-static void gate_refuse(int fd, api_error e, const char *msg)
+static void acceptor_refuse(int fd, api_error e, const char *msg)
 {
     json_t *b = proto_error_body(e, msg);
     char *body = b ? proto_dump(b, NULL) : NULL;
@@ -663,41 +663,120 @@ static int looks_like_request(const unsigned char *b, size_t n)
     return 0;
 }
 
-static long open_connections(struct http_gate *g)
+static long open_connections(struct http_acceptor *g)
 {
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(g->srv->mhd, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
     return (di ? (long)di->num_connections : 0) + g->npend;
 }
 
-static void gate_drop(struct http_gate *g, int i)
+static void acceptor_drop(struct http_acceptor *g, int i)
 {
     g->pend[i] = g->pend[--g->npend];
 }
 
-static void *gate_main(void *arg)
+/* pfd sized for the wake pipe, the listening socket and every pending
+ * connection, and filled. false when out of memory: then the pending
+ * connections were closed (refused), and the caller goes round again. */
+static bool acceptor_poll_set(struct http_acceptor *g, struct pollfd **pfd, int *pcap)
 {
-    struct http_gate *g = arg;
+    if (*pcap < g->npend + 2) {
+        int cap = 2 * (g->npend + 2);
+        struct pollfd *np = realloc(*pfd, (size_t)cap * sizeof *np);
+        if (!np) {
+            while (g->npend) {
+                close(g->pend[g->npend - 1].fd);
+                g->npend--;
+            }
+            return false;
+        }
+        *pfd = np;
+        *pcap = cap;
+    }
+    (*pfd)[0] = (struct pollfd){.fd = g->wake[0], .events = POLLIN};
+    (*pfd)[1] = (struct pollfd){.fd = g->lfd, .events = POLLIN};
+    for (int i = 0; i < g->npend; i++)
+        (*pfd)[2 + i] = (struct pollfd){.fd = g->pend[i].fd, .events = POLLIN};
+    return true;
+}
+
+/* The first np pending connections, polled (revents in pfd[2 + i]): each
+ * that sent enough bytes goes to libmicrohttpd or is refused; one silent
+ * past the idle timeout is closed. */
+static void acceptor_judge(struct http_acceptor *g, const struct pollfd *pfd, int np, double now)
+{
     nc_server *srv = g->srv;
+    /* from the last: acceptor_drop moves the last entry into the hole */
+    for (int i = np; i-- > 0;) {
+        acceptor_conn *c = &g->pend[i];
+        if (!pfd[2 + i].revents) {
+            if (now - c->since > srv->cfg.connection_timeout_s) {
+                close(c->fd);   /* said nothing: the idle timeout */
+                acceptor_drop(g, i);
+            }
+            continue;
+        }
+        unsigned char buf[ACCEPTOR_PEEK];
+        ssize_t k = recv(c->fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+        if (k < 0 && (errno == EAGAIN || errno == EINTR))
+            continue;
+        int ok = k > 0 ? looks_like_request(buf, (size_t)k) : -2;
+        if (ok == 0 && k < (ssize_t)sizeof buf)
+            continue;         /* "GE": wait for more */
+        if (ok == 1) {
+            /* libmicrohttpd owns (and closes) the socket from here */
+            MHD_add_connection(srv->mhd, c->fd, (struct sockaddr *)&c->addr, c->alen);
+        } else if (ok == -2) {
+            close(c->fd);     /* closed (or reset) before a request */
+        } else {
+            acceptor_refuse(c->fd, API_MALFORMED_REQUEST,
+                            "not an HTTP/1.1 request line (this port speaks plain HTTP, not TLS)");
+        }
+        acceptor_drop(g, i);
+    }
+}
+
+/* Accepts up to 64 waiting connections: each is refused with 503 past
+ * max_connections, else pending until its request line is judged. */
+static void acceptor_accept(struct http_acceptor *g, double now)
+{
+    nc_server *srv = g->srv;
+    for (int burst = 0; burst < 64; burst++) {
+        acceptor_conn c = {.alen = sizeof c.addr};
+        c.fd = accept4(g->lfd, (struct sockaddr *)&c.addr, &c.alen, SOCK_CLOEXEC);
+        if (c.fd < 0)
+            break;
+        if (open_connections(g) >= srv->cfg.max_connections) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "max_connections (%d) connections are open: retry later",
+                     srv->cfg.max_connections);
+            acceptor_refuse(c.fd, API_TOO_MANY_CONNECTIONS, msg);
+            continue;
+        }
+        if (g->npend == g->cap) {
+            int cap = g->cap ? 2 * g->cap : 64;
+            acceptor_conn *nb = realloc(g->pend, (size_t)cap * sizeof *nb);
+            if (!nb) {
+                close(c.fd);
+                continue;
+            }
+            g->pend = nb;
+            g->cap = cap;
+        }
+        c.since = now;
+        g->pend[g->npend++] = c;
+    }
+}
+
+/* The acceptor thread: polls the listening socket and the pending
+ * connections until http_stop writes to the wake pipe. */
+static void *acceptor_main(void *arg)
+{
+    struct http_acceptor *g = arg;
     struct pollfd *pfd = NULL;
     int pcap = 0;
     for (;;) {
-        if (pcap < g->npend + 2) {
-            pcap = 2 * (g->npend + 2);
-            struct pollfd *np = realloc(pfd, (size_t)pcap * sizeof *pfd);
-            if (!np) {
-                /* out of memory: refuse the waiting connections, go on */
-                while (g->npend) {
-                    close(g->pend[g->npend - 1].fd);
-                    g->npend--;
-                }
-                continue;
-            }
-            pfd = np;
-        }
-        pfd[0] = (struct pollfd){.fd = g->wake[0], .events = POLLIN};
-        pfd[1] = (struct pollfd){.fd = g->lfd, .events = POLLIN};
-        for (int i = 0; i < g->npend; i++)
-            pfd[2 + i] = (struct pollfd){.fd = g->pend[i].fd, .events = POLLIN};
+        if (!acceptor_poll_set(g, &pfd, &pcap))
+            continue;         /* out of memory: refused the waiting ones */
         int np = g->npend;
         int rc = poll(pfd, (nfds_t)np + 2, 250);
         if (rc < 0 && errno != EINTR)
@@ -705,68 +784,16 @@ static void *gate_main(void *arg)
         if (pfd[0].revents)
             break;                /* http_stop */
         double now = now_s();
-        /* from the last: gate_drop moves the last entry into the hole */
-        for (int i = np; i-- > 0;) {
-            gate_conn *c = &g->pend[i];
-            if (!pfd[2 + i].revents) {
-                if (now - c->since > srv->cfg.connection_timeout_s) {
-                    close(c->fd);   /* said nothing: the idle timeout */
-                    gate_drop(g, i);
-                }
-                continue;
-            }
-            unsigned char buf[GATE_PEEK];
-            ssize_t k = recv(c->fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
-            if (k < 0 && (errno == EAGAIN || errno == EINTR))
-                continue;
-            int ok = k > 0 ? looks_like_request(buf, (size_t)k) : -2;
-            if (ok == 0 && k < (ssize_t)sizeof buf)
-                continue;         /* "GE": wait for more */
-            if (ok == 1) {
-                /* libmicrohttpd owns (and closes) the socket from here */
-                MHD_add_connection(srv->mhd, c->fd, (struct sockaddr *)&c->addr, c->alen);
-            } else if (ok == -2) {
-                close(c->fd);     /* closed (or reset) before a request */
-            } else {
-                gate_refuse(c->fd, API_MALFORMED_REQUEST,
-                            "not an HTTP/1.1 request line (this port speaks plain HTTP, not TLS)");
-            }
-            gate_drop(g, i);
-        }
-        if (pfd[1].revents & POLLIN) {
-            for (int burst = 0; burst < 64; burst++) {
-                gate_conn c = {.alen = sizeof c.addr};
-                c.fd = accept4(g->lfd, (struct sockaddr *)&c.addr, &c.alen, SOCK_CLOEXEC);
-                if (c.fd < 0)
-                    break;
-                if (open_connections(g) >= srv->cfg.max_connections) {
-                    char msg[128];
-                    snprintf(msg, sizeof msg, "max_connections (%d) connections are open: retry later",
-                             srv->cfg.max_connections);
-                    gate_refuse(c.fd, API_TOO_MANY_CONNECTIONS, msg);
-                    continue;
-                }
-                if (g->npend == g->cap) {
-                    int cap = g->cap ? 2 * g->cap : 64;
-                    gate_conn *nb = realloc(g->pend, (size_t)cap * sizeof *nb);
-                    if (!nb) {
-                        close(c.fd);
-                        continue;
-                    }
-                    g->pend = nb;
-                    g->cap = cap;
-                }
-                c.since = now;
-                g->pend[g->npend++] = c;
-            }
-        }
+        acceptor_judge(g, pfd, np, now);
+        if (pfd[1].revents & POLLIN)
+            acceptor_accept(g, now);
     }
     free(pfd);
     return NULL;
 }
 
 /* Binds and listens on cfg.bind:cfg.port. Returns the socket or -1. */
-static int gate_listen(nc_server *srv, char *err, size_t errlen)
+static int acceptor_listen(nc_server *srv, char *err, size_t errlen)
 {
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);
@@ -827,14 +854,14 @@ int http_start(nc_server *srv, const http_route *rts, int n, char *err, size_t e
         names[ne++] = "unmatched";    /* misses, without a fallback row */
     metrics_init(names, ne);
 
-    struct http_gate *g = calloc(1, sizeof *g);
+    struct http_acceptor *g = calloc(1, sizeof *g);
     if (!g) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
     g->srv = srv;
     g->wake[0] = g->wake[1] = -1;
-    g->lfd = gate_listen(srv, err, errlen);
+    g->lfd = acceptor_listen(srv, err, errlen);
     if (g->lfd < 0 || pipe2(g->wake, O_CLOEXEC) != 0) {
         if (g->lfd >= 0) {
             snprintf(err, errlen, "pipe: %s", strerror(errno));
@@ -866,7 +893,7 @@ int http_start(nc_server *srv, const http_route *rts, int n, char *err, size_t e
         free(g);
         return -1;
     }
-    if (pthread_create(&g->th, NULL, gate_main, g) != 0) {
+    if (pthread_create(&g->th, NULL, acceptor_main, g) != 0) {
         snprintf(err, errlen, "cannot start the accepting thread");
         MHD_stop_daemon(srv->mhd);
         srv->mhd = NULL;
@@ -876,13 +903,13 @@ int http_start(nc_server *srv, const http_route *rts, int n, char *err, size_t e
         free(g);
         return -1;
     }
-    srv->gate = g;
+    srv->acceptor = g;
     return 0;
 }
 
 void http_stop(nc_server *srv)
 {
-    struct http_gate *g = srv->gate;
+    struct http_acceptor *g = srv->acceptor;
     if (g) {
         /* no new connections first; then libmicrohttpd closes its own */
         (void)!write(g->wake[1], "x", 1);
@@ -894,7 +921,7 @@ void http_stop(nc_server *srv)
         close(g->wake[1]);
         free(g->pend);
         free(g);
-        srv->gate = NULL;
+        srv->acceptor = NULL;
     }
     if (srv->mhd) {
         MHD_stop_daemon(srv->mhd);

@@ -12,7 +12,6 @@
 #include "batcher.h"
 #include "atomicfile.h"
 #include "auth.h"
-#include "cache.h"
 #include "compute.h"
 #include "fault.h"
 #include "config.h"

@@ -13,6 +13,7 @@
 #include "buf.h"
 #include "httpclient.h"
 #include "metrics.h"
+#include "namespaces.h"
 #include "slog.h"
 
 #define MAX_PEERS 32
@@ -161,6 +162,11 @@ truncated:
 
 int migrate_export(nc_server *srv, const nc_session *s, void **blob, size_t *len, char *err, size_t errlen)
 {
+    /* The blob names its namespace only: imported elsewhere it would bind
+     * to whatever incarnation lives under the name there -- a session of a
+     * deleted incarnation must not join a new one that way. */
+    if (namespaces_session_deleted(s) && stream_unbounded_cache(s->stream))
+        return nc_error(err, errlen, NC_ESTATE, "the session's namespace '%s' was deleted", s->ns);
     return migrate_encode(srv->model, srv->migration->fingerprint, s, blob, len, err, errlen);
 }
 
@@ -442,7 +448,7 @@ int migrate_drain(nc_server *srv, int *failed)
                 free(blob);
             }
             if (ok)
-                sessions_delete(srv->sessions, s->id);
+                sessions_hand_over(srv->sessions, s->id);
         } else {
             ok = true;   /* already gone */
         }

@@ -25,8 +25,10 @@ struct ns_handle {
     char name[NS_NAME_MAX];
     char dir[1200];
     nc_nsstore *store;
+    uint64_t incarnation;         /* namespaces_incarnation (immutable) */
     int refs;
-    bool removed;                 /* deleted: directory removed at last release */
+    bool removed;                 /* deleted: directory removed at last release; set under the
+                                     registry lock, read atomically (namespaces_live) */
     bool heal_failing;            /* snapshot thread's: a failed nsstore_heal was logged */
     UT_hash_handle hh;
 };
@@ -48,14 +50,28 @@ struct ns_registry {
     char factory[128];
     long switch_at;
     bool train_self;
-    void (*opened)(void *ctx, const char *name, nc_nsstore *store);   /* nc_server.namespace_opened */
+    uint64_t (*opened)(void *ctx, const char *name, nc_nsstore *store);   /* nc_server.namespace_opened */
+    uint64_t (*deleted)(void *ctx, const char *name);                     /* nc_server.namespace_deleted */
     void *opened_ctx;
+    uint64_t last_incarnation;    /* the newest issued here (registry lock) */
 };
+
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* namespaces_delete moves a deleted incarnation's directory to
+ * "<name>.deleted-<time>" until its last handle goes: no namespace may be
+ * named so, and recovery finishes such a removal a crash interrupted. */
+#define DELETED_MARK ".deleted-"
 
 static bool valid_name(const char *s)
 {
     size_t n = strlen(s);
-    if (n == 0 || n >= NS_NAME_MAX || s[0] == '.')
+    if (n == 0 || n >= NS_NAME_MAX || s[0] == '.' || strstr(s, DELETED_MARK))
         return false;
     for (; *s; s++)
         if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
@@ -64,8 +80,10 @@ static bool valid_name(const char *s)
     return true;
 }
 
-static int open_store(ns_registry *g, const char *dir, nc_nsstore **out, nc_nsstore_recovery *info, char *err,
-                      size_t errlen)
+/* Opens the store in dir into *out and names its incarnation *inc
+ * (registry lock held, or at start-up). */
+static int open_store(ns_registry *g, const char *dir, nc_nsstore **out, uint64_t *inc, nc_nsstore_recovery *info,
+                      char *err, size_t errlen)
 {
     nc_nsstore_opts o = {.dir = dir, .model = g->m, .sync = g->sync};
     unbounded_cache_opts_default(&o.ub, g->m->cfg.hidden_size);
@@ -78,11 +96,24 @@ static int open_store(ns_registry *g, const char *dir, nc_nsstore **out, nc_nsst
      * cores (design §6): a search of one query is not worth a team */
     o.ub.omp_threads = 1;
     int rc = nsstore_open(&o, out, info, err, errlen);
+    *inc = 0;
     if (rc == NC_OK && g->opened) {
-        /* e.g. replication (Redis) publishes this store's adds from now on */
+        /* e.g. replication (Redis) publishes this store's adds from now on;
+         * its birth of the store is the incarnation the replicas share */
         const char *slash = strrchr(dir, '/');
-        g->opened(g->opened_ctx, slash ? slash + 1 : dir, *out);
+        *inc = g->opened(g->opened_ctx, slash ? slash + 1 : dir, *out);
     }
+    if (rc == NC_OK && *inc == 0) {
+        /* Nobody shares it (no replication): named for this run of the
+         * daemon, the time it was opened, later than any issued before --
+         * sessions, which bind to it, do not outlive the run either, and no
+         * file write is added to creating a namespace. */
+        *inc = wall_ms();
+        if (*inc <= g->last_incarnation)
+            *inc = g->last_incarnation + 1;
+    }
+    if (rc == NC_OK && *inc > g->last_incarnation)
+        g->last_incarnation = *inc;
     return rc;
 }
 
@@ -104,7 +135,8 @@ ns_handle *namespaces_acquire_rc(nc_server *srv, const char *name, bool create, 
         return NULL;
     }
     if (!valid_name(name)) {
-        snprintf(err, errlen, "namespace name must be 1-63 characters of [A-Za-z0-9_.-], not starting with '.'");
+        snprintf(err, errlen, "namespace name must be 1-63 characters of [A-Za-z0-9_.-], not starting with '.' "
+                 "nor holding '" DELETED_MARK "'");
         *rc = NC_EINVAL;
         return NULL;
     }
@@ -117,13 +149,14 @@ ns_handle *namespaces_acquire_rc(nc_server *srv, const char *name, bool create, 
         if (r) {
             snprintf(r->name, sizeof r->name, "%s", name);
             snprintf(r->dir, sizeof r->dir, "%.1000s/%.63s", g->root, name);
-            if ((*rc = open_store(g, r->dir, &r->store, NULL, e2, sizeof e2)) != NC_OK) {
+            if ((*rc = open_store(g, r->dir, &r->store, &r->incarnation, NULL, e2, sizeof e2)) != NC_OK) {
                 snprintf(err, errlen, "namespace '%s': %s", name, e2);
                 free(r);
                 r = NULL;
             } else {
                 HASH_ADD_STR(g->by_name, name, r);
-                slog(SLOG_INFO, "namespace created", json_pack("{s:s,s:s}", "namespace", name, "dir", r->dir));
+                slog(SLOG_INFO, "namespace created", json_pack("{s:s,s:s,s:I}", "namespace", name, "dir", r->dir,
+                                                               "incarnation", (json_int_t)r->incarnation));
             }
         } else {
             snprintf(err, errlen, "out of memory");
@@ -170,6 +203,21 @@ nc_nsstore *namespaces_store(ns_handle *r)
 const char *namespaces_name(const ns_handle *r)
 {
     return r->name;
+}
+
+uint64_t namespaces_incarnation(const ns_handle *r)
+{
+    return r->incarnation;
+}
+
+bool namespaces_live(const ns_handle *r)
+{
+    return !__atomic_load_n(&r->removed, __ATOMIC_ACQUIRE);
+}
+
+bool namespaces_session_deleted(const nc_session *s)
+{
+    return s->ns_ref && !namespaces_live(s->ns_ref);
 }
 
 int namespaces_bind_session(void *ctx, const char *ns, nc_unbounded_cache **ub, void **ref, char *err,
@@ -246,7 +294,8 @@ static void each_one(ns_registry *g, ns_handle *r, void *arg)
 {
     (void)g;
     each_call *c = arg;
-    c->fn(r, c->ctx);
+    if (namespaces_live(r))   /* not one deleted since for_each held it */
+        c->fn(r, c->ctx);
 }
 
 void namespaces_each(nc_server *srv, void (*fn)(ns_handle *, void *), void *ctx)
@@ -259,6 +308,8 @@ void namespaces_each(nc_server *srv, void (*fn)(ns_handle *, void *), void *ctx)
 static void snapshot_if_due(ns_registry *g, ns_handle *r, void *arg)
 {
     (void)arg;
+    if (!namespaces_live(r))
+        return;   /* deleted since for_each held it: retired, nothing to write */
     if (nsstore_log_broken(r->store)) {
         /* a write or fsync error stopped the log (writes answer 503 with
          * Retry-After): once a snapshot of memory and a new segment can be
@@ -330,7 +381,7 @@ static int recover_one(ns_registry *g, const char *name, const char *dir, char *
     }
     snprintf(r->name, sizeof r->name, "%.63s", name);
     snprintf(r->dir, sizeof r->dir, "%s", dir);
-    int orc = open_store(g, dir, &r->store, &info, e2, sizeof e2);
+    int orc = open_store(g, dir, &r->store, &r->incarnation, &info, e2, sizeof e2);
     if (orc == NC_ENOSPACE) {
         /* nothing is wrong with what is on disk: recovery only needs
          * room for a new log segment (test_diskfull) */
@@ -364,9 +415,20 @@ static int recover_all(ns_registry *g, char *err, size_t errlen)
     struct dirent *e;
     int rc = 0;
     while (rc == 0 && d && (e = readdir(d))) {
+        char dir[1200];
+        if (strstr(e->d_name, DELETED_MARK)) {
+            /* a deleted incarnation whose removal a crash cut short: it
+             * must not come back as a namespace (nor be replicated) */
+            snprintf(dir, sizeof dir, "%.1000s/%.150s", g->root, e->d_name);
+            char err[NC_ERRLEN] = "";
+            if (nsstore_remove_dir(dir, err, sizeof err) != NC_OK)
+                slog(SLOG_WARN, "deleted namespace not removed", json_pack("{s:s,s:s}", "dir", dir, "error", err));
+            else
+                slog(SLOG_INFO, "deleted namespace removed", json_pack("{s:s}", "dir", dir));
+            continue;
+        }
         if (!valid_name(e->d_name))
             continue;
-        char dir[1200];
         snprintf(dir, sizeof dir, "%.1000s/%.63s", g->root, e->d_name);
         struct stat st;
         if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
@@ -390,6 +452,7 @@ static int registry_setup(ns_registry *g, const nc_server *srv, char *err, size_
     g->switch_at = srv->cfg.index_switch_at;
     g->train_self = srv->cfg.index_train_self;
     g->opened = srv->namespace_opened;
+    g->deleted = srv->namespace_deleted;
     g->opened_ctx = srv->namespace_opened_ctx;
     snprintf(g->factory, sizeof g->factory, "%s", srv->cfg.index_factory);
     const char *data = srv->cfg.data_dir;
@@ -443,7 +506,8 @@ int namespaces_init(nc_server *srv, char *err, size_t errlen)
 
 static void snapshot_shutdown(ns_registry *g, ns_handle *r, void *arg)
 {
-    snapshot_one(g, r, arg);
+    if (namespaces_live(r))
+        snapshot_one(g, r, arg);
 }
 
 void namespaces_shutdown(nc_server *srv)
@@ -646,7 +710,8 @@ char *namespaces_metrics(nc_server *srv, char *text)
 
 /* ---- deletion ------------------------------------------------------------------ */
 
-int namespaces_delete(nc_server *srv, const char *name, int64_t *entries, char *err, size_t errlen)
+int namespaces_delete(nc_server *srv, const char *name, uint64_t born_by, int64_t *entries, uint64_t *incarnation,
+                      uint64_t *tombstone, char *err, size_t errlen)
 {
     ns_registry *g = srv->namespaces;
     ns_handle *r = namespaces_acquire(srv, name, false, err, errlen);
@@ -655,16 +720,38 @@ int namespaces_delete(nc_server *srv, const char *name, int64_t *entries, char *
     nc_nsstore_stats st;
     nsstore_stats(r->store, &st);
     pthread_mutex_lock(&g->lock);
+    if (r->removed || (born_by && r->incarnation > born_by)) {
+        /* a concurrent deletion took it out between our acquire and here
+         * (HASH_DEL twice would corrupt the table), or the incarnation
+         * under the name is younger than the tombstone being applied */
+        pthread_mutex_unlock(&g->lock);
+        namespaces_release(srv, r);
+        snprintf(err, errlen, "no namespace '%s'%s", name, r->removed ? "" : " of that incarnation");
+        return -1;
+    }
     HASH_DEL(g->by_name, r);
-    r->removed = true;
-    /* sessions bound to it keep their (now private) memory until they go;
-     * the directory moves aside at once so the name can be reused */
+    /* the tombstone is made before the lock goes: any incarnation created
+     * under the name from now on is born after it (replication_attach) */
+    uint64_t tomb = tombstone && g->deleted ? g->deleted(g->opened_ctx, name) : 0;
+    if (tombstone)
+        *tombstone = tomb;
+    __atomic_store_n(&r->removed, true, __ATOMIC_RELEASE);
+    /* No write of this incarnation may land under the path from here on:
+     * a snapshot or marker write in progress finishes first (and moves
+     * aside with the directory), later ones, adds and documents are
+     * refused -- the path may soon be a new incarnation's. Sessions bound
+     * to it answer 410 namespace_deleted (namespaces_session_deleted). */
+    nsstore_retire(r->store);
+    /* the directory moves aside at once so the name can be reused */
     char aside[1200];
     snprintf(aside, sizeof aside, "%.1150s.deleted-%ld", r->dir, (long)time(NULL));
     if (rename(r->dir, aside) == 0)
         snprintf(r->dir, sizeof r->dir, "%s", aside);
     pthread_mutex_unlock(&g->lock);
-    slog(SLOG_INFO, "namespace deleted", json_pack("{s:s,s:I}", "namespace", name, "entries", (json_int_t)st.entries));
+    slog(SLOG_INFO, "namespace deleted", json_pack("{s:s,s:I,s:I}", "namespace", name, "entries",
+                                                   (json_int_t)st.entries, "incarnation", (json_int_t)r->incarnation));
+    if (incarnation)
+        *incarnation = r->incarnation;
     namespaces_release(srv, r);
     if (entries)
         *entries = st.entries;

@@ -34,13 +34,35 @@ ns_handle *namespaces_acquire(nc_server *srv, const char *name, bool create, cha
  * NC_ENOTFOUND no such namespace, else opening its store's (NC_EIO,
  * NC_ENOSPACE, NC_EFORMAT, NC_ENOMEM). */
 ns_handle *namespaces_acquire_rc(nc_server *srv, const char *name, bool create, int *rc, char *err, size_t errlen);
-/* Deletes a namespace (its directory moves aside; sessions bound to it keep
- * their memory until they go). 0 with *entries (optional) the pairs it held,
- * or -1 with a message (no such namespace). */
-int namespaces_delete(nc_server *srv, const char *name, int64_t *entries, char *err, size_t errlen);
+/* Deletes a namespace's live incarnation (its store is retired and its
+ * directory moves aside, removed when the last handle goes; sessions bound
+ * to it answer 410 namespace_deleted from now on). born_by: only an
+ * incarnation born at or before it (a tombstone applied), 0 = whichever
+ * lives. tombstone non-NULL: a deletion made here, announced to the other
+ * replicas (nc_server.namespace_deleted, under the registry's lock) and
+ * its tombstone stored there (0 without replication). 0 with *entries and
+ * *incarnation (both optional) of what was deleted, or -1 with a message
+ * (no such namespace, or none of that age). */
+int namespaces_delete(nc_server *srv, const char *name, uint64_t born_by, int64_t *entries, uint64_t *incarnation,
+                      uint64_t *tombstone, char *err, size_t errlen);
 void namespaces_release(nc_server *srv, ns_handle *r);
 nc_nsstore *namespaces_store(ns_handle *r);
 const char *namespaces_name(const ns_handle *r);
+
+/* Incarnations. A namespace deleted and created again under its name is a
+ * new incarnation: a new store in a new directory, and a new number. With
+ * replication it is the store's "birth" (ms at its creation, kept in its
+ * marker, compared by the replicas with the deletions' tombstones); without,
+ * the time it was opened in this run of the daemon (sessions, which bind to
+ * it, do not outlive the run). Numbers only grow. A handle stays bound to the
+ * incarnation it was acquired on: once that is deleted, namespaces_live is
+ * false for good and its store is retired (nsstore_retire: every write is
+ * refused), whatever is created under the name later. */
+uint64_t namespaces_incarnation(const ns_handle *r);
+bool namespaces_live(const ns_handle *r);
+/* Whether s is bound to an incarnation deleted since (the API answers
+ * 410 namespace_deleted; s->ns_ref is immutable, no lock needed). */
+bool namespaces_session_deleted(const nc_session *s);
 
 /* Calls fn(handle, ctx) for every live namespace, each held meanwhile (the
  * registry is not locked during the calls). */

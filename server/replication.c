@@ -28,11 +28,11 @@ static void on_local_add(void *ctx, nc_nsstore *ns, uint32_t doc, uint64_t off, 
     pthread_mutex_unlock(&rep->lock);
 }
 
-void replication_attach(void *ctx, const char *ns_name, nc_nsstore *store)
+uint64_t replication_attach(void *ctx, const char *ns_name, nc_nsstore *store)
 {
     replication *rep = ctx;
     if (!rep || !rep->on || !store)
-        return;
+        return 0;
     /* The incarnation and position of the store, from its marker; a store
      * without one is new (its whole log is to publish) or older than the
      * marker (written by a version that published from memory, or while
@@ -64,20 +64,23 @@ void replication_attach(void *ctx, const char *ns_name, nc_nsstore *store)
     pthread_mutex_unlock(&rep->lock);
     if (!s) {
         slog(SLOG_WARN, "replication: too many namespaces; not replicated", json_pack("{s:s}", "namespace", ns_name));
-        return;
+        return 0;
     }
     if (m <= 0 && replication_marker_write(dir, birth, published, err, sizeof err) != 0)
         slog(SLOG_ERROR, "replication: cannot write the marker", json_pack("{s:s,s:s}", "namespace", ns_name, "error", err));
-    /* Segments holding unpublished records outlive snapshots. */
-    nsstore_retain_log(store, published);
+    /* Segments holding unpublished records outlive snapshots, and so do
+     * the published ones for a while (retain_point): everything the log
+     * holds now, until this store's follower is RETAIN_MS old. */
+    nsstore_retain_log(store, 0);
     nsstore_set_observer(store, on_local_add, s);
+    return birth;
 }
 
-void replication_namespace_deleted(nc_server *srv, const char *ns_name)
+uint64_t replication_namespace_deleted(void *ctx, const char *ns_name)
 {
-    replication *rep = srv->replication;
+    replication *rep = ctx;
     if (!rep || !rep->on)
-        return;
+        return 0;
     /* The tombstone: a time after the deleted incarnation's birth (so the
      * other replicas skip its entries and drop their copies, even those
      * down now) and before any later one's (replication_attach). Recorded
@@ -91,11 +94,13 @@ void replication_namespace_deleted(nc_server *srv, const char *ns_name)
         s->tomb = t;
         s->birth = 0;
         s->reset = true;
+        replication_tombs_save(rep);
     }
     replication_deletes_add(rep, ns_name, t);
     replication_deletes_save(rep);
     pthread_cond_signal(&rep->cond);
     pthread_mutex_unlock(&rep->lock);
+    return t;
 }
 
 /* ---- set-up ------------------------------------------------------------------- */
@@ -159,6 +164,18 @@ static int replication_setup(replication *rep, nc_server *srv, char *err, size_t
     if (srv->cfg.data_dir[0])
         snprintf(rep->deletes_path, sizeof rep->deletes_path, "%.1000s/%s", srv->cfg.data_dir, DELETES_FILE);
     replication_deletes_load(rep);
+    rep->tombs_path[0] = rep->epoch_path[0] = 0;
+    if (srv->cfg.data_dir[0]) {
+        snprintf(rep->tombs_path, sizeof rep->tombs_path, "%.1000s/%s", srv->cfg.data_dir, TOMBS_FILE);
+        snprintf(rep->epoch_path, sizeof rep->epoch_path, "%.1000s/%s", srv->cfg.data_dir, EPOCH_FILE);
+    }
+    replication_tombs_load(rep);
+    FILE *ef = rep->epoch_path[0] ? fopen(rep->epoch_path, "r") : NULL;
+    if (ef) {
+        if (!fgets(rep->epoch, sizeof rep->epoch, ef)) rep->epoch[0] = 0;
+        rep->epoch[strcspn(rep->epoch, "\n")] = 0;
+        fclose(ef);
+    }
     /* Test hook (tests/test_replication.c): the publisher never records its
      * progress, so a restart publishes the whole log again -- what a crash
      * between an XADD and the marker does to the last batch. */
@@ -205,6 +222,7 @@ int replication_start(nc_server *srv, char *err, size_t errlen)
     srv->replication = rep;
     /* every store the registry opens from now on publishes its adds */
     srv->namespace_opened = replication_attach;
+    srv->namespace_deleted = replication_namespace_deleted;
     srv->namespace_opened_ctx = rep;
     slog(SLOG_INFO, "replication", json_pack("{s:s,s:i,s:s,s:s}", "redis_host", rep->host, "redis_port", rep->port,
                                             "prefix", rep->prefix, "replica", rep->tag));
@@ -238,6 +256,7 @@ void replication_shutdown(nc_server *srv)
     replication_free(srv->replication);
     srv->replication = NULL;
     srv->namespace_opened = NULL;
+    srv->namespace_deleted = NULL;
     srv->namespace_opened_ctx = NULL;
 }
 

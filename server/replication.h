@@ -62,15 +62,22 @@ void replication_shutdown(nc_server *srv);
 
 /* Called by the namespace registry for every store it opens or creates,
  * before any add (ctx: srv->replication): reads (or creates) its marker;
- * its log is published from the marker on. No-op when replication is off. */
-void replication_attach(void *ctx, const char *ns_name, nc_nsstore *store);
+ * its log is published from the marker on. Returns the store's birth (its
+ * incarnation, namespaces.h), 0 when replication is off or the namespace is
+ * not replicated. */
+uint64_t replication_attach(void *ctx, const char *ns_name, nc_nsstore *store);
 
-/* A namespace was deleted here: the tombstone is recorded on disk, then
+/* nc_server.namespace_deleted (ctx: srv->replication), called by the
+ * registry under its lock when a namespace is deleted here (so the
+ * tombstone precedes any incarnation created after the deletion): the
+ * tombstone is recorded on disk, then
  * published; the other replicas delete it too (those down now when they
  * come back), its stream is removed from Redis, and entries of the deleted
  * incarnation are not applied anywhere (a namespace created later under the
- * name starts empty). */
-void replication_namespace_deleted(nc_server *srv, const char *ns_name);
+ * name starts empty). Returns the tombstone's time (ms; every incarnation
+ * born at or before it, on any replica, is deleted), 0 when replication is
+ * off. */
+uint64_t replication_namespace_deleted(void *ctx, const char *ns_name);
 
 /* Prometheus lines appended to text (realloc'ed; returns the new pointer). */
 char *replication_metrics(nc_server *srv, char *text);

@@ -218,14 +218,17 @@ static void apply_tombstone(replication *rep, const char *name, uint64_t t, cons
     ns_state *s = replication_ns_find(rep, name);
     bool drop = false;
     if (s) {
-        if (t > s->tomb) s->tomb = t;
+        if (t > s->tomb) {
+            s->tomb = t;
+            replication_tombs_save(rep);   /* given back to a Redis that loses its data */
+        }
         drop = s->birth != 0 && s->birth <= t;
     }
     pthread_mutex_unlock(&rep->lock);
     if (!drop) return;
     char err[NC_ERRLEN] = "";
     int64_t gone = 0;
-    if (namespaces_delete(rep->srv, name, &gone, err, sizeof err) == 0)
+    if (namespaces_delete(rep->srv, name, t, &gone, NULL, NULL, err, sizeof err) == 0)
         slog(SLOG_INFO, "replication: namespace deleted by another replica",
              json_pack("{s:s,s:s,s:I}", "namespace", name, "origin", origin, "entries", (json_int_t)gone));
     pthread_mutex_lock(&rep->lock);
@@ -335,6 +338,19 @@ static int apply_stream(replication *rep, ns_state *ns, const redisReply *ents)
         return -1;
     }
     ns->warned = false;
+    if (ref) {
+        /* Deleted here (or by a tombstone) between the look at the
+         * tombstone and the acquire: the store just acquired may be a new
+         * incarnation, which entries judged against the old tombstone must
+         * not enter. Read again from the position the reset gives. */
+        pthread_mutex_lock(&rep->lock);
+        bool moved = ns->reset || ns->tomb != tomb;
+        pthread_mutex_unlock(&rep->lock);
+        if (moved) {
+            namespaces_release(rep->srv, ref);
+            return 0;
+        }
+    }
     nc_nsstore *st = ref ? namespaces_store(ref) : NULL;
     uint64_t last_seq = 0;
     for (size_t e = 0; e < ents->elements; e++) {

@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
+#include "atomicfile.h"
 #include "slog.h"
 
 /* ---- publisher ---------------------------------------------------------------- */
@@ -22,6 +24,41 @@ static void pub_pos_advance(replication *rep, ns_state *s, unsigned gen, uint64_
     pthread_mutex_unlock(&rep->lock);
 }
 
+typedef struct {
+    uint64_t birth, pos;
+    char *err;
+    size_t errlen;
+} marker_job;
+
+static int marker_write_in(void *ctx, const char *dir)
+{
+    marker_job *j = ctx;
+    return replication_marker_write(dir, j->birth, j->pos, j->err, j->errlen) == 0 ? NC_OK : NC_EIO;
+}
+
+/* The log kept for a Redis that loses its data: a record is kept RETAIN_MS
+ * after it was published, so that a Redis restarted without appendonly can
+ * be given back what it lost (check_epoch) -- unless a replica was down for
+ * longer than that as well. s->marks samples (time, published position);
+ * the point is the position published RETAIN_MS ago, 0 (everything the log
+ * holds) until the follower is that old. Publisher thread only. */
+static uint64_t retain_point(ns_state *s, uint64_t pos)
+{
+    double now = now_ms();
+    if (s->nmarks == 0 || now - s->marks[s->nmarks - 1].t >= RETAIN_MS / (RETAIN_MARKS - 1)) {
+        if (s->nmarks == RETAIN_MARKS) {
+            memmove(s->marks, s->marks + 1, (RETAIN_MARKS - 1) * sizeof s->marks[0]);
+            s->nmarks--;
+        }
+        s->marks[s->nmarks].t = now;
+        s->marks[s->nmarks++].pos = pos;
+    }
+    uint64_t point = 0;
+    for (int i = 0; i < s->nmarks && now - s->marks[i].t >= RETAIN_MS; i++)
+        point = s->marks[i].pos;
+    return point;
+}
+
 /* Writes s's marker if it is behind and due (or forced). */
 static void marker_flush(replication *rep, ns_state *s, nc_nsstore *store, uint64_t birth, bool force)
 {
@@ -35,7 +72,13 @@ static void marker_flush(replication *rep, ns_state *s, nc_nsstore *store, uint6
     s->marker_at = now_ms();
     if (rep->no_marker)
         return;
-    if (replication_marker_write(nsstore_dir(store), birth, pos, err, sizeof err) != 0) {
+    /* Through nsstore_run_live: a store deleted meanwhile is retired and
+     * its path may already be a new incarnation's, whose marker this is not. */
+    marker_job job = {birth, pos, err, sizeof err};
+    int wrc = nsstore_run_live(store, marker_write_in, &job);
+    if (wrc == NC_ESTATE)
+        return;
+    if (wrc != NC_OK) {
         slog(SLOG_WARN, "replication: cannot write the marker (entries may be published twice after a crash; "
              "the other replicas skip them)", json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
         return;
@@ -43,7 +86,7 @@ static void marker_flush(replication *rep, ns_state *s, nc_nsstore *store, uint6
     pthread_mutex_lock(&rep->lock);
     if (s->birth == birth) s->published = pos;
     pthread_mutex_unlock(&rep->lock);
-    nsstore_retain_log(store, pos);
+    nsstore_retain_log(store, retain_point(s, pos));
 }
 
 /* Whether a deletion of name waits to be published (rep->lock held). */
@@ -108,16 +151,20 @@ static int follow_log(replication *rep, ns_state *s, nc_nsstore *store, unsigned
     char err[NC_ERRLEN] = "";
     int rc = nsstore_log_open(store, published, &s->log, err, sizeof err);
     if (rc == NC_ENOTFOUND) {
-        /* Only if segments were removed behind replication's back
-         * (nsstore_retain_log keeps them): what they held is lost for
-         * the other replicas. Go on from what exists. */
+        /* Segments were removed behind replication's back (after a Redis
+         * that lost its data, records older than the retention: see
+         * RETAIN_MS): what they held is lost for the replicas that had not
+         * read it. Go on from the oldest record that exists. */
+        uint64_t oldest = nsstore_log_oldest(store);
         nc_nsstore_stats st;
         nsstore_stats(store, &st);
-        slog(SLOG_ERROR, "replication: the log no longer holds unpublished records; publishing from its end",
-             json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
-        published = st.last_seq;
+        slog(published ? SLOG_ERROR : SLOG_WARN, "replication: the log no longer reaches back that far; "
+             "publishing from its oldest record", json_pack("{s:s,s:s,s:I}", "namespace", s->name, "error", err,
+                                                             "from", (json_int_t)oldest));
+        published = oldest ? oldest - 1 : st.last_seq;
         rc = nsstore_log_open(store, published, &s->log, err, sizeof err);
     }
+    s->nmarks = 0;   /* a new follower: its retention starts over (retain_point) */
     if (rc != NC_OK) {
         if (!s->log_warned)
             slog(SLOG_ERROR, "replication: cannot read the namespace's log",
@@ -297,6 +344,113 @@ static int publish_ns(replication *rep, redisContext *c, ns_state *s, bool final
     return more;
 }
 
+/* ---- Redis's epoch ------------------------------------------------------------
+ * Redis without appendonly (or a new Redis behind the same address) comes
+ * back empty: the streams and tombstones published into it are gone, and a
+ * replica that had not read them yet would never get them. The key
+ * <prefix>epoch names Redis's data set (set once, by whoever finds it
+ * absent); a replica remembers the one it published into
+ * (data_dir/replication-epoch). When they differ, it publishes again its
+ * whole log (the appliers skip what they hold: (origin, birth, seq)) and
+ * every tombstone it knows, before adopting the new epoch -- a crash in
+ * between does it again at the next start. The logs reach back to the
+ * last snapshot only (snapshot_period): run Redis with appendonly. */
+
+typedef struct {
+    uint64_t birth;
+} marker_reset;
+
+static int marker_reset_in(void *ctx, const char *dir)
+{
+    char err[NC_ERRLEN];
+    return replication_marker_write(dir, ((marker_reset *)ctx)->birth, 0, err, sizeof err) == 0 ? NC_OK : NC_EIO;
+}
+
+/* One store published again from the start of its log (republish_logs):
+ * the marker says so on disk first. */
+static void republish_one(replication *rep, ns_state *s, nc_nsstore *store, uint64_t birth, unsigned gen, void *ctx)
+{
+    (void)ctx;
+    marker_reset mr = {birth};
+    pthread_mutex_lock(&rep->lock);
+    bool same = s->gen == gen && s->birth == birth;
+    if (same) {
+        s->published = 0;
+        s->pub_pos = 0;
+        s->dirty = true;
+    }
+    pthread_mutex_unlock(&rep->lock);
+    if (!same)
+        return;
+    nsstore_retain_log(store, 0);
+    nsstore_run_live(store, marker_reset_in, &mr);
+    if (s->log) {
+        nsstore_log_close(s->log);
+        s->log = NULL;
+    }
+}
+
+/* The tombstones known here, into Redis's hash (the appliers read it every
+ * second). 0, or -1 when Redis failed. */
+static int republish_tombstones(replication *rep, redisContext *c)
+{
+    char tombs[200];
+    snprintf(tombs, sizeof tombs, "%stombstones", rep->prefix);
+    int n = 0;
+    pthread_mutex_lock(&rep->lock);
+    for (int i = 0; i < rep->nns; i++) {
+        if (!rep->ns[i].tomb) continue;
+        char t[32];
+        snprintf(t, sizeof t, "%llu", (unsigned long long)rep->ns[i].tomb);
+        const char *hv[] = {"HSET", tombs, rep->ns[i].name, t};
+        size_t hl[4];
+        for (int k = 0; k < 4; k++) hl[k] = strlen(hv[k]);
+        redisAppendCommandArgv(c, 4, hv, hl);
+        n++;
+    }
+    pthread_mutex_unlock(&rep->lock);
+    return replication_read_replies(c, n);
+}
+
+/* On a new connection: compares Redis's epoch with the one published into
+ * and publishes everything again when Redis lost its data. 0, or -1 when
+ * Redis failed (the caller reconnects, and this runs again). */
+static int check_epoch(replication *rep, redisContext *c)
+{
+    unsigned char rnd[16];
+    char fresh[40];
+    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) return -1;
+    for (int i = 0; i < 16; i++) snprintf(fresh + 2 * i, 3, "%02x", rnd[i]);
+    redisReply *r = redisCommand(c, "SET %sepoch %s NX", rep->prefix, fresh);
+    if (!r || r->type == REDIS_REPLY_ERROR) {
+        if (r) freeReplyObject(r);
+        return -1;
+    }
+    freeReplyObject(r);
+    r = redisCommand(c, "GET %sepoch", rep->prefix);
+    if (!r || r->type != REDIS_REPLY_STRING || r->len >= sizeof rep->epoch) {
+        if (r) freeReplyObject(r);
+        return -1;
+    }
+    char now[40];
+    snprintf(now, sizeof now, "%s", r->str);
+    freeReplyObject(r);
+    if (!strcmp(now, rep->epoch)) return 0;
+    if (rep->epoch[0]) {
+        slog(SLOG_WARN, "replication: Redis lost its data (a restart without appendonly?); publishing the logs "
+             "and tombstones again", json_pack("{s:s,s:s}", "epoch_was", rep->epoch, "epoch", now));
+        replication_each_store(rep, republish_one, NULL);
+        if (republish_tombstones(rep, c) != 0) return -1;
+    }
+    char err[NC_ERRLEN];
+    if (rep->epoch_path[0] && atomicfile_write(rep->epoch_path, now, strlen(now), err, sizeof err) != NC_OK) {
+        slog(SLOG_ERROR, "replication: cannot record Redis's epoch", json_pack("{s:s}", "error", err));
+        return -1;
+    }
+    snprintf(rep->epoch, sizeof rep->epoch, "%s", now);
+    return 0;
+}
+
 void *replication_publisher(void *arg)
 {
     replication *rep = arg;
@@ -314,7 +468,12 @@ void *replication_publisher(void *arg)
             sleep_ms(20);
             continue;
         }
-        if (!c && !(c = replication_connect_redis(rep, &rep->connected_pub))) {
+        if (!c && (c = replication_connect_redis(rep, &rep->connected_pub)) && check_epoch(rep, c) != 0) {
+            redisFree(c);
+            c = NULL;
+            atomic_store(&rep->connected_pub, 0);
+        }
+        if (!c) {
             atomic_fetch_add(&rep->redis_errors, 1);
             if (stopping) break;
             sleep_ms(200);

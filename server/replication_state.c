@@ -97,6 +97,33 @@ void replication_deletes_load(replication *rep)
     fclose(f);
 }
 
+void replication_tombs_save(replication *rep)
+{
+    if (!rep->tombs_path[0]) return;
+    size_t cap = 64 + (size_t)rep->nns * (SESSION_ID_MAX + 24), k = 0;
+    char *buf = malloc(cap), err[NC_ERRLEN];
+    if (!buf) return;
+    for (int i = 0; i < rep->nns; i++)
+        if (rep->ns[i].tomb)
+            k += (size_t)snprintf(buf + k, cap - k, "%s %llu\n", rep->ns[i].name, (unsigned long long)rep->ns[i].tomb);
+    if (atomicfile_write(rep->tombs_path, buf, k, err, sizeof err) != NC_OK)
+        slog(SLOG_ERROR, "replication: cannot record the tombstones", json_pack("{s:s}", "error", err));
+    free(buf);
+}
+
+void replication_tombs_load(replication *rep)
+{
+    FILE *f = rep->tombs_path[0] ? fopen(rep->tombs_path, "r") : NULL;
+    if (!f) return;
+    char name[SESSION_ID_MAX];
+    unsigned long long t;
+    while (fscanf(f, "%63s %llu", name, &t) == 2) {
+        ns_state *s = replication_ns_get(rep, name);
+        if (s && t > s->tomb) s->tomb = t;
+    }
+    fclose(f);
+}
+
 /* ---- namespaces --------------------------------------------------------------- */
 
 /* The entry of name, or NULL (rep->lock held). */
@@ -165,32 +192,43 @@ int replication_read_replies(redisContext *c, int n)
     return ok ? 0 : -1;
 }
 
-/* Log records of the attached stores not yet published (or passed over:
- * DOC records, entries applied from others), whatever Redis's state. */
-uint64_t replication_unpublished_records(replication *rep)
+void replication_each_store(replication *rep, void (*fn)(replication *, ns_state *, nc_nsstore *, uint64_t, unsigned,
+                                                          void *), void *ctx)
 {
-    uint64_t total = 0;
     pthread_mutex_lock(&rep->lock);
     int nns = rep->nns;
     pthread_mutex_unlock(&rep->lock);
     for (int i = 0; i < nns; i++) {
         ns_state *s = &rep->ns[i];
         pthread_mutex_lock(&rep->lock);
+        uint64_t birth = s->birth;
         unsigned gen = s->gen;
-        bool attached = s->birth != 0;
-        uint64_t done = s->published;
-        if (s->pub_pos > done) done = s->pub_pos;
         pthread_mutex_unlock(&rep->lock);
         char err[NC_ERRLEN];
-        ns_handle *ref = attached ? namespaces_acquire(rep->srv, s->name, false, err, sizeof err) : NULL;
+        ns_handle *ref = birth ? namespaces_acquire(rep->srv, s->name, false, err, sizeof err) : NULL;
         if (!ref) continue;
-        uint64_t last = nsstore_last_seq(namespaces_store(ref));
+        fn(rep, s, namespaces_store(ref), birth, gen, ctx);
         namespaces_release(rep->srv, ref);
-        pthread_mutex_lock(&rep->lock);
-        bool same = s->gen == gen;
-        pthread_mutex_unlock(&rep->lock);
-        if (same && last > done) total += last - done;
     }
+}
+
+static void count_unpublished(replication *rep, ns_state *s, nc_nsstore *store, uint64_t birth, unsigned gen, void *ctx)
+{
+    (void)birth;
+    uint64_t last = nsstore_last_seq(store);
+    pthread_mutex_lock(&rep->lock);
+    uint64_t done = s->published > s->pub_pos ? s->published : s->pub_pos;
+    bool same = s->gen == gen;
+    pthread_mutex_unlock(&rep->lock);
+    if (same && last > done) *(uint64_t *)ctx += last - done;
+}
+
+/* Log records of the attached stores not yet published (or passed over:
+ * DOC records, entries applied from others), whatever Redis's state. */
+uint64_t replication_unpublished_records(replication *rep)
+{
+    uint64_t total = 0;
+    replication_each_store(rep, count_unpublished, &total);
     return total;
 }
 

@@ -28,6 +28,10 @@ typedef struct replication replication;
 #define MARKER_HEAD "neurocache-replication 1"
 #define MARKER_EVERY_MS 100                 /* marker writes per namespace, at most */
 #define DELETES_FILE "replication-deletes"  /* in data_dir: tombstones not yet in Redis */
+#define TOMBS_FILE "replication-tombstones" /* in data_dir: every tombstone known here */
+#define EPOCH_FILE "replication-epoch"      /* in data_dir: the Redis data set published into */
+#define RETAIN_MS (600.0 * 1000)            /* published log records kept this long (retain_point) */
+#define RETAIN_MARKS 9
 
 /* Highest origin seq applied from one incarnation of a namespace on one
  * origin replica: a republished entry at or below it is a duplicate. */
@@ -59,6 +63,8 @@ typedef struct {
                                      under rep->lock: the metrics read it) */
     double marker_at;
     bool announced;               /* in the namespace set, on this connection */
+    struct { double t; uint64_t pos; } marks[RETAIN_MARKS];   /* retain_point's samples */
+    int nmarks;
     bool log_warned;
 } ns_state;
 
@@ -78,6 +84,8 @@ struct replication {
     uint64_t model_fp;            /* model_fingerprint: weights, not only the vocabulary */
     int H;
     char deletes_path[1200];      /* "" = not durable (no data_dir) */
+    char tombs_path[1200], epoch_path[1200];   /* "" = not durable */
+    char epoch[40];               /* publisher thread: Redis's epoch key as last seen, "" = never */
     bool no_marker;               /* test hook: the marker never advances on disk */
     int publish_delay_ms;         /* test hook: a pause after each batch Redis acknowledged */
     pthread_t pub, app;
@@ -124,6 +132,11 @@ int replication_marker_write(const char *dir, uint64_t birth, uint64_t published
 void replication_deletes_save(replication *rep);
 void replication_deletes_add(replication *rep, const char *name, uint64_t t);
 void replication_deletes_load(replication *rep);
+/* Every tombstone known here (rep->ns[].tomb), kept in data_dir so that a
+ * restarted replica can give them back to a Redis that lost its data
+ * (rep->lock held for save; load at set-up). */
+void replication_tombs_save(replication *rep);
+void replication_tombs_load(replication *rep);
 /* The entry of name, or NULL (rep->lock held). */
 ns_state *replication_ns_find(replication *rep, const char *name);
 /* The entry of name, created when absent (rep->lock held); NULL when full. */
@@ -132,6 +145,11 @@ redisContext *replication_connect_redis(replication *rep, atomic_int *flag);
 void replication_stream_key(replication *rep, const char *ns, char *out, size_t cap);
 /* Reads n pipelined replies; 0 when all succeeded. */
 int replication_read_replies(redisContext *c, int n);
+/* Calls fn(rep, s, store, birth, gen, ctx) for every namespace with a
+ * store attached, held meanwhile (fn checks s->gen == gen under rep->lock
+ * before it trusts s: the store may be deleted and created again). */
+void replication_each_store(replication *rep, void (*fn)(replication *, ns_state *, nc_nsstore *, uint64_t, unsigned,
+                                                          void *), void *ctx);
 /* Log records of the attached stores not yet published (or passed over:
  * DOC records, entries applied from others), whatever Redis's state. */
 uint64_t replication_unpublished_records(replication *rep);

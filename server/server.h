@@ -4,7 +4,6 @@
 
 #include <stdatomic.h>
 
-#include "cache.h"
 #include "config.h"
 #include "sessions.h"
 
@@ -24,14 +23,20 @@ typedef struct nc_server {
     atomic_long inflight;             /* requests between first and completed callback */
     int port;                         /* bound port */
     struct MHD_Daemon *mhd;
-    struct http_gate *gate;           /* accepts connections for mhd (http.c) */
+    struct http_acceptor *acceptor;   /* accepts connections for mhd (http.c) */
     struct upload_registry *uploads;  /* uploads in progress (uploads.h) */
     struct replication *replication;  /* Redis publisher and applier (replication.h); NULL = off */
     struct auth_table *auth;          /* API keys (auth.h); NULL = none: every request allowed */
     /* Called by the namespace registry for every store it opens or creates,
      * before any add, with namespace_opened_ctx (replication attaches its
-     * publisher); set before namespaces_init, NULL = nobody listens. */
-    void (*namespace_opened)(void *ctx, const char *name, struct nc_nsstore *store);
+     * publisher); set before namespaces_init, NULL = nobody listens. It
+     * returns the store's incarnation as it knows it (replication's birth,
+     * ms), 0 = none: the registry then keeps its own (namespaces.h). */
+    uint64_t (*namespace_opened)(void *ctx, const char *name, struct nc_nsstore *store);
+    /* Called by the registry when a namespace is deleted here, under its
+     * lock (before the name can be created again), with the same ctx:
+     * returns the deletion's tombstone (replication's; 0 = none). */
+    uint64_t (*namespace_deleted)(void *ctx, const char *name);
     void *namespace_opened_ctx;
 } nc_server;
 

@@ -276,20 +276,32 @@ static int unlink_locked(sessions *t, nc_session *s)
     return s->refs == 0;
 }
 
-sessions_rc sessions_delete(sessions *t, const char *id)
+static sessions_rc remove_session(sessions *t, const char *id, bool moved)
 {
     nc_session *s;
     int destroy = 0;
     pthread_mutex_lock(&t->lock);
     HASH_FIND_STR(t->by_id, id, s);
-    if (s)
+    if (s) {
+        s->moved = moved;
         destroy = unlink_locked(t, s);
+    }
     pthread_mutex_unlock(&t->lock);
     if (!s)
         return SESS_ENOTFOUND;
     if (destroy)
         session_destroy(s);
     return SESS_OK;
+}
+
+sessions_rc sessions_delete(sessions *t, const char *id)
+{
+    return remove_session(t, id, false);
+}
+
+sessions_rc sessions_hand_over(sessions *t, const char *id)
+{
+    return remove_session(t, id, true);
 }
 
 int sessions_evict_idle(sessions *t)
@@ -327,6 +339,14 @@ bool sessions_removed(sessions *t, nc_session *s)
 {
     pthread_mutex_lock(&t->lock);
     bool r = s->removed;
+    pthread_mutex_unlock(&t->lock);
+    return r;
+}
+
+bool sessions_moved(sessions *t, nc_session *s)
+{
+    pthread_mutex_lock(&t->lock);
+    bool r = s->removed && s->moved;
     pthread_mutex_unlock(&t->lock);
     return r;
 }

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <uthash.h>
 
-#include "cache.h"
+#include "stream.h"
 
 #define SESSION_ID_MAX 64
 
@@ -30,6 +30,7 @@ typedef struct nc_session {
     /* guarded by the table lock: */
     int refs;
     bool removed;
+    bool moved;                   /* removed by sessions_hand_over: it lives on elsewhere */
     double last_used;             /* monotonic seconds */
     UT_hash_handle hh;
 } nc_session;
@@ -107,6 +108,12 @@ void sessions_release(sessions *t, nc_session *s);
 
 /* Removes a session (freed once no request holds it). SESS_ENOTFOUND. */
 sessions_rc sessions_delete(sessions *t, const char *id);
+/* The same for a session that lives on elsewhere (handed to a peer, or
+ * replaced by an imported copy): a request that waited for it learns it
+ * moved (sessions_moved), not that it is gone. */
+sessions_rc sessions_hand_over(sessions *t, const char *id);
+/* Whether s was removed by sessions_hand_over (read as sessions_removed). */
+bool sessions_moved(sessions *t, nc_session *s);
 
 /* Removes sessions idle for longer than the TTL and not in use; returns how
  * many. Called by the janitor thread. */

@@ -12,6 +12,7 @@
 #include <strings.h>
 
 #include "api_errors.h"
+#include "lstm.h"
 
 #define UPLOAD_BATCH 512          /* tokens per LSTM pass / log record */
 #define UPLOAD_MAX_WORD (1 << 20) /* a "word" longer than this is refused */
@@ -83,6 +84,7 @@ struct upload {
     uint32_t doc;
     uint64_t off;                 /* token offset in the document */
     char plain_id[1100];          /* ?id= of a plain-text upload */
+    bool raw;                     /* ?normalize=false: the text is already in the model's conventions */
     uint64_t lines;
     json_t *ids;                  /* document ids (first 1000) */
     bool failed;
@@ -212,11 +214,15 @@ static upload *upload_alloc(nc_server *srv)
     return u;
 }
 
-upload *upload_open(nc_server *srv, const char *ns, const char *content_type, const char *plain_id)
+upload *upload_open(nc_server *srv, const char *ns, const char *content_type, const char *plain_id,
+                    const char *normalize)
 {
     upload *u = upload_alloc(srv);
     if (!u)
         return NULL;
+    if (normalize && strcmp(normalize, "true") && strcmp(normalize, "false"))
+        up_fail(u, API_OUT_OF_RANGE, "?normalize= must be true or false, not '%s'", normalize);
+    u->raw = normalize && !strcmp(normalize, "false");
     const char *ct = content_type;
     if (ct && (strncasecmp(ct, "application/x-ndjson", 20) == 0 || strncasecmp(ct, "application/jsonl", 17) == 0 ||
                strncasecmp(ct, "application/ndjson", 18) == 0 || strncasecmp(ct, "application/json-seq", 20) == 0))
@@ -386,7 +392,7 @@ static int add_text(upload *u, const char *text, size_t len, bool final_eos)
     nc_tokens t;
     tokens_init(&t);
     char err[NC_ERRLEN] = "";
-    int rc = tokenize(u->srv->model, text, len, final_eos, &t, err, sizeof err);
+    int rc = tokenize_ex(u->srv->model, text, len, final_eos, !u->raw, &t, err, sizeof err);
     if (rc != NC_OK)
         up_fail(u, rc == NC_EFORMAT ? API_INVALID_TEXT : API_INTERNAL, "document %llu: %s",
                 (unsigned long long)u->prog.documents, err);
@@ -518,6 +524,14 @@ int upload_finish(upload *u, upload_result *res)
     char err[NC_ERRLEN] = "";
     int rc = u->r ? nsstore_sync(namespaces_store(u->r), u->w.last_seq, err, sizeof err) : NC_OK;
     upload_unlist(u);
+    if (u->r && !namespaces_live(u->r)) {
+        /* deleted while it streamed: whatever it added went with the
+         * deleted incarnation (its store refused the rest) -- never a 200,
+         * and this error rather than the refused add's */
+        u->failed = false;
+        up_fail(u, API_NAMESPACE_DELETED, "namespace '%s' (incarnation %llu) was deleted during the upload; "
+                "nothing of it is kept", namespaces_name(u->r), (unsigned long long)namespaces_incarnation(u->r));
+    }
     if (rc != NC_OK && !u->failed)
         up_fail(u, api_error_from_core(rc), "making the upload durable: %s", err);
     res->documents = u->prog.documents;
@@ -532,6 +546,7 @@ int upload_finish(upload *u, upload_result *res)
     res->ns = namespaces_name(u->r);
     res->ids = u->ids;
     res->entries = (int64_t)unbounded_cache_count(nsstore_unbounded_cache(namespaces_store(u->r)));
+    res->incarnation = namespaces_incarnation(u->r);
     return 0;
 }
 

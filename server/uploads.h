@@ -25,11 +25,14 @@ void uploads_shutdown(nc_server *srv);
 
 /* An upload into namespace ns (created when absent): content_type decides
  * plain text or NDJSON (NULL = plain), plain_id names a plain-text
- * document (NULL = a generated id). NULL when out of memory; a refused
+ * document (NULL = a generated id), normalize (?normalize=, NULL = "true")
+ * whether the text is normalised to the model's text conventions. NULL
+ * when out of memory; a refused
  * upload (bad Content-Type, bad namespace) is returned too and reports its
  * failure at upload_finish, its body read and dropped. Free with
  * upload_free (NULL ok), which waits for the batches queued. */
-upload *upload_open(nc_server *srv, const char *ns, const char *content_type, const char *plain_id);
+upload *upload_open(nc_server *srv, const char *ns, const char *content_type, const char *plain_id,
+                    const char *normalize);
 void upload_free(void *u);
 
 /* The next piece of the body, processed as far as it holds complete
@@ -47,6 +50,7 @@ typedef struct {
     const char *ns;               /* the namespace's name */
     json_t *ids;                  /* the documents' ids (the first 1000) */
     int64_t entries;              /* pairs in the namespace now */
+    uint64_t incarnation;         /* the namespace incarnation it went into (namespaces.h) */
 } upload_result;
 int upload_finish(upload *u, upload_result *res);
 

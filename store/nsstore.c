@@ -131,10 +131,40 @@ bool nsstore_valid_doc_id(const char *id, size_t len)
     return true;
 }
 
+int nsstore_check_live(nc_nsstore *ns, char *err, size_t errlen)
+{
+    if (!__atomic_load_n(&ns->retired, __ATOMIC_ACQUIRE))
+        return NC_OK;
+    return nc_error(err, errlen, NC_ESTATE, "the namespace was deleted");
+}
+
+bool nsstore_retired(nc_nsstore *ns)
+{
+    return __atomic_load_n(&ns->retired, __ATOMIC_ACQUIRE);
+}
+
+void nsstore_retire(nc_nsstore *ns)
+{
+    pthread_mutex_lock(&ns->snap_lock);
+    __atomic_store_n(&ns->retired, true, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&ns->snap_lock);
+}
+
+int nsstore_run_live(nc_nsstore *ns, int (*fn)(void *ctx, const char *dir), void *ctx)
+{
+    pthread_mutex_lock(&ns->snap_lock);
+    int rc = nsstore_check_live(ns, NULL, 0) == NC_OK ? fn(ctx, ns->dir) : NC_ESTATE;
+    pthread_mutex_unlock(&ns->snap_lock);
+    return rc;
+}
+
 int nsstore_doc_begin(nc_nsstore *ns, const char *id, size_t len, uint32_t *doc, char *id_out,
                       size_t id_len, char *err, size_t errlen)
 {
     char gen[64];
+    int live = nsstore_check_live(ns, err, errlen);
+    if (live != NC_OK)
+        return live;
     if (!id || len == 0) {
         /* generated below under the lock, from the document number */
         id = NULL;
@@ -256,6 +286,36 @@ void nsstore_snippet(nc_nsstore *ns, int64_t id, int before, int after, char *bu
 
 /* ---- logging adds (the cache's add hook) ------------------------------------ */
 
+/* The distinct open-vocabulary words (ids >= V) of an add, in order of
+ * first use, into ns->dyn (*ndyn of them); *slen: the bytes their surface
+ * strings take in the record (4-byte length + the string each). */
+static int collect_dyn_words(nc_nsstore *ns, const int *words, size_t n, size_t *ndyn, size_t *slen, char *err,
+                             size_t errlen)
+{
+    if (n > ns->dyn_cap) {
+        int *d = realloc(ns->dyn, n * sizeof *d);
+        if (!d)
+            return nc_error(err, errlen, NC_ENOMEM, "log record");
+        ns->dyn = d;
+        ns->dyn_cap = n;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (words[i] < ns->V)
+            continue;
+        size_t j = 0;
+        while (j < *ndyn && ns->dyn[j] != words[i])
+            j++;
+        if (j == *ndyn) {
+            const char *w = wordtable_word(ns->words, words[i]);
+            if (!w)
+                return nc_error(err, errlen, NC_EINVAL, "word id %d is not in the namespace's table", words[i]);
+            ns->dyn[(*ndyn)++] = words[i];
+            *slen += 4 + strlen(w);
+        }
+    }
+    return NC_OK;
+}
+
 /* Under the cache's write lock: one ADD record per add, in id order. */
 int nsstore_add_hook(void *ctx, const float *keys, const int *words, size_t n, int64_t first_id,
                      char *err, size_t errlen)
@@ -266,30 +326,16 @@ int nsstore_add_hook(void *ctx, const float *keys, const int *words, size_t n, i
     uint64_t off = mine ? tl.off : 0;
     if (ns->replaying)
         return prov_append(ns, first_id, n, doc, off, err, errlen);
+    /* a deleted incarnation takes no more adds (the cache refuses the add
+     * whole when its hook fails) */
+    int live = nsstore_check_live(ns, err, errlen);
+    if (live != NC_OK)
+        return live;
     const int H = ns->H, V = ns->V;
-    /* open-vocabulary words of the record, by surface string */
     size_t ndyn = 0, slen = 0;
-    if (n > ns->dyn_cap) {
-        int *d = realloc(ns->dyn, n * sizeof *d);
-        if (!d)
-            return nc_error(err, errlen, NC_ENOMEM, "log record");
-        ns->dyn = d;
-        ns->dyn_cap = n;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (words[i] < V)
-            continue;
-        size_t j = 0;
-        while (j < ndyn && ns->dyn[j] != words[i])
-            j++;
-        if (j == ndyn) {
-            const char *w = wordtable_word(ns->words, words[i]);
-            if (!w)
-                return nc_error(err, errlen, NC_EINVAL, "word id %d is not in the namespace's table", words[i]);
-            ns->dyn[ndyn++] = words[i];
-            slen += 4 + strlen(w);
-        }
-    }
+    int rc = collect_dyn_words(ns, words, n, &ndyn, &slen, err, errlen);
+    if (rc)
+        return rc;
     size_t plen = 36 + slen + n * 4 + n * (size_t)H * 2;
     buf_clear(&ns->rec);
     if (buf_reserve(&ns->rec, plen))
@@ -334,8 +380,11 @@ int nsstore_add_hook(void *ctx, const float *keys, const int *words, size_t n, i
         memcpy(kh + i, &h, 2);
     }
     k += n * (size_t)H * 2;
+    /* replay (recovery.c) decodes by the same sizes: an encoder that wrote
+     * other than it reserved would make a log that cannot be read back */
+    NC_ASSERT(k == plen, "add record of %zu bytes, %zu reserved", k, plen);
     uint64_t seq;
-    int rc = wal_append(ns->wal, p, k, &seq, err, errlen);
+    rc = wal_append(ns->wal, p, k, &seq, err, errlen);
     if (!rc)
         rc = prov_append(ns, first_id, n, doc, off, err, errlen);
     nsstore_observer obs = __atomic_load_n(&ns->obs, __ATOMIC_ACQUIRE);

@@ -31,7 +31,8 @@
 #ifndef NC_NSSTORE_H
 #define NC_NSSTORE_H
 
-#include "cache.h"
+#include "unbounded_cache.h"
+#include "model.h"
 #include "wal.h"
 
 typedef struct nc_nsstore nc_nsstore;
@@ -112,6 +113,9 @@ int nsstore_log_open(nc_nsstore *ns, uint64_t after, nc_nslog **out, char *err, 
  * (valid until the next call), 0 when none is durable yet, or a negative
  * NC_ code. */
 int nsstore_log_next(nc_nslog *l, nc_nslog_add *a, char *err, size_t errlen);
+/* The oldest record ns's log still holds (first of its oldest segment;
+ * snapshots prune older ones), 0 = none. */
+uint64_t nsstore_log_oldest(nc_nsstore *ns);
 /* The last record consumed (ADD or DOC). */
 uint64_t nsstore_log_position(const nc_nslog *l);
 /* NULL allowed. */
@@ -174,6 +178,21 @@ typedef struct {
     uint64_t snapshot_seq;
 } nc_nsstore_stats;
 void nsstore_stats(nc_nsstore *ns, nc_nsstore_stats *st);
+
+/* Retires the store of a deleted namespace, before its directory is moved
+ * or removed: waits for a snapshot, heal or nsstore_run_live in progress
+ * (they write under the directory's path), then refuses with NC_ESTATE
+ * every later write (documents, adds, snapshots, heals, log followers),
+ * so nothing of a deleted incarnation lands in a directory a namespace
+ * created again under the same name now owns. Reads of memory go on
+ * (the caller decides who may still read). Idempotent. */
+void nsstore_retire(nc_nsstore *ns);
+bool nsstore_retired(nc_nsstore *ns);
+/* Calls fn(ctx, dir) with the store's directory unless the store is
+ * retired, excluding nsstore_retire meanwhile (a file written next to the
+ * store, e.g. replication's marker, lands in this incarnation's directory
+ * or not at all). fn's return, or NC_ESTATE when retired. */
+int nsstore_run_live(nc_nsstore *ns, int (*fn)(void *ctx, const char *dir), void *ctx);
 
 /* Removes a namespace directory and everything in it (the store must be
  * closed). */

@@ -46,6 +46,7 @@ struct nc_nsstore {
     uint64_t snap_seq, prev_snap_seq;
     double snap_time, snap_secs;
     uint64_t retain;              /* nsstore_retain_log (atomic) */
+    bool retired;                 /* nsstore_retire: set under snap_lock, read atomically */
 };
 
 static inline double nsstore_now(void)
@@ -54,6 +55,9 @@ static inline double nsstore_now(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
+
+/* Whether ns was retired (nsstore_retire); NC_ESTATE with a message if so. */
+int nsstore_check_live(nc_nsstore *ns, char *err, size_t errlen);
 
 /* nsstore.c: documents and provenance (meta lock) */
 bool nsstore_valid_doc_id(const char *id, size_t len);

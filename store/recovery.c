@@ -38,6 +38,11 @@ int nsstore_log_open(nc_nsstore *ns, uint64_t after, nc_nslog **out, char *err, 
     return NC_OK;
 }
 
+uint64_t nsstore_log_oldest(nc_nsstore *ns)
+{
+    return wal_oldest_seq(ns->waldir);
+}
+
 uint64_t nsstore_log_position(const nc_nslog *l)
 {
     return wal_reader_position(l->r);
@@ -68,6 +73,62 @@ static int add_record_word(const unsigned char *p, size_t len, uint64_t seq, siz
         return nc_error(err, errlen, NC_EFORMAT, "log record %llu: bad word length", (unsigned long long)seq);
     *off = *k;
     *k += *wl;
+    return NC_OK;
+}
+
+/* An ADD record being decoded: its seq, bytes, word references (n int32,
+ * after the nd surface strings). */
+typedef struct {
+    uint64_t seq;
+    const unsigned char *p, *refs;
+    uint32_t n, nd;
+} add_view;
+
+/* The n words of an ADD record joined by '\n' into l->words (*wlen bytes,
+ * NUL-terminated): vocabulary words from the table, the others from the
+ * record (the table may hold them under other ids by now). */
+static int log_join_words(nc_nslog *l, const add_view *v, size_t *wlen, char *err, size_t errlen)
+{
+    nc_nsstore *ns = l->ns;
+    const unsigned char *p = v->p, *refs = v->refs;
+    uint32_t n = v->n, nd = v->nd;
+    uint64_t seq = v->seq;
+    for (int pass = 0; pass < 2; pass++) {
+        size_t w = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            int32_t r;
+            memcpy(&r, refs + (size_t)i * 4, 4);
+            const char *s;
+            size_t sl;
+            if (r >= 0 && r < ns->V) {
+                s = wordtable_word(ns->words, r);
+                sl = s ? strlen(s) : 0;
+            } else if (r >= ns->V && (uint32_t)(r - ns->V) < nd) {
+                s = (const char *)p + l->dyn_off[r - ns->V];
+                sl = l->dyn_len[r - ns->V];
+            } else {
+                return nc_error(err, errlen, NC_EFORMAT, "log record %llu: bad word reference %d",
+                                (unsigned long long)seq, r);
+            }
+            if (pass == 1) {
+                memcpy(l->words + w, s, sl);
+                if (i + 1 < n)
+                    l->words[w + sl] = '\n';
+            }
+            w += sl + (i + 1 < n);
+        }
+        if (pass == 0) {
+            *wlen = w;
+            if (*wlen + 1 > l->wcap) {
+                char *b = realloc(l->words, *wlen + 1);
+                if (!b)
+                    return nc_error(err, errlen, NC_ENOMEM, "log follower");
+                l->words = b;
+                l->wcap = *wlen + 1;
+            }
+        }
+    }
+    l->words[*wlen] = 0;
     return NC_OK;
 }
 
@@ -109,44 +170,10 @@ static int log_decode_add(nc_nslog *l, uint64_t seq, const unsigned char *p, siz
         return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %zu bytes for %u pairs", (unsigned long long)seq,
                         len - k, n);
     const unsigned char *refs = p + k;
-    /* surface strings: vocabulary words from the table, the others from
-     * the record (the table may hold them under other ids by now) */
-    for (int pass = 0; pass < 2; pass++) {
-        size_t w = 0;
-        for (uint32_t i = 0; i < n; i++) {
-            int32_t r;
-            memcpy(&r, refs + (size_t)i * 4, 4);
-            const char *s;
-            size_t sl;
-            if (r >= 0 && r < ns->V) {
-                s = wordtable_word(ns->words, r);
-                sl = s ? strlen(s) : 0;
-            } else if (r >= ns->V && (uint32_t)(r - ns->V) < nd) {
-                s = (const char *)p + l->dyn_off[r - ns->V];
-                sl = l->dyn_len[r - ns->V];
-            } else {
-                return nc_error(err, errlen, NC_EFORMAT, "log record %llu: bad word reference %d",
-                                (unsigned long long)seq, r);
-            }
-            if (pass == 1) {
-                memcpy(l->words + w, s, sl);
-                if (i + 1 < n)
-                    l->words[w + sl] = '\n';
-            }
-            w += sl + (i + 1 < n);
-        }
-        if (pass == 0) {
-            wl = w;
-            if (wl + 1 > l->wcap) {
-                char *b = realloc(l->words, wl + 1);
-                if (!b)
-                    return nc_error(err, errlen, NC_ENOMEM, "log follower");
-                l->words = b;
-                l->wcap = wl + 1;
-            }
-        }
-    }
-    l->words[wl] = 0;
+    add_view v = {.seq = seq, .p = p, .refs = refs, .n = n, .nd = nd};
+    int rc = log_join_words(l, &v, &wl, err, errlen);
+    if (rc)
+        return rc;
     l->doc[0] = 0;
     if (doc != NSSTORE_NO_DOC) {
         pthread_rwlock_rdlock(&ns->meta);
@@ -169,6 +196,9 @@ static int log_decode_add(nc_nslog *l, uint64_t seq, const unsigned char *p, siz
 
 int nsstore_log_next(nc_nslog *l, nc_nslog_add *a, char *err, size_t errlen)
 {
+    int live = nsstore_check_live(l->ns, err, errlen);
+    if (live != NC_OK)
+        return live;   /* its segments' names now belong to a new incarnation */
     uint64_t upto = wal_durable_seq(l->ns->wal);
     for (;;) {
         uint64_t seq;
@@ -202,34 +232,54 @@ typedef struct {
     size_t mcap;
 } replay_ctx;
 
-static int replay_record(void *vctx, uint64_t seq, const void *payload, size_t len, char *err,
-                         size_t errlen)
+/* A DOC record: the document's id, appended unless the snapshot has it. */
+static int replay_doc(nc_nsstore *ns, uint64_t seq, const unsigned char *p, size_t len, char *err, size_t errlen)
 {
-    replay_ctx *c = vctx;
-    nc_nsstore *ns = c->ns;
-    const unsigned char *p = payload;
-    if (len < 4)
-        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %zu bytes", (unsigned long long)seq, len);
-    if (p[0] == REC_DOC) {
-        uint32_t d, l;
-        if (len < 12)
-            return nc_error(err, errlen, NC_EFORMAT, "log record %llu: short document record",
-                            (unsigned long long)seq);
-        memcpy(&d, p + 4, 4);
-        memcpy(&l, p + 8, 4);
-        if (l != len - 12 || !nsstore_valid_doc_id((const char *)p + 12, l))
-            return nc_error(err, errlen, NC_EFORMAT, "log record %llu: bad document id", (unsigned long long)seq);
-        int rc = NC_OK;
-        pthread_rwlock_wrlock(&ns->meta);
-        if (d > ns->ndocs)
-            rc = nc_error(err, errlen, NC_EFORMAT, "log record %llu: document %u after %u documents",
-                          (unsigned long long)seq, d, ns->ndocs);
-        else if (d == ns->ndocs)
-            rc = nsstore_doc_push(ns, (const char *)p + 12, l, err, errlen);
-        /* d < ndocs: already in the snapshot */
-        pthread_rwlock_unlock(&ns->meta);
-        return rc;
+    uint32_t d, l;
+    if (len < 12)
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: short document record",
+                        (unsigned long long)seq);
+    memcpy(&d, p + 4, 4);
+    memcpy(&l, p + 8, 4);
+    if (l != len - 12 || !nsstore_valid_doc_id((const char *)p + 12, l))
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: bad document id", (unsigned long long)seq);
+    int rc = NC_OK;
+    pthread_rwlock_wrlock(&ns->meta);
+    if (d > ns->ndocs)
+        rc = nc_error(err, errlen, NC_EFORMAT, "log record %llu: document %u after %u documents",
+                      (unsigned long long)seq, d, ns->ndocs);
+    else if (d == ns->ndocs)
+        rc = nsstore_doc_push(ns, (const char *)p + 12, l, err, errlen);
+    /* d < ndocs: already in the snapshot */
+    pthread_rwlock_unlock(&ns->meta);
+    return rc;
+}
+
+/* c's id and key buffers grown to m pairs of dimension H. */
+static int replay_reserve(replay_ctx *c, size_t m, size_t H, char *err, size_t errlen)
+{
+    if (m > c->icap) {
+        int *ids = realloc(c->ids, m * sizeof *ids);
+        if (!ids)
+            return nc_error(err, errlen, NC_ENOMEM, "replay");
+        c->ids = ids;
+        c->icap = m;
     }
+    if (m * H > c->kcap) {
+        float *kk = realloc(c->keys, m * H * sizeof *kk);
+        if (!kk)
+            return nc_error(err, errlen, NC_ENOMEM, "replay");
+        c->keys = kk;
+        c->kcap = m * H;
+    }
+    return NC_OK;
+}
+
+/* An ADD record: the pairs the snapshot does not have yet, added to the
+ * cache (the add hook records their provenance while replaying). */
+static int replay_add(replay_ctx *c, uint64_t seq, const unsigned char *p, size_t len, char *err, size_t errlen)
+{
+    nc_nsstore *ns = c->ns;
     if (p[0] != REC_ADD)
         return nc_error(err, errlen, NC_EFORMAT, "log record %llu: unknown type %d", (unsigned long long)seq, p[0]);
     if (len < 36)
@@ -276,20 +326,9 @@ static int replay_record(void *vctx, uint64_t seq, const void *payload, size_t l
     size_t skip = (size_t)(have - first), m = n - skip;
     if (doc != NSSTORE_NO_DOC && doc >= nsstore_doc_count(ns))
         return nc_error(err, errlen, NC_EFORMAT, "log record %llu: unknown document %u", (unsigned long long)seq, doc);
-    if (m > c->icap) {
-        int *ids = realloc(c->ids, m * sizeof *ids);
-        if (!ids)
-            return nc_error(err, errlen, NC_ENOMEM, "replay");
-        c->ids = ids;
-        c->icap = m;
-    }
-    if (m * H > c->kcap) {
-        float *kk = realloc(c->keys, m * H * sizeof *kk);
-        if (!kk)
-            return nc_error(err, errlen, NC_ENOMEM, "replay");
-        c->keys = kk;
-        c->kcap = m * H;
-    }
+    int rc = replay_reserve(c, m, H, err, errlen);
+    if (rc)
+        return rc;
     const unsigned char *refs = p + k, *kh = p + k + (size_t)n * 4;
     int wsize = wordtable_size(ns->words);
     for (size_t i = 0; i < m; i++) {
@@ -307,12 +346,113 @@ static int replay_record(void *vctx, uint64_t seq, const void *payload, size_t l
         c->keys[i] = nc_half_to_float(h);
     }
     nsstore_set_context(ns, doc, off + skip);
-    int rc = unbounded_cache_add(ns->ub, c->keys, c->ids, m, NULL, err, errlen);
+    rc = unbounded_cache_add(ns->ub, c->keys, c->ids, m, NULL, err, errlen);
     nsstore_clear_context();
     return rc;
 }
 
+static int replay_record(void *vctx, uint64_t seq, const void *payload, size_t len, char *err,
+                         size_t errlen)
+{
+    replay_ctx *c = vctx;
+    const unsigned char *p = payload;
+    if (len < 4)
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %zu bytes", (unsigned long long)seq, len);
+    if (p[0] == REC_DOC)
+        return replay_doc(c->ns, seq, p, len, err, errlen);
+    return replay_add(c, seq, p, len, err, errlen);
+}
+
 /* ---- opening: the newest snapshot that verifies, then the log after it ----- */
+
+/* Step 1 of nsstore_open: loads the newest snapshot that verifies; the
+ * corrupt ones are set aside (renamed .corrupt, named in info->warning).
+ * *base: the loaded snapshot's sequence (0: none); *corrupt_seq: the newest
+ * set aside; first_err: why the first one failed. An I/O error or a failed
+ * allocation returns at once, nothing changed on disk. */
+static int load_newest_snapshot(nc_nsstore *ns, nc_nsstore_recovery *info, uint64_t *base, uint64_t *corrupt_seq,
+                                char first_err[NC_ERRLEN], char *err, size_t errlen)
+{
+    uint64_t *snaps = NULL;
+    int nsn = 0, rc = nsstore_snapshot_list(ns->dir, &snaps, &nsn, true);
+    if (rc)
+        rc = nc_error(err, errlen, rc, "%s: cannot list snapshots", ns->dir);
+    for (int i = 0; !rc && i < nsn; i++) {
+        char e2[NC_ERRLEN] = "";
+        int lrc = nsstore_snapshot_load(ns, snaps[i], e2, sizeof e2);
+        if (lrc == NC_OK) {
+            *base = snaps[i];
+            info->snapshot_seq = *base;
+            info->snapshot_entries = unbounded_cache_count(ns->ub);
+            break;
+        }
+        if (lrc != NC_EFORMAT && lrc != NC_ENOTFOUND) {
+            /* An I/O error or a failed allocation says nothing about the
+             * snapshot: refuse without touching the disk, so that the open
+             * succeeds once the fault is gone (found by test_fault: two
+             * transient read errors used to set both snapshots aside and
+             * leave a namespace the log could no longer rebuild). */
+            rc = nc_error(err, errlen, lrc, "%s (nothing was changed on disk)", e2);
+            break;
+        }
+        if (!first_err[0])
+            snprintf(first_err, NC_ERRLEN, "%s", e2);
+        if (snaps[i] > *corrupt_seq)
+            *corrupt_seq = snaps[i];
+        /* kept aside for inspection, never loaded again */
+        char from[1200], to[1200];
+        nsstore_snapshot_path(ns, snaps[i], "", from, sizeof from);
+        nsstore_snapshot_path(ns, snaps[i], ".corrupt", to, sizeof to);
+        nsstore_remove_dir(to, NULL, 0);
+        rename(from, to);
+        snprintf(info->warning + strlen(info->warning), sizeof info->warning - strlen(info->warning),
+                 "%s%s (set aside as %s)", info->warning[0] ? "; " : "", e2, to);
+    }
+    free(snaps);
+    return rc;
+}
+
+/* Step 2 of nsstore_open: replays the log after snapshot base into the
+ * cache and opens the log for appending. A corrupt snapshot (first_err,
+ * corrupt_seq) the log cannot stand in for fails the open. */
+static int replay_log(nc_nsstore *ns, nc_nsstore_recovery *info, uint64_t base, uint64_t corrupt_seq,
+                      const char *first_err, char *err, size_t errlen)
+{
+    int rc;
+    unbounded_cache_set_add_hook(ns->ub, nsstore_add_hook, ns);
+    ns->replaying = true;
+    replay_ctx c = {.ns = ns};
+    nc_wal_replay_info wi;
+    rc = wal_replay(ns->waldir, ns->tag, base, replay_record, &c, &wi, err, errlen);
+    ns->replaying = false;
+    free(c.keys);
+    free(c.ids);
+    free(c.map);
+    if (rc == NC_ENOTFOUND && first_err[0])
+        /* a corrupt snapshot the log cannot stand in for */
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s; the log does not reach back far enough to rebuild "
+                      "it: restore the snapshot or remove the namespace", first_err);
+    if (!rc && corrupt_seq > (wi.last_seq > base ? wi.last_seq : base))
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s; the log ends at record %llu and cannot rebuild it: "
+                      "restore the snapshot or remove the namespace", first_err,
+                      (unsigned long long)wi.last_seq);
+    if (!rc) {
+        info->records_replayed = wi.records;
+        if (wi.truncated)
+            snprintf(info->warning + strlen(info->warning), sizeof info->warning - strlen(info->warning),
+                     "%s%s", info->warning[0] ? "; " : "", wi.warning);
+        bool stopped = false;
+        rc = wal_open_or_stopped(ns->waldir, ns->tag, (wi.last_seq > base ? wi.last_seq : base) + 1, ns->sync,
+                                 &ns->wal, &stopped, err, errlen);
+        if (stopped)
+            /* a full disk: everything is recovered and can be read;
+             * writes fail (507) until nsstore_heal finds room */
+            snprintf(info->warning + strlen(info->warning), sizeof info->warning - strlen(info->warning),
+                     "%sno room on the disk for a new log segment: read-only until there is room (%s)",
+                     info->warning[0] ? "; " : "", err);
+    }
+    return rc;
+}
 
 int nsstore_open(const nc_nsstore_opts *o, nc_nsstore **out, nc_nsstore_recovery *info, char *err,
                  size_t errlen)
@@ -343,84 +483,17 @@ int nsstore_open(const nc_nsstore_opts *o, nc_nsstore **out, nc_nsstore_recovery
     pthread_mutex_init(&ns->snap_lock, NULL);
 
     /* 1. the newest snapshot that verifies */
-    uint64_t *snaps = NULL;
-    int nsn = 0, rc = nsstore_snapshot_list(ns->dir, &snaps, &nsn, true);
-    if (rc)
-        rc = nc_error(err, errlen, rc, "%s: cannot list snapshots", ns->dir);
     char first_err[NC_ERRLEN] = "";
     uint64_t base = 0, corrupt_seq = 0;
-    for (int i = 0; !rc && i < nsn; i++) {
-        char e2[NC_ERRLEN] = "";
-        int lrc = nsstore_snapshot_load(ns, snaps[i], e2, sizeof e2);
-        if (lrc == NC_OK) {
-            base = snaps[i];
-            info->snapshot_seq = base;
-            info->snapshot_entries = unbounded_cache_count(ns->ub);
-            break;
-        }
-        if (lrc != NC_EFORMAT && lrc != NC_ENOTFOUND) {
-            /* An I/O error or a failed allocation says nothing about the
-             * snapshot: refuse without touching the disk, so that the open
-             * succeeds once the fault is gone (found by test_fault: two
-             * transient read errors used to set both snapshots aside and
-             * leave a namespace the log could no longer rebuild). */
-            rc = nc_error(err, errlen, lrc, "%s (nothing was changed on disk)", e2);
-            break;
-        }
-        if (!first_err[0])
-            snprintf(first_err, sizeof first_err, "%s", e2);
-        if (snaps[i] > corrupt_seq)
-            corrupt_seq = snaps[i];
-        /* kept aside for inspection, never loaded again */
-        char from[1200], to[1200];
-        nsstore_snapshot_path(ns, snaps[i], "", from, sizeof from);
-        nsstore_snapshot_path(ns, snaps[i], ".corrupt", to, sizeof to);
-        nsstore_remove_dir(to, NULL, 0);
-        rename(from, to);
-        snprintf(info->warning + strlen(info->warning), sizeof info->warning - strlen(info->warning),
-                 "%s%s (set aside as %s)", info->warning[0] ? "; " : "", e2, to);
-    }
-    free(snaps);
+    int rc = load_newest_snapshot(ns, info, &base, &corrupt_seq, first_err, err, errlen);
     if (!rc && !ns->ub) {
         rc = wordtable_new(ns->m->vocab, &ns->words, err, errlen);
         if (!rc)
             rc = unbounded_cache_new(&ns->ubo, ns->words, &ns->ub, err, errlen);
     }
     /* 2. the log after it */
-    if (!rc) {
-        unbounded_cache_set_add_hook(ns->ub, nsstore_add_hook, ns);
-        ns->replaying = true;
-        replay_ctx c = {.ns = ns};
-        nc_wal_replay_info wi;
-        rc = wal_replay(ns->waldir, ns->tag, base, replay_record, &c, &wi, err, errlen);
-        ns->replaying = false;
-        free(c.keys);
-        free(c.ids);
-        free(c.map);
-        if (rc == NC_ENOTFOUND && first_err[0])
-            /* a corrupt snapshot the log cannot stand in for */
-            rc = nc_error(err, errlen, NC_EFORMAT, "%s; the log does not reach back far enough to rebuild "
-                          "it: restore the snapshot or remove the namespace", first_err);
-        if (!rc && corrupt_seq > (wi.last_seq > base ? wi.last_seq : base))
-            rc = nc_error(err, errlen, NC_EFORMAT, "%s; the log ends at record %llu and cannot rebuild it: "
-                          "restore the snapshot or remove the namespace", first_err,
-                          (unsigned long long)wi.last_seq);
-        if (!rc) {
-            info->records_replayed = wi.records;
-            if (wi.truncated)
-                snprintf(info->warning + strlen(info->warning), sizeof info->warning - strlen(info->warning),
-                         "%s%s", info->warning[0] ? "; " : "", wi.warning);
-            bool stopped = false;
-            rc = wal_open_or_stopped(ns->waldir, ns->tag, (wi.last_seq > base ? wi.last_seq : base) + 1, ns->sync,
-                                     &ns->wal, &stopped, err, errlen);
-            if (stopped)
-                /* a full disk: everything is recovered and can be read;
-                 * writes fail (507) until nsstore_heal finds room */
-                snprintf(info->warning + strlen(info->warning), sizeof info->warning - strlen(info->warning),
-                         "%sno room on the disk for a new log segment: read-only until there is room (%s)",
-                         info->warning[0] ? "; " : "", err);
-        }
-    }
+    if (!rc)
+        rc = replay_log(ns, info, base, corrupt_seq, first_err, err, errlen);
     if (rc) {
         nsstore_close(ns);
         return rc;

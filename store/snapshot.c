@@ -216,6 +216,61 @@ void nsstore_snapshot_path(const nc_nsstore *ns, uint64_t seq, const char *suffi
 
 /* Writes snapshot S of the current state (snap_lock held) and, once it is
  * durable, drops what it makes unnecessary. */
+/* tmp/MANIFEST of snapshot S (C entries): each file fsynced, its size and
+ * checksum, then the manifest's own checksum. */
+static int write_manifest(const char *tmp, uint64_t S, uint64_t C, char *err, size_t errlen)
+{
+    int rc = NC_OK;
+    char p[1300];
+    char man[2048];
+    size_t k = (size_t)snprintf(man, sizeof man, "%s\nseq %llu\nentries %llu\n", MANIFEST_HEAD,
+                                (unsigned long long)S, (unsigned long long)C);
+    for (int i = 0; !rc && i < NSNAPFILES; i++) {
+        uint64_t size;
+        uint32_t crc;
+        snprintf(p, sizeof p, "%s/%s", tmp, snap_files[i]);
+        if (fsync_path(p, false) != 0)
+            rc = nc_error(err, errlen, NC_EIO, "%s: fsync: %s", p, strerror(errno));
+        if (!rc)
+            rc = file_crc(p, &size, &crc, err, errlen);
+        if (!rc)
+            k += (size_t)snprintf(man + k, sizeof man - k, "file %s %llu %08x\n", snap_files[i],
+                                  (unsigned long long)size, crc);
+    }
+    if (!rc) {
+        k += (size_t)snprintf(man + k, sizeof man - k, "crc %08x\n", (uint32_t)crc32(0L, (const Bytef *)man, (uInt)k));
+        snprintf(p, sizeof p, "%s/MANIFEST", tmp);
+        rc = write_file(p, man, k, NULL, 0, NULL, 0, err, errlen);
+    }
+    return rc;
+}
+
+/* After snapshot S: keeps it and the previous one (with the log since the
+ * previous one), so a snapshot found corrupt later can be rebuilt, and
+ * every log segment a follower (replication) still has to read. */
+static void prune_after_snapshot(nc_nsstore *ns, uint64_t S)
+{
+    char p[1300];
+    uint64_t keep_from = ns->snap_seq;   /* previous snapshot, 0 = none */
+    uint64_t *snaps;
+    int nsn;
+    if (nsstore_snapshot_list(ns->dir, &snaps, &nsn, false) == NC_OK) {
+        for (int i = 0; i < nsn; i++)
+            if (snaps[i] < keep_from || (keep_from == 0 && snaps[i] < S)) {
+                nsstore_snapshot_path(ns, snaps[i], "", p, sizeof p);
+                nsstore_remove_dir(p, NULL, 0);
+            }
+        free(snaps);
+    }
+    /* ...and every segment a follower (replication) still has to
+     * read: its records may exist nowhere else yet */
+    uint64_t upto = keep_from, ret = __atomic_load_n(&ns->retain, __ATOMIC_ACQUIRE);
+    if (ret < upto)
+        upto = ret;
+    if (upto > 0)
+        wal_prune(ns->waldir, upto, NULL, 0);
+}
+
 static int write_snapshot(nc_nsstore *ns, uint64_t S, double t0, char *err, size_t errlen)
 {
     int rc = NC_OK;
@@ -246,29 +301,8 @@ static int write_snapshot(nc_nsstore *ns, uint64_t S, double t0, char *err, size
         snprintf(p, sizeof p, "%s/docs.bin", tmp);
         rc = write_docs(ns, p, err, errlen);
     }
-    /* MANIFEST: sizes and checksums of every file, then its own checksum */
-    char man[2048];
-    size_t k = 0;
     if (!rc)
-        k = (size_t)snprintf(man, sizeof man, "%s\nseq %llu\nentries %llu\n", MANIFEST_HEAD,
-                             (unsigned long long)S, (unsigned long long)C);
-    for (int i = 0; !rc && i < NSNAPFILES; i++) {
-        uint64_t size;
-        uint32_t crc;
-        snprintf(p, sizeof p, "%s/%s", tmp, snap_files[i]);
-        if (fsync_path(p, false) != 0)
-            rc = nc_error(err, errlen, NC_EIO, "%s: fsync: %s", p, strerror(errno));
-        if (!rc)
-            rc = file_crc(p, &size, &crc, err, errlen);
-        if (!rc)
-            k += (size_t)snprintf(man + k, sizeof man - k, "file %s %llu %08x\n", snap_files[i],
-                                  (unsigned long long)size, crc);
-    }
-    if (!rc) {
-        k += (size_t)snprintf(man + k, sizeof man - k, "crc %08x\n", (uint32_t)crc32(0L, (const Bytef *)man, (uInt)k));
-        snprintf(p, sizeof p, "%s/MANIFEST", tmp);
-        rc = write_file(p, man, k, NULL, 0, NULL, 0, err, errlen);
-    }
+        rc = write_manifest(tmp, S, C, err, errlen);
     if (!rc && fsync_path(tmp, true) != 0)
         rc = nc_error(err, errlen, NC_EIO, "%s: fsync: %s", tmp, strerror(errno));
     if (!rc) {
@@ -279,26 +313,7 @@ static int write_snapshot(nc_nsstore *ns, uint64_t S, double t0, char *err, size
     if (rc) {
         nsstore_remove_dir(tmp, NULL, 0);
     } else {
-        /* keep this snapshot and the previous one (with the log since the
-         * previous one), so a snapshot found corrupt later can be rebuilt */
-        uint64_t keep_from = ns->snap_seq;   /* previous snapshot, 0 = none */
-        uint64_t *snaps;
-        int nsn;
-        if (nsstore_snapshot_list(ns->dir, &snaps, &nsn, false) == NC_OK) {
-            for (int i = 0; i < nsn; i++)
-                if (snaps[i] < keep_from || (keep_from == 0 && snaps[i] < S)) {
-                    nsstore_snapshot_path(ns, snaps[i], "", p, sizeof p);
-                    nsstore_remove_dir(p, NULL, 0);
-                }
-            free(snaps);
-        }
-        /* ...and every segment a follower (replication) still has to
-         * read: its records may exist nowhere else yet */
-        uint64_t upto = keep_from, ret = __atomic_load_n(&ns->retain, __ATOMIC_ACQUIRE);
-        if (ret < upto)
-            upto = ret;
-        if (upto > 0)
-            wal_prune(ns->waldir, upto, NULL, 0);
+        prune_after_snapshot(ns, S);
         ns->prev_snap_seq = ns->snap_seq;
         ns->snap_seq = S;
         ns->snap_time = nsstore_now();
@@ -312,7 +327,9 @@ int nsstore_snapshot(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
     pthread_mutex_lock(&ns->snap_lock);
     double t0 = nsstore_now();
     uint64_t S;
-    int rc = wal_rotate(ns->wal, &S, err, errlen);
+    int rc = nsstore_check_live(ns, err, errlen);
+    if (!rc)
+        rc = wal_rotate(ns->wal, &S, err, errlen);
     if (!rc && S == ns->snap_seq)
         ns->snap_time = nsstore_now();   /* nothing logged since the last snapshot */
     else if (!rc)
@@ -333,12 +350,12 @@ int nsstore_heal(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
     pthread_mutex_lock(&ns->snap_lock);
     double t0 = nsstore_now();
     uint64_t S;
-    int rc = NC_OK;
+    int rc = nsstore_check_live(ns, err, errlen);
     /* While the log is broken no add gets in (the add hook's append fails
      * first), so memory holds exactly the records up to S: a snapshot of
      * it covers them, whatever the failed fsync lost of the segment. */
     bool tail_unknown = true;
-    if (wal_broken(ns->wal, &S, &tail_unknown)) {
+    if (!rc && wal_broken(ns->wal, &S, &tail_unknown)) {
         /* a log opened stopped on a full disk has every record whole on
          * disk: it needs only its new segment, not room for a snapshot */
         if (tail_unknown && S != ns->snap_seq)

@@ -114,6 +114,18 @@ static int list_segments(const char *dir, seglist *l, char *err, size_t errlen)
     return rc;
 }
 
+uint64_t wal_oldest_seq(const char *dir)
+{
+    seglist l;
+    if (list_segments(dir, &l, NULL, 0) != NC_OK) {
+        free(l.first);
+        return 0;
+    }
+    uint64_t s = l.n ? l.first[0] : 0;
+    free(l.first);
+    return s;
+}
+
 /* ---- replay --------------------------------------------------------------- */
 
 /* Is there a complete, valid record at p[0..n) (any seq)? */
@@ -127,29 +139,39 @@ static bool valid_record_at(const unsigned char *p, size_t n)
     return rd32(p + 16) == rec_crc(p, p + REC_HDR, len);
 }
 
-/* Replays one mapped segment. *expect: the next seq (updated). last: this is
- * the last segment (a bad tail may be cut). Returns rc; *cut = valid length
- * if the tail must be truncated, else (size_t)-1. */
-static int replay_segment(const char *path, const unsigned char *m, size_t size, uint32_t tag,
-                          bool last, uint64_t *expect, uint64_t after, wal_record_fn fn, void *ctx,
-                          nc_wal_replay_info *info, size_t *cut, char *err, size_t errlen)
+/* What wal_replay carries from segment to segment. */
+typedef struct {
+    uint32_t tag;
+    uint64_t after;               /* records up to it are the caller's already */
+    wal_record_fn fn;
+    void *ctx;
+    nc_wal_replay_info *info;
+    uint64_t expect;              /* the next record's seq */
+} replay_run;
+
+/* Replays one mapped segment of r's log; r->expect: the next seq (updated).
+ * last: this is the last segment (a bad tail may be cut). Returns rc; *cut =
+ * valid length if the tail must be truncated, else (size_t)-1. */
+static int replay_segment(replay_run *r, const char *path, const unsigned char *m, size_t size, bool last,
+                          size_t *cut, char *err, size_t errlen)
 {
+    nc_wal_replay_info *info = r->info;
     *cut = (size_t)-1;
     size_t off = SEG_HDR;
     while (off < size) {
-        const unsigned char *r = m + off;
+        const unsigned char *rec = m + off;
         size_t left = size - off;
         const char *why = NULL;
         uint32_t len = 0;
         if (left < REC_HDR)
             why = "incomplete record header";
-        else if (rd32(r) != REC_MAGIC)
+        else if (rd32(rec) != REC_MAGIC)
             why = "bad record magic";
-        else if ((len = rd32(r + 4)) > WAL_MAX_RECORD)
+        else if ((len = rd32(rec + 4)) > WAL_MAX_RECORD)
             why = "implausible record length";
         else if (len > left - REC_HDR)
             why = "record runs past the end of the file";
-        else if (rd32(r + 16) != rec_crc(r, r + REC_HDR, len))
+        else if (rd32(rec + 16) != rec_crc(rec, rec + REC_HDR, len))
             why = "checksum mismatch";
         if (why) {
             /* torn tail or corruption? a crash only tears the end: if any
@@ -170,22 +192,94 @@ static int replay_segment(const char *path, const unsigned char *m, size_t size,
             *cut = off;
             return NC_OK;
         }
-        uint64_t seq = rd64(r + 8);
-        if (seq != *expect)
+        uint64_t seq = rd64(rec + 8);
+        if (seq != r->expect)
             return nc_error(err, errlen, NC_EFORMAT, "%s: record at byte %zu has seq %llu, expected %llu",
-                            path, off, (unsigned long long)seq, (unsigned long long)*expect);
-        if (seq > after && fn) {
-            int rc = fn(ctx, seq, r + REC_HDR, len, err, errlen);
+                            path, off, (unsigned long long)seq, (unsigned long long)r->expect);
+        if (seq > r->after && r->fn) {
+            int rc = r->fn(r->ctx, seq, rec + REC_HDR, len, err, errlen);
             if (rc)
                 return rc;
             info->records++;
         }
         info->last_seq = seq;
-        (*expect)++;
+        r->expect++;
         off += REC_HDR + len;
     }
-    (void)tag;
     return NC_OK;
+}
+
+/* The header of segment path (mapped at m) against its name (first), the
+ * model's tag and the seq the previous segment ended at. */
+static int check_segment_header(const char *path, const unsigned char *m, uint64_t first, const replay_run *r,
+                                char *err, size_t errlen)
+{
+    if (memcmp(m, SEG_MAGIC, 8) != 0 || rd32(m + 20) != (uint32_t)crc32(0L, m, 20))
+        return nc_error(err, errlen, NC_EFORMAT, "%s: bad segment header (not a neurocache log, or corrupt)", path);
+    if (rd64(m + 8) != first)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: header says first seq %llu, the name %llu", path,
+                        (unsigned long long)rd64(m + 8), (unsigned long long)first);
+    if (rd32(m + 16) != r->tag)
+        return nc_error(err, errlen, NC_EFORMAT,
+                        "%s: log written for another model (tag %08x, expected %08x); the namespace "
+                        "belongs to that model: serve it with that model, or give this one another "
+                        "data directory",
+                        path, rd32(m + 16), r->tag);
+    if (first != r->expect)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: starts at seq %llu but the previous segment ends at %llu",
+                        path, (unsigned long long)first, (unsigned long long)(r->expect - 1));
+    return NC_OK;
+}
+
+/* Replays the segment of dir that starts at first (the last one: opened
+ * read-write, its torn tail cut). *end set when it is an empty last
+ * segment left by a crash, now removed: the replay ends there. */
+static int replay_file(replay_run *r, const char *dir, uint64_t first, bool last, bool *end, char *err,
+                       size_t errlen)
+{
+    char name[64], path[1200];
+    wal_segment_name(first, name, sizeof name);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = nc_open(path, last ? O_RDWR : O_RDONLY, 0);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        int rc = nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return rc;
+    }
+    size_t size = (size_t)st.st_size;
+    if (size < SEG_HDR) {
+        /* a crash right after creating the last segment: nothing in it */
+        if (last && ftruncate(fd, 0) == 0) {
+            close(fd);
+            unlink(path);
+            *end = true;
+            return NC_OK;
+        }
+        close(fd);
+        return nc_error(err, errlen, NC_EFORMAT, "%s: %zu bytes, shorter than a segment header", path, size);
+    }
+    unsigned char *m = nc_mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) {
+        int rc = nc_error(err, errlen, NC_EIO, "%s: mmap: %s", path, strerror(errno));
+        close(fd);
+        return rc;
+    }
+    int rc = check_segment_header(path, m, first, r, err, errlen);
+    size_t cut = (size_t)-1;
+    if (!rc)
+        rc = replay_segment(r, path, m, size, last, &cut, err, errlen);
+    munmap(m, size);
+    if (!rc && cut != (size_t)-1) {
+        if (ftruncate(fd, (off_t)cut) != 0 || fsync(fd) != 0)
+            rc = nc_error(err, errlen, NC_EIO, "%s: truncating the torn tail: %s", path, strerror(errno));
+        size = cut;
+    }
+    r->info->bytes += size;
+    r->info->segments++;
+    close(fd);
+    return rc;
 }
 
 int wal_replay(const char *dir, uint32_t tag, uint64_t after, wal_record_fn fn, void *ctx,
@@ -229,65 +323,10 @@ int wal_replay(const char *dir, uint32_t tag, uint64_t after, wal_record_fn fn, 
         i0++;
     expect = l.first[i0];
     info->last_seq = expect - 1 > after ? expect - 1 : after;
-    for (int i = i0; i < l.n && !rc; i++) {
-        bool last = i == l.n - 1;
-        char name[64], path[1200];
-        wal_segment_name(l.first[i], name, sizeof name);
-        snprintf(path, sizeof path, "%s/%s", dir, name);
-        int fd = nc_open(path, last ? O_RDWR : O_RDONLY, 0);
-        struct stat st;
-        if (fd < 0 || fstat(fd, &st) != 0) {
-            rc = nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
-            if (fd >= 0)
-                close(fd);
-            break;
-        }
-        size_t size = (size_t)st.st_size;
-        if (size < SEG_HDR) {
-            /* a crash right after creating the last segment: nothing in it */
-            if (last && ftruncate(fd, 0) == 0) {
-                close(fd);
-                unlink(path);
-                break;
-            }
-            close(fd);
-            rc = nc_error(err, errlen, NC_EFORMAT, "%s: %zu bytes, shorter than a segment header", path, size);
-            break;
-        }
-        unsigned char *m = nc_mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED) {
-            rc = nc_error(err, errlen, NC_EIO, "%s: mmap: %s", path, strerror(errno));
-            close(fd);
-            break;
-        }
-        if (memcmp(m, SEG_MAGIC, 8) != 0 || rd32(m + 20) != (uint32_t)crc32(0L, m, 20)) {
-            rc = nc_error(err, errlen, NC_EFORMAT, "%s: bad segment header (not a neurocache log, or corrupt)", path);
-        } else if (rd64(m + 8) != l.first[i]) {
-            rc = nc_error(err, errlen, NC_EFORMAT, "%s: header says first seq %llu, the name %llu", path,
-                          (unsigned long long)rd64(m + 8), (unsigned long long)l.first[i]);
-        } else if (rd32(m + 16) != tag) {
-            rc = nc_error(err, errlen, NC_EFORMAT,
-                          "%s: log written for another model (tag %08x, expected %08x); the namespace "
-                          "belongs to that model: serve it with that model, or give this one another "
-                          "data directory",
-                          path, rd32(m + 16), tag);
-        } else if (l.first[i] != expect) {
-            rc = nc_error(err, errlen, NC_EFORMAT, "%s: starts at seq %llu but the previous segment ends at %llu",
-                          path, (unsigned long long)l.first[i], (unsigned long long)(expect - 1));
-        }
-        size_t cut = (size_t)-1;
-        if (!rc)
-            rc = replay_segment(path, m, size, tag, last, &expect, after, fn, ctx, info, &cut, err, errlen);
-        munmap(m, size);
-        if (!rc && cut != (size_t)-1) {
-            if (ftruncate(fd, (off_t)cut) != 0 || fsync(fd) != 0)
-                rc = nc_error(err, errlen, NC_EIO, "%s: truncating the torn tail: %s", path, strerror(errno));
-            size = cut;
-        }
-        info->bytes += size;
-        info->segments++;
-        close(fd);
-    }
+    replay_run r = {.tag = tag, .after = after, .fn = fn, .ctx = ctx, .info = info, .expect = expect};
+    bool end = false;
+    for (int i = i0; i < l.n && !rc && !end; i++)
+        rc = replay_file(&r, dir, l.first[i], i == l.n - 1, &end, err, errlen);
     free(l.first);
     return rc;
 }

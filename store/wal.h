@@ -103,6 +103,8 @@ int wal_restart(nc_wal *w, uint64_t last_seq, char *err, size_t errlen);
 /* Deletes the segments whose records all have seq <= upto (not the one being
  * written). Returns how many were removed, or a negative rc. */
 int wal_prune(const char *dir, uint64_t upto, char *err, size_t errlen);
+/* The first seq of the oldest segment under dir, 0 when there is none. */
+uint64_t wal_oldest_seq(const char *dir);
 
 typedef struct {
     uint64_t last_seq;            /* last appended */

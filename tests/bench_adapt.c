@@ -28,7 +28,10 @@
 #include <faiss/c_api/index_io_c.h>
 #include <zlib.h>
 
-#include "cache.h"
+#include "stream.h"
+#include "cache_params.h"
+#include "lstm.h"
+#include "tokenizer.h"
 #include "nsstore.h"
 #include "rng.h"
 
@@ -164,7 +167,7 @@ static states corpus_states(const char *path, size_t max_tokens)
     nc_tokens t;
     tokens_init(&t);
     char err[NC_ERRLEN];
-    if (tokenize(model, text, len, true, &t, err, sizeof err))
+    if (tokenize_ex(model, text, len, true, false, &t, err, sizeof err))   /* PTB text, as written */
         die(path, err);
     free(text);
     states s;

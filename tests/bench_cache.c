@@ -17,10 +17,15 @@
 #include <string.h>
 #include <time.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <cblas.h>
 
-#include "cache.h"
+#include "doc.h"
+#include "lstm.h"
+#include "unbounded_cache.h"
+#include "tokenizer.h"
+#include "model.h"
 #include "gate.h"
 
 static double now(void)
@@ -40,6 +45,24 @@ static double cpu(void)
            1e-6 * (double)ru.ru_stime.tv_usec;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* BENCH_PERF_CTL=FIFO: perf record -D -1 --control fifo:FIFO samples the
+ * scoring passes only (not the LSTM pass over the memory, nor the adds) */
+static void perf_ctl(const char *cmd)
+{
+    const char *path = getenv("BENCH_PERF_CTL");
+    FILE *f = path ? fopen(path, "w") : NULL;
+    if (f) {
+        fprintf(f, "%s\n", cmd);
+        fclose(f);
+    }
+}
+
 static int read_tokens(const nc_model *m, const char *path, nc_tokens *t)
 {
     FILE *f = fopen(path, "rb");
@@ -54,7 +77,7 @@ static int read_tokens(const nc_model *m, const char *path, nc_tokens *t)
     size_t got = fread(buf, 1, (size_t)n, f);
     fclose(f);
     char err[NC_ERRLEN];
-    int rc = tokenize(m, buf, got, true, t, err, sizeof err);
+    int rc = tokenize_ex(m, buf, got, true, false, t, err, sizeof err);   /* PTB-style text, as written */
     free(buf);
     if (rc)
         fprintf(stderr, "bench_cache: %s: %s\n", path, err);
@@ -114,8 +137,22 @@ static nc_unbounded_cache *make_ub(int H, const char *index, bool exact, const m
     o.trained_path = exact ? NULL : index;
     o.exact = exact;
     o.switch_at = 1;   /* IVF from the first pair: every size measures the same index type */
+    o.faiss_scan = getenv("BENCH_FAISS_SCAN") != NULL;   /* FAISS's scan, not ours: the reference */
     nc_unbounded_cache *u = NULL;
     char err[NC_ERRLEN];
+    /* BENCH_INDEX_DIR=DIR: the filled IVF cache of n states is saved in
+     * DIR/n by a first run and loaded by the next ones (a sweep of search
+     * settings adds the 1M states once) */
+    char sdir[1200] = "";
+    if (getenv("BENCH_INDEX_DIR") && !exact) {
+        snprintf(sdir, sizeof sdir, "%s/%zu", getenv("BENCH_INDEX_DIR"), n);
+        double l0 = now();
+        if (unbounded_cache_load(&o, NULL, sdir, &u, err, sizeof err) == NC_OK) {
+            *t_add = now() - l0;
+            fprintf(stderr, "memory: %zu states loaded from %s in %.1f s\n", n, sdir, *t_add);
+            return u;
+        }
+    }
     if (unbounded_cache_new(&o, NULL, &u, err, sizeof err)) {
         fprintf(stderr, "bench_cache: %s\n", err);
         exit(1);
@@ -139,6 +176,11 @@ static nc_unbounded_cache *make_ub(int H, const char *index, bool exact, const m
     *t_add = now() - t0 - t_gen;   /* the adds alone, not making the synthetic states */
     free(kb);
     free(ib);
+    if (sdir[0]) {
+        mkdir(getenv("BENCH_INDEX_DIR"), 0755);
+        if (unbounded_cache_save(u, sdir, err, sizeof err))
+            fprintf(stderr, "bench_cache: %s\n", err);
+    }
     return u;
 }
 
@@ -187,7 +229,22 @@ int main(int argc, char **argv)
     char files[4096];
     snprintf(files, sizeof files, "%s", argv[3]);
     double t0 = now();
-    for (char *save = NULL, *f = strtok_r(files, ",", &save); f && have < cap_real; f = strtok_r(NULL, ",", &save)) {
+    /* BENCH_STATES=FILE: the memory's hidden states saved there by a first
+     * run (count, then keys and ids) and read back by the next ones, so that
+     * a sweep of settings computes the 1M-token LSTM pass once */
+    const char *states_file = getenv("BENCH_STATES");
+    FILE *sf = states_file ? fopen(states_file, "rb") : NULL;
+    if (sf) {
+        uint64_t n0 = 0;
+        if (fread(&n0, sizeof n0, 1, sf) == 1 && n0 <= cap_real && fread(keys, sizeof(float) * (size_t)H, n0, sf) == n0 &&
+            fread(ids, sizeof(int), n0, sf) == n0)
+            have = (size_t)n0;
+        fclose(sf);
+        fprintf(stderr, "memory: %zu hidden states read from %s\n", have, states_file);
+    }
+    bool computed = have == 0;
+    for (char *save = NULL, *f = computed ? strtok_r(files, ",", &save) : NULL; f && have < cap_real;
+         f = strtok_r(NULL, ",", &save)) {
         nc_tokens t;
         tokens_init(&t);
         if (read_tokens(m, f, &t))
@@ -211,6 +268,13 @@ int main(int argc, char **argv)
         tokens_clear(&t);
     }
     fprintf(stderr, "memory: %zu hidden states in %.1f s\n", have, now() - t0);
+    if (states_file && computed && (sf = fopen(states_file, "wb"))) {
+        uint64_t n0 = have;
+        if (fwrite(&n0, sizeof n0, 1, sf) != 1 || fwrite(keys, sizeof(float) * (size_t)H, have, sf) != have ||
+            fwrite(ids, sizeof(int), have, sf) != have)
+            fprintf(stderr, "bench_cache: %s: short write\n", states_file);
+        fclose(sf);
+    }
     /* BENCH_REAL=R: only R real states are computed, the rest of the
      * memory is synthetic (memory_keys) */
     memory_src ms = {.keys = keys, .ids = ids, .R = have, .H = H};
@@ -231,25 +295,29 @@ int main(int argc, char **argv)
     lstm_step(m, s, m->eos_id, w);
     nc_doc *d = NULL;
     t0 = now();
+    double c_prep0 = cpu();
     if (doc_prepare(m, s, true, &q, NULL, NULL, &d, err, sizeof err)) {
         fprintf(stderr, "bench_cache: %s\n", err);
         return 1;
     }
-    double t_lstm = now() - t0;
+    double t_lstm = now() - t0, c_lstm = cpu() - c_prep0;
     double *lp = malloc(q.n * sizeof(double)), *lp2 = malloc(q.n * sizeof(double));
     nc_cache_params p;
     cache_params_default(&p);
     p.unbounded = true;
-    p.knn = 1024;
+    p.knn = getenv("BENCH_KNN") ? atoi(getenv("BENCH_KNN")) : 1024;
     p.nprobe = getenv("BENCH_NPROBE") ? atoi(getenv("BENCH_NPROBE")) : 8;
     p.unbounded_lambda = (float)lambda;
     nc_doc_caches none = {0};
     double check_ppl[2] = {NAN, NAN};   /* [IVF, exact] when check is one of the sizes */
+    double c_st0 = cpu();
     doc_score(d, &p, &none, 0, lp, err, sizeof err);
+    double c_static = c_lstm + cpu() - c_st0;   /* the static model: LSTM + decoder, per CPU second */
     double ppl_static = ppl_of(lp, q.n);
     if (getenv("BENCH_NO_ADAPT"))
         printf("(queries not added to the memory: BENCH_NO_ADAPT)\n");
-    printf("nprobe %d (BENCH_NPROBE), k 1024\n", p.nprobe);
+    printf("nprobe %d (BENCH_NPROBE), k %d (BENCH_KNN)\n", p.nprobe, p.knn);
+    printf("static model (LSTM pass + decoder): %.0f tokens/CPU-s\n", (double)q.n / c_static);
     printf("query: %zu tokens of %s, static perplexity %.2f, LSTM pass %.2f s (%.0f tokens/s)\n", q.n, argv[4],
            ppl_static, t_lstm, (double)q.n / t_lstm);
     printf("| stored states | index | add (s) | search+add+mixture tokens/s | same, per CPU second | with LSTM tokens/s | perplexity |\n");
@@ -271,18 +339,70 @@ int main(int argc, char **argv)
             double t_add;
             nc_unbounded_cache *u = make_ub(H, argv[2], exact, &ms, n, &t_add);
             nc_doc_caches dc = {.ub = u, .adapt = !getenv("BENCH_NO_ADAPT")};
+            if (!exact) {
+                /* the search alone: the same queries, 64 at a time as
+                 * doc_score batches them, through the cache's search call
+                 * (FAISS + the id-to-word step) without the mixture */
+                const size_t B = 64;
+                float *sd = malloc(B * (size_t)p.knn * sizeof(float));
+                int *sw = malloc(B * (size_t)p.knn * sizeof(int));
+                double s0 = cpu();
+                for (size_t b0 = 0; b0 < q.n; b0 += B) {
+                    size_t nb = q.n - b0 < B ? q.n - b0 : B;
+                    if (unbounded_cache_search(u, d->q + b0 * H, nb, p.knn, p.nprobe, NULL, (int)nb, NC_UB_OPEN, sd, sw,
+                                               err, sizeof err)) {
+                        fprintf(stderr, "bench_cache: %s\n", err);
+                        return 1;
+                    }
+                }
+                printf("  search alone (k %d + 64, nprobe %d, blocks of 64): %.0f queries/CPU-s\n", p.knn, p.nprobe,
+                       (double)q.n / (cpu() - s0));
+                /* one query at a time, as a daemon's predict searches (k,
+                 * no extra): the in-process latency of the search call, a
+                 * floor under the daemon's predict (not its HTTP path) */
+                size_t n1 = q.n < 1000 ? q.n : 1000;
+                double *lat = malloc(n1 * sizeof(double));
+                s0 = cpu();
+                for (size_t i = 0; i < n1; i++) {
+                    double w0 = now();
+                    unbounded_cache_search(u, d->q + i * H, 1, p.knn, p.nprobe, NULL, 0, NC_UB_OPEN, sd, sw, err,
+                                           sizeof err);
+                    lat[i] = now() - w0;
+                }
+                double c1 = cpu() - s0;
+                qsort(lat, n1, sizeof *lat, cmp_double);
+                printf("  one query per call: %.0f queries/CPU-s, wall latency p50 %.3f ms, p99 %.3f ms\n",
+                       (double)n1 / c1, 1e3 * lat[n1 / 2], 1e3 * lat[n1 * 99 / 100]);
+                free(lat);
+                free(sd);
+                free(sw);
+            }
             t0 = now();
             double c0 = cpu();
             if (search_threads > 1)
                 openblas_set_num_threads(1);
+            perf_ctl("enable");
             if (doc_score(d, &p, &dc, 0, lp, err, sizeof err)) {
                 fprintf(stderr, "bench_cache: %s\n", err);
                 return 1;
             }
+            perf_ctl("disable");
             openblas_set_num_threads(blas_threads);
             double ts = now() - t0, tc = cpu() - c0;
             printf("| %zu | %s | %.1f | %.0f | %.0f | %.0f | %.2f |\n", n, exact ? "exact (flat)" : "IVFPQ",
                    t_add, (double)q.n / ts, (double)q.n / tc, (double)q.n / (ts + t_lstm), ppl_of(lp, q.n));
+            printf("  whole read (LSTM pass + cache) %.0f tokens/CPU-s = %.1f%% of static\n",
+                   (double)q.n / (tc + c_lstm), 100.0 * c_static / (tc + c_lstm));
+            printf("  memory: %.1f MB in RAM (unbounded_cache_memory, the trained index's fixed tables included: %.0f B a "
+                   "stored state)\n",
+                   (double)unbounded_cache_memory(u) / 1e6, (double)unbounded_cache_memory(u) / (double)unbounded_cache_count(u));
+            uint64_t sq = 0, sc = 0;
+            unbounded_cache_scan_stats(u, &sq, &sc);
+            if (sq)
+                printf("  our IVFPQ scan: %llu queries, %.0f codes scanned per query\n", (unsigned long long)sq,
+                       (double)sc / (double)sq);
+            else
+                printf("  FAISS searched (BENCH_FAISS_SCAN, or an index our scan does not read)\n");
             if (n == check)
                 check_ppl[exact] = ppl_of(lp, q.n);
             fflush(stdout);

@@ -17,7 +17,15 @@
 
 #include "harness.h"
 #include "tolerance.h"
-#include "cache.h"
+#include "mixture.h"
+#include "mix_input.h"
+#include "stream.h"
+#include "doc.h"
+#include "lstm.h"
+#include "cache_params.h"
+#include "unbounded_cache.h"
+#include "tokenizer.h"
+#include "model.h"
 
 static uint64_t lcg = 12345;
 static uint32_t rnd(void)
@@ -610,16 +618,26 @@ static void *search_thread(void *arg)
     return NULL;
 }
 
+/* Points around nclust Gaussian centres (synth), the centres included:
+ * *cent [nclust, dim], *x [n, dim], *w [n] malloc'ed, the caller frees. */
+static void synth_points(int dim, size_t n, int nclust, float **cent, float **x, int **w)
+{
+    *cent = malloc((size_t)nclust * dim * sizeof(float));
+    *x = malloc(n * dim * sizeof(float));
+    *w = malloc(n * sizeof(int));
+    for (int i = 0; i < nclust * dim; i++)
+        (*cent)[i] = gauss();
+    synth(dim, n, nclust, *cent, *x, *w);
+}
+
 TEST(switch_with_concurrent_adds)
 {
     const int dim = 16, nclust = 20;
     const size_t n = 9000;
     char err[NC_ERRLEN];
-    float *cent = malloc((size_t)nclust * dim * sizeof(float)), *x = malloc(n * dim * sizeof(float));
-    int *w = malloc(n * sizeof(int));
-    for (int i = 0; i < nclust * dim; i++)
-        cent[i] = gauss();
-    synth(dim, n, nclust, cent, x, w);
+    float *cent, *x;
+    int *w;
+    synth_points(dim, n, nclust, &cent, &x, &w);
     nc_unbounded_cache_opts o;
     unbounded_cache_opts_default(&o, dim);
     o.factory = "IVF16,Flat";
@@ -710,6 +728,204 @@ TEST(template_table_read_at_switch)
     unlink(tpl);
     free(x);
     free(w);
+}
+
+/* Two readers of one IVF index with different nprobe: the first is held
+ * inside its search (under the cache's read lock, the hook) until the
+ * second's search, with another nprobe, has returned. A search that set
+ * the shared index's nprobe under the write lock would wait for the first
+ * to leave, and the first would give up after its 30 s guard: the check
+ * fails then. Each search's results equal the same search made alone. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool a_inside, b_done, b_seen_inside_a;
+    nc_unbounded_cache *u;
+    const float *q;
+    int nq, k;
+    float *d2[2];
+    int *w[2];
+    int rc[2];
+} np_pair;
+
+static void np_hook(void *ctx, int nprobe)
+{
+    np_pair *p = ctx;
+    if (nprobe != 1)
+        return;   /* only reader A (nprobe 1) waits inside */
+    pthread_mutex_lock(&p->mu);
+    p->a_inside = true;
+    pthread_cond_broadcast(&p->cv);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 30;   /* a guard against the deadlock, not a timing check */
+    while (!p->b_done && pthread_cond_timedwait(&p->cv, &p->mu, &until) == 0)
+        ;
+    p->b_seen_inside_a = p->b_done;
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void *np_reader_a(void *arg)
+{
+    np_pair *p = arg;
+    char err[NC_ERRLEN];
+    p->rc[0] = unbounded_cache_search(p->u, p->q, (size_t)p->nq, p->k, 1, NULL, 0, NC_UB_OPEN, p->d2[0], p->w[0],
+                                      err, sizeof err);
+    return NULL;
+}
+
+static void *np_reader_b(void *arg)
+{
+    np_pair *p = arg;
+    char err[NC_ERRLEN];
+    pthread_mutex_lock(&p->mu);
+    while (!p->a_inside)
+        pthread_cond_wait(&p->cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+    p->rc[1] = unbounded_cache_search(p->u, p->q, (size_t)p->nq, p->k, 16, NULL, 0, NC_UB_OPEN, p->d2[1], p->w[1],
+                                      err, sizeof err);
+    pthread_mutex_lock(&p->mu);
+    p->b_done = true;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+TEST(nprobe_per_search_concurrent)
+{
+    const int dim = 16, nclust = 40, nq = 50, k = 8;
+    const size_t n = 6000;
+    char err[NC_ERRLEN];
+    float *cent, *x;
+    int *w;
+    synth_points(dim, n, nclust, &cent, &x, &w);
+    nc_unbounded_cache_opts o;
+    unbounded_cache_opts_default(&o, dim);
+    o.factory = "IVF32,Flat";
+    o.train_self = true;
+    o.switch_at = 2000;
+    o.nprobe = 4;   /* the cache's own: neither reader's */
+    nc_unbounded_cache *u = NULL;
+    CHECK(unbounded_cache_new(&o, NULL, &u, err, sizeof err) == NC_OK);
+    if (!u)
+        return;
+    CHECKF(unbounded_cache_add(u, x, w, n, NULL, err, sizeof err) == NC_OK, "%s", err);
+    CHECK(!unbounded_cache_is_exact(u));
+    /* the queries: stored vectors shifted, so that lists other than their
+     * own can hold their neighbours */
+    float *q = malloc((size_t)nq * dim * sizeof(float));
+    for (int i = 0; i < nq * dim; i++)
+        q[i] = x[(size_t)(i / dim) * 97 * dim + i % dim] + 0.8f * gauss();
+    float *ref_d2[2], *got_d2[2];
+    int *ref_w[2], *got_w[2];
+    const int nps[2] = {1, 16};
+    for (int r = 0; r < 2; r++) {
+        ref_d2[r] = malloc((size_t)nq * k * sizeof(float));
+        got_d2[r] = malloc((size_t)nq * k * sizeof(float));
+        ref_w[r] = malloc((size_t)nq * k * sizeof(int));
+        got_w[r] = malloc((size_t)nq * k * sizeof(int));
+        CHECK(unbounded_cache_search(u, q, nq, k, nps[r], NULL, 0, NC_UB_OPEN, ref_d2[r], ref_w[r], err, sizeof err) ==
+              NC_OK);
+    }
+    /* nprobe is honoured: probing 16 of 32 lists finds nearer neighbours
+     * than probing 1 for some query (the k-th distance can only shrink) */
+    int nearer = 0;
+    for (int i = 0; i < nq; i++)
+        nearer += ref_d2[1][i * k + k - 1] < ref_d2[0][i * k + k - 1];
+    CHECKF(nearer > 0, "nprobe 16 found no nearer neighbour than nprobe 1 in %d queries", nq);
+    np_pair p = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .u = u, .q = q, .nq = nq, .k = k,
+                 .d2 = {got_d2[0], got_d2[1]}, .w = {got_w[0], got_w[1]}, .rc = {-1, -1}};
+    unbounded_cache_set_search_hook(u, np_hook, &p);
+    pthread_t ta, tb;
+    pthread_create(&ta, NULL, np_reader_a, &p);
+    pthread_create(&tb, NULL, np_reader_b, &p);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    unbounded_cache_set_search_hook(u, NULL, NULL);
+    CHECKF(p.b_seen_inside_a, "the nprobe-16 search waited for the nprobe-1 search to finish");
+    CHECK(p.rc[0] == NC_OK && p.rc[1] == NC_OK);
+    for (int r = 0; r < 2; r++) {
+        CHECKF(memcmp(ref_w[r], got_w[r], (size_t)nq * k * sizeof(int)) == 0, "nprobe %d: other words", nps[r]);
+        CHECKF(memcmp(ref_d2[r], got_d2[r], (size_t)nq * k * sizeof(float)) == 0, "nprobe %d: other distances",
+               nps[r]);
+        free(ref_d2[r]), free(got_d2[r]), free(ref_w[r]), free(got_w[r]);
+    }
+    unbounded_cache_free(u);
+    free(q), free(cent), free(x), free(w);
+}
+
+/* Our IVFPQ scan (faiss_shim_ivfpq_search) against FAISS's own search of
+ * the same index: at each rank the same distance, to float rounding (the
+ * sum of M = 8 table entries in another order: |error| <= 8 * 2^-24 of the
+ * terms' magnitude, far below the 1e-4 relative allowed), and the same id
+ * wherever that distance is not tied within the tolerance; with and
+ * without the causal filter (FAISS asked for k + n, so that it rejects
+ * what it must and still keeps k). */
+TEST(own_scan_matches_faiss)
+{
+    const int dim = 16, nclust = 30, nq = 40, k = 24;
+    const size_t n = 6000;
+    char err[NC_ERRLEN];
+    float *cent, *x;
+    int *w;
+    synth_points(dim, n, nclust, &cent, &x, &w);
+    nc_unbounded_cache *u[2] = {NULL, NULL};   /* [ours, FAISS's] */
+    for (int c = 0; c < 2; c++) {
+        nc_unbounded_cache_opts o;
+        unbounded_cache_opts_default(&o, dim);
+        o.factory = "IVF16,PQ8np";   /* np: no polysemous training (minutes) */
+        o.train_self = true;
+        o.switch_at = 3000;
+        o.faiss_scan = c == 1;
+        CHECK(unbounded_cache_new(&o, NULL, &u[c], err, sizeof err) == NC_OK);
+        if (!u[c])
+            return;
+        CHECKF(unbounded_cache_add(u[c], x, w, n, NULL, err, sizeof err) == NC_OK, "%s", err);
+        CHECK(!unbounded_cache_is_exact(u[c]));
+    }
+    float *q = malloc((size_t)nq * dim * sizeof(float));
+    int64_t lim[40];
+    for (int i = 0; i < nq; i++) {
+        for (int j = 0; j < dim; j++)
+            q[i * dim + j] = x[(size_t)i * 131 * dim + j] + 0.3f * gauss();
+        lim[i] = 1000 + 120 * i;
+    }
+    float d2[2][40 * 24];
+    int ww[2][40 * 24];
+    int64_t ids[2][40 * 24];
+    for (int filt = 0; filt < 2; filt++) {
+        for (int c = 0; c < 2; c++)
+            CHECKF(unbounded_cache_search_ids(u[c], q, nq, k, 4, filt ? lim : NULL, filt ? (int)n : 0, NC_UB_OPEN,
+                                              d2[c], ww[c], ids[c], err, sizeof err) == NC_OK, "%s", err);
+        int bad_d = 0, bad_id = 0, over = 0, missing = 0;
+        for (int i = 0; i < nq * k; i++) {
+            float a = d2[0][i], b = d2[1][i], tol = 1e-4f * fabsf(b) + 1e-5f;
+            if ((ids[0][i] < 0) != (ids[1][i] < 0)) {
+                missing++;
+                continue;
+            }
+            if (ids[0][i] < 0)
+                continue;
+            if (fabsf(a - b) > tol)
+                bad_d++;
+            bool tied = (i % k > 0 && fabsf(d2[1][i - 1] - b) <= tol) || (i % k < k - 1 && fabsf(d2[1][i + 1] - b) <= tol);
+            if (!tied && ids[0][i] != ids[1][i])
+                bad_id++;
+            if (filt && ids[0][i] >= lim[i / k])
+                over++;
+        }
+        CHECKF(bad_d == 0 && bad_id == 0 && missing == 0 && over == 0,
+               "filter %d: %d distances, %d ids differ, %d missing, %d past the limit", filt, bad_d, bad_id, missing,
+               over);
+    }
+    uint64_t sq[2], sc[2];
+    for (int c = 0; c < 2; c++)
+        unbounded_cache_scan_stats(u[c], &sq[c], &sc[c]);
+    CHECKF(sq[0] == 2 * (uint64_t)nq && sc[0] > 0 && sq[1] == 0, "scan stats: ours %llu queries, FAISS's %llu",
+           (unsigned long long)sq[0], (unsigned long long)sq[1]);
+    unbounded_cache_free(u[0]);
+    unbounded_cache_free(u[1]);
+    free(q), free(cent), free(x), free(w);
 }
 
 TEST(empty_caches_contribute_nothing)
@@ -1013,6 +1229,8 @@ int main(void)
     RUN(ivfpq_vs_exact_and_switch);
     RUN(switch_with_concurrent_adds);
     RUN(template_table_read_at_switch);
+    RUN(nprobe_per_search_concurrent);
+    RUN(own_scan_matches_faiss);
     RUN(empty_caches_contribute_nothing);
     RUN(stream_export_import);
     RUN(neural_cache_dots_naive);

@@ -17,7 +17,11 @@
 
 #include "harness.h"
 #include "tolerance.h"
-#include "cache.h"
+#include "doc.h"
+#include "lstm.h"
+#include "tokenizer.h"
+#include "model.h"
+#include "nc_common.h"
 
 static char fixdir[1024], docpath[64] = "/tmp/nc_cli_docXXXXXX", tmpdir[64] = "/tmp/nc_cli_dirXXXXXX";
 
@@ -343,7 +347,7 @@ TEST(usage_errors)
                                "see 'neurocache migrate --help'\n"},
         {"score --model", "neurocache score: option '--model' needs a value; see 'neurocache score --help'\n"},
         {"scroe", "neurocache: unknown command 'scroe' (did you mean 'score'?); see 'neurocache --help'\n"},
-        {"", "neurocache: a command is needed (score, eval, tune, fit-gate, train, build-index, migrate); "
+        {"", "neurocache: a command is needed (score, eval, tune, fit-gate, dyn-stats, train, build-index, migrate); "
              "see 'neurocache --help'\n"},
     };
     for (size_t i = 0; i < sizeof missing / sizeof *missing; i++) {

@@ -11,7 +11,12 @@
 #include <jansson.h>
 
 #include "harness.h"
-#include "cache.h"
+#include "stream.h"
+#include "doc.h"
+#include "lstm.h"
+#include "cache_params.h"
+#include "tokenizer.h"
+#include "model.h"
 
 #define TOL_LOGPROB 1e-4
 #define TOL_SUM 1e-5

@@ -18,6 +18,9 @@
 #define FUZZ_ENTRY fuzz_tokenizer_one
 #include "fuzz_tokenizer.c"
 #undef FUZZ_ENTRY
+#define FUZZ_ENTRY fuzz_normalize_one
+#include "fuzz_normalize.c"
+#undef FUZZ_ENTRY
 #define FUZZ_ENTRY fuzz_model_one
 #include "fuzz_model.c"
 #undef FUZZ_ENTRY
@@ -83,6 +86,7 @@ static void run_corpus(const char *name, fuzz_fn fn, int min_seeds)
 
 TEST(proto_corpus) { run_corpus("proto", fuzz_proto_one, 10); }
 TEST(tokenizer_corpus) { run_corpus("tokenizer", fuzz_tokenizer_one, 10); }
+TEST(normalize_corpus) { run_corpus("normalize", fuzz_normalize_one, 8); }
 TEST(model_corpus) { run_corpus("model", fuzz_model_one, 3); }
 TEST(config_corpus) { run_corpus("config", fuzz_config_one, 5); }
 TEST(wal_corpus) { run_corpus("wal", fuzz_wal_one, 5); }
@@ -108,6 +112,7 @@ int main(void)
 {
     RUN(proto_corpus);
     RUN(tokenizer_corpus);
+    RUN(normalize_corpus);
     RUN(model_corpus);
     RUN(config_corpus);
     RUN(wal_corpus);

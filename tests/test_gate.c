@@ -14,7 +14,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cache.h"
+#include "stream.h"
+#include "doc.h"
+#include "lstm.h"
+#include "cache_params.h"
+#include "unbounded_cache.h"
+#include "tokenizer.h"
+#include "model.h"
 #include "daemon.h"
 #include "gate.h"
 #include "harness.h"

@@ -13,7 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cache.h"
+#include "stream.h"
+#include "cache_params.h"
 #include "harness.h"
 #include "nsstore.h"
 #include "rng.h"

@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "daemon.h"
 #include "harness.h"
 
@@ -96,41 +97,6 @@ static int start_redis(void)
     return -1;
 }
 
-/* The shipped configuration with this test's ports. */
-static int write_haproxy_cfg(const char *out)
-{
-    FILE *in = fopen("deploy/haproxy/haproxy.cfg", "r");
-    FILE *o = fopen(out, "w");
-    if (!in || !o) {
-        if (in) fclose(in);
-        if (o) fclose(o);
-        return -1;
-    }
-    char line[1024];
-    while (fgets(line, sizeof line, in)) {
-        char rep_line[1200];
-        const char *from[] = {"127.0.0.1:8080", "127.0.0.1:8081", "127.0.0.1:8082", "127.0.0.1:8083",
-                              "127.0.0.1:8404", "/tmp/haproxy-neurocache.sock"};
-        char to[6][300];
-        snprintf(to[0], sizeof to[0], "127.0.0.1:%d", lb_port);
-        for (int i = 0; i < NREP; i++) snprintf(to[1 + i], sizeof to[1 + i], "127.0.0.1:%d", rep_port[i]);
-        snprintf(to[4], sizeof to[4], "127.0.0.1:%d", stats_port);
-        snprintf(to[5], sizeof to[5], "%s/haproxy.sock", workdir);
-        snprintf(rep_line, sizeof rep_line, "%s", line);
-        for (int k = 0; k < 6; k++) {
-            char *p = strstr(rep_line, from[k]);
-            if (p) {
-                char tail[1200];
-                snprintf(tail, sizeof tail, "%s", p + strlen(from[k]));
-                snprintf(p, sizeof rep_line - (size_t)(p - rep_line), "%s%s", to[k], tail);
-            }
-        }
-        fputs(rep_line, o);
-    }
-    fclose(in);
-    return fclose(o);
-}
-
 /* Status ("UP", "DOWN", ...) of server tag in HAProxy's CSV statistics. */
 static int server_status(const char *tag, char *st, size_t cap)
 {
@@ -176,17 +142,7 @@ static int wait_status(const char *tag, const char *want, double timeout_s)
 
 static int start_haproxy(void)
 {
-    char cfg[400], log[400];
-    snprintf(cfg, sizeof cfg, "%s/haproxy.cfg", workdir);
-    snprintf(log, sizeof log, "%s/haproxy.log", workdir);
-    if (write_haproxy_cfg(cfg)) return -1;
-    haproxy_pid = fork();
-    if (haproxy_pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
-        execl(haproxy_bin, "haproxy", "-db", "-f", cfg, (char *)NULL);
-        _exit(127);
-    }
+    if ((haproxy_pid = cluster_haproxy_start(haproxy_bin, workdir, lb_port, rep_port, stats_port)) < 0) return -1;
     for (int i = 0; i < NREP; i++)
         if (wait_status(TAGS[i], "UP", 20)) return -1;
     return 0;
@@ -195,35 +151,7 @@ static int start_haproxy(void)
 /* One request through the balancer; sid != NULL adds X-Session-Id. */
 static int lb_call(const char *method, const char *path, const char *json, const char *sid, http_resp *out)
 {
-    memset(out, 0, sizeof *out);
-    if (!sid)
-        return http_call(lb_port, method, path, json ? "application/json" : NULL, json,
-                         json ? strlen(json) : 0, out);
-    CURL *c = curl_easy_init();
-    char url[512], hdr[200], *b = NULL;
-    size_t bl = 0;
-    FILE *mem = open_memstream(&b, &bl);
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", lb_port, path);
-    snprintf(hdr, sizeof hdr, "X-Session-Id: %s", sid);
-    struct curl_slist *h = curl_slist_append(NULL, hdr);
-    h = curl_slist_append(h, "Content-Type: application/json");
-    h = curl_slist_append(h, "Expect:");
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDS, json ? json : "");
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, mem);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    CURLcode rc = curl_easy_perform(c);
-    if (rc == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &out->status);
-    fclose(mem);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
-    out->body = b;
-    out->len = bl;
-    if (bl) out->json = json_loadb(b, bl, 0, NULL);
-    return rc == CURLE_OK ? 0 : -1;
+    return cluster_lb_call(lb_port, method, path, NULL, json, sid, out);
 }
 
 static long count_on(int i)

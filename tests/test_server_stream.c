@@ -82,7 +82,7 @@ static json_t *sse_call(int port, const char *path, const char *body, char *ctyp
 {
     int fd = raw_post(port, path, body);
     if (fd < 0) return NULL;
-    char *b = raw_read_events(fd, 0, 60);
+    char *b = raw_read_events(fd, 0, 600);   /* a bound for a hung daemon, not a speed */
     close(fd);
     json_t *ev = json_array();
     const char *ct = strcasestr(b, "Content-Type: ");
@@ -601,8 +601,12 @@ TEST(cancel_frees_worker)
         fprintf(stderr, "    %s absent: cancellation checked on the fixture only\n", model);
         model = fixture;
     }
+    /* a request_timeout far past the whole stream: under ThreadSanitizer
+     * (make tsan) the 4000 tokens outlast the default 30 s, and the timed
+     * whole stream must be whole */
     const char *args[] = {"--model", model, "--threads", "1", "--max-completion-tokens", "4000",
-                          "--max-generation-steps", "100000", "--max-tokens-per-request", "100000", NULL};
+                          "--max-generation-steps", "100000", "--max-tokens-per-request", "100000",
+                          "--request-timeout", "900", NULL};
     nc_daemon d;
     if (daemon_start(&d, args) != 0) {
         CHECK(!"daemon started");

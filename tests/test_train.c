@@ -400,6 +400,47 @@ static void rm_rf(const char *dir)
         fprintf(stderr, "could not remove %s\n", dir);
 }
 
+/* A raw corpus trained with the PTB conventions (--text ptb): the
+ * vocabulary is built from the normalised words, and the model records the
+ * conventions in its config.json so that serving reads text the same way. */
+TEST(raw_corpus_with_conventions)
+{
+    setup_tmp();
+    char raw[400];
+    snprintf(raw, sizeof raw, "%s/raw.txt", tmpdir);
+    FILE *f = fopen(raw, "w");
+    const char *lines[] = {"The Company\xe2\x80\x99s profit rose 3.5% in 1999.", "It didn't fall!",
+                           "\"Shares,\" the Company said, \"rose.\"", "Profit rose; shares didn't."};
+    for (int i = 0; i < 120; i++)
+        fputs(lines[i % 4], f), fputc(i % 5 == 4 ? '\n' : ' ', f);
+    fclose(f);
+    nc_train_params p;
+    char err[NC_ERRLEN];
+    nc_train_result r;
+    tiny_params(&p, "conv");
+    snprintf(p.train_path, sizeof p.train_path, "%s", raw);
+    snprintf(p.valid_path, sizeof p.valid_path, "%s", raw);
+    p.epochs = 1;
+    text_conv_ptb(&p.text);
+    CHECKF(train_run(&p, false, NULL, NULL, &r, err, sizeof err) == NC_OK, "%s", err);
+    nc_model *m = NULL;
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/conv", tmpdir);
+    CHECKF(model_load(dir, &m, err, sizeof err) == NC_OK, "%s", err);
+    if (!m)
+        return;
+    CHECK(m->cfg.text.declared && m->cfg.text.lines == NORM_LINES_SENTENCES && !strcmp(m->cfg.text.number, "N"));
+    const char *known[] = {"the", "company", "'s", "n't", "N", "profit", "did", "<eos>"};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        CHECKF(vocab_lookup(m->vocab, known[i], strlen(known[i])) >= 0, "'%s' is in the vocabulary", known[i]);
+    const char *raw_forms[] = {"The", "Company", "company's", "didn't", "3.5%", "1999.", "said,"};
+    for (size_t i = 0; i < sizeof raw_forms / sizeof raw_forms[0]; i++)
+        CHECKF(vocab_lookup(m->vocab, raw_forms[i], strlen(raw_forms[i])) < 0, "'%s' is not", raw_forms[i]);
+    /* the company 's profit rose N in <eos> it did n't fall shares said, and <unk> */
+    CHECKF(m->cfg.vocab_size == 15, "vocabulary of %d words", m->cfg.vocab_size);
+    model_free(m);
+}
+
 int main(void)
 {
     RUN(gradient_check_untied);
@@ -410,6 +451,7 @@ int main(void)
     RUN(same_seed_same_weights);
     RUN(resume_equals_uninterrupted);
     RUN(saved_model_matches_inference);
+    RUN(raw_corpus_with_conventions);
     if (tmpdir[0])
         rm_rf(tmpdir);
     return harness_summary();

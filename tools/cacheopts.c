@@ -25,6 +25,7 @@ static const struct option own_cache_opts[] = {
     {"switch-at", required_argument, NULL, CO_SWITCH_AT},
     {"threads", required_argument, NULL, CO_THREADS},
     {"memory", required_argument, NULL, CO_MEMORY},
+    {"no-normalize", no_argument, NULL, CO_NO_NORMALIZE},
 };
 
 /* A cache option's name by its getopt code: the knob's flag, or the CLI's own. */
@@ -87,7 +88,9 @@ static void build_help(void)
         "  --switch-at N          pairs kept in the exact index before switching (default 65536)\n"
         "  --threads N            threads of the unbounded cache's searches (FAISS OpenMP;\n"
         "                         OpenBLAS runs on one meanwhile; default 1; 2 on an idle 2-core machine)\n"
-        "  --memory FILE          stream FILE into the unbounded cache before scoring\n");
+        "  --memory FILE          stream FILE into the unbounded cache before scoring\n"
+        "  --no-normalize         FILE is already in the model's text conventions: split on white space\n"
+        "                         only, eos per line (docs/normalisation.md)\n");
 #undef ADD
 }
 
@@ -258,8 +261,24 @@ double co_cpu(void)
            1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
+/* Set once by the command's option loop, before any file is read. */
+static bool co_normalize = true;
+/* co_read_tokens prints each file's unknown-word rate (score prints its own
+ * beside its perplexity) */
+bool co_report_unk = true;
+
+int co_parse_normalize(int code)
+{
+    if (code != CO_NO_NORMALIZE)
+        return 0;
+    co_normalize = false;
+    return 1;
+}
+
 int cacheopts_parse(cacheopts *co, int code, const char *arg, const char *cmd)
 {
+    if (co_parse_normalize(code))
+        return 1;
     if (code <= CO_FIRST || code >= CO_LAST)
         return 0;
     co->seen[code - CO_FIRST] = 1;
@@ -383,6 +402,12 @@ int cacheopts_make_ub(const cacheopts *co, const nc_cache_params *p, const nc_mo
     return unbounded_cache_new(&o, words, out, err, errlen);
 }
 
+double co_unk_rate(const nc_model *m, const nc_tokens *t, size_t *unk)
+{
+    *unk = tokens_count_unk(m, t, 0);
+    return t->n ? 100.0 * (double)*unk / (double)t->n : 0.0;
+}
+
 int co_read_tokens(const nc_model *m, const char *path, nc_tokens *out, char *err, size_t errlen)
 {
     nc_buf text = NC_BUF_INIT;
@@ -390,9 +415,19 @@ int co_read_tokens(const nc_model *m, const char *path, nc_tokens *out, char *er
                                : buf_read_stream(&text, stdin, "standard input", err, errlen);
     if (!rc) {
         char e2[NC_ERRLEN];
-        rc = tokenize(m, text.data ? text.data : "", text.len, true, out, e2, sizeof e2);
+        size_t n0 = out->n, unk;
+        rc = tokenize_ex(m, text.data ? text.data : "", text.len, true, co_normalize, out, e2, sizeof e2);
         if (rc)
             nc_error(err, errlen, rc, "%s: %s", path, e2);
+        /* every perplexity a command prints comes with the rate of <unk>
+         * behind it (an <unk>-heavy text flatters it: docs/normalisation.md) */
+        nc_tokens mine = {out->ids + n0, out->words + n0, out->offsets + n0, out->n - n0, out->n - n0, NULL};
+        double rate = rc ? 0 : co_unk_rate(m, &mine, &unk);
+        if (!rc && co_report_unk)
+            fprintf(stderr, "%s: %zu tokens (%s), %zu unknown words (%.2f%%)\n", path, mine.n,
+                    co_normalize && m->cfg.text.declared ? "normalised to the model's text conventions"
+                                                         : "split on white space",
+                    unk, rate);
     }
     buf_free(&text);
     return rc;
@@ -594,7 +629,18 @@ int cacheopts_fill_memory(const nc_model *m, const char *path, nc_wordtable *wor
 bool cacheopts_any(const cacheopts *co)
 {
     const nc_cache_params *p = &co->p;
-    return p->neural_size > 0 || p->unigram_size > 0 || p->unbounded || p->open_vocab;
+    return p->neural_size > 0 || p->unigram_size > 0 || p->unbounded || p->open_vocab || p->dyn_lr > 0.0f;
+}
+
+int co_score_stream(const nc_model *m, const nc_cache_params *p, nc_unbounded_cache *ub, nc_wordtable *words,
+                    const nc_tokens *toks, bool bos_eos, double *lp, char *err, size_t errlen)
+{
+    nc_stream *s = NULL;
+    int rc = stream_new(m, p, ub, words, bos_eos, &s, err, errlen);
+    if (!rc)
+        rc = stream_feed(s, toks, ub != NULL, lp, err, errlen);
+    stream_free(s);
+    return rc;
 }
 
 int co_score_cached(const nc_model *m, const cacheopts *co, const nc_tokens *toks, bool bos_eos,
@@ -610,9 +656,14 @@ int co_score_cached(const nc_model *m, const cacheopts *co, const nc_tokens *tok
         rc = cacheopts_make_ub(co, &co->p, m, words, &ub, err, errlen);
     if (!rc && ub && co->memory_path)
         rc = cacheopts_fill_memory(m, co->memory_path, words, ub, progress, err, errlen);
-    if (!rc)
+    if (!rc && co->p.dyn_lr > 0.0f) {
+        int blas = co_search_begin(co);
+        rc = co_score_stream(m, &co->p, ub, words, toks, bos_eos, lp, err, errlen);
+        co_search_end(blas);
+    } else if (!rc) {
         rc = co_prepare(m, toks, bos_eos, words, &d, err, errlen);
-    if (!rc) {
+    }
+    if (!rc && d) {
         nc_doc_caches dc = {.ub = ub, .adapt = ub != NULL};
         int blas = co_search_begin(co);
         rc = doc_score(d, &co->p, &dc, 0, lp, err, errlen);

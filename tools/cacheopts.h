@@ -5,7 +5,10 @@
 
 #include <getopt.h>
 
-#include "cache.h"
+#include "doc.h"
+#include "tokenizer.h"
+#include "model.h"
+#include "cache_params.h"
 
 /* getopt codes: one per row of the core's knob table (CO_KNOB_<name>), then
  * the options of the CLI's own. */
@@ -24,6 +27,19 @@ enum {
  * row. out must hold CACHEOPTS_MAX rows. */
 #define CACHEOPTS_MAX 128
 void cacheopts_options(const struct option *own, struct option *out);
+
+/* --no-normalize: read FILEs as already written in the model's text
+ * conventions (white-space split, eos per line; docs/normalisation.md). A
+ * code outside [CO_FIRST, CO_LAST): not a cache option (eval --row refuses
+ * it); cacheopts_options lists it and cacheopts_parse takes it (through
+ * co_parse_normalize). */
+#define CO_NO_NORMALIZE 999
+/* 1 when code is --no-normalize (co_read_tokens then splits on white space
+ * only), else 0. */
+int co_parse_normalize(int code);
+/* co_read_tokens prints "FILE: N tokens (...), U unknown words (x%)" on
+ * stderr (default true; score prints the rate beside its perplexity). */
+extern bool co_report_unk;
 
 typedef struct {
     nc_cache_params p;
@@ -77,6 +93,11 @@ bool cacheopts_any(const cacheopts *co);
  * table if asked, unbounded cache (filled with --memory first) with adapt,
  * one prepared document, doc_score. lp[toks->n]: NAN for context-only
  * tokens (bos none). */
+/* Scores toks through a stream of parameters p (stream_feed: how a session
+ * scores; dynamic evaluation needs it, its weights changing as it goes),
+ * ub adapted when given. lp[j] as doc_score's. */
+int co_score_stream(const nc_model *m, const nc_cache_params *p, nc_unbounded_cache *ub, nc_wordtable *words,
+                    const nc_tokens *toks, bool bos_eos, double *lp, char *err, size_t errlen);
 int co_score_cached(const nc_model *m, const cacheopts *co, const nc_tokens *toks, bool bos_eos,
                     double *lp, bool progress, char *err, size_t errlen);
 
@@ -115,7 +136,8 @@ void co_search_end(int saved);
 double co_cpu(void);
 
 /* Reads a text file ('-' = stdin) and tokenises it (file semantics: a last
- * line without newline also ends with eos). */
+ * line without newline also ends with eos), normalised to the model's text
+ * conventions unless --no-normalize was given. */
 int co_read_tokens(const nc_model *m, const char *path, nc_tokens *out, char *err, size_t errlen);
 /* Prepares a document from a token sequence: bos eos (state after eos, every
  * token scored) or none (first token context only). */
@@ -127,5 +149,9 @@ int co_prepare_ex(const nc_model *m, const nc_tokens *t, bool bos_eos, nc_wordta
                   nc_doc **out, char *err, size_t errlen);
 /* Perplexity of the scored entries (NAN entries skipped); *n gets their count. */
 double co_ppl(const double *lp, size_t len, size_t *n);
+/* Tokens of t that are the model's unk, and their share of t in percent
+ * (eos included in the denominator, as perplexity counts it): the figure
+ * printed beside every perplexity, for <unk>-heavy text flatters it. */
+double co_unk_rate(const nc_model *m, const nc_tokens *t, size_t *unk);
 
 #endif

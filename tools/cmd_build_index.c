@@ -21,7 +21,7 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: neurocache build-index --model DIR --corpus FILE [--factory STR] [--sample N]\n"
-            "                              [--out PATH] [--seed S] [--threads N]\n"
+            "                              [--out PATH] [--seed S] [--threads N] [--no-normalize]\n"
             "\n"
             "Runs the model over FILE, keeps a uniform random sample of N hidden states h_t\n"
             "(the unbounded cache's keys, design §3), trains the FAISS index built from the\n"
@@ -40,6 +40,7 @@ static void usage(FILE *out)
             "  --out PATH       where to write the index (default DIR/unbounded.faiss)\n"
             "  --seed S         sampling seed (default 1)\n"
             "  --threads N      OpenMP threads for FAISS training (default 1)\n"
+            "  --no-normalize   FILE is already in the model's text conventions (white-space split)\n"
             "  -h, --help       this help\n"
             "\n"
             "exit status: 0 success, 1 runtime error, 2 usage error\n");
@@ -79,7 +80,7 @@ int cmd_build_index(int argc, char **argv)
         {"factory", required_argument, NULL, 'f'}, {"sample", required_argument, NULL, 's'},
         {"out", required_argument, NULL, 'o'},    {"seed", required_argument, NULL, 'S'},
         {"threads", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        {"no-normalize", no_argument, NULL, CO_NO_NORMALIZE}, {NULL, 0, NULL, 0},
     };
     const char *model_dir = NULL, *corpus = NULL, *factory_arg = NULL, *out_arg = NULL;
     long sample = 160000, seed = 1, threads = 0;
@@ -89,6 +90,7 @@ int cmd_build_index(int argc, char **argv)
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': model_dir = optarg; break;
+        case CO_NO_NORMALIZE: co_parse_normalize(c); break;
         case 'c': corpus = optarg; break;
         case 'f': factory_arg = optarg; break;
         case 'o': out_arg = optarg; break;

@@ -12,6 +12,7 @@
 #include "cacheopts.h"
 #include "commands.h"
 #include "gate.h"
+#include "mixture.h"
 
 static void usage(FILE *out)
 {
@@ -225,8 +226,39 @@ static int table_rows(const cacheopts *co, row *rows)
 typedef struct {
     double ppl, seconds, cpu;     /* wall and CPU (all threads) seconds of the row */
     size_t scored;
+    size_t unk;                   /* tokens of the file that are the model's unk (every row alike) */
     double skipped;               /* gate rows: fraction of unbounded searches skipped (else NAN) */
 } result;
+
+/* A row with dynamic evaluation: a session through the file (its weights
+ * change as it goes, so the shared LSTM pass and neighbours do not serve),
+ * with its own unbounded cache filled with --memory, which it adapts. */
+static int eval_dyn_row(const nc_model *m, const cacheopts *co, bool bos_eos, const nc_tokens *toks,
+                        const nc_cache_params *p, double *lp, result *res, char *err, size_t errlen)
+{
+    nc_wordtable *words = NULL;
+    nc_unbounded_cache *ub = NULL;
+    int rc = NC_OK;
+    if (p->open_vocab)
+        rc = wordtable_new(m->vocab, &words, err, errlen);
+    if (!rc && p->unbounded)
+        rc = cacheopts_make_ub(co, p, m, words, &ub, err, errlen);
+    if (!rc && ub && co->memory_path)
+        rc = cacheopts_fill_memory(m, co->memory_path, words, ub, false, err, errlen);
+    double t0 = co_now(), c0 = co_cpu();
+    if (!rc) {
+        int blas = co_search_begin(co);
+        rc = co_score_stream(m, p, ub, words, toks, bos_eos, lp, err, errlen);
+        co_search_end(blas);
+    }
+    res->seconds = co_now() - t0;
+    res->cpu = co_cpu() - c0;
+    res->skipped = NAN;
+    res->ppl = rc ? NAN : co_ppl(lp, toks->n, &res->scored);
+    unbounded_cache_free(ub);
+    wordtable_free(words);
+    return rc;
+}
 
 /* Scores one file under every row. */
 static int eval_file(const nc_model *m, const cacheopts *co, bool bos_eos, const char *path, row *rows, int nrows,
@@ -284,6 +316,10 @@ static int eval_file(const nc_model *m, const cacheopts *co, bool bos_eos, const
     }
     for (int i = 0; !rc && i < nrows; i++) {
         const nc_cache_params *p = &rows[i].p;
+        if (p->dyn_lr > 0.0f) {
+            rc = eval_dyn_row(m, co, bos_eos, &toks, p, lp, &res[i], err, errlen);
+            continue;
+        }
         nc_doc_caches dc = {0};
         double tk = 0, ck = 0;
         if (p->unbounded) {
@@ -312,6 +348,7 @@ static int eval_file(const nc_model *m, const cacheopts *co, bool bos_eos, const
         double ts = co_now() - t0, cs = co_cpu() - c0;
         res[i].skipped = dc.searched + dc.skipped > 0 ? (double)dc.skipped / (double)(dc.searched + dc.skipped) : NAN;
         res[i].ppl = co_ppl(lp, d->n, &res[i].scored);
+        res[i].unk = tokens_count_unk(m, &toks, 0);
         res[i].seconds = tp + tk + ts;
         res[i].cpu = cp + ck + cs;
     }
@@ -572,8 +609,9 @@ int cmd_eval(int argc, char **argv)
         if (rc)
             break;
         double ppl0 = sweep ? res[nrows - 1].ppl : res[0].ppl;
-        printf("%s: %zu tokens scored, LSTM pass %.2f s (%.0f tokens/s)%s\n", argv[f], res[0].scored, tl,
-               res[0].scored / (tl > 0 ? tl : 1e-9), co.p.open_vocab ? ", open vocabulary" : "");
+        printf("%s: %zu tokens scored, %zu unknown words (%.2f%%), LSTM pass %.2f s (%.0f tokens/s)%s\n", argv[f],
+               res[0].scored, res[0].unk, res[0].scored ? 100.0 * (double)res[0].unk / (double)res[0].scored : 0.0,
+               tl, res[0].scored / (tl > 0 ? tl : 1e-9), co.p.open_vocab ? ", open vocabulary" : "");
         int wname = 14;
         for (int i = 0; i < nrows; i++)
             if ((int)strlen(rows[i].name) > wname)

@@ -136,6 +136,7 @@ int cmd_score(int argc, char **argv)
     nc_scorer *sc = NULL;
     float *lp = NULL;
     int rc = model_load(model_dir, &m, err, sizeof err);
+    co_report_unk = false;   /* beside the perplexity below */
     if (rc == NC_OK)
         rc = co_read_tokens(m, file, &toks, err, sizeof err);
     double *dlp = NULL;
@@ -177,6 +178,9 @@ int cmd_score(int argc, char **argv)
         for (size_t i = 0; i < scored; i++)
             sum += dlp ? dlp[first + i] : lp[i];
         double ppl = scored ? exp(-sum / (double)scored) : NAN;
+        /* the unknown words among the scored tokens: an <unk>-heavy text's
+         * perplexity flatters the model (docs/normalisation.md) */
+        size_t unk = tokens_count_unk(m, &toks, first);
         static char obuf[1 << 16];
         setvbuf(stdout, obuf, _IOFBF, sizeof obuf);
         if (json) {
@@ -190,6 +194,7 @@ int cmd_score(int argc, char **argv)
             json_object_set_new(o, "tokens", tw);
             json_object_set_new(o, "logprobs", tl);
             json_object_set_new(o, "ppl", scored ? json_real(ppl) : json_null());
+            json_object_set_new(o, "unk_count", json_integer((json_int_t)unk));
             if (json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) != 0)
                 rc = nc_error(err, sizeof err, NC_EIO, "writing the output failed");
             fputc('\n', stdout);
@@ -201,8 +206,8 @@ int cmd_score(int argc, char **argv)
         if (fflush(stdout) != 0 || ferror(stdout))
             rc = nc_error(err, sizeof err, NC_EIO, "writing the output failed: %s", strerror(errno));
         if (scored)
-            fprintf(stderr, "%zu tokens scored in %.3f s (%.0f tokens/s), perplexity %.4f\n", scored, dt,
-                    dt > 0 ? (double)scored / dt : 0.0, ppl);
+            fprintf(stderr, "%zu tokens scored in %.3f s (%.0f tokens/s), perplexity %.4f, unknown words %zu (%.2f%%)\n",
+                    scored, dt, dt > 0 ? (double)scored / dt : 0.0, ppl, unk, 100.0 * (double)unk / (double)scored);
         else
             fprintf(stderr, "no tokens scored (empty input)\n");
     }

@@ -18,7 +18,7 @@
 /* ---- options table ----------------------------------------------------- */
 
 typedef enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_BOOL_ON, OPT_BOOL_OFF, OPT_DURATION, OPT_OPTIM,
-               OPT_DROPOUT_ALL, OPT_U64, OPT_LONG } opt_type;
+               OPT_DROPOUT_ALL, OPT_U64, OPT_LONG, OPT_TEXT } opt_type;
 
 typedef struct {
     bool plot, quiet, resume;
@@ -52,6 +52,9 @@ static const opt_def options[] = {
     {"--untied", OPT_BOOL_OFF, P(tie_weights), 0, 0, false, "  separate decoder weights"},
     {"--vocab-size", OPT_INT, P(vocab_max), 0, 1e9, false, "N  keep the N most frequent words, rest -> unk (0: all)"},
     {"--lowercase", OPT_BOOL_ON, P(lowercase), 0, 0, false, "  lower-case the corpus (and the model's input)"},
+    {"--text", OPT_TEXT, P(text), 0, 0, false,
+     "ptb|none|KEY=VALUE  text conventions the corpus is normalised to and the model declares\n"
+     "                     (docs/normalisation.md; repeatable: --text ptb --text lines=eos)"},
     {"--unk", OPT_STR, P(unk_token), 0, 0, false, "WORD  unknown-word token (<unk>)"},
     {"--eos", OPT_STR, P(eos_token), 0, 0, false, "WORD  end-of-line token (<eos>)"},
     {"--bptt", OPT_INT, P(bptt), 1, 10000, false, "N  truncated BPTT length (35)"},
@@ -108,6 +111,37 @@ static double parse_duration(const char *s)
     if (!strcmp(end, "h"))
         return v * 3600;
     return -1;
+}
+
+/* --optimizer NAME */
+static int set_optimizer(int *dst, const char *val)
+{
+    if (!strcasecmp(val, "sgd"))
+        *dst = NC_OPT_SGD;
+    else if (!strcasecmp(val, "adagrad"))
+        *dst = NC_OPT_ADAGRAD;
+    else {
+        fprintf(stderr, "neurocache train: --optimizer: expected sgd or adagrad, got '%s'\n", val);
+        return -1;
+    }
+    return 0;
+}
+
+/* --text ptb|none|KEY=VALUE: one setting of the text conventions (a bare
+ * word is a preset) */
+static int set_text(void *conv, const char *val)
+{
+    char key[32], err[NC_ERRLEN];
+    const char *eq = strchr(val, '=');
+    if (!eq)
+        snprintf(key, sizeof key, "preset");
+    else
+        snprintf(key, sizeof key, "%.*s", (int)(eq - val < 31 ? eq - val : 31), val);
+    if (text_conv_set(conv, key, eq ? eq + 1 : val, err, sizeof err) != NC_OK) {
+        fprintf(stderr, "neurocache train: --text: %s\n", err);
+        return -1;
+    }
+    return 0;
 }
 
 static int set_option(const opt_def *o, const char *val, nc_train_params *p, cli_extra *x)
@@ -174,19 +208,13 @@ static int set_option(const opt_def *o, const char *val, nc_train_params *p, cli
         return 0;
     }
     case OPT_OPTIM:
-        if (!strcasecmp(val, "sgd"))
-            *(int *)dst = NC_OPT_SGD;
-        else if (!strcasecmp(val, "adagrad"))
-            *(int *)dst = NC_OPT_ADAGRAD;
-        else {
-            fprintf(stderr, "neurocache train: --optimizer: expected sgd or adagrad, got '%s'\n", val);
-            return -1;
-        }
-        return 0;
+        return set_optimizer(dst, val);
     case OPT_BOOL_ON:
     case OPT_BOOL_OFF:
         *(bool *)dst = o->type == OPT_BOOL_ON;
         return 0;
+    case OPT_TEXT:
+        return set_text(dst, val);
     }
     return -1;
 }

@@ -26,7 +26,11 @@ static void usage(FILE *out)
             "fixed as given. Prints each stage's best options, writes the grids as CSV and\n"
             "the theta x lambda perplexities as a heat map (gnuplot PNG). With --gate every\n"
             "point is weighed by the model's gate (fit-gate): the lambdas then have no\n"
-            "effect, theta, N and k still do.\n"
+            "effect, theta, N and k still do. With --dyn a last stage tunes dynamic\n"
+            "evaluation (docs/dyneval.md; the model needs neurocache dyn-stats): its\n"
+            "learning rate, then its decay at the best rate, then its segment length, alone\n"
+            "and with the caches at their best, each point a pass through a session on the\n"
+            "first --dyn-tokens tokens (the weights change as it goes: no shared LSTM pass).\n"
             "\n"
             "grid options (comma lists):\n"
             "  --thetas LIST              default 0,0.1,0.2,0.3,0.4,0.5,0.7,1,1.5,2\n"
@@ -34,12 +38,18 @@ static void usage(FILE *out)
             "  --alphas LIST              default -8,-6,-4,-3,-2,-1,0,1,2\n"
             "  --unigram-lambdas LIST     default 0.01,0.02,0.05,0.1,0.15,0.2,0.3\n"
             "  --unbounded-lambdas LIST   default 0.05,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9\n"
+            "  --dyn-lrs LIST             default 0.0005,0.001,0.002,0.003,0.005\n"
+            "  --dyn-decays LIST          default 0,0.005,0.02,0.05\n"
+            "  --dyn-segments LIST        default 10,20,40\n"
+            "  --dyn-tokens N             the dynamic evaluation stage's text: the first N tokens\n"
+            "                             of FILE (default 20000, 0 = all)\n"
             "other options:\n"
             "  --model DIR, --valid FILE  model directory, validation text\n"
             "  --bos eos|none             start state (default eos)\n"
             "  --out PREFIX               PREFIX-neural.csv, PREFIX.png, PREFIX-unbounded.csv,\n"
             "                             PREFIX-unigram.csv (default tune)\n"
             "  --no-plot                  no PNG\n"
+            "  --dyn                      the dynamic evaluation stage (--dyn-params N: its subset)\n"
             "  -h, --help                 this help\n"
             "\n%s\n"
             "exit status: 0 success, 1 runtime error, 2 usage error\n",
@@ -47,7 +57,7 @@ static void usage(FILE *out)
 }
 
 enum { OPT_MODEL = 1, OPT_VALID, OPT_BOS, OPT_THETAS, OPT_LAMBDAS, OPT_ALPHAS, OPT_ULAMBDAS, OPT_UBLAMBDAS,
-       OPT_OUT, OPT_NOPLOT, OPT_HELP };
+       OPT_OUT, OPT_NOPLOT, OPT_HELP, OPT_DYN, OPT_DLRS, OPT_DDECAYS, OPT_DSEGS, OPT_DTOKENS };
 
 typedef struct {
     const nc_doc *d;
@@ -114,6 +124,9 @@ static void options_of(const nc_cache_params *p, char *buf, size_t len)
         if (p->vocab_size_full > 0)
             ADD("--vocab-size-full %d ", p->vocab_size_full);
     }
+    if (p->dyn_lr > 0.0f)
+        ADD("--dyn-lr %g --dyn-decay %g --dyn-segment %d --dyn-params %d ", (double)p->dyn_lr, (double)p->dyn_decay,
+            p->dyn_segment, p->dyn_params);
     if (p->gate) {
         ADD("--gate ");
         if (p->gate_skip >= 0.0f && p->unbounded)
@@ -134,6 +147,10 @@ typedef struct {
     bool lambdas_given, alphas_given;
     double *thetas, *lambdas, *ul, *ubl;
     int nth, nla, nul, nubl;
+    bool dyn;                     /* the dynamic evaluation stage runs */
+    double *dlr, *ddec, *dseg;
+    int ndlr, nddec, ndseg;
+    long dyn_tokens;
 } tune_args;
 
 static void args_free(tune_args *a)
@@ -142,6 +159,9 @@ static void args_free(tune_args *a)
     free(a->lambdas);
     free(a->ul);
     free(a->ubl);
+    free(a->dlr);
+    free(a->ddec);
+    free(a->dseg);
 }
 
 /* getopt over argv. 0, or the exit status to return now (2 usage error,
@@ -159,6 +179,11 @@ static int parse_args(int argc, char **argv, tune_args *a)
         {"unbounded-lambdas", required_argument, NULL, OPT_UBLAMBDAS},
         {"out", required_argument, NULL, OPT_OUT},
         {"no-plot", no_argument, NULL, OPT_NOPLOT},
+        {"dyn", no_argument, NULL, OPT_DYN},
+        {"dyn-lrs", required_argument, NULL, OPT_DLRS},
+        {"dyn-decays", required_argument, NULL, OPT_DDECAYS},
+        {"dyn-segments", required_argument, NULL, OPT_DSEGS},
+        {"dyn-tokens", required_argument, NULL, OPT_DTOKENS},
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -171,6 +196,19 @@ static int parse_args(int argc, char **argv, tune_args *a)
         case OPT_VALID: a->valid = optarg; break;
         case OPT_OUT: a->prefix = optarg; break;
         case OPT_NOPLOT: a->plot = false; break;
+        case OPT_DYN: a->dyn = true; break;
+        case OPT_DLRS: bad = parse_grid("dyn-lrs", optarg, "dyn_lr", &a->dlr, &a->ndlr); break;
+        case OPT_DDECAYS: bad = parse_grid("dyn-decays", optarg, "dyn_decay", &a->ddec, &a->nddec); break;
+        case OPT_DSEGS: bad = parse_grid("dyn-segments", optarg, "dyn_segment", &a->dseg, &a->ndseg); break;
+        case OPT_DTOKENS: {
+            char *end;
+            a->dyn_tokens = strtol(optarg, &end, 10);
+            if (*end || a->dyn_tokens < 0) {
+                fprintf(stderr, "neurocache tune: --dyn-tokens must be a whole number >= 0, not '%s'\n", optarg);
+                bad = 2;
+            }
+            break;
+        }
         case OPT_BOS:
             if (strcmp(optarg, "eos") && strcmp(optarg, "none")) {
                 fprintf(stderr, "neurocache tune: --bos must be 'eos' or 'none', not '%s'\n", optarg);
@@ -229,6 +267,11 @@ static int check_args(tune_args *a)
         why = "--lambdas is for linear interpolation; with --global-norm use --alphas";
     else if (a->nubl && !g->unbounded)
         why = "--unbounded-lambdas needs --unbounded";
+    else if ((a->dlr || a->ddec || a->dseg) && !a->dyn)
+        why = "--dyn-lrs/--dyn-decays/--dyn-segments need --dyn";
+    else if (cacheopts_given(&a->co, CO_KNOB_dyn_lr) || cacheopts_given(&a->co, CO_KNOB_dyn_decay) ||
+             cacheopts_given(&a->co, CO_KNOB_dyn_segment))
+        why = "give grids (--dyn with --dyn-lrs, --dyn-decays, --dyn-segments), not single values";
     else if (a->nul && g->unigram_size == 0)
         why = "--unigram-lambdas needs --unigram-size N";
     else if ((a->thetas || a->lambdas) && g->neural_size == 0 && (g->unigram_size > 0 || g->unbounded))
@@ -263,8 +306,14 @@ static int choose_stages(tune_args *a)
         DEFAULT(a->lambdas, a->nla, d_lambdas);
     DEFAULT(a->ul, a->nul, d_ul);
     DEFAULT(a->ubl, a->nubl, d_ubl);
+    static const double d_dlr[] = {0.0005, 0.001, 0.002, 0.003, 0.005};
+    static const double d_ddec[] = {0, 0.005, 0.02, 0.05};
+    static const double d_dseg[] = {10, 20, 40};
+    DEFAULT(a->dlr, a->ndlr, d_dlr);
+    DEFAULT(a->ddec, a->nddec, d_ddec);
+    DEFAULT(a->dseg, a->ndseg, d_dseg);
 #undef DEFAULT
-    return a->thetas && a->lambdas && a->ul && a->ubl ? 0 : -1;
+    return a->thetas && a->lambdas && a->ul && a->ubl && a->dlr && a->ddec && a->dseg ? 0 : -1;
 }
 
 /* What every stage scores with (made once by tune_prepare), and the best
@@ -566,9 +615,103 @@ static int stage_unbounded(tune_run *r, char *err, size_t errlen)
     return rc;
 }
 
+/* One point of the dynamic evaluation stage: a session of parameters p
+ * through the first n tokens (a fresh unbounded cache with --memory: the
+ * session adapts it). */
+static int dyn_point(tune_run *r, const nc_cache_params *p, size_t n, double *ppl, char *err, size_t errlen)
+{
+    nc_tokens part = r->toks;
+    part.n = n;
+    nc_unbounded_cache *ub = NULL;
+    nc_wordtable *words = NULL;
+    int rc = NC_OK;
+    if (p->open_vocab)
+        rc = wordtable_new(r->m->vocab, &words, err, errlen);
+    if (!rc && p->unbounded)
+        rc = cacheopts_make_ub(&r->a->co, p, r->m, words, &ub, err, errlen);
+    if (!rc && ub && r->a->co.memory_path)
+        rc = cacheopts_fill_memory(r->m, r->a->co.memory_path, words, ub, false, err, errlen);
+    if (!rc) {
+        int blas = co_search_begin(&r->a->co);
+        rc = co_score_stream(r->m, p, ub, words, &part, r->a->bos_eos, r->lp, err, errlen);
+        co_search_end(blas);
+    }
+    *ppl = rc ? NAN : co_ppl(r->lp, n, NULL);
+    r->t.npoints++;
+    unbounded_cache_free(ub);
+    wordtable_free(words);
+    return rc;
+}
+
+/* Stage 4: dynamic evaluation's learning rate, then its decay at the best
+ * rate, then its segment length (coordinate search: each point is a whole
+ * pass), alone and with the caches at their best; prints each point. */
+static int stage_dyn(tune_run *r, char *err, size_t errlen)
+{
+    const tune_args *a = r->a;
+    size_t n = a->dyn_tokens > 0 && (size_t)a->dyn_tokens < r->toks.n ? (size_t)a->dyn_tokens : r->toks.n;
+    char path[1200];
+    snprintf(path, sizeof path, "%s-dyn.csv", a->prefix);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return nc_error(err, errlen, NC_EIO, "%s: cannot write", path);
+    fprintf(f, "with,dyn_lr,dyn_decay,dyn_segment,ppl\n");
+    int rc = NC_OK;
+    bool any_cache = r->best.neural_size > 0 || r->best.unigram_size > 0 || r->best.unbounded;
+    for (int with = 0; !rc && with <= (any_cache ? 1 : 0); with++) {
+        nc_cache_params base = with ? r->best : r->st, best = base;
+        base.dyn_params = r->g->dyn_params;
+        double b0 = NAN, bp = INFINITY;
+        rc = dyn_point(r, &base, n, &b0, err, errlen);   /* dyn_lr 0: the reference */
+        fprintf(f, "%s,0,,,%.6f\n", with ? "caches" : "alone", b0);
+        for (int stage = 0; !rc && stage < 3; stage++) {
+            const double *g = stage == 0 ? a->dlr : stage == 1 ? a->ddec : a->dseg;
+            int ng = stage == 0 ? a->ndlr : stage == 1 ? a->nddec : a->ndseg;
+            nc_cache_params c = stage == 0 ? base : best;
+            /* a single value the best point already has: nothing to try */
+            if (stage > 0 && ng == 1 && (stage == 1 ? (float)g[0] == best.dyn_decay : (int)g[0] == best.dyn_segment))
+                continue;
+            for (int i = 0; !rc && i < ng; i++) {
+                if (stage == 0)
+                    c.dyn_lr = (float)g[i];
+                else if (stage == 1)
+                    c.dyn_decay = (float)g[i];
+                else
+                    c.dyn_segment = (int)g[i];
+                double v;
+                rc = dyn_point(r, &c, n, &v, err, errlen);
+                fprintf(f, "%s,%g,%g,%d,%.6f\n", with ? "caches" : "alone", (double)c.dyn_lr, (double)c.dyn_decay,
+                        c.dyn_segment, v);
+                fflush(f);
+                fprintf(stderr, "tune: dyn %s lr %g decay %g segment %d: %.3f (without: %.3f)\n",
+                        with ? "with caches" : "alone", (double)c.dyn_lr, (double)c.dyn_decay, c.dyn_segment, v, b0);
+                if (!rc && v < bp) {
+                    bp = v;
+                    best = c;
+                }
+            }
+        }
+        if (!rc) {
+            char opt[512];
+            options_of(&best, opt, sizeof opt);
+            printf("best dyn%s (first %zu tokens): perplexity %.3f (%+.1f%% against %.3f without) options: %s\n",
+                   with ? "+caches" : "", n, bp, 100.0 * (bp / b0 - 1), b0, opt);
+            if (with || !any_cache) {
+                r->best.dyn_lr = best.dyn_lr;
+                r->best.dyn_decay = best.dyn_decay;
+                r->best.dyn_segment = best.dyn_segment;
+                r->best.dyn_params = best.dyn_params;
+            }
+        }
+    }
+    if (fclose(f) != 0 && !rc)
+        rc = nc_error(err, errlen, NC_EIO, "%s: write failed", path);
+    return rc;
+}
+
 int cmd_tune(int argc, char **argv)
 {
-    tune_args a = {.prefix = "tune", .bos_eos = true, .plot = true};
+    tune_args a = {.prefix = "tune", .bos_eos = true, .plot = true, .dyn_tokens = 20000};
     cacheopts_start(&a.co);
     int bad = parse_args(argc, argv, &a);
     if (!bad)
@@ -592,6 +735,8 @@ int cmd_tune(int argc, char **argv)
         rc = stage_unigram(&r, err, sizeof err);
     if (!rc && a.co.p.unbounded)
         rc = stage_unbounded(&r, err, sizeof err);
+    if (!rc && a.dyn)
+        rc = stage_dyn(&r, err, sizeof err);
     if (!rc) {
         fprintf(stderr, "tune: %d grid points in %.1f s\n", r.t.npoints, co_now() - t0);
         options_of(&r.best, opt, sizeof opt);

@@ -11,5 +11,6 @@ int cmd_tune(int argc, char **argv);
 int cmd_fit_gate(int argc, char **argv);
 int cmd_build_index(int argc, char **argv);
 int cmd_migrate(int argc, char **argv);
+int cmd_dyn_stats(int argc, char **argv);
 
 #endif

@@ -17,6 +17,7 @@ static const struct {
     {"eval", cmd_eval, "perplexity table: static model and every cache combination"},
     {"tune", cmd_tune, "grid-search cache hyper-parameters on a validation file"},
     {"fit-gate", cmd_fit_gate, "fit the adaptive mixture's per-token gate on a validation file"},
+    {"dyn-stats", cmd_dyn_stats, "measure dynamic evaluation's gradient statistics on training text"},
     {"train", cmd_train, "train an LSTM language model on a corpus"},
     {"build-index", cmd_build_index, "train the unbounded cache's IVFPQ quantizer"},
     {"migrate", cmd_migrate, "move a live session from one neurocached replica to another"},

@@ -11,7 +11,7 @@ const MAP_CHUNK = Math.max(40, Number(params.get('chunk')) || 4000);
 
 const state = {
   model: null,          // GET /v1/model
-  ta: { sid: null, fed: '', key: '', busy: false, dirty: false, preds: [] },
+  ta: { sid: null, fed: '', key: '', busy: false, dirty: false, preds: [], unk: [] },
 };
 
 /* ---- API ------------------------------------------------------------------ */
@@ -208,20 +208,48 @@ async function updateTypeahead() {
     ta.sid = await newSession(cacheSettings());
     ta.key = key;
     ta.fed = '';
+    ta.unk = [];
   }
   const delta = complete.slice(ta.fed.length);
   if (delta) {
-    await api('POST', `/v1/sessions/${ta.sid}/feed`, { text: delta });
+    /* scores: the answer lists the tokens, each with its unk flag */
+    const f = await api('POST', `/v1/sessions/${ta.sid}/feed`, { text: delta, scores: true });
+    (f.tokens || []).forEach((w, i) => { if (f.unk && f.unk[i]) ta.unk.push(w); });
     ta.fed = complete;
   }
+  showUnknown(ta.unk);
   const maxK = state.model.limits.max_top_k;
   const top = partial ? Math.min(maxK, 1000) : Math.min(maxK, 10);
   const r = await api('POST', `/v1/sessions/${ta.sid}/predict`, { top_k: top, components: true, explain: true });
-  const low = partial.toLowerCase();
+  /* the partial word as the model writes words: no leading quote or bracket, lower case */
+  const low = partial.replace(/^[^\p{L}\p{N}']+/u, '').toLowerCase();
   const preds = r.predictions.filter((p) => p.word.toLowerCase().startsWith(low)).slice(0, 10);
   ta.preds = preds;
   renderPredictions(preds, r.position, partial);
   $('#pred-list').dataset.text = complete + partial;
+}
+
+/* The words typed so far that the model does not know (each read as its
+ * unk token): a perplexity or a prediction after them means less. */
+function showUnknown(words) {
+  const el = $('#ta-unk');
+  el.hidden = !words.length;
+  el.dataset.count = words.length;
+  el.textContent = '';
+  if (!words.length) return;
+  el.append(`${words.length} unknown word${words.length > 1 ? 's' : ''}, read as ${state.model.unk_token}: `);
+  words.slice(-12).forEach((w, i) => {
+    if (i) el.append(', ');
+    el.append(Object.assign(document.createElement('b'), { textContent: w }));
+  });
+}
+
+/* What the page types for the model's eos token: a sentence end under
+ * sentence conventions (a newline is only a space there; a feed that
+ * starts with it ends the sentence fed before), else a newline. */
+function eosText() {
+  const t = state.model && state.model.text;
+  return t && t.lines === 'sentences' ? '. ' : '\n';
 }
 
 function renderPredictions(preds, position, partial) {
@@ -233,7 +261,8 @@ function renderPredictions(preds, position, partial) {
   const maxp = preds.reduce((m, p) => Math.max(m, p.prob), 0) || 1;
   preds.forEach((p, i) => {
     const li = document.createElement('li');
-    li.className = 'pred';
+    li.className = 'pred' + (p.word === state.model.unk_token ? ' unk' : '');
+    if (p.word === state.model.unk_token) li.title = 'an unknown word: the model\'s token for every word outside its vocabulary';
     li.dataset.word = p.word;
     li.dataset.prob = p.prob;
     li.tabIndex = 0;
@@ -286,7 +315,7 @@ function appendWord(word) {
   const box = $('#ta-text');
   const { complete } = splitTyped(box.value);
   const eos = state.model && word === state.model.eos_token;
-  box.value = complete + (eos ? '\n' : word + ' ');
+  box.value = complete + (eos ? eosText() : word + ' ');
   box.focus();
   scheduleTypeahead();
 }
@@ -411,10 +440,11 @@ async function runMap() {
   prog.max = parts.length;
   prog.value = 0;
   $('#map-run').disabled = true;
+  $('#map-status').dataset.done = '0';
   mapState.running = true;
   mapState.tokens = [];
   const sums = { static: [0, 0], cached: [0, 0] };
-  let sids = [];
+  let sids = [], unk = 0;
   showError(null);
   try {
     sids = [await newSession(plain), await newSession(cached)];
@@ -423,12 +453,22 @@ async function runMap() {
       /* the cached side also splits each token's probability by component */
       const [a, b] = await Promise.all(sids.map((sid, j) =>
         api('POST', `/v1/sessions/${sid}/feed`, { text: parts[k], scores: true, components: j === 1 })));
+      /* offsets and lengths are bytes of the chunk: each token shows the
+       * characters it was read from, the text between tokens stays as typed */
+      const bytes = new TextEncoder().encode(parts[k]), dec = new TextDecoder();
+      let end = 0;
       for (let i = 0; i < a.tokens.length; i++) {
+        const off = a.offsets[i], len = a.lengths[i];
         const t = { word: a.tokens[i], static: bitsOf(a.logprobs[i]), cached: bitsOf(b.logprobs[i]),
-                    comps: b.components ? b.components[i] : null };
+                    comps: b.components ? b.components[i] : null, unk: !!(a.unk && a.unk[i]),
+                    src: dec.decode(bytes.subarray(off, off + len)) };
+        const gap = off > end ? dec.decode(bytes.subarray(end, off)) : '';
+        end = Math.max(end, off + len);
         const n = mapState.tokens.length;
         mapState.tokens.push(t);
+        if (t.unk) unk++;
         for (const side of ['static', 'cached']) {
+          if (gap.trim()) bodies[side].append(gap.trim() + ' ');
           bodies[side].append(tokenSpan(t, n, side));
           if (t[side] != null) { sums[side][0] += t[side]; sums[side][1]++; }
         }
@@ -444,8 +484,11 @@ async function runMap() {
         el.dataset.count = n;
       }
     }
-    $('#map-status').textContent = `${mapState.tokens.length} tokens in ${parts.length} chunk${parts.length > 1 ? 's' : ''}`;
+    const nt = mapState.tokens.length;
+    $('#map-status').textContent = `${nt} tokens in ${parts.length} chunk${parts.length > 1 ? 's' : ''}, ` +
+      `${unk} unknown (${nt ? (100 * unk / nt).toFixed(1) : 0}%, read as ${state.model.unk_token})`;
     $('#map-status').dataset.chunks = parts.length;
+    $('#map-status').dataset.unk = unk;
     $('#map-status').dataset.done = '1';
   } catch (e) {
     $('#map-status').textContent = 'stopped';
@@ -461,13 +504,17 @@ function tokenSpan(t, n, side) {
   const frag = document.createDocumentFragment();
   const s = document.createElement('span');
   const eos = state.model && t.word === state.model.eos_token;
-  s.className = 'tok' + (eos ? ' eos' : '');
+  /* an eos read from a newline (or the end) is drawn as one; from a
+   * sentence end, as the characters that ended it */
+  const nl = eos && !(t.src || '').trim();
+  s.className = 'tok' + (eos ? ' eos' : '') + (t.unk ? ' unk' : '');
   s.dataset.i = n;
   s.dataset.bits = t[side] == null ? '' : t[side];
-  s.textContent = eos ? '↵' : t.word;
+  s.textContent = nl ? '↵' : (t.src || t.word);
+  if (t.unk) s.title = `unknown word: scored as ${state.model.unk_token}`;
   s.style.background = heat(t[side]);
   frag.append(s, ' ');   /* a break opportunity between words */
-  if (eos) frag.append(document.createElement('br'));
+  if (nl || (eos && /\n/.test(t.src || ''))) frag.append(document.createElement('br'));
   return frag;
 }
 
@@ -480,7 +527,8 @@ function showTip(ev) {
   document.querySelectorAll(`.tok[data-i="${s.dataset.i}"]`).forEach((n) => n.classList.add('hl'));
   tip.textContent = '';
   const b = document.createElement('b');
-  b.textContent = t.word;
+  b.textContent = t.word + (t.src && t.src !== t.word && t.src.trim() ? ` (from "${t.src}")` : '') +
+    (t.unk ? ` — unknown, scored as ${state.model.unk_token}` : '');
   const tab = document.createElement('table');
   const rows = [['static model', t.static], ['with caches', t.cached]];
   for (const [name, bits] of rows) {

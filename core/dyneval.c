@@ -1,0 +1,812 @@
+/* dyneval.c -- dynamic evaluation: per-stream online adaptation of the
+ * LSTM's weights (Krause et al. 2018; the update rule is in dyneval.h). */
+#include "dyneval.h"
+#include "vmath.h"
+
+#include <cblas.h>
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Which tensor of the model an adapted tensor is. */
+enum { K_WIH, K_WHH, K_BIH, K_BHH, K_DECB, K_ENC, K_DECW };
+
+typedef struct {
+    int kind, layer;
+    size_t n;
+    float *w;                     /* the stream's copy (the shadow's tensor) */
+    const float *w0;              /* the trained weights */
+    const float *ms;              /* sqrt(MS_g) (NULL while measuring MS_g) */
+    float *g;                     /* gradient of the last dyneval_loss, or NULL */
+} dyn_tensor;
+
+#define DYN_MAX_TENSORS 64
+
+struct nc_dyneval {
+    const nc_model *base;
+    nc_model shadow;              /* shallow copy; adapted tensors are ours */
+    nc_lstm_layer *layers;        /* shadow.layers */
+    float **bsum;                 /* [L] own b_sum of a layer whose biases adapt, else NULL */
+    bool *lw, *lb;                /* [L] layer's matrices / biases adapt */
+    int lo;                       /* lowest layer the backward pass reaches (L: none) */
+    bool embed;                   /* the embedding / decoder matrix adapts */
+    int subset, nt;
+    dyn_tensor t[DYN_MAX_TENSORS];
+    float rms_mean;               /* mean of sqrt(MS_g) over every weight of the model */
+    nc_state *seg;                /* state the current segment starts from */
+    bool seg_has_h;
+    int *seg_tok;
+    int seg_len, seg_cap;
+};
+
+/* The model's pointer for tensor (kind, layer). */
+static float **slot_of(nc_model *m, int kind, int l)
+{
+    switch (kind) {
+    case K_WIH: return &m->layers[l].w_ih;
+    case K_WHH: return &m->layers[l].w_hh;
+    case K_BIH: return &m->layers[l].b_ih;
+    case K_BHH: return &m->layers[l].b_hh;
+    case K_DECB: return &m->decoder_b;
+    case K_ENC: return &m->encoder;
+    default: return &m->decoder_w;
+    }
+}
+
+static size_t count_of(const nc_model *m, int kind, int l)
+{
+    const size_t V = (size_t)m->cfg.vocab_size, E = (size_t)m->cfg.embedding_size, H = (size_t)m->cfg.hidden_size;
+    switch (kind) {
+    case K_WIH: return 4 * H * (size_t)m->layers[l].input_size;
+    case K_WHH: return 4 * H * H;
+    case K_BIH:
+    case K_BHH: return 4 * H;
+    case K_DECB: return V;
+    case K_ENC: return V * E;
+    default: return V * H;
+    }
+}
+
+/* The tensors subset adapts, in a fixed order (the export blob's). */
+static int plan(const nc_model *m, int subset, int *kinds, int *layers)
+{
+    const int L = m->cfg.num_layers;
+    int n = 0;
+    for (int l = 0; l < L; l++) {
+        bool w = subset == NC_DYN_ALL || subset == NC_DYN_LSTM || (subset == NC_DYN_TOP && l == L - 1);
+        bool b = w || subset == NC_DYN_BIAS;
+        if (w) {
+            kinds[n] = K_WIH, layers[n++] = l;
+            kinds[n] = K_WHH, layers[n++] = l;
+        }
+        if (b) {
+            kinds[n] = K_BIH, layers[n++] = l;
+            kinds[n] = K_BHH, layers[n++] = l;
+        }
+    }
+    kinds[n] = K_DECB, layers[n++] = 0;
+    if (subset == NC_DYN_ALL) {
+        kinds[n] = K_ENC, layers[n++] = 0;
+        if (m->decoder_w != m->encoder)
+            kinds[n] = K_DECW, layers[n++] = 0;
+    }
+    return n;
+}
+
+size_t dyneval_memory_of(const nc_model *m, int subset)
+{
+    int kinds[DYN_MAX_TENSORS], layers[DYN_MAX_TENSORS];
+    int n = plan(m, subset, kinds, layers);
+    size_t floats = 0;
+    for (int k = 0; k < n; k++) {
+        floats += count_of(m, kinds[k], layers[k]);
+        if (kinds[k] == K_BIH)
+            floats += 4 * (size_t)m->cfg.hidden_size;   /* its layer's b_sum */
+    }
+    return floats * sizeof(float) + (size_t)m->cfg.num_layers * sizeof(nc_lstm_layer) +
+           2 * (size_t)m->cfg.num_layers * m->cfg.hidden_size * sizeof(float) + sizeof(nc_dyneval);
+}
+
+void dyneval_free(nc_dyneval *d)
+{
+    if (!d)
+        return;
+    for (int k = 0; k < d->nt; k++) {
+        nc_free(d->t[k].w);
+        nc_free(d->t[k].g);
+    }
+    for (int l = 0; d->bsum && l < d->base->cfg.num_layers; l++)
+        nc_free(d->bsum[l]);
+    free(d->bsum);
+    free(d->lw);
+    free(d->lb);
+    free(d->layers);
+    lstm_state_free(d->seg);
+    free(d->seg_tok);
+    free(d);
+}
+
+void dyneval_refresh(nc_dyneval *d)
+{
+    const size_t G = 4 * (size_t)d->base->cfg.hidden_size;
+    for (int l = 0; l < d->base->cfg.num_layers; l++)
+        if (d->bsum[l])
+            for (size_t j = 0; j < G; j++)
+                d->bsum[l][j] = d->layers[l].b_ih[j] + d->layers[l].b_hh[j];
+}
+
+/* The adaptation state; need_ms: the update will need MS_g. */
+static int dyn_create(const nc_model *m, int subset, bool need_ms, nc_dyneval **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (subset < NC_DYN_BIAS || subset > NC_DYN_ALL)
+        return nc_error(err, errlen, NC_EINVAL, "dyn_params = %d is not one of 0 (biases), 1 (last layer), "
+                        "2 (LSTM), 3 (all)", subset);
+    const nc_model *ms = m->dyn_ms;
+    if (need_ms && !ms)
+        return nc_error(err, errlen, NC_EINVAL, "dynamic evaluation: the model has no gradient statistics "
+                        "(dyneval/model.safetensors; measure them with neurocache dyn-stats)");
+    const int L = m->cfg.num_layers;
+    nc_dyneval *d = calloc(1, sizeof *d);
+    if (!d)
+        return nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation");
+    d->base = m;
+    d->subset = subset;
+    d->shadow = *m;
+    d->shadow.impl = NULL;
+    d->layers = malloc((size_t)L * sizeof *d->layers);
+    d->bsum = calloc((size_t)L, sizeof *d->bsum);
+    d->lw = calloc((size_t)L, sizeof *d->lw);
+    d->lb = calloc((size_t)L, sizeof *d->lb);
+    d->seg = lstm_state_new(m);
+    int rc = d->layers && d->bsum && d->lw && d->lb && d->seg ? NC_OK
+                                                              : nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation");
+    if (!rc) {
+        memcpy(d->layers, m->layers, (size_t)L * sizeof *d->layers);
+        d->shadow.layers = d->layers;
+    }
+    int kinds[DYN_MAX_TENSORS], layers[DYN_MAX_TENSORS];
+    d->nt = rc ? 0 : plan(m, subset, kinds, layers);
+    d->lo = L;
+    for (int k = 0; !rc && k < d->nt; k++) {
+        dyn_tensor *t = &d->t[k];
+        t->kind = kinds[k];
+        t->layer = layers[k];
+        t->n = count_of(m, t->kind, t->layer);
+        t->w0 = *slot_of((nc_model *)m, t->kind, t->layer);
+        t->ms = ms ? *slot_of((nc_model *)ms, t->kind, t->layer) : NULL;
+        if (!(t->w = nc_alloc(t->n * sizeof(float)))) {
+            rc = nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation: %zu weights", t->n);
+            break;
+        }
+        memcpy(t->w, t->w0, t->n * sizeof(float));
+        *slot_of(&d->shadow, t->kind, t->layer) = t->w;
+        int l = t->layer;
+        if (t->kind == K_WHH) {
+            /* the copy is F32 and will leave the half grid */
+            d->layers[l].w_hh_f16 = NULL;
+            d->layers[l].w_hh_f16_buf = NULL;
+        }
+        if (t->kind == K_WIH || t->kind == K_WHH)
+            d->lw[l] = true;
+        if (t->kind == K_BIH && !(d->bsum[l] = nc_alloc(4 * (size_t)m->cfg.hidden_size * sizeof(float))))
+            rc = nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation");
+        if (t->kind == K_BIH) {
+            d->lb[l] = true;
+            d->layers[l].b_sum = d->bsum[l];
+        }
+        if ((t->kind <= K_BHH) && l < d->lo)
+            d->lo = l;
+        if (t->kind == K_ENC || t->kind == K_DECW)
+            d->embed = true;
+    }
+    if (!rc && d->embed && m->decoder_w == m->encoder)
+        d->shadow.decoder_w = d->shadow.encoder;    /* tied: one adapted copy */
+    if (!rc)
+        dyneval_refresh(d);
+    if (!rc && ms) {
+        /* RMS_norm's denominator: mean sqrt(MS_g) over the whole model, so
+         * that a weight decays at the same rate whichever subset adapts */
+        int ak[DYN_MAX_TENSORS], al[DYN_MAX_TENSORS];
+        int na = plan(m, NC_DYN_ALL, ak, al);
+        double sum = 0;
+        size_t cnt = 0;
+        for (int k = 0; k < na; k++) {
+            const float *v = *slot_of((nc_model *)ms, ak[k], al[k]);
+            size_t n = count_of(m, ak[k], al[k]);
+            for (size_t j = 0; j < n; j++)
+                sum += (double)v[j];
+            cnt += n;
+        }
+        d->rms_mean = cnt && sum > 0 ? (float)(sum / (double)cnt) : 1.0f;
+    }
+    if (rc) {
+        dyneval_free(d);
+        return rc;
+    }
+    *out = d;
+    return NC_OK;
+}
+
+int dyneval_new(const nc_model *m, int subset, const nc_state *st, bool has_h, nc_dyneval **out, char *err,
+                size_t errlen)
+{
+    int rc = dyn_create(m, subset, true, out, err, errlen);
+    if (!rc) {
+        lstm_state_copy((*out)->seg, st);
+        (*out)->seg_has_h = has_h;
+    }
+    return rc;
+}
+
+const nc_model *dyneval_model(const nc_dyneval *d)
+{
+    return &d->shadow;
+}
+
+int dyneval_subset(const nc_dyneval *d)
+{
+    return d->subset;
+}
+
+int dyneval_pending(const nc_dyneval *d)
+{
+    return d->seg_len;
+}
+
+bool dyneval_at_rest(const nc_dyneval *d)
+{
+    for (int k = 0; k < d->nt; k++)
+        if (memcmp(d->t[k].w, d->t[k].w0, d->t[k].n * sizeof(float)) != 0)
+            return false;
+    return true;
+}
+
+size_t dyneval_memory(const nc_dyneval *d)
+{
+    size_t b = dyneval_memory_of(d->base, d->subset) + (size_t)d->seg_cap * sizeof(int);
+    for (int k = 0; k < d->nt; k++)
+        if (d->t[k].g)
+            b += d->t[k].n * sizeof(float);
+    return b;
+}
+
+int dyneval_ntensors(const nc_dyneval *d)
+{
+    return d->nt;
+}
+
+void dyneval_tensor(nc_dyneval *d, int k, float **w, float **g, size_t *count)
+{
+    *w = d->t[k].w;
+    *g = d->t[k].g;
+    *count = d->t[k].n;
+}
+
+/* ---- forward and backward over one segment ------------------------------ */
+
+/* The gradient buffer of tensor (kind, layer), or NULL if it does not adapt. */
+static float *grad_of(nc_dyneval *d, int kind, int l)
+{
+    for (int k = 0; k < d->nt; k++)
+        if (d->t[k].kind == kind && (d->t[k].layer == l || kind >= K_DECB))
+            return d->t[k].g;
+    return NULL;
+}
+
+/* Activations of the segment's S steps, per layer: input rows [S, in],
+ * gates after their non-linearities [S, 4H] (i, f, g, o), c and tanh(c)
+ * and h [S, H] each. */
+typedef struct {
+    float **x, **a, **c, **tc, **h;
+    float *rows, *p;              /* decoder inputs [T, H], softmax [T, V] */
+    float *dh, *dz, *dn, *hp;     /* backward: [S, max(E,H)] twice, [S, 4H], [S, H] */
+} seg_work;
+
+static void work_free(seg_work *w, int L)
+{
+    for (int l = 0; l < L; l++) {
+        if (w->x)
+            nc_free(w->x[l]);
+        if (w->a)
+            nc_free(w->a[l]);
+        if (w->c)
+            nc_free(w->c[l]);
+        if (w->tc)
+            nc_free(w->tc[l]);
+        if (w->h)
+            nc_free(w->h[l]);
+    }
+    free(w->x);
+    free(w->a);
+    free(w->c);
+    free(w->tc);
+    free(w->h);
+    nc_free(w->rows);
+    nc_free(w->p);
+    nc_free(w->dh);
+    nc_free(w->dz);
+    nc_free(w->dn);
+    nc_free(w->hp);
+}
+
+static int work_alloc(seg_work *w, const nc_model *m, int T, bool logits)
+{
+    const size_t L = (size_t)m->cfg.num_layers, H = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
+    const size_t E = (size_t)m->cfg.embedding_size, S = T > 1 ? (size_t)T - 1 : 1, W = E > H ? E : H;
+    memset(w, 0, sizeof *w);
+    w->x = calloc(L, sizeof(float *));
+    w->a = calloc(L, sizeof(float *));
+    w->c = calloc(L, sizeof(float *));
+    w->tc = calloc(L, sizeof(float *));
+    w->h = calloc(L, sizeof(float *));
+    if (!w->x || !w->a || !w->c || !w->tc || !w->h)
+        return NC_ENOMEM;
+    for (size_t l = 0; l < L; l++) {
+        w->x[l] = nc_alloc(S * (l ? H : E) * sizeof(float));
+        w->a[l] = nc_alloc(S * 4 * H * sizeof(float));
+        w->c[l] = nc_alloc(S * H * sizeof(float));
+        w->tc[l] = nc_alloc(S * H * sizeof(float));
+        w->h[l] = nc_alloc(S * H * sizeof(float));
+        if (!w->x[l] || !w->a[l] || !w->c[l] || !w->tc[l] || !w->h[l])
+            return NC_ENOMEM;
+    }
+    w->rows = nc_alloc((size_t)T * H * sizeof(float));
+    w->p = logits ? nc_alloc((size_t)T * V * sizeof(float)) : NULL;
+    w->dh = nc_alloc(S * W * sizeof(float));
+    w->dn = nc_alloc(S * W * sizeof(float));
+    w->dz = nc_alloc(S * 4 * H * sizeof(float));
+    w->hp = nc_alloc(S * H * sizeof(float));
+    return w->rows && (w->p || !logits) && w->dh && w->dn && w->dz && w->hp ? NC_OK : NC_ENOMEM;
+}
+
+/* PyTorch nn.LSTM over the segment's S inputs from s0 (as lstm.c steps it),
+ * keeping what the backward pass needs. */
+static void forward(const nc_model *m, const nc_state *s0, const int *in, int S, seg_work *w)
+{
+    const int L = m->cfg.num_layers, H = m->cfg.hidden_size, E = m->cfg.embedding_size, G = 4 * H;
+    for (int s = 0; s < S; s++)
+        memcpy(w->x[0] + (size_t)s * E, m->encoder + (size_t)in[s] * E, (size_t)E * sizeof(float));
+    float *h = malloc(2 * (size_t)H * sizeof(float)), *c = h + H;
+    for (int l = 0; l < L; l++) {
+        const nc_lstm_layer *ly = &m->layers[l];
+        const int NI = ly->input_size;
+        float *a = w->a[l];
+        if (l > 0)
+            memcpy(w->x[l], w->h[l - 1], (size_t)S * H * sizeof(float));
+        for (int s = 0; s < S; s++)
+            memcpy(a + (size_t)s * G, ly->b_sum, (size_t)G * sizeof(float));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, G, NI, 1.0f, w->x[l], NI, ly->w_ih, NI, 1.0f, a, G);
+        memcpy(h, s0->h + (size_t)l * H, (size_t)H * sizeof(float));
+        memcpy(c, s0->c + (size_t)l * H, (size_t)H * sizeof(float));
+        for (int s = 0; s < S; s++) {
+            float *z = a + (size_t)s * G, *cs = w->c[l] + (size_t)s * H, *ts = w->tc[l] + (size_t)s * H;
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, G, H, 1.0f, ly->w_hh, H, h, 1, 1.0f, z, 1);
+            vm_sigmoid(z, 2 * (size_t)H);
+            vm_tanh(z + 2 * H, (size_t)H);
+            vm_sigmoid(z + 3 * H, (size_t)H);
+            for (int j = 0; j < H; j++)
+                cs[j] = ts[j] = z[H + j] * c[j] + z[j] * z[2 * H + j];
+            vm_tanh(ts, (size_t)H);
+            for (int j = 0; j < H; j++)
+                h[j] = z[3 * H + j] * ts[j];
+            memcpy(c, cs, (size_t)H * sizeof(float));
+            memcpy(w->h[l] + (size_t)s * H, h, (size_t)H * sizeof(float));
+        }
+    }
+    free(h);
+}
+
+/* Backward through layer l (truncated BPTT within the segment): dh [S, H]
+ * is the loss's gradient at the layer's outputs; fills dz [S, 4H] with the
+ * gradient at the gate pre-activations and the layer's weight gradients. */
+static void backward_layer(nc_dyneval *d, const nc_state *s0, int l, int S, seg_work *w)
+{
+    const nc_model *m = &d->shadow;
+    const int H = m->cfg.hidden_size, G = 4 * H, NI = m->layers[l].input_size;
+    float *dhn = calloc(2 * (size_t)H, sizeof(float)), *dcn = dhn + H;
+    for (int s = S - 1; s >= 0; s--) {
+        const float *a = w->a[l] + (size_t)s * G, *ts = w->tc[l] + (size_t)s * H;
+        const float *cp = s ? w->c[l] + (size_t)(s - 1) * H : s0->c + (size_t)l * H;
+        const float *dh = w->dh + (size_t)s * H;
+        float *dz = w->dz + (size_t)s * G;
+        for (int j = 0; j < H; j++) {
+            float i = a[j], f = a[H + j], g = a[2 * H + j], o = a[3 * H + j];
+            float dhj = dh[j] + dhn[j];
+            float dc = dhj * o * (1.0f - ts[j] * ts[j]) + dcn[j];
+            dz[j] = dc * g * i * (1.0f - i);
+            dz[H + j] = dc * cp[j] * f * (1.0f - f);
+            dz[2 * H + j] = dc * i * (1.0f - g * g);
+            dz[3 * H + j] = dhj * ts[j] * o * (1.0f - o);
+            dcn[j] = dc * f;
+        }
+        /* dh_{s-1} = W_hh^T dz_s */
+        cblas_sgemv(CblasRowMajor, CblasTrans, G, H, 1.0f, m->layers[l].w_hh, H, dz, 1, 0.0f, dhn, 1);
+    }
+    free(dhn);
+    if (d->lw[l]) {
+        for (int s = 0; s < S; s++)
+            memcpy(w->hp + (size_t)s * H, s ? w->h[l] + (size_t)(s - 1) * H : s0->h + (size_t)l * H,
+                   (size_t)H * sizeof(float));
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, G, NI, S, 1.0f, w->dz, G, w->x[l], NI, 0.0f,
+                    grad_of(d, K_WIH, l), NI);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, G, H, S, 1.0f, w->dz, G, w->hp, H, 0.0f,
+                    grad_of(d, K_WHH, l), H);
+    }
+    if (d->lb[l]) {
+        float *gi = grad_of(d, K_BIH, l), *gh = grad_of(d, K_BHH, l);
+        memset(gi, 0, (size_t)G * sizeof(float));
+        for (int s = 0; s < S; s++)
+            for (int j = 0; j < G; j++)
+                gi[j] += w->dz[(size_t)s * G + j];
+        memcpy(gh, gi, (size_t)G * sizeof(float));
+    }
+}
+
+/* dyneval_loss; logits: the segment's decoder logits [T, V] already
+ * computed by the scoring pass (overwritten), or NULL to compute them. */
+static int seg_loss(nc_dyneval *d, const nc_state *s0, bool has_h, const int *y, int T, bool grad, float *logits,
+                    double *loss, int *nscored, char *err, size_t errlen)
+{
+    const nc_model *m = &d->shadow;
+    const int L = m->cfg.num_layers, H = m->cfg.hidden_size, V = m->cfg.vocab_size, E = m->cfg.embedding_size;
+    *loss = 0;
+    *nscored = 0;
+    if (T <= 0)
+        return NC_OK;
+    for (int t = 0; t < T; t++)
+        if (y[t] < 0 || y[t] >= V)
+            return nc_error(err, errlen, NC_EINVAL, "token %d has id %d outside [0, %d)", t, y[t], V);
+    for (int k = 0; grad && k < d->nt; k++)
+        if (!d->t[k].g && !(d->t[k].g = nc_alloc(d->t[k].n * sizeof(float))))
+            return nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation: gradient");
+    seg_work w;
+    const int S = T - 1, r0 = has_h ? 0 : 1;
+    if (work_alloc(&w, m, T, logits == NULL) != NC_OK) {
+        work_free(&w, L);
+        return nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation: segment of %d tokens", T);
+    }
+    if (S > 0)
+        forward(m, s0, y, S, &w);
+    /* row r predicts y[r]: row 0 from s0's h, row r > 0 from h after y[r-1] */
+    memcpy(w.rows, lstm_state_top(s0), (size_t)H * sizeof(float));
+    if (S > 0)
+        memcpy(w.rows + H, w.h[L - 1], (size_t)S * H * sizeof(float));
+    if (logits)
+        w.p = logits;
+    else
+        lstm_logits_batch(m, w.rows, (size_t)T, w.p);
+    double sum = 0;
+    const float scale = T > r0 ? 1.0f / (float)(T - r0) : 0.0f;
+    for (int r = 0; r < T; r++) {
+        float *p = w.p + (size_t)r * V;
+        if (r < r0) {
+            memset(p, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        float lse = nc_logsumexp(p, (size_t)V);
+        sum += (double)lse - (double)p[y[r]];
+        if (grad) {
+            /* d(mean loss)/d logits = (softmax - onehot) / scored */
+            for (int v = 0; v < V; v++)
+                p[v] = expf(p[v] - lse) * scale;
+            p[y[r]] -= scale;
+        }
+    }
+    *loss = sum;
+    *nscored = T - r0;
+    if (grad) {
+        float *gb = grad_of(d, K_DECB, 0);
+        memset(gb, 0, (size_t)V * sizeof(float));
+        for (int r = r0; r < T; r++)
+            for (int v = 0; v < V; v++)
+                gb[v] += w.p[(size_t)r * V + v];
+        float *ge = d->embed ? grad_of(d, K_ENC, 0) : NULL;
+        float *gd = d->embed ? (m->decoder_w == m->encoder ? ge : grad_of(d, K_DECW, 0)) : NULL;
+        if (ge && ge != gd)
+            memset(ge, 0, (size_t)V * E * sizeof(float));
+        if (gd)   /* dW_dec = dlogits^T rows */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, H, T, 1.0f, w.p, V, w.rows, H, 0.0f, gd, H);
+        if (S > 0 && d->lo < L) {
+            /* dh at the top layer's outputs (rows 1..T-1) = dlogits W_dec */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, H, V, 1.0f, w.p + V, V, m->decoder_w, H,
+                        0.0f, w.dh, H);
+            for (int l = L - 1; l >= d->lo; l--) {
+                backward_layer(d, s0, l, S, &w);
+                const int NI = m->layers[l].input_size;
+                if (l > d->lo || (l == 0 && ge)) {
+                    /* gradient at the layer's inputs = dz W_ih */
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, NI, 4 * H, 1.0f, w.dz, 4 * H,
+                                m->layers[l].w_ih, NI, 0.0f, w.dn, NI);
+                    float *tmp = w.dh;
+                    w.dh = w.dn;
+                    w.dn = tmp;
+                }
+            }
+            if (ge && d->lo == 0)
+                for (int s = 0; s < S; s++)
+                    for (int j = 0; j < E; j++)
+                        ge[(size_t)y[s] * E + j] += w.dh[(size_t)s * E + j];
+        }
+    }
+    if (logits)
+        w.p = NULL;   /* the caller's */
+    work_free(&w, L);
+    return NC_OK;
+}
+
+int dyneval_loss(nc_dyneval *d, const nc_state *s0, bool has_h, const int *y, int T, bool grad, double *loss,
+                 int *nscored, char *err, size_t errlen)
+{
+    return seg_loss(d, s0, has_h, y, T, grad, NULL, loss, nscored, err, errlen);
+}
+
+/* ---- the update --------------------------------------------------------- */
+
+/* The step's loop over one tensor (dyneval.h's rule, then the decay), free
+ * of branches so that it vectorises: it is a pass over every adapted weight
+ * per segment. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define DYN_VECTORISE __attribute__((optimize("O3")))   /* gcc's -O2 does not vectorise it */
+#else
+#define DYN_VECTORISE
+#endif
+DYN_VECTORISE static void step_tensor(float *restrict w, const float *restrict w0,
+                                                        const float *restrict rms, const float *restrict g, size_t n,
+                                                        float lr, float decay, float eps, float inv_mean)
+{
+    for (size_t j = 0; j < n; j++) {
+        float re = rms[j] + eps;
+        float f = decay * re * inv_mean;
+        f = f > 1.0f ? 1.0f : f;   /* RMS_norm clipped at 1/lambda: never past theta_g */
+        float u = g[j] / re;
+        /* a guard, not the paper's: at most NC_DYN_CLIP RMS units */
+        u = u > NC_DYN_CLIP ? NC_DYN_CLIP : u;
+        u = u < -NC_DYN_CLIP ? -NC_DYN_CLIP : u;
+        float dlt = (w[j] - w0[j]) * (1.0f - f) - lr * u;
+        dlt = fabsf(dlt) < FLT_MIN ? 0.0f : dlt;
+        w[j] = w0[j] + dlt;
+    }
+}
+
+/* Decay alone (lr 0), which brings every weight back to the trained one
+ * exactly: within a few ulps of it, w0 + dlt rounds back to where it was
+ * (w0 + 5.7 ulp -> w0 + 6 ulp), so such a weight moves one ulp towards it. */
+static void decay_tensor(float *w, const float *w0, const float *rms, size_t n, float decay, float eps,
+                         float inv_mean)
+{
+    for (size_t j = 0; j < n; j++) {
+        float f = decay * (rms[j] + eps) * inv_mean;
+        f = f > 1.0f ? 1.0f : f;
+        float dlt = (w[j] - w0[j]) * (1.0f - f);
+        if (fabsf(dlt) < FLT_MIN)
+            dlt = 0.0f;
+        float wn = w0[j] + dlt;
+        if (wn == w[j] && wn != w0[j] && f > 0.0f)
+            wn = nextafterf(wn, w0[j]);
+        w[j] = wn;
+    }
+}
+
+static void update(nc_dyneval *d, float lr, float decay)
+{
+    const float eps = NC_DYN_EPS_REL * d->rms_mean, inv_mean = 1.0f / d->rms_mean;
+    for (int k = 0; k < d->nt; k++) {
+        dyn_tensor *t = &d->t[k];
+        if (lr > 0.0f && t->g)
+            step_tensor(t->w, t->w0, t->ms, t->g, t->n, lr, decay, eps, inv_mean);
+        else
+            decay_tensor(t->w, t->w0, t->ms, t->n, decay, eps, inv_mean);
+    }
+    dyneval_refresh(d);
+}
+
+int dyneval_push(nc_dyneval *d, const int *ids, size_t k, float *logits, int n, float lr, float decay,
+                 const nc_state *st, bool has_h, char *err, size_t errlen)
+{
+    /* the scoring pass's logits serve when they cover the whole segment */
+    if (d->seg_len != 0 || (int)k < n)
+        logits = NULL;
+    if (d->seg_len + (int)k > d->seg_cap) {
+        int cap = d->seg_len + (int)k > 2 * d->seg_cap ? d->seg_len + (int)k : 2 * d->seg_cap;
+        int *p = realloc(d->seg_tok, (size_t)cap * sizeof(int));
+        if (!p)
+            return nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation: segment");
+        d->seg_tok = p;
+        d->seg_cap = cap;
+    }
+    memcpy(d->seg_tok + d->seg_len, ids, k * sizeof(int));
+    d->seg_len += (int)k;
+    if (d->seg_len < n)
+        return NC_OK;
+    int rc = NC_OK;
+    if (lr > 0.0f) {
+        double loss;
+        int ns;
+        rc = seg_loss(d, d->seg, d->seg_has_h, d->seg_tok, d->seg_len, true, logits, &loss, &ns, err, errlen);
+    }
+    if (!rc)
+        update(d, lr, decay);
+    /* the gradient buffers are scratch of the step: a session keeps only
+     * its weights */
+    for (int j = 0; j < d->nt; j++) {
+        nc_free(d->t[j].g);
+        d->t[j].g = NULL;
+    }
+    lstm_state_copy(d->seg, st);
+    d->seg_has_h = has_h;
+    d->seg_len = 0;
+    return rc;
+}
+
+/* ---- serialisation ------------------------------------------------------ */
+
+void dyneval_write(const nc_dyneval *d, binio_writer *w)
+{
+    binio_put(w, "DYN1", 4);
+    binio_put_i32(w, d->subset);
+    binio_put_i32(w, d->nt);
+    for (int k = 0; k < d->nt; k++) {
+        binio_put_u64(w, d->t[k].n);
+        binio_put(w, d->t[k].w, d->t[k].n * sizeof(float));
+    }
+    unsigned char hh = d->seg_has_h;
+    binio_put(w, &hh, 1);
+    size_t sl = lstm_state_blob_size(d->seg);
+    binio_put_u64(w, sl);
+    unsigned char *tmp = malloc(sl);
+    if (!tmp) {
+        w->bad = true;
+        return;
+    }
+    lstm_state_to_blob(d->seg, tmp);
+    binio_put(w, tmp, sl);
+    free(tmp);
+    binio_put_i32(w, d->seg_len);
+    for (int i = 0; i < d->seg_len; i++)
+        binio_put_i32(w, d->seg_tok[i]);
+}
+
+int dyneval_read(const nc_model *m, binio_reader *r, nc_dyneval **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    const void *magic = binio_take(r, 4);
+    if (!magic || memcmp(magic, "DYN1", 4) != 0)
+        return nc_error(err, errlen, NC_EFORMAT, "stream blob: bad dynamic evaluation section");
+    int32_t subset = binio_get_i32(r), nt = binio_get_i32(r);
+    if (r->bad)
+        return nc_error(err, errlen, NC_EFORMAT, "stream blob truncated (dynamic evaluation)");
+    nc_dyneval *d;
+    int rc = dyn_create(m, subset, true, &d, err, errlen);
+    if (rc)
+        return rc == NC_EINVAL ? NC_EFORMAT : rc;
+    if (nt != d->nt)
+        rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: %d adapted tensors, dyn_params %d has %d", nt,
+                      subset, d->nt);
+    for (int k = 0; !rc && k < nt; k++) {
+        uint64_t n = binio_get_u64(r);
+        const void *p = n == d->t[k].n ? binio_take(r, n * sizeof(float)) : NULL;
+        if (!p)
+            rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: adapted tensor %d has %llu weights, expected %zu",
+                          k, (unsigned long long)n, d->t[k].n);
+        else
+            memcpy(d->t[k].w, p, n * sizeof(float));
+    }
+    unsigned char hh = 0;
+    uint64_t sl = 0;
+    const void *state = NULL;
+    if (!rc) {
+        binio_get(r, &hh, 1);
+        sl = binio_get_u64(r);
+        state = sl <= binio_left(r) ? binio_take(r, sl) : NULL;
+        if (!state)
+            rc = nc_error(err, errlen, NC_EFORMAT, "stream blob truncated (dynamic evaluation)");
+    }
+    if (!rc)
+        rc = lstm_state_from_blob(d->seg, state, (size_t)sl, err, errlen);
+    int32_t len = rc ? 0 : binio_get_i32(r);
+    if (!rc && (r->bad || len < 0 || (size_t)len > binio_left(r) / 4))
+        rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: bad dynamic evaluation segment");
+    if (!rc && len > 0 && !(d->seg_tok = malloc((size_t)len * sizeof(int))))
+        rc = nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation: segment");
+    for (int i = 0; !rc && i < len; i++) {
+        d->seg_tok[i] = binio_get_i32(r);
+        if (d->seg_tok[i] < 0 || d->seg_tok[i] >= m->cfg.vocab_size)
+            rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: bad token %d in the dynamic evaluation segment",
+                          d->seg_tok[i]);
+    }
+    if (rc) {
+        dyneval_free(d);
+        return rc;
+    }
+    d->seg_len = d->seg_cap = len;
+    d->seg_has_h = hh != 0;
+    dyneval_refresh(d);
+    *out = d;
+    return NC_OK;
+}
+
+/* ---- MS_g --------------------------------------------------------------- */
+
+void dyneval_rms_in_place(nc_model *ms)
+{
+    int kinds[DYN_MAX_TENSORS], layers[DYN_MAX_TENSORS];
+    int n = plan(ms, NC_DYN_ALL, kinds, layers);
+    for (int k = 0; k < n; k++) {
+        float *v = *slot_of(ms, kinds[k], layers[k]);
+        size_t c = count_of(ms, kinds[k], layers[k]);
+        for (size_t j = 0; j < c; j++)
+            v[j] = v[j] > 0.0f ? sqrtf(v[j]) : 0.0f;
+    }
+}
+
+int dyneval_stats(const nc_model *m, const int *toks, size_t ntok, int n, size_t max_tokens, nc_model **out,
+                  double *mean_loss, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (n < 1)
+        return nc_error(err, errlen, NC_EINVAL, "segment length %d < 1", n);
+    if (max_tokens && max_tokens < ntok)
+        ntok = max_tokens;
+    if (ntok < (size_t)n)
+        return nc_error(err, errlen, NC_EINVAL, "%zu tokens: fewer than one segment of %d", ntok, n);
+    nc_dyneval *d;
+    int rc = dyn_create(m, NC_DYN_ALL, false, &d, err, errlen);
+    if (rc)
+        return rc;
+    nc_state *st = lstm_state_new(m);
+    double **acc = calloc((size_t)d->nt, sizeof *acc);
+    float *hid = malloc(((size_t)n + 1) * m->cfg.hidden_size * sizeof(float));
+    if (!st || !acc || !hid)
+        rc = nc_error(err, errlen, NC_ENOMEM, "gradient statistics");
+    for (int k = 0; !rc && k < d->nt; k++)
+        if (!(acc[k] = calloc(d->t[k].n, sizeof(double))))
+            rc = nc_error(err, errlen, NC_ENOMEM, "gradient statistics");
+    /* the first segment starts after eos, as a document scored with bos */
+    nc_lstm_work *lw = rc ? NULL : lstm_work_new(m);
+    if (lw)
+        lstm_step(m, st, m->eos_id, lw);
+    lstm_work_free(lw);
+    size_t segs = 0;
+    double lsum = 0;
+    long long nsc = 0;
+    for (size_t p = 0; !rc && p + (size_t)n <= ntok; p += (size_t)n, segs++) {
+        double loss;
+        int ns;
+        rc = dyneval_loss(d, st, true, toks + p, n, true, &loss, &ns, err, errlen);
+        lsum += loss;
+        nsc += ns;
+        for (int k = 0; !rc && k < d->nt; k++)
+            for (size_t j = 0; j < d->t[k].n; j++)
+                acc[k][j] += (double)d->t[k].g[j] * d->t[k].g[j];
+        if (!rc)
+            rc = lstm_forward_seq(m, st, toks + p, (size_t)n, hid, err, errlen);
+    }
+    nc_model *o = NULL;
+    if (!rc) {
+        nc_vocab *v = vocab_clone(m->vocab);
+        rc = v ? model_create(&m->cfg, v, &o, err, errlen) : nc_error(err, errlen, NC_ENOMEM, "vocabulary");
+    }
+    for (int k = 0; !rc && k < d->nt; k++) {
+        float *dst = *slot_of(o, d->t[k].kind, d->t[k].layer);
+        for (size_t j = 0; j < d->t[k].n; j++)
+            dst[j] = (float)(acc[k][j] / (double)segs);
+    }
+    if (!rc)
+        model_refresh_derived(o);
+    for (int k = 0; acc && k < d->nt; k++)
+        free(acc[k]);
+    free(acc);
+    free(hid);
+    lstm_state_free(st);
+    dyneval_free(d);
+    if (rc) {
+        model_free(o);
+        return rc;
+    }
+    if (mean_loss)
+        *mean_loss = nsc ? lsum / (double)nsc : NAN;
+    *out = o;
+    return NC_OK;
+}

@@ -1,0 +1,123 @@
+/* dyneval.h -- dynamic evaluation (Krause, Kahembwe, Murray & Renals, ICML
+ * 2018, "Dynamic Evaluation of Neural Sequence Models"): a stream's own copy
+ * of some of the model's weights, adapted online by one gradient step per
+ * segment of n tokens fed and decayed back towards the trained weights.
+ *
+ * The update (the paper's RMS-normalised step with the RMS-scaled global
+ * prior, its "dynamic evaluation with RMS norm" rule):
+ *
+ *   theta_i = theta_{i-1} - eta * grad L(s_i) / (sqrt(MS_g) + eps)
+ *             + lambda * (theta_g - theta_{i-1}) .* min(RMS_norm, 1/lambda)
+ *   RMS_norm = (sqrt(MS_g) + eps) / mean(sqrt(MS_g))
+ *
+ * (The paper's RMS_norm has no eps: with it, a weight whose training
+ * gradients were all 0 -- an untied embedding row of a word absent from the
+ * statistics' text -- still decays, at rate lambda eps / mean, so decay
+ * alone always brings every weight back.)
+ *
+ * L(s_i) is the mean cross-entropy of the segment's tokens (truncated BPTT
+ * inside the segment: the state it starts from is a constant), theta_g the
+ * trained weights and MS_g the mean squared gradient of that same loss over
+ * segments of training text, measured once (dyneval_stats) and stored with
+ * the model (dyneval/model.safetensors: the model's own layout, F32).
+ *
+ * Causality: the tokens of segment i are scored with theta_{i-1}; the step
+ * on their loss is taken after the last of them was scored.
+ *
+ * The adapted weights live in a shadow nc_model (dyneval_model): a shallow
+ * copy of the trained model whose adapted tensors point at the stream's own
+ * copies, so every forward pass, decoder and cache formula runs unchanged on
+ * it. Not thread-safe (one stream's). */
+#ifndef NC_DYNEVAL_H
+#define NC_DYNEVAL_H
+
+#include "binio.h"
+#include "lstm.h"
+#include "model.h"
+
+/* Which weights adapt (the knob dyn_params). The decoder bias always does. */
+enum {
+    NC_DYN_BIAS = 0,   /* sparse: the decoder bias and every LSTM bias (b_ih, b_hh) */
+    NC_DYN_TOP = 1,    /* the last LSTM layer (W_ih, W_hh, biases) + decoder bias */
+    NC_DYN_LSTM = 2,   /* every LSTM layer + decoder bias */
+    NC_DYN_ALL = 3,    /* everything: also the embedding / decoder matrix */
+};
+
+/* eps of the update, relative to mean(sqrt(MS_g)): keeps a parameter whose
+ * training gradients were ~0 (a rare word's embedding row) from taking a
+ * step of eta / eps when it finally gets one. */
+#define NC_DYN_EPS_REL 0.1f
+
+/* The normalised gradient grad / (sqrt(MS_g) + eps) is clipped to
+ * [-NC_DYN_CLIP, NC_DYN_CLIP] (a guard against a too large eta: the
+ * weights stay finite and within eta * NC_DYN_CLIP / (decay rate) of the
+ * trained ones). */
+#define NC_DYN_CLIP 1000.0f
+
+typedef struct nc_dyneval nc_dyneval;
+
+/* New adaptation state on m (borrowed) for subset (NC_DYN_*), with the
+ * weights at the trained ones and an empty segment that starts from st
+ * (has_h: st holds an h that predicts the next token). NC_EINVAL when m has
+ * no gradient statistics (m->dyn_ms; neurocache dyn-stats). */
+int dyneval_new(const nc_model *m, int subset, const nc_state *st, bool has_h, nc_dyneval **out, char *err,
+                size_t errlen);
+void dyneval_free(nc_dyneval *d);        /* NULL allowed */
+
+/* The model with the adapted weights (valid while d lives). */
+const nc_model *dyneval_model(const nc_dyneval *d);
+int dyneval_subset(const nc_dyneval *d);
+/* Tokens of the current (incomplete) segment. */
+int dyneval_pending(const nc_dyneval *d);
+/* True when every adapted weight equals the trained one bit for bit. */
+bool dyneval_at_rest(const nc_dyneval *d);
+/* Bytes a stream holds for it (adapted tensors, segment buffer). */
+size_t dyneval_memory(const nc_dyneval *d);
+/* The same for a subset without building one (for /v1/model, docs). */
+size_t dyneval_memory_of(const nc_model *m, int subset);
+
+/* Appends tokens just fed (and scored with the current weights) to the
+ * segment. n is the segment length; the caller feeds at most
+ * n - dyneval_pending(d) tokens between calls, so that a segment is scored
+ * with one set of weights. When the segment is full, takes the step
+ * (lr = eta, decay = lambda) on it and starts the next segment from st (the
+ * stream's state after the tokens, has_h as the stream's). lr 0 still
+ * decays. logits: the k tokens' decoder logits [k, V] from the scoring
+ * pass (doc_prepare_keep; overwritten), used when the k tokens are a whole
+ * segment so that the step needs no second decoder pass; or NULL. */
+int dyneval_push(nc_dyneval *d, const int *ids, size_t k, float *logits, int n, float lr, float decay,
+                 const nc_state *st, bool has_h, char *err, size_t errlen);
+
+/* Serialisation of the adaptation (segment and adapted tensors) into an
+ * export blob; read validates sizes against m and subset. */
+void dyneval_write(const nc_dyneval *d, binio_writer *w);
+int dyneval_read(const nc_model *m, binio_reader *r, nc_dyneval **out, char *err, size_t errlen);
+
+/* ---- for the statistics and the tests ---- */
+
+/* Adapted tensor k in [0, dyneval_ntensors): its weights (in the shadow),
+ * the gradient of the last dyneval_grad call, and its size. */
+int dyneval_ntensors(const nc_dyneval *d);
+void dyneval_tensor(nc_dyneval *d, int k, float **w, float **g, size_t *count);
+/* After writing weights through dyneval_tensor: rederive b_sum. */
+void dyneval_refresh(nc_dyneval *d);
+/* Loss (sum of -log p over the scored tokens, in *loss; *nscored of them) of
+ * the segment y[0..T) from state s0 (has_h: s0's h predicts y[0]; else y[0]
+ * is context only) with the current weights; with grad, the gradient of the
+ * mean loss into the tensors' g. */
+int dyneval_loss(nc_dyneval *d, const nc_state *s0, bool has_h, const int *y, int T, bool grad, double *loss,
+                 int *nscored, char *err, size_t errlen);
+
+/* MS_g as loaded -> sqrt(MS_g) in place, as the update reads it (model_load
+ * does this for m->dyn_ms). */
+void dyneval_rms_in_place(nc_model *ms);
+
+/* MS_g: the mean squared gradient of every weight of m over consecutive
+ * segments of n tokens of toks (state carried across segments, weights
+ * fixed), at most max_tokens of them (0 = all). *out is a model of m's
+ * shapes and vocabulary holding MS_g in place of the weights, to save with
+ * model_save(..., false) into m's dir/dyneval. */
+int dyneval_stats(const nc_model *m, const int *toks, size_t ntok, int n, size_t max_tokens, nc_model **out,
+                  double *mean_loss, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,57 @@
+/* faiss_shim.h -- what FAISS 1.7.3's C API lacks, in a few lines of C++ of
+ * our own (core/faiss_shim.cpp) compiled with the build: a search with its
+ * own nprobe (faiss::SearchParametersIVF), so that two readers of one index
+ * with different nprobe need not change the shared index's field (and take
+ * a write lock to do it). */
+#ifndef NC_FAISS_SHIM_H
+#define NC_FAISS_SHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <faiss/c_api/Index_c.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* idx->search(n, x, k, d, l) with nprobe lists probed when idx is an IVF
+ * index (nprobe <= 0: the index's own field); any other index searches as
+ * it is. Const on the index: safe beside other searches (not beside adds).
+ * Returns 0, or -1 with FAISS's message in err. */
+int faiss_shim_search(const FaissIndex *idx, int64_t n, const float *x, int64_t k, int nprobe, float *d,
+                      int64_t *l, char *err, size_t errlen);
+
+/* The k nearest neighbours of n queries [n, d] in an IVFPQ index with
+ * precomputed residual tables (the trained IVF4096,PQ32 of the unbounded
+ * cache; FAISS's use_precomputed_table == 1, 8-bit codes, L2), scanning the
+ * nprobe lists of each query the way FAISS's IVFPQ scanner does -- the same
+ * look-up tables (Jegou et al. 2011, eq. 13-14: d = ||x - c||^2 +
+ * Σ_m (T_c[m][code_m] - 2 <x_m, q_m(code_m)>)) summed in the same order --
+ * but keeping every candidate the causal filter accepts (id < id_limit[q]
+ * when id_limit is non-NULL) in an array and selecting the k smallest
+ * (nth_element, then a sort of those k) instead of pushing them through a
+ * heap of k: at k = 1,024 FAISS's heap and its final reordering were half
+ * of the search (BENCHMARKS.md "Unbounded cache at 1M states"). Results as
+ * FAISS's: d[n, k] ascending, l[n, k] ids, -1 (and d +inf) past the last
+ * found; ties broken by id. *ndis (if non-NULL) += codes scanned.
+ * Returns 0; 1 when idx is not such an index (the caller searches with
+ * faiss_shim_search); -1 on a FAISS error (message in err). Const on the
+ * index: safe beside other searches (not beside adds). */
+int faiss_shim_ivfpq_search(const FaissIndex *idx, int64_t n, const float *x, int64_t k, int nprobe,
+                            const int64_t *id_limit, float *d, int64_t *l, uint64_t *ndis, char *err,
+                            size_t errlen);
+
+/* Bytes idx holds whatever its size: an IVF index's coarse centroids and,
+ * for IVFPQ, its PQ centroids and precomputed residual tables (nlist x M x
+ * 256 floats: 128 MB for IVF4096,PQ32); 0 for other indexes. */
+size_t faiss_shim_fixed_bytes(const FaissIndex *idx);
+
+/* Whether idx is an IVF index (any kind). */
+int faiss_shim_is_ivf(const FaissIndex *idx);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

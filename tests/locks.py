@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""locks.py -- every mutex and rwlock declared in the given C files, one per
+line: "NAME FILE KIND", NAME being "struct.field" for a member ("watchdog.lock"
+for a member of a static anonymous struct variable) or the variable's name
+for a lone lock. Condition variables are not locks and are not listed."""
+import re
+import sys
+
+sys.path.insert(0, __file__.rsplit('/', 1)[0])
+from funclen import blank, closing_brace  # noqa: E402
+
+
+def enclosing(b, pos):
+    """Name of the innermost struct/union body around pos, or None."""
+    depth, i = 0, pos
+    while i > 0:
+        i -= 1
+        if b[i] == '}':
+            depth += 1
+        elif b[i] == '{':
+            if depth == 0:
+                head = b[max(0, i - 300):i]
+                m = re.search(r'\bstruct\s+(\w+)\s*$', head)
+                if m:
+                    return m.group(1)
+                if re.search(r'\b(struct|union)\s*$', head):
+                    # anonymous: typedef struct {...} NAME; or static struct {...} var;
+                    j = closing_brace(b, i)
+                    m = re.match(r'\s*(\w+)', b[j + 1:])
+                    return m.group(1) if m else '?'
+                return None   # a function body: a local
+            depth -= 1
+    return None
+
+
+for path in sys.argv[1:]:
+    b = blank(open(path, encoding='utf-8', errors='replace').read())
+    for m in re.finditer(r'\bpthread_(mutex|rwlock)_t\s+([^;]*);', b):
+        owner = enclosing(b, m.start())
+        for decl in m.group(2).split(','):
+            name = re.match(r'\s*\**\s*(\w+)', decl).group(1)
+            print('%s %s %s' % ('%s.%s' % (owner, name) if owner else name, path, m.group(1)))
