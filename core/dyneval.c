@@ -2,6 +2,7 @@
  * LSTM's weights (Krause et al. 2018; the update rule is in dyneval.h). */
 #include "dyneval.h"
 #include "vmath.h"
+#include "fault.h"
 
 #include <cblas.h>
 #include <float.h>
@@ -148,17 +149,17 @@ static int dyn_create(const nc_model *m, int subset, bool need_ms, nc_dyneval **
         return nc_error(err, errlen, NC_EINVAL, "dynamic evaluation: the model has no gradient statistics "
                         "(dyneval/model.safetensors; measure them with neurocache dyn-stats)");
     const int L = m->cfg.num_layers;
-    nc_dyneval *d = calloc(1, sizeof *d);
+    nc_dyneval *d = nc_zalloc(1, sizeof *d);
     if (!d)
         return nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation");
     d->base = m;
     d->subset = subset;
     d->shadow = *m;
     d->shadow.impl = NULL;
-    d->layers = malloc((size_t)L * sizeof *d->layers);
-    d->bsum = calloc((size_t)L, sizeof *d->bsum);
-    d->lw = calloc((size_t)L, sizeof *d->lw);
-    d->lb = calloc((size_t)L, sizeof *d->lb);
+    d->layers = nc_malloc((size_t)L * sizeof *d->layers);
+    d->bsum = nc_zalloc((size_t)L, sizeof *d->bsum);
+    d->lw = nc_zalloc((size_t)L, sizeof *d->lw);
+    d->lb = nc_zalloc((size_t)L, sizeof *d->lb);
     d->seg = lstm_state_new(m);
     int rc = d->layers && d->bsum && d->lw && d->lb && d->seg ? NC_OK
                                                               : nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation");
@@ -336,11 +337,11 @@ static int work_alloc(seg_work *w, const nc_model *m, int T, bool logits)
     const size_t L = (size_t)m->cfg.num_layers, H = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
     const size_t E = (size_t)m->cfg.embedding_size, S = T > 1 ? (size_t)T - 1 : 1, W = E > H ? E : H;
     memset(w, 0, sizeof *w);
-    w->x = calloc(L, sizeof(float *));
-    w->a = calloc(L, sizeof(float *));
-    w->c = calloc(L, sizeof(float *));
-    w->tc = calloc(L, sizeof(float *));
-    w->h = calloc(L, sizeof(float *));
+    w->x = nc_zalloc(L, sizeof(float *));
+    w->a = nc_zalloc(L, sizeof(float *));
+    w->c = nc_zalloc(L, sizeof(float *));
+    w->tc = nc_zalloc(L, sizeof(float *));
+    w->h = nc_zalloc(L, sizeof(float *));
     if (!w->x || !w->a || !w->c || !w->tc || !w->h)
         return NC_ENOMEM;
     for (size_t l = 0; l < L; l++) {
@@ -368,7 +369,7 @@ static void forward(const nc_model *m, const nc_state *s0, const int *in, int S,
     const int L = m->cfg.num_layers, H = m->cfg.hidden_size, E = m->cfg.embedding_size, G = 4 * H;
     for (int s = 0; s < S; s++)
         memcpy(w->x[0] + (size_t)s * E, m->encoder + (size_t)in[s] * E, (size_t)E * sizeof(float));
-    float *h = malloc(2 * (size_t)H * sizeof(float)), *c = h + H;
+    float *h = nc_malloc(2 * (size_t)H * sizeof(float)), *c = h + H;
     for (int l = 0; l < L; l++) {
         const nc_lstm_layer *ly = &m->layers[l];
         const int NI = ly->input_size;
@@ -405,7 +406,7 @@ static void backward_layer(nc_dyneval *d, const nc_state *s0, int l, int S, seg_
 {
     const nc_model *m = &d->shadow;
     const int H = m->cfg.hidden_size, G = 4 * H, NI = m->layers[l].input_size;
-    float *dhn = calloc(2 * (size_t)H, sizeof(float)), *dcn = dhn + H;
+    float *dhn = nc_zalloc(2 * (size_t)H, sizeof(float)), *dcn = dhn + H;
     for (int s = S - 1; s >= 0; s--) {
         const float *a = w->a[l] + (size_t)s * G, *ts = w->tc[l] + (size_t)s * H;
         const float *cp = s ? w->c[l] + (size_t)(s - 1) * H : s0->c + (size_t)l * H;
@@ -610,7 +611,7 @@ int dyneval_push(nc_dyneval *d, const int *ids, size_t k, float *logits, int n, 
         logits = NULL;
     if (d->seg_len + (int)k > d->seg_cap) {
         int cap = d->seg_len + (int)k > 2 * d->seg_cap ? d->seg_len + (int)k : 2 * d->seg_cap;
-        int *p = realloc(d->seg_tok, (size_t)cap * sizeof(int));
+        int *p = nc_realloc(d->seg_tok, (size_t)cap * sizeof(int));
         if (!p)
             return nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation: segment");
         d->seg_tok = p;
@@ -655,7 +656,7 @@ void dyneval_write(const nc_dyneval *d, binio_writer *w)
     binio_put(w, &hh, 1);
     size_t sl = lstm_state_blob_size(d->seg);
     binio_put_u64(w, sl);
-    unsigned char *tmp = malloc(sl);
+    unsigned char *tmp = nc_malloc(sl);
     if (!tmp) {
         w->bad = true;
         return;
@@ -708,7 +709,7 @@ int dyneval_read(const nc_model *m, binio_reader *r, nc_dyneval **out, char *err
     int32_t len = rc ? 0 : binio_get_i32(r);
     if (!rc && (r->bad || len < 0 || (size_t)len > binio_left(r) / 4))
         rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: bad dynamic evaluation segment");
-    if (!rc && len > 0 && !(d->seg_tok = malloc((size_t)len * sizeof(int))))
+    if (!rc && len > 0 && !(d->seg_tok = nc_malloc((size_t)len * sizeof(int))))
         rc = nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation: segment");
     for (int i = 0; !rc && i < len; i++) {
         d->seg_tok[i] = binio_get_i32(r);
@@ -756,12 +757,12 @@ int dyneval_stats(const nc_model *m, const int *toks, size_t ntok, int n, size_t
     if (rc)
         return rc;
     nc_state *st = lstm_state_new(m);
-    double **acc = calloc((size_t)d->nt, sizeof *acc);
-    float *hid = malloc(((size_t)n + 1) * m->cfg.hidden_size * sizeof(float));
+    double **acc = nc_zalloc((size_t)d->nt, sizeof *acc);
+    float *hid = nc_malloc(((size_t)n + 1) * m->cfg.hidden_size * sizeof(float));
     if (!st || !acc || !hid)
         rc = nc_error(err, errlen, NC_ENOMEM, "gradient statistics");
     for (int k = 0; !rc && k < d->nt; k++)
-        if (!(acc[k] = calloc(d->t[k].n, sizeof(double))))
+        if (!(acc[k] = nc_zalloc(d->t[k].n, sizeof(double))))
             rc = nc_error(err, errlen, NC_ENOMEM, "gradient statistics");
     /* the first segment starts after eos, as a document scored with bos */
     nc_lstm_work *lw = rc ? NULL : lstm_work_new(m);

@@ -21,7 +21,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cache.h"
+#include "stream.h"
+#include "model.h"
+#include "doc.h"
+#include "mixture.h"
 #include "daemon.h"
 #include "dyneval.h"
 #include "harness.h"

@@ -15,6 +15,7 @@
 #include <cblas.h>
 
 #include "buf.h"
+#include "stream.h"
 #include "suggest.h"
 
 static char help_text[6144];
