@@ -230,8 +230,9 @@ bench: deps-test
 	    echo "== $$b"; BUILD=$(BUILD) BIN=$(BIN) bash "$$b" || exit 1; done
 
 # Soak test (tests/soak.c): the real daemon on loopback under SOAK_CLIENTS
-# concurrent clients for SOAK_SECONDS; fails on any 5xx or RSS growth over 5%
-# after warm-up. Uses models/demo (or the run in progress) when present.
+# concurrent clients of mixed traffic for SOAK_SECONDS; fails on any 5xx or
+# memory growth over 2% after warm-up (RSS less the namespaces' entries),
+# saying what grew. Uses models/demo (or the run in progress) when present.
 SOAK_SECONDS ?= 600
 SOAK_CLIENTS ?= 16
 SOAK_MODEL ?= $(firstword $(wildcard models/demo runs/demo) $(abspath tests/fixtures/lstm-2layer))

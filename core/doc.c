@@ -74,6 +74,16 @@ int doc_prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *tok
     return doc_prepare_ex(m, s, has_h, toks, words, mem_words, m->gate != NULL, out, err, errlen);
 }
 
+/* Rows of a logits block: DOC_LOGIT_BLOCK at most, of the rows there are
+ * (from first to n). A generated token's feed of one needs 40 kB, not 5 MB:
+ * over malloc's mmap threshold that was a mapping made and unmapped per
+ * token. */
+static size_t block_rows(size_t n, size_t first)
+{
+    size_t rows = n > first ? n - first : 1;
+    return rows < DOC_LOGIT_BLOCK ? rows : DOC_LOGIT_BLOCK;
+}
+
 /* What prepare works from: doc_prepare_ex's and doc_prepare_keep's
  * arguments, one struct so that its pieces share them. */
 typedef struct {
@@ -142,7 +152,7 @@ static int doc_logits(const prep_input *in, nc_doc *d, char *err, size_t errlen)
     /* kept: all rows in d->logits, else one block at a time */
     if (!rc && keep && !(d->logits = nc_alloc(n * (size_t)V * sizeof(float))))
         rc = nc_error(err, errlen, NC_ENOMEM, "logits of %zu tokens", n);
-    float *logits = rc || keep ? NULL : nc_alloc((size_t)DOC_LOGIT_BLOCK * V * sizeof(float));
+    float *logits = rc || keep ? NULL : nc_alloc(block_rows(n, d->first) * (size_t)V * sizeof(float));
     float *scratch = rc || !vocab_stats ? NULL : nc_alloc((size_t)V * sizeof(float));
     if (!rc && ((!logits && !keep) || (vocab_stats && !scratch)))
         rc = nc_error(err, errlen, NC_ENOMEM, "logits block");

@@ -98,13 +98,23 @@ static int set_nprobe(nc_unbounded_cache *u, FaissIndex *idx, int nprobe, char *
     return NC_OK;
 }
 
-/* Reads the trained template (if any) and checks it fits. */
-static int load_template(nc_unbounded_cache *u, char *err, size_t errlen)
+/* FAISS's IO_FLAG_SKIP_PRECOMPUTE_TABLE (faiss/index_io.h; the C API passes
+ * io_flags through): an IVFPQ index read without its precomputed distance
+ * table. That table is nlist * M * 256 floats -- 134 MB for the default
+ * IVF4096,PQ32 -- and FAISS computes it at every read: kept in the template
+ * of every namespace, it was most of a daemon's memory (the soak's
+ * namespaces held 138 MB each before their first pair). */
+#define TEMPLATE_IO_SKIP_TABLE 16
+
+/* Reads the trained template into *out and checks it fits. light: without
+ * the precomputed table (what a cache keeps while it is exact: enough to
+ * check the file at open); the switch reads the whole one (read_template's
+ * caller then owns it). */
+static int read_template(const nc_unbounded_cache *u, bool light, FaissIndex **out, char *err, size_t errlen)
 {
-    if (!u->trained_path[0])
-        return NC_OK;
+    *out = NULL;
     FaissIndex *t = NULL;
-    if (faiss_read_index_fname(u->trained_path, 0, &t))
+    if (faiss_read_index_fname(u->trained_path, light ? TEMPLATE_IO_SKIP_TABLE : 0, &t))
         return faiss_err(err, errlen, u->trained_path);
     int rc = NC_OK;
     if (faiss_Index_d(t) != u->o.dim)
@@ -118,8 +128,16 @@ static int load_template(nc_unbounded_cache *u, char *err, size_t errlen)
         faiss_Index_free(t);
         return rc;
     }
-    u->tmpl = t;
+    *out = t;
     return NC_OK;
+}
+
+/* Reads the light template (if any) for a later switch. */
+static int load_template(nc_unbounded_cache *u, char *err, size_t errlen)
+{
+    if (!u->trained_path[0])
+        return NC_OK;
+    return read_template(u, true, &u->tmpl, err, errlen);
 }
 
 static int cache_create(const nc_unbounded_cache_opts *o, nc_wordtable *words, nc_unbounded_cache **out,
@@ -203,6 +221,7 @@ typedef struct {
     FaissIndex *ivf;
     float *xb;                    /* copy of the first n stored vectors */
     idx_t n;
+    bool light;                   /* ivf is the light template: read the whole one */
 } ub_switch_job;
 
 /* Under the write lock: takes the template (or trains one) and copies the
@@ -220,6 +239,7 @@ static int switch_begin(nc_unbounded_cache *u, ub_switch_job *job, bool *started
     if (u->tmpl) {
         ivf = u->tmpl;
         u->tmpl = NULL;
+        job->light = u->trained_path[0] != 0;
     } else if (u->o.train_self) {
         if (faiss_index_factory(&ivf, u->o.dim, u->factory, METRIC_L2))
             return faiss_err(err, errlen, u->factory);
@@ -249,6 +269,16 @@ static int switch_begin(nc_unbounded_cache *u, ub_switch_job *job, bool *started
 static int switch_fill(const nc_unbounded_cache *u, ub_switch_job *job, char *err, size_t errlen)
 {
     const idx_t chunk = 65536;
+    if (job->light) {
+        /* the searches of the IVF index want the precomputed table */
+        FaissIndex *whole = NULL;
+        int rc = read_template(u, false, &whole, err, errlen);
+        if (rc)
+            return rc;
+        faiss_Index_free(job->ivf);
+        job->ivf = whole;
+        job->light = false;
+    }
     for (idx_t i = 0; i < job->n; i += chunk) {
         idx_t m = job->n - i < chunk ? job->n - i : chunk;
         if (faiss_Index_add(job->ivf, m, job->xb + (size_t)i * u->o.dim))

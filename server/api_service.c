@@ -7,6 +7,7 @@
 #include "apiutil.h"
 #include "compute.h"
 #include "dyneval.h"
+#include "memstats.h"
 #include "metrics.h"
 #include "namespaces.h"
 #include "replication.h"
@@ -37,8 +38,9 @@ void api_h_metrics(nc_server *srv, http_request *req, http_response *resp)
     size_t bytes = 0;
     if (srv->sessions)
         sessions_stats(srv->sessions, &n, &bytes);
-    resp->text = workpool_metrics(srv->pool, replication_metrics(srv, namespaces_metrics(
-        srv, metrics_render(n, bytes, atomic_load(&srv->ready), atomic_load(&srv->draining)))));
+    /* the memory gauges last: they count the series of all the others */
+    resp->text = memstats_metrics(workpool_metrics(srv->pool, replication_metrics(srv, namespaces_metrics(
+        srv, metrics_render(n, bytes, atomic_load(&srv->ready), atomic_load(&srv->draining))))));
     resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
     resp->status = 200;
 }

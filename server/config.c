@@ -63,6 +63,8 @@ static const config_option options[] = {
      "seconds SIGTERM keeps serving with /ready 503 (load balancer catches up) before handing sessions to peers"},
     {"server", "web", OPT_BOOL, OFF(web), 0, 0, 0, NULL, "true",
      "serve the web page at GET / (static files; its API calls need a key as any client's)"},
+    {"server", "malloc_trim", OPT_INT, OFF(malloc_trim_s), 0, 0, 86400, NULL, "10",
+     "seconds between returns of malloc's free pages to the kernel (malloc_trim); 0 = never"},
     {"replication", "redis", OPT_STRING, OFF(redis), SZ(redis), 0, 0, NULL, "",
      "Redis host:port whose Streams replicate namespaces between replicas; empty = off"},
     {"replication", "redis_prefix", OPT_STRING, OFF(redis_prefix), SZ(redis_prefix), 0, 0, NULL, "neurocache:",

@@ -47,6 +47,7 @@ typedef struct {
     int max_queued;              /* heavy requests waiting for a worker, 429 above */
     int max_top_k;               /* largest top_k / logprobs answered */
     int max_completion_tokens;   /* largest max_tokens in /v1/completions */
+    int malloc_trim_s;           /* seconds between malloc_trim calls, 0 = never */
     /* [sessions] */
     int max_sessions;            /* 429 when reached */
     int session_ttl_s;           /* idle sessions are evicted after this */

@@ -17,6 +17,7 @@
 #include "config.h"
 #include "routes.h"
 #include "http.h"
+#include "memstats.h"
 #include "metrics.h"
 #include "namespaces.h"
 #include "migrate.h"
@@ -61,7 +62,7 @@ static int write_port_file(const char *path, int port, char *err, size_t errlen)
  * (whenever the main thread was not inside sigtimedwait; found by
  * test_fault). A handler makes that delivery harmless; the main loop picks
  * the signal up from got_signal within its one-second tick. */
-static volatile sig_atomic_t got_signal, signal_count;
+static volatile sig_atomic_t got_signal, signal_count, memory_report_count;
 
 static void on_stop_signal(int s)
 {
@@ -69,15 +70,26 @@ static void on_stop_signal(int s)
     signal_count++;
 }
 
-/* The main thread's wait for SIGTERM/SIGINT, for at most ms milliseconds:
- * the signal, or 0. */
+static void on_memory_signal(int s)
+{
+    (void)s;
+    memory_report_count++;
+}
+
+/* The main thread's wait for SIGTERM/SIGINT (or SIGUSR1, a memory report),
+ * for at most ms milliseconds: the signal, or 0. */
 static int wait_signal(const sigset_t *sigs, long ms)
 {
     static int seen;              /* signals the handler took, already returned */
     struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    static int reports;           /* SIGUSR1s the handler took, already returned */
     int sig = sigtimedwait(sigs, NULL, &t);
-    if (sig == SIGTERM || sig == SIGINT)
+    if (sig == SIGTERM || sig == SIGINT || sig == SIGUSR1)
         return sig;
+    if (memory_report_count != reports) {
+        reports = memory_report_count;
+        return SIGUSR1;
+    }
     if (signal_count != seen) {
         seen = signal_count;
         return got_signal;
@@ -92,7 +104,7 @@ static int wait_signal(const sigset_t *sigs, long ms)
 static void drain_wait(const sigset_t *sigs, long ms)
 {
     int sig = wait_signal(sigs, ms);
-    if (sig) {
+    if (sig == SIGTERM || sig == SIGINT) {
         slog(SLOG_WARN, "second signal: exiting at once",
              json_pack("{s:s}", "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"));
         _exit(1);
@@ -151,12 +163,15 @@ static void take_signals(sigset_t *sigs)
     sigemptyset(sigs);
     sigaddset(sigs, SIGTERM);
     sigaddset(sigs, SIGINT);
+    sigaddset(sigs, SIGUSR1);
     pthread_sigmask(SIG_BLOCK, sigs, NULL);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sa.sa_handler = on_memory_signal;
+    sigaction(SIGUSR1, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 }
 
@@ -223,14 +238,33 @@ static int load_and_recover(nc_server *srv, char *err, size_t errlen)
 
 /* ---- serving and stopping ---------------------------------------------------- */
 
+/* SIGUSR1: what malloc holds, arena by arena (malloc_info's XML), in the log
+ * at warn level so that it shows whatever the log level: an operator asked. */
+static void memory_report(void)
+{
+    char *xml = memstats_malloc_info();
+    slog(SLOG_WARN, "memory report (SIGUSR1)", json_pack("{s:s}", "malloc_info", xml ? xml : "unavailable"));
+    free(xml);
+}
+
 /* The main thread waits for a signal, evicting idle sessions once a second
- * meanwhile. Returns the signal. */
+ * and giving malloc's free pages back every malloc_trim seconds meanwhile.
+ * Returns the signal that stops it. */
 static int serve_until_signal(nc_server *srv, const sigset_t *sigs)
 {
+    double next_trim = workguard_now() + srv->cfg.malloc_trim_s;
     for (;;) {
         int sig = wait_signal(sigs, 1000);
         if (sig == SIGTERM || sig == SIGINT)
             return sig;
+        if (sig == SIGUSR1)
+            memory_report();
+        if (srv->cfg.malloc_trim_s > 0 && workguard_now() >= next_trim) {
+            double took = memstats_trim();
+            if (took > 0.05)
+                slog(SLOG_INFO, "malloc_trim was slow", json_pack("{s:f}", "seconds", took));
+            next_trim = workguard_now() + srv->cfg.malloc_trim_s;
+        }
         int ev = sessions_evict_idle(srv->sessions);
         if (ev > 0) {
             metrics_add_evictions((uint64_t)ev);
@@ -303,6 +337,7 @@ int main(int argc, char **argv)
 {
     static nc_server srv;
     char err[2048] = "";
+    memstats_tune_malloc();   /* before the daemon's threads allocate */
     config_defaults(&srv.cfg);
     int rc = config_from_args(&srv.cfg, argc, argv, err, sizeof err);
     if (rc == 1) {

@@ -14,7 +14,8 @@
 #include "api_errors.h"
 #include "lstm.h"
 
-#define UPLOAD_BATCH 512          /* tokens per LSTM pass / log record */
+#define UPLOAD_BATCH 512          /* tokens per LSTM pass */
+#define UPLOAD_ADD_CHUNK 64       /* tokens per add (log record): the write lock's hold */
 #define UPLOAD_MAX_WORD (1 << 20) /* a "word" longer than this is refused */
 
 /* What GET /v1/namespaces/{ns} shows of an upload in progress (an HTTP
@@ -266,17 +267,30 @@ static void *upload_worker_main(void *arg)
         upload_batch *b = &w->slot[w->head];
         int failed = w->rc;
         pthread_mutex_unlock(&w->lock);
-        uint64_t seq = 0;
-        int rc = failed ? failed
-                        : nsstore_add(namespaces_store(u->r), b->keys, b->wids, b->n, b->doc, b->off, &seq, err, sizeof err);
+        /* An add holds the namespace's write lock for its whole batch (f16
+         * rounding, the log record, coarse assignment and PQ encoding:
+         * ~60 us a token), and every session reading the namespace waits
+         * for it: added UPLOAD_ADD_CHUNK tokens at a time, a predict waits
+         * ~4 ms at worst instead of ~30 (BENCHMARKS.md "Unbounded cache at
+         * 1M states", daemon rows). A failure keeps the chunks before it. */
+        int rc = failed;
+        for (size_t c0 = 0; !rc && c0 < b->n; c0 += UPLOAD_ADD_CHUNK) {
+            size_t cn = b->n - c0 < UPLOAD_ADD_CHUNK ? b->n - c0 : UPLOAD_ADD_CHUNK;
+            uint64_t seq = 0;
+            rc = nsstore_add(namespaces_store(u->r), b->keys + c0 * (size_t)u->srv->model->cfg.hidden_size, b->wids + c0, cn, b->doc,
+                             b->off + c0, &seq, err, sizeof err);
+            if (!rc) {
+                pthread_mutex_lock(&w->lock);
+                w->last_seq = seq;
+                u->prog.tokens_added += cn;
+                pthread_mutex_unlock(&w->lock);
+                namespaces_count_added(u->srv, cn);
+            }
+        }
         pthread_mutex_lock(&w->lock);
         if (rc && !w->rc) {
             w->rc = rc;
             snprintf(w->err, sizeof w->err, "%s", err);
-        } else if (!rc) {
-            w->last_seq = seq;
-            u->prog.tokens_added += b->n;
-            namespaces_count_added(u->srv, b->n);
         }
         w->head = (w->head + 1) % UPLOAD_SLOTS;
         w->count--;

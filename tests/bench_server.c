@@ -9,12 +9,24 @@
  *
  * usage: bench_server [--model DIR] [--seconds S] [--clients 1,16,64] [--batch 0|1] [--f16 0|1] [--wrk 0|1]
  *                     [--threads N] [--score-tokens N] [--neural N] [--heavy N [--fair-clients N]]
+ *                     [--data-dir DIR --namespace NS [--stream N]]
  * --score-tokens N: words of the scored text (N + N/20 tokens with the line
  * ends); the default 45,000 (47,250 tokens) stays under the daemon's default
  * max_tokens_per_request (50,000), which refuses longer texts with 413.
  * --heavy N: then the predict load of --fair-clients sessions (16) without
  * and with N clients scoring 47,250-token texts back to back (fairness:
  * heavy work must not starve predicts); --clients "" skips the usual rows.
+ * --namespace NS (with --data-dir DIR, the daemon's data_dir, holding
+ * DIR/namespaces/NS, e.g. written by bench_ns_seed): the sessions read NS's
+ * unbounded cache ("unbounded": true, knn and nprobe at their defaults);
+ * then, with --stream N, the predict load of --fair-clients sessions without
+ * and with N clients streaming documents into NS (text/plain uploads of
+ * 45,000 words, back to back). The streamed entries stay in NS (copy the
+ * directory first to keep the seeded namespace). --feed-between 1: each
+ * session feeds one random word (not timed) before each predict, so that
+ * successive predicts search different queries; predictions/s then counts
+ * the predicts only, the feeds' work (an LSTM step and a search each)
+ * sharing the cores.
  * Bounded in time: about (3 + S per concurrency level) seconds plus scoring. */
 #include <curl/curl.h>
 #include <fcntl.h>
@@ -163,6 +175,8 @@ typedef struct {
 static char **words;
 static int nwords;
 static int f16;                   /* sessions' neural keys in float16 */
+static const char *ns_name;       /* --namespace: sessions read its unbounded cache */
+static int feed_between;          /* --feed-between 1: a one-word feed (untimed) before each predict */
 
 static void load_words(const char *model_dir)
 {
@@ -211,8 +225,11 @@ static void *predict_worker(void *arg)
     client cl;
     client_init(&cl, w->port);
     char body[256], path[256], id[128] = "";
-    int n = snprintf(body, sizeof body, "{\"cache\":{\"neural_size\":%d%s}}", w->neural,
-                     f16 ? ",\"neural_f16\":true" : "");
+    int n = ns_name ? snprintf(body, sizeof body, "{\"namespace\":\"%s\",\"cache\":{\"neural_size\":%d%s,"
+                                                  "\"unbounded\":true}}", ns_name, w->neural,
+                               f16 ? ",\"neural_f16\":true" : "")
+                    : snprintf(body, sizeof body, "{\"cache\":{\"neural_size\":%d%s}}", w->neural,
+                               f16 ? ",\"neural_f16\":true" : "");
     if (client_post(&cl, "/v1/sessions", body, (size_t)n) == 201) {
         json_t *j = json_loads(cl.b.s, 0, NULL);
         snprintf(id, sizeof id, "%s", json_string_value(json_object_get(j, "id")));
@@ -243,7 +260,25 @@ static void *predict_worker(void *arg)
     pthread_barrier_wait(w->bar);     /* t_end set */
     snprintf(path, sizeof path, "/v1/sessions/%s/predict", id);
     const char *pb = "{\"top_k\":10}";
+    char feed_path[256];
+    snprintf(feed_path, sizeof feed_path, "/v1/sessions/%s/feed", id);
     while (now_s() < w->t_end) {
+        if (feed_between) {
+            /* the state moves on, so each predict searches another query
+             * (other IVF lists) rather than the same one again */
+            json_t *fj = json_pack("{s:s}", "text", words[rng_next(&r) % (uint64_t)nwords]);
+            char *one = json_dumps(fj, JSON_COMPACT);
+            long fs = one ? client_post(&cl, feed_path, one, strlen(one)) : 0;
+            /* 429: the workers' queue is full (64 sessions, 2 threads):
+             * later, as a client should */
+            for (int tries = 0; fs == 429 && tries < 1000 && now_s() < w->t_end; tries++) {
+                usleep(10000);
+                fs = client_post(&cl, feed_path, one, strlen(one));
+            }
+            if (fs != 200 && fs != 429) w->errors++;
+            free(one);
+            json_decref(fj);
+        }
         double t0 = now_s();
         long st = client_post(&cl, path, pb, strlen(pb));
         double dt = now_s() - t0;
@@ -320,6 +355,7 @@ typedef struct {
     atomic_int *stop;
     const char *body;
     size_t len;
+    const char *path;             /* "/v1/score", or a namespace's documents (text/plain) */
     long done, errors;
 } heavy_client;
 
@@ -328,8 +364,14 @@ static void *heavy_worker(void *arg)
     heavy_client *h = arg;
     client cl;
     client_init(&cl, h->port);
+    if (strcmp(h->path, "/v1/score")) {
+        curl_slist_free_all(cl.h);
+        cl.h = curl_slist_append(NULL, "Content-Type: text/plain");
+        cl.h = curl_slist_append(cl.h, "Expect:");
+        curl_easy_setopt(cl.c, CURLOPT_HTTPHEADER, cl.h);
+    }
     while (!atomic_load(h->stop)) {
-        long st = client_post(&cl, "/v1/score", h->body, h->len);
+        long st = client_post(&cl, h->path, h->body, h->len);
         if (st == 200) h->done++;
         else h->errors++;
     }
@@ -369,12 +411,19 @@ static void run_predict(int port, pid_t pid, int clients, double seconds, int ne
         /* 45,000 words + a line end every 20: 47,250 tokens, under the
          * default max_tokens_per_request (50,000) */
         char *text = random_text(&r, 45000);
-        json_t *j = json_pack("{s:s}", "text", text);
-        hbody = json_dumps(j, JSON_COMPACT);
-        json_decref(j);
-        free(text);
+        static char docs_path[160];
+        snprintf(docs_path, sizeof docs_path, "/v1/namespaces/%s/documents", ns_name ? ns_name : "");
+        if (ns_name) {
+            hbody = text;         /* streamed as one text/plain document */
+        } else {
+            json_t *j = json_pack("{s:s}", "text", text);
+            hbody = json_dumps(j, JSON_COMPACT);
+            json_decref(j);
+            free(text);
+        }
         for (int i = 0; i < heavy; i++) {
-            hc[i] = (heavy_client){.port = port, .stop = &hstop, .body = hbody, .len = strlen(hbody)};
+            hc[i] = (heavy_client){.port = port, .stop = &hstop, .body = hbody, .len = strlen(hbody),
+                                   .path = ns_name ? docs_path : "/v1/score"};
             pthread_create(&hth[i], NULL, heavy_worker, &hc[i]);
         }
         for (int i = 0; i < 3000 && metric(port, "neurocache_work_running") < heavy; i++)
@@ -422,13 +471,16 @@ static void run_predict(int port, pid_t pid, int clients, double seconds, int ne
     double cpu = (c1 - c0) / (double)(total ? total : 1), ccpu = (s1 - s0) / (double)(total ? total : 1);
     double batch = b1 > b0 ? (j1 - j0) / (b1 - b0) : NAN;
     char label[96] = "predict top-10";
-    if (heavy > 0)
+    if (ns_name)
+        snprintf(label, sizeof label, "predict top-10, unbounded cache of namespace %s%s", ns_name,
+                 heavy > 0 ? ", documents streaming in" : "");
+    else if (heavy > 0)
         snprintf(label, sizeof label, "predict top-10, %d heavy scoring clients running", heavy);
     printf("| %s | %d | %zu | %.0f | %.2f | %.2f | %.1f | %.0f | %.0f | %.0f | %ld |\n", label, clients, total,
            (double)total / wall, p50 * 1e3, p99 * 1e3, batch, cpu * 1e6, 2.0 / cpu, ccpu * 1e6, errors);
     if (heavy > 0)
-        printf("(heavy clients: %ld scoring requests of 47,250 tokens completed, %ld errors, %.0f running at the end)\n",
-               hdone, herr, running);
+        printf("(heavy clients: %ld %s of 47,250 tokens completed, %ld errors, %.0f running at the end)\n", hdone,
+               ns_name ? "document uploads" : "scoring requests", herr, running);
     if (p50o) *p50o = p50;
     if (p99o) *p99o = p99;
     fflush(stdout);
@@ -633,7 +685,7 @@ int main(int argc, char **argv)
     const char *model = NULL, *clients_s = "1,16,64", *threads = "2";
     double seconds = 3;
     int score_tokens = 45000, neural = 2000, port = 0, batch = 1, use_wrk = 0, heavy = 0, fair_clients = 16;
-    const char *keep_model = NULL;
+    const char *keep_model = NULL, *data_dir = NULL;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model")) model = argv[i + 1];
         else if (!strcmp(argv[i], "--seconds")) seconds = atof(argv[i + 1]);
@@ -648,6 +700,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--port")) port = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--heavy")) heavy = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--fair-clients")) fair_clients = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--data-dir")) data_dir = argv[i + 1];
+        else if (!strcmp(argv[i], "--namespace")) ns_name = argv[i + 1];
+        else if (!strcmp(argv[i], "--stream")) heavy = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--feed-between")) feed_between = atoi(argv[i + 1]);
         else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
     }
     char dir[] = "/tmp/nc-bench-model-XXXXXX";
@@ -680,7 +736,7 @@ int main(int argc, char **argv)
     httpc_init();
     nc_daemon d;
     const char *args[] = {"--model", model, "--threads", threads, "--max-sessions", "1000", "--batch-predict",
-                          batch ? "true" : "false", NULL};
+                          batch ? "true" : "false", data_dir ? "--data-dir" : NULL, data_dir, NULL};
     /* daemon_start passes --threads 2 itself; ours comes later and wins. */
     if (daemon_start(&d, args) != 0) return 1;
     load_words(model);
@@ -702,6 +758,20 @@ int main(int argc, char **argv)
                (long long)json_integer_value(json_object_get(mj, "vocab_size")), neural, f16 ? "float16" : "float32",
                threads, batch ? "on" : "off", seconds);
         json_decref(mj);
+        if (ns_name) {
+            char path[160];
+            snprintf(path, sizeof path, "/v1/namespaces/%s", ns_name);
+            if (http_json(d.port, "GET", path, NULL, &mr) != 0 || mr.status != 200) {
+                fprintf(stderr, "bench_server: namespace %s not found under the data_dir\n", ns_name);
+                http_resp_free(&mr);
+                daemon_stop(&d);
+                return 1;
+            }
+            char *desc = json_dumps(mr.json, JSON_COMPACT);
+            printf("namespace %s: %s\n\n", ns_name, desc);
+            free(desc);
+            http_resp_free(&mr);
+        }
     }
     print_header();
     char cs[64];
@@ -717,9 +787,9 @@ int main(int argc, char **argv)
         double a50, a99, b50, b99;
         run_predict(d.port, d.pid, fair_clients, seconds, neural, 0, &a50, &a99);
         run_predict(d.port, d.pid, fair_clients, seconds, neural, heavy, &b50, &b99);
-        printf("\nfairness: %d sessions' predict p50 %.2f -> %.2f ms (x%.2f), p99 %.2f -> %.2f ms (x%.2f) with %d heavy "
-               "scoring clients\n", fair_clients, a50 * 1e3, b50 * 1e3, b50 / a50, a99 * 1e3, b99 * 1e3, b99 / a99,
-               heavy);
+        printf("\nfairness: %d sessions' predict p50 %.2f -> %.2f ms (x%.2f), p99 %.2f -> %.2f ms (x%.2f) with %d %s\n",
+               fair_clients, a50 * 1e3, b50 * 1e3, b50 / a50, a99 * 1e3, b99 * 1e3, b99 / a99, heavy,
+               ns_name ? "clients streaming documents into the namespace" : "heavy scoring clients");
     }
     if (score_tokens > 0)
         run_score(d.port, d.pid, model, score_tokens);

@@ -1,20 +1,30 @@
 /* soak.c -- soak test of neurocached (`make soak`): starts the real daemon
  * on loopback and drives it for a bounded time from many concurrent clients
  * with the traffic of real use -- create a session, feed text (sometimes
- * adapting its namespace), predict, score documents, stream documents into a
- * namespace, delete -- each client on a keep-alive connection. Every
- * interval it prints requests served, req/s, latency p50/p99/max, 5xx and
- * other errors, and the daemon's RSS; at the end a summary. Exits 1 on any
- * 5xx or transport error, or when RSS grew more than --max-growth percent
- * after the warm-up: the peak RSS of the second half of the measured time
- * against the peak of the first half (peaks, because rotating namespaces
- * make RSS a saw-tooth; a leak raises every peak). The warm-up (default
- * 180 s = three rotations) lets the namespaces reach their steady size. Namespaces rotate (see
- * ns_gen), which also makes namespace deletion part of the traffic. */
+ * adapting its namespace), predict, score documents, completions streamed
+ * and whole, stream documents into a namespace, then delete the session or
+ * leave it to expire (the daemon's --ttl) -- each client on a keep-alive
+ * connection. Every interval it prints requests served, req/s, latency
+ * p50/p99/max, 5xx and other errors, the daemon's RSS and what /metrics says
+ * holds the memory (malloc's arenas in use and free, its mmapped blocks, the
+ * namespaces' memory and entries, sessions); at the end a summary.
+ *
+ * Exits 1 on any 5xx or transport error, or when memory grew more than
+ * --max-growth percent (default 2) after the warm-up: the peak of the second
+ * half of the measured time against the peak of the first half (peaks,
+ * because rotating namespaces make RSS a saw-tooth; a leak raises every
+ * peak), of RSS less the namespaces' own memory (entries are data that must
+ * grow with use: reported per entry and subtracted, and raw RSS growth is
+ * printed too). It then prints each gauge at both peaks and its lowest value
+ * in each half -- what grew -- and the daemon's malloc_info totals (SIGUSR1).
+ * The warm-up (default 180 s = three rotations) lets the namespaces reach
+ * their steady size. Namespaces rotate (see ns_gen), which also makes
+ * namespace deletion part of the traffic. */
 #include <curl/curl.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -29,11 +39,13 @@
 
 static struct {
     int seconds, clients, interval, warmup, ns_rotate, namespaces;
+    int mixed;                    /* completions too, and sessions left to expire */
+    int ttl;                      /* the daemon's idle session TTL (s) */
     double max_growth;
     const char *model, *csv;
     int port;                     /* an already running daemon (0 = start one) */
     pid_t pid;                    /* its pid for RSS (0 = unknown) */
-} opt = {600, 16, 30, 180, 60, 1, 5.0, NULL, NULL, 0, 0};
+} opt = {600, 16, 30, 180, 60, 1, 1, 30, 2.0, NULL, NULL, 0, 0};
 
 static atomic_int stop;
 /* Namespace generation: sessions and streams use "soak<gen>"; the main loop
@@ -229,6 +241,18 @@ static void json_text(const char *text, char *out, size_t cap)
     out[o] = 0;
 }
 
+/* A completion of a short prompt, streamed (server-sent events, read to the
+ * end like any body) or whole. */
+static void completion(client *cl, bool stream)
+{
+    char text[256], jt[512], body[1024];
+    sentence(cl, text, sizeof text, 6, false);
+    json_text(text, jt, sizeof jt);
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":8,\"temperature\":0.8,\"seed\":%u%s}", jt,
+             (unsigned)rand_r(&cl->seed) % 1000u, stream ? ",\"stream\":true" : "");
+    request(cl, "POST", "/v1/completions", NULL, body);
+}
+
 static void *client_main(void *arg)
 {
     client *cl = arg;
@@ -241,7 +265,8 @@ static void *client_main(void *arg)
     /* Half the clients work in namespace "soak" with the unbounded cache. */
     bool ns = opt.namespaces && cl->idx % 2 == 0;
     char text[1024], jt[2048], body[4096], path[256], id[128];
-    while (!atomic_load(&stop)) {
+    double last_abandon = -1e9;   /* when this client last left a session to expire */
+    for (unsigned life = 0; !atomic_load(&stop); life++) {
         int gen = atomic_load(&ns_gen);
         if (ns)
             snprintf(body, sizeof body,
@@ -273,6 +298,8 @@ static void *client_main(void *arg)
                 snprintf(body, sizeof body, "{\"text\":\"%s\",\"cache\":{\"neural_size\":100}}", jt);
                 request(cl, "POST", "/v1/score", NULL, body);
             }
+            if (opt.mixed && round % 5 == 2)
+                completion(cl, (cl->idx + round / 5) % 2 == 0);
             if (ns && cl->idx % 4 == 0 && round == 9) {
                 /* Stream a small document into the namespace. */
                 size_t o = 0;
@@ -285,6 +312,15 @@ static void *client_main(void *arg)
                 request(cl, "POST", path, "text/plain", body);
             }
         }
+        /* Every fourth session of a mixed soak is left to expire (the
+         * daemon's --ttl), the others are deleted -- one at a time per
+         * client (the last has expired), so that the sessions alive depend
+         * on the clients, not on how fast a loaded machine serves them (the
+         * first 30-minute run left 20 to 69 alive as its rate rose). */
+        if (opt.mixed && (life + (unsigned)cl->idx) % 4 == 0 && now() - last_abandon > opt.ttl + 5) {
+            last_abandon = now();
+            continue;
+        }
         snprintf(path, sizeof path, "/v1/sessions/%s", id);
         request(cl, "DELETE", path, NULL, NULL);
     }
@@ -293,13 +329,118 @@ static void *client_main(void *arg)
     return NULL;
 }
 
+/* ---- what the daemon says its memory holds ----------------------------------- */
+
+/* Gauges of the daemon's /metrics sampled every window, so that a failed soak
+ * says what grew. label: the series' exact label set, or NULL = the sum of
+ * every series of the name (one per namespace). */
+enum { G_ANON, G_FILE, G_ARENA_USED, G_ARENA_FREE, G_MMAPPED, G_ARENAS, G_THREADS, G_SERIES, G_SESSIONS,
+       G_SESSION_BYTES, G_NAMESPACES, G_NS_ENTRIES, G_NS_BYTES, NGAUGE };
+static const struct {
+    const char *name, *label, *title;
+    double unit;                  /* divisor for printing (bytes as MB) */
+} gauges[NGAUGE] = {
+    {"neurocache_process_resident_bytes", "kind=\"anon\"", "RSS anonymous (MB)", 1e6},
+    {"neurocache_process_resident_bytes", "kind=\"file\"", "RSS file-backed (MB)", 1e6},
+    {"neurocache_malloc_bytes", "state=\"arena_in_use\"", "malloc arenas in use (MB)", 1e6},
+    {"neurocache_malloc_bytes", "state=\"arena_free\"", "malloc arenas free (MB)", 1e6},
+    {"neurocache_malloc_bytes", "state=\"mmapped\"", "malloc mmapped blocks (MB)", 1e6},
+    {"neurocache_malloc_arenas", NULL, "malloc arenas", 1},
+    {"neurocache_process_threads", NULL, "threads", 1},
+    {"neurocache_metrics_series", NULL, "metrics series", 1},
+    {"neurocache_sessions_active", NULL, "sessions", 1},
+    {"neurocache_session_memory_bytes", NULL, "session memory (MB)", 1e6},
+    {"neurocache_namespaces", NULL, "namespaces", 1},
+    {"neurocache_namespace_entries", NULL, "namespace entries", 1},
+    {"neurocache_namespace_memory_bytes", NULL, "namespace memory (MB)", 1e6},
+};
+
+/* The sum of the series of name (with exactly {label} when label is set) in
+ * an exposition; NAN when none. */
+static double metric_value(const char *text, const char *name, const char *label)
+{
+    double sum = NAN;
+    size_t n = strlen(name);
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        if (strncmp(p, name, n) != 0)
+            continue;
+        const char *q = p + n;
+        if (label) {
+            size_t l = strlen(label);
+            if (q[0] != '{' || strncmp(q + 1, label, l) != 0 || q[1 + l] != '}')
+                continue;
+            q += l + 2;
+        } else if (*q == '{') {
+            q = strchr(q, '}');
+            if (!q) break;
+            q++;
+        }
+        if (*q != ' ')
+            continue;
+        double v = strtod(q + 1, NULL);
+        sum = isnan(sum) ? v : sum + v;
+    }
+    return sum;
+}
+
+/* Samples every gauge (NAN each when /metrics does not answer). */
+static void sample_gauges(client *admin, double *g)
+{
+    long st = request(admin, "GET", "/metrics", NULL, NULL);
+    for (int i = 0; i < NGAUGE; i++)
+        g[i] = st == 200 && admin->buf ? metric_value(admin->buf, gauges[i].name, gauges[i].label) : NAN;
+    if (st == 200 && admin->buf && isnan(g[G_NS_ENTRIES]))
+        g[G_NS_ENTRIES] = g[G_NS_BYTES] = 0;   /* no namespace open */
+}
+
+/* On a failure: asks the daemon for its memory report (SIGUSR1: malloc_info
+ * in its log) and prints the report's totals, after the last arena's. */
+static void print_malloc_report(const nc_daemon *d)
+{
+    if (opt.pid <= 0 || kill(opt.pid, SIGUSR1) != 0)
+        return;
+    sleep(2);                     /* the main thread takes it within a second */
+    FILE *f = d->log[0] ? fopen(d->log, "r") : NULL;
+    if (!f)
+        return;
+    char *line = NULL, *last = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) > 0)
+        if (strstr(line, "memory report (SIGUSR1)")) {
+            free(last);
+            last = strdup(line);
+        }
+    free(line);
+    fclose(f);
+    json_t *j = last ? json_loads(last, 0, NULL) : NULL;
+    const char *xml = json_string_value(json_object_get(j, "malloc_info"));
+    const char *tail = xml ? strstr(xml, "</heap>") : NULL;
+    for (const char *p = tail; p && (p = strstr(p + 1, "</heap>"));)
+        tail = p;
+    if (tail)
+        printf("daemon's malloc_info totals (all arenas):\n%s", tail + strlen("</heap>\n"));
+    json_decref(j);
+    free(last);
+}
+
 /* ---- main ------------------------------------------------------------------- */
 
 static void usage(void)
 {
     fprintf(stderr, "usage: soak [--seconds N] [--clients N] [--interval S] [--warmup S] [--model DIR]\n"
                     "            [--port P --pid PID] [--max-growth PCT] [--csv FILE] [--ns-rotate S]\n"
-                    "            [--namespaces 0|1]\n");
+                    "            [--namespaces 0|1] [--mixed 0|1] [--ttl S]\n");
+}
+
+/* Peak of the first and of the second half of the windows after warm-up:
+ * the index of each in *i1, *i2 (-1 = none). */
+static void half_peaks(const double *t, const double *v, size_t n, double warmup, long *i1, long *i2)
+{
+    *i1 = *i2 = -1;
+    for (size_t i = 0; i < n; i++) {
+        long *pk = t[i] < (warmup + t[n - 1]) / 2 ? i1 : i2;
+        if (*pk < 0 || v[i] > v[*pk]) *pk = (long)i;
+    }
 }
 
 int main(int argc, char **argv)
@@ -313,6 +454,8 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--warmup")) opt.warmup = atoi(v);
         else if (!strcmp(a, "--ns-rotate")) opt.ns_rotate = atoi(v);
         else if (!strcmp(a, "--namespaces")) opt.namespaces = atoi(v);
+        else if (!strcmp(a, "--mixed")) opt.mixed = atoi(v);
+        else if (!strcmp(a, "--ttl")) opt.ttl = atoi(v);
         else if (!strcmp(a, "--model")) opt.model = v;
         else if (!strcmp(a, "--port")) opt.port = atoi(v);
         else if (!strcmp(a, "--pid")) opt.pid = (pid_t)atoi(v);
@@ -320,7 +463,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--csv")) opt.csv = v;
         else { usage(); return 2; }
     }
-    if (opt.seconds <= 0 || opt.clients <= 0 || opt.interval <= 0 || (!opt.model && !opt.port)) {
+    if (opt.seconds <= 0 || opt.clients <= 0 || opt.interval <= 0 || opt.ttl <= 0 || (!opt.model && !opt.port)) {
         usage();
         return 2;
     }
@@ -330,7 +473,10 @@ int main(int argc, char **argv)
     nc_daemon d;
     memset(&d, 0, sizeof d);
     if (!opt.port) {
-        const char *args[] = {"--model", opt.model, "--max-sessions", "100000", "--log-level", "warn", NULL};
+        char ttl[16];
+        snprintf(ttl, sizeof ttl, "%d", opt.ttl);
+        const char *args[] = {"--model", opt.model, "--max-sessions", "100000", "--log-level", "warn", "--ttl", ttl,
+                              NULL};
         if (daemon_start(&d, args) != 0) {
             fprintf(stderr, "soak: the daemon did not start\n");
             return 2;
@@ -339,16 +485,25 @@ int main(int argc, char **argv)
         opt.pid = d.pid;
     }
     FILE *csv = opt.csv ? fopen(opt.csv, "w") : NULL;
-    if (csv)
-        fprintf(csv, "t_s,requests,req_per_s,p50_ms,p99_ms,max_ms,status_5xx,status_4xx,status_429,transport,rss_kb\n");
-    printf("soak: %d clients, %d s, model %s, port %d (loopback)\n", opt.clients, opt.seconds,
-           opt.model ? opt.model : "(running daemon)", opt.port);
-    printf("%7s %9s %8s %8s %8s %8s %5s %5s %5s %5s %9s\n", "t_s", "requests", "req/s", "p50_ms", "p99_ms",
-           "max_ms", "5xx", "4xx", "429", "xport", "rss_kb");
+    if (csv) {
+        fprintf(csv, "t_s,requests,req_per_s,p50_ms,p99_ms,max_ms,status_5xx,status_4xx,status_429,transport,rss_kb");
+        for (int i = 0; i < NGAUGE; i++) {
+            /* name:value of the label, e.g. malloc_bytes:arena_free */
+            const char *v = gauges[i].label ? strchr(gauges[i].label, '"') + 1 : "";
+            fprintf(csv, ",%s%s%.*s", gauges[i].name + strlen("neurocache_"), gauges[i].label ? ":" : "",
+                    (int)strcspn(v, "\""), v);
+        }
+        fprintf(csv, "\n");
+    }
+    printf("soak: %d clients, %d s, model %s, port %d (loopback), %s traffic\n", opt.clients, opt.seconds,
+           opt.model ? opt.model : "(running daemon)", opt.port, opt.mixed ? "mixed" : "basic");
+    printf("%7s %9s %8s %8s %8s %8s %5s %5s %5s %5s %9s %7s %7s %7s %7s %8s %7s\n", "t_s", "requests", "req/s",
+           "p50_ms", "p99_ms", "max_ms", "5xx", "4xx", "429", "xport", "rss_kb", "use_MB", "free_MB", "mmap_MB",
+           "ns_MB", "entries", "sess");
     fflush(stdout);
     long rss0 = rss_kb(opt.pid), rss_warm = -1, rss_end = -1;
-    double *rss_t = NULL;          /* RSS of every window after the warm-up */
-    long *rss_v = NULL;
+    /* every window after the warm-up: time, RSS (kB), gauges */
+    double *rss_t = NULL, *rss_v = NULL, *net_v = NULL, (*gv)[NGAUGE] = NULL;
     size_t nrss = 0;
 
     client *cls = calloc((size_t)opt.clients, sizeof *cls);
@@ -394,6 +549,8 @@ int main(int argc, char **argv)
         pthread_mutex_unlock(&lat_lock);
         qsort(snap, n, sizeof *snap, cmp_double);
         long rss = rss_kb(opt.pid);
+        double g[NGAUGE];
+        sample_gauges(&admin, g);
         double el = t - t0;
         if (rss_warm < 0 && el >= opt.warmup)
             rss_warm = rss;
@@ -401,17 +558,30 @@ int main(int argc, char **argv)
         if (el >= opt.warmup && rss > 0) {
             rss_t = realloc(rss_t, (nrss + 1) * sizeof *rss_t);
             rss_v = realloc(rss_v, (nrss + 1) * sizeof *rss_v);
+            net_v = realloc(net_v, (nrss + 1) * sizeof *net_v);
+            gv = realloc(gv, (nrss + 1) * sizeof *gv);
+            if (!rss_t || !rss_v || !net_v || !gv) {
+                fprintf(stderr, "soak: out of memory\n");
+                return 2;
+            }
             rss_t[nrss] = el;
-            rss_v[nrss++] = rss;
+            rss_v[nrss] = (double)rss;
+            /* namespace entries are data, not growth: their bytes come off */
+            net_v[nrss] = (double)rss - (isnan(g[G_NS_BYTES]) ? 0 : g[G_NS_BYTES] / 1024);
+            memcpy(gv[nrss++], g, sizeof g);
         }
-        printf("%7.0f %9zu %8.1f %8.2f %8.2f %8.2f %5ld %5ld %5ld %5ld %9ld\n", el, n, (double)n / opt.interval,
-               1e3 * pct(snap, n, 0.5), 1e3 * pct(snap, n, 0.99), 1e3 * (n ? snap[n - 1] : NAN), e5, e4, e429,
-               ex, rss);
+        printf("%7.0f %9zu %8.1f %8.2f %8.2f %8.2f %5ld %5ld %5ld %5ld %9ld %7.1f %7.1f %7.1f %7.1f %8.0f %7.0f\n", el,
+               n, (double)n / opt.interval, 1e3 * pct(snap, n, 0.5), 1e3 * pct(snap, n, 0.99),
+               1e3 * (n ? snap[n - 1] : NAN), e5, e4, e429, ex, rss, g[G_ARENA_USED] / 1e6, g[G_ARENA_FREE] / 1e6,
+               g[G_MMAPPED] / 1e6, g[G_NS_BYTES] / 1e6, g[G_NS_ENTRIES], g[G_SESSIONS]);
         fflush(stdout);
         if (csv) {
-            fprintf(csv, "%.0f,%zu,%.1f,%.3f,%.3f,%.3f,%ld,%ld,%ld,%ld,%ld\n", el, n, (double)n / opt.interval,
+            fprintf(csv, "%.0f,%zu,%.1f,%.3f,%.3f,%.3f,%ld,%ld,%ld,%ld,%ld", el, n, (double)n / opt.interval,
                     1e3 * pct(snap, n, 0.5), 1e3 * pct(snap, n, 0.99), 1e3 * (n ? snap[n - 1] : NAN), e5, e4,
                     e429, ex, rss);
+            for (int i = 0; i < NGAUGE; i++)
+                fprintf(csv, ",%.17g", g[i]);
+            fprintf(csv, "\n");
             fflush(csv);
         }
         next += opt.interval;
@@ -425,24 +595,45 @@ int main(int argc, char **argv)
         pthread_join(th[i], NULL);
     double el = now() - t0;
     qsort(all_lat, nall, sizeof *all_lat, cmp_double);
-    /* Peak of the first and of the second half of the windows after warm-up. */
-    long peak1 = -1, peak2 = -1;
-    for (size_t i = 0; i < nrss; i++) {
-        long *pk = rss_t[i] < (opt.warmup + rss_t[nrss - 1]) / 2 ? &peak1 : &peak2;
-        if (rss_v[i] > *pk) *pk = rss_v[i];
-    }
-    double growth = peak1 > 0 && peak2 > 0 ? 100.0 * (double)(peak2 - peak1) / (double)peak1 : NAN;
+    long p1, p2, n1, n2;
+    half_peaks(rss_t, rss_v, nrss, opt.warmup, &p1, &p2);
+    half_peaks(rss_t, net_v, nrss, opt.warmup, &n1, &n2);
+    double growth = p1 >= 0 && p2 >= 0 ? 100.0 * (rss_v[p2] - rss_v[p1]) / rss_v[p1] : NAN;
+    double net_growth = n1 >= 0 && n2 >= 0 ? 100.0 * (net_v[n2] - net_v[n1]) / net_v[n1] : NAN;
     printf("\nsummary: %ld requests in %.0f s (%.1f req/s), p50 %.2f ms, p99 %.2f ms, max %.2f ms\n", tot_req, el,
            (double)tot_req / el, 1e3 * pct(all_lat, nall, 0.5), 1e3 * pct(all_lat, nall, 0.99),
            1e3 * (nall ? all_lat[nall - 1] : NAN));
     printf("errors: %ld 5xx, %ld transport, %ld 429, %ld other 4xx\n", tot_5xx, tot_transport, tot_429, tot_4xx);
-    printf("rss: start %ld kB, after %d s warm-up %ld kB, end %ld kB; peak %ld kB in the first half after "
-           "warm-up, %ld kB in the second: growth %.2f%% (limit %.1f%%)\n",
-           rss0, opt.warmup, rss_warm, rss_end, peak1, peak2, growth, opt.max_growth);
+    if (p1 >= 0 && p2 >= 0 && n1 >= 0 && n2 >= 0) {
+        printf("rss: start %ld kB, after %d s warm-up %ld kB, end %ld kB; peak %.0f kB in the first half after "
+               "warm-up, %.0f kB in the second: growth %.2f%%\n",
+               rss0, opt.warmup, rss_warm, rss_end, rss_v[p1], rss_v[p2], growth);
+        printf("rss less the namespaces' memory (%.0f and %.0f entries at %.0f and %.0f bytes each): peak %.0f kB in "
+               "the first half, %.0f kB in the second: growth %.2f%% (limit %.1f%%)\n",
+               gv[n1][G_NS_ENTRIES], gv[n2][G_NS_ENTRIES],
+               gv[n1][G_NS_ENTRIES] > 0 ? gv[n1][G_NS_BYTES] / gv[n1][G_NS_ENTRIES] : 0,
+               gv[n2][G_NS_ENTRIES] > 0 ? gv[n2][G_NS_BYTES] / gv[n2][G_NS_ENTRIES] : 0, net_v[n1], net_v[n2],
+               net_growth, opt.max_growth);
+        /* what grew: each gauge at the two peaks, and its lowest value in each
+         * half (a saw-tooth's low points rise when something accumulates) */
+        printf("%-28s %14s %14s %14s %14s\n", "at the peaks / lows", "first peak", "second peak", "first low",
+               "second low");
+        for (int k = 0; k < NGAUGE; k++) {
+            double lo1 = NAN, lo2 = NAN;
+            for (size_t i = 0; i < nrss; i++) {
+                double *lo = rss_t[i] < (opt.warmup + rss_t[nrss - 1]) / 2 ? &lo1 : &lo2;
+                if (!isnan(gv[i][k]) && (isnan(*lo) || gv[i][k] < *lo)) *lo = gv[i][k];
+            }
+            printf("%-28s %14.2f %14.2f %14.2f %14.2f\n", gauges[k].title, gv[n1][k] / gauges[k].unit,
+                   gv[n2][k] / gauges[k].unit, lo1 / gauges[k].unit, lo2 / gauges[k].unit);
+        }
+    }
     for (int i = 0; i < opt.clients; i++)
         if (cls[i].last_error[0])
             printf("client %d last error: %s\n", i, cls[i].last_error);
-    int fail = tot_5xx > 0 || tot_transport > 0 || (isfinite(growth) && growth > opt.max_growth);
+    int fail = tot_5xx > 0 || tot_transport > 0 || (isfinite(net_growth) && net_growth > opt.max_growth);
+    if (isfinite(net_growth) && net_growth > opt.max_growth)
+        print_malloc_report(&d);
     if (d.pid > 0) {
         int st = daemon_stop(&d);
         printf("daemon exit status %d\n", st);
@@ -455,6 +646,8 @@ int main(int argc, char **argv)
     free(snap);
     free(rss_t);
     free(rss_v);
+    free(net_v);
+    free(gv);
     free(lat);
     free(all_lat);
     curl_global_cleanup();

@@ -3,6 +3,7 @@
  * vocabulary, IVFPQ versus exact search, the flat->IVF switch losing no
  * entry, snapshots, stream export/import, parameter validation, explain's
  * weights against predict's terms. */
+#include <malloc.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -673,6 +674,62 @@ TEST(switch_with_concurrent_adds)
     free(cent), free(x), free(w);
 }
 
+/* Bytes malloc has handed out (arenas and blocks mmapped on their own). */
+static size_t heap_bytes(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+/* An exact cache keeps its IVFPQ template without FAISS's precomputed
+ * distance table (nlist * M * ksub floats), and reads the whole template
+ * at the switch: a namespace pays for the table only once it is IVF. */
+TEST(template_table_read_at_switch)
+{
+    const int dim = 64, nlist = 256, M = 8, ksub = 256;
+    const size_t ntrain = 10000, nadd = 1000;
+    const size_t table = (size_t)nlist * M * ksub * sizeof(float);   /* 2 MiB */
+    float *x = malloc(ntrain * dim * sizeof(float));
+    int *w = malloc(nadd * sizeof(int));
+    for (size_t i = 0; i < ntrain * dim; i++)
+        x[i] = gauss();
+    for (size_t i = 0; i < nadd; i++)
+        w[i] = (int)(i % 50);
+    char tpl[] = "/tmp/nc_test_tplXXXXXX";
+    int fd = mkstemp(tpl);
+    CHECK(fd >= 0);
+    close(fd);
+    write_template("IVF256,PQ8", dim, x, ntrain, tpl);
+    nc_unbounded_cache_opts o;
+    unbounded_cache_opts_default(&o, dim);
+    o.trained_path = tpl;
+    char err[NC_ERRLEN];
+    nc_unbounded_cache *u = NULL;
+    size_t h0 = heap_bytes();
+    CHECKF(unbounded_cache_new(&o, NULL, &u, err, sizeof err) == NC_OK, "%s", err);
+    size_t h1 = heap_bytes();
+    /* the light template: coarse centroids nlist*dim floats (64 KiB), PQ
+     * codebooks M*ksub*(dim/M) floats (64 KiB), empty lists: well under half
+     * the table whatever FAISS's small allocations add */
+    CHECKF(h1 - h0 < table / 2, "exact cache with its template: %zu bytes (table %zu)", h1 - h0, table);
+    CHECK(unbounded_cache_add(u, x, w, nadd, NULL, err, sizeof err) == NC_OK);
+    CHECKF(unbounded_cache_switch(u, err, sizeof err) == NC_OK, "%s", err);
+    CHECK(!unbounded_cache_is_exact(u));
+    size_t h2 = heap_bytes();
+    /* the IVF index now holds the table (the flat copy is freed) */
+    CHECKF(h2 > h0 && h2 - h0 >= table, "IVF cache: %zu bytes, table %zu", h2 - h0, table);
+    /* and finds a stored vector itself (distance 0 up to PQ's error: its
+     * word comes back first among 5) */
+    float d2[5];
+    int nw[5];
+    CHECK(unbounded_cache_search(u, x + 7 * dim, 1, 5, nlist, NULL, 0, NC_UB_OPEN, d2, nw, err, sizeof err) == NC_OK);
+    CHECK(nw[0] == w[7] || nw[1] == w[7] || nw[2] == w[7] || nw[3] == w[7] || nw[4] == w[7]);
+    unbounded_cache_free(u);
+    unlink(tpl);
+    free(x);
+    free(w);
+}
+
 /* Two readers of one IVF index with different nprobe: the first is held
  * inside its search (under the cache's read lock, the hook) until the
  * second's search, with another nprobe, has returned. A search that set
@@ -1171,6 +1228,7 @@ int main(void)
     RUN(open_vocabulary);
     RUN(ivfpq_vs_exact_and_switch);
     RUN(switch_with_concurrent_adds);
+    RUN(template_table_read_at_switch);
     RUN(nprobe_per_search_concurrent);
     RUN(own_scan_matches_faiss);
     RUN(empty_caches_contribute_nothing);

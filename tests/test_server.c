@@ -713,6 +713,61 @@ TEST(metrics_exposed)
     http_resp_free(&r);
 }
 
+/* The sum of the series named name (any labels) in an exposition, or -1. */
+static double exposition_value(const char *text, const char *name, const char *labels)
+{
+    char key[256];
+    snprintf(key, sizeof key, "\n%s%s ", name, labels ? labels : "");
+    const char *p = text ? strstr(text, key) : NULL;
+    return p ? strtod(p + strlen(key), NULL) : -1;
+}
+
+/* Where the memory is (memstats.h): gauges that agree with the kernel's and
+ * malloc's own accounting, a series count that counts the exposition, and
+ * SIGUSR1's malloc_info in the log while the daemon keeps serving. */
+TEST(memory_gauges_and_report)
+{
+    http_resp r;
+    CHECK(http_json(D.port, "GET", "/metrics", NULL, &r) == 0 && r.status == 200);
+    double anon = exposition_value(r.body, "neurocache_process_resident_bytes", "{kind=\"anon\"}");
+    double used = exposition_value(r.body, "neurocache_malloc_bytes", "{state=\"arena_in_use\"}");
+    double mmapped = exposition_value(r.body, "neurocache_malloc_bytes", "{state=\"mmapped\"}");
+    double freeb = exposition_value(r.body, "neurocache_malloc_bytes", "{state=\"arena_free\"}");
+    double arenas = exposition_value(r.body, "neurocache_malloc_arenas", NULL);
+    double threads = exposition_value(r.body, "neurocache_process_threads", NULL);
+    double series = exposition_value(r.body, "neurocache_metrics_series", NULL);
+    /* the model's weights are heap; a daemon has at least its main and
+     * listening threads */
+    CHECKF(used > 0 && mmapped >= 0 && freeb >= 0, "in use %g, mmapped %g, free %g", used, mmapped, freeb);
+    CHECKF(anon > 0 && arenas >= 1 && threads >= 2, "anon %g, arenas %g, threads %g", anon, arenas, threads);
+    long lines = 0;
+    for (const char *p = r.body; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (*p != '#' && *p != '\n')
+            lines++;
+    CHECKF(series == (double)lines, "metrics_series %g, the exposition has %ld", series, lines);
+    http_resp_free(&r);
+    /* the report: twice, the daemon serves on */
+    for (int i = 0; i < 2; i++) {
+        CHECK(kill(D.pid, SIGUSR1) == 0);
+        usleep(300000);
+    }
+    bool found = false;
+    for (int tries = 0; tries < 50 && !found; tries++) {
+        FILE *f = fopen(D.log, "r");
+        char line[512];
+        int n = 0;
+        while (f && fgets(line, sizeof line, f))
+            if (strstr(line, "\"memory report (SIGUSR1)\"") && strstr(line, "<malloc version="))
+                n++;
+        if (f) fclose(f);
+        found = n == 2;
+        if (!found) usleep(100000);
+    }
+    CHECK(found);
+    CHECK(http_json(D.port, "GET", "/health", NULL, &r) == 0 && r.status == 200);
+    http_resp_free(&r);
+}
+
 /* A second daemon with tiny limits: TTL eviction, max sessions, budget. */
 TEST(limits_and_ttl)
 {
@@ -1041,6 +1096,7 @@ int main(void)
     RUN(predict_waits_for_feed);
     RUN(one_session_serialised);
     RUN(metrics_exposed);
+    RUN(memory_gauges_and_report);
     RUN(limits_and_ttl);
     RUN(bad_config_names_option);
     RUN(shipped_config_documents_every_option);
