@@ -228,14 +228,23 @@ static void apply_tombstone(replication *rep, const char *name, uint64_t t, cons
     if (!drop) return;
     char err[NC_ERRLEN] = "";
     int64_t gone = 0;
-    if (namespaces_delete(rep->srv, name, t, &gone, NULL, NULL, err, sizeof err) == 0)
+    bool deleted = namespaces_delete(rep->srv, name, t, &gone, NULL, NULL, err, sizeof err) == 0;
+    if (deleted)
         slog(SLOG_INFO, "replication: namespace deleted by another replica",
              json_pack("{s:s,s:s,s:I}", "namespace", name, "origin", origin, "entries", (json_int_t)gone));
     pthread_mutex_lock(&rep->lock);
-    if (s->birth != 0 && s->birth <= t) {
+    if (s->birth != 0 && s->birth <= t)
         s->birth = 0;
+    /* The store just deleted may hold entries of later incarnations of
+     * other origins, applied into it before this tombstone was known (it
+     * comes from the periodic HGETALL as well as the control stream): the
+     * stream is read again from its start, or they are lost here. Decided
+     * by the deletion itself, not by s->birth: a request may already have
+     * created the name again here (s->birth after t), and that new store
+     * holds nothing applied -- only this thread applies, and it applies
+     * nothing before the reset is taken. */
+    if (deleted)
         s->reset = true;
-    }
     pthread_mutex_unlock(&rep->lock);
 }
 
@@ -375,7 +384,13 @@ void *replication_applier(void *arg)
     replication *rep = arg;
     redisContext *c = NULL;
     double last_refresh = 0;
-    char ctl_key[200], ctl_id[64] = "$";
+    /* From the control stream's start, not "$": "$" means "after what is
+     * there when this XREAD is sent", so a deletion announced between two
+     * XREADs (while a batch is applied) would be missed until the next
+     * HGETALL, meanwhile entries of the later incarnation go into the
+     * store the tombstone deletes. Old deletions read again are no-ops
+     * (apply_tombstone), as with load_tombstones. */
+    char ctl_key[200], ctl_id[64] = "0";
     snprintf(ctl_key, sizeof ctl_key, "%sctl", rep->prefix);
     while (!atomic_load(&rep->stop)) {
         /* Namespaces are recovered before the server turns ready. */
