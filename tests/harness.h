@@ -58,6 +58,19 @@ static inline int harness_summary(void)
     return harness_failed == 0 ? 0 : 1;
 }
 
+/* Runs a shell command, its standard output (at most cap-1 bytes, NUL
+ * ended) into out; its exit status, or -1 when it did not exit. */
+static inline int harness_run_capture(const char *cmd, char *out, size_t cap)
+{
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 /* Runs a test program of another language (cmd, e.g. "node tests/web/ui_test.js")
  * that ends with its own "N passed, N failed": its other lines are echoed on
  * stderr behind "  TAG: ", its counts join this binary's, and it must have

@@ -522,16 +522,6 @@ TEST(http_token_budget)
 
 /* ---- start-up refusals -------------------------------------------------- */
 
-static int run_capture(const char *cmd, char *out, size_t cap)
-{
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 TEST(startup_refusals)
 {
     char path[600], cmd[2048], out[8192];
@@ -539,17 +529,17 @@ TEST(startup_refusals)
     write_file(path, keyfile_text, 0644);
     snprintf(cmd, sizeof cmd, "%s --allow-root --port 0 --model %s --api-keys %s 2>&1",
              daemon_bin_path("neurocached"), model_dir, path);
-    CHECK(run_capture(cmd, out, sizeof out) == 1);
+    CHECK(harness_run_capture(cmd, out, sizeof out) == 1);
     CHECK_STR_CONTAINS(str(out), "mode 0644");
     snprintf(path, sizeof path, "%s/keys-bad", scratch);
     write_file(path, "x y z\n", 0600);
     snprintf(cmd, sizeof cmd, "%s --allow-root --port 0 --model %s --api-keys %s 2>&1",
              daemon_bin_path("neurocached"), model_dir, path);
-    CHECK(run_capture(cmd, out, sizeof out) == 1);
+    CHECK(harness_run_capture(cmd, out, sizeof out) == 1);
     CHECK_STR_CONTAINS(str(out), "line 1");
     if (geteuid() == 0) {
         snprintf(cmd, sizeof cmd, "%s --port 0 --model %s 2>&1", daemon_bin_path("neurocached"), model_dir);
-        CHECK(run_capture(cmd, out, sizeof out) == 1);
+        CHECK(harness_run_capture(cmd, out, sizeof out) == 1);
         CHECK_STR_CONTAINS(str(out), "refusing to run as root");
     } else {
         fprintf(stderr, "        (not root: the root refusal is not exercised)\n");

@@ -711,13 +711,18 @@ TEST(template_table_read_at_switch)
     /* the light template: coarse centroids nlist*dim floats (64 KiB), PQ
      * codebooks M*ksub*(dim/M) floats (64 KiB), empty lists: well under half
      * the table whatever FAISS's small allocations add */
-    CHECKF(h1 - h0 < table / 2, "exact cache with its template: %zu bytes (table %zu)", h1 - h0, table);
+    /* heap_bytes reads glibc's statistics, which ASan's allocator leaves at
+     * 0 (NEUROCACHE_SANITIZED): there only the behaviour is checked */
+    bool glibc_malloc = !getenv("NEUROCACHE_SANITIZED");
+    if (glibc_malloc)
+        CHECKF(h1 - h0 < table / 2, "exact cache with its template: %zu bytes (table %zu)", h1 - h0, table);
     CHECK(unbounded_cache_add(u, x, w, nadd, NULL, err, sizeof err) == NC_OK);
     CHECKF(unbounded_cache_switch(u, err, sizeof err) == NC_OK, "%s", err);
     CHECK(!unbounded_cache_is_exact(u));
     size_t h2 = heap_bytes();
     /* the IVF index now holds the table (the flat copy is freed) */
-    CHECKF(h2 > h0 && h2 - h0 >= table, "IVF cache: %zu bytes, table %zu", h2 - h0, table);
+    if (glibc_malloc)
+        CHECKF(h2 > h0 && h2 - h0 >= table, "IVF cache: %zu bytes, table %zu", h2 - h0, table);
     /* and finds a stored vector itself (distance 0 up to PQ's error: its
      * word comes back first among 5) */
     float d2[5];

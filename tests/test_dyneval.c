@@ -609,17 +609,6 @@ TEST(cli_stats_and_score)
     CHECK(system(cmd) == 0);
 }
 
-static int run_capture(const char *cmd, char *out, size_t cap)
-{
-    FILE *f = popen(cmd, "r");
-    if (!f)
-        return -1;
-    size_t n = fread(out, 1, cap - 1, f);
-    out[n] = 0;
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static const char *DTEXT = "w1 w2 w3 w4 w5 w1 w2 w3\nw6 w7 w1 w2 w3 w4 zzz w8\nw1 w2 w3 w9 w1 w2\n"
                            "w4 w5 w1 w2 w3 w6 w7\nw1 w2 w3 w4 w5 w1 w2 w3\n";
 #define DYN_OPTS "--dyn-lr 0.2 --dyn-segment 6 --dyn-params 2 --neural-cache 20 --theta 0.5 --lambda 0.2"
@@ -707,7 +696,7 @@ TEST(daemon_matches_cli_and_round_trips)
         fclose(f);
     snprintf(cmd, sizeof cmd, "%s dyn-stats --model %s --train %s --segment 6 2>&1", daemon_bin_path("neurocache"), dir,
              path);
-    CHECKF(run_capture(cmd, out, sizeof out) == 0, "%s", out);
+    CHECKF(harness_run_capture(cmd, out, sizeof out) == 0, "%s", out);
     snprintf(path, sizeof path, "%s/one.txt", dir);
     f = fopen(path, "w");
     if (f) {
@@ -716,7 +705,7 @@ TEST(daemon_matches_cli_and_round_trips)
     }
     snprintf(cmd, sizeof cmd, "%s score --model %s --format json " DYN_OPTS " %s 2>/dev/null",
              daemon_bin_path("neurocache"), dir, path);
-    CHECK(run_capture(cmd, out, sizeof out) == 0);
+    CHECK(harness_run_capture(cmd, out, sizeof out) == 0);
     json_t *cli = json_loads(out, 0, NULL);
     json_t *want = cli ? json_object_get(cli, "logprobs") : NULL;
     size_t nw = json_array_size(want);

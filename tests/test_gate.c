@@ -589,17 +589,6 @@ TEST(partial_skip_equals_precomputed)
 
 /* ---- the daemon and the CLI ---- */
 
-static int run_capture(const char *cmd, char *out, size_t cap)
-{
-    FILE *f = popen(cmd, "r");
-    if (!f)
-        return -1;
-    size_t n = fread(out, 1, cap - 1, f);
-    out[n] = 0;
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static const char *TEXT = "w1 w2 w3 w4 w5 w1 w2 w3\nw6 w7 w1 w2 w3 w4 zzz w8\nw1 w2 w3 w9 w1 w2\n";
 #define CACHE_OPTS "--neural-cache 20 --theta 0.5 --lambda 0.2 --unigram-cache 10 --unigram-lambda 0.1"
 
@@ -630,7 +619,7 @@ TEST(server_and_cli_agree)
     /* a model without a gate: score --gate is an error naming the cure */
     snprintf(cmd, sizeof cmd, "%s score --model %s " CACHE_OPTS " --gate %s 2>&1", daemon_bin_path("neurocache"), dir,
              text_path);
-    CHECK(run_capture(cmd, out, sizeof out) == 1 && strstr(out, "fit-gate"));
+    CHECK(harness_run_capture(cmd, out, sizeof out) == 1 && strstr(out, "fit-gate"));
     nc_daemon d0;
     const char *args0[] = {"--model", dir, NULL};
     if (daemon_start(&d0, args0) == 0) {
@@ -647,21 +636,21 @@ TEST(server_and_cli_agree)
     /* fit */
     snprintf(cmd, sizeof cmd, "%s fit-gate --model %s --valid %s " CACHE_OPTS " --hidden 2 2>&1",
              daemon_bin_path("neurocache"), dir, path);
-    CHECKF(run_capture(cmd, out, sizeof out) == 0, "%s", out);
+    CHECKF(harness_run_capture(cmd, out, sizeof out) == 0, "%s", out);
     CHECK(strstr(out, "gate: perplexity") != NULL);
     snprintf(path, sizeof path, "%s/gate-curve.csv", dir);
     CHECK(access(path, R_OK) == 0);
     /* the CLI with the gate */
     snprintf(cmd, sizeof cmd, "%s score --model %s --format json " CACHE_OPTS " --gate %s 2>/dev/null",
              daemon_bin_path("neurocache"), dir, text_path);
-    CHECK(run_capture(cmd, out, sizeof out) == 0);
+    CHECK(harness_run_capture(cmd, out, sizeof out) == 0);
     json_t *cli = json_loads(out, 0, NULL);
     json_t *want = cli ? json_object_get(cli, "logprobs") : NULL;
     CHECK(json_array_size(want) == 25);
     /* constant λ differs (the gate is really used) */
     snprintf(cmd, sizeof cmd, "%s score --model %s --format json " CACHE_OPTS " %s 2>/dev/null",
              daemon_bin_path("neurocache"), dir, text_path);
-    CHECK(run_capture(cmd, out, sizeof out) == 0);
+    CHECK(harness_run_capture(cmd, out, sizeof out) == 0);
     json_t *cst = json_loads(out, 0, NULL);
     double moved = 0;
     for (size_t i = 0; cst && i < json_array_size(want); i++)

@@ -422,7 +422,10 @@ int co_read_tokens(const nc_model *m, const char *path, nc_tokens *out, char *er
             nc_error(err, errlen, rc, "%s: %s", path, e2);
         /* every perplexity a command prints comes with the rate of <unk>
          * behind it (an <unk>-heavy text flatters it: docs/normalisation.md) */
-        nc_tokens mine = {out->ids + n0, out->words + n0, out->offsets + n0, out->n - n0, out->n - n0, NULL};
+        /* words and offsets are NULL when the caller keeps no strings
+         * (and an empty file leaves ids NULL): no offset into NULL */
+        nc_tokens mine = {out->ids ? out->ids + n0 : NULL, out->words ? out->words + n0 : NULL,
+                          out->offsets ? out->offsets + n0 : NULL, out->n - n0, out->n - n0, NULL};
         double rate = rc ? 0 : co_unk_rate(m, &mine, &unk);
         if (!rc && co_report_unk)
             fprintf(stderr, "%s: %zu tokens (%s), %zu unknown words (%.2f%%)\n", path, mine.n,
