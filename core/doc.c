@@ -290,6 +290,7 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
     bool *skip = nc_zalloc(B, sizeof *skip);
     float *qs = skipping && ub_read ? nc_malloc(B * (size_t)H * sizeof(float)) : NULL;
     int *row_of = ub_read ? nc_malloc(B * sizeof(int)) : NULL;
+    nc_ub_coarse coarse = {0};
     if ((nc && !direct && (!keys || !kv)) || (nc && !dots) || (ub_read && (!ud2 || !uw || !lim || !row_of)) ||
         !ins || !skip || (skipping && ub_read && !qs)) {
         rc = nc_error(err, errlen, NC_ENOMEM, "scoring buffers");
@@ -350,10 +351,16 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
             /* adaptive retrieval: the pre-search gate decides from these */
             skip[r] = skipping && gate_skip_search(d->gate, p, in);
         }
+        /* a block searched whole: its add makes the coarse search of its
+         * keys, which are its queries, and the search reuses it */
+        bool whole = ub_read && ub_add;
+        for (size_t r = 0; whole && r < nb; r++)
+            whole = !skip[r];
         if (ub_add) {
             int64_t first_id;
-            if ((rc = unbounded_cache_add(ub, Q, (d->mem_ids ? d->mem_ids : d->ids) + b0, nb, &first_id, err,
-                                  errlen)))
+            nc_ub_add a = {.keys = Q, .words = (d->mem_ids ? d->mem_ids : d->ids) + b0, .n = nb,
+                           .nprobe = p->nprobe, .coarse = whole ? &coarse : NULL};
+            if ((rc = unbounded_cache_add_block(ub, &a, &first_id, err, errlen)))
                 goto out;
             for (size_t r = 0; ub_read && r < nb; r++)
                 lim[r] = first_id + (int64_t)r;   /* pairs of this block at >= r are the future */
@@ -371,9 +378,10 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
                 lim[i] = lim[row_of[i]];
             }
             const float *QS = ns == nb ? Q : qs;
-            if (ns > 0 && (rc = unbounded_cache_search(ub, QS, ns, k, p->nprobe, ub_add ? lim : NULL,
-                                                       ub_add ? (int)nb : 0, doc_reader(d, p), ud2, uw, err,
-                                                       errlen)))
+            nc_ub_query uq = {.queries = QS, .nq = ns, .k = k, .nprobe = p->nprobe, .id_limit = ub_add ? lim : NULL,
+                              .extra = ub_add ? (int)nb : 0, .reader = doc_reader(d, p),
+                              .coarse = whole ? &coarse : NULL, .out_d2 = ud2, .out_words = uw};
+            if (ns > 0 && (rc = unbounded_cache_query(ub, &uq, err, errlen)))
                 goto out;
             /* results to their rows, from the last (row_of[i] >= i) */
             for (size_t i = ns; i-- > 0;)
@@ -429,6 +437,7 @@ out:
     free(ud2);
     free(uw);
     free(lim);
+    ub_coarse_free(&coarse);
 out_free_local:
     neural_cache_free(&tmp_n);
     unigram_cache_free(&tmp_u);

@@ -2,7 +2,8 @@
  * our own (core/faiss_shim.cpp) compiled with the build: a search with its
  * own nprobe (faiss::SearchParametersIVF), so that two readers of one index
  * with different nprobe need not change the shared index's field (and take
- * a write lock to do it). */
+ * a write lock to do it); our IVFPQ scan; an add whose list assignment does
+ * not depend on the batch and can reuse a search's coarse quantizer. */
 #ifndef NC_FAISS_SHIM_H
 #define NC_FAISS_SHIM_H
 
@@ -37,10 +38,56 @@ int faiss_shim_search(const FaissIndex *idx, int64_t n, const float *x, int64_t 
  * found; ties broken by id. *ndis (if non-NULL) += codes scanned.
  * Returns 0; 1 when idx is not such an index (the caller searches with
  * faiss_shim_search); -1 on a FAISS error (message in err). Const on the
- * index: safe beside other searches (not beside adds). */
-int faiss_shim_ivfpq_search(const FaissIndex *idx, int64_t n, const float *x, int64_t k, int nprobe,
-                            const int64_t *id_limit, float *d, int64_t *l, uint64_t *ndis, char *err,
-                            size_t errlen);
+ * index: safe beside other searches (not beside adds).
+ *
+ * One call: n queries x [n, d], k neighbours each into
+ * d/l [n, k] (ascending; -1 ids and INFINITY pad), nprobe lists (<= 0: the
+ * index's), id_limit [n] or NULL (query q accepts ids < id_limit[q] only,
+ * before it selects its k), cdis/cids [n, nprobe] the queries' coarse search
+ * made before (faiss_shim_coarse: the same nprobe, the same index) or NULL,
+ * ndis (or NULL) += the codes scanned. */
+typedef struct {
+    int64_t n;
+    const float *x;
+    int64_t k;
+    int nprobe;
+    const int64_t *id_limit;
+    const float *cdis;
+    const int64_t *cids;
+    float *d;
+    int64_t *l;
+    uint64_t *ndis;
+} faiss_shim_scan;
+
+int faiss_shim_ivfpq_search(const FaissIndex *idx, const faiss_shim_scan *s, char *err, size_t errlen);
+
+/* The coarse search of n queries x for nprobe lists (<= 0: the index's):
+ * cdis/cids [n, np], as faiss_shim_ivfpq_search would make it. Returns np
+ * (nprobe or the index's, at most its nlist; cdis/cids need room for n x
+ * that), 0 when idx is not an index our scan reads (nothing written), -1 on
+ * an error. */
+int faiss_shim_coarse(const FaissIndex *idx, int64_t n, const float *x, int nprobe, float *cdis, int64_t *cids);
+
+/* An add to an IVFPQ index with a flat L2 quantizer, each key to the list
+ * of its nearest centroid in exact arithmetic order (fvec_L2sqr), ties to
+ * the lower list: the same list whatever the batch and whoever adds it (a
+ * stream, an upload, a replay of the log, a replica), where FAISS's own
+ * assignment rounds differently in batches of >= 20 (BLAS) and of fewer.
+ * hint (or NULL): the coarse search of nearby vectors hint_x [n, d] (the
+ * keys before their float16 rounding) for hint_np lists, which saves the
+ * keys' own search wherever it provably holds the nearest centroid. */
+typedef struct {
+    int64_t n;
+    const float *keys;
+    const float *hint_x;
+    const float *hint_d;
+    const int64_t *hint_l;
+    int hint_np;
+} faiss_shim_add_in;
+
+/* 1: not such an index (nothing added: use faiss_Index_add), 0 added, -1
+ * error */
+int faiss_shim_add(FaissIndex *idx, const faiss_shim_add_in *a, char *err, size_t errlen);
 
 /* Bytes idx holds whatever its size: an IVF index's coarse centroids and,
  * for IVFPQ, its PQ centroids and precomputed residual tables (nlist x M x

@@ -53,6 +53,7 @@ struct nc_unbounded_cache {
     void *shook_ctx;
     float *kbuf;                  /* rounded keys scratch (key_f16) */
     size_t kbuf_n;
+    uint64_t gen;                 /* +1 each time idx is replaced (nc_ub_coarse) */
 };
 
 static int faiss_err(char *err, size_t errlen, const char *what)
@@ -265,6 +266,29 @@ static int switch_begin(nc_unbounded_cache *u, ub_switch_job *job, bool *started
     return NC_OK;
 }
 
+/* n keys into idx: an IVFPQ index places each in the list of its exact
+ * nearest centroid (faiss_shim_add: the same list whoever adds it, in
+ * whatever batch), from the hint's coarse search where it holds it (x:
+ * the keys before rounding); any other index adds as FAISS does. */
+static int index_add(FaissIndex *idx, size_t n, const float *keys, const float *x, const nc_ub_coarse *hint,
+                     char *err, size_t errlen)
+{
+    faiss_shim_add_in a = {.n = (int64_t)n, .keys = keys};
+    if (hint) {
+        a.hint_x = x;
+        a.hint_d = hint->d;
+        a.hint_l = hint->l;
+        a.hint_np = hint->stride;
+    }
+    char ferr[256];
+    int how = faiss_shim_add(idx, &a, ferr, sizeof ferr);
+    if (how < 0)
+        return nc_error(err, errlen, NC_EFORMAT, "adding to the unbounded index: %s", ferr);
+    if (how == 1 && faiss_Index_add(idx, (idx_t)n, keys))
+        return faiss_err(err, errlen, "adding to the unbounded index");
+    return NC_OK;
+}
+
 /* Without the lock: fills the IVF index from the copy. */
 static int switch_fill(const nc_unbounded_cache *u, ub_switch_job *job, char *err, size_t errlen)
 {
@@ -281,8 +305,9 @@ static int switch_fill(const nc_unbounded_cache *u, ub_switch_job *job, char *er
     }
     for (idx_t i = 0; i < job->n; i += chunk) {
         idx_t m = job->n - i < chunk ? job->n - i : chunk;
-        if (faiss_Index_add(job->ivf, m, job->xb + (size_t)i * u->o.dim))
-            return faiss_err(err, errlen, "filling the unbounded index");
+        int rc = index_add(job->ivf, (size_t)m, job->xb + (size_t)i * u->o.dim, NULL, NULL, err, errlen);
+        if (rc)
+            return rc;
     }
     return NC_OK;
 }
@@ -299,8 +324,8 @@ static int switch_finish(nc_unbounded_cache *u, ub_switch_job *job, int rc, char
         size_t xsize = 0;
         faiss_IndexFlat_xb((FaissIndexFlat *)u->idx, &xb, &xsize);
         idx_t n = faiss_Index_ntotal(u->idx);
-        if (n > job->n && faiss_Index_add(job->ivf, n - job->n, xb + (size_t)job->n * u->o.dim))
-            rc = faiss_err(err, errlen, "filling the unbounded index");
+        if (n > job->n)
+            rc = index_add(job->ivf, (size_t)(n - job->n), xb + (size_t)job->n * u->o.dim, NULL, NULL, err, errlen);
     }
     if (!rc)
         rc = set_nprobe(u, job->ivf, u->nprobe, err, errlen);
@@ -312,6 +337,7 @@ static int switch_finish(nc_unbounded_cache *u, ub_switch_job *job, int rc, char
     faiss_Index_free(u->idx);
     u->idx = job->ivf;
     u->flat = false;
+    u->gen++;
     job->ivf = NULL;
     return NC_OK;
 }
@@ -339,11 +365,76 @@ int unbounded_cache_switch(nc_unbounded_cache *u, char *err, size_t errlen)
     return switch_and_unlock(u, err, errlen);
 }
 
-int unbounded_cache_add(nc_unbounded_cache *u, const float *keys, const int *words, size_t n, int64_t *first_id,
-                char *err, size_t errlen)
+void ub_coarse_free(nc_ub_coarse *c)
+{
+    free(c->d);
+    free(c->l);
+    *c = (nc_ub_coarse){0};
+}
+
+/* Under the read lock: the coarse search of a->keys into a->coarse (rows 0
+ * when the index is flat or not ours to scan). Errors leave it empty: the
+ * add and the search then make their own. */
+static void coarse_search(nc_unbounded_cache *u, const nc_ub_add *a)
+{
+    nc_ub_coarse *c = a->coarse;
+    c->n = 0;
+    const int np = a->nprobe > 0 ? a->nprobe : u->nprobe;
+    if (u->flat || a->n == 0)
+        return;
+    size_t rows = a->n * (size_t)np;
+    if (rows > c->cap) {
+        float *d = nc_realloc(c->d, rows * sizeof(float));
+        if (d)
+            c->d = d;
+        int64_t *l = d ? nc_realloc(c->l, rows * sizeof(int64_t)) : NULL;
+        if (l)
+            c->l = l;
+        if (!d || !l)
+            return;
+        c->cap = rows;
+    }
+    int got = faiss_shim_coarse(u->idx, (int64_t)a->n, a->keys, np, c->d, c->l);
+    if (got <= 0)
+        return;
+    c->n = a->n;
+    c->np = np;
+    c->stride = got;
+    c->x = a->keys;
+    c->gen = u->gen;
+}
+
+/* Keys as stored: rounded to float16 into u->kbuf when key_f16 */
+static int stored_keys(nc_unbounded_cache *u, const float **keys, size_t n, char *err, size_t errlen)
+{
+    if (!u->o.key_f16)
+        return NC_OK;
+    size_t m = n * (size_t)u->o.dim;
+    if (m > u->kbuf_n) {
+        float *kb = nc_realloc(u->kbuf, m * sizeof(float));
+        if (!kb)
+            return nc_error(err, errlen, NC_ENOMEM, "unbounded cache keys (%zu)", n);
+        u->kbuf = kb;
+        u->kbuf_n = m;
+    }
+    memcpy(u->kbuf, *keys, m * sizeof(float));
+    vm_round_to_half(u->kbuf, m);
+    *keys = u->kbuf;
+    return NC_OK;
+}
+
+int unbounded_cache_add_block(nc_unbounded_cache *u, const nc_ub_add *a, int64_t *first_id, char *err,
+                              size_t errlen)
 {
     int rc = NC_OK;
+    const size_t n = a->n;
     omp_limit(u);
+    if (a->coarse) {
+        /* outside the write lock: readers go on meanwhile */
+        pthread_rwlock_rdlock(&u->lock);
+        coarse_search(u, a);
+        pthread_rwlock_unlock(&u->lock);
+    }
     pthread_rwlock_wrlock(&u->lock);
     if (first_id)
         *first_id = (int64_t)u->nvalues;
@@ -361,34 +452,28 @@ int unbounded_cache_add(nc_unbounded_cache *u, const float *keys, const int *wor
         u->values = v;
         u->cap = c;
     }
-    if (u->o.key_f16) {
-        size_t m = n * (size_t)u->o.dim;
-        if (m > u->kbuf_n) {
-            float *kb = nc_realloc(u->kbuf, m * sizeof(float));
-            if (!kb) {
-                rc = nc_error(err, errlen, NC_ENOMEM, "unbounded cache keys (%zu)", n);
-                goto out;
-            }
-            u->kbuf = kb;
-            u->kbuf_n = m;
-        }
-        memcpy(u->kbuf, keys, m * sizeof(float));
-        vm_round_to_half(u->kbuf, m);
-        keys = u->kbuf;
-    }
-    if (u->hook && (rc = u->hook(u->hook_ctx, keys, words, n, (int64_t)u->nvalues, err, errlen)))
+    const float *keys = a->keys;
+    if ((rc = stored_keys(u, &keys, n, err, errlen)))
         goto out;
-    if (faiss_Index_add(u->idx, (idx_t)n, keys)) {
-        rc = faiss_err(err, errlen, "adding to the unbounded index");
+    if (u->hook && (rc = u->hook(u->hook_ctx, keys, a->words, n, (int64_t)u->nvalues, err, errlen)))
         goto out;
-    }
-    memcpy(u->values + u->nvalues, words, n * sizeof(int));
+    const nc_ub_coarse *hint = a->coarse && a->coarse->n == n && a->coarse->gen == u->gen ? a->coarse : NULL;
+    if ((rc = index_add(u->idx, n, keys, a->keys, hint, err, errlen)))
+        goto out;
+    memcpy(u->values + u->nvalues, a->words, n * sizeof(int));
     u->nvalues += n;
     if (u->flat && (long)u->nvalues >= u->o.switch_at)
         return switch_and_unlock(u, err, errlen);   /* it says whether a switch is due */
 out:
     pthread_rwlock_unlock(&u->lock);
     return rc;
+}
+
+int unbounded_cache_add(nc_unbounded_cache *u, const float *keys, const int *words, size_t n, int64_t *first_id,
+                char *err, size_t errlen)
+{
+    nc_ub_add a = {.keys = keys, .words = words, .n = n};
+    return unbounded_cache_add_block(u, &a, first_id, err, errlen);
 }
 
 void unbounded_cache_set_add_hook(nc_unbounded_cache *u, unbounded_cache_add_hook fn, void *ctx)
@@ -439,6 +524,22 @@ int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size
                        const int64_t *id_limit, int extra, int reader, float *out_d2, int *out_words,
                        int64_t *out_ids, char *err, size_t errlen)
 {
+    nc_ub_query q = {.queries = queries, .nq = nq, .k = k, .nprobe = nprobe, .id_limit = id_limit, .extra = extra,
+                     .reader = reader, .out_d2 = out_d2, .out_words = out_words, .out_ids = out_ids};
+    return unbounded_cache_query(u, &q, err, errlen);
+}
+
+/* long: one search from its locks to the reader's words; each step reads the
+ * previous one's buffers */
+int unbounded_cache_query(nc_unbounded_cache *u, const nc_ub_query *qr, char *err, size_t errlen)
+{
+    const float *queries = qr->queries;
+    const size_t nq = qr->nq;
+    const int k = qr->k, nprobe = qr->nprobe, extra = qr->extra, reader = qr->reader;
+    const int64_t *id_limit = qr->id_limit;
+    float *out_d2 = qr->out_d2;
+    int *out_words = qr->out_words;
+    int64_t *out_ids = qr->out_ids;
     if (k <= 0 || extra < 0)
         return nc_error(err, errlen, NC_EINVAL, "knn %d / extra %d", k, extra);
     /* the one place where stored values become a reader's word ids: a
@@ -480,7 +581,13 @@ int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size
     int how = 1;
     if (!u->flat && !u->o.faiss_scan) {
         uint64_t nd = 0;
-        how = faiss_shim_ivfpq_search(u->idx, (int64_t)nq, queries, k, np, id_limit, d, l, &nd, ferr, sizeof ferr);
+        /* the coarse search the add of these vectors made, if it is theirs */
+        const nc_ub_coarse *c = qr->coarse;
+        bool shared = c && c->x == queries && c->n == nq && c->np == np && c->gen == u->gen;
+        faiss_shim_scan sc = {.n = (int64_t)nq, .x = queries, .k = k, .nprobe = np, .id_limit = id_limit,
+                              .cdis = shared ? c->d : NULL, .cids = shared ? c->l : NULL, .d = d, .l = l,
+                              .ndis = &nd};
+        how = faiss_shim_ivfpq_search(u->idx, &sc, ferr, sizeof ferr);
         if (how == 0) {
             kk = k;
             atomic_fetch_add_explicit(&u->ndis, nd, memory_order_relaxed);
