@@ -14,6 +14,8 @@
 #include <faiss/c_api/Index_c.h>
 #include <faiss/c_api/index_factory_c.h>
 #include <faiss/c_api/index_io_c.h>
+#include <faiss/c_api/IndexFlat_c.h>
+#include <faiss/c_api/IndexIVF_c.h>
 
 #include "harness.h"
 #include "tolerance.h"
@@ -24,6 +26,8 @@
 #include "lstm.h"
 #include "cache_params.h"
 #include "unbounded_cache.h"
+#include "faiss_shim.h"
+#include "vmath.h"
 #include "tokenizer.h"
 #include "model.h"
 
@@ -933,6 +937,117 @@ TEST(own_scan_matches_faiss)
     free(q), free(cent), free(x), free(w);
 }
 
+/* Each id's list in an IVF index: list_of[id], -1 where absent */
+static void lists_of(FaissIndex *idx, int nlist, size_t n, int *list_of)
+{
+    for (size_t i = 0; i < n; i++)
+        list_of[i] = -1;
+    for (int c = 0; c < nlist; c++) {
+        size_t ls = faiss_IndexIVF_get_list_size((FaissIndexIVF *)idx, (size_t)c);
+        idx_t *ids = malloc((ls ? ls : 1) * sizeof(idx_t));
+        faiss_IndexIVF_invlists_get_ids((FaissIndexIVF *)idx, (size_t)c, ids);
+        for (size_t j = 0; j < ls; j++)
+            if (ids[j] >= 0 && (size_t)ids[j] < n)
+                list_of[ids[j]] = c;
+        free(ids);
+    }
+}
+
+/* faiss_shim_add places every key in the list of its nearest centroid,
+ * checked against a brute-force argmin in double precision (a key whose two
+ * nearest centroids are within 1e-4 of their distance counts as tied: float
+ * distances of 16 terms of magnitude <= ~50 round by < 16 * 50 * 2^-24 =
+ * 5e-5), and in the same list whichever way it comes: one batch (FAISS
+ * would assign by BLAS), one key a call (FAISS: by direct distances), or
+ * from the coarse search of the unrounded keys (the hint of a block's
+ * search). The scan then reads the hint's coarse search to the bit as its
+ * own. */
+TEST(shim_add_places_keys_at_exact_nearest)
+{
+    const int dim = 16, nclust = 25, nlist = 32, np = 4;
+    const size_t ntrain = 4000, n = 2000;
+    float *cent, *x;
+    int *w;
+    synth_points(dim, ntrain + n, nclust, &cent, &x, &w);
+    FaissIndex *ix[3] = {NULL, NULL, NULL};
+    for (int v = 0; v < 3; v++) {
+        CHECK(faiss_index_factory(&ix[v], dim, "IVF32,PQ8np", METRIC_L2) == 0);
+        if (!ix[v])
+            return;
+        CHECK(faiss_Index_train(ix[v], (idx_t)ntrain, x) == 0);
+    }
+    const float *keys0 = x + ntrain * dim;
+    float *y = malloc(n * dim * sizeof(float));
+    memcpy(y, keys0, n * dim * sizeof(float));
+    vm_round_to_half(y, n * dim);
+    float *cd = malloc(n * np * sizeof(float));
+    int64_t *cl = malloc(n * np * sizeof(int64_t));
+    CHECK(faiss_shim_coarse(ix[0], (int64_t)n, keys0, np, cd, cl) == np);
+    char err[256] = "";
+    faiss_shim_add_in hinted = {.n = (int64_t)n, .keys = y, .hint_x = keys0, .hint_d = cd, .hint_l = cl,
+                                .hint_np = np};
+    CHECKF(faiss_shim_add(ix[0], &hinted, err, sizeof err) == 0, "%s", err);
+    faiss_shim_add_in batch = {.n = (int64_t)n, .keys = y};
+    CHECKF(faiss_shim_add(ix[1], &batch, err, sizeof err) == 0, "%s", err);
+    for (size_t i = 0; i < n; i++) {
+        faiss_shim_add_in one = {.n = 1, .keys = y + i * dim};
+        if (faiss_shim_add(ix[2], &one, err, sizeof err) != 0) {
+            CHECKF(0, "%s", err);
+            break;
+        }
+    }
+    int *lo[3];
+    for (int v = 0; v < 3; v++) {
+        CHECK(faiss_Index_ntotal(ix[v]) == (idx_t)n);
+        lo[v] = malloc(n * sizeof(int));
+        lists_of(ix[v], nlist, n, lo[v]);
+    }
+    /* the centroids, from the flat quantizer */
+    FaissIndexFlat *q = (FaissIndexFlat *)faiss_IndexIVF_quantizer((FaissIndexIVF *)ix[0]);
+    float *cx = NULL;
+    size_t cs = 0;
+    faiss_IndexFlat_xb(q, &cx, &cs);
+    int wrong = 0, differ = 0, ties = 0;
+    for (size_t i = 0; i < n; i++) {
+        double b1 = INFINITY, b2 = INFINITY;
+        int a1 = -1;
+        for (int c = 0; c < nlist; c++) {
+            double s = 0;
+            for (int j = 0; j < dim; j++) {
+                double e = (double)y[i * dim + j] - cx[c * dim + j];
+                s += e * e;
+            }
+            if (s < b1)
+                b2 = b1, b1 = s, a1 = c;
+            else if (s < b2)
+                b2 = s;
+        }
+        bool tied = b2 - b1 < 1e-4;
+        ties += tied;
+        if (!tied && lo[0][i] != a1)
+            wrong++;
+        if (lo[0][i] != lo[1][i] || lo[0][i] != lo[2][i])
+            differ++;
+    }
+    CHECKF(wrong == 0 && differ == 0, "%d keys off their nearest list, %d placed differently (%d ties)", wrong,
+           differ, ties);
+    /* the scan with the hint's coarse search = the scan making its own */
+    const int k = 10, nq = 50;
+    float d2[2][50 * 10];
+    int64_t l2[2][50 * 10];
+    for (int h = 0; h < 2; h++) {
+        faiss_shim_scan sc = {.n = nq, .x = keys0, .k = k, .nprobe = np, .cdis = h ? cd : NULL,
+                              .cids = h ? cl : NULL, .d = d2[h], .l = l2[h]};
+        CHECKF(faiss_shim_ivfpq_search(ix[0], &sc, err, sizeof err) == 0, "%s", err);
+    }
+    CHECK(memcmp(d2[0], d2[1], sizeof d2[0]) == 0 && memcmp(l2[0], l2[1], sizeof l2[0]) == 0);
+    for (int v = 0; v < 3; v++) {
+        free(lo[v]);
+        faiss_Index_free(ix[v]);
+    }
+    free(y), free(cd), free(cl), free(cent), free(x), free(w);
+}
+
 TEST(empty_caches_contribute_nothing)
 {
     nc_model *m = load_fixture();
@@ -1236,6 +1351,7 @@ int main(void)
     RUN(template_table_read_at_switch);
     RUN(nprobe_per_search_concurrent);
     RUN(own_scan_matches_faiss);
+    RUN(shim_add_places_keys_at_exact_nearest);
     RUN(empty_caches_contribute_nothing);
     RUN(stream_export_import);
     RUN(neural_cache_dots_naive);
