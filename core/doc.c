@@ -458,20 +458,25 @@ int doc_neighbours(const nc_doc *d, const nc_cache_params *p, nc_unbounded_cache
     if (!lim)
         return nc_error(err, errlen, NC_ENOMEM, "search buffers");
     int rc = NC_OK;
+    nc_ub_coarse coarse = {0};   /* the add's coarse search of the block, its search's too */
     for (size_t b0 = d->first; !rc && b0 < d->n; b0 += block) {
         size_t nb = d->n - b0 < block ? d->n - b0 : block;
         const float *Q = d->q + b0 * H;
         if (adapt) {
             int64_t first_id;
-            if ((rc = unbounded_cache_add(ub, Q, (d->mem_ids ? d->mem_ids : d->ids) + b0, nb, &first_id, err,
-                                  errlen)))
+            nc_ub_add a = {.keys = Q, .words = (d->mem_ids ? d->mem_ids : d->ids) + b0, .n = nb,
+                           .nprobe = p->nprobe, .coarse = &coarse};
+            if ((rc = unbounded_cache_add_block(ub, &a, &first_id, err, errlen)))
                 break;
             for (size_t r = 0; r < nb; r++)
                 lim[r] = first_id + (int64_t)r;
         }
-        rc = unbounded_cache_search(ub, Q, nb, k, p->nprobe, adapt ? lim : NULL, adapt ? (int)nb : 0,
-                            doc_reader(d, p), d2 + b0 * (size_t)k, words + b0 * (size_t)k, err, errlen);
+        nc_ub_query q = {.queries = Q, .nq = nb, .k = k, .nprobe = p->nprobe, .id_limit = adapt ? lim : NULL,
+                         .extra = adapt ? (int)nb : 0, .reader = doc_reader(d, p), .coarse = adapt ? &coarse : NULL,
+                         .out_d2 = d2 + b0 * (size_t)k, .out_words = words + b0 * (size_t)k};
+        rc = unbounded_cache_query(ub, &q, err, errlen);
     }
+    ub_coarse_free(&coarse);
     free(lim);
     return rc;
 }

@@ -16,6 +16,7 @@
 #   BENCH_N        stored states (default 1000000)
 #   BENCH_SECONDS  seconds per row (default 5)
 #   MODEL          model directory with its trained unbounded.faiss (default models/demo)
+#   BENCH_KNN, BENCH_NPROBE  the sessions' knn and nprobe (default: the defaults)
 set -euo pipefail
 BUILD=${BUILD:-build}
 BIN=${BIN:-bin}
@@ -39,7 +40,8 @@ if [ ! -d "$SEEDED/namespaces/ns" ]; then
 fi
 fresh() { rm -rf "$RUN" && cp -a "$SEEDED" "$RUN"; }
 row() { fresh; echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"; "$gen" --model "$MODEL" --data-dir "$RUN" --namespace ns \
-    --neural 200 --seconds "$S" --score-tokens 0 "$@"; echo; }
+    --neural 200 --seconds "$S" --score-tokens 0 ${BENCH_KNN:+--knn $BENCH_KNN} ${BENCH_NPROBE:+--nprobe $BENCH_NPROBE} \
+    "$@"; echo; }
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo

@@ -9,7 +9,7 @@
  *
  * usage: bench_server [--model DIR] [--seconds S] [--clients 1,16,64] [--batch 0|1] [--f16 0|1] [--wrk 0|1]
  *                     [--threads N] [--score-tokens N] [--neural N] [--heavy N [--fair-clients N]]
- *                     [--data-dir DIR --namespace NS [--stream N]]
+ *                     [--data-dir DIR --namespace NS [--stream N] [--knn K] [--nprobe P]]
  * --score-tokens N: words of the scored text (N + N/20 tokens with the line
  * ends); the default 45,000 (47,250 tokens) stays under the daemon's default
  * max_tokens_per_request (50,000), which refuses longer texts with 413.
@@ -18,7 +18,8 @@
  * heavy work must not starve predicts); --clients "" skips the usual rows.
  * --namespace NS (with --data-dir DIR, the daemon's data_dir, holding
  * DIR/namespaces/NS, e.g. written by bench_ns_seed): the sessions read NS's
- * unbounded cache ("unbounded": true, knn and nprobe at their defaults);
+ * unbounded cache ("unbounded": true, knn and nprobe at their defaults or
+ * --knn / --nprobe);
  * then, with --stream N, the predict load of --fair-clients sessions without
  * and with N clients streaming documents into NS (text/plain uploads of
  * 45,000 words, back to back). The streamed entries stay in NS (copy the
@@ -176,6 +177,7 @@ static char **words;
 static int nwords;
 static int f16;                   /* sessions' neural keys in float16 */
 static const char *ns_name;       /* --namespace: sessions read its unbounded cache */
+static int ub_knn, ub_nprobe;     /* --knn, --nprobe of those sessions (0: the defaults) */
 static int feed_between;          /* --feed-between 1: a one-word feed (untimed) before each predict */
 
 static void load_words(const char *model_dir)
@@ -225,9 +227,12 @@ static void *predict_worker(void *arg)
     client cl;
     client_init(&cl, w->port);
     char body[256], path[256], id[128] = "";
+    char ub[64] = "";   /* --knn / --nprobe: else the defaults */
+    if (ub_knn > 0 || ub_nprobe > 0)
+        snprintf(ub, sizeof ub, ",\"knn\":%d,\"nprobe\":%d", ub_knn > 0 ? ub_knn : 1024, ub_nprobe > 0 ? ub_nprobe : 8);
     int n = ns_name ? snprintf(body, sizeof body, "{\"namespace\":\"%s\",\"cache\":{\"neural_size\":%d%s,"
-                                                  "\"unbounded\":true}}", ns_name, w->neural,
-                               f16 ? ",\"neural_f16\":true" : "")
+                                                  "\"unbounded\":true%s}}", ns_name, w->neural,
+                               f16 ? ",\"neural_f16\":true" : "", ub)
                     : snprintf(body, sizeof body, "{\"cache\":{\"neural_size\":%d%s}}", w->neural,
                                f16 ? ",\"neural_f16\":true" : "");
     if (client_post(&cl, "/v1/sessions", body, (size_t)n) == 201) {
@@ -702,6 +707,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--fair-clients")) fair_clients = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--data-dir")) data_dir = argv[i + 1];
         else if (!strcmp(argv[i], "--namespace")) ns_name = argv[i + 1];
+        else if (!strcmp(argv[i], "--knn")) ub_knn = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--nprobe")) ub_nprobe = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--stream")) heavy = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--feed-between")) feed_between = atoi(argv[i + 1]);
         else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
