@@ -265,6 +265,16 @@ void lstm_logits_batch(const nc_model *m, const float *hidden, size_t T, float *
     const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
     if (T == 0)
         return;
+    /* a row or two (a daemon's one-word feed): one GEMV a row. OpenBLAS's
+     * GEMM packs the whole V x H decoder first (10 MB for the demo model),
+     * which took ~1.5 ms of a one-word feed's ~4 ms in the daemon (perf,
+     * BENCHMARKS "The daemon with a 1M-entry namespace"); a GEMV reads it
+     * once a row */
+    if (T <= 2) {
+        for (size_t t = 0; t < T; t++)
+            lstm_logits(m, hidden + t * (size_t)H, logits + t * (size_t)V);
+        return;
+    }
     for (size_t t = 0; t < T; t++)
         memcpy(logits + t * (size_t)V, m->decoder_b, (size_t)V * sizeof(float));
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, V, H, 1.0f, hidden, H, m->decoder_w, H, 1.0f,
