@@ -215,6 +215,17 @@ static int doc_reader(const nc_doc *d, const nc_cache_params *p)
     return p->open_vocab || d->unk_id < 0 ? NC_UB_OPEN : d->unk_id;
 }
 
+/* A search's results of rows row_of[0..ns) back to their rows, from the
+ * last (row_of[i] >= i) */
+static void rows_back(float *ud2, int *uw, const int *row_of, size_t ns, int k)
+{
+    for (size_t i = ns; i-- > 0;)
+        if ((size_t)row_of[i] != i) {
+            memcpy(ud2 + (size_t)row_of[i] * k, ud2 + i * k, (size_t)k * sizeof(float));
+            memcpy(uw + (size_t)row_of[i] * k, uw + i * k, (size_t)k * sizeof(int));
+        }
+}
+
 int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_t block,
               double *logprobs, char *err, size_t errlen)
 {
@@ -351,15 +362,11 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
             /* adaptive retrieval: the pre-search gate decides from these */
             skip[r] = skipping && gate_skip_search(d->gate, p, in);
         }
-        /* a block searched whole: its add makes the coarse search of its
-         * keys, which are its queries, and the search reuses it */
-        bool whole = ub_read && ub_add;
-        for (size_t r = 0; whole && r < nb; r++)
-            whole = !skip[r];
         if (ub_add) {
             int64_t first_id;
+            /* its coarse search of the keys (= the queries) serves the search */
             nc_ub_add a = {.keys = Q, .words = (d->mem_ids ? d->mem_ids : d->ids) + b0, .n = nb,
-                           .nprobe = p->nprobe, .coarse = whole ? &coarse : NULL};
+                           .nprobe = p->nprobe, .coarse = ub_read ? &coarse : NULL};
             if ((rc = unbounded_cache_add_block(ub, &a, &first_id, err, errlen)))
                 goto out;
             for (size_t r = 0; ub_read && r < nb; r++)
@@ -380,15 +387,10 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
             const float *QS = ns == nb ? Q : qs;
             nc_ub_query uq = {.queries = QS, .nq = ns, .k = k, .nprobe = p->nprobe, .id_limit = ub_add ? lim : NULL,
                               .extra = ub_add ? (int)nb : 0, .reader = doc_reader(d, p),
-                              .coarse = whole ? &coarse : NULL, .out_d2 = ud2, .out_words = uw};
+                              .coarse = &coarse, .out_d2 = ud2, .out_words = uw};
             if (ns > 0 && (rc = unbounded_cache_query(ub, &uq, err, errlen)))
                 goto out;
-            /* results to their rows, from the last (row_of[i] >= i) */
-            for (size_t i = ns; i-- > 0;)
-                if ((size_t)row_of[i] != i) {
-                    memcpy(ud2 + (size_t)row_of[i] * k, ud2 + i * k, (size_t)k * sizeof(float));
-                    memcpy(uw + (size_t)row_of[i] * k, uw + i * k, (size_t)k * sizeof(int));
-                }
+            rows_back(ud2, uw, row_of, ns, k);
             if (skipping) {
                 c->searched += ns;
                 c->skipped += nb - ns;
