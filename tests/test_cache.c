@@ -1031,10 +1031,13 @@ TEST(shim_add_places_keys_at_exact_nearest)
     }
     CHECKF(wrong == 0 && differ == 0, "%d keys off their nearest list, %d placed differently (%d ties)", wrong,
            differ, ties);
-    /* the scan with the hint's coarse search = the scan making its own */
+    /* the scan with the coarse search of the same batch of queries (as a
+     * block's add hands it over) = the scan making its own; a batch of
+     * another size may round its GEMM otherwise (OpenBLAS's kernels) */
     const int k = 10, nq = 50;
     float d2[2][50 * 10];
     int64_t l2[2][50 * 10];
+    CHECK(faiss_shim_coarse(ix[0], nq, keys0, np, cd, cl) == np);
     for (int h = 0; h < 2; h++) {
         faiss_shim_scan sc = {.n = nq, .x = keys0, .k = k, .nprobe = np, .cdis = h ? cd : NULL,
                               .cids = h ? cl : NULL, .d = d2[h], .l = l2[h]};
