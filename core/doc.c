@@ -406,9 +406,7 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
             }
             logprobs[t] = mixture_target(p, in, d->ids[t]);
             if (c && c->gate_f) {
-                unsigned a = mixture_available(p, in);
-                gate_features(p, in, (a >> NC_COMP_UNBOUNDED) & 1u, c->gate_f + t * NC_GATE_NFEAT);
-                mixture_components(p, in, d->ids[t], c->gate_pc + t * NC_NCOMP);
+                mixture_gate_data(p, in, d->ids[t], c->gate_f + t * NC_GATE_NFEAT, c->gate_pc + t * NC_NCOMP);
             }
             if (uc && (rc = unigram_cache_push(uc, d->ids[t]))) {
                 rc = nc_error(err, errlen, rc, "unigram cache");

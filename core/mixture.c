@@ -155,6 +155,15 @@ void mixture_components(const nc_cache_params *p, const nc_mix_input *in, int x,
         pc[c] = ((a >> c) & 1u) ? nc_component_rows[c]->prob(p, in, x) : NAN;
 }
 
+void mixture_gate_data(const nc_cache_params *p, const nc_mix_input *in, int x, double f[NC_GATE_NFEAT],
+                       double pc[NC_NCOMP])
+{
+    unsigned a = mixture_available(p, in);
+    int sc = components_searched();
+    gate_features(p, in, sc >= 0 && ((a >> sc) & 1u), f);
+    mixture_components(p, in, x, pc);
+}
+
 double mixture_target(const nc_cache_params *p, const nc_mix_input *in, int x)
 {
     if (p->gate && in->gate) {

@@ -27,6 +27,7 @@
 #include "unbounded_cache.h"
 #include "unigram_cache.h"
 #include "mix_input.h"
+#include "component.h"
 
 struct nc_cache_params_s;
 
@@ -45,6 +46,12 @@ unsigned mixture_components_on(const struct nc_cache_params_s *p);
  * in mixture_available): the terms that mixture_target mixes. */
 void mixture_components(const struct nc_cache_params_s *p, const nc_mix_input *in, int x,
                         double pc[NC_NCOMP]);
+
+/* One token of the gate's fitting data (gate.h nc_gate_data): the raw
+ * features f (the post-search ones when the searched component is
+ * available) and mixture_components' pc. */
+void mixture_gate_data(const struct nc_cache_params_s *p, const nc_mix_input *in, int x, double f[NC_GATE_NFEAT],
+                       double pc[NC_NCOMP]);
 
 /* Full distribution over [0, n_words) (n_words >= V and greater than every
  * id in the caches). shares: also fill out->share. */
