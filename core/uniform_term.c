@@ -43,11 +43,12 @@ static double uniform_prob(const nc_cache_params *p, const nc_mix_input *in, int
     return 1.0 / vocab_full(in);
 }
 
-/* μ / |V_full|, one rounding (not μ · (1 / |V_full|)) */
+/* μ / |V_full| as the constant mixture has always computed it: in float
+ * (μ is a float knob), so that its numbers stay the same bit for bit */
 static double uniform_lambda_prob(const nc_cache_params *p, const nc_mix_input *in, int x, double lambda)
 {
     (void)p, (void)x;
-    return lambda / vocab_full(in);
+    return (float)lambda / vocab_full(in);
 }
 
 /* the full path: |V_full| or, when unknown, the distribution's n words */

@@ -115,6 +115,14 @@ static double unigram_prob(const nc_cache_params *p, const nc_mix_input *in, int
     return unigram_cache_prob(in->uni, x);
 }
 
+/* λu p_uni(x) as the constant mixture has always computed it: a float
+ * product (both are floats), so that its numbers stay the same bit for bit */
+static double unigram_lambda_prob(const nc_cache_params *p, const nc_mix_input *in, int x, double lambda)
+{
+    (void)p;
+    return (float)lambda * unigram_cache_prob(in->uni, x);
+}
+
 static int unigram_max_word(const nc_mix_input *in)
 {
     int m = -1;
@@ -141,6 +149,7 @@ const nc_component nc_component_unigram = {
     .lambda = unigram_lambda,
     .available = unigram_available,
     .prob = unigram_prob,
+    .lambda_prob = unigram_lambda_prob,
     .max_word = unigram_max_word,
     .dense = unigram_dense,
     .features = unigram_feature_names,
