@@ -144,6 +144,11 @@ void gate_const_weights(const nc_cache_params *p, unsigned avail, double w[NC_NC
     }
 }
 
+bool gate_searches(const nc_gate *g)
+{
+    return (g->comps & searched_bit()) != 0;
+}
+
 double gate_threshold(const nc_gate *g, const nc_cache_params *p)
 {
     return p->gate_skip < 0.0f ? g->skip : (double)p->gate_skip;

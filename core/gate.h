@@ -102,6 +102,9 @@ void gate_const_weights(const struct nc_cache_params_s *p, unsigned avail, doubl
 /* Adaptive retrieval at one position: true when the search is to be
  * skipped (the pre-search gate's unbounded weight below the threshold). */
 bool gate_skip_search(const nc_gate *g, const struct nc_cache_params_s *p, const nc_mix_input *in);
+/* g was fitted with the searched component (components.h): its pre-search
+ * net can skip that component's search. */
+bool gate_searches(const nc_gate *g);
 /* The threshold in force: p->gate_skip, or the gate's own when it is < 0. */
 double gate_threshold(const nc_gate *g, const struct nc_cache_params_s *p);
 

@@ -219,7 +219,7 @@ int cmd_fit_gate(int argc, char **argv)
         printf("gate: %d components, %d features + bias, %d hidden units: %d parameters per gate (model row "
                "fixed at 0; the pre-search gate as many), fit %.2f s\n",
                ncomp, NC_GATE_NFEAT, g.nh, np, t_fit);
-        if (g.comps & (1u << NC_COMP_UNBOUNDED))
+        if (gate_searches(&g))
             printf("adaptive retrieval: threshold %.4g skips %.1f%% of the searches, perplexity %.3f (%+.2f%% "
                    "against the gate always searching)\n",
                    g.skip, 100.0 * sk, ppl_skip, 100.0 * (ppl_skip / ppl_gate - 1.0));
