@@ -1,8 +1,7 @@
 /* mixture.c -- design §4's mixture at one position: full distribution and
  * target-only log-probability. Both paths run the same steps in the same
- * order (see mixture.h) so they agree to float rounding. The caches' terms
- * are their files' (unigram_cache.h, neural_cache.h, unbounded_cache.h):
- * this file only composes them. */
+ * order (the rows of component_table.h) so they agree to float rounding.
+ * The terms are the rows' (component.h): this file only composes them. */
 #include "mixture.h"
 #include "cache_params.h"
 #include "components.h"
