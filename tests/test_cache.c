@@ -973,9 +973,9 @@ TEST(empty_caches_contribute_nothing)
 /* tests/fixtures/stream-v3.blob: the blob stream_export wrote at commit
  * ce344d9 (format NCSTRM03, settings without names) for the stream built
  * here: lstm-2layer, these settings, these 91 tokens. Today's import must
- * give the same session: the same settings and the same prediction bit for
- * bit as the stream rebuilt from scratch; exported again it is NCSTRM04
- * (settings by knob name) and reads back the same. */
+ * give the same session: the same settings and the prediction of the stream
+ * rebuilt from scratch; exported again it is NCSTRM04 (settings by knob
+ * name) and reads back the same bit for bit. */
 TEST(stream_import_v3)
 {
     nc_model *m = load_fixture();
@@ -1036,9 +1036,17 @@ TEST(stream_import_v3)
         CHECK(stream_predict(im, true, &d1, err, sizeof err) == NC_OK);
         CHECK(stream_predict(again, true, &d2, err, sizeof err) == NC_OK);
         CHECK(d0.n == (size_t)V + 1 && d1.n == d0.n && d2.n == d0.n);
+        /* the blob's LSTM state was computed at whatever kernel level wrote
+         * it, the fresh one at this run's: a path difference (tolerance.h,
+         * TOL_FIXTURE_PATHS on each log-probability), far below what a lost
+         * window or setting moves (the unigram cache alone gives a word of
+         * the window 0.15 * k/30) */
+        double worst = 0;
+        for (size_t w = 0; d0.n == d1.n && w < d0.n; w++)
+            worst = fmax(worst, fabs(log(d0.p[w]) - log(d1.p[w])));
+        CHECKF(d0.n == d1.n && worst <= TOL_FIXTURE_PATHS, "fresh vs v3 blob: %g", worst);
         /* the same state and windows through the same code: bit equality */
-        CHECK(d0.n == d1.n && memcmp(d0.p, d1.p, d0.n * sizeof(float)) == 0);
-        CHECK(d0.n == d2.n && memcmp(d0.p, d2.p, d0.n * sizeof(float)) == 0);
+        CHECK(d1.n == d2.n && memcmp(d1.p, d2.p, d1.n * sizeof(float)) == 0);
         CHECK(d0.weight[NC_COMP_UNIGRAM] > 0 && d0.weight[NC_COMP_NEURAL] > 0 && d0.weight[NC_COMP_UNIFORM] > 0);
     }
     /* a blob naming a knob this build does not have is refused, by name */
