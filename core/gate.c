@@ -485,15 +485,17 @@ static void fit_start(nc_gate *g, const nc_cache_params *p, uint64_t seed)
 }
 
 /* The skip threshold: the largest candidate (quantiles of the pre-search
- * gate's weight of the searched component over the n tokens that count)
+ * gate's weight of the searched component over the tokens that count)
  * costing at most max_loss. */
-static int fit_skip(nc_gate *g, const nc_gate_data *d, size_t n, double max_loss, FILE *curve, char *err,
-                    size_t errlen)
+static int fit_skip(nc_gate *g, const nc_gate_data *d, double max_loss, FILE *curve, char *err, size_t errlen)
 {
     g->skip = 0.0;
     int sc = components_searched();
     if (sc < 0 || !((g->comps >> sc) & 1u))
         return NC_OK;
+    size_t n = 0;
+    for (size_t t = 0; t < d->n; t++)
+        n += token_used(g, d->pc + t * NC_NCOMP);
     double *q = nc_malloc(n * sizeof(double)), w[NC_NCOMP];
     if (!q)
         return nc_error(err, errlen, NC_ENOMEM, "gate: %zu weights", n);
@@ -530,7 +532,7 @@ int gate_fit(nc_gate *g, const nc_cache_params *p, const nc_gate_data *d, int nh
     fit_start(g, p, seed);
     lbfgs(g, false, d, l2, iters, curve);
     lbfgs(g, true, d, l2, iters, curve);
-    return fit_skip(g, d, n, max_loss, curve, err, errlen);
+    return fit_skip(g, d, max_loss, curve, err, errlen);
 }
 
 /* ---- files ---- */

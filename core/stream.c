@@ -870,9 +870,8 @@ static int ref_id(const blob_words *x, int32_t ref)
 }
 
 /* Magic, checksum and the model's shape: the reader r positioned after
- * them and the version, or the error. */
-static int open_blob(const nc_model *m, const void *blob, size_t len, binio_reader *r, int *version, char *err,
-                     size_t errlen)
+ * them (the version is the magic's last digit), or the error. */
+static int open_blob(const nc_model *m, const void *blob, size_t len, binio_reader *r, char *err, size_t errlen)
 {
     /* NCSTRM01: without the gate's two knobs (read as their defaults); 02
      * without dynamic evaluation's knobs and section; 03: settings
@@ -880,7 +879,6 @@ static int open_blob(const nc_model *m, const void *blob, size_t len, binio_read
     if (len < 12 || memcmp(blob, "NCSTRM0", 7) != 0 || ((const char *)blob)[7] < '1' ||
         ((const char *)blob)[7] > '4')
         return nc_error(err, errlen, NC_EFORMAT, "not a neurocache stream blob");
-    *version = ((const char *)blob)[7] - '0';
     if (!binio_open(r, blob, len, 8))
         return nc_error(err, errlen, NC_EFORMAT, "stream blob checksum mismatch");
     uint32_t bV = binio_get_u32(r), bH = binio_get_u32(r), bL = binio_get_u32(r);
@@ -981,9 +979,9 @@ int stream_import(const nc_model *m, nc_unbounded_cache *ub, nc_wordtable *words
 {
     *out = NULL;
     binio_reader r;
-    int version = 0;
     nc_cache_params p;
-    int rc = open_blob(m, blob, len, &r, &version, err, errlen);
+    int rc = open_blob(m, blob, len, &r, err, errlen);
+    int version = rc ? 0 : ((const char *)blob)[7] - '0';
     if (!rc)
         rc = get_params(&r, &p, version, err, errlen);
     if (rc)
