@@ -215,12 +215,22 @@ static json_t *logprobs_obj(const cmpl_job *j, json_t *tokens, json_t *lps, json
                      "text_offset", offs);
 }
 
-/* A piece of choice index: text[0..len) and its tokens (arrays stolen);
+/* A piece's tokens: the four parallel arrays of OpenAI's "logprobs". */
+typedef struct {
+    json_t *tokens, *lps, *tops, *offs;
+} piece_lists;
+
+static piece_lists piece_lists_new(void)
+{
+    return (piece_lists){json_array(), json_array(), json_array(), json_array()};
+}
+
+/* A piece of choice index: text[0..len) and its tokens l (arrays stolen);
  * finish != NULL ends the choice. Returns 0, or -1 when the client of a
  * stream is gone. */
-static int piece(cmpl_job *j, size_t index, const char *text, size_t len, json_t *tokens, json_t *lps,
-                 json_t *tops, json_t *offs, const char *finish)
+static int piece(cmpl_job *j, size_t index, const char *text, size_t len, piece_lists l, const char *finish)
 {
+    json_t *tokens = l.tokens, *lps = l.lps, *tops = l.tops, *offs = l.offs;
     if (j->sse) {
         json_t *ch = json_pack("{s:s%,s:I,s:o,s:s?}", "text", text, len, "index", (json_int_t)index, "logprobs",
                                logprobs_obj(j, tokens, lps, tops, offs), "finish_reason", finish);
@@ -265,7 +275,8 @@ static int send_ready(cmpl_job *j, gen_text *gt, size_t index, bool final, const
     size_t n = gen_text_ready(gt, &j->gp, final, &end);
     if (n == 0 && end == gt->sent && !finish)
         return 0;
-    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    piece_lists l = piece_lists_new();
+    json_t *tokens = l.tokens, *lps = l.lps, *tops = l.tops, *offs = l.offs;
     for (size_t i = 0; i < n; i++) {
         gen_word *w = &gt->pend[i];
         json_array_append_new(tokens, json_string(w->word));
@@ -277,7 +288,7 @@ static int send_ready(cmpl_job *j, gen_text *gt, size_t index, bool final, const
     const char *t = gt->text.s + gt->sent;
     size_t len = end - gt->sent;
     gen_text_consume(gt, n, end);
-    return piece(j, index, t, len, tokens, lps, tops, offs, finish);
+    return piece(j, index, t, len, l, finish);
 }
 
 /* The prompt as tokens, and its text (the original string, or the
@@ -411,7 +422,8 @@ static void choice_echo(cmpl_job *j, const cmpl_choice *c, size_t index, bool *g
 {
     bool want_top = j->r.logprobs > 0;
     const nc_tokens *t = &c->t;
-    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    piece_lists l = piece_lists_new();
+    json_t *tokens = l.tokens, *lps = l.lps, *tops = l.tops, *offs = l.offs;
     for (size_t i = 0; i < t->n; i++) {
         json_array_append_new(tokens, json_string(t->words[i]));
         json_array_append_new(lps, i == 0 ? json_null() : api_logprob(c->lp[i]));
@@ -419,7 +431,7 @@ static void choice_echo(cmpl_job *j, const cmpl_choice *c, size_t index, bool *g
                                              : i == 0 && j->r.logprobs > 0 ? json_null() : json_object());
         json_array_append_new(offs, json_integer((json_int_t)t->offsets[i]));
     }
-    if (piece(j, index, c->ptext.s ? c->ptext.s : "", c->ptext.len, tokens, lps, tops, offs, NULL) != 0)
+    if (piece(j, index, c->ptext.s ? c->ptext.s : "", c->ptext.len, l, NULL) != 0)
         *gone = true;
 }
 
@@ -559,8 +571,7 @@ void api_h_completions(nc_server *srv, http_request *req, http_response *resp)
         cmpl_free(j);
         return;
     }
-    gen_setup(&j->gp, &j->rng, j->r.temperature, j->r.top_p, j->r.logprobs, j->r.allow_unk, j->r.stop,
-              j->r.stop_len, j->r.n_stop, j->r.has_seed, j->r.seed);
+    gen_setup(&j->gp, &j->rng, &GEN_REQUEST_OF(j->r));
     unsigned char rb[12];
     snprintf(j->id, sizeof j->id, "cmpl-");
     if (getrandom(rb, sizeof rb, 0) == (ssize_t)sizeof rb)

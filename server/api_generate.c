@@ -292,8 +292,7 @@ void api_h_generate(nc_server *srv, http_request *req, http_response *resp)
         job_free(j);
         return;
     }
-    gen_setup(&j->gp, &j->rng, j->r.temperature, j->r.top_p, j->r.logprobs, j->r.allow_unk, j->r.stop,
-              j->r.stop_len, j->r.n_stop, j->r.has_seed, j->r.seed);
+    gen_setup(&j->gp, &j->rng, &GEN_REQUEST_OF(j->r));
     if (j->r.stream) {
         resp->sse = sse_new(produce, j, job_free);
         if (!resp->sse)

@@ -132,23 +132,29 @@ static int build_parse_args(build_args *a, int argc, char **argv)
     return -1;
 }
 
+/* The index being built: its factory string and where it goes. */
+typedef struct {
+    FaissIndex *idx;
+    char factory[128];
+    char out[1200];
+} build_index;
+
 /* The empty index of the factory string (--factory, or IVF4096,PQ{H/8}np)
  * and the path it goes to; checked before the long pass over the corpus. */
-static int build_new_index(const build_args *a, const nc_model *m, FaissIndex **idx, char *factory,
-                           size_t factory_len, char *out, size_t out_len, char *err, size_t errlen)
+static int build_new_index(const build_args *a, const nc_model *m, build_index *bi, char *err, size_t errlen)
 {
     const int H = m->cfg.hidden_size;
     if (a->factory_arg)
-        snprintf(factory, factory_len, "%s", a->factory_arg);
+        snprintf(bi->factory, sizeof bi->factory, "%s", a->factory_arg);
     else
         /* np: see unbounded_cache.c -- skips polysemous training, same index */
-        snprintf(factory, factory_len, "IVF4096,PQ%dnp", H / 8 > 0 ? H / 8 : 1);
-    snprintf(out, out_len, "%s/unbounded.faiss", a->model_dir);
+        snprintf(bi->factory, sizeof bi->factory, "IVF4096,PQ%dnp", H / 8 > 0 ? H / 8 : 1);
+    snprintf(bi->out, sizeof bi->out, "%s/unbounded.faiss", a->model_dir);
     if (a->out_arg)
-        snprintf(out, out_len, "%s", a->out_arg);
-    if (faiss_index_factory(idx, H, factory, METRIC_L2)) {
+        snprintf(bi->out, sizeof bi->out, "%s", a->out_arg);
+    if (faiss_index_factory(&bi->idx, H, bi->factory, METRIC_L2)) {
         const char *fm = faiss_get_last_error();
-        return nc_error(err, errlen, NC_EINVAL, "bad --factory '%s': %s", factory, fm ? fm : "FAISS error");
+        return nc_error(err, errlen, NC_EINVAL, "bad --factory '%s': %s", bi->factory, fm ? fm : "FAISS error");
     }
     return NC_OK;
 }
@@ -203,15 +209,15 @@ int cmd_build_index(int argc, char **argv)
      * spin-waiting threads are slowest exactly when the cores are busy */
     unbounded_cache_set_threads(a.threads > 0 ? (int)a.threads : 1);
 
-    char err[NC_ERRLEN], factory[128], out[1200];
+    char err[NC_ERRLEN];
     nc_model *m = NULL;
     nc_tokens toks;
     tokens_init(&toks);
     reservoir r = {0};
-    FaissIndex *idx = NULL;
+    static build_index bi;
     int rc = model_load(a.model_dir, &m, err, sizeof err);
     if (!rc)
-        rc = build_new_index(&a, m, &idx, factory, sizeof factory, out, sizeof out, err, sizeof err);
+        rc = build_new_index(&a, m, &bi, err, sizeof err);
     if (!rc)
         rc = co_read_tokens(m, a.corpus, &toks, err, sizeof err);
     if (!rc && toks.n == 0)
@@ -220,15 +226,16 @@ int cmd_build_index(int argc, char **argv)
     if (!rc)
         rc = build_sample(&a, m, &toks, &r, err, sizeof err);
     if (!rc)
-        rc = build_train(idx, factory, &r, err, sizeof err);
+        rc = build_train(bi.idx, bi.factory, &r, err, sizeof err);
     if (!rc)
-        rc = build_write(idx, out, err, sizeof err);
+        rc = build_write(bi.idx, bi.out, err, sizeof err);
     if (!rc)
-        fprintf(stderr, "build-index: wrote %s (%s, trained, empty) in %.1f s total\n", out, factory, co_now() - t0);
+        fprintf(stderr, "build-index: wrote %s (%s, trained, empty) in %.1f s total\n", bi.out, bi.factory,
+                co_now() - t0);
     if (rc)
         fprintf(stderr, "neurocache build-index: %s\n", err);
-    if (idx)
-        faiss_Index_free(idx);
+    if (bi.idx)
+        faiss_Index_free(bi.idx);
     free(r.x);
     tokens_clear(&toks);
     model_free(m);

@@ -230,12 +230,31 @@ typedef struct {
     double skipped;               /* gate rows: fraction of unbounded searches skipped (else NAN) */
 } result;
 
+/* What scoring every file needs: the model, the command's cache options
+ * and start state; err: the message of a failure. */
+typedef struct {
+    const nc_model *m;
+    const cacheopts *co;
+    bool bos_eos;
+    char err[NC_ERRLEN];
+} eval_ctx;
+
+/* The rows of the table and each one's result for the file at hand. */
+typedef struct {
+    const row *rows;
+    int nrows;
+    result *res;
+} eval_table;
+
 /* A row with dynamic evaluation: a session through the file (its weights
  * change as it goes, so the shared LSTM pass and neighbours do not serve),
  * with its own unbounded cache filled with --memory, which it adapts. */
-static int eval_dyn_row(const nc_model *m, const cacheopts *co, bool bos_eos, const nc_tokens *toks,
-                        const nc_cache_params *p, double *lp, result *res, char *err, size_t errlen)
+static int eval_dyn_row(eval_ctx *x, const nc_tokens *toks, const nc_cache_params *p, double *lp, result *res)
 {
+    const nc_model *m = x->m;
+    const cacheopts *co = x->co;
+    char *err = x->err;
+    const size_t errlen = sizeof x->err;
     nc_wordtable *words = NULL;
     nc_unbounded_cache *ub = NULL;
     int rc = NC_OK;
@@ -248,7 +267,7 @@ static int eval_dyn_row(const nc_model *m, const cacheopts *co, bool bos_eos, co
     double t0 = co_now(), c0 = co_cpu();
     if (!rc) {
         int blas = co_search_begin(co);
-        rc = co_score_stream(m, p, ub, words, toks, bos_eos, lp, err, errlen);
+        rc = co_score_stream(m, p, ub, words, toks, x->bos_eos, lp, err, errlen);
         co_search_end(blas);
     }
     res->seconds = co_now() - t0;
@@ -290,9 +309,12 @@ static void eval_doc_free(eval_doc *e)
 }
 
 /* Reads the file, fills the unbounded cache's memory and runs the LSTM. */
-static int eval_doc_prepare(eval_doc *e, const nc_model *m, const cacheopts *co, bool bos_eos, const char *path,
-                            char *err, size_t errlen)
+static int eval_doc_prepare(eval_doc *e, eval_ctx *x, const char *path)
 {
+    const nc_model *m = x->m;
+    const cacheopts *co = x->co;
+    char *err = x->err;
+    const size_t errlen = sizeof x->err;
     int rc = co_read_tokens(m, path, &e->toks, err, errlen);
     if (!rc && co->p.open_vocab)
         rc = wordtable_new(m->vocab, &e->words, err, errlen);
@@ -302,7 +324,7 @@ static int eval_doc_prepare(eval_doc *e, const nc_model *m, const cacheopts *co,
         rc = cacheopts_fill_memory(m, co->memory_path, e->words, e->ub, true, err, errlen);
     double t0 = co_now(), c0 = co_cpu();
     if (!rc)
-        rc = co_prepare(m, &e->toks, bos_eos, e->words, &e->d, err, errlen);
+        rc = co_prepare(m, &e->toks, x->bos_eos, e->words, &e->d, err, errlen);
     e->t_pass = co_now() - t0;
     e->cpu_pass = co_cpu() - c0;
     if (!rc && e->d->n <= e->d->first)
@@ -316,8 +338,11 @@ static int eval_doc_prepare(eval_doc *e, const nc_model *m, const cacheopts *co,
 }
 
 /* The kmax nearest neighbours of every position, searched once for all rows. */
-static int eval_doc_search(eval_doc *e, const cacheopts *co, char *err, size_t errlen)
+static int eval_doc_search(eval_doc *e, eval_ctx *x)
 {
+    const cacheopts *co = x->co;
+    char *err = x->err;
+    const size_t errlen = sizeof x->err;
     size_t n = e->d->n, k = (size_t)e->kmax;
     int rc = NC_OK;
     e->nd2 = malloc(n * k * sizeof(float));
@@ -362,42 +387,42 @@ static void eval_doc_neighbours(eval_doc *e, int k, nc_doc_caches *dc, double *t
 }
 
 /* Scores the prepared file under one row (without dynamic evaluation). */
-static int eval_doc_row(eval_doc *e, const nc_model *m, const nc_cache_params *p, result *res, char *err,
-                        size_t errlen)
+static int eval_doc_row(eval_doc *e, eval_ctx *x, const nc_cache_params *p, result *res)
 {
     nc_doc_caches dc = {0};
     double tk = 0, ck = 0;
     if (p->unbounded)
         eval_doc_neighbours(e, p->knn, &dc, &tk, &ck);
     double t0 = co_now(), c0 = co_cpu();
-    int rc = doc_score(e->d, p, &dc, 0, e->lp, err, errlen);
+    int rc = doc_score(e->d, p, &dc, 0, e->lp, x->err, sizeof x->err);
     double ts = co_now() - t0, cs = co_cpu() - c0;
     res->skipped = dc.searched + dc.skipped > 0 ? (double)dc.skipped / (double)(dc.searched + dc.skipped) : NAN;
     res->ppl = co_ppl(e->lp, e->d->n, &res->scored);
-    res->unk = tokens_count_unk(m, &e->toks, 0);
+    res->unk = tokens_count_unk(x->m, &e->toks, 0);
     res->seconds = e->t_pass + tk + ts;
     res->cpu = e->cpu_pass + ck + cs;
     return rc;
 }
 
 /* Scores one file under every row; *t_lstm: the seconds of its LSTM pass. */
-static int eval_file(const nc_model *m, const cacheopts *co, bool bos_eos, const char *path, const row *rows,
-                     int nrows, result *res, double *t_lstm, char *err, size_t errlen)
+static int eval_file(eval_ctx *x, const char *path, const eval_table *tb, double *t_lstm)
 {
+    const row *rows = tb->rows;
+    const int nrows = tb->nrows;
     eval_doc e = {0};
     tokens_init(&e.toks);
     for (int i = 0; i < nrows; i++)
         if (rows[i].p.unbounded && rows[i].p.knn > e.kmax)
             e.kmax = rows[i].p.knn;
-    int rc = eval_doc_prepare(&e, m, co, bos_eos, path, err, errlen);
+    int rc = eval_doc_prepare(&e, x, path);
     *t_lstm = e.t_pass;
     if (!rc && e.kmax > 0)
-        rc = eval_doc_search(&e, co, err, errlen);
+        rc = eval_doc_search(&e, x);
     for (int i = 0; !rc && i < nrows; i++) {
         if (rows[i].p.dyn_lr > 0.0f)
-            rc = eval_dyn_row(m, co, bos_eos, &e.toks, &rows[i].p, e.lp, &res[i], err, errlen);
+            rc = eval_dyn_row(x, &e.toks, &rows[i].p, e.lp, &tb->res[i]);
         else
-            rc = eval_doc_row(&e, m, &rows[i].p, &res[i], err, errlen);
+            rc = eval_doc_row(&e, x, &rows[i].p, &tb->res[i]);
     }
     eval_doc_free(&e);
     return rc;
@@ -646,12 +671,12 @@ static int eval_rows(eval_args *a, row *rows, int *nrows, int *gate_rows_from)
 /* Checks the gated rows against the model's gate: a gate weighs the
  * components it was fitted with, so the twins of other component sets
  * (which would only show it used outside them) are dropped. */
-static int keep_gate_rows(const nc_model *m, const char *model_dir, row *rows, int *nrows, int gate_rows_from,
-                          char *err, size_t errlen)
+static int keep_gate_rows(eval_ctx *x, const char *model_dir, row *rows, int *nrows, int gate_rows_from)
 {
+    const nc_model *m = x->m;
     for (int i = 0; i < *nrows; i++)
         if (rows[i].p.gate && !m->gate)
-            return nc_error(err, errlen, NC_EINVAL, "%s has no gate (gate.safetensors): fit one with "
+            return nc_error(x->err, sizeof x->err, NC_EINVAL, "%s has no gate (gate.safetensors): fit one with "
                             "neurocache fit-gate", model_dir);
     if (gate_rows_from < 0)
         return NC_OK;
@@ -686,9 +711,11 @@ static int open_csv(const eval_args *a, FILE **csv, char *name, size_t namelen, 
 
 /* One file's table on stdout (and its CSV lines): a row per configuration,
  * its change against the static row (a sweep's is the last). */
-static void print_file_table(const eval_args *a, const char *path, const row *rows, int nrows, const result *res,
-                             double t_lstm, FILE *csv)
+static void print_file_table(const eval_args *a, const char *path, const eval_table *tb, double t_lstm, FILE *csv)
 {
+    const row *rows = tb->rows;
+    const int nrows = tb->nrows;
+    const result *res = tb->res;
     bool sweep = a->sweep != NULL;
     double ppl0 = sweep ? res[nrows - 1].ppl : res[0].ppl;
     printf("%s: %zu tokens scored, %zu unknown words (%.2f%%), LSTM pass %.2f s (%.0f tokens/s)%s\n", path,
@@ -733,27 +760,32 @@ int cmd_eval(int argc, char **argv)
     if (eval_rows(&a, rows, &nrows, &gate_rows_from))
         return 2;
 
-    char err[NC_ERRLEN], csvname[1100];
+    static eval_ctx x;
+    x = (eval_ctx){.co = &a.co, .bos_eos = a.bos_eos};
+    char *err = x.err, csvname[1100];
+    const size_t errlen = sizeof x.err;
     nc_model *m = NULL;
     FILE *csv = NULL;
-    int rc = model_load(a.model_dir, &m, err, sizeof err);
+    int rc = model_load(a.model_dir, &m, err, errlen);
+    x.m = m;
     if (!rc)
-        rc = keep_gate_rows(m, a.model_dir, rows, &nrows, gate_rows_from, err, sizeof err);
+        rc = keep_gate_rows(&x, a.model_dir, rows, &nrows, gate_rows_from);
     if (!rc && (a.csv_path || a.sweep))
-        rc = open_csv(&a, &csv, csvname, sizeof csvname, err, sizeof err);
+        rc = open_csv(&a, &csv, csvname, sizeof csvname, err, errlen);
     result *res = calloc((size_t)nrows, sizeof *res);
     if (!rc && !res)
-        rc = nc_error(err, sizeof err, NC_ENOMEM, "results");
+        rc = nc_error(err, errlen, NC_ENOMEM, "results");
+    const eval_table tb = {rows, nrows, res};
     for (int f = optind; !rc && f < argc; f++) {
         double tl = 0;
-        rc = eval_file(m, &a.co, a.bos_eos, argv[f], rows, nrows, res, &tl, err, sizeof err);
+        rc = eval_file(&x, argv[f], &tb, &tl);
         if (!rc)
-            print_file_table(&a, argv[f], rows, nrows, res, tl, csv);
+            print_file_table(&a, argv[f], &tb, tl, csv);
     }
     if (csv && fclose(csv) != 0 && !rc)
-        rc = nc_error(err, sizeof err, NC_EIO, "%s: write failed", csvname);
+        rc = nc_error(err, errlen, NC_EIO, "%s: write failed", csvname);
     if (!rc && a.sweep) {
-        rc = write_sweep_plot(a.prefix, a.swept->flag, err, sizeof err);
+        rc = write_sweep_plot(a.prefix, a.swept->flag, err, errlen);
         if (!rc)
             fprintf(stderr, "wrote %s.csv and %s.png\n", a.prefix, a.prefix);
     } else if (!rc && a.csv_path) {
