@@ -39,21 +39,24 @@ int raw_write_all(int fd, const char *p, size_t n)
     return 0;
 }
 
-/* Sends a JSON POST and returns the socket (the answer is read later, or
- * never: the client hangs up). */
-int raw_post(int port, const char *path, const char *body)
+int raw_post_as(int port, const char *version, const char *path, const char *body)
 {
     int fd = raw_connect(port);
     if (fd < 0) return -1;
     char head[512];
     int hl = snprintf(head, sizeof head,
-                      "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                      "Content-Length: %zu\r\n\r\n", path, strlen(body));
+                      "POST %s HTTP/%s\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      "Content-Length: %zu\r\n\r\n", path, version, strlen(body));
     if (raw_write_all(fd, head, (size_t)hl) || raw_write_all(fd, body, strlen(body))) {
         close(fd);
         return -1;
     }
     return fd;
+}
+
+int raw_post(int port, const char *path, const char *body)
+{
+    return raw_post_as(port, "1.1", path, body);
 }
 
 /* Reads what comes on fd for up to timeout_ms (until the answer's

@@ -18,6 +18,10 @@ int raw_write_all(int fd, const char *p, size_t n);
  * never: the client hangs up); -1 on failure. */
 int raw_post(int port, const char *path, const char *body);
 
+/* raw_post in HTTP/version ("1.0": the daemon sends an event stream
+ * unchunked and closes at its end). */
+int raw_post_as(int port, const char *version, const char *path, const char *body);
+
 /* Reads what comes on fd for up to timeout_ms (until the answer's
  * Content-Length is in, or the peer closes). Returns the bytes (malloc'd,
  * NUL-terminated, caller frees) and *closed = the peer closed. */

@@ -28,22 +28,6 @@ static char fixture[512];
 /* ---- raw HTTP for event streams -------------------------------------------
  * HTTP/1.0: the daemon sends the stream unchunked and closes at its end. */
 
-static int raw_post_http10(int port, const char *path, const char *body)
-{
-    int fd = raw_connect(port);
-    if (fd < 0)
-        return -1;
-    char head[512];
-    int hl = snprintf(head, sizeof head,
-                      "POST %s HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                      "Content-Length: %zu\r\n\r\n", path, strlen(body));
-    if (raw_write_all(fd, head, (size_t)hl) || raw_write_all(fd, body, strlen(body))) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
 /* Reads from fd until max_events "data:" events are in (0 = until the peer
  * closes) or timeout_s. Returns what came (malloc'd). */
 static char *raw_read_events(int fd, int max_events, double timeout_s)
@@ -76,7 +60,7 @@ static char *raw_read_events(int fd, int max_events, double timeout_s)
 /* The events of a whole stream: [parsed JSON or the string "[DONE]"]. */
 static json_t *sse_call(int port, const char *path, const char *body, char *ctype, size_t ctlen)
 {
-    int fd = raw_post_http10(port, path, body);
+    int fd = raw_post_as(port, "1.0", path, body);
     if (fd < 0) return NULL;
     char *b = raw_read_events(fd, 0, 600);   /* a bound for a hung daemon, not a speed */
     close(fd);
@@ -609,7 +593,7 @@ TEST(cancel_frees_worker)
         }
         http_resp_free(&r);
     }
-    int fd = raw_post_http10(d.port, "/v1/completions", body);
+    int fd = raw_post_as(d.port, "1.0", "/v1/completions", body);
     char *first = raw_read_events(fd, 2, 30);
     CHECK(strstr(first, "data: {") != NULL);
     free(first);
@@ -634,7 +618,7 @@ TEST(cancel_frees_worker)
     http_resp_free(&r);
     /* a session's stream, cancelled after 3 events */
     json_decref(post_ok(d.port, "/v1/sessions", "{\"id\":\"c\"}"));
-    fd = raw_post_http10(d.port, "/v1/sessions/c/generate", "{\"max_tokens\":4000,\"stream\":true,\"logprobs\":5}");
+    fd = raw_post_as(d.port, "1.0", "/v1/sessions/c/generate", "{\"max_tokens\":4000,\"stream\":true,\"logprobs\":5}");
     char *got = raw_read_events(fd, 3, 30);
     close(fd);
     int events = 0;
