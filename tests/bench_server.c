@@ -97,30 +97,11 @@ static int make_model(const char *dir, int V, int H)
 
 /* ---- a keep-alive client per thread ---- */
 
-typedef struct { char *s; size_t len, cap; } buf_t;
-
-static size_t on_body(char *p, size_t size, size_t nmemb, void *user)
-{
-    buf_t *b = user;
-    size_t n = size * nmemb;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 65536;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *ns = realloc(b->s, cap);
-        if (!ns) return 0;
-        b->s = ns;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->len, p, n);
-    b->len += n;
-    b->s[b->len] = 0;
-    return n;
-}
 
 typedef struct {
     CURL *c;
     struct curl_slist *h;
-    buf_t b;
+    http_buf b;
     int port;
 } client;
 
@@ -132,7 +113,7 @@ static void client_init(client *cl, int port)
     cl->h = curl_slist_append(NULL, "Content-Type: application/json");
     cl->h = curl_slist_append(cl->h, "Expect:");
     curl_easy_setopt(cl->c, CURLOPT_HTTPHEADER, cl->h);
-    curl_easy_setopt(cl->c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(cl->c, CURLOPT_WRITEFUNCTION, http_buf_write);
     curl_easy_setopt(cl->c, CURLOPT_WRITEDATA, &cl->b);
     curl_easy_setopt(cl->c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(cl->c, CURLOPT_TCP_NODELAY, 1L);
