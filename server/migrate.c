@@ -142,13 +142,17 @@ static int read_names(const unsigned char **p, const unsigned char *end, char *n
     return *sl == (uint64_t)(end - *p) ? 0 : -1;
 }
 
-api_error migrate_decode(const nc_model *m, uint64_t fingerprint, sessions *t, const void *blob,
-                         size_t len, nc_stream **out, void **ns_ref, char *ns, size_t nslen,
-                         char *err, size_t errlen)
+/* migrate_import (import) or migrate_peek. */
+static api_error decode(nc_server *srv, bool import, const void *blob, size_t len, migrate_state *st)
 {
-    if (out) *out = NULL;
-    *ns_ref = NULL;
-    if (nslen) ns[0] = 0;
+    const nc_model *m = srv->model;
+    uint64_t fingerprint = srv->migration->fingerprint;
+    sessions *t = srv->sessions;
+    char *err = st->err, *ns = st->ns;
+    const size_t errlen = sizeof st->err, nslen = sizeof st->ns;
+    st->stream = NULL;
+    st->ns_ref = NULL;
+    ns[0] = 0;
     const unsigned char *b = blob;
     api_error e = check_frame(b, len, err, errlen);
     const unsigned char *p = b + 12, *end = b + len - 4;
@@ -161,20 +165,20 @@ api_error migrate_decode(const nc_model *m, uint64_t fingerprint, sessions *t, c
         snprintf(err, errlen, "session state is malformed (field lengths do not add up)");
         return API_STATE_CORRUPT;
     }
-    if (!out)
+    if (!import)
         return API_OK;   /* the envelope only (namespace for a key check) */
     char msg[NC_ERRLEN] = "";
     nc_unbounded_cache *ub = NULL;
-    int brc = t ? sessions_bind(t, ns, &ub, ns_ref, msg, sizeof msg) : 0;
+    int brc = sessions_bind(t, ns, &ub, &st->ns_ref, msg, sizeof msg);
     if (brc != 0) {
         snprintf(err, errlen, "session state: namespace '%s': %s", ns, msg);
         /* the namespace's disk (503/507), else the state's name */
         return api_error_from_storage(brc, API_OUT_OF_RANGE);
     }
-    int rc = stream_import(m, ub, NULL, p, (size_t)sl, out, msg, sizeof msg);
-    if (rc != NC_OK && t) {
-        sessions_unbind(t, *ns_ref);
-        *ns_ref = NULL;
+    int rc = stream_import(m, ub, NULL, p, (size_t)sl, &st->stream, msg, sizeof msg);
+    if (rc != NC_OK) {
+        sessions_unbind(t, st->ns_ref);
+        st->ns_ref = NULL;
     }
     if (rc == NC_ENOMEM) {
         snprintf(err, errlen, "session state: out of memory");
@@ -197,11 +201,14 @@ int migrate_export(nc_server *srv, const nc_session *s, void **blob, size_t *len
     return migrate_encode(srv->model, srv->migration->fingerprint, s, blob, len, err, errlen);
 }
 
-api_error migrate_import(nc_server *srv, bool bind, const void *blob, size_t len, nc_stream **out, void **ns_ref,
-                         char *ns, size_t nslen, char *err, size_t errlen)
+api_error migrate_import(nc_server *srv, const void *blob, size_t len, migrate_state *st)
 {
-    return migrate_decode(srv->model, srv->migration->fingerprint, bind ? srv->sessions : NULL, blob, len, out,
-                          ns_ref, ns, nslen, err, errlen);
+    return decode(srv, true, blob, len, st);
+}
+
+api_error migrate_peek(nc_server *srv, const void *blob, size_t len, migrate_state *st)
+{
+    return decode(srv, false, blob, len, st);
 }
 
 /* ---- calls to the peers ---------------------------------------------------- */
@@ -359,14 +366,14 @@ static int pull(nc_server *srv, const char *id)
                 free(body);
                 continue;
             }
-            nc_stream *st = NULL;
-            void *ref = NULL;
-            char ns[SESSION_ID_MAX], msg[512] = "";
-            api_error e = migrate_import(srv, true, body, blen, &st, &ref, ns, sizeof ns, msg, sizeof msg);
+            migrate_state ms = {0};
+            char *msg = ms.err;
+            api_error e = migrate_import(srv, body, blen, &ms);
             nc_session *s = NULL;
             sessions_rc src = SESS_EINVAL;
             if (e == API_OK)
-                src = sessions_adopt(srv->sessions, id, ns, stream_params(st), st, ref, &s, msg, sizeof msg);
+                src = sessions_adopt(srv->sessions, id, ms.ns, stream_params(ms.stream), ms.stream, ms.ns_ref, &s,
+                                     msg, sizeof ms.err);
             if (src == SESS_OK) {
                 sessions_release(srv->sessions, s);
                 slog(SLOG_INFO, "session pulled", json_pack("{s:s,s:s}", "session", id, "from", p->url));
