@@ -437,22 +437,22 @@ int co_read_tokens(const nc_model *m, const char *path, nc_tokens *out, char *er
     return rc;
 }
 
-int co_prepare(const nc_model *m, const nc_tokens *t, bool bos_eos, nc_wordtable *words, nc_doc **out,
-               char *err, size_t errlen)
+int co_prepare(const co_text *x, nc_doc **out, char *err, size_t errlen)
 {
-    return co_prepare_ex(m, t, bos_eos, words, m->gate != NULL, out, err, errlen);
+    return co_prepare_ex(x, x->m->gate != NULL, out, err, errlen);
 }
 
-int co_prepare_ex(const nc_model *m, const nc_tokens *t, bool bos_eos, nc_wordtable *words, bool vocab_stats,
-                  nc_doc **out, char *err, size_t errlen)
+int co_prepare_ex(const co_text *x, bool vocab_stats, nc_doc **out, char *err, size_t errlen)
 {
+    const nc_model *m = x->m;
+    const bool bos_eos = x->bos_eos;
     nc_state *s = lstm_state_new(m);
     nc_lstm_work *w = lstm_work_new(m);
     int rc = (!s || !w) ? nc_error(err, errlen, NC_ENOMEM, "state") : NC_OK;
     if (!rc && bos_eos)
         lstm_step(m, s, m->eos_id, w);
     if (!rc)
-        rc = doc_prepare_ex(m, s, bos_eos, t, words, NULL, vocab_stats, out, err, errlen);
+        rc = doc_prepare_ex(m, s, bos_eos, x->toks, x->words, NULL, vocab_stats, out, err, errlen);
     lstm_state_free(s);
     lstm_work_free(w);
     return rc;
@@ -608,12 +608,13 @@ static int hp_produce(hp_pipe *p, const hp_producer *pr, size_t C, bool progress
     return rc;
 }
 
-int co_hidden_pass(const nc_model *m, const nc_tokens *toks, nc_wordtable *words, co_hidden_fn fn,
-                   void *ctx, bool progress, char *err, size_t errlen)
+int co_hidden_pass(const co_text *x, co_hidden_fn fn, void *ctx, bool progress, char *err, size_t errlen)
 {
+    const nc_model *m = x->m;
+    const nc_tokens *toks = x->toks;
     const size_t C = 4096;
     const int H = m->cfg.hidden_size;
-    hp_producer pr = {.m = m, .s = lstm_state_new(m), .toks = toks, .words = words};
+    hp_producer pr = {.m = m, .s = lstm_state_new(m), .toks = toks, .words = x->words};
     nc_lstm_work *w = lstm_work_new(m);
     hp_pipe p = {.fn = fn, .ctx = ctx};
     pthread_mutex_init(&p.lock, NULL);
@@ -671,7 +672,7 @@ int cacheopts_fill_memory(const nc_model *m, const char *path, nc_wordtable *wor
     if (!rc && progress)
         fprintf(stderr, "memory: streaming %zu tokens of %s into the unbounded cache\n", t.n, path);
     if (!rc)
-        rc = co_hidden_pass(m, &t, words, add_to_ub, ub, progress, err, errlen);
+        rc = co_hidden_pass(&(co_text){.m = m, .toks = &t, .words = words}, add_to_ub, ub, progress, err, errlen);
     tokens_clear(&t);
     return rc;
 }
@@ -682,20 +683,20 @@ bool cacheopts_any(const cacheopts *co)
     return p->neural_size > 0 || p->unigram_size > 0 || p->unbounded || p->open_vocab || p->dyn_lr > 0.0f;
 }
 
-int co_score_stream(const nc_model *m, const nc_cache_params *p, nc_unbounded_cache *ub, nc_wordtable *words,
-                    const nc_tokens *toks, bool bos_eos, double *lp, char *err, size_t errlen)
+int co_score_stream(const co_text *x, const nc_cache_params *p, nc_unbounded_cache *ub, double *lp, char *err,
+                    size_t errlen)
 {
     nc_stream *s = NULL;
-    int rc = stream_new(m, p, ub, words, bos_eos, &s, err, errlen);
+    int rc = stream_new(x->m, p, ub, x->words, x->bos_eos, &s, err, errlen);
     if (!rc)
-        rc = stream_feed(s, toks, ub != NULL, lp, err, errlen);
+        rc = stream_feed(s, x->toks, ub != NULL, lp, err, errlen);
     stream_free(s);
     return rc;
 }
 
-int co_score_cached(const nc_model *m, const cacheopts *co, const nc_tokens *toks, bool bos_eos,
-                    double *lp, bool progress, char *err, size_t errlen)
+int co_score_cached(const co_text *x, const cacheopts *co, double *lp, bool progress, char *err, size_t errlen)
 {
+    const nc_model *m = x->m;
     nc_wordtable *words = NULL;
     nc_unbounded_cache *ub = NULL;
     nc_doc *d = NULL;
@@ -708,10 +709,10 @@ int co_score_cached(const nc_model *m, const cacheopts *co, const nc_tokens *tok
         rc = cacheopts_fill_memory(m, co->memory_path, words, ub, progress, err, errlen);
     if (!rc && co->p.dyn_lr > 0.0f) {
         int blas = co_search_begin(co);
-        rc = co_score_stream(m, &co->p, ub, words, toks, bos_eos, lp, err, errlen);
+        rc = co_score_stream(&(co_text){m, x->toks, x->bos_eos, words}, &co->p, ub, lp, err, errlen);
         co_search_end(blas);
     } else if (!rc) {
-        rc = co_prepare(m, toks, bos_eos, words, &d, err, errlen);
+        rc = co_prepare(&(co_text){m, x->toks, x->bos_eos, words}, &d, err, errlen);
     }
     if (!rc && d) {
         nc_doc_caches dc = {.ub = ub, .adapt = ub != NULL};

@@ -170,7 +170,7 @@ static int build_sample(const build_args *a, const nc_model *m, const nc_tokens 
     if (!r->x)
         return nc_error(err, errlen, NC_ENOMEM, "sample of %zu states", r->cap);
     fprintf(stderr, "build-index: running the model over %zu tokens of %s\n", toks->n, a->corpus);
-    return co_hidden_pass(m, toks, NULL, keep_sample, r, true, err, errlen);
+    return co_hidden_pass(&(co_text){.m = m, .toks = toks}, keep_sample, r, true, err, errlen);
 }
 
 /* Trains the index on the sample. */

@@ -267,7 +267,7 @@ static int eval_dyn_row(eval_ctx *x, const nc_tokens *toks, const nc_cache_param
     double t0 = co_now(), c0 = co_cpu();
     if (!rc) {
         int blas = co_search_begin(co);
-        rc = co_score_stream(m, p, ub, words, toks, x->bos_eos, lp, err, errlen);
+        rc = co_score_stream(&(co_text){m, toks, x->bos_eos, words}, p, ub, lp, err, errlen);
         co_search_end(blas);
     }
     res->seconds = co_now() - t0;
@@ -324,7 +324,7 @@ static int eval_doc_prepare(eval_doc *e, eval_ctx *x, const char *path)
         rc = cacheopts_fill_memory(m, co->memory_path, e->words, e->ub, true, err, errlen);
     double t0 = co_now(), c0 = co_cpu();
     if (!rc)
-        rc = co_prepare(m, &e->toks, x->bos_eos, e->words, &e->d, err, errlen);
+        rc = co_prepare(&(co_text){m, &e->toks, x->bos_eos, e->words}, &e->d, err, errlen);
     e->t_pass = co_now() - t0;
     e->cpu_pass = co_cpu() - c0;
     if (!rc && e->d->n <= e->d->first)

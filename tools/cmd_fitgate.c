@@ -215,7 +215,7 @@ static int fitgate_collect(fitgate_data *s, const fitgate_args *a, const nc_mode
         rc = cacheopts_fill_memory(m, a->co.memory_path, s->words, s->ub, true, err, errlen);
     double t0 = co_now();
     if (!rc)
-        rc = co_prepare_ex(m, &s->toks, a->bos_eos, s->words, true, &s->d, err, errlen);
+        rc = co_prepare_ex(&(co_text){m, &s->toks, a->bos_eos, s->words}, true, &s->d, err, errlen);
     if (!rc && s->d->n <= s->d->first)
         rc = nc_error(err, errlen, NC_EINVAL, "%s: no tokens to fit on", a->valid);
     if (!rc) {

@@ -156,7 +156,8 @@ static int score_cached(const score_args *a, const nc_model *m, const nc_tokens 
     if (!r->dlp || !r->lp)
         rc = nc_error(err, errlen, NC_ENOMEM, "out of memory for %zu tokens", toks->n);
     if (rc == NC_OK)
-        rc = co_score_cached(m, &a->co, toks, a->bos == NC_BOS_EOS, r->dlp, true, err, errlen);
+        rc = co_score_cached(&(co_text){.m = m, .toks = toks, .bos_eos = a->bos == NC_BOS_EOS}, &a->co, r->dlp, true,
+                             err, errlen);
     r->first = a->bos == NC_BOS_EOS ? 0 : (toks->n > 0 ? 1 : 0);
     r->scored = toks->n - r->first;
     r->dt = co_now() - t0;
