@@ -23,12 +23,15 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "component_table.h"
+
 /* Hard limits, so a request cannot ask for absurd memory. */
 #define NC_CACHE_MAX_WINDOW 1000000
 #define NC_CACHE_MAX_KNN 16384
 #define NC_CACHE_MAX_NPROBE 65536
 
 #define NC_CACHE_KNOBS(X)                                                                              \
+    NC_TEST_KNOBS(X)   /* the test build's component's (component_table.h) */                             \
     X(unigram_size, "unigram-cache", INT, 0, NC_CACHE_MAX_WINDOW, "0",                                 \
       "unigram cache window (tokens), 0 = off")                                                        \
     X(unigram_lambda, NULL, FLOAT, 0, 1, "0.1", "unigram cache interpolation weight")     \
@@ -66,6 +69,22 @@
     X(dyn_params, NULL, INT, 0, 3, "1",                                                        \
       "dynamic evaluation: weights adapted, each with the decoder bias: 0 = the LSTM biases (sparse), " \
       "1 = the last LSTM layer, 2 = every LSTM layer, 3 = all weights")
+
+/* The unbounded cache's kernel K of eq. 5 (unbounded_cache.h), a knob's type. */
+typedef enum { NC_KERNEL_GAUSSIAN = 0, NC_KERNEL_EPANECHNIKOV = 1 } nc_kernel;
+
+/* Every knob of the mixture: one field per row of NC_CACHE_KNOBS
+ * (cache_knobs.h), where its type, bounds, default and meaning are defined. */
+#define NC_KNOB_CTYPE_INT int
+#define NC_KNOB_CTYPE_FLOAT float
+#define NC_KNOB_CTYPE_FLOAT_BELOW_MAX float
+#define NC_KNOB_CTYPE_BOOL bool
+#define NC_KNOB_CTYPE_KERNEL nc_kernel
+#define NC_KNOB_FIELD(name, flag, type, min, max, def, doc) NC_KNOB_CTYPE_##type name;
+typedef struct nc_cache_params_s {
+    NC_CACHE_KNOBS(NC_KNOB_FIELD)
+} nc_cache_params;
+#undef NC_KNOB_FIELD
 
 typedef enum { NC_KNOB_INT, NC_KNOB_FLOAT, NC_KNOB_FLOAT_BELOW_MAX, NC_KNOB_BOOL, NC_KNOB_KERNEL } nc_knob_type;
 

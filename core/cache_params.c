@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "components.h"
 #include "suggest.h"
 
 #define KNOB_ROW(name_, alias_, type_, min_, max_, def_, doc_)                                       \
@@ -187,19 +188,8 @@ int cache_params_validate(const nc_cache_params *p, char *err, size_t errlen)
         if (rc != NC_OK)
             return rc;
     }
-    /* combinations */
-    if (p->global_norm && p->neural_size == 0)
-        return nc_error(err, errlen, NC_EINVAL,
-                        "global_norm needs the neural cache (neural_size > 0)");
-    if (p->neural_f16 && p->neural_size == 0)
-        return nc_error(err, errlen, NC_EINVAL, "neural_f16 needs the neural cache (neural_size > 0)");
-    if (p->exact && !p->unbounded)
-        return nc_error(err, errlen, NC_EINVAL, "exact applies to the unbounded cache, which is off");
-    if (p->uniform_mu > 0.0f && !p->open_vocab)
-        return nc_error(err, errlen, NC_EINVAL, "uniform_mu needs open_vocab");
-    if (p->vocab_size_full > 0 && !p->open_vocab)
-        return nc_error(err, errlen, NC_EINVAL, "vocab_size_full needs open_vocab");
-    return NC_OK;
+    /* combinations: each component's own (component.h) */
+    return components_validate(p, err, errlen);
 }
 
 const char *cache_params_describe(const nc_cache_params *p, char *buf, size_t len)

@@ -7,20 +7,9 @@
 
 #include "nc_common.h"
 #include "cache_knobs.h"
-#include "unbounded_cache.h"   /* nc_kernel, a knob's type */
 
-/* Every knob of the mixture: one field per row of NC_CACHE_KNOBS
- * (cache_knobs.h), where its type, bounds, default and meaning are defined. */
-#define NC_KNOB_CTYPE_INT int
-#define NC_KNOB_CTYPE_FLOAT float
-#define NC_KNOB_CTYPE_FLOAT_BELOW_MAX float
-#define NC_KNOB_CTYPE_BOOL bool
-#define NC_KNOB_CTYPE_KERNEL nc_kernel
-#define NC_KNOB_FIELD(name, flag, type, min, max, def, doc) NC_KNOB_CTYPE_##type name;
-typedef struct nc_cache_params_s {
-    NC_CACHE_KNOBS(NC_KNOB_FIELD)
-} nc_cache_params;
-#undef NC_KNOB_FIELD
+/* nc_cache_params, one field per knob, is defined with the table
+ * (cache_knobs.h), so that the components' rows read it without this file. */
 
 /* The table's defaults: every cache off; a cache switched on without its
  * knobs takes the defaults of those (cache_knobs.h). */

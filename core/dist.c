@@ -3,7 +3,9 @@
 
 #include <string.h>
 
-const char *const nc_comp_names[NC_NCOMP] = {"model", "neural", "unigram", "unbounded", "uniform"};
+#define NC_COMP_NAME_(ID, name, npre, npost) #name,
+const char *const nc_comp_names[NC_NCOMP] = {NC_COMPONENT_TABLE(NC_COMP_NAME_)};
+#undef NC_COMP_NAME_
 
 void dist_init(nc_dist *d)
 {

@@ -5,11 +5,14 @@
 #define NC_DIST_H
 
 #include "nc_common.h"
+#include "component_table.h"
 
-/* Components of the final distribution, in the mixture's order (mixture.h):
- * p[w] = Σ_c share[c][w]. */
-enum { NC_COMP_MODEL = 0, NC_COMP_NEURAL, NC_COMP_UNIGRAM, NC_COMP_UNBOUNDED,
-       NC_COMP_UNIFORM, NC_NCOMP };
+/* Components of the final distribution, in the mixture's order: the rows
+ * of component_table.h (NC_COMP_MODEL, NC_COMP_NEURAL, ...; their code is
+ * component.h's rows). p[w] = Σ_c share[c][w]. */
+#define NC_COMP_ENUM_(ID, name, npre, npost) NC_COMP_##ID,
+enum { NC_COMPONENT_TABLE(NC_COMP_ENUM_) NC_NCOMP };
+#undef NC_COMP_ENUM_
 extern const char *const nc_comp_names[NC_NCOMP];   /* "model", "neural", ... */
 
 /* A distribution over word ids [0, n). Arrays are owned and reused across

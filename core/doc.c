@@ -215,24 +215,270 @@ static int doc_reader(const nc_doc *d, const nc_cache_params *p)
     return p->open_vocab || d->unk_id < 0 ? NC_UB_OPEN : d->unk_id;
 }
 
-/* A search's results of rows row_of[0..ns) back to their rows, from the
- * last (row_of[i] >= i) */
-static void rows_back(float *ud2, int *uw, const int *row_of, size_t ns, int k)
+/* One doc_score call: its windows (the caller's or local ones), what it
+ * reads, and the buffers of a block of B positions. */
+typedef struct {
+    const nc_doc *d;
+    const nc_cache_params *p;
+    nc_doc_caches *c;
+    nc_neural_cache tmp_n, *nc;   /* nc: the window read (c's or tmp_n), NULL when off */
+    nc_unigram_cache tmp_u, *uc;
+    nc_unbounded_cache *ub;
+    bool pre, ub_read, ub_add, gated, skipping, direct;
+    int k, N;
+    size_t B;
+    float *keys, *dots, *ud2, *qs;
+    int *kv, *uw, *row_of;
+    int64_t *lim;
+    nc_mix_input *ins;
+    bool *skip;
+    int c0;                       /* this block: window keys before its own */
+    const int *kvals;             /* and their words */
+    nc_ub_coarse coarse;          /* the block's add's coarse search, its search's too */
+} score_run;
+
+/* The windows: the caller's, or local ones when it gave none. */
+static int score_windows(score_run *s, char *err, size_t errlen)
 {
-    for (size_t i = ns; i-- > 0;)
-        if ((size_t)row_of[i] != i) {
-            memcpy(ud2 + (size_t)row_of[i] * k, ud2 + i * k, (size_t)k * sizeof(float));
-            memcpy(uw + (size_t)row_of[i] * k, uw + i * k, (size_t)k * sizeof(int));
+    const nc_cache_params *p = s->p;
+    nc_doc_caches *c = s->c;
+    const int H = s->d->dim;
+    int rc;
+    if (p->neural_size > 0) {
+        s->nc = c && c->neural ? c->neural : &s->tmp_n;
+        if (s->nc == &s->tmp_n && (rc = neural_cache_init(&s->tmp_n, p->neural_size, H, p->neural_f16, err, errlen)))
+            return rc;
+        if (s->nc->dim != H)
+            return nc_error(err, errlen, NC_EINVAL, "neural cache dimension %d, model %d", s->nc->dim, H);
+    }
+    if (p->unigram_size > 0) {
+        s->uc = c && c->unigram ? c->unigram : &s->tmp_u;
+        if (s->uc == &s->tmp_u && (rc = unigram_cache_init(&s->tmp_u, p->unigram_size, err, errlen)))
+            return rc;
+    }
+    return NC_OK;
+}
+
+/* What the scoring reads (the unbounded cache, the gate) and the block's
+ * buffers. */
+static int score_setup(score_run *s, size_t block, char *err, size_t errlen)
+{
+    const nc_cache_params *p = s->p;
+    nc_doc_caches *c = s->c;
+    const nc_doc *d = s->d;
+    const int H = d->dim;
+    s->ub = c ? c->ub : NULL;
+    s->pre = c && c->pre_d2 && c->pre_words;
+    s->ub_read = p->unbounded && s->ub && !s->pre;
+    s->ub_add = c && c->adapt && s->ub && !s->pre;
+    s->k = p->knn;
+    s->gated = p->gate;
+    if (s->gated && !d->gate)
+        return nc_error(err, errlen, NC_EINVAL, "gate: the model has no gate (gate.safetensors; fit one with "
+                                                "neurocache fit-gate)");
+    if ((s->gated || (c && c->gate_f)) && !d->v_ent)
+        return nc_error(err, errlen, NC_EINVAL, "gate: the document was prepared without p_vocab's statistics");
+    /* adaptive retrieval (gate.h): only with a gate, an unbounded cache
+     * and a threshold above 0 */
+    s->skipping = s->gated && p->unbounded && (s->ub_read || s->pre) && gate_threshold(d->gate, p) > 0.0;
+    nc_neural_cache *nc = s->nc;
+    /* window actually read: the ring may be bigger than neural_size when a
+     * stream shrank its params without reallocating */
+    s->N = nc ? (p->neural_size < nc->size ? p->neural_size : nc->size) : 0;
+    /* A window that starts empty (eval, tune, a new stream) only ever holds
+     * this document's pairs: its keys are rows of d->q, read in place by the
+     * GEMM instead of copying the ring out for every block. */
+    s->direct = nc && nc->count == 0 && !nc->f16;   /* f16: the rounded keys are the ring's */
+    size_t B = s->B = block, k = (size_t)s->k;
+    s->keys = nc && !s->direct ? nc_alloc(((size_t)nc->size + B) * H * sizeof(float)) : NULL;
+    s->kv = nc && !s->direct ? nc_malloc(((size_t)nc->size + B) * sizeof(int)) : NULL;
+    s->dots = nc ? nc_alloc(B * ((size_t)nc->size + B) * sizeof(float)) : NULL;
+    s->ud2 = s->ub_read ? nc_malloc(B * k * sizeof(float)) : NULL;
+    s->uw = s->ub_read ? nc_malloc(B * k * sizeof(int)) : NULL;
+    s->lim = s->ub_read ? nc_malloc(B * sizeof(int64_t)) : NULL;
+    s->ins = nc_malloc(B * sizeof *s->ins);
+    s->skip = nc_zalloc(B, sizeof *s->skip);
+    s->qs = s->skipping && s->ub_read ? nc_malloc(B * (size_t)H * sizeof(float)) : NULL;
+    s->row_of = s->ub_read ? nc_malloc(B * sizeof(int)) : NULL;
+    if ((nc && !s->direct && (!s->keys || !s->kv)) || (nc && !s->dots) ||
+        (s->ub_read && (!s->ud2 || !s->uw || !s->lim || !s->row_of)) || !s->ins || !s->skip ||
+        (s->skipping && s->ub_read && !s->qs))
+        return nc_error(err, errlen, NC_ENOMEM, "scoring buffers");
+    return NC_OK;
+}
+
+static void score_free(score_run *s)
+{
+    free(s->ins);
+    free(s->skip);
+    free(s->qs);
+    free(s->row_of);
+    nc_free(s->keys);
+    free(s->kv);
+    nc_free(s->dots);
+    free(s->ud2);
+    free(s->uw);
+    free(s->lim);
+    ub_coarse_free(&s->coarse);
+    neural_cache_free(&s->tmp_n);
+    unigram_cache_free(&s->tmp_u);
+}
+
+/* The block's dot products h_t·h_i: K = [window oldest..newest ; this
+ * block's own keys but the last]: position b0+r may read window entries
+ * and block keys < r. */
+static void block_neural(score_run *s, size_t b0, size_t nb)
+{
+    const nc_doc *d = s->d;
+    const int H = d->dim;
+    const float *Q = d->q + b0 * H, *K = s->keys;
+    nc_neural_cache *nc = s->nc;
+    s->c0 = 0;
+    s->kvals = s->kv;
+    if (s->direct) {
+        size_t lo = b0 > d->first + (size_t)s->N ? b0 - (size_t)s->N : d->first;
+        K = d->q + lo * H;
+        s->kvals = d->ids + lo;
+        s->c0 = (int)(b0 - lo);
+    } else {
+        s->c0 = neural_cache_export(nc, s->keys, s->kv);
+        if (nb > 1) {
+            float *kb = s->keys + (size_t)s->c0 * H;
+            memcpy(kb, Q, (nb - 1) * (size_t)H * sizeof(float));
+            memcpy(s->kv + s->c0, d->ids + b0, (nb - 1) * sizeof(int));
+            /* f16 windows: the block's own keys as the ring will hold
+             * them, so that the batch and a stream agree */
+            if (nc->f16)
+                vm_round_to_half(kb, (nb - 1) * (size_t)H);
         }
+    }
+    int nk = s->c0 + (int)nb - 1;
+    if (nk > 0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, nk, H, 1.0f, Q, H, K, H, 0.0f, s->dots, nk);
+}
+
+/* What each position of the block reads before the unbounded search, and
+ * the pre-search gate's decision to skip it. */
+static void block_inputs(score_run *s, size_t b0, size_t nb)
+{
+    const nc_doc *d = s->d;
+    const nc_cache_params *p = s->p;
+    const int H = d->dim;
+    for (size_t r = 0; r < nb; r++) {
+        size_t t = b0 + r;
+        nc_mix_input *in = &s->ins[r];
+        *in = (nc_mix_input){.V = d->V, .s_target = d->s_target[t], .log_z = d->log_z[t], .uni = s->uc,
+                             .vocab_full = p->vocab_size_full > 0 ? p->vocab_size_full : d->vfull[t],
+                             .gate = s->gated ? d->gate : NULL, .h = d->q + t * H,
+                             .dec_w = d->dec_w, .dec_b = d->dec_b, .H = H};
+        if (d->v_ent) {
+            in->v_ent = d->v_ent[t];
+            in->v_logmax = d->v_logmax[t];
+            in->v_argmax = d->v_argmax[t];
+        }
+        if (s->nc) {
+            int nk = s->c0 + (int)nb - 1, avail = s->c0 + (int)r;
+            int w = avail < s->N ? avail : s->N;
+            in->ndots = s->dots + r * (size_t)(nk > 0 ? nk : 0) + (avail - w);
+            in->nvals = s->kvals + (avail - w);
+            in->nn = w;
+        }
+        /* adaptive retrieval: the pre-search gate decides from these */
+        s->skip[r] = s->skipping && gate_skip_search(d->gate, p, in);
+    }
+}
+
+/* The block's pairs into the unbounded cache (adapt), then the search of
+ * the positions not skipped, as one batch. */
+static int block_unbounded(score_run *s, size_t b0, size_t nb, char *err, size_t errlen)
+{
+    const nc_doc *d = s->d;
+    const int H = d->dim, k = s->k;
+    const float *Q = d->q + b0 * H;
+    int rc;
+    if (s->ub_add) {
+        int64_t first_id;
+        /* its coarse search of the keys (= the queries) serves the search */
+        nc_ub_add a = {.keys = Q, .words = (d->mem_ids ? d->mem_ids : d->ids) + b0, .n = nb,
+                       .nprobe = s->p->nprobe, .coarse = s->ub_read ? &s->coarse : NULL};
+        if ((rc = unbounded_cache_add_block(s->ub, &a, &first_id, err, errlen)))
+            return rc;
+        for (size_t r = 0; s->ub_read && r < nb; r++)
+            s->lim[r] = first_id + (int64_t)r;   /* pairs of this block at >= r are the future */
+    }
+    if (s->ub_read) {
+        size_t ns = 0;
+        for (size_t r = 0; r < nb; r++)
+            if (!s->skip[r])
+                s->row_of[ns++] = (int)r;
+        /* a skip in the block: its searched rows into qs (all of them,
+         * the ones before the first skip included), limits alike */
+        for (size_t i = 0; ns < nb && i < ns; i++) {
+            memcpy(s->qs + i * H, Q + (size_t)s->row_of[i] * H, (size_t)H * sizeof(float));
+            s->lim[i] = s->lim[s->row_of[i]];
+        }
+        const float *QS = ns == nb ? Q : s->qs;
+        nc_ub_query q = {.queries = QS, .nq = ns, .k = k, .nprobe = s->p->nprobe,
+                         .id_limit = s->ub_add ? s->lim : NULL, .extra = s->ub_add ? (int)nb : 0,
+                         .reader = doc_reader(d, s->p), .coarse = &s->coarse, .out_d2 = s->ud2, .out_words = s->uw};
+        if (ns > 0 && (rc = unbounded_cache_query(s->ub, &q, err, errlen)))
+            return rc;
+        /* results to their rows, from the last (row_of[i] >= i) */
+        for (size_t i = ns; i-- > 0;)
+            if ((size_t)s->row_of[i] != i) {
+                memcpy(s->ud2 + (size_t)s->row_of[i] * k, s->ud2 + i * k, (size_t)k * sizeof(float));
+                memcpy(s->uw + (size_t)s->row_of[i] * k, s->uw + i * k, (size_t)k * sizeof(int));
+            }
+        if (s->skipping) {
+            s->c->searched += ns;
+            s->c->skipped += nb - ns;
+            gate_count_searches(ns, nb - ns);
+        }
+    } else if (s->pre && s->p->unbounded && s->skipping) {
+        for (size_t r = 0; r < nb; r++)
+            s->skip[r] ? s->c->skipped++ : s->c->searched++;
+    }
+    return NC_OK;
+}
+
+/* Each position's neighbours, its mixture (and the gate's data), then its
+ * pair into the local windows. */
+static int block_mix(score_run *s, size_t b0, size_t nb, double *logprobs, char *err, size_t errlen)
+{
+    const nc_doc *d = s->d;
+    const nc_cache_params *p = s->p;
+    nc_doc_caches *c = s->c;
+    const int k = s->k;
+    for (size_t r = 0; r < nb; r++) {
+        size_t t = b0 + r;
+        nc_mix_input *in = &s->ins[r];
+        if (s->skip[r]) {
+            in->ub_skipped = true;
+        } else if (s->ub_read) {
+            in->ub_d2 = s->ud2 + r * (size_t)k;
+            in->ub_words = s->uw + r * (size_t)k;
+            in->ub_k = k;
+        } else if (s->pre && p->unbounded) {
+            in->ub_d2 = c->pre_d2 + t * (size_t)k;
+            in->ub_words = c->pre_words + t * (size_t)k;
+            in->ub_k = k;
+        }
+        logprobs[t] = mixture_target(p, in, d->ids[t]);
+        if (c && c->gate_f)
+            mixture_gate_data(p, in, d->ids[t], c->gate_f + t * NC_GATE_NFEAT, c->gate_pc + t * NC_NCOMP);
+        int rc;
+        if (s->uc && (rc = unigram_cache_push(s->uc, d->ids[t])))
+            return nc_error(err, errlen, rc, "unigram cache");
+    }
+    for (size_t r = 0; s->nc && r < nb; r++)
+        neural_cache_push(s->nc, d->q + (b0 + r) * d->dim, d->ids[b0 + r]);
+    return NC_OK;
 }
 
 int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_t block,
               double *logprobs, char *err, size_t errlen)
 {
-    const int H = d->dim;
     const size_t n = d->n;
-    if (block == 0)
-        block = DOC_SCORE_BLOCK;
     int rc = cache_params_validate(p, err, errlen);
     if (rc)
         return rc;
@@ -245,204 +491,20 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
     }
     if (d->first >= n)
         return NC_OK;
-
-    nc_neural_cache tmp_n = {0};
-    nc_unigram_cache tmp_u = {0};
-    nc_neural_cache *nc = NULL;
-    nc_unigram_cache *uc = NULL;
-    if (p->neural_size > 0) {
-        nc = c && c->neural ? c->neural : &tmp_n;
-        if (nc == &tmp_n && (rc = neural_cache_init(&tmp_n, p->neural_size, H, p->neural_f16, err, errlen)))
-            return rc;
-        if (nc->dim != H) {
-            rc = nc_error(err, errlen, NC_EINVAL, "neural cache dimension %d, model %d", nc->dim, H);
-            goto out_free_local;
-        }
+    score_run s = {.d = d, .p = p, .c = c};
+    rc = score_windows(&s, err, errlen);
+    if (!rc)
+        rc = score_setup(&s, block ? block : DOC_SCORE_BLOCK, err, errlen);
+    for (size_t b0 = d->first; !rc && b0 < n; b0 += s.B) {
+        size_t nb = n - b0 < s.B ? n - b0 : s.B;
+        if (s.nc)
+            block_neural(&s, b0, nb);
+        block_inputs(&s, b0, nb);
+        rc = block_unbounded(&s, b0, nb, err, errlen);
+        if (!rc)
+            rc = block_mix(&s, b0, nb, logprobs, err, errlen);
     }
-    if (p->unigram_size > 0) {
-        uc = c && c->unigram ? c->unigram : &tmp_u;
-        if (uc == &tmp_u && (rc = unigram_cache_init(&tmp_u, p->unigram_size, err, errlen)))
-            goto out_free_local;
-    }
-    nc_unbounded_cache *ub = c ? c->ub : NULL;
-    bool pre = c && c->pre_d2 && c->pre_words;
-    bool ub_read = p->unbounded && ub && !pre;
-    bool ub_add = c && c->adapt && ub && !pre;
-    int k = p->knn;
-    bool gated = p->gate;
-    if (gated && !d->gate) {
-        rc = nc_error(err, errlen, NC_EINVAL, "gate: the model has no gate (gate.safetensors; fit one with "
-                                              "neurocache fit-gate)");
-        goto out_free_local;
-    }
-    if ((gated || (c && c->gate_f)) && !d->v_ent) {
-        rc = nc_error(err, errlen, NC_EINVAL, "gate: the document was prepared without p_vocab's statistics");
-        goto out_free_local;
-    }
-    /* adaptive retrieval (gate.h): only with a gate, an unbounded cache
-     * and a threshold above 0 */
-    bool skipping = gated && p->unbounded && (ub_read || pre) && gate_threshold(d->gate, p) > 0.0;
-
-    /* window actually read: the ring may be bigger than neural_size when a
-     * stream shrank its params without reallocating */
-    int N = nc ? (p->neural_size < nc->size ? p->neural_size : nc->size) : 0;
-    /* A window that starts empty (eval, tune, a new stream) only ever holds
-     * this document's pairs: its keys are rows of d->q, read in place by the
-     * GEMM instead of copying the ring out for every block. */
-    bool direct = nc && nc->count == 0 && !nc->f16;   /* f16: the rounded keys are the ring's */
-    size_t B = block;
-    float *keys = nc && !direct ? nc_alloc(((size_t)nc->size + B) * H * sizeof(float)) : NULL;
-    int *kv = nc && !direct ? nc_malloc(((size_t)nc->size + B) * sizeof(int)) : NULL;
-    float *dots = nc ? nc_alloc(B * ((size_t)nc->size + B) * sizeof(float)) : NULL;
-    float *ud2 = ub_read ? nc_malloc(B * (size_t)k * sizeof(float)) : NULL;
-    int *uw = ub_read ? nc_malloc(B * (size_t)k * sizeof(int)) : NULL;
-    int64_t *lim = ub_read ? nc_malloc(B * sizeof(int64_t)) : NULL;
-    nc_mix_input *ins = nc_malloc(B * sizeof *ins);
-    bool *skip = nc_zalloc(B, sizeof *skip);
-    float *qs = skipping && ub_read ? nc_malloc(B * (size_t)H * sizeof(float)) : NULL;
-    int *row_of = ub_read ? nc_malloc(B * sizeof(int)) : NULL;
-    nc_ub_coarse coarse = {0};
-    if ((nc && !direct && (!keys || !kv)) || (nc && !dots) || (ub_read && (!ud2 || !uw || !lim || !row_of)) ||
-        !ins || !skip || (skipping && ub_read && !qs)) {
-        rc = nc_error(err, errlen, NC_ENOMEM, "scoring buffers");
-        goto out;
-    }
-
-    for (size_t b0 = d->first; b0 < n; b0 += B) {
-        size_t nb = n - b0 < B ? n - b0 : B;
-        const float *Q = d->q + b0 * H;
-        int c0 = 0;
-        const int *kvals = kv;
-        if (nc) {
-            /* K = [window oldest..newest ; this block's own keys but the last]:
-             * position b0+r may read window entries and block keys < r. */
-            const float *K = keys;
-            if (direct) {
-                size_t lo = b0 > d->first + (size_t)N ? b0 - (size_t)N : d->first;
-                K = d->q + lo * H;
-                kvals = d->ids + lo;
-                c0 = (int)(b0 - lo);
-            } else {
-                c0 = neural_cache_export(nc, keys, kv);
-                if (nb > 1) {
-                    float *kb = keys + (size_t)c0 * H;
-                    memcpy(kb, Q, (nb - 1) * (size_t)H * sizeof(float));
-                    memcpy(kv + c0, d->ids + b0, (nb - 1) * sizeof(int));
-                    /* f16 windows: the block's own keys as the ring will hold
-                     * them, so that the batch and a stream agree */
-                    if (nc->f16)
-                        vm_round_to_half(kb, (nb - 1) * (size_t)H);
-                }
-            }
-            int nk = c0 + (int)nb - 1;
-            if (nk > 0)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, nk, H, 1.0f, Q, H, K, H,
-                            0.0f, dots, nk);
-        }
-        /* what each position reads before the unbounded search */
-        for (size_t r = 0; r < nb; r++) {
-            size_t t = b0 + r;
-            nc_mix_input *in = &ins[r];
-            *in = (nc_mix_input){.V = d->V, .s_target = d->s_target[t], .log_z = d->log_z[t], .uni = uc,
-                                 .vocab_full = p->vocab_size_full > 0 ? p->vocab_size_full : d->vfull[t],
-                                 .gate = gated ? d->gate : NULL, .h = d->q + t * H,
-                                 .dec_w = d->dec_w, .dec_b = d->dec_b, .H = H};
-            if (d->v_ent) {
-                in->v_ent = d->v_ent[t];
-                in->v_logmax = d->v_logmax[t];
-                in->v_argmax = d->v_argmax[t];
-            }
-            if (nc) {
-                int nk = c0 + (int)nb - 1, avail = c0 + (int)r;
-                int w = avail < N ? avail : N;
-                in->ndots = dots + r * (size_t)(nk > 0 ? nk : 0) + (avail - w);
-                in->nvals = kvals + (avail - w);
-                in->nn = w;
-            }
-            /* adaptive retrieval: the pre-search gate decides from these */
-            skip[r] = skipping && gate_skip_search(d->gate, p, in);
-        }
-        if (ub_add) {
-            int64_t first_id;
-            /* its coarse search of the keys (= the queries) serves the search */
-            nc_ub_add a = {.keys = Q, .words = (d->mem_ids ? d->mem_ids : d->ids) + b0, .n = nb,
-                           .nprobe = p->nprobe, .coarse = ub_read ? &coarse : NULL};
-            if ((rc = unbounded_cache_add_block(ub, &a, &first_id, err, errlen)))
-                goto out;
-            for (size_t r = 0; ub_read && r < nb; r++)
-                lim[r] = first_id + (int64_t)r;   /* pairs of this block at >= r are the future */
-        }
-        if (ub_read) {
-            /* search the positions not skipped, as one batch */
-            size_t ns = 0;
-            for (size_t r = 0; r < nb; r++)
-                if (!skip[r])
-                    row_of[ns++] = (int)r;
-            /* a skip in the block: its searched rows into qs (all of them,
-             * the ones before the first skip included), limits alike */
-            for (size_t i = 0; ns < nb && i < ns; i++) {
-                memcpy(qs + i * H, Q + (size_t)row_of[i] * H, (size_t)H * sizeof(float));
-                lim[i] = lim[row_of[i]];
-            }
-            const float *QS = ns == nb ? Q : qs;
-            nc_ub_query uq = {.queries = QS, .nq = ns, .k = k, .nprobe = p->nprobe, .id_limit = ub_add ? lim : NULL,
-                              .extra = ub_add ? (int)nb : 0, .reader = doc_reader(d, p),
-                              .coarse = &coarse, .out_d2 = ud2, .out_words = uw};
-            if (ns > 0 && (rc = unbounded_cache_query(ub, &uq, err, errlen)))
-                goto out;
-            rows_back(ud2, uw, row_of, ns, k);
-            if (skipping) {
-                c->searched += ns;
-                c->skipped += nb - ns;
-                gate_count_searches(ns, nb - ns);
-            }
-        } else if (pre && p->unbounded && skipping) {
-            for (size_t r = 0; r < nb; r++)
-                skip[r] ? c->skipped++ : c->searched++;
-        }
-        for (size_t r = 0; r < nb; r++) {
-            size_t t = b0 + r;
-            nc_mix_input *in = &ins[r];
-            if (skip[r]) {
-                in->ub_skipped = true;
-            } else if (ub_read) {
-                in->ub_d2 = ud2 + r * (size_t)k;
-                in->ub_words = uw + r * (size_t)k;
-                in->ub_k = k;
-            } else if (pre && p->unbounded) {
-                in->ub_d2 = c->pre_d2 + t * (size_t)k;
-                in->ub_words = c->pre_words + t * (size_t)k;
-                in->ub_k = k;
-            }
-            logprobs[t] = mixture_target(p, in, d->ids[t]);
-            if (c && c->gate_f) {
-                unsigned a = mixture_available(p, in);
-                gate_features(p, in, (a >> NC_COMP_UNBOUNDED) & 1u, c->gate_f + t * NC_GATE_NFEAT);
-                mixture_components(p, in, d->ids[t], c->gate_pc + t * NC_NCOMP);
-            }
-            if (uc && (rc = unigram_cache_push(uc, d->ids[t]))) {
-                rc = nc_error(err, errlen, rc, "unigram cache");
-                goto out;
-            }
-        }
-        for (size_t r = 0; nc && r < nb; r++)
-            neural_cache_push(nc, Q + r * H, d->ids[b0 + r]);
-    }
-out:
-    free(ins);
-    free(skip);
-    free(qs);
-    free(row_of);
-    nc_free(keys);
-    free(kv);
-    nc_free(dots);
-    free(ud2);
-    free(uw);
-    free(lim);
-    ub_coarse_free(&coarse);
-out_free_local:
-    neural_cache_free(&tmp_n);
-    unigram_cache_free(&tmp_u);
+    score_free(&s);
     return rc;
 }
 

@@ -2,7 +2,7 @@
  * objective and gradient, L-BFGS fit, adaptive-retrieval decision, files. */
 #include "gate.h"
 #include "cache_params.h"
-#include "neural_cache.h"
+#include "components.h"
 #include "rng.h"
 #include "vmath.h"
 #include "atomicfile.h"
@@ -18,34 +18,13 @@
 #include <string.h>
 #include <unistd.h>
 
-const char *const nc_gate_feature_names[NC_GATE_NFEAT] = {
-    "vocab_entropy", "vocab_log_max",  "neural_fill",  "neural_max_dot", "neural_log_max_attention",
-    "agree_vocab_neural", "neural_log_top", "vocab_log_p_of_neural", "ub_nearest_d2", "ub_kth_d2",
-    "ub_distinct", "ub_top_share", "agree_neural_ub", "agree_vocab_ub", "vocab_log_p_of_ub"};
-
-/* log p_vocab(w) = s_w - log Z, floored (a word >= V has p_vocab 0): from
- * the logits when the full path has them, else one row of the decoder
- * (W_w · h + b_w, H multiply-adds) */
-#define LOGP_FLOOR (-20.0)
-static double vocab_logp(const nc_mix_input *in, int w)
+/* The component whose search the pre-search gate may skip (components.h),
+ * as a bit; 0 when none. */
+static unsigned searched_bit(void)
 {
-    if (w < 0 || w >= in->V)
-        return LOGP_FLOOR;
-    double s;
-    if (in->logits)
-        s = in->logits[w];
-    else if (in->h && in->dec_w)
-        s = (double)cblas_sdot(in->H, in->dec_w + (size_t)w * in->H, 1, in->h, 1) + (in->dec_b ? in->dec_b[w] : 0.0f);
-    else
-        return 0.0;
-    double lp = s - in->log_z;
-    return lp > LOGP_FLOOR ? lp : LOGP_FLOOR;
+    int c = components_searched();
+    return c >= 0 ? 1u << c : 0u;
 }
-
-#define UB_BIT (1u << NC_COMP_UNBOUNDED)
-/* neighbours read by the distinct-word features: the nearest ones, where
- * the kernel's mass is; a fixed number keeps the cost independent of k */
-#define UB_NEAR 32
 
 void gate_vocab_stats(const float *logits, int V, float *scratch, float *ent, float *logmax, int *argmax)
 {
@@ -64,50 +43,20 @@ void gate_vocab_stats(const float *logits, int V, float *scratch, float *ent, fl
     *argmax = am;
 }
 
-void gate_features(const nc_cache_params *p, const nc_mix_input *in, bool ub, double f[NC_GATE_NFEAT])
+void gate_features(const nc_cache_params *p, const nc_mix_input *in, bool post, double f[NC_GATE_NFEAT])
 {
     for (int i = 0; i < NC_GATE_NFEAT; i++)
         f[i] = 0.0;
-    f[NC_GF_VOCAB_ENT] = in->v_ent;
-    f[NC_GF_VOCAB_LOGMAX] = in->v_logmax;
-    int best_word = -2;
-    if (p->neural_size > 0 && in->nn > 0) {
-        int im = 0;
-        for (int i = 1; i < in->nn; i++)
-            if (in->ndots[i] > in->ndots[im])
-                im = i;
-        double dmax = in->ndots[im], top;
-        best_word = in->nvals[im];
-        /* Σ_i exp(θ (d_i - d_max)) = 1 / max attention weight; the pairs
-         * of the best-attended word summed: p_neural of that word (eq. 2) */
-        double z = neural_cache_exp_sum(NULL, in->ndots, in->nvals, in->nn, p->neural_theta, 0.0,
-                                        p->neural_theta * dmax, best_word, &top);
-        f[NC_GF_NEURAL_FILL] = log1p((double)in->nn);
-        f[NC_GF_NEURAL_MAXDOT] = dmax;
-        f[NC_GF_NEURAL_LOGMAXATT] = -log(z);
-        f[NC_GF_AGREE_VN] = best_word == in->v_argmax;
-        f[NC_GF_NEURAL_LOGTOP] = log(top / z);
-        f[NC_GF_VOCAB_OF_NEURAL] = vocab_logp(in, best_word);
-    }
-    if (ub && in->ub_k > 0 && in->ub_words && in->ub_words[0] >= 0) {
-        int last = 0;
-        while (last + 1 < in->ub_k && in->ub_words[last + 1] >= 0)
-            last++;
-        int near = last + 1 < UB_NEAR ? last + 1 : UB_NEAR, distinct = 0, top = 0;
-        for (int i = 0; i < near; i++) {
-            int w = in->ub_words[i], seen = 0;
-            for (int j = 0; j < i && !seen; j++)
-                seen = in->ub_words[j] == w;
-            distinct += !seen;
-            top += w == in->ub_words[0];
-        }
-        f[NC_GF_UB_D1] = log1p(in->ub_d2[0] > 0.0f ? in->ub_d2[0] : 0.0);
-        f[NC_GF_UB_DK] = log1p(in->ub_d2[last] > 0.0f ? in->ub_d2[last] : 0.0);
-        f[NC_GF_UB_DISTINCT] = (double)distinct / near;
-        f[NC_GF_UB_TOPSHARE] = (double)top / near;
-        f[NC_GF_AGREE_NU] = in->ub_words[0] == best_word;
-        f[NC_GF_AGREE_VU] = in->ub_words[0] == in->v_argmax;
-        f[NC_GF_VOCAB_OF_UB] = vocab_logp(in, in->ub_words[0]);
+    /* each row's features at its offsets: the pre-search ones in the
+     * table's order, then the post-search ones (components.h) */
+    nc_feat_ctx ctx = {.attended = -2};
+    int pre = 0, after = NC_GATE_NPRE;
+    for (int c = 0; c < NC_NCOMP; c++) {
+        const nc_component *r = nc_component_rows[c];
+        if (r->gate_features)
+            r->gate_features(p, in, &ctx, f + pre, post ? f + after : NULL);
+        pre += nc_component_npre[c];
+        after += nc_component_npost[c];
     }
 }
 
@@ -136,7 +85,7 @@ static void weights_of(const nc_gate *g, const double z[NC_NCOMP], unsigned avai
             for (int e = 0; e < c; e++)
                 w[e] *= k;
         } else {
-            w[NC_COMP_MODEL] = w[c];
+            w[0] = w[c];   /* the first row: the model */
         }
         w[c] = 0.0;
     }
@@ -179,10 +128,12 @@ void gate_weights(const nc_gate *g, bool pre, const double f[NC_GATE_NFEAT], uns
 
 void gate_const_weights(const nc_cache_params *p, unsigned avail, double w[NC_NCOMP])
 {
-    const double lam[NC_NCOMP] = {0.0, p->neural_lambda, p->unigram_lambda, p->unbounded_lambda, p->uniform_mu};
-    for (int c = 0; c < NC_NCOMP; c++)
+    double lam[NC_NCOMP];
+    for (int c = 0; c < NC_NCOMP; c++) {
+        lam[c] = nc_component_rows[c]->lambda ? nc_component_rows[c]->lambda(p) : 0.0;
         w[c] = 0.0;
-    w[NC_COMP_MODEL] = 1.0;
+    }
+    w[0] = 1.0;
     /* step c: p <- (1-λ_c) p + λ_c p_c (mixture.h), in this order */
     for (int c = 1; c < NC_NCOMP; c++) {
         if (!((avail >> c) & 1u))
@@ -193,6 +144,11 @@ void gate_const_weights(const nc_cache_params *p, unsigned avail, double w[NC_NC
     }
 }
 
+bool gate_searches(const nc_gate *g)
+{
+    return (g->comps & searched_bit()) != 0;
+}
+
 double gate_threshold(const nc_gate *g, const nc_cache_params *p)
 {
     return p->gate_skip < 0.0f ? g->skip : (double)p->gate_skip;
@@ -201,7 +157,8 @@ double gate_threshold(const nc_gate *g, const nc_cache_params *p)
 bool gate_skip_search(const nc_gate *g, const nc_cache_params *p, const nc_mix_input *in)
 {
     double thr = gate_threshold(g, p);
-    if (!(thr > 0.0) || !(g->comps & UB_BIT))
+    int sc = components_searched();
+    if (!(thr > 0.0) || sc < 0 || !((g->comps >> sc) & 1u))
         return false;
     double f[NC_GATE_NFEAT], w[NC_NCOMP];
     /* the unbounded share among all the fitted components, whichever are
@@ -209,7 +166,7 @@ bool gate_skip_search(const nc_gate *g, const nc_cache_params *p, const nc_mix_i
      * the unigram window (which a batch sees at its block's start) */
     gate_features(p, in, false, f);
     gate_weights(g, true, f, g->comps, w);
-    return w[NC_COMP_UNBOUNDED] < thr;
+    return w[sc] < thr;
 }
 
 static atomic_ullong n_searched, n_skipped;
@@ -325,7 +282,7 @@ static void free_mask(const nc_gate *g, bool pre, double *mask)
     nc_gate_net *m = (nc_gate_net *)mask;
     memset(m, 0, sizeof *m);
     for (int c = 0; c < NC_NCOMP; c++) {
-        bool row = c != NC_COMP_MODEL && ((g->comps >> c) & 1u);
+        bool row = c != 0 && ((g->comps >> c) & 1u);
         for (int i = 0; i < NC_GATE_NW; i++)
             m->w[c][i] = row && (!pre || i < NC_GATE_NPRE || i == NC_GATE_NFEAT);
         for (int j = 0; j < g->nh; j++)
@@ -440,18 +397,19 @@ double gate_data_ppl(const nc_gate *g, const nc_gate_data *d, double thr, double
 {
     double nll = 0.0, w[NC_NCOMP];
     size_t n = 0, sk = 0;
-    bool ub = g->comps & UB_BIT;
+    unsigned sb = g->comps & searched_bit();
+    int sc = components_searched();
     for (size_t t = 0; t < d->n; t++) {
         const double *pc = d->pc + t * NC_NCOMP, *f = d->f + t * NC_GATE_NFEAT;
         if (!token_used(g, pc))
             continue;
         bool skip = false;
-        if (ub && thr > 0.0) {
+        if (sb && thr > 0.0) {
             gate_weights(g, true, f, g->comps, w);
-            skip = w[NC_COMP_UNBOUNDED] < thr;
+            skip = w[sc] < thr;
         }
         if (skip)
-            gate_weights(g, true, f, g->comps & ~UB_BIT, w);
+            gate_weights(g, true, f, g->comps & ~sb, w);
         else
             gate_weights(g, false, f, g->comps, w);
         double P = 0.0;
@@ -473,20 +431,16 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-int gate_fit(nc_gate *g, const nc_cache_params *p, const nc_gate_data *d, int nh, uint64_t seed, int iters,
-             double l2, double max_loss, FILE *curve, char *err, size_t errlen)
+/* g->comps: the components the fitting text has at all (the first row
+ * always); then mean and sd of the features over the tokens that count.
+ * Returns those tokens' number. */
+static size_t fit_normalisation(nc_gate *g, const nc_gate_data *d)
 {
-    memset(g, 0, sizeof *g);
-    if (nh < 0 || nh > NC_GATE_MAXH)
-        return nc_error(err, errlen, NC_EINVAL, "gate: %d hidden units, at most %d", nh, NC_GATE_MAXH);
-    g->nh = nh;
-    /* the components: those the fitting text has at all */
     for (size_t t = 0; t < d->n; t++)
         for (int c = 0; c < NC_NCOMP; c++)
             if (!isnan(d->pc[t * NC_NCOMP + c]))
                 g->comps |= 1u << c;
-    g->comps |= 1u << NC_COMP_MODEL;
-    /* feature normalisation over the tokens that count */
+    g->comps |= 1u;
     size_t n = 0;
     double s1[NC_GATE_NFEAT] = {0}, s2[NC_GATE_NFEAT] = {0};
     for (size_t t = 0; t < d->n; t++) {
@@ -499,60 +453,86 @@ int gate_fit(nc_gate *g, const nc_cache_params *p, const nc_gate_data *d, int nh
             s2[i] += v * v;
         }
     }
-    if (n < 2)
-        return nc_error(err, errlen, NC_EINVAL, "gate: %zu tokens with every component available: too few to fit", n);
-    for (int i = 0; i < NC_GATE_NFEAT; i++) {
+    for (int i = 0; n >= 2 && i < NC_GATE_NFEAT; i++) {
         g->mean[i] = s1[i] / (double)n;
         double var = s2[i] / (double)n - g->mean[i] * g->mean[i];
         g->sd[i] = var > 1e-12 ? sqrt(var) : 1.0;
     }
-    /* start: the constant mixture of p (a weight 0 would be log 0: floored) */
+    return n;
+}
+
+/* The start: the constant mixture of p (W = V = 0, b = log of its weights,
+ * a weight 0 floored), hidden units U ~ uniform(±1/√F) from the seed (V = 0:
+ * still the constant mixture); the pre-search gate's copy without the
+ * post-search features. */
+static void fit_start(nc_gate *g, const nc_cache_params *p, uint64_t seed)
+{
     double w0[NC_NCOMP];
     gate_const_weights(p, g->comps, w0);
     for (int c = 0; c < NC_NCOMP; c++)
         if ((g->comps >> c) & 1u) {
-            double b = log(w0[c] > 1e-6 ? w0[c] : 1e-6) - log(w0[NC_COMP_MODEL] > 1e-6 ? w0[NC_COMP_MODEL] : 1e-6);
+            double b = log(w0[c] > 1e-6 ? w0[c] : 1e-6) - log(w0[0] > 1e-6 ? w0[0] : 1e-6);
             g->full.w[c][NC_GATE_NFEAT] = g->pre.w[c][NC_GATE_NFEAT] = b;
         }
-    /* hidden units: U ~ uniform(±1/√F) from the seed (V = 0: the start is
-     * still the constant mixture); the pre-search gate's copy without the
-     * unbounded features */
     nc_rng r;
     rng_seed(&r, seed);
-    for (int j = 0; j < nh; j++)
+    for (int j = 0; j < g->nh; j++)
         for (int i = 0; i < NC_GATE_NW; i++) {
             double u = (2.0 * rng_uniform(&r) - 1.0) / sqrt((double)NC_GATE_NFEAT);
             g->full.u[j][i] = u;
             g->pre.u[j][i] = i < NC_GATE_NPRE || i == NC_GATE_NFEAT ? u : 0.0;
         }
+}
+
+/* The skip threshold: the largest candidate (quantiles of the pre-search
+ * gate's weight of the searched component over the tokens that count)
+ * costing at most max_loss. */
+static int fit_skip(nc_gate *g, const nc_gate_data *d, double max_loss, FILE *curve, char *err, size_t errlen)
+{
+    g->skip = 0.0;
+    int sc = components_searched();
+    if (sc < 0 || !((g->comps >> sc) & 1u))
+        return NC_OK;
+    size_t n = 0;
+    for (size_t t = 0; t < d->n; t++)
+        n += token_used(g, d->pc + t * NC_NCOMP);
+    double *q = nc_malloc(n * sizeof(double)), w[NC_NCOMP];
+    if (!q)
+        return nc_error(err, errlen, NC_ENOMEM, "gate: %zu weights", n);
+    size_t m = 0;
+    for (size_t t = 0; t < d->n; t++)
+        if (token_used(g, d->pc + t * NC_NCOMP)) {
+            gate_weights(g, true, d->f + t * NC_GATE_NFEAT, g->comps, w);
+            q[m++] = w[sc];
+        }
+    qsort(q, m, sizeof *q, cmp_double);
+    double base = gate_data_ppl(g, d, -1.0, NULL);
+    for (int k = 1; k < 20; k++) {
+        double thr = q[m * (size_t)k / 20], sk;
+        double ppl = gate_data_ppl(g, d, thr, &sk);
+        if (curve)
+            fprintf(curve, "skip,%g,%.9f,%.6f\n", thr, log(ppl), ppl);
+        if (ppl <= base * (1.0 + max_loss))
+            g->skip = thr;
+    }
+    free(q);
+    return NC_OK;
+}
+
+int gate_fit(nc_gate *g, const nc_cache_params *p, const nc_gate_data *d, int nh, uint64_t seed, int iters,
+             double l2, double max_loss, FILE *curve, char *err, size_t errlen)
+{
+    memset(g, 0, sizeof *g);
+    if (nh < 0 || nh > NC_GATE_MAXH)
+        return nc_error(err, errlen, NC_EINVAL, "gate: %d hidden units, at most %d", nh, NC_GATE_MAXH);
+    g->nh = nh;
+    size_t n = fit_normalisation(g, d);
+    if (n < 2)
+        return nc_error(err, errlen, NC_EINVAL, "gate: %zu tokens with every component available: too few to fit", n);
+    fit_start(g, p, seed);
     lbfgs(g, false, d, l2, iters, curve);
     lbfgs(g, true, d, l2, iters, curve);
-    /* the skip threshold: the largest candidate (quantiles of the pre-search
-     * gate's unbounded weight) costing at most max_loss */
-    g->skip = 0.0;
-    if (g->comps & UB_BIT) {
-        double *q = nc_malloc(n * sizeof(double)), w[NC_NCOMP];
-        if (!q)
-            return nc_error(err, errlen, NC_ENOMEM, "gate: %zu weights", n);
-        size_t m = 0;
-        for (size_t t = 0; t < d->n; t++)
-            if (token_used(g, d->pc + t * NC_NCOMP)) {
-                gate_weights(g, true, d->f + t * NC_GATE_NFEAT, g->comps, w);
-                q[m++] = w[NC_COMP_UNBOUNDED];
-            }
-        qsort(q, m, sizeof *q, cmp_double);
-        double base = gate_data_ppl(g, d, -1.0, NULL);
-        for (int k = 1; k < 20; k++) {
-            double thr = q[m * (size_t)k / 20], sk;
-            double ppl = gate_data_ppl(g, d, thr, &sk);
-            if (curve)
-                fprintf(curve, "skip,%g,%.9f,%.6f\n", thr, log(ppl), ppl);
-            if (ppl <= base * (1.0 + max_loss))
-                g->skip = thr;
-        }
-        free(q);
-    }
-    return NC_OK;
+    return fit_skip(g, d, max_loss, curve, err, errlen);
 }
 
 /* ---- files ---- */
@@ -655,7 +635,7 @@ int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, si
      * skip threshold; the rest is for people) */
     json_t *feats = json_array(), *comps = json_array(), *mean = json_array(), *sd = json_array();
     for (int i = 0; i < NC_GATE_NFEAT; i++) {
-        json_array_append_new(feats, json_string(nc_gate_feature_names[i]));
+        json_array_append_new(feats, json_string(components_feature_name(i)));
         json_array_append_new(mean, json_real(g->mean[i]));
         json_array_append_new(sd, json_real(g->sd[i]));
     }
@@ -732,9 +712,9 @@ int gate_load(const char *dir, nc_gate **out, char *err, size_t errlen)
         rc = nc_error(err, errlen, NC_EFORMAT, "%s: \"features\" must list the %d features", path, NC_GATE_NFEAT);
     for (int i = 0; !rc && i < NC_GATE_NFEAT; i++) {
         const char *fs = json_string_value(json_array_get(feats, (size_t)i));
-        if (!fs || strcmp(fs, nc_gate_feature_names[i]))
+        if (!fs || strcmp(fs, components_feature_name(i)))
             rc = nc_error(err, errlen, NC_EFORMAT, "%s: feature %d is '%s', this program computes '%s'", path, i,
-                          fs ? fs : "?", nc_gate_feature_names[i]);
+                          fs ? fs : "?", components_feature_name(i));
     }
     if (!rc && !json_is_array(comps))
         rc = nc_error(err, errlen, NC_EFORMAT, "%s: \"components\" must be an array", path);
@@ -748,7 +728,7 @@ int gate_load(const char *dir, nc_gate **out, char *err, size_t errlen)
         else
             g->comps |= 1u << c;
     }
-    if (!rc && !(g->comps & (1u << NC_COMP_MODEL)))
+    if (!rc && !(g->comps & 1u))
         rc = nc_error(err, errlen, NC_EFORMAT, "%s: \"components\" must include \"model\"", path);
     if (!rc && (!json_is_number(skip) || !(json_number_value(skip) >= 0.0) || json_number_value(skip) > 1.0))
         rc = nc_error(err, errlen, NC_EFORMAT, "%s: \"skip_threshold\" must be a number in [0, 1]", path);

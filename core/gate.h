@@ -34,6 +34,7 @@
 #ifndef NC_GATE_H
 #define NC_GATE_H
 
+#include "component.h"
 #include "dist.h"
 #include "mix_input.h"
 
@@ -42,28 +43,17 @@
 
 struct nc_cache_params_s;
 
-/* The features, in order; the first NC_GATE_NPRE are known before the
- * unbounded search. */
-enum {
-    NC_GF_VOCAB_ENT = 0,   /* entropy of p_vocab (nats) */
-    NC_GF_VOCAB_LOGMAX,    /* log max_w p_vocab(w) */
-    NC_GF_NEURAL_FILL,     /* log(1 + pairs in the neural window) */
-    NC_GF_NEURAL_MAXDOT,   /* max_i h_t·h_i over the window */
-    NC_GF_NEURAL_LOGMAXATT,/* log max_i softmax_i(θ h_t·h_i): how peaked the attention is */
-    NC_GF_AGREE_VN,        /* 1 if argmax p_vocab is the word of the best-attended pair */
-    NC_GF_NEURAL_LOGTOP,   /* log p_neural(w*), w* the best-attended pair's word (its pairs summed) */
-    NC_GF_VOCAB_OF_NEURAL, /* log p_vocab(w*): does the model find the cache's word plausible */
-    NC_GATE_NPRE,
-    NC_GF_UB_D1 = NC_GATE_NPRE, /* log(1 + d²) of the nearest neighbour */
-    NC_GF_UB_DK,           /* log(1 + d²) of the k-th (the kernel's bandwidth) */
-    NC_GF_UB_DISTINCT,     /* distinct words among the 32 nearest / their number */
-    NC_GF_UB_TOPSHARE,     /* share of the nearest neighbour's word among the 32 nearest */
-    NC_GF_AGREE_NU,        /* 1 if the nearest neighbour's word is the best-attended pair's */
-    NC_GF_AGREE_VU,        /* 1 if the nearest neighbour's word is argmax p_vocab */
-    NC_GF_VOCAB_OF_UB,     /* log p_vocab(nearest neighbour's word) */
-    NC_GATE_NFEAT
-};
-extern const char *const nc_gate_feature_names[NC_GATE_NFEAT];
+/* The features are the components' (component.h): each row names its own
+ * and computes them; NC_GATE_NPRE of them are known before the unbounded
+ * search, NC_GATE_NFEAT in all, in the order of components_feature_name
+ * (the rows' pre-search ones in the table's order, then the post-search
+ * ones). The built-in rows': p_vocab's entropy and log max (model); the
+ * neural window's fill, max dot, log max attention, agreement of its
+ * best-attended word w* with argmax p_vocab, log p_neural(w*) and log
+ * p_vocab(w*) (neural); after the search, log(1 + d²) of the nearest and
+ * the k-th neighbour, distinct words and the nearest one's share among the
+ * 32 nearest, its agreement with w* and with argmax p_vocab, and its log
+ * p_vocab (unbounded). */
 
 #define NC_GATE_NW (NC_GATE_NFEAT + 1)   /* weights per unit, bias last */
 #define NC_GATE_MAXH 32                  /* hidden units at most */
@@ -94,9 +84,9 @@ typedef struct nc_gate {
  * gate, a predict computes them). scratch: [V] floats, not logits. */
 void gate_vocab_stats(const float *logits, int V, float *scratch, float *ent, float *logmax, int *argmax);
 
-/* Raw features at one position (ub: also the unbounded ones; else they are
- * 0). Reads only in (never a target). */
-void gate_features(const struct nc_cache_params_s *p, const nc_mix_input *in, bool ub,
+/* Raw features at one position (post: also the post-search ones; else they
+ * are 0). Reads only in (never a target). */
+void gate_features(const struct nc_cache_params_s *p, const nc_mix_input *in, bool post,
                    double f[NC_GATE_NFEAT]);
 
 
@@ -112,6 +102,9 @@ void gate_const_weights(const struct nc_cache_params_s *p, unsigned avail, doubl
 /* Adaptive retrieval at one position: true when the search is to be
  * skipped (the pre-search gate's unbounded weight below the threshold). */
 bool gate_skip_search(const nc_gate *g, const struct nc_cache_params_s *p, const nc_mix_input *in);
+/* g was fitted with the searched component (components.h): its pre-search
+ * net can skip that component's search. */
+bool gate_searches(const nc_gate *g);
 /* The threshold in force: p->gate_skip, or the gate's own when it is < 0. */
 double gate_threshold(const nc_gate *g, const struct nc_cache_params_s *p);
 

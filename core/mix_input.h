@@ -6,9 +6,9 @@
 #define NC_MIX_INPUT_H
 
 #include "nc_common.h"
-#include "unigram_cache.h"
 
 struct nc_gate;
+struct nc_unigram_cache;
 
 /* Everything the formulas read at one position t. */
 typedef struct {
@@ -19,7 +19,7 @@ typedef struct {
     const float *ndots;           /* [nn] h_t·h_i over the neural window, any order */
     const int *nvals;             /* [nn] x_{i+1} of those pairs */
     int nn;
-    const nc_unigram_cache *uni;         /* unigram window (NULL or empty = off) */
+    const struct nc_unigram_cache *uni;   /* unigram window (NULL or empty = off) */
     const float *ub_d2;           /* [ub_k] squared distances, ascending */
     const int *ub_words;          /* [ub_k] word ids, -1 = no neighbour */
     int ub_k;
@@ -37,5 +37,12 @@ typedef struct {
     bool ub_skipped;
     double *weights;              /* out (NULL = not wanted): [NC_NCOMP] weights used */
 } nc_mix_input;
+
+/* log p_vocab(w) = s_w - log Z, floored at NC_LOGP_FLOOR (a word >= V has
+ * p_vocab 0): from the logits when the full path has them, else one row of
+ * the decoder (W_w · h + b_w, H multiply-adds); 0 when neither is there.
+ * The gate's features read it (the rows' gate_features, component.h). */
+#define NC_LOGP_FLOOR (-20.0)
+double mix_vocab_logp(const nc_mix_input *in, int w);
 
 #endif

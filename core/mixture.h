@@ -12,9 +12,11 @@
  *   4. unbounded cache (unbounded_cache.h): (1-λ) p + λ p_kde,
  *      p_kde(w) ∝ Σ_{i∈N_k, w_i=w} K(d_i/θ(h))   (Grave, Cisse, Joulin 2017, eq. 5-6)
  *   5. open vocabulary: (1-μ) p + μ/|V_full|
- * Each term is computed by its cache's file; this module only weighs and
- * sums them, so predict, doc_score (score, tune, eval) and explain
- * (stream_explain) read one definition of each formula.
+ * Each term is its component's row (component.h), defined in its own file
+ * and listed once in component_table.h, whose order is this one; this
+ * module loops over the rows, weighing and summing them, so predict,
+ * doc_score (score, tune, eval) and explain (stream_explain) read one
+ * definition of each formula.
  * A component that is off, or whose memory is empty, is skipped (p unchanged).
  * With p->gate and in->gate, the weights come per position from the gate
  * (gate.h) instead of the constant λs: p = Σ_c w_c p_c. */
@@ -27,6 +29,7 @@
 #include "unbounded_cache.h"
 #include "unigram_cache.h"
 #include "mix_input.h"
+#include "component.h"
 
 struct nc_cache_params_s;
 
@@ -45,6 +48,12 @@ unsigned mixture_components_on(const struct nc_cache_params_s *p);
  * in mixture_available): the terms that mixture_target mixes. */
 void mixture_components(const struct nc_cache_params_s *p, const nc_mix_input *in, int x,
                         double pc[NC_NCOMP]);
+
+/* One token of the gate's fitting data (gate.h nc_gate_data): the raw
+ * features f (the post-search ones when the searched component is
+ * available) and mixture_components' pc. */
+void mixture_gate_data(const struct nc_cache_params_s *p, const nc_mix_input *in, int x, double f[NC_GATE_NFEAT],
+                       double pc[NC_NCOMP]);
 
 /* Full distribution over [0, n_words) (n_words >= V and greater than every
  * id in the caches). shares: also fill out->share. */

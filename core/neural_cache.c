@@ -1,6 +1,8 @@
 /* neural_cache.c -- the neural cache: ring buffer of (h_i, x_{i+1}) pairs and
  * its terms (Grave, Joulin, Usunier 2017, eq. 2 and 4). */
 #include "neural_cache.h"
+#include "cache_knobs.h"
+#include "component.h"
 #include "vmath.h"
 #include "fault.h"
 
@@ -210,3 +212,125 @@ int neural_cache_weights(const float *dots, const int *vals, int n, double theta
     free(e);
     return NC_OK;
 }
+
+/* ---- the mixture's row (component.h) ------------------------------------
+ * Linear interpolation (eq. 3): p <- (1-λ) p + λ p_cache. Under global
+ * normalisation the cache is inside the first row's softmax (model_term.c)
+ * and is not a component of its own. */
+
+static bool neural_on(const nc_cache_params *p)
+{
+    return p->neural_size > 0 && !p->global_norm;
+}
+
+static int neural_validate(const nc_cache_params *p, char *err, size_t errlen)
+{
+    if (p->global_norm && p->neural_size == 0)
+        return nc_error(err, errlen, NC_EINVAL, "global_norm needs the neural cache (neural_size > 0)");
+    if (p->neural_f16 && p->neural_size == 0)
+        return nc_error(err, errlen, NC_EINVAL, "neural_f16 needs the neural cache (neural_size > 0)");
+    return NC_OK;
+}
+
+static double neural_lambda(const nc_cache_params *p)
+{
+    return p->neural_lambda;
+}
+
+static bool neural_available(const nc_cache_params *p, const nc_mix_input *in)
+{
+    return neural_on(p) && in->nn > 0;
+}
+
+static double neural_prob(const nc_cache_params *p, const nc_mix_input *in, int x)
+{
+    return neural_cache_prob(in->ndots, in->nvals, in->nn, p->neural_theta, x);
+}
+
+/* every word of the window, also under global normalisation (the first
+ * row gives them mass then) */
+static int neural_max_word(const nc_mix_input *in)
+{
+    int m = -1;
+    for (int i = 0; i < in->nn; i++)
+        if (in->nvals[i] > m)
+            m = in->nvals[i];
+    return m;
+}
+
+/* p_cache(w) = Σ_{x_{i+1}=w} softmax_i(θ h·h_i) (eq. 2), sparse over the
+ * window: p <- (1-λ) p, then λ softmax_i added at each pair's word. */
+static int neural_step(const nc_comp_step *s)
+{
+    const nc_cache_params *p = s->p;
+    const nc_mix_input *in = s->in;
+    nc_dist *out = s->out;
+    float *e = nc_malloc((size_t)in->nn * sizeof(float));
+    if (!e)
+        return NC_ENOMEM;
+    double mc = neural_cache_max_logit(in->ndots, in->nn, p->neural_theta, 0.0), unused;
+    double zc = neural_cache_exp_sum(e, in->ndots, in->nvals, in->nn, p->neural_theta, 0.0, mc, -1, &unused);
+    float a = (float)(1.0 - s->lambda), lz = (float)(s->lambda / zc);
+    for (size_t w = 0; w < out->n; w++)
+        out->p[w] *= a;
+    for (int c = 0; s->shares && c < s->comp; c++)   /* the later rows' shares are still 0 */
+        for (size_t w = 0; w < out->n; w++)
+            out->share[c][w] *= a;
+    for (int i = 0; i < in->nn; i++) {
+        int w = in->nvals[i];
+        out->p[w] += lz * e[i];
+        if (s->shares)
+            out->share[s->comp][w] += lz * e[i];
+    }
+    free(e);
+    return NC_OK;
+}
+
+enum { F_FILL, F_MAXDOT, F_LOGMAXATT, F_AGREE_VN, F_LOGTOP, F_VOCAB_OF };
+
+/* The window's statistics; ctx->attended = the best-attended pair's word
+ * w* (later rows compare theirs with it). */
+static void neural_features(const nc_cache_params *p, const nc_mix_input *in, nc_feat_ctx *ctx, double *pre,
+                            double *post)
+{
+    (void)post;
+    if (p->neural_size <= 0 || in->nn <= 0)
+        return;
+    int im = 0;
+    for (int i = 1; i < in->nn; i++)
+        if (in->ndots[i] > in->ndots[im])
+            im = i;
+    double dmax = in->ndots[im], top;
+    int best = in->nvals[im];
+    ctx->attended = best;
+    /* Σ_i exp(θ (d_i - d_max)) = 1 / max attention weight; the pairs of the
+     * best-attended word summed: p_neural of that word (eq. 2) */
+    double z = neural_cache_exp_sum(NULL, in->ndots, in->nvals, in->nn, p->neural_theta, 0.0,
+                                    p->neural_theta * dmax, best, &top);
+    pre[F_FILL] = log1p((double)in->nn);         /* log(1 + pairs in the window) */
+    pre[F_MAXDOT] = dmax;                        /* max_i h_t·h_i */
+    pre[F_LOGMAXATT] = -log(z);                  /* log max_i softmax_i(θ h_t·h_i) */
+    pre[F_AGREE_VN] = best == in->v_argmax;      /* argmax p_vocab is w* */
+    pre[F_LOGTOP] = log(top / z);                /* log p_neural(w*) */
+    pre[F_VOCAB_OF] = mix_vocab_logp(in, best);  /* log p_vocab(w*) */
+}
+
+static const char *const neural_knobs[] = {"neural_size", "neural_theta", "neural_lambda", "global_norm",
+                                           "neural_alpha", "neural_f16", NULL};
+static const char *const neural_feature_names[] = {"neural_fill", "neural_max_dot", "neural_log_max_attention",
+                                                   "agree_vocab_neural", "neural_log_top",
+                                                   "vocab_log_p_of_neural", NULL};
+
+const nc_component nc_component_neural = {
+    .name = "neural",
+    .knobs = neural_knobs,
+    .on = neural_on,
+    .validate = neural_validate,
+    .lambda = neural_lambda,
+    .available = neural_available,
+    .prob = neural_prob,
+    .max_word = neural_max_word,
+    .step = neural_step,
+    .features = neural_feature_names,
+    .gate_features = neural_features,
+};

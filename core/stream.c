@@ -635,42 +635,81 @@ int stream_clone(const nc_stream *s, nc_stream **out, char *err, size_t errlen)
 }
 
 /* ---- serialisation ----
- * "NCSTRM02", u32 V, H, L, params (fixed list of 4-byte fields), u8 has_h,
- * i64 pos, u64 state length + lstm_state blob, u32 number of dynamic words +
- * (u32 len, bytes) each, neural: i32 size count f16 + count x (keys, i32 ref),
- * unigram: i32 size count + count x i32 ref, u32 crc32 of everything before
- * (binio.h). A ref < V is a model id; V + i is the i-th dynamic word of the
- * blob. */
+ * "NCSTRM04", u32 V, H, L, the settings (u32 count, then per knob: u32 name
+ * length, name, its value in 4 bytes: i32 for INT/BOOL/KERNEL, f32 for
+ * FLOAT; every row of the knob table, so each component's settings are in
+ * the blob as its knobs), u8 has_h, i64 pos, u64 state length + lstm_state
+ * blob, u32 number of dynamic words + (u32 len, bytes) each, neural: i32 size
+ * count f16 + count x (keys, i32 ref), unigram: i32 size count + count x i32
+ * ref, u8 has dynamic evaluation + its section, u32 crc32 of everything
+ * before (binio.h). A ref < V is a model id; V + i is the i-th dynamic word
+ * of the blob. Versions 1-3 wrote the settings as the fixed list below
+ * without names (still read); a knob by name reads whatever order or set of
+ * knobs a build has (one missing takes its default). */
+
+/* The knobs of versions 1-3 in their order: 1 the first 17, 2 also the
+ * gate's two, 3 also dynamic evaluation's four. */
+static const char *const old_knobs[] = {
+    "unigram_size", "unigram_lambda", "neural_size", "neural_theta", "neural_lambda", "global_norm", "neural_alpha",
+    "neural_f16", "unbounded", "knn", "nprobe", "unbounded_lambda", "kernel", "exact", "open_vocab", "uniform_mu",
+    "vocab_size_full", "gate", "gate_skip", "dyn_lr", "dyn_decay", "dyn_segment", "dyn_params"};
+static const int old_knob_count[4] = {0, 17, 19, 23};
+
+static bool knob_is_float(const nc_cache_knob *k)
+{
+    return k->type == NC_KNOB_FLOAT || k->type == NC_KNOB_FLOAT_BELOW_MAX;
+}
 
 static void put_params(binio_writer *w, const nc_cache_params *p)
 {
-    binio_put_i32(w, p->unigram_size); binio_put_f32(w, p->unigram_lambda);
-    binio_put_i32(w, p->neural_size); binio_put_f32(w, p->neural_theta); binio_put_f32(w, p->neural_lambda);
-    binio_put_i32(w, p->global_norm); binio_put_f32(w, p->neural_alpha); binio_put_i32(w, p->neural_f16);
-    binio_put_i32(w, p->unbounded); binio_put_i32(w, p->knn); binio_put_i32(w, p->nprobe);
-    binio_put_f32(w, p->unbounded_lambda); binio_put_i32(w, (int32_t)p->kernel); binio_put_i32(w, p->exact);
-    binio_put_i32(w, p->open_vocab); binio_put_f32(w, p->uniform_mu); binio_put_i32(w, p->vocab_size_full);
-    binio_put_i32(w, p->gate); binio_put_f32(w, p->gate_skip);
-    binio_put_f32(w, p->dyn_lr); binio_put_f32(w, p->dyn_decay); binio_put_i32(w, p->dyn_segment);
-    binio_put_i32(w, p->dyn_params);
+    size_t n;
+    const nc_cache_knob *k = cache_knobs(&n);
+    binio_put_u32(w, (uint32_t)n);
+    for (size_t i = 0; i < n; i++) {
+        binio_put_u32(w, (uint32_t)strlen(k[i].name));
+        binio_put(w, k[i].name, strlen(k[i].name));
+        if (knob_is_float(&k[i]))
+            binio_put_f32(w, (float)cache_knob_get(p, &k[i]));
+        else
+            binio_put_i32(w, (int32_t)cache_knob_get(p, &k[i]));
+    }
 }
 
-static void get_params(binio_reader *r, nc_cache_params *p, int version)
+/* One knob's 4-byte value into p, checked as user input is. */
+static int get_knob(binio_reader *r, nc_cache_params *p, const nc_cache_knob *k, char *err, size_t errlen)
+{
+    double v = knob_is_float(k) ? (double)binio_get_f32(r) : (double)binio_get_i32(r);
+    if (k->type == NC_KNOB_BOOL)
+        v = v != 0;
+    if (r->bad)
+        return nc_error(err, errlen, NC_EFORMAT, "stream blob truncated (settings)");
+    return cache_knob_set_number(p, k, v, err, errlen) ? NC_EFORMAT : NC_OK;
+}
+
+static int get_params(binio_reader *r, nc_cache_params *p, int version, char *err, size_t errlen)
 {
     cache_params_default(p);
-    p->unigram_size = binio_get_i32(r); p->unigram_lambda = binio_get_f32(r);
-    p->neural_size = binio_get_i32(r); p->neural_theta = binio_get_f32(r); p->neural_lambda = binio_get_f32(r);
-    p->global_norm = binio_get_i32(r) != 0; p->neural_alpha = binio_get_f32(r); p->neural_f16 = binio_get_i32(r) != 0;
-    p->unbounded = binio_get_i32(r) != 0; p->knn = binio_get_i32(r); p->nprobe = binio_get_i32(r);
-    p->unbounded_lambda = binio_get_f32(r); p->kernel = (nc_kernel)binio_get_i32(r); p->exact = binio_get_i32(r) != 0;
-    p->open_vocab = binio_get_i32(r) != 0; p->uniform_mu = binio_get_f32(r); p->vocab_size_full = binio_get_i32(r);
-    if (version >= 2) {
-        p->gate = binio_get_i32(r) != 0; p->gate_skip = binio_get_f32(r);
+    int rc = NC_OK;
+    if (version < 4) {
+        for (int i = 0; !rc && i < old_knob_count[version]; i++)
+            rc = get_knob(r, p, cache_knob_find(old_knobs[i]), err, errlen);
+        return rc;
     }
-    if (version >= 3) {
-        p->dyn_lr = binio_get_f32(r); p->dyn_decay = binio_get_f32(r); p->dyn_segment = binio_get_i32(r);
-        p->dyn_params = binio_get_i32(r);
+    uint32_t n = binio_get_u32(r);
+    for (uint32_t i = 0; !rc && !r->bad && i < n; i++) {
+        uint32_t l = binio_get_u32(r);
+        const char *name = l < 64 ? binio_take(r, l) : NULL;
+        char buf[64];
+        if (!name)
+            return nc_error(err, errlen, NC_EFORMAT, "stream blob: bad knob name %u", i);
+        memcpy(buf, name, l);
+        buf[l] = 0;
+        const nc_cache_knob *k = cache_knob_find(buf);
+        if (!k)
+            return nc_error(err, errlen, NC_EFORMAT, "stream blob: knob '%s' is unknown to this build", buf);
+        rc = get_knob(r, p, k, err, errlen);
     }
+    return r->bad && !rc ? nc_error(err, errlen, NC_EFORMAT, "stream blob truncated (settings)") : rc;
 }
 
 /* Dynamic ids met in the windows, in first-seen order: map id -> blob ref. */
@@ -702,7 +741,7 @@ static int ref_of(idlist *l, int V, int id)
  * state (a failed allocation marks the writer bad). */
 static void put_head(binio_writer *w, const nc_stream *s)
 {
-    binio_put(w, "NCSTRM03", 8);
+    binio_put(w, "NCSTRM04", 8);
     binio_put_u32(w, (uint32_t)s->m->cfg.vocab_size);
     binio_put_u32(w, (uint32_t)s->m->cfg.hidden_size);
     binio_put_u32(w, (uint32_t)s->m->cfg.num_layers);
@@ -813,26 +852,140 @@ int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_
     return NC_OK;
 }
 
+/* The blob's words: map[i] = the stream's id of its i-th dynamic word. */
+typedef struct {
+    int V;
+    uint32_t nw;
+    int *map;
+} blob_words;
+
+/* A ref of the blob as the stream's word id, -1 if it names nothing. */
+static int ref_id(const blob_words *x, int32_t ref)
+{
+    if (ref >= 0 && ref < x->V)
+        return ref;
+    if (ref >= x->V && (uint32_t)(ref - x->V) < x->nw)
+        return x->map[ref - x->V];
+    return -1;
+}
+
+/* Magic, checksum and the model's shape: the reader r positioned after
+ * them (the version is the magic's last digit), or the error. */
+static int open_blob(const nc_model *m, const void *blob, size_t len, binio_reader *r, char *err, size_t errlen)
+{
+    /* NCSTRM01: without the gate's two knobs (read as their defaults); 02
+     * without dynamic evaluation's knobs and section; 03: settings
+     * without names */
+    if (len < 12 || memcmp(blob, "NCSTRM0", 7) != 0 || ((const char *)blob)[7] < '1' ||
+        ((const char *)blob)[7] > '4')
+        return nc_error(err, errlen, NC_EFORMAT, "not a neurocache stream blob");
+    if (!binio_open(r, blob, len, 8))
+        return nc_error(err, errlen, NC_EFORMAT, "stream blob checksum mismatch");
+    uint32_t bV = binio_get_u32(r), bH = binio_get_u32(r), bL = binio_get_u32(r);
+    if (r->bad || bV != (uint32_t)m->cfg.vocab_size || bH != (uint32_t)m->cfg.hidden_size ||
+        bL != (uint32_t)m->cfg.num_layers)
+        return nc_error(err, errlen, NC_EFORMAT, "stream blob is for a model V=%u H=%u L=%u, this one "
+                        "has V=%d H=%d L=%d", bV, bH, bL, m->cfg.vocab_size, m->cfg.hidden_size, m->cfg.num_layers);
+    return NC_OK;
+}
+
+/* The dynamic words into the stream's word table (x->map). */
+static int import_words(nc_stream *s, binio_reader *r, blob_words *x, char *err, size_t errlen)
+{
+    x->nw = binio_get_u32(r);
+    if (r->bad || x->nw == 0)
+        return NC_OK;
+    if (x->nw > binio_left(r) / 4 || !s->words)
+        return nc_error(err, errlen, NC_EFORMAT, "stream blob: %u dynamic words %s", x->nw,
+                        s->words ? "(truncated)" : "without open vocabulary");
+    if (!(x->map = nc_malloc(x->nw * sizeof(int))))
+        return nc_error(err, errlen, NC_ENOMEM, "stream import");
+    for (uint32_t i = 0; i < x->nw; i++) {
+        uint32_t l = binio_get_u32(r);
+        const char *word = l ? binio_take(r, l) : NULL;
+        if (!word)
+            return nc_error(err, errlen, NC_EFORMAT, "stream blob: bad word %u", i);
+        x->map[i] = wordtable_id(s->words, word, l, true);
+        if (x->map[i] < 0)
+            return nc_error(err, errlen, NC_ENOMEM, "word table");
+    }
+    return NC_OK;
+}
+
+/* The neural window: keys as stored (f32 or f16) and words by ref. */
+static int import_neural(nc_stream *s, binio_reader *r, const blob_words *x, char *err, size_t errlen)
+{
+    const int H = s->m->cfg.hidden_size;
+    int32_t nsize = binio_get_i32(r), ncount = binio_get_i32(r), nf16 = binio_get_i32(r);
+    if (r->bad || nsize != s->neural.size || ncount < 0 || ncount > nsize || (nsize && (nf16 != 0) != s->neural.f16))
+        return nc_error(err, errlen, NC_EFORMAT, "stream blob: neural window does not match its parameters");
+    size_t ks = s->neural.f16 ? 2 : 4;
+    for (int i = 0; i < ncount; i++) {
+        if ((size_t)H * ks + 4 > binio_left(r))
+            return nc_error(err, errlen, NC_EFORMAT, "stream blob truncated (neural window)");
+        binio_get(r, (char *)s->neural.keys + (size_t)i * H * ks, (size_t)H * ks);
+        int32_t ref = binio_get_i32(r);
+        int id = ref_id(x, ref);
+        if (id < 0)
+            return nc_error(err, errlen, NC_EFORMAT, "stream blob: bad word reference %d", ref);
+        s->neural.values[i] = id;
+    }
+    if (ncount > 0) {
+        s->neural.count = ncount;
+        s->neural.head = ncount % s->neural.size;
+    }
+    return NC_OK;
+}
+
+static int import_unigram(nc_stream *s, binio_reader *r, const blob_words *x, char *err, size_t errlen)
+{
+    int32_t usize = binio_get_i32(r), ucount = binio_get_i32(r);
+    if (r->bad || usize != s->unigram.size || ucount < 0 || ucount > usize)
+        return nc_error(err, errlen, NC_EFORMAT, "stream blob: unigram window does not match its parameters");
+    for (int i = 0; i < ucount; i++) {
+        int32_t ref = binio_get_i32(r);
+        int id = ref_id(x, ref);
+        if (r->bad || id < 0)
+            return nc_error(err, errlen, NC_EFORMAT, "stream blob: bad word reference %d", ref);
+        if (unigram_cache_push(&s->unigram, id))
+            return nc_error(err, errlen, NC_ENOMEM, "unigram cache");
+    }
+    return NC_OK;
+}
+
+/* Dynamic evaluation's section (version 3 on), replacing the fresh
+ * adaptation stream_new started; then the blob must be done. */
+static int import_tail(nc_stream *s, binio_reader *r, int version, char *err, size_t errlen)
+{
+    unsigned char hd = 0;
+    if (version >= 3) {
+        binio_get(r, &hd, 1);
+        if (r->bad)
+            return nc_error(err, errlen, NC_EFORMAT, "stream blob truncated");
+    }
+    dyneval_free(s->dyn);
+    s->dyn = NULL;
+    int rc = hd ? dyneval_read(s->m, r, &s->dyn, err, errlen) : NC_OK;
+    if (!rc && hd && dyneval_subset(s->dyn) != s->p.dyn_params)
+        rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: adapted subset %d, dyn_params %d",
+                      dyneval_subset(s->dyn), s->p.dyn_params);
+    if (!rc && !binio_done(r))
+        rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: %s", r->bad ? "truncated" : "trailing bytes");
+    return rc;
+}
+
 int stream_import(const nc_model *m, nc_unbounded_cache *ub, nc_wordtable *words, const void *blob,
                   size_t len, nc_stream **out, char *err, size_t errlen)
 {
     *out = NULL;
-    const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
-    /* NCSTRM01: the same without the gate's two knobs (read as their
-     * defaults); 02 without dynamic evaluation's knobs and section */
-    if (len < 12 || memcmp(blob, "NCSTRM0", 7) != 0 || ((const char *)blob)[7] < '1' ||
-        ((const char *)blob)[7] > '3')
-        return nc_error(err, errlen, NC_EFORMAT, "not a neurocache stream blob");
-    int version = ((const char *)blob)[7] - '0';
     binio_reader r;
-    if (!binio_open(&r, blob, len, 8))
-        return nc_error(err, errlen, NC_EFORMAT, "stream blob checksum mismatch");
-    uint32_t bV = binio_get_u32(&r), bH = binio_get_u32(&r), bL = binio_get_u32(&r);
-    if (r.bad || bV != (uint32_t)V || bH != (uint32_t)H || bL != (uint32_t)m->cfg.num_layers)
-        return nc_error(err, errlen, NC_EFORMAT, "stream blob is for a model V=%u H=%u L=%u, this one "
-                        "has V=%d H=%d L=%d", bV, bH, bL, V, H, m->cfg.num_layers);
     nc_cache_params p;
-    get_params(&r, &p, version);
+    int rc = open_blob(m, blob, len, &r, err, errlen);
+    int version = rc ? 0 : ((const char *)blob)[7] - '0';
+    if (!rc)
+        rc = get_params(&r, &p, version, err, errlen);
+    if (rc)
+        return rc;
     unsigned char hh = 0;
     int64_t pos = 0;
     uint64_t sl = 0;
@@ -842,92 +995,24 @@ int stream_import(const nc_model *m, nc_unbounded_cache *ub, nc_wordtable *words
     const void *state = binio_take(&r, sl);
     if (!state)
         return nc_error(err, errlen, NC_EFORMAT, "stream blob truncated");
-    int rc = cache_params_validate(&p, err, errlen);
-    if (rc)
+    if (cache_params_validate(&p, err, errlen))
         return NC_EFORMAT;   /* message from validate names the field */
     nc_stream *s;
     if ((rc = stream_new(m, &p, ub, words, false, &s, err, errlen)))
         return rc;
-    if ((rc = lstm_state_from_blob(s->st, state, (size_t)sl, err, errlen))) {
-        stream_free(s);
-        return rc;
-    }
+    rc = lstm_state_from_blob(s->st, state, (size_t)sl, err, errlen);
     s->has_h = hh != 0;
     s->pos = pos;
-    uint32_t nw = binio_get_u32(&r);
-    int *map = NULL;
-    if (!r.bad && nw > 0) {
-        if (nw > binio_left(&r) / 4 || !s->words) {
-            rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: %u dynamic words %s", nw,
-                          s->words ? "(truncated)" : "without open vocabulary");
-        } else if (!(map = nc_malloc(nw * sizeof(int)))) {
-            rc = nc_error(err, errlen, NC_ENOMEM, "stream import");
-        }
-        for (uint32_t i = 0; !rc && i < nw; i++) {
-            uint32_t l = binio_get_u32(&r);
-            const char *word = l ? binio_take(&r, l) : NULL;
-            if (!word) {
-                rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: bad word %u", i);
-                break;
-            }
-            map[i] = wordtable_id(s->words, word, l, true);
-            if (map[i] < 0)
-                rc = nc_error(err, errlen, NC_ENOMEM, "word table");
-        }
-    }
-#define REF(x) ((x) >= 0 && (x) < V ? (x) : ((x) >= V && (uint32_t)((x) - V) < nw ? map[(x) - V] : -1))
-    int32_t nsize = binio_get_i32(&r), ncount = binio_get_i32(&r), nf16 = binio_get_i32(&r);
-    if (!rc && (r.bad || nsize != s->neural.size || ncount < 0 || ncount > nsize ||
-                (nsize && (nf16 != 0) != s->neural.f16)))
-        rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: neural window does not match its parameters");
-    size_t ks = s->neural.f16 ? 2 : 4;
-    for (int i = 0; !rc && i < ncount; i++) {
-        if ((size_t)H * ks + 4 > binio_left(&r)) {
-            rc = nc_error(err, errlen, NC_EFORMAT, "stream blob truncated (neural window)");
-            break;
-        }
-        binio_get(&r, (char *)s->neural.keys + (size_t)i * H * ks, (size_t)H * ks);
-        int32_t ref = binio_get_i32(&r);
-        int id = REF(ref);
-        if (id < 0)
-            rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: bad word reference %d", ref);
-        s->neural.values[i] = id;
-    }
-    if (!rc && ncount > 0) {
-        s->neural.count = ncount;
-        s->neural.head = ncount % s->neural.size;
-    }
-    int32_t usize = binio_get_i32(&r), ucount = binio_get_i32(&r);
-    if (!rc && (r.bad || usize != s->unigram.size || ucount < 0 || ucount > usize))
-        rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: unigram window does not match its parameters");
-    for (int i = 0; !rc && i < ucount; i++) {
-        int32_t ref = binio_get_i32(&r);
-        int id = REF(ref);
-        if (r.bad || id < 0)
-            rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: bad word reference %d", ref);
-        else if (unigram_cache_push(&s->unigram, id))
-            rc = nc_error(err, errlen, NC_ENOMEM, "unigram cache");
-    }
-#undef REF
-    unsigned char hd = 0;
-    if (!rc && version >= 3) {
-        binio_get(&r, &hd, 1);
-        if (r.bad)
-            rc = nc_error(err, errlen, NC_EFORMAT, "stream blob truncated");
-    }
-    if (!rc) {
-        /* the section replaces the fresh adaptation stream_new started */
-        dyneval_free(s->dyn);
-        s->dyn = NULL;
-        if (hd)
-            rc = dyneval_read(m, &r, &s->dyn, err, errlen);
-    }
-    if (!rc && hd && dyneval_subset(s->dyn) != p.dyn_params)
-        rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: adapted subset %d, dyn_params %d",
-                      dyneval_subset(s->dyn), p.dyn_params);
-    if (!rc && !binio_done(&r))
-        rc = nc_error(err, errlen, NC_EFORMAT, "stream blob: %s", r.bad ? "truncated" : "trailing bytes");
-    free(map);
+    blob_words x = {.V = m->cfg.vocab_size};
+    if (!rc)
+        rc = import_words(s, &r, &x, err, errlen);
+    if (!rc)
+        rc = import_neural(s, &r, &x, err, errlen);
+    if (!rc)
+        rc = import_unigram(s, &r, &x, err, errlen);
+    if (!rc)
+        rc = import_tail(s, &r, version, err, errlen);
+    free(x.map);
     if (rc) {
         stream_free(s);
         return rc;

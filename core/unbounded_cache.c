@@ -3,6 +3,7 @@
  * term, the variable-bandwidth kernel density of Grave, Cisse, Joulin 2017,
  * eq. 5-6. */
 #include "unbounded_cache.h"
+#include "component.h"
 #include "faiss_shim.h"
 #include "fault.h"
 #include "vmath.h"
@@ -268,14 +269,14 @@ static int switch_begin(nc_unbounded_cache *u, ub_switch_job *job, bool *started
 
 /* n keys into idx: an IVFPQ index places each in the list of its exact
  * nearest centroid (faiss_shim_add: the same list whoever adds it, in
- * whatever batch), from the hint's coarse search where it holds it (x:
- * the keys before rounding); any other index adds as FAISS does. */
-static int index_add(FaissIndex *idx, size_t n, const float *keys, const float *x, const nc_ub_coarse *hint,
-                     char *err, size_t errlen)
+ * whatever batch), from the hint's coarse search where it holds it (of
+ * hint->x, the keys before rounding); any other index adds as FAISS does. */
+static int index_add(FaissIndex *idx, size_t n, const float *keys, const nc_ub_coarse *hint, char *err,
+                     size_t errlen)
 {
     faiss_shim_add_in a = {.n = (int64_t)n, .keys = keys};
     if (hint) {
-        a.hint_x = x;
+        a.hint_x = hint->x;
         a.hint_d = hint->d;
         a.hint_l = hint->l;
         a.hint_np = hint->stride;
@@ -305,7 +306,7 @@ static int switch_fill(const nc_unbounded_cache *u, ub_switch_job *job, char *er
     }
     for (idx_t i = 0; i < job->n; i += chunk) {
         idx_t m = job->n - i < chunk ? job->n - i : chunk;
-        int rc = index_add(job->ivf, (size_t)m, job->xb + (size_t)i * u->o.dim, NULL, NULL, err, errlen);
+        int rc = index_add(job->ivf, (size_t)m, job->xb + (size_t)i * u->o.dim, NULL, err, errlen);
         if (rc)
             return rc;
     }
@@ -325,7 +326,7 @@ static int switch_finish(nc_unbounded_cache *u, ub_switch_job *job, int rc, char
         faiss_IndexFlat_xb((FaissIndexFlat *)u->idx, &xb, &xsize);
         idx_t n = faiss_Index_ntotal(u->idx);
         if (n > job->n)
-            rc = index_add(job->ivf, (size_t)(n - job->n), xb + (size_t)job->n * u->o.dim, NULL, NULL, err, errlen);
+            rc = index_add(job->ivf, (size_t)(n - job->n), xb + (size_t)job->n * u->o.dim, NULL, err, errlen);
     }
     if (!rc)
         rc = set_nprobe(u, job->ivf, u->nprobe, err, errlen);
@@ -458,7 +459,7 @@ int unbounded_cache_add_block(nc_unbounded_cache *u, const nc_ub_add *a, int64_t
     if (u->hook && (rc = u->hook(u->hook_ctx, keys, a->words, n, (int64_t)u->nvalues, err, errlen)))
         goto out;
     const nc_ub_coarse *hint = a->coarse && a->coarse->n == n && a->coarse->gen == u->gen ? a->coarse : NULL;
-    if ((rc = index_add(u->idx, n, keys, a->keys, hint, err, errlen)))
+    if ((rc = index_add(u->idx, n, keys, hint, err, errlen)))
         goto out;
     memcpy(u->values + u->nvalues, a->words, n * sizeof(int));
     u->nvalues += n;
@@ -873,3 +874,110 @@ double unbounded_cache_weights(nc_kernel kern, const float *d2, const int *words
         w[i] = sum > 0.0 ? w[i] / sum : 0.0;
     return sum;
 }
+
+/* ---- the mixture's row (component.h) ------------------------------------
+ * (1-λ) p + λ p_kde, p_kde(w) ∝ Σ_{i∈N_k, w_i=w} K(d_i/θ(h)) (eq. 5-6), over
+ * the k neighbours the caller searched (nc_mix_input's ub_*). */
+
+static bool ub_on(const nc_cache_params *p)
+{
+    return p->unbounded;
+}
+
+static int ub_validate(const nc_cache_params *p, char *err, size_t errlen)
+{
+    if (p->exact && !p->unbounded)
+        return nc_error(err, errlen, NC_EINVAL, "exact applies to the unbounded cache, which is off");
+    return NC_OK;
+}
+
+static double ub_lambda(const nc_cache_params *p)
+{
+    return p->unbounded_lambda;
+}
+
+/* on, searched, and some neighbour with kernel mass */
+static bool ub_available(const nc_cache_params *p, const nc_mix_input *in)
+{
+    return p->unbounded && in->ub_k > 0 && !in->ub_skipped &&
+           unbounded_cache_kernel_sum(p->kernel, in->ub_d2, in->ub_words, in->ub_k, NULL) > 0.0;
+}
+
+static double ub_prob(const nc_cache_params *p, const nc_mix_input *in, int x)
+{
+    return unbounded_cache_prob(p->kernel, in->ub_d2, in->ub_words, in->ub_k, x);
+}
+
+static int ub_max_word(const nc_mix_input *in)
+{
+    int m = -1;
+    for (int i = 0; in->ub_words && i < in->ub_k; i++)
+        if (in->ub_words[i] > m)
+            m = in->ub_words[i];
+    return m;
+}
+
+static int ub_dense(const nc_cache_params *p, const nc_mix_input *in, double *q, size_t n)
+{
+    (void)n;
+    double *kw = nc_malloc((size_t)in->ub_k * sizeof(double));   /* K_i / Σ K */
+    if (!kw)
+        return NC_ENOMEM;
+    unbounded_cache_weights(p->kernel, in->ub_d2, in->ub_words, in->ub_k, kw);
+    for (int i = 0; i < in->ub_k; i++)
+        if (in->ub_words[i] >= 0)
+            q[in->ub_words[i]] += kw[i];
+    free(kw);
+    return NC_OK;
+}
+
+/* neighbours read by the distinct-word features: the nearest ones, where
+ * the kernel's mass is; a fixed number keeps the cost independent of k */
+#define UB_NEAR 32
+enum { F_D1, F_DK, F_DISTINCT, F_TOPSHARE, F_AGREE_NU, F_AGREE_VU, F_VOCAB_OF };
+
+/* The neighbours' statistics, after the search (post) */
+static void ub_features(const nc_cache_params *p, const nc_mix_input *in, nc_feat_ctx *ctx, double *pre,
+                        double *post)
+{
+    (void)p, (void)pre;
+    if (!post || in->ub_k <= 0 || !in->ub_words || in->ub_words[0] < 0)
+        return;
+    int last = 0;
+    while (last + 1 < in->ub_k && in->ub_words[last + 1] >= 0)
+        last++;
+    int near = last + 1 < UB_NEAR ? last + 1 : UB_NEAR, distinct = 0, top = 0;
+    for (int i = 0; i < near; i++) {
+        int w = in->ub_words[i], seen = 0;
+        for (int j = 0; j < i && !seen; j++)
+            seen = in->ub_words[j] == w;
+        distinct += !seen;
+        top += w == in->ub_words[0];
+    }
+    post[F_D1] = log1p(in->ub_d2[0] > 0.0f ? in->ub_d2[0] : 0.0);           /* log(1 + d²) nearest */
+    post[F_DK] = log1p(in->ub_d2[last] > 0.0f ? in->ub_d2[last] : 0.0);     /* ... k-th (bandwidth) */
+    post[F_DISTINCT] = (double)distinct / near;       /* distinct words among the 32 nearest */
+    post[F_TOPSHARE] = (double)top / near;            /* share of the nearest one's word */
+    post[F_AGREE_NU] = in->ub_words[0] == ctx->attended;
+    post[F_AGREE_VU] = in->ub_words[0] == in->v_argmax;
+    post[F_VOCAB_OF] = mix_vocab_logp(in, in->ub_words[0]);
+}
+
+static const char *const ub_knobs[] = {"unbounded", "knn", "nprobe", "unbounded_lambda", "kernel", "exact", NULL};
+static const char *const ub_feature_names[] = {"ub_nearest_d2", "ub_kth_d2", "ub_distinct", "ub_top_share",
+                                               "agree_neural_ub", "agree_vocab_ub", "vocab_log_p_of_ub", NULL};
+
+const nc_component nc_component_unbounded = {
+    .name = "unbounded",
+    .knobs = ub_knobs,
+    .on = ub_on,
+    .validate = ub_validate,
+    .lambda = ub_lambda,
+    .available = ub_available,
+    .prob = ub_prob,
+    .max_word = ub_max_word,
+    .dense = ub_dense,
+    .features = ub_feature_names,
+    .gate_features = ub_features,
+    .searched = true,
+};

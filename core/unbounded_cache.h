@@ -19,12 +19,12 @@
 #define NC_UNBOUNDED_CACHE_H
 
 #include "nc_common.h"
+#include "cache_knobs.h"
 #include "wordtable.h"
 
 typedef struct nc_unbounded_cache nc_unbounded_cache;
 
-/* The kernel K of eq. 5 (a knob: cache_knobs.h). */
-typedef enum { NC_KERNEL_GAUSSIAN = 0, NC_KERNEL_EPANECHNIKOV = 1 } nc_kernel;
+/* The kernel K of eq. 5, nc_kernel, is a knob's type: cache_knobs.h. */
 
 typedef struct {
     int dim;                      /* H, required */

@@ -1,6 +1,8 @@
 /* unigram_cache.c -- the unigram cache: counts over a ring of the last N word
  * ids, and its term p_uni (Kuhn & De Mori 1990). */
 #include "unigram_cache.h"
+#include "cache_knobs.h"
+#include "component.h"
 #include "fault.h"
 
 #include <stdlib.h>
@@ -89,3 +91,66 @@ void unigram_cache_add_dist(const nc_unigram_cache *u, double *q)
     for (int i = 0; i < u->count; i++)
         q[unigram_cache_at(u, i)] += 1.0 / u->count;
 }
+
+/* ---- the mixture's row (component.h): (1-λu) p + λu p_uni ---- */
+
+static bool unigram_on(const nc_cache_params *p)
+{
+    return p->unigram_size > 0;
+}
+
+static double unigram_lambda(const nc_cache_params *p)
+{
+    return p->unigram_lambda;
+}
+
+static bool unigram_available(const nc_cache_params *p, const nc_mix_input *in)
+{
+    return p->unigram_size > 0 && in->uni && in->uni->count > 0;
+}
+
+static double unigram_prob(const nc_cache_params *p, const nc_mix_input *in, int x)
+{
+    (void)p;
+    return unigram_cache_prob(in->uni, x);
+}
+
+/* λu p_uni(x) as the constant mixture has always computed it: a float
+ * product (both are floats), so that its numbers stay the same bit for bit */
+static double unigram_lambda_prob(const nc_cache_params *p, const nc_mix_input *in, int x, double lambda)
+{
+    (void)p;
+    return (float)lambda * unigram_cache_prob(in->uni, x);
+}
+
+static int unigram_max_word(const nc_mix_input *in)
+{
+    int m = -1;
+    for (int i = 0; in->uni && i < in->uni->count; i++)
+        if (unigram_cache_at(in->uni, i) > m)
+            m = unigram_cache_at(in->uni, i);
+    return m;
+}
+
+static int unigram_dense(const nc_cache_params *p, const nc_mix_input *in, double *q, size_t n)
+{
+    (void)p, (void)n;
+    unigram_cache_add_dist(in->uni, q);
+    return NC_OK;
+}
+
+static const char *const unigram_knobs[] = {"unigram_size", "unigram_lambda", NULL};
+static const char *const unigram_feature_names[] = {NULL};
+
+const nc_component nc_component_unigram = {
+    .name = "unigram",
+    .knobs = unigram_knobs,
+    .on = unigram_on,
+    .lambda = unigram_lambda,
+    .available = unigram_available,
+    .prob = unigram_prob,
+    .lambda_prob = unigram_lambda_prob,
+    .max_word = unigram_max_word,
+    .dense = unigram_dense,
+    .features = unigram_feature_names,
+};

@@ -8,7 +8,7 @@
 
 /* Ring of the last `size` word ids plus a dense count per id (ids may be
  * >= V in open-vocabulary mode; the count array grows on demand). */
-typedef struct {
+typedef struct nc_unigram_cache {
     int size;                     /* window N (> 0) */
     int count;                    /* ids held, <= size */
     int head;                     /* next slot to write */

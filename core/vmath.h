@@ -50,7 +50,8 @@ void vm_gemv_f16(const uint16_t *W, int rows, int cols, const float *x, float *y
  * unless the environment variable NEUROCACHE_SIMD names a lower one, which
  * is how the tests prove every level on one machine and how a user rules
  * out a kernel. Levels differ only in float rounding (summation order, the
- * polynomial exp against libm's expf): see tests/README.md. */
+ * polynomial exp against libm's expf): tests/tolerance.h bounds the
+ * difference, docs/testing.md says how the suites run at each level. */
 #define VM_SIMD_ENV "NEUROCACHE_SIMD"
 
 /* Reads NEUROCACHE_SIMD and fixes the level: NC_EINVAL with a message if it

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "apiutil.h"
+#include "components.h"
 #include "compute.h"
 #include "dyneval.h"
 #include "memstats.h"
@@ -45,6 +46,23 @@ void api_h_metrics(nc_server *srv, http_request *req, http_response *resp)
     resp->status = 200;
 }
 
+/* The mixture's components in its order (core/component_table.h): each
+ * one's name, its knobs and its gate features. */
+static json_t *api_components(void)
+{
+    json_t *a = json_array();
+    for (int c = 0; a && c < NC_NCOMP; c++) {
+        const nc_component *r = nc_component_rows[c];
+        json_t *knobs = json_array(), *feats = json_array();
+        for (int i = 0; r->knobs && r->knobs[i]; i++)
+            json_array_append_new(knobs, json_string(r->knobs[i]));
+        for (int i = 0; r->features && r->features[i]; i++)
+            json_array_append_new(feats, json_string(r->features[i]));
+        json_array_append_new(a, json_pack("{s:s,s:o,s:o}", "name", r->name, "knobs", knobs, "gate_features", feats));
+    }
+    return a;
+}
+
 void api_h_model(nc_server *srv, http_request *req, http_response *resp)
 {
     (void)req;
@@ -61,6 +79,7 @@ void api_h_model(nc_server *srv, http_request *req, http_response *resp)
         json_object_set_new(o, "text", api_text_conventions(srv->model));
         json_object_set_new(o, "cache_defaults", proto_encode_cache(&srv->cache_defaults));
         json_object_set_new(o, "cache_knobs", proto_encode_cache_knobs());
+        json_object_set_new(o, "components", api_components());
         json_t *dm = json_object();
         for (int sub = NC_DYN_BIAS; dm && sub <= NC_DYN_ALL; sub++) {
             char key[4];

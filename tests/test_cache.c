@@ -22,6 +22,7 @@
 #include "mixture.h"
 #include "mix_input.h"
 #include "stream.h"
+#include "binio.h"
 #include "doc.h"
 #include "lstm.h"
 #include "cache_params.h"
@@ -1087,6 +1088,109 @@ TEST(empty_caches_contribute_nothing)
     model_free(m);
 }
 
+/* tests/fixtures/stream-v3.blob: the blob stream_export wrote at commit
+ * ce344d9 (format NCSTRM03, settings without names) for the stream built
+ * here: lstm-2layer, these settings, these 91 tokens. Today's import must
+ * give the same session: the same settings and the prediction of the stream
+ * rebuilt from scratch; exported again it is NCSTRM04 (settings by knob
+ * name) and reads back the same bit for bit. */
+TEST(stream_import_v3)
+{
+    nc_model *m = load_fixture();
+    if (!m)
+        return;
+    char err[NC_ERRLEN], path[1024];
+    snprintf(path, sizeof path, "%s/stream-v3.blob", harness_fixtures());
+    FILE *f = fopen(path, "rb");
+    CHECKF(f != NULL, "%s", path);
+    if (!f) {
+        model_free(m);
+        return;
+    }
+    static unsigned char old[8192];
+    size_t len = fread(old, 1, sizeof old, f);
+    fclose(f);
+    CHECK(len > 12 && memcmp(old, "NCSTRM03", 8) == 0);
+    nc_tokens t;
+    tokens_init(&t);
+    int V = m->cfg.vocab_size;
+    for (int i = 0; i < 90; i++) {
+        int id = i % 11 == 0 ? 2 + i % 9 : 2 + (i * 7 + (i / 5) * 3) % (V - 2);
+        tokens_push(&t, id, vocab_word(m->vocab, id), strlen(vocab_word(m->vocab, id)), i);
+        if (i == 80)   /* inside both windows: the blob names it */
+            tokens_push(&t, m->unk_id, "blobword", 8, 1000);
+    }
+    nc_cache_params p;
+    cache_params_default(&p);
+    p.neural_size = 25;
+    p.neural_theta = 1.5f;
+    p.neural_lambda = 0.2f;
+    p.unigram_size = 30;
+    p.unigram_lambda = 0.15f;
+    p.open_vocab = true;
+    p.uniform_mu = 0.002f;
+    nc_stream *fresh = NULL, *im = NULL, *again = NULL;
+    CHECK(stream_new(m, &p, NULL, NULL, true, &fresh, err, sizeof err) == NC_OK);
+    CHECK(fresh && stream_feed(fresh, &t, false, NULL, err, sizeof err) == NC_OK);
+    CHECKF(stream_import(m, NULL, NULL, old, len, &im, err, sizeof err) == NC_OK, "%s", err);
+    void *blob = NULL;
+    size_t blen = 0;
+    if (im) {
+        size_t nk;
+        const nc_cache_knob *k = cache_knobs(&nk);
+        for (size_t i = 0; i < nk; i++)
+            CHECKF(cache_knob_get(stream_params(im), &k[i]) == cache_knob_get(&p, &k[i]), "%s", k[i].name);
+        CHECK(stream_export(im, &blob, &blen, err, sizeof err) == NC_OK);
+        CHECK(blob && memcmp(blob, "NCSTRM04", 8) == 0);
+        CHECKF(blob && stream_import(m, NULL, NULL, blob, blen, &again, err, sizeof err) == NC_OK, "%s", err);
+    }
+    nc_dist d0, d1, d2;
+    dist_init(&d0);
+    dist_init(&d1);
+    dist_init(&d2);
+    if (fresh && im && again) {
+        CHECK(stream_position(im) == 91 && stream_position(again) == 91);
+        CHECK(stream_predict(fresh, true, &d0, err, sizeof err) == NC_OK);
+        CHECK(stream_predict(im, true, &d1, err, sizeof err) == NC_OK);
+        CHECK(stream_predict(again, true, &d2, err, sizeof err) == NC_OK);
+        CHECK(d0.n == (size_t)V + 1 && d1.n == d0.n && d2.n == d0.n);
+        /* the blob's LSTM state was computed at whatever kernel level wrote
+         * it, the fresh one at this run's: a path difference (tolerance.h,
+         * TOL_FIXTURE_PATHS on each log-probability), far below what a lost
+         * window or setting moves (the unigram cache alone gives a word of
+         * the window 0.15 * k/30) */
+        double worst = 0;
+        for (size_t w = 0; d0.n == d1.n && w < d0.n; w++)
+            worst = fmax(worst, fabs(log(d0.p[w]) - log(d1.p[w])));
+        CHECKF(d0.n == d1.n && worst <= TOL_FIXTURE_PATHS, "fresh vs v3 blob: %g", worst);
+        /* the same state and windows through the same code: bit equality */
+        CHECK(d1.n == d2.n && memcmp(d1.p, d2.p, d1.n * sizeof(float)) == 0);
+        CHECK(d0.weight[NC_COMP_UNIGRAM] > 0 && d0.weight[NC_COMP_NEURAL] > 0 && d0.weight[NC_COMP_UNIFORM] > 0);
+    }
+    /* a blob naming a knob this build does not have is refused, by name */
+    if (blob) {
+        unsigned char *b = blob;
+        /* the first knob's name starts after magic, V, H, L and the count */
+        size_t at = 8 + 12 + 4 + 4;
+        b[at] = 'x';
+        /* re-seal: the crc32 over everything before the last 4 bytes */
+        uint32_t crc = binio_crc32(0, b, blen - 4);
+        memcpy(b + blen - 4, &crc, 4);
+        nc_stream *bad = NULL;
+        CHECK(stream_import(m, NULL, NULL, blob, blen, &bad, err, sizeof err) == NC_EFORMAT && !bad);
+        CHECKF(strstr(err, "is unknown to this build") != NULL, "%s", err);
+    }
+    free(blob);
+    dist_free(&d0);
+    dist_free(&d1);
+    dist_free(&d2);
+    stream_free(fresh);
+    stream_free(im);
+    stream_free(again);
+    tokens_clear(&t);
+    model_free(m);
+}
+
 TEST(stream_export_import)
 {
     nc_model *m = load_fixture();
@@ -1357,6 +1461,7 @@ int main(void)
     RUN(shim_add_places_keys_at_exact_nearest);
     RUN(empty_caches_contribute_nothing);
     RUN(stream_export_import);
+    RUN(stream_import_v3);
     RUN(neural_cache_dots_naive);
     RUN(explain_weights_sum_to_terms);
     RUN(params_validation);

@@ -1,0 +1,97 @@
+/* component.h -- one component of the mixture as one row (design §4
+ * "Components"): what the mixture (mixture.c), the gate (gate.c), the
+ * validation (cache_params.c), the export blob (stream.c) and /v1/model
+ * read of it. Each component's own file defines its row,
+ *     const nc_component nc_component_<name> = {...};
+ * and component_table.h lists it once; they loop over the rows
+ * (nc_component_rows, components.c) instead of naming components.
+ *
+ * The mixture at one position is, in the table's order (mixture.h),
+ *     p <- p_first;  p <- (1 - λ_c) p + λ_c p_c  for each later row c available,
+ * with λ_c the row's constant weight or, under the gate, w_c / Σ_{c'<=c} w_c'.
+ * A row gives p_c two ways that must agree: prob (the target path, one
+ * word) and dense or step (the full distribution). */
+#ifndef NC_COMPONENT_H
+#define NC_COMPONENT_H
+
+#include "nc_common.h"
+#include "dist.h"
+#include "mix_input.h"
+
+struct nc_cache_params_s;
+
+/* The gate's features (gate.h): the rows' pre-search ones in the table's
+ * order, then their post-search ones; counts from component_table.h. */
+#define NC_COMP_NPRE_(ID, name, npre, npost) +(npre)
+#define NC_COMP_NPOST_(ID, name, npre, npost) +(npost)
+enum {
+    NC_GATE_NPRE = 0 NC_COMPONENT_TABLE(NC_COMP_NPRE_),
+    NC_GATE_NFEAT = NC_GATE_NPRE NC_COMPONENT_TABLE(NC_COMP_NPOST_)
+};
+#undef NC_COMP_NPRE_
+#undef NC_COMP_NPOST_
+
+/* What a row's own step on the full distribution reads and writes. */
+typedef struct {
+    const struct nc_cache_params_s *p;
+    const nc_mix_input *in;
+    double lambda;                /* λ_c of this step (unused by the first row) */
+    nc_dist *out;                 /* p[n] so far; share[c][n] too when shares */
+    bool shares;
+    int comp;                     /* the row's index */
+} nc_comp_step;
+
+/* What rows' gate features share: the word the neural window attends to
+ * most (-2 when none), which later rows' agreement features compare with. */
+typedef struct {
+    int attended;
+} nc_feat_ctx;
+
+typedef struct nc_component {
+    const char *name;             /* as in component_table.h */
+    const char *const *knobs;     /* its rows of cache_knobs.h, NULL-terminated (/v1/model) */
+
+    /* ---- settings ---- */
+    /* Part of the mixture p describes, whatever the memory holds (the
+     * components a gate is fitted for: gate.json's "components"). */
+    bool (*on)(const struct nc_cache_params_s *p);
+    /* Combinations of its knobs that make no sense (NULL: none), with the
+     * message cache_params_validate returns. */
+    int (*validate)(const struct nc_cache_params_s *p, char *err, size_t errlen);
+    /* Its constant weight λ_c (NULL for the first row: it has none). */
+    double (*lambda)(const struct nc_cache_params_s *p);
+
+    /* ---- one position ---- */
+    /* In the mixture here: on, and its memory gives mass (an empty window,
+     * no neighbour or a skipped search leave it out). NULL: always. */
+    bool (*available)(const struct nc_cache_params_s *p, const nc_mix_input *in);
+    /* p_c(x), the target path (mixture_target, the gate's fitting data). */
+    double (*prob)(const struct nc_cache_params_s *p, const nc_mix_input *in, int x);
+    /* λ p_c(x) of the constant mixture's target step when it is not
+     * lambda * prob bit for bit (NULL: it is). */
+    double (*lambda_prob)(const struct nc_cache_params_s *p, const nc_mix_input *in, int x, double lambda);
+    /* The largest word id it may give mass to, -1 if none (the full
+     * distribution grows to hold it). NULL: none beyond the model's. */
+    int (*max_word)(const nc_mix_input *in);
+    /* The full path, one of two forms. dense: p_c over [0, n) into q
+     * (zeroed); the mixture then blends (1-λ) p + λ q and credits q to the
+     * row's share. step: the row changes out itself (the first row fills
+     * it; a sparse term adds to it). NC_ENOMEM on a failed allocation. */
+    int (*dense)(const struct nc_cache_params_s *p, const nc_mix_input *in, double *q, size_t n);
+    int (*step)(const nc_comp_step *s);
+
+    /* ---- the gate (gate.h) ---- */
+    /* Its features' names: component_table.h's npre then npost of them
+     * (gate.json's "features", in the table's order). */
+    const char *const *features;
+    /* Its raw features at this position into pre[npre] and, when post is
+     * non-NULL (the searched component is available), post[npost]; they
+     * start at 0 and never read the target. */
+    void (*gate_features)(const struct nc_cache_params_s *p, const nc_mix_input *in, nc_feat_ctx *ctx,
+                          double *pre, double *post);
+    /* Its memory is searched, and the gate's pre-search net may skip the
+     * search (adaptive retrieval): the row whose post features need it. */
+    bool searched;
+} nc_component;
+
+#endif

@@ -1,0 +1,94 @@
+/* components.c -- the rows of component_table.h gathered (components.h). */
+#include "components.h"
+
+#include <pthread.h>
+#include <string.h>
+
+#define NC_ROW_DECL_(ID, name, npre, npost) extern const nc_component nc_component_##name;
+NC_COMPONENT_TABLE(NC_ROW_DECL_)
+#undef NC_ROW_DECL_
+
+#define NC_ROW_PTR_(ID, name, npre, npost) &nc_component_##name,
+const nc_component *const nc_component_rows[NC_NCOMP] = {NC_COMPONENT_TABLE(NC_ROW_PTR_)};
+#undef NC_ROW_PTR_
+#define NC_ROW_NPRE_(ID, name, npre, npost) npre,
+const int nc_component_npre[NC_NCOMP] = {NC_COMPONENT_TABLE(NC_ROW_NPRE_)};
+#undef NC_ROW_NPRE_
+#define NC_ROW_NPOST_(ID, name, npre, npost) npost,
+const int nc_component_npost[NC_NCOMP] = {NC_COMPONENT_TABLE(NC_ROW_NPOST_)};
+#undef NC_ROW_NPOST_
+
+static const char *feature_names[NC_GATE_NFEAT];
+static int searched_row = -1;
+static pthread_once_t rows_once = PTHREAD_ONCE_INIT;
+
+/* Once: the rows agree with the table (name, feature counts, at most one
+ * searched row, only the searched row has post features) -- a row that
+ * does not is a programming error, caught at the first use -- and the
+ * feature names in the gate's order. */
+static void rows_init(void)
+{
+    int pre = 0, post = NC_GATE_NPRE;
+    for (int c = 0; c < NC_NCOMP; c++) {
+        const nc_component *r = nc_component_rows[c];
+        int nf = 0;
+        while (r->features && r->features[nf])
+            nf++;
+        NC_ASSERT(!strcmp(r->name, nc_comp_names[c]), "row %d is named '%s', the table says '%s'", c, r->name,
+                  nc_comp_names[c]);
+        NC_ASSERT(nf == nc_component_npre[c] + nc_component_npost[c], "component %s: %d feature names, table %d+%d",
+                  r->name, nf, nc_component_npre[c], nc_component_npost[c]);
+        NC_ASSERT(c == 0 ? r->step && !r->lambda : r->lambda && (r->dense || r->step) && r->prob,
+                  "component %s: incomplete row", r->name);
+        NC_ASSERT(!nc_component_npost[c] || r->searched, "component %s: post-search features but no search",
+                  r->name);
+        if (r->searched) {
+            NC_ASSERT(searched_row < 0, "two searched components");
+            searched_row = c;
+        }
+        for (int i = 0; i < nc_component_npre[c]; i++)
+            feature_names[pre++] = r->features[i];
+        for (int i = 0; i < nc_component_npost[c]; i++)
+            feature_names[post++] = r->features[nc_component_npre[c] + i];
+    }
+}
+
+int components_searched(void)
+{
+    pthread_once(&rows_once, rows_init);
+    return searched_row;
+}
+
+const char *components_feature_name(int i)
+{
+    pthread_once(&rows_once, rows_init);
+    return i >= 0 && i < NC_GATE_NFEAT ? feature_names[i] : NULL;
+}
+
+unsigned components_on(const struct nc_cache_params_s *p)
+{
+    unsigned a = 0;
+    for (int c = 0; c < NC_NCOMP; c++)
+        if (!nc_component_rows[c]->on || nc_component_rows[c]->on(p))
+            a |= 1u << c;
+    return a;
+}
+
+unsigned components_available(const struct nc_cache_params_s *p, const nc_mix_input *in)
+{
+    unsigned a = 0;
+    for (int c = 0; c < NC_NCOMP; c++)
+        if (!nc_component_rows[c]->available || nc_component_rows[c]->available(p, in))
+            a |= 1u << c;
+    return a;
+}
+
+int components_validate(const struct nc_cache_params_s *p, char *err, size_t errlen)
+{
+    for (int c = 0; c < NC_NCOMP; c++) {
+        int rc = nc_component_rows[c]->validate ? nc_component_rows[c]->validate(p, err, errlen) : NC_OK;
+        if (rc != NC_OK)
+            return rc;
+    }
+    return NC_OK;
+}

@@ -1,0 +1,25 @@
+/* components.h -- the rows of component_table.h gathered (components.c):
+ * what the mixture, the gate, the validation, the export blob and
+ * /v1/model loop over instead of naming components. */
+#ifndef NC_COMPONENTS_H
+#define NC_COMPONENTS_H
+
+#include "component.h"
+
+/* The rows, in the table's order, and their feature counts. */
+extern const nc_component *const nc_component_rows[NC_NCOMP];
+extern const int nc_component_npre[NC_NCOMP], nc_component_npost[NC_NCOMP];
+
+/* Index of the searched row (component.h's searched), -1 if none. */
+int components_searched(void);
+/* The gate's feature i, 0 <= i < NC_GATE_NFEAT: the rows' pre features in
+ * table order, then their post features. */
+const char *components_feature_name(int i);
+/* The components p switches on, as bits (bit c: row c's on). */
+unsigned components_on(const struct nc_cache_params_s *p);
+/* Bit c set: row c is available at this position. */
+unsigned components_available(const struct nc_cache_params_s *p, const nc_mix_input *in);
+/* The rows' validate in order: the first error. */
+int components_validate(const struct nc_cache_params_s *p, char *err, size_t errlen);
+
+#endif
