@@ -108,10 +108,6 @@ void dyneval_refresh(nc_dyneval *d);
 int dyneval_loss(nc_dyneval *d, const nc_state *s0, bool has_h, const int *y, int T, bool grad, double *loss,
                  int *nscored, char *err, size_t errlen);
 
-/* MS_g as loaded -> sqrt(MS_g) in place, as the update reads it (model_load
- * does this for m->dyn_ms). */
-void dyneval_rms_in_place(nc_model *ms);
-
 /* MS_g: the mean squared gradient of every weight of m over consecutive
  * segments of n tokens of toks (state carried across segments, weights
  * fixed), at most max_tokens of them (0 = all). *out is a model of m's

@@ -271,6 +271,15 @@ void lstm_logits_batch(const nc_model *m, const float *hidden, size_t T, float *
                 logits, V);
 }
 
+void lstm_logits_rows(const nc_model *m, const float *hidden, size_t T, float *logits)
+{
+    const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
+    for (size_t t = 0; t < T; t++)
+        memcpy(logits + t * (size_t)V, m->decoder_b, (size_t)V * sizeof(float));
+    if (T > 0)
+        vm_gemm_nt(hidden, m->decoder_w, logits, (int)T, V, H);
+}
+
 float nc_logsumexp(const float *x, size_t n)
 {
     return vm_logsumexp(x, n);

@@ -46,6 +46,10 @@ int lstm_forward_seq(const nc_model *m, nc_state *s, const int *tokens, size_t T
 void lstm_logits(const nc_model *m, const float *h, float *logits);
 /* Decoder over a block: logits[T, V] = hidden[T, H] W_dec^T + b (one GEMM). */
 void lstm_logits_batch(const nc_model *m, const float *hidden, size_t T, float *logits);
+/* The same for a few rows (a segment of dynamic evaluation) with the
+ * decoder read in place (vm_gemm_nt) instead of OpenBLAS's packed copy;
+ * equal to lstm_logits_batch within float rounding (vmath.h's bound). */
+void lstm_logits_rows(const nc_model *m, const float *hidden, size_t T, float *logits);
 
 /* log(sum(exp(x))) computed stably (max subtracted). */
 float nc_logsumexp(const float *x, size_t n);

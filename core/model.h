@@ -45,7 +45,7 @@ typedef struct nc_model {
     char dir[1024];               /* directory it was loaded from ("" if built) */
     struct nc_gate *gate;         /* the adaptive mixture's gate (gate.h), NULL if the directory has none */
     struct nc_model *dyn_ms;      /* dynamic evaluation's gradient statistics in the model's own layout
-                                   * (dyneval.h; dir/dyneval/ holds MS_g, loaded as sqrt(MS_g)), NULL
+                                   * (dyneval.h; dir/dyneval/ holds MS_g, kept as MS_g), NULL
                                    * if the directory has none */
     void *impl;                   /* owned storage (mmap / buffers) */
 } nc_model;

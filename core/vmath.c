@@ -385,6 +385,127 @@ __attribute__((target("avx2,fma,f16c"))) static void gemv_f16_avx2(const uint16_
         gemv_f16_scalar(W + (size_t)r * cols, rows - r, cols, x, y + r);
 }
 
+/* ---- small-M products against the decoder (dynamic evaluation) ------- */
+
+/* y[r, j] += sum_i x[r, i] w[j, i] and y[r, c] = sum_j p[r, j] w[j, c] for a
+ * few rows r against a large row-major w (the decoder, [V, H]): read in
+ * place, never copied. OpenBLAS's sgemm packs the whole of w on every call,
+ * which for 20 rows costs as much as the product itself. Scalar versions
+ * are the plain loops; the vector ones change only the summation order. */
+static void gemm_nt_scalar(const float *x, const float *w, float *y, int rows, int n, int k)
+{
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < n; j++) {
+            float acc = 0.0f;
+            for (int i = 0; i < k; i++)
+                acc += x[(size_t)r * k + i] * w[(size_t)j * k + i];
+            y[(size_t)r * n + j] += acc;
+        }
+}
+
+/* gemm_nn's columns [c0, k) (all of them, or a vector kernel's tail) */
+typedef struct {
+    int rows, n, k, c0;
+} nn_shape;
+
+static void gemm_nn_scalar(const float *p, const float *w, float *y, const nn_shape *sh)
+{
+    const int rows = sh->rows, n = sh->n, k = sh->k, c0 = sh->c0;
+    for (int r = 0; r < rows; r++) {
+        float *yr = y + (size_t)r * k;
+        for (int c = c0; c < k; c++)
+            yr[c] = 0.0f;
+        for (int j = 0; j < n; j++) {
+            const float pj = p[(size_t)r * n + j], *wj = w + (size_t)j * k;
+            for (int c = c0; c < k; c++)
+                yr[c] += pj * wj[c];
+        }
+    }
+}
+
+/* nt: four rows of w against two rows of x per tile (8 dot products), the
+ * rows of x reused from L1 while w streams once. */
+__attribute__((target("avx2,fma"))) static __m128 hsum4_256(__m256 a, __m256 b, __m256 c, __m256 d)
+{
+    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+__attribute__((target("avx2,fma"))) static void nt_tile_avx2(const float *x0, const float *x1, const float *w0, int k,
+                                                             float *y0, float *y1)
+{
+    const float *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int i = 0; i < k; i += 8) {
+        __m256 u = _mm256_loadu_ps(x0 + i), v = _mm256_loadu_ps(x1 + i), q;
+        q = _mm256_loadu_ps(w0 + i), a0 = _mm256_fmadd_ps(u, q, a0), b0 = _mm256_fmadd_ps(v, q, b0);
+        q = _mm256_loadu_ps(w1 + i), a1 = _mm256_fmadd_ps(u, q, a1), b1 = _mm256_fmadd_ps(v, q, b1);
+        q = _mm256_loadu_ps(w2 + i), a2 = _mm256_fmadd_ps(u, q, a2), b2 = _mm256_fmadd_ps(v, q, b2);
+        q = _mm256_loadu_ps(w3 + i), a3 = _mm256_fmadd_ps(u, q, a3), b3 = _mm256_fmadd_ps(v, q, b3);
+    }
+    _mm_storeu_ps(y0, _mm_add_ps(_mm_loadu_ps(y0), hsum4_256(a0, a1, a2, a3)));
+    _mm_storeu_ps(y1, _mm_add_ps(_mm_loadu_ps(y1), hsum4_256(b0, b1, b2, b3)));
+}
+
+__attribute__((target("avx2,fma"))) static void gemm_nt_avx2(const float *x, const float *w, float *y, int rows, int n,
+                                                             int k)
+{
+    if (k % 8 != 0) {
+        gemm_nt_scalar(x, w, y, rows, n, k);
+        return;
+    }
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+        int r = 0;
+        for (; r + 2 <= rows; r += 2)
+            nt_tile_avx2(x + (size_t)r * k, x + (size_t)(r + 1) * k, w + (size_t)j * k, k, y + (size_t)r * n + j,
+                         y + (size_t)(r + 1) * n + j);
+        if (r < rows) {
+            float spare[4] = {0};   /* the odd row pairs with itself; its second sums are dropped */
+            nt_tile_avx2(x + (size_t)r * k, x + (size_t)r * k, w + (size_t)j * k, k, y + (size_t)r * n + j, spare);
+        }
+    }
+    for (int r = 0; j < n && r < rows; r++)
+        gemm_nt_scalar(x + (size_t)r * k, w + (size_t)j * k, y + (size_t)r * n + j, 1, n - j, k);
+}
+
+/* nn: four rows of p times 2 vectors of columns of w per tile, over a block
+ * of w's rows that stays in L2 while the tiles of other rows reuse it. */
+#define NN_BLOCK 2048
+__attribute__((target("avx2,fma"))) static void gemm_nn_avx2(const float *p, const float *w, float *y, int rows, int n,
+                                                             int k)
+{
+    const int kv = k - k % 16;
+    for (int j0 = 0; j0 < n; j0 += NN_BLOCK) {
+        const int j1 = n - j0 < NN_BLOCK ? n : j0 + NN_BLOCK;
+        for (int c = 0; c < kv; c += 16)
+            for (int r = 0; r < rows; r += 4) {
+                const int nr = rows - r < 4 ? rows - r : 4;
+                const float *p0 = p + (size_t)r * n, *p1 = p0 + (nr > 1 ? n : 0), *p2 = p0 + (nr > 2 ? 2 * (size_t)n : 0),
+                            *p3 = p0 + (nr > 3 ? 3 * (size_t)n : 0);
+                float *y0 = y + (size_t)r * k + c;
+                __m256 a[4][2];
+                for (int i = 0; i < 4; i++)
+                    for (int h = 0; h < 2; h++)
+                        a[i][h] = j0 == 0 || i >= nr ? _mm256_setzero_ps() : _mm256_loadu_ps(y0 + (size_t)i * k + 8 * h);
+                for (int j = j0; j < j1; j++) {
+                    const float *wj = w + (size_t)j * k + c;
+                    __m256 q0 = _mm256_loadu_ps(wj), q1 = _mm256_loadu_ps(wj + 8), b;
+                    b = _mm256_broadcast_ss(p0 + j), a[0][0] = _mm256_fmadd_ps(b, q0, a[0][0]), a[0][1] = _mm256_fmadd_ps(b, q1, a[0][1]);
+                    b = _mm256_broadcast_ss(p1 + j), a[1][0] = _mm256_fmadd_ps(b, q0, a[1][0]), a[1][1] = _mm256_fmadd_ps(b, q1, a[1][1]);
+                    b = _mm256_broadcast_ss(p2 + j), a[2][0] = _mm256_fmadd_ps(b, q0, a[2][0]), a[2][1] = _mm256_fmadd_ps(b, q1, a[2][1]);
+                    b = _mm256_broadcast_ss(p3 + j), a[3][0] = _mm256_fmadd_ps(b, q0, a[3][0]), a[3][1] = _mm256_fmadd_ps(b, q1, a[3][1]);
+                }
+                for (int i = 0; i < nr; i++)
+                    for (int h = 0; h < 2; h++)
+                        _mm256_storeu_ps(y0 + (size_t)i * k + 8 * h, a[i][h]);
+            }
+    }
+    const nn_shape tail = {rows, n, k, kv};
+    if (kv < k)
+        gemm_nn_scalar(p, w, y, &tail);
+}
+
 /* ---- dispatch -------------------------------------------------------- */
 
 typedef enum { ISA_UNKNOWN, ISA_SCALAR, ISA_AVX2, ISA_AVX512 } vm_isa_t;
@@ -602,4 +723,24 @@ void vm_gemv_f16(const uint16_t *W, int rows, int cols, const float *x, float *y
     case ISA_AVX2: gemv_f16_avx2(W, rows, cols, x, y); break;
     default: gemv_f16_scalar(W, rows, cols, x, y); break;
     }
+}
+
+/* The AVX-512 level runs the AVX2 kernels here: on the benchmark machine
+ * (Zen 4) a 512-bit FMA issues at half the rate of a 256-bit one, so the
+ * wider registers buy no throughput for these tiles. */
+void vm_gemm_nt(const float *x, const float *w, float *y, int rows, int n, int k)
+{
+    if (isa() == ISA_SCALAR)
+        gemm_nt_scalar(x, w, y, rows, n, k);
+    else
+        gemm_nt_avx2(x, w, y, rows, n, k);
+}
+
+void vm_gemm_nn(const float *p, const float *w, float *y, int rows, int n, int k)
+{
+    const nn_shape all = {rows, n, k, 0};
+    if (isa() == ISA_SCALAR)
+        gemm_nn_scalar(p, w, y, &all);
+    else
+        gemm_nn_avx2(p, w, y, rows, n, k);
 }
