@@ -5,6 +5,7 @@
 #include "fault.h"
 
 #include <cblas.h>
+#include <immintrin.h>
 #include <float.h>
 #include <math.h>
 #include <pthread.h>
@@ -180,7 +181,7 @@ static int adopt_tensor(nc_dyneval *d, dyn_tensor *t, char *err, size_t errlen)
  * (refused at load for the biases) counts as 0. */
 static inline float dyneval_rms(float ms)
 {
-    return sqrtf(fmaxf(ms, 0.0f));
+    return sqrtf(ms > 0.0f ? ms : 0.0f);
 }
 
 /* RMS_norm's denominator: mean sqrt(MS_g) over the whole model, so that a
@@ -701,20 +702,14 @@ int dyneval_loss(nc_dyneval *d, const nc_state *s0, bool has_h, const int *y, in
 /* ---- the update --------------------------------------------------------- */
 
 /* The step's loop over one tensor (dyneval.h's rule, then the decay) with
- * the root of MS_g taken in it: one pass over the weights, the trained
- * weights, MS_g and the gradient, free of branches so that it vectorises
- * (no errno for sqrtf: its argument is >= 0). */
-#if defined(__GNUC__) && !defined(__clang__)
-#define DYN_VECTORISE __attribute__((optimize("O3", "no-math-errno")))   /* gcc's -O2 does not vectorise it */
-#else
-#define DYN_VECTORISE
-#endif
-DYN_VECTORISE static void step_loop(float *restrict w, const float *restrict w0, const float *restrict ms,
-                                    const float *restrict g, size_t n, const float *k)
+ * the root of MS_g taken in it: one pass reading the weights, the trained
+ * weights, MS_g and the gradient. k = {lr, decay, eps, 1 / mean RMS}. */
+static void step_loop(float *restrict w, const float *restrict w0, const float *restrict ms,
+                      const float *restrict g, size_t n, const float *k)
 {
     const float lr = k[0], decay = k[1], eps = k[2], inv_mean = k[3];
     for (size_t j = 0; j < n; j++) {
-        float re = sqrtf(fmaxf(ms[j], 0.0f)) + eps;   /* dyneval_rms + eps */
+        float re = sqrtf(ms[j] > 0.0f ? ms[j] : 0.0f) + eps;   /* dyneval_rms + eps */
         float f = decay * re * inv_mean;
         f = f > 1.0f ? 1.0f : f;   /* RMS_norm clipped at 1/lambda: never past theta_g */
         float u = g[j] / re;
@@ -725,6 +720,36 @@ DYN_VECTORISE static void step_loop(float *restrict w, const float *restrict w0,
         dlt = fabsf(dlt) < FLT_MIN ? 0.0f : dlt;
         w[j] = w0[j] + dlt;
     }
+}
+
+/* step_loop eight weights at a time, the same operations in the same order
+ * (no FMA contraction), so bit for bit equal to it; the min/max operand
+ * order keeps step_loop's NaN behaviour. The pass is bound by memory (four
+ * streams in, one out), which the scalar loop is not. */
+__attribute__((target("avx2"))) static void step_loop_avx2(float *restrict w, const float *restrict w0,
+                                                         const float *restrict ms, const float *restrict g,
+                                                         size_t n, const float *k)
+{
+    const __m256 lr = _mm256_set1_ps(k[0]), decay = _mm256_set1_ps(k[1]), eps = _mm256_set1_ps(k[2]),
+                 inv_mean = _mm256_set1_ps(k[3]), one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps(),
+                 clip = _mm256_set1_ps(NC_DYN_CLIP), nclip = _mm256_set1_ps(-NC_DYN_CLIP),
+                 tiny = _mm256_set1_ps(FLT_MIN), sign = _mm256_set1_ps(-0.0f);
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 re = _mm256_add_ps(_mm256_sqrt_ps(_mm256_max_ps(_mm256_loadu_ps(ms + j), zero)), eps);
+        __m256 f = _mm256_min_ps(one, _mm256_mul_ps(_mm256_mul_ps(decay, re), inv_mean));
+        __m256 u = _mm256_div_ps(_mm256_loadu_ps(g + j), re);
+        u = _mm256_min_ps(clip, u);
+        u = _mm256_max_ps(nclip, u);
+        __m256 a = _mm256_loadu_ps(w0 + j);
+        __m256 dlt = _mm256_sub_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(w + j), a), _mm256_sub_ps(one, f)),
+                                   _mm256_mul_ps(lr, u));
+        __m256 small = _mm256_cmp_ps(_mm256_andnot_ps(sign, dlt), tiny, _CMP_LT_OQ);
+        dlt = _mm256_andnot_ps(small, dlt);
+        _mm256_storeu_ps(w + j, _mm256_add_ps(a, dlt));
+    }
+    if (j < n)
+        step_loop(w + j, w0 + j, ms + j, g + j, n - j, k);
 }
 
 /* Decay alone (lr 0 or no gradient), which brings every weight back to the
@@ -751,7 +776,9 @@ static void decay_loop(float *w, const float *w0, const float *ms, size_t n, flo
 static void step_tensor(const dyn_tensor *t, const float *g, float lr, float decay, float rms_mean)
 {
     const float k[4] = {lr, decay, NC_DYN_EPS_REL * rms_mean, 1.0f / rms_mean};
-    if (lr > 0.0f && g)
+    if (lr > 0.0f && g && strcmp(vm_isa(), "scalar") != 0)
+        step_loop_avx2(t->w, t->w0, t->ms, g, t->n, k);
+    else if (lr > 0.0f && g)
         step_loop(t->w, t->w0, t->ms, g, t->n, k);
     else
         decay_loop(t->w, t->w0, t->ms, t->n, decay, k);

@@ -470,35 +470,47 @@ __attribute__((target("avx2,fma"))) static void gemm_nt_avx2(const float *x, con
 }
 
 /* nn: four rows of p times 2 vectors of columns of w per tile, over a block
- * of w's rows that stays in L2 while the tiles of other rows reuse it. */
-#define NN_BLOCK 2048
+ * of w's rows (NN_BLOCK_BYTES, contiguous) that stays in L2 while the tiles
+ * of the other rows and columns reuse it: w is read from memory once. */
+#define NN_BLOCK_BYTES (256 * 1024)
 __attribute__((target("avx2,fma"))) static void gemm_nn_avx2(const float *p, const float *w, float *y, int rows, int n,
                                                              int k)
 {
-    const int kv = k - k % 16;
-    for (int j0 = 0; j0 < n; j0 += NN_BLOCK) {
-        const int j1 = n - j0 < NN_BLOCK ? n : j0 + NN_BLOCK;
+    const int kv = k - k % 16, blk = NN_BLOCK_BYTES / (4 * k) > 16 ? NN_BLOCK_BYTES / (4 * k) : 16;
+    for (int j0 = 0; j0 < n; j0 += blk) {
+        const int j1 = n - j0 < blk ? n : j0 + blk;
         for (int c = 0; c < kv; c += 16)
             for (int r = 0; r < rows; r += 4) {
                 const int nr = rows - r < 4 ? rows - r : 4;
                 const float *p0 = p + (size_t)r * n, *p1 = p0 + (nr > 1 ? n : 0), *p2 = p0 + (nr > 2 ? 2 * (size_t)n : 0),
                             *p3 = p0 + (nr > 3 ? 3 * (size_t)n : 0);
-                float *y0 = y + (size_t)r * k + c;
-                __m256 a[4][2];
-                for (int i = 0; i < 4; i++)
-                    for (int h = 0; h < 2; h++)
-                        a[i][h] = j0 == 0 || i >= nr ? _mm256_setzero_ps() : _mm256_loadu_ps(y0 + (size_t)i * k + 8 * h);
+                float *y0 = y + (size_t)r * k + c, *y1 = y0 + k, *y2 = y1 + k, *y3 = y2 + k;
+                /* named accumulators: an array indexed by nr would live on the stack */
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
+                if (j0 > 0) {
+                    a0 = _mm256_loadu_ps(y0), a1 = _mm256_loadu_ps(y0 + 8);
+                    if (nr > 1)
+                        b0 = _mm256_loadu_ps(y1), b1 = _mm256_loadu_ps(y1 + 8);
+                    if (nr > 2)
+                        c0 = _mm256_loadu_ps(y2), c1 = _mm256_loadu_ps(y2 + 8);
+                    if (nr > 3)
+                        d0 = _mm256_loadu_ps(y3), d1 = _mm256_loadu_ps(y3 + 8);
+                }
                 for (int j = j0; j < j1; j++) {
                     const float *wj = w + (size_t)j * k + c;
-                    __m256 q0 = _mm256_loadu_ps(wj), q1 = _mm256_loadu_ps(wj + 8), b;
-                    b = _mm256_broadcast_ss(p0 + j), a[0][0] = _mm256_fmadd_ps(b, q0, a[0][0]), a[0][1] = _mm256_fmadd_ps(b, q1, a[0][1]);
-                    b = _mm256_broadcast_ss(p1 + j), a[1][0] = _mm256_fmadd_ps(b, q0, a[1][0]), a[1][1] = _mm256_fmadd_ps(b, q1, a[1][1]);
-                    b = _mm256_broadcast_ss(p2 + j), a[2][0] = _mm256_fmadd_ps(b, q0, a[2][0]), a[2][1] = _mm256_fmadd_ps(b, q1, a[2][1]);
-                    b = _mm256_broadcast_ss(p3 + j), a[3][0] = _mm256_fmadd_ps(b, q0, a[3][0]), a[3][1] = _mm256_fmadd_ps(b, q1, a[3][1]);
+                    __m256 q0 = _mm256_loadu_ps(wj), q1 = _mm256_loadu_ps(wj + 8), e;
+                    e = _mm256_broadcast_ss(p0 + j), a0 = _mm256_fmadd_ps(e, q0, a0), a1 = _mm256_fmadd_ps(e, q1, a1);
+                    e = _mm256_broadcast_ss(p1 + j), b0 = _mm256_fmadd_ps(e, q0, b0), b1 = _mm256_fmadd_ps(e, q1, b1);
+                    e = _mm256_broadcast_ss(p2 + j), c0 = _mm256_fmadd_ps(e, q0, c0), c1 = _mm256_fmadd_ps(e, q1, c1);
+                    e = _mm256_broadcast_ss(p3 + j), d0 = _mm256_fmadd_ps(e, q0, d0), d1 = _mm256_fmadd_ps(e, q1, d1);
                 }
-                for (int i = 0; i < nr; i++)
-                    for (int h = 0; h < 2; h++)
-                        _mm256_storeu_ps(y0 + (size_t)i * k + 8 * h, a[i][h]);
+                _mm256_storeu_ps(y0, a0), _mm256_storeu_ps(y0 + 8, a1);
+                if (nr > 1)
+                    _mm256_storeu_ps(y1, b0), _mm256_storeu_ps(y1 + 8, b1);
+                if (nr > 2)
+                    _mm256_storeu_ps(y2, c0), _mm256_storeu_ps(y2 + 8, c1);
+                if (nr > 3)
+                    _mm256_storeu_ps(y3, d0), _mm256_storeu_ps(y3 + 8, d1);
             }
     }
     const nn_shape tail = {rows, n, k, kv};
