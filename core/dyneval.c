@@ -38,6 +38,8 @@ struct nc_dyneval {
     int subset, nt;
     dyn_tensor t[DYN_MAX_TENSORS];
     float rms_mean;               /* mean of sqrt(MS_g) over every weight of the model */
+    unsigned long id, steps;      /* unique id, updates taken: what a recorded forward pass is valid for */
+    nc_lstm_hook hook;            /* shadow.hook: the scoring pass's activations (dyn_trace) */
     nc_state *seg;                /* state the current segment starts from */
     bool seg_has_h;
     int *seg_tok;
@@ -202,6 +204,9 @@ static float rms_mean_of(const nc_model *m, const nc_model *ms)
     return cnt && sum > 0 ? (float)(sum / (double)cnt) : 1.0f;
 }
 
+static void trace_begin(void *ctx, const nc_state *s, const int *tokens, size_t T);
+static void trace_step(void *ctx, int l, size_t t, const float *const rows[5]);
+
 /* The adaptation state; need_ms: the update will need MS_g. */
 static int dyn_create(const nc_model *m, int subset, bool need_ms, nc_dyneval **out, char *err, size_t errlen)
 {
@@ -217,10 +222,14 @@ static int dyn_create(const nc_model *m, int subset, bool need_ms, nc_dyneval **
     nc_dyneval *d = nc_zalloc(1, sizeof *d);
     if (!d)
         return nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation");
+    static unsigned long next_id;
     d->base = m;
     d->subset = subset;
+    d->id = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED);
+    d->hook = (nc_lstm_hook){d, trace_begin, trace_step};
     d->shadow = *m;
     d->shadow.impl = NULL;
+    d->shadow.hook = &d->hook;
     d->layers = nc_malloc((size_t)L * sizeof *d->layers);
     d->bsum = nc_zalloc((size_t)L, sizeof *d->bsum);
     d->lw = nc_zalloc((size_t)L, sizeof *d->lw);
@@ -311,12 +320,32 @@ void dyneval_tensor(nc_dyneval *d, int k, float **w, float **g, size_t *count)
 
 /* ---- forward and backward over one segment ------------------------------ */
 
+/* model.c's bound on num_layers */
+#define DYN_MAX_LAYERS 64
+/* the longest scoring pass recorded (a segment is scored in one pass) */
+#define DYN_TRACE_MAX 1024
+
+/* The scoring pass's activations (lstm_forward_seq through the shadow's
+ * hook), valid for the adaptation state id after steps updates, from state
+ * (h0, c0) over tokens tok[0..T). */
+typedef struct {
+    bool valid;
+    unsigned long id, steps;
+    size_t T;
+    int tok[DYN_TRACE_MAX];
+    float *buf, *h0, *c0;
+    size_t cap;                   /* floats in buf */
+    float *x[DYN_MAX_LAYERS], *a[DYN_MAX_LAYERS], *c[DYN_MAX_LAYERS], *tc[DYN_MAX_LAYERS], *h[DYN_MAX_LAYERS];
+} dyn_trace;
+
 /* The segment's scratch (activations, backward buffers, the fused step's
  * gradient) is carved from one per-thread arena that only grows: a session
- * holds none of it between segments, and a step touches no fresh pages. */
+ * holds none of it between segments, and a step touches no fresh pages.
+ * The thread's recorded scoring pass lives beside it. */
 typedef struct {
     float *buf;
     size_t cap;                   /* floats */
+    dyn_trace tr;
 } dyn_arena;
 
 static pthread_key_t arena_key;
@@ -327,6 +356,7 @@ static void arena_destroy(void *p)
 {
     dyn_arena *a = p;
     nc_free(a->buf);
+    nc_free(a->tr.buf);
     free(a);
 }
 
@@ -335,18 +365,24 @@ static void arena_key_init(void)
     (void)pthread_key_create(&arena_key, arena_destroy);
 }
 
+static dyn_arena *arena_self(void)
+{
+    pthread_once(&arena_once, arena_key_init);
+    dyn_arena *a = arena_tls;
+    if (!a && (a = nc_zalloc(1, sizeof *a))) {
+        arena_tls = a;
+        (void)pthread_setspecific(arena_key, a);
+    }
+    return a;
+}
+
 /* The calling thread's arena with room for floats floats (contents
  * undefined), or NULL. */
 static float *arena_get(size_t floats)
 {
-    pthread_once(&arena_once, arena_key_init);
-    dyn_arena *a = arena_tls;
-    if (!a) {
-        if (!(a = nc_zalloc(1, sizeof *a)))
-            return NULL;
-        arena_tls = a;
-        (void)pthread_setspecific(arena_key, a);
-    }
+    dyn_arena *a = arena_self();
+    if (!a)
+        return NULL;
     if (a->cap < floats) {
         nc_free(a->buf);
         a->buf = nc_alloc(floats * sizeof(float));
@@ -355,8 +391,84 @@ static float *arena_get(size_t floats)
     return a->buf;
 }
 
-/* model.c's bound on num_layers */
-#define DYN_MAX_LAYERS 64
+/* hook.begin: a forward pass of the shadow starts; record it if short. */
+static void trace_begin(void *ctx, const nc_state *s, const int *tokens, size_t T)
+{
+    const nc_dyneval *d = ctx;
+    dyn_arena *a = arena_self();
+    if (!a)
+        return;
+    dyn_trace *tr = &a->tr;
+    tr->valid = false;
+    const size_t L = (size_t)s->num_layers, H = (size_t)s->hidden_size, E = (size_t)d->base->cfg.embedding_size;
+    if (T > DYN_TRACE_MAX)
+        return;
+    const size_t per = E + (L - 1) * H + L * 7 * H;   /* x, a (4H), c, tc, h of every layer, per step */
+    const size_t need = T * per + 2 * L * H;
+    if (tr->cap < need) {
+        nc_free(tr->buf);
+        tr->buf = nc_alloc(need * sizeof(float));
+        tr->cap = tr->buf ? need : 0;
+        if (!tr->buf)
+            return;
+    }
+    float *p = tr->buf;
+    for (size_t l = 0; l < L; l++) {
+        tr->x[l] = p, p += T * (l ? H : E);
+        tr->a[l] = p, p += T * 4 * H;
+        tr->c[l] = p, p += T * H;
+        tr->tc[l] = p, p += T * H;
+        tr->h[l] = p, p += T * H;
+    }
+    tr->h0 = p, tr->c0 = p + L * H;
+    memcpy(tr->h0, s->h, L * H * sizeof(float));
+    memcpy(tr->c0, s->c, L * H * sizeof(float));
+    memcpy(tr->tok, tokens, T * sizeof(int));
+    tr->T = T;
+    tr->id = d->id;
+    tr->steps = d->steps;
+    tr->valid = true;
+}
+
+/* hook.step: one step of one layer. */
+static void trace_step(void *ctx, int l, size_t t, const float *const rows[5])
+{
+    const nc_dyneval *d = ctx;
+    dyn_arena *a = arena_tls;
+    if (!a || !a->tr.valid || a->tr.id != d->id)
+        return;
+    dyn_trace *tr = &a->tr;
+    const size_t H = (size_t)d->base->cfg.hidden_size, in = (size_t)d->base->layers[l].input_size;
+    memcpy(tr->x[l] + t * in, rows[0], in * sizeof(float));
+    memcpy(tr->a[l] + t * 4 * H, rows[1], 4 * H * sizeof(float));
+    memcpy(tr->c[l] + t * H, rows[2], H * sizeof(float));
+    memcpy(tr->tc[l] + t * H, rows[3], H * sizeof(float));
+    memcpy(tr->h[l] + t * H, rows[4], H * sizeof(float));
+}
+
+/* The thread's recorded pass when it is d's, with d's current weights, from
+ * s0 over the S inputs y[0..S); else NULL. */
+static __thread unsigned long trace_uses;
+
+unsigned long dyneval_trace_uses(void)
+{
+    return trace_uses;
+}
+
+static const dyn_trace *trace_for(const nc_dyneval *d, const nc_state *s0, const int *y, int S)
+{
+    const dyn_arena *a = arena_tls;
+    if (!a || !a->tr.valid || a->tr.id != d->id || a->tr.steps != d->steps || a->tr.T < (size_t)S)
+        return NULL;
+    const dyn_trace *tr = &a->tr;
+    const size_t LH = (size_t)s0->num_layers * s0->hidden_size * sizeof(float);
+    if (memcmp(tr->tok, y, (size_t)S * sizeof(int)) != 0 || memcmp(tr->h0, s0->h, LH) != 0 ||
+        memcmp(tr->c0, s0->c, LH) != 0)
+        return NULL;
+    trace_uses++;
+    return tr;
+}
+
 
 /* Activations of the segment's S steps, per layer: input rows [S, in],
  * gates after their non-linearities [S, 4H] (i, f, g, o), c and tanh(c)
@@ -671,7 +783,12 @@ static int seg_loss(nc_dyneval *d, const seg_job *j, double *loss, int *nscored,
     const int S = T - 1, r0 = j->has_h ? 0 : 1;
     if (work_alloc(d, &w, T, j->logits == NULL) != NC_OK)
         return nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation: segment of %d tokens", T);
-    if (S > 0)
+    /* the scoring pass's activations when it recorded this segment (the
+     * stream's usual path), else the forward pass again */
+    const dyn_trace *tr = j->fused && S > 0 ? trace_for(d, j->s0, y, S) : NULL;
+    for (int l = 0; tr && l < L; l++)
+        w.x[l] = tr->x[l], w.a[l] = tr->a[l], w.c[l] = tr->c[l], w.tc[l] = tr->tc[l], w.h[l] = tr->h[l];
+    if (S > 0 && !tr)
         forward(m, j->s0, y, S, &w);
     /* row r predicts y[r]: row 0 from s0's h, row r > 0 from h after y[r-1] */
     memcpy(w.rows, lstm_state_top(j->s0), (size_t)H * sizeof(float));
@@ -815,6 +932,7 @@ int dyneval_push(nc_dyneval *d, const int *ids, size_t k, float *logits, int n, 
             step_tensor(&d->t[t], NULL, 0.0f, decay, d->rms_mean);
     }
     dyneval_refresh(d);
+    d->steps++;   /* a recorded pass is of the weights before */
     lstm_state_copy(d->seg, st);
     d->seg_has_h = has_h;
     d->seg_len = 0;

@@ -108,6 +108,10 @@ void dyneval_refresh(nc_dyneval *d);
 int dyneval_loss(nc_dyneval *d, const nc_state *s0, bool has_h, const int *y, int T, bool grad, double *loss,
                  int *nscored, char *err, size_t errlen);
 
+/* Steps of the calling thread that took the scoring pass's recorded
+ * activations instead of a second forward pass (for the tests). */
+unsigned long dyneval_trace_uses(void);
+
 /* MS_g: the mean squared gradient of every weight of m over consecutive
  * segments of n tokens of toks (state carried across segments, weights
  * fixed), at most max_tokens of them (0 = all). *out is a model of m's

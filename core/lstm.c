@@ -165,6 +165,23 @@ static void lstm_cell(float *g, float *h, float *c, int H)
         h[j] = go[j] * gi[j];
 }
 
+/* lstm_cell keeping the input gate (tanh(c) into tc): the same operations,
+ * for a hook that records the step. */
+static void lstm_cell_keep(float *g, float *h, float *c, float *tc, int H)
+{
+    float *gi = g, *gf = g + H, *gg = g + 2 * H, *go = g + 3 * H;
+    vm_sigmoid(gi, 2 * (size_t)H);
+    vm_tanh(gg, (size_t)H);
+    vm_sigmoid(go, (size_t)H);
+    for (int j = 0; j < H; j++) {
+        c[j] = gf[j] * c[j] + gi[j] * gg[j];
+        tc[j] = c[j];
+    }
+    vm_tanh(tc, (size_t)H);
+    for (int j = 0; j < H; j++)
+        h[j] = go[j] * tc[j];
+}
+
 static inline int clamp_token(const nc_model *m, int token)
 {
     /* Callers validate ids; an out-of-range one must still never read
@@ -212,12 +229,17 @@ int lstm_forward_seq(const nc_model *m, nc_state *s, const int *tokens, size_t T
     float *gates = nc_alloc(B * (size_t)G * sizeof(float));
     float *xin = nc_alloc(B * (size_t)maxin * sizeof(float));   /* layer input rows */
     float *xout = nc_alloc(B * (size_t)H * sizeof(float));      /* layer output rows */
-    if (!gates || !xin || !xout) {
+    const nc_lstm_hook *hk = m->hook;
+    float *tc = hk ? nc_alloc((size_t)H * sizeof(float)) : NULL;
+    if (!gates || !xin || !xout || (hk && !tc)) {
+        nc_free(tc);
         nc_free(gates);
         nc_free(xin);
         nc_free(xout);
         return nc_error(err, errlen, NC_ENOMEM, "lstm_forward_seq: out of memory for %zu positions", B);
     }
+    if (hk)
+        hk->begin(hk->ctx, s, tokens, T);
     for (size_t t0 = 0; t0 < T; t0 += B) {
         size_t nb = T - t0 < B ? T - t0 : B;
         for (size_t t = 0; t < nb; t++)
@@ -237,7 +259,13 @@ int lstm_forward_seq(const nc_model *m, nc_state *s, const int *tokens, size_t T
             for (size_t t = 0; t < nb; t++) {
                 float *g = gates + t * (size_t)G;
                 recurrent_gemv(ly, G, H, h, g);
-                lstm_cell(g, h, c, H);
+                if (hk) {
+                    lstm_cell_keep(g, h, c, tc, H);
+                    const float *const rows[5] = {xin + t * (size_t)ly->input_size, g, c, tc, h};
+                    hk->step(hk->ctx, k, t0 + t, rows);
+                } else {
+                    lstm_cell(g, h, c, H);
+                }
                 memcpy(out + t * (size_t)H, h, (size_t)H * sizeof(float));
             }
             if (k < L - 1)
@@ -247,6 +275,7 @@ int lstm_forward_seq(const nc_model *m, nc_state *s, const int *tokens, size_t T
     nc_free(gates);
     nc_free(xin);
     nc_free(xout);
+    nc_free(tc);
     return NC_OK;
 }
 

@@ -407,6 +407,73 @@ TEST(lr_zero_is_today_and_decay_returns)
     model_free(m);
 }
 
+/* The step on the scoring pass's recorded activations (a segment fed in
+ * one piece) against the step after a forward pass of its own (the same
+ * segment fed token by token: no recorded pass covers it). The two differ
+ * only in float rounding of the forward pass (summation orders of the
+ * recurrence: the F16-exact GEMV against sgemv), ~1e-6 relative through a
+ * 7-step chain; the bound, 1e-3 of the largest update, leaves 100x. */
+TEST(recorded_forward_matches_own_forward)
+{
+    char err[NC_ERRLEN];
+    nc_model *m = load("lstm-2layer");
+    if (!m)
+        return;
+    attach_stats(m);
+    for (int subset = NC_DYN_BIAS; subset <= NC_DYN_ALL; subset++) {
+        nc_tokens t;
+        lcg = 7;
+        make_toks(m, 14, &t);
+        nc_cache_params p = dyn_params(0.2f, subset);
+        nc_stream *a = NULL, *b = NULL;
+        stream_new(m, &p, NULL, NULL, true, &a, err, sizeof err);
+        stream_new(m, &p, NULL, NULL, true, &b, err, sizeof err);
+        if (!a || !b)
+            break;
+        unsigned long u0 = dyneval_trace_uses();
+        feed(a, &t, 0, 7, NULL);
+        feed(a, &t, 7, 14, NULL);
+        unsigned long u1 = dyneval_trace_uses();
+        for (size_t i = 0; i < 14; i++)
+            feed(b, &t, i, i + 1, NULL);
+        CHECKF(u1 - u0 == 2 && dyneval_trace_uses() == u1, "subset %d: %lu steps on the recorded pass, "
+               "%lu token by token", subset, u1 - u0, dyneval_trace_uses() - u1);
+        const nc_model *ma = stream_model(a), *mb = stream_model(b);
+        const int L = m->cfg.num_layers;
+        const size_t V = (size_t)m->cfg.vocab_size, H = (size_t)m->cfg.hidden_size, G = 4 * H;
+        for (int k = 0; k <= 2 * L + 1; k++) {
+            const float *wa, *wb, *w0;
+            size_t n;
+            if (k < 2 * L) {
+                int l = k / 2;
+                wa = k % 2 ? ma->layers[l].w_hh : ma->layers[l].b_ih;
+                wb = k % 2 ? mb->layers[l].w_hh : mb->layers[l].b_ih;
+                w0 = k % 2 ? m->layers[l].w_hh : m->layers[l].b_ih;
+                n = k % 2 ? G * H : G;
+            } else {
+                wa = k == 2 * L ? ma->decoder_b : ma->encoder;
+                wb = k == 2 * L ? mb->decoder_b : mb->encoder;
+                w0 = k == 2 * L ? m->decoder_b : m->encoder;
+                n = k == 2 * L ? V : V * (size_t)m->cfg.embedding_size;
+            }
+            double big = 0, diff = 0, ulp = 0;
+            for (size_t j = 0; j < n; j++) {
+                big = fmax(big, fabs((double)wb[j] - w0[j]));
+                diff = fmax(diff, fabs((double)wa[j] - wb[j]));
+                ulp = fmax(ulp, 4 * F32_U * fabs(w0[j]));
+            }
+            CHECKF(diff <= 1e-3 * big + ulp, "subset %d tensor %d: recorded vs own forward differ by %.3g "
+                   "(largest update %.3g)", subset, k, diff, big);
+            if (wa != w0)
+                CHECKF(big > 0, "subset %d tensor %d: adapted but not moved", subset, k);
+        }
+        stream_free(a);
+        stream_free(b);
+        tokens_clear(&t);
+    }
+    model_free(m);
+}
+
 TEST(causal)
 {
     char err[NC_ERRLEN];
@@ -786,6 +853,7 @@ int main(void)
     RUN(gradient_matches_central_differences);
     RUN(update_matches_naive_rule);
     RUN(lr_zero_is_today_and_decay_returns);
+    RUN(recorded_forward_matches_own_forward);
     RUN(causal);
     RUN(export_import_and_rescore);
     RUN(refuses_without_statistics);
