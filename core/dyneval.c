@@ -478,6 +478,8 @@ typedef struct {
     float *rows, *p;              /* decoder inputs [T, H], softmax [T, V] */
     float *dh, *dz, *dn, *hp;     /* backward: [S, max(E,H)] twice, [S, 4H], [S, H] */
     float *hc, *dhc;              /* one step's h, c and the recurrence's dh, dc: [2H] each */
+    float *dzt;                   /* dz transposed [4H, S] (the weight gradients' left factor) */
+    int S;
     /* the fused step (dyneval_push): each gradient goes to gs (the
      * embedding's to ge) and the tensor steps as soon as it is complete;
      * else (dyneval_loss) into the tensors' g */
@@ -509,6 +511,7 @@ static float *grad_of(nc_dyneval *d, seg_work *w, int kind, int l)
 }
 
 static void step_tensor(const dyn_tensor *t, const float *g, float lr, float decay, float rms_mean);
+static void step_chunk(const dyn_tensor *t, size_t off, size_t cnt, const float *g, const float k[4]);
 
 /* The gradient of tensor (kind, layer) is complete: the fused step takes
  * it now, while it is in cache; a tensor is never read by the backward
@@ -535,7 +538,7 @@ static int work_alloc(const nc_dyneval *d, seg_work *w, int T, bool logits)
         if (d->t[k].kind != K_ENC && !(d->t[k].kind == K_DECW && d->embed && m->decoder_w == m->encoder) &&
             d->t[k].n > gmax)
             gmax = d->t[k].n;
-    size_t sizes[8 + 5 * DYN_MAX_LAYERS], n = 0, total = 0;
+    size_t sizes[9 + 5 * DYN_MAX_LAYERS], n = 0, total = 0;
     for (size_t l = 0; l < L; l++) {
         sizes[n++] = S * (l ? H : E);
         sizes[n++] = S * 4 * H;
@@ -543,16 +546,16 @@ static int work_alloc(const nc_dyneval *d, seg_work *w, int T, bool logits)
         sizes[n++] = S * H;
         sizes[n++] = S * H;
     }
-    const size_t fixed[8] = {(size_t)T * H, logits ? (size_t)T * V : 0, S * W, S * W, S * 4 * H, S * H, 4 * H,
-                             gmax + (w->fused && d->embed ? V * E + 16 : 0)};
-    for (int i = 0; i < 8; i++)
+    const size_t fixed[9] = {(size_t)T * H, logits ? (size_t)T * V : 0, S * W, S * W, S * 4 * H, S * H, 4 * H,
+                             gmax + (w->fused && d->embed ? V * E + 16 : 0), S * 4 * H};
+    for (int i = 0; i < 9; i++)
         sizes[n++] = fixed[i];
     for (size_t i = 0; i < n; i++)
         total += (sizes[i] + 15) & ~(size_t)15;   /* 64-byte aligned pieces */
     float *p = arena_get(total);
     if (!p)
         return NC_ENOMEM;
-    float **dst[8] = {&w->rows, &w->p, &w->dh, &w->dn, &w->dz, &w->hp, &w->hc, &w->gs};
+    float **dst[9] = {&w->rows, &w->p, &w->dh, &w->dn, &w->dz, &w->hp, &w->hc, &w->gs, &w->dzt};
     n = 0;
     for (size_t l = 0; l < L; l++) {
         float **ld[5] = {&w->x[l], &w->a[l], &w->c[l], &w->tc[l], &w->h[l]};
@@ -561,11 +564,12 @@ static int work_alloc(const nc_dyneval *d, seg_work *w, int T, bool logits)
             p += (sizes[n] + 15) & ~(size_t)15;
         }
     }
-    for (int i = 0; i < 8; i++, n++) {
+    for (int i = 0; i < 9; i++, n++) {
         *dst[i] = sizes[n] ? p : NULL;
         p += (sizes[n] + 15) & ~(size_t)15;
     }
     w->dhc = w->hc + 2 * H;
+    w->S = (int)S;
     w->ge = w->fused && d->embed ? w->gs + ((gmax + 15) & ~(size_t)15) : NULL;
     return NC_OK;
 }
@@ -606,6 +610,30 @@ static void forward(const nc_model *m, const nc_state *s0, const int *in, int S,
     }
 }
 
+/* The gradient of W_ih or W_hh of layer l, dz^T X [4H, in] (X: the layer's
+ * inputs, or its h one step before), as gemm_nn on dz transposed (w->dzt,
+ * filled by backward_layer). Fused: in blocks of rows that each step at
+ * once, so the gradient never leaves L1/L2 and OpenBLAS packs nothing. */
+#define DYN_GRAD_ROWS 32
+static void grad_weights(nc_dyneval *d, seg_work *w, int kind, int l)
+{
+    const int H = d->shadow.cfg.hidden_size, G = 4 * H, S = w->S;
+    const int NI = kind == K_WIH ? d->shadow.layers[l].input_size : H;
+    const float *x = kind == K_WIH ? w->x[l] : w->hp;
+    const int k = tensor_index(d, kind, l);
+    if (!w->fused) {
+        vm_gemm_nn(w->dzt, x, d->t[k].g, G, S, NI);
+        return;
+    }
+    const float kr[4] = {w->lr, w->decay, NC_DYN_EPS_REL * d->rms_mean, 1.0f / d->rms_mean};
+    for (int g0 = 0; g0 < G; g0 += DYN_GRAD_ROWS) {
+        const int nr = G - g0 < DYN_GRAD_ROWS ? G - g0 : DYN_GRAD_ROWS;
+        vm_gemm_nn(w->dzt + (size_t)g0 * S, x, w->gs, nr, S, NI);
+        step_chunk(&d->t[k], (size_t)g0 * NI, (size_t)nr * NI, w->gs, kr);
+    }
+    w->stepped[k] = true;
+}
+
 /* Backward through layer l (truncated BPTT within the segment): dh [S, H]
  * is the loss's gradient at the layer's outputs; fills dz [S, 4H] with the
  * gradient at the gate pre-activations and the layer's weight gradients. */
@@ -637,9 +665,10 @@ static void backward_layer(nc_dyneval *d, const nc_state *s0, int l, int S, seg_
         for (int s = 0; s < S; s++)
             memcpy(w->hp + (size_t)s * H, s ? w->h[l] + (size_t)(s - 1) * H : s0->h + (size_t)l * H,
                    (size_t)H * sizeof(float));
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, G, H, S, 1.0f, w->dz, G, w->hp, H, 0.0f,
-                    grad_of(d, w, K_WHH, l), H);
-        grad_done(d, w, K_WHH, l);
+        for (int s = 0; s < S; s++)
+            for (int g = 0; g < G; g++)
+                w->dzt[(size_t)g * S + s] = w->dz[(size_t)s * G + g];
+        grad_weights(d, w, K_WHH, l);
     }
     if (d->lb[l]) {
         float *gi = grad_of(d, w, K_BIH, l);
@@ -658,12 +687,9 @@ static void backward_layer(nc_dyneval *d, const nc_state *s0, int l, int S, seg_
  * reads the weights before their step). */
 static void grad_w_ih(nc_dyneval *d, int l, int S, seg_work *w)
 {
-    if (!d->lw[l])
-        return;
-    const int G = 4 * d->shadow.cfg.hidden_size, NI = d->shadow.layers[l].input_size;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, G, NI, S, 1.0f, w->dz, G, w->x[l], NI, 0.0f,
-                grad_of(d, w, K_WIH, l), NI);
-    grad_done(d, w, K_WIH, l);
+    (void)S;
+    if (d->lw[l])
+        grad_weights(d, w, K_WIH, l);   /* dzt: backward_layer's, of this layer */
 }
 
 /* The summed loss -log p(y[r]) of the scored rows r >= r0 of the logits p
@@ -679,16 +705,31 @@ static double rows_loss(float *p, const int *y, int T, int r0, int V, bool grad)
             memset(pr, 0, (size_t)V * sizeof(float));
             continue;
         }
-        float lse = nc_logsumexp(pr, (size_t)V);
-        sum += (double)lse - (double)pr[y[r]];
-        if (grad) {
-            /* d(mean loss)/d logits = (softmax - onehot) / scored */
-            for (int v = 0; v < V; v++)
-                pr[v] = expf(pr[v] - lse) * scale;
-            pr[y[r]] -= scale;
+        if (!grad) {
+            sum += (double)nc_logsumexp(pr, (size_t)V) - (double)pr[y[r]];
+            continue;
         }
+        /* one pass of vmath's exp: the row becomes exp(s - max), then
+         * d(mean loss)/d logits = (softmax - onehot) / scored */
+        const float mx = vm_max(pr, (size_t)V), target = pr[y[r]];
+        const double z = vm_exp_sum(pr, pr, (size_t)V, mx);
+        sum += (double)mx + log(z) - (double)target;
+        const float k = (float)(scale / z);
+        for (int v = 0; v < V; v++)
+            pr[v] *= k;
+        pr[y[r]] -= scale;
     }
     return sum;
+}
+
+/* acc += x, vectorised (gcc's -O2 leaves it scalar) */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("O3")))
+#endif
+static void add_row(float *restrict acc, const float *restrict x, size_t n)
+{
+    for (size_t j = 0; j < n; j++)
+        acc[j] += x[j];
 }
 
 /* The decoder's gradients: the bias's, dh at the top layer's outputs (rows
@@ -701,8 +742,7 @@ static void backward_decoder(nc_dyneval *d, int T, int r0, seg_work *w)
     float *gb = grad_of(d, w, K_DECB, 0);
     memset(gb, 0, (size_t)V * sizeof(float));
     for (int r = r0; r < T; r++)
-        for (int v = 0; v < V; v++)
-            gb[v] += w->p[(size_t)r * V + v];
+        add_row(gb, w->p + (size_t)r * V, (size_t)V);
     grad_done(d, w, K_DECB, 0);
     if (S > 0 && d->lo < L)
         vm_gemm_nn(w->p + V, m->decoder_w, w->dh, S, V, H);
@@ -889,16 +929,23 @@ static void decay_loop(float *w, const float *w0, const float *ms, size_t n, flo
     }
 }
 
+/* The step on weights [off, off + cnt) of tensor t with their gradient g
+ * (lr > 0), else their decay. */
+static void step_chunk(const dyn_tensor *t, size_t off, size_t cnt, const float *g, const float k[4])
+{
+    if (k[0] > 0.0f && g && strcmp(vm_isa(), "scalar") != 0)
+        step_loop_avx2(t->w + off, t->w0 + off, t->ms + off, g, cnt, k);
+    else if (k[0] > 0.0f && g)
+        step_loop(t->w + off, t->w0 + off, t->ms + off, g, cnt, k);
+    else
+        decay_loop(t->w + off, t->w0 + off, t->ms + off, cnt, k[1], k);
+}
+
 /* One tensor's update: the step on gradient g (lr > 0), else the decay. */
 static void step_tensor(const dyn_tensor *t, const float *g, float lr, float decay, float rms_mean)
 {
     const float k[4] = {lr, decay, NC_DYN_EPS_REL * rms_mean, 1.0f / rms_mean};
-    if (lr > 0.0f && g && strcmp(vm_isa(), "scalar") != 0)
-        step_loop_avx2(t->w, t->w0, t->ms, g, t->n, k);
-    else if (lr > 0.0f && g)
-        step_loop(t->w, t->w0, t->ms, g, t->n, k);
-    else
-        decay_loop(t->w, t->w0, t->ms, t->n, decay, k);
+    step_chunk(t, 0, t->n, g, k);
 }
 
 int dyneval_push(nc_dyneval *d, const int *ids, size_t k, float *logits, int n, float lr, float decay,

@@ -424,17 +424,20 @@ static void gemm_nn_scalar(const float *p, const float *w, float *y, const nn_sh
 }
 
 /* nt: four rows of w against two rows of x per tile (8 dot products), the
- * rows of x reused from L1 while w streams once. */
+ * rows of x reused from L1 while w streams once. Every dot product, in a
+ * tile or in a tail (rows of w or x repeated, their sums dropped), is
+ * summed in the same order: a row's result does not depend on where it
+ * sits -- a ring of keys read in two runs gives the dots it gives in one. */
 __attribute__((target("avx2,fma"))) static __m128 hsum4_256(__m256 a, __m256 b, __m256 c, __m256 d)
 {
     __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
     return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
-__attribute__((target("avx2,fma"))) static void nt_tile_avx2(const float *x0, const float *x1, const float *w0, int k,
-                                                             float *y0, float *y1)
+__attribute__((target("avx2,fma"))) static void nt_tile_avx2(const float *x0, const float *x1,
+                                                             const float *const w[4], int k, float *y0, float *y1)
 {
-    const float *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
+    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
     for (int i = 0; i < k; i += 8) {
         __m256 u = _mm256_loadu_ps(x0 + i), v = _mm256_loadu_ps(x1 + i), q;
@@ -454,19 +457,24 @@ __attribute__((target("avx2,fma"))) static void gemm_nt_avx2(const float *x, con
         gemm_nt_scalar(x, w, y, rows, n, k);
         return;
     }
-    int j = 0;
-    for (; j + 4 <= n; j += 4) {
-        int r = 0;
-        for (; r + 2 <= rows; r += 2)
-            nt_tile_avx2(x + (size_t)r * k, x + (size_t)(r + 1) * k, w + (size_t)j * k, k, y + (size_t)r * n + j,
-                         y + (size_t)(r + 1) * n + j);
-        if (r < rows) {
-            float spare[4] = {0};   /* the odd row pairs with itself; its second sums are dropped */
-            nt_tile_avx2(x + (size_t)r * k, x + (size_t)r * k, w + (size_t)j * k, k, y + (size_t)r * n + j, spare);
+    for (int j = 0; j < n; j += 4) {
+        const int nw = n - j < 4 ? n - j : 4;
+        const float *wr[4];
+        for (int q = 0; q < 4; q++)
+            wr[q] = w + (size_t)(j + (q < nw ? q : nw - 1)) * k;
+        for (int r = 0; r < rows; r += 2) {
+            const bool pair = r + 1 < rows;
+            float *y0 = y + (size_t)r * n + j, *y1 = pair ? y0 + n : NULL;
+            float s0[4] = {0}, s1[4] = {0};
+            memcpy(s0, y0, (size_t)nw * sizeof(float));
+            if (pair)
+                memcpy(s1, y1, (size_t)nw * sizeof(float));
+            nt_tile_avx2(x + (size_t)r * k, x + (size_t)(pair ? r + 1 : r) * k, wr, k, s0, s1);
+            memcpy(y0, s0, (size_t)nw * sizeof(float));
+            if (pair)
+                memcpy(y1, s1, (size_t)nw * sizeof(float));
         }
     }
-    for (int r = 0; j < n && r < rows; r++)
-        gemm_nt_scalar(x + (size_t)r * k, w + (size_t)j * k, y + (size_t)r * n + j, 1, n - j, k);
 }
 
 /* nn: four rows of p times 2 vectors of columns of w per tile, over a block

@@ -822,7 +822,7 @@ TEST(daemon_matches_cli_and_round_trips)
                             &r) == 0 && r.status == 201);
     http_resp_free(&r);
     char *p1 = predict_body(d.port, id), *p2 = predict_body(d.port, "ses_dyncopy");
-    CHECK(p1 && p2 && strcmp(p1, p2) == 0);
+    CHECKF(p1 && p2 && strcmp(p1, p2) == 0, "predictions differ: %.300s | %.300s", p1 ? p1 : "-", p2 ? p2 : "-");
     free(p1);
     free(p2);
     double s1[256], s2[256];

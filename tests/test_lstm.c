@@ -568,6 +568,16 @@ TEST(decoder_gemm_small_matches_naive)
                 }
             }
             CHECKF(worst <= 1.0, "%s %dx%dx%d: error %.3g of the bound", isas[a], R, N, K, worst);
+            /* a row of w gives the same bits wherever it sits (rows 1..N-1
+             * again, one place earlier; x row 0 alone) */
+            float *y2 = calloc((size_t)N, sizeof(float)), *y3 = calloc((size_t)N, sizeof(float));
+            vm_gemm_nt(x, w, y2, 1, N, K);
+            vm_gemm_nt(x, w + K, y3, 1, N - 1, K);
+            size_t moved = 0;
+            for (int j = 1; j < N; j++)
+                moved += y2[j] != y3[j - 1];
+            CHECKF(moved == 0, "%s %dx%dx%d: %zu dots change with their row's place", isas[a], R, N, K, moved);
+            free(y2), free(y3);
             free(x), free(w), free(p), free(y), free(z);
         }
     }
