@@ -522,7 +522,8 @@ static void grad_done(nc_dyneval *d, seg_work *w, int kind, int l)
     int k = tensor_index(d, kind, l);
     if (!w->fused || k < 0)
         return;
-    step_tensor(&d->t[k], grad_of(d, w, kind, l), w->lr, w->decay, d->rms_mean);
+    const float lr = kind == K_ENC || kind == K_DECW ? w->lr * NC_DYN_EMBED_SCALE : w->lr;
+    step_tensor(&d->t[k], grad_of(d, w, kind, l), lr, w->decay, d->rms_mean);
     w->stepped[k] = true;
 }
 
