@@ -322,6 +322,8 @@ void dyneval_tensor(nc_dyneval *d, int k, float **w, float **g, size_t *count)
 
 /* model.c's bound on num_layers */
 #define DYN_MAX_LAYERS 64
+/* rows of a weight matrix whose gradient is computed and stepped at once */
+#define DYN_GRAD_ROWS 32
 /* the longest scoring pass recorded (a segment is scored in one pass) */
 #define DYN_TRACE_MAX 1024
 
@@ -479,13 +481,14 @@ typedef struct {
     float *dh, *dz, *dn, *hp;     /* backward: [S, max(E,H)] twice, [S, 4H], [S, H] */
     float *hc, *dhc;              /* one step's h, c and the recurrence's dh, dc: [2H] each */
     float *dzt;                   /* dz transposed [4H, S] (the weight gradients' left factor) */
+    float *pt;                    /* dlogits transposed [V, T] (the decoder matrix's) */
     int S;
-    /* the fused step (dyneval_push): each gradient goes to gs (the
-     * embedding's to ge) and the tensor steps as soon as it is complete;
-     * else (dyneval_loss) into the tensors' g */
+    /* the fused step (dyneval_push): each gradient goes to gs and the
+     * tensor (a matrix: each block of rows) steps as soon as it is
+     * complete; else (dyneval_loss) into the tensors' g */
     bool fused;
     float lr, decay;
-    float *gs, *ge;
+    float *gs;
     bool stepped[DYN_MAX_TENSORS];
 } seg_work;
 
@@ -505,9 +508,7 @@ static float *grad_of(nc_dyneval *d, seg_work *w, int kind, int l)
     int k = tensor_index(d, kind, l);
     if (k < 0)
         return NULL;
-    if (!w->fused)
-        return d->t[k].g;
-    return kind == K_ENC || (kind == K_DECW && d->base->decoder_w == d->base->encoder) ? w->ge : w->gs;
+    return w->fused ? w->gs : d->t[k].g;
 }
 
 static void step_tensor(const dyn_tensor *t, const float *g, float lr, float decay, float rms_mean);
@@ -522,8 +523,7 @@ static void grad_done(nc_dyneval *d, seg_work *w, int kind, int l)
     int k = tensor_index(d, kind, l);
     if (!w->fused || k < 0)
         return;
-    const float lr = kind == K_ENC || kind == K_DECW ? w->lr * NC_DYN_EMBED_SCALE : w->lr;
-    step_tensor(&d->t[k], grad_of(d, w, kind, l), lr, w->decay, d->rms_mean);
+    step_tensor(&d->t[k], grad_of(d, w, kind, l), w->lr, w->decay, d->rms_mean);
     w->stepped[k] = true;
 }
 
@@ -534,12 +534,12 @@ static int work_alloc(const nc_dyneval *d, seg_work *w, int T, bool logits)
     const nc_model *m = &d->shadow;
     const size_t L = (size_t)m->cfg.num_layers, H = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
     const size_t E = (size_t)m->cfg.embedding_size, S = T > 1 ? (size_t)T - 1 : 1, W = E > H ? E : H;
-    size_t gmax = 0;
+    /* the fused step's gradient block: a whole bias, or DYN_GRAD_ROWS rows of a matrix */
+    size_t gmax = d->embed ? DYN_GRAD_ROWS * W : 0;
     for (int k = 0; w->fused && k < d->nt; k++)
-        if (d->t[k].kind != K_ENC && !(d->t[k].kind == K_DECW && d->embed && m->decoder_w == m->encoder) &&
-            d->t[k].n > gmax)
+        if (d->t[k].kind != K_ENC && d->t[k].kind != K_DECW && d->t[k].n > gmax)
             gmax = d->t[k].n;
-    size_t sizes[9 + 5 * DYN_MAX_LAYERS], n = 0, total = 0;
+    size_t sizes[10 + 5 * DYN_MAX_LAYERS], n = 0, total = 0;
     for (size_t l = 0; l < L; l++) {
         sizes[n++] = S * (l ? H : E);
         sizes[n++] = S * 4 * H;
@@ -547,16 +547,16 @@ static int work_alloc(const nc_dyneval *d, seg_work *w, int T, bool logits)
         sizes[n++] = S * H;
         sizes[n++] = S * H;
     }
-    const size_t fixed[9] = {(size_t)T * H, logits ? (size_t)T * V : 0, S * W, S * W, S * 4 * H, S * H, 4 * H,
-                             gmax + (w->fused && d->embed ? V * E + 16 : 0), S * 4 * H};
-    for (int i = 0; i < 9; i++)
+    const size_t fixed[10] = {(size_t)T * H, logits ? (size_t)T * V : 0, S * W, S * W, S * 4 * H, S * H, 4 * H,
+                             gmax, S * 4 * H, d->embed ? V * (size_t)T : 0};
+    for (int i = 0; i < 10; i++)
         sizes[n++] = fixed[i];
     for (size_t i = 0; i < n; i++)
         total += (sizes[i] + 15) & ~(size_t)15;   /* 64-byte aligned pieces */
     float *p = arena_get(total);
     if (!p)
         return NC_ENOMEM;
-    float **dst[9] = {&w->rows, &w->p, &w->dh, &w->dn, &w->dz, &w->hp, &w->hc, &w->gs, &w->dzt};
+    float **dst[10] = {&w->rows, &w->p, &w->dh, &w->dn, &w->dz, &w->hp, &w->hc, &w->gs, &w->dzt, &w->pt};
     n = 0;
     for (size_t l = 0; l < L; l++) {
         float **ld[5] = {&w->x[l], &w->a[l], &w->c[l], &w->tc[l], &w->h[l]};
@@ -565,13 +565,12 @@ static int work_alloc(const nc_dyneval *d, seg_work *w, int T, bool logits)
             p += (sizes[n] + 15) & ~(size_t)15;
         }
     }
-    for (int i = 0; i < 9; i++, n++) {
+    for (int i = 0; i < 10; i++, n++) {
         *dst[i] = sizes[n] ? p : NULL;
         p += (sizes[n] + 15) & ~(size_t)15;
     }
     w->dhc = w->hc + 2 * H;
     w->S = (int)S;
-    w->ge = w->fused && d->embed ? w->gs + ((gmax + 15) & ~(size_t)15) : NULL;
     return NC_OK;
 }
 
@@ -615,7 +614,6 @@ static void forward(const nc_model *m, const nc_state *s0, const int *in, int S,
  * inputs, or its h one step before), as gemm_nn on dz transposed (w->dzt,
  * filled by backward_layer). Fused: in blocks of rows that each step at
  * once, so the gradient never leaves L1/L2 and OpenBLAS packs nothing. */
-#define DYN_GRAD_ROWS 32
 static void grad_weights(nc_dyneval *d, seg_work *w, int kind, int l)
 {
     const int H = d->shadow.cfg.hidden_size, G = 4 * H, S = w->S;
@@ -735,10 +733,12 @@ static void add_row(float *restrict acc, const float *restrict x, size_t n)
 
 /* The decoder's gradients: the bias's, dh at the top layer's outputs (rows
  * 1..T-1) = dlogits W_dec -- before the decoder's own step -- then dW_dec. */
+static void grad_matrix(nc_dyneval *d, seg_work *w, int kind, const int *y, int T);
+
 static void backward_decoder(nc_dyneval *d, int T, int r0, seg_work *w)
 {
     const nc_model *m = &d->shadow;
-    const int L = m->cfg.num_layers, H = m->cfg.hidden_size, V = m->cfg.vocab_size, E = m->cfg.embedding_size;
+    const int L = m->cfg.num_layers, H = m->cfg.hidden_size, V = m->cfg.vocab_size;
     const int S = T - 1;
     float *gb = grad_of(d, w, K_DECB, 0);
     memset(gb, 0, (size_t)V * sizeof(float));
@@ -747,15 +747,41 @@ static void backward_decoder(nc_dyneval *d, int T, int r0, seg_work *w)
     grad_done(d, w, K_DECB, 0);
     if (S > 0 && d->lo < L)
         vm_gemm_nn(w->p + V, m->decoder_w, w->dh, S, V, H);
-    float *ge = d->embed ? grad_of(d, w, K_ENC, 0) : NULL;
-    float *gd = d->embed ? (m->decoder_w == m->encoder ? ge : grad_of(d, w, K_DECW, 0)) : NULL;
-    if (ge && ge != gd)
-        memset(ge, 0, (size_t)V * E * sizeof(float));
-    if (gd) {   /* dW_dec = dlogits^T rows */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, H, T, 1.0f, w->p, V, w->rows, H, 0.0f, gd, H);
-        if (gd != ge)
-            grad_done(d, w, K_DECW, 0);
+    if (d->embed) {
+        for (int r = 0; r < T; r++)
+            for (int v = 0; v < V; v++)
+                w->pt[(size_t)v * T + r] = w->p[(size_t)r * V + v];
+        if (m->decoder_w != m->encoder)
+            grad_matrix(d, w, K_DECW, NULL, T);   /* dh above read it: its step may follow */
     }
+}
+
+/* The gradient of the embedding (K_ENC: the rows of the segment's inputs,
+ * y[0..T-2], get the layer-0 input gradient w->dh; tied, plus the
+ * decoder's) or of the untied decoder matrix (K_DECW: dlogits^T rows, as
+ * gemm_nn on w->pt), in blocks of DYN_GRAD_ROWS rows; fused, each block
+ * steps at once at NC_DYN_EMBED_SCALE of the rate. */
+static void grad_matrix(nc_dyneval *d, seg_work *w, int kind, const int *y, int T)
+{
+    const nc_model *m = &d->shadow;
+    const int V = m->cfg.vocab_size, C = kind == K_ENC ? m->cfg.embedding_size : m->cfg.hidden_size, S = T - 1;
+    const bool dec = kind == K_DECW || m->decoder_w == m->encoder, rows_in = kind == K_ENC && d->lo == 0;
+    const int k = tensor_index(d, kind, 0);
+    const float kr[4] = {w->lr * NC_DYN_EMBED_SCALE, w->decay, NC_DYN_EPS_REL * d->rms_mean, 1.0f / d->rms_mean};
+    for (int v0 = 0; v0 < V; v0 += DYN_GRAD_ROWS) {
+        const int nr = V - v0 < DYN_GRAD_ROWS ? V - v0 : DYN_GRAD_ROWS;
+        float *g = w->fused ? w->gs : d->t[k].g + (size_t)v0 * C;
+        if (dec)
+            vm_gemm_nn(w->pt + (size_t)v0 * T, w->rows, g, nr, T, C);
+        else
+            memset(g, 0, (size_t)nr * C * sizeof(float));
+        for (int s = 0; rows_in && s < S; s++)
+            if (y[s] >= v0 && y[s] < v0 + nr)
+                add_row(g + (size_t)(y[s] - v0) * C, w->dh + (size_t)s * C, (size_t)C);
+        if (w->fused)
+            step_chunk(&d->t[k], (size_t)v0 * C, (size_t)nr * C, g, kr);
+    }
+    w->stepped[k] = w->fused;
 }
 
 /* The gradients of every adapted tensor from dlogits (w->p, rows_loss's):
@@ -764,10 +790,10 @@ static void backward_decoder(nc_dyneval *d, int T, int r0, seg_work *w)
 static void seg_backward(nc_dyneval *d, const nc_state *s0, const int *y, int T, int r0, seg_work *w)
 {
     const nc_model *m = &d->shadow;
-    const int L = m->cfg.num_layers, H = m->cfg.hidden_size, E = m->cfg.embedding_size;
+    const int L = m->cfg.num_layers, H = m->cfg.hidden_size;
     const int S = T - 1;
     backward_decoder(d, T, r0, w);
-    float *ge = d->embed ? grad_of(d, w, K_ENC, 0) : NULL;
+    const bool ge = d->embed;
     for (int l = L - 1; S > 0 && l >= d->lo; l--) {
         backward_layer(d, s0, l, S, w);
         const int NI = m->layers[l].input_size;
@@ -781,12 +807,8 @@ static void seg_backward(nc_dyneval *d, const nc_state *s0, const int *y, int T,
         }
         grad_w_ih(d, l, S, w);
     }
-    if (ge && d->lo == 0)
-        for (int s = 0; s < S; s++)
-            for (int j = 0; j < E; j++)
-                ge[(size_t)y[s] * E + j] += w->dh[(size_t)s * E + j];
     if (ge)
-        grad_done(d, w, K_ENC, 0);
+        grad_matrix(d, w, K_ENC, y, T);
 }
 
 /* dyneval_loss, and with fused the step of dyneval_push; logits: the

@@ -196,10 +196,10 @@ TEST(gradient_matches_central_differences)
 /* One step of the rule in dyneval.h, in double, with the gradient taken by
  * central differences: the new weight against the stream's. The difference
  * is the gradient's (TOL_GRAD) times lr / (r + eps). */
-TEST(update_matches_naive_rule)
+static void update_check(const char *fixture)
 {
     char err[NC_ERRLEN];
-    nc_model *m = load("lstm-2layer");
+    nc_model *m = load(fixture);
     if (!m)
         return;
     attach_stats(m);
@@ -325,6 +325,13 @@ TEST(update_matches_naive_rule)
         lstm_state_free(s1);
     }
     model_free(m);
+}
+
+/* untied (the decoder matrix its own tensor) and tied */
+TEST(update_matches_naive_rule)
+{
+    update_check("lstm-2layer");
+    update_check("lstm-1layer-tied");
 }
 
 static nc_cache_params dyn_params(float lr, int subset)
