@@ -149,28 +149,12 @@ void lstm_work_free(nc_lstm_work *w)
 
 /* PyTorch nn.LSTM cell, given the pre-activations g[4H] (rows i, f, g, o):
  *   c' = sigmoid(f) * c + sigmoid(i) * tanh(g),   h' = sigmoid(o) * tanh(c').
- * Updates h and c in place; g is scratch (overwritten). */
-static void lstm_cell(float *g, float *h, float *c, int H)
-{
-    float *gi = g, *gf = g + H, *gg = g + 2 * H, *go = g + 3 * H;
-    vm_sigmoid(gi, 2 * (size_t)H);            /* i and f are adjacent */
-    vm_tanh(gg, (size_t)H);
-    vm_sigmoid(go, (size_t)H);
-    for (int j = 0; j < H; j++) {
-        c[j] = gf[j] * c[j] + gi[j] * gg[j];
-        gi[j] = c[j];
-    }
-    vm_tanh(gi, (size_t)H);
-    for (int j = 0; j < H; j++)
-        h[j] = go[j] * gi[j];
-}
-
-/* lstm_cell keeping the input gate (tanh(c) into tc): the same operations,
- * for a hook that records the step. */
+ * Updates h and c in place and writes tanh(c') to tc; g is scratch
+ * (overwritten: its rows hold the activated gates unless tc is g). */
 static void lstm_cell_keep(float *g, float *h, float *c, float *tc, int H)
 {
     float *gi = g, *gf = g + H, *gg = g + 2 * H, *go = g + 3 * H;
-    vm_sigmoid(gi, 2 * (size_t)H);
+    vm_sigmoid(gi, 2 * (size_t)H);            /* i and f are adjacent */
     vm_tanh(gg, (size_t)H);
     vm_sigmoid(go, (size_t)H);
     for (int j = 0; j < H; j++) {
@@ -180,6 +164,12 @@ static void lstm_cell_keep(float *g, float *h, float *c, float *tc, int H)
     vm_tanh(tc, (size_t)H);
     for (int j = 0; j < H; j++)
         h[j] = go[j] * tc[j];
+}
+
+/* The step's cell: tanh(c') written over the input gate. */
+static void lstm_cell(float *g, float *h, float *c, int H)
+{
+    lstm_cell_keep(g, h, c, g, H);
 }
 
 static inline int clamp_token(const nc_model *m, int token)
