@@ -113,19 +113,19 @@ static int tokenize_file(const char *path, const nc_model *m, token_fn fn, void 
     return rc;
 }
 
-/* A model shell carrying only what tokenize() reads. */
-static void tok_model(nc_model *m, nc_vocab *v, const nc_text_conv *text, bool lowercase, const char *unk,
-                      const char *eos, int unk_id, int eos_id)
+/* A model shell carrying only what tokenize() reads: v, and p's text
+ * conventions, lower-casing and unk/eos tokens (their ids in v, -1 while
+ * v lacks them). */
+static void tok_model(nc_model *m, nc_vocab *v, const nc_train_params *p)
 {
     memset(m, 0, sizeof *m);
     m->vocab = v;
-    m->cfg.lowercase = lowercase;
-    if (text)
-        m->cfg.text = *text;
-    snprintf(m->cfg.unk_token, sizeof m->cfg.unk_token, "%s", unk);
-    snprintf(m->cfg.eos_token, sizeof m->cfg.eos_token, "%s", eos);
-    m->unk_id = unk_id;
-    m->eos_id = eos_id;
+    m->cfg.lowercase = p->lowercase;
+    m->cfg.text = p->text;
+    snprintf(m->cfg.unk_token, sizeof m->cfg.unk_token, "%s", p->unk_token);
+    snprintf(m->cfg.eos_token, sizeof m->cfg.eos_token, "%s", p->eos_token);
+    m->unk_id = vocab_lookup(v, p->unk_token, strlen(p->unk_token));
+    m->eos_id = vocab_lookup(v, p->eos_token, strlen(p->eos_token));
 }
 
 typedef struct {
@@ -183,15 +183,16 @@ static int by_id(const void *a, const void *b)
     return *(const int *)a - *(const int *)b;
 }
 
-int train_build_vocab(const char *path, const nc_text_conv *text, bool lowercase, int vocab_max, const char *unk,
-                      const char *eos, nc_vocab **out, char *err, size_t errlen)
+int train_build_vocab(const char *path, const nc_train_params *p, nc_vocab **out, char *err, size_t errlen)
 {
+    const char *unk = p->unk_token, *eos = p->eos_token;
+    const int vocab_max = p->vocab_max;
     *out = NULL;
     count_ctx c = {vocab_new(), NULL, 0};
     if (!c.v)
         return nc_error(err, errlen, NC_ENOMEM, "out of memory");
     nc_model m;
-    tok_model(&m, c.v, text, lowercase, unk, eos, -1, -1);
+    tok_model(&m, c.v, p);
     int rc = tokenize_file(path, &m, count_tokens, &c, err, errlen);
     /* unk must exist (it stands for every word outside the vocabulary), and
      * eos too, even in a corpus without newlines. */
@@ -265,13 +266,13 @@ static int collect_ids(const nc_tokens *t, void *ud, char *err, size_t errlen)
     return NC_OK;
 }
 
-int train_read_corpus(const char *path, const nc_vocab *v, const nc_text_conv *text, bool lowercase, int unk_id, int eos_id,
-                      int **ids, size_t *n, char *err, size_t errlen)
+int train_read_corpus(const char *path, const nc_train_params *p, const nc_vocab *v, int **ids, size_t *n, char *err,
+                      size_t errlen)
 {
     *ids = NULL;
     *n = 0;
     nc_model m;
-    tok_model(&m, (nc_vocab *)v, text, lowercase, vocab_word(v, unk_id), vocab_word(v, eos_id), unk_id, eos_id);
+    tok_model(&m, (nc_vocab *)v, p);
     ids_ctx c = {0};
     int rc = tokenize_file(path, &m, collect_ids, &c, err, errlen);
     if (rc != NC_OK) {
@@ -690,8 +691,7 @@ static int setup_vocab(trainer *t, bool resume, char *err, size_t errlen)
     if (resume) {
         rc = vocab_load(vpath, &t->vocab, err, errlen);
     } else {
-        rc = train_build_vocab(p->train_path, &p->text, p->lowercase, p->vocab_max, p->unk_token, p->eos_token,
-                               &t->vocab, err, errlen);
+        rc = train_build_vocab(p->train_path, p, &t->vocab, err, errlen);
         if (rc == NC_OK)
             rc = vocab_save(t->vocab, vpath, err, errlen);
     }
@@ -710,7 +710,7 @@ static int load_streams(trainer *t, const char *path, int B, int **out, size_t *
     const nc_train_params *p = &t->p;
     int *ids = NULL;
     size_t n = 0;
-    int rc = train_read_corpus(path, t->vocab, &p->text, p->lowercase, t->unk_id, t->eos_id, &ids, &n, err, errlen);
+    int rc = train_read_corpus(path, p, t->vocab, &ids, &n, err, errlen);
     if (rc == NC_OK) {
         *out = batchify(ids, n, B, rows);
         if (*rows < 2)

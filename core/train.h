@@ -115,16 +115,17 @@ int train_load_params(const char *dir, nc_train_params *p, char *err, size_t err
  * tools): *w (malloc'd, caller frees) of *n floats in lstm_grad_net layout. */
 int train_load_state_weights(const char *dir, float **w, size_t *n, char *err, size_t errlen);
 
-/* Builds the vocabulary of a training file, ids in order of first
- * appearance (as PyTorch's example); eos_token ends every line; unk_token is
- * always present. With vocab_max > 0 only the vocab_max most frequent words
+/* Builds the vocabulary of a training file read under p's text
+ * conventions and lower-casing, ids in order of first appearance (as
+ * PyTorch's example); p->eos_token ends every line; p->unk_token is always
+ * present. With p->vocab_max > 0 only the vocab_max most frequent words
  * are kept (ties: first appearance), eos and unk included. */
-int train_build_vocab(const char *path, const nc_text_conv *text, bool lowercase, int vocab_max, const char *unk_token,
-                      const char *eos_token, nc_vocab **out, char *err, size_t errlen);
+int train_build_vocab(const char *path, const nc_train_params *p, nc_vocab **out, char *err, size_t errlen);
 
-/* Reads a text file as token ids under v (unknown words -> unk_id, eos after
- * every line, also a last line without newline). *ids is malloc'd. */
-int train_read_corpus(const char *path, const nc_vocab *v, const nc_text_conv *text, bool lowercase, int unk_id,
-                      int eos_id, int **ids, size_t *n, char *err, size_t errlen);
+/* Reads a text file as token ids under v, tokenised as p says (unknown
+ * words -> p->unk_token's id, eos after every line, also a last line
+ * without newline). *ids is malloc'd. */
+int train_read_corpus(const char *path, const nc_train_params *p, const nc_vocab *v, int **ids, size_t *n, char *err,
+                      size_t errlen);
 
 #endif

@@ -61,7 +61,8 @@ void vm_gemm_nn(const float *p, const float *w, float *y, int rows, int n, int k
  * unless the environment variable NEUROCACHE_SIMD names a lower one, which
  * is how the tests prove every level on one machine and how a user rules
  * out a kernel. Levels differ only in float rounding (summation order, the
- * polynomial exp against libm's expf): see tests/README.md. */
+ * polynomial exp against libm's expf): tests/tolerance.h bounds the
+ * difference, docs/testing.md says how the suites run at each level. */
 #define VM_SIMD_ENV "NEUROCACHE_SIMD"
 
 /* Reads NEUROCACHE_SIMD and fixes the level: NC_EINVAL with a message if it

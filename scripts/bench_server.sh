@@ -5,7 +5,7 @@
 # driven by the C client and by wrk, with predict batching on and off and
 # float32 / float16 neural keys, and scoring tokens/s through HTTP versus the
 # CLI, and fairness: predict latency of 16 sessions without and with 2 heavy
-# scoring clients (their ratio). Each row also gives the daemon's CPU time per prediction, which stays
+# scoring clients (their ratio), and availability (--guard: probes while the workers are busy, refusals). Each row also gives the daemon's CPU time per prediction, which stays
 # meaningful on a shared machine. Markdown tables on stdout, for
 # BENCHMARKS.md.
 #
@@ -51,3 +51,6 @@ echo "### predict batching off (--batch-predict false): one decoder product per 
 echo
 echo "### fairness: 16 sessions' predicts without and with 2 clients scoring 47,250-token texts back to back"
 "$gen" "${model_args[@]}" --seconds "$SECONDS_PER_ROW" --clients "" --score-tokens 0 --heavy 2 --fair-clients 16
+echo
+echo "### availability: /health and /ready with 3 workers busy, workers freed on hang-up, 413 refusals (test_server_guard's latencies)"
+"$gen" "${model_args[@]}" --guard 1

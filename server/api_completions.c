@@ -215,12 +215,22 @@ static json_t *logprobs_obj(const cmpl_job *j, json_t *tokens, json_t *lps, json
                      "text_offset", offs);
 }
 
-/* A piece of choice index: text[0..len) and its tokens (arrays stolen);
+/* A piece's tokens: the four parallel arrays of OpenAI's "logprobs". */
+typedef struct {
+    json_t *tokens, *lps, *tops, *offs;
+} piece_lists;
+
+static piece_lists piece_lists_new(void)
+{
+    return (piece_lists){json_array(), json_array(), json_array(), json_array()};
+}
+
+/* A piece of choice index: text[0..len) and its tokens l (arrays stolen);
  * finish != NULL ends the choice. Returns 0, or -1 when the client of a
  * stream is gone. */
-static int piece(cmpl_job *j, size_t index, const char *text, size_t len, json_t *tokens, json_t *lps,
-                 json_t *tops, json_t *offs, const char *finish)
+static int piece(cmpl_job *j, size_t index, const char *text, size_t len, piece_lists l, const char *finish)
 {
+    json_t *tokens = l.tokens, *lps = l.lps, *tops = l.tops, *offs = l.offs;
     if (j->sse) {
         json_t *ch = json_pack("{s:s%,s:I,s:o,s:s?}", "text", text, len, "index", (json_int_t)index, "logprobs",
                                logprobs_obj(j, tokens, lps, tops, offs), "finish_reason", finish);
@@ -265,7 +275,8 @@ static int send_ready(cmpl_job *j, gen_text *gt, size_t index, bool final, const
     size_t n = gen_text_ready(gt, &j->gp, final, &end);
     if (n == 0 && end == gt->sent && !finish)
         return 0;
-    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    piece_lists l = piece_lists_new();
+    json_t *tokens = l.tokens, *lps = l.lps, *tops = l.tops, *offs = l.offs;
     for (size_t i = 0; i < n; i++) {
         gen_word *w = &gt->pend[i];
         json_array_append_new(tokens, json_string(w->word));
@@ -277,7 +288,7 @@ static int send_ready(cmpl_job *j, gen_text *gt, size_t index, bool final, const
     const char *t = gt->text.s + gt->sent;
     size_t len = end - gt->sent;
     gen_text_consume(gt, n, end);
-    return piece(j, index, t, len, tokens, lps, tops, offs, finish);
+    return piece(j, index, t, len, l, finish);
 }
 
 /* The prompt as tokens, and its text (the original string, or the
@@ -306,27 +317,43 @@ static int prompt_tokens(const nc_model *m, const json_t *prompt, bool normalize
     return rc;
 }
 
-/* One choice of /v1/completions, from a fresh stream started like a
- * document (design §3). Returns NC_OK, or an rc with j->err (j->api the
- * request error: a budget, a stop of the guard g); NC_ECANCELED-like
- * silence (rc NC_OK with *gone) when a stream's client left. */
-static int complete_one(cmpl_job *j, workguard *g, const json_t *prompt, size_t index, bool *gone)
+/* One choice in the making: the prompt's tokens and text, the fresh
+ * stream, the prompt's log-probabilities (and top lists when echoed with
+ * logprobs), why the guard stopped it, the tokens generated. */
+typedef struct {
+    nc_tokens t;
+    strbuf ptext;
+    nc_stream *st;
+    double *lp;                   /* [t.n] */
+    json_t *ptops;                /* echo with logprobs: [t.n] top lists */
+    wg_stop why;
+    size_t gen;
+} cmpl_choice;
+
+static void choice_free(cmpl_choice *c)
+{
+    json_decref(c->ptops);
+    stream_free(c->st);
+    free(c->lp);
+    free(c->ptext.s);
+    tokens_clear(&c->t);
+}
+
+/* The prompt's tokens, checked against the request's budgets as they add
+ * up (completions_budget counted at least), and the fresh stream started
+ * like a document (design §3). */
+static int choice_start(cmpl_job *j, cmpl_choice *c, const json_t *prompt)
 {
     nc_server *srv = j->srv;
-    const nc_model *m = srv->model;
     const proto_completions_req *r = &j->r;
     char *err = j->err;
     const size_t errlen = sizeof j->err;
-    nc_tokens t;
-    tokens_init(&t);
-    strbuf ptext = {0};
-    j->api = API_INTERNAL;
-    int rc = prompt_tokens(m, prompt, r->normalize, &t, &ptext, err, errlen);
+    int rc = prompt_tokens(srv->model, prompt, r->normalize, &c->t, &c->ptext, err, errlen);
     if (rc == NC_EFORMAT)
         j->api = API_INVALID_TEXT;
     if (rc == NC_OK) {
-        j->steps += (long long)t.n + r->max_tokens;
-        j->dists += r->max_tokens + (r->echo && r->logprobs > 0 ? (long long)t.n : 0);
+        j->steps += (long long)c->t.n + r->max_tokens;
+        j->dists += r->max_tokens + (r->echo && r->logprobs > 0 ? (long long)c->t.n : 0);
         if (j->steps > srv->cfg.max_tokens_per_request) {
             rc = NC_EINVAL;
             j->api = API_TOO_MANY_TOKENS;
@@ -339,125 +366,142 @@ static int complete_one(cmpl_job *j, workguard *g, const json_t *prompt, size_t 
                      srv->cfg.max_generation_steps);
         }
     }
-    wg_stop why = WG_RUN;
-    nc_stream *st = NULL;
     if (rc == NC_OK)
-        rc = stream_new(m, &srv->cache_defaults, NULL, NULL, true, &st, err, errlen);
-    double *lp = rc == NC_OK ? malloc((t.n ? t.n : 1) * sizeof *lp) : NULL;
-    if (rc == NC_OK && !lp)
+        rc = stream_new(srv->model, &srv->cache_defaults, NULL, NULL, true, &c->st, err, errlen);
+    c->lp = rc == NC_OK ? malloc((c->t.n ? c->t.n : 1) * sizeof *c->lp) : NULL;
+    if (rc == NC_OK && !c->lp)
         rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
-    bool want_top = r->logprobs > 0;
-    json_t *ptops = NULL;
-    /* The prompt: batched when no per-position top list is needed. With
-     * one, each prompt token's logprob is read from the same full
-     * distribution as its top list, so that a token that is the argmax
-     * carries exactly the top entry's value (lm-eval's greedy check
-     * compares them with !=); design §4's two paths agree only to float
-     * tolerance. */
-    if (rc == NC_OK && t.n > 0) {
-        if (r->echo && want_top) {
-            ptops = json_array();
-            nc_dist d;
-            dist_init(&d);
-            int *idx = NULL;
-            size_t idx_cap = 0;
-            nc_tokens one;
-            tokens_init(&one);
-            for (size_t i = 0; i < t.n && rc == NC_OK; i++) {
-                if ((why = workguard_check(g)) != WG_RUN)
-                    break;
-                rc = stream_predict(st, false, &d, err, errlen);
-                if (rc == NC_OK && idx_cap < d.n) {
-                    free(idx);
-                    idx_cap = d.n + 1024;
-                    idx = malloc(idx_cap * sizeof *idx);
-                    if (!idx) {
-                        idx_cap = 0;
-                        rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
-                    }
-                }
-                if (rc != NC_OK)
-                    break;
-                json_array_append_new(ptops, i > 0 ? gen_top_json(st, &d, (int)r->logprobs, idx) : json_null());
-                int x = t.ids[i];
-                if (x == m->unk_id && stream_params(st)->open_vocab)
-                    x = stream_word_id(st, t.words[i], strlen(t.words[i]));
-                double full = x >= 0 && (size_t)x < d.n ? log((double)d.p[x]) : NAN;
-                tokens_clear(&one);
-                rc = tokens_push(&one, t.ids[i], t.words[i], strlen(t.words[i]), t.offsets[i]);
-                if (rc == NC_OK) rc = stream_feed(st, &one, false, &lp[i], err, errlen);
-                if (!isnan(full))
-                    lp[i] = full;
-            }
-            tokens_clear(&one);
-            free(idx);
-            dist_free(&d);
-        } else {
-            rc = gen_feed(st, g, &t, lp, &why, err, errlen);
-        }
-    }
-    /* The echoed prompt is the choice's first piece. OpenAI's convention:
-     * the first prompt token has no logprob (null) and no top list. */
-    if (rc == NC_OK && why == WG_RUN && r->echo) {
-        json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
-        for (size_t i = 0; i < t.n; i++) {
-            json_array_append_new(tokens, json_string(t.words[i]));
-            json_array_append_new(lps, i == 0 ? json_null() : api_logprob(lp[i]));
-            json_array_append_new(tops, want_top ? json_incref(json_array_get(ptops, i))
-                                                 : i == 0 && r->logprobs > 0 ? json_null() : json_object());
-            json_array_append_new(offs, json_integer((json_int_t)t.offsets[i]));
-        }
-        if (piece(j, index, ptext.s ? ptext.s : "", ptext.len, tokens, lps, tops, offs, NULL) != 0)
-            *gone = true;
-    }
-    json_decref(ptops);
-    /* Generation. The text continues the prompt's string (OpenAI's
-     * convention: a space first when the prompt does not end in white
-     * space; text_offset counted from the start of the prompt). */
-    gen_text gtx;
-    bool gt_ok = false;
-    if (rc == NC_OK && why == WG_RUN && !*gone) {
-        rc = gen_text_init(&gtx, ptext.s ? ptext.s : "", ptext.len);
-        gt_ok = rc == NC_OK;
-    }
-    gen_state gs;
-    gen_init(&gs, st, m, &j->gp, &j->rng);
-    size_t gen = 0;
-    for (long k = 0; gt_ok && rc == NC_OK && why == WG_RUN && !*gone && !gtx.stopped && k < r->max_tokens; k++) {
-        /* one check a token: a stop frees the worker within one step */
-        if ((why = workguard_check(g)) != WG_RUN)
+    return rc;
+}
+
+/* The prompt fed token by token, each token's logprob read from the same
+ * full distribution as its top list, so that a token that is the argmax
+ * carries exactly the top entry's value (lm-eval's greedy check compares
+ * them with !=); design §4's two paths agree only to float tolerance. */
+static int choice_prompt_with_tops(cmpl_job *j, workguard *g, cmpl_choice *c)
+{
+    const nc_model *m = j->srv->model;
+    char *err = j->err;
+    const size_t errlen = sizeof j->err;
+    c->ptops = json_array();
+    nc_dist d;
+    dist_init(&d);
+    int *idx = NULL;
+    size_t idx_cap = 0;
+    int rc = NC_OK;
+    for (size_t i = 0; i < c->t.n && rc == NC_OK; i++) {
+        if ((c->why = workguard_check(g)) != WG_RUN)
             break;
-        gen_token tk;
-        rc = gen_next(&gs, &tk, err, errlen);
+        rc = stream_predict(c->st, false, &d, err, errlen);
+        if (rc == NC_OK && idx_cap < d.n) {
+            free(idx);
+            idx_cap = d.n + 1024;
+            idx = malloc(idx_cap * sizeof *idx);
+            if (!idx) {
+                idx_cap = 0;
+                rc = nc_error(err, errlen, NC_ENOMEM, "out of memory");
+            }
+        }
         if (rc != NC_OK)
             break;
-        gen++;
+        json_array_append_new(c->ptops, i > 0 ? gen_top_json(c->st, &d, (int)j->r.logprobs, idx) : json_null());
+        int x = api_stream_token_id(c->st, m, &c->t, i);
+        double full = x >= 0 && (size_t)x < d.n ? log((double)d.p[x]) : NAN;
+        rc = api_stream_feed_one(c->st, &c->t, i, &c->lp[i], err, errlen);
+        if (!isnan(full))
+            c->lp[i] = full;
+    }
+    free(idx);
+    dist_free(&d);
+    return rc;
+}
+
+/* The echoed prompt, the choice's first piece. OpenAI's convention: the
+ * first prompt token has no logprob (null) and no top list. */
+static void choice_echo(cmpl_job *j, const cmpl_choice *c, size_t index, bool *gone)
+{
+    bool want_top = j->r.logprobs > 0;
+    const nc_tokens *t = &c->t;
+    piece_lists l = piece_lists_new();
+    json_t *tokens = l.tokens, *lps = l.lps, *tops = l.tops, *offs = l.offs;
+    for (size_t i = 0; i < t->n; i++) {
+        json_array_append_new(tokens, json_string(t->words[i]));
+        json_array_append_new(lps, i == 0 ? json_null() : api_logprob(c->lp[i]));
+        json_array_append_new(tops, want_top ? json_incref(json_array_get(c->ptops, i))
+                                             : i == 0 && j->r.logprobs > 0 ? json_null() : json_object());
+        json_array_append_new(offs, json_integer((json_int_t)t->offsets[i]));
+    }
+    if (piece(j, index, c->ptext.s ? c->ptext.s : "", c->ptext.len, l, NULL) != 0)
+        *gone = true;
+}
+
+/* Generation. The text continues the prompt's string (OpenAI's
+ * convention: a space first when the prompt does not end in white space;
+ * text_offset counted from the start of the prompt). */
+static int choice_generate(cmpl_job *j, workguard *g, cmpl_choice *c, size_t index, bool *gone)
+{
+    gen_text gtx;
+    int rc = gen_text_init(&gtx, c->ptext.s ? c->ptext.s : "", c->ptext.len);
+    if (rc != NC_OK)
+        return rc;
+    gen_state gs;
+    gen_init(&gs, c->st, j->srv->model, &j->gp, &j->rng);
+    for (long k = 0; rc == NC_OK && !*gone && !gtx.stopped && k < j->r.max_tokens; k++) {
+        /* one check a token: a stop frees the worker within one step */
+        if ((c->why = workguard_check(g)) != WG_RUN)
+            break;
+        gen_token tk;
+        rc = gen_next(&gs, &tk, j->err, sizeof j->err);
+        if (rc != NC_OK)
+            break;
+        c->gen++;
         rc = gen_text_add(&gtx, &tk, &j->gp);
         if (rc == NC_OK && !gtx.stopped && send_ready(j, &gtx, index, false, NULL) != 0)
             *gone = true;
     }
     gen_free(&gs);
-    if (gt_ok && rc == NC_OK && why == WG_RUN && !*gone &&
+    if (rc == NC_OK && c->why == WG_RUN && !*gone &&
         send_ready(j, &gtx, index, true, gtx.stopped ? "stop" : "length") != 0)
         *gone = true;
-    if (gt_ok)
-        gen_text_free(&gtx);
-    if (rc == NC_OK && why != WG_RUN) {
+    gen_text_free(&gtx);
+    return rc;
+}
+
+/* One choice of /v1/completions, from a fresh stream started like a
+ * document (design §3). Returns NC_OK, or an rc with j->err (j->api the
+ * request error: a budget, a stop of the guard g); NC_ECANCELED-like
+ * silence (rc NC_OK with *gone) when a stream's client left. */
+static int complete_one(cmpl_job *j, workguard *g, const json_t *prompt, size_t index, bool *gone)
+{
+    cmpl_choice c = {.why = WG_RUN};
+    tokens_init(&c.t);
+    j->api = API_INTERNAL;
+    int rc = choice_start(j, &c, prompt);
+    /* The prompt: batched when no per-position top list is needed. */
+    if (rc == NC_OK && c.t.n > 0) {
+        if (j->r.echo && j->r.logprobs > 0)
+            rc = choice_prompt_with_tops(j, g, &c);
+        else
+            rc = gen_feed(c.st, g, &c.t, c.lp, &c.why, j->err, sizeof j->err);
+    }
+    if (rc == NC_OK && c.why == WG_RUN && j->r.echo)
+        choice_echo(j, &c, index, gone);
+    if (rc == NC_OK && c.why == WG_RUN && !*gone)
+        rc = choice_generate(j, g, &c, index, gone);
+    if (rc == NC_OK && c.why != WG_RUN) {
         rc = NC_EINVAL;
-        j->api = workguard_api(why);
-        if (why == WG_CLIENT_GONE)
+        j->api = workguard_api(c.why);
+        if (c.why == WG_CLIENT_GONE)
             *gone = true;
-        snprintf(err, errlen, "stopped at prompt %zu: %s", index, workguard_reason(why, srv->cfg.request_timeout_s));
+        snprintf(j->err, sizeof j->err, "stopped at prompt %zu: %s", index,
+                 workguard_reason(c.why, j->srv->cfg.request_timeout_s));
     }
     if (rc == NC_OK) {
-        j->tot_prompt += t.n;
-        j->tot_unk += tokens_count_unk(m, &t, 0);
-        j->tot_gen += gen;
+        j->tot_prompt += c.t.n;
+        j->tot_unk += tokens_count_unk(j->srv->model, &c.t, 0);
+        j->tot_gen += c.gen;
     }
-    stream_free(st);
-    free(lp);
-    free(ptext.s);
-    tokens_clear(&t);
+    choice_free(&c);
     return rc;
 }
 
@@ -527,8 +571,7 @@ void api_h_completions(nc_server *srv, http_request *req, http_response *resp)
         cmpl_free(j);
         return;
     }
-    gen_setup(&j->gp, &j->rng, j->r.temperature, j->r.top_p, j->r.logprobs, j->r.allow_unk, j->r.stop,
-              j->r.stop_len, j->r.n_stop, j->r.has_seed, j->r.seed);
+    gen_setup(&j->gp, &j->rng, &GEN_REQUEST_OF(j->r));
     unsigned char rb[12];
     snprintf(j->id, sizeof j->id, "cmpl-");
     if (getrandom(rb, sizeof rb, 0) == (ssize_t)sizeof rb)

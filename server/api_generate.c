@@ -107,13 +107,105 @@ static int send_ready(gen_job *j, gen_text *gt, bool final)
     return 0;
 }
 
-/* Draws, hands out, then advances the session by the words delivered.
- * Answers into resp (whole) or the stream. */
+/* How a generation went: rc/err a failure, why a stop of the guard, gone
+ * the stream's client left; drawn the tokens drawn, delivered the words
+ * the client got, pos the session's position after it, finish the reason. */
+typedef struct {
+    int rc;
+    char err[NC_ERRLEN];
+    wg_stop why;
+    bool gone;
+    size_t drawn, delivered;
+    int64_t pos;
+    const char *finish;
+} gen_outcome;
+
+/* Draws up to max_tokens words from the session's copy, handing out the
+ * pieces as they are ready, then the last. */
+static void generate_words(gen_job *j, workguard *g, nc_stream *copy, gen_text *gt, gen_outcome *o)
+{
+    gen_state gs;
+    gen_init(&gs, copy, j->srv->model, &j->gp, &j->rng);
+    for (long k = 0; o->rc == NC_OK && !o->gone && !gt->stopped && k < j->r.max_tokens; k++) {
+        if ((o->why = workguard_check(g)) != WG_RUN)
+            break;
+        gen_token tk;
+        o->rc = gen_next(&gs, &tk, o->err, sizeof o->err);
+        if (o->rc == NC_OK) {
+            o->drawn++;
+            o->rc = gen_text_add(gt, &tk, &j->gp);
+        }
+        if (o->rc == NC_OK && !gt->stopped && send_ready(j, gt, false) != 0)
+            o->gone = true;
+    }
+    gen_free(&gs);
+    if (o->rc == NC_OK && o->why == WG_RUN && !o->gone && send_ready(j, gt, true) != 0)
+        o->gone = true;
+}
+
+/* The words delivered: all of a whole answer's; a stream's up to the last
+ * event written to the connection. */
+static size_t words_delivered(gen_job *j)
+{
+    size_t delivered = j->words.n;
+    if (j->sse) {
+        size_t handed = sse_flush(j->sse), w = 0;
+        for (size_t e = 0; e < handed && e < j->nevents; e++)
+            w += j->per_event[e];
+        delivered = w < delivered ? w : delivered;
+    }
+    return delivered;
+}
+
+/* The answer: the stream's last events, or the whole JSON (an error
+ * telling where the session stands). */
+static void generate_answer(gen_job *j, gen_outcome *o, http_response *resp)
+{
+    json_t *e = NULL;
+    if (o->rc != NC_OK)
+        e = proto_error_body(api_error_from_core(o->rc), o->err);
+    else if (o->why != WG_RUN)
+        e = proto_error_body(workguard_api(o->why), workguard_reason(o->why, j->srv->cfg.request_timeout_s));
+    json_int_t advanced = (json_int_t)(j->r.advance ? o->delivered : 0);
+    if (j->sse) {
+        if (o->gone || o->why == WG_CLIENT_GONE) {
+            json_decref(e);   /* nobody to tell */
+            return;
+        }
+        if (e) {
+            sse_event(j->sse, e);
+            return;
+        }
+        if (sse_event(j->sse, json_pack("{s:s,s:I,s:I}", "finish_reason", o->finish, "advanced", advanced,
+                                        "position", (json_int_t)o->pos)) == 0)
+            sse_event_raw(j->sse, "[DONE]");
+        return;
+    }
+    if (e) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "generate: %s (the session is at position %lld)",
+                 json_string_value(json_object_get(json_object_get(e, "error"), "message")), (long long)o->pos);
+        http_reply_error(resp, o->rc != NC_OK ? api_error_from_core(o->rc) : workguard_api(o->why), "%s", msg);
+        json_decref(e);
+        return;
+    }
+    json_t *ws = json_array();
+    for (size_t i = 0; i < j->words.n; i++)
+        json_array_append_new(ws, json_string(j->words.words[i]));
+    json_t *r = json_pack("{s:s,s:o,s:O,s:s,s:I,s:I}", "text", j->text.s ? j->text.s : "", "words", ws, "logprobs",
+                          j->lps, "finish_reason", o->finish, "advanced", advanced, "position", (json_int_t)o->pos);
+    if (r && j->gp.logprobs > 0)
+        json_object_set(r, "top_logprobs", j->tops);
+    http_reply_json(resp, 200, r);
+}
+
+/* Draws from a copy of the session's stream under its lock, hands out,
+ * then (with advance) feeds the delivered words into the session. Answers
+ * into resp (whole) or the stream. */
 static void run(gen_job *j, workguard *g, http_response *resp)
 {
     nc_server *srv = j->srv;
     nc_session *s = j->s;
-    char err[NC_ERRLEN] = "";
     http_response lockr = {0};
     if (api_session_lock(srv, s, &lockr) != 0) {
         if (j->sse)
@@ -122,95 +214,34 @@ static void run(gen_job *j, workguard *g, http_response *resp)
             *resp = lockr;
         return;
     }
+    gen_outcome o = {.why = WG_RUN};
     nc_stream *copy = NULL;
-    int rc = stream_clone(s->stream, &copy, err, sizeof err);
+    o.rc = stream_clone(s->stream, &copy, o.err, sizeof o.err);
     gen_text gt = {0};
-    bool gt_ok = rc == NC_OK && gen_text_init(&gt, "", 0) == NC_OK;
-    if (rc == NC_OK && !gt_ok)
-        rc = nc_error(err, sizeof err, NC_ENOMEM, "out of memory");
-    gen_state gs;
-    gen_init(&gs, copy, srv->model, &j->gp, &j->rng);
-    wg_stop why = WG_RUN;
-    bool gone = false;
-    size_t drawn = 0;
-    for (long k = 0; rc == NC_OK && !gone && !gt.stopped && k < j->r.max_tokens; k++) {
-        if ((why = workguard_check(g)) != WG_RUN)
-            break;
-        gen_token tk;
-        rc = gen_next(&gs, &tk, err, sizeof err);
-        if (rc == NC_OK) {
-            drawn++;
-            rc = gen_text_add(&gt, &tk, &j->gp);
-        }
-        if (rc == NC_OK && !gt.stopped && send_ready(j, &gt, false) != 0)
-            gone = true;
-    }
-    gen_free(&gs);
-    bool finished = rc == NC_OK && why == WG_RUN && !gone;
-    if (finished && send_ready(j, &gt, true) != 0)
-        gone = finished = false;
-    /* the words delivered: all of a whole answer's; a stream's up to the
-     * last event written to the connection */
-    size_t delivered = j->words.n;
-    if (j->sse) {
-        size_t handed = sse_flush(j->sse), w = 0;
-        for (size_t e = 0; e < handed && e < j->nevents; e++)
-            w += j->per_event[e];
-        delivered = w < delivered ? w : delivered;
-    }
+    bool gt_ok = o.rc == NC_OK && gen_text_init(&gt, "", 0) == NC_OK;
+    if (o.rc == NC_OK && !gt_ok)
+        o.rc = nc_error(o.err, sizeof o.err, NC_ENOMEM, "out of memory");
+    if (o.rc == NC_OK)
+        generate_words(j, g, copy, &gt, &o);
+    o.delivered = words_delivered(j);
     int frc = NC_OK;
     char ferr[NC_ERRLEN] = "";
-    if (j->r.advance && delivered > 0) {
-        nc_tokens v = {j->words.ids, j->words.words, j->words.offsets, delivered, delivered, j->words.lens};
+    if (j->r.advance && o.delivered > 0) {
+        nc_tokens v = {j->words.ids, j->words.words, j->words.offsets, o.delivered, o.delivered, j->words.lens};
         frc = stream_feed(s->stream, &v, false, NULL, ferr, sizeof ferr);
     }
-    int64_t pos = stream_position(s->stream);
+    o.pos = stream_position(s->stream);
     pthread_mutex_unlock(&s->lock);
     stream_free(copy);
-    metrics_add_predictions(drawn);
-    const char *finish = gt_ok && gt.stopped ? "stop" : "length";
+    metrics_add_predictions(o.drawn);
+    o.finish = gt_ok && gt.stopped ? "stop" : "length";
     if (gt_ok)
         gen_text_free(&gt);
-    if (rc == NC_OK && frc != NC_OK) {
-        rc = frc;
-        snprintf(err, sizeof err, "advancing the session: %s", ferr);
+    if (o.rc == NC_OK && frc != NC_OK) {
+        o.rc = frc;
+        snprintf(o.err, sizeof o.err, "advancing the session: %s", ferr);
     }
-    json_t *e = NULL;
-    if (rc != NC_OK)
-        e = proto_error_body(api_error_from_core(rc), err);
-    else if (why != WG_RUN)
-        e = proto_error_body(workguard_api(why), workguard_reason(why, srv->cfg.request_timeout_s));
-    if (j->sse) {
-        if (gone || why == WG_CLIENT_GONE) {
-            json_decref(e);   /* nobody to tell */
-            return;
-        }
-        if (e) {
-            sse_event(j->sse, e);
-            return;
-        }
-        if (sse_event(j->sse, json_pack("{s:s,s:I,s:I}", "finish_reason", finish, "advanced",
-                                        (json_int_t)(j->r.advance ? delivered : 0), "position", (json_int_t)pos)) == 0)
-            sse_event_raw(j->sse, "[DONE]");
-        return;
-    }
-    if (e) {
-        char msg[600];
-        snprintf(msg, sizeof msg, "generate: %s (the session is at position %lld)",
-                 json_string_value(json_object_get(json_object_get(e, "error"), "message")), (long long)pos);
-        http_reply_error(resp, rc != NC_OK ? api_error_from_core(rc) : workguard_api(why), "%s", msg);
-        json_decref(e);
-        return;
-    }
-    json_t *ws = json_array();
-    for (size_t i = 0; i < j->words.n; i++)
-        json_array_append_new(ws, json_string(j->words.words[i]));
-    json_t *o = json_pack("{s:s,s:o,s:O,s:s,s:I,s:I}", "text", j->text.s ? j->text.s : "", "words", ws, "logprobs",
-                          j->lps, "finish_reason", finish, "advanced", (json_int_t)(j->r.advance ? delivered : 0),
-                          "position", (json_int_t)pos);
-    if (o && j->gp.logprobs > 0)
-        json_object_set(o, "top_logprobs", j->tops);
-    http_reply_json(resp, 200, o);
+    generate_answer(j, &o, resp);
 }
 
 static void produce(sse_stream *s, void *arg)
@@ -261,8 +292,7 @@ void api_h_generate(nc_server *srv, http_request *req, http_response *resp)
         job_free(j);
         return;
     }
-    gen_setup(&j->gp, &j->rng, j->r.temperature, j->r.top_p, j->r.logprobs, j->r.allow_unk, j->r.stop,
-              j->r.stop_len, j->r.n_stop, j->r.has_seed, j->r.seed);
+    gen_setup(&j->gp, &j->rng, &GEN_REQUEST_OF(j->r));
     if (j->r.stream) {
         resp->sse = sse_new(produce, j, job_free);
         if (!resp->sse)

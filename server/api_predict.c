@@ -30,15 +30,9 @@ static int feed_components(nc_stream *st, const nc_model *m, const nc_tokens *t,
 {
     nc_dist d;
     dist_init(&d);
-    nc_tokens one;
-    tokens_init(&one);
     int rc = NC_OK;
     for (size_t i = 0; i < t->n && rc == NC_OK; i++) {
-        /* an out-of-vocabulary word is the cache's own id with open
-         * vocabulary (-1 while the word is new), else unk_token */
-        int id = t->ids[i];
-        if (id == m->unk_id && t->words[i] && stream_params(st)->open_vocab)
-            id = stream_word_id(st, t->words[i], strlen(t->words[i]));
+        int id = api_stream_token_id(st, m, t, i);
         for (int c = 0; c < NC_NCOMP; c++)
             shares[i][c] = NAN;
         if (stream_has_h(st)) {
@@ -46,13 +40,9 @@ static int feed_components(nc_stream *st, const nc_model *m, const nc_tokens *t,
             for (int c = 0; rc == NC_OK && id >= 0 && c < NC_NCOMP && (size_t)id < d.n; c++)
                 shares[i][c] = d.share[c][id];
         }
-        tokens_clear(&one);
         if (rc == NC_OK)
-            rc = tokens_push(&one, t->ids[i], t->words[i], strlen(t->words[i]), t->offsets[i]);
-        if (rc == NC_OK)
-            rc = stream_feed(st, &one, false, &lp[i], err, errlen);
+            rc = api_stream_feed_one(st, t, i, &lp[i], err, errlen);
     }
-    tokens_clear(&one);
     dist_free(&d);
     return rc;
 }

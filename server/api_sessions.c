@@ -160,18 +160,16 @@ void api_h_sessions_state_put(nc_server *srv, http_request *req, http_response *
                          SESSION_ID_MAX - 1);
         return;
     }
-    nc_stream *st = NULL;
-    void *ref = NULL;
-    char ns[SESSION_ID_MAX], err[NC_ERRLEN] = "";
+    migrate_state ms = {0};
+    char *ns = ms.ns, *err = ms.err;
+    const size_t errlen = sizeof ms.err;
     /* The namespace is inside the blob, where the key check before the
      * handler cannot see it: a key may only import into namespaces it may
      * write. Checked before the namespace is bound (or created). */
     const auth_key *key = auth_identify(srv, MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND,
                                                                           MHD_HTTP_HEADER_AUTHORIZATION));
     if (key) {
-        void *noref = NULL;
-        api_error e0 = migrate_import(srv, false, req->body ? req->body : "", req->len, NULL, &noref, ns, sizeof ns,
-                                      err, sizeof err);
+        api_error e0 = migrate_peek(srv, req->body ? req->body : "", req->len, &ms);
         if (e0 != API_OK) {
             http_reply_error(resp, e0, "%s", err);
             return;
@@ -184,8 +182,7 @@ void api_h_sessions_state_put(nc_server *srv, http_request *req, http_response *
             return;
         }
     }
-    api_error e = migrate_import(srv, true, req->body ? req->body : "", req->len, &st, &ref, ns, sizeof ns, err,
-                                 sizeof err);
+    api_error e = migrate_import(srv, req->body ? req->body : "", req->len, &ms);
     if (e != API_OK) {
         http_reply_error(resp, e, "%s", err);
         return;
@@ -194,7 +191,8 @@ void api_h_sessions_state_put(nc_server *srv, http_request *req, http_response *
      * request waiting for the old copy is told to retry (it finds this one). */
     sessions_hand_over(srv->sessions, id);
     nc_session *s = NULL;
-    sessions_rc rc = sessions_adopt(srv->sessions, id, ns, stream_params(st), st, ref, &s, err, sizeof err);
+    sessions_rc rc = sessions_adopt(srv->sessions, id, ns, stream_params(ms.stream), ms.stream, ms.ns_ref, &s, err,
+                                    errlen);
     if (rc != SESS_OK) {
         http_reply_error(resp, api_error_from_sessions(rc), "%s", err);
         return;

@@ -229,3 +229,17 @@ size_t sb_add_word(strbuf *b, const char *word, bool is_eos)
     return off;
 }
 
+
+int api_stream_token_id(nc_stream *st, const nc_model *m, const nc_tokens *t, size_t i)
+{
+    int id = t->ids[i];
+    if (id == m->unk_id && t->words[i] && stream_params(st)->open_vocab)
+        id = stream_word_id(st, t->words[i], strlen(t->words[i]));
+    return id;
+}
+
+int api_stream_feed_one(nc_stream *st, const nc_tokens *t, size_t i, double *lp, char *err, size_t errlen)
+{
+    nc_tokens one = {t->ids + i, t->words + i, t->offsets + i, 1, 1, t->lens ? t->lens + i : NULL};
+    return stream_feed(st, &one, false, lp, err, errlen);
+}

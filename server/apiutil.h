@@ -70,6 +70,16 @@ json_t *api_logprob(double lp);
  * written (min(k, n)). */
 size_t api_top_k(const float *p, size_t n, size_t k, int *out);
 
+/* The id token i of t has in st's distributions: its vocabulary id, or,
+ * for an out-of-vocabulary word with open vocabulary, the cache's own id
+ * (-1 while the word is new: only the uniform term gives it mass). */
+int api_stream_token_id(nc_stream *st, const nc_model *m, const nc_tokens *t, size_t i);
+
+/* Feeds token i of t alone into st (stream_feed: the target-only path,
+ * whose log-probability agrees with the full distribution's, design §4);
+ * *lp its log-probability. */
+int api_stream_feed_one(nc_stream *st, const nc_tokens *t, size_t i, double *lp, char *err, size_t errlen);
+
 /* The model's name: the last component of its directory (thread-local
  * buffer, valid until the thread's next call). */
 const char *api_model_name(nc_server *srv);

@@ -48,12 +48,122 @@ static void requeue_front(batcher *b, batch_job **jobs, int n)
 
 static void teardown(batcher *b, int n);
 
+/* Takes up to max_batch jobs off the queue into take; their count.
+ * Caller holds b->lock. */
+static int take_jobs(batcher *b, batch_job **take)
+{
+    int n = 0;
+    while (b->head && n < b->max_batch) {
+        take[n++] = b->head;
+        b->head = b->head->next;
+    }
+    if (!b->head)
+        b->tail = NULL;
+    return n;
+}
+
+/* Locks the sessions of what is free among w->take[0..n) into w->run
+ * (their count returned; the caller unlocks them). A session busy
+ * elsewhere (a long feed, or another of its requests in this or another
+ * batch) waits for a later batch, back at the queue's front; if nothing is
+ * free, blocks on the first one: no other session lock is held then, so no
+ * lock-order cycle is possible. */
+static int lock_free_sessions(batch_worker *w, int n)
+{
+    batcher *b = w->b;
+    batch_job **take = w->take, **run = w->run, **later = w->later;
+    int nrun = 0, nlater = 0;
+    for (int i = 0; i < n; i++) {
+        if (pthread_mutex_trylock(&take[i]->s->lock) == 0)
+            run[nrun++] = take[i];
+        else
+            later[nlater++] = take[i];
+    }
+    if (nrun == 0 && nlater > 0) {
+        pthread_mutex_lock(&later[0]->s->lock);
+        run[nrun++] = later[0];
+        nlater--;
+        for (int i = 0; i < nlater; i++)
+            later[i] = later[i + 1];
+    }
+    if (nlater > 0) {
+        pthread_mutex_lock(&b->lock);
+        requeue_front(b, later, nlater);
+        pthread_cond_signal(&b->cv);
+        pthread_mutex_unlock(&b->lock);
+    }
+    return nrun;
+}
+
+/* Gathers h_t of each running job's session into w->X (w->row[i]: its
+ * row, -1 without h), the rows of the model's shared decoder first;
+ * returns the number of those shared-weight rows. */
+static size_t gather_rows(batch_worker *w, int nrun)
+{
+    const batcher *b = w->b;
+    const size_t H = (size_t)b->m->cfg.hidden_size;
+    batch_job **run = w->run;
+    size_t nr = 0;
+    for (int i = 0; i < nrun; i++) {
+        const float *h = stream_h(run[i]->s->stream);
+        w->row[i] = -1;
+        if (h) {
+            memcpy(w->X + nr * H, h, H * sizeof(float));
+            w->row[i] = (int)nr++;
+        }
+    }
+    /* A session with dynamic evaluation's adapted weights has its own
+     * decoder: its rows go last, each through its own weights. */
+    size_t ns = 0;
+    for (int i = 0; i < nrun; i++)
+        if (w->row[i] >= 0 && stream_model(run[i]->s->stream) == b->m)
+            ns++;
+    if (ns < nr) {
+        /* reorder: shared-weight rows first (their GEMM), then the others */
+        size_t a = 0, o = ns;
+        for (int i = 0; i < nrun; i++) {
+            if (w->row[i] < 0)
+                continue;
+            bool own = stream_model(run[i]->s->stream) != b->m;
+            size_t to = own ? o++ : a++;
+            memcpy(w->X + to * H, stream_h(run[i]->s->stream), H * sizeof(float));
+            w->row[i] = (int)to;
+        }
+    }
+    return ns;
+}
+
+/* The logits of the gathered rows (one GEMM for the shared decoder's),
+ * then each running job's mixture. */
+static void run_jobs(batch_worker *w, int nrun)
+{
+    const batcher *b = w->b;
+    const size_t H = (size_t)b->m->cfg.hidden_size, V = (size_t)b->m->cfg.vocab_size;
+    batch_job **run = w->run;
+    size_t nshared = gather_rows(w, nrun);
+    /* GEMM packs the whole decoder matrix once per call, which for up
+     * to four rows costs more than the matrix-vector products it
+     * replaces (V = 10,000, H = 256, CPU per row: GEMV 360 us; GEMM
+     * 385 us at 4 rows, 200 at 8, 120 at 16, 65 at 64). */
+    if (nshared > 4)
+        lstm_logits_batch(b->m, w->X, nshared, w->L);
+    else
+        for (size_t i = 0; i < nshared; i++)
+            lstm_logits(b->m, w->X + i * H, w->L + i * V);
+    for (int i = 0; i < nrun; i++)
+        if (w->row[i] >= (int)nshared)
+            lstm_logits(stream_model(run[i]->s->stream), w->X + (size_t)w->row[i] * H,
+                        w->L + (size_t)w->row[i] * V);
+    for (int i = 0; i < nrun; i++)
+        run[i]->run(run[i], w->row[i] >= 0 ? w->L + (size_t)w->row[i] * V : NULL);
+    /* (no h: NULL, and the job's own stream_predict reports it) */
+}
+
 static void *batch_thread(void *arg)
 {
     batch_worker *w = arg;
     batcher *b = w->b;
-    const size_t H = (size_t)b->m->cfg.hidden_size, V = (size_t)b->m->cfg.vocab_size;
-    batch_job **take = w->take, **run = w->run, **later = w->later;
+    batch_job **run = w->run;
 
     pthread_mutex_lock(&b->lock);
     for (;;) {
@@ -61,84 +171,11 @@ static void *batch_thread(void *arg)
             pthread_cond_wait(&b->cv, &b->lock);
         if (!b->head)
             break;                /* stopping and nothing left */
-        int n = 0;
-        while (b->head && n < b->max_batch) {
-            take[n++] = b->head;
-            b->head = b->head->next;
-        }
-        if (!b->head)
-            b->tail = NULL;
+        int n = take_jobs(b, w->take);
         pthread_mutex_unlock(&b->lock);
 
-        /* Lock what is free. A session busy elsewhere (a long feed, or
-         * another of its requests in this or another batch) waits for a
-         * later batch; if nothing is free, block on the first one: no other
-         * session lock is held then, so no lock-order cycle is possible. */
-        int nrun = 0, nlater = 0;
-        for (int i = 0; i < n; i++) {
-            if (pthread_mutex_trylock(&take[i]->s->lock) == 0)
-                run[nrun++] = take[i];
-            else
-                later[nlater++] = take[i];
-        }
-        if (nrun == 0 && nlater > 0) {
-            pthread_mutex_lock(&later[0]->s->lock);
-            run[nrun++] = later[0];
-            nlater--;
-            for (int i = 0; i < nlater; i++)
-                later[i] = later[i + 1];
-        }
-        if (nlater > 0) {
-            pthread_mutex_lock(&b->lock);
-            requeue_front(b, later, nlater);
-            pthread_cond_signal(&b->cv);
-            pthread_mutex_unlock(&b->lock);
-        }
-
-        /* Gather h_t of each session, one GEMM, then each job's mixture. */
-        size_t nr = 0;
-        for (int i = 0; i < nrun; i++) {
-            const float *h = stream_h(run[i]->s->stream);
-            w->row[i] = -1;
-            if (h) {
-                memcpy(w->X + nr * H, h, H * sizeof(float));
-                w->row[i] = (int)nr++;
-            }
-        }
-        /* A session with dynamic evaluation's adapted weights has its own
-         * decoder: its rows go last, each through its own weights. */
-        size_t nshared = 0;
-        for (int i = 0; i < nrun; i++)
-            if (w->row[i] >= 0 && stream_model(run[i]->s->stream) == b->m)
-                nshared++;
-        /* GEMM packs the whole decoder matrix once per call, which for up
-         * to four rows costs more than the matrix-vector products it
-         * replaces (V = 10,000, H = 256, CPU per row: GEMV 360 us; GEMM
-         * 385 us at 4 rows, 200 at 8, 120 at 16, 65 at 64). */
-        if (nshared < nr) {
-            /* reorder: shared-weight rows first (their GEMM), then the others */
-            size_t a = 0, o = nshared;
-            for (int i = 0; i < nrun; i++) {
-                if (w->row[i] < 0)
-                    continue;
-                bool own = stream_model(run[i]->s->stream) != b->m;
-                size_t to = own ? o++ : a++;
-                memcpy(w->X + to * H, stream_h(run[i]->s->stream), H * sizeof(float));
-                w->row[i] = (int)to;
-            }
-        }
-        if (nshared > 4)
-            lstm_logits_batch(b->m, w->X, nshared, w->L);
-        else
-            for (size_t i = 0; i < nshared; i++)
-                lstm_logits(b->m, w->X + i * H, w->L + i * V);
-        for (int i = 0; i < nrun; i++)
-            if (w->row[i] >= (int)nshared)
-                lstm_logits(stream_model(run[i]->s->stream), w->X + (size_t)w->row[i] * H,
-                            w->L + (size_t)w->row[i] * V);
-        for (int i = 0; i < nrun; i++)
-            run[i]->run(run[i], w->row[i] >= 0 ? w->L + (size_t)w->row[i] * V : NULL);
-        /* (no h: NULL, and the job's own stream_predict reports it) */
+        int nrun = lock_free_sessions(w, n);
+        run_jobs(w, nrun);
         for (int i = 0; i < nrun; i++)
             pthread_mutex_unlock(&run[i]->s->lock);
         atomic_fetch_add(&b->batches, 1);

@@ -9,17 +9,16 @@
 #include <sys/random.h>
 #include <time.h>
 
-void gen_setup(gen_params *gp, nc_rng *rng, double temperature, double top_p, long logprobs, bool allow_unk,
-               const char *const *stop, const size_t *stop_len, size_t n_stop, bool has_seed, long long seed)
+void gen_setup(gen_params *gp, nc_rng *rng, const gen_request *rq)
 {
-    *gp = (gen_params){.temperature = temperature, .top_p = top_p, .logprobs = logprobs, .allow_unk = allow_unk,
-                       .n_stop = n_stop};
-    for (size_t i = 0; i < n_stop; i++) {
-        gp->stop[i] = stop[i];
-        gp->stop_len[i] = stop_len[i];
+    *gp = (gen_params){.temperature = rq->temperature, .top_p = rq->top_p, .logprobs = rq->logprobs,
+                       .allow_unk = rq->allow_unk, .n_stop = rq->n_stop};
+    for (size_t i = 0; i < rq->n_stop; i++) {
+        gp->stop[i] = rq->stop[i];
+        gp->stop_len[i] = rq->stop_len[i];
     }
-    uint64_t s = (uint64_t)seed;
-    if (!has_seed && getrandom(&s, sizeof s, 0) != (ssize_t)sizeof s)
+    uint64_t s = (uint64_t)rq->seed;
+    if (!rq->has_seed && getrandom(&s, sizeof s, 0) != (ssize_t)sizeof s)
         s = (uint64_t)time(NULL);
     rng_seed(rng, s);
 }

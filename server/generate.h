@@ -53,11 +53,28 @@ typedef struct {
     json_t *top;                  /* owned: {word: logprob} of the p.logprobs likeliest, NULL if none asked */
 } gen_token;
 
-/* A request's sampling settings into *gp (the stop sequences borrowed, at
- * most GEN_MAX_STOP) and rng seeded with its seed, or without one from the
- * system's entropy (the clock if that fails). */
-void gen_setup(gen_params *gp, nc_rng *rng, double temperature, double top_p, long logprobs, bool allow_unk,
-               const char *const *stop, const size_t *stop_len, size_t n_stop, bool has_seed, long long seed);
+/* A request's sampling settings (the stop sequences borrowed, at most
+ * GEN_MAX_STOP). */
+typedef struct {
+    double temperature, top_p;
+    long logprobs;
+    bool allow_unk;
+    const char *const *stop;
+    const size_t *stop_len;
+    size_t n_stop;
+    bool has_seed;
+    long long seed;
+} gen_request;
+
+/* The gen_request of a decoded request r (proto_completions_req,
+ * proto_generate_req: the same field names). */
+#define GEN_REQUEST_OF(r)                                                                                  \
+    ((gen_request){(r).temperature, (r).top_p, (r).logprobs, (r).allow_unk, (r).stop, (r).stop_len, (r).n_stop, \
+                   (r).has_seed, (r).seed})
+
+/* A request's sampling settings into *gp and rng seeded with its seed, or
+ * without one from the system's entropy (the clock if that fails). */
+void gen_setup(gen_params *gp, nc_rng *rng, const gen_request *rq);
 
 void gen_init(gen_state *g, nc_stream *st, const nc_model *m, const gen_params *p, nc_rng *rng);
 void gen_free(gen_state *g);

@@ -75,14 +75,9 @@ int migrate_encode(const nc_model *m, uint64_t fingerprint, const nc_session *s,
     return NC_OK;
 }
 
-api_error migrate_decode(const nc_model *m, uint64_t fingerprint, sessions *t, const void *blob,
-                         size_t len, nc_stream **out, void **ns_ref, char *ns, size_t nslen,
-                         char *err, size_t errlen)
+/* The blob's frame: magic, version, length and checksum. */
+static api_error check_frame(const unsigned char *b, size_t len, char *err, size_t errlen)
 {
-    if (out) *out = NULL;
-    *ns_ref = NULL;
-    if (nslen) ns[0] = 0;
-    const unsigned char *b = blob;
     if (len < 8 + 4 || memcmp(b, MAGIC, 8) != 0) {
         snprintf(err, errlen, "not a neurocache session state (bad magic; expected the body of "
                  "GET /v1/sessions/{id}/state, sent as application/octet-stream)");
@@ -106,11 +101,18 @@ api_error migrate_decode(const nc_model *m, uint64_t fingerprint, sessions *t, c
         snprintf(err, errlen, "session state checksum mismatch (truncated or altered in transit)");
         return API_STATE_CORRUPT;
     }
-    const unsigned char *p = b + 12, *end = b + len - 4;
+    return API_OK;
+}
+
+/* The blob's model: its fingerprint and shape at *p (moved past them)
+ * against m's. */
+static api_error check_model(const nc_model *m, uint64_t fingerprint, const unsigned char **p, char *err,
+                             size_t errlen)
+{
     uint64_t fp;
     uint32_t shape[3];
-    memcpy(&fp, p, 8), p += 8;
-    memcpy(shape, p, 12), p += 12;
+    memcpy(&fp, *p, 8), *p += 8;
+    memcpy(shape, *p, 12), *p += 12;
     if (fp != fingerprint) {
         snprintf(err, errlen, "session state comes from another model (fingerprint %016llx, "
                  "V=%u H=%u L=%u); this replica serves fingerprint %016llx (V=%d H=%d L=%d)",
@@ -118,33 +120,65 @@ api_error migrate_decode(const nc_model *m, uint64_t fingerprint, sessions *t, c
                  m->cfg.vocab_size, m->cfg.hidden_size, m->cfg.num_layers);
         return API_STATE_MODEL;
     }
+    return API_OK;
+}
+
+/* The envelope's id (skipped), namespace (into ns) and creation time
+ * (skipped) at *p, then the stream's length, which must be what is left
+ * before end; *p moved to the stream. -1 when the lengths do not add up. */
+static int read_names(const unsigned char **p, const unsigned char *end, char *ns, size_t nslen, uint64_t *sl)
+{
     uint16_t il, nl;
-    memcpy(&il, p, 2), p += 2;
-    if ((size_t)(end - p) < (size_t)il + 2) goto truncated;
-    p += il;
-    memcpy(&nl, p, 2), p += 2;
-    if ((size_t)(end - p) < (size_t)nl + 16 || nl >= nslen) goto truncated;
-    memcpy(ns, p, nl);
+    memcpy(&il, *p, 2), *p += 2;
+    if ((size_t)(end - *p) < (size_t)il + 2) return -1;
+    *p += il;
+    memcpy(&nl, *p, 2), *p += 2;
+    if ((size_t)(end - *p) < (size_t)nl + 16 || nl >= nslen) return -1;
+    memcpy(ns, *p, nl);
     ns[nl] = 0;
-    p += nl;
-    p += 8; /* created */
+    *p += nl;
+    *p += 8; /* created */
+    memcpy(sl, *p, 8), *p += 8;
+    return *sl == (uint64_t)(end - *p) ? 0 : -1;
+}
+
+/* migrate_import (import) or migrate_peek. */
+static api_error decode(nc_server *srv, bool import, const void *blob, size_t len, migrate_state *st)
+{
+    const nc_model *m = srv->model;
+    uint64_t fingerprint = srv->migration->fingerprint;
+    sessions *t = srv->sessions;
+    char *err = st->err, *ns = st->ns;
+    const size_t errlen = sizeof st->err, nslen = sizeof st->ns;
+    st->stream = NULL;
+    st->ns_ref = NULL;
+    ns[0] = 0;
+    const unsigned char *b = blob;
+    api_error e = check_frame(b, len, err, errlen);
+    const unsigned char *p = b + 12, *end = b + len - 4;
+    if (e == API_OK)
+        e = check_model(m, fingerprint, &p, err, errlen);
+    if (e != API_OK)
+        return e;
     uint64_t sl;
-    memcpy(&sl, p, 8), p += 8;
-    if (sl != (uint64_t)(end - p)) goto truncated;
-    if (!out)
+    if (read_names(&p, end, ns, nslen, &sl) != 0) {
+        snprintf(err, errlen, "session state is malformed (field lengths do not add up)");
+        return API_STATE_CORRUPT;
+    }
+    if (!import)
         return API_OK;   /* the envelope only (namespace for a key check) */
     char msg[NC_ERRLEN] = "";
     nc_unbounded_cache *ub = NULL;
-    int brc = t ? sessions_bind(t, ns, &ub, ns_ref, msg, sizeof msg) : 0;
+    int brc = sessions_bind(t, ns, &ub, &st->ns_ref, msg, sizeof msg);
     if (brc != 0) {
         snprintf(err, errlen, "session state: namespace '%s': %s", ns, msg);
         /* the namespace's disk (503/507), else the state's name */
         return api_error_from_storage(brc, API_OUT_OF_RANGE);
     }
-    int rc = stream_import(m, ub, NULL, p, (size_t)sl, out, msg, sizeof msg);
-    if (rc != NC_OK && t) {
-        sessions_unbind(t, *ns_ref);
-        *ns_ref = NULL;
+    int rc = stream_import(m, ub, NULL, p, (size_t)sl, &st->stream, msg, sizeof msg);
+    if (rc != NC_OK) {
+        sessions_unbind(t, st->ns_ref);
+        st->ns_ref = NULL;
     }
     if (rc == NC_ENOMEM) {
         snprintf(err, errlen, "session state: out of memory");
@@ -155,9 +189,6 @@ api_error migrate_decode(const nc_model *m, uint64_t fingerprint, sessions *t, c
         return API_STATE_CORRUPT;
     }
     return API_OK;
-truncated:
-    snprintf(err, errlen, "session state is malformed (field lengths do not add up)");
-    return API_STATE_CORRUPT;
 }
 
 int migrate_export(nc_server *srv, const nc_session *s, void **blob, size_t *len, char *err, size_t errlen)
@@ -170,11 +201,14 @@ int migrate_export(nc_server *srv, const nc_session *s, void **blob, size_t *len
     return migrate_encode(srv->model, srv->migration->fingerprint, s, blob, len, err, errlen);
 }
 
-api_error migrate_import(nc_server *srv, bool bind, const void *blob, size_t len, nc_stream **out, void **ns_ref,
-                         char *ns, size_t nslen, char *err, size_t errlen)
+api_error migrate_import(nc_server *srv, const void *blob, size_t len, migrate_state *st)
 {
-    return migrate_decode(srv->model, srv->migration->fingerprint, bind ? srv->sessions : NULL, blob, len, out,
-                          ns_ref, ns, nslen, err, errlen);
+    return decode(srv, true, blob, len, st);
+}
+
+api_error migrate_peek(nc_server *srv, const void *blob, size_t len, migrate_state *st)
+{
+    return decode(srv, false, blob, len, st);
 }
 
 /* ---- calls to the peers ---------------------------------------------------- */
@@ -332,14 +366,14 @@ static int pull(nc_server *srv, const char *id)
                 free(body);
                 continue;
             }
-            nc_stream *st = NULL;
-            void *ref = NULL;
-            char ns[SESSION_ID_MAX], msg[512] = "";
-            api_error e = migrate_import(srv, true, body, blen, &st, &ref, ns, sizeof ns, msg, sizeof msg);
+            migrate_state ms = {0};
+            char *msg = ms.err;
+            api_error e = migrate_import(srv, body, blen, &ms);
             nc_session *s = NULL;
             sessions_rc src = SESS_EINVAL;
             if (e == API_OK)
-                src = sessions_adopt(srv->sessions, id, ns, stream_params(st), st, ref, &s, msg, sizeof msg);
+                src = sessions_adopt(srv->sessions, id, ms.ns, stream_params(ms.stream), ms.stream, ms.ns_ref, &s,
+                                     msg, sizeof ms.err);
             if (src == SESS_OK) {
                 sessions_release(srv->sessions, s);
                 slog(SLOG_INFO, "session pulled", json_pack("{s:s,s:s}", "session", id, "from", p->url));

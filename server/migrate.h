@@ -47,23 +47,30 @@ void migrate_shutdown(nc_server *srv);
 int migrate_encode(const nc_model *m, uint64_t fingerprint, const nc_session *s, void **blob,
                    size_t *len, char *err, size_t errlen);
 
-/* Validates and decodes a blob for model m: magic, version, checksum,
- * fingerprint, then the stream, bound to its namespace through t's binder
- * (t NULL: no namespace binding). Returns API_OK with *out and *ns_ref (both
- * for sessions_adopt, which takes them over) and the namespace in ns, or the
- * API error (state_corrupt, state_version, state_model_mismatch, or
- * out_of_range when the namespace cannot be bound) with a message in err.
- * out NULL: the envelope only (magic, version, checksum, fingerprint) and
- * the namespace, nothing imported or bound. */
-api_error migrate_decode(const nc_model *m, uint64_t fingerprint, sessions *t, const void *blob,
-                         size_t len, nc_stream **out, void **ns_ref, char *ns, size_t nslen,
-                         char *err, size_t errlen);
+/* A session state decoded: the stream and its namespace binding (both for
+ * sessions_adopt, which takes them over), the namespace's name; err the
+ * message of a failure. */
+typedef struct {
+    nc_stream *stream;
+    void *ns_ref;
+    char ns[SESSION_ID_MAX];
+    char err[NC_ERRLEN];
+} migrate_state;
 
-/* migrate_encode and migrate_decode for this replica's model (its
- * fingerprint); bind: the namespace through srv->sessions' binder. */
+/* migrate_encode for this replica's model (its fingerprint). */
 int migrate_export(nc_server *srv, const nc_session *s, void **blob, size_t *len, char *err, size_t errlen);
-api_error migrate_import(nc_server *srv, bool bind, const void *blob, size_t len, nc_stream **out, void **ns_ref,
-                         char *ns, size_t nslen, char *err, size_t errlen);
+
+/* Validates and decodes blob[0..len) for this replica's model: magic,
+ * version, checksum, fingerprint, then the stream, bound to its namespace
+ * through srv->sessions' binder. Returns API_OK with st->stream,
+ * st->ns_ref and st->ns, or the API error (state_corrupt, state_version,
+ * state_model_mismatch, or out_of_range when the namespace cannot be
+ * bound) with st->err. */
+api_error migrate_import(nc_server *srv, const void *blob, size_t len, migrate_state *st);
+
+/* migrate_import's checks of the envelope only (magic, version, checksum,
+ * fingerprint) and its namespace into st->ns: nothing imported or bound. */
+api_error migrate_peek(nc_server *srv, const void *blob, size_t len, migrate_state *st);
 
 /* Whether id is one POST /v1/sessions accepts ([A-Za-z0-9_.-], non-empty),
  * which is also safe to put in a peer URL. */

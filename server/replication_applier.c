@@ -379,96 +379,122 @@ static int apply_stream(replication *rep, ns_state *ns, const redisReply *ents)
     return 0;
 }
 
+/* The applier thread's connection and read positions. */
+typedef struct {
+    redisContext *c;
+    double last_refresh;          /* ms of the last namespace/tombstone refresh */
+    char ctl_key[200], ctl_id[64];
+} applier_loop;
+
+/* Clears the positions of the namespaces deleted here (whatever comes next
+ * is of a new incarnation); the namespace count. Entries of rep->ns never
+ * move and only this thread writes their positions: the lock only guards
+ * the count and the fields shared with the publisher and the request
+ * threads. */
+static int reset_deleted(replication *rep)
+{
+    pthread_mutex_lock(&rep->lock);
+    int nns = rep->nns;
+    for (int i = 0; i < nns; i++)
+        if (rep->ns[i].reset) {
+            rep->ns[i].reset = false;
+            rep->ns[i].loaded = true;
+            rep->ns[i].nhw = 0;
+            snprintf(rep->ns[i].last_id, sizeof rep->ns[i].last_id, "0");
+        }
+    pthread_mutex_unlock(&rep->lock);
+    return nns;
+}
+
+/* Drops the connection after a Redis error. */
+static void applier_disconnect(replication *rep, applier_loop *al)
+{
+    atomic_fetch_add(&rep->redis_errors, 1);
+    redisFree(al->c);
+    al->c = NULL;
+}
+
+/* Applies an XREAD answer, [[key, [[id, [f, v, ...]], ...]], ...]: the
+ * control stream's entries and each namespace's. true when a namespace's
+ * entries must be read again later. */
+static bool apply_reply(replication *rep, applier_loop *al, const redisReply *r, int nns)
+{
+    bool retry_later = false;
+    for (size_t si = 0; r->type == REDIS_REPLY_ARRAY && si < r->elements; si++) {
+        const redisReply *sr = r->element[si];
+        if (sr->type != REDIS_REPLY_ARRAY || sr->elements != 2) continue;
+        const char *key = sr->element[0]->str;
+        if (!strcmp(key, al->ctl_key)) {
+            apply_control(rep, sr->element[1], al->ctl_id, sizeof al->ctl_id);
+            al->last_refresh = 0;
+            continue;
+        }
+        ns_state *ns = NULL;
+        for (int i = 0; i < nns; i++) {
+            char k[256];
+            replication_stream_key(rep, rep->ns[i].name, k, sizeof k);
+            if (!strcmp(k, key)) ns = &rep->ns[i];
+        }
+        if (ns && apply_stream(rep, ns, sr->element[1]) != 0)
+            retry_later = true;
+    }
+    return retry_later;
+}
+
+/* One round: (re)connect, refresh the namespaces each second, one XREAD
+ * of the control and namespace streams, applied. Returns the milliseconds
+ * to sleep before the next round (0: none). */
+static int applier_round(replication *rep, applier_loop *al)
+{
+    /* Namespaces are recovered before the server turns ready. */
+    if (!atomic_load(&rep->srv->ready))
+        return 50;
+    if (!al->c && !(al->c = replication_connect_redis(rep, &rep->connected_app)))
+        return 300;
+    if (now_ms() - al->last_refresh > 1000) {
+        if (refresh_namespaces(rep, al->c) || load_tombstones(rep, al->c)) {
+            applier_disconnect(rep, al);
+            return 0;
+        }
+        al->last_refresh = now_ms();
+    }
+    int nns = reset_deleted(rep);
+    for (int i = 0; i < nns; i++)
+        if (!rep->ns[i].loaded) pos_load(rep, &rep->ns[i]);
+    bool oom = false;
+    redisReply *r = xread(rep, al->c, al->ctl_key, al->ctl_id, nns, &oom);
+    if (oom)
+        return 100;
+    if (!r || r->type == REDIS_REPLY_ERROR) {
+        if (r) {
+            slog(SLOG_WARN, "replication: XREAD failed", json_pack("{s:s}", "error", r->str));
+            freeReplyObject(r);
+        }
+        applier_disconnect(rep, al);
+        atomic_store(&rep->connected_app, 0);
+        return 200;
+    }
+    bool retry_later = apply_reply(rep, al, r, nns);
+    freeReplyObject(r);
+    return retry_later ? 200 : 0;
+}
+
 void *replication_applier(void *arg)
 {
     replication *rep = arg;
-    redisContext *c = NULL;
-    double last_refresh = 0;
     /* From the control stream's start, not "$": "$" means "after what is
      * there when this XREAD is sent", so a deletion announced between two
      * XREADs (while a batch is applied) would be missed until the next
      * HGETALL, meanwhile entries of the later incarnation go into the
      * store the tombstone deletes. Old deletions read again are no-ops
      * (apply_tombstone), as with load_tombstones. */
-    char ctl_key[200], ctl_id[64] = "0";
-    snprintf(ctl_key, sizeof ctl_key, "%sctl", rep->prefix);
+    applier_loop al = {.ctl_id = "0"};
+    snprintf(al.ctl_key, sizeof al.ctl_key, "%sctl", rep->prefix);
     while (!atomic_load(&rep->stop)) {
-        /* Namespaces are recovered before the server turns ready. */
-        if (!atomic_load(&rep->srv->ready)) {
-            sleep_ms(50);
-            continue;
-        }
-        if (!c && !(c = replication_connect_redis(rep, &rep->connected_app))) {
-            sleep_ms(300);
-            continue;
-        }
-        if (now_ms() - last_refresh > 1000) {
-            if (refresh_namespaces(rep, c) || load_tombstones(rep, c)) {
-                redisFree(c);
-                c = NULL;
-                atomic_fetch_add(&rep->redis_errors, 1);
-                continue;
-            }
-            last_refresh = now_ms();
-        }
-        /* Entries of rep->ns never move and only this thread writes their
-         * positions: the lock only guards the count and the fields shared
-         * with the publisher and the request threads. */
-        pthread_mutex_lock(&rep->lock);
-        int nns = rep->nns;
-        for (int i = 0; i < nns; i++)
-            if (rep->ns[i].reset) {
-                /* deleted here: whatever comes next is of a new incarnation */
-                rep->ns[i].reset = false;
-                rep->ns[i].loaded = true;
-                rep->ns[i].nhw = 0;
-                snprintf(rep->ns[i].last_id, sizeof rep->ns[i].last_id, "0");
-            }
-        pthread_mutex_unlock(&rep->lock);
-        for (int i = 0; i < nns; i++)
-            if (!rep->ns[i].loaded) pos_load(rep, &rep->ns[i]);
-        bool oom = false;
-        redisReply *r = xread(rep, c, ctl_key, ctl_id, nns, &oom);
-        if (oom) {
-            sleep_ms(100);
-            continue;
-        }
-        if (!r || r->type == REDIS_REPLY_ERROR) {
-            if (r) {
-                slog(SLOG_WARN, "replication: XREAD failed", json_pack("{s:s}", "error", r->str));
-                freeReplyObject(r);
-            }
-            atomic_fetch_add(&rep->redis_errors, 1);
-            redisFree(c);
-            c = NULL;
-            atomic_store(&rep->connected_app, 0);
-            sleep_ms(200);
-            continue;
-        }
-        /* [[key, [[id, [f, v, ...]], ...]], ...] */
-        bool retry_later = false;
-        for (size_t si = 0; r->type == REDIS_REPLY_ARRAY && si < r->elements; si++) {
-            const redisReply *sr = r->element[si];
-            if (sr->type != REDIS_REPLY_ARRAY || sr->elements != 2) continue;
-            const char *key = sr->element[0]->str;
-            if (!strcmp(key, ctl_key)) {
-                apply_control(rep, sr->element[1], ctl_id, sizeof ctl_id);
-                last_refresh = 0;
-                continue;
-            }
-            ns_state *ns = NULL;
-            for (int i = 0; i < nns; i++) {
-                char k[256];
-                replication_stream_key(rep, rep->ns[i].name, k, sizeof k);
-                if (!strcmp(k, key)) ns = &rep->ns[i];
-            }
-            if (ns && apply_stream(rep, ns, sr->element[1]) != 0)
-                retry_later = true;
-        }
-        freeReplyObject(r);
-        if (retry_later)
-            sleep_ms(200);
+        int ms = applier_round(rep, &al);
+        if (ms > 0)
+            sleep_ms(ms);
     }
-    if (c) redisFree(c);
+    if (al.c) redisFree(al.c);
     return NULL;
 }

@@ -250,73 +250,63 @@ static int queue_adds(replication *rep, redisContext *c, ns_state *s, uint64_t b
     return rc;
 }
 
-/* Publishes what s's log holds after its position, up to one batch.
- * 1 when more may be waiting (a full batch, or records not yet durable),
- * 0 when s is up to date, -1 when Redis failed (the position stays: the
- * batch is read again from the log next time). */
-static int publish_ns(replication *rep, redisContext *c, ns_state *s, bool final)
+/* What publish_ns reads of s under the lock: the store's generation and
+ * birth, the position Redis acknowledged (the marker may lag it), the
+ * tombstone, whether a deletion of the name waits to be published. */
+typedef struct {
+    unsigned gen;
+    uint64_t birth, published, tomb;
+    bool deleting;
+} pub_view;
+
+static void pub_view_read(replication *rep, ns_state *s, pub_view *v)
 {
-    char err[NC_ERRLEN] = "";
     pthread_mutex_lock(&rep->lock);
-    unsigned gen = s->gen;
-    /* from what Redis acknowledged (the marker may lag it) */
-    uint64_t birth = s->birth, published = s->pub_pos, tomb = s->tomb;
-    bool deleting = deletion_pending(rep, s->name);
+    v->gen = s->gen;
+    v->birth = s->birth;
+    v->published = s->pub_pos;
+    v->tomb = s->tomb;
+    v->deleting = deletion_pending(rep, s->name);
     s->dirty = false;
     pthread_mutex_unlock(&rep->lock);
-    if (s->log && (s->log_gen != gen || birth == 0)) {
+    if (s->log && (s->log_gen != v->gen || v->birth == 0)) {
         /* the store it followed was closed (deleted, or opened again) */
         nsstore_log_close(s->log);
         s->log = NULL;
     }
-    if (birth == 0 || birth <= tomb)
-        return 0;   /* no store here, or one of a deleted incarnation (the applier removes it) */
-    if (deleting)
-        return 1;   /* created again since its deletion: after the tombstone, whose DEL and
-                       SREM would take away the new store's entries and announcement */
-    ns_handle *ref = namespaces_acquire(rep->srv, s->name, false, err, sizeof err);
-    if (!ref)
-        return 0;
-    nc_nsstore *store = namespaces_store(ref);
-    pthread_mutex_lock(&rep->lock);
-    bool same = s->gen == gen;
-    pthread_mutex_unlock(&rep->lock);
-    if (!same) {
-        namespaces_release(rep->srv, ref);
-        return 1;   /* attached again meanwhile: look again */
-    }
-    if (!s->log && follow_log(rep, s, store, gen, published) != 0) {
-        namespaces_release(rep->srv, ref);
-        return 0;
-    }
-    /* A long upload syncs its log only before it answers: publishing
-     * would wait for the whole document. Records appended but not yet
-     * durable are synced here (group commit: shared with the requests'
-     * own syncs), so the other replicas follow the upload as it goes. */
+}
+
+/* A long upload syncs its log only before it answers: publishing would
+ * wait for the whole document. Records appended but not yet durable are
+ * synced here (group commit: shared with the requests' own syncs), so the
+ * other replicas follow the upload as it goes. true when the log cannot be
+ * synced (do not poll it). */
+static bool sync_appended(ns_state *s, nc_nsstore *store)
+{
+    char err[NC_ERRLEN] = "";
     uint64_t last = nsstore_last_seq(store);
-    bool broken = false;   /* the log cannot be synced: do not poll it */
     if (last > nsstore_durable_seq(store) && nsstore_sync(store, last, err, sizeof err) != NC_OK) {
         if (!s->log_warned)
             slog(SLOG_ERROR, "replication: cannot sync the namespace's log",
                  json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
         s->log_warned = true;
-        broken = true;
+        return true;
     }
-    int extra = announce(rep, c, s), sent = 0, more = 0;
-    uint64_t tokens = 0;
-    int rc = queue_adds(rep, c, s, birth, &sent, &tokens, err, sizeof err);
-    /* what was sent covers the log up to here (a bad record stops the
-     * batch before it: the next pass opens the log again and stops there
-     * again, logged once, until the log is repaired) */
-    uint64_t pos = nsstore_log_position(s->log);
+    return false;
+}
+
+/* queue_adds' rc, told: records the log lost (a tail cut by a failed
+ * fsync, before the namespace healed) cannot be published and the follower
+ * goes on after them (1); a log that cannot be read is closed, to be opened
+ * again (rc < 0). */
+static int log_read_outcome(ns_state *s, int rc, const char *err)
+{
     if (rc == NC_ENOTFOUND) {
-        /* records the log lost (a tail cut by a failed fsync, before the
-         * namespace healed): they cannot be published; the follower goes
-         * on after them */
         slog(SLOG_ERROR, "replication: log records lost, not published",
              json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
-        rc = 1;
-    } else if (rc < 0) {
+        return 1;
+    }
+    if (rc < 0) {
         if (!s->log_warned)
             slog(SLOG_ERROR, "replication: cannot read the namespace's log",
                  json_pack("{s:s,s:s}", "namespace", s->name, "error", err));
@@ -324,6 +314,47 @@ static int publish_ns(replication *rep, redisContext *c, ns_state *s, bool final
         nsstore_log_close(s->log);
         s->log = NULL;
     }
+    return rc;
+}
+
+/* Publishes what s's log holds after its position, up to one batch.
+ * 1 when more may be waiting (a full batch, or records not yet durable),
+ * 0 when s is up to date, -1 when Redis failed (the position stays: the
+ * batch is read again from the log next time). */
+static int publish_ns(replication *rep, redisContext *c, ns_state *s, bool final)
+{
+    char err[NC_ERRLEN] = "";
+    pub_view v;
+    pub_view_read(rep, s, &v);
+    if (v.birth == 0 || v.birth <= v.tomb)
+        return 0;   /* no store here, or one of a deleted incarnation (the applier removes it) */
+    if (v.deleting)
+        return 1;   /* created again since its deletion: after the tombstone, whose DEL and
+                       SREM would take away the new store's entries and announcement */
+    ns_handle *ref = namespaces_acquire(rep->srv, s->name, false, err, sizeof err);
+    if (!ref)
+        return 0;
+    nc_nsstore *store = namespaces_store(ref);
+    pthread_mutex_lock(&rep->lock);
+    bool same = s->gen == v.gen;
+    pthread_mutex_unlock(&rep->lock);
+    if (!same) {
+        namespaces_release(rep->srv, ref);
+        return 1;   /* attached again meanwhile: look again */
+    }
+    if (!s->log && follow_log(rep, s, store, v.gen, v.published) != 0) {
+        namespaces_release(rep->srv, ref);
+        return 0;
+    }
+    bool broken = sync_appended(s, store);
+    int extra = announce(rep, c, s), sent = 0;
+    uint64_t tokens = 0;
+    int rc = queue_adds(rep, c, s, v.birth, &sent, &tokens, err, sizeof err);
+    /* what was sent covers the log up to here (a bad record stops the
+     * batch before it: the next pass opens the log again and stops there
+     * again, logged once, until the log is repaired) */
+    uint64_t pos = nsstore_log_position(s->log);
+    rc = log_read_outcome(s, rc, err);
     if (replication_read_replies(c, sent + extra) != 0) {
         nsstore_log_close(s->log);
         s->log = NULL;
@@ -337,9 +368,9 @@ static int publish_ns(replication *rep, redisContext *c, ns_state *s, bool final
     atomic_fetch_add(&rep->published_tokens, tokens);
     if (sent && rep->publish_delay_ms > 0)
         sleep_ms(rep->publish_delay_ms);
-    pub_pos_advance(rep, s, gen, pos, false);
-    more = rc == 1 || (!broken && nsstore_last_seq(store) > pos);
-    marker_flush(rep, s, store, birth, final || !more);
+    pub_pos_advance(rep, s, v.gen, pos, false);
+    int more = rc == 1 || (!broken && nsstore_last_seq(store) > pos);
+    marker_flush(rep, s, store, v.birth, final || !more);
     namespaces_release(rep->srv, ref);
     return more;
 }
@@ -451,6 +482,79 @@ static int check_epoch(replication *rep, redisContext *c)
     return 0;
 }
 
+static int ns_count(replication *rep)
+{
+    pthread_mutex_lock(&rep->lock);
+    int nns = rep->nns;
+    pthread_mutex_unlock(&rep->lock);
+    return nns;
+}
+
+/* One pass: the deletions, then each namespace's batch. Returns -1 when
+ * Redis failed, else whether more may be waiting (*more). */
+static int publish_all(replication *rep, redisContext *c, bool stopping, bool *more)
+{
+    int failed = publish_deletes(rep, c);
+    int nns = ns_count(rep);
+    *more = false;
+    for (int i = 0; i < nns && !failed; i++) {
+        int r = publish_ns(rep, c, &rep->ns[i], stopping);
+        if (r < 0) failed = 1;
+        if (r > 0) *more = true;
+    }
+    return failed ? -1 : 0;
+}
+
+/* Sleeps until a local add, a deletion, or (more: records appended but
+ * not yet durable, markers behind) a short while. */
+static void wait_for_work(replication *rep, bool more)
+{
+    pthread_mutex_lock(&rep->lock);
+    bool dirty = rep->ndels > 0;
+    for (int i = 0; i < rep->nns && !dirty; i++) dirty = rep->ns[i].dirty;
+    if (!dirty && !atomic_load(&rep->stop)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        long wait_ns = more ? 2000000L : (long)MARKER_EVERY_MS * 1000000L;
+        ts.tv_nsec += wait_ns;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&rep->cond, &rep->lock, &ts);
+    }
+    pthread_mutex_unlock(&rep->lock);
+}
+
+/* At stop: markers as far as published; followers closed before the stores. */
+static void close_followers(replication *rep)
+{
+    int nns = ns_count(rep);
+    for (int i = 0; i < nns; i++) {
+        ns_state *s = &rep->ns[i];
+        char err[NC_ERRLEN];
+        ns_handle *ref = s->log ? namespaces_acquire(rep->srv, s->name, false, err, sizeof err) : NULL;
+        if (ref) {
+            pthread_mutex_lock(&rep->lock);
+            uint64_t birth = s->gen == s->log_gen ? s->birth : 0;
+            pthread_mutex_unlock(&rep->lock);
+            if (birth) marker_flush(rep, s, namespaces_store(ref), birth, true);
+            namespaces_release(rep->srv, ref);
+        }
+        nsstore_log_close(s->log);
+        s->log = NULL;
+    }
+}
+
+/* Drops the connection after a failure: everything stays in the logs, read
+ * again once Redis is back. */
+static void publisher_disconnect(replication *rep, redisContext **c)
+{
+    atomic_fetch_add(&rep->redis_errors, 1);
+    redisFree(*c);
+    *c = NULL;
+    atomic_store(&rep->connected_pub, 0);
+    int nns = ns_count(rep);
+    for (int i = 0; i < nns; i++) rep->ns[i].announced = false;
+}
+
 void *replication_publisher(void *arg)
 {
     replication *rep = arg;
@@ -479,63 +583,19 @@ void *replication_publisher(void *arg)
             sleep_ms(200);
             continue;
         }
-        int failed = publish_deletes(rep, c);
-        pthread_mutex_lock(&rep->lock);
-        int nns = rep->nns;
-        pthread_mutex_unlock(&rep->lock);
         bool more = false;
-        for (int i = 0; i < nns && !failed; i++) {
-            int r = publish_ns(rep, c, &rep->ns[i], stopping);
-            if (r < 0) failed = 1;
-            if (r > 0) more = true;
-        }
+        int failed = publish_all(rep, c, stopping, &more);
         pending = more || failed;
         if (failed) {
-            /* Redis unreachable or failing: everything stays in the logs,
-             * read again once it is back. */
-            atomic_fetch_add(&rep->redis_errors, 1);
-            redisFree(c);
-            c = NULL;
-            atomic_store(&rep->connected_pub, 0);
-            for (int i = 0; i < nns; i++) rep->ns[i].announced = false;
+            publisher_disconnect(rep, &c);
             if (stopping) break;
             sleep_ms(200);
             continue;
         }
-        if (stopping) continue;
-        /* Sleep until a local add, a deletion, or (records appended but not
-         * yet durable, markers behind) a short while. */
-        pthread_mutex_lock(&rep->lock);
-        bool dirty = rep->ndels > 0;
-        for (int i = 0; i < rep->nns && !dirty; i++) dirty = rep->ns[i].dirty;
-        if (!dirty && !atomic_load(&rep->stop)) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            long wait_ns = more ? 2000000L : (long)MARKER_EVERY_MS * 1000000L;
-            ts.tv_nsec += wait_ns;
-            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-            pthread_cond_timedwait(&rep->cond, &rep->lock, &ts);
-        }
-        pthread_mutex_unlock(&rep->lock);
+        if (!stopping)
+            wait_for_work(rep, more);
     }
-    /* markers as far as published; followers closed before the stores */
-    pthread_mutex_lock(&rep->lock);
-    int nns = rep->nns;
-    pthread_mutex_unlock(&rep->lock);
-    for (int i = 0; i < nns; i++) {
-        ns_state *s = &rep->ns[i];
-        char err[NC_ERRLEN];
-        ns_handle *ref = s->log ? namespaces_acquire(rep->srv, s->name, false, err, sizeof err) : NULL;
-        if (ref) {
-            pthread_mutex_lock(&rep->lock);
-            uint64_t birth = s->gen == s->log_gen ? s->birth : 0;
-            pthread_mutex_unlock(&rep->lock);
-            if (birth) marker_flush(rep, s, namespaces_store(ref), birth, true);
-            namespaces_release(rep->srv, ref);
-        }
-        nsstore_log_close(s->log);
-        s->log = NULL;
-    }
+    close_followers(rep);
     if (c) redisFree(c);
     return NULL;
 }

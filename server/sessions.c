@@ -136,83 +136,82 @@ void sessions_unbind(sessions *t, void *ref)
         t->unbind(t->bind_ctx, ref);
 }
 
-sessions_rc sessions_adopt(sessions *t, const char *id, const char *ns, const nc_cache_params *p,
-                           nc_stream *stream, void *ns_ref, nc_session **out, char *err, size_t errlen)
-{
-    *out = NULL;
-    /* An adopted stream's namespace reference is released with it. */
-#define DROP_STREAM() do { stream_free(stream); sessions_unbind(t, ns_ref); } while (0)
-    size_t need = sessions_estimate(t->model, p);
-    /* Reserve a slot and the memory first, so concurrent creations cannot
-     * overshoot the limits while the stream is being built. */
-    pthread_mutex_lock(&t->lock);
-    if (t->count >= t->max_sessions) {
-        pthread_mutex_unlock(&t->lock);
-        DROP_STREAM();
-        snprintf(err, errlen, "the server holds its maximum of %d sessions", t->max_sessions);
-        return SESS_ELIMIT;
-    }
-    if (t->used + need > t->budget) {
-        size_t used = t->used;
-        pthread_mutex_unlock(&t->lock);
-        DROP_STREAM();
-        snprintf(err, errlen, "session memory budget exceeded: %zu bytes in use, %zu needed, budget %zu",
-                 used, need, t->budget);
-        return SESS_EMEMORY;
-    }
-    if (id) {
-        nc_session *old;
-        HASH_FIND_STR(t->by_id, id, old);
-        if (old) {
-            pthread_mutex_unlock(&t->lock);
-            DROP_STREAM();
-            snprintf(err, errlen, "session '%s' already exists", id);
-            return SESS_EEXIST;
-        }
-    }
-    t->count++;
-    t->used += need;
-    pthread_mutex_unlock(&t->lock);
+/* What sessions_adopt makes a session of. */
+typedef struct {
+    const char *id;               /* NULL: a random one */
+    const char *ns;
+    const nc_cache_params *p;
+    nc_stream *stream;            /* NULL: a new stream of p bound to ns */
+    void *ns_ref;                 /* stream's namespace reference */
+} session_spec;
 
+/* Reserves a slot and need bytes first, so concurrent creations cannot
+ * overshoot the limits while the stream is being built. */
+static sessions_rc reserve_slot(sessions *t, const char *id, size_t need, char *err, size_t errlen)
+{
     sessions_rc rc = SESS_OK;
-    nc_session *s = calloc(1, sizeof *s);
-    if (!s) {
-        rc = SESS_ENOMEM;
-        snprintf(err, errlen, "out of memory");
-        DROP_STREAM();
+    pthread_mutex_lock(&t->lock);
+    nc_session *old = NULL;
+    if (id)
+        HASH_FIND_STR(t->by_id, id, old);
+    if (t->count >= t->max_sessions) {
+        rc = SESS_ELIMIT;
+        snprintf(err, errlen, "the server holds its maximum of %d sessions", t->max_sessions);
+    } else if (t->used + need > t->budget) {
+        rc = SESS_EMEMORY;
+        snprintf(err, errlen, "session memory budget exceeded: %zu bytes in use, %zu needed, budget %zu",
+                 t->used, need, t->budget);
+    } else if (old) {
+        rc = SESS_EEXIST;
+        snprintf(err, errlen, "session '%s' already exists", id);
+    } else {
+        t->count++;
+        t->used += need;
     }
-    if (rc == SESS_OK) {
-        pthread_mutex_init(&s->lock, NULL);
-        s->params = *p;
-        s->reserved = need;
-        s->created = wall_now();
-        snprintf(s->ns, sizeof s->ns, "%s", ns ? ns : "");
-        if (stream) {
-            s->stream = stream;   /* taken over: freed with s from here on */
-            s->ns_ref = ns_ref;
-            s->ns_unbind = t->unbind;
-            s->ns_ctx = t->bind_ctx;
-        } else {
-            nc_unbounded_cache *ub = NULL;
-            /* Names were validated by proto: a binder failure is the
-             * server's (opening the namespace's log or snapshot: I/O), a
-             * 5xx, not the client's 400 (found by test_fault's fsync walk). */
-            int brc = t->bind ? t->bind(t->bind_ctx, ns, &ub, &s->ns_ref, err, errlen) : 0;
-            if (brc != 0)
-                rc = brc == NC_EIO ? SESS_ESTORAGE : brc == NC_ENOSPACE ? SESS_ENOSPACE : SESS_ENOMEM;
-            s->ns_unbind = t->unbind;
-            s->ns_ctx = t->bind_ctx;
-            if (rc == SESS_OK && stream_new(t->model, p, ub, NULL, true, &s->stream, err, errlen) != NC_OK)
-                rc = SESS_EINVAL;
-        }
+    pthread_mutex_unlock(&t->lock);
+    return rc;
+}
+
+/* Fills the new session s: its settings, its stream (the adopted one,
+ * taken over, or a new one bound to its namespace) and its id. */
+static sessions_rc session_fill(sessions *t, nc_session *s, const session_spec *sp, size_t need, char *err,
+                                size_t errlen)
+{
+    sessions_rc rc = SESS_OK;
+    pthread_mutex_init(&s->lock, NULL);
+    s->params = *sp->p;
+    s->reserved = need;
+    s->created = wall_now();
+    snprintf(s->ns, sizeof s->ns, "%s", sp->ns ? sp->ns : "");
+    s->ns_unbind = t->unbind;
+    s->ns_ctx = t->bind_ctx;
+    if (sp->stream) {
+        s->stream = sp->stream;   /* taken over: freed with s from here on */
+        s->ns_ref = sp->ns_ref;
+    } else {
+        nc_unbounded_cache *ub = NULL;
+        /* Names were validated by proto: a binder failure is the
+         * server's (opening the namespace's log or snapshot: I/O), a
+         * 5xx, not the client's 400 (found by test_fault's fsync walk). */
+        int brc = t->bind ? t->bind(t->bind_ctx, sp->ns, &ub, &s->ns_ref, err, errlen) : 0;
+        if (brc != 0)
+            rc = brc == NC_EIO ? SESS_ESTORAGE : brc == NC_ENOSPACE ? SESS_ENOSPACE : SESS_ENOMEM;
+        if (rc == SESS_OK && stream_new(t->model, sp->p, ub, NULL, true, &s->stream, err, errlen) != NC_OK)
+            rc = SESS_EINVAL;
     }
-    if (rc == SESS_OK && !id && random_id(t->tag, s->id, sizeof s->id) != 0) {
+    if (rc == SESS_OK && !sp->id && random_id(t->tag, s->id, sizeof s->id) != 0) {
         rc = SESS_ENOMEM;
         snprintf(err, errlen, "getrandom failed: %s", strerror(errno));
     }
-    if (rc == SESS_OK && id)
-        snprintf(s->id, sizeof s->id, "%s", id);
+    if (rc == SESS_OK && sp->id)
+        snprintf(s->id, sizeof s->id, "%s", sp->id);
+    return rc;
+}
 
+/* Enters s into the table (rc SESS_OK and its id still free), or gives
+ * its reservation back. */
+static sessions_rc session_enter(sessions *t, nc_session *s, size_t need, sessions_rc rc, char *err, size_t errlen)
+{
     pthread_mutex_lock(&t->lock);
     if (rc == SESS_OK) {
         nc_session *old;
@@ -226,13 +225,40 @@ sessions_rc sessions_adopt(sessions *t, const char *id, const char *ns, const nc
         s->refs = 1;
         s->last_used = sessions_now();
         HASH_ADD_STR(t->by_id, id, s);
-        *out = s;
     } else {
         t->count--;
         t->used -= need;
     }
     pthread_mutex_unlock(&t->lock);
-    if (rc != SESS_OK)
+    return rc;
+}
+
+sessions_rc sessions_adopt(sessions *t, const char *id, const char *ns, const nc_cache_params *p,
+                           nc_stream *stream, void *ns_ref, nc_session **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    const session_spec sp = {.id = id, .ns = ns, .p = p, .stream = stream, .ns_ref = ns_ref};
+    size_t need = sessions_estimate(t->model, p);
+    sessions_rc rc = reserve_slot(t, id, need, err, errlen);
+    nc_session *s = NULL;
+    if (rc == SESS_OK) {
+        s = calloc(1, sizeof *s);
+        if (!s) {
+            rc = session_enter(t, NULL, need, SESS_ENOMEM, err, errlen);
+            snprintf(err, errlen, "out of memory");
+        }
+    }
+    if (!s) {
+        /* An adopted stream's namespace reference is released with it. */
+        stream_free(stream);
+        sessions_unbind(t, ns_ref);
+        return rc;
+    }
+    rc = session_fill(t, s, &sp, need, err, errlen);
+    rc = session_enter(t, s, need, rc, err, errlen);
+    if (rc == SESS_OK)
+        *out = s;
+    else
         session_destroy(s);
     return rc;
 }

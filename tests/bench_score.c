@@ -12,6 +12,7 @@
 
 #include <cblas.h>
 
+#include "slurp.h"
 #include "lstm.h"
 #include "model.h"
 #include "scorer.h"
@@ -23,26 +24,6 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (!b || fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        fclose(f);
-        return NULL;
-    }
-    b[n] = '\0';
-    fclose(f);
-    *len = (size_t)n;
-    return b;
 }
 
 static uint64_t rng = 88172645463325252ull;
@@ -105,7 +86,7 @@ int main(int argc, char **argv)
     snprintf(trainp, sizeof trainp, "%s/ptb.train.txt", data);
     snprintf(testp, sizeof testp, "%s/ptb.test.txt", data);
     size_t trlen, telen;
-    char *train = slurp(trainp, &trlen), *test = slurp(testp, &telen);
+    char *train = slurp_file(trainp, &trlen), *test = slurp_file(testp, &telen);
     if (!train || !test) {
         printf("bench_score: PTB corpora not found under %s (ptb.train.txt, ptb.test.txt): skipped\n", data);
         free(train);

@@ -9,7 +9,7 @@
  *
  * usage: bench_server [--model DIR] [--seconds S] [--clients 1,16,64] [--batch 0|1] [--f16 0|1] [--wrk 0|1]
  *                     [--threads N] [--score-tokens N] [--neural N] [--heavy N [--fair-clients N]]
- *                     [--data-dir DIR --namespace NS [--stream N]]
+ *                     [--data-dir DIR --namespace NS [--stream N]] [--guard 1]
  * --score-tokens N: words of the scored text (N + N/20 tokens with the line
  * ends); the default 45,000 (47,250 tokens) stays under the daemon's default
  * max_tokens_per_request (50,000), which refuses longer texts with 413.
@@ -27,6 +27,10 @@
  * successive predicts search different queries; predictions/s then counts
  * the predicts only, the feeds' work (an LSTM step and a search each)
  * sharing the cores.
+ * --guard 1: instead, test_server_guard's latencies: /health and /ready while
+ * three workers run heavy requests, how soon the workers are free once
+ * their clients hang up, and how fast an over-budget request is refused
+ * 413 (issue 17: 100 ms, 1 s and 50 ms).
  * Bounded in time: about (3 + S per concurrency level) seconds plus scoring. */
 #include <curl/curl.h>
 #include <fcntl.h>
@@ -43,6 +47,7 @@
 
 #include "daemon.h"
 #include "model.h"
+#include "rawhttp.h"
 #include "rng.h"
 #include "vocab.h"
 
@@ -92,30 +97,11 @@ static int make_model(const char *dir, int V, int H)
 
 /* ---- a keep-alive client per thread ---- */
 
-typedef struct { char *s; size_t len, cap; } buf_t;
-
-static size_t on_body(char *p, size_t size, size_t nmemb, void *user)
-{
-    buf_t *b = user;
-    size_t n = size * nmemb;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 65536;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *ns = realloc(b->s, cap);
-        if (!ns) return 0;
-        b->s = ns;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->len, p, n);
-    b->len += n;
-    b->s[b->len] = 0;
-    return n;
-}
 
 typedef struct {
     CURL *c;
     struct curl_slist *h;
-    buf_t b;
+    http_buf b;
     int port;
 } client;
 
@@ -127,7 +113,7 @@ static void client_init(client *cl, int port)
     cl->h = curl_slist_append(NULL, "Content-Type: application/json");
     cl->h = curl_slist_append(cl->h, "Expect:");
     curl_easy_setopt(cl->c, CURLOPT_HTTPHEADER, cl->h);
-    curl_easy_setopt(cl->c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(cl->c, CURLOPT_WRITEFUNCTION, http_buf_write);
     curl_easy_setopt(cl->c, CURLOPT_WRITEDATA, &cl->b);
     curl_easy_setopt(cl->c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(cl->c, CURLOPT_TCP_NODELAY, 1L);
@@ -305,45 +291,12 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* CPU seconds (user + system) used so far by process pid (0 = none). */
-static double proc_cpu(pid_t pid)
-{
-    if (pid <= 0)
-        return NAN;
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-    if (f) fclose(f);
-    buf[n] = 0;
-    const char *p = strrchr(buf, ')');     /* fields after "(comm)" */
-    unsigned long ut = 0, st = 0;
-    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
-        return NAN;
-    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
 static double self_cpu(void)
 {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
            1e-6 * (double)ru.ru_stime.tv_usec;
-}
-
-/* A counter of the daemon's /metrics, -1 if absent. */
-static double metric(int port, const char *name)
-{
-    http_resp r;
-    double v = -1;
-    if (http_json(port, "GET", "/metrics", NULL, &r) == 0 && r.status == 200 && r.body) {
-        char key[128];
-        snprintf(key, sizeof key, "\n%s ", name);
-        const char *p = strstr(r.body, key);
-        if (p) v = atof(p + strlen(key));
-    }
-    http_resp_free(&r);
-    return v;
 }
 
 /* ---- heavy scoring clients (fairness) ---- */
@@ -426,17 +379,17 @@ static void run_predict(int port, pid_t pid, int clients, double seconds, int ne
                                    .path = ns_name ? docs_path : "/v1/score"};
             pthread_create(&hth[i], NULL, heavy_worker, &hc[i]);
         }
-        for (int i = 0; i < 3000 && metric(port, "neurocache_work_running") < heavy; i++)
+        for (int i = 0; i < 3000 && daemon_metric(port, "neurocache_work_running") < heavy; i++)
             sleep_ms(10);
     }
-    double b0 = metric(port, "neurocache_predict_batches_total");
-    double j0 = metric(port, "neurocache_predict_batched_total");
-    double c0 = proc_cpu(pid), s0 = self_cpu();
+    double b0 = daemon_metric(port, "neurocache_predict_batches_total");
+    double j0 = daemon_metric(port, "neurocache_predict_batched_total");
+    double c0 = process_cpu(pid), s0 = self_cpu();
     double t0 = now_s();
     for (int i = 0; i < clients; i++) ws[i].t_end = t0 + seconds;
     pthread_barrier_wait(&bar);
     for (int i = 0; i < clients; i++) pthread_join(th[i], NULL);
-    double running = heavy > 0 ? metric(port, "neurocache_work_running") : 0;
+    double running = heavy > 0 ? daemon_metric(port, "neurocache_work_running") : 0;
     atomic_store(&hstop, 1);
     long hdone = 0, herr = 0;
     for (int i = 0; i < heavy; i++) {
@@ -450,9 +403,9 @@ static void run_predict(int port, pid_t pid, int clients, double seconds, int ne
     double wall = 0;
     for (int i = 0; i < clients; i++)
         if (ws[i].last_done - t0 > wall) wall = ws[i].last_done - t0;
-    double c1 = proc_cpu(pid), s1 = self_cpu();
-    double b1 = metric(port, "neurocache_predict_batches_total");
-    double j1 = metric(port, "neurocache_predict_batched_total");
+    double c1 = process_cpu(pid), s1 = self_cpu();
+    double b1 = daemon_metric(port, "neurocache_predict_batches_total");
+    double j1 = daemon_metric(port, "neurocache_predict_batched_total");
     size_t total = 0;
     long errors = 0;
     for (int i = 0; i < clients; i++) { total += ws[i].n; errors += ws[i].errors; }
@@ -549,9 +502,9 @@ static void run_predict_wrk(int port, pid_t pid, int clients, double seconds, in
                    "    {[\"Content-Type\"] = \"application/json\"}, '{\"top_k\":10}')\nend\n");
         fclose(f);
     }
-    double b0 = metric(port, "neurocache_predict_batches_total");
-    double j0 = metric(port, "neurocache_predict_batched_total");
-    double c0 = proc_cpu(pid), w0 = children_cpu();
+    double b0 = daemon_metric(port, "neurocache_predict_batches_total");
+    double j0 = daemon_metric(port, "neurocache_predict_batched_total");
+    double c0 = process_cpu(pid), w0 = children_cpu();
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "wrk -t%d -c%d -d%.0fs --latency -s %s http://127.0.0.1:%d/ 2>&1",
              clients < 2 ? 1 : 2, clients, seconds, lua, port);
@@ -580,9 +533,9 @@ static void run_predict_wrk(int port, pid_t pid, int clients, double seconds, in
     }
     int rc = p ? pclose(p) : -1;
     if (getenv("BENCH_VERBOSE")) { char c2[1200]; snprintf(c2, sizeof c2, "cat %s >&2", lua); if (system(c2)) {} }
-    double c1 = proc_cpu(pid), w1 = children_cpu();
-    double b1 = metric(port, "neurocache_predict_batches_total");
-    double j1 = metric(port, "neurocache_predict_batched_total");
+    double c1 = process_cpu(pid), w1 = children_cpu();
+    double b1 = daemon_metric(port, "neurocache_predict_batches_total");
+    double j1 = daemon_metric(port, "neurocache_predict_batched_total");
     pthread_barrier_wait(&hold);
     for (int i = 0; i < clients; i++) pthread_join(th[i], NULL);
     unlink(lua);
@@ -636,9 +589,9 @@ static void run_score(int port, pid_t pid, const char *model_dir, int ntok)
     double best_http = 1e9, best_cli = 1e9, cpu_http = 1e9, cpu_cli = 1e9;
     long tokens = 0;
     for (int rep = 0; rep < 3; rep++) {
-        double c0 = proc_cpu(pid), t0 = now_s();
+        double c0 = process_cpu(pid), t0 = now_s();
         long st = client_post(&cl, "/v1/score", bs, strlen(bs));
-        double dt = now_s() - t0, dc = proc_cpu(pid) - c0;
+        double dt = now_s() - t0, dc = process_cpu(pid) - c0;
         if (st == 200 && dt < best_http) {
             best_http = dt;
             json_t *j = json_loads(cl.b.s, 0, NULL);
@@ -680,11 +633,117 @@ static void run_score(int port, pid_t pid, const char *model_dir, int ntok)
     unlink(path);
 }
 
+/* ---- availability under heavy work (test_server_guard's latencies) ---- */
+
+/* Median and maximum of x[0..n) (sorts x). */
+static void median_max(double *x, int n, double *med, double *max)
+{
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    *med = n % 2 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2;
+    *max = x[n - 1];
+}
+
+static void guard_row(const char *what, const char *during, double *x, int n)
+{
+    double med, max;
+    median_max(x, n, &med, &max);
+    printf("| %s | %s | %d | %.2f | %.2f |\n", what, during, n, med * 1e3, max * 1e3);
+}
+
+/* The seconds of one request (answered with want), or NAN. */
+static double timed_call(int port, const char *method, const char *path, const char *body, int want)
+{
+    http_resp r;
+    double t0 = now_s();
+    int rc = body ? http_json(port, method, path, body, &r) : http_call(port, method, path, NULL, NULL, 0, &r);
+    double dt = now_s() - t0;
+    bool ok = rc == 0 && r.status == want;
+    http_resp_free(&r);
+    return ok ? dt : NAN;
+}
+
+/* test_server_guard's heavy daemon (three workers busy with two
+ * 32,000-step completions and a 1,000,000-token score): /health and /ready
+ * while they run, then how soon the workers are free once the three
+ * clients hang up. */
+static int guard_heavy(const char *model)
+{
+    nc_daemon h;
+    const char *hargs[] = {"--model", model, "--threads", "3", "--max-tokens-per-request", "1000000",
+                           "--max-generation-steps", "100000", "--request-timeout", "600", NULL};
+    if (daemon_start(&h, hargs) != 0) return 1;
+    char *c = completions_body(2000, 16), *sb = score_body(999999);
+    int fd[3] = {raw_post(h.port, "/v1/completions", c), raw_post(h.port, "/v1/completions", c),
+                 raw_post(h.port, "/v1/score", sb)};
+    free(c);
+    free(sb);
+    int rc = 1;
+    if (daemon_wait_metric(h.port, "neurocache_work_running", 3, 30) >= 0) {
+        double x[20], y[5];
+        for (int i = 0; i < 20; i++) {
+            x[i] = timed_call(h.port, "GET", "/health", NULL, 200);
+            sleep_ms(20);
+        }
+        for (int i = 0; i < 5; i++)
+            y[i] = timed_call(h.port, "GET", "/ready", NULL, 200);
+        bool busy = daemon_metric(h.port, "neurocache_work_running") == 3;
+        guard_row("GET /health", busy ? "3 workers busy (heavy work)" : "heavy work ENDED early: not valid", x, 20);
+        guard_row("GET /ready", busy ? "3 workers busy (heavy work)" : "heavy work ENDED early: not valid", y, 5);
+        double t0 = now_s();
+        for (int i = 0; i < 3; i++)
+            if (fd[i] >= 0) close(fd[i]);
+        fd[0] = fd[1] = fd[2] = -1;
+        double t = daemon_wait_metric(h.port, "neurocache_work_running", 0, 30) >= 0 ? now_s() - t0 : NAN;
+        guard_row("3 clients hang up -> workers free", "3 workers busy (heavy work)", &t, 1);
+        rc = 0;
+    }
+    for (int i = 0; i < 3; i++)
+        if (fd[i] >= 0) close(fd[i]);
+    daemon_stop(&h);
+    return rc;
+}
+
+/* test_server_guard's small daemon: each over-budget request, refused 413
+ * before any work (its 360 kB JSON body parsed). */
+static int guard_refusals(const char *model)
+{
+    nc_daemon d;
+    const char *sargs[] = {"--model", model, "--threads", "1", "--max-queued", "1", NULL};
+    if (daemon_start(&d, sargs) != 0) return 1;
+    char *c = completions_body(2000, 16), *s60 = score_body(60000), *s20 = score_body(20000);
+    http_resp r;
+    char path[256] = "";
+    if (http_json(d.port, "POST", "/v1/sessions", "{\"namespace\":\"nb\",\"cache\":{\"unbounded\":true}}", &r) == 0 &&
+        r.status == 201)
+        snprintf(path, sizeof path, "/v1/sessions/%s/feed", json_string_value(json_object_get(r.json, "id")));
+    http_resp_free(&r);
+    double x[3][10];
+    for (int i = 0; i < 10; i++) {
+        x[0][i] = timed_call(d.port, "POST", "/v1/completions", c, 413);
+        x[1][i] = timed_call(d.port, "POST", "/v1/score", s60, 413);
+        x[2][i] = path[0] ? timed_call(d.port, "POST", path, s20, 413) : NAN;
+    }
+    guard_row("413 over_budget: completions 2,000 prompts x 16", "idle, 1 worker", x[0], 10);
+    guard_row("413 too_many_tokens: score 60,000 tokens", "idle, 1 worker", x[1], 10);
+    guard_row("413 over_budget: feed 20,000 tokens x knn 1024", "idle, 1 worker", x[2], 10);
+    free(c);
+    free(s60);
+    free(s20);
+    return daemon_stop(&d) == 0 ? 0 : 1;
+}
+
+static int run_guard(const char *model)
+{
+    printf("| request | while | n | median (ms) | slowest (ms) |\n|---|---|---|---|---|\n");
+    int rc = guard_heavy(model);
+    return guard_refusals(model) || rc;
+}
+
 int main(int argc, char **argv)
 {
     const char *model = NULL, *clients_s = "1,16,64", *threads = "2";
     double seconds = 3;
-    int score_tokens = 45000, neural = 2000, port = 0, batch = 1, use_wrk = 0, heavy = 0, fair_clients = 16;
+    int score_tokens = 45000, neural = 2000, port = 0, batch = 1, use_wrk = 0, heavy = 0, fair_clients = 16, guard = 0;
     const char *keep_model = NULL, *data_dir = NULL;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model")) model = argv[i + 1];
@@ -704,6 +763,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--namespace")) ns_name = argv[i + 1];
         else if (!strcmp(argv[i], "--stream")) heavy = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--feed-between")) feed_between = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--guard")) guard = atoi(argv[i + 1]);
         else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
     }
     char dir[] = "/tmp/nc-bench-model-XXXXXX";
@@ -734,6 +794,11 @@ int main(int argc, char **argv)
         model = dir;
     }
     httpc_init();
+    if (guard) {
+        int grc = run_guard(model);
+        httpc_cleanup();
+        return grc;
+    }
     nc_daemon d;
     const char *args[] = {"--model", model, "--threads", threads, "--max-sessions", "1000", "--batch-predict",
                           batch ? "true" : "false", data_dir ? "--data-dir" : NULL, data_dir, NULL};

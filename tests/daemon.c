@@ -193,11 +193,9 @@ int daemon_stop(nc_daemon *d)
 
 /* ---- HTTP client ---- */
 
-typedef struct { char *s; size_t len, cap; } buf_t;
-
-static size_t on_body(char *p, size_t size, size_t nmemb, void *user)
+size_t http_buf_write(char *p, size_t size, size_t nmemb, void *user)
 {
-    buf_t *b = user;
+    http_buf *b = user;
     size_t n = size * nmemb;
     if (b->len + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap * 2 : 4096;
@@ -255,7 +253,7 @@ static int http_do(int port, const char *method, const char *path, const char *c
         return -1;
     char url[2048];
     snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
-    buf_t b = {0};
+    http_buf b = {0};
     struct curl_slist *h = NULL;
     char cth[256];
     if (ctype) {
@@ -286,7 +284,7 @@ static int http_do(int port, const char *method, const char *path, const char *c
         curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, NULL);
     }
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, http_buf_write);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
     curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(c, CURLOPT_HEADERDATA, out);

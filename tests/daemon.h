@@ -61,6 +61,12 @@ void httpc_set_bearer(const char *key);
 void httpc_cleanup(void);
 /* Any request. ctype NULL = no Content-Type header; body may be NULL. Returns
  * 0 when an answer came (whatever its status), -1 on transport failure. */
+/* A response body as libcurl delivers it: http_buf_write, a
+ * CURLOPT_WRITEFUNCTION, appends to the http_buf given as CURLOPT_WRITEDATA
+ * (s malloc'd, NUL-terminated). */
+typedef struct { char *s; size_t len, cap; } http_buf;
+size_t http_buf_write(char *p, size_t size, size_t nmemb, void *user);
+
 int http_call(int port, const char *method, const char *path, const char *ctype,
               const char *body, size_t len, http_resp *out);
 /* A POST whose body curl pulls from read_fn (curl's read callback) as it

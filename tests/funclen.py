@@ -4,6 +4,8 @@
 Prints one line per function: "LINES FILE:LINE NAME REASON", REASON being
 the text after "long:" in the comment just above the definition (or "-").
 LINES counts from the line of the function's name to its closing brace.
+With --params first: "PARAMS FILE:LINE NAME" instead, PARAMS the number of
+parameters of the definition (f(void) has 0, "..." counts as one).
 A definition is a top-level "name(...) {" outside comments and literals;
 initialisers ("= {"), struct, union and enum bodies are not functions."""
 import re
@@ -64,6 +66,25 @@ def closing_brace(b, i):
     return len(b)
 
 
+def count_params(plist):
+    """Parameters in the text between a definition's parentheses: commas at
+    nesting depth 0 (a function-pointer or array parameter's own
+    parentheses and brackets hold commas that do not count) plus one;
+    empty or "void" is 0."""
+    body = plist.strip()
+    if body in ('', 'void'):
+        return 0
+    depth, n = 0, 1
+    for ch in body:
+        if ch in '([{':
+            depth += 1
+        elif ch in ')]}':
+            depth -= 1
+        elif ch == ',' and depth == 0:
+            n += 1
+    return n
+
+
 def functions(path):
     src = open(path, encoding='utf-8', errors='replace').read()
     b = blank(src)
@@ -88,7 +109,10 @@ def functions(path):
                         k -= 1
                     text = '\n'.join(reversed(above)) + '\n' + sig
                     r = re.search(r'long:\s*([^*\n]*)', text)
-                    yield end - start + 1, start, m.group(1), (r.group(1).strip() if r else '-')
+                    sig_b = m.group(0)
+                    plist = sig_b[sig_b.index('(') + 1:sig_b.rindex(')')]
+                    yield (end - start + 1, start, m.group(1), (r.group(1).strip() if r else '-'),
+                           count_params(plist))
                     i = j + 1
                     continue
             depth += 1
@@ -98,6 +122,11 @@ def functions(path):
 
 
 if __name__ == '__main__':
-    for p in sys.argv[1:]:
-        for ln, start, name, why in functions(p):
-            print(ln, '%s:%d' % (p, start), name, why)
+    args = sys.argv[1:]
+    params = args[:1] == ['--params']
+    for p in args[1:] if params else args:
+        for ln, start, name, why, npar in functions(p):
+            if params:
+                print(npar, '%s:%d' % (p, start), name)
+            else:
+                print(ln, '%s:%d' % (p, start), name, why)

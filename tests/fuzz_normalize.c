@@ -14,6 +14,7 @@
 
 #include <unistr.h>
 
+#include "fuzzmodel.h"
 #include "model.h"
 #include "normalize.h"
 #include "tokenizer.h"
@@ -32,20 +33,7 @@ static nc_model *fnorm_get_model(void)
         return fnorm_model;
     static const char *const words[] = {"<unk>", "<eos>", "the", "a", "N", "n't", "'s", "do", "mr.",
                                         "u.s.", "$", "red-tipped", "uber", "ecole", ",", "."};
-    nc_vocab *v = vocab_new();
-    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
-        vocab_add(v, words[i], strlen(words[i]));
-    nc_model_config c;
-    memset(&c, 0, sizeof c);
-    strcpy(c.model_type, "lstm");
-    c.vocab_size = vocab_size(v);
-    c.embedding_size = c.hidden_size = 4;
-    c.num_layers = 1;
-    strcpy(c.unk_token, "<unk>");
-    strcpy(c.eos_token, "<eos>");
-    char err[NC_ERRLEN];
-    if (model_create(&c, v, &fnorm_model, err, sizeof err) != NC_OK)
-        abort();
+    fnorm_model = fuzz_model_of(words, sizeof words / sizeof words[0]);
     return fnorm_model;
 }
 

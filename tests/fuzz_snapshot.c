@@ -37,6 +37,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "slurp.h"
 #include "model.h"
 #include "nsstore.h"
 #include "unbounded_cache.h"
@@ -90,19 +91,12 @@ static void fsnap_write(const char *path, const void *p, size_t n)
     close(fd);
 }
 
-static unsigned char *fsnap_read(const char *path, size_t *len)
+/* The file whole; a fuzzer has no other answer than abort when it cannot. */
+static unsigned char *fsnap_read_or_abort(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc(n > 0 ? (size_t)n : 1);
-    if (!b || fread(b, 1, (size_t)n, f) != (size_t)n)
+    unsigned char *b = (unsigned char *)slurp_file(path, len);
+    if (!b)
         abort();
-    fclose(f);
-    *len = (size_t)n;
     return b;
 }
 
@@ -155,7 +149,7 @@ static void fsnap_init(void)
             if (!strncmp(e->d_name, "snap-", 5)) {
                 char p[800];
                 snprintf(p, sizeof p, "%s/%s/index.faiss", dir, e->d_name);
-                fsnap_index[i] = fsnap_read(p, &fsnap_index_len[i]);
+                fsnap_index[i] = fsnap_read_or_abort(p, &fsnap_index_len[i]);
             }
         if (d)
             closedir(d);

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "slurp.h"
 #include "harness.h"
 #include "model.h"
 
@@ -16,26 +17,6 @@ static int case_no;
 static const char *msg(const char *s)
 {
     return s;
-}
-
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        fclose(f);
-        return NULL;
-    }
-    buf[n] = '\0';
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
 }
 
 static void spit(const char *path, const void *data, size_t len)
@@ -58,7 +39,7 @@ static void copy_fixture(const char *name, char *dir, size_t n)
         size_t len;
         snprintf(src, sizeof src, "%s/%s/%s", harness_fixtures(), name, files[i]);
         snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
-        char *b = slurp(src, &len);
+        char *b = slurp_file(src, &len);
         if (b)
             spit(dst, b, len);
         free(b);
@@ -76,7 +57,7 @@ static void edit_text(const char *dir, const char *file, const char *from, const
     char p[1024];
     size_t len;
     file_path(p, sizeof p, dir, file);
-    char *b = slurp(p, &len);
+    char *b = slurp_file(p, &len);
     char *at = b ? strstr(b, from) : NULL;
     CHECKF(at != NULL, "fixture %s lacks \"%s\"", file, from);
     if (!at) {
@@ -101,7 +82,7 @@ static void edit_header(const char *dir, const char *from, const char *to)
     char p[1024];
     size_t len;
     file_path(p, sizeof p, dir, "model.safetensors");
-    unsigned char *b = (unsigned char *)slurp(p, &len);
+    unsigned char *b = (unsigned char *)slurp_file(p, &len);
     uint64_t hl = 0;
     for (int i = 7; i >= 0; i--)
         hl = hl << 8 | b[i];
@@ -318,7 +299,7 @@ TEST(garbage_safetensors)
     copy_fixture("lstm-2layer", d, sizeof d);
     file_path(p, sizeof p, d, "model.safetensors");
     size_t len;
-    unsigned char *orig = (unsigned char *)slurp(p, &len);
+    unsigned char *orig = (unsigned char *)slurp_file(p, &len);
     unsigned x = 99;
     int failures = 0;
     for (int trial = 0; trial < 60; trial++) {

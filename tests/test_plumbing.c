@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "slurp.h"
 #include "atomicfile.h"
 #include "binio.h"
 #include "buf.h"
@@ -34,29 +35,10 @@ static void fill_random(unsigned char *p, size_t n, uint64_t seed)
         p[i] = (unsigned char)(rng_next(&r) >> 56);
 }
 
-/* Reads path whole with stdio (independent of the code under test). */
-static unsigned char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
-
 static int file_is(const char *path, const void *want, size_t len)
 {
     size_t n = 0;
-    unsigned char *b = slurp(path, &n);
+    unsigned char *b = (unsigned char *)slurp_file(path, &n);
     int same = b && n == len && memcmp(b, want, len) == 0;
     free(b);
     return same;

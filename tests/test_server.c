@@ -15,6 +15,7 @@
 
 #include "config.h"
 #include "daemon.h"
+#include "rawhttp.h"
 #include "harness.h"
 
 static nc_daemon D;
@@ -535,18 +536,10 @@ static int open_fed_session(int port, const char *text, char *id, size_t cap)
     return rc;
 }
 
+/* An integer counter of the daemon's /metrics, -1 if absent. */
 static long metric_value(int port, const char *name)
 {
-    http_resp r;
-    long v = -1;
-    if (http_json(port, "GET", "/metrics", NULL, &r) == 0 && r.status == 200) {
-        char key[128];
-        snprintf(key, sizeof key, "\n%s ", name);
-        const char *p = strstr(r.body, key);
-        if (p) v = atol(p + strlen(key));
-    }
-    http_resp_free(&r);
-    return v;
+    return (long)daemon_metric(port, name);
 }
 
 TEST(batched_predict_matches_alone)

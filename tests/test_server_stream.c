@@ -19,6 +19,7 @@
 
 #include "daemon.h"
 #include "harness.h"
+#include "rawhttp.h"
 #include "tolerance.h"
 
 static nc_daemon D;               /* fixture model */
@@ -26,27 +27,6 @@ static char fixture[512];
 
 /* ---- raw HTTP for event streams -------------------------------------------
  * HTTP/1.0: the daemon sends the stream unchunked and closes at its end. */
-
-static int raw_post(int port, const char *path, const char *body)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        if (fd >= 0) close(fd);
-        return -1;
-    }
-    char head[512];
-    int hl = snprintf(head, sizeof head,
-                      "POST %s HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                      "Content-Length: %zu\r\n\r\n", path, strlen(body));
-    if (send(fd, head, (size_t)hl, MSG_NOSIGNAL) != hl ||
-        send(fd, body, strlen(body), MSG_NOSIGNAL) != (ssize_t)strlen(body)) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
 
 /* Reads from fd until max_events "data:" events are in (0 = until the peer
  * closes) or timeout_s. Returns what came (malloc'd). */
@@ -80,7 +60,7 @@ static char *raw_read_events(int fd, int max_events, double timeout_s)
 /* The events of a whole stream: [parsed JSON or the string "[DONE]"]. */
 static json_t *sse_call(int port, const char *path, const char *body, char *ctype, size_t ctlen)
 {
-    int fd = raw_post(port, path, body);
+    int fd = raw_post_as(port, "1.0", path, body);
     if (fd < 0) return NULL;
     char *b = raw_read_events(fd, 0, 600);   /* a bound for a hung daemon, not a speed */
     close(fd);
@@ -574,20 +554,6 @@ TEST(lm_eval_loglikelihood)
 
 /* ---- cancellation (demo model: tokens take long enough to watch) ---------- */
 
-static double metric(int port, const char *name)
-{
-    http_resp r;
-    double v = -1;
-    if (http_call(port, "GET", "/metrics", NULL, NULL, 0, &r) == 0 && r.body) {
-        char key[160];
-        snprintf(key, sizeof key, "\n%s ", name);
-        const char *p = strstr(r.body, key);
-        if (p) v = strtod(p + strlen(key), NULL);
-    }
-    http_resp_free(&r);
-    return v;
-}
-
 /* A client that closes its stream frees the worker at the next token: the
  * worker is busy while the stream runs, idle soon after the close (well
  * before the rest of the generation could have run: the whole request is
@@ -627,16 +593,16 @@ TEST(cancel_frees_worker)
         }
         http_resp_free(&r);
     }
-    int fd = raw_post(d.port, "/v1/completions", body);
+    int fd = raw_post_as(d.port, "1.0", "/v1/completions", body);
     char *first = raw_read_events(fd, 2, 30);
     CHECK(strstr(first, "data: {") != NULL);
     free(first);
-    CHECK(metric(d.port, "neurocache_work_running") == 1);
+    CHECK(daemon_metric(d.port, "neurocache_work_running") == 1);
     double tc = now_s();
     close(fd);
     double freed = -1;
     while (now_s() - tc < 30) {
-        if (metric(d.port, "neurocache_work_running") == 0) {
+        if (daemon_metric(d.port, "neurocache_work_running") == 0) {
             freed = now_s() - tc;
             break;
         }
@@ -652,14 +618,14 @@ TEST(cancel_frees_worker)
     http_resp_free(&r);
     /* a session's stream, cancelled after 3 events */
     json_decref(post_ok(d.port, "/v1/sessions", "{\"id\":\"c\"}"));
-    fd = raw_post(d.port, "/v1/sessions/c/generate", "{\"max_tokens\":4000,\"stream\":true,\"logprobs\":5}");
+    fd = raw_post_as(d.port, "1.0", "/v1/sessions/c/generate", "{\"max_tokens\":4000,\"stream\":true,\"logprobs\":5}");
     char *got = raw_read_events(fd, 3, 30);
     close(fd);
     int events = 0;
     for (const char *q = got; (q = strstr(q, "data: {\"text\"")); q++) events++;
     free(got);
     CHECK(events >= 3);
-    for (double t = now_s(); now_s() - t < 10 && metric(d.port, "neurocache_work_running") != 0;) sleep_ms(5);
+    for (double t = now_s(); now_s() - t < 10 && daemon_metric(d.port, "neurocache_work_running") != 0;) sleep_ms(5);
     json_t *s = http_get_json(d.port, "/v1/sessions/c");
     json_int_t pos = json_integer_value(json_object_get(s, "tokens"));
     CHECKF(pos >= events && pos < 4000, "the session advanced by %lld words (%d events read, 4000 asked)",

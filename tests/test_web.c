@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "slurp.h"
 #include "daemon.h"
 #include "harness.h"
 #include "tolerance.h"
@@ -23,27 +24,6 @@
 static char scratch[] = "/tmp/nc-web-XXXXXX";
 static char keyfile[300];
 static const char *model = "models/demo";
-
-static char *read_all(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[n] = 0;
-        *len = (size_t)n;
-    }
-    return buf;
-}
 
 static int start(nc_daemon *d, const char *web)
 {
@@ -57,7 +37,7 @@ static void check_file(int port, const char *path, const char *file, const char 
     char disk[256];
     snprintf(disk, sizeof disk, "web/%s", file);
     size_t len = 0;
-    char *want = read_all(disk, &len);
+    char *want = slurp_file(disk, &len);
     http_resp r;
     httpc_set_bearer(NULL);
     CHECK(http_call(port, "GET", path, NULL, NULL, 0, &r) == 0);

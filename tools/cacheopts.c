@@ -437,22 +437,22 @@ int co_read_tokens(const nc_model *m, const char *path, nc_tokens *out, char *er
     return rc;
 }
 
-int co_prepare(const nc_model *m, const nc_tokens *t, bool bos_eos, nc_wordtable *words, nc_doc **out,
-               char *err, size_t errlen)
+int co_prepare(const co_text *x, nc_doc **out, char *err, size_t errlen)
 {
-    return co_prepare_ex(m, t, bos_eos, words, m->gate != NULL, out, err, errlen);
+    return co_prepare_ex(x, x->m->gate != NULL, out, err, errlen);
 }
 
-int co_prepare_ex(const nc_model *m, const nc_tokens *t, bool bos_eos, nc_wordtable *words, bool vocab_stats,
-                  nc_doc **out, char *err, size_t errlen)
+int co_prepare_ex(const co_text *x, bool vocab_stats, nc_doc **out, char *err, size_t errlen)
 {
+    const nc_model *m = x->m;
+    const bool bos_eos = x->bos_eos;
     nc_state *s = lstm_state_new(m);
     nc_lstm_work *w = lstm_work_new(m);
     int rc = (!s || !w) ? nc_error(err, errlen, NC_ENOMEM, "state") : NC_OK;
     if (!rc && bos_eos)
         lstm_step(m, s, m->eos_id, w);
     if (!rc)
-        rc = doc_prepare_ex(m, s, bos_eos, t, words, NULL, vocab_stats, out, err, errlen);
+        rc = doc_prepare_ex(m, s, bos_eos, x->toks, x->words, NULL, vocab_stats, out, err, errlen);
     lstm_state_free(s);
     lstm_work_free(w);
     return rc;
@@ -520,17 +520,106 @@ static void *hp_consumer(void *arg)
     }
 }
 
-int co_hidden_pass(const nc_model *m, const nc_tokens *toks, nc_wordtable *words, co_hidden_fn fn,
-                   void *ctx, bool progress, char *err, size_t errlen)
+/* Waits until the consumer is done with slot b; the consumer's error, if any. */
+static int hp_wait_slot(hp_pipe *p, int b)
 {
+    pthread_mutex_lock(&p->lock);
+    while (p->ready[b] && !p->rc)
+        pthread_cond_wait(&p->cond, &p->lock);   /* slot b still being added */
+    int rc = p->rc;
+    pthread_mutex_unlock(&p->lock);
+    return rc;
+}
+
+/* Hands slot b, holding n tokens, to the consumer. */
+static void hp_publish(hp_pipe *p, int b, size_t n)
+{
+    p->slot[b].n = n;
+    pthread_mutex_lock(&p->lock);
+    p->ready[b] = 1;
+    pthread_cond_broadcast(&p->cond);
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* Tells the consumer no chunk follows and waits for it (after the last
+ * chunk was consumed); the consumer's error if rc was fine. */
+static int hp_stop_consumer(hp_pipe *p, pthread_t th, int rc, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&p->lock);
+    p->done = true;
+    pthread_cond_broadcast(&p->cond);
+    pthread_mutex_unlock(&p->lock);
+    pthread_join(th, NULL);
+    if (!rc && p->rc)
+        rc = nc_error(err, errlen, p->rc, "%s", p->err);
+    return rc;
+}
+
+/* The producer side: the model, its running state and the tokens. */
+typedef struct {
+    const nc_model *m;
+    nc_state *s;
+    const nc_tokens *toks;
+    nc_wordtable *words;   /* open vocabulary: ids for the unk words (NULL: off) */
+} hp_producer;
+
+/* Runs the LSTM over tokens j0..j0+nb into chunk c: row 0 = h before the
+ * chunk's first token, rows 1..nb = after each; the tokens' cache ids. */
+static int hp_fill_chunk(const hp_producer *pr, size_t j0, size_t nb, hp_chunk *c, char *err, size_t errlen)
+{
+    const nc_model *m = pr->m;
+    const nc_tokens *toks = pr->toks;
+    const int H = m->cfg.hidden_size;
+    memcpy(c->h, lstm_state_top(pr->s), (size_t)H * sizeof(float));
+    int rc = lstm_forward_seq(m, pr->s, toks->ids + j0, nb, c->h + H, err, errlen);
+    for (size_t r = 0; !rc && r < nb; r++) {
+        int id = toks->ids[j0 + r];
+        if (pr->words && id == m->unk_id && toks->words && toks->words[j0 + r]) {
+            id = wordtable_id(pr->words, toks->words[j0 + r], strlen(toks->words[j0 + r]), true);
+            if (id < 0)
+                rc = nc_error(err, errlen, NC_ENOMEM, "word table");
+        }
+        c->ids[r] = id;
+    }
+    return rc;
+}
+
+/* The producer's loop: chunks of C tokens into the two slots in turn. */
+static int hp_produce(hp_pipe *p, const hp_producer *pr, size_t C, bool progress, char *err, size_t errlen)
+{
+    const nc_tokens *toks = pr->toks;
+    double t0 = co_now(), last = t0;
+    int rc = NC_OK, b = 0;
+    for (size_t j0 = 0; !rc && j0 < toks->n; j0 += C, b ^= 1) {
+        size_t nb = toks->n - j0 < C ? toks->n - j0 : C;
+        rc = hp_wait_slot(p, b);
+        if (!rc)
+            rc = hp_fill_chunk(pr, j0, nb, &p->slot[b], err, errlen);
+        if (rc)
+            break;
+        hp_publish(p, b, nb);
+        double t = co_now();
+        if (progress && (t - last > 2.0 || j0 + nb == toks->n)) {
+            fprintf(stderr, "  %zu/%zu tokens (%.0f%%), %.0f tokens/s\n", j0 + nb, toks->n,
+                    100.0 * (double)(j0 + nb) / (double)toks->n, (double)(j0 + nb) / (t - t0 + 1e-9));
+            last = t;
+        }
+    }
+    return rc;
+}
+
+int co_hidden_pass(const co_text *x, co_hidden_fn fn, void *ctx, bool progress, char *err, size_t errlen)
+{
+    const nc_model *m = x->m;
+    const nc_tokens *toks = x->toks;
     const size_t C = 4096;
     const int H = m->cfg.hidden_size;
-    nc_state *s = lstm_state_new(m);
+    hp_producer pr = {.m = m, .s = lstm_state_new(m), .toks = toks, .words = x->words};
     nc_lstm_work *w = lstm_work_new(m);
     hp_pipe p = {.fn = fn, .ctx = ctx};
     pthread_mutex_init(&p.lock, NULL);
     pthread_cond_init(&p.cond, NULL);
-    bool alloc_ok = s && w;
+    bool alloc_ok = pr.s && w;
     for (int b = 0; b < 2; b++) {
         p.slot[b].h = malloc((C + 1) * (size_t)H * sizeof(float));
         p.slot[b].ids = malloc(C * sizeof(int));
@@ -540,7 +629,7 @@ int co_hidden_pass(const nc_model *m, const nc_tokens *toks, nc_wordtable *words
     pthread_t th;
     bool started = false;
     if (!rc) {
-        lstm_step(m, s, m->eos_id, w);
+        lstm_step(m, pr.s, m->eos_id, w);
         started = pthread_create(&th, NULL, hp_consumer, &p) == 0;
         if (!started)
             rc = nc_error(err, errlen, NC_ENOMEM, "hidden pass thread");
@@ -549,53 +638,11 @@ int co_hidden_pass(const nc_model *m, const nc_tokens *toks, nc_wordtable *words
      * daemon runs it (FAISS's OpenMP count is cacheopts_finish's) */
     int blas = openblas_get_num_threads();
     openblas_set_num_threads(1);
-    double t0 = co_now(), last = t0;
-    int b = 0;
-    for (size_t j0 = 0; !rc && j0 < toks->n; j0 += C, b ^= 1) {
-        size_t nb = toks->n - j0 < C ? toks->n - j0 : C;
-        pthread_mutex_lock(&p.lock);
-        while (p.ready[b] && !p.rc)
-            pthread_cond_wait(&p.cond, &p.lock);   /* slot b still being added */
-        rc = p.rc;
-        pthread_mutex_unlock(&p.lock);
-        if (rc)
-            break;
-        hp_chunk *c = &p.slot[b];
-        /* row 0 = h before the chunk's first token, rows 1..nb = after each */
-        memcpy(c->h, lstm_state_top(s), (size_t)H * sizeof(float));
-        rc = lstm_forward_seq(m, s, toks->ids + j0, nb, c->h + H, err, errlen);
-        for (size_t r = 0; !rc && r < nb; r++) {
-            int id = toks->ids[j0 + r];
-            if (words && id == m->unk_id && toks->words && toks->words[j0 + r]) {
-                id = wordtable_id(words, toks->words[j0 + r], strlen(toks->words[j0 + r]), true);
-                if (id < 0)
-                    rc = nc_error(err, errlen, NC_ENOMEM, "word table");
-            }
-            c->ids[r] = id;
-        }
-        if (rc)
-            break;
-        c->n = nb;
-        pthread_mutex_lock(&p.lock);
-        p.ready[b] = 1;
-        pthread_cond_broadcast(&p.cond);
-        pthread_mutex_unlock(&p.lock);
-        double t = co_now();
-        if (progress && (t - last > 2.0 || j0 + nb == toks->n)) {
-            fprintf(stderr, "  %zu/%zu tokens (%.0f%%), %.0f tokens/s\n", j0 + nb, toks->n,
-                    100.0 * (double)(j0 + nb) / (double)toks->n, (double)(j0 + nb) / (t - t0 + 1e-9));
-            last = t;
-        }
-    }
-    if (started) {
-        pthread_mutex_lock(&p.lock);
-        p.done = true;
-        pthread_cond_broadcast(&p.cond);
-        pthread_mutex_unlock(&p.lock);
-        pthread_join(th, NULL);   /* after the last chunk was consumed */
-        if (!rc && p.rc)
-            rc = nc_error(err, errlen, p.rc, "%s", p.err);
-    }
+    double t0 = co_now();
+    if (!rc)
+        rc = hp_produce(&p, &pr, C, progress, err, errlen);
+    if (started)
+        rc = hp_stop_consumer(&p, th, rc, err, errlen);
     openblas_set_num_threads(blas);
     if (!rc && progress && toks->n)
         fprintf(stderr, "  stored in %.2f s (%.0f tokens/s)\n", co_now() - t0,
@@ -606,7 +653,7 @@ int co_hidden_pass(const nc_model *m, const nc_tokens *toks, nc_wordtable *words
     }
     pthread_cond_destroy(&p.cond);
     pthread_mutex_destroy(&p.lock);
-    lstm_state_free(s);
+    lstm_state_free(pr.s);
     lstm_work_free(w);
     return rc;
 }
@@ -625,7 +672,7 @@ int cacheopts_fill_memory(const nc_model *m, const char *path, nc_wordtable *wor
     if (!rc && progress)
         fprintf(stderr, "memory: streaming %zu tokens of %s into the unbounded cache\n", t.n, path);
     if (!rc)
-        rc = co_hidden_pass(m, &t, words, add_to_ub, ub, progress, err, errlen);
+        rc = co_hidden_pass(&(co_text){.m = m, .toks = &t, .words = words}, add_to_ub, ub, progress, err, errlen);
     tokens_clear(&t);
     return rc;
 }
@@ -636,20 +683,20 @@ bool cacheopts_any(const cacheopts *co)
     return p->neural_size > 0 || p->unigram_size > 0 || p->unbounded || p->open_vocab || p->dyn_lr > 0.0f;
 }
 
-int co_score_stream(const nc_model *m, const nc_cache_params *p, nc_unbounded_cache *ub, nc_wordtable *words,
-                    const nc_tokens *toks, bool bos_eos, double *lp, char *err, size_t errlen)
+int co_score_stream(const co_text *x, const nc_cache_params *p, nc_unbounded_cache *ub, double *lp, char *err,
+                    size_t errlen)
 {
     nc_stream *s = NULL;
-    int rc = stream_new(m, p, ub, words, bos_eos, &s, err, errlen);
+    int rc = stream_new(x->m, p, ub, x->words, x->bos_eos, &s, err, errlen);
     if (!rc)
-        rc = stream_feed(s, toks, ub != NULL, lp, err, errlen);
+        rc = stream_feed(s, x->toks, ub != NULL, lp, err, errlen);
     stream_free(s);
     return rc;
 }
 
-int co_score_cached(const nc_model *m, const cacheopts *co, const nc_tokens *toks, bool bos_eos,
-                    double *lp, bool progress, char *err, size_t errlen)
+int co_score_cached(const co_text *x, const cacheopts *co, double *lp, bool progress, char *err, size_t errlen)
 {
+    const nc_model *m = x->m;
     nc_wordtable *words = NULL;
     nc_unbounded_cache *ub = NULL;
     nc_doc *d = NULL;
@@ -662,10 +709,10 @@ int co_score_cached(const nc_model *m, const cacheopts *co, const nc_tokens *tok
         rc = cacheopts_fill_memory(m, co->memory_path, words, ub, progress, err, errlen);
     if (!rc && co->p.dyn_lr > 0.0f) {
         int blas = co_search_begin(co);
-        rc = co_score_stream(m, &co->p, ub, words, toks, bos_eos, lp, err, errlen);
+        rc = co_score_stream(&(co_text){m, x->toks, x->bos_eos, words}, &co->p, ub, lp, err, errlen);
         co_search_end(blas);
     } else if (!rc) {
-        rc = co_prepare(m, toks, bos_eos, words, &d, err, errlen);
+        rc = co_prepare(&(co_text){m, x->toks, x->bos_eos, words}, &d, err, errlen);
     }
     if (!rc && d) {
         nc_doc_caches dc = {.ub = ub, .adapt = ub != NULL};

@@ -69,6 +69,16 @@ int cacheopts_finish(cacheopts *co, const char *cmd);
 int cacheopts_make_ub(const cacheopts *co, const nc_cache_params *p, const nc_model *m,
                       nc_wordtable *words, nc_unbounded_cache **out, char *err, size_t errlen);
 
+/* A text to run the model over: its tokens, the start state (bos_eos: the
+ * state after eos, every token scored; else the first token is context
+ * only) and the open-vocabulary word table (NULL: closed vocabulary). */
+typedef struct {
+    const nc_model *m;
+    const nc_tokens *toks;
+    bool bos_eos;
+    nc_wordtable *words;
+} co_text;
+
 /* Streams the text file path through the model (state after one eos, then
  * every token) and adds every pair (h_t, x_{t+1}) to ub: the memory a
  * namespace would hold after that text was fed into it. words: open
@@ -76,30 +86,29 @@ int cacheopts_make_ub(const cacheopts *co, const nc_cache_params *p, const nc_mo
 int cacheopts_fill_memory(const nc_model *m, const char *path, nc_wordtable *words, nc_unbounded_cache *ub,
                           bool progress, char *err, size_t errlen);
 
-/* Runs the model over toks[0..n) from the state after one eos and calls fn
+/* Runs the model over x->toks from the state after one eos (x->bos_eos is
+ * not read) and calls fn
  * with chunks of rows: h[i] = the h_t that predicts token ids[i] (i.e. the
  * pair (h[i], ids[i])). Chunks of at most 4096 rows, in order, one call at a
  * time, from a second thread while the LSTM runs over the next chunk (on one
  * BLAS thread meanwhile): fn must not touch what the caller's thread uses.
  * fn returns NC_OK to go on; its error (code and message) is returned. */
 typedef int (*co_hidden_fn)(const float *h, const int *ids, size_t n, void *ctx, char *err, size_t errlen);
-int co_hidden_pass(const nc_model *m, const nc_tokens *toks, nc_wordtable *words, co_hidden_fn fn,
-                   void *ctx, bool progress, char *err, size_t errlen);
+int co_hidden_pass(const co_text *x, co_hidden_fn fn, void *ctx, bool progress, char *err, size_t errlen);
 
 /* True when any cache or open vocabulary is on (the doc_score path). */
 bool cacheopts_any(const cacheopts *co);
 
-/* The whole cache scoring of one file as `score` does it: open-vocabulary
- * table if asked, unbounded cache (filled with --memory first) with adapt,
- * one prepared document, doc_score. lp[toks->n]: NAN for context-only
- * tokens (bos none). */
-/* Scores toks through a stream of parameters p (stream_feed: how a session
+/* Scores x through a stream of parameters p (stream_feed: how a session
  * scores; dynamic evaluation needs it, its weights changing as it goes),
  * ub adapted when given. lp[j] as doc_score's. */
-int co_score_stream(const nc_model *m, const nc_cache_params *p, nc_unbounded_cache *ub, nc_wordtable *words,
-                    const nc_tokens *toks, bool bos_eos, double *lp, char *err, size_t errlen);
-int co_score_cached(const nc_model *m, const cacheopts *co, const nc_tokens *toks, bool bos_eos,
-                    double *lp, bool progress, char *err, size_t errlen);
+int co_score_stream(const co_text *x, const nc_cache_params *p, nc_unbounded_cache *ub, double *lp, char *err,
+                    size_t errlen);
+/* The whole cache scoring of one file as `score` does it: open-vocabulary
+ * table if asked (x->words is not read), unbounded cache (filled with
+ * --memory first) with adapt, one prepared document, doc_score.
+ * lp[toks->n]: NAN for context-only tokens (bos none). */
+int co_score_cached(const co_text *x, const cacheopts *co, double *lp, bool progress, char *err, size_t errlen);
 
 /* Runs gnuplot on script (a whole program, ending with the plot command).
  * NC_EIO with the reason if gnuplot is missing or fails. */
@@ -139,14 +148,11 @@ double co_cpu(void);
  * line without newline also ends with eos), normalised to the model's text
  * conventions unless --no-normalize was given. */
 int co_read_tokens(const nc_model *m, const char *path, nc_tokens *out, char *err, size_t errlen);
-/* Prepares a document from a token sequence: bos eos (state after eos, every
- * token scored) or none (first token context only). */
-int co_prepare(const nc_model *m, const nc_tokens *t, bool bos_eos, nc_wordtable *words, nc_doc **out,
-               char *err, size_t errlen);
+/* Prepares a document of x (the LSTM pass). */
+int co_prepare(const co_text *x, nc_doc **out, char *err, size_t errlen);
 /* The same; vocab_stats: keep p_vocab's statistics for the gate's features
  * (co_prepare does when the model has a gate; fit-gate needs them before). */
-int co_prepare_ex(const nc_model *m, const nc_tokens *t, bool bos_eos, nc_wordtable *words, bool vocab_stats,
-                  nc_doc **out, char *err, size_t errlen);
+int co_prepare_ex(const co_text *x, bool vocab_stats, nc_doc **out, char *err, size_t errlen);
 /* Perplexity of the scored entries (NAN entries skipped); *n gets their count. */
 double co_ppl(const double *lp, size_t len, size_t *n);
 /* Tokens of t that are the model's unk, and their share of t in percent

@@ -230,12 +230,31 @@ typedef struct {
     double skipped;               /* gate rows: fraction of unbounded searches skipped (else NAN) */
 } result;
 
+/* What scoring every file needs: the model, the command's cache options
+ * and start state; err: the message of a failure. */
+typedef struct {
+    const nc_model *m;
+    const cacheopts *co;
+    bool bos_eos;
+    char err[NC_ERRLEN];
+} eval_ctx;
+
+/* The rows of the table and each one's result for the file at hand. */
+typedef struct {
+    const row *rows;
+    int nrows;
+    result *res;
+} eval_table;
+
 /* A row with dynamic evaluation: a session through the file (its weights
  * change as it goes, so the shared LSTM pass and neighbours do not serve),
  * with its own unbounded cache filled with --memory, which it adapts. */
-static int eval_dyn_row(const nc_model *m, const cacheopts *co, bool bos_eos, const nc_tokens *toks,
-                        const nc_cache_params *p, double *lp, result *res, char *err, size_t errlen)
+static int eval_dyn_row(eval_ctx *x, const nc_tokens *toks, const nc_cache_params *p, double *lp, result *res)
 {
+    const nc_model *m = x->m;
+    const cacheopts *co = x->co;
+    char *err = x->err;
+    const size_t errlen = sizeof x->err;
     nc_wordtable *words = NULL;
     nc_unbounded_cache *ub = NULL;
     int rc = NC_OK;
@@ -248,7 +267,7 @@ static int eval_dyn_row(const nc_model *m, const cacheopts *co, bool bos_eos, co
     double t0 = co_now(), c0 = co_cpu();
     if (!rc) {
         int blas = co_search_begin(co);
-        rc = co_score_stream(m, p, ub, words, toks, bos_eos, lp, err, errlen);
+        rc = co_score_stream(&(co_text){m, toks, x->bos_eos, words}, p, ub, lp, err, errlen);
         co_search_end(blas);
     }
     res->seconds = co_now() - t0;
@@ -260,107 +279,152 @@ static int eval_dyn_row(const nc_model *m, const cacheopts *co, bool bos_eos, co
     return rc;
 }
 
-/* Scores one file under every row. */
-static int eval_file(const nc_model *m, const cacheopts *co, bool bos_eos, const char *path, row *rows, int nrows,
-                     result *res, double *t_lstm, char *err, size_t errlen)
-{
+/* One file's shared work: its tokens, the LSTM pass (d), and the kmax
+ * nearest unbounded-cache neighbours of every position (nd2/nw), of which
+ * the rows asking for fewer take the first k (kd2/kw); the seconds and
+ * CPU seconds of the pass and of the search, counted in every row. */
+typedef struct {
     nc_tokens toks;
-    tokens_init(&toks);
-    nc_wordtable *words = NULL;
-    nc_unbounded_cache *ub = NULL;
-    nc_doc *d = NULL;
-    float *nd2 = NULL, *kd2 = NULL;
-    int *nw = NULL, *kw = NULL;
-    double *lp = NULL;
-    int kmax = 0;
-    for (int i = 0; i < nrows; i++)
-        if (rows[i].p.unbounded && rows[i].p.knn > kmax)
-            kmax = rows[i].p.knn;
-    int rc = co_read_tokens(m, path, &toks, err, errlen);
+    nc_wordtable *words;
+    nc_unbounded_cache *ub;
+    nc_doc *d;
+    float *nd2, *kd2;
+    int *nw, *kw;
+    double *lp;
+    int kmax;
+    double t_pass, cpu_pass, t_search, cpu_search;
+} eval_doc;
+
+static void eval_doc_free(eval_doc *e)
+{
+    free(e->lp);
+    free(e->nd2);
+    free(e->nw);
+    free(e->kd2);
+    free(e->kw);
+    doc_free(e->d);
+    unbounded_cache_free(e->ub);
+    wordtable_free(e->words);
+    tokens_clear(&e->toks);
+}
+
+/* Reads the file, fills the unbounded cache's memory and runs the LSTM. */
+static int eval_doc_prepare(eval_doc *e, eval_ctx *x, const char *path)
+{
+    const nc_model *m = x->m;
+    const cacheopts *co = x->co;
+    char *err = x->err;
+    const size_t errlen = sizeof x->err;
+    int rc = co_read_tokens(m, path, &e->toks, err, errlen);
     if (!rc && co->p.open_vocab)
-        rc = wordtable_new(m->vocab, &words, err, errlen);
-    if (!rc && kmax > 0)
-        rc = cacheopts_make_ub(co, &co->p, m, words, &ub, err, errlen);
-    if (!rc && ub && co->memory_path)
-        rc = cacheopts_fill_memory(m, co->memory_path, words, ub, true, err, errlen);
+        rc = wordtable_new(m->vocab, &e->words, err, errlen);
+    if (!rc && e->kmax > 0)
+        rc = cacheopts_make_ub(co, &co->p, m, e->words, &e->ub, err, errlen);
+    if (!rc && e->ub && co->memory_path)
+        rc = cacheopts_fill_memory(m, co->memory_path, e->words, e->ub, true, err, errlen);
     double t0 = co_now(), c0 = co_cpu();
     if (!rc)
-        rc = co_prepare(m, &toks, bos_eos, words, &d, err, errlen);
-    double tp = co_now() - t0, tn = 0, cp = co_cpu() - c0, cn = 0;
-    *t_lstm = tp;
-    if (!rc && d->n <= d->first)
+        rc = co_prepare(&(co_text){m, &e->toks, x->bos_eos, e->words}, &e->d, err, errlen);
+    e->t_pass = co_now() - t0;
+    e->cpu_pass = co_cpu() - c0;
+    if (!rc && e->d->n <= e->d->first)
         rc = nc_error(err, errlen, NC_EINVAL, "%s: no tokens to score", path);
     if (!rc) {
-        lp = malloc(d->n * sizeof(double));
-        if (!lp)
-            rc = nc_error(err, errlen, NC_ENOMEM, "%zu log-probabilities", d->n);
+        e->lp = malloc(e->d->n * sizeof(double));
+        if (!e->lp)
+            rc = nc_error(err, errlen, NC_ENOMEM, "%zu log-probabilities", e->d->n);
     }
-    if (!rc && kmax > 0) {
-        nd2 = malloc(d->n * (size_t)kmax * sizeof(float));
-        nw = malloc(d->n * (size_t)kmax * sizeof(int));
-        kd2 = malloc(d->n * (size_t)kmax * sizeof(float));
-        kw = malloc(d->n * (size_t)kmax * sizeof(int));
-        if (!nd2 || !nw || !kd2 || !kw)
-            rc = nc_error(err, errlen, NC_ENOMEM, "neighbours of %zu positions", d->n);
-        nc_cache_params sp = co->p;
-        sp.unbounded = true;
-        sp.knn = kmax;
-        t0 = co_now();
-        c0 = co_cpu();
-        int blas = co_search_begin(co);
-        if (!rc)
-            rc = doc_neighbours(d, &sp, ub, true, 0, nd2, nw, err, errlen);
-        co_search_end(blas);
-        tn = co_now() - t0;
-        cn = co_cpu() - c0;
+    return rc;
+}
+
+/* The kmax nearest neighbours of every position, searched once for all rows. */
+static int eval_doc_search(eval_doc *e, eval_ctx *x)
+{
+    const cacheopts *co = x->co;
+    char *err = x->err;
+    const size_t errlen = sizeof x->err;
+    size_t n = e->d->n, k = (size_t)e->kmax;
+    int rc = NC_OK;
+    e->nd2 = malloc(n * k * sizeof(float));
+    e->nw = malloc(n * k * sizeof(int));
+    e->kd2 = malloc(n * k * sizeof(float));
+    e->kw = malloc(n * k * sizeof(int));
+    if (!e->nd2 || !e->nw || !e->kd2 || !e->kw)
+        rc = nc_error(err, errlen, NC_ENOMEM, "neighbours of %zu positions", n);
+    nc_cache_params sp = co->p;
+    sp.unbounded = true;
+    sp.knn = e->kmax;
+    double t0 = co_now(), c0 = co_cpu();
+    int blas = co_search_begin(co);
+    if (!rc)
+        rc = doc_neighbours(e->d, &sp, e->ub, true, 0, e->nd2, e->nw, err, errlen);
+    co_search_end(blas);
+    e->t_search = co_now() - t0;
+    e->cpu_search = co_cpu() - c0;
+    return rc;
+}
+
+/* Points dc at the row's k nearest of the searched neighbours; adds the
+ * time that takes and the search's to *t and *cpu. */
+static void eval_doc_neighbours(eval_doc *e, int k, nc_doc_caches *dc, double *t, double *cpu)
+{
+    double t0 = co_now(), c0 = co_cpu();
+    if (k == e->kmax) {
+        dc->pre_d2 = e->nd2;
+        dc->pre_words = e->nw;
+    } else {
+        /* the first k of the kmax neighbours are the k nearest */
+        for (size_t i = 0; i < e->d->n; i++) {
+            memcpy(e->kd2 + i * k, e->nd2 + i * e->kmax, (size_t)k * sizeof(float));
+            memcpy(e->kw + i * k, e->nw + i * e->kmax, (size_t)k * sizeof(int));
+        }
+        dc->pre_d2 = e->kd2;
+        dc->pre_words = e->kw;
     }
+    dc->ub = e->ub;
+    *t = co_now() - t0 + e->t_search;
+    *cpu = co_cpu() - c0 + e->cpu_search;
+}
+
+/* Scores the prepared file under one row (without dynamic evaluation). */
+static int eval_doc_row(eval_doc *e, eval_ctx *x, const nc_cache_params *p, result *res)
+{
+    nc_doc_caches dc = {0};
+    double tk = 0, ck = 0;
+    if (p->unbounded)
+        eval_doc_neighbours(e, p->knn, &dc, &tk, &ck);
+    double t0 = co_now(), c0 = co_cpu();
+    int rc = doc_score(e->d, p, &dc, 0, e->lp, x->err, sizeof x->err);
+    double ts = co_now() - t0, cs = co_cpu() - c0;
+    res->skipped = dc.searched + dc.skipped > 0 ? (double)dc.skipped / (double)(dc.searched + dc.skipped) : NAN;
+    res->ppl = co_ppl(e->lp, e->d->n, &res->scored);
+    res->unk = tokens_count_unk(x->m, &e->toks, 0);
+    res->seconds = e->t_pass + tk + ts;
+    res->cpu = e->cpu_pass + ck + cs;
+    return rc;
+}
+
+/* Scores one file under every row; *t_lstm: the seconds of its LSTM pass. */
+static int eval_file(eval_ctx *x, const char *path, const eval_table *tb, double *t_lstm)
+{
+    const row *rows = tb->rows;
+    const int nrows = tb->nrows;
+    eval_doc e = {0};
+    tokens_init(&e.toks);
+    for (int i = 0; i < nrows; i++)
+        if (rows[i].p.unbounded && rows[i].p.knn > e.kmax)
+            e.kmax = rows[i].p.knn;
+    int rc = eval_doc_prepare(&e, x, path);
+    *t_lstm = e.t_pass;
+    if (!rc && e.kmax > 0)
+        rc = eval_doc_search(&e, x);
     for (int i = 0; !rc && i < nrows; i++) {
-        const nc_cache_params *p = &rows[i].p;
-        if (p->dyn_lr > 0.0f) {
-            rc = eval_dyn_row(m, co, bos_eos, &toks, p, lp, &res[i], err, errlen);
-            continue;
-        }
-        nc_doc_caches dc = {0};
-        double tk = 0, ck = 0;
-        if (p->unbounded) {
-            int k = p->knn;
-            t0 = co_now();
-            c0 = co_cpu();
-            if (k == kmax) {
-                dc.pre_d2 = nd2;
-                dc.pre_words = nw;
-            } else {
-                /* the first k of the kmax neighbours are the k nearest */
-                for (size_t t = 0; t < d->n; t++) {
-                    memcpy(kd2 + t * k, nd2 + t * kmax, (size_t)k * sizeof(float));
-                    memcpy(kw + t * k, nw + t * kmax, (size_t)k * sizeof(int));
-                }
-                dc.pre_d2 = kd2;
-                dc.pre_words = kw;
-            }
-            dc.ub = ub;
-            tk = co_now() - t0 + tn;
-            ck = co_cpu() - c0 + cn;
-        }
-        t0 = co_now();
-        c0 = co_cpu();
-        rc = doc_score(d, p, &dc, 0, lp, err, errlen);
-        double ts = co_now() - t0, cs = co_cpu() - c0;
-        res[i].skipped = dc.searched + dc.skipped > 0 ? (double)dc.skipped / (double)(dc.searched + dc.skipped) : NAN;
-        res[i].ppl = co_ppl(lp, d->n, &res[i].scored);
-        res[i].unk = tokens_count_unk(m, &toks, 0);
-        res[i].seconds = tp + tk + ts;
-        res[i].cpu = cp + ck + cs;
+        if (rows[i].p.dyn_lr > 0.0f)
+            rc = eval_dyn_row(x, &e.toks, &rows[i].p, e.lp, &tb->res[i]);
+        else
+            rc = eval_doc_row(&e, x, &rows[i].p, &tb->res[i]);
     }
-    free(lp);
-    free(nd2);
-    free(nw);
-    free(kd2);
-    free(kw);
-    doc_free(d);
-    unbounded_cache_free(ub);
-    wordtable_free(words);
-    tokens_clear(&toks);
+    eval_doc_free(&e);
     return rc;
 }
 
@@ -372,7 +436,7 @@ static const char *base_name(const char *p)
 
 static int write_sweep_plot(const char *prefix, const char *knob, char *err, size_t errlen)
 {
-    char script[4096];
+    char script[8192];   /* room for four 1024-byte prefixes */
     bool logx = !strcmp(knob, "neural-size") || !strcmp(knob, "unigram-size") || !strcmp(knob, "knn");
     snprintf(script, sizeof script,
              "set terminal pngcairo size 800,500\n"
@@ -394,7 +458,19 @@ static int write_sweep_plot(const char *prefix, const char *knob, char *err, siz
     return co_gnuplot(script, err, errlen);
 }
 
-int cmd_eval(int argc, char **argv)
+/* The command line: the command's own options and the cache options. */
+typedef struct {
+    struct option opts[CACHEOPTS_MAX];
+    const char *model_dir, *csv_path, *sweep, *out_prefix, *extra[MAX_EXTRA];
+    int nextra;
+    bool bos_eos;
+    cacheopts co;
+    const nc_cache_knob *swept;   /* --sweep's knob */
+    char prefix[1024];            /* --sweep's output prefix */
+} eval_args;
+
+/* getopt over argv into a; -1 to go on, else the exit status. */
+static int eval_getopt(eval_args *a, int argc, char **argv)
 {
     static const struct option own[] = {
         {"model", required_argument, NULL, OPT_MODEL}, {"bos", required_argument, NULL, OPT_BOS},
@@ -403,249 +479,317 @@ int cmd_eval(int argc, char **argv)
         {"row", required_argument, NULL, OPT_ROW},
         {NULL, 0, NULL, 0},
     };
-    struct option opts[CACHEOPTS_MAX];
-    cacheopts_options(own, opts);
-    const char *model_dir = NULL, *csv_path = NULL, *sweep = NULL, *out_prefix = NULL, *extra[MAX_EXTRA];
-    int nextra = 0;
-    bool bos_eos = true;
-    cacheopts co;
-    cacheopts_start(&co);
+    cacheopts_options(own, a->opts);
+    a->bos_eos = true;
+    cacheopts_start(&a->co);
     int c;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":h", a->opts, NULL)) != -1) {
         switch (c) {
-        case OPT_MODEL: model_dir = optarg; break;
-        case OPT_CSV: csv_path = optarg; break;
-        case OPT_SWEEP: sweep = optarg; break;
-        case OPT_OUT: out_prefix = optarg; break;
+        case OPT_MODEL: a->model_dir = optarg; break;
+        case OPT_CSV: a->csv_path = optarg; break;
+        case OPT_SWEEP: a->sweep = optarg; break;
+        case OPT_OUT: a->out_prefix = optarg; break;
         case OPT_ROW:
-            if (nextra == MAX_EXTRA) {
+            if (a->nextra == MAX_EXTRA) {
                 fprintf(stderr, "neurocache eval: at most %d --row options\n", MAX_EXTRA);
                 return 2;
             }
-            extra[nextra++] = optarg;
+            a->extra[a->nextra++] = optarg;
             break;
         case OPT_BOS:
             if (strcmp(optarg, "eos") && strcmp(optarg, "none")) {
                 fprintf(stderr, "neurocache eval: --bos must be 'eos' or 'none', not '%s'\n", optarg);
                 return 2;
             }
-            bos_eos = !strcmp(optarg, "eos");
+            a->bos_eos = !strcmp(optarg, "eos");
             break;
         case 'h':
         case OPT_HELP: usage(stdout); return 0;
         case ':':
-            return co_bad_option("eval", opts, c, argv);
+            return co_bad_option("eval", a->opts, c, argv);
         default:
-            switch (cacheopts_parse(&co, c, optarg, "eval")) {
+            switch (cacheopts_parse(&a->co, c, optarg, "eval")) {
             case 1: continue;
             case -1: return 2;
             }
-            return co_bad_option("eval", opts, c, argv);
+            return co_bad_option("eval", a->opts, c, argv);
         }
     }
-    if (!model_dir || optind >= argc) {
-        return co_usage_error("eval", "%s", !model_dir ? "--model DIR is required" : "FILE is required");
+    return -1;
+}
+
+/* The whole command line, checked; -1 to go on, else the exit status. */
+static int eval_parse_args(eval_args *a, int argc, char **argv)
+{
+    int rc = eval_getopt(a, argc, argv);
+    if (rc >= 0)
+        return rc;
+    if (!a->model_dir || optind >= argc) {
+        return co_usage_error("eval", "%s", !a->model_dir ? "--model DIR is required" : "FILE is required");
     }
-    if (out_prefix && !sweep) {
+    if (a->out_prefix && !a->sweep) {
         fprintf(stderr, "neurocache eval: --out needs --sweep\n");
         return 2;
     }
     /* a sweep of a cache's size switches that cache on: its knobs are then
      * legal without the size option */
-    const nc_cache_knob *sk = sweep ? swept_knob(sweep) : NULL;
+    cacheopts *co = &a->co;
+    const nc_cache_knob *sk = a->sweep ? swept_knob(a->sweep) : NULL;
     if (sk && !strcmp(sk->name, "neural_size")) {
-        co.seen[CO_KNOB_neural_size - CO_FIRST] = 1;
-        if (co.p.neural_size == 0)
-            co.p.neural_size = 2000;
+        co->seen[CO_KNOB_neural_size - CO_FIRST] = 1;
+        if (co->p.neural_size == 0)
+            co->p.neural_size = 2000;
     } else if (sk && !strcmp(sk->name, "unigram_size")) {
-        co.seen[CO_KNOB_unigram_size - CO_FIRST] = 1;
-        if (co.p.unigram_size == 0)
-            co.p.unigram_size = 2000;
+        co->seen[CO_KNOB_unigram_size - CO_FIRST] = 1;
+        if (co->p.unigram_size == 0)
+            co->p.unigram_size = 2000;
     } else if (sk && (!strcmp(sk->name, "knn") || !strcmp(sk->name, "unbounded_lambda"))) {
-        co.seen[CO_KNOB_unbounded - CO_FIRST] = 1;
-        co.p.unbounded = true;
+        co->seen[CO_KNOB_unbounded - CO_FIRST] = 1;
+        co->p.unbounded = true;
     }
     /* with --row, the index options (--switch-at, --index, --memory) serve
      * the rows' unbounded cache */
-    if (nextra > 0)
-        co.seen[CO_KNOB_unbounded - CO_FIRST] = 1;
-    if (cacheopts_finish(&co, "eval"))
+    if (a->nextra > 0)
+        co->seen[CO_KNOB_unbounded - CO_FIRST] = 1;
+    if (cacheopts_finish(co, "eval"))
         return 2;
+    a->swept = sk;
+    return -1;
+}
 
-    static row rows[MAX_ROWS];
-    int nrows = 0, gate_rows_from = -1;
-    const nc_cache_knob *swept = NULL;
-    char prefix[1024] = "";
-    if (sweep) {
-        const char *eq = strchr(sweep, '=');
-        swept = sk;
-        if (!swept) {
-            fprintf(stderr, "neurocache eval: --sweep wants KNOB=V1,V2,... with KNOB one of neural-size, "
-                            "unigram-size, knn, neural-theta, neural-lambda, neural-alpha, unbounded-lambda, "
-                            "unigram-lambda\n");
+/* --sweep's rows: one per value, then the static reference; 0 or 2. */
+static int sweep_rows(eval_args *a, row *rows, int *nrows)
+{
+    const char *eq = strchr(a->sweep, '=');
+    const nc_cache_knob *swept = a->swept;
+    if (!swept) {
+        fprintf(stderr, "neurocache eval: --sweep wants KNOB=V1,V2,... with KNOB one of neural-size, "
+                        "unigram-size, knn, neural-theta, neural-lambda, neural-alpha, unbounded-lambda, "
+                        "unigram-lambda\n");
+        return 2;
+    }
+    double *vals = NULL;
+    int nv = co_parse_list(eq + 1, &vals);
+    if (nv < 0 || nv > MAX_ROWS) {
+        fprintf(stderr, "neurocache eval: --sweep %s: bad value list '%s'\n", swept->flag, eq + 1);
+        return 2;
+    }
+    for (int i = 0; i < nv; i++) {
+        double v = vals[i];
+        if (!strcmp(swept->name, "neural_lambda") && cacheopts_given(&a->co, CO_KNOB_global_norm)) {
+            fprintf(stderr, "neurocache eval: --sweep neural-lambda is for linear interpolation, not --global-norm\n");
+            free(vals);
             return 2;
         }
-        double *vals = NULL;
-        int nv = co_parse_list(eq + 1, &vals);
-        if (nv < 0 || nv > MAX_ROWS) {
-            fprintf(stderr, "neurocache eval: --sweep %s: bad value list '%s'\n", swept->flag, eq + 1);
+        nc_cache_params p = a->co.p;
+        char err[NC_ERRLEN];
+        if (set_knob(&p, swept, v, err, sizeof err) != NC_OK) {
+            fprintf(stderr, "neurocache eval: --sweep %s: %s\n", swept->flag, err);
+            free(vals);
             return 2;
         }
-        for (int i = 0; i < nv; i++) {
-            double v = vals[i];
-            if (!strcmp(swept->name, "neural_lambda") && cacheopts_given(&co, CO_KNOB_global_norm)) {
-                fprintf(stderr, "neurocache eval: --sweep neural-lambda is for linear interpolation, not --global-norm\n");
-                free(vals);
-                return 2;
-            }
-            nc_cache_params p = co.p;
-            char err[NC_ERRLEN];
-            if (set_knob(&p, swept, v, err, sizeof err) != NC_OK) {
-                fprintf(stderr, "neurocache eval: --sweep %s: %s\n", swept->flag, err);
-                free(vals);
-                return 2;
-            }
-            add_row(rows, &nrows, &p);
-            rows[nrows - 1].sweep_value = v;
+        add_row(rows, nrows, &p);
+        rows[*nrows - 1].sweep_value = v;
+    }
+    free(vals);
+    snprintf(a->prefix, sizeof a->prefix, "%s", a->out_prefix ? a->out_prefix : "");
+    if (!a->out_prefix)
+        snprintf(a->prefix, sizeof a->prefix, "sweep-%s", swept->flag);
+    /* the static reference, last */
+    nc_cache_params st = a->co.p;
+    st.unigram_size = st.neural_size = 0;
+    st.unbounded = st.global_norm = st.neural_f16 = st.exact = false;
+    add_row(rows, nrows, &st);
+    return 0;
+}
+
+/* --gate: the rows of the components the gate was fitted for, gated, after
+ * the constant-λ rows n0.. ; with the unbounded cache twice, always
+ * searching and with adaptive retrieval (unless --gate-skip fixes the
+ * threshold). */
+static void add_gated_rows(const cacheopts *co, row *rows, int *nrows)
+{
+    int n0 = *nrows;
+    for (int i = 0; i < n0; i++) {
+        rows[i].p.gate = false;
+        cache_params_describe(&rows[i].p, rows[i].name, sizeof rows[i].name);
+    }
+    for (int i = 1; i < n0; i++) {
+        nc_cache_params q = rows[i].p;
+        q.gate = true;
+        q.gate_skip = co->p.gate_skip;
+        if (q.unbounded && !cacheopts_given(co, CO_KNOB_gate_skip)) {
+            q.gate_skip = 0.0f;
+            add_row(rows, nrows, &q);
+            q.gate_skip = -1.0f;
         }
-        free(vals);
-        snprintf(prefix, sizeof prefix, "%s", out_prefix ? out_prefix : "");
-        if (!out_prefix)
-            snprintf(prefix, sizeof prefix, "sweep-%s", swept->flag);
-        /* the static reference, last */
-        nc_cache_params st = co.p;
-        st.unigram_size = st.neural_size = 0;
-        st.unbounded = st.global_norm = st.neural_f16 = st.exact = false;
-        add_row(rows, &nrows, &st);
-    } else if (nextra > 0 && co.p.neural_size == 0 && co.p.unigram_size == 0 && !co.p.unbounded) {
+        add_row(rows, nrows, &q);
+    }
+}
+
+/* Every row the options ask for, validated; *gate_rows_from: the first
+ * gated row (-1: none). 0 or 2. */
+static int eval_rows(eval_args *a, row *rows, int *nrows, int *gate_rows_from)
+{
+    const cacheopts *co = &a->co;
+    *nrows = 0;
+    *gate_rows_from = -1;
+    if (a->sweep) {
+        if (sweep_rows(a, rows, nrows))
+            return 2;
+    } else if (a->nextra > 0 && co->p.neural_size == 0 && co->p.unigram_size == 0 && !co->p.unbounded) {
         /* only the static reference and the rows asked for */
-        nc_cache_params st = co.p;
-        add_row(rows, &nrows, &st);
+        nc_cache_params st = co->p;
+        add_row(rows, nrows, &st);
     } else {
-        nrows = table_rows(&co, rows);
-        if (co.p.gate) {
-            /* --gate: the rows of the components the gate was fitted for,
-             * gated, after the constant-λ rows; with the unbounded cache
-             * twice, always searching and with adaptive retrieval (unless
-             * --gate-skip fixes the threshold) */
-            int n0 = nrows;
-            gate_rows_from = n0;
-            for (int i = 0; i < n0; i++) {
-                rows[i].p.gate = false;
-                cache_params_describe(&rows[i].p, rows[i].name, sizeof rows[i].name);
-            }
-            for (int i = 1; i < n0; i++) {
-                nc_cache_params q = rows[i].p;
-                q.gate = true;
-                q.gate_skip = co.p.gate_skip;
-                if (q.unbounded && !cacheopts_given(&co, CO_KNOB_gate_skip)) {
-                    q.gate_skip = 0.0f;
-                    add_row(rows, &nrows, &q);
-                    q.gate_skip = -1.0f;
-                }
-                add_row(rows, &nrows, &q);
-            }
+        *nrows = table_rows(co, rows);
+        if (co->p.gate) {
+            *gate_rows_from = *nrows;
+            add_gated_rows(co, rows, nrows);
         }
     }
-    for (int i = 0; i < nextra; i++) {
+    for (int i = 0; i < a->nextra; i++) {
         nc_cache_params p;
-        if (sweep) {
+        if (a->sweep) {
             fprintf(stderr, "neurocache eval: --row and --sweep exclude each other\n");
             return 2;
         }
-        if (parse_row(extra[i], &co, opts, &p))
+        if (parse_row(a->extra[i], co, a->opts, &p))
             return 2;
-        add_row(rows, &nrows, &p);
+        add_row(rows, nrows, &p);
     }
-    for (int i = 0; i < nrows; i++) {
+    for (int i = 0; i < *nrows; i++) {
         char e[NC_ERRLEN];
         if (cache_params_validate(&rows[i].p, e, sizeof e)) {
             fprintf(stderr, "neurocache eval: %s: %s\n", rows[i].name, e);
             return 2;
         }
     }
+    return 0;
+}
 
-    char err[NC_ERRLEN];
+/* Checks the gated rows against the model's gate: a gate weighs the
+ * components it was fitted with, so the twins of other component sets
+ * (which would only show it used outside them) are dropped. */
+static int keep_gate_rows(eval_ctx *x, const char *model_dir, row *rows, int *nrows, int gate_rows_from)
+{
+    const nc_model *m = x->m;
+    for (int i = 0; i < *nrows; i++)
+        if (rows[i].p.gate && !m->gate)
+            return nc_error(x->err, sizeof x->err, NC_EINVAL, "%s has no gate (gate.safetensors): fit one with "
+                            "neurocache fit-gate", model_dir);
+    if (gate_rows_from < 0)
+        return NC_OK;
+    int o = gate_rows_from;
+    for (int i = gate_rows_from; i < *nrows; i++)
+        if (mixture_components_on(&rows[i].p) == m->gate->comps)
+            rows[o++] = rows[i];
+    if (o == gate_rows_from)
+        fprintf(stderr, "neurocache eval: the gate was fitted for other caches (see its gate.json): "
+                        "no gated row\n");
+    *nrows = o;
+    return NC_OK;
+}
+
+/* The CSV file (--csv, or PREFIX.csv of --sweep) with its header line. */
+static int open_csv(const eval_args *a, FILE **csv, char *name, size_t namelen, char *err, size_t errlen)
+{
+    if (a->sweep)
+        snprintf(name, namelen, "%s.csv", a->prefix);
+    else
+        snprintf(name, namelen, "%s", a->csv_path);
+    *csv = fopen(name, "w");
+    if (!*csv)
+        return nc_error(err, errlen, NC_EIO, "%s: cannot write", name);
+    if (a->sweep)
+        fprintf(*csv, "file,knob,%s,ppl,static_ppl,seconds,tokens_per_s,cpu_seconds,tokens_per_cpu_s\n",
+                a->swept->flag);
+    else
+        fprintf(*csv, "file,config,tokens,ppl,seconds,tokens_per_s,cpu_seconds,tokens_per_cpu_s,skipped\n");
+    return NC_OK;
+}
+
+/* One file's table on stdout (and its CSV lines): a row per configuration,
+ * its change against the static row (a sweep's is the last). */
+static void print_file_table(const eval_args *a, const char *path, const eval_table *tb, double t_lstm, FILE *csv)
+{
+    const row *rows = tb->rows;
+    const int nrows = tb->nrows;
+    const result *res = tb->res;
+    bool sweep = a->sweep != NULL;
+    double ppl0 = sweep ? res[nrows - 1].ppl : res[0].ppl;
+    printf("%s: %zu tokens scored, %zu unknown words (%.2f%%), LSTM pass %.2f s (%.0f tokens/s)%s\n", path,
+           res[0].scored, res[0].unk, res[0].scored ? 100.0 * (double)res[0].unk / (double)res[0].scored : 0.0,
+           t_lstm, res[0].scored / (t_lstm > 0 ? t_lstm : 1e-9), a->co.p.open_vocab ? ", open vocabulary" : "");
+    int wname = 14;
+    for (int i = 0; i < nrows; i++)
+        if ((int)strlen(rows[i].name) > wname)
+            wname = (int)strlen(rows[i].name);
+    printf("  %-*s %12s %8s %12s %14s %9s\n", wname, sweep ? a->swept->flag : "configuration", "perplexity",
+           "change", "tokens/s", "tokens/CPU-s", "skipped");
+    for (int i = 0; i < nrows; i++) {
+        const result *r = &res[i];
+        double tps = r->scored / (r->seconds > 0 ? r->seconds : 1e-9);
+        char chg[32] = "";
+        if (isfinite(ppl0) && isfinite(r->ppl) && (sweep ? i != nrows - 1 : i != 0))
+            snprintf(chg, sizeof chg, "%+.1f%%", 100.0 * (r->ppl / ppl0 - 1.0));
+        double cps = r->scored / (r->cpu > 0 ? r->cpu : 1e-9);
+        char skp[32] = "";
+        if (!isnan(r->skipped))
+            snprintf(skp, sizeof skp, "%.1f%%", 100.0 * r->skipped);
+        printf("  %-*s %12.3f %8s %12.0f %14.0f %9s\n", wname, rows[i].name, r->ppl, chg, tps, cps, skp);
+        if (csv && !sweep)
+            fprintf(csv, "%s,\"%s\",%zu,%.6f,%.6f,%.1f,%.6f,%.1f,%s\n", base_name(path), rows[i].name, r->scored,
+                    r->ppl, r->seconds, tps, r->cpu, cps, skp);
+        else if (csv && i != nrows - 1)
+            fprintf(csv, "%s,%s,%g,%.6f,%.6f,%.6f,%.1f,%.6f,%.1f\n", base_name(path), a->swept->flag,
+                    rows[i].sweep_value, r->ppl, ppl0, r->seconds, tps, r->cpu, cps);
+    }
+    fflush(stdout);
+}
+
+int cmd_eval(int argc, char **argv)
+{
+    static eval_args a;
+    memset(&a, 0, sizeof a);
+    int st = eval_parse_args(&a, argc, argv);
+    if (st >= 0)
+        return st;
+    static row rows[MAX_ROWS];
+    int nrows, gate_rows_from;
+    if (eval_rows(&a, rows, &nrows, &gate_rows_from))
+        return 2;
+
+    static eval_ctx x;
+    x = (eval_ctx){.co = &a.co, .bos_eos = a.bos_eos};
+    char *err = x.err, csvname[1100];
+    const size_t errlen = sizeof x.err;
     nc_model *m = NULL;
     FILE *csv = NULL;
-    int rc = model_load(model_dir, &m, err, sizeof err);
-    for (int i = 0; !rc && i < nrows; i++)
-        if (rows[i].p.gate && !m->gate)
-            rc = nc_error(err, sizeof err, NC_EINVAL, "%s has no gate (gate.safetensors): fit one with "
-                          "neurocache fit-gate", model_dir);
-    if (!rc && gate_rows_from >= 0) {
-        /* a gate weighs the components it was fitted with: the twins of
-         * other component sets would only show it used outside them */
-        int o = gate_rows_from;
-        for (int i = gate_rows_from; i < nrows; i++)
-            if (mixture_components_on(&rows[i].p) == m->gate->comps)
-                rows[o++] = rows[i];
-        if (o == gate_rows_from)
-            fprintf(stderr, "neurocache eval: the gate was fitted for other caches (see its gate.json): "
-                            "no gated row\n");
-        nrows = o;
-    }
-    char csvname[1100];
-    if (!rc && (csv_path || sweep)) {
-        if (sweep)
-            snprintf(csvname, sizeof csvname, "%s.csv", prefix);
-        else
-            snprintf(csvname, sizeof csvname, "%s", csv_path);
-        csv = fopen(csvname, "w");
-        if (!csv)
-            rc = nc_error(err, sizeof err, NC_EIO, "%s: cannot write", csvname);
-        else if (sweep)
-            fprintf(csv, "file,knob,%s,ppl,static_ppl,seconds,tokens_per_s,cpu_seconds,tokens_per_cpu_s\n",
-                    swept->flag);
-        else
-            fprintf(csv, "file,config,tokens,ppl,seconds,tokens_per_s,cpu_seconds,tokens_per_cpu_s,skipped\n");
-    }
+    int rc = model_load(a.model_dir, &m, err, errlen);
+    x.m = m;
+    if (!rc)
+        rc = keep_gate_rows(&x, a.model_dir, rows, &nrows, gate_rows_from);
+    if (!rc && (a.csv_path || a.sweep))
+        rc = open_csv(&a, &csv, csvname, sizeof csvname, err, errlen);
     result *res = calloc((size_t)nrows, sizeof *res);
     if (!rc && !res)
-        rc = nc_error(err, sizeof err, NC_ENOMEM, "results");
+        rc = nc_error(err, errlen, NC_ENOMEM, "results");
+    const eval_table tb = {rows, nrows, res};
     for (int f = optind; !rc && f < argc; f++) {
         double tl = 0;
-        rc = eval_file(m, &co, bos_eos, argv[f], rows, nrows, res, &tl, err, sizeof err);
-        if (rc)
-            break;
-        double ppl0 = sweep ? res[nrows - 1].ppl : res[0].ppl;
-        printf("%s: %zu tokens scored, %zu unknown words (%.2f%%), LSTM pass %.2f s (%.0f tokens/s)%s\n", argv[f],
-               res[0].scored, res[0].unk, res[0].scored ? 100.0 * (double)res[0].unk / (double)res[0].scored : 0.0,
-               tl, res[0].scored / (tl > 0 ? tl : 1e-9), co.p.open_vocab ? ", open vocabulary" : "");
-        int wname = 14;
-        for (int i = 0; i < nrows; i++)
-            if ((int)strlen(rows[i].name) > wname)
-                wname = (int)strlen(rows[i].name);
-        printf("  %-*s %12s %8s %12s %14s %9s\n", wname, sweep ? swept->flag : "configuration", "perplexity",
-               "change", "tokens/s", "tokens/CPU-s", "skipped");
-        for (int i = 0; i < nrows; i++) {
-            const result *r = &res[i];
-            double tps = r->scored / (r->seconds > 0 ? r->seconds : 1e-9);
-            char chg[32] = "";
-            if (isfinite(ppl0) && isfinite(r->ppl) && (sweep ? i != nrows - 1 : i != 0))
-                snprintf(chg, sizeof chg, "%+.1f%%", 100.0 * (r->ppl / ppl0 - 1.0));
-            double cps = r->scored / (r->cpu > 0 ? r->cpu : 1e-9);
-            char skp[32] = "";
-            if (!isnan(r->skipped))
-                snprintf(skp, sizeof skp, "%.1f%%", 100.0 * r->skipped);
-            printf("  %-*s %12.3f %8s %12.0f %14.0f %9s\n", wname, rows[i].name, r->ppl, chg, tps, cps, skp);
-            if (csv && !sweep)
-                fprintf(csv, "%s,\"%s\",%zu,%.6f,%.6f,%.1f,%.6f,%.1f,%s\n", base_name(argv[f]), rows[i].name,
-                        r->scored, r->ppl, r->seconds, tps, r->cpu, cps, skp);
-            else if (csv && i != nrows - 1)
-                fprintf(csv, "%s,%s,%g,%.6f,%.6f,%.6f,%.1f,%.6f,%.1f\n", base_name(argv[f]), swept->flag,
-                        rows[i].sweep_value, r->ppl, ppl0, r->seconds, tps, r->cpu, cps);
-        }
-        fflush(stdout);
+        rc = eval_file(&x, argv[f], &tb, &tl);
+        if (!rc)
+            print_file_table(&a, argv[f], &tb, tl, csv);
     }
     if (csv && fclose(csv) != 0 && !rc)
-        rc = nc_error(err, sizeof err, NC_EIO, "%s: write failed", csvname);
-    if (!rc && sweep) {
-        rc = write_sweep_plot(prefix, swept->flag, err, sizeof err);
+        rc = nc_error(err, errlen, NC_EIO, "%s: write failed", csvname);
+    if (!rc && a.sweep) {
+        rc = write_sweep_plot(a.prefix, a.swept->flag, err, errlen);
         if (!rc)
-            fprintf(stderr, "wrote %s.csv and %s.png\n", prefix, prefix);
-    } else if (!rc && csv_path) {
-        fprintf(stderr, "wrote %s\n", csv_path);
+            fprintf(stderr, "wrote %s.csv and %s.png\n", a.prefix, a.prefix);
+    } else if (!rc && a.csv_path) {
+        fprintf(stderr, "wrote %s\n", a.csv_path);
     }
     if (rc)
         fprintf(stderr, "neurocache eval: %s\n", err);

@@ -48,7 +48,59 @@ static void usage(FILE *out)
 
 enum { OPT_MODEL = 1, OPT_VALID, OPT_OUT, OPT_BOS, OPT_ITERS, OPT_L2, OPT_MAXLOSS, OPT_HIDDEN, OPT_SEED, OPT_HELP };
 
-int cmd_fit_gate(int argc, char **argv)
+/* The command line. */
+typedef struct {
+    struct option opts[CACHEOPTS_MAX];
+    const char *model_dir, *valid, *out_dir;
+    bool bos_eos;
+    long iters, hidden, seed;
+    double l2, max_loss;
+    cacheopts co;
+} fitgate_args;
+
+/* One of the fitting options (--iters, --hidden, --seed, --l2, --max-loss)
+ * into a; 0 or 2 (a bad value, said). */
+static int fitgate_number_option(fitgate_args *a, int c, const char *arg)
+{
+    switch (c) {
+    case OPT_ITERS:
+        if (!co_parse_int(arg, 0, 100000, &a->iters)) {
+            fprintf(stderr, "neurocache fit-gate: --iters must be an integer in [0, 100000], not '%s'\n", arg);
+            return 2;
+        }
+        break;
+    case OPT_HIDDEN:
+        if (!co_parse_int(arg, 0, NC_GATE_MAXH, &a->hidden)) {
+            fprintf(stderr, "neurocache fit-gate: --hidden must be an integer in [0, %d], not '%s'\n",
+                    NC_GATE_MAXH, arg);
+            return 2;
+        }
+        break;
+    case OPT_SEED:
+        if (!co_parse_int(arg, 0, 2147483647L, &a->seed)) {
+            fprintf(stderr, "neurocache fit-gate: --seed must be an integer in [0, 2147483647], not '%s'\n",
+                    arg);
+            return 2;
+        }
+        break;
+    case OPT_L2:
+        if (!co_parse_float(arg, 0, 1e3, &a->l2)) {
+            fprintf(stderr, "neurocache fit-gate: --l2 must be a number in [0, 1000], not '%s'\n", arg);
+            return 2;
+        }
+        break;
+    case OPT_MAXLOSS:
+        if (!co_parse_float(arg, 0, 1, &a->max_loss)) {
+            fprintf(stderr, "neurocache fit-gate: --max-loss must be a number in [0, 1], not '%s'\n", arg);
+            return 2;
+        }
+        break;
+    }
+    return 0;
+}
+
+/* getopt over argv into a; -1 to go on, else the exit status. */
+static int fitgate_getopt(fitgate_args *a, int argc, char **argv)
 {
     static const struct option own[] = {
         {"model", required_argument, NULL, OPT_MODEL}, {"valid", required_argument, NULL, OPT_VALID},
@@ -58,187 +110,214 @@ int cmd_fit_gate(int argc, char **argv)
         {"hidden", required_argument, NULL, OPT_HIDDEN}, {"seed", required_argument, NULL, OPT_SEED},
         {NULL, 0, NULL, 0},
     };
-    struct option opts[CACHEOPTS_MAX];
-    cacheopts_options(own, opts);
-    const char *model_dir = NULL, *valid = NULL, *out_dir = NULL;
-    bool bos_eos = true;
-    long iters = 200, hidden = 0, seed = 1;
-    double l2 = 1e-4, max_loss = 0.0025;
-    cacheopts co;
-    cacheopts_init(&co);
+    cacheopts_options(own, a->opts);
+    a->bos_eos = true;
+    a->iters = 200;
+    a->seed = 1;
+    a->l2 = 1e-4;
+    a->max_loss = 0.0025;
+    cacheopts_init(&a->co);
     int c;
     opterr = 0;
     optind = 1;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":h", a->opts, NULL)) != -1) {
         switch (c) {
-        case OPT_MODEL: model_dir = optarg; break;
-        case OPT_VALID: valid = optarg; break;
-        case OPT_OUT: out_dir = optarg; break;
+        case OPT_MODEL: a->model_dir = optarg; break;
+        case OPT_VALID: a->valid = optarg; break;
+        case OPT_OUT: a->out_dir = optarg; break;
         case OPT_BOS:
             if (strcmp(optarg, "eos") && strcmp(optarg, "none")) {
                 fprintf(stderr, "neurocache fit-gate: --bos must be 'eos' or 'none', not '%s'\n", optarg);
                 return 2;
             }
-            bos_eos = !strcmp(optarg, "eos");
+            a->bos_eos = !strcmp(optarg, "eos");
             break;
-        case OPT_ITERS:
-            if (!co_parse_int(optarg, 0, 100000, &iters)) {
-                fprintf(stderr, "neurocache fit-gate: --iters must be an integer in [0, 100000], not '%s'\n", optarg);
+        case OPT_ITERS: case OPT_HIDDEN: case OPT_SEED: case OPT_L2: case OPT_MAXLOSS:
+            if (fitgate_number_option(a, c, optarg))
                 return 2;
-            }
-            break;
-        case OPT_HIDDEN:
-            if (!co_parse_int(optarg, 0, NC_GATE_MAXH, &hidden)) {
-                fprintf(stderr, "neurocache fit-gate: --hidden must be an integer in [0, %d], not '%s'\n",
-                        NC_GATE_MAXH, optarg);
-                return 2;
-            }
-            break;
-        case OPT_SEED:
-            if (!co_parse_int(optarg, 0, 2147483647L, &seed)) {
-                fprintf(stderr, "neurocache fit-gate: --seed must be an integer in [0, 2147483647], not '%s'\n",
-                        optarg);
-                return 2;
-            }
-            break;
-        case OPT_L2:
-            if (!co_parse_float(optarg, 0, 1e3, &l2)) {
-                fprintf(stderr, "neurocache fit-gate: --l2 must be a number in [0, 1000], not '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case OPT_MAXLOSS:
-            if (!co_parse_float(optarg, 0, 1, &max_loss)) {
-                fprintf(stderr, "neurocache fit-gate: --max-loss must be a number in [0, 1], not '%s'\n", optarg);
-                return 2;
-            }
             break;
         case 'h':
         case OPT_HELP: usage(stdout); return 0;
         case ':':
-            return co_bad_option("fit-gate", opts, c, argv);
+            return co_bad_option("fit-gate", a->opts, c, argv);
         default:
-            switch (cacheopts_parse(&co, c, optarg, "fit-gate")) {
+            switch (cacheopts_parse(&a->co, c, optarg, "fit-gate")) {
             case 1: continue;
             case -1: return 2;
             }
-            return co_bad_option("fit-gate", opts, c, argv);
+            return co_bad_option("fit-gate", a->opts, c, argv);
         }
     }
-    if (!model_dir || !valid || optind != argc) {
-        return co_usage_error("fit-gate", "%s", !model_dir ? "--model DIR is required"
-                                                : !valid   ? "--valid FILE is required"
-                                                           : "unexpected argument (the file goes after --valid)");
+    return -1;
+}
+
+/* The whole command line, checked; -1 to go on, else the exit status. */
+static int fitgate_parse_args(fitgate_args *a, int argc, char **argv)
+{
+    int rc = fitgate_getopt(a, argc, argv);
+    if (rc >= 0)
+        return rc;
+    if (!a->model_dir || !a->valid || optind != argc) {
+        return co_usage_error("fit-gate", "%s", !a->model_dir ? "--model DIR is required"
+                                                : !a->valid   ? "--valid FILE is required"
+                                                              : "unexpected argument (the file goes after --valid)");
     }
-    if (cacheopts_given(&co, CO_KNOB_gate) || cacheopts_given(&co, CO_KNOB_gate_skip)) {
+    if (cacheopts_given(&a->co, CO_KNOB_gate) || cacheopts_given(&a->co, CO_KNOB_gate_skip)) {
         fprintf(stderr, "neurocache fit-gate: --gate/--gate-skip use a gate; fit-gate fits one\n");
         return 2;
     }
-    if (cacheopts_finish(&co, "fit-gate"))
+    if (cacheopts_finish(&a->co, "fit-gate"))
         return 2;
-    nc_cache_params *p = &co.p;
+    const nc_cache_params *p = &a->co.p;
     if (p->neural_size == 0 && p->unigram_size == 0 && !p->unbounded && !(p->open_vocab && p->uniform_mu > 0)) {
         fprintf(stderr, "neurocache fit-gate: switch on at least one cache (--neural-size N, --unigram-size N, "
                         "--unbounded) for the gate to weigh\n");
         return 2;
     }
+    return -1;
+}
 
-    char err[NC_ERRLEN], path[1200], info[1024], desc[512];
-    nc_model *m = NULL;
+/* The fitting text's LSTM pass and the caches' statistics of each token
+ * (the gate's features, each component's probability of the target). */
+typedef struct {
     nc_tokens toks;
-    tokens_init(&toks);
-    nc_wordtable *words = NULL;
-    nc_unbounded_cache *ub = NULL;
-    nc_doc *d = NULL;
-    double *lp = NULL;
-    nc_gate_data gd = {0};
-    nc_gate g;
-    FILE *curve = NULL;
-    int rc = model_load(model_dir, &m, err, sizeof err);
-    if (!rc)
-        rc = co_read_tokens(m, valid, &toks, err, sizeof err);
+    nc_wordtable *words;
+    nc_unbounded_cache *ub;
+    nc_doc *d;
+    double *lp;
+    nc_gate_data gd;
+    double ppl_const;    /* perplexity of the constant-λ mixture */
+    size_t scored;
+} fitgate_data;
+
+static void fitgate_data_free(fitgate_data *s)
+{
+    free(s->lp);
+    free(s->gd.f);
+    free(s->gd.pc);
+    doc_free(s->d);
+    unbounded_cache_free(s->ub);
+    wordtable_free(s->words);
+    tokens_clear(&s->toks);
+}
+
+/* Reads the fitting text, runs the LSTM and the constant-λ scoring pass
+ * that collects the statistics, once. */
+static int fitgate_collect(fitgate_data *s, const fitgate_args *a, const nc_model *m, char *err, size_t errlen)
+{
+    const nc_cache_params *p = &a->co.p;
+    int rc = co_read_tokens(m, a->valid, &s->toks, err, errlen);
     if (!rc && p->open_vocab)
-        rc = wordtable_new(m->vocab, &words, err, sizeof err);
+        rc = wordtable_new(m->vocab, &s->words, err, errlen);
     if (!rc && p->unbounded)
-        rc = cacheopts_make_ub(&co, p, m, words, &ub, err, sizeof err);
-    if (!rc && ub && co.memory_path)
-        rc = cacheopts_fill_memory(m, co.memory_path, words, ub, true, err, sizeof err);
+        rc = cacheopts_make_ub(&a->co, p, m, s->words, &s->ub, err, errlen);
+    if (!rc && s->ub && a->co.memory_path)
+        rc = cacheopts_fill_memory(m, a->co.memory_path, s->words, s->ub, true, err, errlen);
     double t0 = co_now();
     if (!rc)
-        rc = co_prepare_ex(m, &toks, bos_eos, words, true, &d, err, sizeof err);
-    if (!rc && d->n <= d->first)
-        rc = nc_error(err, sizeof err, NC_EINVAL, "%s: no tokens to fit on", valid);
+        rc = co_prepare_ex(&(co_text){m, &s->toks, a->bos_eos, s->words}, true, &s->d, err, errlen);
+    if (!rc && s->d->n <= s->d->first)
+        rc = nc_error(err, errlen, NC_EINVAL, "%s: no tokens to fit on", a->valid);
     if (!rc) {
-        fprintf(stderr, "fit-gate: %zu tokens, LSTM pass %.1f s\n", d->n - d->first, co_now() - t0);
-        lp = malloc(d->n * sizeof(double));
-        gd.n = d->n;
-        gd.f = malloc(d->n * NC_GATE_NFEAT * sizeof(double));
-        gd.pc = malloc(d->n * NC_NCOMP * sizeof(double));
-        if (!lp || !gd.f || !gd.pc)
-            rc = nc_error(err, sizeof err, NC_ENOMEM, "statistics of %zu tokens", d->n);
+        size_t n = s->d->n;
+        fprintf(stderr, "fit-gate: %zu tokens, LSTM pass %.1f s\n", n - s->d->first, co_now() - t0);
+        s->lp = malloc(n * sizeof(double));
+        s->gd.n = n;
+        s->gd.f = malloc(n * NC_GATE_NFEAT * sizeof(double));
+        s->gd.pc = malloc(n * NC_NCOMP * sizeof(double));
+        if (!s->lp || !s->gd.f || !s->gd.pc)
+            rc = nc_error(err, errlen, NC_ENOMEM, "statistics of %zu tokens", n);
     }
     /* the caches' statistics, once: the constant-λ scoring pass */
     t0 = co_now();
     if (!rc) {
-        nc_doc_caches dc = {.ub = ub, .adapt = ub != NULL, .gate_f = gd.f, .gate_pc = gd.pc};
-        int blas = co_search_begin(&co);
-        rc = doc_score(d, p, &dc, 0, lp, err, sizeof err);
+        nc_doc_caches dc = {.ub = s->ub, .adapt = s->ub != NULL, .gate_f = s->gd.f, .gate_pc = s->gd.pc};
+        int blas = co_search_begin(&a->co);
+        rc = doc_score(s->d, p, &dc, 0, s->lp, err, errlen);
         co_search_end(blas);
     }
-    double ppl_const = NAN, t_stats = co_now() - t0, t_fit = 0;
-    size_t scored = 0;
     if (!rc) {
-        ppl_const = co_ppl(lp, d->n, &scored);
-        fprintf(stderr, "fit-gate: caches' statistics %.1f s\n", t_stats);
-        snprintf(path, sizeof path, "%s/gate-curve.csv", out_dir ? out_dir : model_dir);
-        curve = fopen(path, "w");
-        if (!curve)
-            rc = nc_error(err, sizeof err, NC_EIO, "%s: cannot write", path);
-        else
-            fprintf(curve, "gate,iter,objective,exp_objective\n");
+        s->ppl_const = co_ppl(s->lp, s->d->n, &s->scored);
+        fprintf(stderr, "fit-gate: caches' statistics %.1f s\n", co_now() - t0);
     }
-    if (!rc) {
-        t0 = co_now();
-        rc = gate_fit(&g, p, &gd, (int)hidden, (uint64_t)seed, (int)iters, l2, max_loss, curve, err, sizeof err);
-        t_fit = co_now() - t0;
-    }
-    if (curve && fclose(curve) != 0 && !rc)
-        rc = nc_error(err, sizeof err, NC_EIO, "%s: write failed", path);
-    if (!rc) {
-        size_t used = 0;
-        double nll0 = gate_objective(&g, false, &gd, 0.0, NULL, &used);
-        double sk = 0, ppl_gate = exp(nll0), ppl_skip = gate_data_ppl(&g, &gd, g.skip, &sk);
-        int ncomp = 0;
-        for (int k = 0; k < NC_NCOMP; k++)
-            ncomp += (g.comps >> k) & 1u;
-        cache_params_describe(p, desc, sizeof desc);
-        printf("constant: perplexity %.3f (%s)\n", ppl_const, desc);
-        printf("gate: perplexity %.3f (%+.2f%%) on the %zu tokens with every component present\n", ppl_gate,
-               100.0 * (ppl_gate / ppl_const - 1.0), used);
-        int np = (ncomp - 1) * (NC_GATE_NW + g.nh) + g.nh * NC_GATE_NW;
-        printf("gate: %d components, %d features + bias, %d hidden units: %d parameters per gate (model row "
-               "fixed at 0; the pre-search gate as many), fit %.2f s\n",
-               ncomp, NC_GATE_NFEAT, g.nh, np, t_fit);
-        if (g.comps & (1u << NC_COMP_UNBOUNDED))
-            printf("adaptive retrieval: threshold %.4g skips %.1f%% of the searches, perplexity %.3f (%+.2f%% "
-                   "against the gate always searching)\n",
-                   g.skip, 100.0 * sk, ppl_skip, 100.0 * (ppl_skip / ppl_gate - 1.0));
-        snprintf(info, sizeof info, "neurocache fit-gate on %s (%zu tokens), %s: constant %.3f, gate %.3f, "
-                 "fit %.2f s", valid, scored, desc, ppl_const, ppl_gate, t_fit);
-        rc = gate_save(&g, out_dir ? out_dir : model_dir, info, err, sizeof err);
-        if (!rc)
-            fprintf(stderr, "fit-gate: wrote %s/gate.safetensors, gate.json, gate-curve.csv\n",
-                    out_dir ? out_dir : model_dir);
-    }
+    return rc;
+}
+
+/* Fits the gate on the statistics, writing the learning curve to
+ * DIR/gate-curve.csv; *t_fit: its seconds. */
+static int fitgate_fit(nc_gate *g, const fitgate_args *a, fitgate_data *s, double *t_fit, char *err, size_t errlen)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/gate-curve.csv", a->out_dir ? a->out_dir : a->model_dir);
+    FILE *curve = fopen(path, "w");
+    if (!curve)
+        return nc_error(err, errlen, NC_EIO, "%s: cannot write", path);
+    fprintf(curve, "gate,iter,objective,exp_objective\n");
+    double t0 = co_now();
+    int rc = gate_fit(g, &a->co.p, &s->gd, (int)a->hidden, (uint64_t)a->seed, (int)a->iters, a->l2, a->max_loss,
+                      curve, err, errlen);
+    *t_fit = co_now() - t0;
+    if (fclose(curve) != 0 && !rc)
+        rc = nc_error(err, errlen, NC_EIO, "%s: write failed", path);
+    return rc;
+}
+
+/* Prints the fitted gate's perplexities and size, and saves it. */
+static int fitgate_report_save(const nc_gate *g, const fitgate_args *a, const fitgate_data *s, double t_fit,
+                               char *err, size_t errlen)
+{
+    char info[1024], desc[512];
+    size_t used = 0;
+    double nll0 = gate_objective(g, false, &s->gd, 0.0, NULL, &used);
+    double sk = 0, ppl_gate = exp(nll0), ppl_skip = gate_data_ppl(g, &s->gd, g->skip, &sk);
+    double ppl_const = s->ppl_const;
+    int ncomp = 0;
+    for (int k = 0; k < NC_NCOMP; k++)
+        ncomp += (g->comps >> k) & 1u;
+    cache_params_describe(&a->co.p, desc, sizeof desc);
+    printf("constant: perplexity %.3f (%s)\n", ppl_const, desc);
+    printf("gate: perplexity %.3f (%+.2f%%) on the %zu tokens with every component present\n", ppl_gate,
+           100.0 * (ppl_gate / ppl_const - 1.0), used);
+    int np = (ncomp - 1) * (NC_GATE_NW + g->nh) + g->nh * NC_GATE_NW;
+    printf("gate: %d components, %d features + bias, %d hidden units: %d parameters per gate (model row "
+           "fixed at 0; the pre-search gate as many), fit %.2f s\n",
+           ncomp, NC_GATE_NFEAT, g->nh, np, t_fit);
+    if (g->comps & (1u << NC_COMP_UNBOUNDED))
+        printf("adaptive retrieval: threshold %.4g skips %.1f%% of the searches, perplexity %.3f (%+.2f%% "
+               "against the gate always searching)\n",
+               g->skip, 100.0 * sk, ppl_skip, 100.0 * (ppl_skip / ppl_gate - 1.0));
+    snprintf(info, sizeof info, "neurocache fit-gate on %s (%zu tokens), %s: constant %.3f, gate %.3f, "
+             "fit %.2f s", a->valid, s->scored, desc, ppl_const, ppl_gate, t_fit);
+    const char *dir = a->out_dir ? a->out_dir : a->model_dir;
+    int rc = gate_save(g, dir, info, err, errlen);
+    if (!rc)
+        fprintf(stderr, "fit-gate: wrote %s/gate.safetensors, gate.json, gate-curve.csv\n", dir);
+    return rc;
+}
+
+int cmd_fit_gate(int argc, char **argv)
+{
+    static fitgate_args a;
+    memset(&a, 0, sizeof a);
+    int st = fitgate_parse_args(&a, argc, argv);
+    if (st >= 0)
+        return st;
+    char err[NC_ERRLEN];
+    nc_model *m = NULL;
+    fitgate_data s = {.ppl_const = NAN};
+    tokens_init(&s.toks);
+    nc_gate g;
+    double t_fit = 0;
+    int rc = model_load(a.model_dir, &m, err, sizeof err);
+    if (!rc)
+        rc = fitgate_collect(&s, &a, m, err, sizeof err);
+    if (!rc)
+        rc = fitgate_fit(&g, &a, &s, &t_fit, err, sizeof err);
+    if (!rc)
+        rc = fitgate_report_save(&g, &a, &s, t_fit, err, sizeof err);
     if (rc)
         fprintf(stderr, "neurocache fit-gate: %s\n", err);
-    free(lp);
-    free(gd.f);
-    free(gd.pc);
-    doc_free(d);
-    unbounded_cache_free(ub);
-    wordtable_free(words);
-    tokens_clear(&toks);
+    fitgate_data_free(&s);
     model_free(m);
     return rc ? 1 : 0;
 }

@@ -53,106 +53,147 @@ static void trim(char *url)
     while (n && url[n - 1] == '/') url[--n] = 0;
 }
 
-int cmd_migrate(int argc, char **argv)
+/* The command line. */
+typedef struct {
+    const char *from, *to, *id, *as, *save, *key;
+    int copy;
+} migrate_args;
+
+/* argv into a; -1 to go on, else the exit status. */
+static int migrate_getopt(migrate_args *a, int argc, char **argv)
 {
-    const char *from = NULL, *to = NULL, *id = NULL, *as = NULL, *save = NULL, *key = getenv("NEUROCACHE_API_KEY");
-    int copy = 0;
+    *a = (migrate_args){.key = getenv("NEUROCACHE_API_KEY")};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char **dst = !strcmp(a, "--from") ? &from : !strcmp(a, "--to") ? &to
-                         : !strcmp(a, "--session") ? &id : !strcmp(a, "--as") ? &as
-                         : !strcmp(a, "--save") ? &save : !strcmp(a, "--key") ? &key : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+        const char *o = argv[i];
+        const char **dst = !strcmp(o, "--from") ? &a->from : !strcmp(o, "--to") ? &a->to
+                         : !strcmp(o, "--session") ? &a->id : !strcmp(o, "--as") ? &a->as
+                         : !strcmp(o, "--save") ? &a->save : !strcmp(o, "--key") ? &a->key : NULL;
+        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(a, "--copy")) {
-            copy = 1;
+        } else if (!strcmp(o, "--copy")) {
+            a->copy = 1;
         } else if (dst && i + 1 < argc) {
             *dst = argv[++i];
         } else if (dst) {
-            return co_usage_error("migrate", "option '%s' needs a value", a);
+            return co_usage_error("migrate", "option '%s' needs a value", o);
         } else {
             static const struct option known[] = {{"from", 1, NULL, 0}, {"to", 1, NULL, 0}, {"session", 1, NULL, 0},
                                                   {"as", 1, NULL, 0},   {"save", 1, NULL, 0}, {"key", 1, NULL, 0},
                                                   {"copy", 0, NULL, 0}, {"help", 0, NULL, 0}, {NULL, 0, NULL, 0}};
-            const char *near = co_suggest_option(known, a);
+            const char *near = co_suggest_option(known, o);
             if (near)
-                return co_usage_error("migrate", "unknown option '%s' (did you mean '--%s'?)", a, near);
-            return co_usage_error("migrate", "unknown option '%s'", a);
+                return co_usage_error("migrate", "unknown option '%s' (did you mean '--%s'?)", o, near);
+            return co_usage_error("migrate", "unknown option '%s'", o);
         }
     }
-    if (!from || !to || !id)
+    return -1;
+}
+
+/* The command line, checked (ids, key); sets bearer. -1 to go on, else
+ * the exit status. */
+static int migrate_parse_args(migrate_args *a, int argc, char **argv)
+{
+    int rc = migrate_getopt(a, argc, argv);
+    if (rc >= 0)
+        return rc;
+    if (!a->from || !a->to || !a->id)
         return co_usage_error("migrate", "--from, --to and --session are required");
-    if (!as) as = id;
+    if (!a->as) a->as = a->id;
     bearer = NULL;
-    if (key && *key) {
-        if (strlen(key) > 127 || strpbrk(key, " \t\r\n")) {
+    if (a->key && *a->key) {
+        if (strlen(a->key) > 127 || strpbrk(a->key, " \t\r\n")) {
             fprintf(stderr, "neurocache migrate: --key: an API key is 1-127 characters without white space\n");
             return 2;
         }
-        bearer = key;
+        bearer = a->key;
     }
-    if (strlen(id) > 63 || strlen(as) > 63 || strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != strlen(id) ||
-        strspn(as, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != strlen(as)) {
+    static const char idchars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-";
+    if (strlen(a->id) > 63 || strlen(a->as) > 63 || strspn(a->id, idchars) != strlen(a->id) ||
+        strspn(a->as, idchars) != strlen(a->as)) {
         fprintf(stderr, "neurocache migrate: session ids are 1-63 characters of [A-Za-z0-9_.-]\n");
         return 2;
     }
-    char f[1024], t[1024], url[1200];
-    snprintf(f, sizeof f, "%s", from);
-    snprintf(t, sizeof t, "%s", to);
+    return -1;
+}
+
+/* The target refused a moved session, which the source gave up: put it
+ * back on the source (f), or keep it in a file. */
+static void migrate_give_back(const migrate_args *a, const char *f, const nc_buf *blob)
+{
+    char url[1200];
+    nc_buf ans = NC_BUF_INIT;
+    snprintf(url, sizeof url, "%s/v1/sessions/%s/state", f, a->id);
+    long st = request("PUT", url, blob->data, blob->len, &ans);
+    buf_free(&ans);
+    if (st == 201) {
+        fprintf(stderr, "neurocache migrate: the session is back on %s\n", f);
+        return;
+    }
+    char path[1100];
+    snprintf(path, sizeof path, "%s", a->save ? a->save : "");
+    if (!a->save) snprintf(path, sizeof path, "%s.state", a->id);
+    char err[NC_ERRLEN];
+    /* the only copy of the session left: on disk whole, or not at all */
+    if (atomicfile_write(path, blob->data, blob->len, err, sizeof err) == NC_OK)
+        fprintf(stderr, "neurocache migrate: neither replica took the session; its state is in %s "
+                "(curl -X PUT --data-binary @%s URL/v1/sessions/%s/state)\n", path, path, a->id);
+    else
+        fprintf(stderr, "neurocache migrate: cannot write %s (%s): the session is lost\n", path, err);
+}
+
+/* Takes the session from the source (f: handoff, or a copy), gives it to
+ * the target (t); 0 when the target has it. */
+static int migrate_session(const migrate_args *a, const char *f, const char *t)
+{
+    char url[1200];
+    nc_buf blob = NC_BUF_INIT, ans = NC_BUF_INIT;
+    int rc = 1;
+    if (a->copy)
+        snprintf(url, sizeof url, "%s/v1/sessions/%s/state", f, a->id);
+    else
+        snprintf(url, sizeof url, "%s/v1/sessions/%s/handoff", f, a->id);
+    long st = request(a->copy ? "GET" : "POST", url, NULL, 0, &blob);
+    if (st != 200) {
+        if (st > 0)
+            fprintf(stderr, "neurocache migrate: %s answered %ld: %s\n", url, st, blob.data ? blob.data : "");
+        goto done;
+    }
+    snprintf(url, sizeof url, "%s/v1/sessions/%s/state", t, a->as);
+    st = request("PUT", url, blob.data, blob.len, &ans);
+    if (st == 201) {
+        printf("%s\n", ans.data ? ans.data : "{}");
+        fprintf(stderr, "neurocache migrate: session %s moved %s -> %s as %s (%zu bytes of state)\n", a->id, f,
+                t, a->as, blob.len);
+        rc = 0;
+        goto done;
+    }
+    if (st > 0)
+        fprintf(stderr, "neurocache migrate: %s answered %ld: %s\n", url, st, ans.data ? ans.data : "");
+    if (!a->copy)
+        migrate_give_back(a, f, &blob);
+done:
+    buf_free(&blob);
+    buf_free(&ans);
+    return rc;
+}
+
+int cmd_migrate(int argc, char **argv)
+{
+    migrate_args a;
+    int st = migrate_parse_args(&a, argc, argv);
+    if (st >= 0)
+        return st;
+    char f[1024], t[1024];
+    snprintf(f, sizeof f, "%s", a.from);
+    snprintf(t, sizeof t, "%s", a.to);
     trim(f);
     trim(t);
     if (http_client_init() != 0) {
         fprintf(stderr, "neurocache migrate: libcurl initialisation failed\n");
         return 1;
     }
-
-    nc_buf blob = NC_BUF_INIT, ans = NC_BUF_INIT;
-    int rc = 1;
-    if (copy)
-        snprintf(url, sizeof url, "%s/v1/sessions/%s/state", f, id);
-    else
-        snprintf(url, sizeof url, "%s/v1/sessions/%s/handoff", f, id);
-    long st = request(copy ? "GET" : "POST", url, NULL, 0, &blob);
-    if (st != 200) {
-        if (st > 0)
-            fprintf(stderr, "neurocache migrate: %s answered %ld: %s\n", url, st, blob.data ? blob.data : "");
-        goto done;
-    }
-    snprintf(url, sizeof url, "%s/v1/sessions/%s/state", t, as);
-    st = request("PUT", url, blob.data, blob.len, &ans);
-    if (st == 201) {
-        printf("%s\n", ans.data ? ans.data : "{}");
-        fprintf(stderr, "neurocache migrate: session %s moved %s -> %s as %s (%zu bytes of state)\n", id, f,
-                t, as, blob.len);
-        rc = 0;
-        goto done;
-    }
-    if (st > 0)
-        fprintf(stderr, "neurocache migrate: %s answered %ld: %s\n", url, st, ans.data ? ans.data : "");
-    if (copy)
-        goto done;
-    /* The source gave it up: put it back, or keep it in a file. */
-    buf_free(&ans);
-    snprintf(url, sizeof url, "%s/v1/sessions/%s/state", f, id);
-    st = request("PUT", url, blob.data, blob.len, &ans);
-    if (st == 201) {
-        fprintf(stderr, "neurocache migrate: the session is back on %s\n", f);
-        goto done;
-    }
-    char path[1100];
-    snprintf(path, sizeof path, "%s", save ? save : "");
-    if (!save) snprintf(path, sizeof path, "%s.state", id);
-    char err[NC_ERRLEN];
-    /* the only copy of the session left: on disk whole, or not at all */
-    if (atomicfile_write(path, blob.data, blob.len, err, sizeof err) == NC_OK)
-        fprintf(stderr, "neurocache migrate: neither replica took the session; its state is in %s "
-                "(curl -X PUT --data-binary @%s URL/v1/sessions/%s/state)\n", path, path, id);
-    else
-        fprintf(stderr, "neurocache migrate: cannot write %s (%s): the session is lost\n", path, err);
-done:
-    buf_free(&blob);
-    buf_free(&ans);
+    int rc = migrate_session(&a, f, t);
     http_client_cleanup();
     return rc;
 }

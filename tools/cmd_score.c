@@ -63,7 +63,17 @@ static void progress_bar(size_t done, size_t total, void *ctx)
     fflush(stderr);
 }
 
-int cmd_score(int argc, char **argv)
+/* The command line. */
+typedef struct {
+    struct option opts[CACHEOPTS_MAX];
+    const char *model_dir, *file;
+    nc_bos bos;
+    bool json;
+    cacheopts co;
+} score_args;
+
+/* getopt over argv into a, checked; -1 to go on, else the exit status. */
+static int score_parse_args(score_args *a, int argc, char **argv)
 {
     static const struct option own[] = {
         {"model", required_argument, NULL, 'm'},
@@ -72,24 +82,20 @@ int cmd_score(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    struct option opts[CACHEOPTS_MAX];
-    cacheopts_options(own, opts);
-    const char *model_dir = NULL;
-    nc_bos bos = NC_BOS_EOS;
-    bool json = false;
-    cacheopts co;
-    cacheopts_start(&co);
+    cacheopts_options(own, a->opts);
+    a->bos = NC_BOS_EOS;
+    cacheopts_start(&a->co);
     int c;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":h", a->opts, NULL)) != -1) {
         switch (c) {
         case 'm':
-            model_dir = optarg;
+            a->model_dir = optarg;
             break;
         case 'b':
             if (!strcmp(optarg, "eos"))
-                bos = NC_BOS_EOS;
+                a->bos = NC_BOS_EOS;
             else if (!strcmp(optarg, "none"))
-                bos = NC_BOS_NONE;
+                a->bos = NC_BOS_NONE;
             else {
                 fprintf(stderr, "neurocache score: --bos must be 'eos' or 'none', not '%s'\n", optarg);
                 return 2;
@@ -97,7 +103,7 @@ int cmd_score(int argc, char **argv)
             break;
         case 'f':
             if (!strcmp(optarg, "tsv") || !strcmp(optarg, "json"))
-                json = !strcmp(optarg, "json");
+                a->json = !strcmp(optarg, "json");
             else {
                 fprintf(stderr, "neurocache score: --format must be 'tsv' or 'json', not '%s'\n", optarg);
                 return 2;
@@ -107,116 +113,167 @@ int cmd_score(int argc, char **argv)
             score_usage(stdout);
             return 0;
         case ':':
-            return co_bad_option("score", opts, c, argv);
+            return co_bad_option("score", a->opts, c, argv);
         default:
-            switch (cacheopts_parse(&co, c, optarg, "score")) {
+            switch (cacheopts_parse(&a->co, c, optarg, "score")) {
             case 1:
                 continue;
             case -1:
                 return 2;
             }
-            return co_bad_option("score", opts, c, argv);
+            return co_bad_option("score", a->opts, c, argv);
         }
     }
-    if (!model_dir || optind != argc - 1) {
-        return co_usage_error("score", "%s", !model_dir ? "--model DIR is required"
+    if (!a->model_dir || optind != argc - 1) {
+        return co_usage_error("score", "%s", !a->model_dir ? "--model DIR is required"
                                              : optind >= argc ? "FILE is required"
                                                               : "exactly one FILE expected");
     }
-    const char *file = argv[optind];
-    if (cacheopts_finish(&co, "score"))
+    a->file = argv[optind];
+    if (cacheopts_finish(&a->co, "score"))
         return 2;
-    bool cached = cacheopts_any(&co);
+    return -1;
+}
 
+/* A scored file: lp[i] the log-probability of token first + i (i <
+ * scored); dlp the cache path's doubles (NULL on the static path); dt its
+ * seconds. */
+typedef struct {
+    float *lp;
+    double *dlp;
+    size_t first, scored;
+    double dt;
+} score_result;
+
+/* The cache path: one prepared document scored through doc_score. */
+static int score_cached(const score_args *a, const nc_model *m, const nc_tokens *toks, score_result *r, char *err,
+                        size_t errlen)
+{
+    double t0 = co_now();
+    int rc = NC_OK;
+    r->dlp = malloc((toks->n + 1) * sizeof(double));
+    r->lp = malloc((toks->n + 1) * sizeof(float));
+    if (!r->dlp || !r->lp)
+        rc = nc_error(err, errlen, NC_ENOMEM, "out of memory for %zu tokens", toks->n);
+    if (rc == NC_OK)
+        rc = co_score_cached(&(co_text){.m = m, .toks = toks, .bos_eos = a->bos == NC_BOS_EOS}, &a->co, r->dlp, true,
+                             err, errlen);
+    r->first = a->bos == NC_BOS_EOS ? 0 : (toks->n > 0 ? 1 : 0);
+    r->scored = toks->n - r->first;
+    r->dt = co_now() - t0;
+    for (size_t i = 0; rc == NC_OK && i < r->scored; i++)
+        r->lp[i] = (float)r->dlp[r->first + i];
+    return rc;
+}
+
+/* The static path: the model alone through the scorer, with a progress bar
+ * on a terminal. */
+static int score_static(const score_args *a, const nc_model *m, const nc_tokens *toks, score_result *r, char *err,
+                        size_t errlen)
+{
+    double t0 = co_now();
+    int rc = NC_OK;
+    nc_state *s = lstm_state_new(m);
+    nc_scorer *sc = scorer_new(m, 0);
+    r->lp = malloc((toks->n + 1) * sizeof(float));
+    if (!s || !sc || !r->lp)
+        rc = nc_error(err, errlen, NC_ENOMEM, "out of memory for %zu tokens", toks->n);
+    if (rc == NC_OK)
+        rc = scorer_begin(sc, s, a->bos, toks->ids, toks->n, &r->first, err, errlen);
+    if (rc == NC_OK) {
+        progress_ctx pc = {t0, -1};
+        r->scored = toks->n - r->first;
+        rc = scorer_run(sc, s, toks->ids + r->first, r->scored, r->lp, isatty(2) ? progress_bar : NULL, &pc, err,
+                        errlen);
+        r->dt = co_now() - t0;
+        if (isatty(2))
+            fprintf(stderr, "\r\033[K");
+    }
+    scorer_free(sc);
+    lstm_state_free(s);
+    return rc;
+}
+
+/* The scored tokens as one JSON object on stdout. */
+static int print_json(const nc_tokens *toks, const score_result *r, double ppl, size_t unk, char *err,
+                      size_t errlen)
+{
+    int rc = NC_OK;
+    json_t *o = json_object(), *tw = json_array(), *tl = json_array();
+    for (size_t i = 0; i < r->scored; i++) {
+        json_array_append_new(tw, json_string(toks->words[r->first + i]));
+        /* -inf (an open-vocabulary word nothing predicts) is null:
+         * JSON has no infinities */
+        json_array_append_new(tl, isfinite(r->lp[i]) ? json_real(r->lp[i]) : json_null());
+    }
+    json_object_set_new(o, "tokens", tw);
+    json_object_set_new(o, "logprobs", tl);
+    json_object_set_new(o, "ppl", r->scored ? json_real(ppl) : json_null());
+    json_object_set_new(o, "unk_count", json_integer((json_int_t)unk));
+    if (json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) != 0)
+        rc = nc_error(err, errlen, NC_EIO, "writing the output failed");
+    fputc('\n', stdout);
+    json_decref(o);
+    return rc;
+}
+
+/* The scored tokens on stdout (TSV or JSON), the summary on stderr. */
+static int print_scores(const score_args *a, const nc_model *m, const nc_tokens *toks, const score_result *r,
+                        char *err, size_t errlen)
+{
+    int rc = NC_OK;
+    double sum = 0;
+    for (size_t i = 0; i < r->scored; i++)
+        sum += r->dlp ? r->dlp[r->first + i] : r->lp[i];
+    double ppl = r->scored ? exp(-sum / (double)r->scored) : NAN;
+    /* the unknown words among the scored tokens: an <unk>-heavy text's
+     * perplexity flatters the model (docs/normalisation.md) */
+    size_t unk = tokens_count_unk(m, toks, r->first);
+    static char obuf[1 << 16];
+    setvbuf(stdout, obuf, _IOFBF, sizeof obuf);
+    if (a->json) {
+        rc = print_json(toks, r, ppl, unk, err, errlen);
+    } else {
+        for (size_t i = 0; i < r->scored; i++)
+            printf("%s\t%.6f\n", toks->words[r->first + i], r->lp[i]);
+    }
+    if (fflush(stdout) != 0 || ferror(stdout))
+        rc = nc_error(err, errlen, NC_EIO, "writing the output failed: %s", strerror(errno));
+    double dt = r->dt;
+    if (r->scored)
+        fprintf(stderr, "%zu tokens scored in %.3f s (%.0f tokens/s), perplexity %.4f, unknown words %zu (%.2f%%)\n",
+                r->scored, dt, dt > 0 ? (double)r->scored / dt : 0.0, ppl, unk,
+                100.0 * (double)unk / (double)r->scored);
+    else
+        fprintf(stderr, "no tokens scored (empty input)\n");
+    return rc;
+}
+
+int cmd_score(int argc, char **argv)
+{
+    static score_args a;
+    memset(&a, 0, sizeof a);
+    int st = score_parse_args(&a, argc, argv);
+    if (st >= 0)
+        return st;
     char err[NC_ERRLEN];
     nc_model *m = NULL;
     nc_tokens toks;
     tokens_init(&toks);
-    nc_state *s = NULL;
-    nc_scorer *sc = NULL;
-    float *lp = NULL;
-    int rc = model_load(model_dir, &m, err, sizeof err);
+    score_result r = {0};
+    int rc = model_load(a.model_dir, &m, err, sizeof err);
     co_report_unk = false;   /* beside the perplexity below */
     if (rc == NC_OK)
-        rc = co_read_tokens(m, file, &toks, err, sizeof err);
-    double *dlp = NULL;
-    size_t first = 0, scored = 0;
-    double t0 = co_now(), dt = 0;
-    if (rc == NC_OK && cached) {
-        /* cache path: one prepared document scored through doc_score */
-        dlp = malloc((toks.n + 1) * sizeof(double));
-        lp = malloc((toks.n + 1) * sizeof(float));
-        if (!dlp || !lp)
-            rc = nc_error(err, sizeof err, NC_ENOMEM, "out of memory for %zu tokens", toks.n);
-        if (rc == NC_OK)
-            rc = co_score_cached(m, &co, &toks, bos == NC_BOS_EOS, dlp, true, err, sizeof err);
-        first = bos == NC_BOS_EOS ? 0 : (toks.n > 0 ? 1 : 0);
-        scored = toks.n - first;
-        dt = co_now() - t0;
-        for (size_t i = 0; rc == NC_OK && i < scored; i++)
-            lp[i] = (float)dlp[first + i];
-    } else if (rc == NC_OK) {
-        s = lstm_state_new(m);
-        sc = scorer_new(m, 0);
-        lp = malloc((toks.n + 1) * sizeof(float));
-        if (!s || !sc || !lp)
-            rc = nc_error(err, sizeof err, NC_ENOMEM, "out of memory for %zu tokens", toks.n);
-    }
-    if (rc == NC_OK && !cached)
-        rc = scorer_begin(sc, s, bos, toks.ids, toks.n, &first, err, sizeof err);
-    if (rc == NC_OK && !cached) {
-        progress_ctx pc = {t0, -1};
-        scored = toks.n - first;
-        rc = scorer_run(sc, s, toks.ids + first, scored, lp, isatty(2) ? progress_bar : NULL, &pc, err,
-                          sizeof err);
-        dt = co_now() - t0;
-        if (isatty(2))
-            fprintf(stderr, "\r\033[K");
-    }
-    if (rc == NC_OK) {
-        double sum = 0;
-        for (size_t i = 0; i < scored; i++)
-            sum += dlp ? dlp[first + i] : lp[i];
-        double ppl = scored ? exp(-sum / (double)scored) : NAN;
-        /* the unknown words among the scored tokens: an <unk>-heavy text's
-         * perplexity flatters the model (docs/normalisation.md) */
-        size_t unk = tokens_count_unk(m, &toks, first);
-        static char obuf[1 << 16];
-        setvbuf(stdout, obuf, _IOFBF, sizeof obuf);
-        if (json) {
-            json_t *o = json_object(), *tw = json_array(), *tl = json_array();
-            for (size_t i = 0; i < scored; i++) {
-                json_array_append_new(tw, json_string(toks.words[first + i]));
-                /* -inf (an open-vocabulary word nothing predicts) is null:
-                 * JSON has no infinities */
-                json_array_append_new(tl, isfinite(lp[i]) ? json_real(lp[i]) : json_null());
-            }
-            json_object_set_new(o, "tokens", tw);
-            json_object_set_new(o, "logprobs", tl);
-            json_object_set_new(o, "ppl", scored ? json_real(ppl) : json_null());
-            json_object_set_new(o, "unk_count", json_integer((json_int_t)unk));
-            if (json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) != 0)
-                rc = nc_error(err, sizeof err, NC_EIO, "writing the output failed");
-            fputc('\n', stdout);
-            json_decref(o);
-        } else {
-            for (size_t i = 0; i < scored; i++)
-                printf("%s\t%.6f\n", toks.words[first + i], lp[i]);
-        }
-        if (fflush(stdout) != 0 || ferror(stdout))
-            rc = nc_error(err, sizeof err, NC_EIO, "writing the output failed: %s", strerror(errno));
-        if (scored)
-            fprintf(stderr, "%zu tokens scored in %.3f s (%.0f tokens/s), perplexity %.4f, unknown words %zu (%.2f%%)\n",
-                    scored, dt, dt > 0 ? (double)scored / dt : 0.0, ppl, unk, 100.0 * (double)unk / (double)scored);
-        else
-            fprintf(stderr, "no tokens scored (empty input)\n");
-    }
+        rc = co_read_tokens(m, a.file, &toks, err, sizeof err);
+    if (rc == NC_OK)
+        rc = cacheopts_any(&a.co) ? score_cached(&a, m, &toks, &r, err, sizeof err)
+                                  : score_static(&a, m, &toks, &r, err, sizeof err);
+    if (rc == NC_OK)
+        rc = print_scores(&a, m, &toks, &r, err, sizeof err);
     if (rc != NC_OK)
         fprintf(stderr, "neurocache score: %s\n", err);
-    free(lp);
-    free(dlp);
-    scorer_free(sc);
-    lstm_state_free(s);
+    free(r.lp);
+    free(r.dlp);
     tokens_clear(&toks);
     model_free(m);
     return rc == NC_OK ? 0 : 1;

@@ -345,15 +345,33 @@ static int on_progress(const nc_train_progress *pr, void *ud)
     return stop_requested ? 1 : 0;
 }
 
-int cmd_train(int argc, char **argv)
+#define NOPTIONS (sizeof options / sizeof options[0])
+
+/* The option named by argv[i] (up to a '='), or NULL with the error said
+ * (and a suggestion). */
+static const opt_def *find_option(const char *arg, size_t nlen)
 {
-    nc_train_params p, cli;
-    train_default_params(&p);
-    cli_extra x = {.log_every = 30};
-    bool given[sizeof options / sizeof options[0]] = {false};
-    /* Parse into a scratch copy first: with --resume, the stored parameters
-     * are the base and only resumable options may be changed. */
-    cli = p;
+    for (size_t k = 0; k < NOPTIONS; k++)
+        if (strlen(options[k].name) == nlen && !strncmp(options[k].name, arg, nlen))
+            return &options[k];
+    nc_suggest sg;
+    char word[64];
+    snprintf(word, sizeof word, "%.*s", (int)nlen, arg);
+    suggest_init(&sg, word);
+    for (size_t k = 0; k < NOPTIONS; k++)
+        if (options[k].help)   /* not the test hooks */
+            suggest_offer(&sg, options[k].name);
+    if (suggest_best(&sg))
+        co_usage_error("train", "unknown option '%s' (did you mean '%s'?)", arg, suggest_best(&sg));
+    else
+        co_usage_error("train", "unknown option '%s'", arg);
+    return NULL;
+}
+
+/* argv into cli and x (given[k]: option k was on the line); -1 to go on,
+ * else the exit status. */
+static int train_getopt(int argc, char **argv, nc_train_params *cli, cli_extra *x, bool *given)
+{
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
@@ -361,24 +379,9 @@ int cmd_train(int argc, char **argv)
         }
         const char *arg = argv[i], *val = NULL;
         const char *eq = strchr(arg, '=');
-        size_t nlen = eq ? (size_t)(eq - arg) : strlen(arg);
-        size_t k;
-        for (k = 0; k < sizeof options / sizeof options[0]; k++)
-            if (strlen(options[k].name) == nlen && !strncmp(options[k].name, arg, nlen))
-                break;
-        if (k == sizeof options / sizeof options[0]) {
-            nc_suggest sg;
-            char word[64];
-            snprintf(word, sizeof word, "%.*s", (int)nlen, arg);
-            suggest_init(&sg, word);
-            for (k = 0; k < sizeof options / sizeof options[0]; k++)
-                if (options[k].help)   /* not the test hooks */
-                    suggest_offer(&sg, options[k].name);
-            if (suggest_best(&sg))
-                return co_usage_error("train", "unknown option '%s' (did you mean '%s'?)", arg, suggest_best(&sg));
-            return co_usage_error("train", "unknown option '%s'", arg);
-        }
-        const opt_def *o = &options[k];
+        const opt_def *o = find_option(arg, eq ? (size_t)(eq - arg) : strlen(arg));
+        if (!o)
+            return 2;
         bool takes = o->type != OPT_BOOL_ON && o->type != OPT_BOOL_OFF;
         if (takes) {
             if (eq)
@@ -390,30 +393,91 @@ int cmd_train(int argc, char **argv)
         } else if (eq) {
             return co_usage_error("train", "option '%s' takes no value", o->name);
         }
-        if (set_option(o, val, &cli, &x) != 0)
+        if (set_option(o, val, cli, x) != 0)
             return 2;
-        given[k] = true;
+        given[o - options] = true;
     }
+    return -1;
+}
+
+/* --resume DIR: the run's stored parameters, changed by the resumable
+ * options given on the line (cli); -1 to go on, else the exit status. */
+static int resume_params(const char *dir, const nc_train_params *cli, const bool *given, nc_train_params *p)
+{
     char err[NC_ERRLEN];
+    if (train_load_params(dir, p, err, sizeof err) != NC_OK) {
+        fprintf(stderr, "neurocache train: %s\n", err);
+        return 1;
+    }
+    snprintf(p->out_dir, sizeof p->out_dir, "%s", dir);
+    p->stop_at_step = 0;
+    for (size_t k = 0; k < NOPTIONS; k++) {
+        if (!given[k] || options[k].extra)
+            continue;
+        if (!options[k].resumable) {
+            fprintf(stderr, "neurocache train: %s cannot change when resuming (the run's own value is "
+                            "kept); allowed: --epochs --time-budget --threads --checkpoint-every --save-f16\n",
+                    options[k].name);
+            return 2;
+        }
+        memcpy((char *)p + options[k].off, (const char *)cli + options[k].off, options[k].size);
+    }
+    return -1;
+}
+
+/* Runs the training with the progress display, SIGINT/SIGTERM stopping it
+ * at a checkpoint; the closing line. */
+static int train_with_display(const nc_train_params *p, bool resume, const cli_extra *x)
+{
+    char err[NC_ERRLEN];
+    display d = {.tty = isatty(2) != 0, .quiet = x->quiet, .plot = x->plot, .log_every = x->log_every,
+                 .out_dir = p->out_dir};
+    d.last_log = mono();
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    nc_train_result res;
+    int rc = train_run(p, resume, on_progress, &d, &res, err, sizeof err);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    clear_bar(&d);
+    if (rc != NC_OK) {
+        fprintf(stderr, "neurocache train: %s\n", err);
+        return 1;
+    }
+    if (x->plot)
+        plot_curve(p->out_dir);
+    char el[32];
+    fmt_hms(el, sizeof el, res.elapsed);
+    if (res.stopped)
+        fprintf(stderr, "stopped at step %ld after %s (best valid ppl %.2f); continue with: neurocache train "
+                        "--resume %s\n", res.steps, el, res.best_val_ppl, p->out_dir);
+    else
+        fprintf(stderr, "done: %d epochs, %ld steps, %s, %.0f tokens/s, best valid ppl %.2f -> %s\n",
+                res.epochs_done, res.steps, el, res.tokens_per_s, res.best_val_ppl, p->out_dir);
+    return 0;
+}
+
+int cmd_train(int argc, char **argv)
+{
+    nc_train_params p, cli;
+    train_default_params(&p);
+    cli_extra x = {.log_every = 30};
+    bool given[NOPTIONS] = {false};
+    /* Parse into a scratch copy first: with --resume, the stored parameters
+     * are the base and only resumable options may be changed. */
+    cli = p;
+    int st = train_getopt(argc, argv, &cli, &x, given);
+    if (st >= 0)
+        return st;
     bool resume = x.resume_dir[0] != '\0';
     if (resume) {
-        if (train_load_params(x.resume_dir, &p, err, sizeof err) != NC_OK) {
-            fprintf(stderr, "neurocache train: %s\n", err);
-            return 1;
-        }
-        snprintf(p.out_dir, sizeof p.out_dir, "%s", x.resume_dir);
-        p.stop_at_step = 0;
-        for (size_t k = 0; k < sizeof options / sizeof options[0]; k++) {
-            if (!given[k] || options[k].extra)
-                continue;
-            if (!options[k].resumable) {
-                fprintf(stderr, "neurocache train: %s cannot change when resuming (the run's own value is "
-                                "kept); allowed: --epochs --time-budget --threads --checkpoint-every --save-f16\n",
-                        options[k].name);
-                return 2;
-            }
-            memcpy((char *)&p + options[k].off, (char *)&cli + options[k].off, options[k].size);
-        }
+        st = resume_params(x.resume_dir, &cli, given, &p);
+        if (st >= 0)
+            return st;
     } else {
         p = cli;
         if (!p.train_path[0] || !p.out_dir[0]) {
@@ -424,34 +488,5 @@ int cmd_train(int argc, char **argv)
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         p.threads = n > 0 ? (int)n : 1;
     }
-
-    display d = {.tty = isatty(2) != 0, .quiet = x.quiet, .plot = x.plot, .log_every = x.log_every,
-                 .out_dir = p.out_dir};
-    d.last_log = mono();
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-
-    nc_train_result res;
-    int rc = train_run(&p, resume, on_progress, &d, &res, err, sizeof err);
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    clear_bar(&d);
-    if (rc != NC_OK) {
-        fprintf(stderr, "neurocache train: %s\n", err);
-        return 1;
-    }
-    if (x.plot)
-        plot_curve(p.out_dir);
-    char el[32];
-    fmt_hms(el, sizeof el, res.elapsed);
-    if (res.stopped)
-        fprintf(stderr, "stopped at step %ld after %s (best valid ppl %.2f); continue with: neurocache train "
-                        "--resume %s\n", res.steps, el, res.best_val_ppl, p.out_dir);
-    else
-        fprintf(stderr, "done: %d epochs, %ld steps, %s, %.0f tokens/s, best valid ppl %.2f -> %s\n",
-                res.epochs_done, res.steps, el, res.tokens_per_s, res.best_val_ppl, p.out_dir);
-    return 0;
+    return train_with_display(&p, resume, &x);
 }

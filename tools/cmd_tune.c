@@ -376,7 +376,7 @@ static int tune_prepare(tune_args *a, tune_run *r, char *err, size_t errlen)
         rc = cacheopts_fill_memory(r->m, co->memory_path, r->words, r->ub, true, err, errlen);
     double t0 = co_now();
     if (!rc)
-        rc = co_prepare(r->m, &r->toks, a->bos_eos, r->words, &r->d, err, errlen);
+        rc = co_prepare(&(co_text){r->m, &r->toks, a->bos_eos, r->words}, &r->d, err, errlen);
     if (!rc && r->d->n <= r->d->first)
         rc = nc_error(err, errlen, NC_EINVAL, "%s: no tokens to score", a->valid);
     if (!rc) {
@@ -643,7 +643,7 @@ static int dyn_point(tune_run *r, const nc_cache_params *p, size_t n, double *pp
         rc = cacheopts_fill_memory(r->m, r->a->co.memory_path, words, ub, false, err, errlen);
     if (!rc) {
         int blas = co_search_begin(&r->a->co);
-        rc = co_score_stream(r->m, p, ub, words, &part, r->a->bos_eos, r->lp, err, errlen);
+        rc = co_score_stream(&(co_text){r->m, &part, r->a->bos_eos, words}, p, ub, r->lp, err, errlen);
         co_search_end(blas);
     }
     *ppl = rc ? NAN : co_ppl(r->lp, n, NULL);
