@@ -159,7 +159,10 @@ static int doc_logits(const prep_input *in, nc_doc *d, char *err, size_t errlen)
     for (size_t j0 = d->first; !rc && j0 < n; j0 += DOC_LOGIT_BLOCK) {
         size_t nb = n - j0 < DOC_LOGIT_BLOCK ? n - j0 : DOC_LOGIT_BLOCK;
         float *lb = keep ? d->logits + j0 * (size_t)V : logits;
-        lstm_logits_batch(m, d->q + j0 * H, nb, lb);
+        if (keep)   /* a segment of dynamic evaluation: a few rows, decoder read in place */
+            lstm_logits_rows(m, d->q + j0 * H, nb, lb);
+        else
+            lstm_logits_batch(m, d->q + j0 * H, nb, lb);
         for (size_t r = 0; r < nb; r++) {
             const float *l = lb + r * (size_t)V;
             int id = d->ids[j0 + r];

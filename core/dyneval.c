@@ -5,8 +5,10 @@
 #include "fault.h"
 
 #include <cblas.h>
+#include <immintrin.h>
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,7 +20,8 @@ typedef struct {
     size_t n;
     float *w;                     /* the stream's copy (the shadow's tensor) */
     const float *w0;              /* the trained weights */
-    const float *ms;              /* sqrt(MS_g) (NULL while measuring MS_g) */
+    const float *ms;              /* MS_g as stored (NULL while measuring MS_g); the update reads
+                                   * its square root, dyneval_rms */
     float *g;                     /* gradient of the last dyneval_loss, or NULL */
 } dyn_tensor;
 
@@ -35,6 +38,8 @@ struct nc_dyneval {
     int subset, nt;
     dyn_tensor t[DYN_MAX_TENSORS];
     float rms_mean;               /* mean of sqrt(MS_g) over every weight of the model */
+    unsigned long id, steps;      /* unique id, updates taken: what a recorded forward pass is valid for */
+    nc_lstm_hook hook;            /* shadow.hook: the scoring pass's activations (dyn_trace) */
     nc_state *seg;                /* state the current segment starts from */
     bool seg_has_h;
     int *seg_tok;
@@ -172,6 +177,15 @@ static int adopt_tensor(nc_dyneval *d, dyn_tensor *t, char *err, size_t errlen)
     return rc;
 }
 
+/* sqrt(MS_g) of one weight from the stored MS_g: the model keeps the
+ * statistics as measured (model.c only loads and checks them) and the
+ * update takes the root where it reads them. A negative or NaN mean square
+ * (refused at load for the biases) counts as 0. */
+static inline float dyneval_rms(float ms)
+{
+    return sqrtf(ms > 0.0f ? ms : 0.0f);
+}
+
 /* RMS_norm's denominator: mean sqrt(MS_g) over the whole model, so that a
  * weight decays at the same rate whichever subset adapts. */
 static float rms_mean_of(const nc_model *m, const nc_model *ms)
@@ -184,11 +198,14 @@ static float rms_mean_of(const nc_model *m, const nc_model *ms)
         const float *v = *slot_of((nc_model *)ms, ak[k], al[k]);
         size_t n = count_of(m, ak[k], al[k]);
         for (size_t j = 0; j < n; j++)
-            sum += (double)v[j];
+            sum += (double)dyneval_rms(v[j]);
         cnt += n;
     }
     return cnt && sum > 0 ? (float)(sum / (double)cnt) : 1.0f;
 }
+
+static void trace_begin(void *ctx, const nc_state *s, const int *tokens, size_t T);
+static void trace_step(void *ctx, int l, size_t t, const float *const rows[5]);
 
 /* The adaptation state; need_ms: the update will need MS_g. */
 static int dyn_create(const nc_model *m, int subset, bool need_ms, nc_dyneval **out, char *err, size_t errlen)
@@ -205,10 +222,14 @@ static int dyn_create(const nc_model *m, int subset, bool need_ms, nc_dyneval **
     nc_dyneval *d = nc_zalloc(1, sizeof *d);
     if (!d)
         return nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation");
+    static unsigned long next_id;
     d->base = m;
     d->subset = subset;
+    d->id = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED);
+    d->hook = (nc_lstm_hook){d, trace_begin, trace_step};
     d->shadow = *m;
     d->shadow.impl = NULL;
+    d->shadow.hook = &d->hook;
     d->layers = nc_malloc((size_t)L * sizeof *d->layers);
     d->bsum = nc_zalloc((size_t)L, sizeof *d->bsum);
     d->lw = nc_zalloc((size_t)L, sizeof *d->lw);
@@ -299,79 +320,258 @@ void dyneval_tensor(nc_dyneval *d, int k, float **w, float **g, size_t *count)
 
 /* ---- forward and backward over one segment ------------------------------ */
 
-/* The gradient buffer of tensor (kind, layer), or NULL if it does not adapt. */
-static float *grad_of(nc_dyneval *d, int kind, int l)
+/* model.c's bound on num_layers */
+#define DYN_MAX_LAYERS 64
+/* rows of a weight matrix whose gradient is computed and stepped at once */
+#define DYN_GRAD_ROWS 32
+/* the longest scoring pass recorded (a segment is scored in one pass) */
+#define DYN_TRACE_MAX 1024
+
+/* The scoring pass's activations (lstm_forward_seq through the shadow's
+ * hook), valid for the adaptation state id after steps updates, from state
+ * (h0, c0) over tokens tok[0..T). */
+typedef struct {
+    bool valid;
+    unsigned long id, steps;
+    size_t T;
+    int tok[DYN_TRACE_MAX];
+    float *buf, *h0, *c0;
+    size_t cap;                   /* floats in buf */
+    float *x[DYN_MAX_LAYERS], *a[DYN_MAX_LAYERS], *c[DYN_MAX_LAYERS], *tc[DYN_MAX_LAYERS], *h[DYN_MAX_LAYERS];
+} dyn_trace;
+
+/* The segment's scratch (activations, backward buffers, the fused step's
+ * gradient) is carved from one per-thread arena that only grows: a session
+ * holds none of it between segments, and a step touches no fresh pages.
+ * The thread's recorded scoring pass lives beside it. */
+typedef struct {
+    float *buf;
+    size_t cap;                   /* floats */
+    dyn_trace tr;
+} dyn_arena;
+
+static pthread_key_t arena_key;
+static pthread_once_t arena_once = PTHREAD_ONCE_INIT;
+static __thread dyn_arena *arena_tls;
+
+static void arena_destroy(void *p)
 {
-    for (int k = 0; k < d->nt; k++)
-        if (d->t[k].kind == kind && (d->t[k].layer == l || kind >= K_DECB))
-            return d->t[k].g;
-    return NULL;
+    dyn_arena *a = p;
+    nc_free(a->buf);
+    nc_free(a->tr.buf);
+    free(a);
 }
+
+static void arena_key_init(void)
+{
+    (void)pthread_key_create(&arena_key, arena_destroy);
+}
+
+static dyn_arena *arena_self(void)
+{
+    pthread_once(&arena_once, arena_key_init);
+    dyn_arena *a = arena_tls;
+    if (!a && (a = nc_zalloc(1, sizeof *a))) {
+        arena_tls = a;
+        (void)pthread_setspecific(arena_key, a);
+    }
+    return a;
+}
+
+/* The calling thread's arena with room for floats floats (contents
+ * undefined), or NULL. */
+static float *arena_get(size_t floats)
+{
+    dyn_arena *a = arena_self();
+    if (!a)
+        return NULL;
+    if (a->cap < floats) {
+        nc_free(a->buf);
+        a->buf = nc_alloc(floats * sizeof(float));
+        a->cap = a->buf ? floats : 0;
+    }
+    return a->buf;
+}
+
+/* hook.begin: a forward pass of the shadow starts; record it if short. */
+static void trace_begin(void *ctx, const nc_state *s, const int *tokens, size_t T)
+{
+    const nc_dyneval *d = ctx;
+    dyn_arena *a = arena_self();
+    if (!a)
+        return;
+    dyn_trace *tr = &a->tr;
+    tr->valid = false;
+    const size_t L = (size_t)s->num_layers, H = (size_t)s->hidden_size, E = (size_t)d->base->cfg.embedding_size;
+    if (T > DYN_TRACE_MAX)
+        return;
+    const size_t per = E + (L - 1) * H + L * 7 * H;   /* x, a (4H), c, tc, h of every layer, per step */
+    const size_t need = T * per + 2 * L * H;
+    if (tr->cap < need) {
+        nc_free(tr->buf);
+        tr->buf = nc_alloc(need * sizeof(float));
+        tr->cap = tr->buf ? need : 0;
+        if (!tr->buf)
+            return;
+    }
+    float *p = tr->buf;
+    for (size_t l = 0; l < L; l++) {
+        tr->x[l] = p, p += T * (l ? H : E);
+        tr->a[l] = p, p += T * 4 * H;
+        tr->c[l] = p, p += T * H;
+        tr->tc[l] = p, p += T * H;
+        tr->h[l] = p, p += T * H;
+    }
+    tr->h0 = p, tr->c0 = p + L * H;
+    memcpy(tr->h0, s->h, L * H * sizeof(float));
+    memcpy(tr->c0, s->c, L * H * sizeof(float));
+    memcpy(tr->tok, tokens, T * sizeof(int));
+    tr->T = T;
+    tr->id = d->id;
+    tr->steps = d->steps;
+    tr->valid = true;
+}
+
+/* hook.step: one step of one layer. */
+static void trace_step(void *ctx, int l, size_t t, const float *const rows[5])
+{
+    const nc_dyneval *d = ctx;
+    dyn_arena *a = arena_tls;
+    if (!a || !a->tr.valid || a->tr.id != d->id)
+        return;
+    dyn_trace *tr = &a->tr;
+    const size_t H = (size_t)d->base->cfg.hidden_size, in = (size_t)d->base->layers[l].input_size;
+    memcpy(tr->x[l] + t * in, rows[0], in * sizeof(float));
+    memcpy(tr->a[l] + t * 4 * H, rows[1], 4 * H * sizeof(float));
+    memcpy(tr->c[l] + t * H, rows[2], H * sizeof(float));
+    memcpy(tr->tc[l] + t * H, rows[3], H * sizeof(float));
+    memcpy(tr->h[l] + t * H, rows[4], H * sizeof(float));
+}
+
+/* The thread's recorded pass when it is d's, with d's current weights, from
+ * s0 over the S inputs y[0..S); else NULL. */
+static __thread unsigned long trace_uses;
+
+unsigned long dyneval_trace_uses(void)
+{
+    return trace_uses;
+}
+
+static const dyn_trace *trace_for(const nc_dyneval *d, const nc_state *s0, const int *y, int S)
+{
+    const dyn_arena *a = arena_tls;
+    if (!a || !a->tr.valid || a->tr.id != d->id || a->tr.steps != d->steps || a->tr.T < (size_t)S)
+        return NULL;
+    const dyn_trace *tr = &a->tr;
+    const size_t LH = (size_t)s0->num_layers * s0->hidden_size * sizeof(float);
+    if (memcmp(tr->tok, y, (size_t)S * sizeof(int)) != 0 || memcmp(tr->h0, s0->h, LH) != 0 ||
+        memcmp(tr->c0, s0->c, LH) != 0)
+        return NULL;
+    trace_uses++;
+    return tr;
+}
+
 
 /* Activations of the segment's S steps, per layer: input rows [S, in],
  * gates after their non-linearities [S, 4H] (i, f, g, o), c and tanh(c)
- * and h [S, H] each. */
+ * and h [S, H] each; and where the gradients go. */
 typedef struct {
-    float **x, **a, **c, **tc, **h;
+    float *x[DYN_MAX_LAYERS], *a[DYN_MAX_LAYERS], *c[DYN_MAX_LAYERS], *tc[DYN_MAX_LAYERS], *h[DYN_MAX_LAYERS];
     float *rows, *p;              /* decoder inputs [T, H], softmax [T, V] */
     float *dh, *dz, *dn, *hp;     /* backward: [S, max(E,H)] twice, [S, 4H], [S, H] */
+    float *hc, *dhc;              /* one step's h, c and the recurrence's dh, dc: [2H] each */
+    float *dzt;                   /* dz transposed [4H, S] (the weight gradients' left factor) */
+    float *pt;                    /* dlogits transposed [V, T] (the decoder matrix's) */
+    int S;
+    /* the fused step (dyneval_push): each gradient goes to gs and the
+     * tensor (a matrix: each block of rows) steps as soon as it is
+     * complete; else (dyneval_loss) into the tensors' g */
+    bool fused;
+    float lr, decay;
+    float *gs;
+    bool stepped[DYN_MAX_TENSORS];
 } seg_work;
 
-static void work_free(seg_work *w, int L)
+/* Index of tensor (kind, layer) in d->t, or -1 if it does not adapt. */
+static int tensor_index(const nc_dyneval *d, int kind, int l)
 {
-    for (int l = 0; l < L; l++) {
-        if (w->x)
-            nc_free(w->x[l]);
-        if (w->a)
-            nc_free(w->a[l]);
-        if (w->c)
-            nc_free(w->c[l]);
-        if (w->tc)
-            nc_free(w->tc[l]);
-        if (w->h)
-            nc_free(w->h[l]);
-    }
-    free(w->x);
-    free(w->a);
-    free(w->c);
-    free(w->tc);
-    free(w->h);
-    nc_free(w->rows);
-    nc_free(w->p);
-    nc_free(w->dh);
-    nc_free(w->dz);
-    nc_free(w->dn);
-    nc_free(w->hp);
+    for (int k = 0; k < d->nt; k++)
+        if (d->t[k].kind == kind && (d->t[k].layer == l || kind >= K_DECB))
+            return k;
+    return -1;
 }
 
-static int work_alloc(seg_work *w, const nc_model *m, int T, bool logits)
+/* Where the gradient of tensor (kind, layer) is written, or NULL if it does
+ * not adapt. */
+static float *grad_of(nc_dyneval *d, seg_work *w, int kind, int l)
 {
+    int k = tensor_index(d, kind, l);
+    if (k < 0)
+        return NULL;
+    return w->fused ? w->gs : d->t[k].g;
+}
+
+static void step_tensor(const dyn_tensor *t, const float *g, float lr, float decay, float rms_mean);
+static void step_chunk(const dyn_tensor *t, size_t off, size_t cnt, const float *g, const float k[4]);
+
+/* The gradient of tensor (kind, layer) is complete: the fused step takes
+ * it now, while it is in cache; a tensor is never read by the backward
+ * pass after its gradient is complete (each layer's weights serve its own
+ * backward, done by then; the decoder's dh comes first). */
+static void grad_done(nc_dyneval *d, seg_work *w, int kind, int l)
+{
+    int k = tensor_index(d, kind, l);
+    if (!w->fused || k < 0)
+        return;
+    step_tensor(&d->t[k], grad_of(d, w, kind, l), w->lr, w->decay, d->rms_mean);
+    w->stepped[k] = true;
+}
+
+/* Carves seg_work out of the thread's arena: T tokens, the logits' room
+ * when logits (else the caller's), the fused step's gradient buffers. */
+static int work_alloc(const nc_dyneval *d, seg_work *w, int T, bool logits)
+{
+    const nc_model *m = &d->shadow;
     const size_t L = (size_t)m->cfg.num_layers, H = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
     const size_t E = (size_t)m->cfg.embedding_size, S = T > 1 ? (size_t)T - 1 : 1, W = E > H ? E : H;
-    memset(w, 0, sizeof *w);
-    w->x = nc_zalloc(L, sizeof(float *));
-    w->a = nc_zalloc(L, sizeof(float *));
-    w->c = nc_zalloc(L, sizeof(float *));
-    w->tc = nc_zalloc(L, sizeof(float *));
-    w->h = nc_zalloc(L, sizeof(float *));
-    if (!w->x || !w->a || !w->c || !w->tc || !w->h)
-        return NC_ENOMEM;
+    /* the fused step's gradient block: a whole bias, or DYN_GRAD_ROWS rows of a matrix */
+    size_t gmax = d->embed ? DYN_GRAD_ROWS * W : 0;
+    for (int k = 0; w->fused && k < d->nt; k++)
+        if (d->t[k].kind != K_ENC && d->t[k].kind != K_DECW && d->t[k].n > gmax)
+            gmax = d->t[k].n;
+    size_t sizes[10 + 5 * DYN_MAX_LAYERS], n = 0, total = 0;
     for (size_t l = 0; l < L; l++) {
-        w->x[l] = nc_alloc(S * (l ? H : E) * sizeof(float));
-        w->a[l] = nc_alloc(S * 4 * H * sizeof(float));
-        w->c[l] = nc_alloc(S * H * sizeof(float));
-        w->tc[l] = nc_alloc(S * H * sizeof(float));
-        w->h[l] = nc_alloc(S * H * sizeof(float));
-        if (!w->x[l] || !w->a[l] || !w->c[l] || !w->tc[l] || !w->h[l])
-            return NC_ENOMEM;
+        sizes[n++] = S * (l ? H : E);
+        sizes[n++] = S * 4 * H;
+        sizes[n++] = S * H;
+        sizes[n++] = S * H;
+        sizes[n++] = S * H;
     }
-    w->rows = nc_alloc((size_t)T * H * sizeof(float));
-    w->p = logits ? nc_alloc((size_t)T * V * sizeof(float)) : NULL;
-    w->dh = nc_alloc(S * W * sizeof(float));
-    w->dn = nc_alloc(S * W * sizeof(float));
-    w->dz = nc_alloc(S * 4 * H * sizeof(float));
-    w->hp = nc_alloc(S * H * sizeof(float));
-    return w->rows && (w->p || !logits) && w->dh && w->dn && w->dz && w->hp ? NC_OK : NC_ENOMEM;
+    const size_t fixed[10] = {(size_t)T * H, logits ? (size_t)T * V : 0, S * W, S * W, S * 4 * H, S * H, 4 * H,
+                             gmax, S * 4 * H, d->embed ? V * (size_t)T : 0};
+    for (int i = 0; i < 10; i++)
+        sizes[n++] = fixed[i];
+    for (size_t i = 0; i < n; i++)
+        total += (sizes[i] + 15) & ~(size_t)15;   /* 64-byte aligned pieces */
+    float *p = arena_get(total);
+    if (!p)
+        return NC_ENOMEM;
+    float **dst[10] = {&w->rows, &w->p, &w->dh, &w->dn, &w->dz, &w->hp, &w->hc, &w->gs, &w->dzt, &w->pt};
+    n = 0;
+    for (size_t l = 0; l < L; l++) {
+        float **ld[5] = {&w->x[l], &w->a[l], &w->c[l], &w->tc[l], &w->h[l]};
+        for (int i = 0; i < 5; i++, n++) {
+            *ld[i] = p;
+            p += (sizes[n] + 15) & ~(size_t)15;
+        }
+    }
+    for (int i = 0; i < 10; i++, n++) {
+        *dst[i] = sizes[n] ? p : NULL;
+        p += (sizes[n] + 15) & ~(size_t)15;
+    }
+    w->dhc = w->hc + 2 * H;
+    w->S = (int)S;
+    return NC_OK;
 }
 
 /* PyTorch nn.LSTM over the segment's S inputs from s0 (as lstm.c steps it),
@@ -381,7 +581,7 @@ static void forward(const nc_model *m, const nc_state *s0, const int *in, int S,
     const int L = m->cfg.num_layers, H = m->cfg.hidden_size, E = m->cfg.embedding_size, G = 4 * H;
     for (int s = 0; s < S; s++)
         memcpy(w->x[0] + (size_t)s * E, m->encoder + (size_t)in[s] * E, (size_t)E * sizeof(float));
-    float *h = nc_malloc(2 * (size_t)H * sizeof(float)), *c = h + H;
+    float *h = w->hc, *c = h + H;
     for (int l = 0; l < L; l++) {
         const nc_lstm_layer *ly = &m->layers[l];
         const int NI = ly->input_size;
@@ -408,7 +608,29 @@ static void forward(const nc_model *m, const nc_state *s0, const int *in, int S,
             memcpy(w->h[l] + (size_t)s * H, h, (size_t)H * sizeof(float));
         }
     }
-    free(h);
+}
+
+/* The gradient of W_ih or W_hh of layer l, dz^T X [4H, in] (X: the layer's
+ * inputs, or its h one step before), as gemm_nn on dz transposed (w->dzt,
+ * filled by backward_layer). Fused: in blocks of rows that each step at
+ * once, so the gradient never leaves L1/L2 and OpenBLAS packs nothing. */
+static void grad_weights(nc_dyneval *d, seg_work *w, int kind, int l)
+{
+    const int H = d->shadow.cfg.hidden_size, G = 4 * H, S = w->S;
+    const int NI = kind == K_WIH ? d->shadow.layers[l].input_size : H;
+    const float *x = kind == K_WIH ? w->x[l] : w->hp;
+    const int k = tensor_index(d, kind, l);
+    if (!w->fused) {
+        vm_gemm_nn(w->dzt, x, d->t[k].g, G, S, NI);
+        return;
+    }
+    const float kr[4] = {w->lr, w->decay, NC_DYN_EPS_REL * d->rms_mean, 1.0f / d->rms_mean};
+    for (int g0 = 0; g0 < G; g0 += DYN_GRAD_ROWS) {
+        const int nr = G - g0 < DYN_GRAD_ROWS ? G - g0 : DYN_GRAD_ROWS;
+        vm_gemm_nn(w->dzt + (size_t)g0 * S, x, w->gs, nr, S, NI);
+        step_chunk(&d->t[k], (size_t)g0 * NI, (size_t)nr * NI, w->gs, kr);
+    }
+    w->stepped[k] = true;
 }
 
 /* Backward through layer l (truncated BPTT within the segment): dh [S, H]
@@ -417,8 +639,9 @@ static void forward(const nc_model *m, const nc_state *s0, const int *in, int S,
 static void backward_layer(nc_dyneval *d, const nc_state *s0, int l, int S, seg_work *w)
 {
     const nc_model *m = &d->shadow;
-    const int H = m->cfg.hidden_size, G = 4 * H, NI = m->layers[l].input_size;
-    float *dhn = nc_zalloc(2 * (size_t)H, sizeof(float)), *dcn = dhn + H;
+    const int H = m->cfg.hidden_size, G = 4 * H;
+    float *dhn = w->dhc, *dcn = dhn + H;
+    memset(dhn, 0, 2 * (size_t)H * sizeof(float));
     for (int s = S - 1; s >= 0; s--) {
         const float *a = w->a[l] + (size_t)s * G, *ts = w->tc[l] + (size_t)s * H;
         const float *cp = s ? w->c[l] + (size_t)(s - 1) * H : s0->c + (size_t)l * H;
@@ -437,24 +660,35 @@ static void backward_layer(nc_dyneval *d, const nc_state *s0, int l, int S, seg_
         /* dh_{s-1} = W_hh^T dz_s */
         cblas_sgemv(CblasRowMajor, CblasTrans, G, H, 1.0f, m->layers[l].w_hh, H, dz, 1, 0.0f, dhn, 1);
     }
-    free(dhn);
     if (d->lw[l]) {
         for (int s = 0; s < S; s++)
             memcpy(w->hp + (size_t)s * H, s ? w->h[l] + (size_t)(s - 1) * H : s0->h + (size_t)l * H,
                    (size_t)H * sizeof(float));
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, G, NI, S, 1.0f, w->dz, G, w->x[l], NI, 0.0f,
-                    grad_of(d, K_WIH, l), NI);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, G, H, S, 1.0f, w->dz, G, w->hp, H, 0.0f,
-                    grad_of(d, K_WHH, l), H);
+        for (int s = 0; s < S; s++)
+            for (int g = 0; g < G; g++)
+                w->dzt[(size_t)g * S + s] = w->dz[(size_t)s * G + g];
+        grad_weights(d, w, K_WHH, l);
     }
     if (d->lb[l]) {
-        float *gi = grad_of(d, K_BIH, l), *gh = grad_of(d, K_BHH, l);
+        float *gi = grad_of(d, w, K_BIH, l);
         memset(gi, 0, (size_t)G * sizeof(float));
         for (int s = 0; s < S; s++)
             for (int j = 0; j < G; j++)
                 gi[j] += w->dz[(size_t)s * G + j];
-        memcpy(gh, gi, (size_t)G * sizeof(float));
+        if (!w->fused)
+            memcpy(grad_of(d, w, K_BHH, l), gi, (size_t)G * sizeof(float));
+        grad_done(d, w, K_BIH, l);
+        grad_done(d, w, K_BHH, l);   /* the same gradient: gs still holds it */
     }
+}
+
+/* The layer's W_ih gradient (after its inputs' gradient dn = dz W_ih, which
+ * reads the weights before their step). */
+static void grad_w_ih(nc_dyneval *d, int l, int S, seg_work *w)
+{
+    (void)S;
+    if (d->lw[l])
+        grad_weights(d, w, K_WIH, l);   /* dzt: backward_layer's, of this layer */
 }
 
 /* The summed loss -log p(y[r]) of the scored rows r >= r0 of the logits p
@@ -470,16 +704,84 @@ static double rows_loss(float *p, const int *y, int T, int r0, int V, bool grad)
             memset(pr, 0, (size_t)V * sizeof(float));
             continue;
         }
-        float lse = nc_logsumexp(pr, (size_t)V);
-        sum += (double)lse - (double)pr[y[r]];
-        if (grad) {
-            /* d(mean loss)/d logits = (softmax - onehot) / scored */
-            for (int v = 0; v < V; v++)
-                pr[v] = expf(pr[v] - lse) * scale;
-            pr[y[r]] -= scale;
+        if (!grad) {
+            sum += (double)nc_logsumexp(pr, (size_t)V) - (double)pr[y[r]];
+            continue;
         }
+        /* one pass of vmath's exp: the row becomes exp(s - max), then
+         * d(mean loss)/d logits = (softmax - onehot) / scored */
+        const float mx = vm_max(pr, (size_t)V), target = pr[y[r]];
+        const double z = vm_exp_sum(pr, pr, (size_t)V, mx);
+        sum += (double)mx + log(z) - (double)target;
+        const float k = (float)(scale / z);
+        for (int v = 0; v < V; v++)
+            pr[v] *= k;
+        pr[y[r]] -= scale;
     }
     return sum;
+}
+
+/* acc += x, vectorised (gcc's -O2 leaves it scalar) */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("O3")))
+#endif
+static void add_row(float *restrict acc, const float *restrict x, size_t n)
+{
+    for (size_t j = 0; j < n; j++)
+        acc[j] += x[j];
+}
+
+/* The decoder's gradients: the bias's, dh at the top layer's outputs (rows
+ * 1..T-1) = dlogits W_dec -- before the decoder's own step -- then dW_dec. */
+static void grad_matrix(nc_dyneval *d, seg_work *w, int kind, const int *y, int T);
+
+static void backward_decoder(nc_dyneval *d, int T, int r0, seg_work *w)
+{
+    const nc_model *m = &d->shadow;
+    const int L = m->cfg.num_layers, H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    const int S = T - 1;
+    float *gb = grad_of(d, w, K_DECB, 0);
+    memset(gb, 0, (size_t)V * sizeof(float));
+    for (int r = r0; r < T; r++)
+        add_row(gb, w->p + (size_t)r * V, (size_t)V);
+    grad_done(d, w, K_DECB, 0);
+    if (S > 0 && d->lo < L)
+        vm_gemm_nn(w->p + V, m->decoder_w, w->dh, S, V, H);
+    if (d->embed) {
+        for (int r = 0; r < T; r++)
+            for (int v = 0; v < V; v++)
+                w->pt[(size_t)v * T + r] = w->p[(size_t)r * V + v];
+        if (m->decoder_w != m->encoder)
+            grad_matrix(d, w, K_DECW, NULL, T);   /* dh above read it: its step may follow */
+    }
+}
+
+/* The gradient of the embedding (K_ENC: the rows of the segment's inputs,
+ * y[0..T-2], get the layer-0 input gradient w->dh; tied, plus the
+ * decoder's) or of the untied decoder matrix (K_DECW: dlogits^T rows, as
+ * gemm_nn on w->pt), in blocks of DYN_GRAD_ROWS rows; fused, each block
+ * steps at once at NC_DYN_EMBED_SCALE of the rate. */
+static void grad_matrix(nc_dyneval *d, seg_work *w, int kind, const int *y, int T)
+{
+    const nc_model *m = &d->shadow;
+    const int V = m->cfg.vocab_size, C = kind == K_ENC ? m->cfg.embedding_size : m->cfg.hidden_size, S = T - 1;
+    const bool dec = kind == K_DECW || m->decoder_w == m->encoder, rows_in = kind == K_ENC && d->lo == 0;
+    const int k = tensor_index(d, kind, 0);
+    const float kr[4] = {w->lr * NC_DYN_EMBED_SCALE, w->decay, NC_DYN_EPS_REL * d->rms_mean, 1.0f / d->rms_mean};
+    for (int v0 = 0; v0 < V; v0 += DYN_GRAD_ROWS) {
+        const int nr = V - v0 < DYN_GRAD_ROWS ? V - v0 : DYN_GRAD_ROWS;
+        float *g = w->fused ? w->gs : d->t[k].g + (size_t)v0 * C;
+        if (dec)
+            vm_gemm_nn(w->pt + (size_t)v0 * T, w->rows, g, nr, T, C);
+        else
+            memset(g, 0, (size_t)nr * C * sizeof(float));
+        for (int s = 0; rows_in && s < S; s++)
+            if (y[s] >= v0 && y[s] < v0 + nr)
+                add_row(g + (size_t)(y[s] - v0) * C, w->dh + (size_t)s * C, (size_t)C);
+        if (w->fused)
+            step_chunk(&d->t[k], (size_t)v0 * C, (size_t)nr * C, g, kr);
+    }
+    w->stepped[k] = w->fused;
 }
 
 /* The gradients of every adapted tensor from dlogits (w->p, rows_loss's):
@@ -488,25 +790,11 @@ static double rows_loss(float *p, const int *y, int T, int r0, int V, bool grad)
 static void seg_backward(nc_dyneval *d, const nc_state *s0, const int *y, int T, int r0, seg_work *w)
 {
     const nc_model *m = &d->shadow;
-    const int L = m->cfg.num_layers, H = m->cfg.hidden_size, V = m->cfg.vocab_size, E = m->cfg.embedding_size;
+    const int L = m->cfg.num_layers, H = m->cfg.hidden_size;
     const int S = T - 1;
-    float *gb = grad_of(d, K_DECB, 0);
-    memset(gb, 0, (size_t)V * sizeof(float));
-    for (int r = r0; r < T; r++)
-        for (int v = 0; v < V; v++)
-            gb[v] += w->p[(size_t)r * V + v];
-    float *ge = d->embed ? grad_of(d, K_ENC, 0) : NULL;
-    float *gd = d->embed ? (m->decoder_w == m->encoder ? ge : grad_of(d, K_DECW, 0)) : NULL;
-    if (ge && ge != gd)
-        memset(ge, 0, (size_t)V * E * sizeof(float));
-    if (gd)   /* dW_dec = dlogits^T rows */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, H, T, 1.0f, w->p, V, w->rows, H, 0.0f, gd, H);
-    if (S <= 0 || d->lo >= L)
-        return;
-    /* dh at the top layer's outputs (rows 1..T-1) = dlogits W_dec */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, H, V, 1.0f, w->p + V, V, m->decoder_w, H, 0.0f,
-                w->dh, H);
-    for (int l = L - 1; l >= d->lo; l--) {
+    backward_decoder(d, T, r0, w);
+    const bool ge = d->embed;
+    for (int l = L - 1; S > 0 && l >= d->lo; l--) {
         backward_layer(d, s0, l, S, w);
         const int NI = m->layers[l].input_size;
         if (l > d->lo || (l == 0 && ge)) {
@@ -517,20 +805,30 @@ static void seg_backward(nc_dyneval *d, const nc_state *s0, const int *y, int T,
             w->dh = w->dn;
             w->dn = tmp;
         }
+        grad_w_ih(d, l, S, w);
     }
-    if (ge && d->lo == 0)
-        for (int s = 0; s < S; s++)
-            for (int j = 0; j < E; j++)
-                ge[(size_t)y[s] * E + j] += w->dh[(size_t)s * E + j];
+    if (ge)
+        grad_matrix(d, w, K_ENC, y, T);
 }
 
-/* dyneval_loss; logits: the segment's decoder logits [T, V] already
- * computed by the scoring pass (overwritten), or NULL to compute them. */
-static int seg_loss(nc_dyneval *d, const nc_state *s0, bool has_h, const int *y, int T, bool grad, float *logits,
-                    double *loss, int *nscored, char *err, size_t errlen)
+/* dyneval_loss, and with fused the step of dyneval_push; logits: the
+ * segment's decoder logits [T, V] already computed by the scoring pass
+ * (overwritten), or NULL to compute them. */
+typedef struct {
+    const nc_state *s0;
+    bool has_h;
+    const int *y;
+    int T;
+    bool grad, fused;
+    float lr, decay;
+    float *logits;
+} seg_job;
+
+static int seg_loss(nc_dyneval *d, const seg_job *j, double *loss, int *nscored, char *err, size_t errlen)
 {
     const nc_model *m = &d->shadow;
-    const int L = m->cfg.num_layers, H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    const int L = m->cfg.num_layers, H = m->cfg.hidden_size, V = m->cfg.vocab_size, T = j->T;
+    const int *y = j->y;
     *loss = 0;
     *nscored = 0;
     if (T <= 0)
@@ -538,57 +836,60 @@ static int seg_loss(nc_dyneval *d, const nc_state *s0, bool has_h, const int *y,
     for (int t = 0; t < T; t++)
         if (y[t] < 0 || y[t] >= V)
             return nc_error(err, errlen, NC_EINVAL, "token %d has id %d outside [0, %d)", t, y[t], V);
-    for (int k = 0; grad && k < d->nt; k++)
+    for (int k = 0; j->grad && !j->fused && k < d->nt; k++) {
+        /* zero: a tensor the backward pass does not reach (a 1-token segment) has gradient 0 */
         if (!d->t[k].g && !(d->t[k].g = nc_alloc(d->t[k].n * sizeof(float))))
             return nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation: gradient");
-    seg_work w;
-    const int S = T - 1, r0 = has_h ? 0 : 1;
-    if (work_alloc(&w, m, T, logits == NULL) != NC_OK) {
-        work_free(&w, L);
-        return nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation: segment of %d tokens", T);
+        memset(d->t[k].g, 0, d->t[k].n * sizeof(float));
     }
-    if (S > 0)
-        forward(m, s0, y, S, &w);
+    seg_work w = {.fused = j->fused, .lr = j->lr, .decay = j->decay};
+    const int S = T - 1, r0 = j->has_h ? 0 : 1;
+    if (work_alloc(d, &w, T, j->logits == NULL) != NC_OK)
+        return nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation: segment of %d tokens", T);
+    /* the scoring pass's activations when it recorded this segment (the
+     * stream's usual path), else the forward pass again */
+    const dyn_trace *tr = j->fused && S > 0 ? trace_for(d, j->s0, y, S) : NULL;
+    for (int l = 0; tr && l < L; l++)
+        w.x[l] = tr->x[l], w.a[l] = tr->a[l], w.c[l] = tr->c[l], w.tc[l] = tr->tc[l], w.h[l] = tr->h[l];
+    if (S > 0 && !tr)
+        forward(m, j->s0, y, S, &w);
     /* row r predicts y[r]: row 0 from s0's h, row r > 0 from h after y[r-1] */
-    memcpy(w.rows, lstm_state_top(s0), (size_t)H * sizeof(float));
+    memcpy(w.rows, lstm_state_top(j->s0), (size_t)H * sizeof(float));
     if (S > 0)
         memcpy(w.rows + H, w.h[L - 1], (size_t)S * H * sizeof(float));
-    if (logits)
-        w.p = logits;
+    if (j->logits)
+        w.p = j->logits;
     else
-        lstm_logits_batch(m, w.rows, (size_t)T, w.p);
-    *loss = rows_loss(w.p, y, T, r0, V, grad);
+        lstm_logits_rows(m, w.rows, (size_t)T, w.p);
+    *loss = rows_loss(w.p, y, T, r0, V, j->grad);
     *nscored = T - r0;
-    if (grad)
-        seg_backward(d, s0, y, T, r0, &w);
-    if (logits)
-        w.p = NULL;   /* the caller's */
-    work_free(&w, L);
+    if (j->grad)
+        seg_backward(d, j->s0, y, T, r0, &w);
+    /* a tensor the backward pass did not reach: gradient 0, decay only */
+    for (int k = 0; j->fused && k < d->nt; k++)
+        if (!w.stepped[k])
+            step_tensor(&d->t[k], NULL, 0.0f, j->decay, d->rms_mean);
     return NC_OK;
 }
 
 int dyneval_loss(nc_dyneval *d, const nc_state *s0, bool has_h, const int *y, int T, bool grad, double *loss,
                  int *nscored, char *err, size_t errlen)
 {
-    return seg_loss(d, s0, has_h, y, T, grad, NULL, loss, nscored, err, errlen);
+    const seg_job j = {.s0 = s0, .has_h = has_h, .y = y, .T = T, .grad = grad};
+    return seg_loss(d, &j, loss, nscored, err, errlen);
 }
 
 /* ---- the update --------------------------------------------------------- */
 
-/* The step's loop over one tensor (dyneval.h's rule, then the decay), free
- * of branches so that it vectorises: it is a pass over every adapted weight
- * per segment. */
-#if defined(__GNUC__) && !defined(__clang__)
-#define DYN_VECTORISE __attribute__((optimize("O3")))   /* gcc's -O2 does not vectorise it */
-#else
-#define DYN_VECTORISE
-#endif
-DYN_VECTORISE static void step_tensor(float *restrict w, const float *restrict w0,
-                                                        const float *restrict rms, const float *restrict g, size_t n,
-                                                        float lr, float decay, float eps, float inv_mean)
+/* The step's loop over one tensor (dyneval.h's rule, then the decay) with
+ * the root of MS_g taken in it: one pass reading the weights, the trained
+ * weights, MS_g and the gradient. k = {lr, decay, eps, 1 / mean RMS}. */
+static void step_loop(float *restrict w, const float *restrict w0, const float *restrict ms,
+                      const float *restrict g, size_t n, const float *k)
 {
+    const float lr = k[0], decay = k[1], eps = k[2], inv_mean = k[3];
     for (size_t j = 0; j < n; j++) {
-        float re = rms[j] + eps;
+        float re = sqrtf(ms[j] > 0.0f ? ms[j] : 0.0f) + eps;   /* dyneval_rms + eps */
         float f = decay * re * inv_mean;
         f = f > 1.0f ? 1.0f : f;   /* RMS_norm clipped at 1/lambda: never past theta_g */
         float u = g[j] / re;
@@ -601,14 +902,45 @@ DYN_VECTORISE static void step_tensor(float *restrict w, const float *restrict w
     }
 }
 
-/* Decay alone (lr 0), which brings every weight back to the trained one
- * exactly: within a few ulps of it, w0 + dlt rounds back to where it was
- * (w0 + 5.7 ulp -> w0 + 6 ulp), so such a weight moves one ulp towards it. */
-static void decay_tensor(float *w, const float *w0, const float *rms, size_t n, float decay, float eps,
-                         float inv_mean)
+/* step_loop eight weights at a time, the same operations in the same order
+ * (no FMA contraction), so bit for bit equal to it; the min/max operand
+ * order keeps step_loop's NaN behaviour. The pass is bound by memory (four
+ * streams in, one out), which the scalar loop is not. */
+__attribute__((target("avx2"))) static void step_loop_avx2(float *restrict w, const float *restrict w0,
+                                                         const float *restrict ms, const float *restrict g,
+                                                         size_t n, const float *k)
 {
+    const __m256 lr = _mm256_set1_ps(k[0]), decay = _mm256_set1_ps(k[1]), eps = _mm256_set1_ps(k[2]),
+                 inv_mean = _mm256_set1_ps(k[3]), one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps(),
+                 clip = _mm256_set1_ps(NC_DYN_CLIP), nclip = _mm256_set1_ps(-NC_DYN_CLIP),
+                 tiny = _mm256_set1_ps(FLT_MIN), sign = _mm256_set1_ps(-0.0f);
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 re = _mm256_add_ps(_mm256_sqrt_ps(_mm256_max_ps(_mm256_loadu_ps(ms + j), zero)), eps);
+        __m256 f = _mm256_min_ps(one, _mm256_mul_ps(_mm256_mul_ps(decay, re), inv_mean));
+        __m256 u = _mm256_div_ps(_mm256_loadu_ps(g + j), re);
+        u = _mm256_min_ps(clip, u);
+        u = _mm256_max_ps(nclip, u);
+        __m256 a = _mm256_loadu_ps(w0 + j);
+        __m256 dlt = _mm256_sub_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(w + j), a), _mm256_sub_ps(one, f)),
+                                   _mm256_mul_ps(lr, u));
+        __m256 small = _mm256_cmp_ps(_mm256_andnot_ps(sign, dlt), tiny, _CMP_LT_OQ);
+        dlt = _mm256_andnot_ps(small, dlt);
+        _mm256_storeu_ps(w + j, _mm256_add_ps(a, dlt));
+    }
+    if (j < n)
+        step_loop(w + j, w0 + j, ms + j, g + j, n - j, k);
+}
+
+/* Decay alone (lr 0 or no gradient), which brings every weight back to the
+ * trained one exactly: within a few ulps of it, w0 + dlt rounds back to
+ * where it was (w0 + 5.7 ulp -> w0 + 6 ulp), so such a weight moves one ulp
+ * towards it. */
+static void decay_loop(float *w, const float *w0, const float *ms, size_t n, float decay, const float *k)
+{
+    const float eps = k[2], inv_mean = k[3];
     for (size_t j = 0; j < n; j++) {
-        float f = decay * (rms[j] + eps) * inv_mean;
+        float f = decay * (dyneval_rms(ms[j]) + eps) * inv_mean;
         f = f > 1.0f ? 1.0f : f;
         float dlt = (w[j] - w0[j]) * (1.0f - f);
         if (fabsf(dlt) < FLT_MIN)
@@ -620,17 +952,23 @@ static void decay_tensor(float *w, const float *w0, const float *rms, size_t n, 
     }
 }
 
-static void update(nc_dyneval *d, float lr, float decay)
+/* The step on weights [off, off + cnt) of tensor t with their gradient g
+ * (lr > 0), else their decay. */
+static void step_chunk(const dyn_tensor *t, size_t off, size_t cnt, const float *g, const float k[4])
 {
-    const float eps = NC_DYN_EPS_REL * d->rms_mean, inv_mean = 1.0f / d->rms_mean;
-    for (int k = 0; k < d->nt; k++) {
-        dyn_tensor *t = &d->t[k];
-        if (lr > 0.0f && t->g)
-            step_tensor(t->w, t->w0, t->ms, t->g, t->n, lr, decay, eps, inv_mean);
-        else
-            decay_tensor(t->w, t->w0, t->ms, t->n, decay, eps, inv_mean);
-    }
-    dyneval_refresh(d);
+    if (k[0] > 0.0f && g && strcmp(vm_isa(), "scalar") != 0)
+        step_loop_avx2(t->w + off, t->w0 + off, t->ms + off, g, cnt, k);
+    else if (k[0] > 0.0f && g)
+        step_loop(t->w + off, t->w0 + off, t->ms + off, g, cnt, k);
+    else
+        decay_loop(t->w + off, t->w0 + off, t->ms + off, cnt, k[1], k);
+}
+
+/* One tensor's update: the step on gradient g (lr > 0), else the decay. */
+static void step_tensor(const dyn_tensor *t, const float *g, float lr, float decay, float rms_mean)
+{
+    const float k[4] = {lr, decay, NC_DYN_EPS_REL * rms_mean, 1.0f / rms_mean};
+    step_chunk(t, 0, t->n, g, k);
 }
 
 int dyneval_push(nc_dyneval *d, const int *ids, size_t k, float *logits, int n, float lr, float decay,
@@ -653,18 +991,18 @@ int dyneval_push(nc_dyneval *d, const int *ids, size_t k, float *logits, int n, 
         return NC_OK;
     int rc = NC_OK;
     if (lr > 0.0f) {
+        /* each tensor steps inside the backward pass, as its gradient completes */
         double loss;
         int ns;
-        rc = seg_loss(d, d->seg, d->seg_has_h, d->seg_tok, d->seg_len, true, logits, &loss, &ns, err, errlen);
+        const seg_job j = {.s0 = d->seg, .has_h = d->seg_has_h, .y = d->seg_tok, .T = d->seg_len, .grad = true,
+                           .fused = true, .lr = lr, .decay = decay, .logits = logits};
+        rc = seg_loss(d, &j, &loss, &ns, err, errlen);
+    } else {
+        for (int t = 0; t < d->nt; t++)
+            step_tensor(&d->t[t], NULL, 0.0f, decay, d->rms_mean);
     }
-    if (!rc)
-        update(d, lr, decay);
-    /* the gradient buffers are scratch of the step: a session keeps only
-     * its weights */
-    for (int j = 0; j < d->nt; j++) {
-        nc_free(d->t[j].g);
-        d->t[j].g = NULL;
-    }
+    dyneval_refresh(d);
+    d->steps++;   /* a recorded pass is of the weights before */
     lstm_state_copy(d->seg, st);
     d->seg_has_h = has_h;
     d->seg_len = 0;
@@ -759,18 +1097,6 @@ int dyneval_read(const nc_model *m, binio_reader *r, nc_dyneval **out, char *err
 }
 
 /* ---- MS_g --------------------------------------------------------------- */
-
-void dyneval_rms_in_place(nc_model *ms)
-{
-    int kinds[DYN_MAX_TENSORS], layers[DYN_MAX_TENSORS];
-    int n = plan(ms, NC_DYN_ALL, kinds, layers);
-    for (int k = 0; k < n; k++) {
-        float *v = *slot_of(ms, kinds[k], layers[k]);
-        size_t c = count_of(ms, kinds[k], layers[k]);
-        for (size_t j = 0; j < c; j++)
-            v[j] = v[j] > 0.0f ? sqrtf(v[j]) : 0.0f;
-    }
-}
 
 int dyneval_stats(const nc_model *m, const int *toks, size_t ntok, int n, size_t max_tokens, nc_model **out,
                   double *mean_loss, char *err, size_t errlen)

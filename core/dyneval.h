@@ -48,6 +48,15 @@ enum {
  * step of eta / eps when it finally gets one. */
 #define NC_DYN_EPS_REL 0.1f
 
+/* Under NC_DYN_ALL the embedding / decoder matrix steps at this fraction of
+ * eta (the LSTM's and the biases' rate). Measured on PTB valid (its first
+ * 1,000 lines, models/demo, eta 0.003, decay 0.02, segments of 20): the
+ * fraction 1 diverges (perplexity 104.7 -> 331), 0.3 gives 97.3, 0.1 92.4,
+ * 0.03 93.9 alone; with the neural cache 0.1 and 0.03 both 84.5 (LSTM and
+ * biases alone: 95.8 and 85.3). Each row of the matrix is one word: its
+ * gradients are sparse and large next to the LSTM's. */
+#define NC_DYN_EMBED_SCALE 0.1f
+
 /* The normalised gradient grad / (sqrt(MS_g) + eps) is clipped to
  * [-NC_DYN_CLIP, NC_DYN_CLIP] (a guard against a too large eta: the
  * weights stay finite and within eta * NC_DYN_CLIP / (decay rate) of the
@@ -108,9 +117,9 @@ void dyneval_refresh(nc_dyneval *d);
 int dyneval_loss(nc_dyneval *d, const nc_state *s0, bool has_h, const int *y, int T, bool grad, double *loss,
                  int *nscored, char *err, size_t errlen);
 
-/* MS_g as loaded -> sqrt(MS_g) in place, as the update reads it (model_load
- * does this for m->dyn_ms). */
-void dyneval_rms_in_place(nc_model *ms);
+/* Steps of the calling thread that took the scoring pass's recorded
+ * activations instead of a second forward pass (for the tests). */
+unsigned long dyneval_trace_uses(void);
 
 /* MS_g: the mean squared gradient of every weight of m over consecutive
  * segments of n tokens of toks (state carried across segments, weights

@@ -149,8 +149,9 @@ void lstm_work_free(nc_lstm_work *w)
 
 /* PyTorch nn.LSTM cell, given the pre-activations g[4H] (rows i, f, g, o):
  *   c' = sigmoid(f) * c + sigmoid(i) * tanh(g),   h' = sigmoid(o) * tanh(c').
- * Updates h and c in place; g is scratch (overwritten). */
-static void lstm_cell(float *g, float *h, float *c, int H)
+ * Updates h and c in place and writes tanh(c') to tc; g is scratch
+ * (overwritten: its rows hold the activated gates unless tc is g). */
+static void lstm_cell_keep(float *g, float *h, float *c, float *tc, int H)
 {
     float *gi = g, *gf = g + H, *gg = g + 2 * H, *go = g + 3 * H;
     vm_sigmoid(gi, 2 * (size_t)H);            /* i and f are adjacent */
@@ -158,11 +159,17 @@ static void lstm_cell(float *g, float *h, float *c, int H)
     vm_sigmoid(go, (size_t)H);
     for (int j = 0; j < H; j++) {
         c[j] = gf[j] * c[j] + gi[j] * gg[j];
-        gi[j] = c[j];
+        tc[j] = c[j];
     }
-    vm_tanh(gi, (size_t)H);
+    vm_tanh(tc, (size_t)H);
     for (int j = 0; j < H; j++)
-        h[j] = go[j] * gi[j];
+        h[j] = go[j] * tc[j];
+}
+
+/* The step's cell: tanh(c') written over the input gate. */
+static void lstm_cell(float *g, float *h, float *c, int H)
+{
+    lstm_cell_keep(g, h, c, g, H);
 }
 
 static inline int clamp_token(const nc_model *m, int token)
@@ -212,12 +219,17 @@ int lstm_forward_seq(const nc_model *m, nc_state *s, const int *tokens, size_t T
     float *gates = nc_alloc(B * (size_t)G * sizeof(float));
     float *xin = nc_alloc(B * (size_t)maxin * sizeof(float));   /* layer input rows */
     float *xout = nc_alloc(B * (size_t)H * sizeof(float));      /* layer output rows */
-    if (!gates || !xin || !xout) {
+    const nc_lstm_hook *hk = m->hook;
+    float *tc = hk ? nc_alloc((size_t)H * sizeof(float)) : NULL;
+    if (!gates || !xin || !xout || (hk && !tc)) {
+        nc_free(tc);
         nc_free(gates);
         nc_free(xin);
         nc_free(xout);
         return nc_error(err, errlen, NC_ENOMEM, "lstm_forward_seq: out of memory for %zu positions", B);
     }
+    if (hk)
+        hk->begin(hk->ctx, s, tokens, T);
     for (size_t t0 = 0; t0 < T; t0 += B) {
         size_t nb = T - t0 < B ? T - t0 : B;
         for (size_t t = 0; t < nb; t++)
@@ -237,7 +249,13 @@ int lstm_forward_seq(const nc_model *m, nc_state *s, const int *tokens, size_t T
             for (size_t t = 0; t < nb; t++) {
                 float *g = gates + t * (size_t)G;
                 recurrent_gemv(ly, G, H, h, g);
-                lstm_cell(g, h, c, H);
+                if (hk) {
+                    lstm_cell_keep(g, h, c, tc, H);
+                    const float *const rows[5] = {xin + t * (size_t)ly->input_size, g, c, tc, h};
+                    hk->step(hk->ctx, k, t0 + t, rows);
+                } else {
+                    lstm_cell(g, h, c, H);
+                }
                 memcpy(out + t * (size_t)H, h, (size_t)H * sizeof(float));
             }
             if (k < L - 1)
@@ -247,6 +265,7 @@ int lstm_forward_seq(const nc_model *m, nc_state *s, const int *tokens, size_t T
     nc_free(gates);
     nc_free(xin);
     nc_free(xout);
+    nc_free(tc);
     return NC_OK;
 }
 
@@ -279,6 +298,15 @@ void lstm_logits_batch(const nc_model *m, const float *hidden, size_t T, float *
         memcpy(logits + t * (size_t)V, m->decoder_b, (size_t)V * sizeof(float));
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, V, H, 1.0f, hidden, H, m->decoder_w, H, 1.0f,
                 logits, V);
+}
+
+void lstm_logits_rows(const nc_model *m, const float *hidden, size_t T, float *logits)
+{
+    const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
+    for (size_t t = 0; t < T; t++)
+        memcpy(logits + t * (size_t)V, m->decoder_b, (size_t)V * sizeof(float));
+    if (T > 0)
+        vm_gemm_nt(hidden, m->decoder_w, logits, (int)T, V, H);
 }
 
 float nc_logsumexp(const float *x, size_t n)

@@ -34,6 +34,17 @@ void lstm_work_free(nc_lstm_work *w);
 /* Consumes one token (model id, 0 <= token < V): s advances by one step. */
 void lstm_step(const nc_model *m, nc_state *s, int token, nc_lstm_work *w);
 
+/* A recorder of lstm_forward_seq's activations (m->hook): dynamic
+ * evaluation keeps the scoring pass's for the segment's gradient instead of
+ * running the LSTM forward a second time (dyneval.c). begin: the start
+ * state and the tokens; step: after step t of layer l, rows = its input
+ * row, the activated gates i, f, g, o [4H], c, tanh(c) and h [H]. */
+typedef struct nc_lstm_hook {
+    void *ctx;
+    void (*begin)(void *ctx, const nc_state *s, const int *tokens, size_t T);
+    void (*step)(void *ctx, int l, size_t t, const float *const rows[5]);
+} nc_lstm_hook;
+
 /* Batched path: consumes tokens[0..T) starting from s; writes the top
  * layer's h after each token into hidden[T, H] (row t = h after tokens[t]);
  * s ends as after the last token. Input projections of all positions are one
@@ -46,6 +57,10 @@ int lstm_forward_seq(const nc_model *m, nc_state *s, const int *tokens, size_t T
 void lstm_logits(const nc_model *m, const float *h, float *logits);
 /* Decoder over a block: logits[T, V] = hidden[T, H] W_dec^T + b (one GEMM). */
 void lstm_logits_batch(const nc_model *m, const float *hidden, size_t T, float *logits);
+/* The same for a few rows (a segment of dynamic evaluation) with the
+ * decoder read in place (vm_gemm_nt) instead of OpenBLAS's packed copy;
+ * equal to lstm_logits_batch within float rounding (vmath.h's bound). */
+void lstm_logits_rows(const nc_model *m, const float *hidden, size_t T, float *logits);
 
 /* log(sum(exp(x))) computed stably (max subtracted). */
 float nc_logsumexp(const float *x, size_t n);

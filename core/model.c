@@ -18,7 +18,6 @@
 #include "atomicfile.h"
 #include "buf.h"
 #include "fault.h"
-#include "dyneval.h"
 #include "gate.h"
 #include "safetensors.h"
 
@@ -436,7 +435,8 @@ static void path_join(char *out, size_t n, const char *dir, const char *name)
 }
 
 /* dir/dyneval (dyneval.h), when present: a model directory whose weights
- * are MS_g; it must have m's configuration and vocabulary. */
+ * are MS_g; it must have m's configuration and vocabulary. Kept as MS_g:
+ * dyneval.c takes the root where the update reads it. */
 static int dyn_stats_load(nc_model *m, const char *dir, char *err, size_t errlen)
 {
     char path[4096];
@@ -461,7 +461,6 @@ static int dyn_stats_load(nc_model *m, const char *dir, char *err, size_t errlen
         for (size_t j = 0; j < 4 * (size_t)m->cfg.hidden_size; j++)
             if (!(m->dyn_ms->layers[l].b_ih[j] >= 0.0f))
                 return nc_error(err, errlen, NC_EFORMAT, "%s: a mean squared gradient is negative or NaN", path);
-    dyneval_rms_in_place(m->dyn_ms);
     return NC_OK;
 }
 

@@ -44,8 +44,10 @@ typedef struct nc_model {
     float *decoder_b;             /* [V] */
     char dir[1024];               /* directory it was loaded from ("" if built) */
     struct nc_gate *gate;         /* the adaptive mixture's gate (gate.h), NULL if the directory has none */
+    const struct nc_lstm_hook *hook;   /* lstm_forward_seq's recorder (lstm.h): set only on dynamic
+                                        * evaluation's shadow copy, NULL on a loaded model */
     struct nc_model *dyn_ms;      /* dynamic evaluation's gradient statistics in the model's own layout
-                                   * (dyneval.h; dir/dyneval/ holds MS_g, loaded as sqrt(MS_g)), NULL
+                                   * (dyneval.h; dir/dyneval/ holds MS_g, kept as MS_g), NULL
                                    * if the directory has none */
     void *impl;                   /* owned storage (mmap / buffers) */
 } nc_model;

@@ -127,12 +127,14 @@ int neural_cache_dots(const nc_neural_cache *c, const float *q, float *dots)
     int first = neural_cache_slot(c, 0);
     int n1 = c->count < c->size - first ? c->count : c->size - first, n2 = c->count - n1;
     if (!c->f16) {
+        /* vm_gemm_nt: a key's dot does not depend on its place in the run
+         * (sgemv's row tails sum in another order), so a session imported
+         * with its ring unwrapped predicts bit for bit as before */
         const float *keys = c->keys;
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, n1, c->dim, 1.0f, keys + (size_t)first * c->dim,
-                    c->dim, q, 1, 0.0f, dots, 1);
+        memset(dots, 0, (size_t)c->count * sizeof(float));
+        vm_gemm_nt(q, keys + (size_t)first * c->dim, dots, 1, n1, c->dim);
         if (n2 > 0)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, n2, c->dim, 1.0f, keys, c->dim, q, 1, 0.0f,
-                        dots + n1, 1);
+            vm_gemm_nt(q, keys, dots + n1, 1, n2, c->dim);
     } else {
         const uint16_t *keys = c->keys;
         dots_f16(keys + (size_t)first * c->dim, n1, c->dim, q, dots);

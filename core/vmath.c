@@ -385,6 +385,147 @@ __attribute__((target("avx2,fma,f16c"))) static void gemv_f16_avx2(const uint16_
         gemv_f16_scalar(W + (size_t)r * cols, rows - r, cols, x, y + r);
 }
 
+/* ---- small-M products against the decoder (dynamic evaluation) ------- */
+
+/* y[r, j] += sum_i x[r, i] w[j, i] and y[r, c] = sum_j p[r, j] w[j, c] for a
+ * few rows r against a large row-major w (the decoder, [V, H]): read in
+ * place, never copied. OpenBLAS's sgemm packs the whole of w on every call,
+ * which for 20 rows costs as much as the product itself. Scalar versions
+ * are the plain loops; the vector ones change only the summation order. */
+static void gemm_nt_scalar(const float *x, const float *w, float *y, int rows, int n, int k)
+{
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < n; j++) {
+            float acc = 0.0f;
+            for (int i = 0; i < k; i++)
+                acc += x[(size_t)r * k + i] * w[(size_t)j * k + i];
+            y[(size_t)r * n + j] += acc;
+        }
+}
+
+/* gemm_nn's columns [c0, k) (all of them, or a vector kernel's tail) */
+typedef struct {
+    int rows, n, k, c0;
+} nn_shape;
+
+static void gemm_nn_scalar(const float *p, const float *w, float *y, const nn_shape *sh)
+{
+    const int rows = sh->rows, n = sh->n, k = sh->k, c0 = sh->c0;
+    for (int r = 0; r < rows; r++) {
+        float *yr = y + (size_t)r * k;
+        for (int c = c0; c < k; c++)
+            yr[c] = 0.0f;
+        for (int j = 0; j < n; j++) {
+            const float pj = p[(size_t)r * n + j], *wj = w + (size_t)j * k;
+            for (int c = c0; c < k; c++)
+                yr[c] += pj * wj[c];
+        }
+    }
+}
+
+/* nt: four rows of w against two rows of x per tile (8 dot products), the
+ * rows of x reused from L1 while w streams once. Every dot product, in a
+ * tile or in a tail (rows of w or x repeated, their sums dropped), is
+ * summed in the same order: a row's result does not depend on where it
+ * sits -- a ring of keys read in two runs gives the dots it gives in one. */
+__attribute__((target("avx2,fma"))) static __m128 hsum4_256(__m256 a, __m256 b, __m256 c, __m256 d)
+{
+    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+__attribute__((target("avx2,fma"))) static void nt_tile_avx2(const float *x0, const float *x1,
+                                                             const float *const w[4], int k, float *y0, float *y1)
+{
+    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int i = 0; i < k; i += 8) {
+        __m256 u = _mm256_loadu_ps(x0 + i), v = _mm256_loadu_ps(x1 + i), q;
+        q = _mm256_loadu_ps(w0 + i), a0 = _mm256_fmadd_ps(u, q, a0), b0 = _mm256_fmadd_ps(v, q, b0);
+        q = _mm256_loadu_ps(w1 + i), a1 = _mm256_fmadd_ps(u, q, a1), b1 = _mm256_fmadd_ps(v, q, b1);
+        q = _mm256_loadu_ps(w2 + i), a2 = _mm256_fmadd_ps(u, q, a2), b2 = _mm256_fmadd_ps(v, q, b2);
+        q = _mm256_loadu_ps(w3 + i), a3 = _mm256_fmadd_ps(u, q, a3), b3 = _mm256_fmadd_ps(v, q, b3);
+    }
+    _mm_storeu_ps(y0, _mm_add_ps(_mm_loadu_ps(y0), hsum4_256(a0, a1, a2, a3)));
+    _mm_storeu_ps(y1, _mm_add_ps(_mm_loadu_ps(y1), hsum4_256(b0, b1, b2, b3)));
+}
+
+__attribute__((target("avx2,fma"))) static void gemm_nt_avx2(const float *x, const float *w, float *y, int rows, int n,
+                                                             int k)
+{
+    if (k % 8 != 0) {
+        gemm_nt_scalar(x, w, y, rows, n, k);
+        return;
+    }
+    for (int j = 0; j < n; j += 4) {
+        const int nw = n - j < 4 ? n - j : 4;
+        const float *wr[4];
+        for (int q = 0; q < 4; q++)
+            wr[q] = w + (size_t)(j + (q < nw ? q : nw - 1)) * k;
+        for (int r = 0; r < rows; r += 2) {
+            const bool pair = r + 1 < rows;
+            float *y0 = y + (size_t)r * n + j, *y1 = pair ? y0 + n : NULL;
+            float s0[4] = {0}, s1[4] = {0};
+            memcpy(s0, y0, (size_t)nw * sizeof(float));
+            if (pair)
+                memcpy(s1, y1, (size_t)nw * sizeof(float));
+            nt_tile_avx2(x + (size_t)r * k, x + (size_t)(pair ? r + 1 : r) * k, wr, k, s0, s1);
+            memcpy(y0, s0, (size_t)nw * sizeof(float));
+            if (pair)
+                memcpy(y1, s1, (size_t)nw * sizeof(float));
+        }
+    }
+}
+
+/* nn: four rows of p times 2 vectors of columns of w per tile, over a block
+ * of w's rows (NN_BLOCK_BYTES, contiguous) that stays in L2 while the tiles
+ * of the other rows and columns reuse it: w is read from memory once. */
+#define NN_BLOCK_BYTES (256 * 1024)
+__attribute__((target("avx2,fma"))) static void gemm_nn_avx2(const float *p, const float *w, float *y, int rows, int n,
+                                                             int k)
+{
+    const int kv = k - k % 16, blk = NN_BLOCK_BYTES / (4 * k) > 16 ? NN_BLOCK_BYTES / (4 * k) : 16;
+    for (int j0 = 0; j0 < n; j0 += blk) {
+        const int j1 = n - j0 < blk ? n : j0 + blk;
+        for (int c = 0; c < kv; c += 16)
+            for (int r = 0; r < rows; r += 4) {
+                const int nr = rows - r < 4 ? rows - r : 4;
+                const float *p0 = p + (size_t)r * n, *p1 = p0 + (nr > 1 ? n : 0), *p2 = p0 + (nr > 2 ? 2 * (size_t)n : 0),
+                            *p3 = p0 + (nr > 3 ? 3 * (size_t)n : 0);
+                float *y0 = y + (size_t)r * k + c, *y1 = y0 + k, *y2 = y1 + k, *y3 = y2 + k;
+                /* named accumulators: an array indexed by nr would live on the stack */
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
+                if (j0 > 0) {
+                    a0 = _mm256_loadu_ps(y0), a1 = _mm256_loadu_ps(y0 + 8);
+                    if (nr > 1)
+                        b0 = _mm256_loadu_ps(y1), b1 = _mm256_loadu_ps(y1 + 8);
+                    if (nr > 2)
+                        c0 = _mm256_loadu_ps(y2), c1 = _mm256_loadu_ps(y2 + 8);
+                    if (nr > 3)
+                        d0 = _mm256_loadu_ps(y3), d1 = _mm256_loadu_ps(y3 + 8);
+                }
+                for (int j = j0; j < j1; j++) {
+                    const float *wj = w + (size_t)j * k + c;
+                    __m256 q0 = _mm256_loadu_ps(wj), q1 = _mm256_loadu_ps(wj + 8), e;
+                    e = _mm256_broadcast_ss(p0 + j), a0 = _mm256_fmadd_ps(e, q0, a0), a1 = _mm256_fmadd_ps(e, q1, a1);
+                    e = _mm256_broadcast_ss(p1 + j), b0 = _mm256_fmadd_ps(e, q0, b0), b1 = _mm256_fmadd_ps(e, q1, b1);
+                    e = _mm256_broadcast_ss(p2 + j), c0 = _mm256_fmadd_ps(e, q0, c0), c1 = _mm256_fmadd_ps(e, q1, c1);
+                    e = _mm256_broadcast_ss(p3 + j), d0 = _mm256_fmadd_ps(e, q0, d0), d1 = _mm256_fmadd_ps(e, q1, d1);
+                }
+                _mm256_storeu_ps(y0, a0), _mm256_storeu_ps(y0 + 8, a1);
+                if (nr > 1)
+                    _mm256_storeu_ps(y1, b0), _mm256_storeu_ps(y1 + 8, b1);
+                if (nr > 2)
+                    _mm256_storeu_ps(y2, c0), _mm256_storeu_ps(y2 + 8, c1);
+                if (nr > 3)
+                    _mm256_storeu_ps(y3, d0), _mm256_storeu_ps(y3 + 8, d1);
+            }
+    }
+    const nn_shape tail = {rows, n, k, kv};
+    if (kv < k)
+        gemm_nn_scalar(p, w, y, &tail);
+}
+
 /* ---- dispatch -------------------------------------------------------- */
 
 typedef enum { ISA_UNKNOWN, ISA_SCALAR, ISA_AVX2, ISA_AVX512 } vm_isa_t;
@@ -602,4 +743,24 @@ void vm_gemv_f16(const uint16_t *W, int rows, int cols, const float *x, float *y
     case ISA_AVX2: gemv_f16_avx2(W, rows, cols, x, y); break;
     default: gemv_f16_scalar(W, rows, cols, x, y); break;
     }
+}
+
+/* The AVX-512 level runs the AVX2 kernels here: on the benchmark machine
+ * (Zen 4) a 512-bit FMA issues at half the rate of a 256-bit one, so the
+ * wider registers buy no throughput for these tiles. */
+void vm_gemm_nt(const float *x, const float *w, float *y, int rows, int n, int k)
+{
+    if (isa() == ISA_SCALAR)
+        gemm_nt_scalar(x, w, y, rows, n, k);
+    else
+        gemm_nt_avx2(x, w, y, rows, n, k);
+}
+
+void vm_gemm_nn(const float *p, const float *w, float *y, int rows, int n, int k)
+{
+    const nn_shape all = {rows, n, k, 0};
+    if (isa() == ISA_SCALAR)
+        gemm_nn_scalar(p, w, y, &all);
+    else
+        gemm_nn_avx2(p, w, y, rows, n, k);
 }

@@ -45,6 +45,17 @@ void vm_tanh(float *x, size_t n);
  * sequential recurrence step is bound by. Products and sums in float32. */
 void vm_gemv_f16(const uint16_t *W, int rows, int cols, const float *x, float *y);
 
+/* Products of a few rows against a large row-major matrix w [n, k] (the
+ * decoder [V, H]) read in place -- OpenBLAS's sgemm copies ("packs") the
+ * whole of w on every call, as costly as the product for ~20 rows:
+ *   vm_gemm_nt: y[r, j] += sum_i x[r, i] w[j, i]   (x [rows, k], y [rows, n])
+ *   vm_gemm_nn: y[r, c]  = sum_j p[r, j] w[j, c]   (p [rows, n], y [rows, k])
+ * Float32 sums in an order of the level's choosing: each result within
+ * gamma_m * sum |terms| of the exact one (m = terms summed + 1, gamma_m =
+ * m u / (1 - m u), u = 2^-24; Higham, Accuracy and Stability, eq. 3.4). */
+void vm_gemm_nt(const float *x, const float *w, float *y, int rows, int n, int k);
+void vm_gemm_nn(const float *p, const float *w, float *y, int rows, int n, int k);
+
 /* The kernels come in three levels: "scalar" (any x86-64), "avx2" (AVX2 +
  * FMA + F16C) and "avx512" (AVX-512F). The best level the CPU runs is used
  * unless the environment variable NEUROCACHE_SIMD names a lower one, which

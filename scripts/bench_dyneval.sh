@@ -24,7 +24,10 @@ STEPS=${STEPS:-stats ptb wp cost}
 TUNE_TOK=${DYN_TUNE_TOKENS:-5000}
 WP_LINES=${DYN_WP_LINES:-1000}
 PTB_LINES=${DYN_PTB_LINES:-750}     # of PTB test (0 = all)
-LRS=${DYN_LRS:-0.001,0.002,0.003}; DECAYS=${DYN_DECAYS:-0.02}; SEGS=${DYN_SEGS:-20}
+LRS=${DYN_LRS:-0.001,0.002,0.003}; DECAYS=${DYN_DECAYS:-0.02}; SEGS=${DYN_SEGS:-20}; PARAMS=${DYN_PARAMS:-3}
+# DYN_OPTS="--dyn-lr X --dyn-decay Y --dyn-segment N --dyn-params P": evaluate with these instead of
+# the tune stage's choice (e.g. settings picked by a wider grid on the validation text)
+FIXED=${DYN_OPTS:-}
 NC="nice -n 10 $BIN/neurocache"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); $(date -u '+%F %H:%M UTC'); load $(cut -d' ' -f1-3 /proc/loadavg)"
 if [ ! -f "$DATA/ptb/ptb.train.txt" ] || [ ! -f models/demo/model.safetensors ]; then
@@ -46,14 +49,14 @@ dyn_of() { echo "$1" | grep -o -- '--dyn-lr.*'; }
 NEU="--neural-cache 500 --theta 0.7 --lambda 0.1"
 if [[ " $STEPS " == *" ptb "* ]]; then
     T=$W/ptb-tune.txt
-    if ! grep -q "^best all" "$T" 2>/dev/null; then
+    if [ -z "$FIXED" ] && ! grep -q "^best all" "$T" 2>/dev/null; then
         echo "== PTB: tune --dyn --dyn-params 2 on the first $TUNE_TOK tokens of PTB valid"
         $NC tune --model "$M" --valid "$DATA/ptb/ptb.valid.txt" --neural-cache 500 --thetas 0.7 --lambdas 0.1 \
-            --dyn --dyn-params 2 --dyn-tokens "$TUNE_TOK" --dyn-lrs "$LRS" --dyn-decays "$DECAYS" \
+            --dyn --dyn-params "$PARAMS" --dyn-tokens "$TUNE_TOK" --dyn-lrs "$LRS" --dyn-decays "$DECAYS" \
             --dyn-segments "$SEGS" --no-plot --out "$W/ptb" > "$T"
     fi
-    cat "$T"
-    D=$(opts_of "best dyn" "$T"); B=$(dyn_of "$(opts_of "best dyn+caches" "$T")")
+    if [ -n "$FIXED" ]; then D=$FIXED; B=$FIXED; else
+        cat "$T"; D=$(opts_of "best dyn" "$T"); B=$(dyn_of "$(opts_of "best dyn+caches" "$T")"); fi
     P=$DATA/ptb/ptb.test.txt
     if [ "$PTB_LINES" -gt 0 ]; then head -n "$PTB_LINES" "$P" > "$W/ptb.part.txt"; P=$W/ptb.part.txt; fi
     if ! grep -q "tokens scored" "$W/ptb-eval.txt" 2>/dev/null; then
@@ -78,14 +81,14 @@ if [[ " $STEPS " == *" wp "* ]]; then
     UB="--unbounded --knn 256 --kernel epanechnikov --switch-at 20000 --threads 2"
     WPC="--neural-cache 2000 --theta 0.7 --lambda 0.3 --unbounded --knn 256 --kernel epanechnikov --unbounded-lambda 0.3"
     T=$W/wp-tune.txt
-    if ! grep -q "^best all" "$T" 2>/dev/null; then
+    if [ -z "$FIXED" ] && ! grep -q "^best all" "$T" 2>/dev/null; then
         echo "== War and Peace: tune --dyn on the first $TUNE_TOK tokens of its first 10%"
         $NC tune --model "$M" --valid "$W/wp.head.txt" --neural-cache 2000 --thetas 0.7 --lambdas 0.3 $UB \
-            --unbounded-lambdas 0.3 --dyn --dyn-params 2 --dyn-tokens "$TUNE_TOK" --dyn-lrs "$LRS" \
+            --unbounded-lambdas 0.3 --dyn --dyn-params "$PARAMS" --dyn-tokens "$TUNE_TOK" --dyn-lrs "$LRS" \
             --dyn-decays "$DECAYS" --dyn-segments "$SEGS" --no-plot --out "$W/wp" > "$T"
     fi
-    cat "$T"
-    D=$(opts_of "best dyn" "$T"); B=$(dyn_of "$(opts_of "best dyn+caches" "$T")")
+    if [ -n "$FIXED" ]; then D=$FIXED; B=$FIXED; else
+        cat "$T"; D=$(opts_of "best dyn" "$T"); B=$(dyn_of "$(opts_of "best dyn+caches" "$T")"); fi
     if ! grep -q "tokens scored" "$W/wp-eval.txt" 2>/dev/null; then
         echo "== War and Peace, $(wc -w < "$R") words of the other 90% (closed vocabulary): static, neural + unbounded, dynamic, both"
         $NC eval --model "$M" --memory "$W/wp.head.txt" --switch-at 20000 --threads 2 --csv "$W/wp-eval.csv" \
@@ -98,6 +101,6 @@ if [[ " $STEPS " == *" cost "* ]]; then
     head -n 200 "$DATA/ptb/ptb.valid.txt" > "$W/cost.txt"
     OPENBLAS_NUM_THREADS=1 $NC eval --model "$M" --row "--dyn-lr 0.002 --dyn-params 0 --dyn-segment 20" \
         --row "--dyn-lr 0.002 --dyn-params 1 --dyn-segment 20" --row "--dyn-lr 0.002 --dyn-params 2 --dyn-segment 20" \
-        --row "--dyn-lr 0.0003 --dyn-params 3 --dyn-segment 20" --row "--dyn-lr 0.002 --dyn-params 2 --dyn-segment 40" \
+        --row "--dyn-lr 0.003 --dyn-params 3 --dyn-segment 20" --row "--dyn-lr 0.002 --dyn-params 2 --dyn-segment 40" \
         "$W/cost.txt" 2>&1 | tail -n 7 | tee "$W/cost-eval.txt"
 fi

@@ -515,6 +515,75 @@ TEST(gemv_f16_matches_naive)
 
 /* An F16 model file gets the binary16 copy of W_hh, an F32 one does not;
  * weights that are no longer halves (a training step) drop it. */
+/* vm_gemm_nt / vm_gemm_nn against double sums, in every kernel, on shapes
+ * that hit every tile and tail (rows 1..6, n not a multiple of 4 and over
+ * the nn block of 2048, k a vector multiple or not). Bound: a float32 sum
+ * of m terms in any order (FMA or not) is within gamma_m * sum |terms| of
+ * the exact one, gamma_m = m u / (1 - m u), u = 2^-24 (Higham eq. 3.4);
+ * m = k + 1 for nt (the k products and y's start value), n for nn. */
+TEST(decoder_gemm_small_matches_naive)
+{
+    const char *isas[] = {"avx512", "avx2", "scalar"};
+    const int shapes[][3] = {{1, 5, 8}, {2, 4, 16}, {3, 9, 24}, {5, 2051, 32}, {6, 4099, 40}, {4, 37, 19}, {20, 301, 256}};
+    const double u = 1.0 / 16777216.0;
+    unsigned rs = 11;
+    for (int a = 0; a < 3; a++) {
+        if (vm_set_isa(isas[a]) != 0)
+            continue;
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int R = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+            float *x = malloc((size_t)R * K * sizeof(float)), *w = malloc((size_t)N * K * sizeof(float));
+            float *p = malloc((size_t)R * N * sizeof(float)), *y = malloc((size_t)R * N * sizeof(float));
+            float *z = malloc((size_t)R * K * sizeof(float));
+            for (size_t i = 0; i < (size_t)R * K; i++)
+                x[i] = ((float)((rs = rs * 1103515245u + 12345u) >> 9 & 0xffff) / 65536.0f - 0.5f) * 4.0f;
+            for (size_t i = 0; i < (size_t)N * K; i++)
+                w[i] = ((float)((rs = rs * 1103515245u + 12345u) >> 9 & 0xffff) / 65536.0f - 0.5f);
+            for (size_t i = 0; i < (size_t)R * N; i++) {
+                p[i] = ((float)((rs = rs * 1103515245u + 12345u) >> 9 & 0xffff) / 65536.0f - 0.5f);
+                y[i] = (float)i * 0.25f;   /* nt accumulates into y */
+            }
+            vm_gemm_nt(x, w, y, R, N, K);
+            vm_gemm_nn(p, w, z, R, N, K);
+            double worst = 0;
+            const double gk = (K + 1) * u / (1 - (K + 1) * u), gn = N * u / (1 - N * u);
+            for (int r = 0; r < R; r++) {
+                for (int j = 0; j < N; j++) {
+                    double e = (double)(r * N + j) * 0.25, mag = fabs(e);
+                    for (int i = 0; i < K; i++) {
+                        double t = (double)x[r * K + i] * w[(size_t)j * K + i];
+                        e += t, mag += fabs(t);
+                    }
+                    double d = fabs(y[(size_t)r * N + j] - e) / (gk * mag + 1e-30);
+                    worst = d > worst ? d : worst;
+                }
+                for (int c = 0; c < K; c++) {
+                    double e = 0, mag = 0;
+                    for (int j = 0; j < N; j++) {
+                        double t = (double)p[(size_t)r * N + j] * w[(size_t)j * K + c];
+                        e += t, mag += fabs(t);
+                    }
+                    double d = fabs(z[r * K + c] - e) / (gn * mag + 1e-30);
+                    worst = d > worst ? d : worst;
+                }
+            }
+            CHECKF(worst <= 1.0, "%s %dx%dx%d: error %.3g of the bound", isas[a], R, N, K, worst);
+            /* a row of w gives the same bits wherever it sits (rows 1..N-1
+             * again, one place earlier; x row 0 alone) */
+            float *y2 = calloc((size_t)N, sizeof(float)), *y3 = calloc((size_t)N, sizeof(float));
+            vm_gemm_nt(x, w, y2, 1, N, K);
+            vm_gemm_nt(x, w + K, y3, 1, N - 1, K);
+            size_t moved = 0;
+            for (int j = 1; j < N; j++)
+                moved += y2[j] != y3[j - 1];
+            CHECKF(moved == 0, "%s %dx%dx%d: %zu dots change with their row's place", isas[a], R, N, K, moved);
+            free(y2), free(y3);
+            free(x), free(w), free(p), free(y), free(z);
+        }
+    }
+    vm_set_isa(NULL);
+}
+
 TEST(w_hh_f16_copy_only_when_exact)
 {
     fixture f16, f32;
@@ -621,6 +690,7 @@ int main(void)
     RUN(vmath_kernels_match_libm);
     RUN(vmath_half_conversions_match_portable);
     RUN(gemv_f16_matches_naive);
+    RUN(decoder_gemm_small_matches_naive);
     RUN(w_hh_f16_copy_only_when_exact);
     RUN(simd_level_selection);
     RUN(fixture_magnitudes_as_tolerance_assumes);
