@@ -47,6 +47,40 @@ typedef struct {
     int attended;
 } nc_feat_ctx;
 
+/* One entry of explain (stream_explain): a stored pair of a row's memory
+ * that gives a predicted word mass. */
+typedef struct {
+    int source;                   /* the row's index (NC_COMP_<ID>, dist.h) */
+    int64_t at;                   /* where the pair is: the row's entries_in_store says which
+                                   * (neural: the token position of the pair's word, its key the
+                                   * h that predicted it; unbounded: the pair's FAISS id) */
+    double weight;                /* the pair's weight in its row's term of the word, normalised
+                                   * as the mixture normalises it (neural_cache_weights,
+                                   * unbounded_cache_weights): over all of a word's pairs of
+                                   * one source the weights sum to that row's term */
+    double distance;              /* ||h_t - h_i|| where the row's memory is searched; else NAN */
+} nc_explain_entry;
+
+/* At most this many rows have an explain (components.c checks): callers of
+ * stream_explain size its output for that many sources per word. */
+#define NC_EXPLAIN_ROWS 2
+
+/* What a row's explain reads: the mixture input at h as predict builds it
+ * (explain's input has no logits unless eq. 4's global normaliser needs
+ * them; the searched row's neighbours are there even where the gate would
+ * skip the search), and where its entries go. */
+typedef struct {
+    const struct nc_cache_params_s *p;
+    const nc_mix_input *in;
+    const int64_t *ub_ids;        /* [in->ub_k] the neighbours' ids, or NULL */
+    int64_t pos;                  /* tokens the stream has fed */
+    const int *ids;               /* the k words asked */
+    size_t k;
+    int per_source;               /* at most this many entries per word and row */
+    size_t stride;                /* word q's entries start at out[q * stride] */
+    int comp;                     /* the row's index: the entries' source */
+} nc_explain_ctx;
+
 typedef struct nc_component {
     const char *name;             /* as in component_table.h */
     const char *const *knobs;     /* its rows of cache_knobs.h, NULL-terminated (/v1/model) */
@@ -92,6 +126,15 @@ typedef struct nc_component {
     /* Its memory is searched, and the gate's pre-search net may skip the
      * search (adaptive retrieval): the row whose post features need it. */
     bool searched;
+
+    /* ---- explain (stream_explain) ---- */
+    /* For each word ids[q], its stored pairs with weight > 0, heaviest
+     * first, at most per_source: appended at out[q * stride + counts[q]++].
+     * NULL for a row without stored pairs. */
+    int (*explain)(const nc_explain_ctx *x, nc_explain_entry *out, int *counts, char *err, size_t errlen);
+    /* Its explain entries' `at` are entry ids of the namespace store (the
+     * server shows their provenance); else token positions in the session. */
+    bool entries_in_store;
 } nc_component;
 
 #endif

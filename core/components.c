@@ -28,7 +28,7 @@ static pthread_once_t rows_once = PTHREAD_ONCE_INIT;
  * feature names in the gate's order. */
 static void rows_init(void)
 {
-    int pre = 0, post = NC_GATE_NPRE;
+    int pre = 0, post = NC_GATE_NPRE, explaining = 0;
     for (int c = 0; c < NC_NCOMP; c++) {
         const nc_component *r = nc_component_rows[c];
         int nf = 0;
@@ -42,6 +42,9 @@ static void rows_init(void)
                   "component %s: incomplete row", r->name);
         NC_ASSERT(!nc_component_npost[c] || r->searched, "component %s: post-search features but no search",
                   r->name);
+        if (r->explain)
+            explaining++;
+        NC_ASSERT(explaining <= NC_EXPLAIN_ROWS, "more than %d components explain", NC_EXPLAIN_ROWS);
         if (r->searched) {
             NC_ASSERT(searched_row < 0, "two searched components");
             searched_row = c;
@@ -91,4 +94,26 @@ int components_validate(const struct nc_cache_params_s *p, char *err, size_t err
             return rc;
     }
     return NC_OK;
+}
+
+/* Selection, not a sort: max is a handful. */
+int components_heaviest(int *cand, int n, const double *w, const float *key, int max)
+{
+    int got = 0;
+    for (; got < max; got++) {
+        int best = -1;
+        for (int j = got; j < n; j++) {
+            int i = cand[j], b = best < 0 ? -1 : cand[best];
+            if (w[i] <= 0.0)
+                continue;
+            if (best < 0 || w[i] > w[b] || (w[i] == w[b] && key && key[i] > key[b]))
+                best = j;
+        }
+        if (best < 0)
+            break;
+        int t = cand[got];
+        cand[got] = cand[best];
+        cand[best] = t;
+    }
+    return got;
 }

@@ -21,5 +21,10 @@ unsigned components_on(const struct nc_cache_params_s *p);
 unsigned components_available(const struct nc_cache_params_s *p, const nc_mix_input *in);
 /* The rows' validate in order: the first error. */
 int components_validate(const struct nc_cache_params_s *p, char *err, size_t errlen);
+/* Moves the heaviest of the n candidates cand[] (weight w[i] > 0; ties: the
+ * larger key[i] when key is non-NULL, then the earlier candidate) to the
+ * front, at most max of them, in that order; returns how many (the rows'
+ * explain). */
+int components_heaviest(int *cand, int n, const double *w, const float *key, int max);
 
 #endif

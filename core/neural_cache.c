@@ -2,7 +2,7 @@
  * its terms (Grave, Joulin, Usunier 2017, eq. 2 and 4). */
 #include "neural_cache.h"
 #include "cache_knobs.h"
-#include "component.h"
+#include "components.h"
 #include "vmath.h"
 #include "fault.h"
 
@@ -317,6 +317,38 @@ static void neural_features(const nc_cache_params *p, const nc_mix_input *in, nc
     pre[F_VOCAB_OF] = mix_vocab_logp(in, best);  /* log p_vocab(w*) */
 }
 
+/* The window's pairs of each word asked (component.h explain), weighted as
+ * the mixture weights them (eq. 2, or eq. 4 with the decoder's logits in
+ * its normaliser); a tie (θ = 0) goes to the larger h_t·h_i, then the
+ * older pair. */
+static int neural_explain(const nc_explain_ctx *x, nc_explain_entry *out, int *counts, char *err, size_t errlen)
+{
+    const nc_mix_input *in = x->in;
+    const nc_cache_params *p = x->p;
+    if (in->nn <= 0)
+        return NC_OK;
+    double log_z = p->global_norm ? vm_logsumexp(in->logits, (size_t)in->V) : 0.0;
+    double *w = nc_malloc((size_t)in->nn * sizeof *w);
+    int *cand = nc_malloc((size_t)in->nn * sizeof *cand);
+    int rc = w && cand ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "explain");
+    if (!rc && (rc = neural_cache_weights(in->ndots, in->nvals, in->nn, p->neural_theta, p->neural_alpha,
+                                          p->global_norm, log_z, w)) != NC_OK)
+        nc_error(err, errlen, rc, "explain: neural weights");
+    for (size_t q = 0; !rc && q < x->k; q++) {
+        int nc = 0;
+        for (int i = 0; i < in->nn; i++)
+            if (in->nvals[i] == x->ids[q])
+                cand[nc++] = i;
+        nc = components_heaviest(cand, nc, w, in->ndots, x->per_source);
+        for (int j = 0; j < nc; j++)
+            out[q * x->stride + (size_t)counts[q]++] = (nc_explain_entry){
+                .source = x->comp, .at = x->pos - in->nn + cand[j], .weight = w[cand[j]], .distance = NAN};
+    }
+    free(w);
+    free(cand);
+    return rc;
+}
+
 static const char *const neural_knobs[] = {"neural_size", "neural_theta", "neural_lambda", "global_norm",
                                            "neural_alpha", "neural_f16", NULL};
 static const char *const neural_feature_names[] = {"neural_fill", "neural_max_dot", "neural_log_max_attention",
@@ -335,4 +367,5 @@ const nc_component nc_component_neural = {
     .step = neural_step,
     .features = neural_feature_names,
     .gate_features = neural_features,
+    .explain = neural_explain,
 };

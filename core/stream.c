@@ -4,6 +4,7 @@
 #include "stream.h"
 #include "binio.h"
 #include "buf.h"
+#include "components.h"
 #include "doc.h"
 #include "dyneval.h"
 #include "gate.h"
@@ -493,31 +494,8 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
     return rc;
 }
 
-/* Moves the heaviest of the n candidates cand[] (weight w[i] > 0; ties: the
- * larger key[i] when key is non-NULL, then the earlier candidate) to the
- * front, at most max of them, in that order; returns how many. Selection,
- * not a sort: max is a handful. */
-static int heaviest(int *cand, int n, const double *w, const float *key, int max)
-{
-    int got = 0;
-    for (; got < max; got++) {
-        int best = -1;
-        for (int j = got; j < n; j++) {
-            int i = cand[j], b = best < 0 ? -1 : cand[best];
-            if (w[i] <= 0.0)
-                continue;
-            if (best < 0 || w[i] > w[b] || (w[i] == w[b] && key && key[i] > key[b]))
-                best = j;
-        }
-        if (best < 0)
-            break;
-        int t = cand[got];
-        cand[got] = cand[best];
-        cand[best] = t;
-    }
-    return got;
-}
-
+/* The rows' explain in the table's order (component.h), reading the mixture
+ * input predict builds at h. */
 int stream_explain(nc_stream *s, const int *ids, size_t k, int per_source, nc_explain_entry *out, int *counts,
                    char *err, size_t errlen)
 {
@@ -527,68 +505,28 @@ int stream_explain(nc_stream *s, const int *ids, size_t k, int per_source, nc_ex
         return nc_error(err, errlen, NC_ESTATE, "nothing to predict from yet (no token fed)");
     const float *h = lstm_state_top(s->st);
     nc_mix_input in = {.V = s->m->cfg.vocab_size};
-    int *vals = NULL, *uw = NULL, *cand = NULL;
+    int *vals = NULL, *uw = NULL;
     float *ud2 = NULL;
     int64_t *uid = NULL;
-    double *w = NULL;
     int rc = neural_window(s, h, &in, &vals, err, errlen);
-    bool global = s->p.global_norm;
-    double log_z = 0.0;
-    if (!rc && in.nn > 0 && global) {
+    if (!rc && in.nn > 0 && s->p.global_norm) {
         /* eq. 4's normaliser holds the vocabulary's exponentials */
         lstm_logits(wm(s), h, s->logits);
-        log_z = vm_logsumexp(s->logits, (size_t)in.V);
+        in.logits = s->logits;
     }
     /* the search predict runs (also where the gate would skip it: explain
      * shows where the mass would come from) */
     if (!rc && s->p.unbounded && s->ub)
         rc = unbounded_neighbours(s, h, &in, &ud2, &uw, &uid, err, errlen);
-    int n = in.nn > in.ub_k ? in.nn : in.ub_k;
-    if (!rc && n > 0) {
-        w = nc_malloc((size_t)n * sizeof *w);
-        cand = nc_malloc((size_t)n * sizeof *cand);
-        if (!w || !cand)
-            rc = nc_error(err, errlen, NC_ENOMEM, "explain");
-    }
-    if (!rc && in.nn > 0 &&
-        (rc = neural_cache_weights(in.ndots, in.nvals, in.nn, s->p.neural_theta, s->p.neural_alpha, global,
-                                   log_z, w)) != NC_OK)
-        nc_error(err, errlen, rc, "explain: neural weights");
-    for (size_t q = 0; !rc && q < k && in.nn > 0; q++) {
-        /* the window's pairs of this word, heaviest first; a tie (θ = 0)
-         * goes to the larger h_t·h_i, then the older pair */
-        int nc = 0;
-        for (int i = 0; i < in.nn; i++)
-            if (in.nvals[i] == ids[q])
-                cand[nc++] = i;
-        nc = heaviest(cand, nc, w, in.ndots, per_source);
-        for (int j = 0; j < nc; j++) {
-            int i = cand[j];
-            out[q * 2 * (size_t)per_source + counts[q]++] = (nc_explain_entry){
-                .source = NC_COMP_NEURAL, .at = s->pos - in.nn + i, .weight = w[i], .distance = NAN};
-        }
-    }
-    if (!rc && in.ub_k > 0)
-        unbounded_cache_weights(s->p.kernel, in.ub_d2, in.ub_words, in.ub_k, w);
-    for (size_t q = 0; !rc && q < k && in.ub_k > 0; q++) {
-        int nc = 0;
-        for (int i = 0; i < in.ub_k; i++)
-            if (in.ub_words[i] == ids[q])
-                cand[nc++] = i;
-        nc = heaviest(cand, nc, w, NULL, per_source);
-        for (int j = 0; j < nc; j++) {
-            int i = cand[j];
-            out[q * 2 * (size_t)per_source + counts[q]++] = (nc_explain_entry){
-                .source = NC_COMP_UNBOUNDED, .at = uid[i], .weight = w[i],
-                .distance = sqrt(in.ub_d2[i] > 0.0f ? (double)in.ub_d2[i] : 0.0)};
-        }
-    }
+    nc_explain_ctx x = {.p = &s->p, .in = &in, .ub_ids = uid, .pos = s->pos, .ids = ids, .k = k,
+                        .per_source = per_source, .stride = (size_t)NC_EXPLAIN_ROWS * (size_t)per_source};
+    for (x.comp = 0; !rc && x.comp < NC_NCOMP; x.comp++)
+        if (nc_component_rows[x.comp]->explain)
+            rc = nc_component_rows[x.comp]->explain(&x, out, counts, err, errlen);
     free(vals);
     free(ud2);
     free(uw);
     free(uid);
-    free(w);
-    free(cand);
     return rc;
 }
 

@@ -9,6 +9,7 @@
 #define NC_STREAM_H
 
 #include "cache_params.h"
+#include "component.h"
 #include "dist.h"
 #include "model.h"
 #include "tokenizer.h"
@@ -63,23 +64,12 @@ const nc_model *stream_model(const nc_stream *s);
 int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dist *out, char *err,
                           size_t errlen);
 
-/* One entry of explain: a stored pair that gives a predicted word mass. */
-typedef struct {
-    int source;                   /* NC_COMP_NEURAL or NC_COMP_UNBOUNDED (dist.h) */
-    int64_t at;                   /* neural: the token position of the pair's word (its key is the
-                                   * h that predicted it); unbounded: the pair's FAISS id */
-    double weight;                /* the pair's weight in its cache's term of the word, normalised
-                                   * as the mixture normalises it (neural_cache_weights,
-                                   * unbounded_cache_weights): over all of a word's pairs of
-                                   * one source the weights sum to that cache's term */
-    double distance;              /* unbounded: ||h_t - h_i||; neural: NAN */
-} nc_explain_entry;
-
 /* Explain of the next-word distribution at the stream's h (NC_ESTATE
- * without one): for each of the k words ids[q], into out[q * 2 * per_source
- * ...] and counts[q], the pairs that give it weight > 0 -- the neural
- * window's first, then the unbounded cache's neighbours, each source's
- * heaviest first and at most per_source of them. The unbounded cache is
+ * without one): for each of the k words ids[q], into out[q * NC_EXPLAIN_ROWS
+ * * per_source ...] and counts[q], the pairs that give it weight > 0 -- the
+ * rows' explain in the table's order (component.h: the neural window's,
+ * then the unbounded cache's neighbours), each row's heaviest first and at
+ * most per_source of them. The unbounded cache is
  * searched as predict searches it, also where the gate would skip the
  * search (explain says where the mass would come from). With global
  * normalisation the neural weights share eq. 4's normaliser, so the decoder

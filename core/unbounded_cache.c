@@ -3,7 +3,7 @@
  * term, the variable-bandwidth kernel density of Grave, Cisse, Joulin 2017,
  * eq. 5-6. */
 #include "unbounded_cache.h"
-#include "component.h"
+#include "components.h"
 #include "faiss_shim.h"
 #include "fault.h"
 #include "vmath.h"
@@ -967,6 +967,37 @@ static const char *const ub_knobs[] = {"unbounded", "knn", "nprobe", "unbounded_
 static const char *const ub_feature_names[] = {"ub_nearest_d2", "ub_kth_d2", "ub_distinct", "ub_top_share",
                                                "agree_neural_ub", "agree_vocab_ub", "vocab_log_p_of_ub", NULL};
 
+/* The neighbours of each word asked (component.h explain), weighted by the
+ * kernel as the mixture weights them, with their distance ||h_t - h_i||;
+ * a tie goes to the earlier neighbour in the search's order. */
+static int ub_explain(const nc_explain_ctx *x, nc_explain_entry *out, int *counts, char *err, size_t errlen)
+{
+    const nc_mix_input *in = x->in;
+    if (in->ub_k <= 0 || !x->ub_ids)
+        return NC_OK;
+    double *w = nc_malloc((size_t)in->ub_k * sizeof *w);
+    int *cand = nc_malloc((size_t)in->ub_k * sizeof *cand);
+    int rc = w && cand ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "explain");
+    if (!rc)
+        unbounded_cache_weights(x->p->kernel, in->ub_d2, in->ub_words, in->ub_k, w);
+    for (size_t q = 0; !rc && q < x->k; q++) {
+        int nc = 0;
+        for (int i = 0; i < in->ub_k; i++)
+            if (in->ub_words[i] == x->ids[q])
+                cand[nc++] = i;
+        nc = components_heaviest(cand, nc, w, NULL, x->per_source);
+        for (int j = 0; j < nc; j++) {
+            int i = cand[j];
+            out[q * x->stride + (size_t)counts[q]++] = (nc_explain_entry){
+                .source = x->comp, .at = x->ub_ids[i], .weight = w[i],
+                .distance = sqrt(in->ub_d2[i] > 0.0f ? (double)in->ub_d2[i] : 0.0)};
+        }
+    }
+    free(w);
+    free(cand);
+    return rc;
+}
+
 const nc_component nc_component_unbounded = {
     .name = "unbounded",
     .knobs = ub_knobs,
@@ -980,4 +1011,6 @@ const nc_component nc_component_unbounded = {
     .features = ub_feature_names,
     .gate_features = ub_features,
     .searched = true,
+    .explain = ub_explain,
+    .entries_in_store = true,
 };

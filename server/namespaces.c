@@ -2,6 +2,7 @@
  * opening, recovery, deletion, the snapshot thread, feed with adapt,
  * explain and the namespaces' metrics. */
 #include "namespaces.h"
+#include "components.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -574,15 +575,16 @@ int namespaces_sync(nc_session *s, uint64_t seq, char *err, size_t errlen)
 
 
 /* Formats what stream_explain returns (core computes the weights with the
- * mixture's own functions): neural pairs by their token position in the
- * session, unbounded pairs with their provenance from the namespace store. */
+ * mixture's own functions), each entry under its row's name: pairs stored
+ * in the session by their token position, pairs of the namespace store
+ * (the row's entries_in_store) with their provenance from it. */
 json_t *namespaces_explain(nc_session *s, const int *ids, size_t k)
 {
     json_t *out = json_array();
     for (size_t i = 0; out && i < k; i++)
         json_array_append_new(out, json_array());
     ns_handle *r = s->ns_ref;
-    nc_explain_entry *e = malloc((k ? k : 1) * 2 * EXPLAIN_PER_WORD * sizeof *e);
+    nc_explain_entry *e = malloc((k ? k : 1) * NC_EXPLAIN_ROWS * EXPLAIN_PER_WORD * sizeof *e);
     int *cnt = malloc((k ? k : 1) * sizeof *cnt);
     char err[NC_ERRLEN];
     if (!out || !e || !cnt || k == 0 ||
@@ -591,22 +593,23 @@ json_t *namespaces_explain(nc_session *s, const int *ids, size_t k)
     for (size_t i = 0; i < k; i++) {
         json_t *list = json_array_get(out, i);
         for (int j = 0; j < cnt[i]; j++) {
-            const nc_explain_entry *x = &e[i * 2 * EXPLAIN_PER_WORD + j];
+            const nc_explain_entry *x = &e[i * NC_EXPLAIN_ROWS * EXPLAIN_PER_WORD + j];
             char doc[1100], snip[512];
             uint64_t off = 0;
             json_t *o;
-            if (x->source == NC_COMP_NEURAL) {
-                o = json_pack("{s:s,s:I,s:f}", "source", "neural", "position", (json_int_t)x->at, "weight",
+            const char *src = nc_component_rows[x->source]->name;
+            if (!nc_component_rows[x->source]->entries_in_store) {
+                o = json_pack("{s:s,s:I,s:f}", "source", src, "position", (json_int_t)x->at, "weight",
                               x->weight);
             } else if (!r) {
                 continue;
             } else if (nsstore_entry(r->store, x->at, doc, sizeof doc, &off, NULL, err, sizeof err) == NC_OK) {
                 nsstore_snippet(r->store, x->at, 8, 4, snip, sizeof snip);
-                o = json_pack("{s:s,s:s,s:I,s:I,s:f,s:f,s:s}", "source", "unbounded", "document", doc, "offset",
+                o = json_pack("{s:s,s:s,s:I,s:I,s:f,s:f,s:s}", "source", src, "document", doc, "offset",
                               (json_int_t)off, "entry", (json_int_t)x->at, "weight", x->weight, "distance",
                               x->distance, "snippet", snip);
             } else {
-                o = json_pack("{s:s,s:I,s:f,s:f}", "source", "unbounded", "entry", (json_int_t)x->at, "weight",
+                o = json_pack("{s:s,s:I,s:f,s:f}", "source", src, "entry", (json_int_t)x->at, "weight",
                               x->weight, "distance", x->distance);
             }
             json_array_append_new(list, o);

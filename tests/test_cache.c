@@ -1291,7 +1291,7 @@ static void explain_sums(const nc_model *m, nc_unbounded_cache *u, const nc_toke
     CHECK(stream_predict(s, true, &d, err, sizeof err) == NC_OK);
     int per = p->neural_size > p->knn ? p->neural_size : p->knn, V = m->cfg.vocab_size, H = m->cfg.hidden_size;
     int *ids = malloc(d.n * sizeof *ids), *cnt = malloc(d.n * sizeof *cnt);
-    nc_explain_entry *e = malloc(d.n * 2 * (size_t)per * sizeof *e);
+    nc_explain_entry *e = malloc(d.n * NC_EXPLAIN_ROWS * (size_t)per * sizeof *e);
     for (size_t w = 0; w < d.n; w++)
         ids[w] = (int)w;
     CHECKF(stream_explain(s, ids, d.n, per, e, cnt, err, sizeof err) == NC_OK, "%s", err);
@@ -1305,7 +1305,7 @@ static void explain_sums(const nc_model *m, nc_unbounded_cache *u, const nc_toke
     for (size_t w = 0; w < d.n; w++) {
         double sum[2] = {0, 0};
         for (int j = 0; j < cnt[w]; j++) {
-            const nc_explain_entry *x = &e[w * 2 * (size_t)per + j];
+            const nc_explain_entry *x = &e[w * NC_EXPLAIN_ROWS * (size_t)per + j];
             int src = x->source == NC_COMP_UNBOUNDED;
             CHECK(x->source == NC_COMP_NEURAL || x->source == NC_COMP_UNBOUNDED);
             CHECK(x->weight > 0);
