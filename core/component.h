@@ -1,7 +1,7 @@
 /* component.h -- one component of the mixture as one row (design §4
  * "Components"): what the mixture (mixture.c), the gate (gate.c), the
- * validation (cache_params.c), the export blob (stream.c) and /v1/model
- * read of it. Each component's own file defines its row,
+ * validation (cache_params.c), the export blob and explain (stream.c) and
+ * /v1/model read of it. Each component's own file defines its row,
  *     const nc_component nc_component_<name> = {...};
  * and component_table.h lists it once; they loop over the rows
  * (nc_component_rows, components.c) instead of naming components.
@@ -17,6 +17,7 @@
 #include "nc_common.h"
 #include "dist.h"
 #include "mix_input.h"
+#include "binio.h"
 
 struct nc_cache_params_s;
 
@@ -81,6 +82,16 @@ typedef struct {
     int comp;                     /* the row's index: the entries' source */
 } nc_explain_ctx;
 
+/* The export blob's dynamic words (stream.c): the open-vocabulary ids
+ * (>= V) the rows' session state names, listed once before the rows'
+ * sections. A section writes a word as its ref: its id below V, else V +
+ * its place in the list (components.h blob_word_ref, blob_word_id). */
+typedef struct {
+    int V;
+    int *ids;                     /* export: in first-seen order; import: the stream's id of each */
+    int n, cap;
+} nc_blob_words;
+
 typedef struct nc_component {
     const char *name;             /* as in component_table.h */
     const char *const *knobs;     /* its rows of cache_knobs.h, NULL-terminated (/v1/model) */
@@ -135,6 +146,16 @@ typedef struct nc_component {
     /* Its explain entries' `at` are entry ids of the namespace store (the
      * server shows their provenance); else token positions in the session. */
     bool entries_in_store;
+
+    /* ---- its session state in the export blob (stream.c) ---- */
+    /* Its state's section of the blob (state: what stream.c keeps for the
+     * row), words by blob_word_ref; the sections follow the blob's words in
+     * the table's order. NC_ENOMEM when a word cannot be listed. NULL (and
+     * import_state NULL): the row keeps no session state. */
+    int (*export_state)(const void *state, binio_writer *w, nc_blob_words *x);
+    /* The section read back into the state the stream built for the blob's
+     * settings: NC_EFORMAT when it does not match them. */
+    int (*import_state)(void *state, binio_reader *r, const nc_blob_words *x, char *err, size_t errlen);
 } nc_component;
 
 #endif

@@ -1,5 +1,6 @@
 /* components.c -- the rows of component_table.h gathered (components.h). */
 #include "components.h"
+#include "fault.h"
 
 #include <pthread.h>
 #include <string.h>
@@ -116,4 +117,32 @@ int components_heaviest(int *cand, int n, const double *w, const float *key, int
         cand[best] = t;
     }
     return got;
+}
+
+int blob_word_ref(nc_blob_words *x, int id)
+{
+    if (id < x->V)
+        return id;
+    for (int i = 0; i < x->n; i++)
+        if (x->ids[i] == id)
+            return x->V + i;
+    if (x->n == x->cap) {
+        int c = x->cap ? 2 * x->cap : 64;
+        int *p = nc_realloc(x->ids, (size_t)c * sizeof(int));
+        if (!p)
+            return -1;
+        x->ids = p;
+        x->cap = c;
+    }
+    x->ids[x->n++] = id;
+    return x->V + x->n - 1;
+}
+
+int blob_word_id(const nc_blob_words *x, int32_t ref)
+{
+    if (ref >= 0 && ref < x->V)
+        return ref;
+    if (ref >= x->V && ref - x->V < x->n)
+        return x->ids[ref - x->V];
+    return -1;
 }

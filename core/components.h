@@ -26,5 +26,10 @@ int components_validate(const struct nc_cache_params_s *p, char *err, size_t err
  * front, at most max of them, in that order; returns how many (the rows'
  * explain). */
 int components_heaviest(int *cand, int n, const double *w, const float *key, int max);
+/* Export: the ref of word id in the blob (component.h nc_blob_words),
+ * listing it when it is new; -1 on a failed allocation. */
+int blob_word_ref(nc_blob_words *x, int id);
+/* Import: the stream's id of a ref, -1 if it names nothing. */
+int blob_word_id(const nc_blob_words *x, int32_t ref);
 
 #endif

@@ -349,6 +349,56 @@ static int neural_explain(const nc_explain_ctx *x, nc_explain_entry *out, int *c
     return rc;
 }
 
+/* The window in the export blob (component.h export_state): i32 size,
+ * count, f16, then count x (key as stored, i32 word ref), oldest first. */
+static int neural_export_state(const void *state, binio_writer *w, nc_blob_words *x)
+{
+    const nc_neural_cache *c = state;
+    int nn = c->size ? c->count : 0;
+    size_t ks = c->f16 ? 2 : 4;
+    int *vals = nc_malloc(((size_t)nn + 1) * sizeof(int));
+    if (!vals)
+        return NC_ENOMEM;
+    if (nn)
+        neural_cache_export(c, NULL, vals);
+    binio_put_i32(w, c->size);
+    binio_put_i32(w, nn);
+    binio_put_i32(w, c->f16);
+    int rc = NC_OK;
+    for (int i = 0; !rc && i < nn; i++) {
+        int ref = blob_word_ref(x, vals[i]);
+        rc = ref < 0 ? NC_ENOMEM : NC_OK;
+        binio_put(w, (const char *)c->keys + (size_t)neural_cache_slot(c, i) * c->dim * ks, (size_t)c->dim * ks);
+        binio_put_i32(w, ref);
+    }
+    free(vals);
+    return rc;
+}
+
+static int neural_import_state(void *state, binio_reader *r, const nc_blob_words *x, char *err, size_t errlen)
+{
+    nc_neural_cache *c = state;
+    int32_t nsize = binio_get_i32(r), ncount = binio_get_i32(r), nf16 = binio_get_i32(r);
+    if (r->bad || nsize != c->size || ncount < 0 || ncount > nsize || (nsize && (nf16 != 0) != c->f16))
+        return nc_error(err, errlen, NC_EFORMAT, "stream blob: neural window does not match its parameters");
+    size_t ks = c->f16 ? 2 : 4;
+    for (int i = 0; i < ncount; i++) {
+        if ((size_t)c->dim * ks + 4 > binio_left(r))
+            return nc_error(err, errlen, NC_EFORMAT, "stream blob truncated (neural window)");
+        binio_get(r, (char *)c->keys + (size_t)i * c->dim * ks, (size_t)c->dim * ks);
+        int32_t ref = binio_get_i32(r);
+        int id = blob_word_id(x, ref);
+        if (id < 0)
+            return nc_error(err, errlen, NC_EFORMAT, "stream blob: bad word reference %d", ref);
+        c->values[i] = id;
+    }
+    if (ncount > 0) {
+        c->count = ncount;
+        c->head = ncount % c->size;
+    }
+    return NC_OK;
+}
+
 static const char *const neural_knobs[] = {"neural_size", "neural_theta", "neural_lambda", "global_norm",
                                            "neural_alpha", "neural_f16", NULL};
 static const char *const neural_feature_names[] = {"neural_fill", "neural_max_dot", "neural_log_max_attention",
@@ -368,4 +418,6 @@ const nc_component nc_component_neural = {
     .features = neural_feature_names,
     .gate_features = neural_features,
     .explain = neural_explain,
+    .export_state = neural_export_state,
+    .import_state = neural_import_state,
 };

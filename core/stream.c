@@ -577,9 +577,10 @@ int stream_clone(const nc_stream *s, nc_stream **out, char *err, size_t errlen)
  * length, name, its value in 4 bytes: i32 for INT/BOOL/KERNEL, f32 for
  * FLOAT; every row of the knob table, so each component's settings are in
  * the blob as its knobs), u8 has_h, i64 pos, u64 state length + lstm_state
- * blob, u32 number of dynamic words + (u32 len, bytes) each, neural: i32 size
+ * blob, u32 number of dynamic words + (u32 len, bytes) each, the rows'
+ * sections in the table's order (component.h export_state; neural: i32 size
  * count f16 + count x (keys, i32 ref), unigram: i32 size count + count x i32
- * ref, u8 has dynamic evaluation + its section, u32 crc32 of everything
+ * ref), u8 has dynamic evaluation + its section, u32 crc32 of everything
  * before (binio.h). A ref < V is a model id; V + i is the i-th dynamic word
  * of the blob. Versions 1-3 wrote the settings as the fixed list below
  * without names (still read); a knob by name reads whatever order or set of
@@ -650,29 +651,15 @@ static int get_params(binio_reader *r, nc_cache_params *p, int version, char *er
     return r->bad && !rc ? nc_error(err, errlen, NC_EFORMAT, "stream blob truncated (settings)") : rc;
 }
 
-/* Dynamic ids met in the windows, in first-seen order: map id -> blob ref. */
-typedef struct {
-    int *ids;
-    int n, cap;
-} idlist;
-
-static int ref_of(idlist *l, int V, int id)
+/* The rows' session state in the stream, by row (component.h
+ * export_state): where stream.c keeps each row's memory; NULL for a row
+ * without one. */
+static void row_states(const nc_stream *s, void *st[NC_NCOMP])
 {
-    if (id < V)
-        return id;
-    for (int i = 0; i < l->n; i++)
-        if (l->ids[i] == id)
-            return V + i;
-    if (l->n == l->cap) {
-        int c = l->cap ? 2 * l->cap : 64;
-        int *p = nc_realloc(l->ids, (size_t)c * sizeof(int));
-        if (!p)
-            return -1;
-        l->ids = p;
-        l->cap = c;
-    }
-    l->ids[l->n++] = id;
-    return V + l->n - 1;
+    for (int c = 0; c < NC_NCOMP; c++)
+        st[c] = NULL;
+    st[NC_COMP_NEURAL] = (void *)&s->neural;
+    st[NC_COMP_UNIGRAM] = (void *)&s->unigram;
 }
 
 /* The blob's head: magic, shape, knobs, has_h, position and the LSTM
@@ -699,78 +686,52 @@ static void put_head(binio_writer *w, const nc_stream *s)
     }
 }
 
-/* The windows' refs into the blob: nref[nn] for the neural window's
- * values, uref[nu] for the unigram window's, and in ids the dynamic words
- * they name. */
-typedef struct {
-    idlist ids;
-    int nn, nu;
-    int *nref, *uref;
-} export_refs;
-
-static int collect_refs(const nc_stream *s, export_refs *x, char *err, size_t errlen)
+/* The rows' sections (component.h export_state) into sec, in the table's
+ * order, listing the words they name in x. */
+static int put_rows(const nc_stream *s, nc_buf *sec, nc_blob_words *x, char *err, size_t errlen)
 {
-    const int V = s->m->cfg.vocab_size;
-    x->nn = s->neural.size ? s->neural.count : 0;
-    x->nu = s->unigram.size ? s->unigram.count : 0;
-    x->nref = nc_malloc(((size_t)x->nn + 1) * sizeof(int));
-    x->uref = nc_malloc(((size_t)x->nu + 1) * sizeof(int));
-    int *vals = nc_malloc(((size_t)x->nn + 1) * sizeof(int));
+    void *st[NC_NCOMP];
+    row_states(s, st);
+    binio_writer w;
+    binio_writer_buf(&w, sec);
     int rc = NC_OK;
-    if (!x->nref || !x->uref || !vals)
-        rc = nc_error(err, errlen, NC_ENOMEM, "stream export");
-    if (!rc && x->nn)
-        neural_cache_export(&s->neural, NULL, vals);
-    for (int i = 0; !rc && i < x->nn; i++)
-        if ((x->nref[i] = ref_of(&x->ids, V, vals[i])) < 0)
-            rc = nc_error(err, errlen, NC_ENOMEM, "stream export");
-    for (int i = 0; !rc && i < x->nu; i++)
-        if ((x->uref[i] = ref_of(&x->ids, V, unigram_cache_at(&s->unigram, i))) < 0)
-            rc = nc_error(err, errlen, NC_ENOMEM, "stream export");
-    free(vals);
-    return rc;
+    for (int c = 0; !rc && c < NC_NCOMP; c++) {
+        const nc_component *r = nc_component_rows[c];
+        if (!r->export_state)
+            continue;
+        NC_ASSERT(st[c], "component %s: session state the stream does not keep", r->name);
+        rc = r->export_state(st[c], &w, x);
+    }
+    return rc || w.bad ? nc_error(err, errlen, NC_ENOMEM, "stream export") : NC_OK;
 }
 
-/* The dynamic words, then the neural and unigram windows by ref. */
-static void put_windows(binio_writer *w, const nc_stream *s, const export_refs *x)
+/* The dynamic words the rows' sections name. */
+static void put_words(binio_writer *w, const nc_stream *s, const nc_blob_words *x)
 {
-    const int H = s->m->cfg.hidden_size;
-    binio_put_u32(w, (uint32_t)x->ids.n);
-    for (int i = 0; i < x->ids.n; i++) {
-        const char *word = s->words ? wordtable_word(s->words, x->ids.ids[i]) : NULL;
+    binio_put_u32(w, (uint32_t)x->n);
+    for (int i = 0; i < x->n; i++) {
+        const char *word = s->words ? wordtable_word(s->words, x->ids[i]) : NULL;
         if (!word)
             word = "<unk>";
         binio_put_u32(w, (uint32_t)strlen(word));
         binio_put(w, word, strlen(word));
     }
-    binio_put_i32(w, s->neural.size);
-    binio_put_i32(w, x->nn);
-    binio_put_i32(w, s->neural.f16);
-    for (int i = 0; i < x->nn; i++) {
-        int slot = neural_cache_slot(&s->neural, i);
-        size_t ks = s->neural.f16 ? 2 : 4;
-        binio_put(w, (const char *)s->neural.keys + (size_t)slot * H * ks, (size_t)H * ks);
-        binio_put_i32(w, x->nref[i]);
-    }
-    binio_put_i32(w, s->unigram.size);
-    binio_put_i32(w, x->nu);
-    for (int i = 0; i < x->nu; i++)
-        binio_put_i32(w, x->uref[i]);
 }
 
 int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_t errlen)
 {
     *blob = NULL;
     *len = 0;
-    /* refs first (the word list precedes the windows in the blob) */
-    export_refs x = {0};
-    int rc = collect_refs(s, &x, err, errlen);
-    nc_buf out = NC_BUF_INIT;
+    /* the rows' sections first (the word list they name precedes them) */
+    nc_blob_words x = {.V = s->m->cfg.vocab_size};
+    nc_buf sec = NC_BUF_INIT, out = NC_BUF_INIT;
+    int rc = put_rows(s, &sec, &x, err, errlen);
     binio_writer w;
     binio_writer_buf(&w, &out);
     if (!rc) {
         put_head(&w, s);
-        put_windows(&w, s, &x);
+        put_words(&w, s, &x);
+        binio_put(&w, sec.data, sec.len);
         /* dynamic evaluation's own section: its adapted weights and segment */
         unsigned char hd = s->dyn != NULL;
         binio_put(&w, &hd, 1);
@@ -779,32 +740,14 @@ int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_
         if (binio_seal(&w) != NC_OK)
             rc = nc_error(err, errlen, NC_ENOMEM, "stream export");
     }
-    free(x.ids.ids);
-    free(x.nref);
-    free(x.uref);
+    free(x.ids);
+    buf_free(&sec);
     if (rc) {
         buf_free(&out);
         return rc;
     }
     *blob = buf_detach(&out, len);
     return NC_OK;
-}
-
-/* The blob's words: map[i] = the stream's id of its i-th dynamic word. */
-typedef struct {
-    int V;
-    uint32_t nw;
-    int *map;
-} blob_words;
-
-/* A ref of the blob as the stream's word id, -1 if it names nothing. */
-static int ref_id(const blob_words *x, int32_t ref)
-{
-    if (ref >= 0 && ref < x->V)
-        return ref;
-    if (ref >= x->V && (uint32_t)(ref - x->V) < x->nw)
-        return x->map[ref - x->V];
-    return -1;
 }
 
 /* Magic, checksum and the model's shape: the reader r positioned after
@@ -827,68 +770,44 @@ static int open_blob(const nc_model *m, const void *blob, size_t len, binio_read
     return NC_OK;
 }
 
-/* The dynamic words into the stream's word table (x->map). */
-static int import_words(nc_stream *s, binio_reader *r, blob_words *x, char *err, size_t errlen)
+/* The dynamic words into the stream's word table (x->ids). */
+static int import_words(nc_stream *s, binio_reader *r, nc_blob_words *x, char *err, size_t errlen)
 {
-    x->nw = binio_get_u32(r);
-    if (r->bad || x->nw == 0)
+    uint32_t nw = binio_get_u32(r);
+    if (r->bad || nw == 0)
         return NC_OK;
-    if (x->nw > binio_left(r) / 4 || !s->words)
-        return nc_error(err, errlen, NC_EFORMAT, "stream blob: %u dynamic words %s", x->nw,
+    if (nw > binio_left(r) / 4 || !s->words)
+        return nc_error(err, errlen, NC_EFORMAT, "stream blob: %u dynamic words %s", nw,
                         s->words ? "(truncated)" : "without open vocabulary");
-    if (!(x->map = nc_malloc(x->nw * sizeof(int))))
+    if (!(x->ids = nc_malloc(nw * sizeof(int))))
         return nc_error(err, errlen, NC_ENOMEM, "stream import");
-    for (uint32_t i = 0; i < x->nw; i++) {
+    for (uint32_t i = 0; i < nw; i++) {
         uint32_t l = binio_get_u32(r);
         const char *word = l ? binio_take(r, l) : NULL;
         if (!word)
             return nc_error(err, errlen, NC_EFORMAT, "stream blob: bad word %u", i);
-        x->map[i] = wordtable_id(s->words, word, l, true);
-        if (x->map[i] < 0)
+        x->ids[x->n] = wordtable_id(s->words, word, l, true);
+        if (x->ids[x->n++] < 0)
             return nc_error(err, errlen, NC_ENOMEM, "word table");
     }
     return NC_OK;
 }
 
-/* The neural window: keys as stored (f32 or f16) and words by ref. */
-static int import_neural(nc_stream *s, binio_reader *r, const blob_words *x, char *err, size_t errlen)
+/* The rows' sections (component.h import_state), in the table's order:
+ * the same in every version of the blob. */
+static int import_rows(nc_stream *s, binio_reader *r, const nc_blob_words *x, char *err, size_t errlen)
 {
-    const int H = s->m->cfg.hidden_size;
-    int32_t nsize = binio_get_i32(r), ncount = binio_get_i32(r), nf16 = binio_get_i32(r);
-    if (r->bad || nsize != s->neural.size || ncount < 0 || ncount > nsize || (nsize && (nf16 != 0) != s->neural.f16))
-        return nc_error(err, errlen, NC_EFORMAT, "stream blob: neural window does not match its parameters");
-    size_t ks = s->neural.f16 ? 2 : 4;
-    for (int i = 0; i < ncount; i++) {
-        if ((size_t)H * ks + 4 > binio_left(r))
-            return nc_error(err, errlen, NC_EFORMAT, "stream blob truncated (neural window)");
-        binio_get(r, (char *)s->neural.keys + (size_t)i * H * ks, (size_t)H * ks);
-        int32_t ref = binio_get_i32(r);
-        int id = ref_id(x, ref);
-        if (id < 0)
-            return nc_error(err, errlen, NC_EFORMAT, "stream blob: bad word reference %d", ref);
-        s->neural.values[i] = id;
+    void *st[NC_NCOMP];
+    row_states(s, st);
+    int rc = NC_OK;
+    for (int c = 0; !rc && c < NC_NCOMP; c++) {
+        const nc_component *row = nc_component_rows[c];
+        if (!row->import_state)
+            continue;
+        NC_ASSERT(st[c], "component %s: session state the stream does not keep", row->name);
+        rc = row->import_state(st[c], r, x, err, errlen);
     }
-    if (ncount > 0) {
-        s->neural.count = ncount;
-        s->neural.head = ncount % s->neural.size;
-    }
-    return NC_OK;
-}
-
-static int import_unigram(nc_stream *s, binio_reader *r, const blob_words *x, char *err, size_t errlen)
-{
-    int32_t usize = binio_get_i32(r), ucount = binio_get_i32(r);
-    if (r->bad || usize != s->unigram.size || ucount < 0 || ucount > usize)
-        return nc_error(err, errlen, NC_EFORMAT, "stream blob: unigram window does not match its parameters");
-    for (int i = 0; i < ucount; i++) {
-        int32_t ref = binio_get_i32(r);
-        int id = ref_id(x, ref);
-        if (r->bad || id < 0)
-            return nc_error(err, errlen, NC_EFORMAT, "stream blob: bad word reference %d", ref);
-        if (unigram_cache_push(&s->unigram, id))
-            return nc_error(err, errlen, NC_ENOMEM, "unigram cache");
-    }
-    return NC_OK;
+    return rc;
 }
 
 /* Dynamic evaluation's section (version 3 on), replacing the fresh
@@ -941,16 +860,14 @@ int stream_import(const nc_model *m, nc_unbounded_cache *ub, nc_wordtable *words
     rc = lstm_state_from_blob(s->st, state, (size_t)sl, err, errlen);
     s->has_h = hh != 0;
     s->pos = pos;
-    blob_words x = {.V = m->cfg.vocab_size};
+    nc_blob_words x = {.V = m->cfg.vocab_size};
     if (!rc)
         rc = import_words(s, &r, &x, err, errlen);
     if (!rc)
-        rc = import_neural(s, &r, &x, err, errlen);
-    if (!rc)
-        rc = import_unigram(s, &r, &x, err, errlen);
+        rc = import_rows(s, &r, &x, err, errlen);
     if (!rc)
         rc = import_tail(s, &r, version, err, errlen);
-    free(x.map);
+    free(x.ids);
     if (rc) {
         stream_free(s);
         return rc;

@@ -2,7 +2,7 @@
  * ids, and its term p_uni (Kuhn & De Mori 1990). */
 #include "unigram_cache.h"
 #include "cache_knobs.h"
-#include "component.h"
+#include "components.h"
 #include "fault.h"
 
 #include <stdlib.h>
@@ -139,6 +139,40 @@ static int unigram_dense(const nc_cache_params *p, const nc_mix_input *in, doubl
     return NC_OK;
 }
 
+/* The window in the export blob (component.h export_state): i32 size,
+ * count, then count x i32 word ref, oldest first. */
+static int unigram_export_state(const void *state, binio_writer *w, nc_blob_words *x)
+{
+    const nc_unigram_cache *u = state;
+    int nu = u->size ? u->count : 0;
+    binio_put_i32(w, u->size);
+    binio_put_i32(w, nu);
+    for (int i = 0; i < nu; i++) {
+        int ref = blob_word_ref(x, unigram_cache_at(u, i));
+        if (ref < 0)
+            return NC_ENOMEM;
+        binio_put_i32(w, ref);
+    }
+    return NC_OK;
+}
+
+static int unigram_import_state(void *state, binio_reader *r, const nc_blob_words *x, char *err, size_t errlen)
+{
+    nc_unigram_cache *u = state;
+    int32_t usize = binio_get_i32(r), ucount = binio_get_i32(r);
+    if (r->bad || usize != u->size || ucount < 0 || ucount > usize)
+        return nc_error(err, errlen, NC_EFORMAT, "stream blob: unigram window does not match its parameters");
+    for (int i = 0; i < ucount; i++) {
+        int32_t ref = binio_get_i32(r);
+        int id = blob_word_id(x, ref);
+        if (r->bad || id < 0)
+            return nc_error(err, errlen, NC_EFORMAT, "stream blob: bad word reference %d", ref);
+        if (unigram_cache_push(u, id))
+            return nc_error(err, errlen, NC_ENOMEM, "unigram cache");
+    }
+    return NC_OK;
+}
+
 static const char *const unigram_knobs[] = {"unigram_size", "unigram_lambda", NULL};
 static const char *const unigram_feature_names[] = {NULL};
 
@@ -153,4 +187,6 @@ const nc_component nc_component_unigram = {
     .max_word = unigram_max_word,
     .dense = unigram_dense,
     .features = unigram_feature_names,
+    .export_state = unigram_export_state,
+    .import_state = unigram_import_state,
 };
