@@ -22,6 +22,7 @@
 #include "model.h"
 #include "nsstore.h"
 #include "tokenizer.h"
+#include "tokenize_walk.h"
 
 /* The walk stops here even if the operation still reaches N (a bound on
  * test time, never reached by the fixtures: each walk checks it ended). */
@@ -251,34 +252,7 @@ TEST(tokenize_alloc_walk)
     char text[4096] = "";
     for (int i = 0; i < 300; i++)
         strcat(text, i % 20 == 19 ? "the\n" : "a ");
-    nc_tokens ref;
-    tokens_init(&ref);
-    CHECK(tokenize(m, text, strlen(text), true, &ref, err, sizeof err) == NC_OK);
-    long n;
-    for (n = 1; n <= WALK_MAX; n++) {
-        nc_tokens t;
-        tokens_init(&t);
-        CHECK(tokens_push(&t, 0, "x", 1, 0) == NC_OK);   /* already there: must survive */
-        nc_fault_arm(NC_FAULT_ALLOC, n, 0);
-        int rc = tokenize(m, text, strlen(text), true, &t, err, sizeof err);
-        long hits = nc_fault_hits(NC_FAULT_ALLOC);
-        nc_fault_disarm();
-        if (hits == 0) {
-            CHECK(rc == NC_OK && t.n == ref.n + 1);
-            tokens_clear(&t);
-            break;
-        }
-        CHECKF(rc == NC_ENOMEM && t.n == 1 && strcmp(t.words[0], "x") == 0,
-               "alloc:%ld: rc %d, %zu tokens left", n, rc, t.n);
-        /* Recovery on the same token list. */
-        rc = tokenize(m, text, strlen(text), true, &t, err, sizeof err);
-        CHECK(rc == NC_OK && t.n == ref.n + 1);
-        if (rc == NC_OK && t.n == ref.n + 1)
-            CHECK(t.ids[ref.n] == ref.ids[ref.n - 1]);
-        tokens_clear(&t);
-    }
-    CHECKF(n > (long)ref.n && n <= WALK_MAX, "tokenize walk: %ld points for %zu tokens", n - 1, ref.n);
-    tokens_clear(&ref);
+    walk_tokenize_allocations(m, text, WALK_MAX);
     model_free(m);
 }
 
