@@ -59,23 +59,20 @@ int raw_post(int port, const char *path, const char *body)
     return raw_post_as(port, "1.1", path, body);
 }
 
-/* Reads what comes on fd for up to timeout_ms (until the answer's
- * Content-Length is in, or the peer closes). Returns the bytes (malloc'd,
- * NUL-terminated, caller frees) and *closed = the peer closed. */
-char *raw_read(int fd, int timeout_ms, int *closed)
+/* Reads what comes on fd until enough(bytes so far, arg) says so, the peer
+ * closes or timeout_ms passes. Returns the bytes (malloc'd, NUL-terminated,
+ * caller frees) and *closed = the peer closed (closed may be NULL). */
+char *raw_read_until(int fd, int timeout_ms, raw_enough_fn enough, void *arg, int *closed)
 {
     size_t cap = 65536, len = 0;
     char *b = malloc(cap);
-    *closed = 0;
+    if (closed)
+        *closed = 0;
     double end = now_s() + timeout_ms / 1000.0;
     for (;;) {
         b[len] = 0;
-        char *hend = strstr(b, "\r\n\r\n");
-        if (hend) {
-            const char *cl = strcasestr(b, "Content-Length:");
-            if (cl && cl < hend && len >= (size_t)(hend + 4 - b) + strtoul(cl + 15, NULL, 10))
-                break;
-        }
+        if (enough && enough(b, len, arg))
+            break;
         int left = (int)((end - now_s()) * 1000);
         if (left <= 0) break;
         struct pollfd pf = {.fd = fd, .events = POLLIN};
@@ -83,13 +80,33 @@ char *raw_read(int fd, int timeout_ms, int *closed)
         if (len + 4096 >= cap) b = realloc(b, cap *= 2);
         ssize_t k = recv(fd, b + len, cap - len - 1, 0);
         if (k <= 0) {
-            *closed = 1;
+            if (closed)
+                *closed = 1;
             break;
         }
         len += (size_t)k;
     }
     b[len] = 0;
     return b;
+}
+
+/* The whole answer is in: its head and Content-Length bytes of body. */
+static bool answer_complete(const char *b, size_t len, void *arg)
+{
+    (void)arg;
+    const char *hend = strstr(b, "\r\n\r\n");
+    if (!hend)
+        return false;
+    const char *cl = strcasestr(b, "Content-Length:");
+    return cl && cl < hend && len >= (size_t)(hend + 4 - b) + strtoul(cl + 15, NULL, 10);
+}
+
+/* Reads what comes on fd for up to timeout_ms (until the answer's
+ * Content-Length is in, or the peer closes). Returns the bytes (malloc'd,
+ * NUL-terminated, caller frees) and *closed = the peer closed. */
+char *raw_read(int fd, int timeout_ms, int *closed)
+{
+    return raw_read_until(fd, timeout_ms, answer_complete, NULL, closed);
 }
 
 int raw_status(const char *answer)

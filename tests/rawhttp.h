@@ -5,6 +5,7 @@
 #ifndef NC_TEST_RAWHTTP_H
 #define NC_TEST_RAWHTTP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -26,6 +27,11 @@ int raw_post_as(int port, const char *version, const char *path, const char *bod
  * Content-Length is in, or the peer closes). Returns the bytes (malloc'd,
  * NUL-terminated, caller frees) and *closed = the peer closed. */
 char *raw_read(int fd, int timeout_ms, int *closed);
+/* The loop under raw_read: reads until enough(bytes so far, their length,
+ * arg) is true, the peer closes (*closed = 1; closed may be NULL) or
+ * timeout_ms passes. */
+typedef bool (*raw_enough_fn)(const char *bytes, size_t len, void *arg);
+char *raw_read_until(int fd, int timeout_ms, raw_enough_fn enough, void *arg, int *closed);
 
 /* The status of a raw answer ("HTTP/1.1 413 ..."), 0 if none. */
 int raw_status(const char *answer);

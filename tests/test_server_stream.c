@@ -9,7 +9,6 @@
 #include <arpa/inet.h>
 #include <math.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,33 +27,25 @@ static char fixture[512];
 /* ---- raw HTTP for event streams -------------------------------------------
  * HTTP/1.0: the daemon sends the stream unchunked and closes at its end. */
 
+/* More than *(int *)max_events "data:" events are in (never, for 0). */
+static bool events_in(const char *b, size_t len, void *max_events)
+{
+    (void)len;
+    int max = *(const int *)max_events;
+    if (max <= 0)
+        return false;
+    int n = 0;
+    for (const char *p = strstr(b, "\r\n\r\n"); p && (p = strstr(p, "\n\ndata: ")); p += 2) n++;
+    /* the first event follows the head's blank line */
+    if (strstr(b, "\r\n\r\ndata: ")) n++;
+    return n > max;
+}
+
 /* Reads from fd until max_events "data:" events are in (0 = until the peer
  * closes) or timeout_s. Returns what came (malloc'd). */
 static char *raw_read_events(int fd, int max_events, double timeout_s)
 {
-    size_t cap = 1 << 16, len = 0;
-    char *b = malloc(cap);
-    b[0] = 0;
-    double end = now_s() + timeout_s;
-    for (;;) {
-        if (max_events > 0) {
-            int n = 0;
-            for (const char *p = strstr(b, "\r\n\r\n"); p && (p = strstr(p, "\n\ndata: ")); p += 2) n++;
-            /* the first event follows the head's blank line */
-            if (strstr(b, "\r\n\r\ndata: ")) n++;
-            if (n > max_events) break;
-        }
-        int left = (int)((end - now_s()) * 1000);
-        if (left <= 0) break;
-        struct pollfd pf = {.fd = fd, .events = POLLIN};
-        if (poll(&pf, 1, left) <= 0) break;
-        if (len + 4096 >= cap) b = realloc(b, cap *= 2);
-        ssize_t k = recv(fd, b + len, cap - len - 1, 0);
-        if (k <= 0) break;
-        len += (size_t)k;
-        b[len] = 0;
-    }
-    return b;
+    return raw_read_until(fd, (int)(timeout_s * 1000), events_in, &max_events, NULL);
 }
 
 /* The events of a whole stream: [parsed JSON or the string "[DONE]"]. */
