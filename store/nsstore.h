@@ -23,6 +23,16 @@
  * rebuild exactly the index that served before: predictions after a restart
  * are identical.
  *
+ * Compact storage (nsstore_opts.compact, for a new store; kept in its
+ * directory's "storage" file with the training fingerprint of its index):
+ * the store keeps no keys. Its cache is the trained IVFPQ index from the
+ * first pair (unbounded_cache compact), and its log records what the index
+ * stores -- each pair's list and PQ code (ADD_CODES records) -- which
+ * replay adds back as they were: the same lists, codes and predictions.
+ * Whatever needs keys (an exact index, another quantizer, another model)
+ * is refused naming the compact storage; opening it with a trained index
+ * of another fingerprint too.
+ *
  * Adds can come from two places: nsstore_add (documents), or any
  * unbounded_cache_add on nsstore_unbounded_cache() -- a session's stream adapting through
  * doc_score -- which the store logs through the cache's add hook. The
@@ -44,6 +54,9 @@ typedef struct {
     const nc_model *model;        /* borrowed: vocabulary, hidden size */
     nc_unbounded_cache_opts ub;           /* index options; dim and key_f16 are set */
     nc_wal_sync sync;             /* fsync policy of the log */
+    bool compact;                 /* a new store: compact storage (below);
+                                   * an existing store keeps the storage it
+                                   * was created with (nsstore_stats) */
 } nc_nsstore_opts;
 
 typedef struct {
@@ -102,7 +115,11 @@ typedef struct {
     const char *doc;              /* document id, "" = none */
     uint64_t off;                 /* offset of the first pair in the document */
     size_t n;                     /* pairs */
-    const void *keys_f16;         /* [n, H] float16 little-endian, as logged */
+    const void *keys_f16;         /* [n, H] float16 little-endian, as logged;
+                                   * NULL in compact storage, which has: */
+    const void *lists;            /* [n] u32 little-endian inverted lists */
+    const void *codes;            /* [n, code_size] PQ codes */
+    size_t code_size;
     const char *words;            /* the n surface strings, '\n'-joined */
     size_t words_len;
 } nc_nslog_add;
@@ -168,6 +185,8 @@ typedef struct {
     bool exact;                   /* flat index, not yet IVF */
     int nprobe;
     const char *factory;          /* IVF factory string (borrowed) */
+    bool compact;                 /* compact storage */
+    uint64_t fingerprint;         /* training fingerprint of its IVFPQ index, 0 = none */
     uint64_t wal_bytes;           /* on disk */
     uint64_t disk_bytes;          /* log + snapshots */
     size_t memory_bytes;
