@@ -55,6 +55,7 @@ struct ns_registry {
     uint64_t (*deleted)(void *ctx, const char *name);                     /* nc_server.namespace_deleted */
     void *opened_ctx;
     uint64_t last_incarnation;    /* the newest issued here (registry lock) */
+    bool create_compact;          /* the storage of the store open_store creates (registry lock) */
 };
 
 static uint64_t wall_ms(void)
@@ -86,7 +87,7 @@ static bool valid_name(const char *s)
 static int open_store(ns_registry *g, const char *dir, nc_nsstore **out, uint64_t *inc, nc_nsstore_recovery *info,
                       char *err, size_t errlen)
 {
-    nc_nsstore_opts o = {.dir = dir, .model = g->m, .sync = g->sync};
+    nc_nsstore_opts o = {.dir = dir, .model = g->m, .sync = g->sync, .compact = g->create_compact};
     unbounded_cache_opts_default(&o.ub, g->m->cfg.hidden_size);
     o.ub.trained_path = g->trained[0] ? g->trained : NULL;
     o.ub.factory = g->factory[0] ? g->factory : NULL;
@@ -128,8 +129,22 @@ ns_handle *namespaces_acquire(nc_server *srv, const char *name, bool create, cha
 
 ns_handle *namespaces_acquire_rc(nc_server *srv, const char *name, bool create, int *rc, char *err, size_t errlen)
 {
+    ns_create c = {.name = name, .create = create};
+    ns_handle *r = namespaces_create(srv, &c, err, errlen);
+    *rc = c.rc;
+    return r;
+}
+
+/* The registry's one look-up-or-open under its lock, with the
+ * failure's code and message for each way it can fail */
+ns_handle *namespaces_create(nc_server *srv, ns_create *c, char *err, size_t errlen)
+{
     ns_registry *g = srv->namespaces;
+    const char *name = c->name;
+    const bool create = c->create;
+    int *rc = &c->rc;
     *rc = NC_OK;
+    c->created = false;
     if (!g) {
         snprintf(err, errlen, "namespaces are not available yet");
         *rc = NC_ESTATE;
@@ -150,14 +165,25 @@ ns_handle *namespaces_acquire_rc(nc_server *srv, const char *name, bool create, 
         if (r) {
             snprintf(r->name, sizeof r->name, "%s", name);
             snprintf(r->dir, sizeof r->dir, "%.1000s/%.63s", g->root, name);
-            if ((*rc = open_store(g, r->dir, &r->store, &r->incarnation, NULL, e2, sizeof e2)) != NC_OK) {
+            struct stat before;
+            bool fresh = stat(r->dir, &before) != 0;
+            g->create_compact = c->compact;
+            *rc = open_store(g, r->dir, &r->store, &r->incarnation, NULL, e2, sizeof e2);
+            g->create_compact = false;
+            if (*rc != NC_OK && fresh)
+                /* what the failed open made must not come back at the next
+                 * start-up as an empty namespace (with keys) */
+                nsstore_remove_dir(r->dir, NULL, 0);
+            if (*rc != NC_OK) {
                 snprintf(err, errlen, "namespace '%s': %s", name, e2);
                 free(r);
                 r = NULL;
             } else {
                 HASH_ADD_STR(g->by_name, name, r);
-                slog(SLOG_INFO, "namespace created", json_pack("{s:s,s:s,s:I}", "namespace", name, "dir", r->dir,
-                                                               "incarnation", (json_int_t)r->incarnation));
+                c->created = true;
+                slog(SLOG_INFO, "namespace created", json_pack("{s:s,s:s,s:I,s:s}", "namespace", name, "dir", r->dir,
+                                                               "incarnation", (json_int_t)r->incarnation, "storage",
+                                                               c->compact ? "compact" : "keys"));
             }
         } else {
             snprintf(err, errlen, "out of memory");
