@@ -508,14 +508,16 @@ static int add_coded(nc_unbounded_cache *u, const nc_ub_coded *c, char *err, siz
         return nc_error(err, errlen, NC_EINVAL, "codes are only added to a compact store");
     if (c->code_size != cs)
         return nc_error(err, errlen, NC_EFORMAT, "codes of %zu bytes, the index's are %zu", c->code_size, cs);
-    if (c->first_id != (int64_t)u->nvalues)
+    if (c->first_id >= 0 && c->first_id != (int64_t)u->nvalues)
         return nc_error(err, errlen, NC_EFORMAT, "codes from id %lld, the cache holds %zu pairs",
                         (long long)c->first_id, u->nvalues);
     for (size_t i = 0; i < c->n; i++)
         if (c->lists[i] < 0 || c->lists[i] >= nlist)
             return nc_error(err, errlen, NC_EFORMAT, "pair %zu: list %lld outside the index's %lld", i,
                             (long long)c->lists[i], (long long)nlist);
-    int rc = u->chook ? u->chook(u->chook_ctx, c, err, errlen) : NC_OK;
+    nc_ub_coded at = *c;
+    at.first_id = (int64_t)u->nvalues;
+    int rc = u->chook ? u->chook(u->chook_ctx, &at, err, errlen) : NC_OK;
     char ferr[256];
     if (!rc && faiss_shim_add_codes(u->idx, (int64_t)c->n, c->lists, c->codes, ferr, sizeof ferr) != 0)
         rc = nc_error(err, errlen, NC_EFORMAT, "adding codes to the unbounded index: %s", ferr);

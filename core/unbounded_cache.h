@@ -168,7 +168,8 @@ typedef int (*unbounded_cache_code_hook)(void *ctx, const nc_ub_coded *c, char *
 void unbounded_cache_set_code_hook(nc_unbounded_cache *u, unbounded_cache_code_hook fn, void *ctx);
 /* Adds pairs given by their lists and codes (a compact store's replay, a
  * replica of a compact namespace) to a compact cache, through the code
- * hook. c->first_id must be the count stored (the next id). NC_EINVAL for
+ * hook. c->first_id must be the count stored (the next id), or < 0 for
+ * whatever it is. NC_EINVAL for
  * a cache that is not compact, NC_EFORMAT for a code size, list or id that
  * does not fit: nothing added. */
 int unbounded_cache_add_codes(nc_unbounded_cache *u, const nc_ub_coded *c, char *err, size_t errlen);

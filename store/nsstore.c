@@ -534,6 +534,31 @@ int nsstore_add(nc_nsstore *ns, const float *keys, const int *words, size_t n, u
     return rc;
 }
 
+bool nsstore_is_compact(const nc_nsstore *ns) { return ns->compact; }
+uint64_t nsstore_fingerprint(const nc_nsstore *ns) { return ns->compact ? ns->fingerprint : 0; }
+
+int nsstore_add_codes(nc_nsstore *ns, const nsstore_codes *a, uint64_t *seq, char *err, size_t errlen)
+{
+    if (seq)
+        *seq = 0;
+    if (!ns->compact)
+        return nc_error(err, errlen, NC_EINVAL, "codes are added to a namespace with compact storage only");
+    if (a->n == 0)
+        return NC_OK;
+    for (size_t i = 0; i < a->n; i++)
+        if (a->words[i] < 0 || a->words[i] >= wordtable_size(ns->words))
+            return nc_error(err, errlen, NC_EINVAL, "word id %d outside the namespace's table", a->words[i]);
+    __typeof__(tl) saved = tl;
+    nsstore_set_context(ns, a->doc, a->off);
+    nc_ub_coded c = {.lists = a->lists, .codes = a->codes, .code_size = a->code_size, .words = a->words, .n = a->n,
+                     .first_id = -1};
+    int rc = unbounded_cache_add_codes(ns->ub, &c, err, errlen);
+    if (seq)
+        *seq = tl.seq;
+    tl = saved;
+    return rc;
+}
+
 int nsstore_sync(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen)
 {
     if (seq == 0)

@@ -89,6 +89,25 @@ int nsstore_doc_begin(nc_nsstore *ns, const char *id, size_t len, uint32_t *doc,
 int nsstore_add(nc_nsstore *ns, const float *keys, const int *words, size_t n, uint32_t doc,
                 uint64_t off, uint64_t *seq, char *err, size_t errlen);
 
+/* A compact store's add of pairs given as its index stores them (a replica
+ * of a compact namespace): lists and codes of the store's training
+ * (nsstore_stats.fingerprint), as nsstore_add otherwise. NC_EINVAL for a
+ * store with keys; NC_EFORMAT for a code size or list that does not fit. */
+typedef struct {
+    const int64_t *lists;         /* [n] */
+    const uint8_t *codes;         /* [n, code_size] */
+    size_t code_size;
+    const int *words;             /* [n] namespace word ids */
+    size_t n;
+    uint32_t doc;
+    uint64_t off;
+} nsstore_codes;
+int nsstore_add_codes(nc_nsstore *ns, const nsstore_codes *a, uint64_t *seq, char *err, size_t errlen);
+/* Whether ns has compact storage, and its training fingerprint (0 with
+ * keys): fixed at creation, read without locks. */
+bool nsstore_is_compact(const nc_nsstore *ns);
+uint64_t nsstore_fingerprint(const nc_nsstore *ns);
+
 /* Provenance for adds made through unbounded_cache_add in this thread: doc and the
  * offset of the next pair (advanced by each add). clear ends it; last_seq
  * is the last record this thread logged since set_context (0 = none). */
@@ -120,6 +139,7 @@ typedef struct {
     const void *lists;            /* [n] u32 little-endian inverted lists */
     const void *codes;            /* [n, code_size] PQ codes */
     size_t code_size;
+    uint64_t fingerprint;         /* compact: the training they belong to */
     const char *words;            /* the n surface strings, '\n'-joined */
     size_t words_len;
 } nc_nslog_add;

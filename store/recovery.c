@@ -189,6 +189,7 @@ static int log_decode_add(nc_nslog *l, uint64_t seq, const unsigned char *p, siz
     a->lists = ns->compact ? refs + (size_t)n * 4 : NULL;
     a->codes = ns->compact ? refs + (size_t)n * 8 : NULL;
     a->code_size = ns->compact ? tail - 4 : 0;
+    a->fingerprint = ns->compact ? ns->fingerprint : 0;
     a->words = l->words;
     a->words_len = wl;
     return NC_OK;
