@@ -528,11 +528,14 @@ static int add_coded(nc_unbounded_cache *u, const nc_ub_coded *c, char *err, siz
     return rc;
 }
 
-/* Write lock held: a compact cache's add of n keys -- their lists and codes
- * made (as faiss_shim_add would store them), then add_coded. */
-static int add_compact(nc_unbounded_cache *u, const float *keys, const int *words, size_t n,
-                       const nc_ub_coarse *hint, char *err, size_t errlen)
+/* Write lock held: a compact cache's add of a's pairs, keys as stored --
+ * their lists and codes made (as faiss_shim_add would store them), then
+ * add_coded. */
+static int add_compact(nc_unbounded_cache *u, const nc_ub_add *a, const float *keys, const nc_ub_coarse *hint,
+                       char *err, size_t errlen)
 {
+    const int *words = a->words;
+    const size_t n = a->n;
     size_t cs = faiss_shim_code_size(u->idx, NULL);
     if (n > u->lbuf_n) {
         int64_t *l = nc_realloc(u->lbuf, n * sizeof *l);
@@ -624,7 +627,7 @@ int unbounded_cache_add_block(nc_unbounded_cache *u, const nc_ub_add *a, int64_t
         goto out;
     const nc_ub_coarse *hint = a->coarse && a->coarse->n == n && a->coarse->gen == u->gen ? a->coarse : NULL;
     if (u->o.compact) {
-        rc = add_compact(u, keys, a->words, n, hint, err, errlen);
+        rc = add_compact(u, a, keys, hint, err, errlen);
         goto out;
     }
     if (u->hook && (rc = u->hook(u->hook_ctx, keys, a->words, n, (int64_t)u->nvalues, err, errlen)))

@@ -214,9 +214,10 @@ static bool entry_valid(replication *rep, ns_state *s, const redisReply *kv, siz
 
 /* The pairs of a valid entry added to st under document doc (keys, or
  * codes of a compact namespace); *seq the log record to sync. */
-static int entry_add(replication *rep, nc_nsstore *st, const redisReply *kv, uint32_t doc, uint64_t *seq, char *err,
-                     size_t errlen)
+static int entry_add(replication *rep, nc_nsstore *st, const redisReply *kv, uint32_t doc, uint64_t *seq,
+                     char err[NC_ERRLEN])
 {
+    const size_t errlen = NC_ERRLEN;
     entry_pairs e = {.cnt = strtoull(field(kv, "n")->str, NULL, 10)};
     uint64_t off = strtoull(field(kv, "f")->str, NULL, 10);
     const redisReply *k = field(kv, "k");
@@ -262,7 +263,7 @@ static uint64_t apply_entry(replication *rep, ns_state *s, nc_nsstore *st, const
     size_t dl = strlen(docid);
     int rc = nsstore_doc_begin(st, docid, dl > 1024 ? 1024 : dl, &doc, NULL, 0, err, sizeof err);
     if (rc == NC_OK)
-        rc = entry_add(rep, st, kv, doc, &seq, err, sizeof err);
+        rc = entry_add(rep, st, kv, doc, &seq, err);
     if (rc == NC_OK) {
         atomic_fetch_add(&rep->applied_entries, 1);
         atomic_fetch_add(&rep->applied_tokens, cnt);

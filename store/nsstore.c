@@ -326,15 +326,19 @@ typedef struct {
     int64_t first_id;
     uint32_t dim;
     size_t tail;                  /* bytes a pair after its word reference */
+    uint32_t doc;                 /* its provenance (rec_context) */
+    uint64_t off;
+    size_t plen;                  /* out: the record's length (rec_begin) */
 } rec_spec;
 
 /* The fixed part, the open-vocabulary strings and the word references of
  * an add record into ns->rec, with room for the pairs' tail bytes after
- * them: *k the bytes written, *plen the record's length. */
-static int rec_begin(nc_nsstore *ns, const rec_spec *r, uint32_t doc, uint64_t off, size_t *k, size_t *plen,
-                     char *err, size_t errlen)
+ * them: *k the bytes written, r->plen the record's length. */
+static int rec_begin(nc_nsstore *ns, rec_spec *r, size_t *k, char *err, size_t errlen)
 {
-    size_t ndyn = 0, slen = 0, n = r->n;
+    size_t ndyn = 0, slen = 0, n = r->n, *plen = &r->plen;
+    const uint32_t doc = r->doc;
+    const uint64_t off = r->off;
     int rc = collect_dyn_words(ns, r->words, n, &ndyn, &slen, err, errlen);
     if (rc)
         return rc;
@@ -434,11 +438,9 @@ int nsstore_add_hook(void *ctx, const float *keys, const int *words, size_t n, i
     if (rc || done)
         return rc;
     bool mine;
-    uint32_t doc;
-    uint64_t off;
-    rec_context(ns, &mine, &doc, &off);
-    size_t k, plen;
-    if ((rc = rec_begin(ns, &r, doc, off, &k, &plen, err, errlen)))
+    rec_context(ns, &mine, &r.doc, &r.off);
+    size_t k;
+    if ((rc = rec_begin(ns, &r, &k, err, errlen)))
         return rc;
     unsigned char *p = (unsigned char *)ns->rec.data;
     for (size_t i = 0; i < n * (size_t)ns->H; i++) {
@@ -448,7 +450,7 @@ int nsstore_add_hook(void *ctx, const float *keys, const int *words, size_t n, i
     k += n * (size_t)ns->H * 2;
     /* replay (recovery.c) decodes by the same sizes: an encoder that wrote
      * other than it reserved would make a log that cannot be read back */
-    NC_ASSERT(k == plen, "add record of %zu bytes, %zu reserved", k, plen);
+    NC_ASSERT(k == r.plen, "add record of %zu bytes, %zu reserved", k, r.plen);
     return rec_commit(ns, k, &r, keys, err, errlen);
 }
 
@@ -465,11 +467,9 @@ int nsstore_code_hook(void *ctx, const nc_ub_coded *c, char *err, size_t errlen)
     if (rc || done)
         return rc;
     bool mine;
-    uint32_t doc;
-    uint64_t off;
-    rec_context(ns, &mine, &doc, &off);
-    size_t k, plen;
-    if ((rc = rec_begin(ns, &r, doc, off, &k, &plen, err, errlen)))
+    rec_context(ns, &mine, &r.doc, &r.off);
+    size_t k;
+    if ((rc = rec_begin(ns, &r, &k, err, errlen)))
         return rc;
     unsigned char *p = (unsigned char *)ns->rec.data;
     for (size_t i = 0; i < c->n; i++) {
@@ -479,7 +479,7 @@ int nsstore_code_hook(void *ctx, const nc_ub_coded *c, char *err, size_t errlen)
     k += c->n * 4;
     memcpy(p + k, c->codes, c->n * c->code_size);
     k += c->n * c->code_size;
-    NC_ASSERT(k == plen, "add record of %zu bytes, %zu reserved", k, plen);
+    NC_ASSERT(k == r.plen, "add record of %zu bytes, %zu reserved", k, r.plen);
     return rec_commit(ns, k, &r, NULL, err, errlen);
 }
 
@@ -488,9 +488,10 @@ size_t nsstore_rec_pair_bytes(const nc_nsstore *ns)
     return ns->compact ? 4 + unbounded_cache_code_size(ns->ub, NULL) : 2 * (size_t)ns->H;
 }
 
-int nsstore_rec_head_read(const unsigned char *p, size_t len, uint64_t seq, uint32_t want, nsstore_rec_head *h,
-                          char *err, size_t errlen)
+int nsstore_rec_head_read(const unsigned char *p, size_t len, uint64_t seq, nsstore_rec_head *h, char *err,
+                          size_t errlen)
 {
+    const uint32_t want = h->want;
     if (len < REC_HEAD)
         return nc_error(err, errlen, NC_EFORMAT, "log record %llu: short add record", (unsigned long long)seq);
     memcpy(&h->n, p + 4, 4);

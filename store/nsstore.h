@@ -6,7 +6,10 @@
  * On disk, under dir:
  *   wal/wal-<seq>.log   the log: DOC records (a document id) and ADD records
  *                       (first pair id, document, offset, f16 keys, words;
- *                       open-vocabulary words by their surface string)
+ *                       open-vocabulary words by their surface string), or
+ *                       in compact storage ADD_CODES records (the same with
+ *                       each pair's u32 list and PQ code for its key)
+ *   storage             compact storage only: "compact <fingerprint>"
  *   snap-<seq>/         a snapshot covering every record <= seq: index.faiss,
  *                       values.bin, words.txt (unbounded_cache_save), prov.bin,
  *                       docs.bin and MANIFEST (sizes and crc32 of each file,
@@ -118,8 +121,8 @@ void nsstore_clear_context(void);
 /* Observer of logged adds (replication): called after each add's record is
  * written (not during recovery), under the cache's write lock -- it must be
  * quick and must not call into the cache. doc/off: the provenance (doc may
- * be NSSTORE_NO_DOC), keys [n, H] as stored, words namespace word ids. NULL
- * fn removes it. */
+ * be NSSTORE_NO_DOC), keys [n, H] as stored (NULL in compact storage),
+ * words namespace word ids. NULL fn removes it. */
 typedef void (*nsstore_observer)(void *ctx, nc_nsstore *ns, uint32_t doc, uint64_t off,
                                  const float *keys, const int *words, size_t n);
 void nsstore_set_observer(nc_nsstore *ns, nsstore_observer fn, void *ctx);

@@ -81,14 +81,15 @@ int nsstore_code_hook(void *ctx, const nc_ub_coded *c, char *err, size_t errlen)
  * flags, then u32 n, u32 dim (H, or a code's bytes), u32 doc, i64 first
  * id, u64 offset, u32 strings (nd), and the nd open-vocabulary strings. */
 typedef struct {
+    uint32_t want;                /* in: the dim expected (H, or the code size) */
     uint32_t n, dim, doc, nd;
     int64_t first;
     uint64_t off;
 } nsstore_rec_head;
 /* The fixed part of p (len bytes) into h; NC_EFORMAT naming record seq if
- * short. Checks dim against want (H or the code size) and nd <= n. */
-int nsstore_rec_head_read(const unsigned char *p, size_t len, uint64_t seq, uint32_t want, nsstore_rec_head *h,
-                          char *err, size_t errlen);
+ * short. Checks dim against h->want and nd <= n. */
+int nsstore_rec_head_read(const unsigned char *p, size_t len, uint64_t seq, nsstore_rec_head *h, char *err,
+                          size_t errlen);
 /* The per-pair bytes after the word references: 2H (f16 keys) or 4 + code
  * size (a u32 list and a code). */
 size_t nsstore_rec_pair_bytes(const nc_nsstore *ns);

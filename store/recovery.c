@@ -139,10 +139,9 @@ static int log_decode_add(nc_nslog *l, uint64_t seq, const unsigned char *p, siz
                           char *err, size_t errlen)
 {
     nc_nsstore *ns = l->ns;
-    nsstore_rec_head h;
     size_t tail = nsstore_rec_pair_bytes(ns);
-    int hrc = nsstore_rec_head_read(p, len, seq, (uint32_t)(ns->compact ? tail - 4 : (size_t)ns->H), &h, err,
-                                    errlen);
+    nsstore_rec_head h = {.want = (uint32_t)(ns->compact ? tail - 4 : (size_t)ns->H)};
+    int hrc = nsstore_rec_head_read(p, len, seq, &h, err, errlen);
     if (hrc)
         return hrc;
     uint32_t n = h.n, doc = h.doc, nd = h.nd;
@@ -363,9 +362,9 @@ static int replay_add(replay_ctx *c, uint64_t seq, const unsigned char *p, size_
         return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %s in a store with %s", (unsigned long long)seq,
                         ns->compact ? "an add with keys" : "an add of codes", ns->compact ? "compact storage" : "keys");
     rec_view v = {.p = p, .len = len, .seq = seq, .k = REC_HEAD};
-    nsstore_rec_head h;
     size_t tail = nsstore_rec_pair_bytes(ns);
-    int rc = nsstore_rec_head_read(p, len, seq, (uint32_t)(ns->compact ? tail - 4 : (size_t)ns->H), &h, err, errlen);
+    nsstore_rec_head h = {.want = (uint32_t)(ns->compact ? tail - 4 : (size_t)ns->H)};
+    int rc = nsstore_rec_head_read(p, len, seq, &h, err, errlen);
     if (rc)
         return rc;
     v.h = h;
