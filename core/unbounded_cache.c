@@ -322,12 +322,8 @@ static int switch_begin(nc_unbounded_cache *u, ub_switch_job *job, bool *started
     return NC_OK;
 }
 
-/* n keys into idx: an IVFPQ index places each in the list of its exact
- * nearest centroid (faiss_shim_add: the same list whoever adds it, in
- * whatever batch), from the hint's coarse search where it holds it (of
- * hint->x, the keys before rounding); any other index adds as FAISS does. */
-static int index_add(FaissIndex *idx, size_t n, const float *keys, const nc_ub_coarse *hint, char *err,
-                     size_t errlen)
+/* faiss_shim's add of n keys, with the hint's coarse search where given */
+static faiss_shim_add_in add_in(size_t n, const float *keys, const nc_ub_coarse *hint)
 {
     faiss_shim_add_in a = {.n = (int64_t)n, .keys = keys};
     if (hint) {
@@ -336,6 +332,17 @@ static int index_add(FaissIndex *idx, size_t n, const float *keys, const nc_ub_c
         a.hint_l = hint->l;
         a.hint_np = hint->stride;
     }
+    return a;
+}
+
+/* n keys into idx: an IVFPQ index places each in the list of its exact
+ * nearest centroid (faiss_shim_add: the same list whoever adds it, in
+ * whatever batch), from the hint's coarse search where it holds it (of
+ * hint->x, the keys before rounding); any other index adds as FAISS does. */
+static int index_add(FaissIndex *idx, size_t n, const float *keys, const nc_ub_coarse *hint, char *err,
+                     size_t errlen)
+{
+    faiss_shim_add_in a = add_in(n, keys, hint);
     char ferr[256];
     int how = faiss_shim_add(idx, &a, ferr, sizeof ferr);
     if (how < 0)
@@ -547,13 +554,7 @@ static int add_compact(nc_unbounded_cache *u, const nc_ub_add *a, const float *k
         u->cbuf = c;
         u->lbuf_n = n;
     }
-    faiss_shim_add_in in = {.n = (int64_t)n, .keys = keys};
-    if (hint) {
-        in.hint_x = hint->x;
-        in.hint_d = hint->d;
-        in.hint_l = hint->l;
-        in.hint_np = hint->stride;
-    }
+    faiss_shim_add_in in = add_in(n, keys, hint);
     char ferr[256];
     if (faiss_shim_encode(u->idx, &in, u->lbuf, u->cbuf, ferr, sizeof ferr) != 0)
         return nc_error(err, errlen, NC_EFORMAT, "encoding for the unbounded index: %s", ferr);

@@ -3,6 +3,7 @@
  * explain and the namespaces' metrics. */
 #include "namespaces.h"
 #include "components.h"
+#include "pq_tables.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -715,6 +716,11 @@ char *namespaces_metrics(nc_server *srv, char *text)
     }
     metrics_printf(&b, "# HELP neurocache_namespaces namespaces open\n# TYPE neurocache_namespaces gauge\n"
                        "neurocache_namespaces %d\n", cnt);
+    int ntables = 0;
+    size_t tables = pq_tables_bytes(&ntables);
+    metrics_printf(&b, "# HELP neurocache_index_tables_bytes precomputed IVF-PQ tables, one a training, shared by "
+                       "its namespaces (not in their memory_bytes)\n# TYPE neurocache_index_tables_bytes gauge\n"
+                       "neurocache_index_tables_bytes %zu\n", tables);
     metrics_printf(&b, "# HELP neurocache_recovery_seconds time spent recovering namespaces at start-up\n"
                        "# TYPE neurocache_recovery_seconds gauge\nneurocache_recovery_seconds %.6f\n", g->recovery_s);
     metrics_printf(&b, "# HELP neurocache_adapt_tokens_total tokens added to unbounded caches (documents and feed)\n"

@@ -426,6 +426,17 @@ static int rec_pre(nc_nsstore *ns, const rec_spec *r, bool *done, char *err, siz
     return nsstore_check_live(ns, err, errlen);
 }
 
+/* rec_pre, then (unless *done) the record's provenance and rec_begin. */
+static int rec_open(nc_nsstore *ns, rec_spec *r, size_t *k, bool *done, char *err, size_t errlen)
+{
+    int rc = rec_pre(ns, r, done, err, errlen);
+    if (rc || *done)
+        return rc;
+    bool mine;
+    rec_context(ns, &mine, &r->doc, &r->off);
+    return rec_begin(ns, r, k, err, errlen);
+}
+
 /* Under the cache's write lock: one ADD record per add, in id order. */
 int nsstore_add_hook(void *ctx, const float *keys, const int *words, size_t n, int64_t first_id,
                      char *err, size_t errlen)
@@ -434,13 +445,9 @@ int nsstore_add_hook(void *ctx, const float *keys, const int *words, size_t n, i
     rec_spec r = {.type = REC_ADD, .flags = KEY_F16, .words = words, .n = n, .first_id = first_id,
                   .dim = (uint32_t)ns->H, .tail = 2 * (size_t)ns->H};
     bool done;
-    int rc = rec_pre(ns, &r, &done, err, errlen);
-    if (rc || done)
-        return rc;
-    bool mine;
-    rec_context(ns, &mine, &r.doc, &r.off);
     size_t k;
-    if ((rc = rec_begin(ns, &r, &k, err, errlen)))
+    int rc = rec_open(ns, &r, &k, &done, err, errlen);
+    if (rc || done)
         return rc;
     unsigned char *p = (unsigned char *)ns->rec.data;
     for (size_t i = 0; i < n * (size_t)ns->H; i++) {
@@ -463,13 +470,9 @@ int nsstore_code_hook(void *ctx, const nc_ub_coded *c, char *err, size_t errlen)
     rec_spec r = {.type = REC_ADD_CODES, .words = c->words, .n = c->n, .first_id = c->first_id,
                   .dim = (uint32_t)c->code_size, .tail = 4 + c->code_size};
     bool done;
-    int rc = rec_pre(ns, &r, &done, err, errlen);
-    if (rc || done)
-        return rc;
-    bool mine;
-    rec_context(ns, &mine, &r.doc, &r.off);
     size_t k;
-    if ((rc = rec_begin(ns, &r, &k, err, errlen)))
+    int rc = rec_open(ns, &r, &k, &done, err, errlen);
+    if (rc || done)
         return rc;
     unsigned char *p = (unsigned char *)ns->rec.data;
     for (size_t i = 0; i < c->n; i++) {
