@@ -136,6 +136,15 @@ ns_handle *namespaces_acquire_rc(nc_server *srv, const char *name, bool create, 
     return r;
 }
 
+bool namespaces_compact(nc_server *srv, const char *name)
+{
+    char err[NC_ERRLEN];
+    ns_handle *r = srv->namespaces ? namespaces_acquire(srv, name, false, err, sizeof err) : NULL;
+    bool c = r && nsstore_is_compact(r->store);
+    namespaces_release(srv, r);
+    return c;
+}
+
 /* The registry's one look-up-or-open under its lock, with the
  * failure's code and message for each way it can fail */
 ns_handle *namespaces_create(nc_server *srv, ns_create *c, char *err, size_t errlen)

@@ -44,6 +44,8 @@ typedef struct {
     int rc;                       /* out: as namespaces_acquire_rc's */
 } ns_create;
 ns_handle *namespaces_create(nc_server *srv, ns_create *c, char *err, size_t errlen);
+/* Whether the namespace name exists with compact storage. */
+bool namespaces_compact(nc_server *srv, const char *name);
 /* Deletes a namespace's live incarnation (its store is retired and its
  * directory moves aside, removed when the last handle goes; sessions bound
  * to it answer 410 namespace_deleted from now on). born_by: only an

@@ -162,6 +162,12 @@ TEST(create_compact_over_http)
     CHECK(put_ns(&d, "cz", "{\"storage\":\"keys\"}", &j) == 409);
     CHECK(strstr(json_string_value(json_object_get(json_object_get(j, "error"), "message")), "compact storage") != NULL);
     json_decref(j);
+    /* exact search needs keys */
+    http_resp r;
+    CHECK(http_json(d.port, "POST", "/v1/sessions",
+                    "{\"namespace\":\"cz\",\"cache\":{\"unbounded\":true,\"exact\":true}}", &r) == 0 &&
+          r.status == 400 && strstr(r.body, "compact storage"));
+    http_resp_free(&r);
     CHECK(put_ns(&d, "ck", "{\"storage\":\"tiny\"}", NULL) == 400);
     CHECK(put_ns(&d, "ck", "{\"size\":1}", NULL) == 400);
     CHECK(put_ns(&d, "ck", NULL, &j) == 201);   /* no body: keys, as a first upload makes it */
