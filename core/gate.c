@@ -301,25 +301,37 @@ static double dot(const double *a, const double *b)
     return s;
 }
 
-static double eval_at(nc_gate *g, bool pre, const double *x, const nc_gate_data *d, double l2, double *grad,
-                      const double *mask)
+/* One of the two gates' fitting problems: its net in g, the data, the L2
+ * weight and which parameters are free (mask 1) */
+typedef struct {
+    nc_gate *g;
+    bool pre;
+    const nc_gate_data *d;
+    double l2;
+    double mask[NP];
+} fit_problem;
+
+static double eval_at(const fit_problem *fp, const double *x, double *grad)
 {
-    memcpy(pre ? &g->pre : &g->full, x, sizeof(nc_gate_net));
-    double f = gate_objective(g, pre, d, l2, grad, NULL);
+    memcpy(fp->pre ? &fp->g->pre : &fp->g->full, x, sizeof(nc_gate_net));
+    double f = gate_objective(fp->g, fp->pre, fp->d, fp->l2, grad, NULL);
     for (int i = 0; i < NP; i++)
-        grad[i] *= mask[i];
+        grad[i] *= fp->mask[i];
     return f;
 }
 
 /* L-BFGS (Nocedal & Wright, Algorithm 7.4) with a backtracking Armijo line
  * search: a handful of parameters, a smooth concave log-likelihood */
-static void lbfgs(nc_gate *g, bool pre, const nc_gate_data *d, double l2, int iters, FILE *curve)
+static void lbfgs(nc_gate *g, bool pre, const nc_gate_data *d, const nc_gate_fit_opts *o)
 {
     double S[LBFGS_M][NP], Y[LBFGS_M][NP];
-    double rho[LBFGS_M], alpha[LBFGS_M], mask[NP], x[NP], gr[NP], dir[NP], xn[NP], gn[NP];
-    free_mask(g, pre, mask);
+    double rho[LBFGS_M], alpha[LBFGS_M], x[NP], gr[NP], dir[NP], xn[NP], gn[NP];
+    fit_problem fp = {.g = g, .pre = pre, .d = d, .l2 = o->l2};
+    const int iters = o->iters;
+    FILE *curve = o->curve;
+    free_mask(g, pre, fp.mask);
     memcpy(x, pre ? &g->pre : &g->full, sizeof x);
-    double f = eval_at(g, pre, x, d, l2, gr, mask);
+    double f = eval_at(&fp, x, gr);
     int hist = 0, head = 0;
     if (curve)
         fprintf(curve, "%s,0,%.9f,%.6f\n", pre ? "pre" : "full", f, exp(f));
@@ -363,7 +375,7 @@ static void lbfgs(nc_gate *g, bool pre, const nc_gate_data *d, double l2, int it
         for (tries = 0; tries < 40; tries++, step *= 0.5) {
             for (int i = 0; i < NP; i++)
                 xn[i] = x[i] + step * dir[i];
-            fn = eval_at(g, pre, xn, d, l2, gn, mask);
+            fn = eval_at(&fp, xn, gn);
             if (fn <= f + 1e-4 * step * slope)
                 break;
         }
@@ -519,20 +531,20 @@ static int fit_skip(nc_gate *g, const nc_gate_data *d, double max_loss, FILE *cu
     return NC_OK;
 }
 
-int gate_fit(nc_gate *g, const nc_cache_params *p, const nc_gate_data *d, int nh, uint64_t seed, int iters,
-             double l2, double max_loss, FILE *curve, char *err, size_t errlen)
+int gate_fit(nc_gate *g, const nc_cache_params *p, const nc_gate_data *d, const nc_gate_fit_opts *o, char *err,
+             size_t errlen)
 {
     memset(g, 0, sizeof *g);
-    if (nh < 0 || nh > NC_GATE_MAXH)
-        return nc_error(err, errlen, NC_EINVAL, "gate: %d hidden units, at most %d", nh, NC_GATE_MAXH);
-    g->nh = nh;
+    if (o->hidden < 0 || o->hidden > NC_GATE_MAXH)
+        return nc_error(err, errlen, NC_EINVAL, "gate: %d hidden units, at most %d", o->hidden, NC_GATE_MAXH);
+    g->nh = o->hidden;
     size_t n = fit_normalisation(g, d);
     if (n < 2)
         return nc_error(err, errlen, NC_EINVAL, "gate: %zu tokens with every component available: too few to fit", n);
-    fit_start(g, p, seed);
-    lbfgs(g, false, d, l2, iters, curve);
-    lbfgs(g, true, d, l2, iters, curve);
-    return fit_skip(g, d, max_loss, curve, err, errlen);
+    fit_start(g, p, o->seed);
+    lbfgs(g, false, d, o);
+    lbfgs(g, true, d, o);
+    return fit_skip(g, d, o->max_loss, o->curve, err, errlen);
 }
 
 /* ---- files ---- */
