@@ -320,53 +320,83 @@ static double eval_at(const fit_problem *fp, const double *x, double *grad)
     return f;
 }
 
-/* L-BFGS (Nocedal & Wright, Algorithm 7.4) with a backtracking Armijo line
- * search: a handful of parameters, a smooth concave log-likelihood */
+/* L-BFGS's memory: the last LBFGS_M steps s = x' - x, gradient changes
+ * y = g' - g and ρ = 1 / s·y, newest at head - 1 */
+typedef struct {
+    double S[LBFGS_M][NP], Y[LBFGS_M][NP], rho[LBFGS_M];
+    int hist, head;
+} lbfgs_memory;
+
+/* The two-loop recursion (Nocedal & Wright, Algorithm 7.4): dir = -H g,
+ * H the inverse Hessian estimate of the memory, scaled by γ = s·y / y·y of
+ * the newest pair (or a step of length <= 1 with no memory yet). */
+static void lbfgs_direction(const lbfgs_memory *mem, const double *gr, double *dir)
+{
+    double alpha[LBFGS_M];
+    for (int i = 0; i < NP; i++)
+        dir[i] = -gr[i];
+    for (int k = 0; k < mem->hist; k++) {
+        int j = (mem->head - 1 - k + LBFGS_M) % LBFGS_M;
+        alpha[j] = mem->rho[j] * dot(mem->S[j], dir);
+        for (int i = 0; i < NP; i++)
+            dir[i] -= alpha[j] * mem->Y[j][i];
+    }
+    if (mem->hist > 0) {
+        int j = (mem->head - 1 + LBFGS_M) % LBFGS_M;
+        double gamma = dot(mem->S[j], mem->Y[j]) / dot(mem->Y[j], mem->Y[j]);
+        for (int i = 0; i < NP; i++)
+            dir[i] *= gamma;
+    } else {
+        double gnorm = sqrt(dot(gr, gr));
+        for (int i = 0; i < NP; i++)
+            dir[i] /= gnorm > 1.0 ? gnorm : 1.0;
+    }
+    for (int k = mem->hist - 1; k >= 0; k--) {
+        int j = (mem->head - 1 - k + LBFGS_M) % LBFGS_M;
+        double b = mem->rho[j] * dot(mem->Y[j], dir);
+        for (int i = 0; i < NP; i++)
+            dir[i] += mem->S[j][i] * (alpha[j] - b);
+    }
+}
+
+/* Remembers the step x -> xn with gradients gr -> gn (skipped when s·y is
+ * not positive: the estimate would lose positive definiteness). */
+static void lbfgs_remember(lbfgs_memory *mem, const double *x, const double *xn, const double *gr, const double *gn)
+{
+    double *s = mem->S[mem->head], *y = mem->Y[mem->head];
+    for (int i = 0; i < NP; i++) {
+        s[i] = xn[i] - x[i];
+        y[i] = gn[i] - gr[i];
+    }
+    double sy = dot(s, y);
+    if (sy > 1e-18) {
+        mem->rho[mem->head] = 1.0 / sy;
+        mem->head = (mem->head + 1) % LBFGS_M;
+        if (mem->hist < LBFGS_M)
+            mem->hist++;
+    }
+}
+
+/* L-BFGS with a backtracking Armijo line search: a handful of parameters,
+ * a smooth concave log-likelihood */
 static void lbfgs(nc_gate *g, bool pre, const nc_gate_data *d, const nc_gate_fit_opts *o)
 {
-    double S[LBFGS_M][NP], Y[LBFGS_M][NP];
-    double rho[LBFGS_M], alpha[LBFGS_M], x[NP], gr[NP], dir[NP], xn[NP], gn[NP];
+    lbfgs_memory mem = {.hist = 0, .head = 0};
+    double x[NP], gr[NP], dir[NP], xn[NP], gn[NP];
     fit_problem fp = {.g = g, .pre = pre, .d = d, .l2 = o->l2};
-    const int iters = o->iters;
-    FILE *curve = o->curve;
     free_mask(g, pre, fp.mask);
     memcpy(x, pre ? &g->pre : &g->full, sizeof x);
     double f = eval_at(&fp, x, gr);
-    int hist = 0, head = 0;
-    if (curve)
-        fprintf(curve, "%s,0,%.9f,%.6f\n", pre ? "pre" : "full", f, exp(f));
-    for (int it = 1; it <= iters; it++) {
-        /* two-loop recursion: dir = -H g */
-        for (int i = 0; i < NP; i++)
-            dir[i] = -gr[i];
-        for (int k = 0; k < hist; k++) {
-            int j = (head - 1 - k + LBFGS_M) % LBFGS_M;
-            alpha[j] = rho[j] * dot(S[j], dir);
-            for (int i = 0; i < NP; i++)
-                dir[i] -= alpha[j] * Y[j][i];
-        }
-        if (hist > 0) {
-            int j = (head - 1 + LBFGS_M) % LBFGS_M;
-            double gamma = dot(S[j], Y[j]) / dot(Y[j], Y[j]);
-            for (int i = 0; i < NP; i++)
-                dir[i] *= gamma;
-        } else {
-            double gnorm = sqrt(dot(gr, gr));
-            for (int i = 0; i < NP; i++)
-                dir[i] /= gnorm > 1.0 ? gnorm : 1.0;
-        }
-        for (int k = hist - 1; k >= 0; k--) {
-            int j = (head - 1 - k + LBFGS_M) % LBFGS_M;
-            double b = rho[j] * dot(Y[j], dir);
-            for (int i = 0; i < NP; i++)
-                dir[i] += S[j][i] * (alpha[j] - b);
-        }
+    if (o->curve)
+        fprintf(o->curve, "%s,0,%.9f,%.6f\n", pre ? "pre" : "full", f, exp(f));
+    for (int it = 1; it <= o->iters; it++) {
+        lbfgs_direction(&mem, gr, dir);
         double slope = dot(gr, dir);
         if (!(slope < 0.0)) {
             for (int i = 0; i < NP; i++)
                 dir[i] = -gr[i];
             slope = dot(gr, dir);
-            hist = 0;
+            mem.hist = 0;
         }
         if (!(slope < -1e-15))
             break;
@@ -381,24 +411,13 @@ static void lbfgs(nc_gate *g, bool pre, const nc_gate_data *d, const nc_gate_fit
         }
         if (tries == 40)
             break;
-        double *s = S[head], *y = Y[head];
-        for (int i = 0; i < NP; i++) {
-            s[i] = xn[i] - x[i];
-            y[i] = gn[i] - gr[i];
-        }
-        double sy = dot(s, y);
-        if (sy > 1e-18) {
-            rho[head] = 1.0 / sy;
-            head = (head + 1) % LBFGS_M;
-            if (hist < LBFGS_M)
-                hist++;
-        }
+        lbfgs_remember(&mem, x, xn, gr, gn);
         double df = f - fn;
         memcpy(x, xn, sizeof x);
         memcpy(gr, gn, sizeof gr);
         f = fn;
-        if (curve)
-            fprintf(curve, "%s,%d,%.9f,%.6f\n", pre ? "pre" : "full", it, f, exp(f));
+        if (o->curve)
+            fprintf(o->curve, "%s,%d,%.9f,%.6f\n", pre ? "pre" : "full", it, f, exp(f));
         if (df < 1e-11 * (fabs(f) > 1.0 ? fabs(f) : 1.0))
             break;
     }
