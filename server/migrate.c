@@ -379,9 +379,10 @@ static int pull(nc_server *srv, const char *id)
             api_error e = migrate_import(srv, body, blen, &ms);
             nc_session *s = NULL;
             sessions_rc src = SESS_EINVAL;
+            nc_session_spec sp = {.id = id, .ns = ms.ns, .p = stream_params(ms.stream), .stream = ms.stream,
+                                  .ns_ref = ms.ns_ref};
             if (e == API_OK)
-                src = sessions_adopt(srv->sessions, id, ms.ns, stream_params(ms.stream), ms.stream, ms.ns_ref, &s,
-                                     msg, sizeof ms.err);
+                src = sessions_adopt(srv->sessions, &sp, &s, msg, sizeof ms.err);
             if (src == SESS_OK) {
                 sessions_release(srv->sessions, s);
                 slog(SLOG_INFO, "session pulled", json_pack("{s:s,s:s}", "session", id, "from", p->url));
