@@ -596,19 +596,14 @@ static double *tensor_at(const double *data, int rows, int cols, int stride, siz
     return (double *)(rows ? data + (k / (size_t)cols) * (size_t)stride + k % (size_t)cols : data + k);
 }
 
-/* dir/name replaced atomically with the bytes of a then b (atomicfile.h:
+/* dir/name replaced atomically with len bytes of data (atomicfile.h:
  * temporary file, fsync, rename, fsync of the directory). */
-static int save_file(const char *dir, const char *name, const void *a, size_t alen, const void *b, size_t blen,
-                     char *err, size_t errlen)
+static int save_file(const char *dir, const char *name, const void *data, size_t len, char *err, size_t errlen)
 {
     char path[1200];
     if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path)
         return nc_error(err, errlen, NC_EINVAL, "path too long: %s/%s", dir, name);
-    nc_atomicfile f;
-    int rc = atomicfile_open(&f, path, err, errlen);
-    if (rc == NC_OK && (nc_fwrite(a, 1, alen, f.f) != alen || (blen && nc_fwrite(b, 1, blen, f.f) != blen)))
-        rc = nc_error(err, errlen, NC_EIO, "%s: write failed: %s", f.tmp, strerror(errno));
-    return atomicfile_commit(&f, rc, err, errlen);
+    return atomicfile_write(path, data, len, err, errlen);
 }
 
 int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, size_t errlen)
@@ -658,7 +653,7 @@ int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, si
                 *o++ = (unsigned char)(u >> (8 * b));
         }
     }
-    int rc = save_file(dir, "gate.safetensors", buf, total, NULL, 0, err, errlen);
+    int rc = save_file(dir, "gate.safetensors", buf, total, err, errlen);
     free(buf);
     if (rc)
         return rc;
@@ -684,8 +679,16 @@ int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, si
     json_decref(j);
     if (!js)
         return nc_error(err, errlen, NC_ENOMEM, "gate.json");
-    rc = save_file(dir, "gate.json", js, strlen(js), "\n", 1, err, errlen);
-    free(js);
+    size_t n = strlen(js);
+    char *line = nc_realloc(js, n + 2);   /* the file ends with a newline */
+    if (!line) {
+        free(js);
+        return nc_error(err, errlen, NC_ENOMEM, "gate.json");
+    }
+    line[n] = '\n';
+    line[n + 1] = '\0';
+    rc = save_file(dir, "gate.json", line, n + 1, err, errlen);
+    free(line);
     return rc;
 }
 
