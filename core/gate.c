@@ -606,6 +606,24 @@ static int save_file(const char *dir, const char *name, const void *data, size_t
     return atomicfile_write(path, data, len, err, errlen);
 }
 
+/* dir/name replaced with j (NULL: out of memory) indented, ending with a
+ * newline. */
+static int save_json(const char *dir, const char *name, const json_t *j, char *err, size_t errlen)
+{
+    char *js = j ? json_dumps(j, JSON_INDENT(2)) : NULL;
+    size_t n = js ? strlen(js) : 0;
+    char *line = js ? nc_realloc(js, n + 2) : NULL;
+    if (!line) {
+        free(js);
+        return nc_error(err, errlen, NC_ENOMEM, "%s", name);
+    }
+    line[n] = '\n';
+    line[n + 1] = '\0';
+    int rc = save_file(dir, name, line, n + 1, err, errlen);
+    free(line);
+    return rc;
+}
+
 int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, size_t errlen)
 {
     /* gate.safetensors: F64 little-endian (exact doubles) */
@@ -675,20 +693,8 @@ int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, si
                           "model row 0");
     if (j && info)
         json_object_set_new(j, "fitted", json_string(info));
-    char *js = j ? json_dumps(j, JSON_INDENT(2)) : NULL;
+    rc = save_json(dir, "gate.json", j, err, errlen);
     json_decref(j);
-    if (!js)
-        return nc_error(err, errlen, NC_ENOMEM, "gate.json");
-    size_t n = strlen(js);
-    char *line = nc_realloc(js, n + 2);   /* the file ends with a newline */
-    if (!line) {
-        free(js);
-        return nc_error(err, errlen, NC_ENOMEM, "gate.json");
-    }
-    line[n] = '\n';
-    line[n + 1] = '\0';
-    rc = save_file(dir, "gate.json", line, n + 1, err, errlen);
-    free(line);
     return rc;
 }
 
