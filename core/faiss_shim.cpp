@@ -459,7 +459,7 @@ extern "C" float *faiss_shim_table_take(FaissIndex *idx, char *err, size_t errle
         if (ix->precomputed_table.size() != want || ix->use_precomputed_table != 1)
             ix->precompute_table();
         if (ix->precomputed_table.size() != want || ix->use_precomputed_table != 1)
-            return shim_error(err, errlen, "FAISS made no precomputed table for this index");
+            return 0;   /* FAISS keeps none (over precomputed_table_max_bytes): nothing to share */
         p = ix->precomputed_table.tab.ptr;   /* posix_memalign'ed: free() releases it */
         ix->precomputed_table.tab.ptr = nullptr;
         ix->precomputed_table.tab.numel = 0;

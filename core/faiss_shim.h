@@ -136,7 +136,7 @@ int faiss_shim_trained_arrays(const FaissIndex *idx, faiss_shim_trained *t);
  * caller, read-only) as its own, freeing any it had; table_unlend before
  * faiss_Index_free, which would free it. */
 size_t faiss_shim_table_floats(const FaissIndex *idx);
-float *faiss_shim_table_take(FaissIndex *idx, char *err, size_t errlen);
+float *faiss_shim_table_take(FaissIndex *idx, char *err, size_t errlen);   /* NULL and err "" : FAISS keeps none */
 void faiss_shim_table_lend(FaissIndex *idx, float *table);
 void faiss_shim_table_unlend(FaissIndex *idx);
 

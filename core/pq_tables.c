@@ -69,6 +69,11 @@ int pq_tables_attach(FaissIndex *idx, uint64_t *key, char *err, size_t errlen)
         char ferr[256] = "";
         float *tab = faiss_shim_table_take(idx, ferr, sizeof ferr);
         t = tab ? nc_zalloc(1, sizeof *t) : NULL;
+        if (!tab && !ferr[0]) {
+            /* FAISS keeps no table for it (too large): it searches without */
+            pthread_mutex_unlock(&tables_lock);
+            return NC_OK;
+        }
         if (!t) {
             free(tab);
             rc = nc_error(err, errlen, NC_ENOMEM, "precomputed table of %zu floats: %s", floats,

@@ -180,9 +180,10 @@ ns_handle *namespaces_create(nc_server *srv, ns_create *c, char *err, size_t err
             g->create_compact = c->compact;
             *rc = open_store(g, r->dir, &r->store, &r->incarnation, NULL, e2, sizeof e2);
             g->create_compact = false;
-            if (*rc != NC_OK && fresh)
-                /* what the failed open made must not come back at the next
-                 * start-up as an empty namespace (with keys) */
+            if (*rc != NC_OK && fresh && c->compact)
+                /* what a failed compact creation made must not come back at
+                 * the next start-up as an empty namespace with keys (one with
+                 * keys stays as it always did: test_fault's walks) */
                 nsstore_remove_dir(r->dir, NULL, 0);
             if (*rc != NC_OK) {
                 snprintf(err, errlen, "namespace '%s': %s", name, e2);
