@@ -94,6 +94,7 @@ typedef struct {
     nc_wordtable *words, *mem_words;
     bool vocab_stats;             /* gate features: entropy, max and argmax of each row */
     bool keep;                    /* keep every row's logits in d->logits */
+    const float *logits0;         /* row 0's logits made by the caller, or NULL (nc_doc_prep) */
 } prep_input;
 
 static int prepare(const prep_input *in, nc_doc **out, char *err, size_t errlen);
@@ -101,14 +102,21 @@ static int prepare(const prep_input *in, nc_doc **out, char *err, size_t errlen)
 int doc_prepare_ex(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
                    nc_wordtable *mem_words, bool vocab_stats, nc_doc **out, char *err, size_t errlen)
 {
-    const prep_input in = {m, s, has_h, toks, words, mem_words, vocab_stats, false};
+    const prep_input in = {m, s, has_h, toks, words, mem_words, vocab_stats, false, NULL};
+    return prepare(&in, out, err, errlen);
+}
+
+int doc_prepare_in(const nc_doc_prep *a, nc_doc **out, char *err, size_t errlen)
+{
+    const prep_input in = {a->m, a->s, a->has_h, a->toks, a->words, a->mem_words, a->m->gate != NULL, a->keep,
+                           a->has_h ? a->logits0 : NULL};
     return prepare(&in, out, err, errlen);
 }
 
 int doc_prepare_keep(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
                      nc_wordtable *mem_words, nc_doc **out, char *err, size_t errlen)
 {
-    const prep_input in = {m, s, has_h, toks, words, mem_words, m->gate != NULL, true};
+    const prep_input in = {m, s, has_h, toks, words, mem_words, m->gate != NULL, true, NULL};
     return prepare(&in, out, err, errlen);
 }
 
@@ -161,7 +169,12 @@ static int doc_logits(const prep_input *in, nc_doc *d, char *err, size_t errlen)
         float *lb = keep ? d->logits + j0 * (size_t)V : logits;
         if (keep)   /* a segment of dynamic evaluation: a few rows, decoder read in place */
             lstm_logits_rows(m, d->q + j0 * H, nb, lb);
-        else
+        else if (j0 == 0 && in->logits0 && nb <= 2) {
+            /* row 0 as the caller made it: lstm_logits, as lstm_logits_batch
+             * makes each of one or two rows, so the same bits */
+            memcpy(lb, in->logits0, (size_t)V * sizeof(float));
+            lstm_logits_batch(m, d->q + H, nb - 1, lb + V);
+        } else
             lstm_logits_batch(m, d->q + j0 * H, nb, lb);
         for (size_t r = 0; r < nb; r++) {
             const float *l = lb + r * (size_t)V;
@@ -404,6 +417,10 @@ static int block_unbounded(score_run *s, size_t b0, size_t nb, char *err, size_t
         /* its coarse search of the keys (= the queries) serves the search */
         nc_ub_add a = {.keys = Q, .words = (d->mem_ids ? d->mem_ids : d->ids) + b0, .n = nb,
                        .nprobe = s->p->nprobe, .coarse = s->ub_read ? &s->coarse : NULL};
+        /* the caller's coarse search of row 0 (a stream's predict at this h) */
+        const nc_ub_coarse *c0 = s->c->coarse0;
+        if (a.coarse && c0 && b0 == 0 && c0->n == nb && ub_coarse_copy(&s->coarse, c0, Q) == NC_OK)
+            a.coarse_made = true;
         if ((rc = unbounded_cache_add_block(s->ub, &a, &first_id, err, errlen)))
             return rc;
         for (size_t r = 0; s->ub_read && r < nb; r++)

@@ -102,16 +102,27 @@ typedef struct {
     uint64_t gen;                 /* the cache's index it was made on */
 } nc_ub_coarse;
 void ub_coarse_free(nc_ub_coarse *c);
+/* The coarse search of the n vectors x for nprobe (<= 0: the cache's) into
+ * c, under the read lock, as unbounded_cache_add_block makes it (c->n = 0
+ * when the index is flat, or on failure): a stream's predict makes it for
+ * its h, and the next feed's add of that h as a key reuses it (stream.c). */
+void unbounded_cache_coarse(nc_unbounded_cache *u, const float *x, size_t n, int nprobe, nc_ub_coarse *c);
+/* dst = src with dst->x = x (the same vectors' values at another address);
+ * NC_ENOMEM leaves dst empty (n = 0). */
+int ub_coarse_copy(nc_ub_coarse *dst, const nc_ub_coarse *src, const float *x);
 
 /* An add of n pairs (as unbounded_cache_add); with coarse non-NULL the
  * keys' coarse search for a search with this nprobe is made first (an IVF
- * index only; coarse->n = 0 otherwise) and also places the keys. */
+ * index only; coarse->n = 0 otherwise) and also places the keys; with
+ * coarse_made, coarse already holds it (unbounded_cache_coarse of the same
+ * values, coarse->x = keys) and is not made again. */
 typedef struct {
     const float *keys;
     const int *words;
     size_t n;
     int nprobe;
     nc_ub_coarse *coarse;
+    bool coarse_made;
 } nc_ub_add;
 int unbounded_cache_add_block(nc_unbounded_cache *u, const nc_ub_add *a, int64_t *first_id, char *err,
                               size_t errlen);
