@@ -412,15 +412,15 @@ static int block_unbounded(score_run *s, size_t b0, size_t nb, char *err, size_t
     const int H = d->dim, k = s->k;
     const float *Q = d->q + b0 * H;
     int rc;
+    /* the caller's coarse search of row 0 (a stream's predict at this h)
+     * serves the add and the search, as the add's own would */
+    const nc_ub_coarse *c0 = s->c ? s->c->coarse0 : NULL;
+    bool made = s->ub_read && c0 && b0 == 0 && c0->n == nb && ub_coarse_copy(&s->coarse, c0, Q) == NC_OK;
     if (s->ub_add) {
         int64_t first_id;
         /* its coarse search of the keys (= the queries) serves the search */
         nc_ub_add a = {.keys = Q, .words = (d->mem_ids ? d->mem_ids : d->ids) + b0, .n = nb,
-                       .nprobe = s->p->nprobe, .coarse = s->ub_read ? &s->coarse : NULL};
-        /* the caller's coarse search of row 0 (a stream's predict at this h) */
-        const nc_ub_coarse *c0 = s->c->coarse0;
-        if (a.coarse && c0 && b0 == 0 && c0->n == nb && ub_coarse_copy(&s->coarse, c0, Q) == NC_OK)
-            a.coarse_made = true;
+                       .nprobe = s->p->nprobe, .coarse = s->ub_read ? &s->coarse : NULL, .coarse_made = made};
         if ((rc = unbounded_cache_add_block(s->ub, &a, &first_id, err, errlen)))
             return rc;
         for (size_t r = 0; s->ub_read && r < nb; r++)
@@ -438,10 +438,17 @@ static int block_unbounded(score_run *s, size_t b0, size_t nb, char *err, size_t
             s->lim[i] = s->lim[s->row_of[i]];
         }
         const float *QS = ns == nb ? Q : s->qs;
+        /* row 0's neighbours as the caller holds them (doc.h pre0_d2) */
+        const nc_doc_caches *c = s->c;
+        bool held = !s->ub_add && c && c->pre0_d2 && c->pre0_words && b0 == 0 && nb == 1 && ns == 1;
+        if (held) {
+            memcpy(s->ud2, c->pre0_d2, (size_t)k * sizeof(float));
+            memcpy(s->uw, c->pre0_words, (size_t)k * sizeof(int));
+        }
         nc_ub_query q = {.queries = QS, .nq = ns, .k = k, .nprobe = s->p->nprobe,
                          .id_limit = s->ub_add ? s->lim : NULL, .extra = s->ub_add ? (int)nb : 0,
                          .reader = doc_reader(d, s->p), .coarse = &s->coarse, .out_d2 = s->ud2, .out_words = s->uw};
-        if (ns > 0 && (rc = unbounded_cache_query(s->ub, &q, err, errlen)))
+        if (ns > 0 && !held && (rc = unbounded_cache_query(s->ub, &q, err, errlen)))
             return rc;
         /* results to their rows, from the last (row_of[i] >= i) */
         for (size_t i = ns; i-- > 0;)

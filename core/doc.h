@@ -114,6 +114,12 @@ typedef struct {
      * the add of that row when it is the first block alone (a one-token
      * feed): the same search, not made again. */
     const nc_ub_coarse *coarse0;
+    /* Optional: row 0's k neighbours [p->knn] as its search would find them
+     * now (a stream's predict at this h, the cache unchanged since), used
+     * instead of that search when the pass does not adapt and row 0 is the
+     * first block alone. */
+    const float *pre0_d2;
+    const int *pre0_words;
     /* Optional out, for fitting a gate: per position, the gate's raw
      * features [n, NC_GATE_NFEAT] and each component's probability of the
      * target [n, NC_NCOMP] (NAN: unavailable; rows < first all NAN). */

@@ -32,6 +32,14 @@
 typedef struct {
     bool logits;                  /* s->logits = lstm_logits(wm(s), h) */
     nc_ub_coarse coarse;          /* unbounded_cache_coarse of h for p.nprobe (n = 0: none) */
+    /* the search of h (k = p.knn neighbours), while the cache is as the
+     * search saw it (count, gen): a feed that does not adapt reads them */
+    bool nb;
+    float *d2;                    /* [cap] */
+    int *words;
+    int cap;
+    int64_t count;
+    uint64_t gen;
 } stream_memo;
 
 static atomic_bool memo_off;            /* stream_memo_disable */
@@ -66,16 +74,53 @@ uint64_t stream_memo_reads(void)
     return atomic_load(&memo_reads);
 }
 
-static void memo_clear(nc_stream *s)
-{
-    s->memo.logits = false;
-    s->memo.coarse.n = 0;
-}
-
 static bool memo_on(void)
 {
     return !atomic_load_explicit(&memo_off, memory_order_relaxed);
 }
+
+static void memo_clear(nc_stream *s)
+{
+    s->memo.logits = false;
+    s->memo.coarse.n = 0;
+    s->memo.nb = false;
+}
+
+/* The search of h just made (k neighbours, of the cache at count, gen)
+ * into the memo; without room for it, none. */
+static void memo_keep_neighbours(nc_stream *s, const float *d2, const int *words, int k, int64_t count,
+                                 uint64_t gen)
+{
+    stream_memo *mo = &s->memo;
+    if (k > mo->cap) {
+        float *d = nc_realloc(mo->d2, (size_t)k * sizeof(float));
+        if (d)
+            mo->d2 = d;
+        int *w = d ? nc_realloc(mo->words, (size_t)k * sizeof(int)) : NULL;
+        if (w)
+            mo->words = w;
+        if (!d || !w)
+            return;
+        mo->cap = k;
+    }
+    memcpy(mo->d2, d2, (size_t)k * sizeof(float));
+    memcpy(mo->words, words, (size_t)k * sizeof(int));
+    mo->count = count;
+    mo->gen = gen;
+    mo->nb = true;
+}
+
+/* Whether the memo's neighbours are what a search of h would find now. */
+static bool memo_neighbours_hold(nc_stream *s)
+{
+    if (!s->memo.nb || !memo_on())
+        return false;
+    int64_t count;
+    uint64_t gen;
+    unbounded_cache_version(s->ub, &count, &gen);
+    return count == s->memo.count && gen == s->memo.gen;
+}
+
 
 /* The weights the stream predicts with: the adapted ones while dynamic
  * evaluation holds any, else the model's. */
@@ -187,6 +232,8 @@ void stream_free(nc_stream *s)
     nc_free(s->dots);
     dyneval_free(s->dyn);
     ub_coarse_free(&s->memo.coarse);
+    free(s->memo.d2);
+    free(s->memo.words);
     free(s);
 }
 
@@ -370,6 +417,11 @@ static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *lo
         nc_doc_caches c = {.neural = s->neural.size ? &s->neural : NULL,
                            .unigram = s->unigram.size ? &s->unigram : NULL,
                            .ub = s->ub, .adapt = adapt, .coarse0 = s->memo.coarse.n && memo_on() ? &s->memo.coarse : NULL};
+        if (!adapt && s->ub && s->has_h && toks->n == 1 && memo_neighbours_hold(s)) {
+            c.pre0_d2 = s->memo.d2;
+            c.pre0_words = s->memo.words;
+            atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
+        }
         rc = doc_score(d, &s->p, &c, 0, lp, err, errlen);
     }
     if (lp != logprobs)
@@ -530,10 +582,15 @@ static int unbounded_neighbours(nc_stream *s, const float *h, nc_mix_input *in, 
         unbounded_cache_coarse(s->ub, h, 1, s->p.nprobe, &s->memo.coarse);
     else if (memo_on())
         atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
+    int64_t count = 0;
+    uint64_t gen = 0;
     nc_ub_query q = {.queries = h, .nq = 1, .k = k, .nprobe = s->p.nprobe, .reader = stream_ub_reader(s),
                      .coarse = memo_on() && s->memo.coarse.n ? &s->memo.coarse : NULL, .out_d2 = *d2,
-                     .out_words = *words, .out_ids = ids ? *ids : NULL};
-    return unbounded_cache_query(s->ub, &q, err, errlen);
+                     .out_words = *words, .out_ids = ids ? *ids : NULL, .out_count = &count, .out_gen = &gen};
+    int rc = unbounded_cache_query(s->ub, &q, err, errlen);
+    if (!rc && memo_on())
+        memo_keep_neighbours(s, *d2, *words, k, count, gen);
+    return rc;
 }
 
 int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dist *out, char *err,

@@ -587,6 +587,10 @@ int unbounded_cache_query(nc_unbounded_cache *u, const nc_ub_query *qr, char *er
      * index: readers with different nprobe search side by side under the
      * read lock, and only adds and the switch write */
     pthread_rwlock_rdlock(&u->lock);
+    if (qr->out_count)
+        *qr->out_count = (int64_t)u->nvalues;
+    if (qr->out_gen)
+        *qr->out_gen = u->gen;
     const int np = nprobe > 0 ? nprobe : u->nprobe;
     idx_t ntotal = faiss_Index_ntotal(u->idx);
     if (ntotal == 0)
@@ -659,6 +663,14 @@ void unbounded_cache_scan_stats(nc_unbounded_cache *u, uint64_t *queries, uint64
 {
     *queries = atomic_load(&u->nsearched);
     *codes = atomic_load(&u->ndis);
+}
+
+void unbounded_cache_version(nc_unbounded_cache *u, int64_t *count, uint64_t *gen)
+{
+    pthread_rwlock_rdlock(&u->lock);
+    *count = (int64_t)u->nvalues;
+    *gen = u->gen;
+    pthread_rwlock_unlock(&u->lock);
 }
 
 int64_t unbounded_cache_count(nc_unbounded_cache *u)

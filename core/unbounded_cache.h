@@ -140,6 +140,8 @@ typedef struct {
     float *out_d2;
     int *out_words;
     int64_t *out_ids;             /* or NULL */
+    int64_t *out_count;           /* or NULL: the pairs the index held (the answer's version, */
+    uint64_t *out_gen;            /* with the index's generation; unbounded_cache_version) */
 } nc_ub_query;
 int unbounded_cache_query(nc_unbounded_cache *u, const nc_ub_query *q, char *err, size_t errlen);
 
@@ -168,6 +170,10 @@ void unbounded_cache_set_search_hook(nc_unbounded_cache *u, unbounded_cache_sear
 void unbounded_cache_scan_stats(nc_unbounded_cache *u, uint64_t *queries, uint64_t *codes);
 
 int64_t unbounded_cache_count(nc_unbounded_cache *u);        /* pairs stored */
+/* The pairs stored and the generation of the index (+1 each time it is
+ * replaced): a search's answer holds while both are as it saw them
+ * (nc_ub_query.out_count / out_gen), the memory only growing by adds. */
+void unbounded_cache_version(nc_unbounded_cache *u, int64_t *count, uint64_t *gen);
 bool unbounded_cache_is_exact(nc_unbounded_cache *u);        /* still on the flat index */
 int unbounded_cache_dim(const nc_unbounded_cache *u);
 nc_wordtable *unbounded_cache_words(nc_unbounded_cache *u);  /* NULL in closed vocabulary */

@@ -357,7 +357,8 @@ TEST(causality_f16_keys)
 /* One request sequence on a stream reading and adapting an unbounded cache
  * (ivf: IVF8,PQ4x4 from template tpl, else flat): predicts (full
  * distribution with shares, sometimes twice in a row), one-, two- and
- * three-token feeds, a settings change and a reset, with the memo of
+ * three-token feeds (adapting or not), pairs added by another writer
+ * between a predict and a feed, a settings change and a reset, with the memo of
  * stream.c on or forced off. Every predicted float and fed log-probability
  * is appended to out (its bytes are compared). */
 static size_t memo_run(nc_model *m, const char *tpl, const float *base, const int *bw, size_t nbase,
@@ -397,7 +398,10 @@ static size_t memo_run(nc_model *m, const char *tpl, const float *base, const in
         n = i + n < doc->n ? n : doc->n - i;
         double lp[3];
         nc_tokens sl = slice(doc, i, i + n);
-        CHECKF(stream_feed(st, &sl, true, lp, err, sizeof err) == NC_OK, "%s", err);
+        if (i % 13 == 6)   /* another writer between the predict and the feed: h itself, the nearest */
+            CHECK(unbounded_cache_add(u, stream_h(st), bw + i % nbase, 1, NULL, err, sizeof err) == NC_OK);
+        /* a third of the feeds read without adding (the memo's neighbours) */
+        CHECKF(stream_feed(st, &sl, i % 3 != 1, lp, err, sizeof err) == NC_OK, "%s", err);
         memcpy(out + len, lp, n * sizeof(double));
         len += n * sizeof(double);
         i += n;
