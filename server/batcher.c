@@ -164,9 +164,8 @@ static void run_jobs(batch_worker *w, int nrun)
         if (w->row[i] >= 0 && (!gemm || w->row[i] >= (int)nshared))
             stream_keep_logits(run[i]->s->stream, w->L + (size_t)w->row[i] * V);
     for (int i = 0; i < nrun; i++)
-        run[i]->run(run[i], w->row[i] >= 0 ? w->L + (size_t)w->row[i] * V : NULL);
-    /* (no h, or the memo's logits: NULL, and the job's own stream_predict
-     * reports it or reads the memo) */
+        run[i]->run(run[i], w->row[i] >= 0 ? w->L + (size_t)w->row[i] * V : stream_memo_logits(run[i]->s->stream));
+    /* (no h: NULL, and the job's own stream_predict reports it) */
 }
 
 static void *batch_thread(void *arg)
