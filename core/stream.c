@@ -706,6 +706,8 @@ size_t stream_memory(const nc_stream *s)
         m += wordtable_memory(s->words);
     if (s->dyn)
         m += dyneval_memory(s->dyn);
+    /* the memo: its logits are s->logits, above */
+    m += s->memo.coarse.cap * (sizeof(float) + sizeof(int64_t)) + (size_t)s->memo.cap * (sizeof(float) + sizeof(int));
     return m;
 }
 
