@@ -108,6 +108,33 @@ static nc_unbounded_cache *ub_make(int dim, const char *trained, const float *ba
     return u;
 }
 
+/* Every cache on: windows of 40 and 25, k 16 over 3 probes. */
+static void all_caches(nc_cache_params *p)
+{
+    cache_params_default(p);
+    p->neural_size = 40;
+    p->neural_theta = 0.7f;
+    p->neural_lambda = 0.2f;
+    p->unigram_size = 25;
+    p->unigram_lambda = 0.1f;
+    p->unbounded = true;
+    p->knn = 16;
+    p->nprobe = 3;
+    p->unbounded_lambda = 0.3f;
+}
+
+/* n random pairs of dimension H (keys N(0, 0.3^2), words in [0, 50)),
+ * malloc'ed. */
+static void random_pairs(int H, size_t n, float **keys, int **words)
+{
+    *keys = malloc(n * H * sizeof(float));
+    *words = malloc(n * sizeof(int));
+    for (size_t i = 0; i < n * H; i++)
+        (*keys)[i] = 0.3f * gauss();
+    for (size_t i = 0; i < n; i++)
+        (*words)[i] = (int)(rnd() % 50);
+}
+
 static void causality(bool ivf)
 {
     nc_model *m = load_fixture();
@@ -116,12 +143,9 @@ static void causality(bool ivf)
     const int H = m->cfg.hidden_size;
     char err[NC_ERRLEN], tpl[] = "/tmp/nc_test_tplXXXXXX";
     size_t nbase = 1200;
-    float *base = malloc(nbase * H * sizeof(float));
-    int *bw = malloc(nbase * sizeof(int));
-    for (size_t i = 0; i < nbase * H; i++)
-        base[i] = 0.3f * gauss();
-    for (size_t i = 0; i < nbase; i++)
-        bw[i] = (int)(rnd() % 50);
+    float *base;
+    int *bw;
+    random_pairs(H, nbase, &base, &bw);
     if (ivf) {
         int fd = mkstemp(tpl);
         close(fd);
@@ -130,16 +154,7 @@ static void causality(bool ivf)
     nc_tokens doc;
     make_doc(m, 300, &doc);
     nc_cache_params p;
-    cache_params_default(&p);
-    p.neural_size = 40;
-    p.neural_theta = 0.7f;
-    p.neural_lambda = 0.2f;
-    p.unigram_size = 25;
-    p.unigram_lambda = 0.1f;
-    p.unbounded = true;
-    p.knn = 16;
-    p.nprobe = 3;
-    p.unbounded_lambda = 0.3f;
+    all_caches(&p);
 
     double *a = malloc(doc.n * sizeof(double)), *b = malloc(doc.n * sizeof(double)),
            *c = malloc(doc.n * sizeof(double));
@@ -367,16 +382,7 @@ static size_t memo_run(nc_model *m, const char *tpl, const float *base, const in
     const int H = m->cfg.hidden_size;
     char err[NC_ERRLEN];
     nc_cache_params p;
-    cache_params_default(&p);
-    p.neural_size = 40;
-    p.neural_theta = 0.7f;
-    p.neural_lambda = 0.2f;
-    p.unigram_size = 25;
-    p.unigram_lambda = 0.1f;
-    p.unbounded = true;
-    p.knn = 16;
-    p.nprobe = 3;
-    p.unbounded_lambda = 0.3f;
+    all_caches(&p);
     nc_unbounded_cache *u = ub_make(H, tpl, base, bw, nbase);
     nc_stream *st = NULL;
     CHECK(stream_new(m, &p, u, NULL, true, &st, err, sizeof err) == NC_OK);
@@ -430,12 +436,9 @@ TEST(stream_memo_bit_identical)
     const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
     char tpl[] = "/tmp/nc_test_tplXXXXXX";
     size_t nbase = 1200;
-    float *base = malloc(nbase * H * sizeof(float));
-    int *bw = malloc(nbase * sizeof(int));
-    for (size_t i = 0; i < nbase * H; i++)
-        base[i] = 0.3f * gauss();
-    for (size_t i = 0; i < nbase; i++)
-        bw[i] = (int)(rnd() % 50);
+    float *base;
+    int *bw;
+    random_pairs(H, nbase, &base, &bw);
     int fd = mkstemp(tpl);
     close(fd);
     write_template("IVF8,PQ4x4", H, base, nbase, tpl);
