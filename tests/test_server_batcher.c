@@ -76,33 +76,48 @@ static void wait_completed(int n)
     pthread_mutex_unlock(&mu);
 }
 
-TEST(batches_match_unbatched)
+/* The fixture model and the sessions' settings (a neural window of 20,
+ * a unigram one of 10). */
+static nc_model *load_fixture(nc_cache_params *p)
 {
     char dir[600], err[NC_ERRLEN];
     snprintf(dir, sizeof dir, "%s/lstm-2layer", harness_fixtures());
     nc_model *m = NULL;
     CHECKF(model_load(dir, &m, err, sizeof err) == NC_OK, "%s", err);
-    if (!m) return;
+    cache_params_default(p);
+    p->neural_size = 20;
+    p->neural_lambda = 0.3f;
+    p->unigram_size = 10;
+    return m;
+}
+
+/* A session on m with p, text fed (none when empty). */
+static void session_fed(nc_session *s, nc_model *m, const nc_cache_params *p, const char *text)
+{
+    char err[NC_ERRLEN];
+    pthread_mutex_init(&s->lock, NULL);
+    CHECK(stream_new(m, p, NULL, NULL, true, &s->stream, err, sizeof err) == NC_OK);
+    if (!*text)
+        return;
+    nc_tokens t;
+    tokens_init(&t);
+    CHECK(tokenize(m, text, strlen(text), false, &t, err, sizeof err) == NC_OK);
+    CHECK(stream_feed(s->stream, &t, false, NULL, err, sizeof err) == NC_OK);
+    tokens_clear(&t);
+}
+
+TEST(batches_match_unbatched)
+{
+    char err[NC_ERRLEN];
     nc_cache_params p;
-    cache_params_default(&p);
-    p.neural_size = 20;
-    p.neural_lambda = 0.3f;
-    p.unigram_size = 10;
+    nc_model *m = load_fixture(&p);
+    if (!m) return;
     static const char *texts[NS] = {"w1 w2 w3", "w4 w5 w4 w5", "w7\nw8", "w10 w11 w12", "w1 w14 w15",
                                     "w15 w15", "w16 w17\n", "w18 w19 w20 w18"};
     nc_session s[NS + 1];
     memset(s, 0, sizeof s);
-    for (int i = 0; i <= NS; i++) {
-        pthread_mutex_init(&s[i].lock, NULL);
-        CHECK(stream_new(m, &p, NULL, NULL, true, &s[i].stream, err, sizeof err) == NC_OK);
-        if (i < NS) {
-            nc_tokens t;
-            tokens_init(&t);
-            CHECK(tokenize(m, texts[i], strlen(texts[i]), false, &t, err, sizeof err) == NC_OK);
-            CHECK(stream_feed(s[i].stream, &t, false, NULL, err, sizeof err) == NC_OK);
-            tokens_clear(&t);
-        }
-    }
+    for (int i = 0; i <= NS; i++)
+        session_fed(&s[i], m, &p, i < NS ? texts[i] : "");
     batcher *b = batcher_new(m, 1, 64);
     CHECK(b != NULL);
     if (!b) return;
@@ -226,26 +241,13 @@ static void memo_sequence(batcher *b, nc_session *s, float **p1, float **p2, siz
 
 TEST(batched_memo_bit_identical)
 {
-    char dir[600], err[NC_ERRLEN];
-    snprintf(dir, sizeof dir, "%s/lstm-2layer", harness_fixtures());
-    nc_model *m = NULL;
-    CHECKF(model_load(dir, &m, err, sizeof err) == NC_OK, "%s", err);
-    if (!m) return;
     nc_cache_params p;
-    cache_params_default(&p);
-    p.neural_size = 20;
-    p.neural_lambda = 0.3f;
+    nc_model *m = load_fixture(&p);
+    if (!m) return;
     nc_session s[2];
     memset(s, 0, sizeof s);
-    for (int i = 0; i < 2; i++) {
-        pthread_mutex_init(&s[i].lock, NULL);
-        CHECK(stream_new(m, &p, NULL, NULL, true, &s[i].stream, err, sizeof err) == NC_OK);
-        nc_tokens t;
-        tokens_init(&t);
-        CHECK(tokenize(m, "w1 w2 w3 w4", 11, false, &t, err, sizeof err) == NC_OK);
-        CHECK(stream_feed(s[i].stream, &t, false, NULL, err, sizeof err) == NC_OK);
-        tokens_clear(&t);
-    }
+    for (int i = 0; i < 2; i++)
+        session_fed(&s[i], m, &p, "w1 w2 w3 w4");
     batcher *b = batcher_new(m, 1, 64);
     CHECK(b != NULL);
     if (!b) return;
