@@ -64,6 +64,20 @@ const nc_model *stream_model(const nc_stream *s);
 int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dist *out, char *err,
                           size_t errlen);
 
+/* The memo of the model's output at the stream's h (stream.c): the
+ * decoder logits a predict made (NULL when none, or the memo is off), which
+ * a caller batching predicts uses instead of making that row again. */
+const float *stream_memo_logits(const nc_stream *s);
+/* logits = lstm_logits(stream_model(s), stream_h(s)), made by the caller
+ * (a batch's GEMV of this row -- not a GEMM, whose sums round otherwise):
+ * kept as the memo, for the next feed's score at h. */
+void stream_keep_logits(nc_stream *s, const float *logits);
+/* Process-wide, for tests and measurements: off, nothing is memoised
+ * (answers are the same to the bit either way). stream_memo_reads counts
+ * the memo's uses since the process started. */
+void stream_memo_disable(bool off);
+uint64_t stream_memo_reads(void);
+
 /* Explain of the next-word distribution at the stream's h (NC_ESTATE
  * without one): for each of the k words ids[q], into out[q * NC_EXPLAIN_ROWS
  * * per_source ...] and counts[q], the pairs that give it weight > 0 -- the
