@@ -33,6 +33,8 @@ struct nc_stream {
     float *dots;                  /* [neural.size] scratch */
     nc_dyneval *dyn;              /* dynamic evaluation's adapted weights, or NULL (the trained
                                    * ones: dyn_lr 0 and nothing left to decay) */
+    double *gate_f, *gate_pc;     /* stream_gate_sink's arrays (fit-gate), or NULL */
+    int64_t gate_pos0;            /* the position their row 0 is of */
 };
 
 /* The weights the stream predicts with: the adapted ones while dynamic
@@ -307,8 +309,12 @@ static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *lo
         return nc_error(err, errlen, NC_ENOMEM, "stream state");
     lstm_state_copy(st, s->st);
     nc_wordtable *words = s->p.open_vocab ? s->words : NULL, *mem = adapt && s->ub ? unbounded_cache_words(s->ub) : NULL;
-    int rc = logits ? doc_prepare_keep(wm(s), st, s->has_h, toks, words, mem, &d, err, errlen)
-                    : doc_prepare(wm(s), st, s->has_h, toks, words, mem, &d, err, errlen);
+    /* the gate sink needs p_vocab's statistics, which only the pass without
+     * kept logits computes for a model without a gate (the step then runs
+     * its own decoder pass) */
+    const bool keep = logits && !s->gate_f, vstats = wm(s)->gate != NULL || s->gate_f;
+    int rc = keep ? doc_prepare_keep(wm(s), st, s->has_h, toks, words, mem, &d, err, errlen)
+                  : doc_prepare_ex(wm(s), st, s->has_h, toks, words, mem, vstats, &d, err, errlen);
     double *lp = logprobs;
     if (!rc && !lp) {
         lp = nc_malloc(toks->n * sizeof(double));
@@ -316,9 +322,12 @@ static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *lo
             rc = nc_error(err, errlen, NC_ENOMEM, "log-probabilities");
     }
     if (!rc) {
+        const size_t row = (size_t)(s->pos - s->gate_pos0);
         nc_doc_caches c = {.neural = s->neural.size ? &s->neural : NULL,
                            .unigram = s->unigram.size ? &s->unigram : NULL,
-                           .ub = s->ub, .adapt = adapt};
+                           .ub = s->ub, .adapt = adapt,
+                           .gate_f = s->gate_f ? s->gate_f + row * NC_GATE_NFEAT : NULL,
+                           .gate_pc = s->gate_f ? s->gate_pc + row * NC_NCOMP : NULL};
         rc = doc_score(d, &s->p, &c, 0, lp, err, errlen);
     }
     if (lp != logprobs)
@@ -379,6 +388,13 @@ int stream_feed(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprob
         }
     }
     return rc;
+}
+
+void stream_gate_sink(nc_stream *s, double *f, double *pc)
+{
+    s->gate_f = f && pc ? f : NULL;
+    s->gate_pc = f && pc ? pc : NULL;
+    s->gate_pos0 = s->pos;
 }
 
 int stream_word_id(nc_stream *s, const char *word, size_t len)

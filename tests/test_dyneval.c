@@ -533,6 +533,58 @@ TEST(causal)
     model_free(m);
 }
 
+/* stream_gate_sink (fit-gate with dynamic evaluation): each fed token's
+ * row holds the adapted model's probability of it. With no cache the
+ * stream's log-probability is that of the model component, so
+ * exp(lp) = pc[model] up to one rounding of exp and the float softmax's
+ * own (~1e-7 relative; bound 1e-6). Fed in two pieces that split a segment,
+ * the rows follow the positions; the scores with the sink on equal those
+ * without within the recorded-vs-own forward pass's rounding (the sink
+ * turns the kept logits off; ~1e-6 relative through a 7-step chain, as in
+ * recorded_forward_matches_own_forward; bound 2e-5). And the features are
+ * written (finite) for every scored token. */
+TEST(gate_sink_rows_are_the_adapted_model)
+{
+    char err[NC_ERRLEN];
+    nc_model *m = load("lstm-2layer");
+    if (!m)
+        return;
+    attach_stats(m);
+    nc_tokens t;
+    lcg = 7;
+    make_toks(m, 100, &t);
+    nc_cache_params p = dyn_params(0.2f, NC_DYN_LSTM);
+    nc_stream *a = NULL, *b = NULL;
+    stream_new(m, &p, NULL, NULL, true, &a, err, sizeof err);
+    stream_new(m, &p, NULL, NULL, true, &b, err, sizeof err);
+    double *f = malloc(100 * NC_GATE_NFEAT * sizeof(double)), *pc = malloc(100 * NC_NCOMP * sizeof(double));
+    double la[100], lb[100];
+    for (size_t i = 0; i < 100 * NC_NCOMP; i++)
+        pc[i] = NAN;
+    stream_gate_sink(a, f, pc);
+    feed(a, &t, 0, 38, la);
+    feed(a, &t, 38, 100, la + 38);
+    feed(b, &t, 0, 100, lb);
+    size_t bad = 0, off = 0, nonfinite = 0;
+    for (size_t i = 0; i < 100; i++) {
+        double pm = pc[i * NC_NCOMP + NC_COMP_MODEL];
+        bad += !(fabs(exp(la[i]) - pm) <= 1e-6 * pm);
+        off += !(fabs(la[i] - lb[i]) <= 2e-5);
+        for (int k = 0; k < NC_GATE_NFEAT; k++)
+            nonfinite += !isfinite(f[i * NC_GATE_NFEAT + k]) && k < NC_GATE_NPRE;
+    }
+    CHECKF(bad == 0, "%zu of 100 rows are not the adapted model's probability", bad);
+    CHECKF(off == 0, "%zu of 100 scores moved with the sink on", off);
+    CHECKF(nonfinite == 0, "%zu pre-search features not written", nonfinite);
+    CHECK(stream_model(a) != m);   /* it adapted */
+    free(f);
+    free(pc);
+    stream_free(a);
+    stream_free(b);
+    tokens_clear(&t);
+    model_free(m);
+}
+
 TEST(export_import_and_rescore)
 {
     char err[NC_ERRLEN];
@@ -864,6 +916,7 @@ int main(void)
     RUN(lr_zero_is_today_and_decay_returns);
     RUN(recorded_forward_matches_own_forward);
     RUN(causal);
+    RUN(gate_sink_rows_are_the_adapted_model);
     RUN(export_import_and_rescore);
     RUN(refuses_without_statistics);
     RUN(cli_stats_and_score);
