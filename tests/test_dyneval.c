@@ -84,6 +84,15 @@ static void attach_stats(nc_model *m)
     m->dyn_ms = ms;
 }
 
+/* The two-layer fixture with its statistics attached, or NULL. */
+static nc_model *load_with_stats(void)
+{
+    nc_model *m = load("lstm-2layer");
+    if (m)
+        attach_stats(m);
+    return m;
+}
+
 /* State after a few tokens (bos eos first). */
 static nc_state *state_after(const nc_model *m, int k)
 {
@@ -357,10 +366,9 @@ static int feed(nc_stream *s, const nc_tokens *t, size_t a, size_t b, double *lp
 TEST(lr_zero_is_today_and_decay_returns)
 {
     char err[NC_ERRLEN];
-    nc_model *m = load("lstm-2layer");
+    nc_model *m = load_with_stats();
     if (!m)
         return;
-    attach_stats(m);
     nc_tokens t;
     make_toks(m, 300, &t);
     nc_cache_params p0, p1 = dyn_params(0.0f, NC_DYN_LSTM);
@@ -425,10 +433,9 @@ TEST(lr_zero_is_today_and_decay_returns)
 TEST(recorded_forward_matches_own_forward)
 {
     char err[NC_ERRLEN];
-    nc_model *m = load("lstm-2layer");
+    nc_model *m = load_with_stats();
     if (!m)
         return;
-    attach_stats(m);
     for (int subset = NC_DYN_BIAS; subset <= NC_DYN_ALL; subset++) {
         nc_tokens t;
         lcg = 7;
@@ -486,10 +493,9 @@ TEST(recorded_forward_matches_own_forward)
 TEST(causal)
 {
     char err[NC_ERRLEN];
-    nc_model *m = load("lstm-2layer");
+    nc_model *m = load_with_stats();
     if (!m)
         return;
-    attach_stats(m);
     for (int subset = NC_DYN_BIAS; subset <= NC_DYN_ALL; subset++) {
         nc_tokens t, u;
         lcg = 99;
@@ -546,10 +552,9 @@ TEST(causal)
 TEST(gate_sink_rows_are_the_adapted_model)
 {
     char err[NC_ERRLEN];
-    nc_model *m = load("lstm-2layer");
+    nc_model *m = load_with_stats();
     if (!m)
         return;
-    attach_stats(m);
     nc_tokens t;
     lcg = 7;
     make_toks(m, 100, &t);
