@@ -732,6 +732,25 @@ TEST(cli_stats_and_score)
     }
     CHECKF(p && pclose(p) == 0, "score failed");
     CHECKF(i == t.n && bad == 0, "%zu lines for %zu tokens, %zu differ", i, t.n, bad);
+    /* fit-gate with dynamic evaluation fits on the adapted session's
+     * mixture: the constant-λ perplexity it prints is that of a stream with
+     * the same knobs (printed %.3f: within 5e-4 + the sums' rounding) */
+    stream_free(s);
+    q.neural_size = 20;
+    stream_new(m, &q, NULL, NULL, true, &s, err, sizeof err);
+    feed(s, &t, 0, t.n, lp);
+    double sum = 0;
+    for (size_t j = 0; j < t.n; j++)
+        sum += lp[j];
+    double want = exp(-sum / (double)t.n), got = NAN;
+    snprintf(cmd, sizeof cmd, "%s/neurocache fit-gate --model %s --valid %s --neural-size 20 --dyn-lr 0.1 "
+             "--dyn-segment 9 --dyn-params 2 --iters 5 --out %s 2>/dev/null", bin, dir, path, dir);
+    p = popen(cmd, "r");
+    while (p && fgets(line, sizeof line, p))
+        if (strncmp(line, "constant: perplexity ", 21) == 0)
+            got = atof(line + 21);
+    CHECKF(p && pclose(p) == 0, "fit-gate failed");
+    CHECKF(fabs(got - want) <= 1e-3, "fit-gate's constant perplexity %.4f, the session's %.4f", got, want);
     free(lp);
     stream_free(s);
     tokens_clear(&t);
