@@ -84,7 +84,7 @@ static size_t block_rows(size_t n, size_t first)
     return rows < DOC_LOGIT_BLOCK ? rows : DOC_LOGIT_BLOCK;
 }
 
-/* What prepare works from: doc_prepare_ex's and doc_prepare_keep's
+/* What prepare works from: doc_prepare_ex's and doc_prepare_in's
  * arguments, one struct so that its pieces share them. */
 typedef struct {
     const nc_model *m;
@@ -108,15 +108,8 @@ int doc_prepare_ex(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *
 
 int doc_prepare_in(const nc_doc_prep *a, nc_doc **out, char *err, size_t errlen)
 {
-    const prep_input in = {a->m, a->s, a->has_h, a->toks, a->words, a->mem_words, a->m->gate != NULL, a->keep,
-                           a->has_h ? a->logits0 : NULL};
-    return prepare(&in, out, err, errlen);
-}
-
-int doc_prepare_keep(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
-                     nc_wordtable *mem_words, nc_doc **out, char *err, size_t errlen)
-{
-    const prep_input in = {m, s, has_h, toks, words, mem_words, m->gate != NULL, true, NULL};
+    const prep_input in = {a->m, a->s, a->has_h, a->toks, a->words, a->mem_words, a->vocab_stats || a->m->gate,
+                           a->keep, a->has_h ? a->logits0 : NULL};
     return prepare(&in, out, err, errlen);
 }
 

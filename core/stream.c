@@ -62,6 +62,8 @@ struct nc_stream {
     nc_dyneval *dyn;              /* dynamic evaluation's adapted weights, or NULL (the trained
                                    * ones: dyn_lr 0 and nothing left to decay) */
     stream_memo memo;
+    double *gate_f, *gate_pc;     /* stream_gate_sink's arrays (fit-gate), or NULL */
+    int64_t gate_pos0;            /* the position their row 0 is of */
 };
 
 void stream_memo_disable(bool off)
@@ -400,10 +402,13 @@ static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *lo
     lstm_state_copy(st, s->st);
     nc_wordtable *words = s->p.open_vocab ? s->words : NULL, *mem = adapt && s->ub ? unbounded_cache_words(s->ub) : NULL;
     /* the memo of the predict at this h (doc_prepare_in: used where it is
-     * the same to the bit) */
+     * the same to the bit); the gate sink needs p_vocab's statistics, which
+     * only the pass without kept logits computes for a model without a gate
+     * (the step then runs its own decoder pass) */
     const bool memo = s->memo.logits && memo_on() && s->has_h && !logits;
     nc_doc_prep in = {.m = wm(s), .s = st, .has_h = s->has_h, .toks = toks, .words = words, .mem_words = mem,
-                      .keep = logits != NULL, .logits0 = memo ? s->logits : NULL};
+                      .keep = logits != NULL && !s->gate_f, .vocab_stats = s->gate_f != NULL,
+                      .logits0 = memo ? s->logits : NULL};
     int rc = doc_prepare_in(&in, &d, err, errlen);
     if (memo && toks->n <= 2)
         atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
@@ -414,9 +419,13 @@ static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *lo
             rc = nc_error(err, errlen, NC_ENOMEM, "log-probabilities");
     }
     if (!rc) {
+        const size_t row = (size_t)(s->pos - s->gate_pos0);
         nc_doc_caches c = {.neural = s->neural.size ? &s->neural : NULL,
                            .unigram = s->unigram.size ? &s->unigram : NULL,
-                           .ub = s->ub, .adapt = adapt, .coarse0 = s->memo.coarse.n && memo_on() ? &s->memo.coarse : NULL};
+                           .ub = s->ub, .adapt = adapt,
+                           .coarse0 = s->memo.coarse.n && memo_on() ? &s->memo.coarse : NULL,
+                           .gate_f = s->gate_f ? s->gate_f + row * NC_GATE_NFEAT : NULL,
+                           .gate_pc = s->gate_f ? s->gate_pc + row * NC_NCOMP : NULL};
         if (!adapt && s->ub && s->has_h && toks->n == 1 && memo_neighbours_hold(s)) {
             c.pre0_d2 = s->memo.d2;
             c.pre0_words = s->memo.words;
@@ -497,6 +506,13 @@ static int feed_parts(nc_stream *s, const nc_tokens *toks, bool adapt, double *l
         }
     }
     return rc;
+}
+
+void stream_gate_sink(nc_stream *s, double *f, double *pc)
+{
+    s->gate_f = f && pc ? f : NULL;
+    s->gate_pc = f && pc ? pc : NULL;
+    s->gate_pos0 = s->pos;
 }
 
 int stream_word_id(nc_stream *s, const char *word, size_t len)

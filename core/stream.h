@@ -45,6 +45,13 @@ const nc_cache_params *stream_params(const nc_stream *s);
 int stream_feed(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprobs,
                 char *err, size_t errlen);
 
+/* From now on each token stream_feed scores writes the gate's data of it
+ * (doc.h's nc_doc_caches.gate_f/gate_pc: its features, each component's
+ * probability) into row (position - the position now) of f [n, NC_GATE_NFEAT]
+ * and pc [n, NC_NCOMP], which the caller sizes for what it feeds: fit-gate
+ * fitting on the adapted model's predictions. NULL: off. */
+void stream_gate_sink(nc_stream *s, double *f, double *pc);
+
 /* The full next-word distribution over [0, n) with n = V + open-vocabulary
  * words known to the stream's table (closed vocabulary: n = V); shares: each
  * component's part too. Does not change the stream. NC_ESTATE if the stream
