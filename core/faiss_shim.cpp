@@ -2,17 +2,23 @@
 #include "faiss_shim.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <vector>
+
+#include <cblas.h>
+#include <immintrin.h>
 
 #include <faiss/Index.h>
 #include <faiss/IndexFlat.h>
 #include <faiss/IndexIVF.h>
 #include <faiss/IndexIVFFastScan.h>
 #include <faiss/IndexIVFPQ.h>
+#include <faiss/VectorTransform.h>
 #include <faiss/invlists/InvertedLists.h>
 #include <faiss/utils/distances.h>
 #include <faiss/utils/utils.h>
@@ -178,6 +184,354 @@ uint64_t scan_query(const faiss::IndexIVFPQ *ix, const float *x, const float *cd
 
 } // namespace
 
+/* ---- the coarse quantizer's pruned exact search (faiss_shim_cq_*) ----
+ *
+ * The bound. P: the dp top principal axes of the centroids (rows of an
+ * orthonormal [dp, d] matrix), R = I - P^T P the projection on their
+ * orthogonal complement, mu the centroids' mean, x' = x - mu, c' = c - mu.
+ * Since P^T P and R are complementary orthogonal projections,
+ *   ||x - c||^2 = ||P(x - c)||^2 + ||R(x - c)||^2,
+ * and R(x - c) = R x' - R c', so by the reverse triangle inequality
+ * ||R(x - c)|| >= | ||R x'|| - ||R c'|| |; hence
+ *   ||x - c||^2 >= ||P x' - P c'||^2 + (||R x'|| - ||R c'||)^2 =: L(x, c).
+ * The first term is computed for a block of queries as one GEMM [B, dp] x
+ * [dp, nlist] (||Px'||^2 + ||Pc'||^2 - 2 <Px', Pc'>), the second from norms.
+ *
+ * Rounding. The axes are orthonormal to 1e-4 (checked at build: P P^T =
+ * I + E with dp max|E| <= 1e-4), which breaks the split above by at most
+ * |v^T P^T E P v| <= 1e-4 ||v||^2 (v = x - c, ||v||^2 <= 2 (||x'||^2 +
+ * ||c'||^2)); the triangle inequality holds for any linear R. Every term of
+ * L is computed in float from sums of <= d + dp products, |error| <= (d +
+ * dp) 2^-24 ~ 2e-5 of ||x'||^2 + ||c'||^2 (the residual norms from the
+ * residuals themselves, not as differences of squares); and fvec_L2sqr is
+ * the true distance within d 2^-24 = 1.5e-5 of it. So with
+ *   Ls = L - 1e-3 (||x'||^2 + ||c'||^2)
+ * (three times the sum of those errors), Ls > t implies fvec_L2sqr(x, c) >
+ * t: a centroid whose Ls exceeds the np-th best exact distance found cannot
+ * be among the np best, not even tied (ties break by list as in a full
+ * loop). The search computes exact distances for the np smallest bounds,
+ * then for every other centroid whose bound does not exceed the np-th best
+ * so far (it only falls): its result is the full loop's, to the bit -- the
+ * lists and distances FAISS's flat search gives fewer than 20 queries. */
+struct faiss_shim_cq {
+    const faiss::IndexIVF *ix;  /* the index it serves */
+    const float *cent;          /* [nlist, d] the flat quantizer's centroids (the index's) */
+    size_t d, dp, nlist;
+    std::vector<float> mean;    /* [d] */
+    std::vector<float> P;       /* [dp, d] principal axes, rows */
+    std::vector<float> pc;      /* [nlist, dp] P c' */
+    std::vector<float> pcn;     /* [nlist] ||P c'||^2 - 1e-3 ||c'||^2 (the margin's share) */
+    std::vector<float> rc;      /* [nlist] ||R c'|| */
+    mutable std::atomic<uint64_t> queries{0}, exact{0};
+};
+
+namespace {
+
+const float CQ_MARGIN = 1e-3f;   /* relative, of ||x'||^2 + ||c'||^2: see above */
+const size_t CQ_BLOCK = 64;      /* queries a GEMM: G is [64, nlist] floats (1 MB at 4,096) */
+
+/* rows [n, d] minus mean, projected: xc [n, d] = x - mean, y [n, dp] = xc P^T;
+ * xn[i] = ||xc_i||^2, yn[i] = ||y_i||^2, r[i] = ||xc_i - P^T y_i|| (the
+ * residual's norm computed from the residual itself, in double) */
+void cq_project(const faiss_shim_cq *cq, size_t n, const float *x, std::vector<float> &xc, std::vector<float> &y,
+                std::vector<float> &back, double *xn, double *yn, double *r)
+{
+    const size_t d = cq->d, dp = cq->dp;
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < d; j++)
+            xc[i * d + j] = x[i * d + j] - cq->mean[j];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)dp, (int)d, 1.0f, xc.data(), (int)d,
+                cq->P.data(), (int)d, 0.0f, y.data(), (int)dp);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)dp, 1.0f, y.data(), (int)dp,
+                cq->P.data(), (int)d, 0.0f, back.data(), (int)d);
+    for (size_t i = 0; i < n; i++) {
+        double a = 0, b = 0, c = 0;
+        for (size_t j = 0; j < d; j++) {
+            double v = xc[i * d + j], e = v - back[i * d + j];
+            a += v * v;
+            c += e * e;
+        }
+        for (size_t j = 0; j < dp; j++)
+            b += (double)y[i * dp + j] * y[i * dp + j];
+        xn[i] = a, yn[i] = b, r[i] = std::sqrt(c);
+    }
+}
+
+/* (d, list) pairs kept sorted ascending, np of them at most */
+struct cq_top {
+    std::vector<float> d;
+    std::vector<faiss::Index::idx_t> l;
+    size_t np, n;
+    bool better(float dv, faiss::Index::idx_t lv) const
+    {
+        return n < np || dv < d[n - 1] || (dv == d[n - 1] && lv < l[n - 1]);
+    }
+    void insert(float dv, faiss::Index::idx_t lv)
+    {
+        size_t i = n < np ? n++ : np - 1;
+        while (i > 0 && (d[i - 1] > dv || (d[i - 1] == dv && l[i - 1] > lv))) {
+            d[i] = d[i - 1], l[i] = l[i - 1];
+            i--;
+        }
+        d[i] = dv, l[i] = lv;
+    }
+};
+
+/* The query's exact distance to centroid c: faiss::fvec_L2sqr, or the same
+ * sum of d squared differences with AVX2 (8 lanes, then their sum): either
+ * within d 2^-24 of the true distance, which is all the bound needs. */
+__attribute__((target("avx2,fma"))) float l2sqr_avx2(const float *x, const float *y, size_t d)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    size_t j = 0;
+    for (; j + 16 <= d; j += 16) {
+        __m256 a = _mm256_sub_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(y + j));
+        __m256 b = _mm256_sub_ps(_mm256_loadu_ps(x + j + 8), _mm256_loadu_ps(y + j + 8));
+        s0 = _mm256_fmadd_ps(a, a, s0);
+        s1 = _mm256_fmadd_ps(b, b, s1);
+    }
+    s0 = _mm256_add_ps(s0, s1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    float r = _mm_cvtss_f32(h);
+    for (; j < d; j++)
+        r += (x[j] - y[j]) * (x[j] - y[j]);
+    return r;
+}
+
+const bool cq_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+
+inline float cq_exact(const faiss_shim_cq *cq, const float *x, size_t c)
+{
+    const float *y = cq->cent + c * cq->d;
+    return cq_avx2 ? l2sqr_avx2(x, y, cq->d) : faiss::fvec_L2sqr(x, y, cq->d);
+}
+
+/* The bounds' row of one query, in place: g [nlist] holds <Px', Pc'> and
+ * becomes Ls(c) = a + pcn[c] - 2 g[c] + (rx - rc[c])^2; and the np smallest
+ * bounds into seed (ties to the lower list). Eight at a time, with a scalar
+ * insertion only where a lane beats the seed's worst. */
+__attribute__((target("avx2,fma"))) void bounds_avx2(const faiss_shim_cq *cq, float a, float rx, float *g,
+                                                     cq_top &seed)
+{
+    const size_t nlist = cq->nlist;
+    const float *pcn = cq->pcn.data(), *rc = cq->rc.data();
+    const __m256 va = _mm256_set1_ps(a), vrx = _mm256_set1_ps(rx), m2 = _mm256_set1_ps(-2.0f);
+    size_t c = 0;
+    for (; c + 8 <= nlist; c += 8) {
+        __m256 t = _mm256_sub_ps(vrx, _mm256_loadu_ps(rc + c));
+        __m256 v = _mm256_add_ps(_mm256_add_ps(va, _mm256_loadu_ps(pcn + c)), _mm256_mul_ps(m2, _mm256_loadu_ps(g + c)));
+        v = _mm256_add_ps(v, _mm256_mul_ps(t, t));
+        _mm256_storeu_ps(g + c, v);
+        const float worst = seed.n < seed.np ? INFINITY : seed.d[seed.n - 1];
+        int m = _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(worst), _CMP_LE_OQ));
+        for (; m; m &= m - 1) {
+            size_t i = c + (size_t)__builtin_ctz((unsigned)m);
+            if (seed.better(g[i], (faiss::Index::idx_t)i))
+                seed.insert(g[i], (faiss::Index::idx_t)i);
+        }
+    }
+    for (; c < nlist; c++) {
+        float t = rx - rc[c];
+        g[c] = a + pcn[c] + -2.0f * g[c] + t * t;
+        if (seed.better(g[c], (faiss::Index::idx_t)c))
+            seed.insert(g[c], (faiss::Index::idx_t)c);
+    }
+}
+
+void bounds_plain(const faiss_shim_cq *cq, float a, float rx, float *g, cq_top &seed)
+{
+    for (size_t c = 0; c < cq->nlist; c++) {
+        float t = rx - cq->rc[c];
+        g[c] = a + cq->pcn[c] + -2.0f * g[c] + t * t;
+        if (seed.better(g[c], (faiss::Index::idx_t)c))
+            seed.insert(g[c], (faiss::Index::idx_t)c);
+    }
+}
+
+/* Whether b[c] (<= the np-th best exact distance t) needs its exact
+ * distance: not when c is a seed (b < bmax: every such c is one; b ==
+ * bmax: look) */
+inline bool cq_needs(const cq_top &seed, const float *b, size_t c, float bmax)
+{
+    if (b[c] < bmax)
+        return false;
+    return b[c] != bmax || std::find(seed.l.begin(), seed.l.begin() + (long)seed.n, (faiss::Index::idx_t)c) ==
+                               seed.l.begin() + (long)seed.n;
+}
+
+/* The centroids whose bound does not exceed t, eight at a time */
+__attribute__((target("avx2,fma"))) size_t prune_avx2(const faiss_shim_cq *cq, const float *x, const float *b,
+                                                      const cq_top &seed, cq_top &top)
+{
+    const size_t nlist = cq->nlist;
+    const float bmax = seed.d[seed.n - 1];
+    size_t nex = 0, c = 0;
+    for (; c + 8 <= nlist; c += 8) {
+        int m = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(b + c), _mm256_set1_ps(top.d[top.n - 1]), _CMP_LE_OQ));
+        for (; m; m &= m - 1) {
+            size_t i = c + (size_t)__builtin_ctz((unsigned)m);
+            if (b[i] > top.d[top.n - 1] || !cq_needs(seed, b, i, bmax))
+                continue;   /* t fell since the compare */
+            float e = cq_exact(cq, x, i);
+            nex++;
+            if (top.better(e, (faiss::Index::idx_t)i))
+                top.insert(e, (faiss::Index::idx_t)i);
+        }
+    }
+    for (; c < nlist; c++) {
+        if (b[c] > top.d[top.n - 1] || !cq_needs(seed, b, c, bmax))
+            continue;
+        float e = cq_exact(cq, x, c);
+        nex++;
+        if (top.better(e, (faiss::Index::idx_t)c))
+            top.insert(e, (faiss::Index::idx_t)c);
+    }
+    return nex;
+}
+
+size_t prune_plain(const faiss_shim_cq *cq, const float *x, const float *b, const cq_top &seed, cq_top &top)
+{
+    const float bmax = seed.d[seed.n - 1];
+    size_t nex = 0;
+    for (size_t c = 0; c < cq->nlist; c++) {
+        if (b[c] > top.d[top.n - 1] || !cq_needs(seed, b, c, bmax))
+            continue;
+        float e = cq_exact(cq, x, c);
+        nex++;
+        if (top.better(e, (faiss::Index::idx_t)c))
+            top.insert(e, (faiss::Index::idx_t)c);
+    }
+    return nex;
+}
+
+/* One query: g [nlist] its inner products <Px', Pc'>, made its bounds (Ls);
+ * a = ||Px'||^2 - 1e-3 ||x'||^2, rx = ||Rx'||. Exact distances for the np
+ * smallest bounds (seed), then for every other centroid whose bound does
+ * not exceed the np-th exact distance so far. Returns the exact distances
+ * computed. */
+size_t cq_select(const faiss_shim_cq *cq, const float *x, float a, float rx, float *g, cq_top &top, cq_top &seed)
+{
+    seed.n = top.n = 0;
+    if (cq_avx2)
+        bounds_avx2(cq, a, rx, g, seed);
+    else
+        bounds_plain(cq, a, rx, g, seed);
+    for (size_t j = 0; j < seed.n; j++) {
+        faiss::Index::idx_t c = seed.l[j];
+        float e = cq_exact(cq, x, (size_t)c);
+        if (top.better(e, c))
+            top.insert(e, c);
+    }
+    return seed.n + (cq_avx2 ? prune_avx2(cq, x, g, seed, top) : prune_plain(cq, x, g, seed, top));
+}
+
+} // namespace
+
+extern "C" faiss_shim_cq *faiss_shim_cq_new(const FaissIndex *idx, int dp)
+{
+    const faiss::IndexIVFPQ *ix = scannable(idx);
+    const faiss::IndexFlat *fq = ix ? dynamic_cast<const faiss::IndexFlat *>(ix->quantizer) : nullptr;
+    if (!fq || fq->metric_type != faiss::METRIC_L2 || (size_t)fq->ntotal != ix->nlist || ix->nlist < (size_t)ix->d)
+        return nullptr;
+    faiss_shim_cq *cq = nullptr;
+    int rc = guarded(nullptr, 0, [&]() {
+        std::unique_ptr<faiss_shim_cq> q(new faiss_shim_cq);
+        const size_t d = (size_t)ix->d, nlist = ix->nlist;
+        q->ix = ix, q->d = d, q->nlist = nlist, q->cent = fq->get_xb();
+        q->dp = dp > 0 ? std::min((size_t)dp, d) : std::max<size_t>(1, std::min<size_t>(64, d / 4));
+        faiss::PCAMatrix pca((int)d, (int)q->dp);
+        pca.train((faiss::Index::idx_t)nlist, q->cent);
+        q->mean = pca.mean;
+        q->P.assign(pca.A.begin(), pca.A.begin() + (long)(q->dp * d));
+        /* orthonormal rows, to the bound's allowance (see above) */
+        double worst = 0;
+        for (size_t a = 0; a < q->dp; a++)
+            for (size_t b = a; b < q->dp; b++) {
+                double s = 0;
+                for (size_t j = 0; j < d; j++)
+                    s += (double)q->P[a * d + j] * q->P[b * d + j];
+                worst = std::max(worst, std::fabs(s - (a == b)));
+            }
+        if (worst * (double)q->dp > 1e-4)
+            return 1;
+        std::vector<float> xc(nlist * d), y(nlist * q->dp), back(nlist * d);
+        std::vector<double> xn(nlist), yn(nlist), r(nlist);
+        cq_project(q.get(), nlist, q->cent, xc, y, back, xn.data(), yn.data(), r.data());
+        q->pc = y;
+        q->pcn.resize(nlist), q->rc.resize(nlist);
+        for (size_t c = 0; c < nlist; c++)
+            q->pcn[c] = (float)(yn[c] - CQ_MARGIN * xn[c]), q->rc[c] = (float)r[c];
+        cq = q.release();
+        return 0;
+    });
+    return rc == 0 ? cq : nullptr;
+}
+
+extern "C" void faiss_shim_cq_free(faiss_shim_cq *cq) { delete cq; }
+
+extern "C" int faiss_shim_cq_search(const faiss_shim_cq *cq, int64_t n, const float *x, int nprobe, float *cdis,
+                                    int64_t *cids)
+{
+    return guarded(nullptr, 0, [&]() {
+        const size_t d = cq->d, dp = cq->dp, nlist = cq->nlist;
+        const size_t np = nprobe > 0 && (size_t)nprobe < nlist ? (size_t)nprobe : nprobe > 0 ? nlist : 0;
+        if (np == 0)
+            return shim_error(nullptr, 0, "nprobe");
+        const size_t B = std::min<size_t>(CQ_BLOCK, (size_t)n);
+        /* the thread's scratch, kept: a fresh 1 MB row block each call
+         * was measured at 13% of the search in page faults */
+        thread_local std::vector<float> xc, y, back, g;
+        thread_local std::vector<double> xn, yn, r;
+        thread_local cq_top top, seed;
+        xc.resize(std::max(xc.size(), B * d)), back.resize(std::max(back.size(), B * d));
+        y.resize(std::max(y.size(), B * dp)), g.resize(std::max(g.size(), B * nlist));
+        xn.resize(std::max(xn.size(), B)), yn.resize(std::max(yn.size(), B)), r.resize(std::max(r.size(), B));
+        top.d.resize(np), top.l.resize(np), top.np = np, top.n = 0;
+        seed.d.resize(np), seed.l.resize(np), seed.np = np, seed.n = 0;
+        uint64_t nex = 0;
+        for (int64_t i0 = 0; i0 < n; i0 += (int64_t)B) {
+            const size_t nb = std::min<size_t>(B, (size_t)(n - i0));
+            const float *xb = x + (size_t)i0 * d;
+            cq_project(cq, nb, xb, xc, y, back, xn.data(), yn.data(), r.data());
+            /* one GEMM for the block; a product by vector for a few
+             * queries (OpenBLAS's GEMM would pack all of pc for each) */
+            if (nb >= 8)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)nlist, (int)dp, 1.0f, y.data(),
+                            (int)dp, cq->pc.data(), (int)dp, 0.0f, g.data(), (int)nlist);
+            else
+                for (size_t i = 0; i < nb; i++)
+                    cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)nlist, (int)dp, 1.0f, cq->pc.data(), (int)dp,
+                                y.data() + i * dp, 1, 0.0f, g.data() + i * nlist, 1);
+            for (size_t i = 0; i < nb; i++) {
+                nex += cq_select(cq, xb + i * d, (float)(yn[i] - CQ_MARGIN * xn[i]), (float)r[i], g.data() + i * nlist,
+                                 top, seed);
+                float *od = cdis + ((size_t)i0 + i) * np;
+                int64_t *ol = cids + ((size_t)i0 + i) * np;
+                for (size_t j = 0; j < np; j++)
+                    od[j] = top.d[j], ol[j] = (int64_t)top.l[j];
+            }
+        }
+        cq->queries += (uint64_t)n;
+        cq->exact += nex;
+        return (int)np;
+    });
+}
+
+extern "C" void faiss_shim_cq_stats(const faiss_shim_cq *cq, uint64_t *queries, uint64_t *exact)
+{
+    *queries = cq ? cq->queries.load() : 0;
+    *exact = cq ? cq->exact.load() : 0;
+}
+
+extern "C" size_t faiss_shim_cq_bytes(const faiss_shim_cq *cq)
+{
+    if (!cq)
+        return 0;
+    return sizeof *cq + (cq->mean.size() + cq->P.size() + cq->pc.size() + cq->pcn.size() + cq->rc.size()) * sizeof(float);
+}
+
 /* nprobe as our scan and its coarse search take it: <= 0 the index's, at
  * most nlist */
 static int probes(const faiss::IndexIVF *ix, int nprobe)
@@ -200,10 +554,12 @@ extern "C" int faiss_shim_ivfpq_search(const FaissIndex *idx, const faiss_shim_s
         const float *cdis = s->cdis;
         const faiss::Index::idx_t *cids = reinterpret_cast<const faiss::Index::idx_t *>(s->cids);
         if (!cdis || !cids) {
-            /* the coarse quantizer: one batched search for all n (BLAS from 20 on) */
+            /* the coarse quantizer: ours, exact and pruned, or FAISS's one
+             * batched search for all n (BLAS from 20 on) */
             cd.resize((size_t)n * np);
             ci.resize((size_t)n * np);
-            ix->quantizer->search(n, s->x, np, cd.data(), ci.data());
+            if (!s->cq || s->cq->ix != ix || faiss_shim_cq_search(s->cq, n, s->x, np, cd.data(), reinterpret_cast<int64_t *>(ci.data())) != np)
+                ix->quantizer->search(n, s->x, np, cd.data(), ci.data());
             cdis = cd.data();
             cids = ci.data();
         }

@@ -39,6 +39,7 @@ struct nc_unbounded_cache {
     char factory[128];
     char trained_path[1024];
     FaissIndex *idx;              /* IndexFlatL2 while flat, else the IVF index */
+    faiss_shim_cq *cq;            /* idx's pruned exact coarse search, or NULL (FAISS's) */
     bool flat;
     FaissIndex *tmpl;             /* trained empty index waiting for the switch */
     bool switching;               /* an add is filling the IVF index (unlocked) */
@@ -203,6 +204,7 @@ void unbounded_cache_free(nc_unbounded_cache *u)
 {
     if (!u)
         return;
+    faiss_shim_cq_free(u->cq);
     if (u->idx)
         faiss_Index_free(u->idx);
     if (u->tmpl)
@@ -221,6 +223,7 @@ void unbounded_cache_free(nc_unbounded_cache *u)
  * copy and the pairs added meanwhile are done under the write lock. */
 typedef struct {
     FaissIndex *ivf;
+    faiss_shim_cq *cq;            /* ivf's coarse search (NULL: FAISS's) */
     float *xb;                    /* copy of the first n stored vectors */
     idx_t n;
     bool light;                   /* ivf is the light template: read the whole one */
@@ -310,6 +313,8 @@ static int switch_fill(const nc_unbounded_cache *u, ub_switch_job *job, char *er
         if (rc)
             return rc;
     }
+    /* the centroids' principal axes (tens of ms at IVF4096), without the lock */
+    job->cq = faiss_shim_cq_new(job->ivf, 0);
     return NC_OK;
 }
 
@@ -331,10 +336,15 @@ static int switch_finish(nc_unbounded_cache *u, ub_switch_job *job, int rc, char
     if (!rc)
         rc = set_nprobe(u, job->ivf, u->nprobe, err, errlen);
     if (rc) {
+        faiss_shim_cq_free(job->cq);
         faiss_Index_free(job->ivf);
         job->ivf = NULL;
+        job->cq = NULL;
         return rc;
     }
+    faiss_shim_cq_free(u->cq);
+    u->cq = job->cq;
+    job->cq = NULL;
     faiss_Index_free(u->idx);
     u->idx = job->ivf;
     u->flat = false;
@@ -395,7 +405,8 @@ static void coarse_search(nc_unbounded_cache *u, const nc_ub_add *a)
             return;
         c->cap = rows;
     }
-    int got = faiss_shim_coarse(u->idx, (int64_t)a->n, a->keys, np, c->d, c->l);
+    int got = u->cq ? faiss_shim_cq_search(u->cq, (int64_t)a->n, a->keys, np, c->d, c->l)
+                    : faiss_shim_coarse(u->idx, (int64_t)a->n, a->keys, np, c->d, c->l);
     if (got <= 0)
         return;
     c->n = a->n;
@@ -586,7 +597,7 @@ int unbounded_cache_query(nc_unbounded_cache *u, const nc_ub_query *qr, char *er
         const nc_ub_coarse *c = qr->coarse;
         bool shared = c && c->x == queries && c->n == nq && c->np == np && c->gen == u->gen;
         faiss_shim_scan sc = {.n = (int64_t)nq, .x = queries, .k = k, .nprobe = np, .id_limit = id_limit,
-                              .cdis = shared ? c->d : NULL, .cids = shared ? c->l : NULL, .d = d, .l = l,
+                              .cdis = shared ? c->d : NULL, .cids = shared ? c->l : NULL, .cq = u->cq, .d = d, .l = l,
                               .ndis = &nd};
         how = faiss_shim_ivfpq_search(u->idx, &sc, ferr, sizeof ferr);
         if (how == 0) {
@@ -630,6 +641,13 @@ void unbounded_cache_scan_stats(nc_unbounded_cache *u, uint64_t *queries, uint64
     *codes = atomic_load(&u->ndis);
 }
 
+void unbounded_cache_coarse_stats(nc_unbounded_cache *u, uint64_t *queries, uint64_t *exact)
+{
+    pthread_rwlock_rdlock(&u->lock);
+    faiss_shim_cq_stats(u->cq, queries, exact);
+    pthread_rwlock_unlock(&u->lock);
+}
+
 int64_t unbounded_cache_count(nc_unbounded_cache *u)
 {
     pthread_rwlock_rdlock(&u->lock);
@@ -663,7 +681,8 @@ size_t unbounded_cache_memory(nc_unbounded_cache *u)
      * id in the inverted list) and its word id; plus what the trained index
      * holds whatever its size (centroids, precomputed tables) */
     size_t per = u->flat ? (size_t)u->o.dim * sizeof(float) : (size_t)(u->o.dim / 8 + 8);
-    size_t m = sizeof *u + u->cap * sizeof(int) + u->nvalues * per + faiss_shim_fixed_bytes(u->idx);
+    size_t m = sizeof *u + u->cap * sizeof(int) + u->nvalues * per + faiss_shim_fixed_bytes(u->idx) +
+               faiss_shim_cq_bytes(u->cq);
     pthread_rwlock_unlock(&u->lock);
     return m;
 }
@@ -789,6 +808,8 @@ int unbounded_cache_load(const nc_unbounded_cache_opts *o, nc_wordtable *words, 
         u->flat = faiss_IndexFlat_cast(u->idx) != NULL;
         if (!u->flat)
             rc = set_nprobe(u, u->idx, u->nprobe, err, errlen);
+        if (!u->flat)
+            u->cq = faiss_shim_cq_new(u->idx, 0);
     }
     if (!rc && !(rc = path_join(p, sizeof p, dir, "values.bin", err, errlen)))
         rc = read_values(u, p, err, errlen);
