@@ -211,8 +211,9 @@ uint64_t scan_query(const faiss::IndexIVFPQ *ix, const float *x, const float *cd
  * be among the np best, not even tied (ties break by list as in a full
  * loop). The search computes exact distances for the np smallest bounds,
  * then for every other centroid whose bound does not exceed the np-th best
- * so far (it only falls): its result is the full loop's, to the bit -- the
- * lists and distances FAISS's flat search gives fewer than 20 queries. */
+ * so far (it only falls): its result is the full loop's with the same
+ * distance function, to the bit, whatever the batch (tests/test_coarse.c:
+ * against a naive loop in double and FAISS's own search). */
 struct faiss_shim_cq {
     const faiss::IndexIVF *ix;  /* the index it serves */
     const float *cent;          /* [nlist, d] the flat quantizer's centroids (the index's) */
@@ -621,7 +622,9 @@ faiss::Index::idx_t nearest_of(const float *cent, size_t d, const float *y, cons
  * outside the set (computed distance >= dnp) has D >= lo = (dnp - 3 eta
  * ||x||^2) / (1 + 2 eta), so ||y - c|| >= sqrt(lo) - eps: if the best of the
  * set is below that, it is y's nearest (and the exact order decides among
- * the set). */
+ * the set). The set of faiss_shim_cq_search holds a fortiori: there every
+ * centroid outside it has a computed distance >= dnp with an error below d
+ * 2^-24 of D, less than the eta (||x||^2 + ||c||^2) allowed here. */
 bool holds_nearest(float best, float dnp, float xn, float eps)
 {
     const float eta = 1e-4f;

@@ -87,9 +87,10 @@ void faiss_shim_cq_free(faiss_shim_cq *cq);
 
 /* The coarse search of n queries x for nprobe lists (<= 0: the index's),
  * as faiss_shim_coarse returns it, but exact: the np centroids nearest to
- * each query by faiss::fvec_L2sqr (the distances FAISS's flat search
- * computes for fewer than 20 queries), ascending, ties to the lower list --
- * the same whatever the batch. Returns np; -1 on an error. */
+ * each query by the sum of squared differences (within d 2^-24 of the true
+ * distance; FAISS's BLAS path from 20 queries on rounds ||x||^2 + ||c||^2 -
+ * 2<x, c> instead), ascending, ties to the lower list -- the same whatever
+ * the batch. Returns np; -1 on an error. */
 int faiss_shim_cq_search(const faiss_shim_cq *cq, int64_t n, const float *x, int nprobe, float *cdis, int64_t *cids);
 
 /* Queries searched and exact centroid distances computed so far (the
