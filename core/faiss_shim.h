@@ -113,6 +113,7 @@ typedef struct {
     const float *hint_d;
     const int64_t *hint_l;
     int hint_np;
+    const faiss_shim_cq *cq;   /* or NULL: the keys' PQ codes by our encoder (faiss_shim_cq_new's index only) */
 } faiss_shim_add_in;
 
 /* 1: not such an index (nothing added: use faiss_Index_add), 0 added, -1

@@ -270,25 +270,32 @@ static int switch_begin(nc_unbounded_cache *u, ub_switch_job *job, bool *started
     return NC_OK;
 }
 
-/* n keys into idx: an IVFPQ index places each in the list of its exact
- * nearest centroid (faiss_shim_add: the same list whoever adds it, in
- * whatever batch), from the hint's coarse search where it holds it (of
- * hint->x, the keys before rounding); any other index adds as FAISS does. */
-static int index_add(FaissIndex *idx, size_t n, const float *keys, const nc_ub_coarse *hint, char *err,
-                     size_t errlen)
+/* n keys for index_add: with the hint's coarse search (of hint->x, the
+ * keys before rounding) and the index's searcher cq (its PQ encoder: every
+ * add to one index encodes the same way, the switch's fill included) */
+static faiss_shim_add_in add_in(size_t n, const float *keys, const nc_ub_coarse *hint, const faiss_shim_cq *cq)
 {
-    faiss_shim_add_in a = {.n = (int64_t)n, .keys = keys};
+    faiss_shim_add_in a = {.n = (int64_t)n, .keys = keys, .cq = cq};
     if (hint) {
         a.hint_x = hint->x;
         a.hint_d = hint->d;
         a.hint_l = hint->l;
         a.hint_np = hint->stride;
     }
+    return a;
+}
+
+/* a's keys into idx: an IVFPQ index places each in the list of its exact
+ * nearest centroid (faiss_shim_add: the same list whoever adds it, in
+ * whatever batch), from the hint's coarse search where it holds it; any
+ * other index adds as FAISS does. */
+static int index_add(FaissIndex *idx, const faiss_shim_add_in *a, char *err, size_t errlen)
+{
     char ferr[256];
-    int how = faiss_shim_add(idx, &a, ferr, sizeof ferr);
+    int how = faiss_shim_add(idx, a, ferr, sizeof ferr);
     if (how < 0)
         return nc_error(err, errlen, NC_EFORMAT, "adding to the unbounded index: %s", ferr);
-    if (how == 1 && faiss_Index_add(idx, (idx_t)n, keys))
+    if (how == 1 && faiss_Index_add(idx, (idx_t)a->n, a->keys))
         return faiss_err(err, errlen, "adding to the unbounded index");
     return NC_OK;
 }
@@ -307,14 +314,16 @@ static int switch_fill(const nc_unbounded_cache *u, ub_switch_job *job, char *er
         job->ivf = whole;
         job->light = false;
     }
+    /* the centroids' principal axes (tens of ms at IVF4096), without the
+     * lock, before the fill: it encodes with them */
+    job->cq = faiss_shim_cq_new(job->ivf, 0);
     for (idx_t i = 0; i < job->n; i += chunk) {
         idx_t m = job->n - i < chunk ? job->n - i : chunk;
-        int rc = index_add(job->ivf, (size_t)m, job->xb + (size_t)i * u->o.dim, NULL, err, errlen);
+        faiss_shim_add_in a = add_in((size_t)m, job->xb + (size_t)i * u->o.dim, NULL, job->cq);
+        int rc = index_add(job->ivf, &a, err, errlen);
         if (rc)
             return rc;
     }
-    /* the centroids' principal axes (tens of ms at IVF4096), without the lock */
-    job->cq = faiss_shim_cq_new(job->ivf, 0);
     return NC_OK;
 }
 
@@ -330,8 +339,9 @@ static int switch_finish(nc_unbounded_cache *u, ub_switch_job *job, int rc, char
         size_t xsize = 0;
         faiss_IndexFlat_xb((FaissIndexFlat *)u->idx, &xb, &xsize);
         idx_t n = faiss_Index_ntotal(u->idx);
+        faiss_shim_add_in a = add_in((size_t)(n - job->n), xb + (size_t)job->n * u->o.dim, NULL, job->cq);
         if (n > job->n)
-            rc = index_add(job->ivf, (size_t)(n - job->n), xb + (size_t)job->n * u->o.dim, NULL, err, errlen);
+            rc = index_add(job->ivf, &a, err, errlen);
     }
     if (!rc)
         rc = set_nprobe(u, job->ivf, u->nprobe, err, errlen);
@@ -470,7 +480,8 @@ int unbounded_cache_add_block(nc_unbounded_cache *u, const nc_ub_add *a, int64_t
     if (u->hook && (rc = u->hook(u->hook_ctx, keys, a->words, n, (int64_t)u->nvalues, err, errlen)))
         goto out;
     const nc_ub_coarse *hint = a->coarse && a->coarse->n == n && a->coarse->gen == u->gen ? a->coarse : NULL;
-    if ((rc = index_add(u->idx, n, keys, hint, err, errlen)))
+    faiss_shim_add_in ai = add_in(n, keys, hint, u->cq);
+    if ((rc = index_add(u->idx, &ai, err, errlen)))
         goto out;
     memcpy(u->values + u->nvalues, a->words, n * sizeof(int));
     u->nvalues += n;

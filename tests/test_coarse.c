@@ -287,6 +287,53 @@ TEST(cq_real_hidden_states)
     model_free(m);
 }
 
+/* Our PQ encoder (faiss_shim_add with the searcher) against FAISS's
+ * (add_core): the same keys in the same lists (exact placement) give the
+ * same codes, except where a sub-vector's two nearest codewords are a
+ * near-tie: there both codes are the nearest to float rounding, so the
+ * squared distances of the keys to their reconstructions agree within 1e-5
+ * of their size (8 sub-vector distances of 4 floats, each rounded to ~4
+ * 2^-24 of its terms). */
+TEST(cq_encoder_matches_faiss)
+{
+    const int d = 32, ntrain = 5000, n = 3000;
+    float *x = malloc((size_t)(ntrain + n) * d * sizeof(float));
+    for (int i = 0; i < (ntrain + n) * d; i++)
+        x[i] = gauss() + (float)((i / d) % 7);
+    FaissIndex *ix[2] = {trained_ivfpq("IVF64,PQ8np", d, x, (size_t)ntrain),
+                         trained_ivfpq("IVF64,PQ8np", d, x, (size_t)ntrain)};
+    if (ix[0] && ix[1]) {
+        const float *keys = x + (size_t)ntrain * d;
+        faiss_shim_cq *cq = faiss_shim_cq_new(ix[0], 0);
+        CHECK(cq != NULL);
+        char err[256] = "";
+        faiss_shim_add_in ours = {.n = n, .keys = keys, .cq = cq}, theirs = {.n = n, .keys = keys};
+        CHECKF(faiss_shim_add(ix[0], &ours, err, sizeof err) == 0, "%s", err);
+        CHECKF(faiss_shim_add(ix[1], &theirs, err, sizeof err) == 0, "%s", err);
+        float *rec = malloc((size_t)2 * d * sizeof(float));
+        int differ = 0, bad = 0;
+        for (int v = 0; v < 2; v++)
+            CHECK(faiss_IndexIVF_make_direct_map((FaissIndexIVF *)ix[v], 1) == 0);
+        for (int i = 0; i < n; i++) {
+            CHECK(faiss_Index_reconstruct(ix[0], i, rec) == 0 && faiss_Index_reconstruct(ix[1], i, rec + d) == 0);
+            if (memcmp(rec, rec + d, (size_t)d * sizeof(float)) == 0)
+                continue;
+            differ++;
+            double a = dist2(keys + (size_t)i * d, rec, d), b = dist2(keys + (size_t)i * d, rec + d, d);
+            if (fabs(a - b) > 1e-5 * b + 1e-9)
+                bad++;
+        }
+        fprintf(stderr, "    encoder: %d of %d codes differ from FAISS's (near-ties)\n", differ, n);
+        CHECKF(bad == 0, "%d of %d keys encoded farther than FAISS's codes", bad, n);
+        free(rec);
+        faiss_shim_cq_free(cq);
+    }
+    for (int v = 0; v < 2; v++)
+        if (ix[v])
+            faiss_Index_free(ix[v]);
+    free(x);
+}
+
 /* Bad input: an index the search cannot serve gets no searcher (the
  * callers then use FAISS's), never a crash. */
 TEST(cq_declines_other_indexes)
@@ -315,6 +362,7 @@ int main(void)
     unbounded_cache_set_threads(1);
     RUN(cq_random_vectors);
     RUN(cq_real_hidden_states);
+    RUN(cq_encoder_matches_faiss);
     RUN(cq_declines_other_indexes);
     return harness_summary();
 }
