@@ -471,6 +471,20 @@ __attribute__((target("avx2,fma"))) void residual_tables_avx2(const faiss_shim_c
         const float *qT = cq->qT.data() + m * dsub * ksub, *qn = cq->qn.data() + m * ksub;
         float *t = tab + m * ksub;
         const __m256 vrn = _mm256_set1_ps(rn), m2 = _mm256_set1_ps(-2.0f);
+        if (dsub == 8) {
+            /* IVF4096,PQ32 on 256 dimensions: the sub-vector broadcast once,
+             * not once per eight codewords */
+            __m256 rb[8];
+            for (size_t i = 0; i < 8; i++)
+                rb[i] = _mm256_set1_ps(r[i]);
+            for (size_t j = 0; j < ksub; j += 8) {
+                __m256 acc = _mm256_mul_ps(rb[0], _mm256_loadu_ps(qT + j));
+                for (size_t i = 1; i < 8; i++)
+                    acc = _mm256_fmadd_ps(rb[i], _mm256_loadu_ps(qT + i * ksub + j), acc);
+                _mm256_storeu_ps(t + j, _mm256_fmadd_ps(m2, acc, _mm256_add_ps(vrn, _mm256_loadu_ps(qn + j))));
+            }
+            continue;
+        }
         for (size_t j = 0; j < ksub; j += 8) {
             __m256 acc = _mm256_setzero_ps();
             for (size_t i = 0; i < dsub; i++)
