@@ -404,49 +404,53 @@ inline bool cq_needs(const cq_top &seed, const float *b, size_t c, float bmax)
                                seed.l.begin() + (long)seed.n;
 }
 
-/* The centroids whose bound does not exceed t, eight at a time */
+/* c's exact distance into top, when its bound does not exceed the np-th
+ * best so far and it is not a seed; 1 if computed */
+inline size_t cq_visit(const faiss_shim_cq *cq, const float *x, const float *b, size_t c, const cq_top &seed,
+                       cq_top &top)
+{
+    if (b[c] > top.d[top.n - 1] || !cq_needs(seed, b, c, seed.d[seed.n - 1]))
+        return 0;   /* (the np-th best may have fallen since a vector compare) */
+    float e = cq_exact(cq, x, c);
+    if (top.better(e, (faiss::Index::idx_t)c))
+        top.insert(e, (faiss::Index::idx_t)c);
+    return 1;
+}
+
+/* The centroids from c0 on whose bound does not exceed t; the exact
+ * distances computed */
+size_t prune_plain(const faiss_shim_cq *cq, const float *x, const float *b, const cq_top &seed, cq_top &top,
+                   size_t c0)
+{
+    size_t nex = 0;
+    for (size_t c = c0; c < cq->nlist; c++)
+        nex += cq_visit(cq, x, b, c, seed, top);
+    return nex;
+}
+
+/* The same, eight bounds to a compare */
 __attribute__((target("avx2,fma"))) size_t prune_avx2(const faiss_shim_cq *cq, const float *x, const float *b,
                                                       const cq_top &seed, cq_top &top)
 {
     const size_t nlist = cq->nlist;
-    const float bmax = seed.d[seed.n - 1];
     size_t nex = 0, c = 0;
     for (; c + 8 <= nlist; c += 8) {
         int m = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(b + c), _mm256_set1_ps(top.d[top.n - 1]), _CMP_LE_OQ));
-        for (; m; m &= m - 1) {
-            size_t i = c + (size_t)__builtin_ctz((unsigned)m);
-            if (b[i] > top.d[top.n - 1] || !cq_needs(seed, b, i, bmax))
-                continue;   /* t fell since the compare */
-            float e = cq_exact(cq, x, i);
-            nex++;
-            if (top.better(e, (faiss::Index::idx_t)i))
-                top.insert(e, (faiss::Index::idx_t)i);
-        }
+        for (; m; m &= m - 1)
+            nex += cq_visit(cq, x, b, c + (size_t)__builtin_ctz((unsigned)m), seed, top);
     }
-    for (; c < nlist; c++) {
-        if (b[c] > top.d[top.n - 1] || !cq_needs(seed, b, c, bmax))
-            continue;
-        float e = cq_exact(cq, x, c);
-        nex++;
-        if (top.better(e, (faiss::Index::idx_t)c))
-            top.insert(e, (faiss::Index::idx_t)c);
-    }
-    return nex;
+    return nex + prune_plain(cq, x, b, seed, top, c);
 }
 
-size_t prune_plain(const faiss_shim_cq *cq, const float *x, const float *b, const cq_top &seed, cq_top &top)
+/* r [dsub] = x - c, a sub-vector of the residual; returns ||r||^2 */
+inline float sub_residual(const float *x, const float *c, size_t dsub, float *r)
 {
-    const float bmax = seed.d[seed.n - 1];
-    size_t nex = 0;
-    for (size_t c = 0; c < cq->nlist; c++) {
-        if (b[c] > top.d[top.n - 1] || !cq_needs(seed, b, c, bmax))
-            continue;
-        float e = cq_exact(cq, x, c);
-        nex++;
-        if (top.better(e, (faiss::Index::idx_t)c))
-            top.insert(e, (faiss::Index::idx_t)c);
+    float rn = 0;
+    for (size_t i = 0; i < dsub; i++) {
+        r[i] = x[i] - c[i];
+        rn += r[i] * r[i];
     }
-    return nex;
+    return rn;
 }
 
 /* A list's PQ table from the query's residual r = x - c (Jegou et al.
@@ -457,61 +461,48 @@ size_t prune_plain(const faiss_shim_cq *cq, const float *x, const float *b, cons
  * rounding of terms no larger than those (the tests allow 1e-4 of the
  * distance); computed here in 65,536 products a list from 256 KB of
  * codebooks that stay in cache, where T_c's 32 KB a list came from memory. */
-__attribute__((target("avx2,fma"))) void residual_tables_avx2(const faiss_shim_cq *cq, const float *x, const float *c,
-                                                              float *tab)
+/* One sub-quantizer's row of it: t [ksub] from r [dsub], rn = ||r||^2, the
+ * transposed codebook qT [dsub, ksub] and its norms qn [ksub] */
+struct sub_table {
+    const float *r, *qT, *qn;
+    float rn;
+    size_t dsub, ksub;
+    float *t;
+};
+
+__attribute__((target("avx2,fma"))) void sub_table_avx2(const sub_table &s)
 {
-    const size_t M = cq->M, dsub = cq->dsub, ksub = cq->ksub;
-    for (size_t m = 0; m < M; m++) {
-        float r[64];
-        float rn = 0;
-        for (size_t i = 0; i < dsub; i++) {
-            r[i] = x[m * dsub + i] - c[m * dsub + i];
-            rn += r[i] * r[i];
-        }
-        const float *qT = cq->qT.data() + m * dsub * ksub, *qn = cq->qn.data() + m * ksub;
-        float *t = tab + m * ksub;
-        const __m256 vrn = _mm256_set1_ps(rn), m2 = _mm256_set1_ps(-2.0f);
-        if (dsub == 8) {
-            /* IVF4096,PQ32 on 256 dimensions: the sub-vector broadcast once,
-             * not once per eight codewords */
-            __m256 rb[8];
-            for (size_t i = 0; i < 8; i++)
-                rb[i] = _mm256_set1_ps(r[i]);
-            for (size_t j = 0; j < ksub; j += 8) {
-                __m256 acc = _mm256_mul_ps(rb[0], _mm256_loadu_ps(qT + j));
-                for (size_t i = 1; i < 8; i++)
-                    acc = _mm256_fmadd_ps(rb[i], _mm256_loadu_ps(qT + i * ksub + j), acc);
-                _mm256_storeu_ps(t + j, _mm256_fmadd_ps(m2, acc, _mm256_add_ps(vrn, _mm256_loadu_ps(qn + j))));
-            }
-            continue;
-        }
+    const size_t dsub = s.dsub, ksub = s.ksub;
+    const __m256 vrn = _mm256_set1_ps(s.rn), m2 = _mm256_set1_ps(-2.0f);
+    if (dsub == 8) {
+        /* IVF4096,PQ32 on 256 dimensions: the sub-vector broadcast once,
+         * not once per eight codewords */
+        __m256 rb[8];
+        for (size_t i = 0; i < 8; i++)
+            rb[i] = _mm256_set1_ps(s.r[i]);
         for (size_t j = 0; j < ksub; j += 8) {
-            __m256 acc = _mm256_setzero_ps();
-            for (size_t i = 0; i < dsub; i++)
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(r[i]), _mm256_loadu_ps(qT + i * ksub + j), acc);
-            _mm256_storeu_ps(t + j, _mm256_fmadd_ps(m2, acc, _mm256_add_ps(vrn, _mm256_loadu_ps(qn + j))));
+            __m256 acc = _mm256_mul_ps(rb[0], _mm256_loadu_ps(s.qT + j));
+            for (size_t i = 1; i < 8; i++)
+                acc = _mm256_fmadd_ps(rb[i], _mm256_loadu_ps(s.qT + i * ksub + j), acc);
+            _mm256_storeu_ps(s.t + j, _mm256_fmadd_ps(m2, acc, _mm256_add_ps(vrn, _mm256_loadu_ps(s.qn + j))));
         }
+        return;
+    }
+    for (size_t j = 0; j < ksub; j += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (size_t i = 0; i < dsub; i++)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(s.r[i]), _mm256_loadu_ps(s.qT + i * ksub + j), acc);
+        _mm256_storeu_ps(s.t + j, _mm256_fmadd_ps(m2, acc, _mm256_add_ps(vrn, _mm256_loadu_ps(s.qn + j))));
     }
 }
 
-void residual_tables_plain(const faiss_shim_cq *cq, const float *x, const float *c, float *tab)
+void sub_table_plain(const sub_table &s)
 {
-    const size_t M = cq->M, dsub = cq->dsub, ksub = cq->ksub;
-    for (size_t m = 0; m < M; m++) {
-        float r[64];
-        float rn = 0;
-        for (size_t i = 0; i < dsub; i++) {
-            r[i] = x[m * dsub + i] - c[m * dsub + i];
-            rn += r[i] * r[i];
-        }
-        const float *qT = cq->qT.data() + m * dsub * ksub, *qn = cq->qn.data() + m * ksub;
-        float *t = tab + m * ksub;
-        for (size_t j = 0; j < ksub; j++) {
-            float acc = 0;
-            for (size_t i = 0; i < dsub; i++)
-                acc += r[i] * qT[i * ksub + j];
-            t[j] = rn + qn[j] - 2.0f * acc;
-        }
+    for (size_t j = 0; j < s.ksub; j++) {
+        float acc = 0;
+        for (size_t i = 0; i < s.dsub; i++)
+            acc += s.r[i] * s.qT[i * s.ksub + j];
+        s.t[j] = s.rn + s.qn[j] - 2.0f * acc;
     }
 }
 
@@ -573,10 +564,16 @@ void encode_plain(const faiss_shim_cq *cq, const float *r, uint8_t *code)
 void residual_tables(const faiss_shim_cq *cq, const float *x, faiss::Index::idx_t key, float *tab)
 {
     const float *c = cq->cent + (size_t)key * cq->d;
-    if (cq_avx2)
-        residual_tables_avx2(cq, x, c, tab);
-    else
-        residual_tables_plain(cq, x, c, tab);
+    const size_t dsub = cq->dsub, ksub = cq->ksub;
+    float r[64];
+    for (size_t m = 0; m < cq->M; m++) {
+        sub_table st{r, cq->qT.data() + m * dsub * ksub, cq->qn.data() + m * ksub,
+                     sub_residual(x + m * dsub, c + m * dsub, dsub, r), dsub, ksub, tab + m * ksub};
+        if (cq_avx2)
+            sub_table_avx2(st);
+        else
+            sub_table_plain(st);
+    }
 }
 
 /* One query: g [nlist] its inner products <Px', Pc'>, made its bounds (Ls);
@@ -597,7 +594,7 @@ size_t cq_select(const faiss_shim_cq *cq, const float *x, float a, float rx, flo
         if (top.better(e, c))
             top.insert(e, c);
     }
-    return seed.n + (cq_avx2 ? prune_avx2(cq, x, g, seed, top) : prune_plain(cq, x, g, seed, top));
+    return seed.n + (cq_avx2 ? prune_avx2(cq, x, g, seed, top) : prune_plain(cq, x, g, seed, top, 0));
 }
 
 } // namespace

@@ -56,6 +56,17 @@ static int in_list(const int64_t *l, int np, int64_t c)
     return 0;
 }
 
+/* ix's coarse centroids [*nlist, d], the flat quantizer's own */
+static const float *centroids(FaissIndex *ix, int *nlist)
+{
+    FaissIndexFlat *fq = (FaissIndexFlat *)faiss_IndexIVF_quantizer((FaissIndexIVF *)ix);
+    float *cx = NULL;
+    size_t cs = 0;
+    faiss_IndexFlat_xb(fq, &cx, &cs);
+    *nlist = (int)faiss_Index_ntotal((FaissIndex *)fq);
+    return cx;
+}
+
 typedef struct {
     int checked, naive_ties, faiss_differ, exact_ties;
     double exact_per_query;
@@ -80,11 +91,8 @@ static void check_lists(FaissIndex *ix, const float *q, int nq, int np, cq_repor
     if (!cq)
         return;
     const int d = faiss_Index_d(ix);
-    FaissIndexFlat *fq = (FaissIndexFlat *)faiss_IndexIVF_quantizer((FaissIndexIVF *)ix);
-    float *cx = NULL;
-    size_t cs = 0;
-    faiss_IndexFlat_xb(fq, &cx, &cs);
-    const int nlist = (int)faiss_Index_ntotal((FaissIndex *)fq);
+    int nlist;
+    const float *cx = centroids(ix, &nlist);
     size_t rows = (size_t)nq * np;
     float *cd = malloc(rows * sizeof(float)), *cd1 = malloc(rows * sizeof(float)), *fd = malloc(rows * sizeof(float));
     int64_t *cl = malloc(rows * sizeof(int64_t)), *cl1 = malloc(rows * sizeof(int64_t)),
@@ -155,17 +163,13 @@ static void check_lists(FaissIndex *ix, const float *q, int nq, int np, cq_repor
 }
 
 /* Queries halfway between a centroid and its nearest other centroid (in
- * exact arithmetic equidistant from both; in float often exactly tied), plus
- * a little noise orthogonal to nothing in particular for half of them:
- * out [n, d] */
+ * exact arithmetic equidistant from both; in float often exactly tied), the
+ * odd ones moved by Gaussian noise of scale noise: out [n, d] */
 static void near_ties(FaissIndex *ix, int n, float noise, float *out)
 {
     const int d = faiss_Index_d(ix);
-    FaissIndexFlat *fq = (FaissIndexFlat *)faiss_IndexIVF_quantizer((FaissIndexIVF *)ix);
-    float *cx = NULL;
-    size_t cs = 0;
-    faiss_IndexFlat_xb(fq, &cx, &cs);
-    const int nlist = (int)faiss_Index_ntotal((FaissIndex *)fq);
+    int nlist;
+    const float *cx = centroids(ix, &nlist);
     for (int i = 0; i < n; i++) {
         int a = (i * 7919) % nlist, b = -1;
         double best = INFINITY;
