@@ -301,60 +301,102 @@ static double dot(const double *a, const double *b)
     return s;
 }
 
-static double eval_at(nc_gate *g, bool pre, const double *x, const nc_gate_data *d, double l2, double *grad,
-                      const double *mask)
+/* One of the two gates' fitting problems: its net in g, the data, the L2
+ * weight and which parameters are free (mask 1) */
+typedef struct {
+    nc_gate *g;
+    bool pre;
+    const nc_gate_data *d;
+    double l2;
+    double mask[NP];
+} fit_problem;
+
+static double eval_at(const fit_problem *fp, const double *x, double *grad)
 {
-    memcpy(pre ? &g->pre : &g->full, x, sizeof(nc_gate_net));
-    double f = gate_objective(g, pre, d, l2, grad, NULL);
+    memcpy(fp->pre ? &fp->g->pre : &fp->g->full, x, sizeof(nc_gate_net));
+    double f = gate_objective(fp->g, fp->pre, fp->d, fp->l2, grad, NULL);
     for (int i = 0; i < NP; i++)
-        grad[i] *= mask[i];
+        grad[i] *= fp->mask[i];
     return f;
 }
 
-/* L-BFGS (Nocedal & Wright, Algorithm 7.4) with a backtracking Armijo line
- * search: a handful of parameters, a smooth concave log-likelihood */
-static void lbfgs(nc_gate *g, bool pre, const nc_gate_data *d, double l2, int iters, FILE *curve)
+/* L-BFGS's memory: the last LBFGS_M steps s = x' - x, gradient changes
+ * y = g' - g and ρ = 1 / s·y, newest at head - 1 */
+typedef struct {
+    double S[LBFGS_M][NP], Y[LBFGS_M][NP], rho[LBFGS_M];
+    int hist, head;
+} lbfgs_memory;
+
+/* The two-loop recursion (Nocedal & Wright, Algorithm 7.4): dir = -H g,
+ * H the inverse Hessian estimate of the memory, scaled by γ = s·y / y·y of
+ * the newest pair (or a step of length <= 1 with no memory yet). */
+static void lbfgs_direction(const lbfgs_memory *mem, const double *gr, double *dir)
 {
-    double S[LBFGS_M][NP], Y[LBFGS_M][NP];
-    double rho[LBFGS_M], alpha[LBFGS_M], mask[NP], x[NP], gr[NP], dir[NP], xn[NP], gn[NP];
-    free_mask(g, pre, mask);
-    memcpy(x, pre ? &g->pre : &g->full, sizeof x);
-    double f = eval_at(g, pre, x, d, l2, gr, mask);
-    int hist = 0, head = 0;
-    if (curve)
-        fprintf(curve, "%s,0,%.9f,%.6f\n", pre ? "pre" : "full", f, exp(f));
-    for (int it = 1; it <= iters; it++) {
-        /* two-loop recursion: dir = -H g */
+    double alpha[LBFGS_M];
+    for (int i = 0; i < NP; i++)
+        dir[i] = -gr[i];
+    for (int k = 0; k < mem->hist; k++) {
+        int j = (mem->head - 1 - k + LBFGS_M) % LBFGS_M;
+        alpha[j] = mem->rho[j] * dot(mem->S[j], dir);
         for (int i = 0; i < NP; i++)
-            dir[i] = -gr[i];
-        for (int k = 0; k < hist; k++) {
-            int j = (head - 1 - k + LBFGS_M) % LBFGS_M;
-            alpha[j] = rho[j] * dot(S[j], dir);
-            for (int i = 0; i < NP; i++)
-                dir[i] -= alpha[j] * Y[j][i];
-        }
-        if (hist > 0) {
-            int j = (head - 1 + LBFGS_M) % LBFGS_M;
-            double gamma = dot(S[j], Y[j]) / dot(Y[j], Y[j]);
-            for (int i = 0; i < NP; i++)
-                dir[i] *= gamma;
-        } else {
-            double gnorm = sqrt(dot(gr, gr));
-            for (int i = 0; i < NP; i++)
-                dir[i] /= gnorm > 1.0 ? gnorm : 1.0;
-        }
-        for (int k = hist - 1; k >= 0; k--) {
-            int j = (head - 1 - k + LBFGS_M) % LBFGS_M;
-            double b = rho[j] * dot(Y[j], dir);
-            for (int i = 0; i < NP; i++)
-                dir[i] += S[j][i] * (alpha[j] - b);
-        }
+            dir[i] -= alpha[j] * mem->Y[j][i];
+    }
+    if (mem->hist > 0) {
+        int j = (mem->head - 1 + LBFGS_M) % LBFGS_M;
+        double gamma = dot(mem->S[j], mem->Y[j]) / dot(mem->Y[j], mem->Y[j]);
+        for (int i = 0; i < NP; i++)
+            dir[i] *= gamma;
+    } else {
+        double gnorm = sqrt(dot(gr, gr));
+        for (int i = 0; i < NP; i++)
+            dir[i] /= gnorm > 1.0 ? gnorm : 1.0;
+    }
+    for (int k = mem->hist - 1; k >= 0; k--) {
+        int j = (mem->head - 1 - k + LBFGS_M) % LBFGS_M;
+        double b = mem->rho[j] * dot(mem->Y[j], dir);
+        for (int i = 0; i < NP; i++)
+            dir[i] += mem->S[j][i] * (alpha[j] - b);
+    }
+}
+
+/* Remembers the step x -> xn with gradients gr -> gn (skipped when s·y is
+ * not positive: the estimate would lose positive definiteness). */
+static void lbfgs_remember(lbfgs_memory *mem, const double *x, const double *xn, const double *gr, const double *gn)
+{
+    double *s = mem->S[mem->head], *y = mem->Y[mem->head];
+    for (int i = 0; i < NP; i++) {
+        s[i] = xn[i] - x[i];
+        y[i] = gn[i] - gr[i];
+    }
+    double sy = dot(s, y);
+    if (sy > 1e-18) {
+        mem->rho[mem->head] = 1.0 / sy;
+        mem->head = (mem->head + 1) % LBFGS_M;
+        if (mem->hist < LBFGS_M)
+            mem->hist++;
+    }
+}
+
+/* L-BFGS with a backtracking Armijo line search: a handful of parameters,
+ * a smooth concave log-likelihood */
+static void lbfgs(nc_gate *g, bool pre, const nc_gate_data *d, const nc_gate_fit_opts *o)
+{
+    lbfgs_memory mem = {.hist = 0, .head = 0};
+    double x[NP], gr[NP], dir[NP], xn[NP], gn[NP];
+    fit_problem fp = {.g = g, .pre = pre, .d = d, .l2 = o->l2};
+    free_mask(g, pre, fp.mask);
+    memcpy(x, pre ? &g->pre : &g->full, sizeof x);
+    double f = eval_at(&fp, x, gr);
+    if (o->curve)
+        fprintf(o->curve, "%s,0,%.9f,%.6f\n", pre ? "pre" : "full", f, exp(f));
+    for (int it = 1; it <= o->iters; it++) {
+        lbfgs_direction(&mem, gr, dir);
         double slope = dot(gr, dir);
         if (!(slope < 0.0)) {
             for (int i = 0; i < NP; i++)
                 dir[i] = -gr[i];
             slope = dot(gr, dir);
-            hist = 0;
+            mem.hist = 0;
         }
         if (!(slope < -1e-15))
             break;
@@ -363,30 +405,19 @@ static void lbfgs(nc_gate *g, bool pre, const nc_gate_data *d, double l2, int it
         for (tries = 0; tries < 40; tries++, step *= 0.5) {
             for (int i = 0; i < NP; i++)
                 xn[i] = x[i] + step * dir[i];
-            fn = eval_at(g, pre, xn, d, l2, gn, mask);
+            fn = eval_at(&fp, xn, gn);
             if (fn <= f + 1e-4 * step * slope)
                 break;
         }
         if (tries == 40)
             break;
-        double *s = S[head], *y = Y[head];
-        for (int i = 0; i < NP; i++) {
-            s[i] = xn[i] - x[i];
-            y[i] = gn[i] - gr[i];
-        }
-        double sy = dot(s, y);
-        if (sy > 1e-18) {
-            rho[head] = 1.0 / sy;
-            head = (head + 1) % LBFGS_M;
-            if (hist < LBFGS_M)
-                hist++;
-        }
+        lbfgs_remember(&mem, x, xn, gr, gn);
         double df = f - fn;
         memcpy(x, xn, sizeof x);
         memcpy(gr, gn, sizeof gr);
         f = fn;
-        if (curve)
-            fprintf(curve, "%s,%d,%.9f,%.6f\n", pre ? "pre" : "full", it, f, exp(f));
+        if (o->curve)
+            fprintf(o->curve, "%s,%d,%.9f,%.6f\n", pre ? "pre" : "full", it, f, exp(f));
         if (df < 1e-11 * (fabs(f) > 1.0 ? fabs(f) : 1.0))
             break;
     }
@@ -519,20 +550,20 @@ static int fit_skip(nc_gate *g, const nc_gate_data *d, double max_loss, FILE *cu
     return NC_OK;
 }
 
-int gate_fit(nc_gate *g, const nc_cache_params *p, const nc_gate_data *d, int nh, uint64_t seed, int iters,
-             double l2, double max_loss, FILE *curve, char *err, size_t errlen)
+int gate_fit(nc_gate *g, const nc_cache_params *p, const nc_gate_data *d, const nc_gate_fit_opts *o, char *err,
+             size_t errlen)
 {
     memset(g, 0, sizeof *g);
-    if (nh < 0 || nh > NC_GATE_MAXH)
-        return nc_error(err, errlen, NC_EINVAL, "gate: %d hidden units, at most %d", nh, NC_GATE_MAXH);
-    g->nh = nh;
+    if (o->hidden < 0 || o->hidden > NC_GATE_MAXH)
+        return nc_error(err, errlen, NC_EINVAL, "gate: %d hidden units, at most %d", o->hidden, NC_GATE_MAXH);
+    g->nh = o->hidden;
     size_t n = fit_normalisation(g, d);
     if (n < 2)
         return nc_error(err, errlen, NC_EINVAL, "gate: %zu tokens with every component available: too few to fit", n);
-    fit_start(g, p, seed);
-    lbfgs(g, false, d, l2, iters, curve);
-    lbfgs(g, true, d, l2, iters, curve);
-    return fit_skip(g, d, max_loss, curve, err, errlen);
+    fit_start(g, p, o->seed);
+    lbfgs(g, false, d, o);
+    lbfgs(g, true, d, o);
+    return fit_skip(g, d, o->max_loss, o->curve, err, errlen);
 }
 
 /* ---- files ---- */
@@ -565,19 +596,32 @@ static double *tensor_at(const double *data, int rows, int cols, int stride, siz
     return (double *)(rows ? data + (k / (size_t)cols) * (size_t)stride + k % (size_t)cols : data + k);
 }
 
-/* dir/name replaced atomically with the bytes of a then b (atomicfile.h:
+/* dir/name replaced atomically with len bytes of data (atomicfile.h:
  * temporary file, fsync, rename, fsync of the directory). */
-static int save_file(const char *dir, const char *name, const void *a, size_t alen, const void *b, size_t blen,
-                     char *err, size_t errlen)
+static int save_file(const char *dir, const char *name, const void *data, size_t len, char *err, size_t errlen)
 {
     char path[1200];
     if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path)
         return nc_error(err, errlen, NC_EINVAL, "path too long: %s/%s", dir, name);
-    nc_atomicfile f;
-    int rc = atomicfile_open(&f, path, err, errlen);
-    if (rc == NC_OK && (nc_fwrite(a, 1, alen, f.f) != alen || (blen && nc_fwrite(b, 1, blen, f.f) != blen)))
-        rc = nc_error(err, errlen, NC_EIO, "%s: write failed: %s", f.tmp, strerror(errno));
-    return atomicfile_commit(&f, rc, err, errlen);
+    return atomicfile_write(path, data, len, err, errlen);
+}
+
+/* dir/name replaced with j (NULL: out of memory) indented, ending with a
+ * newline. */
+static int save_json(const char *dir, const char *name, const json_t *j, char *err, size_t errlen)
+{
+    char *js = j ? json_dumps(j, JSON_INDENT(2)) : NULL;
+    size_t n = js ? strlen(js) : 0;
+    char *line = js ? nc_realloc(js, n + 2) : NULL;
+    if (!line) {
+        free(js);
+        return nc_error(err, errlen, NC_ENOMEM, "%s", name);
+    }
+    line[n] = '\n';
+    line[n + 1] = '\0';
+    int rc = save_file(dir, name, line, n + 1, err, errlen);
+    free(line);
+    return rc;
 }
 
 int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, size_t errlen)
@@ -627,7 +671,7 @@ int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, si
                 *o++ = (unsigned char)(u >> (8 * b));
         }
     }
-    int rc = save_file(dir, "gate.safetensors", buf, total, NULL, 0, err, errlen);
+    int rc = save_file(dir, "gate.safetensors", buf, total, err, errlen);
     free(buf);
     if (rc)
         return rc;
@@ -649,12 +693,8 @@ int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, si
                           "model row 0");
     if (j && info)
         json_object_set_new(j, "fitted", json_string(info));
-    char *js = j ? json_dumps(j, JSON_INDENT(2)) : NULL;
+    rc = save_json(dir, "gate.json", j, err, errlen);
     json_decref(j);
-    if (!js)
-        return nc_error(err, errlen, NC_ENOMEM, "gate.json");
-    rc = save_file(dir, "gate.json", js, strlen(js), "\n", 1, err, errlen);
-    free(js);
     return rc;
 }
 

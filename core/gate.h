@@ -130,17 +130,24 @@ typedef struct {
 double gate_objective(const nc_gate *g, bool pre, const nc_gate_data *d, double l2, double *grad,
                       size_t *used);
 
+/* How gate_fit fits. */
+typedef struct {
+    int hidden;      /* hidden units nh, 0..NC_GATE_MAXH (U drawn from seed) */
+    uint64_t seed;
+    int iters;       /* L-BFGS iterations at most, for each of the two gates */
+    double l2;       /* weight of the L2 term in the objective */
+    double max_loss; /* the skip threshold's budget: relative perplexity on d, e.g. 0.005 */
+    FILE *curve;     /* NULL or a FILE: one CSV line per iteration: gate (full | pre), iter, objective (mean
+                      * NLL + the L2 term), exp(objective); then one per skip threshold tried: skip,
+                      * threshold, NLL, perplexity */
+} nc_gate_fit_opts;
+
 /* Fits g (comps, mean and sd set from d; both gates) by L-BFGS in double
  * precision, from the constant mixture of p (W = V = 0, b = log of its
- * weights) with nh hidden units (U drawn from seed), iters iterations at
- * most; deterministic for a seed.
- * curve (NULL or a FILE): one CSV line per iteration: gate (full | pre),
- * iter, objective (mean NLL + the L2 term), exp(objective); then one line
- * per skip threshold tried: skip, threshold, NLL, perplexity.
- * Also picks g->skip: the largest threshold whose skipping costs at most
- * max_loss (relative perplexity, e.g. 0.005) on d. */
-int gate_fit(nc_gate *g, const struct nc_cache_params_s *p, const nc_gate_data *d, int nh, uint64_t seed,
-             int iters, double l2, double max_loss, FILE *curve, char *err, size_t errlen);
+ * weights); deterministic for a seed. Also picks g->skip: the largest
+ * threshold whose skipping costs at most o->max_loss on d. */
+int gate_fit(nc_gate *g, const struct nc_cache_params_s *p, const nc_gate_data *d, const nc_gate_fit_opts *o,
+             char *err, size_t errlen);
 
 /* Perplexity of d under g (pre: the pre-search gate) with skipping at
  * threshold thr (< 0: never), and the fraction of tokens skipped. */

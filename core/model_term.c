@@ -25,8 +25,7 @@ static double model_prob(const nc_cache_params *p, const nc_mix_input *in, int x
 {
     double s_x = x < in->V ? (double)in->s_target : -INFINITY;
     if (global_norm_on(p, in))
-        return neural_cache_global_prob(in->ndots, in->nvals, in->nn, p->neural_theta, p->neural_alpha, s_x,
-                                        in->log_z, x);
+        return neural_cache_global_prob(&NC_NEURAL_WINDOW(in, p), p->neural_alpha, s_x, in->log_z, x);
     return exp(s_x - in->log_z);
 }
 
@@ -60,7 +59,7 @@ static int model_step(const nc_comp_step *s)
         return NC_ENOMEM;
     double m = vm_max(in->logits, (size_t)V);
     if (global) {
-        double mc = neural_cache_max_logit(in->ndots, in->nn, p->neural_theta, p->neural_alpha);
+        double mc = neural_cache_max_logit(&NC_NEURAL_WINDOW(in, p), p->neural_alpha);
         if (mc > m)
             m = mc;
     }
@@ -69,7 +68,7 @@ static int model_step(const nc_comp_step *s)
         out->p[w] = 0.0f;
     double zc = 0.0, unused;
     if (global)
-        zc = neural_cache_exp_sum(e, in->ndots, in->nvals, in->nn, p->neural_theta, p->neural_alpha, m, -1, &unused);
+        zc = neural_cache_exp_sum(e, &NC_NEURAL_WINDOW(in, p), p->neural_alpha, m, -1, &unused);
     float inv = (float)(1.0 / (z + zc));
     for (size_t w = 0; w < (size_t)V; w++)
         out->p[w] *= inv;

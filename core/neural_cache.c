@@ -151,66 +151,62 @@ size_t neural_cache_memory(const nc_neural_cache *c)
 
 /* ---- the terms (neural_cache.h) ------------------------------------------- */
 
-double neural_cache_max_logit(const float *dots, int n, double theta, double bias)
+double neural_cache_max_logit(const nc_neural_window *w, double bias)
 {
-    if (n <= 0)
+    if (w->n <= 0)
         return -INFINITY;
-    return theta * (double)vm_max(dots, (size_t)n) + bias;
+    return w->theta * (double)vm_max(w->dots, (size_t)w->n) + bias;
 }
 
 /* With libm's scalar exp these sums were most of the neural cache's cost
  * (2,000 per token), and a scalar match loop after them the next most. */
-double neural_cache_exp_sum(float *e, const float *dots, const int *vals, int n, double theta, double bias,
-                            double m, int x, double *match)
+double neural_cache_exp_sum(float *e, const nc_neural_window *w, double bias, double m, int x, double *match)
 {
-    if (n <= 0) {
+    if (w->n <= 0) {
         *match = 0.0;
         return 0.0;
     }
-    return vm_cache_exp_sum(e, dots, vals, (size_t)n, (float)theta, (float)(m - bias), x, match);
+    return vm_cache_exp_sum(e, w->dots, w->vals, (size_t)w->n, (float)w->theta, (float)(m - bias), x, match);
 }
 
 /* eq. 2: the softmax over the window, shifted by its max */
-double neural_cache_prob(const float *dots, const int *vals, int n, double theta, int x)
+double neural_cache_prob(const nc_neural_window *w, int x)
 {
-    if (n <= 0)
+    if (w->n <= 0)
         return 0.0;
-    double num, z = neural_cache_exp_sum(NULL, dots, vals, n, theta, 0.0, neural_cache_max_logit(dots, n, theta, 0.0),
-                                         x, &num);
+    double num, z = neural_cache_exp_sum(NULL, w, 0.0, neural_cache_max_logit(w, 0.0), x, &num);
     return num / z;
 }
 
 /* The shift of eq. 4's exponentials: the larger of the logits' and the
  * cache's maxima (log_z >= max_w s_w stands in for the logits'). */
-static double global_shift(const float *dots, int n, double theta, double alpha, double log_z)
+static double global_shift(const nc_neural_window *w, double alpha, double log_z)
 {
-    double m = log_z, mc = neural_cache_max_logit(dots, n, theta, alpha);
+    double m = log_z, mc = neural_cache_max_logit(w, alpha);
     return mc > m ? mc : m;
 }
 
-double neural_cache_global_prob(const float *dots, const int *vals, int n, double theta, double alpha,
-                                double s_x, double log_z, int x)
+double neural_cache_global_prob(const nc_neural_window *w, double alpha, double s_x, double log_z, int x)
 {
-    double m = global_shift(dots, n, theta, alpha, log_z), nc;
-    double zc = neural_cache_exp_sum(NULL, dots, vals, n, theta, alpha, m, x, &nc);
+    double m = global_shift(w, alpha, log_z), nc;
+    double zc = neural_cache_exp_sum(NULL, w, alpha, m, x, &nc);
     return (exp(s_x - m) + nc) / (exp(log_z - m) + zc);
 }
 
-int neural_cache_weights(const float *dots, const int *vals, int n, double theta, double alpha, bool global,
-                         double log_z, double *w)
+int neural_cache_weights(const nc_neural_window *w, double alpha, bool global, double log_z, double *out)
 {
-    if (n <= 0)
+    if (w->n <= 0)
         return NC_OK;
-    float *e = nc_malloc((size_t)n * sizeof *e);
+    float *e = nc_malloc((size_t)w->n * sizeof *e);
     if (!e)
         return NC_ENOMEM;
     double bias = global ? alpha : 0.0, unused;
-    double m = global ? global_shift(dots, n, theta, alpha, log_z) : neural_cache_max_logit(dots, n, theta, 0.0);
-    double z = neural_cache_exp_sum(e, dots, vals, n, theta, bias, m, -1, &unused);
+    double m = global ? global_shift(w, alpha, log_z) : neural_cache_max_logit(w, 0.0);
+    double z = neural_cache_exp_sum(e, w, bias, m, -1, &unused);
     if (global)
         z += exp(log_z - m);
-    for (int i = 0; i < n; i++)
-        w[i] = z > 0.0 ? e[i] / z : 0.0;
+    for (int i = 0; i < w->n; i++)
+        out[i] = z > 0.0 ? e[i] / z : 0.0;
     free(e);
     return NC_OK;
 }
@@ -246,7 +242,7 @@ static bool neural_available(const nc_cache_params *p, const nc_mix_input *in)
 
 static double neural_prob(const nc_cache_params *p, const nc_mix_input *in, int x)
 {
-    return neural_cache_prob(in->ndots, in->nvals, in->nn, p->neural_theta, x);
+    return neural_cache_prob(&NC_NEURAL_WINDOW(in, p), x);
 }
 
 /* every word of the window, also under global normalisation (the first
@@ -270,8 +266,9 @@ static int neural_step(const nc_comp_step *s)
     float *e = nc_malloc((size_t)in->nn * sizeof(float));
     if (!e)
         return NC_ENOMEM;
-    double mc = neural_cache_max_logit(in->ndots, in->nn, p->neural_theta, 0.0), unused;
-    double zc = neural_cache_exp_sum(e, in->ndots, in->nvals, in->nn, p->neural_theta, 0.0, mc, -1, &unused);
+    const nc_neural_window win = NC_NEURAL_WINDOW(in, p);
+    double mc = neural_cache_max_logit(&win, 0.0), unused;
+    double zc = neural_cache_exp_sum(e, &win, 0.0, mc, -1, &unused);
     float a = (float)(1.0 - s->lambda), lz = (float)(s->lambda / zc);
     for (size_t w = 0; w < out->n; w++)
         out->p[w] *= a;
@@ -307,8 +304,7 @@ static void neural_features(const nc_cache_params *p, const nc_mix_input *in, nc
     ctx->attended = best;
     /* Σ_i exp(θ (d_i - d_max)) = 1 / max attention weight; the pairs of the
      * best-attended word summed: p_neural of that word (eq. 2) */
-    double z = neural_cache_exp_sum(NULL, in->ndots, in->nvals, in->nn, p->neural_theta, 0.0,
-                                    p->neural_theta * dmax, best, &top);
+    double z = neural_cache_exp_sum(NULL, &NC_NEURAL_WINDOW(in, p), 0.0, p->neural_theta * dmax, best, &top);
     pre[F_FILL] = log1p((double)in->nn);         /* log(1 + pairs in the window) */
     pre[F_MAXDOT] = dmax;                        /* max_i h_t·h_i */
     pre[F_LOGMAXATT] = -log(z);                  /* log max_i softmax_i(θ h_t·h_i) */
@@ -331,8 +327,8 @@ static int neural_explain(const nc_explain_ctx *x, nc_explain_entry *out, int *c
     double *w = nc_malloc((size_t)in->nn * sizeof *w);
     int *cand = nc_malloc((size_t)in->nn * sizeof *cand);
     int rc = w && cand ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "explain");
-    if (!rc && (rc = neural_cache_weights(in->ndots, in->nvals, in->nn, p->neural_theta, p->neural_alpha,
-                                          p->global_norm, log_z, w)) != NC_OK)
+    if (!rc && (rc = neural_cache_weights(&NC_NEURAL_WINDOW(in, p), p->neural_alpha, p->global_norm, log_z, w)) !=
+                   NC_OK)
         nc_error(err, errlen, rc, "explain: neural weights");
     for (size_t q = 0; !rc && q < x->k; q++) {
         int nc = 0;

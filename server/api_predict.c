@@ -16,6 +16,18 @@
 #include "namespaces.h"
 #include "workguard.h"
 
+/* A feed's work: the tokens, where they go and what comes back. */
+typedef struct {
+    nc_stream *st;             /* fed */
+    nc_session *adapt_s;       /* non-NULL: its namespace adapted too (namespaces_feed_adapt) */
+    const nc_tokens *t;
+    double *lp;                /* [t->n] log-probabilities, or NULL */
+    float (*shares)[NC_NCOMP]; /* [t->n] components' shares, or NULL */
+    size_t done;               /* out: tokens fed */
+    wg_stop why;               /* out: why it stopped early (WG_RUN: it did not) */
+    uint64_t seq;              /* out: the last log record of the adapted pairs */
+} feed_job;
+
 /* Feed with "components": token by token, the full distribution with each
  * component's share (stream_predict) read at the token, then the token fed
  * (stream_feed, which gives its logprob through the target-only path; the
@@ -25,9 +37,12 @@
  * as predict: for the page's surprisal map, not for bulk scoring. Unlike
  * stream_feed, a failure midway (out of memory) leaves the tokens before it
  * fed. */
-static int feed_components(nc_stream *st, const nc_model *m, const nc_tokens *t, double *lp,
-                           float (*shares)[NC_NCOMP], char *err, size_t errlen)
+static int feed_components(const nc_model *m, const feed_job *j, size_t i0, const nc_tokens *t, char *err,
+                           size_t errlen)
 {
+    nc_stream *st = j->st;
+    double *lp = j->lp + i0;
+    float (*shares)[NC_NCOMP] = j->shares + i0;
     nc_dist d;
     dist_init(&d);
     int rc = NC_OK;
@@ -53,32 +68,29 @@ static int feed_components(nc_stream *st, const nc_model *m, const nc_tokens *t,
  * (max_generation_steps), unbounded-cache neighbours
  * (max_neighbours_per_request). */
 
-/* Feeds t into s (adapting the session's namespace when adapt_s) in slices
- * of WORKGUARD_SLICE tokens, checking the request's guard between slices.
- * *done = tokens fed; *why = why it stopped early (WG_RUN: it did not);
- * *seq = the last log record of the adapted pairs. Each slice is all or
- * nothing; the slices before a stop stay fed (the stream's results do not
+/* Feeds j->t into j->st (adapting the session's namespace when
+ * j->adapt_s) in slices of WORKGUARD_SLICE tokens, checking the request's
+ * guard between slices; fills j's outputs. Each slice is all or nothing; the slices before a stop stay fed (the stream's results do not
  * depend on how the tokens are split, stream.h). */
-static int feed_slices(nc_server *srv, http_request *req, nc_stream *st, nc_session *adapt_s,
-                       const nc_tokens *t, double *lp, float (*shares)[NC_NCOMP], size_t *done, wg_stop *why,
-                       uint64_t *seq, char *err, size_t errlen)
+static int feed_slices(nc_server *srv, http_request *req, feed_job *j, char *err, size_t errlen)
 {
+    const nc_tokens *t = j->t;
     int rc = NC_OK;
-    *done = 0;
-    *why = WG_RUN;
+    j->done = 0;
+    j->why = WG_RUN;
     for (size_t i = 0; i < t->n && rc == NC_OK; i += WORKGUARD_SLICE) {
-        if ((*why = workguard_check(&req->guard)) != WG_RUN)
+        if ((j->why = workguard_check(&req->guard)) != WG_RUN)
             break;
         size_t nb = t->n - i < WORKGUARD_SLICE ? t->n - i : WORKGUARD_SLICE;
         nc_tokens v = {t->ids + i, t->words + i, t->offsets + i, nb, nb, t->lens ? t->lens + i : NULL};
         uint64_t sq = 0;
-        rc = adapt_s ? namespaces_feed_adapt(srv, adapt_s, &v, lp ? lp + i : NULL, &sq, err, errlen)
-             : shares ? feed_components(st, srv->model, &v, lp + i, shares + i, err, errlen)
-                      : stream_feed(st, &v, false, lp ? lp + i : NULL, err, errlen);
+        rc = j->adapt_s ? namespaces_feed_adapt(srv, j->adapt_s, &v, j->lp ? j->lp + i : NULL, &sq, err, errlen)
+             : j->shares ? feed_components(srv->model, j, i, &v, err, errlen)
+                         : stream_feed(j->st, &v, false, j->lp ? j->lp + i : NULL, err, errlen);
         if (sq)
-            *seq = sq;
+            j->seq = sq;
         if (rc == NC_OK)
-            *done += nb;
+            j->done += nb;
     }
     return rc;
 }
@@ -205,12 +217,12 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
         feed_work_free(&w);
         return;
     }
-    uint64_t seq = 0;
-    size_t done = 0;
-    wg_stop why = WG_RUN;
+    feed_job j = {.st = s->stream, .adapt_s = w.r.adapt ? s : NULL, .t = t, .lp = w.lp, .shares = w.shares};
     if (rc == NC_OK && t->n)
-        rc = feed_slices(srv, req, s->stream, w.r.adapt ? s : NULL, t, w.lp, w.shares, &done, &why, &seq, err,
-                         sizeof err);
+        rc = feed_slices(srv, req, &j, err, sizeof err);
+    uint64_t seq = j.seq;
+    size_t done = j.done;
+    wg_stop why = j.why;
     int64_t pos = stream_position(s->stream);
     pthread_mutex_unlock(&s->lock);
     rc = feed_sync(s, seq, rc, err, sizeof err);
@@ -387,11 +399,11 @@ void api_h_score(nc_server *srv, http_request *req, http_response *resp)
     nc_stream *s = NULL;
     double *lp = malloc((t.n ? t.n : 1) * sizeof *lp);
     int rc = lp ? stream_new(srv->model, &r.cache, NULL, NULL, r.bos_eos, &s, err, sizeof err) : NC_ENOMEM;
-    size_t done = 0;
-    wg_stop why = WG_RUN;
-    uint64_t seq = 0;
+    feed_job j = {.st = s, .t = &t, .lp = lp};
     if (rc == NC_OK && t.n)
-        rc = feed_slices(srv, req, s, NULL, &t, lp, NULL, &done, &why, &seq, err, sizeof err);
+        rc = feed_slices(srv, req, &j, err, sizeof err);
+    size_t done = j.done;
+    wg_stop why = j.why;
     if (rc != NC_OK) {
         http_reply_error(resp, api_error_from_core(rc), "score: %s", err);
     } else if (why != WG_RUN) {

@@ -45,7 +45,8 @@ void api_h_sessions_create(nc_server *srv, http_request *req, http_response *res
     }
     nc_session *s;
     char err[NC_ERRLEN] = "";
-    sessions_rc rc = sessions_create(srv->sessions, r.id, r.ns, &r.cache, &s, err, sizeof err);
+    nc_session_spec sp = {.id = r.id, .ns = r.ns, .p = &r.cache};
+    sessions_rc rc = sessions_create(srv->sessions, &sp, &s, err, sizeof err);
     if (rc != SESS_OK) {
         http_reply_error(resp, api_error_from_sessions(rc), "%s", err);
         return;
@@ -191,8 +192,8 @@ void api_h_sessions_state_put(nc_server *srv, http_request *req, http_response *
      * request waiting for the old copy is told to retry (it finds this one). */
     sessions_hand_over(srv->sessions, id);
     nc_session *s = NULL;
-    sessions_rc rc = sessions_adopt(srv->sessions, id, ns, stream_params(ms.stream), ms.stream, ms.ns_ref, &s, err,
-                                    errlen);
+    nc_session_spec sp = {.id = id, .ns = ns, .p = stream_params(ms.stream), .stream = ms.stream, .ns_ref = ms.ns_ref};
+    sessions_rc rc = sessions_adopt(srv->sessions, &sp, &s, err, errlen);
     if (rc != SESS_OK) {
         http_reply_error(resp, api_error_from_sessions(rc), "%s", err);
         return;

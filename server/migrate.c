@@ -213,23 +213,29 @@ api_error migrate_peek(nc_server *srv, const void *blob, size_t len, migrate_sta
 
 /* ---- calls to the peers ---------------------------------------------------- */
 
-/* method on a peer's url with the peer key; *resp malloc'ed (NUL-terminated,
- * free()), *status the HTTP status (0 when no answer). 0, or -1 with a
- * message (connection failed). */
-static int peer_call(const migration *mg, const char *method, const char *url, const void *body, size_t len, char **resp,
-                     size_t *resp_len, long *status, char *err, size_t errlen)
+/* A peer's answer: body malloc'ed (NUL-terminated, free()), status the
+ * HTTP status (0 when no answer). */
+typedef struct {
+    char *body;
+    size_t len;
+    long status;
+} peer_reply;
+
+/* r (method, url, body) on a peer with the peer key and the hand-over's
+ * timeouts; 0, or -1 with a message (connection failed). */
+static int peer_call(const migration *mg, http_client_req r, peer_reply *out, char *err, size_t errlen)
 {
-    http_client_req r = {.method = method, .url = url, .body = body, .len = len, .bearer = mg->peer_key,
-                         .connect_timeout_ms = 1000, .timeout_ms = 30000};
-    nc_buf out = NC_BUF_INIT;
-    *resp = NULL;
-    *resp_len = 0;
-    if (http_client_call(&r, &out, status, err, errlen) != 0) {
-        buf_free(&out);
+    r.bearer = mg->peer_key;
+    r.connect_timeout_ms = 1000;
+    r.timeout_ms = 30000;
+    nc_buf buf = NC_BUF_INIT;
+    *out = (peer_reply){.body = NULL, .len = 0, .status = 0};
+    if (http_client_call(&r, &buf, &out->status, err, errlen) != 0) {
+        buf_free(&buf);
         return -1;
     }
-    *resp = buf_detach(&out, resp_len);
-    return *resp ? 0 : -1;
+    out->body = buf_detach(&buf, &out->len);
+    return out->body ? 0 : -1;
 }
 
 /* ---- set-up ---------------------------------------------------------------- */
@@ -354,12 +360,14 @@ static int pull(nc_server *srv, const char *id)
         int moving = 0;
         for (int k = 0; k < n; k++) {
             const peer *p = &mg->peers[order[k]];
-            char url[512], err[256], *body = NULL;
-            size_t blen = 0;
-            long status = 0;
+            char url[512], err[256];
+            peer_reply got;
             snprintf(url, sizeof url, "%s/v1/sessions/%s/handoff", p->url, id);
-            if (peer_call(mg, "POST", url, NULL, 0, &body, &blen, &status, err, sizeof err))
+            if (peer_call(mg, (http_client_req){.method = "POST", .url = url}, &got, err, sizeof err))
                 continue;   /* peer down: nothing to get from it */
+            char *body = got.body;
+            size_t blen = got.len;
+            long status = got.status;
             if (status == 503)
                 moving = 1;
             if (status != 200) {
@@ -371,9 +379,10 @@ static int pull(nc_server *srv, const char *id)
             api_error e = migrate_import(srv, body, blen, &ms);
             nc_session *s = NULL;
             sessions_rc src = SESS_EINVAL;
+            nc_session_spec sp = {.id = id, .ns = ms.ns, .p = stream_params(ms.stream), .stream = ms.stream,
+                                  .ns_ref = ms.ns_ref};
             if (e == API_OK)
-                src = sessions_adopt(srv->sessions, id, ms.ns, stream_params(ms.stream), ms.stream, ms.ns_ref, &s,
-                                     msg, sizeof ms.err);
+                src = sessions_adopt(srv->sessions, &sp, &s, msg, sizeof ms.err);
             if (src == SESS_OK) {
                 sessions_release(srv->sessions, s);
                 slog(SLOG_INFO, "session pulled", json_pack("{s:s,s:s}", "session", id, "from", p->url));
@@ -385,15 +394,14 @@ static int pull(nc_server *srv, const char *id)
                 return 1;
             }
             /* We took it but cannot keep it (limits): give it back. */
-            char *r2 = NULL;
-            size_t r2l = 0;
-            long st2 = 0;
+            peer_reply back_reply;
             snprintf(url, sizeof url, "%s/v1/sessions/%s/state", p->url, id);
-            int back = peer_call(mg, "PUT", url, body, blen, &r2, &r2l, &st2, err, sizeof err);
+            int back = peer_call(mg, (http_client_req){.method = "PUT", .url = url, .body = body, .len = blen},
+                                 &back_reply, err, sizeof err);
             slog(SLOG_WARN, "session pull refused",
                  json_pack("{s:s,s:s,s:s,s:b}", "session", id, "from", p->url, "error", msg,
-                           "returned", back == 0 && st2 == 201));
-            free(r2);
+                           "returned", back == 0 && back_reply.status == 201));
+            free(back_reply.body);
             free(body);
             return 0;
         }
@@ -470,14 +478,14 @@ int migrate_drain(nc_server *srv, int *failed)
                  * the session gone and answers session_moved (retried). */
                 for (int k = 0; k < mg->npeers && !ok; k++) {
                     const peer *p = &mg->peers[(i + (size_t)k) % (size_t)mg->npeers];
-                    char url[512], *body = NULL;
-                    size_t blen = 0;
-                    long status = 0;
+                    char url[512];
+                    peer_reply put;
                     snprintf(url, sizeof url, "%s/v1/sessions/%s/state", p->url, s->id);
-                    if (peer_call(mg, "PUT", url, blob, len, &body, &blen, &status, err,
-                                     sizeof err) == 0 && status == 201)
+                    if (peer_call(mg, (http_client_req){.method = "PUT", .url = url, .body = blob, .len = len}, &put,
+                                  err, sizeof err) == 0 &&
+                        put.status == 201)
                         ok = true;
-                    free(body);
+                    free(put.body);
                 }
                 free(blob);
             }

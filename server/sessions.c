@@ -117,10 +117,10 @@ static int random_id(const char *tag, char *out, size_t cap)
     return 0;
 }
 
-sessions_rc sessions_create(sessions *t, const char *id, const char *ns,
-                            const nc_cache_params *p, nc_session **out, char *err, size_t errlen)
+sessions_rc sessions_create(sessions *t, const nc_session_spec *sp, nc_session **out, char *err, size_t errlen)
 {
-    return sessions_adopt(t, id, ns, p, NULL, NULL, out, err, errlen);
+    NC_ASSERT(!sp->stream && !sp->ns_ref, "sessions_create with a ready stream: sessions_adopt takes it over");
+    return sessions_adopt(t, sp, out, err, errlen);
 }
 
 int sessions_bind(sessions *t, const char *ns, nc_unbounded_cache **ub, void **ref, char *err, size_t errlen)
@@ -136,14 +136,6 @@ void sessions_unbind(sessions *t, void *ref)
         t->unbind(t->bind_ctx, ref);
 }
 
-/* What sessions_adopt makes a session of. */
-typedef struct {
-    const char *id;               /* NULL: a random one */
-    const char *ns;
-    const nc_cache_params *p;
-    nc_stream *stream;            /* NULL: a new stream of p bound to ns */
-    void *ns_ref;                 /* stream's namespace reference */
-} session_spec;
 
 /* Reserves a slot and need bytes first, so concurrent creations cannot
  * overshoot the limits while the stream is being built. */
@@ -174,7 +166,7 @@ static sessions_rc reserve_slot(sessions *t, const char *id, size_t need, char *
 
 /* Fills the new session s: its settings, its stream (the adopted one,
  * taken over, or a new one bound to its namespace) and its id. */
-static sessions_rc session_fill(sessions *t, nc_session *s, const session_spec *sp, size_t need, char *err,
+static sessions_rc session_fill(sessions *t, nc_session *s, const nc_session_spec *sp, size_t need, char *err,
                                 size_t errlen)
 {
     sessions_rc rc = SESS_OK;
@@ -233,13 +225,11 @@ static sessions_rc session_enter(sessions *t, nc_session *s, size_t need, sessio
     return rc;
 }
 
-sessions_rc sessions_adopt(sessions *t, const char *id, const char *ns, const nc_cache_params *p,
-                           nc_stream *stream, void *ns_ref, nc_session **out, char *err, size_t errlen)
+sessions_rc sessions_adopt(sessions *t, const nc_session_spec *sp, nc_session **out, char *err, size_t errlen)
 {
     *out = NULL;
-    const session_spec sp = {.id = id, .ns = ns, .p = p, .stream = stream, .ns_ref = ns_ref};
-    size_t need = sessions_estimate(t->model, p);
-    sessions_rc rc = reserve_slot(t, id, need, err, errlen);
+    size_t need = sessions_estimate(t->model, sp->p);
+    sessions_rc rc = reserve_slot(t, sp->id, need, err, errlen);
     nc_session *s = NULL;
     if (rc == SESS_OK) {
         s = calloc(1, sizeof *s);
@@ -250,11 +240,11 @@ sessions_rc sessions_adopt(sessions *t, const char *id, const char *ns, const nc
     }
     if (!s) {
         /* An adopted stream's namespace reference is released with it. */
-        stream_free(stream);
-        sessions_unbind(t, ns_ref);
+        stream_free(sp->stream);
+        sessions_unbind(t, sp->ns_ref);
         return rc;
     }
-    rc = session_fill(t, s, &sp, need, err, errlen);
+    rc = session_fill(t, s, sp, need, err, errlen);
     rc = session_enter(t, s, need, rc, err, errlen);
     if (rc == SESS_OK)
         *out = s;

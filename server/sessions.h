@@ -56,18 +56,23 @@ sessions *sessions_new(const nc_model *m, int max_sessions, int ttl_s, size_t bu
 /* Frees every session (none may be acquired any more). NULL allowed. */
 void sessions_free(sessions *t);
 
-/* Creates a session (fresh stream started with eos, design §3) and returns
- * it acquired: the caller releases it with sessions_release. id: a
- * client-chosen id or NULL for a random one. err gets a message on failure. */
-sessions_rc sessions_create(sessions *t, const char *id, const char *ns,
-                            const nc_cache_params *p, nc_session **out, char *err, size_t errlen);
+/* What a session is made of. */
+typedef struct {
+    const char *id;           /* a client-chosen id, or NULL for a random one */
+    const char *ns;           /* its namespace ("" none) */
+    const nc_cache_params *p; /* its settings */
+    nc_stream *stream;        /* sessions_adopt: the ready stream (an imported state); else NULL */
+    void *ns_ref;             /* sessions_adopt: stream's namespace reference from sessions_bind, or NULL */
+} nc_session_spec;
 
-/* As sessions_create, with a ready stream (an imported session state) built
- * on the namespace reference ns_ref from sessions_bind (or NULL): both are
- * taken over in every case (released on failure). */
-sessions_rc sessions_adopt(sessions *t, const char *id, const char *ns, const nc_cache_params *p,
-                           nc_stream *stream, void *ns_ref, nc_session **out, char *err,
-                           size_t errlen);
+/* Creates a session (fresh stream of sp->p started with eos, design §3,
+ * bound to sp->ns; sp->stream and ns_ref NULL) and returns it acquired: the
+ * caller releases it with sessions_release. err gets a message on failure. */
+sessions_rc sessions_create(sessions *t, const nc_session_spec *sp, nc_session **out, char *err, size_t errlen);
+
+/* As sessions_create, with sp->stream ready and built on sp->ns_ref: both
+ * are taken over in every case (released on failure). */
+sessions_rc sessions_adopt(sessions *t, const nc_session_spec *sp, nc_session **out, char *err, size_t errlen);
 
 /* The table's binder (sessions_set_binder) for a stream built by the caller:
  * *ub the namespace's unbounded cache (NULL for ns "" or no binder), *ref

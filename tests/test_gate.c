@@ -28,6 +28,10 @@
 #include "tolerance.h"
 
 static uint64_t lcg = 4242;
+/* gate_fit's options in these tests: L2 1e-4, a skip budget of +0.25% */
+#define FIT(hidden_, seed_, iters_) \
+    ((nc_gate_fit_opts){.hidden = (hidden_), .seed = (seed_), .iters = (iters_), .l2 = 1e-4, .max_loss = 0.0025})
+
 static uint32_t rnd(void)
 {
     lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
@@ -210,9 +214,9 @@ TEST(fit_is_deterministic_and_learns)
     p.uniform_mu = 0.01f;
     char err[NC_ERRLEN];
     nc_gate a, b, c;
-    CHECKF(gate_fit(&a, &p, &d, 4, 7, 100, 1e-4, 0.0025, NULL, err, sizeof err) == NC_OK, "%s", err);
-    CHECKF(gate_fit(&b, &p, &d, 4, 7, 100, 1e-4, 0.0025, NULL, err, sizeof err) == NC_OK, "%s", err);
-    CHECKF(gate_fit(&c, &p, &d, 4, 8, 100, 1e-4, 0.0025, NULL, err, sizeof err) == NC_OK, "%s", err);
+    CHECKF(gate_fit(&a, &p, &d, &FIT(4, 7, 100), err, sizeof err) == NC_OK, "%s", err);
+    CHECKF(gate_fit(&b, &p, &d, &FIT(4, 7, 100), err, sizeof err) == NC_OK, "%s", err);
+    CHECKF(gate_fit(&c, &p, &d, &FIT(4, 8, 100), err, sizeof err) == NC_OK, "%s", err);
     CHECK(memcmp(&a, &b, sizeof a) == 0);            /* same seed: the same bytes */
     CHECK(memcmp(&a.full, &c.full, sizeof a.full) != 0);   /* another draw of U */
     CHECK(a.comps == ((1u << NC_COMP_MODEL) | (1u << NC_COMP_NEURAL) | (1u << NC_COMP_UNBOUNDED) |
@@ -232,7 +236,7 @@ TEST(fit_is_deterministic_and_learns)
     /* the threshold costs at most what was allowed on the data */
     double sk, base = gate_data_ppl(&a, &d, -1, NULL), with = gate_data_ppl(&a, &d, a.skip, &sk);
     CHECKF(with <= base * 1.0025 * (1 + 1e-12), "skip %.4g: %.4f against %.4f", a.skip, with, base);
-    CHECK(gate_fit(&a, &p, &d, NC_GATE_MAXH + 1, 7, 10, 1e-4, 0.0025, NULL, err, sizeof err) == NC_EINVAL);
+    CHECK(gate_fit(&a, &p, &d, &FIT(NC_GATE_MAXH + 1, 7, 10), err, sizeof err) == NC_EINVAL);
     free(d.f);
     free(d.pc);
 }
@@ -248,7 +252,7 @@ TEST(files_round_trip_and_bad_ones_refused)
     char err[NC_ERRLEN], dir[] = "/tmp/nc_gate_XXXXXX", path[300], cmd[600];
     CHECK(mkdtemp(dir) != NULL);
     nc_gate a, *b = NULL;
-    CHECK(gate_fit(&a, &p, &d, 2, 1, 30, 1e-4, 0.0025, NULL, err, sizeof err) == NC_OK);
+    CHECK(gate_fit(&a, &p, &d, &FIT(2, 1, 30), err, sizeof err) == NC_OK);
     CHECK(gate_load(dir, &b, err, sizeof err) == NC_ENOTFOUND && b == NULL);   /* none: quietly */
     CHECKF(gate_save(&a, dir, "test", err, sizeof err) == NC_OK, "%s", err);
     CHECKF(gate_load(dir, &b, err, sizeof err) == NC_OK, "%s", err);
@@ -394,7 +398,7 @@ TEST(gate_never_reads_the_target)
     synth_data(&gd, 300);
     char err[NC_ERRLEN];
     nc_gate *g = calloc(1, sizeof *g);
-    CHECK(gate_fit(g, &p, &gd, 4, 3, 20, 1e-4, 0.0025, NULL, err, sizeof err) == NC_OK);
+    CHECK(gate_fit(g, &p, &gd, &FIT(4, 3, 20), err, sizeof err) == NC_OK);
     m->gate = g;
     p.gate = true;
     p.gate_skip = 0.0f;
@@ -450,7 +454,7 @@ TEST(adaptive_retrieval_extremes)
     synth_data(&gd, 300);
     char err[NC_ERRLEN];
     nc_gate *g = calloc(1, sizeof *g);
-    CHECK(gate_fit(g, &p, &gd, 0, 1, 20, 1e-4, 0.0025, NULL, err, sizeof err) == NC_OK);
+    CHECK(gate_fit(g, &p, &gd, &FIT(0, 1, 20), err, sizeof err) == NC_OK);
     m->gate = g;
     p.gate = true;
     size_t n = doc.n, searched, skipped;

@@ -12,8 +12,11 @@
  * token scored. How fast (issue 17's 100 ms a probe, 50 ms a refusal) is a
  * benchmark's figure (bench_server --guard, BENCHMARKS.md "Server"): a
  * timed assertion fails on a loaded machine, not on a slow server. The
- * waits left (drain_timeout + 2 s to exit, connection_timeout + 3 s to
- * close) are the daemon's own timeouts with seconds of margin. */
+ * waits left are the daemon's own timeouts (2 s) against what they
+ * prevent, with 15 s of margin for a loaded or sanitized run: the exit
+ * after SIGTERM within 2 + 15 s, where the heavy work would take minutes
+ * (1,000,000 tokens to score); an idle connection closed within 2 + 15 s,
+ * where without connection_timeout it stays open for good. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -111,7 +114,7 @@ TEST(hangup_frees_worker)
 }
 
 /* Documents uploaded (acknowledged), then heavy work, then SIGTERM: exit 0
- * within drain_timeout (2 s) + 2 s, the in-flight requests answered 503,
+ * within drain_timeout (2 s) + 15 s, the in-flight requests answered 503,
  * and after a restart the namespace has every acknowledged document. */
 TEST(sigterm_with_heavy_work)
 {
@@ -130,7 +133,7 @@ TEST(sigterm_with_heavy_work)
     int answered = 0;
     for (int i = 0; i < 3; i++) {
         int closed;
-        char *a = raw_read(heavy_fd[i], 5000, &closed);
+        char *a = raw_read(heavy_fd[i], 17000, &closed);
         if (raw_status(a) == 503) answered++;
         free(a);
         close(heavy_fd[i]);
@@ -138,7 +141,7 @@ TEST(sigterm_with_heavy_work)
     int st = daemon_wait(&H, 30);
     double dt = now_s() - t0;
     CHECKF(st == 0, "exit status %d", st);
-    CHECKF(dt <= 2 + 2, "exited %.2f s after SIGTERM (drain_timeout 2 s)", dt);
+    CHECKF(dt <= 2 + 15, "exited %.2f s after SIGTERM (drain_timeout 2 s)", dt);
     CHECKF(answered == 3, "%d of 3 in-flight requests answered 503", answered);
     fprintf(stderr, "    SIGTERM with 3 heavy requests: exit %d after %.2f s\n", st, dt);
 
@@ -287,12 +290,12 @@ TEST(idle_connections_time_out)
     CHECK(quiet >= 0 && slow >= 0 && raw_write_all(slow, "GET /hea", 8) == 0);
     double t0 = now_s();
     int closed_q = 0, closed_s = 0;
-    char *a = raw_read(quiet, 10000, &closed_q);
+    char *a = raw_read(quiet, 17000, &closed_q);
     free(a);
-    a = raw_read(slow, 10000, &closed_s);
+    a = raw_read(slow, 17000, &closed_s);
     free(a);
     CHECK(closed_q && closed_s);
-    CHECKF(now_s() - t0 < 2 + 3, "closed after %.1f s (connection_timeout 2)", now_s() - t0);
+    CHECKF(now_s() - t0 < 2 + 15, "closed after %.1f s (connection_timeout 2)", now_s() - t0);
     close(quiet);
     close(slow);
 }

@@ -254,8 +254,9 @@ static int fitgate_fit(nc_gate *g, const fitgate_args *a, fitgate_data *s, doubl
         return nc_error(err, errlen, NC_EIO, "%s: cannot write", path);
     fprintf(curve, "gate,iter,objective,exp_objective\n");
     double t0 = co_now();
-    int rc = gate_fit(g, &a->co.p, &s->gd, (int)a->hidden, (uint64_t)a->seed, (int)a->iters, a->l2, a->max_loss,
-                      curve, err, errlen);
+    nc_gate_fit_opts o = {.hidden = (int)a->hidden, .seed = (uint64_t)a->seed, .iters = (int)a->iters, .l2 = a->l2,
+                          .max_loss = a->max_loss, .curve = curve};
+    int rc = gate_fit(g, &a->co.p, &s->gd, &o, err, errlen);
     *t_fit = co_now() - t0;
     if (fclose(curve) != 0 && !rc)
         rc = nc_error(err, errlen, NC_EIO, "%s: write failed", path);

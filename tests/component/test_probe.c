@@ -184,7 +184,8 @@ TEST(gate_sees_the_probe)
     }
     nc_gate g;
     char err[NC_ERRLEN], dir[] = "/tmp/nc_probe_gateXXXXXX";
-    CHECKF(gate_fit(&g, &p, &d, 0, 1, 200, 1e-4, 0.005, NULL, err, sizeof err) == NC_OK, "%s", err);
+    nc_gate_fit_opts fit = {.hidden = 0, .seed = 1, .iters = 200, .l2 = 1e-4, .max_loss = 0.005};
+    CHECKF(gate_fit(&g, &p, &d, &fit, err, sizeof err) == NC_OK, "%s", err);
     CHECK(g.comps == ((1u << NC_COMP_MODEL) | (1u << NC_COMP_PROBE)));
     /* the probe's row leans on its feature: a large positive weight */
     CHECKF(g.full.w[NC_COMP_PROBE][NC_GATE_NPRE - 1] > 1.0, "w %g", g.full.w[NC_COMP_PROBE][NC_GATE_NPRE - 1]);

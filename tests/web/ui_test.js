@@ -75,6 +75,10 @@ async function main() {
 async function run(browser) {
   const page = await browser.newPage();
   await page.setViewport({ width: 1100, height: 780 });
+  /* waits are for events; their limits only bound a failure, and a loaded
+   * 2-core machine running the sanitized daemon is slow (a step timed out
+   * once at load 9 with puppeteer's 30 s default) */
+  page.setDefaultTimeout(90000);
   const pageErrors = [], foreign = [], keyless = [], dialogs = [];
   let keySet = false;
   page.on('pageerror', (e) => pageErrors.push(e.message));
@@ -163,7 +167,7 @@ async function run(browser) {
   const settled = () => page.waitForFunction(() => {
     const l = document.querySelector('#pred-list');
     return l.dataset.busy === '0' && l.dataset.text === document.querySelector('#ta-text').value;
-  }, { timeout: 20000 });
+  }, { timeout: 60000 });
   const shown = () => page.evaluate(() => [...document.querySelectorAll('#pred-list .pred')].map((li) => li.dataset.word));
   await page.click('#ta-text');
   await page.type('#ta-text', 'the company said its profit rose sharply in the third quarter\nthe company ');
@@ -253,7 +257,7 @@ async function run(browser) {
   await page.click('#tabs [data-view="map"]');
   await $eval('#map-text', (e, t) => { e.value = t; }, MAP_TEXT);
   await page.click('#map-run');
-  await page.waitForFunction(() => document.querySelector('#map-status').dataset.done === '1', { timeout: 30000 });
+  await page.waitForFunction(() => document.querySelector('#map-status').dataset.done === '1', { timeout: 90000 });
   const map = await page.evaluate((rare) => {
     const col = (id) => [...document.querySelectorAll(`#${id} .tok`)].map((s) => ({ w: s.textContent, bits: Number(s.dataset.bits) }));
     return { s: col('map-static'), c: col('map-cached'), chunks: Number(document.querySelector('#map-status').dataset.chunks),
@@ -308,7 +312,7 @@ async function run(browser) {
   await setField('neural_size', 0);
   await page.evaluate(() => { delete document.querySelector('#map-status').dataset.done; });
   await page.click('#map-run');
-  await page.waitForFunction(() => document.querySelector('#map-status').dataset.done === '1', { timeout: 30000 });
+  await page.waitForFunction(() => document.querySelector('#map-status').dataset.done === '1', { timeout: 90000 });
   const plainMap = await page.evaluate(() => ({
     ppl: [Number(document.querySelector('#ppl-static').dataset.ppl), Number(document.querySelector('#ppl-cached').dataset.ppl)],
     note: document.querySelector('#map-cache-note').textContent }));
@@ -344,7 +348,7 @@ async function run(browser) {
   await page.click('#tabs [data-view="map"]');
   await $eval('#map-text', (e, t) => { e.value = t; }, PLAIN_TEXT);
   await page.click('#map-run');
-  await page.waitForFunction(() => document.querySelector('#map-status').dataset.done === '1', { timeout: 30000 });
+  await page.waitForFunction(() => document.querySelector('#map-status').dataset.done === '1', { timeout: 90000 });
   const plain = await page.evaluate(() => ({
     shown: [...document.querySelectorAll('#map-static .tok')].map((s) => s.textContent),
     unk: [...document.querySelectorAll('#map-static .tok.unk')].map((s) => s.textContent),
@@ -379,7 +383,7 @@ async function run(browser) {
   await setKey(adminKey);
   await page.click('#ns-refresh');
   await page.waitForFunction((ns) => document.querySelector(`#ns-table tr[data-name="${ns}"]`) &&
-    document.querySelector('#error').hidden, { timeout: 10000 }, NS);
+    document.querySelector('#error').hidden, { timeout: 60000 }, NS);
   /* a DOM click: the list may be redrawn meanwhile, the button looked up at once */
   await page.evaluate((ns) => document.querySelector(`#ns-table tr[data-name="${ns}"] button.danger`).click(), NS);
   await page.waitForFunction((ns) => !document.querySelector(`#ns-table tr[data-name="${ns}"]`), { timeout: 10000 }, NS).catch(() => {});
@@ -406,7 +410,7 @@ async function run(browser) {
     if (view === 'map') {
       await $eval('#map-text', (e, t) => { e.value = t; }, MAP_TEXT);
       await page.click('#map-run');
-      await page.waitForFunction(() => document.querySelector('#map-status').dataset.done === '1', { timeout: 30000 });
+      await page.waitForFunction(() => document.querySelector('#map-status').dataset.done === '1', { timeout: 90000 });
       await page.evaluate(() => { document.querySelector('#map-text').rows = 2; });
     }
     if (view !== 'ns') await shot(view + '-phone');
