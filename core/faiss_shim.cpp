@@ -136,6 +136,27 @@ void list_dists(const float *t, size_t M, size_t ksub, const uint8_t *cp, size_t
     }
 }
 
+/* v [0, n) sorted ascending, by 8-bit digits from the lowest (LSD radix:
+ * stable, so the order is the full 64-bit key's), tmp [n] its scratch; a
+ * digit every key shares is skipped (the ids' high bytes, often the
+ * distances' exponent). Measured against std::sort of the k = 512 best: the
+ * sort was 7% of the scoring pass. */
+void radix_sort(uint64_t *v, uint64_t *tmp, size_t n)
+{
+    for (int shift = 0; shift < 64; shift += 8) {
+        size_t cnt[257] = {0};
+        for (size_t i = 0; i < n; i++)
+            cnt[((v[i] >> shift) & 255) + 1]++;
+        if (cnt[((v[0] >> shift) & 255) + 1] == n)
+            continue;
+        for (int b = 0; b < 256; b++)
+            cnt[b + 1] += cnt[b];
+        for (size_t i = 0; i < n; i++)
+            tmp[cnt[(v[i] >> shift) & 255]++] = v[i];
+        std::memcpy(v, tmp, n * sizeof *v);
+    }
+}
+
 /* The scan's scratch, one a call, and what it reads: the index and, when
  * the coarse searcher is there, its transposed codebooks (the tables then
  * come from the residual, residual_tables). */
@@ -143,7 +164,7 @@ struct scan_ctx {
     const faiss::IndexIVFPQ *ix;
     const faiss_shim_cq *cq;
     std::vector<float> tab2, tab, dist;
-    std::vector<uint64_t> c;
+    std::vector<uint64_t> c, tmp;
 };
 
 /* One query's inputs and outputs: its np lists (cids, coarse distances
@@ -211,7 +232,12 @@ uint64_t scan_query(scan_ctx &sc, const scan_row &q)
     int64_t got = (int64_t)c.size() < k ? (int64_t)c.size() : k;
     if ((int64_t)c.size() > k)
         std::nth_element(c.begin(), c.begin() + k, c.end());
-    std::sort(c.begin(), c.begin() + got);
+    if (got >= 64) {
+        sc.tmp.resize(std::max(sc.tmp.size(), (size_t)got));
+        radix_sort(c.data(), sc.tmp.data(), (size_t)got);
+    } else {
+        std::sort(c.begin(), c.begin() + got);
+    }
     for (int64_t i = 0; i < k; i++) {
         q.d[i] = i < got ? cand_dist(c[(size_t)i]) : INFINITY;
         q.l[i] = i < got ? (int64_t)(uint32_t)c[(size_t)i] : -1;
@@ -273,33 +299,6 @@ namespace {
 const float CQ_MARGIN = 1e-3f;   /* relative, of ||x'||^2 + ||c'||^2: see above */
 const size_t CQ_BLOCK = 64;      /* queries a GEMM: G is [64, nlist] floats (1 MB at 4,096) */
 
-/* rows [n, d] minus mean, projected: xc [n, d] = x - mean, y [n, dp] = xc P^T;
- * xn[i] = ||xc_i||^2, yn[i] = ||y_i||^2, r[i] = ||xc_i - P^T y_i|| (the
- * residual's norm computed from the residual itself, in double) */
-void cq_project(const faiss_shim_cq *cq, size_t n, const float *x, std::vector<float> &xc, std::vector<float> &y,
-                std::vector<float> &back, double *xn, double *yn, double *r)
-{
-    const size_t d = cq->d, dp = cq->dp;
-    for (size_t i = 0; i < n; i++)
-        for (size_t j = 0; j < d; j++)
-            xc[i * d + j] = x[i * d + j] - cq->mean[j];
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)dp, (int)d, 1.0f, xc.data(), (int)d,
-                cq->P.data(), (int)d, 0.0f, y.data(), (int)dp);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)dp, 1.0f, y.data(), (int)dp,
-                cq->P.data(), (int)d, 0.0f, back.data(), (int)d);
-    for (size_t i = 0; i < n; i++) {
-        double a = 0, b = 0, c = 0;
-        for (size_t j = 0; j < d; j++) {
-            double v = xc[i * d + j], e = v - back[i * d + j];
-            a += v * v;
-            c += e * e;
-        }
-        for (size_t j = 0; j < dp; j++)
-            b += (double)y[i * dp + j] * y[i * dp + j];
-        xn[i] = a, yn[i] = b, r[i] = std::sqrt(c);
-    }
-}
-
 /* (d, list) pairs kept sorted ascending, np of them at most */
 struct cq_top {
     std::vector<float> d;
@@ -319,6 +318,55 @@ struct cq_top {
         d[i] = dv, l[i] = lv;
     }
 };
+
+/* A thread's scratch for faiss_shim_cq_search, kept between calls: a
+ * fresh 1 MB row block each call was measured at 13% of the search in page
+ * faults. Rows of a block of B queries: xc, back [B, d], y [B, dp], g [B,
+ * nlist]; xn, yn, r [B] (cq_project); top, seed: one query's lists;
+ * cand: the centroids its pruning visits. */
+struct cq_scratch {
+    std::vector<float> xc, y, back, g;
+    std::vector<double> xn, yn, r;
+    cq_top top, seed;
+    std::vector<uint32_t> cand;
+    void fit(size_t B, size_t d, size_t dp, size_t nlist, size_t np)
+    {
+        xc.resize(std::max(xc.size(), B * d)), back.resize(std::max(back.size(), B * d));
+        y.resize(std::max(y.size(), B * dp)), g.resize(std::max(g.size(), B * nlist));
+        xn.resize(std::max(xn.size(), B)), yn.resize(std::max(yn.size(), B)), r.resize(std::max(r.size(), B));
+        top.d.resize(np), top.l.resize(np), top.np = np, top.n = 0;
+        seed.d.resize(np), seed.l.resize(np), seed.np = np, seed.n = 0;
+        cand.resize(std::max(cand.size(), nlist));
+    }
+};
+
+/* rows [n, d] minus mean, projected, into w: xc [n, d] = x - mean, y [n,
+ * dp] = xc P^T; xn[i] = ||xc_i||^2, yn[i] = ||y_i||^2, r[i] = ||xc_i - P^T
+ * y_i|| (the residual's norm computed from the residual itself, in double) */
+void cq_project(const faiss_shim_cq *cq, size_t n, const float *x, cq_scratch &w)
+{
+    const size_t d = cq->d, dp = cq->dp;
+    std::vector<float> &xc = w.xc, &y = w.y, &back = w.back;
+    double *xn = w.xn.data(), *yn = w.yn.data(), *r = w.r.data();
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < d; j++)
+            xc[i * d + j] = x[i * d + j] - cq->mean[j];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)dp, (int)d, 1.0f, xc.data(), (int)d,
+                cq->P.data(), (int)d, 0.0f, y.data(), (int)dp);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)dp, 1.0f, y.data(), (int)dp,
+                cq->P.data(), (int)d, 0.0f, back.data(), (int)d);
+    for (size_t i = 0; i < n; i++) {
+        double a = 0, b = 0, c = 0;
+        for (size_t j = 0; j < d; j++) {
+            double v = xc[i * d + j], e = v - back[i * d + j];
+            a += v * v;
+            c += e * e;
+        }
+        for (size_t j = 0; j < dp; j++)
+            b += (double)y[i * dp + j] * y[i * dp + j];
+        xn[i] = a, yn[i] = b, r[i] = std::sqrt(c);
+    }
+}
 
 /* The query's exact distance to centroid c: faiss::fvec_L2sqr, or the same
  * sum of d squared differences with AVX2 (8 lanes, then their sum): either
@@ -393,53 +441,45 @@ void bounds_plain(const faiss_shim_cq *cq, float a, float rx, float *g, cq_top &
     }
 }
 
-/* Whether b[c] (<= the np-th best exact distance t) needs its exact
- * distance: not when c is a seed (b < bmax: every such c is one; b ==
- * bmax: look) */
-inline bool cq_needs(const cq_top &seed, const float *b, size_t c, float bmax)
+/* The centroid's lines brought towards the cache ahead of its distance:
+ * the candidates are scattered over 4 MB of centroids, and their exact
+ * distances waited on memory (~100 ns each at IVF4096) */
+inline void cq_prefetch(const faiss_shim_cq *cq, size_t c)
 {
-    if (b[c] < bmax)
-        return false;
-    return b[c] != bmax || std::find(seed.l.begin(), seed.l.begin() + (long)seed.n, (faiss::Index::idx_t)c) ==
-                               seed.l.begin() + (long)seed.n;
+    const char *p = reinterpret_cast<const char *>(cq->cent + c * cq->d);
+    for (size_t o = 0; o < cq->d * sizeof(float); o += 64)
+        __builtin_prefetch(p + o);
 }
 
-/* c's exact distance into top, when its bound does not exceed the np-th
- * best so far and it is not a seed; 1 if computed */
-inline size_t cq_visit(const faiss_shim_cq *cq, const float *x, const float *b, size_t c, const cq_top &seed,
-                       cq_top &top)
+/* The centroids whose bound does not exceed the np-th best exact distance
+ * after the seeds, in list order into w.cand; then their exact distances
+ * (prefetched two ahead), each while its bound still does not exceed the
+ * np-th best so far and it is not a seed (b < bmax: every such centroid
+ * is one; b == bmax: look). Returns the exact distances computed. */
+size_t cq_prune(const faiss_shim_cq *cq, const float *x, const float *b, cq_scratch &w)
 {
-    if (b[c] > top.d[top.n - 1] || !cq_needs(seed, b, c, seed.d[seed.n - 1]))
-        return 0;   /* (the np-th best may have fallen since a vector compare) */
-    float e = cq_exact(cq, x, c);
-    if (top.better(e, (faiss::Index::idx_t)c))
-        top.insert(e, (faiss::Index::idx_t)c);
-    return 1;
-}
-
-/* The centroids from c0 on whose bound does not exceed t; the exact
- * distances computed */
-size_t prune_plain(const faiss_shim_cq *cq, const float *x, const float *b, const cq_top &seed, cq_top &top,
-                   size_t c0)
-{
-    size_t nex = 0;
-    for (size_t c = c0; c < cq->nlist; c++)
-        nex += cq_visit(cq, x, b, c, seed, top);
-    return nex;
-}
-
-/* The same, eight bounds to a compare */
-__attribute__((target("avx2,fma"))) size_t prune_avx2(const faiss_shim_cq *cq, const float *x, const float *b,
-                                                      const cq_top &seed, cq_top &top)
-{
-    const size_t nlist = cq->nlist;
-    size_t nex = 0, c = 0;
-    for (; c + 8 <= nlist; c += 8) {
-        int m = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(b + c), _mm256_set1_ps(top.d[top.n - 1]), _CMP_LE_OQ));
-        for (; m; m &= m - 1)
-            nex += cq_visit(cq, x, b, c + (size_t)__builtin_ctz((unsigned)m), seed, top);
+    const cq_top &seed = w.seed;
+    cq_top &top = w.top;
+    const float bmax = seed.d[seed.n - 1], t0 = top.d[top.n - 1];
+    size_t nc = 0;
+    for (size_t c = 0; c < cq->nlist; c++) {
+        w.cand[nc] = (uint32_t)c;
+        nc += b[c] <= t0 && b[c] >= bmax;   /* branch-free: most are pruned */
     }
-    return nex + prune_plain(cq, x, b, seed, top, c);
+    size_t nex = 0;
+    for (size_t i = 0; i < nc; i++) {
+        if (i + 2 < nc)
+            cq_prefetch(cq, w.cand[i + 2]);
+        const size_t c = w.cand[i];
+        if (b[c] > top.d[top.n - 1] || (b[c] == bmax && std::find(seed.l.begin(), seed.l.begin() + (long)seed.n,
+                                                                   (faiss::Index::idx_t)c) != seed.l.begin() + (long)seed.n))
+            continue;
+        float e = cq_exact(cq, x, c);
+        nex++;
+        if (top.better(e, (faiss::Index::idx_t)c))
+            top.insert(e, (faiss::Index::idx_t)c);
+    }
+    return nex;
 }
 
 /* r [dsub] = x - c, a sub-vector of the residual; returns ||r||^2 */
@@ -581,20 +621,25 @@ void residual_tables(const faiss_shim_cq *cq, const float *x, faiss::Index::idx_
  * smallest bounds (seed), then for every other centroid whose bound does
  * not exceed the np-th exact distance so far. Returns the exact distances
  * computed. */
-size_t cq_select(const faiss_shim_cq *cq, const float *x, float a, float rx, float *g, cq_top &top, cq_top &seed)
+size_t cq_select(const faiss_shim_cq *cq, const float *x, size_t i, cq_scratch &w)
 {
+    cq_top &seed = w.seed, &top = w.top;
+    float *g = w.g.data() + i * cq->nlist;
+    const float a = (float)(w.yn[i] - CQ_MARGIN * w.xn[i]), rx = (float)w.r[i];
     seed.n = top.n = 0;
     if (cq_avx2)
         bounds_avx2(cq, a, rx, g, seed);
     else
         bounds_plain(cq, a, rx, g, seed);
+    for (size_t j = 0; j < seed.n; j++)
+        cq_prefetch(cq, (size_t)seed.l[j]);
     for (size_t j = 0; j < seed.n; j++) {
         faiss::Index::idx_t c = seed.l[j];
         float e = cq_exact(cq, x, (size_t)c);
         if (top.better(e, c))
             top.insert(e, c);
     }
-    return seed.n + (cq_avx2 ? prune_avx2(cq, x, g, seed, top) : prune_plain(cq, x, g, seed, top, 0));
+    return seed.n + cq_prune(cq, x, g, w);
 }
 
 } // namespace
@@ -626,13 +671,13 @@ extern "C" faiss_shim_cq *faiss_shim_cq_new(const FaissIndex *idx, int dp)
             }
         if (worst * (double)q->dp > 1e-4 || ix->pq.dsub > 64)
             return 1;   /* (residual_tables keeps a sub-vector on its stack) */
-        std::vector<float> xc(nlist * d), y(nlist * q->dp), back(nlist * d);
-        std::vector<double> xn(nlist), yn(nlist), r(nlist);
-        cq_project(q.get(), nlist, q->cent, xc, y, back, xn.data(), yn.data(), r.data());
-        q->pc = y;
+        cq_scratch w;
+        w.fit(nlist, d, q->dp, 0, 0);
+        cq_project(q.get(), nlist, q->cent, w);
+        q->pc.assign(w.y.begin(), w.y.begin() + (long)(nlist * q->dp));
         q->pcn.resize(nlist), q->rc.resize(nlist);
         for (size_t c = 0; c < nlist; c++)
-            q->pcn[c] = (float)(yn[c] - CQ_MARGIN * xn[c]), q->rc[c] = (float)r[c];
+            q->pcn[c] = (float)(w.yn[c] - CQ_MARGIN * w.xn[c]), q->rc[c] = (float)w.r[c];
         const faiss::ProductQuantizer &pq = ix->pq;
         q->M = pq.M, q->dsub = pq.dsub, q->ksub = pq.ksub;
         q->qT.resize(pq.M * pq.dsub * pq.ksub), q->qn.resize(pq.M * pq.ksub);
@@ -663,21 +708,14 @@ extern "C" int faiss_shim_cq_search(const faiss_shim_cq *cq, int64_t n, const fl
         if (np == 0)
             return shim_error(nullptr, 0, "nprobe");
         const size_t B = std::min<size_t>(CQ_BLOCK, (size_t)n);
-        /* the thread's scratch, kept: a fresh 1 MB row block each call
-         * was measured at 13% of the search in page faults */
-        thread_local std::vector<float> xc, y, back, g;
-        thread_local std::vector<double> xn, yn, r;
-        thread_local cq_top top, seed;
-        xc.resize(std::max(xc.size(), B * d)), back.resize(std::max(back.size(), B * d));
-        y.resize(std::max(y.size(), B * dp)), g.resize(std::max(g.size(), B * nlist));
-        xn.resize(std::max(xn.size(), B)), yn.resize(std::max(yn.size(), B)), r.resize(std::max(r.size(), B));
-        top.d.resize(np), top.l.resize(np), top.np = np, top.n = 0;
-        seed.d.resize(np), seed.l.resize(np), seed.np = np, seed.n = 0;
+        thread_local cq_scratch w;
+        w.fit(B, d, dp, nlist, np);
+        std::vector<float> &y = w.y, &g = w.g;
         uint64_t nex = 0;
         for (int64_t i0 = 0; i0 < n; i0 += (int64_t)B) {
             const size_t nb = std::min<size_t>(B, (size_t)(n - i0));
             const float *xb = x + (size_t)i0 * d;
-            cq_project(cq, nb, xb, xc, y, back, xn.data(), yn.data(), r.data());
+            cq_project(cq, nb, xb, w);
             /* one GEMM for the block; a product by vector for a few
              * queries (OpenBLAS's GEMM would pack all of pc for each) */
             if (nb >= 8)
@@ -688,12 +726,11 @@ extern "C" int faiss_shim_cq_search(const faiss_shim_cq *cq, int64_t n, const fl
                     cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)nlist, (int)dp, 1.0f, cq->pc.data(), (int)dp,
                                 y.data() + i * dp, 1, 0.0f, g.data() + i * nlist, 1);
             for (size_t i = 0; i < nb; i++) {
-                nex += cq_select(cq, xb + i * d, (float)(yn[i] - CQ_MARGIN * xn[i]), (float)r[i], g.data() + i * nlist,
-                                 top, seed);
+                nex += cq_select(cq, xb + i * d, i, w);
                 float *od = cdis + ((size_t)i0 + i) * np;
                 int64_t *ol = cids + ((size_t)i0 + i) * np;
                 for (size_t j = 0; j < np; j++)
-                    od[j] = top.d[j], ol[j] = (int64_t)top.l[j];
+                    od[j] = w.top.d[j], ol[j] = (int64_t)w.top.l[j];
             }
         }
         cq->queries += (uint64_t)n;
@@ -748,7 +785,7 @@ extern "C" int faiss_shim_ivfpq_search(const FaissIndex *idx, const faiss_shim_s
         }
         uint64_t nd = 0;
         const bool ours = s->cq && s->cq->ix == ix;
-        scan_ctx sc{ix, ours ? s->cq : nullptr, std::vector<float>(ours ? 0 : tsz), std::vector<float>(tsz), {}, {}};
+        scan_ctx sc{ix, ours ? s->cq : nullptr, std::vector<float>(ours ? 0 : tsz), std::vector<float>(tsz), {}, {}, {}};
         sc.c.reserve(4096);
         for (int64_t q = 0; q < n; q++) {
             scan_row row{s->x + (size_t)q * d_, cdis + (size_t)q * np, cids + (size_t)q * np, np,
