@@ -1,6 +1,10 @@
 /* faiss_shim.cpp -- FAISS C++ calls the 1.7.3 C API lacks (faiss_shim.h). */
 #include "faiss_shim.h"
 
+extern "C" {
+#include "vmath.h"
+}
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -391,12 +395,18 @@ __attribute__((target("avx2,fma"))) float l2sqr_avx2(const float *x, const float
     return r;
 }
 
-const bool cq_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+/* Our AVX2 kernels at the level the numeric core runs (vmath.h: the best
+ * the CPU has, or NEUROCACHE_SIMD's / vm_set_isa's), so that the suites
+ * run at each level prove the plain paths too */
+inline bool cq_avx2_on()
+{
+    return std::strcmp(vm_isa(), "scalar") != 0;
+}
 
 inline float cq_exact(const faiss_shim_cq *cq, const float *x, size_t c)
 {
     const float *y = cq->cent + c * cq->d;
-    return cq_avx2 ? l2sqr_avx2(x, y, cq->d) : faiss::fvec_L2sqr(x, y, cq->d);
+    return cq_avx2_on() ? l2sqr_avx2(x, y, cq->d) : faiss::fvec_L2sqr(x, y, cq->d);
 }
 
 /* The bounds' row of one query, in place: g [nlist] holds <Px', Pc'> and
@@ -609,7 +619,7 @@ void residual_tables(const faiss_shim_cq *cq, const float *x, faiss::Index::idx_
     for (size_t m = 0; m < cq->M; m++) {
         sub_table st{r, cq->qT.data() + m * dsub * ksub, cq->qn.data() + m * ksub,
                      sub_residual(x + m * dsub, c + m * dsub, dsub, r), dsub, ksub, tab + m * ksub};
-        if (cq_avx2)
+        if (cq_avx2_on())
             sub_table_avx2(st);
         else
             sub_table_plain(st);
@@ -627,7 +637,7 @@ size_t cq_select(const faiss_shim_cq *cq, const float *x, size_t i, cq_scratch &
     float *g = w.g.data() + i * cq->nlist;
     const float a = (float)(w.yn[i] - CQ_MARGIN * w.xn[i]), rx = (float)w.r[i];
     seed.n = top.n = 0;
-    if (cq_avx2)
+    if (cq_avx2_on())
         bounds_avx2(cq, a, rx, g, seed);
     else
         bounds_plain(cq, a, rx, g, seed);
@@ -919,7 +929,7 @@ void add_encoded(faiss::IndexIVFPQ *ix, const faiss_shim_cq *cq, const faiss_shi
         const float *x = a->keys + (size_t)i * d, *c = cq->cent + (size_t)lists[(size_t)i] * d;
         for (size_t j = 0; j < d; j++)
             r[j] = x[j] - c[j];
-        if (cq_avx2)
+        if (cq_avx2_on())
             encode_avx2(cq, r.data(), code.data());
         else
             encode_plain(cq, r.data(), code.data());

@@ -368,5 +368,12 @@ int main(void)
     RUN(cq_real_hidden_states);
     RUN(cq_encoder_matches_faiss);
     RUN(cq_declines_other_indexes);
+    /* the plain paths (the level a CPU without AVX2 runs) as well */
+    if (strcmp(vm_isa(), "scalar") != 0) {
+        CHECK(vm_set_isa("scalar") == 0);
+        RUN(cq_random_vectors);
+        RUN(cq_encoder_matches_faiss);
+        vm_set_isa(NULL);
+    }
     return harness_summary();
 }
