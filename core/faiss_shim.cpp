@@ -972,3 +972,142 @@ extern "C" size_t faiss_shim_fixed_bytes(const FaissIndex *idx)
     return b;
 }
 
+
+/* ---- compact storage: codes in, codes out ---------------------------------- */
+
+namespace {
+
+/* The IVFPQ index with a flat L2 quantizer whose codes faiss_shim_add
+ * places, or null */
+faiss::IndexIVFPQ *coded(const FaissIndex *idx)
+{
+    faiss::IndexIVFPQ *ix = dynamic_cast<faiss::IndexIVFPQ *>(reinterpret_cast<faiss::Index *>(const_cast<FaissIndex *>(idx)));
+    const faiss::IndexFlat *fq = ix ? dynamic_cast<const faiss::IndexFlat *>(ix->quantizer) : nullptr;
+    if (!ix || !fq || fq->metric_type != faiss::METRIC_L2 || !ix->is_trained || (size_t)fq->ntotal != ix->nlist)
+        return nullptr;
+    return ix;
+}
+
+} // namespace
+
+extern "C" int faiss_shim_encode(const FaissIndex *idx, const faiss_shim_add_in *a, int64_t *lists, uint8_t *codes,
+                                 char *err, size_t errlen)
+{
+    const faiss::IndexIVFPQ *ix = coded(idx);
+    if (!ix)
+        return 1;
+    return guarded(err, errlen, [&]() {
+        if (a->n <= 0)
+            return 0;
+        std::vector<faiss::Index::idx_t> l;
+        assign_exact(ix, dynamic_cast<const faiss::IndexFlat *>(ix->quantizer)->get_xb(), a, l);
+        /* the residual to the list's centroid, PQ-encoded: add_core_o's
+         * arithmetic (compute_residual_n, then pq.compute_codes) */
+        ix->encode_vectors(a->n, a->keys, l.data(), codes, false);
+        for (int64_t i = 0; i < a->n; i++)
+            lists[i] = l[(size_t)i];
+        return 0;
+    });
+}
+
+extern "C" int faiss_shim_add_codes(FaissIndex *idx, int64_t n, const int64_t *lists, const uint8_t *codes,
+                                    char *err, size_t errlen)
+{
+    faiss::IndexIVFPQ *ix = coded(idx);
+    if (!ix)
+        return shim_error(err, errlen, "codes can only be added to a trained IVFPQ index with a flat quantizer");
+    for (int64_t i = 0; i < n; i++)
+        if (lists[i] < 0 || (size_t)lists[i] >= ix->nlist) {
+            char m[128];
+            std::snprintf(m, sizeof m, "pair %lld: list %lld outside the index's %zu", (long long)i,
+                          (long long)lists[i], ix->nlist);
+            return shim_error(err, errlen, m);
+        }
+    return guarded(err, errlen, [&]() {
+        /* the ids FAISS's own add gives (ntotal on), in order */
+        for (int64_t i = 0; i < n; i++)
+            ix->invlists->add_entry((size_t)lists[i], ix->ntotal + i, codes + (size_t)i * ix->code_size);
+        ix->ntotal += n;
+        return 0;
+    });
+}
+
+extern "C" size_t faiss_shim_code_size(const FaissIndex *idx, int64_t *nlist)
+{
+    const faiss::IndexIVFPQ *ix = coded(idx);
+    if (nlist)
+        *nlist = ix ? (int64_t)ix->nlist : 0;
+    return ix ? ix->code_size : 0;
+}
+
+extern "C" int faiss_shim_trained_arrays(const FaissIndex *idx, faiss_shim_trained *t)
+{
+    const faiss::IndexIVFPQ *ix = coded(idx);
+    if (!ix)
+        return 1;
+    t->coarse = dynamic_cast<const faiss::IndexFlat *>(ix->quantizer)->get_xb();
+    t->ncoarse = ix->nlist * (size_t)ix->d;
+    t->pq = ix->pq.centroids.data();
+    t->npq = ix->pq.centroids.size();
+    t->d = ix->d;
+    t->M = (int)ix->pq.M;
+    t->nbits = (int)ix->pq.nbits;
+    return 0;
+}
+
+/* ---- sharing the precomputed residual table --------------------------------- */
+
+extern "C" size_t faiss_shim_table_floats(const FaissIndex *idx)
+{
+    const faiss::IndexIVFPQ *ix = coded(idx);
+    if (!ix || !ix->by_residual || ix->metric_type != faiss::METRIC_L2)
+        return 0;
+    return ix->nlist * ix->pq.M * ix->pq.ksub;
+}
+
+extern "C" float *faiss_shim_table_take(FaissIndex *idx, char *err, size_t errlen)
+{
+    faiss::IndexIVFPQ *ix = coded(idx);
+    size_t want = faiss_shim_table_floats(idx);
+    if (!ix || !want)
+        return nullptr;
+    float *p = nullptr;
+    guarded(err, errlen, [&]() {
+        if (ix->precomputed_table.size() != want || ix->use_precomputed_table != 1)
+            ix->precompute_table();
+        if (ix->precomputed_table.size() != want || ix->use_precomputed_table != 1)
+            return 0;   /* FAISS keeps none (over precomputed_table_max_bytes): nothing to share */
+        p = ix->precomputed_table.tab.ptr;   /* posix_memalign'ed: free() releases it */
+        ix->precomputed_table.tab.ptr = nullptr;
+        ix->precomputed_table.tab.numel = 0;
+        ix->precomputed_table.numel = 0;
+        ix->use_precomputed_table = 0;
+        return 0;
+    });
+    return p;
+}
+
+extern "C" void faiss_shim_table_lend(FaissIndex *idx, float *table)
+{
+    faiss::IndexIVFPQ *ix = coded(idx);
+    if (!ix)
+        return;
+    ix->precomputed_table.resize(0);   /* its own, if it made one */
+    /* the table's two sizes: its allocation's (a multiple of ksub = 256
+     * floats, so FAISS's rounding to 8 leaves it) and its elements' */
+    ix->precomputed_table.tab.ptr = table;
+    ix->precomputed_table.tab.numel = faiss_shim_table_floats(idx);
+    ix->precomputed_table.numel = faiss_shim_table_floats(idx);
+    ix->use_precomputed_table = 1;
+}
+
+extern "C" void faiss_shim_table_unlend(FaissIndex *idx)
+{
+    faiss::IndexIVFPQ *ix = coded(idx);
+    if (!ix)
+        return;
+    ix->precomputed_table.tab.ptr = nullptr;
+    ix->precomputed_table.tab.numel = 0;
+    ix->precomputed_table.numel = 0;
+    ix->use_precomputed_table = 0;
+}

@@ -128,6 +128,49 @@ size_t faiss_shim_fixed_bytes(const FaissIndex *idx);
 /* Whether idx is an IVF index (any kind). */
 int faiss_shim_is_ivf(const FaissIndex *idx);
 
+
+/* ---- compact storage (a namespace that keeps no keys, docs/namespaces.md) --
+ * What the index stores of each pair -- its list and its PQ code -- made
+ * and added apart, so that a log of them rebuilds the very same lists. */
+
+/* The lists (faiss_shim_add's exact assignment, from the hint where it
+ * holds) and PQ codes [n, code_size] of a->keys, as faiss_shim_add would
+ * store them; nothing added. 0, 1 when idx is not an IVFPQ index with a
+ * flat quantizer (nothing written), -1 on an error. */
+int faiss_shim_encode(const FaissIndex *idx, const faiss_shim_add_in *a, int64_t *lists, uint8_t *codes,
+                      char *err, size_t errlen);
+/* Appends n pairs of given lists and codes [n, code_size] to such an
+ * index, with ids ntotal on (FAISS's own order). 0, or -1 (a list out of
+ * range: nothing added; not such an index). */
+int faiss_shim_add_codes(FaissIndex *idx, int64_t n, const int64_t *lists, const uint8_t *codes, char *err,
+                         size_t errlen);
+/* Bytes of a code, and (nlist non-NULL) the number of lists; 0 when idx is
+ * not such an index. */
+size_t faiss_shim_code_size(const FaissIndex *idx, int64_t *nlist);
+
+/* What training fixed in such an index (borrowed from it): the coarse
+ * centroids [ncoarse] and the PQ centroids [npq], for a fingerprint. 0, or
+ * 1 when idx is not such an index. */
+typedef struct {
+    const float *coarse, *pq;
+    size_t ncoarse, npq;
+    int d, M, nbits;
+} faiss_shim_trained;
+int faiss_shim_trained_arrays(const FaissIndex *idx, faiss_shim_trained *t);
+
+/* The precomputed residual table (use_precomputed_table == 1: nlist x M x
+ * ksub floats, 128 MB for IVF4096,PQ32) depends on the trained quantizers
+ * only, so indexes of the same training can read one copy. table_floats:
+ * its size (0: not an index that has one). table_take: computes it if idx
+ * has none and moves it out, the caller owning it (free()); NULL on an
+ * error. table_lend: idx reads table (table_floats of them, owned by the
+ * caller, read-only) as its own, freeing any it had; table_unlend before
+ * faiss_Index_free, which would free it. */
+size_t faiss_shim_table_floats(const FaissIndex *idx);
+float *faiss_shim_table_take(FaissIndex *idx, char *err, size_t errlen);   /* NULL and err "" : FAISS keeps none */
+void faiss_shim_table_lend(FaissIndex *idx, float *table);
+void faiss_shim_table_unlend(FaissIndex *idx);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,6 +6,7 @@
 #include "components.h"
 #include "faiss_shim.h"
 #include "fault.h"
+#include "pq_tables.h"
 #include "vmath.h"
 
 #include <errno.h>
@@ -56,6 +57,12 @@ struct nc_unbounded_cache {
     float *kbuf;                  /* rounded keys scratch (key_f16) */
     size_t kbuf_n;
     uint64_t gen;                 /* +1 each time idx is replaced (nc_ub_coarse) */
+    uint64_t table_key;           /* idx reads this shared table (pq_tables.h), 0 = its own */
+    unbounded_cache_code_hook chook;      /* compact store's logger, or NULL */
+    void *chook_ctx;
+    int64_t *lbuf;                /* compact adds: lists [lbuf_n] and codes scratch */
+    uint8_t *cbuf;
+    size_t lbuf_n;
 };
 
 static int faiss_err(char *err, size_t errlen, const char *what)
@@ -113,11 +120,15 @@ static int set_nprobe(nc_unbounded_cache *u, FaissIndex *idx, int nprobe, char *
  * the precomputed table (what a cache keeps while it is exact: enough to
  * check the file at open); the switch reads the whole one (read_template's
  * caller then owns it). */
-static int read_template(const nc_unbounded_cache *u, bool light, FaissIndex **out, char *err, size_t errlen)
+static int read_template(const nc_unbounded_cache *u, bool light, FaissIndex **out, uint64_t *key, char *err,
+                         size_t errlen)
 {
     *out = NULL;
+    *key = 0;
     FaissIndex *t = NULL;
-    if (faiss_read_index_fname(u->trained_path, light ? TEMPLATE_IO_SKIP_TABLE : 0, &t))
+    /* the whole one reads the table its training shares (pq_tables.h)
+     * instead of computing its own */
+    if (faiss_read_index_fname(u->trained_path, TEMPLATE_IO_SKIP_TABLE, &t))
         return faiss_err(err, errlen, u->trained_path);
     int rc = NC_OK;
     if (faiss_Index_d(t) != u->o.dim)
@@ -127,6 +138,8 @@ static int read_template(const nc_unbounded_cache *u, bool light, FaissIndex **o
         rc = nc_error(err, errlen, NC_EFORMAT, "%s: index is not trained", u->trained_path);
     else if (faiss_Index_ntotal(t) != 0)
         faiss_Index_reset(t);   /* a template holds no data: ids must start at 0 */
+    if (!rc && !light)
+        rc = pq_tables_attach(t, key, err, errlen);
     if (rc) {
         faiss_Index_free(t);
         return rc;
@@ -138,9 +151,43 @@ static int read_template(const nc_unbounded_cache *u, bool light, FaissIndex **o
 /* Reads the light template (if any) for a later switch. */
 static int load_template(nc_unbounded_cache *u, char *err, size_t errlen)
 {
+    uint64_t none;
     if (!u->trained_path[0])
         return NC_OK;
-    return read_template(u, true, &u->tmpl, err, errlen);
+    return read_template(u, true, &u->tmpl, &none, err, errlen);
+}
+
+/* A compact cache's index from its first pair: the whole trained template
+ * (its precomputed table shared), in place of the flat one. Without keys
+ * nothing could train an index, nor move pairs into one, later. */
+static int compact_index(nc_unbounded_cache *u, char *err, size_t errlen)
+{
+    if (u->o.exact)
+        return nc_error(err, errlen, NC_EINVAL, "compact storage keeps no keys: an exact (flat) index needs them");
+    if (!u->trained_path[0])
+        return nc_error(err, errlen, NC_EINVAL, "compact storage needs a trained index (the model's unbounded.faiss): "
+                        "it keeps no keys to train one on");
+    FaissIndex *ivf = NULL;
+    uint64_t key = 0;
+    int rc = read_template(u, false, &ivf, &key, err, errlen);
+    if (!rc && faiss_shim_code_size(ivf, NULL) == 0)
+        rc = nc_error(err, errlen, NC_EINVAL, "%s: compact storage needs an IVFPQ index with a flat quantizer",
+                      u->trained_path);
+    if (!rc)
+        rc = set_nprobe(u, ivf, u->nprobe, err, errlen);
+    if (rc) {
+        if (ivf) {
+            pq_tables_detach(ivf, key);
+            faiss_Index_free(ivf);
+        }
+        return rc;
+    }
+    faiss_Index_free(u->idx);
+    u->idx = ivf;
+    u->table_key = key;
+    u->flat = false;
+    u->cq = faiss_shim_cq_new(u->idx, 0);   /* its coarse search (NULL: FAISS's) */
+    return NC_OK;
 }
 
 static int cache_create(const nc_unbounded_cache_opts *o, nc_wordtable *words, nc_unbounded_cache **out,
@@ -192,7 +239,11 @@ int unbounded_cache_new(const nc_unbounded_cache_opts *o, nc_wordtable *words, n
     }
     u->idx = (FaissIndex *)f;
     u->flat = true;
-    if (!u->o.exact && (rc = load_template(u, err, errlen))) {
+    if (u->o.compact)
+        rc = compact_index(u, err, errlen);
+    else if (!u->o.exact)
+        rc = load_template(u, err, errlen);
+    if (rc) {
         unbounded_cache_free(u);
         return rc;
     }
@@ -205,12 +256,16 @@ void unbounded_cache_free(nc_unbounded_cache *u)
     if (!u)
         return;
     faiss_shim_cq_free(u->cq);
-    if (u->idx)
+    if (u->idx) {
+        pq_tables_detach(u->idx, u->table_key);
         faiss_Index_free(u->idx);
+    }
     if (u->tmpl)
         faiss_Index_free(u->tmpl);
     free(u->values);
     free(u->kbuf);
+    free(u->lbuf);
+    free(u->cbuf);
     pthread_rwlock_destroy(&u->lock);
     free(u);
 }
@@ -227,6 +282,7 @@ typedef struct {
     float *xb;                    /* copy of the first n stored vectors */
     idx_t n;
     bool light;                   /* ivf is the light template: read the whole one */
+    uint64_t key;                 /* the shared table ivf reads (pq_tables.h) */
 } ub_switch_job;
 
 /* Under the write lock: takes the template (or trains one) and copies the
@@ -270,9 +326,10 @@ static int switch_begin(nc_unbounded_cache *u, ub_switch_job *job, bool *started
     return NC_OK;
 }
 
-/* n keys for index_add: with the hint's coarse search (of hint->x, the
- * keys before rounding) and the index's searcher cq (its PQ encoder: every
- * add to one index encodes the same way, the switch's fill included) */
+/* faiss_shim's add of n keys, with the hint's coarse search (of hint->x,
+ * the keys before rounding) where given and the index's searcher cq (its
+ * PQ encoder: every add to one index encodes the same way, the switch's
+ * fill included) */
 static faiss_shim_add_in add_in(size_t n, const float *keys, const nc_ub_coarse *hint, const faiss_shim_cq *cq)
 {
     faiss_shim_add_in a = {.n = (int64_t)n, .keys = keys, .cq = cq};
@@ -307,7 +364,7 @@ static int switch_fill(const nc_unbounded_cache *u, ub_switch_job *job, char *er
     if (job->light) {
         /* the searches of the IVF index want the precomputed table */
         FaissIndex *whole = NULL;
-        int rc = read_template(u, false, &whole, err, errlen);
+        int rc = read_template(u, false, &whole, &job->key, err, errlen);
         if (rc)
             return rc;
         faiss_Index_free(job->ivf);
@@ -347,6 +404,7 @@ static int switch_finish(nc_unbounded_cache *u, ub_switch_job *job, int rc, char
         rc = set_nprobe(u, job->ivf, u->nprobe, err, errlen);
     if (rc) {
         faiss_shim_cq_free(job->cq);
+        pq_tables_detach(job->ivf, job->key);
         faiss_Index_free(job->ivf);
         job->ivf = NULL;
         job->cq = NULL;
@@ -355,8 +413,9 @@ static int switch_finish(nc_unbounded_cache *u, ub_switch_job *job, int rc, char
     faiss_shim_cq_free(u->cq);
     u->cq = job->cq;
     job->cq = NULL;
-    faiss_Index_free(u->idx);
+    faiss_Index_free(u->idx);   /* the flat index: no shared table */
     u->idx = job->ivf;
+    u->table_key = job->key;
     u->flat = false;
     u->gen++;
     job->ivf = NULL;
@@ -445,6 +504,122 @@ static int stored_keys(nc_unbounded_cache *u, const float **keys, size_t n, char
     return NC_OK;
 }
 
+/* Write lock held: room for n more values. */
+static int grow_values(nc_unbounded_cache *u, size_t n, char *err, size_t errlen)
+{
+    if (u->nvalues + n <= u->cap)
+        return NC_OK;
+    size_t c = u->cap ? u->cap : 4096;
+    while (c < u->nvalues + n)
+        c *= 2;
+    int *v = nc_realloc(u->values, c * sizeof(int));
+    if (!v)
+        return nc_error(err, errlen, NC_ENOMEM, "unbounded cache values (%zu)", c);
+    u->values = v;
+    u->cap = c;
+    return NC_OK;
+}
+
+/* Write lock held, values grown: logs (code hook) and stores c's pairs.
+ * Everything is checked before the hook, so that a log never holds a pair
+ * the index refused. */
+static int add_coded(nc_unbounded_cache *u, const nc_ub_coded *c, char *err, size_t errlen)
+{
+    int64_t nlist = 0;
+    size_t cs = faiss_shim_code_size(u->idx, &nlist);
+    if (!u->o.compact || cs == 0)
+        return nc_error(err, errlen, NC_EINVAL, "codes are only added to a compact store");
+    if (c->code_size != cs)
+        return nc_error(err, errlen, NC_EFORMAT, "codes of %zu bytes, the index's are %zu", c->code_size, cs);
+    if (c->first_id >= 0 && c->first_id != (int64_t)u->nvalues)
+        return nc_error(err, errlen, NC_EFORMAT, "codes from id %lld, the cache holds %zu pairs",
+                        (long long)c->first_id, u->nvalues);
+    for (size_t i = 0; i < c->n; i++)
+        if (c->lists[i] < 0 || c->lists[i] >= nlist)
+            return nc_error(err, errlen, NC_EFORMAT, "pair %zu: list %lld outside the index's %lld", i,
+                            (long long)c->lists[i], (long long)nlist);
+    nc_ub_coded at = *c;
+    at.first_id = (int64_t)u->nvalues;
+    int rc = u->chook ? u->chook(u->chook_ctx, &at, err, errlen) : NC_OK;
+    char ferr[256];
+    if (!rc && faiss_shim_add_codes(u->idx, (int64_t)c->n, c->lists, c->codes, ferr, sizeof ferr) != 0)
+        rc = nc_error(err, errlen, NC_EFORMAT, "adding codes to the unbounded index: %s", ferr);
+    if (!rc) {
+        memcpy(u->values + u->nvalues, c->words, c->n * sizeof(int));
+        u->nvalues += c->n;
+    }
+    return rc;
+}
+
+/* Write lock held: a compact cache's add of a's pairs, keys as stored --
+ * their lists and codes made (as faiss_shim_add would store them), then
+ * add_coded. */
+static int add_compact(nc_unbounded_cache *u, const nc_ub_add *a, const float *keys, const nc_ub_coarse *hint,
+                       char *err, size_t errlen)
+{
+    const int *words = a->words;
+    const size_t n = a->n;
+    size_t cs = faiss_shim_code_size(u->idx, NULL);
+    if (n > u->lbuf_n) {
+        int64_t *l = nc_realloc(u->lbuf, n * sizeof *l);
+        if (l)
+            u->lbuf = l;
+        uint8_t *c = l ? nc_realloc(u->cbuf, n * (cs ? cs : 1)) : NULL;
+        if (!c)
+            return nc_error(err, errlen, NC_ENOMEM, "unbounded cache codes (%zu)", n);
+        u->cbuf = c;
+        u->lbuf_n = n;
+    }
+    faiss_shim_add_in in = add_in(n, keys, hint, NULL);   /* (faiss_shim_encode: FAISS's encoder, the codes logged) */
+    char ferr[256];
+    if (faiss_shim_encode(u->idx, &in, u->lbuf, u->cbuf, ferr, sizeof ferr) != 0)
+        return nc_error(err, errlen, NC_EFORMAT, "encoding for the unbounded index: %s", ferr);
+    nc_ub_coded c = {.lists = u->lbuf, .codes = u->cbuf, .code_size = cs, .words = words, .n = n,
+                     .first_id = (int64_t)u->nvalues};
+    return add_coded(u, &c, err, errlen);
+}
+
+int unbounded_cache_add_codes(nc_unbounded_cache *u, const nc_ub_coded *c, char *err, size_t errlen)
+{
+    pthread_rwlock_wrlock(&u->lock);
+    int rc = grow_values(u, c->n, err, errlen);
+    if (!rc && c->n)
+        rc = add_coded(u, c, err, errlen);
+    pthread_rwlock_unlock(&u->lock);
+    return rc;
+}
+
+void unbounded_cache_set_code_hook(nc_unbounded_cache *u, unbounded_cache_code_hook fn, void *ctx)
+{
+    pthread_rwlock_wrlock(&u->lock);
+    u->chook = fn;
+    u->chook_ctx = ctx;
+    pthread_rwlock_unlock(&u->lock);
+}
+
+size_t unbounded_cache_code_size(nc_unbounded_cache *u, int64_t *nlist)
+{
+    pthread_rwlock_rdlock(&u->lock);
+    size_t cs = u->o.compact ? faiss_shim_code_size(u->idx, nlist) : 0;
+    if (!u->o.compact && nlist)
+        *nlist = 0;
+    pthread_rwlock_unlock(&u->lock);
+    return cs;
+}
+
+bool unbounded_cache_is_compact(const nc_unbounded_cache *u)
+{
+    return u->o.compact;   /* fixed at creation */
+}
+
+uint64_t unbounded_cache_fingerprint(nc_unbounded_cache *u)
+{
+    pthread_rwlock_rdlock(&u->lock);
+    uint64_t fp = pq_tables_fingerprint(u->flat ? u->tmpl : u->idx);
+    pthread_rwlock_unlock(&u->lock);
+    return fp;
+}
+
 int unbounded_cache_add_block(nc_unbounded_cache *u, const nc_ub_add *a, int64_t *first_id, char *err,
                               size_t errlen)
 {
@@ -462,24 +637,18 @@ int unbounded_cache_add_block(nc_unbounded_cache *u, const nc_ub_add *a, int64_t
         *first_id = (int64_t)u->nvalues;
     if (n == 0)
         goto out;
-    if (u->nvalues + n > u->cap) {
-        size_t c = u->cap ? u->cap : 4096;
-        while (c < u->nvalues + n)
-            c *= 2;
-        int *v = nc_realloc(u->values, c * sizeof(int));
-        if (!v) {
-            rc = nc_error(err, errlen, NC_ENOMEM, "unbounded cache values (%zu)", c);
-            goto out;
-        }
-        u->values = v;
-        u->cap = c;
-    }
+    if ((rc = grow_values(u, n, err, errlen)))
+        goto out;
     const float *keys = a->keys;
     if ((rc = stored_keys(u, &keys, n, err, errlen)))
         goto out;
+    const nc_ub_coarse *hint = a->coarse && a->coarse->n == n && a->coarse->gen == u->gen ? a->coarse : NULL;
+    if (u->o.compact) {
+        rc = add_compact(u, a, keys, hint, err, errlen);
+        goto out;
+    }
     if (u->hook && (rc = u->hook(u->hook_ctx, keys, a->words, n, (int64_t)u->nvalues, err, errlen)))
         goto out;
-    const nc_ub_coarse *hint = a->coarse && a->coarse->n == n && a->coarse->gen == u->gen ? a->coarse : NULL;
     faiss_shim_add_in ai = add_in(n, keys, hint, u->cq);
     if ((rc = index_add(u->idx, &ai, err, errlen)))
         goto out;
@@ -692,7 +861,8 @@ size_t unbounded_cache_memory(nc_unbounded_cache *u)
      * id in the inverted list) and its word id; plus what the trained index
      * holds whatever its size (centroids, precomputed tables) */
     size_t per = u->flat ? (size_t)u->o.dim * sizeof(float) : (size_t)(u->o.dim / 8 + 8);
-    size_t m = sizeof *u + u->cap * sizeof(int) + u->nvalues * per + faiss_shim_fixed_bytes(u->idx) +
+    size_t m = sizeof *u + u->cap * sizeof(int) + u->nvalues * per + faiss_shim_fixed_bytes(u->idx) -
+               pq_tables_shared_bytes(u->idx, u->table_key) +   /* counted once: pq_tables_bytes */
                faiss_shim_cq_bytes(u->cq);
     pthread_rwlock_unlock(&u->lock);
     return m;
@@ -809,7 +979,7 @@ int unbounded_cache_load(const nc_unbounded_cache_opts *o, nc_wordtable *words, 
         return rc;
     char p[1200];
     if (!(rc = path_join(p, sizeof p, dir, "index.faiss", err, errlen)) &&
-        faiss_read_index_fname(p, 0, &u->idx))
+        faiss_read_index_fname(p, TEMPLATE_IO_SKIP_TABLE, &u->idx))
         rc = nc_error(err, errlen, NC_EFORMAT, "%s: corrupt or unreadable FAISS index: %s", p,
                       faiss_get_last_error() ? faiss_get_last_error() : "?");
     if (!rc && faiss_Index_d(u->idx) != o->dim)
@@ -819,9 +989,14 @@ int unbounded_cache_load(const nc_unbounded_cache_opts *o, nc_wordtable *words, 
         u->flat = faiss_IndexFlat_cast(u->idx) != NULL;
         if (!u->flat)
             rc = set_nprobe(u, u->idx, u->nprobe, err, errlen);
-        if (!u->flat)
-            u->cq = faiss_shim_cq_new(u->idx, 0);
+        if (!rc && u->flat && o->compact)
+            rc = nc_error(err, errlen, NC_EFORMAT, "%s: a flat index in a compact store (which holds codes only)", p);
     }
+    /* read without its precomputed table: the one its training shares */
+    if (!rc && !u->flat)
+        rc = pq_tables_attach(u->idx, &u->table_key, err, errlen);
+    if (!rc && !u->flat)
+        u->cq = faiss_shim_cq_new(u->idx, 0);   /* (wants the attached table: scannable) */
     if (!rc && !(rc = path_join(p, sizeof p, dir, "values.bin", err, errlen)))
         rc = read_values(u, p, err, errlen);
     if (!rc && (idx_t)u->nvalues != faiss_Index_ntotal(u->idx))

@@ -44,6 +44,11 @@ typedef struct {
     bool key_f16;                 /* round keys to float16 precision before
                                    * storing them, so that a log holding f16
                                    * keys rebuilds exactly the same index */
+    bool compact;                 /* compact storage: the trained IVFPQ index
+                                   * (trained_path required, not exact) from
+                                   * the first pair, no flat phase, and the
+                                   * code hook (not the add hook) logs each
+                                   * pair as its list and PQ code */
 } nc_unbounded_cache_opts;
 
 void unbounded_cache_opts_default(nc_unbounded_cache_opts *o, int dim);
@@ -144,6 +149,37 @@ int unbounded_cache_word_at(nc_unbounded_cache *u, int64_t id);
 typedef int (*unbounded_cache_add_hook)(void *ctx, const float *keys, const int *words, size_t n,
                                 int64_t first_id, char *err, size_t errlen);
 void unbounded_cache_set_add_hook(nc_unbounded_cache *u, unbounded_cache_add_hook fn, void *ctx);
+
+/* Compact storage (opts.compact): a pair as the index stores it -- its
+ * inverted list and PQ code -- with its word, for a log that rebuilds the
+ * very same lists without the keys (docs/namespaces.md). */
+typedef struct {
+    const int64_t *lists;         /* [n] */
+    const uint8_t *codes;         /* [n, code_size] */
+    size_t code_size;
+    const int *words;             /* [n] */
+    size_t n;
+    int64_t first_id;             /* the id of the first (ids are consecutive) */
+} nc_ub_coded;
+/* Called by a compact cache's adds under its write lock, before the pairs
+ * enter the index, as the add hook in a cache that keeps keys; a nonzero
+ * return fails the add. NULL fn removes the hook. */
+typedef int (*unbounded_cache_code_hook)(void *ctx, const nc_ub_coded *c, char *err, size_t errlen);
+void unbounded_cache_set_code_hook(nc_unbounded_cache *u, unbounded_cache_code_hook fn, void *ctx);
+/* Adds pairs given by their lists and codes (a compact store's replay, a
+ * replica of a compact namespace) to a compact cache, through the code
+ * hook. c->first_id must be the count stored (the next id), or < 0 for
+ * whatever it is. NC_EINVAL for
+ * a cache that is not compact, NC_EFORMAT for a code size, list or id that
+ * does not fit: nothing added. */
+int unbounded_cache_add_codes(nc_unbounded_cache *u, const nc_ub_coded *c, char *err, size_t errlen);
+/* A compact cache's code size and lists (0 when not compact). */
+size_t unbounded_cache_code_size(nc_unbounded_cache *u, int64_t *nlist);
+bool unbounded_cache_is_compact(const nc_unbounded_cache *u);
+/* The training fingerprint of the IVFPQ index the cache reads or will
+ * switch to (pq_tables_fingerprint), 0 when none: two caches of the same
+ * fingerprint give a key the same list and code. */
+uint64_t unbounded_cache_fingerprint(nc_unbounded_cache *u);
 
 /* Called by every search under the cache's read lock, just before FAISS
  * searches, with the nprobe that search uses (the cache's own when it is

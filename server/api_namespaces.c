@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api_errors.h"
 #include "metrics.h"
 #include "namespaces.h"
 #include "uploads.h"
@@ -30,16 +31,28 @@ static json_t *uploads_json(nc_server *srv, ns_handle *r)
     return a;
 }
 
+/* Bytes a stored pair takes, in memory (the shared precomputed table
+ * apart: pq_tables.h) and on disk (log + snapshots), over the namespace's
+ * pairs; 0 while it has none. */
+static json_t *per_entry_json(const nc_nsstore_stats *st)
+{
+    double n = st->entries > 0 ? (double)st->entries : 0.0;
+    return json_pack("{s:f,s:f}", "memory", n > 0 ? (double)st->memory_bytes / n : 0.0, "disk",
+                     n > 0 ? (double)st->disk_bytes / n : 0.0);
+}
+
 static json_t *ns_json(nc_server *srv, ns_handle *r)
 {
     nc_nsstore_stats st;
     nsstore_stats(namespaces_store(r), &st);
+    char fp[24];
+    snprintf(fp, sizeof fp, "%016llx", (unsigned long long)st.fingerprint);
     char idx[160];
     if (st.exact)
         snprintf(idx, sizeof idx, "Flat");
     else
         snprintf(idx, sizeof idx, "%s", st.factory ? st.factory : "IVF");
-    return json_pack("{s:s,s:I,s:I,s:i,s:I,s:{s:s,s:b,s:i},s:I,s:I,s:I,s:{s:I,s:I,s:f,s:f},s:I,s:o}", "name",
+    json_t *o = json_pack("{s:s,s:I,s:I,s:i,s:I,s:{s:s,s:b,s:i},s:I,s:I,s:I,s:{s:I,s:I,s:f,s:f},s:I,s:o}", "name",
                      namespaces_name(r), "incarnation", (json_int_t)namespaces_incarnation(r),
                      "entries", (json_int_t)st.entries, "words", st.words, "documents", (json_int_t)st.docs,
                      "index", "type", idx, "exact", st.exact, "nprobe", st.nprobe,
@@ -48,6 +61,49 @@ static json_t *ns_json(nc_server *srv, ns_handle *r)
                      "log", "last_seq", (json_int_t)st.last_seq, "synced_seq", (json_int_t)st.synced_seq,
                      "snapshot_age", st.snapshot_age, "snapshot_seconds", st.snapshot_seconds,
                      "fsyncs", (json_int_t)st.fsyncs, "uploads", uploads_json(srv, r));
+    if (o) {
+        json_object_set_new(o, "storage", json_string(st.compact ? "compact" : "keys"));
+        json_object_set_new(o, "bytes_per_entry", per_entry_json(&st));
+        json_t *ix = json_object_get(o, "index");
+        if (ix && st.fingerprint)
+            json_object_set_new(ix, "fingerprint", json_string(fp));
+    }
+    return o;
+}
+
+/* PUT /v1/namespaces/{ns} {"storage": "keys" | "compact"}: creates the
+ * namespace with that storage (201), or finds it made with it (200); one
+ * made with the other storage is 409 (storage is fixed at creation). */
+void api_h_ns_create(nc_server *srv, http_request *req, http_response *resp)
+{
+    const char *storage = "keys", *key;
+    json_t *v;
+    json_object_foreach(req->json, key, v) {
+        if (strcmp(key, "storage") != 0) {
+            http_reply_error(resp, API_UNKNOWN_FIELD, "unknown field '%s' (a namespace takes \"storage\")", key);
+            return;
+        }
+        if (!json_is_string(v) || (strcmp(json_string_value(v), "keys") && strcmp(json_string_value(v), "compact"))) {
+            http_reply_error(resp, API_OUT_OF_RANGE, "field 'storage' must be \"keys\" or \"compact\"");
+            return;
+        }
+        storage = json_string_value(v);
+    }
+    char err[NC_ERRLEN] = "";
+    ns_create c = {.name = req->params[0], .create = true, .compact = !strcmp(storage, "compact")};
+    ns_handle *r = namespaces_create(srv, &c, err, sizeof err);
+    if (!r) {
+        http_reply_error(resp, api_error_from_namespace(c.rc), "%s", err);
+        return;
+    }
+    nc_nsstore_stats st;
+    nsstore_stats(namespaces_store(r), &st);
+    if (st.compact != c.compact)
+        http_reply_error(resp, API_CONFLICT, "namespace '%s' exists with %s storage, fixed at its creation: delete it "
+                         "first to make it %s", c.name, st.compact ? "compact" : "keys", storage);
+    else
+        http_reply_json(resp, c.created ? 201 : 200, ns_json(srv, r));
+    namespaces_release(srv, r);
 }
 
 typedef struct {

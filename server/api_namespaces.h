@@ -12,6 +12,7 @@
 #include "http.h"
 
 void api_h_ns_list(nc_server *srv, http_request *req, http_response *resp);
+void api_h_ns_create(nc_server *srv, http_request *req, http_response *resp);
 void api_h_ns_get(nc_server *srv, http_request *req, http_response *resp);
 void api_h_ns_delete(nc_server *srv, http_request *req, http_response *resp);
 void api_h_ns_docs_list(nc_server *srv, http_request *req, http_response *resp);

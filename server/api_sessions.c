@@ -45,6 +45,12 @@ void api_h_sessions_create(nc_server *srv, http_request *req, http_response *res
     }
     nc_session *s;
     char err[NC_ERRLEN] = "";
+    if (r.cache.exact && r.cache.unbounded && namespaces_compact(srv, r.ns && r.ns[0] ? r.ns : "default")) {
+        http_reply_error(resp, API_OUT_OF_RANGE, "field 'exact': namespace '%s' has compact storage, which keeps "
+                         "no keys to search exactly (docs/namespaces.md#compact-storage)",
+                         r.ns && r.ns[0] ? r.ns : "default");
+        return;
+    }
     nc_session_spec sp = {.id = r.id, .ns = r.ns, .p = &r.cache};
     sessions_rc rc = sessions_create(srv->sessions, &sp, &s, err, sizeof err);
     if (rc != SESS_OK) {

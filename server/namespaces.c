@@ -3,6 +3,7 @@
  * explain and the namespaces' metrics. */
 #include "namespaces.h"
 #include "components.h"
+#include "pq_tables.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -55,6 +56,7 @@ struct ns_registry {
     uint64_t (*deleted)(void *ctx, const char *name);                     /* nc_server.namespace_deleted */
     void *opened_ctx;
     uint64_t last_incarnation;    /* the newest issued here (registry lock) */
+    bool create_compact;          /* the storage of the store open_store creates (registry lock) */
 };
 
 static uint64_t wall_ms(void)
@@ -86,7 +88,7 @@ static bool valid_name(const char *s)
 static int open_store(ns_registry *g, const char *dir, nc_nsstore **out, uint64_t *inc, nc_nsstore_recovery *info,
                       char *err, size_t errlen)
 {
-    nc_nsstore_opts o = {.dir = dir, .model = g->m, .sync = g->sync};
+    nc_nsstore_opts o = {.dir = dir, .model = g->m, .sync = g->sync, .compact = g->create_compact};
     unbounded_cache_opts_default(&o.ub, g->m->cfg.hidden_size);
     o.ub.trained_path = g->trained[0] ? g->trained : NULL;
     o.ub.factory = g->factory[0] ? g->factory : NULL;
@@ -128,8 +130,31 @@ ns_handle *namespaces_acquire(nc_server *srv, const char *name, bool create, cha
 
 ns_handle *namespaces_acquire_rc(nc_server *srv, const char *name, bool create, int *rc, char *err, size_t errlen)
 {
+    ns_create c = {.name = name, .create = create};
+    ns_handle *r = namespaces_create(srv, &c, err, errlen);
+    *rc = c.rc;
+    return r;
+}
+
+bool namespaces_compact(nc_server *srv, const char *name)
+{
+    char err[NC_ERRLEN];
+    ns_handle *r = srv->namespaces ? namespaces_acquire(srv, name, false, err, sizeof err) : NULL;
+    bool c = r && nsstore_is_compact(r->store);
+    namespaces_release(srv, r);
+    return c;
+}
+
+/* The registry's one look-up-or-open under its lock, with the
+ * failure's code and message for each way it can fail */
+ns_handle *namespaces_create(nc_server *srv, ns_create *c, char *err, size_t errlen)
+{
     ns_registry *g = srv->namespaces;
+    const char *name = c->name;
+    const bool create = c->create;
+    int *rc = &c->rc;
     *rc = NC_OK;
+    c->created = false;
     if (!g) {
         snprintf(err, errlen, "namespaces are not available yet");
         *rc = NC_ESTATE;
@@ -150,14 +175,26 @@ ns_handle *namespaces_acquire_rc(nc_server *srv, const char *name, bool create, 
         if (r) {
             snprintf(r->name, sizeof r->name, "%s", name);
             snprintf(r->dir, sizeof r->dir, "%.1000s/%.63s", g->root, name);
-            if ((*rc = open_store(g, r->dir, &r->store, &r->incarnation, NULL, e2, sizeof e2)) != NC_OK) {
+            struct stat before;
+            bool fresh = stat(r->dir, &before) != 0;
+            g->create_compact = c->compact;
+            *rc = open_store(g, r->dir, &r->store, &r->incarnation, NULL, e2, sizeof e2);
+            g->create_compact = false;
+            if (*rc != NC_OK && fresh && c->compact)
+                /* what a failed compact creation made must not come back at
+                 * the next start-up as an empty namespace with keys (one with
+                 * keys stays as it always did: test_fault's walks) */
+                nsstore_remove_dir(r->dir, NULL, 0);
+            if (*rc != NC_OK) {
                 snprintf(err, errlen, "namespace '%s': %s", name, e2);
                 free(r);
                 r = NULL;
             } else {
                 HASH_ADD_STR(g->by_name, name, r);
-                slog(SLOG_INFO, "namespace created", json_pack("{s:s,s:s,s:I}", "namespace", name, "dir", r->dir,
-                                                               "incarnation", (json_int_t)r->incarnation));
+                c->created = true;
+                slog(SLOG_INFO, "namespace created", json_pack("{s:s,s:s,s:I,s:s}", "namespace", name, "dir", r->dir,
+                                                               "incarnation", (json_int_t)r->incarnation, "storage",
+                                                               c->compact ? "compact" : "keys"));
             }
         } else {
             snprintf(err, errlen, "out of memory");
@@ -689,6 +726,11 @@ char *namespaces_metrics(nc_server *srv, char *text)
     }
     metrics_printf(&b, "# HELP neurocache_namespaces namespaces open\n# TYPE neurocache_namespaces gauge\n"
                        "neurocache_namespaces %d\n", cnt);
+    int ntables = 0;
+    size_t tables = pq_tables_bytes(&ntables);
+    metrics_printf(&b, "# HELP neurocache_index_tables_bytes precomputed IVF-PQ tables, one a training, shared by "
+                       "its namespaces (not in their memory_bytes)\n# TYPE neurocache_index_tables_bytes gauge\n"
+                       "neurocache_index_tables_bytes %zu\n", tables);
     metrics_printf(&b, "# HELP neurocache_recovery_seconds time spent recovering namespaces at start-up\n"
                        "# TYPE neurocache_recovery_seconds gauge\nneurocache_recovery_seconds %.6f\n", g->recovery_s);
     metrics_printf(&b, "# HELP neurocache_adapt_tokens_total tokens added to unbounded caches (documents and feed)\n"

@@ -34,6 +34,18 @@ ns_handle *namespaces_acquire(nc_server *srv, const char *name, bool create, cha
  * NC_ENOTFOUND no such namespace, else opening its store's (NC_EIO,
  * NC_ENOSPACE, NC_EFORMAT, NC_ENOMEM). */
 ns_handle *namespaces_acquire_rc(nc_server *srv, const char *name, bool create, int *rc, char *err, size_t errlen);
+/* The same, a new namespace made with compact storage when c->compact
+ * (nsstore.h; an existing one keeps its storage: compare
+ * nsstore_stats.compact). c->created says whether it was made now. */
+typedef struct {
+    const char *name;
+    bool create, compact;
+    bool created;                 /* out */
+    int rc;                       /* out: as namespaces_acquire_rc's */
+} ns_create;
+ns_handle *namespaces_create(nc_server *srv, ns_create *c, char *err, size_t errlen);
+/* Whether the namespace name exists with compact storage. */
+bool namespaces_compact(nc_server *srv, const char *name);
 /* Deletes a namespace's live incarnation (its store is retired and its
  * directory moves aside, removed when the last handle goes; sessions bound
  * to it answer 410 namespace_deleted from now on). born_by: only an

@@ -111,51 +111,149 @@ static bool entry_wanted(replication *rep, ns_state *s, uint64_t tomb, const red
     return true;
 }
 
+/* An entry's pairs decoded for the store: word ids, and f16 keys as
+ * floats or (compact storage) lists; codes borrowed from the reply. */
+typedef struct {
+    size_t cnt;
+    int *ids;
+    float *keys;
+    int64_t *lists;
+    const uint8_t *codes;
+    size_t code_size;
+} entry_pairs;
+
+static void entry_pairs_free(entry_pairs *e)
+{
+    free(e->ids);
+    free(e->keys);
+    free(e->lists);
+}
+
+/* The words ("w": cnt strings joined by '\n') as ids of st's table. */
+static int entry_words(nc_nsstore *st, const redisReply *w, entry_pairs *e)
+{
+    e->ids = malloc(e->cnt * sizeof(int));
+    if (!e->ids)
+        return NC_ENOMEM;
+    nc_wordtable *wt = nsstore_words(st);
+    const char *p = w->str, *end = w->str + w->len;
+    for (size_t i = 0; i < e->cnt; i++) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t l = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        e->ids[i] = l ? wordtable_id(wt, p, l, true) : -1;
+        if (e->ids[i] < 0)
+            return NC_EFORMAT;
+        p = nl ? nl + 1 : end;
+    }
+    return NC_OK;
+}
+
+/* The pairs of an entry with keys ("k", [cnt, H] f16), whatever st's
+ * storage (a compact store encodes them). */
+static int entry_keys(replication *rep, const redisReply *k, entry_pairs *e)
+{
+    e->keys = malloc(e->cnt * (size_t)rep->H * sizeof(float));
+    if (!e->keys)
+        return NC_ENOMEM;
+    const uint16_t *kh = (const uint16_t *)k->str;
+    for (size_t i = 0; i < e->cnt * (size_t)rep->H; i++) {
+        uint16_t h;
+        memcpy(&h, kh + i, 2);
+        e->keys[i] = nc_half_to_float(h);
+    }
+    return NC_OK;
+}
+
+/* The pairs of a compact entry ("l" u32 lists, "c" codes, "t" training
+ * fingerprint): only for a compact store of the same training -- without
+ * keys nothing can place the pairs in other lists. */
+static int entry_codes(nc_nsstore *st, const redisReply *kv, entry_pairs *e, char *err, size_t errlen)
+{
+    const redisReply *l = field(kv, "l"), *c = field(kv, "c"), *t = field(kv, "t");
+    if (!l || !c || !t || l->len != e->cnt * 4 || c->len % e->cnt != 0)
+        return nc_error(err, errlen, NC_EFORMAT, "malformed compact entry");
+    if (!nsstore_is_compact(st))
+        return nc_error(err, errlen, NC_EINVAL, "an entry of a namespace with compact storage (codes, no keys) "
+                        "cannot enter this replica's namespace, which keeps keys");
+    unsigned long long fp = strtoull(t->str, NULL, 16);
+    if (fp != nsstore_fingerprint(st))
+        return nc_error(err, errlen, NC_EINVAL, "compact storage: the entry's codes are of trained index %016llx, "
+                        "this replica's namespace reads %016llx: replicas of a compact namespace need the same "
+                        "unbounded.faiss (it keeps no keys to encode them again)", fp,
+                        (unsigned long long)nsstore_fingerprint(st));
+    e->lists = malloc(e->cnt * sizeof *e->lists);
+    if (!e->lists)
+        return NC_ENOMEM;
+    for (size_t i = 0; i < e->cnt; i++) {
+        uint32_t x;
+        memcpy(&x, l->str + 4 * i, 4);
+        e->lists[i] = x;
+    }
+    e->codes = (const uint8_t *)c->str;
+    e->code_size = c->len / e->cnt;
+    return NC_OK;
+}
+
+/* Whether an entry is well formed for this replica (its model, a pair
+ * count its keys or codes bear out); the count in *cnt. */
+static bool entry_valid(replication *rep, ns_state *s, const redisReply *kv, size_t *cnt)
+{
+    const redisReply *o = field(kv, "o"), *d = field(kv, "d"), *f = field(kv, "f"), *n = field(kv, "n"),
+                     *m = field(kv, "m"), *w = field(kv, "w"), *k = field(kv, "k"), *l = field(kv, "l");
+    if (!o || !d || !f || !n || !m || !w || (!k && !l))
+        return false;
+    *cnt = strtoull(n->str, NULL, 10);
+    /* The pair count is checked against the keys' (lists') length by
+     * division: a product (cnt * H * 2) wraps for a count near 2^62, which
+     * the key length then matches, and the buffers sized by it are tiny. */
+    size_t unit = k ? (size_t)rep->H * 2 : 4;
+    const redisReply *x = k ? k : l;
+    return strtoull(m->str, NULL, 16) == rep->model_fp && *cnt > 0 && x->len % unit == 0 && *cnt == x->len / unit &&
+           strlen(o->str) < sizeof s->hw[0].origin;
+}
+
+/* The pairs of a valid entry added to st under document doc (keys, or
+ * codes of a compact namespace); *seq the log record to sync. */
+static int entry_add(replication *rep, nc_nsstore *st, const redisReply *kv, uint32_t doc, uint64_t *seq,
+                     char err[NC_ERRLEN])
+{
+    const size_t errlen = NC_ERRLEN;
+    entry_pairs e = {.cnt = strtoull(field(kv, "n")->str, NULL, 10)};
+    uint64_t off = strtoull(field(kv, "f")->str, NULL, 10);
+    const redisReply *k = field(kv, "k");
+    int rc = entry_words(st, field(kv, "w"), &e);
+    if (rc == NC_OK)
+        rc = k ? entry_keys(rep, k, &e) : entry_codes(st, kv, &e, err, errlen);
+    replication_applying = 1;
+    if (rc == NC_OK && k)
+        rc = nsstore_add(st, e.keys, e.ids, e.cnt, doc, off, seq, err, errlen);
+    else if (rc == NC_OK) {
+        nsstore_codes c = {.lists = e.lists, .codes = e.codes, .code_size = e.code_size, .words = e.ids,
+                           .n = e.cnt, .doc = doc, .off = off};
+        rc = nsstore_add_codes(st, &c, seq, err, errlen);
+    }
+    replication_applying = 0;
+    if (rc != NC_OK && !err[0])
+        snprintf(err, errlen, "%s", rc == NC_ENOMEM ? "out of memory" : "malformed words");
+    entry_pairs_free(&e);
+    return rc;
+}
+
 /* Applies one entry of another replica into the store; returns the log
  * sequence to sync (0 = none). */
 static uint64_t apply_entry(replication *rep, ns_state *s, nc_nsstore *st, const char *sid, const redisReply *kv)
 {
-    const redisReply *o = field(kv, "o"), *d = field(kv, "d"), *f = field(kv, "f"), *n = field(kv, "n"),
-                     *m = field(kv, "m"), *w = field(kv, "w"), *k = field(kv, "k"), *b = field(kv, "b"),
-                     *sq = field(kv, "s");
-    if (!o || !d || !f || !n || !m || !w || !k) {
-        atomic_fetch_add(&rep->refused_entries, 1);
-        return 0;
-    }
-    size_t cnt = strtoull(n->str, NULL, 10);
-    uint64_t off = strtoull(f->str, NULL, 10);
-    uint64_t birth = b ? strtoull(b->str, NULL, 10) : 0, oseq = sq ? strtoull(sq->str, NULL, 10) : 0;
-    /* The pair count is checked against the keys' length by division: a
-     * product (cnt * H * 2) wraps for a count near 2^62, which the key
-     * length then matches, and the buffers sized by it are tiny. */
-    size_t key_bytes = (size_t)rep->H * 2;
-    if (strtoull(m->str, NULL, 16) != rep->model_fp || cnt == 0 || k->len % key_bytes != 0 ||
-        cnt != k->len / key_bytes || strlen(o->str) >= sizeof s->hw[0].origin) {
+    const redisReply *o = field(kv, "o"), *d = field(kv, "d"), *b = field(kv, "b"), *sq = field(kv, "s");
+    size_t cnt = 0;
+    if (!entry_valid(rep, s, kv, &cnt)) {
         if (atomic_fetch_add(&rep->refused_entries, 1) == 0)
             slog(SLOG_WARN, "replication: entry refused (another model or malformed)",
-                 json_pack("{s:s,s:s}", "id", sid, "origin", o->str));
+                 json_pack("{s:s,s:s}", "id", sid, "origin", o ? o->str : "?"));
         return 0;
     }
-    float *keys = malloc(cnt * (size_t)rep->H * sizeof(float));
-    int *ids = malloc(cnt * sizeof(int));
+    uint64_t birth = b ? strtoull(b->str, NULL, 10) : 0, oseq = sq ? strtoull(sq->str, NULL, 10) : 0;
     uint64_t seq = 0;
     char err[NC_ERRLEN] = "";
-    int rc = keys && ids ? NC_OK : NC_ENOMEM;
-    nc_wordtable *wt = nsstore_words(st);
-    const char *p = w->str, *end = w->str + w->len;
-    for (size_t i = 0; rc == NC_OK && i < cnt; i++) {
-        const char *nl = memchr(p, '\n', (size_t)(end - p));
-        size_t l = nl ? (size_t)(nl - p) : (size_t)(end - p);
-        ids[i] = l ? wordtable_id(wt, p, l, true) : -1;
-        if (ids[i] < 0) rc = NC_EFORMAT;
-        p = nl ? nl + 1 : end;
-    }
-    const uint16_t *kh = (const uint16_t *)k->str;
-    for (size_t i = 0; rc == NC_OK && i < cnt * (size_t)rep->H; i++) {
-        uint16_t h;
-        memcpy(&h, kh + i, 2);
-        keys[i] = nc_half_to_float(h);
-    }
     /* One document per entry, naming it: the namespace's own record of
      * how far it has applied the stream and each origin (pos_load). */
     char docid[1300];
@@ -163,13 +261,9 @@ static uint64_t apply_entry(replication *rep, ns_state *s, nc_nsstore *st, const
     snprintf(docid, sizeof docid, "repl:%s:%s:%zu:%llu.%llu:%s", o->str, sid, cnt, (unsigned long long)birth,
              (unsigned long long)oseq, d->str);
     size_t dl = strlen(docid);
+    int rc = nsstore_doc_begin(st, docid, dl > 1024 ? 1024 : dl, &doc, NULL, 0, err, sizeof err);
     if (rc == NC_OK)
-        rc = nsstore_doc_begin(st, docid, dl > 1024 ? 1024 : dl, &doc, NULL, 0, err, sizeof err);
-    if (rc == NC_OK) {
-        replication_applying = 1;
-        rc = nsstore_add(st, keys, ids, cnt, doc, off, &seq, err, sizeof err);
-        replication_applying = 0;
-    }
+        rc = entry_add(rep, st, kv, doc, &seq, err);
     if (rc == NC_OK) {
         atomic_fetch_add(&rep->applied_entries, 1);
         atomic_fetch_add(&rep->applied_tokens, cnt);
@@ -185,8 +279,6 @@ static uint64_t apply_entry(replication *rep, ns_state *s, nc_nsstore *st, const
         atomic_fetch_add(&rep->refused_entries, 1);
         slog(SLOG_WARN, "replication: entry not applied", json_pack("{s:s,s:s}", "id", sid, "error", err));
     }
-    free(keys);
-    free(ids);
     return rc == NC_OK ? seq : 0;
 }
 
@@ -330,14 +422,17 @@ static int apply_stream(replication *rep, ns_state *ns, const redisReply *ents)
     /* The store is opened (created) only for entries to apply: a
      * stream of a deleted incarnation must not bring the name back. */
     bool want = false;
+    ns_create nc = {.name = ns->name, .create = true};
     for (size_t e = 0; e < ents->elements && !want; e++) {
         const redisReply *en = ents->element[e];
         want = en->type == REDIS_REPLY_ARRAY && en->elements == 2 &&
                sid_cmp(en->element[0]->str, ns->last_id) > 0 && entry_wanted(rep, ns, tomb, en->element[1], false);
+        /* a namespace made here for a compact one's codes is compact */
+        nc.compact = want && field(en->element[1], "c") != NULL;
     }
     ns_handle *ref = NULL;
     char err[NC_ERRLEN] = "";
-    if (want && !(ref = namespaces_acquire(rep->srv, ns->name, true, err, sizeof err))) {
+    if (want && !(ref = namespaces_create(rep->srv, &nc, err, sizeof err))) {
         /* Retried at the next read, from the same position; logged
          * once, not at every retry. */
         if (!ns->warned)

@@ -225,8 +225,10 @@ static int queue_adds(replication *rep, redisContext *c, ns_state *s, uint64_t b
         snprintf(off, sizeof off, "%llu", (unsigned long long)a.off);
         snprintf(n, sizeof n, "%zu", a.n);
         snprintf(sq, sizeof sq, "%llu", (unsigned long long)a.seq);
-        const char *argv[28];
-        size_t argl[28];
+        const char *argv[32];
+        size_t argl[32];
+        char fp[24];
+        snprintf(fp, sizeof fp, "%016llx", (unsigned long long)a.fingerprint);
         int k = 0;
 #define ARG(x, l) (argv[k] = (x), argl[k] = (l), k++)
         ARG("XADD", 4); ARG(key, strlen(key));
@@ -240,12 +242,20 @@ static int queue_adds(replication *rep, redisContext *c, ns_state *s, uint64_t b
         ARG("n", 1); ARG(n, strlen(n));
         ARG("m", 1); ARG(mt, strlen(mt));
         ARG("w", 1); ARG(a.words, a.words_len);
-        ARG("k", 1); ARG((const char *)a.keys_f16, a.n * (size_t)rep->H * 2);
+        if (a.keys_f16) {
+            ARG("k", 1); ARG((const char *)a.keys_f16, a.n * (size_t)rep->H * 2);
+        } else {
+            /* compact storage: the lists and codes its log holds, and the
+             * training they need at the other end */
+            ARG("l", 1); ARG((const char *)a.lists, a.n * 4);
+            ARG("c", 1); ARG((const char *)a.codes, a.n * a.code_size);
+            ARG("t", 1); ARG(fp, strlen(fp));
+        }
 #undef ARG
         redisAppendCommandArgv(c, k, argv, argl);
         (*sent)++;
         *tokens += a.n;
-        bytes += a.n * (size_t)rep->H * 2;
+        bytes += a.n * (a.keys_f16 ? (size_t)rep->H * 2 : 4 + a.code_size);
     }
     return rc;
 }

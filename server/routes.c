@@ -58,6 +58,7 @@ static const http_route route_table[] = {
     {"GET", "/tokenizer_info", api_h_tokenizer_info, "tokenizer_info", M},
     {"GET", "/v1/namespaces", api_h_ns_list, "namespaces_list", M},
     {"GET", "/v1/namespaces/{ns}", api_h_ns_get, "namespaces_get", M},
+    {"PUT", "/v1/namespaces/{ns}", api_h_ns_create, "namespaces_create", J | ROUTE_EMPTY_OK | M},
     {"DELETE", "/v1/namespaces/{ns}", api_h_ns_delete, "namespaces_delete", M},
     {"GET", "/v1/namespaces/{ns}/documents", api_h_ns_docs_list, "documents_list", M},
     {"POST", "/v1/namespaces/{ns}/documents", api_h_ns_documents, "documents", ROUTE_STREAM | M | H},

@@ -6,7 +6,10 @@
  * On disk, under dir:
  *   wal/wal-<seq>.log   the log: DOC records (a document id) and ADD records
  *                       (first pair id, document, offset, f16 keys, words;
- *                       open-vocabulary words by their surface string)
+ *                       open-vocabulary words by their surface string), or
+ *                       in compact storage ADD_CODES records (the same with
+ *                       each pair's u32 list and PQ code for its key)
+ *   storage             compact storage only: "compact <fingerprint>"
  *   snap-<seq>/         a snapshot covering every record <= seq: index.faiss,
  *                       values.bin, words.txt (unbounded_cache_save), prov.bin,
  *                       docs.bin and MANIFEST (sizes and crc32 of each file,
@@ -22,6 +25,16 @@
  * Keys are stored rounded to float16 (unbounded_cache key_f16), so the log's f16 keys
  * rebuild exactly the index that served before: predictions after a restart
  * are identical.
+ *
+ * Compact storage (nsstore_opts.compact, for a new store; kept in its
+ * directory's "storage" file with the training fingerprint of its index):
+ * the store keeps no keys. Its cache is the trained IVFPQ index from the
+ * first pair (unbounded_cache compact), and its log records what the index
+ * stores -- each pair's list and PQ code (ADD_CODES records) -- which
+ * replay adds back as they were: the same lists, codes and predictions.
+ * Whatever needs keys (an exact index, another quantizer, another model)
+ * is refused naming the compact storage; opening it with a trained index
+ * of another fingerprint too.
  *
  * Adds can come from two places: nsstore_add (documents), or any
  * unbounded_cache_add on nsstore_unbounded_cache() -- a session's stream adapting through
@@ -44,6 +57,9 @@ typedef struct {
     const nc_model *model;        /* borrowed: vocabulary, hidden size */
     nc_unbounded_cache_opts ub;           /* index options; dim and key_f16 are set */
     nc_wal_sync sync;             /* fsync policy of the log */
+    bool compact;                 /* a new store: compact storage (below);
+                                   * an existing store keeps the storage it
+                                   * was created with (nsstore_stats) */
 } nc_nsstore_opts;
 
 typedef struct {
@@ -76,6 +92,25 @@ int nsstore_doc_begin(nc_nsstore *ns, const char *id, size_t len, uint32_t *doc,
 int nsstore_add(nc_nsstore *ns, const float *keys, const int *words, size_t n, uint32_t doc,
                 uint64_t off, uint64_t *seq, char *err, size_t errlen);
 
+/* A compact store's add of pairs given as its index stores them (a replica
+ * of a compact namespace): lists and codes of the store's training
+ * (nsstore_stats.fingerprint), as nsstore_add otherwise. NC_EINVAL for a
+ * store with keys; NC_EFORMAT for a code size or list that does not fit. */
+typedef struct {
+    const int64_t *lists;         /* [n] */
+    const uint8_t *codes;         /* [n, code_size] */
+    size_t code_size;
+    const int *words;             /* [n] namespace word ids */
+    size_t n;
+    uint32_t doc;
+    uint64_t off;
+} nsstore_codes;
+int nsstore_add_codes(nc_nsstore *ns, const nsstore_codes *a, uint64_t *seq, char *err, size_t errlen);
+/* Whether ns has compact storage, and its training fingerprint (0 with
+ * keys): fixed at creation, read without locks. */
+bool nsstore_is_compact(const nc_nsstore *ns);
+uint64_t nsstore_fingerprint(const nc_nsstore *ns);
+
 /* Provenance for adds made through unbounded_cache_add in this thread: doc and the
  * offset of the next pair (advanced by each add). clear ends it; last_seq
  * is the last record this thread logged since set_context (0 = none). */
@@ -86,8 +121,8 @@ void nsstore_clear_context(void);
 /* Observer of logged adds (replication): called after each add's record is
  * written (not during recovery), under the cache's write lock -- it must be
  * quick and must not call into the cache. doc/off: the provenance (doc may
- * be NSSTORE_NO_DOC), keys [n, H] as stored, words namespace word ids. NULL
- * fn removes it. */
+ * be NSSTORE_NO_DOC), keys [n, H] as stored (NULL in compact storage),
+ * words namespace word ids. NULL fn removes it. */
 typedef void (*nsstore_observer)(void *ctx, nc_nsstore *ns, uint32_t doc, uint64_t off,
                                  const float *keys, const int *words, size_t n);
 void nsstore_set_observer(nc_nsstore *ns, nsstore_observer fn, void *ctx);
@@ -102,7 +137,12 @@ typedef struct {
     const char *doc;              /* document id, "" = none */
     uint64_t off;                 /* offset of the first pair in the document */
     size_t n;                     /* pairs */
-    const void *keys_f16;         /* [n, H] float16 little-endian, as logged */
+    const void *keys_f16;         /* [n, H] float16 little-endian, as logged;
+                                   * NULL in compact storage, which has: */
+    const void *lists;            /* [n] u32 little-endian inverted lists */
+    const void *codes;            /* [n, code_size] PQ codes */
+    size_t code_size;
+    uint64_t fingerprint;         /* compact: the training they belong to */
     const char *words;            /* the n surface strings, '\n'-joined */
     size_t words_len;
 } nc_nslog_add;
@@ -168,6 +208,8 @@ typedef struct {
     bool exact;                   /* flat index, not yet IVF */
     int nprobe;
     const char *factory;          /* IVF factory string (borrowed) */
+    bool compact;                 /* compact storage */
+    uint64_t fingerprint;         /* training fingerprint of its IVFPQ index, 0 = none */
     uint64_t wal_bytes;           /* on disk */
     uint64_t disk_bytes;          /* log + snapshots */
     size_t memory_bytes;

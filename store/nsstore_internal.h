@@ -14,7 +14,10 @@
 
 #define REC_DOC 1
 #define REC_ADD 2
+#define REC_ADD_CODES 3           /* compact storage: lists and PQ codes, no keys */
 #define KEY_F16 1
+#define REC_HEAD 36               /* an add record's fixed part, before its words */
+#define STORAGE_FILE "storage"    /* "compact <fingerprint, 16 hex>\n" in a compact store's directory */
 #define DOC_ID_MAX 1024
 
 struct nc_nsstore {
@@ -23,6 +26,8 @@ struct nc_nsstore {
     int V, H;
     uint32_t tag;
     nc_unbounded_cache_opts ubo;
+    bool compact;                 /* compact storage (ubo.compact), fixed at creation */
+    uint64_t fingerprint;         /* a compact store's training fingerprint (its storage file) */
     nc_wal_sync sync;
     nc_wordtable *words;
     nc_unbounded_cache *ub;
@@ -67,6 +72,27 @@ void nsstore_free_meta(nc_nsstore *ns);
 /* the cache's add hook: logs one ADD record per add (unbounded_cache_add_hook) */
 int nsstore_add_hook(void *ctx, const float *keys, const int *words, size_t n, int64_t first_id,
                      char *err, size_t errlen);
+
+/* the compact cache's code hook: logs one ADD_CODES record per add */
+int nsstore_code_hook(void *ctx, const nc_ub_coded *c, char *err, size_t errlen);
+
+/* An add record's fixed part as nsstore_add_hook and nsstore_code_hook
+ * write it and replay and the log follower read it: byte 0 the type, 1
+ * flags, then u32 n, u32 dim (H, or a code's bytes), u32 doc, i64 first
+ * id, u64 offset, u32 strings (nd), and the nd open-vocabulary strings. */
+typedef struct {
+    uint32_t want;                /* in: the dim expected (H, or the code size) */
+    uint32_t n, dim, doc, nd;
+    int64_t first;
+    uint64_t off;
+} nsstore_rec_head;
+/* The fixed part of p (len bytes) into h; NC_EFORMAT naming record seq if
+ * short. Checks dim against h->want and nd <= n. */
+int nsstore_rec_head_read(const unsigned char *p, size_t len, uint64_t seq, nsstore_rec_head *h, char *err,
+                          size_t errlen);
+/* The per-pair bytes after the word references: 2H (f16 keys) or 4 + code
+ * size (a u32 list and a code). */
+size_t nsstore_rec_pair_bytes(const nc_nsstore *ns);
 
 /* snapshot.c */
 /* The seqs of the snapshots under dir (snap-<16 hex>), newest first;

@@ -2,6 +2,7 @@
  * snapshot that verifies, then the log after it replayed) and the log
  * follower (nsstore_log_*) that replication reads. */
 #include "nsstore_internal.h"
+#include "atomicfile.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -138,18 +139,13 @@ static int log_decode_add(nc_nslog *l, uint64_t seq, const unsigned char *p, siz
                           char *err, size_t errlen)
 {
     nc_nsstore *ns = l->ns;
-    uint32_t n, H, doc, nd;
-    uint64_t off;
-    if (len < 36)
-        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: short add record", (unsigned long long)seq);
-    memcpy(&n, p + 4, 4);
-    memcpy(&H, p + 8, 4);
-    memcpy(&doc, p + 12, 4);
-    memcpy(&off, p + 24, 8);
-    memcpy(&nd, p + 32, 4);
-    if (p[1] != KEY_F16 || H != (uint32_t)ns->H || n == 0 || nd > n)
-        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: add of %u pairs of dimension %u",
-                        (unsigned long long)seq, n, H);
+    size_t tail = nsstore_rec_pair_bytes(ns);
+    nsstore_rec_head h = {.want = (uint32_t)(ns->compact ? tail - 4 : (size_t)ns->H)};
+    int hrc = nsstore_rec_head_read(p, len, seq, &h, err, errlen);
+    if (hrc)
+        return hrc;
+    uint32_t n = h.n, doc = h.doc, nd = h.nd;
+    uint64_t off = h.off;
     if (nd > l->dcap) {
         size_t *o = realloc(l->dyn_off, nd * sizeof *o);
         if (o)
@@ -166,7 +162,7 @@ static int log_decode_add(nc_nslog *l, uint64_t seq, const unsigned char *p, siz
         if (rc)
             return rc;
     }
-    if (len - k != (size_t)n * (4 + 2 * (size_t)H))
+    if (len - k != (size_t)n * (4 + tail))
         return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %zu bytes for %u pairs", (unsigned long long)seq,
                         len - k, n);
     const unsigned char *refs = p + k;
@@ -188,7 +184,11 @@ static int log_decode_add(nc_nslog *l, uint64_t seq, const unsigned char *p, siz
     a->doc = l->doc;
     a->off = off;
     a->n = n;
-    a->keys_f16 = refs + (size_t)n * 4;
+    a->keys_f16 = ns->compact ? NULL : refs + (size_t)n * 4;
+    a->lists = ns->compact ? refs + (size_t)n * 4 : NULL;
+    a->codes = ns->compact ? refs + (size_t)n * 8 : NULL;
+    a->code_size = ns->compact ? tail - 4 : 0;
+    a->fingerprint = ns->compact ? ns->fingerprint : 0;
     a->words = l->words;
     a->words_len = wl;
     return NC_OK;
@@ -212,9 +212,9 @@ int nsstore_log_next(nc_nslog *l, nc_nslog_add *a, char *err, size_t errlen)
             return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %zu bytes", (unsigned long long)seq, len);
         if (p[0] == REC_DOC)
             continue;
-        if (p[0] != REC_ADD)
-            return nc_error(err, errlen, NC_EFORMAT, "log record %llu: unknown type %d", (unsigned long long)seq,
-                            p[0]);
+        if (p[0] != (l->ns->compact ? REC_ADD_CODES : REC_ADD))
+            return nc_error(err, errlen, NC_EFORMAT, "log record %llu: type %d in a store with %s", (unsigned long long)seq,
+                            p[0], l->ns->compact ? "compact storage" : "keys");
         rc = log_decode_add(l, seq, p, len, a, err, errlen);
         return rc ? rc : 1;
     }
@@ -230,6 +230,7 @@ typedef struct {
     size_t icap;
     int *map;
     size_t mcap;
+    int64_t *lists;               /* compact: the record's lists */
 } replay_ctx;
 
 /* A DOC record: the document's id, appended unless the snapshot has it. */
@@ -275,78 +276,125 @@ static int replay_reserve(replay_ctx *c, size_t m, size_t H, char *err, size_t e
     return NC_OK;
 }
 
-/* An ADD record: the pairs the snapshot does not have yet, added to the
- * cache (the add hook records their provenance while replaying). */
-static int replay_add(replay_ctx *c, uint64_t seq, const unsigned char *p, size_t len, char *err, size_t errlen)
+/* An add record being replayed: its bytes, seq and fixed part, the offset
+ * of its strings (then of its word references), and the pairs [skip,
+ * skip + m) the snapshot lacks. */
+typedef struct {
+    const unsigned char *p;
+    size_t len;
+    uint64_t seq;
+    nsstore_rec_head h;
+    size_t k, skip, m;
+} rec_view;
+
+/* The word ids of v's pairs [skip, skip + m) into c->ids; v->k moved past
+ * the strings to the word references. */
+static int replay_words(replay_ctx *c, rec_view *v, char *err, size_t errlen)
 {
     nc_nsstore *ns = c->ns;
-    if (p[0] != REC_ADD)
-        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: unknown type %d", (unsigned long long)seq, p[0]);
-    if (len < 36)
-        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: short add record", (unsigned long long)seq);
-    uint32_t n, H, doc, nd;
-    int64_t first;
-    uint64_t off;
-    memcpy(&n, p + 4, 4);
-    memcpy(&H, p + 8, 4);
-    memcpy(&doc, p + 12, 4);
-    memcpy(&first, p + 16, 8);
-    memcpy(&off, p + 24, 8);
-    memcpy(&nd, p + 32, 4);
-    if (p[1] != KEY_F16 || H != (uint32_t)ns->H || n == 0 || nd > n)
-        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: add of %u pairs of dimension %u (model %d)",
-                        (unsigned long long)seq, n, H, ns->H);
-    size_t k = 36;
-    if (nd > c->mcap) {
-        int *m = realloc(c->map, nd * sizeof *m);
-        if (!m)
+    const unsigned char *p = v->p;
+    const size_t len = v->len, skip = v->skip, m = v->m;
+    const uint64_t seq = v->seq;
+    const nsstore_rec_head *h = &v->h;
+    size_t *k = &v->k;
+    if (h->nd > c->mcap) {
+        int *mp = realloc(c->map, h->nd * sizeof *mp);
+        if (!mp)
             return nc_error(err, errlen, NC_ENOMEM, "replay");
-        c->map = m;
-        c->mcap = nd;
+        c->map = mp;
+        c->mcap = h->nd;
     }
-    for (uint32_t j = 0; j < nd; j++) {
-        size_t woff;
-        uint32_t l;
-        int rc = add_record_word(p, len, seq, &k, &woff, &l, err, errlen);
+    for (uint32_t j = 0; j < h->nd; j++) {
+        size_t woff = 0;
+        uint32_t l = 0;
+        int rc = add_record_word(p, len, seq, k, &woff, &l, err, errlen);
         if (rc)
             return rc;
         c->map[j] = wordtable_id(ns->words, (const char *)p + woff, l, true);
         if (c->map[j] < 0)
             return nc_error(err, errlen, NC_ENOMEM, "word table");
     }
-    if ((len - k) != (size_t)n * (4 + 2 * (size_t)H))
+    if ((len - *k) != (size_t)h->n * (4 + nsstore_rec_pair_bytes(ns)))
         return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %zu bytes for %u pairs", (unsigned long long)seq,
-                        len - k, n);
-    int64_t have = unbounded_cache_count(ns->ub);
-    if (first > have)
-        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: pairs from id %lld but only %lld are known "
-                        "(a record is missing)", (unsigned long long)seq, (long long)first, (long long)have);
-    if (first + (int64_t)n <= have)
-        return NC_OK;   /* already in the snapshot */
-    size_t skip = (size_t)(have - first), m = n - skip;
-    if (doc != NSSTORE_NO_DOC && doc >= nsstore_doc_count(ns))
-        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: unknown document %u", (unsigned long long)seq, doc);
-    int rc = replay_reserve(c, m, H, err, errlen);
-    if (rc)
-        return rc;
-    const unsigned char *refs = p + k, *kh = p + k + (size_t)n * 4;
+                        len - *k, h->n);
     int wsize = wordtable_size(ns->words);
     for (size_t i = 0; i < m; i++) {
         int32_t r;
-        memcpy(&r, refs + (skip + i) * 4, 4);
-        int id = r >= 0 && r < ns->V ? r : (r >= ns->V && (uint32_t)(r - ns->V) < nd ? c->map[r - ns->V] : -1);
+        memcpy(&r, p + *k + (skip + i) * 4, 4);
+        int id = r >= 0 && r < ns->V ? r : (r >= ns->V && (uint32_t)(r - ns->V) < h->nd ? c->map[r - ns->V] : -1);
         if (id < 0 || id >= wsize)
             return nc_error(err, errlen, NC_EFORMAT, "log record %llu: bad word reference %d",
                             (unsigned long long)seq, r);
         c->ids[i] = id;
     }
-    for (size_t i = 0; i < m * H; i++) {
-        uint16_t h;
-        memcpy(&h, kh + (skip * H + i) * 2, 2);
-        c->keys[i] = nc_half_to_float(h);
+    return NC_OK;
+}
+
+/* Pairs [skip, skip + m) of an ADD_CODES record whose lists and codes
+ * start at q into the compact cache, as they were logged. */
+static int replay_codes(replay_ctx *c, const rec_view *v, const unsigned char *q, char *err, size_t errlen)
+{
+    const nsstore_rec_head *h = &v->h;
+    const size_t cs = h->dim, skip = v->skip, m = v->m;
+    int64_t *lists = realloc(c->lists, (m ? m : 1) * sizeof *lists);
+    if (!lists)
+        return nc_error(err, errlen, NC_ENOMEM, "replay");
+    c->lists = lists;
+    for (size_t i = 0; i < m; i++) {
+        uint32_t l;
+        memcpy(&l, q + (skip + i) * 4, 4);
+        lists[i] = l;
     }
-    nsstore_set_context(ns, doc, off + skip);
-    rc = unbounded_cache_add(ns->ub, c->keys, c->ids, m, NULL, err, errlen);
+    nc_ub_coded cd = {.lists = lists, .codes = q + (size_t)h->n * 4 + skip * cs, .code_size = cs, .words = c->ids,
+                      .n = m, .first_id = h->first + (int64_t)skip};
+    return unbounded_cache_add_codes(c->ns->ub, &cd, err, errlen);
+}
+
+/* An ADD (keys) or ADD_CODES (compact) record: the pairs the snapshot does
+ * not have yet, added to the cache (the hooks record their provenance
+ * while replaying). */
+static int replay_add(replay_ctx *c, uint64_t seq, const unsigned char *p, size_t len, char *err, size_t errlen)
+{
+    nc_nsstore *ns = c->ns;
+    if (p[0] != REC_ADD && p[0] != REC_ADD_CODES)
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: unknown type %d", (unsigned long long)seq, p[0]);
+    if ((p[0] == REC_ADD_CODES) != ns->compact)
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %s in a store with %s", (unsigned long long)seq,
+                        ns->compact ? "an add with keys" : "an add of codes", ns->compact ? "compact storage" : "keys");
+    rec_view v = {.p = p, .len = len, .seq = seq, .k = REC_HEAD};
+    size_t tail = nsstore_rec_pair_bytes(ns);
+    nsstore_rec_head h = {.want = (uint32_t)(ns->compact ? tail - 4 : (size_t)ns->H)};
+    int rc = nsstore_rec_head_read(p, len, seq, &h, err, errlen);
+    if (rc)
+        return rc;
+    v.h = h;
+    int64_t have = unbounded_cache_count(ns->ub);
+    if (h.first > have)
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: pairs from id %lld but only %lld are known "
+                        "(a record is missing)", (unsigned long long)seq, (long long)h.first, (long long)have);
+    if (h.first + (int64_t)h.n <= have)
+        return NC_OK;   /* already in the snapshot */
+    size_t skip = (size_t)(have - h.first), m = h.n - skip, H = (size_t)ns->H;
+    v.skip = skip;
+    v.m = m;
+    if (h.doc != NSSTORE_NO_DOC && h.doc >= nsstore_doc_count(ns))
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: unknown document %u", (unsigned long long)seq,
+                        h.doc);
+    if ((rc = replay_reserve(c, m, ns->compact ? 0 : H, err, errlen)) ||
+        (rc = replay_words(c, &v, err, errlen)))
+        return rc;
+    const unsigned char *q = p + v.k + (size_t)h.n * 4;   /* past the word references */
+    nsstore_set_context(ns, h.doc, h.off + skip);
+    if (ns->compact) {
+        rc = replay_codes(c, &v, q, err, errlen);
+    } else {
+        for (size_t i = 0; i < m * H; i++) {
+            uint16_t x;
+            memcpy(&x, q + (skip * H + i) * 2, 2);
+            c->keys[i] = nc_half_to_float(x);
+        }
+        rc = unbounded_cache_add(ns->ub, c->keys, c->ids, m, NULL, err, errlen);
+    }
     nsstore_clear_context();
     return rc;
 }
@@ -420,6 +468,7 @@ static int replay_log(nc_nsstore *ns, nc_nsstore_recovery *info, uint64_t base, 
 {
     int rc;
     unbounded_cache_set_add_hook(ns->ub, nsstore_add_hook, ns);
+    unbounded_cache_set_code_hook(ns->ub, nsstore_code_hook, ns);
     ns->replaying = true;
     replay_ctx c = {.ns = ns};
     nc_wal_replay_info wi;
@@ -428,6 +477,7 @@ static int replay_log(nc_nsstore *ns, nc_nsstore_recovery *info, uint64_t base, 
     free(c.keys);
     free(c.ids);
     free(c.map);
+    free(c.lists);
     if (rc == NC_ENOTFOUND && first_err[0])
         /* a corrupt snapshot the log cannot stand in for */
         rc = nc_error(err, errlen, NC_EFORMAT, "%s; the log does not reach back far enough to rebuild "
@@ -452,6 +502,63 @@ static int replay_log(nc_nsstore *ns, nc_nsstore_recovery *info, uint64_t base, 
                      info->warning[0] ? "; " : "", err);
     }
     return rc;
+}
+
+/* Step 0 of nsstore_open: the storage the store was created with, from its
+ * storage file (none: keys), into ns->compact and ns->fingerprint; a new
+ * store (no log directory yet) asked for compact storage is compact, its
+ * fingerprint 0 until storage_commit writes the file. An existing store
+ * with keys cannot become compact: NC_ESTATE. */
+static int storage_read(nc_nsstore *ns, bool want_compact, char *err, size_t errlen)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/" STORAGE_FILE, ns->dir);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        unsigned long long fp = 0;
+        int got = fscanf(f, "compact %16llx", &fp);
+        fclose(f);
+        if (got != 1 || fp == 0)
+            return nc_error(err, errlen, NC_EFORMAT, "%s: not a storage file (\"compact <fingerprint>\")", path);
+        ns->compact = true;
+        ns->fingerprint = fp;
+    } else if (errno != ENOENT) {
+        return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
+    } else if (want_compact) {
+        struct stat st;
+        if (stat(ns->waldir, &st) == 0)
+            return nc_error(err, errlen, NC_ESTATE, "%s holds a namespace with keys storage: it cannot become "
+                            "compact (delete it and create it again)", ns->dir);
+        ns->compact = true;
+    }
+    ns->ubo.compact = ns->compact;
+    return NC_OK;
+}
+
+/* After the cache is made (loaded or new): a new compact store's storage
+ * file is written (before its log: a store with a log and no storage file
+ * has keys); an existing one's fingerprint must be its index's. */
+static int storage_commit(nc_nsstore *ns, char *err, size_t errlen)
+{
+    if (!ns->compact)
+        return NC_OK;
+    uint64_t fp = unbounded_cache_fingerprint(ns->ub);
+    if (ns->fingerprint == 0) {
+        char path[1200], line[64];
+        snprintf(path, sizeof path, "%s/" STORAGE_FILE, ns->dir);
+        int n = snprintf(line, sizeof line, "compact %016llx\n", (unsigned long long)fp);
+        int rc = atomicfile_write(path, line, (size_t)n, err, errlen);
+        if (!rc)
+            ns->fingerprint = fp;
+        return rc;
+    }
+    if (fp != ns->fingerprint)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: compact storage holds the PQ codes of trained index %016llx, "
+                        "and the index here is %016llx: its codes cannot be read with another quantizer, nor "
+                        "encoded again (compact storage keeps no keys); open it with the model's unbounded.faiss "
+                        "it was made with, or upload its documents again", ns->dir,
+                        (unsigned long long)ns->fingerprint, (unsigned long long)fp);
+    return NC_OK;
 }
 
 int nsstore_open(const nc_nsstore_opts *o, nc_nsstore **out, nc_nsstore_recovery *info, char *err,
@@ -482,15 +589,19 @@ int nsstore_open(const nc_nsstore_opts *o, nc_nsstore **out, nc_nsstore_recovery
     pthread_rwlock_init(&ns->meta, NULL);
     pthread_mutex_init(&ns->snap_lock, NULL);
 
-    /* 1. the newest snapshot that verifies */
+    /* 0. its storage; 1. the newest snapshot that verifies */
     char first_err[NC_ERRLEN] = "";
     uint64_t base = 0, corrupt_seq = 0;
-    int rc = load_newest_snapshot(ns, info, &base, &corrupt_seq, first_err, err, errlen);
+    int rc = storage_read(ns, o->compact, err, errlen);
+    if (!rc)
+        rc = load_newest_snapshot(ns, info, &base, &corrupt_seq, first_err, err, errlen);
     if (!rc && !ns->ub) {
         rc = wordtable_new(ns->m->vocab, &ns->words, err, errlen);
         if (!rc)
             rc = unbounded_cache_new(&ns->ubo, ns->words, &ns->ub, err, errlen);
     }
+    if (!rc)
+        rc = storage_commit(ns, err, errlen);
     /* 2. the log after it */
     if (!rc)
         rc = replay_log(ns, info, base, corrupt_seq, first_err, err, errlen);

@@ -21,6 +21,7 @@
 #include "harness.h"
 
 static char model_dir[512], work[256], redis_addr[64], redis_bin[256];
+static char other_training_dir[600];   /* the same model, another unbounded.faiss */
 static int redis_port;
 static pid_t redis_pid;
 
@@ -614,6 +615,119 @@ TEST(oversized_pair_count_refused)
     CHECK(ns_entries(A.port, "news") == na && ns_entries(B.port, "news") == na);
 }
 
+/* ---- compact storage (issue 26 point 3) ---------------------------------- */
+
+static const char *COMPACT_SESSION =
+    "{\"namespace\":\"cpt\",\"cache\":{\"unbounded\":true,\"knn\":16,\"nprobe\":4,\"unbounded_lambda\":0.5}}";
+
+/* The full distribution (as JSON text) of a fresh session reading cpt
+ * after "w3 w4 w5" */
+static char *compact_dist(int port)
+{
+    http_resp r;
+    char id[80] = "", path[200];
+    char *out = NULL;
+    if (http_json(port, "POST", "/v1/sessions", COMPACT_SESSION, &r) == 0 && r.status == 201 && r.json)
+        snprintf(id, sizeof id, "%s", json_string_value(json_object_get(r.json, "id")));
+    http_resp_free(&r);
+    if (!id[0]) return NULL;
+    snprintf(path, sizeof path, "/v1/sessions/%s/feed", id);
+    http_json(port, "POST", path, "{\"text\":\"w3 w4 w5\"}", &r);
+    http_resp_free(&r);
+    snprintf(path, sizeof path, "/v1/sessions/%s/predict", id);
+    if (http_json(port, "POST", path, "{\"full\":true}", &r) == 0 && r.status == 200 && r.json)
+        out = json_dumps(json_object_get(r.json, "predictions"), JSON_COMPACT);
+    http_resp_free(&r);
+    snprintf(path, sizeof path, "/v1/sessions/%s", id);
+    http_call(port, "DELETE", path, NULL, NULL, 0, &r);
+    http_resp_free(&r);
+    return out;
+}
+
+static json_t *ns_get(int port, const char *ns)
+{
+    char path[200];
+    snprintf(path, sizeof path, "/v1/namespaces/%s", ns);
+    http_resp r;
+    json_t *j = NULL;
+    if (http_call(port, "GET", path, NULL, NULL, 0, &r) == 0 && r.status == 200)
+        j = json_incref(r.json);
+    http_resp_free(&r);
+    return j;
+}
+
+/* A compact namespace made on A reaches B as a compact namespace of the
+ * same training, holding the same codes: the same distribution, bit for
+ * bit; B's adds reach A alike. */
+TEST(compact_namespace_replicated)
+{
+    http_resp r;
+    CHECK(http_json(A.port, "PUT", "/v1/namespaces/cpt", "{\"storage\":\"compact\"}", &r) == 0 && r.status == 201);
+    http_resp_free(&r);
+    CHECK(upload(A.port, "cpt", "w3 w4 w5 w9 w3 w4 w5 w9 w1 w2 w3 w4 w5 w9 w7\n") == 200);
+    CHECK(b_has_a("cpt"));
+    json_t *a = ns_get(A.port, "cpt"), *b = ns_get(B.port, "cpt");
+    CHECK(a && b);
+    if (a && b) {
+        CHECK(!strcmp(json_string_value(json_object_get(b, "storage")), "compact"));
+        const char *fa = json_string_value(json_object_get(json_object_get(a, "index"), "fingerprint")),
+                   *fb = json_string_value(json_object_get(json_object_get(b, "index"), "fingerprint"));
+        CHECK(fa && fb && !strcmp(fa, fb));
+    }
+    json_decref(a);
+    json_decref(b);
+    char *da = compact_dist(A.port), *db = compact_dist(B.port);
+    CHECK(da && db && !strcmp(da, db));
+    free(da);
+    free(db);
+    CHECK(upload(B.port, "cpt", "w9 w8 w7 w3 w4 w5 w11\n") == 200);
+    CHECK(wait_entries(A.port, "cpt", ns_entries(B.port, "cpt"), 10) >= 0);
+    da = compact_dist(A.port);
+    db = compact_dist(B.port);
+    CHECK(da && db && !strcmp(da, db));
+    free(da);
+    free(db);
+}
+
+/* A replica whose unbounded.faiss is another training cannot read the
+ * codes: it refuses them, saying why, and holds none. */
+TEST(compact_other_training_refused)
+{
+    nc_daemon D;
+    if (start(&D, "d", other_training_dir)) { CHECK(0); return; }
+    double t0 = now_s();
+    while (repl_counter(D.port, "refused_entries") < 2 && now_s() - t0 < 10)
+        sleep_ms(50);
+    CHECK(repl_counter(D.port, "refused_entries") >= 2);
+    CHECK(ns_entries(D.port, "cpt") == 0);   /* made compact with its own training, nothing applied */
+    CHECK(ns_entries(D.port, "news") == ns_entries(A.port, "news"));   /* namespaces with keys: as usual */
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "grep -q 'replicas of a compact namespace need the same' '%s'", D.log);
+    CHECK(system(cmd) == 0);
+    CHECK(daemon_stop(&D) == 0);
+}
+
+/* dir: a copy of the lstm-2layer fixture with an unbounded.faiss that
+ * build-index trains (IVF16,PQ4np) on a text of the seed */
+static int model_with_index(char *dir, size_t len, const char *name, int seed)
+{
+    snprintf(dir, len, "%s/%s", work, name);
+    char cmd[2048], corpus[600];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s'/lstm-2layer/* '%s'/", dir, harness_fixtures(), dir);
+    if (system(cmd) != 0) return -1;
+    snprintf(corpus, sizeof corpus, "%s/corpus.txt", dir);
+    FILE *f = fopen(corpus, "w");
+    unsigned x = (unsigned)seed;
+    for (int i = 0; f && i < 8000; i++) {
+        x = x * 1103515245u + 12345u;
+        fprintf(f, "w%u%s", (x >> 16) % 48, i % 40 == 39 ? "\n" : " ");
+    }
+    if (!f || fclose(f) != 0) return -1;
+    snprintf(cmd, sizeof cmd, "'%s' build-index --model '%s' --corpus '%s' --factory IVF16,PQ4np --sample 8000 "
+             "--seed %d > /dev/null 2>&1", daemon_bin_path("neurocache"), dir, corpus, seed);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
 int main(void)
 {
     snprintf(work, sizeof work, "/tmp/nc-test-XXXXXX");
@@ -626,7 +740,10 @@ int main(void)
         return 0;
     }
     httpc_init();
-    snprintf(model_dir, sizeof model_dir, "%s/lstm-2layer", harness_fixtures());
+    /* the fixture model with a trained unbounded.faiss (compact storage
+     * needs one; a namespace with keys stays exact below 65,536 pairs) */
+    CHECK(model_with_index(model_dir, sizeof model_dir, "model", 1) == 0);
+    CHECK(model_with_index(other_training_dir, sizeof other_training_dir, "model2", 2) == 0);
     CHECK(rs == 0);
     int up = rs == 0 && start(&A, "a", model_dir) == 0;
     if (up && start(&B, "b", model_dir) != 0) {
@@ -647,6 +764,8 @@ int main(void)
         RUN(republished_entries_skipped);
         RUN(recreated_while_publishing);
         RUN(oversized_pair_count_refused);
+        RUN(compact_namespace_replicated);
+        RUN(compact_other_training_refused);
         RUN(other_model_refused);
         if (harness_failed) { daemon_dump_log(&A); daemon_dump_log(&B); }
         CHECK(daemon_stop(&B) == 0);
