@@ -84,7 +84,7 @@ static size_t block_rows(size_t n, size_t first)
     return rows < DOC_LOGIT_BLOCK ? rows : DOC_LOGIT_BLOCK;
 }
 
-/* What prepare works from: doc_prepare_ex's and doc_prepare_keep's
+/* What prepare works from: doc_prepare_ex's and doc_prepare_in's
  * arguments, one struct so that its pieces share them. */
 typedef struct {
     const nc_model *m;
@@ -94,6 +94,7 @@ typedef struct {
     nc_wordtable *words, *mem_words;
     bool vocab_stats;             /* gate features: entropy, max and argmax of each row */
     bool keep;                    /* keep every row's logits in d->logits */
+    const float *logits0;         /* row 0's logits made by the caller, or NULL (nc_doc_prep) */
 } prep_input;
 
 static int prepare(const prep_input *in, nc_doc **out, char *err, size_t errlen);
@@ -101,14 +102,14 @@ static int prepare(const prep_input *in, nc_doc **out, char *err, size_t errlen)
 int doc_prepare_ex(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
                    nc_wordtable *mem_words, bool vocab_stats, nc_doc **out, char *err, size_t errlen)
 {
-    const prep_input in = {m, s, has_h, toks, words, mem_words, vocab_stats, false};
+    const prep_input in = {m, s, has_h, toks, words, mem_words, vocab_stats, false, NULL};
     return prepare(&in, out, err, errlen);
 }
 
-int doc_prepare_keep(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
-                     nc_wordtable *mem_words, nc_doc **out, char *err, size_t errlen)
+int doc_prepare_in(const nc_doc_prep *a, nc_doc **out, char *err, size_t errlen)
 {
-    const prep_input in = {m, s, has_h, toks, words, mem_words, m->gate != NULL, true};
+    const prep_input in = {a->m, a->s, a->has_h, a->toks, a->words, a->mem_words, a->vocab_stats || a->m->gate,
+                           a->keep, a->has_h ? a->logits0 : NULL};
     return prepare(&in, out, err, errlen);
 }
 
@@ -161,7 +162,12 @@ static int doc_logits(const prep_input *in, nc_doc *d, char *err, size_t errlen)
         float *lb = keep ? d->logits + j0 * (size_t)V : logits;
         if (keep)   /* a segment of dynamic evaluation: a few rows, decoder read in place */
             lstm_logits_rows(m, d->q + j0 * H, nb, lb);
-        else
+        else if (j0 == 0 && in->logits0 && nb <= 2) {
+            /* row 0 as the caller made it: lstm_logits, as lstm_logits_batch
+             * makes each of one or two rows, so the same bits */
+            memcpy(lb, in->logits0, (size_t)V * sizeof(float));
+            lstm_logits_batch(m, d->q + H, nb - 1, lb + V);
+        } else
             lstm_logits_batch(m, d->q + j0 * H, nb, lb);
         for (size_t r = 0; r < nb; r++) {
             const float *l = lb + r * (size_t)V;
@@ -399,11 +405,15 @@ static int block_unbounded(score_run *s, size_t b0, size_t nb, char *err, size_t
     const int H = d->dim, k = s->k;
     const float *Q = d->q + b0 * H;
     int rc;
+    /* the caller's coarse search of row 0 (a stream's predict at this h)
+     * serves the add and the search, as the add's own would */
+    const nc_ub_coarse *c0 = s->c ? s->c->coarse0 : NULL;
+    bool made = s->ub_read && c0 && b0 == 0 && c0->n == nb && ub_coarse_copy(&s->coarse, c0, Q) == NC_OK;
     if (s->ub_add) {
         int64_t first_id;
         /* its coarse search of the keys (= the queries) serves the search */
         nc_ub_add a = {.keys = Q, .words = (d->mem_ids ? d->mem_ids : d->ids) + b0, .n = nb,
-                       .nprobe = s->p->nprobe, .coarse = s->ub_read ? &s->coarse : NULL};
+                       .nprobe = s->p->nprobe, .coarse = s->ub_read ? &s->coarse : NULL, .coarse_made = made};
         if ((rc = unbounded_cache_add_block(s->ub, &a, &first_id, err, errlen)))
             return rc;
         for (size_t r = 0; s->ub_read && r < nb; r++)
@@ -421,10 +431,17 @@ static int block_unbounded(score_run *s, size_t b0, size_t nb, char *err, size_t
             s->lim[i] = s->lim[s->row_of[i]];
         }
         const float *QS = ns == nb ? Q : s->qs;
+        /* row 0's neighbours as the caller holds them (doc.h pre0_d2) */
+        const nc_doc_caches *c = s->c;
+        bool held = !s->ub_add && c && c->pre0_d2 && c->pre0_words && b0 == 0 && nb == 1 && ns == 1;
+        if (held) {
+            memcpy(s->ud2, c->pre0_d2, (size_t)k * sizeof(float));
+            memcpy(s->uw, c->pre0_words, (size_t)k * sizeof(int));
+        }
         nc_ub_query q = {.queries = QS, .nq = ns, .k = k, .nprobe = s->p->nprobe,
                          .id_limit = s->ub_add ? s->lim : NULL, .extra = s->ub_add ? (int)nb : 0,
                          .reader = doc_reader(d, s->p), .coarse = &s->coarse, .out_d2 = s->ud2, .out_words = s->uw};
-        if (ns > 0 && (rc = unbounded_cache_query(s->ub, &q, err, errlen)))
+        if (ns > 0 && !held && (rc = unbounded_cache_query(s->ub, &q, err, errlen)))
             return rc;
         /* results to their rows, from the last (row_of[i] >= i) */
         for (size_t i = ns; i-- > 0;)

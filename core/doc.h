@@ -46,7 +46,7 @@ typedef struct {
     int *v_argmax;
     const float *dec_w, *dec_b;   /* the model's decoder (borrowed), for p_vocab of one word */
     float *logits;                /* [n, V] decoder logits of row j (rows >= first), kept by
-                                   * doc_prepare_keep for dynamic evaluation's gradient; else NULL */
+                                   * doc_prepare_in with keep, for dynamic evaluation's gradient; else NULL */
 } nc_doc;
 
 /* Empty document with room for n tokens (fields to be filled by the caller:
@@ -72,10 +72,24 @@ int doc_prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *tok
 int doc_prepare_ex(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
                    nc_wordtable *mem_words, bool vocab_stats, nc_doc **out, char *err, size_t errlen);
 
-/* doc_prepare, keeping every row's decoder logits in d->logits (n x V
- * floats: for short documents, a dynamic evaluation segment). */
-int doc_prepare_keep(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
-                     nc_wordtable *mem_words, nc_doc **out, char *err, size_t errlen);
+/* doc_prepare's arguments as one struct, for a caller that already holds
+ * row 0's decoder logits: logits0 (or NULL) = lstm_logits(m, h) at the h s
+ * holds (has_h), which a stream's predict made at that h. They are used
+ * where the pass would make that row with the same GEMV (a first block of
+ * one or two rows, keep false), so the document is the same to the bit;
+ * keep: every row's decoder logits kept in d->logits (n x V floats: for
+ * short documents, a dynamic evaluation segment). */
+typedef struct {
+    const nc_model *m;
+    nc_state *s;
+    bool has_h;
+    const nc_tokens *toks;
+    nc_wordtable *words, *mem_words;
+    bool keep;
+    bool vocab_stats;   /* the gate's vocabulary statistics even for a model without a gate (a gate sink) */
+    const float *logits0;
+} nc_doc_prep;
+int doc_prepare_in(const nc_doc_prep *a, nc_doc **out, char *err, size_t errlen);
 
 /* The caches a scoring pass reads and updates. NULL local caches that the
  * params switch on are created empty for the call. The local caches end
@@ -92,6 +106,17 @@ typedef struct {
     /* Out, with p->gate: unbounded searches run and skipped (adaptive
      * retrieval, gate.h); with precomputed neighbours a skip drops them. */
     size_t searched, skipped;
+    /* Optional: the coarse search of row 0's query made by the caller
+     * (unbounded_cache_coarse at a stream's h, by its predict), reused by
+     * the add of that row when it is the first block alone (a one-token
+     * feed): the same search, not made again. */
+    const nc_ub_coarse *coarse0;
+    /* Optional: row 0's k neighbours [p->knn] as its search would find them
+     * now (a stream's predict at this h, the cache unchanged since), used
+     * instead of that search when the pass does not adapt and row 0 is the
+     * first block alone. */
+    const float *pre0_d2;
+    const int *pre0_words;
     /* Optional out, for fitting a gate: per position, the gate's raw
      * features [n, NC_GATE_NFEAT] and each component's probability of the
      * target [n, NC_NCOMP] (NAN: unavailable; rows < first all NAN). */

@@ -14,8 +14,36 @@
 #include "fault.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The memo of the model's output at the stream's h (issue 26): what a
+ * predict made at h_t -- the decoder's logits, the unbounded cache's coarse
+ * search of h_t -- read again by the next feed (the token's score at h_t,
+ * the add of the pair (h_t, x) whose key is h_t) and by a repeated
+ * predict, instead of made twice: a one-word feed + predict pair then runs
+ * one decoder GEMV (V x H) and one coarse search, not two. Only what those
+ * would make to the bit is kept: logits of lstm_logits with the stream's
+ * weights (doc_prepare_in says where a feed makes the same), the coarse
+ * search of h alone. Cleared by all that moves h or the weights: feed
+ * (dynamic evaluation's steps are in it), reset, new parameters; an
+ * imported or cloned stream starts without one. */
+typedef struct {
+    bool logits;                  /* s->logits = lstm_logits(wm(s), h) */
+    nc_ub_coarse coarse;          /* unbounded_cache_coarse of h for p.nprobe (n = 0: none) */
+    /* the search of h (k = p.knn neighbours), while the cache is as the
+     * search saw it (count, gen): a feed that does not adapt reads them */
+    bool nb;
+    float *d2;                    /* [cap] */
+    int *words;
+    int cap;
+    int64_t count;
+    uint64_t gen;
+} stream_memo;
+
+static atomic_bool memo_off;            /* stream_memo_disable */
+static atomic_uint_fast64_t memo_reads; /* stream_memo_reads */
 
 struct nc_stream {
     const nc_model *m;
@@ -33,7 +61,68 @@ struct nc_stream {
     float *dots;                  /* [neural.size] scratch */
     nc_dyneval *dyn;              /* dynamic evaluation's adapted weights, or NULL (the trained
                                    * ones: dyn_lr 0 and nothing left to decay) */
+    stream_memo memo;
+    double *gate_f, *gate_pc;     /* stream_gate_sink's arrays (fit-gate), or NULL */
+    int64_t gate_pos0;            /* the position their row 0 is of */
 };
+
+void stream_memo_disable(bool off)
+{
+    atomic_store(&memo_off, off);
+}
+
+uint64_t stream_memo_reads(void)
+{
+    return atomic_load(&memo_reads);
+}
+
+static bool memo_on(void)
+{
+    return !atomic_load_explicit(&memo_off, memory_order_relaxed);
+}
+
+static void memo_clear(nc_stream *s)
+{
+    s->memo.logits = false;
+    s->memo.coarse.n = 0;
+    s->memo.nb = false;
+}
+
+/* The search of h just made (k neighbours, of the cache at count, gen)
+ * into the memo; without room for it, none. */
+static void memo_keep_neighbours(nc_stream *s, const float *d2, const int *words, int k, int64_t count,
+                                 uint64_t gen)
+{
+    stream_memo *mo = &s->memo;
+    if (k > mo->cap) {
+        float *d = nc_realloc(mo->d2, (size_t)k * sizeof(float));
+        if (d)
+            mo->d2 = d;
+        int *w = d ? nc_realloc(mo->words, (size_t)k * sizeof(int)) : NULL;
+        if (w)
+            mo->words = w;
+        if (!d || !w)
+            return;
+        mo->cap = k;
+    }
+    memcpy(mo->d2, d2, (size_t)k * sizeof(float));
+    memcpy(mo->words, words, (size_t)k * sizeof(int));
+    mo->count = count;
+    mo->gen = gen;
+    mo->nb = true;
+}
+
+/* Whether the memo's neighbours are what a search of h would find now. */
+static bool memo_neighbours_hold(nc_stream *s)
+{
+    if (!s->memo.nb || !memo_on())
+        return false;
+    int64_t count;
+    uint64_t gen;
+    unbounded_cache_version(s->ub, &count, &gen);
+    return count == s->memo.count && gen == s->memo.gen;
+}
+
 
 /* The weights the stream predicts with: the adapted ones while dynamic
  * evaluation holds any, else the model's. */
@@ -144,11 +233,15 @@ void stream_free(nc_stream *s)
     nc_free(s->logits);
     nc_free(s->dots);
     dyneval_free(s->dyn);
+    ub_coarse_free(&s->memo.coarse);
+    free(s->memo.d2);
+    free(s->memo.words);
     free(s);
 }
 
 void stream_reset(nc_stream *s, bool bos)
 {
+    memo_clear(s);
     if (s->neural.size)
         neural_cache_clear(&s->neural);
     if (s->unigram.size)
@@ -280,6 +373,7 @@ int stream_set_params(nc_stream *s, const nc_cache_params *p, char *err, size_t 
     neural_cache_free(&s->neural);
     unigram_cache_free(&s->unigram);
     nc_free(s->dots);
+    memo_clear(s);
     s->neural = nn;
     s->unigram = nu;
     s->dots = dots;
@@ -307,8 +401,17 @@ static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *lo
         return nc_error(err, errlen, NC_ENOMEM, "stream state");
     lstm_state_copy(st, s->st);
     nc_wordtable *words = s->p.open_vocab ? s->words : NULL, *mem = adapt && s->ub ? unbounded_cache_words(s->ub) : NULL;
-    int rc = logits ? doc_prepare_keep(wm(s), st, s->has_h, toks, words, mem, &d, err, errlen)
-                    : doc_prepare(wm(s), st, s->has_h, toks, words, mem, &d, err, errlen);
+    /* the memo of the predict at this h (doc_prepare_in: used where it is
+     * the same to the bit); the gate sink needs p_vocab's statistics, which
+     * only the pass without kept logits computes for a model without a gate
+     * (the step then runs its own decoder pass) */
+    const bool memo = s->memo.logits && memo_on() && s->has_h && !logits;
+    nc_doc_prep in = {.m = wm(s), .s = st, .has_h = s->has_h, .toks = toks, .words = words, .mem_words = mem,
+                      .keep = logits != NULL && !s->gate_f, .vocab_stats = s->gate_f != NULL,
+                      .logits0 = memo ? s->logits : NULL};
+    int rc = doc_prepare_in(&in, &d, err, errlen);
+    if (memo && toks->n <= 2)
+        atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
     double *lp = logprobs;
     if (!rc && !lp) {
         lp = nc_malloc(toks->n * sizeof(double));
@@ -316,13 +419,23 @@ static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *lo
             rc = nc_error(err, errlen, NC_ENOMEM, "log-probabilities");
     }
     if (!rc) {
+        const size_t row = (size_t)(s->pos - s->gate_pos0);
         nc_doc_caches c = {.neural = s->neural.size ? &s->neural : NULL,
                            .unigram = s->unigram.size ? &s->unigram : NULL,
-                           .ub = s->ub, .adapt = adapt};
+                           .ub = s->ub, .adapt = adapt,
+                           .coarse0 = s->memo.coarse.n && memo_on() ? &s->memo.coarse : NULL,
+                           .gate_f = s->gate_f ? s->gate_f + row * NC_GATE_NFEAT : NULL,
+                           .gate_pc = s->gate_f ? s->gate_pc + row * NC_NCOMP : NULL};
+        if (!adapt && s->ub && s->has_h && toks->n == 1 && memo_neighbours_hold(s)) {
+            c.pre0_d2 = s->memo.d2;
+            c.pre0_words = s->memo.words;
+            atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
+        }
         rc = doc_score(d, &s->p, &c, 0, lp, err, errlen);
     }
     if (lp != logprobs)
         free(lp);
+    memo_clear(s);   /* read: h moves now (dynamic evaluation feeds in parts) */
     if (!rc) {
         lstm_state_copy(s->st, st);
         s->has_h = true;
@@ -337,16 +450,30 @@ static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *lo
     return rc;
 }
 
-/* With dynamic evaluation the tokens go in parts that end where a segment
+static int feed_parts(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprobs, char *err,
+                      size_t errlen);
+
+int stream_feed(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprobs, char *err,
+                size_t errlen)
+{
+    int rc = s->dyn ? feed_parts(s, toks, adapt, logprobs, err, errlen)
+                    : feed_part(s, toks, adapt, logprobs, NULL, err, errlen);
+    /* h (and with dynamic evaluation the weights) moved: on failure too,
+     * which may have fed part of the tokens */
+    if (toks->n > 0)
+        memo_clear(s);
+    return rc;
+}
+
+/* stream_feed with dynamic evaluation's adapted weights (s->dyn).
+ * With dynamic evaluation the tokens go in parts that end where a segment
  * ends, each scored with the weights of its segment; the step follows the
  * segment's last token (causal: a token's probability comes from weights
  * stepped on tokens before it only). The parts end at the same positions
  * however the tokens are split across calls. */
-int stream_feed(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprobs, char *err,
-                size_t errlen)
+static int feed_parts(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprobs, char *err,
+                      size_t errlen)
 {
-    if (!s->dyn)
-        return feed_part(s, toks, adapt, logprobs, NULL, err, errlen);
     const int V = s->m->cfg.vocab_size;
     for (size_t j = 0; j < toks->n; j++)
         if (toks->ids[j] < 0 || toks->ids[j] >= V)
@@ -381,6 +508,13 @@ int stream_feed(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprob
     return rc;
 }
 
+void stream_gate_sink(nc_stream *s, double *f, double *pc)
+{
+    s->gate_f = f && pc ? f : NULL;
+    s->gate_pc = f && pc ? pc : NULL;
+    s->gate_pos0 = s->pos;
+}
+
 int stream_word_id(nc_stream *s, const char *word, size_t len)
 {
     if (!s->p.open_vocab || !s->words)
@@ -393,8 +527,26 @@ int stream_predict(nc_stream *s, bool shares, nc_dist *out, char *err, size_t er
 {
     if (!s->has_h)
         return nc_error(err, errlen, NC_ESTATE, "nothing to predict from yet (no token fed)");
-    lstm_logits(wm(s), lstm_state_top(s->st), s->logits);
+    if (!s->memo.logits || !memo_on()) {
+        lstm_logits(wm(s), lstm_state_top(s->st), s->logits);
+        s->memo.logits = memo_on();
+    } else {
+        atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
+    }
     return stream_predict_logits(s, s->logits, shares, out, err, errlen);
+}
+
+const float *stream_memo_logits(const nc_stream *s)
+{
+    return s->has_h && s->memo.logits && memo_on() ? s->logits : NULL;
+}
+
+void stream_keep_logits(nc_stream *s, const float *logits)
+{
+    if (!s->has_h || !memo_on() || logits == s->logits)
+        return;
+    memcpy(s->logits, logits, (size_t)s->m->cfg.vocab_size * sizeof(float));
+    s->memo.logits = true;
 }
 
 const float *stream_h(const nc_stream *s)
@@ -440,8 +592,21 @@ static int unbounded_neighbours(nc_stream *s, const float *h, nc_mix_input *in, 
     in->ub_k = k;
     if (!*d2 || !*words || (ids && !*ids))
         return nc_error(err, errlen, NC_ENOMEM, "neighbours");
-    return unbounded_cache_search_ids(s->ub, h, 1, k, s->p.nprobe, NULL, 0, stream_ub_reader(s), *d2, *words,
-                                      ids ? *ids : NULL, err, errlen);
+    /* the coarse search of h into the memo, for the next feed's add of h
+     * (and a repeated predict) */
+    if (memo_on() && s->memo.coarse.n == 0)
+        unbounded_cache_coarse(s->ub, h, 1, s->p.nprobe, &s->memo.coarse);
+    else if (memo_on())
+        atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
+    int64_t count = 0;
+    uint64_t gen = 0;
+    nc_ub_query q = {.queries = h, .nq = 1, .k = k, .nprobe = s->p.nprobe, .reader = stream_ub_reader(s),
+                     .coarse = memo_on() && s->memo.coarse.n ? &s->memo.coarse : NULL, .out_d2 = *d2,
+                     .out_words = *words, .out_ids = ids ? *ids : NULL, .out_count = &count, .out_gen = &gen};
+    int rc = unbounded_cache_query(s->ub, &q, err, errlen);
+    if (!rc && memo_on())
+        memo_keep_neighbours(s, *d2, *words, k, count, gen);
+    return rc;
 }
 
 int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dist *out, char *err,
@@ -557,6 +722,8 @@ size_t stream_memory(const nc_stream *s)
         m += wordtable_memory(s->words);
     if (s->dyn)
         m += dyneval_memory(s->dyn);
+    /* the memo: its logits are s->logits, above */
+    m += s->memo.coarse.cap * (sizeof(float) + sizeof(int64_t)) + (size_t)s->memo.cap * (sizeof(float) + sizeof(int));
     return m;
 }
 

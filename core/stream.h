@@ -45,6 +45,13 @@ const nc_cache_params *stream_params(const nc_stream *s);
 int stream_feed(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprobs,
                 char *err, size_t errlen);
 
+/* From now on each token stream_feed scores writes the gate's data of it
+ * (doc.h's nc_doc_caches.gate_f/gate_pc: its features, each component's
+ * probability) into row (position - the position now) of f [n, NC_GATE_NFEAT]
+ * and pc [n, NC_NCOMP], which the caller sizes for what it feeds: fit-gate
+ * fitting on the adapted model's predictions. NULL: off. */
+void stream_gate_sink(nc_stream *s, double *f, double *pc);
+
 /* The full next-word distribution over [0, n) with n = V + open-vocabulary
  * words known to the stream's table (closed vocabulary: n = V); shares: each
  * component's part too. Does not change the stream. NC_ESTATE if the stream
@@ -63,6 +70,20 @@ const nc_model *stream_model(const nc_stream *s);
  * decoder products of many streams into one GEMM (lstm_logits_batch). */
 int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dist *out, char *err,
                           size_t errlen);
+
+/* The memo of the model's output at the stream's h (stream.c): the
+ * decoder logits a predict made (NULL when none, or the memo is off), which
+ * a caller batching predicts uses instead of making that row again. */
+const float *stream_memo_logits(const nc_stream *s);
+/* logits = lstm_logits(stream_model(s), stream_h(s)), made by the caller
+ * (a batch's GEMV of this row -- not a GEMM, whose sums round otherwise):
+ * kept as the memo, for the next feed's score at h. */
+void stream_keep_logits(nc_stream *s, const float *logits);
+/* Process-wide, for tests and measurements: off, nothing is memoised
+ * (answers are the same to the bit either way). stream_memo_reads counts
+ * the memo's uses since the process started. */
+void stream_memo_disable(bool off);
+uint64_t stream_memo_reads(void);
 
 /* Explain of the next-word distribution at the stream's h (NC_ESTATE
  * without one): for each of the k words ids[q], into out[q * NC_EXPLAIN_ROWS

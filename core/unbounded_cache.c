@@ -452,37 +452,68 @@ void ub_coarse_free(nc_ub_coarse *c)
     *c = (nc_ub_coarse){0};
 }
 
-/* Under the read lock: the coarse search of a->keys into a->coarse (rows 0
- * when the index is flat or not ours to scan). Errors leave it empty: the
- * add and the search then make their own. */
-static void coarse_search(nc_unbounded_cache *u, const nc_ub_add *a)
+/* Room for rows entries in c's buffers: 0, or NC_ENOMEM (c as it was). */
+static int coarse_reserve(nc_ub_coarse *c, size_t rows)
 {
-    nc_ub_coarse *c = a->coarse;
+    if (rows <= c->cap)
+        return NC_OK;
+    float *d = nc_realloc(c->d, rows * sizeof(float));
+    if (d)
+        c->d = d;
+    int64_t *l = d ? nc_realloc(c->l, rows * sizeof(int64_t)) : NULL;
+    if (l)
+        c->l = l;
+    if (!d || !l)
+        return NC_ENOMEM;
+    c->cap = rows;
+    return NC_OK;
+}
+
+/* Under the read lock: the coarse search of the n vectors x for nprobe
+ * into c (rows 0 when the index is flat or not ours to scan). Errors leave
+ * it empty: the add and the search then make their own. */
+static void coarse_search(nc_unbounded_cache *u, const float *x, size_t n, int nprobe, nc_ub_coarse *c)
+{
     c->n = 0;
-    const int np = a->nprobe > 0 ? a->nprobe : u->nprobe;
-    if (u->flat || a->n == 0)
+    const int np = nprobe > 0 ? nprobe : u->nprobe;
+    if (u->flat || n == 0)
         return;
-    size_t rows = a->n * (size_t)np;
-    if (rows > c->cap) {
-        float *d = nc_realloc(c->d, rows * sizeof(float));
-        if (d)
-            c->d = d;
-        int64_t *l = d ? nc_realloc(c->l, rows * sizeof(int64_t)) : NULL;
-        if (l)
-            c->l = l;
-        if (!d || !l)
-            return;
-        c->cap = rows;
-    }
-    int got = u->cq ? faiss_shim_cq_search(u->cq, (int64_t)a->n, a->keys, np, c->d, c->l)
-                    : faiss_shim_coarse(u->idx, (int64_t)a->n, a->keys, np, c->d, c->l);
+    size_t rows = n * (size_t)np;
+    if (coarse_reserve(c, rows))
+        return;
+    int got = u->cq ? faiss_shim_cq_search(u->cq, (int64_t)n, x, np, c->d, c->l)
+                    : faiss_shim_coarse(u->idx, (int64_t)n, x, np, c->d, c->l);
     if (got <= 0)
         return;
-    c->n = a->n;
+    c->n = n;
     c->np = np;
     c->stride = got;
-    c->x = a->keys;
+    c->x = x;
     c->gen = u->gen;
+}
+
+void unbounded_cache_coarse(nc_unbounded_cache *u, const float *x, size_t n, int nprobe, nc_ub_coarse *c)
+{
+    omp_limit(u);
+    pthread_rwlock_rdlock(&u->lock);
+    coarse_search(u, x, n, nprobe, c);
+    pthread_rwlock_unlock(&u->lock);
+}
+
+int ub_coarse_copy(nc_ub_coarse *dst, const nc_ub_coarse *src, const float *x)
+{
+    size_t rows = src->n * (size_t)src->stride;
+    dst->n = 0;
+    if (coarse_reserve(dst, rows))
+        return NC_ENOMEM;
+    memcpy(dst->d, src->d, rows * sizeof(float));
+    memcpy(dst->l, src->l, rows * sizeof(int64_t));
+    dst->n = src->n;
+    dst->np = src->np;
+    dst->stride = src->stride;
+    dst->x = x;
+    dst->gen = src->gen;
+    return NC_OK;
 }
 
 /* Keys as stored: rounded to float16 into u->kbuf when key_f16 */
@@ -626,10 +657,10 @@ int unbounded_cache_add_block(nc_unbounded_cache *u, const nc_ub_add *a, int64_t
     int rc = NC_OK;
     const size_t n = a->n;
     omp_limit(u);
-    if (a->coarse) {
+    if (a->coarse && !a->coarse_made) {
         /* outside the write lock: readers go on meanwhile */
         pthread_rwlock_rdlock(&u->lock);
-        coarse_search(u, a);
+        coarse_search(u, a->keys, a->n, a->nprobe, a->coarse);
         pthread_rwlock_unlock(&u->lock);
     }
     pthread_rwlock_wrlock(&u->lock);
@@ -747,6 +778,10 @@ int unbounded_cache_query(nc_unbounded_cache *u, const nc_ub_query *qr, char *er
      * index: readers with different nprobe search side by side under the
      * read lock, and only adds and the switch write */
     pthread_rwlock_rdlock(&u->lock);
+    if (qr->out_count)
+        *qr->out_count = (int64_t)u->nvalues;
+    if (qr->out_gen)
+        *qr->out_gen = u->gen;
     const int np = nprobe > 0 ? nprobe : u->nprobe;
     idx_t ntotal = faiss_Index_ntotal(u->idx);
     if (ntotal == 0)
@@ -825,6 +860,14 @@ void unbounded_cache_coarse_stats(nc_unbounded_cache *u, uint64_t *queries, uint
 {
     pthread_rwlock_rdlock(&u->lock);
     faiss_shim_cq_stats(u->cq, queries, exact);
+    pthread_rwlock_unlock(&u->lock);
+}
+
+void unbounded_cache_version(nc_unbounded_cache *u, int64_t *count, uint64_t *gen)
+{
+    pthread_rwlock_rdlock(&u->lock);
+    *count = (int64_t)u->nvalues;
+    *gen = u->gen;
     pthread_rwlock_unlock(&u->lock);
 }
 

@@ -107,16 +107,27 @@ typedef struct {
     uint64_t gen;                 /* the cache's index it was made on */
 } nc_ub_coarse;
 void ub_coarse_free(nc_ub_coarse *c);
+/* The coarse search of the n vectors x for nprobe (<= 0: the cache's) into
+ * c, under the read lock, as unbounded_cache_add_block makes it (c->n = 0
+ * when the index is flat, or on failure): a stream's predict makes it for
+ * its h, and the next feed's add of that h as a key reuses it (stream.c). */
+void unbounded_cache_coarse(nc_unbounded_cache *u, const float *x, size_t n, int nprobe, nc_ub_coarse *c);
+/* dst = src with dst->x = x (the same vectors' values at another address);
+ * NC_ENOMEM leaves dst empty (n = 0). */
+int ub_coarse_copy(nc_ub_coarse *dst, const nc_ub_coarse *src, const float *x);
 
 /* An add of n pairs (as unbounded_cache_add); with coarse non-NULL the
  * keys' coarse search for a search with this nprobe is made first (an IVF
- * index only; coarse->n = 0 otherwise) and also places the keys. */
+ * index only; coarse->n = 0 otherwise) and also places the keys; with
+ * coarse_made, coarse already holds it (unbounded_cache_coarse of the same
+ * values, coarse->x = keys) and is not made again. */
 typedef struct {
     const float *keys;
     const int *words;
     size_t n;
     int nprobe;
     nc_ub_coarse *coarse;
+    bool coarse_made;
 } nc_ub_add;
 int unbounded_cache_add_block(nc_unbounded_cache *u, const nc_ub_add *a, int64_t *first_id, char *err,
                               size_t errlen);
@@ -134,6 +145,8 @@ typedef struct {
     float *out_d2;
     int *out_words;
     int64_t *out_ids;             /* or NULL */
+    int64_t *out_count;           /* or NULL: the pairs the index held (the answer's version, */
+    uint64_t *out_gen;            /* with the index's generation; unbounded_cache_version) */
 } nc_ub_query;
 int unbounded_cache_query(nc_unbounded_cache *u, const nc_ub_query *q, char *err, size_t errlen);
 
@@ -197,6 +210,10 @@ void unbounded_cache_scan_stats(nc_unbounded_cache *u, uint64_t *queries, uint64
 void unbounded_cache_coarse_stats(nc_unbounded_cache *u, uint64_t *queries, uint64_t *exact);
 
 int64_t unbounded_cache_count(nc_unbounded_cache *u);        /* pairs stored */
+/* The pairs stored and the generation of the index (+1 each time it is
+ * replaced): a search's answer holds while both are as it saw them
+ * (nc_ub_query.out_count / out_gen), the memory only growing by adds. */
+void unbounded_cache_version(nc_unbounded_cache *u, int64_t *count, uint64_t *gen);
 bool unbounded_cache_is_exact(nc_unbounded_cache *u);        /* still on the flat index */
 int unbounded_cache_dim(const nc_unbounded_cache *u);
 nc_wordtable *unbounded_cache_words(nc_unbounded_cache *u);  /* NULL in closed vocabulary */

@@ -24,7 +24,7 @@ STEPS=${STEPS:-stats ptb wp cost}
 TUNE_TOK=${DYN_TUNE_TOKENS:-5000}
 WP_LINES=${DYN_WP_LINES:-1000}
 PTB_LINES=${DYN_PTB_LINES:-750}     # of PTB test (0 = all)
-LRS=${DYN_LRS:-0.001,0.002,0.003}; DECAYS=${DYN_DECAYS:-0.02}; SEGS=${DYN_SEGS:-20}; PARAMS=${DYN_PARAMS:-3}
+LRS=${DYN_LRS:-0.001,0.002,0.003}; DECAYS=${DYN_DECAYS:-0.0025,0.01}; SEGS=${DYN_SEGS:-5,20}; PARAMS=${DYN_PARAMS:-3}
 # DYN_OPTS="--dyn-lr X --dyn-decay Y --dyn-segment N --dyn-params P": evaluate with these instead of
 # the tune stage's choice (e.g. settings picked by a wider grid on the validation text)
 FIXED=${DYN_OPTS:-}

@@ -107,6 +107,9 @@ static size_t gather_rows(batch_worker *w, int nrun)
     for (int i = 0; i < nrun; i++) {
         const float *h = stream_h(run[i]->s->stream);
         w->row[i] = -1;
+        /* a repeated predict: the session's memo holds them (stream.h) */
+        if (h && stream_memo_logits(run[i]->s->stream))
+            continue;
         if (h) {
             memcpy(w->X + nr * H, h, H * sizeof(float));
             w->row[i] = (int)nr++;
@@ -123,7 +126,7 @@ static size_t gather_rows(batch_worker *w, int nrun)
         size_t a = 0, o = ns;
         for (int i = 0; i < nrun; i++) {
             if (w->row[i] < 0)
-                continue;
+                continue;   /* no h, or the memo's */
             bool own = stream_model(run[i]->s->stream) != b->m;
             size_t to = own ? o++ : a++;
             memcpy(w->X + to * H, stream_h(run[i]->s->stream), H * sizeof(float));
@@ -145,7 +148,8 @@ static void run_jobs(batch_worker *w, int nrun)
      * to four rows costs more than the matrix-vector products it
      * replaces (V = 10,000, H = 256, CPU per row: GEMV 360 us; GEMM
      * 385 us at 4 rows, 200 at 8, 120 at 16, 65 at 64). */
-    if (nshared > 4)
+    bool gemm = nshared > 4;
+    if (gemm)
         lstm_logits_batch(b->m, w->X, nshared, w->L);
     else
         for (size_t i = 0; i < nshared; i++)
@@ -154,8 +158,13 @@ static void run_jobs(batch_worker *w, int nrun)
         if (w->row[i] >= (int)nshared)
             lstm_logits(stream_model(run[i]->s->stream), w->X + (size_t)w->row[i] * H,
                         w->L + (size_t)w->row[i] * V);
+    /* a GEMV's row is what the session's next feed makes at this h: its
+     * memo (a GEMM's rows round otherwise) */
     for (int i = 0; i < nrun; i++)
-        run[i]->run(run[i], w->row[i] >= 0 ? w->L + (size_t)w->row[i] * V : NULL);
+        if (w->row[i] >= 0 && (!gemm || w->row[i] >= (int)nshared))
+            stream_keep_logits(run[i]->s->stream, w->L + (size_t)w->row[i] * V);
+    for (int i = 0; i < nrun; i++)
+        run[i]->run(run[i], w->row[i] >= 0 ? w->L + (size_t)w->row[i] * V : stream_memo_logits(run[i]->s->stream));
     /* (no h: NULL, and the job's own stream_predict reports it) */
 }
 

@@ -4,18 +4,23 @@
  * durable before the answer. */
 #include "uploads.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "api_errors.h"
 #include "lstm.h"
 
 #define UPLOAD_BATCH 512          /* tokens per LSTM pass */
-#define UPLOAD_ADD_CHUNK 64       /* tokens per add (log record): the write lock's hold */
+#define UPLOAD_ADD_CHUNK 32       /* tokens per add (log record): the write lock's hold; from
+                                   * 20 keys FAISS's coarse search is one BLAS product */
 #define UPLOAD_MAX_WORD (1 << 20) /* a "word" longer than this is refused */
 
 /* What GET /v1/namespaces/{ns} shows of an upload in progress (an HTTP
@@ -91,7 +96,26 @@ struct upload {
     bool failed;
     api_error code;
     char msg[600];
+    pid_t niced_tid;              /* the connection thread upload_open reniced, or 0 */
+    int saved_nice;               /* its nice value before */
 };
+
+/* An upload's two threads run at the heavy workers' nice value
+ * (worker_nice, docs/threads.md): the LSTM over a document (a core for
+ * seconds) and the adds must not take the cores from predicts, which at
+ * nice 0 preempt them. Linux: nice is per thread (a thread id is a process
+ * id for setpriority); raising one's own needs no privilege. Returns the
+ * thread's id when it was reniced, else 0, and its nice value before. */
+static pid_t nice_this_thread(int nice, int *before)
+{
+    pid_t tid = (pid_t)syscall(SYS_gettid);
+    errno = 0;
+    int now = getpriority(PRIO_PROCESS, (id_t)tid);
+    *before = now;
+    if (nice <= 0 || (now == -1 && errno) || now >= nice)
+        return 0;
+    return setpriority(PRIO_PROCESS, (id_t)tid, nice) == 0 ? tid : 0;
+}
 
 static void *upload_worker_main(void *arg);
 
@@ -161,6 +185,12 @@ void upload_free(void *p)
         free(w->slot[i].wids);
     }
     upload_unlist(u);
+    /* The connection thread back to its nice value for its next request
+     * (on the same thread: libmicrohttpd's thread per connection). Lowering
+     * it needs CAP_SYS_NICE: refused, the thread stays nice until its
+     * connection closes, which only slows that client's next requests. */
+    if (u->niced_tid && u->niced_tid == (pid_t)syscall(SYS_gettid))
+        (void)setpriority(PRIO_PROCESS, (id_t)u->niced_tid, u->saved_nice);
     if (u->r)
         namespaces_release(u->srv, u->r);
     free(u->carry);
@@ -241,6 +271,7 @@ upload *upload_open(nc_server *srv, const char *ns, const char *content_type, co
     if (!u->failed && !(u->r = namespaces_acquire_rc(srv, ns, true, &rc, err, sizeof err)))
         up_fail(u, api_error_from_namespace(rc), "%s", err);
     if (!u->failed) {
+        u->niced_tid = nice_this_thread(srv->cfg.worker_nice, &u->saved_nice);
         if (pthread_create(&u->w.thread, NULL, upload_worker_main, u) != 0) {
             upload_free(u);
             return NULL;
@@ -258,6 +289,8 @@ static void *upload_worker_main(void *arg)
     upload *u = arg;
     upload_worker *w = &u->w;
     char err[NC_ERRLEN];
+    int before;
+    (void)nice_this_thread(u->srv->cfg.worker_nice, &before);
     pthread_mutex_lock(&w->lock);
     for (;;) {
         while (w->count == 0 && !w->stop)
@@ -268,11 +301,11 @@ static void *upload_worker_main(void *arg)
         int failed = w->rc;
         pthread_mutex_unlock(&w->lock);
         /* An add holds the namespace's write lock for its whole batch (f16
-         * rounding, the log record, coarse assignment and PQ encoding:
-         * ~60 us a token), and every session reading the namespace waits
-         * for it: added UPLOAD_ADD_CHUNK tokens at a time, a predict waits
-         * ~4 ms at worst instead of ~30 (BENCHMARKS.md "Unbounded cache at
-         * 1M states", daemon rows). A failure keeps the chunks before it. */
+         * rounding, the log record, the PQ encoding; the coarse search that
+         * places the keys runs before, under the read lock: nsstore_add),
+         * and every session reading the namespace waits for it: added
+         * UPLOAD_ADD_CHUNK tokens at a time (BENCHMARKS.md "The daemon with
+         * a 1M-entry namespace"). A failure keeps the chunks before it. */
         int rc = failed;
         for (size_t c0 = 0; !rc && c0 < b->n; c0 += UPLOAD_ADD_CHUNK) {
             size_t cn = b->n - c0 < UPLOAD_ADD_CHUNK ? b->n - c0 : UPLOAD_ADD_CHUNK;

@@ -531,7 +531,14 @@ int nsstore_add(nc_nsstore *ns, const float *keys, const int *words, size_t n, u
             return nc_error(err, errlen, NC_EINVAL, "word id %d outside the namespace's table", words[i]);
     __typeof__(tl) saved = tl;
     nsstore_set_context(ns, doc, off);
-    int rc = unbounded_cache_add(ns->ub, keys, words, n, NULL, err, errlen);
+    /* the keys' coarse search under the read lock, before the write lock
+     * (readers go on meanwhile): it places the keys in the same lists as
+     * the add's own search would (faiss_shim_add), so the index, the log
+     * and what replicas rebuild are as without it */
+    nc_ub_coarse coarse = {0};
+    nc_ub_add a = {.keys = keys, .words = words, .n = n, .coarse = &coarse};
+    int rc = unbounded_cache_add_block(ns->ub, &a, NULL, err, errlen);
+    ub_coarse_free(&coarse);
     if (seq)
         *seq = tl.seq;
     tl = saved;

@@ -108,6 +108,33 @@ static nc_unbounded_cache *ub_make(int dim, const char *trained, const float *ba
     return u;
 }
 
+/* Every cache on: windows of 40 and 25, k 16 over 3 probes. */
+static void all_caches(nc_cache_params *p)
+{
+    cache_params_default(p);
+    p->neural_size = 40;
+    p->neural_theta = 0.7f;
+    p->neural_lambda = 0.2f;
+    p->unigram_size = 25;
+    p->unigram_lambda = 0.1f;
+    p->unbounded = true;
+    p->knn = 16;
+    p->nprobe = 3;
+    p->unbounded_lambda = 0.3f;
+}
+
+/* n random pairs of dimension H (keys N(0, 0.3^2), words in [0, 50)),
+ * malloc'ed. */
+static void random_pairs(int H, size_t n, float **keys, int **words)
+{
+    *keys = malloc(n * H * sizeof(float));
+    *words = malloc(n * sizeof(int));
+    for (size_t i = 0; i < n * H; i++)
+        (*keys)[i] = 0.3f * gauss();
+    for (size_t i = 0; i < n; i++)
+        (*words)[i] = (int)(rnd() % 50);
+}
+
 static void causality(bool ivf)
 {
     nc_model *m = load_fixture();
@@ -116,12 +143,9 @@ static void causality(bool ivf)
     const int H = m->cfg.hidden_size;
     char err[NC_ERRLEN], tpl[] = "/tmp/nc_test_tplXXXXXX";
     size_t nbase = 1200;
-    float *base = malloc(nbase * H * sizeof(float));
-    int *bw = malloc(nbase * sizeof(int));
-    for (size_t i = 0; i < nbase * H; i++)
-        base[i] = 0.3f * gauss();
-    for (size_t i = 0; i < nbase; i++)
-        bw[i] = (int)(rnd() % 50);
+    float *base;
+    int *bw;
+    random_pairs(H, nbase, &base, &bw);
     if (ivf) {
         int fd = mkstemp(tpl);
         close(fd);
@@ -130,16 +154,7 @@ static void causality(bool ivf)
     nc_tokens doc;
     make_doc(m, 300, &doc);
     nc_cache_params p;
-    cache_params_default(&p);
-    p.neural_size = 40;
-    p.neural_theta = 0.7f;
-    p.neural_lambda = 0.2f;
-    p.unigram_size = 25;
-    p.unigram_lambda = 0.1f;
-    p.unbounded = true;
-    p.knn = 16;
-    p.nprobe = 3;
-    p.unbounded_lambda = 0.3f;
+    all_caches(&p);
 
     double *a = malloc(doc.n * sizeof(double)), *b = malloc(doc.n * sizeof(double)),
            *c = malloc(doc.n * sizeof(double));
@@ -351,6 +366,102 @@ TEST(causality_f16_keys)
     free(b);
     free(c);
     free(flip);
+    model_free(m);
+}
+
+/* One request sequence on a stream reading and adapting an unbounded cache
+ * (ivf: IVF8,PQ4x4 from template tpl, else flat): predicts (full
+ * distribution with shares, sometimes twice in a row), one-, two- and
+ * three-token feeds (adapting or not), pairs added by another writer
+ * between a predict and a feed, a settings change and a reset, with the memo of
+ * stream.c on or forced off. Every predicted float and fed log-probability
+ * is appended to out (its bytes are compared). */
+static size_t memo_run(nc_model *m, const char *tpl, const float *base, const int *bw, size_t nbase,
+                       const nc_tokens *doc, unsigned char *out)
+{
+    const int H = m->cfg.hidden_size;
+    char err[NC_ERRLEN];
+    nc_cache_params p;
+    all_caches(&p);
+    nc_unbounded_cache *u = ub_make(H, tpl, base, bw, nbase);
+    nc_stream *st = NULL;
+    CHECK(stream_new(m, &p, u, NULL, true, &st, err, sizeof err) == NC_OK);
+    nc_dist d;
+    dist_init(&d);
+    size_t len = 0;
+    for (size_t i = 0; st && i < doc->n;) {
+        int reps = i % 5 == 0 ? 2 : 1;
+        for (int r = 0; r < reps; r++) {
+            CHECKF(stream_predict(st, true, &d, err, sizeof err) == NC_OK, "%s", err);
+            memcpy(out + len, d.p, d.n * sizeof(float));
+            len += d.n * sizeof(float);
+            for (int c = 0; c < NC_NCOMP; c++) {
+                memcpy(out + len, d.share[c], d.n * sizeof(float));
+                len += d.n * sizeof(float);
+            }
+        }
+        size_t n = i % 7 == 3 ? 2 : i % 11 == 5 ? 3 : 1;
+        n = i + n < doc->n ? n : doc->n - i;
+        double lp[3];
+        nc_tokens sl = slice(doc, i, i + n);
+        if (i % 13 == 6)   /* another writer between the predict and the feed: h itself, the nearest */
+            CHECK(unbounded_cache_add(u, stream_h(st), bw + i % nbase, 1, NULL, err, sizeof err) == NC_OK);
+        /* a third of the feeds read without adding (the memo's neighbours) */
+        CHECKF(stream_feed(st, &sl, i % 3 != 1, lp, err, sizeof err) == NC_OK, "%s", err);
+        memcpy(out + len, lp, n * sizeof(double));
+        len += n * sizeof(double);
+        i += n;
+        if (i == 40) {
+            p.knn = 12;   /* a setting the memo's search depends on */
+            CHECK(stream_set_params(st, &p, err, sizeof err) == NC_OK);
+        }
+        if (i == 90)
+            stream_reset(st, true);
+    }
+    dist_free(&d);
+    stream_free(st);
+    unbounded_cache_free(u);
+    return len;
+}
+
+/* The memo of a predict's output at h (stream.c) read by the next feed and
+ * a repeated predict: every answer the same to the bit as with the memo
+ * forced off, on a flat and an IVF cache (where the coarse search is
+ * memoised too), and the memo really read in the first run. */
+TEST(stream_memo_bit_identical)
+{
+    nc_model *m = load_fixture();
+    if (!m)
+        return;
+    const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    char tpl[] = "/tmp/nc_test_tplXXXXXX";
+    size_t nbase = 1200;
+    float *base;
+    int *bw;
+    random_pairs(H, nbase, &base, &bw);
+    int fd = mkstemp(tpl);
+    close(fd);
+    write_template("IVF8,PQ4x4", H, base, nbase, tpl);
+    nc_tokens doc;
+    make_doc(m, 150, &doc);
+    /* per token at most 2 predicts of (1 + NC_NCOMP) x V floats and a double */
+    size_t cap = doc.n * (2 * (1 + NC_NCOMP) * (size_t)V * sizeof(float) + sizeof(double));
+    unsigned char *a = malloc(cap), *b = malloc(cap);
+    for (int ivf = 0; ivf < 2; ivf++) {
+        uint64_t r0 = stream_memo_reads();
+        size_t la = memo_run(m, ivf ? tpl : NULL, base, bw, nbase, &doc, a);
+        uint64_t r1 = stream_memo_reads();
+        stream_memo_disable(true);
+        size_t lb = memo_run(m, ivf ? tpl : NULL, base, bw, nbase, &doc, b);
+        stream_memo_disable(false);
+        CHECKF(r1 - r0 > 100 && stream_memo_reads() == r1, "%s: memo read %llu times on, %llu off",
+               ivf ? "ivf" : "flat", (unsigned long long)(r1 - r0), (unsigned long long)(stream_memo_reads() - r1));
+        CHECKF(la == lb && la > 0 && memcmp(a, b, la) == 0, "%s: answers differ with and without the memo",
+               ivf ? "ivf" : "flat");
+    }
+    unlink(tpl);
+    free(a), free(b), free(base), free(bw);
+    tokens_clear(&doc);
     model_free(m);
 }
 
@@ -1474,5 +1585,6 @@ int main(void)
     RUN(neural_cache_dots_naive);
     RUN(explain_weights_sum_to_terms);
     RUN(params_validation);
+    RUN(stream_memo_bit_identical);
     return harness_summary();
 }

@@ -84,6 +84,15 @@ static void attach_stats(nc_model *m)
     m->dyn_ms = ms;
 }
 
+/* The two-layer fixture with its statistics attached, or NULL. */
+static nc_model *load_with_stats(void)
+{
+    nc_model *m = load("lstm-2layer");
+    if (m)
+        attach_stats(m);
+    return m;
+}
+
 /* State after a few tokens (bos eos first). */
 static nc_state *state_after(const nc_model *m, int k)
 {
@@ -357,10 +366,9 @@ static int feed(nc_stream *s, const nc_tokens *t, size_t a, size_t b, double *lp
 TEST(lr_zero_is_today_and_decay_returns)
 {
     char err[NC_ERRLEN];
-    nc_model *m = load("lstm-2layer");
+    nc_model *m = load_with_stats();
     if (!m)
         return;
-    attach_stats(m);
     nc_tokens t;
     make_toks(m, 300, &t);
     nc_cache_params p0, p1 = dyn_params(0.0f, NC_DYN_LSTM);
@@ -425,10 +433,9 @@ TEST(lr_zero_is_today_and_decay_returns)
 TEST(recorded_forward_matches_own_forward)
 {
     char err[NC_ERRLEN];
-    nc_model *m = load("lstm-2layer");
+    nc_model *m = load_with_stats();
     if (!m)
         return;
-    attach_stats(m);
     for (int subset = NC_DYN_BIAS; subset <= NC_DYN_ALL; subset++) {
         nc_tokens t;
         lcg = 7;
@@ -486,10 +493,9 @@ TEST(recorded_forward_matches_own_forward)
 TEST(causal)
 {
     char err[NC_ERRLEN];
-    nc_model *m = load("lstm-2layer");
+    nc_model *m = load_with_stats();
     if (!m)
         return;
-    attach_stats(m);
     for (int subset = NC_DYN_BIAS; subset <= NC_DYN_ALL; subset++) {
         nc_tokens t, u;
         lcg = 99;
@@ -530,6 +536,57 @@ TEST(causal)
         tokens_clear(&t);
         tokens_clear(&u);
     }
+    model_free(m);
+}
+
+/* stream_gate_sink (fit-gate with dynamic evaluation): each fed token's
+ * row holds the adapted model's probability of it. With no cache the
+ * stream's log-probability is that of the model component, so
+ * exp(lp) = pc[model] up to one rounding of exp and the float softmax's
+ * own (~1e-7 relative; bound 1e-6). Fed in two pieces that split a segment,
+ * the rows follow the positions; the scores with the sink on equal those
+ * without within the recorded-vs-own forward pass's rounding (the sink
+ * turns the kept logits off; ~1e-6 relative through a 7-step chain, as in
+ * recorded_forward_matches_own_forward; bound 2e-5). And the features are
+ * written (finite) for every scored token. */
+TEST(gate_sink_rows_are_the_adapted_model)
+{
+    char err[NC_ERRLEN];
+    nc_model *m = load_with_stats();
+    if (!m)
+        return;
+    nc_tokens t;
+    lcg = 7;
+    make_toks(m, 100, &t);
+    nc_cache_params p = dyn_params(0.2f, NC_DYN_LSTM);
+    nc_stream *a = NULL, *b = NULL;
+    stream_new(m, &p, NULL, NULL, true, &a, err, sizeof err);
+    stream_new(m, &p, NULL, NULL, true, &b, err, sizeof err);
+    double *f = malloc(100 * NC_GATE_NFEAT * sizeof(double)), *pc = malloc(100 * NC_NCOMP * sizeof(double));
+    double la[100], lb[100];
+    for (size_t i = 0; i < 100 * NC_NCOMP; i++)
+        pc[i] = NAN;
+    stream_gate_sink(a, f, pc);
+    feed(a, &t, 0, 38, la);
+    feed(a, &t, 38, 100, la + 38);
+    feed(b, &t, 0, 100, lb);
+    size_t bad = 0, off = 0, nonfinite = 0;
+    for (size_t i = 0; i < 100; i++) {
+        double pm = pc[i * NC_NCOMP + NC_COMP_MODEL];
+        bad += !(fabs(exp(la[i]) - pm) <= 1e-6 * pm);
+        off += !(fabs(la[i] - lb[i]) <= 2e-5);
+        for (int k = 0; k < NC_GATE_NFEAT; k++)
+            nonfinite += !isfinite(f[i * NC_GATE_NFEAT + k]) && k < NC_GATE_NPRE;
+    }
+    CHECKF(bad == 0, "%zu of 100 rows are not the adapted model's probability", bad);
+    CHECKF(off == 0, "%zu of 100 scores moved with the sink on", off);
+    CHECKF(nonfinite == 0, "%zu pre-search features not written", nonfinite);
+    CHECK(stream_model(a) != m);   /* it adapted */
+    free(f);
+    free(pc);
+    stream_free(a);
+    stream_free(b);
+    tokens_clear(&t);
     model_free(m);
 }
 
@@ -675,6 +732,25 @@ TEST(cli_stats_and_score)
     }
     CHECKF(p && pclose(p) == 0, "score failed");
     CHECKF(i == t.n && bad == 0, "%zu lines for %zu tokens, %zu differ", i, t.n, bad);
+    /* fit-gate with dynamic evaluation fits on the adapted session's
+     * mixture: the constant-λ perplexity it prints is that of a stream with
+     * the same knobs (printed %.3f: within 5e-4 + the sums' rounding) */
+    stream_free(s);
+    q.neural_size = 20;
+    stream_new(m, &q, NULL, NULL, true, &s, err, sizeof err);
+    feed(s, &t, 0, t.n, lp);
+    double sum = 0;
+    for (size_t j = 0; j < t.n; j++)
+        sum += lp[j];
+    double want = exp(-sum / (double)t.n), got = NAN;
+    snprintf(cmd, sizeof cmd, "%s/neurocache fit-gate --model %s --valid %s --neural-size 20 --dyn-lr 0.1 "
+             "--dyn-segment 9 --dyn-params 2 --iters 5 --out %s 2>/dev/null", bin, dir, path, dir);
+    p = popen(cmd, "r");
+    while (p && fgets(line, sizeof line, p))
+        if (strncmp(line, "constant: perplexity ", 21) == 0)
+            got = atof(line + 21);
+    CHECKF(p && pclose(p) == 0, "fit-gate failed");
+    CHECKF(fabs(got - want) <= 1e-3, "fit-gate's constant perplexity %.4f, the session's %.4f", got, want);
     free(lp);
     stream_free(s);
     tokens_clear(&t);
@@ -864,6 +940,7 @@ int main(void)
     RUN(lr_zero_is_today_and_decay_returns);
     RUN(recorded_forward_matches_own_forward);
     RUN(causal);
+    RUN(gate_sink_rows_are_the_adapted_model);
     RUN(export_import_and_rescore);
     RUN(refuses_without_statistics);
     RUN(cli_stats_and_score);

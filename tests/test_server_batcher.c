@@ -76,33 +76,48 @@ static void wait_completed(int n)
     pthread_mutex_unlock(&mu);
 }
 
-TEST(batches_match_unbatched)
+/* The fixture model and the sessions' settings (a neural window of 20,
+ * a unigram one of 10). */
+static nc_model *load_fixture(nc_cache_params *p)
 {
     char dir[600], err[NC_ERRLEN];
     snprintf(dir, sizeof dir, "%s/lstm-2layer", harness_fixtures());
     nc_model *m = NULL;
     CHECKF(model_load(dir, &m, err, sizeof err) == NC_OK, "%s", err);
-    if (!m) return;
+    cache_params_default(p);
+    p->neural_size = 20;
+    p->neural_lambda = 0.3f;
+    p->unigram_size = 10;
+    return m;
+}
+
+/* A session on m with p, text fed (none when empty). */
+static void session_fed(nc_session *s, nc_model *m, const nc_cache_params *p, const char *text)
+{
+    char err[NC_ERRLEN];
+    pthread_mutex_init(&s->lock, NULL);
+    CHECK(stream_new(m, p, NULL, NULL, true, &s->stream, err, sizeof err) == NC_OK);
+    if (!*text)
+        return;
+    nc_tokens t;
+    tokens_init(&t);
+    CHECK(tokenize(m, text, strlen(text), false, &t, err, sizeof err) == NC_OK);
+    CHECK(stream_feed(s->stream, &t, false, NULL, err, sizeof err) == NC_OK);
+    tokens_clear(&t);
+}
+
+TEST(batches_match_unbatched)
+{
+    char err[NC_ERRLEN];
     nc_cache_params p;
-    cache_params_default(&p);
-    p.neural_size = 20;
-    p.neural_lambda = 0.3f;
-    p.unigram_size = 10;
+    nc_model *m = load_fixture(&p);
+    if (!m) return;
     static const char *texts[NS] = {"w1 w2 w3", "w4 w5 w4 w5", "w7\nw8", "w10 w11 w12", "w1 w14 w15",
                                     "w15 w15", "w16 w17\n", "w18 w19 w20 w18"};
     nc_session s[NS + 1];
     memset(s, 0, sizeof s);
-    for (int i = 0; i <= NS; i++) {
-        pthread_mutex_init(&s[i].lock, NULL);
-        CHECK(stream_new(m, &p, NULL, NULL, true, &s[i].stream, err, sizeof err) == NC_OK);
-        if (i < NS) {
-            nc_tokens t;
-            tokens_init(&t);
-            CHECK(tokenize(m, texts[i], strlen(texts[i]), false, &t, err, sizeof err) == NC_OK);
-            CHECK(stream_feed(s[i].stream, &t, false, NULL, err, sizeof err) == NC_OK);
-            tokens_clear(&t);
-        }
-    }
+    for (int i = 0; i <= NS; i++)
+        session_fed(&s[i], m, &p, i < NS ? texts[i] : "");
     batcher *b = batcher_new(m, 1, 64);
     CHECK(b != NULL);
     if (!b) return;
@@ -166,8 +181,108 @@ TEST(batches_match_unbatched)
     model_free(m);
 }
 
+/* A job that keeps its prediction (cjob.p, malloc'ed). */
+typedef struct {
+    batch_job job;
+    float *p;
+    size_t n;
+    int rc;
+} cjob;
+
+static void capture_run(batch_job *j, const float *logits)
+{
+    cjob *c = (cjob *)j;
+    char err[NC_ERRLEN];
+    nc_dist d;
+    dist_init(&d);
+    c->rc = logits ? stream_predict_logits(j->s->stream, logits, false, &d, err, sizeof err)
+                   : stream_predict(j->s->stream, false, &d, err, sizeof err);
+    c->n = d.n;
+    c->p = c->rc == NC_OK ? malloc(d.n * sizeof(float)) : NULL;
+    if (c->p)
+        memcpy(c->p, d.p, d.n * sizeof(float));
+    dist_free(&d);
+}
+
+static void capture_done(batch_job *j)
+{
+    (void)j;
+    pthread_mutex_lock(&mu);
+    completed++;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+}
+
+/* One predict through the batcher (a batch of one row: a GEMV), the same
+ * again, then a one-word feed: with the stream's memo on (the row kept as
+ * the session's memo, the repeat handed the memo, the feed reading it) and
+ * forced off, the same bits. */
+static void memo_sequence(batcher *b, nc_session *s, float **p1, float **p2, size_t *n, double *lp)
+{
+    char err[NC_ERRLEN];
+    cjob c[2];
+    memset(c, 0, sizeof c);
+    for (int r = 0; r < 2; r++) {
+        c[r].job = (batch_job){.s = s, .run = capture_run, .done = capture_done};
+        int before = completed;
+        batcher_submit(b, &c[r].job);
+        wait_completed(before + 1);
+        CHECK(c[r].rc == NC_OK);
+    }
+    *p1 = c[0].p;
+    *p2 = c[1].p;
+    *n = c[0].n;
+    nc_tokens t;
+    tokens_init(&t);
+    CHECK(tokenize(stream_model(s->stream), "w9", 2, false, &t, err, sizeof err) == NC_OK && t.n == 1);
+    CHECK(stream_feed(s->stream, &t, false, lp, err, sizeof err) == NC_OK);
+    tokens_clear(&t);
+}
+
+TEST(batched_memo_bit_identical)
+{
+    nc_cache_params p;
+    nc_model *m = load_fixture(&p);
+    if (!m) return;
+    nc_session s[2];
+    memset(s, 0, sizeof s);
+    for (int i = 0; i < 2; i++)
+        session_fed(&s[i], m, &p, "w1 w2 w3 w4");
+    batcher *b = batcher_new(m, 1, 64);
+    CHECK(b != NULL);
+    if (!b) return;
+    float *a1, *a2, *b1, *b2;
+    size_t na, nb;
+    double la = 0, lb = 0;
+    uint64_t r0 = stream_memo_reads();
+    memo_sequence(b, &s[0], &a1, &a2, &na, &la);
+    uint64_t r1 = stream_memo_reads();
+    stream_memo_disable(true);
+    memo_sequence(b, &s[1], &b1, &b2, &nb, &lb);
+    stream_memo_disable(false);
+    /* read by the repeat (its logits) and by the feed (its score) */
+    CHECKF(r1 - r0 >= 1 && stream_memo_reads() == r1, "memo read %llu times on, %llu off",
+           (unsigned long long)(r1 - r0), (unsigned long long)(stream_memo_reads() - r1));
+    CHECK(na == nb && a1 && a2 && b1 && b2);
+    if (a1 && a2 && b1 && b2 && na == nb) {
+        CHECK(memcmp(a1, b1, na * sizeof(float)) == 0);
+        CHECK(memcmp(a2, b2, na * sizeof(float)) == 0);
+        CHECK(memcmp(a1, a2, na * sizeof(float)) == 0);
+    }
+    CHECKF(memcmp(&la, &lb, sizeof la) == 0, "feed after a batched predict: %.17g with the memo, %.17g without", la,
+           lb);
+    free(a1), free(a2), free(b1), free(b2);
+    batcher_free(b);
+    for (int i = 0; i < 2; i++) {
+        stream_free(s[i].stream);
+        pthread_mutex_destroy(&s[i].lock);
+    }
+    model_free(m);
+}
+
 int main(void)
 {
     RUN(batches_match_unbatched);
+    RUN(batched_memo_bit_identical);
     return harness_summary();
 }

@@ -12,6 +12,7 @@
 #include "cacheopts.h"
 #include "commands.h"
 #include "gate.h"
+#include "stream.h"
 
 static void usage(FILE *out)
 {
@@ -29,7 +30,9 @@ static void usage(FILE *out)
             "largest costing at most --max-loss of perplexity on FILE. Writes\n"
             "gate.safetensors, gate.json and gate-curve.csv (the learning curve) into the\n"
             "model directory (or --out DIR); then --gate uses it (score, eval, sessions).\n"
-            "Fit on validation text, evaluate on other text.\n"
+            "Fit on validation text, evaluate on other text. With --dyn-lr the model's\n"
+            "probabilities are those of a session adapting its weights (dynamic\n"
+            "evaluation, docs/dyneval.md), as the rows with --dyn-lr score.\n"
             "\n"
             "options:\n"
             "  --model DIR, --valid FILE  model directory, fitting text\n"
@@ -201,6 +204,39 @@ static void fitgate_data_free(fitgate_data *s)
     tokens_clear(&s->toks);
 }
 
+/* With dynamic evaluation on, the statistics come from one session through
+ * the text (its weights adapting as in eval and the daemon), so that the gate
+ * is fitted on the adapted model's predictions. */
+static int fitgate_collect_dyn(fitgate_data *s, const fitgate_args *a, const nc_model *m, char *err,
+                               size_t errlen)
+{
+    const size_t n = s->toks.n;
+    if (n == 0)
+        return nc_error(err, errlen, NC_EINVAL, "%s: no tokens to fit on", a->valid);
+    s->lp = malloc(n * sizeof(double));
+    s->gd.n = n;
+    s->gd.f = malloc(n * NC_GATE_NFEAT * sizeof(double));
+    s->gd.pc = malloc(n * NC_NCOMP * sizeof(double));
+    if (!s->lp || !s->gd.f || !s->gd.pc)
+        return nc_error(err, errlen, NC_ENOMEM, "statistics of %zu tokens", n);
+    double t0 = co_now();
+    nc_stream *st = NULL;
+    int rc = stream_new(m, &a->co.p, s->ub, s->words, a->bos_eos, &st, err, errlen);
+    if (!rc) {
+        stream_gate_sink(st, s->gd.f, s->gd.pc);
+        int blas = co_search_begin(&a->co);
+        rc = stream_feed(st, &s->toks, s->ub != NULL, s->lp, err, errlen);
+        co_search_end(blas);
+    }
+    stream_free(st);
+    if (!rc) {
+        s->ppl_const = co_ppl(s->lp, n, &s->scored);
+        fprintf(stderr, "fit-gate: %zu tokens through a session with dynamic evaluation, %.1f s\n", n,
+                co_now() - t0);
+    }
+    return rc;
+}
+
 /* Reads the fitting text, runs the LSTM and the constant-λ scoring pass
  * that collects the statistics, once. */
 static int fitgate_collect(fitgate_data *s, const fitgate_args *a, const nc_model *m, char *err, size_t errlen)
@@ -213,6 +249,8 @@ static int fitgate_collect(fitgate_data *s, const fitgate_args *a, const nc_mode
         rc = cacheopts_make_ub(&a->co, p, m, s->words, &s->ub, err, errlen);
     if (!rc && s->ub && a->co.memory_path)
         rc = cacheopts_fill_memory(m, a->co.memory_path, s->words, s->ub, true, err, errlen);
+    if (!rc && p->dyn_lr > 0.0f)
+        return fitgate_collect_dyn(s, a, m, err, errlen);
     double t0 = co_now();
     if (!rc)
         rc = co_prepare_ex(&(co_text){m, &s->toks, a->bos_eos, s->words}, true, &s->d, err, errlen);

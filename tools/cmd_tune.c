@@ -39,8 +39,8 @@ static void usage(FILE *out)
             "  --unigram-lambdas LIST     default 0.01,0.02,0.05,0.1,0.15,0.2,0.3\n"
             "  --unbounded-lambdas LIST   default 0.05,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9\n"
             "  --dyn-lrs LIST             default 0.0005,0.001,0.002,0.003,0.005\n"
-            "  --dyn-decays LIST          default 0,0.005,0.02,0.05\n"
-            "  --dyn-segments LIST        default 10,20,40\n"
+            "  --dyn-decays LIST          default 0,0.005,0.01,0.02,0.05\n"
+            "  --dyn-segments LIST        default 5,10,20,40\n"
             "  --dyn-tokens N             the dynamic evaluation stage's text: the first N tokens\n"
             "                             of FILE (default 20000, 0 = all)\n"
             "other options:\n"
@@ -317,8 +317,9 @@ static int choose_stages(tune_args *a)
     DEFAULT(a->ul, a->nul, d_ul);
     DEFAULT(a->ubl, a->nubl, d_ubl);
     static const double d_dlr[] = {0.0005, 0.001, 0.002, 0.003, 0.005};
-    static const double d_ddec[] = {0, 0.005, 0.02, 0.05};
-    static const double d_dseg[] = {10, 20, 40};
+    static const double d_ddec[] = {0, 0.005, 0.01, 0.02, 0.05};
+    /* 5: the paper's word-level segments, best on PTB valid (BENCHMARKS.md) */
+    static const double d_dseg[] = {5, 10, 20, 40};
     DEFAULT(a->dlr, a->ndlr, d_dlr);
     DEFAULT(a->ddec, a->nddec, d_ddec);
     DEFAULT(a->dseg, a->ndseg, d_dseg);
