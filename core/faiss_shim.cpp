@@ -1,18 +1,28 @@
 /* faiss_shim.cpp -- FAISS C++ calls the 1.7.3 C API lacks (faiss_shim.h). */
 #include "faiss_shim.h"
 
+extern "C" {
+#include "vmath.h"
+}
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <vector>
+
+#include <cblas.h>
+#include <immintrin.h>
 
 #include <faiss/Index.h>
 #include <faiss/IndexFlat.h>
 #include <faiss/IndexIVF.h>
 #include <faiss/IndexIVFFastScan.h>
 #include <faiss/IndexIVFPQ.h>
+#include <faiss/VectorTransform.h>
 #include <faiss/invlists/InvertedLists.h>
 #include <faiss/utils/distances.h>
 #include <faiss/utils/utils.h>
@@ -130,53 +140,627 @@ void list_dists(const float *t, size_t M, size_t ksub, const uint8_t *cp, size_t
     }
 }
 
-/* One query: the candidates of its probed lists into c, then the k best
- * into d/l. tab2 [M * ksub]: <x_m, centroid> per sub-quantizer; tab: the
- * list's table, scratch. */
-uint64_t scan_query(const faiss::IndexIVFPQ *ix, const float *x, const float *cdis, const faiss::Index::idx_t *cids,
-                    int np, int64_t limit, int64_t k, std::vector<float> &tab2, std::vector<float> &tab,
-                    std::vector<float> &dist, std::vector<uint64_t> &c, float *d, int64_t *l)
+/* v [0, n) sorted ascending, by 8-bit digits from the lowest (LSD radix:
+ * stable, so the order is the full 64-bit key's), tmp [n] its scratch; a
+ * digit every key shares is skipped (the ids' high bytes, often the
+ * distances' exponent). Measured against std::sort of the k = 512 best: the
+ * sort was 7% of the scoring pass. */
+void radix_sort(uint64_t *v, uint64_t *tmp, size_t n)
 {
+    for (int shift = 0; shift < 64; shift += 8) {
+        size_t cnt[257] = {0};
+        for (size_t i = 0; i < n; i++)
+            cnt[((v[i] >> shift) & 255) + 1]++;
+        if (cnt[((v[0] >> shift) & 255) + 1] == n)
+            continue;
+        for (int b = 0; b < 256; b++)
+            cnt[b + 1] += cnt[b];
+        for (size_t i = 0; i < n; i++)
+            tmp[cnt[(v[i] >> shift) & 255]++] = v[i];
+        std::memcpy(v, tmp, n * sizeof *v);
+    }
+}
+
+/* The scan's scratch, one a call, and what it reads: the index and, when
+ * the coarse searcher is there, its transposed codebooks (the tables then
+ * come from the residual, residual_tables). */
+struct scan_ctx {
+    const faiss::IndexIVFPQ *ix;
+    const faiss_shim_cq *cq;
+    std::vector<float> tab2, tab, dist;
+    std::vector<uint64_t> c, tmp;
+};
+
+/* One query's inputs and outputs: its np lists (cids, coarse distances
+ * cdis), ids < limit accepted, its k best into d/l */
+struct scan_row {
+    const float *x, *cdis;
+    const faiss::Index::idx_t *cids;
+    int np;
+    int64_t limit, k;
+    float *d;
+    int64_t *l;
+};
+
+void residual_tables(const faiss_shim_cq *cq, const float *x, faiss::Index::idx_t key, float *tab);
+
+/* The list's table into sc.tab, and the distance every code of the list
+ * adds it to: FAISS's precompute_list_tables_L2 (use_precomputed_table ==
+ * 1: T_c - 2 <x_m, q_m>, the coarse distance added), or, with our
+ * searcher, ||r_m - q_m||^2 of the residual r = x - c itself (0 added) */
+float list_table(scan_ctx &sc, const scan_row &q, int j)
+{
+    const faiss::IndexIVFPQ *ix = sc.ix;
+    const size_t tsz = ix->pq.M * ix->pq.ksub;
+    if (sc.cq) {
+        residual_tables(sc.cq, q.x, q.cids[j], sc.tab.data());
+        return 0.0f;
+    }
+    faiss::fvec_madd(tsz, ix->precomputed_table.data() + (size_t)q.cids[j] * tsz, -2.0f, sc.tab2.data(),
+                     sc.tab.data());
+    return q.cdis[j];
+}
+
+/* One query: the candidates of its probed lists into sc.c, then the k best
+ * into q.d/q.l. */
+uint64_t scan_query(scan_ctx &sc, const scan_row &q)
+{
+    const faiss::IndexIVFPQ *ix = sc.ix;
     const size_t M = ix->pq.M, ksub = ix->pq.ksub, cs = ix->code_size;
-    ix->pq.compute_inner_prod_table(x, tab2.data());
+    if (!sc.cq)
+        ix->pq.compute_inner_prod_table(q.x, sc.tab2.data());
+    std::vector<uint64_t> &c = sc.c;
     c.clear();
     uint64_t nd = 0;
-    for (int j = 0; j < np; j++) {
-        faiss::Index::idx_t key = cids[j];
+    for (int j = 0; j < q.np; j++) {
+        faiss::Index::idx_t key = q.cids[j];
         if (key < 0)
             continue;   /* fewer lists than nprobe */
         size_t ls = ix->invlists->list_size((size_t)key);
         if (ls == 0)
             continue;
-        /* FAISS's precompute_list_tables_L2, use_precomputed_table == 1 */
-        faiss::fvec_madd(M * ksub, ix->precomputed_table.data() + (size_t)key * M * ksub, -2.0f, tab2.data(),
-                         tab.data());
-        const float dis0 = cdis[j];
+        const float dis0 = list_table(sc, q, j);
         faiss::InvertedLists::ScopedCodes codes(ix->invlists, (size_t)key);
         faiss::InvertedLists::ScopedIds ids(ix->invlists, (size_t)key);
         const uint8_t *cp = codes.get();
         const faiss::Index::idx_t *ip = ids.get();
-        const float *t = tab.data();
         nd += ls;
-        if (ls > dist.size())
-            dist.resize(ls);
-        list_dists(t, M, ksub, cp, cs, ls, dist.data());
+        if (ls > sc.dist.size())
+            sc.dist.resize(ls);
+        list_dists(sc.tab.data(), M, ksub, cp, cs, ls, sc.dist.data());
         for (size_t m = 0; m < ls; m++)
-            if (ip[m] < limit)
-                c.push_back(cand_key(dis0 + dist[m], ip[m]));
+            if (ip[m] < q.limit)
+                c.push_back(cand_key(dis0 + sc.dist[m], ip[m]));
     }
+    const int64_t k = q.k;
     int64_t got = (int64_t)c.size() < k ? (int64_t)c.size() : k;
     if ((int64_t)c.size() > k)
         std::nth_element(c.begin(), c.begin() + k, c.end());
-    std::sort(c.begin(), c.begin() + got);
+    if (got >= 64) {
+        sc.tmp.resize(std::max(sc.tmp.size(), (size_t)got));
+        radix_sort(c.data(), sc.tmp.data(), (size_t)got);
+    } else {
+        std::sort(c.begin(), c.begin() + got);
+    }
     for (int64_t i = 0; i < k; i++) {
-        d[i] = i < got ? cand_dist(c[(size_t)i]) : INFINITY;
-        l[i] = i < got ? (int64_t)(uint32_t)c[(size_t)i] : -1;
+        q.d[i] = i < got ? cand_dist(c[(size_t)i]) : INFINITY;
+        q.l[i] = i < got ? (int64_t)(uint32_t)c[(size_t)i] : -1;
     }
     return nd;
 }
 
 } // namespace
+
+/* ---- the coarse quantizer's pruned exact search (faiss_shim_cq_*) ----
+ *
+ * The bound. P: the dp top principal axes of the centroids (rows of an
+ * orthonormal [dp, d] matrix), R = I - P^T P the projection on their
+ * orthogonal complement, mu the centroids' mean, x' = x - mu, c' = c - mu.
+ * Since P^T P and R are complementary orthogonal projections,
+ *   ||x - c||^2 = ||P(x - c)||^2 + ||R(x - c)||^2,
+ * and R(x - c) = R x' - R c', so by the reverse triangle inequality
+ * ||R(x - c)|| >= | ||R x'|| - ||R c'|| |; hence
+ *   ||x - c||^2 >= ||P x' - P c'||^2 + (||R x'|| - ||R c'||)^2 =: L(x, c).
+ * The first term is computed for a block of queries as one GEMM [B, dp] x
+ * [dp, nlist] (||Px'||^2 + ||Pc'||^2 - 2 <Px', Pc'>), the second from norms.
+ *
+ * Rounding. The axes are orthonormal to 1e-4 (checked at build: P P^T =
+ * I + E with dp max|E| <= 1e-4), which breaks the split above by at most
+ * |v^T P^T E P v| <= 1e-4 ||v||^2 (v = x - c, ||v||^2 <= 2 (||x'||^2 +
+ * ||c'||^2)); the triangle inequality holds for any linear R. Every term of
+ * L is computed in float from sums of <= d + dp products, |error| <= (d +
+ * dp) 2^-24 ~ 2e-5 of ||x'||^2 + ||c'||^2 (the residual norms from the
+ * residuals themselves, not as differences of squares); and fvec_L2sqr is
+ * the true distance within d 2^-24 = 1.5e-5 of it. So with
+ *   Ls = L - 1e-3 (||x'||^2 + ||c'||^2)
+ * (three times the sum of those errors), Ls > t implies fvec_L2sqr(x, c) >
+ * t: a centroid whose Ls exceeds the np-th best exact distance found cannot
+ * be among the np best, not even tied (ties break by list as in a full
+ * loop). The search computes exact distances for the np smallest bounds,
+ * then for every other centroid whose bound does not exceed the np-th best
+ * so far (it only falls): its result is the full loop's with the same
+ * distance function, to the bit, whatever the batch (tests/test_coarse.c:
+ * against a naive loop in double and FAISS's own search). */
+struct faiss_shim_cq {
+    const faiss::IndexIVF *ix;  /* the index it serves */
+    const float *cent;          /* [nlist, d] the flat quantizer's centroids (the index's) */
+    size_t d, dp, nlist;
+    std::vector<float> mean;    /* [d] */
+    std::vector<float> P;       /* [dp, d] principal axes, rows */
+    std::vector<float> pc;      /* [nlist, dp] P c' */
+    std::vector<float> pcn;     /* [nlist] ||P c'||^2 - 1e-3 ||c'||^2 (the margin's share) */
+    std::vector<float> rc;      /* [nlist] ||R c'|| */
+    /* the PQ's codebooks for residual_tables: M sub-quantizers of ksub
+     * centroids of dsub floats, transposed qT [M, dsub, ksub], and their
+     * squared norms qn [M, ksub] */
+    size_t M, dsub, ksub;
+    std::vector<float> qT, qn;
+    mutable std::atomic<uint64_t> queries{0}, exact{0};
+};
+
+namespace {
+
+const float CQ_MARGIN = 1e-3f;   /* relative, of ||x'||^2 + ||c'||^2: see above */
+const size_t CQ_BLOCK = 64;      /* queries a GEMM: G is [64, nlist] floats (1 MB at 4,096) */
+
+/* (d, list) pairs kept sorted ascending, np of them at most */
+struct cq_top {
+    std::vector<float> d;
+    std::vector<faiss::Index::idx_t> l;
+    size_t np, n;
+    bool better(float dv, faiss::Index::idx_t lv) const
+    {
+        return n < np || dv < d[n - 1] || (dv == d[n - 1] && lv < l[n - 1]);
+    }
+    void insert(float dv, faiss::Index::idx_t lv)
+    {
+        size_t i = n < np ? n++ : np - 1;
+        while (i > 0 && (d[i - 1] > dv || (d[i - 1] == dv && l[i - 1] > lv))) {
+            d[i] = d[i - 1], l[i] = l[i - 1];
+            i--;
+        }
+        d[i] = dv, l[i] = lv;
+    }
+};
+
+/* A thread's scratch for faiss_shim_cq_search, kept between calls: a
+ * fresh 1 MB row block each call was measured at 13% of the search in page
+ * faults. Rows of a block of B queries: xc, back [B, d], y [B, dp], g [B,
+ * nlist]; xn, yn, r [B] (cq_project); top, seed: one query's lists;
+ * cand: the centroids its pruning visits. */
+struct cq_scratch {
+    std::vector<float> xc, y, back, g;
+    std::vector<double> xn, yn, r;
+    cq_top top, seed;
+    std::vector<uint32_t> cand;
+    void fit(size_t B, size_t d, size_t dp, size_t nlist, size_t np)
+    {
+        xc.resize(std::max(xc.size(), B * d)), back.resize(std::max(back.size(), B * d));
+        y.resize(std::max(y.size(), B * dp)), g.resize(std::max(g.size(), B * nlist));
+        xn.resize(std::max(xn.size(), B)), yn.resize(std::max(yn.size(), B)), r.resize(std::max(r.size(), B));
+        top.d.resize(np), top.l.resize(np), top.np = np, top.n = 0;
+        seed.d.resize(np), seed.l.resize(np), seed.np = np, seed.n = 0;
+        cand.resize(std::max(cand.size(), nlist));
+    }
+};
+
+/* rows [n, d] minus mean, projected, into w: xc [n, d] = x - mean, y [n,
+ * dp] = xc P^T; xn[i] = ||xc_i||^2, yn[i] = ||y_i||^2, r[i] = ||xc_i - P^T
+ * y_i|| (the residual's norm computed from the residual itself, in double) */
+void cq_project(const faiss_shim_cq *cq, size_t n, const float *x, cq_scratch &w)
+{
+    const size_t d = cq->d, dp = cq->dp;
+    std::vector<float> &xc = w.xc, &y = w.y, &back = w.back;
+    double *xn = w.xn.data(), *yn = w.yn.data(), *r = w.r.data();
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < d; j++)
+            xc[i * d + j] = x[i * d + j] - cq->mean[j];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)dp, (int)d, 1.0f, xc.data(), (int)d,
+                cq->P.data(), (int)d, 0.0f, y.data(), (int)dp);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)dp, 1.0f, y.data(), (int)dp,
+                cq->P.data(), (int)d, 0.0f, back.data(), (int)d);
+    for (size_t i = 0; i < n; i++) {
+        double a = 0, b = 0, c = 0;
+        for (size_t j = 0; j < d; j++) {
+            double v = xc[i * d + j], e = v - back[i * d + j];
+            a += v * v;
+            c += e * e;
+        }
+        for (size_t j = 0; j < dp; j++)
+            b += (double)y[i * dp + j] * y[i * dp + j];
+        xn[i] = a, yn[i] = b, r[i] = std::sqrt(c);
+    }
+}
+
+/* The query's exact distance to centroid c: faiss::fvec_L2sqr, or the same
+ * sum of d squared differences with AVX2 (8 lanes, then their sum): either
+ * within d 2^-24 of the true distance, which is all the bound needs. */
+__attribute__((target("avx2,fma"))) float l2sqr_avx2(const float *x, const float *y, size_t d)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    size_t j = 0;
+    for (; j + 16 <= d; j += 16) {
+        __m256 a = _mm256_sub_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(y + j));
+        __m256 b = _mm256_sub_ps(_mm256_loadu_ps(x + j + 8), _mm256_loadu_ps(y + j + 8));
+        s0 = _mm256_fmadd_ps(a, a, s0);
+        s1 = _mm256_fmadd_ps(b, b, s1);
+    }
+    s0 = _mm256_add_ps(s0, s1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    float r = _mm_cvtss_f32(h);
+    for (; j < d; j++)
+        r += (x[j] - y[j]) * (x[j] - y[j]);
+    return r;
+}
+
+/* Our AVX2 kernels at the level the numeric core runs (vmath.h: the best
+ * the CPU has, or NEUROCACHE_SIMD's / vm_set_isa's), so that the suites
+ * run at each level prove the plain paths too */
+inline bool cq_avx2_on()
+{
+    return std::strcmp(vm_isa(), "scalar") != 0;
+}
+
+inline float cq_exact(const faiss_shim_cq *cq, const float *x, size_t c)
+{
+    const float *y = cq->cent + c * cq->d;
+    return cq_avx2_on() ? l2sqr_avx2(x, y, cq->d) : faiss::fvec_L2sqr(x, y, cq->d);
+}
+
+/* The bounds' row of one query, in place: g [nlist] holds <Px', Pc'> and
+ * becomes Ls(c) = a + pcn[c] - 2 g[c] + (rx - rc[c])^2; and the np smallest
+ * bounds into seed (ties to the lower list). Eight at a time, with a scalar
+ * insertion only where a lane beats the seed's worst. */
+__attribute__((target("avx2,fma"))) void bounds_avx2(const faiss_shim_cq *cq, float a, float rx, float *g,
+                                                     cq_top &seed)
+{
+    const size_t nlist = cq->nlist;
+    const float *pcn = cq->pcn.data(), *rc = cq->rc.data();
+    const __m256 va = _mm256_set1_ps(a), vrx = _mm256_set1_ps(rx), m2 = _mm256_set1_ps(-2.0f);
+    size_t c = 0;
+    for (; c + 8 <= nlist; c += 8) {
+        __m256 t = _mm256_sub_ps(vrx, _mm256_loadu_ps(rc + c));
+        __m256 v = _mm256_add_ps(_mm256_add_ps(va, _mm256_loadu_ps(pcn + c)), _mm256_mul_ps(m2, _mm256_loadu_ps(g + c)));
+        v = _mm256_add_ps(v, _mm256_mul_ps(t, t));
+        _mm256_storeu_ps(g + c, v);
+        const float worst = seed.n < seed.np ? INFINITY : seed.d[seed.n - 1];
+        int m = _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(worst), _CMP_LE_OQ));
+        for (; m; m &= m - 1) {
+            size_t i = c + (size_t)__builtin_ctz((unsigned)m);
+            if (seed.better(g[i], (faiss::Index::idx_t)i))
+                seed.insert(g[i], (faiss::Index::idx_t)i);
+        }
+    }
+    for (; c < nlist; c++) {
+        float t = rx - rc[c];
+        g[c] = a + pcn[c] + -2.0f * g[c] + t * t;
+        if (seed.better(g[c], (faiss::Index::idx_t)c))
+            seed.insert(g[c], (faiss::Index::idx_t)c);
+    }
+}
+
+void bounds_plain(const faiss_shim_cq *cq, float a, float rx, float *g, cq_top &seed)
+{
+    for (size_t c = 0; c < cq->nlist; c++) {
+        float t = rx - cq->rc[c];
+        g[c] = a + cq->pcn[c] + -2.0f * g[c] + t * t;
+        if (seed.better(g[c], (faiss::Index::idx_t)c))
+            seed.insert(g[c], (faiss::Index::idx_t)c);
+    }
+}
+
+/* The centroid's lines brought towards the cache ahead of its distance:
+ * the candidates are scattered over 4 MB of centroids, and their exact
+ * distances waited on memory (~100 ns each at IVF4096) */
+inline void cq_prefetch(const faiss_shim_cq *cq, size_t c)
+{
+    const char *p = reinterpret_cast<const char *>(cq->cent + c * cq->d);
+    for (size_t o = 0; o < cq->d * sizeof(float); o += 64)
+        __builtin_prefetch(p + o);
+}
+
+/* The centroids whose bound does not exceed the np-th best exact distance
+ * after the seeds, in list order into w.cand; then their exact distances
+ * (prefetched two ahead), each while its bound still does not exceed the
+ * np-th best so far and it is not a seed (b < bmax: every such centroid
+ * is one; b == bmax: look). Returns the exact distances computed. */
+size_t cq_prune(const faiss_shim_cq *cq, const float *x, const float *b, cq_scratch &w)
+{
+    const cq_top &seed = w.seed;
+    cq_top &top = w.top;
+    const float bmax = seed.d[seed.n - 1], t0 = top.d[top.n - 1];
+    size_t nc = 0;
+    for (size_t c = 0; c < cq->nlist; c++) {
+        w.cand[nc] = (uint32_t)c;
+        nc += b[c] <= t0 && b[c] >= bmax;   /* branch-free: most are pruned */
+    }
+    size_t nex = 0;
+    for (size_t i = 0; i < nc; i++) {
+        if (i + 2 < nc)
+            cq_prefetch(cq, w.cand[i + 2]);
+        const size_t c = w.cand[i];
+        if (b[c] > top.d[top.n - 1] || (b[c] == bmax && std::find(seed.l.begin(), seed.l.begin() + (long)seed.n,
+                                                                   (faiss::Index::idx_t)c) != seed.l.begin() + (long)seed.n))
+            continue;
+        float e = cq_exact(cq, x, c);
+        nex++;
+        if (top.better(e, (faiss::Index::idx_t)c))
+            top.insert(e, (faiss::Index::idx_t)c);
+    }
+    return nex;
+}
+
+/* r [dsub] = x - c, a sub-vector of the residual; returns ||r||^2 */
+inline float sub_residual(const float *x, const float *c, size_t dsub, float *r)
+{
+    float rn = 0;
+    for (size_t i = 0; i < dsub; i++) {
+        r[i] = x[i] - c[i];
+        rn += r[i] * r[i];
+    }
+    return rn;
+}
+
+/* A list's PQ table from the query's residual r = x - c (Jegou et al.
+ * 2011, eq. 13: the sub-vector distances ||r_m - q_m(j)||^2 of the by-residual
+ * ADC), as ||r_m||^2 + ||q_m(j)||^2 - 2 <r_m, q_m(j)>: tab [M, ksub]. The
+ * same values FAISS's decomposition of eq. 14 gives (||x - c||^2 + T_c[m][j]
+ * - 2 <x_m, q_m(j)>, T_c precomputed at 128 MB for IVF4096,PQ32), to float
+ * rounding of terms no larger than those (the tests allow 1e-4 of the
+ * distance); computed here in 65,536 products a list from 256 KB of
+ * codebooks that stay in cache, where T_c's 32 KB a list came from memory. */
+/* One sub-quantizer's row of it: t [ksub] from r [dsub], rn = ||r||^2, the
+ * transposed codebook qT [dsub, ksub] and its norms qn [ksub] */
+struct sub_table {
+    const float *r, *qT, *qn;
+    float rn;
+    size_t dsub, ksub;
+    float *t;
+};
+
+__attribute__((target("avx2,fma"))) void sub_table_avx2(const sub_table &s)
+{
+    const size_t dsub = s.dsub, ksub = s.ksub;
+    const __m256 vrn = _mm256_set1_ps(s.rn), m2 = _mm256_set1_ps(-2.0f);
+    if (dsub == 8) {
+        /* IVF4096,PQ32 on 256 dimensions: the sub-vector broadcast once,
+         * not once per eight codewords */
+        __m256 rb[8];
+        for (size_t i = 0; i < 8; i++)
+            rb[i] = _mm256_set1_ps(s.r[i]);
+        for (size_t j = 0; j < ksub; j += 8) {
+            __m256 acc = _mm256_mul_ps(rb[0], _mm256_loadu_ps(s.qT + j));
+            for (size_t i = 1; i < 8; i++)
+                acc = _mm256_fmadd_ps(rb[i], _mm256_loadu_ps(s.qT + i * ksub + j), acc);
+            _mm256_storeu_ps(s.t + j, _mm256_fmadd_ps(m2, acc, _mm256_add_ps(vrn, _mm256_loadu_ps(s.qn + j))));
+        }
+        return;
+    }
+    for (size_t j = 0; j < ksub; j += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (size_t i = 0; i < dsub; i++)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(s.r[i]), _mm256_loadu_ps(s.qT + i * ksub + j), acc);
+        _mm256_storeu_ps(s.t + j, _mm256_fmadd_ps(m2, acc, _mm256_add_ps(vrn, _mm256_loadu_ps(s.qn + j))));
+    }
+}
+
+void sub_table_plain(const sub_table &s)
+{
+    for (size_t j = 0; j < s.ksub; j++) {
+        float acc = 0;
+        for (size_t i = 0; i < s.dsub; i++)
+            acc += s.r[i] * s.qT[i * s.ksub + j];
+        s.t[j] = s.rn + s.qn[j] - 2.0f * acc;
+    }
+}
+
+/* The PQ code of a residual r [d]: for each sub-quantizer the nearest of
+ * its ksub centroids, by the sum of squared differences (as FAISS's
+ * compute_code: no ||r||^2 + ||q||^2 - 2<r, q> cancellation in the
+ * comparison that picks the code), ties to the lower index. Eight centroids
+ * at a time from the transposed codebooks: FAISS's fvec_L2sqr_ny took 256
+ * distances of 8 floats one after the other, 12% of the scoring pass. */
+__attribute__((target("avx2,fma"))) void encode_avx2(const faiss_shim_cq *cq, const float *r, uint8_t *code)
+{
+    const size_t dsub = cq->dsub, ksub = cq->ksub;
+    for (size_t m = 0; m < cq->M; m++) {
+        const float *qT = cq->qT.data() + m * dsub * ksub, *rm = r + m * dsub;
+        __m256 best = _mm256_set1_ps(INFINITY);
+        __m256i bi = _mm256_setzero_si256(), idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i eight = _mm256_set1_epi32(8);
+        for (size_t j = 0; j < ksub; j += 8) {
+            __m256 acc = _mm256_setzero_ps();
+            for (size_t i = 0; i < dsub; i++) {
+                __m256 t = _mm256_sub_ps(_mm256_set1_ps(rm[i]), _mm256_loadu_ps(qT + i * ksub + j));
+                acc = _mm256_fmadd_ps(t, t, acc);
+            }
+            __m256 lt = _mm256_cmp_ps(acc, best, _CMP_LT_OQ);   /* strict: a lane keeps its lower index */
+            best = _mm256_blendv_ps(best, acc, lt);
+            bi = _mm256_blendv_epi8(bi, idx, _mm256_castps_si256(lt));
+            idx = _mm256_add_epi32(idx, eight);
+        }
+        float bv[8];
+        int32_t bx[8];
+        _mm256_storeu_ps(bv, best);
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(bx), bi);
+        int k = 0;
+        for (int l = 1; l < 8; l++)
+            if (bv[l] < bv[k] || (bv[l] == bv[k] && bx[l] < bx[k]))
+                k = l;
+        code[m] = (uint8_t)bx[k];
+    }
+}
+
+void encode_plain(const faiss_shim_cq *cq, const float *r, uint8_t *code)
+{
+    const size_t dsub = cq->dsub, ksub = cq->ksub;
+    for (size_t m = 0; m < cq->M; m++) {
+        const float *qT = cq->qT.data() + m * dsub * ksub, *rm = r + m * dsub;
+        float bd = INFINITY;
+        size_t b = 0;
+        for (size_t j = 0; j < ksub; j++) {
+            float acc = 0;
+            for (size_t i = 0; i < dsub; i++)
+                acc += (rm[i] - qT[i * ksub + j]) * (rm[i] - qT[i * ksub + j]);
+            if (acc < bd)
+                bd = acc, b = j;
+        }
+        code[m] = (uint8_t)b;
+    }
+}
+
+void residual_tables(const faiss_shim_cq *cq, const float *x, faiss::Index::idx_t key, float *tab)
+{
+    const float *c = cq->cent + (size_t)key * cq->d;
+    const size_t dsub = cq->dsub, ksub = cq->ksub;
+    float r[64];
+    for (size_t m = 0; m < cq->M; m++) {
+        sub_table st{r, cq->qT.data() + m * dsub * ksub, cq->qn.data() + m * ksub,
+                     sub_residual(x + m * dsub, c + m * dsub, dsub, r), dsub, ksub, tab + m * ksub};
+        if (cq_avx2_on())
+            sub_table_avx2(st);
+        else
+            sub_table_plain(st);
+    }
+}
+
+/* One query: g [nlist] its inner products <Px', Pc'>, made its bounds (Ls);
+ * a = ||Px'||^2 - 1e-3 ||x'||^2, rx = ||Rx'||. Exact distances for the np
+ * smallest bounds (seed), then for every other centroid whose bound does
+ * not exceed the np-th exact distance so far. Returns the exact distances
+ * computed. */
+size_t cq_select(const faiss_shim_cq *cq, const float *x, size_t i, cq_scratch &w)
+{
+    cq_top &seed = w.seed, &top = w.top;
+    float *g = w.g.data() + i * cq->nlist;
+    const float a = (float)(w.yn[i] - CQ_MARGIN * w.xn[i]), rx = (float)w.r[i];
+    seed.n = top.n = 0;
+    if (cq_avx2_on())
+        bounds_avx2(cq, a, rx, g, seed);
+    else
+        bounds_plain(cq, a, rx, g, seed);
+    for (size_t j = 0; j < seed.n; j++)
+        cq_prefetch(cq, (size_t)seed.l[j]);
+    for (size_t j = 0; j < seed.n; j++) {
+        faiss::Index::idx_t c = seed.l[j];
+        float e = cq_exact(cq, x, (size_t)c);
+        if (top.better(e, c))
+            top.insert(e, c);
+    }
+    return seed.n + cq_prune(cq, x, g, w);
+}
+
+} // namespace
+
+extern "C" faiss_shim_cq *faiss_shim_cq_new(const FaissIndex *idx, int dp)
+{
+    const faiss::IndexIVFPQ *ix = scannable(idx);
+    const faiss::IndexFlat *fq = ix ? dynamic_cast<const faiss::IndexFlat *>(ix->quantizer) : nullptr;
+    if (!fq || fq->metric_type != faiss::METRIC_L2 || (size_t)fq->ntotal != ix->nlist || ix->nlist < (size_t)ix->d)
+        return nullptr;
+    faiss_shim_cq *cq = nullptr;
+    int rc = guarded(nullptr, 0, [&]() {
+        std::unique_ptr<faiss_shim_cq> q(new faiss_shim_cq);
+        const size_t d = (size_t)ix->d, nlist = ix->nlist;
+        q->ix = ix, q->d = d, q->nlist = nlist, q->cent = fq->get_xb();
+        q->dp = dp > 0 ? std::min((size_t)dp, d) : std::max<size_t>(1, std::min<size_t>(64, d / 4));
+        faiss::PCAMatrix pca((int)d, (int)q->dp);
+        pca.train((faiss::Index::idx_t)nlist, q->cent);
+        q->mean = pca.mean;
+        q->P.assign(pca.A.begin(), pca.A.begin() + (long)(q->dp * d));
+        /* orthonormal rows, to the bound's allowance (see above) */
+        double worst = 0;
+        for (size_t a = 0; a < q->dp; a++)
+            for (size_t b = a; b < q->dp; b++) {
+                double s = 0;
+                for (size_t j = 0; j < d; j++)
+                    s += (double)q->P[a * d + j] * q->P[b * d + j];
+                worst = std::max(worst, std::fabs(s - (a == b)));
+            }
+        if (worst * (double)q->dp > 1e-4 || ix->pq.dsub > 64)
+            return 1;   /* (residual_tables keeps a sub-vector on its stack) */
+        cq_scratch w;
+        w.fit(nlist, d, q->dp, 0, 0);
+        cq_project(q.get(), nlist, q->cent, w);
+        q->pc.assign(w.y.begin(), w.y.begin() + (long)(nlist * q->dp));
+        q->pcn.resize(nlist), q->rc.resize(nlist);
+        for (size_t c = 0; c < nlist; c++)
+            q->pcn[c] = (float)(w.yn[c] - CQ_MARGIN * w.xn[c]), q->rc[c] = (float)w.r[c];
+        const faiss::ProductQuantizer &pq = ix->pq;
+        q->M = pq.M, q->dsub = pq.dsub, q->ksub = pq.ksub;
+        q->qT.resize(pq.M * pq.dsub * pq.ksub), q->qn.resize(pq.M * pq.ksub);
+        for (size_t m = 0; m < pq.M; m++)
+            for (size_t j = 0; j < pq.ksub; j++) {
+                const float *cj = pq.get_centroids(m, j);
+                double n2 = 0;
+                for (size_t i = 0; i < pq.dsub; i++) {
+                    q->qT[(m * pq.dsub + i) * pq.ksub + j] = cj[i];
+                    n2 += (double)cj[i] * cj[i];
+                }
+                q->qn[m * pq.ksub + j] = (float)n2;
+            }
+        cq = q.release();
+        return 0;
+    });
+    return rc == 0 ? cq : nullptr;
+}
+
+extern "C" void faiss_shim_cq_free(faiss_shim_cq *cq) { delete cq; }
+
+extern "C" int faiss_shim_cq_search(const faiss_shim_cq *cq, int64_t n, const float *x, int nprobe, float *cdis,
+                                    int64_t *cids)
+{
+    return guarded(nullptr, 0, [&]() {
+        const size_t d = cq->d, dp = cq->dp, nlist = cq->nlist;
+        const size_t np = nprobe > 0 && (size_t)nprobe < nlist ? (size_t)nprobe : nprobe > 0 ? nlist : 0;
+        if (np == 0)
+            return shim_error(nullptr, 0, "nprobe");
+        const size_t B = std::min<size_t>(CQ_BLOCK, (size_t)n);
+        thread_local cq_scratch w;
+        w.fit(B, d, dp, nlist, np);
+        std::vector<float> &y = w.y, &g = w.g;
+        uint64_t nex = 0;
+        for (int64_t i0 = 0; i0 < n; i0 += (int64_t)B) {
+            const size_t nb = std::min<size_t>(B, (size_t)(n - i0));
+            const float *xb = x + (size_t)i0 * d;
+            cq_project(cq, nb, xb, w);
+            /* one GEMM for the block; a product by vector for a few
+             * queries (OpenBLAS's GEMM would pack all of pc for each) */
+            if (nb >= 8)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)nlist, (int)dp, 1.0f, y.data(),
+                            (int)dp, cq->pc.data(), (int)dp, 0.0f, g.data(), (int)nlist);
+            else
+                for (size_t i = 0; i < nb; i++)
+                    cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)nlist, (int)dp, 1.0f, cq->pc.data(), (int)dp,
+                                y.data() + i * dp, 1, 0.0f, g.data() + i * nlist, 1);
+            for (size_t i = 0; i < nb; i++) {
+                nex += cq_select(cq, xb + i * d, i, w);
+                float *od = cdis + ((size_t)i0 + i) * np;
+                int64_t *ol = cids + ((size_t)i0 + i) * np;
+                for (size_t j = 0; j < np; j++)
+                    od[j] = w.top.d[j], ol[j] = (int64_t)w.top.l[j];
+            }
+        }
+        cq->queries += (uint64_t)n;
+        cq->exact += nex;
+        return (int)np;
+    });
+}
+
+extern "C" void faiss_shim_cq_stats(const faiss_shim_cq *cq, uint64_t *queries, uint64_t *exact)
+{
+    *queries = cq ? cq->queries.load() : 0;
+    *exact = cq ? cq->exact.load() : 0;
+}
+
+extern "C" size_t faiss_shim_cq_bytes(const faiss_shim_cq *cq)
+{
+    if (!cq)
+        return 0;
+    return sizeof *cq + (cq->mean.size() + cq->P.size() + cq->pc.size() + cq->pcn.size() + cq->rc.size()) * sizeof(float);
+}
 
 /* nprobe as our scan and its coarse search take it: <= 0 the index's, at
  * most nlist */
@@ -200,21 +784,24 @@ extern "C" int faiss_shim_ivfpq_search(const FaissIndex *idx, const faiss_shim_s
         const float *cdis = s->cdis;
         const faiss::Index::idx_t *cids = reinterpret_cast<const faiss::Index::idx_t *>(s->cids);
         if (!cdis || !cids) {
-            /* the coarse quantizer: one batched search for all n (BLAS from 20 on) */
+            /* the coarse quantizer: ours, exact and pruned, or FAISS's one
+             * batched search for all n (BLAS from 20 on) */
             cd.resize((size_t)n * np);
             ci.resize((size_t)n * np);
-            ix->quantizer->search(n, s->x, np, cd.data(), ci.data());
+            if (!s->cq || s->cq->ix != ix || faiss_shim_cq_search(s->cq, n, s->x, np, cd.data(), reinterpret_cast<int64_t *>(ci.data())) != np)
+                ix->quantizer->search(n, s->x, np, cd.data(), ci.data());
             cdis = cd.data();
             cids = ci.data();
         }
         uint64_t nd = 0;
-        std::vector<float> tab2(tsz), tab(tsz), dist;
-        std::vector<uint64_t> c;
-        c.reserve(4096);
-        for (int64_t q = 0; q < n; q++)
-            nd += scan_query(ix, s->x + (size_t)q * d_, cdis + (size_t)q * np, cids + (size_t)q * np, np,
-                             s->id_limit ? s->id_limit[q] : INT64_MAX, k, tab2, tab, dist, c, s->d + (size_t)q * k,
-                             s->l + (size_t)q * k);
+        const bool ours = s->cq && s->cq->ix == ix;
+        scan_ctx sc{ix, ours ? s->cq : nullptr, std::vector<float>(ours ? 0 : tsz), std::vector<float>(tsz), {}, {}, {}};
+        sc.c.reserve(4096);
+        for (int64_t q = 0; q < n; q++) {
+            scan_row row{s->x + (size_t)q * d_, cdis + (size_t)q * np, cids + (size_t)q * np, np,
+                         s->id_limit ? s->id_limit[q] : INT64_MAX, k, s->d + (size_t)q * k, s->l + (size_t)q * k};
+            nd += scan_query(sc, row);
+        }
         if (s->ndis)
             *s->ndis += nd;
         return 0;
@@ -265,7 +852,9 @@ faiss::Index::idx_t nearest_of(const float *cent, size_t d, const float *y, cons
  * outside the set (computed distance >= dnp) has D >= lo = (dnp - 3 eta
  * ||x||^2) / (1 + 2 eta), so ||y - c|| >= sqrt(lo) - eps: if the best of the
  * set is below that, it is y's nearest (and the exact order decides among
- * the set). */
+ * the set). The set of faiss_shim_cq_search holds a fortiori: there every
+ * centroid outside it has a computed distance >= dnp with an error below d
+ * 2^-24 of D, less than the eta (||x||^2 + ||c||^2) allowed here. */
 bool holds_nearest(float best, float dnp, float xn, float eps)
 {
     const float eta = 1e-4f;
@@ -326,6 +915,31 @@ void assign_exact(const faiss::IndexIVF *ix, const float *cent, const faiss_shim
     }
 }
 
+/* What FAISS's IndexIVFPQ::add_core_o does with given lists (residuals,
+ * PQ codes, one entry a key in its list, sequential ids, ntotal), with our
+ * encoder: the keys' residuals to their lists' centroids (as FAISS's
+ * compute_residual: x - c in float), encoded by encode_avx2. */
+void add_encoded(faiss::IndexIVFPQ *ix, const faiss_shim_cq *cq, const faiss_shim_add_in *a,
+                 const std::vector<faiss::Index::idx_t> &lists)
+{
+    const size_t d = (size_t)ix->d, cs = ix->code_size;
+    std::vector<float> r(d);
+    std::vector<uint8_t> code(cs, 0);
+    for (int64_t i = 0; i < a->n; i++) {
+        const float *x = a->keys + (size_t)i * d, *c = cq->cent + (size_t)lists[(size_t)i] * d;
+        for (size_t j = 0; j < d; j++)
+            r[j] = x[j] - c[j];
+        if (cq_avx2_on())
+            encode_avx2(cq, r.data(), code.data());
+        else
+            encode_plain(cq, r.data(), code.data());
+        faiss::Index::idx_t id = ix->ntotal + i;
+        size_t off = ix->invlists->add_entry((size_t)lists[(size_t)i], id, code.data());
+        ix->direct_map.add_single_id(id, lists[(size_t)i], off);
+    }
+    ix->ntotal += a->n;
+}
+
 } // namespace
 
 extern "C" int faiss_shim_add(FaissIndex *idx, const faiss_shim_add_in *a, char *err, size_t errlen)
@@ -339,7 +953,10 @@ extern "C" int faiss_shim_add(FaissIndex *idx, const faiss_shim_add_in *a, char 
             return 0;
         std::vector<faiss::Index::idx_t> lists;
         assign_exact(ix, fq->get_xb(), a, lists);
-        ix->add_core(a->n, a->keys, nullptr, lists.data());
+        if (a->cq && a->cq->ix == ix && ix->direct_map.type == faiss::DirectMap::NoMap)
+            add_encoded(ix, a->cq, a, lists);
+        else
+            ix->add_core(a->n, a->keys, nullptr, lists.data());
         return 0;
     });
 }

@@ -16,6 +16,8 @@
 extern "C" {
 #endif
 
+typedef struct faiss_shim_cq faiss_shim_cq;   /* the pruned exact coarse search, below */
+
 /* idx->search(n, x, k, d, l) with nprobe lists probed when idx is an IVF
  * index (nprobe <= 0: the index's own field); any other index searches as
  * it is. Const on the index: safe beside other searches (not beside adds).
@@ -54,6 +56,7 @@ typedef struct {
     const int64_t *id_limit;
     const float *cdis;
     const int64_t *cids;
+    const faiss_shim_cq *cq;   /* without cdis: the coarse search by cq (or FAISS's when NULL) */
     float *d;
     int64_t *l;
     uint64_t *ndis;
@@ -67,6 +70,33 @@ int faiss_shim_ivfpq_search(const FaissIndex *idx, const faiss_shim_scan *s, cha
  * that), 0 when idx is not an index our scan reads (nothing written), -1 on
  * an error. */
 int faiss_shim_coarse(const FaissIndex *idx, int64_t n, const float *x, int nprobe, float *cdis, int64_t *cids);
+
+/* The coarse quantizer's exact search with far fewer products (faiss_shim_cq_search):
+ * the centroids' top principal axes and what the pruning bound needs of
+ * them, made once from a trained index (faiss_shim_cq_new) and read-only
+ * after: safe to share between concurrent searches. Owned by the caller,
+ * freed by faiss_shim_cq_free (NULL allowed); valid while idx is. */
+
+/* The searcher of idx's coarse quantizer on dp principal axes (dp <= 0:
+ * d / 4, at most 64), or NULL when idx is not an index our scan reads (with
+ * a flat L2 quantizer), when it has fewer centroids than d, or when the
+ * principal axes come out not orthonormal to 1e-4 (the bound would not
+ * hold): callers then use faiss_shim_coarse. */
+faiss_shim_cq *faiss_shim_cq_new(const FaissIndex *idx, int dp);
+void faiss_shim_cq_free(faiss_shim_cq *cq);
+
+/* The coarse search of n queries x for nprobe lists (<= 0: the index's),
+ * as faiss_shim_coarse returns it, but exact: the np centroids nearest to
+ * each query by the sum of squared differences (within d 2^-24 of the true
+ * distance; FAISS's BLAS path from 20 queries on rounds ||x||^2 + ||c||^2 -
+ * 2<x, c> instead), ascending, ties to the lower list -- the same whatever
+ * the batch. Returns np; -1 on an error. */
+int faiss_shim_cq_search(const faiss_shim_cq *cq, int64_t n, const float *x, int nprobe, float *cdis, int64_t *cids);
+
+/* Queries searched and exact centroid distances computed so far (the
+ * pruning's cost: nlist a query without it); bytes the searcher holds. */
+void faiss_shim_cq_stats(const faiss_shim_cq *cq, uint64_t *queries, uint64_t *exact);
+size_t faiss_shim_cq_bytes(const faiss_shim_cq *cq);
 
 /* An add to an IVFPQ index with a flat L2 quantizer, each key to the list
  * of its nearest centroid in exact arithmetic order (fvec_L2sqr), ties to
@@ -83,6 +113,7 @@ typedef struct {
     const float *hint_d;
     const int64_t *hint_l;
     int hint_np;
+    const faiss_shim_cq *cq;   /* or NULL: the keys' PQ codes by our encoder (faiss_shim_cq_new's index only) */
 } faiss_shim_add_in;
 
 /* 1: not such an index (nothing added: use faiss_Index_add), 0 added, -1

@@ -40,6 +40,7 @@ struct nc_unbounded_cache {
     char factory[128];
     char trained_path[1024];
     FaissIndex *idx;              /* IndexFlatL2 while flat, else the IVF index */
+    faiss_shim_cq *cq;            /* idx's pruned exact coarse search, or NULL (FAISS's) */
     bool flat;
     FaissIndex *tmpl;             /* trained empty index waiting for the switch */
     bool switching;               /* an add is filling the IVF index (unlocked) */
@@ -185,6 +186,7 @@ static int compact_index(nc_unbounded_cache *u, char *err, size_t errlen)
     u->idx = ivf;
     u->table_key = key;
     u->flat = false;
+    u->cq = faiss_shim_cq_new(u->idx, 0);   /* its coarse search (NULL: FAISS's) */
     return NC_OK;
 }
 
@@ -253,6 +255,7 @@ void unbounded_cache_free(nc_unbounded_cache *u)
 {
     if (!u)
         return;
+    faiss_shim_cq_free(u->cq);
     if (u->idx) {
         pq_tables_detach(u->idx, u->table_key);
         faiss_Index_free(u->idx);
@@ -275,6 +278,7 @@ void unbounded_cache_free(nc_unbounded_cache *u)
  * copy and the pairs added meanwhile are done under the write lock. */
 typedef struct {
     FaissIndex *ivf;
+    faiss_shim_cq *cq;            /* ivf's coarse search (NULL: FAISS's) */
     float *xb;                    /* copy of the first n stored vectors */
     idx_t n;
     bool light;                   /* ivf is the light template: read the whole one */
@@ -322,10 +326,13 @@ static int switch_begin(nc_unbounded_cache *u, ub_switch_job *job, bool *started
     return NC_OK;
 }
 
-/* faiss_shim's add of n keys, with the hint's coarse search where given */
-static faiss_shim_add_in add_in(size_t n, const float *keys, const nc_ub_coarse *hint)
+/* faiss_shim's add of n keys, with the hint's coarse search (of hint->x,
+ * the keys before rounding) where given and the index's searcher cq (its
+ * PQ encoder: every add to one index encodes the same way, the switch's
+ * fill included) */
+static faiss_shim_add_in add_in(size_t n, const float *keys, const nc_ub_coarse *hint, const faiss_shim_cq *cq)
 {
-    faiss_shim_add_in a = {.n = (int64_t)n, .keys = keys};
+    faiss_shim_add_in a = {.n = (int64_t)n, .keys = keys, .cq = cq};
     if (hint) {
         a.hint_x = hint->x;
         a.hint_d = hint->d;
@@ -335,19 +342,17 @@ static faiss_shim_add_in add_in(size_t n, const float *keys, const nc_ub_coarse 
     return a;
 }
 
-/* n keys into idx: an IVFPQ index places each in the list of its exact
+/* a's keys into idx: an IVFPQ index places each in the list of its exact
  * nearest centroid (faiss_shim_add: the same list whoever adds it, in
- * whatever batch), from the hint's coarse search where it holds it (of
- * hint->x, the keys before rounding); any other index adds as FAISS does. */
-static int index_add(FaissIndex *idx, size_t n, const float *keys, const nc_ub_coarse *hint, char *err,
-                     size_t errlen)
+ * whatever batch), from the hint's coarse search where it holds it; any
+ * other index adds as FAISS does. */
+static int index_add(FaissIndex *idx, const faiss_shim_add_in *a, char *err, size_t errlen)
 {
-    faiss_shim_add_in a = add_in(n, keys, hint);
     char ferr[256];
-    int how = faiss_shim_add(idx, &a, ferr, sizeof ferr);
+    int how = faiss_shim_add(idx, a, ferr, sizeof ferr);
     if (how < 0)
         return nc_error(err, errlen, NC_EFORMAT, "adding to the unbounded index: %s", ferr);
-    if (how == 1 && faiss_Index_add(idx, (idx_t)n, keys))
+    if (how == 1 && faiss_Index_add(idx, (idx_t)a->n, a->keys))
         return faiss_err(err, errlen, "adding to the unbounded index");
     return NC_OK;
 }
@@ -366,9 +371,13 @@ static int switch_fill(const nc_unbounded_cache *u, ub_switch_job *job, char *er
         job->ivf = whole;
         job->light = false;
     }
+    /* the centroids' principal axes (tens of ms at IVF4096), without the
+     * lock, before the fill: it encodes with them */
+    job->cq = faiss_shim_cq_new(job->ivf, 0);
     for (idx_t i = 0; i < job->n; i += chunk) {
         idx_t m = job->n - i < chunk ? job->n - i : chunk;
-        int rc = index_add(job->ivf, (size_t)m, job->xb + (size_t)i * u->o.dim, NULL, err, errlen);
+        faiss_shim_add_in a = add_in((size_t)m, job->xb + (size_t)i * u->o.dim, NULL, job->cq);
+        int rc = index_add(job->ivf, &a, err, errlen);
         if (rc)
             return rc;
     }
@@ -387,17 +396,23 @@ static int switch_finish(nc_unbounded_cache *u, ub_switch_job *job, int rc, char
         size_t xsize = 0;
         faiss_IndexFlat_xb((FaissIndexFlat *)u->idx, &xb, &xsize);
         idx_t n = faiss_Index_ntotal(u->idx);
+        faiss_shim_add_in a = add_in((size_t)(n - job->n), xb + (size_t)job->n * u->o.dim, NULL, job->cq);
         if (n > job->n)
-            rc = index_add(job->ivf, (size_t)(n - job->n), xb + (size_t)job->n * u->o.dim, NULL, err, errlen);
+            rc = index_add(job->ivf, &a, err, errlen);
     }
     if (!rc)
         rc = set_nprobe(u, job->ivf, u->nprobe, err, errlen);
     if (rc) {
+        faiss_shim_cq_free(job->cq);
         pq_tables_detach(job->ivf, job->key);
         faiss_Index_free(job->ivf);
         job->ivf = NULL;
+        job->cq = NULL;
         return rc;
     }
+    faiss_shim_cq_free(u->cq);
+    u->cq = job->cq;
+    job->cq = NULL;
     faiss_Index_free(u->idx);   /* the flat index: no shared table */
     u->idx = job->ivf;
     u->table_key = job->key;
@@ -466,7 +481,8 @@ static void coarse_search(nc_unbounded_cache *u, const float *x, size_t n, int n
     size_t rows = n * (size_t)np;
     if (coarse_reserve(c, rows))
         return;
-    int got = faiss_shim_coarse(u->idx, (int64_t)n, x, np, c->d, c->l);
+    int got = u->cq ? faiss_shim_cq_search(u->cq, (int64_t)n, x, np, c->d, c->l)
+                    : faiss_shim_coarse(u->idx, (int64_t)n, x, np, c->d, c->l);
     if (got <= 0)
         return;
     c->n = n;
@@ -585,7 +601,7 @@ static int add_compact(nc_unbounded_cache *u, const nc_ub_add *a, const float *k
         u->cbuf = c;
         u->lbuf_n = n;
     }
-    faiss_shim_add_in in = add_in(n, keys, hint);
+    faiss_shim_add_in in = add_in(n, keys, hint, NULL);   /* (faiss_shim_encode: FAISS's encoder, the codes logged) */
     char ferr[256];
     if (faiss_shim_encode(u->idx, &in, u->lbuf, u->cbuf, ferr, sizeof ferr) != 0)
         return nc_error(err, errlen, NC_EFORMAT, "encoding for the unbounded index: %s", ferr);
@@ -664,7 +680,8 @@ int unbounded_cache_add_block(nc_unbounded_cache *u, const nc_ub_add *a, int64_t
     }
     if (u->hook && (rc = u->hook(u->hook_ctx, keys, a->words, n, (int64_t)u->nvalues, err, errlen)))
         goto out;
-    if ((rc = index_add(u->idx, n, keys, hint, err, errlen)))
+    faiss_shim_add_in ai = add_in(n, keys, hint, u->cq);
+    if ((rc = index_add(u->idx, &ai, err, errlen)))
         goto out;
     memcpy(u->values + u->nvalues, a->words, n * sizeof(int));
     u->nvalues += n;
@@ -795,7 +812,7 @@ int unbounded_cache_query(nc_unbounded_cache *u, const nc_ub_query *qr, char *er
         const nc_ub_coarse *c = qr->coarse;
         bool shared = c && c->x == queries && c->n == nq && c->np == np && c->gen == u->gen;
         faiss_shim_scan sc = {.n = (int64_t)nq, .x = queries, .k = k, .nprobe = np, .id_limit = id_limit,
-                              .cdis = shared ? c->d : NULL, .cids = shared ? c->l : NULL, .d = d, .l = l,
+                              .cdis = shared ? c->d : NULL, .cids = shared ? c->l : NULL, .cq = u->cq, .d = d, .l = l,
                               .ndis = &nd};
         how = faiss_shim_ivfpq_search(u->idx, &sc, ferr, sizeof ferr);
         if (how == 0) {
@@ -837,6 +854,13 @@ void unbounded_cache_scan_stats(nc_unbounded_cache *u, uint64_t *queries, uint64
 {
     *queries = atomic_load(&u->nsearched);
     *codes = atomic_load(&u->ndis);
+}
+
+void unbounded_cache_coarse_stats(nc_unbounded_cache *u, uint64_t *queries, uint64_t *exact)
+{
+    pthread_rwlock_rdlock(&u->lock);
+    faiss_shim_cq_stats(u->cq, queries, exact);
+    pthread_rwlock_unlock(&u->lock);
 }
 
 void unbounded_cache_version(nc_unbounded_cache *u, int64_t *count, uint64_t *gen)
@@ -881,7 +905,8 @@ size_t unbounded_cache_memory(nc_unbounded_cache *u)
      * holds whatever its size (centroids, precomputed tables) */
     size_t per = u->flat ? (size_t)u->o.dim * sizeof(float) : (size_t)(u->o.dim / 8 + 8);
     size_t m = sizeof *u + u->cap * sizeof(int) + u->nvalues * per + faiss_shim_fixed_bytes(u->idx) -
-               pq_tables_shared_bytes(u->idx, u->table_key);   /* counted once: pq_tables_bytes */
+               pq_tables_shared_bytes(u->idx, u->table_key) +   /* counted once: pq_tables_bytes */
+               faiss_shim_cq_bytes(u->cq);
     pthread_rwlock_unlock(&u->lock);
     return m;
 }
@@ -1013,6 +1038,8 @@ int unbounded_cache_load(const nc_unbounded_cache_opts *o, nc_wordtable *words, 
     /* read without its precomputed table: the one its training shares */
     if (!rc && !u->flat)
         rc = pq_tables_attach(u->idx, &u->table_key, err, errlen);
+    if (!rc && !u->flat)
+        u->cq = faiss_shim_cq_new(u->idx, 0);   /* (wants the attached table: scannable) */
     if (!rc && !(rc = path_join(p, sizeof p, dir, "values.bin", err, errlen)))
         rc = read_values(u, p, err, errlen);
     if (!rc && (idx_t)u->nvalues != faiss_Index_ntotal(u->idx))

@@ -204,6 +204,10 @@ void unbounded_cache_set_search_hook(nc_unbounded_cache *u, unbounded_cache_sear
 /* Queries our own IVFPQ scan answered and the codes it scanned, since the
  * cache was made (benchmarks: codes per query). */
 void unbounded_cache_scan_stats(nc_unbounded_cache *u, uint64_t *queries, uint64_t *codes);
+/* The coarse searches made by the pruned exact search (faiss_shim_cq_search)
+ * and the exact centroid distances they computed (nlist a query unpruned);
+ * 0, 0 while the index is flat or FAISS's quantizer searches. */
+void unbounded_cache_coarse_stats(nc_unbounded_cache *u, uint64_t *queries, uint64_t *exact);
 
 int64_t unbounded_cache_count(nc_unbounded_cache *u);        /* pairs stored */
 /* The pairs stored and the generation of the index (+1 each time it is

@@ -403,6 +403,10 @@ int main(int argc, char **argv)
                        (double)sc / (double)sq);
             else
                 printf("  FAISS searched (BENCH_FAISS_SCAN, or an index our scan does not read)\n");
+            unbounded_cache_coarse_stats(u, &sq, &sc);
+            if (sq)
+                printf("  coarse search (pruned, exact): %llu queries, %.1f exact centroid distances per query\n",
+                       (unsigned long long)sq, (double)sc / (double)sq);
             if (n == check)
                 check_ppl[exact] = ppl_of(lp, q.n);
             fflush(stdout);

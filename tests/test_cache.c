@@ -1072,8 +1072,8 @@ static void lists_of(FaissIndex *idx, int nlist, size_t n, int *list_of)
  * 5e-5), and in the same list whichever way it comes: one batch (FAISS
  * would assign by BLAS), one key a call (FAISS: by direct distances), or
  * from the coarse search of the unrounded keys (the hint of a block's
- * search). The scan then reads the hint's coarse search to the bit as its
- * own. */
+ * search), FAISS's or ours (faiss_shim_cq_search). The scan then reads the
+ * hint's coarse search to the bit as its own. */
 TEST(shim_add_places_keys_at_exact_nearest)
 {
     const int dim = 16, nclust = 25, nlist = 32, np = 4;
@@ -1081,8 +1081,8 @@ TEST(shim_add_places_keys_at_exact_nearest)
     float *cent, *x;
     int *w;
     synth_points(dim, ntrain + n, nclust, &cent, &x, &w);
-    FaissIndex *ix[3] = {NULL, NULL, NULL};
-    for (int v = 0; v < 3; v++) {
+    FaissIndex *ix[4] = {NULL, NULL, NULL, NULL};
+    for (int v = 0; v < 4; v++) {
         CHECK(faiss_index_factory(&ix[v], dim, "IVF32,PQ8np", METRIC_L2) == 0);
         if (!ix[v])
             return;
@@ -1108,8 +1108,17 @@ TEST(shim_add_places_keys_at_exact_nearest)
             break;
         }
     }
-    int *lo[3];
-    for (int v = 0; v < 3; v++) {
+    faiss_shim_cq *cq = faiss_shim_cq_new(ix[3], 0);
+    CHECK(cq != NULL);
+    if (cq) {
+        CHECK(faiss_shim_cq_search(cq, (int64_t)n, keys0, np, cd, cl) == np);
+        faiss_shim_add_in ours = {.n = (int64_t)n, .keys = y, .hint_x = keys0, .hint_d = cd, .hint_l = cl,
+                                  .hint_np = np};
+        CHECKF(faiss_shim_add(ix[3], &ours, err, sizeof err) == 0, "%s", err);
+        faiss_shim_cq_free(cq);
+    }
+    int *lo[4];
+    for (int v = 0; v < 4; v++) {
         CHECK(faiss_Index_ntotal(ix[v]) == (idx_t)n);
         lo[v] = malloc(n * sizeof(int));
         lists_of(ix[v], nlist, n, lo[v]);
@@ -1138,7 +1147,7 @@ TEST(shim_add_places_keys_at_exact_nearest)
         ties += tied;
         if (!tied && lo[0][i] != a1)
             wrong++;
-        if (lo[0][i] != lo[1][i] || lo[0][i] != lo[2][i])
+        if (lo[0][i] != lo[1][i] || lo[0][i] != lo[2][i] || lo[0][i] != lo[3][i])
             differ++;
     }
     CHECKF(wrong == 0 && differ == 0, "%d keys off their nearest list, %d placed differently (%d ties)", wrong,
@@ -1156,7 +1165,7 @@ TEST(shim_add_places_keys_at_exact_nearest)
         CHECKF(faiss_shim_ivfpq_search(ix[0], &sc, err, sizeof err) == 0, "%s", err);
     }
     CHECK(memcmp(d2[0], d2[1], sizeof d2[0]) == 0 && memcmp(l2[0], l2[1], sizeof l2[0]) == 0);
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < 4; v++) {
         free(lo[v]);
         faiss_Index_free(ix[v]);
     }
