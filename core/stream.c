@@ -523,17 +523,24 @@ int stream_word_id(nc_stream *s, const char *word, size_t len)
     return id >= 0 ? id : -1;
 }
 
-int stream_predict(nc_stream *s, bool shares, nc_dist *out, char *err, size_t errlen)
+/* The decoder's logits at h (has_h) in s->logits: the memo's, or made
+ * now and kept in it. */
+static const float *logits_at_h(nc_stream *s)
 {
-    if (!s->has_h)
-        return nc_error(err, errlen, NC_ESTATE, "nothing to predict from yet (no token fed)");
     if (!s->memo.logits || !memo_on()) {
         lstm_logits(wm(s), lstm_state_top(s->st), s->logits);
         s->memo.logits = memo_on();
     } else {
         atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
     }
-    return stream_predict_logits(s, s->logits, shares, out, err, errlen);
+    return s->logits;
+}
+
+int stream_predict(nc_stream *s, bool shares, nc_dist *out, char *err, size_t errlen)
+{
+    if (!s->has_h)
+        return nc_error(err, errlen, NC_ESTATE, "nothing to predict from yet (no token fed)");
+    return stream_predict_logits(s, logits_at_h(s), shares, out, err, errlen);
 }
 
 const float *stream_memo_logits(const nc_stream *s)
@@ -676,8 +683,7 @@ int stream_explain(nc_stream *s, const int *ids, size_t k, int per_source, nc_ex
     int rc = neural_window(s, h, &in, &vals, err, errlen);
     if (!rc && in.nn > 0 && s->p.global_norm) {
         /* eq. 4's normaliser holds the vocabulary's exponentials */
-        lstm_logits(wm(s), h, s->logits);
-        in.logits = s->logits;
+        in.logits = logits_at_h(s);
     }
     /* the search predict runs (also where the gate would skip it: explain
      * shows where the mass would come from) */
