@@ -752,8 +752,31 @@ int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size
     return unbounded_cache_query(u, &q, err, errlen);
 }
 
-/* long: one search from its locks to the reader's words; each step reads the
- * previous one's buffers */
+/* The search's kk candidates a query (d, l) into the reader's k: empty
+ * slots and pairs not yet in M_t skipped, stored values read as the
+ * reader's word ids (model_v: ids from it on are the reader's unk). */
+static void gather_neighbours(const nc_unbounded_cache *u, const nc_ub_query *qr, const float *d, const idx_t *l,
+                              idx_t kk, int model_v)
+{
+    const int k = qr->k;
+    for (size_t q = 0; q < qr->nq; q++) {
+        int got = 0;
+        for (idx_t j = 0; j < kk && got < k; j++) {
+            idx_t id = l[q * kk + j];
+            if (id < 0 || (size_t)id >= u->nvalues)
+                continue;   /* -1: empty probed lists, not a neighbour */
+            if (qr->id_limit && id >= qr->id_limit[q])
+                continue;   /* causal filter: not yet in M_t */
+            qr->out_d2[q * k + got] = d[q * kk + j];
+            int w = u->values[id];
+            qr->out_words[q * k + got] = w < model_v ? w : qr->reader;
+            if (qr->out_ids)
+                qr->out_ids[q * k + got] = id;
+            got++;
+        }
+    }
+}
+
 int unbounded_cache_query(nc_unbounded_cache *u, const nc_ub_query *qr, char *err, size_t errlen)
 {
     const float *queries = qr->queries;
@@ -826,22 +849,7 @@ int unbounded_cache_query(nc_unbounded_cache *u, const nc_ub_query *qr, char *er
     if (how != 0) {
         rc = nc_error(err, errlen, NC_EFORMAT, "unbounded cache search: %s", ferr);
     } else {
-        for (size_t q = 0; q < nq; q++) {
-            int got = 0;
-            for (idx_t j = 0; j < kk && got < k; j++) {
-                idx_t id = l[q * kk + j];
-                if (id < 0 || (size_t)id >= u->nvalues)
-                    continue;   /* -1: empty probed lists, not a neighbour */
-                if (id_limit && id >= id_limit[q])
-                    continue;   /* causal filter: not yet in M_t */
-                out_d2[q * k + got] = d[q * kk + j];
-                int w = u->values[id];
-                out_words[q * k + got] = w < model_v ? w : reader;
-                if (out_ids)
-                    out_ids[q * k + got] = id;
-                got++;
-            }
-        }
+        gather_neighbours(u, qr, d, l, kk, model_v);
     }
     free(d);
     free(l);
