@@ -163,12 +163,14 @@ void radix_sort(uint64_t *v, uint64_t *tmp, size_t n)
 
 /* The scan's scratch, one a call, and what it reads: the index and, when
  * the coarse searcher is there, its transposed codebooks (the tables then
- * come from the residual, residual_tables). */
+ * come from the residual, residual_tables: all the query's lists' at once
+ * into tab [np, M, ksub]); cur: the table of the list being scanned. */
 struct scan_ctx {
     const faiss::IndexIVFPQ *ix;
     const faiss_shim_cq *cq;
     std::vector<float> tab2, tab, dist;
     std::vector<uint64_t> c, tmp;
+    const float *cur = nullptr;
 };
 
 /* One query's inputs and outputs: its np lists (cids, coarse distances
@@ -182,22 +184,39 @@ struct scan_row {
     int64_t *l;
 };
 
-void residual_tables(const faiss_shim_cq *cq, const float *x, faiss::Index::idx_t key, float *tab);
+void residual_tables(const faiss_shim_cq *cq, const float *x, const faiss::Index::idx_t *keys, int np, float *tab);
 
-/* The list's table into sc.tab, and the distance every code of the list
- * adds it to: FAISS's precompute_list_tables_L2 (use_precomputed_table ==
- * 1: T_c - 2 <x_m, q_m>, the coarse distance added), or, with our
- * searcher, ||r_m - q_m||^2 of the residual r = x - c itself (0 added) */
+/* The query's share of its tables, once a query: with our searcher all
+ * its lists' tables ||r_m - q_m||^2 of the residuals r = x - c themselves
+ * into sc.tab [np, M, ksub]; else FAISS's inner-product table into tab2 */
+void query_tables(scan_ctx &sc, const scan_row &q)
+{
+    const faiss::IndexIVFPQ *ix = sc.ix;
+    if (!sc.cq) {
+        ix->pq.compute_inner_prod_table(q.x, sc.tab2.data());
+        return;
+    }
+    const size_t tsz = ix->pq.M * ix->pq.ksub;
+    if (sc.tab.size() < (size_t)q.np * tsz)
+        sc.tab.resize((size_t)q.np * tsz);
+    residual_tables(sc.cq, q.x, q.cids, q.np, sc.tab.data());
+}
+
+/* The list's table (sc.cur), and the distance every code of the list adds
+ * it to: FAISS's precompute_list_tables_L2 (use_precomputed_table == 1:
+ * T_c - 2 <x_m, q_m>, the coarse distance added), or, with our searcher,
+ * the residual's from query_tables (0 added) */
 float list_table(scan_ctx &sc, const scan_row &q, int j)
 {
     const faiss::IndexIVFPQ *ix = sc.ix;
     const size_t tsz = ix->pq.M * ix->pq.ksub;
     if (sc.cq) {
-        residual_tables(sc.cq, q.x, q.cids[j], sc.tab.data());
+        sc.cur = sc.tab.data() + (size_t)j * tsz;
         return 0.0f;
     }
     faiss::fvec_madd(tsz, ix->precomputed_table.data() + (size_t)q.cids[j] * tsz, -2.0f, sc.tab2.data(),
                      sc.tab.data());
+    sc.cur = sc.tab.data();
     return q.cdis[j];
 }
 
@@ -207,8 +226,7 @@ uint64_t scan_query(scan_ctx &sc, const scan_row &q)
 {
     const faiss::IndexIVFPQ *ix = sc.ix;
     const size_t M = ix->pq.M, ksub = ix->pq.ksub, cs = ix->code_size;
-    if (!sc.cq)
-        ix->pq.compute_inner_prod_table(q.x, sc.tab2.data());
+    query_tables(sc, q);
     std::vector<uint64_t> &c = sc.c;
     c.clear();
     uint64_t nd = 0;
@@ -227,7 +245,7 @@ uint64_t scan_query(scan_ctx &sc, const scan_row &q)
         nd += ls;
         if (ls > sc.dist.size())
             sc.dist.resize(ls);
-        list_dists(sc.tab.data(), M, ksub, cp, cs, ls, sc.dist.data());
+        list_dists(sc.cur, M, ksub, cp, cs, ls, sc.dist.data());
         for (size_t m = 0; m < ls; m++)
             if (ip[m] < q.limit)
                 c.push_back(cand_key(dis0 + sc.dist[m], ip[m]));
@@ -510,119 +528,266 @@ inline float sub_residual(const float *x, const float *c, size_t dsub, float *r)
  * - 2 <x_m, q_m(j)>, T_c precomputed at 128 MB for IVF4096,PQ32), to float
  * rounding of terms no larger than those (the tests allow 1e-4 of the
  * distance); computed here in 65,536 products a list from 256 KB of
- * codebooks that stay in cache, where T_c's 32 KB a list came from memory. */
-/* One sub-quantizer's row of it: t [ksub] from r [dsub], rn = ||r||^2, the
- * transposed codebook qT [dsub, ksub] and its norms qn [ksub] */
+ * codebooks that stay in cache, where T_c's 32 KB a list came from memory
+ * (that decomposition with -2 <x_m, q_m(j)> once a query and T_c read a
+ * list measured 12% slower in the cache part: 7,473 against 8,554
+ * tokens/CPU-s). All of a query's lists at once, four to a pass over a
+ * sub-quantizer's codebook: its 8 KB (dsub 8) is read from L2 once for the
+ * four and stays in L1 between them, where a list at a time streamed all
+ * 256 KB once a list.
+ * The same bits at every level: <r_m, q_m(j)> is its dsub products summed
+ * in the order i = 0..dsub-1, each product rounded, then added (no fused
+ * multiply-add: the plain path is compiled for x86-64-v2, which has none,
+ * and ISO C++ does not contract); then (||r_m||^2 + ||q_m(j)||^2) + (-2
+ * <r_m, q_m(j)>), -2 exact. On Zen 4 the product and the sum go to
+ * different pipes: no slower than a fused multiply-add. */
+/* One sub-quantizer's rows for up to four lists (a group of fewer repeats
+ * its last list: the same values written twice): t[l] [ksub] from r[l]
+ * [dsub], rn[l] = ||r[l]||^2, the transposed codebook qT [dsub, ksub] and
+ * its norms qn [ksub]; ksub a multiple of 16 */
 struct sub_table {
-    const float *r, *qT, *qn;
-    float rn;
+    const float *r[4];
+    float rn[4];
+    float *t[4];
+    const float *qT, *qn;
     size_t dsub, ksub;
-    float *t;
 };
 
-__attribute__((target("avx2,fma"))) void sub_table_avx2(const sub_table &s)
+/* (the four lists' sums as named registers: as an array GCC kept them on
+ * the stack) */
+__attribute__((target("avx2"))) void sub_table_avx2(const sub_table &s)
 {
     const size_t dsub = s.dsub, ksub = s.ksub;
-    const __m256 vrn = _mm256_set1_ps(s.rn), m2 = _mm256_set1_ps(-2.0f);
-    if (dsub == 8) {
-        /* IVF4096,PQ32 on 256 dimensions: the sub-vector broadcast once,
-         * not once per eight codewords */
-        __m256 rb[8];
-        for (size_t i = 0; i < 8; i++)
-            rb[i] = _mm256_set1_ps(s.r[i]);
-        for (size_t j = 0; j < ksub; j += 8) {
-            __m256 acc = _mm256_mul_ps(rb[0], _mm256_loadu_ps(s.qT + j));
-            for (size_t i = 1; i < 8; i++)
-                acc = _mm256_fmadd_ps(rb[i], _mm256_loadu_ps(s.qT + i * ksub + j), acc);
-            _mm256_storeu_ps(s.t + j, _mm256_fmadd_ps(m2, acc, _mm256_add_ps(vrn, _mm256_loadu_ps(s.qn + j))));
-        }
-        return;
-    }
+    const float *r0 = s.r[0], *r1 = s.r[1], *r2 = s.r[2], *r3 = s.r[3];
+    const __m256 m2 = _mm256_set1_ps(-2.0f);
     for (size_t j = 0; j < ksub; j += 8) {
-        __m256 acc = _mm256_setzero_ps();
-        for (size_t i = 0; i < dsub; i++)
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(s.r[i]), _mm256_loadu_ps(s.qT + i * ksub + j), acc);
-        _mm256_storeu_ps(s.t + j, _mm256_fmadd_ps(m2, acc, _mm256_add_ps(vrn, _mm256_loadu_ps(s.qn + j))));
+        __m256 q = _mm256_loadu_ps(s.qT + j);
+        __m256 a0 = _mm256_mul_ps(_mm256_set1_ps(r0[0]), q), a1 = _mm256_mul_ps(_mm256_set1_ps(r1[0]), q);
+        __m256 a2 = _mm256_mul_ps(_mm256_set1_ps(r2[0]), q), a3 = _mm256_mul_ps(_mm256_set1_ps(r3[0]), q);
+        for (size_t i = 1; i < dsub; i++) {
+            q = _mm256_loadu_ps(s.qT + i * ksub + j);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_set1_ps(r0[i]), q));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_set1_ps(r1[i]), q));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_set1_ps(r2[i]), q));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_set1_ps(r3[i]), q));
+        }
+        const __m256 qn = _mm256_loadu_ps(s.qn + j);
+        _mm256_storeu_ps(s.t[0] + j, _mm256_add_ps(_mm256_add_ps(_mm256_set1_ps(s.rn[0]), qn), _mm256_mul_ps(m2, a0)));
+        _mm256_storeu_ps(s.t[1] + j, _mm256_add_ps(_mm256_add_ps(_mm256_set1_ps(s.rn[1]), qn), _mm256_mul_ps(m2, a1)));
+        _mm256_storeu_ps(s.t[2] + j, _mm256_add_ps(_mm256_add_ps(_mm256_set1_ps(s.rn[2]), qn), _mm256_mul_ps(m2, a2)));
+        _mm256_storeu_ps(s.t[3] + j, _mm256_add_ps(_mm256_add_ps(_mm256_set1_ps(s.rn[3]), qn), _mm256_mul_ps(m2, a3)));
+    }
+}
+
+__attribute__((target("avx512f"))) void sub_table_avx512(const sub_table &s)
+{
+    const size_t dsub = s.dsub, ksub = s.ksub;
+    const float *r0 = s.r[0], *r1 = s.r[1], *r2 = s.r[2], *r3 = s.r[3];
+    const __m512 m2 = _mm512_set1_ps(-2.0f);
+    for (size_t j = 0; j < ksub; j += 16) {
+        __m512 q = _mm512_loadu_ps(s.qT + j);
+        __m512 a0 = _mm512_mul_ps(_mm512_set1_ps(r0[0]), q), a1 = _mm512_mul_ps(_mm512_set1_ps(r1[0]), q);
+        __m512 a2 = _mm512_mul_ps(_mm512_set1_ps(r2[0]), q), a3 = _mm512_mul_ps(_mm512_set1_ps(r3[0]), q);
+        for (size_t i = 1; i < dsub; i++) {
+            q = _mm512_loadu_ps(s.qT + i * ksub + j);
+            a0 = _mm512_add_ps(a0, _mm512_mul_ps(_mm512_set1_ps(r0[i]), q));
+            a1 = _mm512_add_ps(a1, _mm512_mul_ps(_mm512_set1_ps(r1[i]), q));
+            a2 = _mm512_add_ps(a2, _mm512_mul_ps(_mm512_set1_ps(r2[i]), q));
+            a3 = _mm512_add_ps(a3, _mm512_mul_ps(_mm512_set1_ps(r3[i]), q));
+        }
+        const __m512 qn = _mm512_loadu_ps(s.qn + j);
+        _mm512_storeu_ps(s.t[0] + j, _mm512_add_ps(_mm512_add_ps(_mm512_set1_ps(s.rn[0]), qn), _mm512_mul_ps(m2, a0)));
+        _mm512_storeu_ps(s.t[1] + j, _mm512_add_ps(_mm512_add_ps(_mm512_set1_ps(s.rn[1]), qn), _mm512_mul_ps(m2, a1)));
+        _mm512_storeu_ps(s.t[2] + j, _mm512_add_ps(_mm512_add_ps(_mm512_set1_ps(s.rn[2]), qn), _mm512_mul_ps(m2, a2)));
+        _mm512_storeu_ps(s.t[3] + j, _mm512_add_ps(_mm512_add_ps(_mm512_set1_ps(s.rn[3]), qn), _mm512_mul_ps(m2, a3)));
     }
 }
 
 void sub_table_plain(const sub_table &s)
 {
-    for (size_t j = 0; j < s.ksub; j++) {
-        float acc = 0;
-        for (size_t i = 0; i < s.dsub; i++)
-            acc += s.r[i] * s.qT[i * s.ksub + j];
-        s.t[j] = s.rn + s.qn[j] - 2.0f * acc;
-    }
+    for (int l = 0; l < 4; l++)
+        for (size_t j = 0; j < s.ksub; j++) {
+            float acc = s.r[l][0] * s.qT[j];
+            for (size_t i = 1; i < s.dsub; i++)
+                acc += s.r[l][i] * s.qT[i * s.ksub + j];
+            s.t[l][j] = (s.rn[l] + s.qn[j]) + -2.0f * acc;
+        }
 }
 
-/* The PQ code of a residual r [d]: for each sub-quantizer the nearest of
- * its ksub centroids, by the sum of squared differences (as FAISS's
- * compute_code: no ||r||^2 + ||q||^2 - 2<r, q> cancellation in the
- * comparison that picks the code), ties to the lower index. Eight centroids
- * at a time from the transposed codebooks: FAISS's fvec_L2sqr_ny took 256
- * distances of 8 floats one after the other, 12% of the scoring pass. */
-__attribute__((target("avx2,fma"))) void encode_avx2(const faiss_shim_cq *cq, const float *r, uint8_t *code)
+/* The PQ codes of residuals: for each sub-quantizer the nearest of its ksub
+ * centroids, by the sum of squared differences (as FAISS's compute_code: no
+ * ||r||^2 + ||q||^2 - 2<r, q> cancellation in the comparison that picks the
+ * code), ties to the lower index. From the transposed codebooks, 8 or 16
+ * centroids a register, four keys to a pass over a sub-quantizer's codebook
+ * (8 KB at dsub 8, read from L2 once for the four; FAISS's fvec_L2sqr_ny
+ * took 256 distances of 8 floats one after the other, 12% of the scoring
+ * pass). The same codes at every level: each distance is (r_i - q_i)^2
+ * summed in the order i = 0..dsub-1, a product rounded then added (no fused
+ * multiply-add, as sub_table). A group of fewer than four keys repeats its
+ * last: its code written twice, the same. */
+struct encode_job {
+    const float *r[4];   /* the keys' residual sub-vectors [dsub] */
+    uint8_t *code[4];    /* where each key's code byte goes */
+    const float *qT;     /* [dsub, ksub] the sub-quantizer's codebook, transposed */
+    size_t dsub, ksub;
+};
+
+/* the lowest index among the lanes' minima (lane l holds its own first
+ * minimum: the lowest index of its lanes' values) */
+inline uint8_t argmin_lanes(const float *bv, const int32_t *bx, int n)
 {
-    const size_t dsub = cq->dsub, ksub = cq->ksub;
-    for (size_t m = 0; m < cq->M; m++) {
-        const float *qT = cq->qT.data() + m * dsub * ksub, *rm = r + m * dsub;
-        __m256 best = _mm256_set1_ps(INFINITY);
-        __m256i bi = _mm256_setzero_si256(), idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        const __m256i eight = _mm256_set1_epi32(8);
-        for (size_t j = 0; j < ksub; j += 8) {
-            __m256 acc = _mm256_setzero_ps();
-            for (size_t i = 0; i < dsub; i++) {
-                __m256 t = _mm256_sub_ps(_mm256_set1_ps(rm[i]), _mm256_loadu_ps(qT + i * ksub + j));
-                acc = _mm256_fmadd_ps(t, t, acc);
-            }
-            __m256 lt = _mm256_cmp_ps(acc, best, _CMP_LT_OQ);   /* strict: a lane keeps its lower index */
-            best = _mm256_blendv_ps(best, acc, lt);
-            bi = _mm256_blendv_epi8(bi, idx, _mm256_castps_si256(lt));
-            idx = _mm256_add_epi32(idx, eight);
+    int k = 0;
+    for (int l = 1; l < n; l++)
+        if (bv[l] < bv[k] || (bv[l] == bv[k] && bx[l] < bx[k]))
+            k = l;
+    return (uint8_t)bx[k];
+}
+
+__attribute__((target("avx2"))) void encode_avx2(const encode_job &e)
+{
+    __m256 best[4];
+    __m256i bi[4], idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int l = 0; l < 4; l++)
+        best[l] = _mm256_set1_ps(INFINITY), bi[l] = _mm256_setzero_si256();
+    for (size_t j = 0; j < e.ksub; j += 8) {
+        __m256 q = _mm256_loadu_ps(e.qT + j), t;
+        __m256 a0 = (t = _mm256_sub_ps(_mm256_set1_ps(e.r[0][0]), q), _mm256_mul_ps(t, t));
+        __m256 a1 = (t = _mm256_sub_ps(_mm256_set1_ps(e.r[1][0]), q), _mm256_mul_ps(t, t));
+        __m256 a2 = (t = _mm256_sub_ps(_mm256_set1_ps(e.r[2][0]), q), _mm256_mul_ps(t, t));
+        __m256 a3 = (t = _mm256_sub_ps(_mm256_set1_ps(e.r[3][0]), q), _mm256_mul_ps(t, t));
+        for (size_t i = 1; i < e.dsub; i++) {
+            q = _mm256_loadu_ps(e.qT + i * e.ksub + j);
+            t = _mm256_sub_ps(_mm256_set1_ps(e.r[0][i]), q), a0 = _mm256_add_ps(a0, _mm256_mul_ps(t, t));
+            t = _mm256_sub_ps(_mm256_set1_ps(e.r[1][i]), q), a1 = _mm256_add_ps(a1, _mm256_mul_ps(t, t));
+            t = _mm256_sub_ps(_mm256_set1_ps(e.r[2][i]), q), a2 = _mm256_add_ps(a2, _mm256_mul_ps(t, t));
+            t = _mm256_sub_ps(_mm256_set1_ps(e.r[3][i]), q), a3 = _mm256_add_ps(a3, _mm256_mul_ps(t, t));
         }
+        const __m256 a[4] = {a0, a1, a2, a3};
+        for (int l = 0; l < 4; l++) {
+            __m256 lt = _mm256_cmp_ps(a[l], best[l], _CMP_LT_OQ);   /* strict: a lane keeps its lower index */
+            best[l] = _mm256_blendv_ps(best[l], a[l], lt);
+            bi[l] = _mm256_blendv_epi8(bi[l], idx, _mm256_castps_si256(lt));
+        }
+        idx = _mm256_add_epi32(idx, _mm256_set1_epi32(8));
+    }
+    for (int l = 0; l < 4; l++) {
         float bv[8];
         int32_t bx[8];
-        _mm256_storeu_ps(bv, best);
-        _mm256_storeu_si256(reinterpret_cast<__m256i *>(bx), bi);
-        int k = 0;
-        for (int l = 1; l < 8; l++)
-            if (bv[l] < bv[k] || (bv[l] == bv[k] && bx[l] < bx[k]))
-                k = l;
-        code[m] = (uint8_t)bx[k];
+        _mm256_storeu_ps(bv, best[l]);
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(bx), bi[l]);
+        *e.code[l] = argmin_lanes(bv, bx, 8);
     }
 }
 
-void encode_plain(const faiss_shim_cq *cq, const float *r, uint8_t *code)
+__attribute__((target("avx512f"))) void encode_avx512(const encode_job &e)
 {
-    const size_t dsub = cq->dsub, ksub = cq->ksub;
-    for (size_t m = 0; m < cq->M; m++) {
-        const float *qT = cq->qT.data() + m * dsub * ksub, *rm = r + m * dsub;
+    __m512 best[4];
+    __m512i bi[4], idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int l = 0; l < 4; l++)
+        best[l] = _mm512_set1_ps(INFINITY), bi[l] = _mm512_setzero_si512();
+    for (size_t j = 0; j < e.ksub; j += 16) {
+        __m512 q = _mm512_loadu_ps(e.qT + j), t;
+        __m512 a0 = (t = _mm512_sub_ps(_mm512_set1_ps(e.r[0][0]), q), _mm512_mul_ps(t, t));
+        __m512 a1 = (t = _mm512_sub_ps(_mm512_set1_ps(e.r[1][0]), q), _mm512_mul_ps(t, t));
+        __m512 a2 = (t = _mm512_sub_ps(_mm512_set1_ps(e.r[2][0]), q), _mm512_mul_ps(t, t));
+        __m512 a3 = (t = _mm512_sub_ps(_mm512_set1_ps(e.r[3][0]), q), _mm512_mul_ps(t, t));
+        for (size_t i = 1; i < e.dsub; i++) {
+            q = _mm512_loadu_ps(e.qT + i * e.ksub + j);
+            t = _mm512_sub_ps(_mm512_set1_ps(e.r[0][i]), q), a0 = _mm512_add_ps(a0, _mm512_mul_ps(t, t));
+            t = _mm512_sub_ps(_mm512_set1_ps(e.r[1][i]), q), a1 = _mm512_add_ps(a1, _mm512_mul_ps(t, t));
+            t = _mm512_sub_ps(_mm512_set1_ps(e.r[2][i]), q), a2 = _mm512_add_ps(a2, _mm512_mul_ps(t, t));
+            t = _mm512_sub_ps(_mm512_set1_ps(e.r[3][i]), q), a3 = _mm512_add_ps(a3, _mm512_mul_ps(t, t));
+        }
+        const __m512 a[4] = {a0, a1, a2, a3};
+        for (int l = 0; l < 4; l++) {
+            __mmask16 lt = _mm512_cmp_ps_mask(a[l], best[l], _CMP_LT_OQ);   /* strict, as encode_avx2 */
+            best[l] = _mm512_mask_blend_ps(lt, best[l], a[l]);
+            bi[l] = _mm512_mask_blend_epi32(lt, bi[l], idx);
+        }
+        idx = _mm512_add_epi32(idx, _mm512_set1_epi32(16));
+    }
+    for (int l = 0; l < 4; l++) {
+        float bv[16];
+        int32_t bx[16];
+        _mm512_storeu_ps(bv, best[l]);
+        _mm512_storeu_si512(bx, bi[l]);
+        *e.code[l] = argmin_lanes(bv, bx, 16);
+    }
+}
+
+void encode_plain(const encode_job &e)
+{
+    for (int l = 0; l < 4; l++) {
         float bd = INFINITY;
         size_t b = 0;
-        for (size_t j = 0; j < ksub; j++) {
-            float acc = 0;
-            for (size_t i = 0; i < dsub; i++)
-                acc += (rm[i] - qT[i * ksub + j]) * (rm[i] - qT[i * ksub + j]);
+        for (size_t j = 0; j < e.ksub; j++) {
+            float t = e.r[l][0] - e.qT[j], acc = t * t;
+            for (size_t i = 1; i < e.dsub; i++) {
+                t = e.r[l][i] - e.qT[i * e.ksub + j];
+                acc += t * t;
+            }
             if (acc < bd)
                 bd = acc, b = j;
         }
-        code[m] = (uint8_t)b;
+        *e.code[l] = (uint8_t)b;
     }
 }
 
-void residual_tables(const faiss_shim_cq *cq, const float *x, faiss::Index::idx_t key, float *tab)
+/* The codes [n, M] of n <= 4 residuals r [n, d] */
+void encode_keys(const faiss_shim_cq *cq, const float *r, int n, uint8_t *codes)
 {
-    const float *c = cq->cent + (size_t)key * cq->d;
-    const size_t dsub = cq->dsub, ksub = cq->ksub;
-    float r[64];
+    const size_t d = cq->d, dsub = cq->dsub, ksub = cq->ksub;
+    const char *isa = vm_isa();
+    void (*kernel)(const encode_job &) = std::strcmp(isa, "avx512") == 0 ? encode_avx512
+                                         : std::strcmp(isa, "avx2") == 0 ? encode_avx2
+                                                                          : encode_plain;
     for (size_t m = 0; m < cq->M; m++) {
-        sub_table st{r, cq->qT.data() + m * dsub * ksub, cq->qn.data() + m * ksub,
-                     sub_residual(x + m * dsub, c + m * dsub, dsub, r), dsub, ksub, tab + m * ksub};
-        if (cq_avx2_on())
-            sub_table_avx2(st);
-        else
-            sub_table_plain(st);
+        encode_job e{};
+        for (int l = 0; l < 4; l++) {
+            const int u = l < n ? l : n - 1;
+            e.r[l] = r + (size_t)u * d + m * dsub;
+            e.code[l] = codes + (size_t)u * cq->M + m;
+        }
+        e.qT = cq->qT.data() + m * dsub * ksub, e.dsub = dsub, e.ksub = ksub;
+        kernel(e);
+    }
+}
+
+/* The tables of the query x's lists keys [np] (those < 0 skipped) into tab
+ * [np, M, ksub], four lists to a pass (see sub_table) */
+void residual_tables(const faiss_shim_cq *cq, const float *x, const faiss::Index::idx_t *keys, int np, float *tab)
+{
+    const size_t d = cq->d, dsub = cq->dsub, ksub = cq->ksub, tsz = cq->M * ksub;
+    const char *isa = vm_isa();
+    void (*kernel)(const sub_table &) = std::strcmp(isa, "avx512") == 0 ? sub_table_avx512
+                                        : std::strcmp(isa, "avx2") == 0 ? sub_table_avx2
+                                                                         : sub_table_plain;
+    thread_local std::vector<float> res, rn;   /* [4, d] residuals, [4, M] their sub-norms */
+    res.resize(4 * d), rn.resize(4 * cq->M);
+    for (int j0 = 0; j0 < np; j0 += 4) {
+        int sel[4], n = 0;
+        for (int j = j0; j < np && j < j0 + 4; j++)
+            if (keys[j] >= 0)
+                sel[n++] = j;
+        if (n == 0)
+            continue;
+        for (int l = 0; l < n; l++) {
+            const float *c = cq->cent + (size_t)keys[sel[l]] * d;
+            for (size_t m = 0; m < cq->M; m++)
+                rn[l * cq->M + m] = sub_residual(x + m * dsub, c + m * dsub, dsub, res.data() + l * d + m * dsub);
+        }
+        for (size_t m = 0; m < cq->M; m++) {
+            sub_table st{};
+            for (int l = 0; l < 4; l++) {
+                const int u = l < n ? l : n - 1;
+                st.r[l] = res.data() + u * d + m * dsub;
+                st.rn[l] = rn[u * cq->M + m];
+                st.t[l] = tab + (size_t)sel[u] * tsz + m * ksub;
+            }
+            st.qT = cq->qT.data() + m * dsub * ksub, st.qn = cq->qn.data() + m * ksub;
+            st.dsub = dsub, st.ksub = ksub;
+            kernel(st);
+        }
     }
 }
 
@@ -679,8 +844,8 @@ extern "C" faiss_shim_cq *faiss_shim_cq_new(const FaissIndex *idx, int dp)
                     s += (double)q->P[a * d + j] * q->P[b * d + j];
                 worst = std::max(worst, std::fabs(s - (a == b)));
             }
-        if (worst * (double)q->dp > 1e-4 || ix->pq.dsub > 64)
-            return 1;   /* (residual_tables keeps a sub-vector on its stack) */
+        if (worst * (double)q->dp > 1e-4)
+            return 1;
         cq_scratch w;
         w.fit(nlist, d, q->dp, 0, 0);
         cq_project(q.get(), nlist, q->cent, w);
@@ -918,24 +1083,28 @@ void assign_exact(const faiss::IndexIVF *ix, const float *cent, const faiss_shim
 /* What FAISS's IndexIVFPQ::add_core_o does with given lists (residuals,
  * PQ codes, one entry a key in its list, sequential ids, ntotal), with our
  * encoder: the keys' residuals to their lists' centroids (as FAISS's
- * compute_residual: x - c in float), encoded by encode_avx2. */
+ * compute_residual: x - c in float), encoded by encode_keys. */
 void add_encoded(faiss::IndexIVFPQ *ix, const faiss_shim_cq *cq, const faiss_shim_add_in *a,
                  const std::vector<faiss::Index::idx_t> &lists)
 {
     const size_t d = (size_t)ix->d, cs = ix->code_size;
-    std::vector<float> r(d);
-    std::vector<uint8_t> code(cs, 0);
-    for (int64_t i = 0; i < a->n; i++) {
-        const float *x = a->keys + (size_t)i * d, *c = cq->cent + (size_t)lists[(size_t)i] * d;
-        for (size_t j = 0; j < d; j++)
-            r[j] = x[j] - c[j];
-        if (cq_avx2_on())
-            encode_avx2(cq, r.data(), code.data());
-        else
-            encode_plain(cq, r.data(), code.data());
-        faiss::Index::idx_t id = ix->ntotal + i;
-        size_t off = ix->invlists->add_entry((size_t)lists[(size_t)i], id, code.data());
-        ix->direct_map.add_single_id(id, lists[(size_t)i], off);
+    std::vector<float> r(4 * d);
+    std::vector<uint8_t> code(4 * cs, 0);
+    for (int64_t i0 = 0; i0 < a->n; i0 += 4) {
+        const int n = (int)std::min<int64_t>(4, a->n - i0);
+        for (int l = 0; l < n; l++) {
+            const size_t i = (size_t)i0 + (size_t)l;
+            const float *x = a->keys + i * d, *c = cq->cent + (size_t)lists[i] * d;
+            for (size_t j = 0; j < d; j++)
+                r[(size_t)l * d + j] = x[j] - c[j];
+        }
+        encode_keys(cq, r.data(), n, code.data());
+        for (int l = 0; l < n; l++) {
+            const size_t i = (size_t)i0 + (size_t)l;
+            faiss::Index::idx_t id = ix->ntotal + (faiss::Index::idx_t)i;
+            size_t off = ix->invlists->add_entry((size_t)lists[i], id, code.data() + (size_t)l * cs);
+            ix->direct_map.add_single_id(id, lists[i], off);
+        }
     }
     ix->ntotal += a->n;
 }
