@@ -643,12 +643,29 @@ inline uint8_t argmin_lanes(const float *bv, const int32_t *bx, int n)
     return (uint8_t)bx[k];
 }
 
+/* A lane's running minimum and its index: strictly less replaces, so a
+ * lane keeps its lower index (the minima and indices as named registers:
+ * as arrays GCC kept them on the stack) */
+__attribute__((target("avx2"), always_inline)) inline void keep_min8(__m256 a, __m256i idx, __m256 &best, __m256i &bi)
+{
+    __m256 lt = _mm256_cmp_ps(a, best, _CMP_LT_OQ);
+    best = _mm256_blendv_ps(best, a, lt);
+    bi = _mm256_blendv_epi8(bi, idx, _mm256_castps_si256(lt));
+}
+
+__attribute__((target("avx2"), always_inline)) inline uint8_t argmin8(__m256 best, __m256i bi)
+{
+    float bv[8];
+    int32_t bx[8];
+    _mm256_storeu_ps(bv, best);
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(bx), bi);
+    return argmin_lanes(bv, bx, 8);
+}
+
 __attribute__((target("avx2"))) void encode_avx2(const encode_job &e)
 {
-    __m256 best[4];
-    __m256i bi[4], idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    for (int l = 0; l < 4; l++)
-        best[l] = _mm256_set1_ps(INFINITY), bi[l] = _mm256_setzero_si256();
+    __m256 b0 = _mm256_set1_ps(INFINITY), b1 = b0, b2 = b0, b3 = b0;
+    __m256i i0 = _mm256_setzero_si256(), i1 = i0, i2 = i0, i3 = i0, idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (size_t j = 0; j < e.ksub; j += 8) {
         __m256 q = _mm256_loadu_ps(e.qT + j), t;
         __m256 a0 = (t = _mm256_sub_ps(_mm256_set1_ps(e.r[0][0]), q), _mm256_mul_ps(t, t));
@@ -662,29 +679,34 @@ __attribute__((target("avx2"))) void encode_avx2(const encode_job &e)
             t = _mm256_sub_ps(_mm256_set1_ps(e.r[2][i]), q), a2 = _mm256_add_ps(a2, _mm256_mul_ps(t, t));
             t = _mm256_sub_ps(_mm256_set1_ps(e.r[3][i]), q), a3 = _mm256_add_ps(a3, _mm256_mul_ps(t, t));
         }
-        const __m256 a[4] = {a0, a1, a2, a3};
-        for (int l = 0; l < 4; l++) {
-            __m256 lt = _mm256_cmp_ps(a[l], best[l], _CMP_LT_OQ);   /* strict: a lane keeps its lower index */
-            best[l] = _mm256_blendv_ps(best[l], a[l], lt);
-            bi[l] = _mm256_blendv_epi8(bi[l], idx, _mm256_castps_si256(lt));
-        }
+        keep_min8(a0, idx, b0, i0), keep_min8(a1, idx, b1, i1), keep_min8(a2, idx, b2, i2), keep_min8(a3, idx, b3, i3);
         idx = _mm256_add_epi32(idx, _mm256_set1_epi32(8));
     }
-    for (int l = 0; l < 4; l++) {
-        float bv[8];
-        int32_t bx[8];
-        _mm256_storeu_ps(bv, best[l]);
-        _mm256_storeu_si256(reinterpret_cast<__m256i *>(bx), bi[l]);
-        *e.code[l] = argmin_lanes(bv, bx, 8);
-    }
+    *e.code[0] = argmin8(b0, i0), *e.code[1] = argmin8(b1, i1), *e.code[2] = argmin8(b2, i2), *e.code[3] = argmin8(b3, i3);
+}
+
+__attribute__((target("avx512f"), always_inline)) inline void keep_min16(__m512 a, __m512i idx, __m512 &best,
+                                                                        __m512i &bi)
+{
+    __mmask16 lt = _mm512_cmp_ps_mask(a, best, _CMP_LT_OQ);
+    best = _mm512_mask_blend_ps(lt, best, a);
+    bi = _mm512_mask_blend_epi32(lt, bi, idx);
+}
+
+__attribute__((target("avx512f"), always_inline)) inline uint8_t argmin16(__m512 best, __m512i bi)
+{
+    float bv[16];
+    int32_t bx[16];
+    _mm512_storeu_ps(bv, best);
+    _mm512_storeu_si512(bx, bi);
+    return argmin_lanes(bv, bx, 16);
 }
 
 __attribute__((target("avx512f"))) void encode_avx512(const encode_job &e)
 {
-    __m512 best[4];
-    __m512i bi[4], idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    for (int l = 0; l < 4; l++)
-        best[l] = _mm512_set1_ps(INFINITY), bi[l] = _mm512_setzero_si512();
+    __m512 b0 = _mm512_set1_ps(INFINITY), b1 = b0, b2 = b0, b3 = b0;
+    __m512i i0 = _mm512_setzero_si512(), i1 = i0, i2 = i0, i3 = i0;
+    __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (size_t j = 0; j < e.ksub; j += 16) {
         __m512 q = _mm512_loadu_ps(e.qT + j), t;
         __m512 a0 = (t = _mm512_sub_ps(_mm512_set1_ps(e.r[0][0]), q), _mm512_mul_ps(t, t));
@@ -698,21 +720,12 @@ __attribute__((target("avx512f"))) void encode_avx512(const encode_job &e)
             t = _mm512_sub_ps(_mm512_set1_ps(e.r[2][i]), q), a2 = _mm512_add_ps(a2, _mm512_mul_ps(t, t));
             t = _mm512_sub_ps(_mm512_set1_ps(e.r[3][i]), q), a3 = _mm512_add_ps(a3, _mm512_mul_ps(t, t));
         }
-        const __m512 a[4] = {a0, a1, a2, a3};
-        for (int l = 0; l < 4; l++) {
-            __mmask16 lt = _mm512_cmp_ps_mask(a[l], best[l], _CMP_LT_OQ);   /* strict, as encode_avx2 */
-            best[l] = _mm512_mask_blend_ps(lt, best[l], a[l]);
-            bi[l] = _mm512_mask_blend_epi32(lt, bi[l], idx);
-        }
+        keep_min16(a0, idx, b0, i0), keep_min16(a1, idx, b1, i1), keep_min16(a2, idx, b2, i2);
+        keep_min16(a3, idx, b3, i3);
         idx = _mm512_add_epi32(idx, _mm512_set1_epi32(16));
     }
-    for (int l = 0; l < 4; l++) {
-        float bv[16];
-        int32_t bx[16];
-        _mm512_storeu_ps(bv, best[l]);
-        _mm512_storeu_si512(bx, bi[l]);
-        *e.code[l] = argmin_lanes(bv, bx, 16);
-    }
+    *e.code[0] = argmin16(b0, i0), *e.code[1] = argmin16(b1, i1), *e.code[2] = argmin16(b2, i2);
+    *e.code[3] = argmin16(b3, i3);
 }
 
 void encode_plain(const encode_job &e)
