@@ -320,6 +320,9 @@ namespace {
 
 const float CQ_MARGIN = 1e-3f;   /* relative, of ||x'||^2 + ||c'||^2: see above */
 const size_t CQ_BLOCK = 64;      /* queries a GEMM: G is [64, nlist] floats (1 MB at 4,096) */
+#ifndef CQ_AHEAD
+#define CQ_AHEAD 2
+#endif
 
 /* (d, list) pairs kept sorted ascending, np of them at most */
 struct cq_top {
@@ -479,6 +482,53 @@ inline void cq_prefetch(const faiss_shim_cq *cq, size_t c)
         __builtin_prefetch(p + o);
 }
 
+/* The lists c in [c0, nlist) with lo <= b[c] <= hi, ascending, into cand;
+ * returns how many. The same set at every level (NaN bounds pass at none).
+ * The pass over all 4,096 bounds a query was 5% of the scoring pass as a
+ * scalar loop (its count kept in memory); 16 or 8 bounds a compare now. */
+size_t candidates_plain(const float *b, size_t c0, size_t nlist, float lo, float hi, uint32_t *cand)
+{
+    size_t nc = 0;
+    for (size_t c = c0; c < nlist; c++) {
+        cand[nc] = (uint32_t)c;
+        nc += b[c] <= hi && b[c] >= lo;   /* branch-free: most are pruned */
+    }
+    return nc;
+}
+
+__attribute__((target("avx2"))) size_t candidates_avx2(const float *b, size_t nlist, float lo, float hi,
+                                                        uint32_t *cand)
+{
+    const __m256 vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
+    size_t nc = 0, c = 0;
+    for (; c + 8 <= nlist; c += 8) {
+        const __m256 v = _mm256_loadu_ps(b + c);
+        unsigned m = (unsigned)_mm256_movemask_ps(
+            _mm256_and_ps(_mm256_cmp_ps(v, vhi, _CMP_LE_OQ), _mm256_cmp_ps(v, vlo, _CMP_GE_OQ)));
+        for (; m; m &= m - 1)
+            cand[nc++] = (uint32_t)(c + (size_t)__builtin_ctz(m));
+    }
+    return nc + candidates_plain(b, c, nlist, lo, hi, cand + nc);
+}
+
+__attribute__((target("avx512f"))) size_t candidates_avx512(const float *b, size_t nlist, float lo, float hi,
+                                                             uint32_t *cand)
+{
+    const __m512 vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
+    __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    size_t nc = 0, c = 0;
+    for (; c + 16 <= nlist; c += 16) {
+        const __m512 v = _mm512_loadu_ps(b + c);
+        const __mmask16 m = _mm512_cmp_ps_mask(v, vhi, _CMP_LE_OQ) & _mm512_cmp_ps_mask(v, vlo, _CMP_GE_OQ);
+        if (m) {   /* (compressed in a register: Zen 4 microcodes the compress to memory) */
+            _mm512_storeu_si512(cand + nc, _mm512_maskz_compress_epi32(m, idx));   /* nc + 16 <= c + 16 <= nlist */
+            nc += (size_t)__builtin_popcount((unsigned)m);
+        }
+        idx = _mm512_add_epi32(idx, _mm512_set1_epi32(16));
+    }
+    return nc + candidates_plain(b, c, nlist, lo, hi, cand + nc);
+}
+
 /* The centroids whose bound does not exceed the np-th best exact distance
  * after the seeds, in list order into w.cand; then their exact distances
  * (prefetched two ahead), each while its bound still does not exceed the
@@ -489,15 +539,14 @@ size_t cq_prune(const faiss_shim_cq *cq, const float *x, const float *b, cq_scra
     const cq_top &seed = w.seed;
     cq_top &top = w.top;
     const float bmax = seed.d[seed.n - 1], t0 = top.d[top.n - 1];
-    size_t nc = 0;
-    for (size_t c = 0; c < cq->nlist; c++) {
-        w.cand[nc] = (uint32_t)c;
-        nc += b[c] <= t0 && b[c] >= bmax;   /* branch-free: most are pruned */
-    }
+    const char *isa = vm_isa();
+    const size_t nc = std::strcmp(isa, "avx512") == 0 ? candidates_avx512(b, cq->nlist, bmax, t0, w.cand.data())
+                      : std::strcmp(isa, "avx2") == 0 ? candidates_avx2(b, cq->nlist, bmax, t0, w.cand.data())
+                                                       : candidates_plain(b, 0, cq->nlist, bmax, t0, w.cand.data());
     size_t nex = 0;
     for (size_t i = 0; i < nc; i++) {
-        if (i + 2 < nc)
-            cq_prefetch(cq, w.cand[i + 2]);
+        if (i + CQ_AHEAD < nc)
+            cq_prefetch(cq, w.cand[i + CQ_AHEAD]);
         const size_t c = w.cand[i];
         if (b[c] > top.d[top.n - 1] || (b[c] == bmax && std::find(seed.l.begin(), seed.l.begin() + (long)seed.n,
                                                                    (faiss::Index::idx_t)c) != seed.l.begin() + (long)seed.n))
@@ -621,10 +670,14 @@ void sub_table_plain(const sub_table &s)
  * centroids a register, four keys to a pass over a sub-quantizer's codebook
  * (8 KB at dsub 8, read from L2 once for the four; FAISS's fvec_L2sqr_ny
  * took 256 distances of 8 floats one after the other, 12% of the scoring
- * pass). The same codes at every level: each distance is (r_i - q_i)^2
- * summed in the order i = 0..dsub-1, a product rounded then added (no fused
- * multiply-add, as sub_table). A group of fewer than four keys repeats its
- * last: its code written twice, the same. */
+ * pass). The same codes at every level: each distance is (r_0 - q_0)^2,
+ * then + (r_i - q_i)^2 for i = 1..dsub-1 in order, each by a fused
+ * multiply-add (one rounding; the plain path by std::fma, libm's fmaf,
+ * which is the CPU's own instruction where it has one and exact software
+ * where not): on Zen 4 the subtraction and the sum then share no pipe (the
+ * encoder at 512 bits was bound by its adds: 5.4% of the scoring pass ->
+ * see the commit). A group of fewer than four keys repeats its last: its
+ * code written twice, the same. */
 struct encode_job {
     const float *r[4];   /* the keys' residual sub-vectors [dsub] */
     uint8_t *code[4];    /* where each key's code byte goes */
@@ -646,14 +699,14 @@ inline uint8_t argmin_lanes(const float *bv, const int32_t *bx, int n)
 /* A lane's running minimum and its index: strictly less replaces, so a
  * lane keeps its lower index (the minima and indices as named registers:
  * as arrays GCC kept them on the stack) */
-__attribute__((target("avx2"), always_inline)) inline void keep_min8(__m256 a, __m256i idx, __m256 &best, __m256i &bi)
+__attribute__((target("avx2,fma"), always_inline)) inline void keep_min8(__m256 a, __m256i idx, __m256 &best, __m256i &bi)
 {
     __m256 lt = _mm256_cmp_ps(a, best, _CMP_LT_OQ);
     best = _mm256_blendv_ps(best, a, lt);
     bi = _mm256_blendv_epi8(bi, idx, _mm256_castps_si256(lt));
 }
 
-__attribute__((target("avx2"), always_inline)) inline uint8_t argmin8(__m256 best, __m256i bi)
+__attribute__((target("avx2,fma"), always_inline)) inline uint8_t argmin8(__m256 best, __m256i bi)
 {
     float bv[8];
     int32_t bx[8];
@@ -662,7 +715,7 @@ __attribute__((target("avx2"), always_inline)) inline uint8_t argmin8(__m256 bes
     return argmin_lanes(bv, bx, 8);
 }
 
-__attribute__((target("avx2"))) void encode_avx2(const encode_job &e)
+__attribute__((target("avx2,fma"))) void encode_avx2(const encode_job &e)
 {
     __m256 b0 = _mm256_set1_ps(INFINITY), b1 = b0, b2 = b0, b3 = b0;
     __m256i i0 = _mm256_setzero_si256(), i1 = i0, i2 = i0, i3 = i0, idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -674,10 +727,10 @@ __attribute__((target("avx2"))) void encode_avx2(const encode_job &e)
         __m256 a3 = (t = _mm256_sub_ps(_mm256_set1_ps(e.r[3][0]), q), _mm256_mul_ps(t, t));
         for (size_t i = 1; i < e.dsub; i++) {
             q = _mm256_loadu_ps(e.qT + i * e.ksub + j);
-            t = _mm256_sub_ps(_mm256_set1_ps(e.r[0][i]), q), a0 = _mm256_add_ps(a0, _mm256_mul_ps(t, t));
-            t = _mm256_sub_ps(_mm256_set1_ps(e.r[1][i]), q), a1 = _mm256_add_ps(a1, _mm256_mul_ps(t, t));
-            t = _mm256_sub_ps(_mm256_set1_ps(e.r[2][i]), q), a2 = _mm256_add_ps(a2, _mm256_mul_ps(t, t));
-            t = _mm256_sub_ps(_mm256_set1_ps(e.r[3][i]), q), a3 = _mm256_add_ps(a3, _mm256_mul_ps(t, t));
+            t = _mm256_sub_ps(_mm256_set1_ps(e.r[0][i]), q), a0 = _mm256_fmadd_ps(t, t, a0);
+            t = _mm256_sub_ps(_mm256_set1_ps(e.r[1][i]), q), a1 = _mm256_fmadd_ps(t, t, a1);
+            t = _mm256_sub_ps(_mm256_set1_ps(e.r[2][i]), q), a2 = _mm256_fmadd_ps(t, t, a2);
+            t = _mm256_sub_ps(_mm256_set1_ps(e.r[3][i]), q), a3 = _mm256_fmadd_ps(t, t, a3);
         }
         keep_min8(a0, idx, b0, i0), keep_min8(a1, idx, b1, i1), keep_min8(a2, idx, b2, i2), keep_min8(a3, idx, b3, i3);
         idx = _mm256_add_epi32(idx, _mm256_set1_epi32(8));
@@ -715,10 +768,10 @@ __attribute__((target("avx512f"))) void encode_avx512(const encode_job &e)
         __m512 a3 = (t = _mm512_sub_ps(_mm512_set1_ps(e.r[3][0]), q), _mm512_mul_ps(t, t));
         for (size_t i = 1; i < e.dsub; i++) {
             q = _mm512_loadu_ps(e.qT + i * e.ksub + j);
-            t = _mm512_sub_ps(_mm512_set1_ps(e.r[0][i]), q), a0 = _mm512_add_ps(a0, _mm512_mul_ps(t, t));
-            t = _mm512_sub_ps(_mm512_set1_ps(e.r[1][i]), q), a1 = _mm512_add_ps(a1, _mm512_mul_ps(t, t));
-            t = _mm512_sub_ps(_mm512_set1_ps(e.r[2][i]), q), a2 = _mm512_add_ps(a2, _mm512_mul_ps(t, t));
-            t = _mm512_sub_ps(_mm512_set1_ps(e.r[3][i]), q), a3 = _mm512_add_ps(a3, _mm512_mul_ps(t, t));
+            t = _mm512_sub_ps(_mm512_set1_ps(e.r[0][i]), q), a0 = _mm512_fmadd_ps(t, t, a0);
+            t = _mm512_sub_ps(_mm512_set1_ps(e.r[1][i]), q), a1 = _mm512_fmadd_ps(t, t, a1);
+            t = _mm512_sub_ps(_mm512_set1_ps(e.r[2][i]), q), a2 = _mm512_fmadd_ps(t, t, a2);
+            t = _mm512_sub_ps(_mm512_set1_ps(e.r[3][i]), q), a3 = _mm512_fmadd_ps(t, t, a3);
         }
         keep_min16(a0, idx, b0, i0), keep_min16(a1, idx, b1, i1), keep_min16(a2, idx, b2, i2);
         keep_min16(a3, idx, b3, i3);
@@ -737,7 +790,7 @@ void encode_plain(const encode_job &e)
             float t = e.r[l][0] - e.qT[j], acc = t * t;
             for (size_t i = 1; i < e.dsub; i++) {
                 t = e.r[l][i] - e.qT[i * e.ksub + j];
-                acc += t * t;
+                acc = std::fma(t, t, acc);   /* libm's fmaf: the CPU's FMA where it has one */
             }
             if (acc < bd)
                 bd = acc, b = j;
