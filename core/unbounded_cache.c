@@ -1307,11 +1307,32 @@ static double ub_lambda(const nc_cache_params *p)
     return p->unbounded_lambda;
 }
 
+/* Whether unbounded_cache_kernel_sum is > 0, without its exps: a sum of
+ * weights >= 0 is > 0 exactly when one weight is, and a weight is > 0
+ * exactly where kernel_weights makes it so: θ = 0 (all 1), the Gaussian's
+ * -u²/2 >= UB_EXP_MIN (ub_exp1 gives 0 below, a normal number from there),
+ * the Epanechnikov's u² < 1; u² computed as there. (Half the kernel's
+ * cost a token: the mixture asks this before the probability.) */
+static bool kernel_has_mass(nc_kernel kern, const float *d2, const int *words, int k)
+{
+    double theta2 = bandwidth2(d2, words, k);
+    if (theta2 < 0.0)
+        return false;
+    for (int i = 0; i < k; i++) {
+        if (words[i] < 0)
+            continue;
+        double u2 = theta2 > 0.0 ? (d2[i] > 0.0f ? d2[i] : 0.0) / theta2 : 0.0;
+        if (theta2 <= 0.0 || (kern == NC_KERNEL_GAUSSIAN ? -0.5 * u2 >= UB_EXP_MIN : u2 < 1.0))
+            return true;
+    }
+    return false;
+}
+
 /* on, searched, and some neighbour with kernel mass */
 static bool ub_available(const nc_cache_params *p, const nc_mix_input *in)
 {
     return p->unbounded && in->ub_k > 0 && !in->ub_skipped &&
-           unbounded_cache_kernel_sum(p->kernel, in->ub_d2, in->ub_words, in->ub_k, NULL) > 0.0;
+           kernel_has_mass(p->kernel, in->ub_d2, in->ub_words, in->ub_k);
 }
 
 static double ub_prob(const nc_cache_params *p, const nc_mix_input *in, int x)

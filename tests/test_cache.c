@@ -20,6 +20,7 @@
 #include "harness.h"
 #include "tolerance.h"
 #include "mixture.h"
+#include "components.h"
 #include "mix_input.h"
 #include "stream.h"
 #include "binio.h"
@@ -1553,6 +1554,38 @@ TEST(kernel_weights_naive)
         }
         vm_set_isa(NULL);
         CHECK(nlev >= 2);
+    }
+    /* the mixture's availability (no exps) says what the sum says: the
+     * Gaussian's last weights underflowing (u²/2 past 708) or not, the
+     * Epanechnikov's k-th neighbour at u = 1, θ = 0, no neighbour at all */
+    {
+        nc_cache_params p;
+        cache_params_default(&p);
+        p.unbounded = true;
+        nc_mix_input in = {.ub_d2 = d2, .ub_words = words, .ub_k = K};
+        const nc_component *row = NULL;
+        for (int c = 0; c < NC_NCOMP; c++)
+            if (strcmp(nc_component_rows[c]->name, "unbounded") == 0)
+                row = nc_component_rows[c];
+        CHECK(row != NULL);
+        float keep[K];
+        int masses = 0;
+        memcpy(keep, d2, sizeof keep);
+        /* as made; all at θ's distance (the Epanechnikov's weights all 0);
+         * all past it, unsorted (the Gaussian's underflow to 0 but the
+         * last's); all 0 (θ = 0) */
+        for (int kk = 0; kk < 2; kk++)
+            for (int sc = 0; sc < 4; sc++) {
+                for (int i = 0; i < K; i++)
+                    d2[i] = sc == 0 ? keep[i] : sc == 1 ? keep[K - 1] : sc == 2 ? (i < K - 1 ? 1e6f + keep[i] * 1e4f : keep[i]) : 0.0f;
+                p.kernel = kerns[kk];
+                bool want = unbounded_cache_kernel_sum(kerns[kk], d2, words, K, NULL) > 0.0;
+                CHECKF(row && row->available(&p, &in) == want, "kernel %d, case %d: available %d, sum > 0 %d", kk, sc,
+                       !want, want);
+                masses += want;
+            }
+        memcpy(d2, keep, sizeof keep);
+        CHECKF(masses > 0 && masses < 8, "%d of 8 cases with mass: both answers not tried", masses);
     }
     /* θ = 0 (every distance 0): every weight 1; no neighbour: all 0, sum 0 */
     for (int i = 0; i < K; i++)
