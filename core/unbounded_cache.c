@@ -1243,12 +1243,23 @@ static void sum4(const double *w, int n, double *s)
     s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
 }
 
+/* The k neighbours a kernel pass reads: squared distances, words */
+typedef struct {
+    nc_kernel kern;
+    const float *d2;
+    const int *words;
+    int k;
+} ub_neighbours;
+
 /* The kernel weights of the k neighbours, in chunks of UB_CHUNK (w: all of
  * them, or NULL); their sum, and num (if not NULL) the sum of those whose
  * word is x */
 #define UB_CHUNK 256
-static double kernel_pass(nc_kernel kern, const float *d2, const int *words, int k, double *w, int x, double *num)
+static double kernel_pass(const ub_neighbours *nb, double *w, int x, double *num)
 {
+    const nc_kernel kern = nb->kern;
+    const float *d2 = nb->d2;
+    const int *words = nb->words, k = nb->k;
     double theta2 = bandwidth2(d2, words, k), s[4] = {0, 0, 0, 0}, buf[UB_CHUNK];
     if (theta2 < 0.0)
         return 0.0;
@@ -1269,12 +1280,14 @@ double unbounded_cache_kernel_sum(nc_kernel kern, const float *d2, const int *wo
     if (w && bandwidth2(d2, words, k) < 0.0)
         for (int i = 0; i < k; i++)
             w[i] = 0.0;
-    return kernel_pass(kern, d2, words, k, w, -1, NULL);
+    const ub_neighbours nb = {kern, d2, words, k};
+    return kernel_pass(&nb, w, -1, NULL);
 }
 
 double unbounded_cache_prob(nc_kernel kern, const float *d2, const int *words, int k, int x)
 {
-    double num = 0.0, sum = kernel_pass(kern, d2, words, k, NULL, x, &num);
+    const ub_neighbours nb = {kern, d2, words, k};
+    double num = 0.0, sum = kernel_pass(&nb, NULL, x, &num);
     return sum > 0.0 ? num / sum : 0.0;
 }
 
