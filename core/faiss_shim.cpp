@@ -964,6 +964,25 @@ extern "C" int faiss_shim_ivfpq_search(const FaissIndex *idx, const faiss_shim_s
     });
 }
 
+extern "C" void faiss_shim_pq_dists(const faiss_shim_pq_list *l, float *out)
+{
+    list_dists(l->table, l->M, l->ksub, l->codes, l->code_size, l->n, out);
+}
+
+extern "C" size_t faiss_shim_top_k(const float *d, const int64_t *ids, size_t n, size_t k, float *od, int64_t *ol)
+{
+    std::vector<uint64_t> c(n), tmp(n), best(std::min(n, k));
+    uint32_t lo = UINT32_MAX, hi = 0;
+    for (size_t i = 0; i < n; i++) {
+        c[i] = cand_key(d[i], ids[i]);
+        lo = std::min(lo, key_dist(c[i])), hi = std::max(hi, key_dist(c[i]));
+    }
+    const size_t got = n ? top_keys({c.data(), tmp.data(), best.data(), n, k, lo, hi}) : 0;
+    for (size_t i = 0; i < got; i++)
+        od[i] = cand_dist(best[i]), ol[i] = (int64_t)(uint32_t)best[i];
+    return got;
+}
+
 extern "C" int faiss_shim_coarse(const FaissIndex *idx, int64_t n, const float *x, int nprobe, float *cdis,
                                  int64_t *cids)
 {

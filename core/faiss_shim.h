@@ -64,6 +64,21 @@ typedef struct {
 
 int faiss_shim_ivfpq_search(const FaissIndex *idx, const faiss_shim_scan *s, char *err, size_t errlen);
 
+/* The scan's two kernels alone, for tests/test_scan.c. faiss_shim_pq_dists:
+ * out[i] = sum over s = 0..M-1, in that order, in float, of table[s * ksub
+ * + codes[i * code_size + s]] (FAISS's PQ distance from a look-up table),
+ * for n codes (code_size >= M). faiss_shim_top_k: the k best of n
+ * candidates (distances d [n], ids [n], each id in [0, 2^32)), ascending by
+ * distance then id, into od/ol [min(n, k)]; returns min(n, k). */
+typedef struct {
+    const float *table;           /* [M, ksub] */
+    size_t M, ksub;
+    const uint8_t *codes;         /* [n, code_size] */
+    size_t code_size, n;
+} faiss_shim_pq_list;
+void faiss_shim_pq_dists(const faiss_shim_pq_list *l, float *out);
+size_t faiss_shim_top_k(const float *d, const int64_t *ids, size_t n, size_t k, float *od, int64_t *ol);
+
 /* The coarse search of n queries x for nprobe lists (<= 0: the index's):
  * cdis/cids [n, np], as faiss_shim_ivfpq_search would make it. Returns np
  * (nprobe or the index's, at most its nlist; cdis/cids need room for n x
