@@ -319,35 +319,6 @@ float list_table(scan_ctx &sc, const scan_row &q, int j)
     return q.cdis[j];
 }
 
-/* The lines of [p, p + bytes) brought towards L2: a query's lists are
- * scattered over 40 MB of codes and ids at 1M states, and the scan of each
- * list began by waiting on memory; asked for before the tables are made
- * (~1 us a list), they arrive in time. A prefetch never faults. */
-inline void prefetch_l2(const void *p, size_t bytes)
-{
-    const char *c = static_cast<const char *>(p);
-    for (size_t o = 0; o < bytes; o += 64)
-        __builtin_prefetch(c + o, 0, 2);
-}
-
-/* Every probed list of the query prefetched (prefetch_l2) */
-void prefetch_lists(const faiss::IndexIVFPQ *ix, const scan_row &q)
-{
-    for (int j = 0; j < q.np; j++) {
-        if (q.cids[j] < 0)
-            continue;
-        const size_t key = (size_t)q.cids[j], ls = ix->invlists->list_size(key);
-        if (ls == 0)
-            continue;
-        const uint8_t *cp = ix->invlists->get_codes(key);
-        const faiss::Index::idx_t *ip = ix->invlists->get_ids(key);
-        prefetch_l2(cp, ls * ix->code_size);
-        prefetch_l2(ip, ls * sizeof *ip);
-        ix->invlists->release_codes(key, cp);
-        ix->invlists->release_ids(key, ip);
-    }
-}
-
 /* List j's codes scanned: those the causal filter accepts appended to sc.c
  * as keys (branch-free: most are), sc.lo/hi widened to every scanned
  * distance (a range holding the accepted ones is all select_keys needs).
@@ -387,7 +358,6 @@ uint64_t scan_query(scan_ctx &sc, const scan_row &q)
     const faiss::IndexIVFPQ *ix = sc.ix;
     if (!sc.cq)
         ix->pq.compute_inner_prod_table(q.x, sc.tab2.data());
-    prefetch_lists(ix, q);
     sc.nc = 0, sc.lo = UINT32_MAX, sc.hi = 0;
     uint64_t nd = 0;
     for (int j = 0; j < q.np; j++)

@@ -805,15 +805,19 @@ static void gather_neighbours(const nc_unbounded_cache *u, const nc_ub_query *qr
                               idx_t kk, int model_v)
 {
     const int k = qr->k;
-    const idx_t ahead = 16;   /* each id's word is a random read of values (4 MB at 1M): asked for 16 ids before */
+    /* each id's word is a random read of values (4 MB at 1M states): asked
+     * for 64 ids ahead, across queries (16 ahead, within a query, measured
+     * 4.8% of the scoring pass against 3.9%) */
+    const size_t ahead = 64, total = qr->nq * (size_t)kk;
+    for (size_t i = 0; i < total && i < ahead; i++)
+        if ((size_t)l[i] < u->nvalues)   /* (-1 too) */
+            __builtin_prefetch(u->values + l[i]);
     for (size_t q = 0; q < qr->nq; q++) {
         int got = 0;
-        for (idx_t j = 0; j < kk && j < ahead; j++)
-            if ((size_t)l[q * kk + j] < u->nvalues)   /* (-1 too) */
-                __builtin_prefetch(u->values + l[q * kk + j]);
         for (idx_t j = 0; j < kk && got < k; j++) {
-            if (j + ahead < kk && (size_t)l[q * kk + j + ahead] < u->nvalues)
-                __builtin_prefetch(u->values + l[q * kk + j + ahead]);
+            const size_t i = q * (size_t)kk + (size_t)j + ahead;
+            if (i < total && (size_t)l[i] < u->nvalues)
+                __builtin_prefetch(u->values + l[i]);
             idx_t id = l[q * kk + j];
             if (id < 0 || (size_t)id >= u->nvalues)
                 continue;   /* -1: empty probed lists, not a neighbour */
