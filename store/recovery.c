@@ -201,13 +201,13 @@ int nsstore_log_next(nc_nslog *l, nc_nslog_add *a, char *err, size_t errlen)
         return live;   /* its segments' names now belong to a new incarnation */
     uint64_t upto = wal_durable_seq(l->ns->wal);
     for (;;) {
-        uint64_t seq;
-        const void *payload;
-        size_t len;
-        int rc = wal_reader_next(l->r, upto, &seq, &payload, &len, err, errlen);
+        nc_wal_record rec;
+        int rc = wal_reader_next(l->r, upto, &rec, err, errlen);
         if (rc <= 0)
             return rc;
-        const unsigned char *p = payload;
+        const uint64_t seq = rec.seq;
+        const size_t len = rec.len;
+        const unsigned char *p = rec.payload;
         if (len < 4)
             return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %zu bytes", (unsigned long long)seq, len);
         if (p[0] == REC_DOC)
@@ -472,7 +472,9 @@ static int replay_log(nc_nsstore *ns, nc_nsstore_recovery *info, uint64_t base, 
     ns->replaying = true;
     replay_ctx c = {.ns = ns};
     nc_wal_replay_info wi;
-    rc = wal_replay(ns->waldir, ns->tag, base, replay_record, &c, &wi, err, errlen);
+    const nc_wal_replay_spec spec = {
+        .dir = ns->waldir, .tag = ns->tag, .after = base, .fn = replay_record, .ctx = &c};
+    rc = wal_replay(&spec, &wi, err, errlen);
     ns->replaying = false;
     free(c.keys);
     free(c.ids);
@@ -492,8 +494,12 @@ static int replay_log(nc_nsstore *ns, nc_nsstore_recovery *info, uint64_t base, 
             snprintf(info->warning + strlen(info->warning), sizeof info->warning - strlen(info->warning),
                      "%s%s", info->warning[0] ? "; " : "", wi.warning);
         bool stopped = false;
-        rc = wal_open_or_stopped(ns->waldir, ns->tag, (wi.last_seq > base ? wi.last_seq : base) + 1, ns->sync,
-                                 &ns->wal, &stopped, err, errlen);
+        const nc_wal_open_spec open = {.dir = ns->waldir,
+                                       .tag = ns->tag,
+                                       .next_seq = (wi.last_seq > base ? wi.last_seq : base) + 1,
+                                       .mode = ns->sync,
+                                       .stopped = &stopped};
+        rc = wal_open(&open, &ns->wal, err, errlen);
         if (stopped)
             /* a full disk: everything is recovered and can be read;
              * writes fail (507) until nsstore_heal finds room */
