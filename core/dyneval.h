@@ -92,7 +92,7 @@ size_t dyneval_memory_of(const nc_model *m, int subset);
  * (lr = eta, decay = lambda) on it and starts the next segment from st (the
  * stream's state after the tokens, has_h as the stream's). lr 0 still
  * decays. logits: the k tokens' decoder logits [k, V] from the scoring
- * pass (doc_prepare_in with keep; overwritten), used when the k tokens are a whole
+ * pass (doc_prepare with keep; overwritten), used when the k tokens are a whole
  * segment so that the step needs no second decoder pass; or NULL. */
 int dyneval_push(nc_dyneval *d, const int *ids, size_t k, float *logits, int n, float lr, float decay,
                  const nc_state *st, bool has_h, char *err, size_t errlen);

@@ -25,7 +25,7 @@
  * predict, instead of made twice: a one-word feed + predict pair then runs
  * one decoder GEMV (V x H) and one coarse search, not two. Only what those
  * would make to the bit is kept: logits of lstm_logits with the stream's
- * weights (doc_prepare_in says where a feed makes the same), the coarse
+ * weights (doc_prepare says where a feed makes the same), the coarse
  * search of h alone. Cleared by all that moves h or the weights: feed
  * (dynamic evaluation's steps are in it), reset, new parameters; an
  * imported or cloned stream starts without one. */
@@ -401,7 +401,7 @@ static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *lo
         return nc_error(err, errlen, NC_ENOMEM, "stream state");
     lstm_state_copy(st, s->st);
     nc_wordtable *words = s->p.open_vocab ? s->words : NULL, *mem = adapt && s->ub ? unbounded_cache_words(s->ub) : NULL;
-    /* the memo of the predict at this h (doc_prepare_in: used where it is
+    /* the memo of the predict at this h (doc_prepare: used where it is
      * the same to the bit); the gate sink needs p_vocab's statistics, which
      * only the pass without kept logits computes for a model without a gate
      * (the step then runs its own decoder pass) */
@@ -409,7 +409,7 @@ static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *lo
     nc_doc_prep in = {.m = wm(s), .s = st, .has_h = s->has_h, .toks = toks, .words = words, .mem_words = mem,
                       .keep = logits != NULL && !s->gate_f, .vocab_stats = s->gate_f != NULL,
                       .logits0 = memo ? s->logits : NULL};
-    int rc = doc_prepare_in(&in, &d, err, errlen);
+    int rc = doc_prepare(&in, &d, err, errlen);
     if (memo && toks->n <= 2)
         atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
     double *lp = logprobs;
@@ -431,7 +431,7 @@ static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *lo
             c.pre0_words = s->memo.words;
             atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
         }
-        rc = doc_score(d, &s->p, &c, 0, lp, err, errlen);
+        rc = doc_score(d, &s->p, &c, lp, err, errlen);
     }
     if (lp != logprobs)
         free(lp);
@@ -1237,7 +1237,7 @@ int stream_rescore(nc_stream *s, const nc_tokens *conts, size_t n, double **logp
             nc_doc_caches c = {.neural = s->neural.size ? &s->neural : NULL,
                                .unigram = s->unigram.size ? &s->unigram : NULL,
                                .ub = s->ub, .adapt = false};
-            rc = doc_score(docs[i], &s->p, &c, 0, logprobs[i], err, errlen);
+            rc = doc_score(docs[i], &s->p, &c, logprobs[i], err, errlen);
         }
         undo_restore(s, &u);
     }
