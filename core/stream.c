@@ -144,7 +144,8 @@ static int dyn_start(nc_stream *s, const nc_cache_params *p, char *err, size_t e
     s->dyn = NULL;
     if (p->dyn_lr <= 0.0f)
         return NC_OK;
-    return dyneval_new(s->m, p->dyn_params, s->st, s->has_h, &s->dyn, err, errlen);
+    const nc_dyn_segment start = {.s0 = s->st, .has_h = s->has_h};
+    return dyneval_new(s->m, p->dyn_params, &start, &s->dyn, err, errlen);
 }
 
 static int setup_caches(nc_stream *s, char *err, size_t errlen)
@@ -294,8 +295,9 @@ static int dyn_for_params(const nc_stream *s, const nc_cache_params *p, nc_dynev
                             "adapted (set dyn_lr 0 and let them decay, or reset the session)");
         *replace = true;
     }
+    const nc_dyn_segment start = {.s0 = s->st, .has_h = s->has_h};
     if ((*replace || !s->dyn) && p->dyn_lr > 0.0f)
-        return dyneval_new(s->m, p->dyn_params, s->st, s->has_h, dyn_new, err, errlen);
+        return dyneval_new(s->m, p->dyn_params, &start, dyn_new, err, errlen);
     return NC_OK;
 }
 
@@ -489,9 +491,10 @@ static int feed_parts(nc_stream *s, const nc_tokens *toks, bool adapt, double *l
         bool whole = dyneval_pending(s->dyn) == 0 && (int)k == s->p.dyn_segment && s->p.dyn_lr > 0.0f;
         float *logits = NULL;
         rc = feed_part(s, &part, adapt, logprobs ? logprobs + j0 : NULL, whole ? &logits : NULL, err, errlen);
+        const nc_dyn_fed fed = {.ids = part.ids, .k = k, .logits = logits, .st = s->st, .has_h = s->has_h};
+        const nc_dyn_rule rule = {.segment = s->p.dyn_segment, .lr = s->p.dyn_lr, .decay = s->p.dyn_decay};
         if (!rc)
-            rc = dyneval_push(s->dyn, part.ids, k, logits, s->p.dyn_segment, s->p.dyn_lr, s->p.dyn_decay, s->st,
-                              s->has_h, err, errlen);
+            rc = dyneval_push(s->dyn, &fed, &rule, err, errlen);
         nc_free(logits);
         j0 += k;
         if (!rc && s->p.dyn_lr <= 0.0f && dyneval_pending(s->dyn) == 0 && dyneval_at_rest(s->dyn)) {
