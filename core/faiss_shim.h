@@ -33,9 +33,9 @@ int faiss_shim_search(const FaissIndex *idx, int64_t n, const float *x, int64_t 
  * Σ_m (T_c[m][code_m] - 2 <x_m, q_m(code_m)>)) summed in the same order --
  * but keeping every candidate the causal filter accepts (id < id_limit[q]
  * when id_limit is non-NULL) in an array and selecting the k smallest
- * (nth_element, then a sort of those k) instead of pushing them through a
- * heap of k: at k = 1,024 FAISS's heap and its final reordering were half
- * of the search (BENCHMARKS.md "Unbounded cache at 1M states"). Results as
+ * (a radix select on the distance bits, then a radix sort of those k)
+ * instead of pushing them through a heap of k: at k = 1,024 FAISS's heap
+ * and its final reordering were half of the search (BENCHMARKS.md "Unbounded cache at 1M states"). Results as
  * FAISS's: d[n, k] ascending, l[n, k] ids, -1 (and d +inf) past the last
  * found; ties broken by id. *ndis (if non-NULL) += codes scanned.
  * Returns 0; 1 when idx is not such an index (the caller searches with
