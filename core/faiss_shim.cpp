@@ -322,15 +322,21 @@ float list_table(scan_ctx &sc, const scan_row &q, int j)
     return q.cdis[j];
 }
 
-/* The keys (cand_key) of a list's ls scanned distances sc.dist (plus dis0)
- * and ids ip appended to sc.c, those of ids >= limit dropped; sc.lo/hi
- * widened to every scanned distance (a range holding the accepted ones is
- * all select_keys needs). Four at a time with SSE4 (the build's baseline):
- * the same float sums and bits as cand_key; the causal filter's drops,
- * rare (a block's own newest pairs), then by a scalar pass. */
-void list_keys(scan_ctx &sc, const scan_row &q, float dis0, const faiss::Index::idx_t *ip, size_t ls)
+/* A run of list_keys: the range of the distance bits so far, the ids
+ * >= limit seen, and the codes done */
+struct key_run {
+    uint32_t lo, hi;
+    size_t rejected, m;
+};
+
+/* list_keys's codes four at a time with SSE4.2 (the default build's
+ * baseline, x86-64-v2; checked at run time for other builds): the same
+ * float sums and bits as cand_key. Returns the run after the last full
+ * group of four. */
+__attribute__((target("sse4.2"))) key_run keys_sse42(const scan_ctx &sc, const scan_row &q, float dis0,
+                                                     const faiss::Index::idx_t *ip, size_t ls)
 {
-    uint64_t *c = sc.c.data() + sc.nc;
+    uint64_t *c = const_cast<uint64_t *>(sc.c.data()) + sc.nc;
     const float *dist = sc.dist.data();
     const __m128 v0 = _mm_set1_ps(dis0);
     /* id >= limit as id > limit - 1 (ids are >= 0: a limit <= 0 drops all) */
@@ -354,17 +360,29 @@ void list_keys(scan_ctx &sc, const scan_row &q, float dis0, const faiss::Index::
     uint64_t r[2];
     _mm_storeu_si128(reinterpret_cast<__m128i *>(lo), vlo), _mm_storeu_si128(reinterpret_cast<__m128i *>(hi), vhi);
     _mm_storeu_si128(reinterpret_cast<__m128i *>(r), rej);
-    size_t rejected = (size_t)(r[0] + r[1]);
-    for (; m < ls; m++) {
-        c[m] = cand_key(dis0 + dist[m], ip[m]);
-        lo[0] = std::min(lo[0], key_dist(c[m])), hi[0] = std::max(hi[0], key_dist(c[m]));
-        rejected += ip[m] >= q.limit;
+    return {std::min({lo[0], lo[1], lo[2], lo[3]}), std::max({hi[0], hi[1], hi[2], hi[3]}), (size_t)(r[0] + r[1]), m};
+}
+
+/* The keys (cand_key) of a list's ls scanned distances sc.dist (plus dis0)
+ * and ids ip appended to sc.c, those of ids >= limit dropped; sc.lo/hi
+ * widened to every scanned distance (a range holding the accepted ones is
+ * all select_keys needs). Four at a time (keys_sse42); the causal filter's
+ * drops, rare (a block's own newest pairs), then by a scalar pass. */
+void list_keys(scan_ctx &sc, const scan_row &q, float dis0, const faiss::Index::idx_t *ip, size_t ls)
+{
+    static const bool sse42 = __builtin_cpu_supports("sse4.2");
+    key_run kr = sse42 ? keys_sse42(sc, q, dis0, ip, ls) : key_run{sc.lo, sc.hi, 0, 0};
+    uint64_t *c = sc.c.data() + sc.nc;
+    for (size_t m = kr.m; m < ls; m++) {
+        c[m] = cand_key(dis0 + sc.dist[m], ip[m]);
+        kr.lo = std::min(kr.lo, key_dist(c[m])), kr.hi = std::max(kr.hi, key_dist(c[m]));
+        kr.rejected += ip[m] >= q.limit;
     }
-    sc.lo = std::min({lo[0], lo[1], lo[2], lo[3]}), sc.hi = std::max({hi[0], hi[1], hi[2], hi[3]});
+    sc.lo = kr.lo, sc.hi = kr.hi;
     size_t n = ls;
-    if (rejected) {
+    if (kr.rejected) {
         n = 0;
-        for (m = 0; m < ls; m++)
+        for (size_t m = 0; m < ls; m++)
             c[n] = c[m], n += ip[m] < q.limit;
     }
     sc.nc += n;
