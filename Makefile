@@ -178,7 +178,7 @@ $(BUILD)/tests/fuzz_%: $(BUILD)/obj/tests/fuzz_%.o $(LIBSERVER) $(LIBSTORE) $(LI
 # Checks of the source itself (layering, function length, the lock list of
 # docs/threads.md), each printing "N passed, N failed" like a test binary.
 CHECK_SCRIPTS := $(sort $(wildcard tests/check_*.sh))
-NUMERIC_TESTS := lstm cache cache_ref cache_cli score train model model_errors namespace gate vocab_modes
+NUMERIC_TESTS := lstm cache cache_ref scan cache_cli score train model model_errors namespace gate vocab_modes
 NUMERIC_BINS := $(patsubst %,$(BUILD)/tests/test_%,$(NUMERIC_TESTS))
 PROBE_TREE := BUILD=build/probe BIN=build/probe/bin NC_PROBE=1
 PROBE_BINS := build/probe/bin/neurocached build/probe/tests/component/test_probe

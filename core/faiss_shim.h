@@ -33,9 +33,9 @@ int faiss_shim_search(const FaissIndex *idx, int64_t n, const float *x, int64_t 
  * Σ_m (T_c[m][code_m] - 2 <x_m, q_m(code_m)>)) summed in the same order --
  * but keeping every candidate the causal filter accepts (id < id_limit[q]
  * when id_limit is non-NULL) in an array and selecting the k smallest
- * (nth_element, then a sort of those k) instead of pushing them through a
- * heap of k: at k = 1,024 FAISS's heap and its final reordering were half
- * of the search (BENCHMARKS.md "Unbounded cache at 1M states"). Results as
+ * (a radix select on the distance bits, then a radix sort of those k)
+ * instead of pushing them through a heap of k: at k = 1,024 FAISS's heap
+ * and its final reordering were half of the search (BENCHMARKS.md "Unbounded cache at 1M states"). Results as
  * FAISS's: d[n, k] ascending, l[n, k] ids, -1 (and d +inf) past the last
  * found; ties broken by id. *ndis (if non-NULL) += codes scanned.
  * Returns 0; 1 when idx is not such an index (the caller searches with
@@ -63,6 +63,21 @@ typedef struct {
 } faiss_shim_scan;
 
 int faiss_shim_ivfpq_search(const FaissIndex *idx, const faiss_shim_scan *s, char *err, size_t errlen);
+
+/* The scan's two kernels alone, for tests/test_scan.c. faiss_shim_pq_dists:
+ * out[i] = sum over s = 0..M-1, in that order, in float, of table[s * ksub
+ * + codes[i * code_size + s]] (FAISS's PQ distance from a look-up table),
+ * for n codes (code_size >= M). faiss_shim_top_k: the k best of n
+ * candidates (distances d [n], ids [n], each id in [0, 2^32)), ascending by
+ * distance then id, into od/ol [min(n, k)]; returns min(n, k). */
+typedef struct {
+    const float *table;           /* [M, ksub] */
+    size_t M, ksub;
+    const uint8_t *codes;         /* [n, code_size] */
+    size_t code_size, n;
+} faiss_shim_pq_list;
+void faiss_shim_pq_dists(const faiss_shim_pq_list *l, float *out);
+size_t faiss_shim_top_k(const float *d, const int64_t *ids, size_t n, size_t k, float *od, int64_t *ol);
 
 /* The coarse search of n queries x for nprobe lists (<= 0: the index's):
  * cdis/cids [n, np], as faiss_shim_ivfpq_search would make it. Returns np

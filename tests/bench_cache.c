@@ -103,7 +103,7 @@ static int static_pass(const nc_model *m, const nc_tokens *q, nc_doc **d, double
     doc_free(*d);
     *d = NULL;
     double t0 = now(), c0 = cpu();
-    int rc = doc_prepare(m, s, true, q, NULL, NULL, d, err, sizeof err);
+    int rc = doc_prepare(&(nc_doc_prep){.m = m, .s = s, .has_h = true, .toks = q}, d, err, sizeof err);
     *t_lstm = now() - t0;
     *c_lstm = cpu() - c0;
     nc_cache_params p;
@@ -111,7 +111,7 @@ static int static_pass(const nc_model *m, const nc_tokens *q, nc_doc **d, double
     nc_doc_caches none = {0};
     double c1 = cpu();
     if (rc == 0)
-        rc = doc_score(*d, &p, &none, 0, lp, err, sizeof err);
+        rc = doc_score(*d, &p, &none, lp, err, sizeof err);
     *c_static = *c_lstm + cpu() - c1;
     lstm_state_free(s);
     lstm_work_free(w);
@@ -420,7 +420,7 @@ int main(int argc, char **argv)
                 if (search_threads > 1)
                     openblas_set_num_threads(1);
                 perf_ctl("enable");
-                if (doc_score(d, &p, &dc, 0, lp, err, sizeof err)) {
+                if (doc_score(d, &p, &dc, lp, err, sizeof err)) {
                     fprintf(stderr, "bench_cache: %s\n", err);
                     return 1;
                 }
@@ -477,7 +477,7 @@ int main(int argc, char **argv)
                 double c0 = cpu();
                 if (search_threads > 1)
                     openblas_set_num_threads(1);
-                if (doc_score(d, &pg, &gc, 0, lp2, err, sizeof err)) {
+                if (doc_score(d, &pg, &gc, lp2, err, sizeof err)) {
                     fprintf(stderr, "bench_cache: %s\n", err);
                     return 1;
                 }
@@ -504,7 +504,7 @@ int main(int argc, char **argv)
         for (int exact = 0; exact < 2; exact++) {
             nc_unbounded_cache *u = make_ub(H, argv[2], exact, &ms, check, &t_add);
             nc_doc_caches dc = {.ub = u, .adapt = true};
-            if (doc_score(d, &p, &dc, 0, exact ? lp2 : lp, err, sizeof err)) {
+            if (doc_score(d, &p, &dc, exact ? lp2 : lp, err, sizeof err)) {
                 fprintf(stderr, "bench_cache: %s\n", err);
                 return 1;
             }
