@@ -1041,9 +1041,7 @@ void encode_keys(const faiss_shim_cq *cq, const float *r, int n, uint8_t *codes)
 {
     const size_t d = cq->d, dsub = cq->dsub, ksub = cq->ksub;
     const char *isa = vm_isa();
-    void (*kernel)(const encode_job &) = std::strcmp(isa, "avx512") == 0 ? encode_avx512
-                                         : std::strcmp(isa, "avx2") == 0 ? encode_avx2
-                                                                          : encode_plain;
+    const int lv = std::strcmp(isa, "avx512") == 0 ? 2 : std::strcmp(isa, "avx2") == 0;
     for (size_t m = 0; m < cq->M; m++) {
         encode_job e{};
         for (int l = 0; l < 4; l++) {
@@ -1052,7 +1050,12 @@ void encode_keys(const faiss_shim_cq *cq, const float *r, int n, uint8_t *codes)
             e.code[l] = codes + (size_t)u * cq->M + m;
         }
         e.qT = cq->qT.data() + m * dsub * ksub, e.dsub = dsub, e.ksub = ksub;
-        kernel(e);
+        if (lv == 2)   /* (direct calls: UBSan's check of calls through pointers needs its C++ runtime) */
+            encode_avx512(e);
+        else if (lv == 1)
+            encode_avx2(e);
+        else
+            encode_plain(e);
     }
 }
 
@@ -1062,9 +1065,7 @@ void residual_tables(const faiss_shim_cq *cq, const float *x, const faiss::Index
 {
     const size_t d = cq->d, dsub = cq->dsub, ksub = cq->ksub, tsz = cq->M * ksub;
     const char *isa = vm_isa();
-    void (*kernel)(const sub_table &) = std::strcmp(isa, "avx512") == 0 ? sub_table_avx512
-                                        : std::strcmp(isa, "avx2") == 0 ? sub_table_avx2
-                                                                         : sub_table_plain;
+    const int lv = std::strcmp(isa, "avx512") == 0 ? 2 : std::strcmp(isa, "avx2") == 0;
     thread_local std::vector<float> res, rn;   /* [4, d] residuals, [4, M] their sub-norms */
     res.resize(4 * d), rn.resize(4 * cq->M);
     for (int j0 = 0; j0 < np; j0 += 4) {
@@ -1089,7 +1090,12 @@ void residual_tables(const faiss_shim_cq *cq, const float *x, const faiss::Index
             }
             st.qT = cq->qT.data() + m * dsub * ksub, st.qn = cq->qn.data() + m * ksub;
             st.dsub = dsub, st.ksub = ksub;
-            kernel(st);
+            if (lv == 2)
+                sub_table_avx512(st);
+            else if (lv == 1)
+                sub_table_avx2(st);
+            else
+                sub_table_plain(st);
         }
     }
 }
