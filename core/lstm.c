@@ -190,6 +190,24 @@ static inline void recurrent_gemv(const nc_lstm_layer *ly, int G, int H, const f
         cblas_sgemv(CblasRowMajor, CblasNoTrans, G, H, 1.0f, ly->w_hh, H, h, 1, 1.0f, gates, 1);
 }
 
+/* gates = b_ih + b_hh + W_ih x for one input row: with the binary16 copy
+ * a GEMV at half the bytes (the one-token feed's input projection; an
+ * OpenBLAS GEMM of one row packs W_ih first), else float32 GEMV. */
+static inline void input_gemv(const nc_lstm_layer *ly, int G, const float *x, float *gates)
+{
+    memcpy(gates, ly->b_sum, (size_t)G * sizeof(float));
+    if (ly->w_ih_f16)
+        vm_gemv_f16(ly->w_ih_f16, G, ly->input_size, x, gates);
+    else
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, G, ly->input_size, 1.0f, ly->w_ih, ly->input_size, x, 1, 1.0f,
+                    gates, 1);
+}
+
+/* Up to this many positions, lstm_forward_seq's input projection is a
+ * GEMV a row: a daemon's feed is a word or a few, and OpenBLAS's GEMM
+ * packs all of W_ih (1 MB) before multiplying a single row. */
+#define LSTM_GEMV_ROWS 4
+
 void lstm_step(const nc_model *m, nc_state *s, int token, nc_lstm_work *w)
 {
     const int H = m->cfg.hidden_size, G = 4 * H;
@@ -199,9 +217,7 @@ void lstm_step(const nc_model *m, nc_state *s, int token, nc_lstm_work *w)
         const nc_lstm_layer *ly = &m->layers[k];
         float *h = s->h + (size_t)k * H, *c = s->c + (size_t)k * H;
         /* gates = W_ih x + W_hh h + (b_ih + b_hh) */
-        memcpy(w->gates, ly->b_sum, (size_t)G * sizeof(float));
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, G, ly->input_size, 1.0f, ly->w_ih, ly->input_size, x, 1, 1.0f,
-                    w->gates, 1);
+        input_gemv(ly, G, x, w->gates);
         recurrent_gemv(ly, G, H, h, w->gates);
         lstm_cell(w->gates, h, c, H);
         x = h;
@@ -241,10 +257,15 @@ int lstm_forward_seq(const nc_model *m, nc_state *s, const int *tokens, size_t T
             float *out = k == L - 1 ? hidden + t0 * (size_t)H : xout;
             /* Input projections of the whole block in one GEMM:
              * gates[nb, 4H] = xin[nb, in] W_ih^T + b_sum. */
-            for (size_t t = 0; t < nb; t++)
-                memcpy(gates + t * (size_t)G, ly->b_sum, (size_t)G * sizeof(float));
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, G, ly->input_size, 1.0f, xin,
-                        ly->input_size, ly->w_ih, ly->input_size, 1.0f, gates, G);
+            if (nb <= LSTM_GEMV_ROWS) {
+                for (size_t t = 0; t < nb; t++)
+                    input_gemv(ly, G, xin + t * (size_t)ly->input_size, gates + t * (size_t)G);
+            } else {
+                for (size_t t = 0; t < nb; t++)
+                    memcpy(gates + t * (size_t)G, ly->b_sum, (size_t)G * sizeof(float));
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, G, ly->input_size, 1.0f, xin,
+                            ly->input_size, ly->w_ih, ly->input_size, 1.0f, gates, G);
+            }
             /* The recurrence is inherently sequential. */
             for (size_t t = 0; t < nb; t++) {
                 float *g = gates + t * (size_t)G;
@@ -272,11 +293,11 @@ int lstm_forward_seq(const nc_model *m, nc_state *s, const int *tokens, size_t T
 /* ------------------------------------------------------------------------ */
 /* Decoder and softmax                                                       */
 
+/* One row is lstm_logits_rows of one: the same bits as that row in any
+ * batch (a session's memo may come from the batcher). */
 void lstm_logits(const nc_model *m, const float *h, float *logits)
 {
-    const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
-    memcpy(logits, m->decoder_b, (size_t)V * sizeof(float));
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, V, H, 1.0f, m->decoder_w, H, h, 1, 1.0f, logits, 1);
+    lstm_logits_rows(m, h, 1, logits);
 }
 
 void lstm_logits_batch(const nc_model *m, const float *hidden, size_t T, float *logits)
@@ -305,7 +326,13 @@ void lstm_logits_rows(const nc_model *m, const float *hidden, size_t T, float *l
     const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
     for (size_t t = 0; t < T; t++)
         memcpy(logits + t * (size_t)V, m->decoder_b, (size_t)V * sizeof(float));
-    if (T > 0)
+    if (T == 0)
+        return;
+    /* both kernels are batch-invariant (vmath.h); the binary16 copy is the
+     * same weights at half the bytes read */
+    if (m->decoder_f16)
+        vm_gemm_nt_f16(hidden, m->decoder_f16, logits, (int)T, V, H);
+    else
         vm_gemm_nt(hidden, m->decoder_w, logits, (int)T, V, H);
 }
 
