@@ -349,6 +349,14 @@ static void block_neural(score_run *s, size_t b0, size_t nb)
         K = d->q + lo * H;
         s->kvals = d->ids + lo;
         s->c0 = (int)(b0 - lo);
+    } else if (nb == 1) {
+        /* one position (a daemon's one-word feed): the window's dots read
+         * in place, as a predict reads them, not a copy of the window (200
+         * kB for 200 keys) and a one-row GEMM that packs it again */
+        s->c0 = neural_cache_export(nc, NULL, s->kv);
+        if (s->c0 > 0)
+            neural_cache_dots(nc, Q, s->dots);
+        return;
     } else {
         s->c0 = neural_cache_export(nc, s->keys, s->kv);
         if (nb > 1) {
