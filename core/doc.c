@@ -162,9 +162,9 @@ static int doc_logits(const prep_input *in, nc_doc *d, char *err, size_t errlen)
         float *lb = keep ? d->logits + j0 * (size_t)V : logits;
         if (keep)   /* a segment of dynamic evaluation: a few rows, decoder read in place */
             lstm_logits_rows(m, d->q + j0 * H, nb, lb);
-        else if (j0 == 0 && in->logits0 && nb <= 2) {
+        else if (j0 == 0 && in->logits0 && nb <= LSTM_LOGITS_ROWS_MAX) {
             /* row 0 as the caller made it: lstm_logits, as lstm_logits_batch
-             * makes each of one or two rows, so the same bits */
+             * makes each of up to LSTM_LOGITS_ROWS_MAX rows, so the same bits */
             memcpy(lb, in->logits0, (size_t)V * sizeof(float));
             lstm_logits_batch(m, d->q + H, nb - 1, lb + V);
         } else

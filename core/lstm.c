@@ -190,23 +190,24 @@ static inline void recurrent_gemv(const nc_lstm_layer *ly, int G, int H, const f
         cblas_sgemv(CblasRowMajor, CblasNoTrans, G, H, 1.0f, ly->w_hh, H, h, 1, 1.0f, gates, 1);
 }
 
-/* gates = b_ih + b_hh + W_ih x for one input row: with the binary16 copy
- * a GEMV at half the bytes (the one-token feed's input projection; an
- * OpenBLAS GEMM of one row packs W_ih first), else float32 GEMV. */
-static inline void input_gemv(const nc_lstm_layer *ly, int G, const float *x, float *gates)
+/* gates[t] = b_ih + b_hh + W_ih x[t] for nb input rows, W_ih read in
+ * place: its binary16 copy when it has one (vm_gemm_nt_f16: half the bytes,
+ * read once for all rows; a row's sums the same bits however many rows),
+ * else float32 (vm_gemm_nt). For a daemon's feed of a word or a few:
+ * OpenBLAS's GEMM packs all of W_ih (1 MB) before multiplying one row. */
+static void input_rows(const nc_lstm_layer *ly, int G, const float *x, size_t nb, float *gates)
 {
-    memcpy(gates, ly->b_sum, (size_t)G * sizeof(float));
+    for (size_t t = 0; t < nb; t++)
+        memcpy(gates + t * (size_t)G, ly->b_sum, (size_t)G * sizeof(float));
     if (ly->w_ih_f16)
-        vm_gemv_f16(ly->w_ih_f16, G, ly->input_size, x, gates);
+        vm_gemm_nt_f16(x, ly->w_ih_f16, gates, (int)nb, G, ly->input_size);
     else
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, G, ly->input_size, 1.0f, ly->w_ih, ly->input_size, x, 1, 1.0f,
-                    gates, 1);
+        vm_gemm_nt(x, ly->w_ih, gates, (int)nb, G, ly->input_size);
 }
 
-/* Up to this many positions, lstm_forward_seq's input projection is a
- * GEMV a row: a daemon's feed is a word or a few, and OpenBLAS's GEMM
- * packs all of W_ih (1 MB) before multiplying a single row. */
-#define LSTM_GEMV_ROWS 4
+/* Up to this many positions lstm_forward_seq's input projection is
+ * input_rows (as lstm_step's); longer blocks are one GEMM. */
+#define LSTM_ROWS_MAX 32
 
 void lstm_step(const nc_model *m, nc_state *s, int token, nc_lstm_work *w)
 {
@@ -217,7 +218,7 @@ void lstm_step(const nc_model *m, nc_state *s, int token, nc_lstm_work *w)
         const nc_lstm_layer *ly = &m->layers[k];
         float *h = s->h + (size_t)k * H, *c = s->c + (size_t)k * H;
         /* gates = W_ih x + W_hh h + (b_ih + b_hh) */
-        input_gemv(ly, G, x, w->gates);
+        input_rows(ly, G, x, 1, w->gates);
         recurrent_gemv(ly, G, H, h, w->gates);
         lstm_cell(w->gates, h, c, H);
         x = h;
@@ -257,9 +258,8 @@ int lstm_forward_seq(const nc_model *m, nc_state *s, const int *tokens, size_t T
             float *out = k == L - 1 ? hidden + t0 * (size_t)H : xout;
             /* Input projections of the whole block in one GEMM:
              * gates[nb, 4H] = xin[nb, in] W_ih^T + b_sum. */
-            if (nb <= LSTM_GEMV_ROWS) {
-                for (size_t t = 0; t < nb; t++)
-                    input_gemv(ly, G, xin + t * (size_t)ly->input_size, gates + t * (size_t)G);
+            if (nb <= LSTM_ROWS_MAX) {
+                input_rows(ly, G, xin, nb, gates);
             } else {
                 for (size_t t = 0; t < nb; t++)
                     memcpy(gates + t * (size_t)G, ly->b_sum, (size_t)G * sizeof(float));
@@ -305,14 +305,14 @@ void lstm_logits_batch(const nc_model *m, const float *hidden, size_t T, float *
     const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
     if (T == 0)
         return;
-    /* a row or two (a daemon's one-word feed): one GEMV a row. OpenBLAS's
-     * GEMM packs the whole V x H decoder first (10 MB for the demo model),
-     * which took ~1.5 ms of a one-word feed's ~4 ms in the daemon (perf,
-     * BENCHMARKS "The daemon with a 1M-entry namespace"); a GEMV reads it
-     * once a row */
-    if (T <= 2) {
-        for (size_t t = 0; t < T; t++)
-            lstm_logits(m, hidden + t * (size_t)H, logits + t * (size_t)V);
+    /* a few rows (a daemon's feed of a few words): OpenBLAS's GEMM packs the
+     * whole V x H decoder first (10 MB for the demo model), which took ~1.5
+     * ms of a one-word feed's ~4 ms in the daemon; lstm_logits_rows reads
+     * it in place, once for all rows, as fast as the GEMM up to ~64 rows
+     * with the binary16 copy (V = 10,000, H = 256: 60-70 us a row from 8
+     * rows on, GEMM 120-150 at 8 rows, 70 at 64) */
+    if (T <= LSTM_LOGITS_ROWS_MAX) {
+        lstm_logits_rows(m, hidden, T, logits);
         return;
     }
     for (size_t t = 0; t < T; t++)

@@ -55,9 +55,11 @@ int lstm_forward_seq(const nc_model *m, nc_state *s, const int *tokens, size_t T
 
 /* Decoder logits: logits[V] = W_dec h + b_dec; lstm_logits_rows of one row. */
 void lstm_logits(const nc_model *m, const float *h, float *logits);
-/* Decoder over a block: logits[T, V] = hidden[T, H] W_dec^T + b (one GEMM;
- * one or two rows: lstm_logits each, the same bits). */
+/* Decoder over a block: logits[T, V] = hidden[T, H] W_dec^T + b: one GEMM,
+ * or up to LSTM_LOGITS_ROWS_MAX rows (a daemon's feed of a few words),
+ * lstm_logits_rows -- each row then the same bits as lstm_logits alone. */
 void lstm_logits_batch(const nc_model *m, const float *hidden, size_t T, float *logits);
+#define LSTM_LOGITS_ROWS_MAX 32
 /* The same for a few rows (a batch of sessions' predicts, a segment of
  * dynamic evaluation) with the decoder read in place -- its binary16 copy
  * when the model has one (vm_gemm_nt_f16), else vm_gemm_nt -- instead of
