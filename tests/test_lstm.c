@@ -577,6 +577,14 @@ TEST(decoder_gemm_small_matches_naive)
             for (int j = 1; j < N; j++)
                 moved += y2[j] != y3[j - 1];
             CHECKF(moved == 0, "%s %dx%dx%d: %zu dots change with their row's place", isas[a], R, N, K, moved);
+            /* and a row of x alone (a lone tile) gives the batch's bits */
+            for (int r = 0; r < R; r++) {
+                for (int j = 0; j < N; j++)
+                    y2[j] = (float)(r * N + j) * 0.25f;
+                vm_gemm_nt(x + (size_t)r * K, w, y2, 1, N, K);
+                moved += memcmp(y2, y + (size_t)r * N, (size_t)N * sizeof(float)) != 0;
+            }
+            CHECKF(moved == 0, "%s %dx%dx%d: %zu rows change alone", isas[a], R, N, K, moved);
             free(y2), free(y3);
             free(x), free(w), free(p), free(y), free(z);
         }
