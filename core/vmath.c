@@ -613,15 +613,22 @@ __attribute__((target("avx2,fma,f16c"))) static void f16_tile2_avx2(const float 
     _mm_storeu_ps(s + 4, hsum4_256(b0, b1, b2, b3));
 }
 
+/* A level's two tiles; the driver below runs either level's. */
+typedef struct {
+    void (*one)(const float *x, const uint16_t *const *w, int k, float *s);   /* x against 8 rows of w */
+    void (*two)(const float *x0, const float *x1, const uint16_t *const *w, int k, float *s);   /* 2 x 4 */
+} f16_tiles;
+
+typedef struct {
+    int rows, n, k;
+} nt_shape;
+
 /* w is read once for all rows of x: a tile of w (a few KB) stays in L1
- * while every row (pair) of x passes over it. */
-__attribute__((target("avx2,fma,f16c"))) static void gemm_nt_f16_avx2(const float *x, const uint16_t *w, float *y,
-                                                                       int rows, int n, int k)
+ * while every row pair of x passes over it; a last odd row takes eight
+ * rows of w at a time. */
+static void gemm_nt_f16_tiled(const f16_tiles *t, const float *x, const uint16_t *w, float *y, const nt_shape *sh)
 {
-    if (k % 8 != 0) {
-        gemm_nt_f16_scalar(x, w, y, rows, n, k);
-        return;
-    }
+    const int rows = sh->rows, n = sh->n, k = sh->k;
     const uint16_t *wr[8];
     float s[8];
     for (int j = 0; j < n; j += 4) {
@@ -629,17 +636,27 @@ __attribute__((target("avx2,fma,f16c"))) static void gemm_nt_f16_avx2(const floa
         tile_rows_f16(w, n, k, j, 4, wr);
         int r = 0;
         for (; r + 2 <= rows; r += 2) {
-            f16_tile2_avx2(x + (size_t)r * k, x + (size_t)(r + 1) * k, wr, k, s);
+            t->two(x + (size_t)r * k, x + (size_t)(r + 1) * k, wr, k, s);
             add_dropped(y + (size_t)r * n + j, s, nw);
             add_dropped(y + (size_t)(r + 1) * n + j, s + 4, nw);
         }
-        if (r < rows && j % 8 == 0) {   /* the last row: eight rows of w at a time */
+        if (r < rows && j % 8 == 0) {
             const int nw8 = n - j < 8 ? n - j : 8;
             tile_rows_f16(w, n, k, j, 8, wr);
-            f16_tile1_avx2(x + (size_t)r * k, wr, k, s);
+            t->one(x + (size_t)r * k, wr, k, s);
             add_dropped(y + (size_t)r * n + j, s, nw8);
         }
     }
+}
+
+static void gemm_nt_f16_avx2(const float *x, const uint16_t *w, float *y, int rows, int n, int k)
+{
+    static const f16_tiles tiles = {f16_tile1_avx2, f16_tile2_avx2};
+    const nt_shape sh = {rows, n, k};
+    if (k % 8 != 0)
+        gemm_nt_f16_scalar(x, w, y, rows, n, k);
+    else
+        gemm_nt_f16_tiled(&tiles, x, w, y, &sh);
 }
 #undef H8
 
@@ -678,33 +695,16 @@ __attribute__((target("avx512f"))) static void f16_tile2_avx512(const float *x0,
 }
 #undef H16
 
-/* the AVX2 driver's loop with 16-lane tiles; other k go to the AVX2 one
- * (k alone decides, so still one order a result) */
-__attribute__((target("avx512f"))) static void gemm_nt_f16_avx512(const float *x, const uint16_t *w, float *y,
-                                                                   int rows, int n, int k)
+/* 16-lane tiles; other k go to the AVX2 ones (k alone decides, so still
+ * one order a result) */
+static void gemm_nt_f16_avx512(const float *x, const uint16_t *w, float *y, int rows, int n, int k)
 {
-    if (k % 16 != 0) {
+    static const f16_tiles tiles = {f16_tile1_avx512, f16_tile2_avx512};
+    const nt_shape sh = {rows, n, k};
+    if (k % 16 != 0)
         gemm_nt_f16_avx2(x, w, y, rows, n, k);
-        return;
-    }
-    const uint16_t *wr[8];
-    float s[8];
-    for (int j = 0; j < n; j += 4) {
-        const int nw = n - j < 4 ? n - j : 4;
-        tile_rows_f16(w, n, k, j, 4, wr);
-        int r = 0;
-        for (; r + 2 <= rows; r += 2) {
-            f16_tile2_avx512(x + (size_t)r * k, x + (size_t)(r + 1) * k, wr, k, s);
-            add_dropped(y + (size_t)r * n + j, s, nw);
-            add_dropped(y + (size_t)(r + 1) * n + j, s + 4, nw);
-        }
-        if (r < rows && j % 8 == 0) {
-            const int nw8 = n - j < 8 ? n - j : 8;
-            tile_rows_f16(w, n, k, j, 8, wr);
-            f16_tile1_avx512(x + (size_t)r * k, wr, k, s);
-            add_dropped(y + (size_t)r * n + j, s, nw8);
-        }
-    }
+    else
+        gemm_nt_f16_tiled(&tiles, x, w, y, &sh);
 }
 
 /* ---- dispatch -------------------------------------------------------- */

@@ -1,7 +1,7 @@
 /* test_server_batcher.c -- the predict batcher (server/batcher.c) in
  * process, with batches forced deterministically: a blocking job holds the
  * only batch thread while predictions queue, so the next batch takes them
- * all (one GEMM). Each job checks the logits it is handed against the
+ * all (one pass over the decoder). Each job checks the logits it is handed against the
  * stream's own unbatched prediction; a session queued twice waits for a
  * later batch; a stopped batcher runs jobs inline. */
 #include <math.h>
@@ -107,6 +107,25 @@ static void session_fed(nc_session *s, nc_model *m, const nc_cache_params *p, co
     tokens_clear(&t);
 }
 
+/* The blocker job on session s holds the only batch thread until
+ * release_thread: the jobs submitted meanwhile form the next batch. */
+static void hold_thread(batcher *b, pjob *blocker, nc_session *s)
+{
+    *blocker = (pjob){.job = {.s = s, .run = blocker_run, .done = predict_done}};
+    batcher_submit(b, &blocker->job);
+    pthread_mutex_lock(&mu);
+    while (!blocker_in) pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+}
+
+static void release_thread(void)
+{
+    pthread_mutex_lock(&mu);
+    blocker_release = 1;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+}
+
 TEST(batches_match_unbatched)
 {
     char err[NC_ERRLEN];
@@ -125,25 +144,19 @@ TEST(batches_match_unbatched)
 
     /* 1. A blocker holds the thread (on session NS); eight predictions and a
      * second one on session 0 queue; then one batch takes them. */
-    pjob blocker = {.job = {.s = &s[NS], .run = blocker_run, .done = predict_done}};
-    batcher_submit(b, &blocker.job);
-    pthread_mutex_lock(&mu);
-    while (!blocker_in) pthread_cond_wait(&cv, &mu);
-    pthread_mutex_unlock(&mu);
+    pjob blocker;
+    hold_thread(b, &blocker, &s[NS]);
     pjob jobs[NS + 1];
     memset(jobs, 0, sizeof jobs);
     for (int i = 0; i <= NS; i++) {
         jobs[i].job = (batch_job){.s = &s[i < NS ? i : 0], .run = predict_run, .done = predict_done};
         batcher_submit(b, &jobs[i].job);
     }
-    pthread_mutex_lock(&mu);
-    blocker_release = 1;
-    pthread_cond_broadcast(&cv);
-    pthread_mutex_unlock(&mu);
+    release_thread();
     wait_completed(NS + 2);
     uint64_t batches = 0, njobs = 0;
     batcher_stats(b, &batches, &njobs);
-    /* blocker alone, the eight sessions in one GEMM, session 0's second job
+    /* blocker alone, the eight sessions in one pass, session 0's second job
      * (its lock was taken in that batch) alone after it */
     CHECKF(batches == 3 && njobs == NS + 2, "%llu batches, %llu jobs", (unsigned long long)batches,
            (unsigned long long)njobs);
@@ -311,21 +324,15 @@ static void batch_rows_memo(const char *fixture)
     if (!b) return;
     blocker_in = blocker_release = 0;
     completed = 0;
-    pjob blocker = {.job = {.s = &s[NS], .run = blocker_run, .done = predict_done}};
-    batcher_submit(b, &blocker.job);
-    pthread_mutex_lock(&mu);
-    while (!blocker_in) pthread_cond_wait(&cv, &mu);
-    pthread_mutex_unlock(&mu);
+    pjob blocker;
+    hold_thread(b, &blocker, &s[NS]);
     cjob c[NS];
     memset(c, 0, sizeof c);
     for (int i = 0; i < NS; i++) {
         c[i].job = (batch_job){.s = &s[i], .run = capture_run, .done = capture_done};
         batcher_submit(b, &c[i].job);
     }
-    pthread_mutex_lock(&mu);
-    blocker_release = 1;
-    pthread_cond_broadcast(&cv);
-    pthread_mutex_unlock(&mu);
+    release_thread();
     wait_completed(NS + 1);
     uint64_t batches = 0, njobs = 0;
     batcher_stats(b, &batches, &njobs);
