@@ -67,13 +67,6 @@ static int table_id(const nc_model *m, nc_wordtable *t, const nc_tokens *toks, s
     return id;
 }
 
-int doc_prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks,
-                nc_wordtable *words, nc_wordtable *mem_words, nc_doc **out, char *err,
-                size_t errlen)
-{
-    return doc_prepare_ex(m, s, has_h, toks, words, mem_words, m->gate != NULL, out, err, errlen);
-}
-
 /* Rows of a logits block: DOC_LOGIT_BLOCK at most, of the rows there are
  * (from first to n). A generated token's feed of one needs 40 kB, not 5 MB:
  * over malloc's mmap threshold that was a mapping made and unmapped per
@@ -84,38 +77,22 @@ static size_t block_rows(size_t n, size_t first)
     return rows < DOC_LOGIT_BLOCK ? rows : DOC_LOGIT_BLOCK;
 }
 
-/* What prepare works from: doc_prepare_ex's and doc_prepare_in's
- * arguments, one struct so that its pieces share them. */
-typedef struct {
-    const nc_model *m;
-    nc_state *s;                  /* advanced over the tokens */
-    bool has_h;
-    const nc_tokens *toks;
-    nc_wordtable *words, *mem_words;
-    bool vocab_stats;             /* gate features: entropy, max and argmax of each row */
-    bool keep;                    /* keep every row's logits in d->logits */
-    const float *logits0;         /* row 0's logits made by the caller, or NULL (nc_doc_prep) */
-} prep_input;
+/* The pieces of prepare below read its arguments as doc_prepare settles
+ * them: vocab_stats also when the model has a gate, logits0 only with
+ * has_h. */
+static int prepare(const nc_doc_prep *in, nc_doc **out, char *err, size_t errlen);
 
-static int prepare(const prep_input *in, nc_doc **out, char *err, size_t errlen);
-
-int doc_prepare_ex(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
-                   nc_wordtable *mem_words, bool vocab_stats, nc_doc **out, char *err, size_t errlen)
+int doc_prepare(const nc_doc_prep *a, nc_doc **out, char *err, size_t errlen)
 {
-    const prep_input in = {m, s, has_h, toks, words, mem_words, vocab_stats, false, NULL};
-    return prepare(&in, out, err, errlen);
-}
-
-int doc_prepare_in(const nc_doc_prep *a, nc_doc **out, char *err, size_t errlen)
-{
-    const prep_input in = {a->m, a->s, a->has_h, a->toks, a->words, a->mem_words, a->vocab_stats || a->m->gate,
-                           a->keep, a->has_h ? a->logits0 : NULL};
+    nc_doc_prep in = *a;
+    in.vocab_stats = a->vocab_stats || a->m->gate;
+    in.logits0 = a->has_h ? a->logits0 : NULL;
     return prepare(&in, out, err, errlen);
 }
 
 /* d->ids (and d->mem_ids) from the tokens, growing the word tables with
  * the OOV words met, and d->vfull: |V_full| before each token (causal). */
-static int doc_ids(const prep_input *in, nc_doc *d, char *err, size_t errlen)
+static int doc_ids(const nc_doc_prep *in, nc_doc *d, char *err, size_t errlen)
 {
     const nc_model *m = in->m;
     const nc_tokens *toks = in->toks;
@@ -142,7 +119,7 @@ static int doc_ids(const prep_input *in, nc_doc *d, char *err, size_t errlen)
 /* The LSTM over the tokens (d->q), then the decoder's logits block by
  * block, of which a document keeps log Z, the target's logit and, for the
  * gate, the vocabulary statistics (all rows' logits too if in->keep). */
-static int doc_logits(const prep_input *in, nc_doc *d, char *err, size_t errlen)
+static int doc_logits(const nc_doc_prep *in, nc_doc *d, char *err, size_t errlen)
 {
     const nc_model *m = in->m;
     const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
@@ -183,7 +160,7 @@ static int doc_logits(const prep_input *in, nc_doc *d, char *err, size_t errlen)
     return rc;
 }
 
-static int prepare(const prep_input *in, nc_doc **out, char *err, size_t errlen)
+static int prepare(const nc_doc_prep *in, nc_doc **out, char *err, size_t errlen)
 {
     const nc_model *m = in->m;
     const size_t n = in->toks->n;
@@ -503,9 +480,10 @@ static int block_mix(score_run *s, size_t b0, size_t nb, double *logprobs, char 
     return NC_OK;
 }
 
-int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_t block,
-              double *logprobs, char *err, size_t errlen)
+int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, double *logprobs, char *err,
+              size_t errlen)
 {
+    const size_t block = c ? c->block : 0;
     const size_t n = d->n;
     int rc = cache_params_validate(p, err, errlen);
     if (rc)
@@ -536,12 +514,14 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_
     return rc;
 }
 
-int doc_neighbours(const nc_doc *d, const nc_cache_params *p, nc_unbounded_cache *ub, bool adapt,
-                   size_t block, float *d2, int *words, char *err, size_t errlen)
+int doc_neighbours(const nc_doc *d, const nc_cache_params *p, const nc_doc_knn *kn, char *err, size_t errlen)
 {
     const int k = p->knn, H = d->dim;
-    if (block == 0)
-        block = DOC_SCORE_BLOCK;
+    const size_t block = kn->block ? kn->block : DOC_SCORE_BLOCK;
+    nc_unbounded_cache *ub = kn->ub;
+    const bool adapt = kn->adapt;
+    float *d2 = kn->d2;
+    int *words = kn->words;
     for (size_t i = 0; i < d->first * (size_t)k && i < d->n * (size_t)k; i++) {
         d2[i] = 0.0f;
         words[i] = -1;

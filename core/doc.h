@@ -46,7 +46,7 @@ typedef struct {
     int *v_argmax;
     const float *dec_w, *dec_b;   /* the model's decoder (borrowed), for p_vocab of one word */
     float *logits;                /* [n, V] decoder logits of row j (rows >= first), kept by
-                                   * doc_prepare_in with keep, for dynamic evaluation's gradient; else NULL */
+                                   * doc_prepare with keep, for dynamic evaluation's gradient; else NULL */
 } nc_doc;
 
 /* Empty document with room for n tokens (fields to be filled by the caller:
@@ -54,47 +54,42 @@ typedef struct {
 int doc_alloc(int dim, int V, size_t n, nc_doc **out, char *err, size_t errlen);
 void doc_free(nc_doc *d);        /* NULL allowed */
 
-/* Runs the model over toks from state s (advanced in place to after the last
- * token). has_h: s already holds an h_t that predicts toks[0] (a session, or a
- * document started with eos); otherwise toks[0] is context only (--bos none).
- * words: open-vocabulary table (OOV tokens get their own ids, added to it), or
- * NULL for closed vocabulary (OOV = unk). mem_words: the word table of the
- * unbounded cache the document will adapt, or NULL: when it is not words
- * (a closed-vocabulary stream adapting a namespace), OOV tokens are stored
- * there by their own name (d->mem_ids), so that the namespace holds the same
- * words whichever kind of session wrote them (design §4). */
-int doc_prepare(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks,
-                nc_wordtable *words, nc_wordtable *mem_words, nc_doc **out, char *err,
-                size_t errlen);
-/* The same; vocab_stats: also keep p_vocab's statistics for the gate's
- * features (doc_prepare does when the model has a gate; fitting one needs
- * them before it exists). */
-int doc_prepare_ex(const nc_model *m, nc_state *s, bool has_h, const nc_tokens *toks, nc_wordtable *words,
-                   nc_wordtable *mem_words, bool vocab_stats, nc_doc **out, char *err, size_t errlen);
-
-/* doc_prepare's arguments as one struct, for a caller that already holds
- * row 0's decoder logits: logits0 (or NULL) = lstm_logits(m, h) at the h s
- * holds (has_h), which a stream's predict made at that h. They are used
- * where the pass would make that row with the same GEMV (a first block of
- * one or two rows, keep false), so the document is the same to the bit;
- * keep: every row's decoder logits kept in d->logits (n x V floats: for
- * short documents, a dynamic evaluation segment). */
+/* What doc_prepare runs the model over, and what it keeps.
+ * s: the state, advanced in place to after the last token. has_h: s
+ * already holds an h_t that predicts toks[0] (a session, or a document
+ * started with eos); otherwise toks[0] is context only (--bos none).
+ * words: open-vocabulary table (OOV tokens get their own ids, added to
+ * it), or NULL for closed vocabulary (OOV = unk). mem_words: the word table
+ * of the unbounded cache the document will adapt, or NULL: when it is not
+ * words (a closed-vocabulary stream adapting a namespace), OOV tokens are
+ * stored there by their own name (d->mem_ids), so that the namespace holds
+ * the same words whichever kind of session wrote them (design §4).
+ * logits0 (or NULL), for a caller that already holds row 0's decoder
+ * logits: lstm_logits(m, h) at the h s holds (has_h), which a stream's
+ * predict made at that h; used where the pass would make that row with the
+ * same GEMV (a first block of one or two rows, keep false), so the
+ * document is the same to the bit. */
 typedef struct {
     const nc_model *m;
     nc_state *s;
     bool has_h;
     const nc_tokens *toks;
     nc_wordtable *words, *mem_words;
-    bool keep;
-    bool vocab_stats;   /* the gate's vocabulary statistics even for a model without a gate (a gate sink) */
+    bool keep;          /* every row's decoder logits kept in d->logits (n x V floats: for short
+                         * documents, a dynamic evaluation segment) */
+    bool vocab_stats;   /* p_vocab's statistics for the gate's features even for a model without
+                         * a gate (fitting one, a gate sink); always with a gate */
     const float *logits0;
 } nc_doc_prep;
-int doc_prepare_in(const nc_doc_prep *a, nc_doc **out, char *err, size_t errlen);
+
+/* Runs the model over a->toks (one LSTM pass). */
+int doc_prepare(const nc_doc_prep *a, nc_doc **out, char *err, size_t errlen);
 
 /* The caches a scoring pass reads and updates. NULL local caches that the
  * params switch on are created empty for the call. The local caches end
  * holding the document's last pairs (they continue a stream). */
 typedef struct {
+    size_t block;                 /* positions per GEMM/search batch (0 = 64) */
     nc_neural_cache *neural;
     nc_unigram_cache *unigram;
     nc_unbounded_cache *ub;               /* read when p->unbounded; NULL = none */
@@ -123,19 +118,26 @@ typedef struct {
     double *gate_f, *gate_pc;
 } nc_doc_caches;
 
+/* Where doc_neighbours searches and what it fills. */
+typedef struct {
+    nc_unbounded_cache *ub;
+    bool adapt;                   /* the document's own earlier pairs are in the memory: added to ub */
+    size_t block;                 /* positions per search batch (0 = 64) */
+    float *d2;                    /* out [n, p->knn] */
+    int *words;                   /* out [n, p->knn] */
+} nc_doc_knn;
+
 /* The unbounded-cache neighbours of every position, with the same causal
- * rules as doc_score (adapt: the document's own earlier pairs are in the
- * memory, and are added to ub). d2 and words are [n, p->knn]; rows before
- * d->first are left as "no neighbour". */
-int doc_neighbours(const nc_doc *d, const nc_cache_params *p, nc_unbounded_cache *ub, bool adapt,
-                   size_t block, float *d2, int *words, char *err, size_t errlen);
+ * rules as doc_score, into k->d2 and k->words; rows before d->first are
+ * left as "no neighbour". */
+int doc_neighbours(const nc_doc *d, const nc_cache_params *p, const nc_doc_knn *k, char *err, size_t errlen);
 
 /* logprobs[j] = log p(token j | tokens < j, caches) for j >= first, NAN for
- * j < first. block: positions per GEMM/search batch (0 = 64). With p->gate
- * the weights come from d->gate (NC_EINVAL if the model has none), and a
- * position whose pre-search gate predicts a small unbounded weight is not
- * searched (its pair is still added with adapt). */
-int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, size_t block,
-              double *logprobs, char *err, size_t errlen);
+ * j < first; c (or NULL: the caches p switches on, empty) as above. With
+ * p->gate the weights come from d->gate (NC_EINVAL if the model has none),
+ * and a position whose pre-search gate predicts a small unbounded weight is
+ * not searched (its pair is still added with adapt). */
+int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, double *logprobs, char *err,
+              size_t errlen);
 
 #endif

@@ -272,13 +272,13 @@ static int dyn_create(const nc_model *m, int subset, bool need_ms, nc_dyneval **
     return NC_OK;
 }
 
-int dyneval_new(const nc_model *m, int subset, const nc_state *st, bool has_h, nc_dyneval **out, char *err,
+int dyneval_new(const nc_model *m, int subset, const nc_dyn_segment *start, nc_dyneval **out, char *err,
                 size_t errlen)
 {
     int rc = dyn_create(m, subset, true, out, err, errlen);
     if (!rc) {
-        lstm_state_copy((*out)->seg, st);
-        (*out)->seg_has_h = has_h;
+        lstm_state_copy((*out)->seg, start->s0);
+        (*out)->seg_has_h = start->has_h;
     }
     return rc;
 }
@@ -881,11 +881,11 @@ static int seg_loss(nc_dyneval *d, const seg_job *j, double *loss, int *nscored,
     return NC_OK;
 }
 
-int dyneval_loss(nc_dyneval *d, const nc_state *s0, bool has_h, const int *y, int T, bool grad, double *loss,
-                 int *nscored, char *err, size_t errlen)
+int dyneval_loss(nc_dyneval *d, const nc_dyn_segment *seg, bool grad, nc_dyn_loss *loss, char *err,
+                 size_t errlen)
 {
-    const seg_job j = {.s0 = s0, .has_h = has_h, .y = y, .T = T, .grad = grad};
-    return seg_loss(d, &j, loss, nscored, err, errlen);
+    const seg_job j = {.s0 = seg->s0, .has_h = seg->has_h, .y = seg->y, .T = seg->T, .grad = grad};
+    return seg_loss(d, &j, &loss->sum, &loss->nscored, err, errlen);
 }
 
 /* ---- the update --------------------------------------------------------- */
@@ -980,9 +980,13 @@ static void step_tensor(const dyn_tensor *t, const float *g, float lr, float dec
     step_chunk(t, 0, t->n, g, k);
 }
 
-int dyneval_push(nc_dyneval *d, const int *ids, size_t k, float *logits, int n, float lr, float decay,
-                 const nc_state *st, bool has_h, char *err, size_t errlen)
+int dyneval_push(nc_dyneval *d, const nc_dyn_fed *fed, const nc_dyn_rule *rule, char *err, size_t errlen)
 {
+    const int *ids = fed->ids;
+    const size_t k = fed->k;
+    float *logits = fed->logits;
+    const int n = rule->segment;
+    const float lr = rule->lr, decay = rule->decay;
     /* the scoring pass's logits serve when they cover the whole segment */
     if (d->seg_len != 0 || (int)k < n)
         logits = NULL;
@@ -1012,8 +1016,8 @@ int dyneval_push(nc_dyneval *d, const int *ids, size_t k, float *logits, int n, 
     }
     dyneval_refresh(d);
     d->steps++;   /* a recorded pass is of the weights before */
-    lstm_state_copy(d->seg, st);
-    d->seg_has_h = has_h;
+    lstm_state_copy(d->seg, fed->st);
+    d->seg_has_h = fed->has_h;
     d->seg_len = 0;
     return rc;
 }
@@ -1107,9 +1111,13 @@ int dyneval_read(const nc_model *m, binio_reader *r, nc_dyneval **out, char *err
 
 /* ---- MS_g --------------------------------------------------------------- */
 
-int dyneval_stats(const nc_model *m, const int *toks, size_t ntok, int n, size_t max_tokens, nc_model **out,
-                  double *mean_loss, char *err, size_t errlen)
+int dyneval_stats(const nc_model *m, const nc_dyn_stats_text *text, nc_model **out, double *mean_loss, char *err,
+                  size_t errlen)
 {
+    const int *toks = text->toks;
+    size_t ntok = text->ntok;
+    const int n = text->segment;
+    const size_t max_tokens = text->max_tokens;
     *out = NULL;
     if (n < 1)
         return nc_error(err, errlen, NC_EINVAL, "segment length %d < 1", n);
@@ -1138,11 +1146,11 @@ int dyneval_stats(const nc_model *m, const int *toks, size_t ntok, int n, size_t
     double lsum = 0;
     long long nsc = 0;
     for (size_t p = 0; !rc && p + (size_t)n <= ntok; p += (size_t)n, segs++) {
-        double loss;
-        int ns;
-        rc = dyneval_loss(d, st, true, toks + p, n, true, &loss, &ns, err, errlen);
-        lsum += loss;
-        nsc += ns;
+        const nc_dyn_segment seg = {.s0 = st, .has_h = true, .y = toks + p, .T = n};
+        nc_dyn_loss loss = {0};
+        rc = dyneval_loss(d, &seg, true, &loss, err, errlen);
+        lsum += loss.sum;
+        nsc += loss.nscored;
         for (int k = 0; !rc && k < d->nt; k++)
             for (size_t j = 0; j < d->t[k].n; j++)
                 acc[k][j] += (double)d->t[k].g[j] * d->t[k].g[j];

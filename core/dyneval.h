@@ -65,11 +65,29 @@ enum {
 
 typedef struct nc_dyneval nc_dyneval;
 
+/* A segment of tokens y[0..T) and the state s0 it starts from (has_h: s0
+ * holds an h that predicts y[0]; else y[0] is context only). */
+typedef struct {
+    const nc_state *s0;
+    bool has_h;
+    const int *y;
+    int T;
+} nc_dyn_segment;
+
+/* The update's settings: a step every `segment` tokens, learning rate lr
+ * (eta) and decay towards the trained weights (lambda). */
+typedef struct {
+    int segment;
+    float lr;
+    float decay;
+} nc_dyn_rule;
+
 /* New adaptation state on m (borrowed) for subset (NC_DYN_*), with the
- * weights at the trained ones and an empty segment that starts from st
- * (has_h: st holds an h that predicts the next token). NC_EINVAL when m has
- * no gradient statistics (m->dyn_ms; neurocache dyn-stats). */
-int dyneval_new(const nc_model *m, int subset, const nc_state *st, bool has_h, nc_dyneval **out, char *err,
+ * weights at the trained ones and an empty segment that starts from
+ * start->s0 (start->has_h as in nc_dyn_segment; its tokens come by
+ * dyneval_push). NC_EINVAL when m has no gradient statistics (m->dyn_ms;
+ * neurocache dyn-stats). */
+int dyneval_new(const nc_model *m, int subset, const nc_dyn_segment *start, nc_dyneval **out, char *err,
                 size_t errlen);
 void dyneval_free(nc_dyneval *d);        /* NULL allowed */
 
@@ -85,17 +103,25 @@ size_t dyneval_memory(const nc_dyneval *d);
 /* The same for a subset without building one (for /v1/model, docs). */
 size_t dyneval_memory_of(const nc_model *m, int subset);
 
-/* Appends tokens just fed (and scored with the current weights) to the
- * segment. n is the segment length; the caller feeds at most
- * n - dyneval_pending(d) tokens between calls, so that a segment is scored
- * with one set of weights. When the segment is full, takes the step
- * (lr = eta, decay = lambda) on it and starts the next segment from st (the
- * stream's state after the tokens, has_h as the stream's). lr 0 still
- * decays. logits: the k tokens' decoder logits [k, V] from the scoring
- * pass (doc_prepare_in with keep; overwritten), used when the k tokens are a whole
- * segment so that the step needs no second decoder pass; or NULL. */
-int dyneval_push(nc_dyneval *d, const int *ids, size_t k, float *logits, int n, float lr, float decay,
-                 const nc_state *st, bool has_h, char *err, size_t errlen);
+/* Tokens just fed to a stream (and scored with the current weights): k
+ * ids, their decoder logits [k, V] from the scoring pass (doc_prepare with
+ * keep; overwritten) or NULL, and the stream's state after them (has_h as
+ * the stream's). */
+typedef struct {
+    const int *ids;
+    size_t k;
+    float *logits;
+    const nc_state *st;
+    bool has_h;
+} nc_dyn_fed;
+
+/* Appends fed's tokens to the segment. The caller feeds at most
+ * rule->segment - dyneval_pending(d) tokens between calls, so that a
+ * segment is scored with one set of weights. When the segment is full,
+ * takes the step on it (rule's lr and decay; lr 0 still decays) and starts
+ * the next segment from fed->st. The logits are used when the k tokens are
+ * a whole segment, so that the step needs no second decoder pass. */
+int dyneval_push(nc_dyneval *d, const nc_dyn_fed *fed, const nc_dyn_rule *rule, char *err, size_t errlen);
 
 /* Serialisation of the adaptation (segment and adapted tensors) into an
  * export blob; read validates sizes against m and subset. */
@@ -110,23 +136,36 @@ int dyneval_ntensors(const nc_dyneval *d);
 void dyneval_tensor(nc_dyneval *d, int k, float **w, float **g, size_t *count);
 /* After writing weights through dyneval_tensor: rederive b_sum. */
 void dyneval_refresh(nc_dyneval *d);
-/* Loss (sum of -log p over the scored tokens, in *loss; *nscored of them) of
- * the segment y[0..T) from state s0 (has_h: s0's h predicts y[0]; else y[0]
- * is context only) with the current weights; with grad, the gradient of the
- * mean loss into the tensors' g. */
-int dyneval_loss(nc_dyneval *d, const nc_state *s0, bool has_h, const int *y, int T, bool grad, double *loss,
-                 int *nscored, char *err, size_t errlen);
+/* A segment's loss: the sum of -log p over its scored tokens, and how
+ * many were scored. */
+typedef struct {
+    double sum;
+    int nscored;
+} nc_dyn_loss;
+
+/* The loss of seg with the current weights into *loss; with grad, the
+ * gradient of the mean loss into the tensors' g. */
+int dyneval_loss(nc_dyneval *d, const nc_dyn_segment *seg, bool grad, nc_dyn_loss *loss, char *err,
+                 size_t errlen);
 
 /* Steps of the calling thread that took the scoring pass's recorded
  * activations instead of a second forward pass (for the tests). */
 unsigned long dyneval_trace_uses(void);
 
+/* The text MS_g is measured on: ntok tokens, in segments of `segment`
+ * tokens, at most max_tokens of them (0 = all). */
+typedef struct {
+    const int *toks;
+    size_t ntok;
+    int segment;
+    size_t max_tokens;
+} nc_dyn_stats_text;
+
 /* MS_g: the mean squared gradient of every weight of m over consecutive
- * segments of n tokens of toks (state carried across segments, weights
- * fixed), at most max_tokens of them (0 = all). *out is a model of m's
- * shapes and vocabulary holding MS_g in place of the weights, to save with
- * model_save(..., false) into m's dir/dyneval. */
-int dyneval_stats(const nc_model *m, const int *toks, size_t ntok, int n, size_t max_tokens, nc_model **out,
-                  double *mean_loss, char *err, size_t errlen);
+ * segments of text (state carried across segments, weights fixed). *out is
+ * a model of m's shapes and vocabulary holding MS_g in place of the
+ * weights, to save with model_save(..., false) into m's dir/dyneval. */
+int dyneval_stats(const nc_model *m, const nc_dyn_stats_text *text, nc_model **out, double *mean_loss, char *err,
+                  size_t errlen);
 
 #endif

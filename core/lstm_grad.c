@@ -37,9 +37,10 @@ struct lstm_grad_work {
 
 /* ---- network ---------------------------------------------------------- */
 
-int lstm_grad_net_new(int V, int E, int H, int L, bool tied, lstm_grad_net **out,
-                      char *err, size_t errlen)
+int lstm_grad_net_new(const lstm_grad_shape *shape, lstm_grad_net **out, char *err, size_t errlen)
 {
+    const int V = shape->V, E = shape->E, H = shape->H, L = shape->L;
+    const bool tied = shape->tied;
     *out = NULL;
     if (V < 2 || E < 1 || H < 1 || L < 1 || L > 64)
         return nc_error(err, errlen, NC_EINVAL, "bad network shape V=%d E=%d H=%d L=%d", V, E, H, L);
@@ -480,10 +481,12 @@ static void backward_layer(lstm_grad_net *n, lstm_grad_work *w, int k, int T, in
     }
 }
 
-double lstm_grad_segment(lstm_grad_net *n, lstm_grad_work *w, const int *x, const int *y,
-                         int T, bool train, const lstm_grad_dropout *drop, nc_rng *rng,
-                         bool backward)
+double lstm_grad_segment(lstm_grad_net *n, lstm_grad_work *w, const int *x, const int *y, int T,
+                         const lstm_grad_pass *pass)
 {
+    const bool train = pass && pass->train, backward = pass && pass->backward;
+    const lstm_grad_dropout *drop = pass ? pass->drop : NULL;
+    nc_rng *rng = pass ? pass->rng : NULL;
     const int B = w->B, H = w->H, E = w->E, V = w->V, L = w->L;
     const int TB = T * B;
     const float *W = n->w;

@@ -48,9 +48,14 @@ typedef struct {
  * recurrent state of the B streams ([L, B, H] each for h and c). */
 typedef struct lstm_grad_work lstm_grad_work;
 
-/* Allocates the network with zeroed weights. tied requires E == H. */
-int lstm_grad_net_new(int V, int E, int H, int L, bool tied, lstm_grad_net **out,
-                      char *err, size_t errlen);
+/* A network's shape. */
+typedef struct {
+    int V, E, H, L;               /* vocabulary, embedding, hidden units, layers */
+    bool tied;                    /* decoder weight = encoder weight (needs E == H) */
+} lstm_grad_shape;
+
+/* Allocates the network with zeroed weights. */
+int lstm_grad_net_new(const lstm_grad_shape *shape, lstm_grad_net **out, char *err, size_t errlen);
 void lstm_grad_net_free(lstm_grad_net *net);   /* NULL allowed */
 
 /* PyTorch word_language_model initialisation: encoder and decoder weights
@@ -76,19 +81,24 @@ float *lstm_grad_work_state_h(lstm_grad_work *w);
 float *lstm_grad_work_state_c(lstm_grad_work *w);
 size_t lstm_grad_work_state_floats(const lstm_grad_work *w);   /* L*B*H */
 
+/* What a segment's pass does besides the forward pass. */
+typedef struct {
+    bool train;                   /* dropout masks drawn from rng (drop's rates) */
+    const lstm_grad_dropout *drop;
+    nc_rng *rng;
+    bool backward;                /* net->g receives the gradient of the mean cross-entropy over the
+                                   * T*B positions (every tensor overwritten, nothing accumulates) */
+} lstm_grad_pass;
+
 /* Runs one segment: x[T*B] inputs and y[T*B] targets, time-major (position
  * t*B + b is step t of stream b), 1 <= T <= Tmax. Starts from the carried
  * state and leaves the state after step T-1 in it (truncated BPTT: no
- * gradient flows into the previous segment).
- *
- * With train, dropout masks are drawn from rng (rng may be NULL otherwise);
- * with backward, net->g receives the gradient of the mean cross-entropy over
- * the T*B positions (every tensor is overwritten, nothing accumulates).
- * Returns the SUM of -log p(y) over the T*B positions, accumulated in double.
- * Token ids must be in [0, V) (checked by the caller). */
-double lstm_grad_segment(lstm_grad_net *net, lstm_grad_work *w, const int *x, const int *y,
-                         int T, bool train, const lstm_grad_dropout *drop, nc_rng *rng,
-                         bool backward);
+ * gradient flows into the previous segment). pass NULL: forward only, no
+ * dropout. Returns the SUM of -log p(y) over the T*B positions,
+ * accumulated in double. Token ids must be in [0, V) (checked by the
+ * caller). */
+double lstm_grad_segment(lstm_grad_net *net, lstm_grad_work *w, const int *x, const int *y, int T,
+                         const lstm_grad_pass *pass);
 
 /* Copies the weights into an nc_model made by model_create with a matching
  * configuration (derived fields refreshed). */

@@ -25,7 +25,7 @@
  * predict, instead of made twice: a one-word feed + predict pair then runs
  * one decoder GEMV (V x H) and one coarse search, not two. Only what those
  * would make to the bit is kept: logits of lstm_logits with the stream's
- * weights (doc_prepare_in says where a feed makes the same), the coarse
+ * weights (doc_prepare says where a feed makes the same), the coarse
  * search of h alone. Cleared by all that moves h or the weights: feed
  * (dynamic evaluation's steps are in it), reset, new parameters; an
  * imported or cloned stream starts without one. */
@@ -144,7 +144,8 @@ static int dyn_start(nc_stream *s, const nc_cache_params *p, char *err, size_t e
     s->dyn = NULL;
     if (p->dyn_lr <= 0.0f)
         return NC_OK;
-    return dyneval_new(s->m, p->dyn_params, s->st, s->has_h, &s->dyn, err, errlen);
+    const nc_dyn_segment start = {.s0 = s->st, .has_h = s->has_h};
+    return dyneval_new(s->m, p->dyn_params, &start, &s->dyn, err, errlen);
 }
 
 static int setup_caches(nc_stream *s, char *err, size_t errlen)
@@ -294,8 +295,9 @@ static int dyn_for_params(const nc_stream *s, const nc_cache_params *p, nc_dynev
                             "adapted (set dyn_lr 0 and let them decay, or reset the session)");
         *replace = true;
     }
+    const nc_dyn_segment start = {.s0 = s->st, .has_h = s->has_h};
     if ((*replace || !s->dyn) && p->dyn_lr > 0.0f)
-        return dyneval_new(s->m, p->dyn_params, s->st, s->has_h, dyn_new, err, errlen);
+        return dyneval_new(s->m, p->dyn_params, &start, dyn_new, err, errlen);
     return NC_OK;
 }
 
@@ -401,7 +403,7 @@ static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *lo
         return nc_error(err, errlen, NC_ENOMEM, "stream state");
     lstm_state_copy(st, s->st);
     nc_wordtable *words = s->p.open_vocab ? s->words : NULL, *mem = adapt && s->ub ? unbounded_cache_words(s->ub) : NULL;
-    /* the memo of the predict at this h (doc_prepare_in: used where it is
+    /* the memo of the predict at this h (doc_prepare: used where it is
      * the same to the bit); the gate sink needs p_vocab's statistics, which
      * only the pass without kept logits computes for a model without a gate
      * (the step then runs its own decoder pass) */
@@ -409,7 +411,7 @@ static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *lo
     nc_doc_prep in = {.m = wm(s), .s = st, .has_h = s->has_h, .toks = toks, .words = words, .mem_words = mem,
                       .keep = logits != NULL && !s->gate_f, .vocab_stats = s->gate_f != NULL,
                       .logits0 = memo ? s->logits : NULL};
-    int rc = doc_prepare_in(&in, &d, err, errlen);
+    int rc = doc_prepare(&in, &d, err, errlen);
     if (memo && toks->n <= LSTM_LOGITS_ROWS_MAX)
         atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
     double *lp = logprobs;
@@ -431,7 +433,7 @@ static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *lo
             c.pre0_words = s->memo.words;
             atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
         }
-        rc = doc_score(d, &s->p, &c, 0, lp, err, errlen);
+        rc = doc_score(d, &s->p, &c, lp, err, errlen);
     }
     if (lp != logprobs)
         free(lp);
@@ -489,9 +491,10 @@ static int feed_parts(nc_stream *s, const nc_tokens *toks, bool adapt, double *l
         bool whole = dyneval_pending(s->dyn) == 0 && (int)k == s->p.dyn_segment && s->p.dyn_lr > 0.0f;
         float *logits = NULL;
         rc = feed_part(s, &part, adapt, logprobs ? logprobs + j0 : NULL, whole ? &logits : NULL, err, errlen);
+        const nc_dyn_fed fed = {.ids = part.ids, .k = k, .logits = logits, .st = s->st, .has_h = s->has_h};
+        const nc_dyn_rule rule = {.segment = s->p.dyn_segment, .lr = s->p.dyn_lr, .decay = s->p.dyn_decay};
         if (!rc)
-            rc = dyneval_push(s->dyn, part.ids, k, logits, s->p.dyn_segment, s->p.dyn_lr, s->p.dyn_decay, s->st,
-                              s->has_h, err, errlen);
+            rc = dyneval_push(s->dyn, &fed, &rule, err, errlen);
         nc_free(logits);
         j0 += k;
         if (!rc && s->p.dyn_lr <= 0.0f && dyneval_pending(s->dyn) == 0 && dyneval_at_rest(s->dyn)) {
@@ -1237,7 +1240,7 @@ int stream_rescore(nc_stream *s, const nc_tokens *conts, size_t n, double **logp
             nc_doc_caches c = {.neural = s->neural.size ? &s->neural : NULL,
                                .unigram = s->unigram.size ? &s->unigram : NULL,
                                .ub = s->ub, .adapt = false};
-            rc = doc_score(docs[i], &s->p, &c, 0, logprobs[i], err, errlen);
+            rc = doc_score(docs[i], &s->p, &c, logprobs[i], err, errlen);
         }
         undo_restore(s, &u);
     }

@@ -596,8 +596,7 @@ static double validate(trainer *t)
     int B = t->p.eval_batch_size;
     for (size_t row = 0; row + 1 < t->valid_rows; row += (size_t)t->p.bptt) {
         int T = (int)(t->valid_rows - 1 - row < (size_t)t->p.bptt ? t->valid_rows - 1 - row : (size_t)t->p.bptt);
-        nll += lstm_grad_segment(t->net, t->ework, t->valid + row * B, t->valid + (row + 1) * B, T,
-                                 false, NULL, NULL, false);
+        nll += lstm_grad_segment(t->net, t->ework, t->valid + row * B, t->valid + (row + 1) * B, T, NULL);
         count += (size_t)T * B;
     }
     return count ? nll / (double)count : NAN;
@@ -728,8 +727,9 @@ static int setup_network(trainer *t, char *err, size_t errlen)
 {
     const nc_train_params *p = &t->p;
     int V = vocab_size(t->vocab);
-    int rc = lstm_grad_net_new(V, p->embedding_size, p->hidden_size, p->num_layers, p->tie_weights, &t->net,
-                               err, errlen);
+    const lstm_grad_shape shape = {
+        .V = V, .E = p->embedding_size, .H = p->hidden_size, .L = p->num_layers, .tied = p->tie_weights};
+    int rc = lstm_grad_net_new(&shape, &t->net, err, errlen);
     if (rc == NC_OK)
         rc = lstm_grad_work_new(t->net, p->bptt, p->batch_size, &t->work, err, errlen);
     if (rc == NC_OK && t->valid)
@@ -849,7 +849,8 @@ static int train_segment(trainer *t, train_loop *L, char *err, size_t errlen)
                                                                         : t->train_rows - 1 - (size_t)t->row);
     double ts = now_s();
     const int *x = t->train + (size_t)t->row * B, *y = x + B;
-    double nll = lstm_grad_segment(t->net, t->work, x, y, T, true, &p->dropout, &t->rng, true);
+    const lstm_grad_pass pass = {.train = true, .drop = &p->dropout, .rng = &t->rng, .backward = true};
+    double nll = lstm_grad_segment(t->net, t->work, x, y, T, &pass);
     optim_clip_grad_norm(t->net->g, t->net->n, p->clip);
     if (t->acc)
         optim_adagrad(t->net->w, t->acc, t->net->g, t->net->n, (float)t->lr, p->adagrad_eps);

@@ -19,8 +19,8 @@ set yrange [0:*]
 set object 1 rectangle from 0,graph 0 to $warm/60.0,graph 1 fillcolor rgb "#eeeeee" fillstyle solid noborder behind
 set label 1 "warm-up" at $warm/120.0,graph 0.95 center
 plot "$csv" every ::1 using (\$1/60):(\$11*1024/1e6) with linespoints pt 7 ps 0.4 lw 2 title "RSS", \
-     "" every ::1 using (\$1/60):((\$11*1024-\$24)/1e6) with lines lw 2 dt 2 title "RSS less namespace memory", \
-     "" every ::1 using (\$1/60):(\$24/1e6) with lines lw 1 title "namespace memory", \
+     "" every ::1 using (\$1/60):((\$11*1024-\$24-\$25)/1e6) with lines lw 2 dt 2 title "RSS less namespace memory", \
+     "" every ::1 using (\$1/60):((\$24+\$25)/1e6) with lines lw 1 title "namespace memory (with index tables)", \
      "" every ::1 using (\$1/60):(\$21/1e6) with lines lw 1 title "session memory", \
      "" every ::1 using (\$1/60):(\$15/1e6) with lines lw 1 title "malloc arenas free"
 GP

@@ -587,7 +587,7 @@ int namespaces_feed_adapt(nc_server *srv, nc_session *s, const nc_tokens *t, dou
     if (!s->ns_doc_set) {
         char id[128];
         snprintf(id, sizeof id, "session:%s", s->id);
-        int rc = nsstore_doc_begin(r->store, id, strlen(id), &s->ns_doc, NULL, 0, err, errlen);
+        int rc = nsstore_doc_begin(r->store, id, strlen(id), &s->ns_doc, err, errlen);
         if (rc)
             return rc;
         s->ns_doc_set = true;
@@ -631,8 +631,8 @@ json_t *namespaces_explain(nc_session *s, const int *ids, size_t k)
         json_t *list = json_array_get(out, i);
         for (int j = 0; j < cnt[i]; j++) {
             const nc_explain_entry *x = &e[i * NC_EXPLAIN_ROWS * EXPLAIN_PER_WORD + j];
-            char doc[1100], snip[512];
-            uint64_t off = 0;
+            char snip[512];
+            nsstore_provenance pv;
             json_t *o;
             const char *src = nc_component_rows[x->source]->name;
             if (!nc_component_rows[x->source]->entries_in_store) {
@@ -640,10 +640,10 @@ json_t *namespaces_explain(nc_session *s, const int *ids, size_t k)
                               x->weight);
             } else if (!r) {
                 continue;
-            } else if (nsstore_entry(r->store, x->at, doc, sizeof doc, &off, NULL, err, sizeof err) == NC_OK) {
+            } else if (nsstore_entry(r->store, x->at, &pv, err, sizeof err) == NC_OK) {
                 nsstore_snippet(r->store, x->at, 8, 4, snip, sizeof snip);
-                o = json_pack("{s:s,s:s,s:I,s:I,s:f,s:f,s:s}", "source", src, "document", doc, "offset",
-                              (json_int_t)off, "entry", (json_int_t)x->at, "weight", x->weight, "distance",
+                o = json_pack("{s:s,s:s,s:I,s:I,s:f,s:f,s:s}", "source", src, "document", pv.doc_id, "offset",
+                              (json_int_t)pv.off, "entry", (json_int_t)x->at, "weight", x->weight, "distance",
                               x->distance, "snippet", snip);
             } else {
                 o = json_pack("{s:s,s:I,s:f,s:f}", "source", src, "entry", (json_int_t)x->at, "weight",

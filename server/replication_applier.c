@@ -225,9 +225,10 @@ static int entry_add(replication *rep, nc_nsstore *st, const redisReply *kv, uin
     if (rc == NC_OK)
         rc = k ? entry_keys(rep, k, &e) : entry_codes(st, kv, &e, err, errlen);
     replication_applying = 1;
-    if (rc == NC_OK && k)
-        rc = nsstore_add(st, e.keys, e.ids, e.cnt, doc, off, seq, err, errlen);
-    else if (rc == NC_OK) {
+    if (rc == NC_OK && k) {
+        const nsstore_pairs pairs = {.keys = e.keys, .words = e.ids, .n = e.cnt, .doc = doc, .off = off};
+        rc = nsstore_add(st, &pairs, seq, err, errlen);
+    } else if (rc == NC_OK) {
         nsstore_codes c = {.lists = e.lists, .codes = e.codes, .code_size = e.code_size, .words = e.ids,
                            .n = e.cnt, .doc = doc, .off = off};
         rc = nsstore_add_codes(st, &c, seq, err, errlen);
@@ -261,7 +262,7 @@ static uint64_t apply_entry(replication *rep, ns_state *s, nc_nsstore *st, const
     snprintf(docid, sizeof docid, "repl:%s:%s:%zu:%llu.%llu:%s", o->str, sid, cnt, (unsigned long long)birth,
              (unsigned long long)oseq, d->str);
     size_t dl = strlen(docid);
-    int rc = nsstore_doc_begin(st, docid, dl > 1024 ? 1024 : dl, &doc, NULL, 0, err, sizeof err);
+    int rc = nsstore_doc_begin(st, docid, dl > NSSTORE_DOC_ID_MAX ? NSSTORE_DOC_ID_MAX : dl, &doc, err, sizeof err);
     if (rc == NC_OK)
         rc = entry_add(rep, st, kv, doc, &seq, err);
     if (rc == NC_OK) {

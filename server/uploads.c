@@ -310,8 +310,12 @@ static void *upload_worker_main(void *arg)
         for (size_t c0 = 0; !rc && c0 < b->n; c0 += UPLOAD_ADD_CHUNK) {
             size_t cn = b->n - c0 < UPLOAD_ADD_CHUNK ? b->n - c0 : UPLOAD_ADD_CHUNK;
             uint64_t seq = 0;
-            rc = nsstore_add(namespaces_store(u->r), b->keys + c0 * (size_t)u->srv->model->cfg.hidden_size, b->wids + c0, cn, b->doc,
-                             b->off + c0, &seq, err, sizeof err);
+            const nsstore_pairs pairs = {.keys = b->keys + c0 * (size_t)u->srv->model->cfg.hidden_size,
+                                         .words = b->wids + c0,
+                                         .n = cn,
+                                         .doc = b->doc,
+                                         .off = b->off + c0};
+            rc = nsstore_add(namespaces_store(u->r), &pairs, &seq, err, sizeof err);
             if (!rc) {
                 pthread_mutex_lock(&w->lock);
                 w->last_seq = seq;
@@ -356,7 +360,9 @@ static int doc_start(upload *u, const char *id, size_t len)
                 (unsigned long long)u->prog.documents + 1);
         return -1;
     }
-    int rc = nsstore_doc_begin(namespaces_store(u->r), id, len, &u->doc, used, sizeof used, err, sizeof err);
+    int rc = nsstore_doc_begin(namespaces_store(u->r), id, len, &u->doc, err, sizeof err);
+    if (rc == NC_OK)
+        rc = nsstore_doc_info(namespaces_store(u->r), u->doc, used, sizeof used, NULL);
     if (rc != NC_OK) {
         /* a bad id (400), or the log under the DOC record (503/507) */
         up_fail(u, api_error_from_core(rc), "document %llu: %s", (unsigned long long)u->prog.documents + 1, err);

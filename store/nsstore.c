@@ -53,9 +53,28 @@ nc_wordtable *nsstore_words(nc_nsstore *ns) { return ns->words; }
 
 /* ---- provenance and documents (meta lock) --------------------------------- */
 
-static int prov_append(nc_nsstore *ns, int64_t first_id, size_t n, uint32_t doc, uint64_t off,
-                       char *err, size_t errlen)
+/* An add record being made (under the cache's write lock): its type, the
+ * pairs' words, the first id, the dimension field (H or a code's bytes)
+ * and the bytes per pair after the word references. */
+typedef struct {
+    uint8_t type, flags;
+    const int *words;
+    size_t n;
+    int64_t first_id;
+    uint32_t dim;
+    size_t tail;                  /* bytes a pair after its word reference */
+    uint32_t doc;                 /* its provenance (rec_context) */
+    uint64_t off;
+    size_t plen;                  /* out: the record's length (rec_begin) */
+} rec_spec;
+
+/* The provenance of r's pairs (ids first_id.., from doc at off). */
+static int prov_append(nc_nsstore *ns, const rec_spec *r, char *err, size_t errlen)
 {
+    const int64_t first_id = r->first_id;
+    const size_t n = r->n;
+    const uint32_t doc = r->doc;
+    const uint64_t off = r->off;
     int rc = NC_OK;
     pthread_rwlock_wrlock(&ns->meta);
     if ((int64_t)ns->nprov != first_id) {
@@ -158,8 +177,7 @@ int nsstore_run_live(nc_nsstore *ns, int (*fn)(void *ctx, const char *dir), void
     return rc;
 }
 
-int nsstore_doc_begin(nc_nsstore *ns, const char *id, size_t len, uint32_t *doc, char *id_out,
-                      size_t id_len, char *err, size_t errlen)
+int nsstore_doc_begin(nc_nsstore *ns, const char *id, size_t len, uint32_t *doc, char *err, size_t errlen)
 {
     char gen[64];
     int live = nsstore_check_live(ns, err, errlen);
@@ -200,8 +218,6 @@ int nsstore_doc_begin(nc_nsstore *ns, const char *id, size_t len, uint32_t *doc,
     if (rc)
         return rc;
     *doc = d;
-    if (id_out && id_len)
-        snprintf(id_out, id_len, "%.*s", (int)len, id);
     return NC_OK;
 }
 
@@ -228,8 +244,7 @@ int nsstore_doc_info(nc_nsstore *ns, uint32_t i, char *id, size_t idlen, uint64_
     return rc;
 }
 
-int nsstore_entry(nc_nsstore *ns, int64_t id, char *doc_id, size_t doc_len, uint64_t *off, int *word,
-                  char *err, size_t errlen)
+int nsstore_entry(nc_nsstore *ns, int64_t id, nsstore_provenance *p, char *err, size_t errlen)
 {
     int rc = NC_OK;
     pthread_rwlock_rdlock(&ns->meta);
@@ -238,14 +253,12 @@ int nsstore_entry(nc_nsstore *ns, int64_t id, char *doc_id, size_t doc_len, uint
     else if (ns->prov_doc[id] == NSSTORE_NO_DOC)
         rc = nc_error(err, errlen, NC_ENOTFOUND, "pair %lld has no document", (long long)id);
     else {
-        if (doc_id && doc_len)
-            snprintf(doc_id, doc_len, "%s", ns->doc_ids[ns->prov_doc[id]]);
-        if (off)
-            *off = ns->prov_off[id];
+        snprintf(p->doc_id, sizeof p->doc_id, "%s", ns->doc_ids[ns->prov_doc[id]]);
+        p->off = ns->prov_off[id];
     }
     pthread_rwlock_unlock(&ns->meta);
-    if (!rc && word)
-        *word = unbounded_cache_word_at(ns->ub, id);
+    if (!rc)
+        p->word = unbounded_cache_word_at(ns->ub, id);
     return rc;
 }
 
@@ -289,9 +302,11 @@ void nsstore_snippet(nc_nsstore *ns, int64_t id, int before, int after, char *bu
 /* The distinct open-vocabulary words (ids >= V) of an add, in order of
  * first use, into ns->dyn (*ndyn of them); *slen: the bytes their surface
  * strings take in the record (4-byte length + the string each). */
-static int collect_dyn_words(nc_nsstore *ns, const int *words, size_t n, size_t *ndyn, size_t *slen, char *err,
+static int collect_dyn_words(nc_nsstore *ns, const rec_spec *r, size_t *ndyn, size_t *slen, char *err,
                              size_t errlen)
 {
+    const int *words = r->words;
+    const size_t n = r->n;
     if (n > ns->dyn_cap) {
         int *d = realloc(ns->dyn, n * sizeof *d);
         if (!d)
@@ -316,20 +331,6 @@ static int collect_dyn_words(nc_nsstore *ns, const int *words, size_t n, size_t 
     return NC_OK;
 }
 
-/* An add record being made (under the cache's write lock): its type, the
- * pairs' words, the first id, the dimension field (H or a code's bytes)
- * and the bytes per pair after the word references. */
-typedef struct {
-    uint8_t type, flags;
-    const int *words;
-    size_t n;
-    int64_t first_id;
-    uint32_t dim;
-    size_t tail;                  /* bytes a pair after its word reference */
-    uint32_t doc;                 /* its provenance (rec_context) */
-    uint64_t off;
-    size_t plen;                  /* out: the record's length (rec_begin) */
-} rec_spec;
 
 /* The fixed part, the open-vocabulary strings and the word references of
  * an add record into ns->rec, with room for the pairs' tail bytes after
@@ -339,7 +340,7 @@ static int rec_begin(nc_nsstore *ns, rec_spec *r, size_t *k, char *err, size_t e
     size_t ndyn = 0, slen = 0, n = r->n, *plen = &r->plen;
     const uint32_t doc = r->doc;
     const uint64_t off = r->off;
-    int rc = collect_dyn_words(ns, r->words, n, &ndyn, &slen, err, errlen);
+    int rc = collect_dyn_words(ns, r, &ndyn, &slen, err, errlen);
     if (rc)
         return rc;
     *plen = REC_HEAD + slen + n * 4 + n * r->tail;
@@ -394,16 +395,14 @@ static void rec_context(const nc_nsstore *ns, bool *mine, uint32_t *doc, uint64_
  * thread's context. */
 static int rec_commit(nc_nsstore *ns, size_t k, const rec_spec *r, const float *keys, char *err, size_t errlen)
 {
-    bool mine;
-    uint32_t doc;
-    uint64_t off, seq;
-    rec_context(ns, &mine, &doc, &off);
+    const bool mine = tl.ns == ns;   /* the thread's context is ns's: r's doc and off came from it (rec_pre) */
+    uint64_t seq;
     int rc = wal_append(ns->wal, ns->rec.data, k, &seq, err, errlen);
     if (!rc)
-        rc = prov_append(ns, r->first_id, r->n, doc, off, err, errlen);
+        rc = prov_append(ns, r, err, errlen);
     nsstore_observer obs = __atomic_load_n(&ns->obs, __ATOMIC_ACQUIRE);
     if (!rc && obs)
-        obs(__atomic_load_n(&ns->obs_ctx, __ATOMIC_ACQUIRE), ns, doc, off, keys, r->words, r->n);
+        obs(__atomic_load_n(&ns->obs_ctx, __ATOMIC_ACQUIRE), ns, r->doc, r->off, keys, r->words, r->n);
     if (!rc && mine) {
         tl.seq = seq;
         tl.off += r->n;
@@ -411,29 +410,26 @@ static int rec_commit(nc_nsstore *ns, size_t k, const rec_spec *r, const float *
     return rc;
 }
 
-/* Before logging an add: while replaying, only its provenance (*done
- * set); a deleted incarnation takes no more adds (the cache refuses the
- * add whole when its hook fails). */
-static int rec_pre(nc_nsstore *ns, const rec_spec *r, bool *done, char *err, size_t errlen)
+/* Before logging an add: its provenance into r (the thread's context);
+ * while replaying, only that provenance is kept (*done set); a deleted
+ * incarnation takes no more adds (the cache refuses the add whole when its
+ * hook fails). */
+static int rec_pre(nc_nsstore *ns, rec_spec *r, bool *done, char *err, size_t errlen)
 {
     bool mine;
-    uint32_t doc;
-    uint64_t off;
-    rec_context(ns, &mine, &doc, &off);
+    rec_context(ns, &mine, &r->doc, &r->off);
     *done = ns->replaying;
     if (ns->replaying)
-        return prov_append(ns, r->first_id, r->n, doc, off, err, errlen);
+        return prov_append(ns, r, err, errlen);
     return nsstore_check_live(ns, err, errlen);
 }
 
-/* rec_pre, then (unless *done) the record's provenance and rec_begin. */
+/* rec_pre, then (unless *done) rec_begin. */
 static int rec_open(nc_nsstore *ns, rec_spec *r, size_t *k, bool *done, char *err, size_t errlen)
 {
     int rc = rec_pre(ns, r, done, err, errlen);
     if (rc || *done)
         return rc;
-    bool mine;
-    rec_context(ns, &mine, &r->doc, &r->off);
     return rec_begin(ns, r, k, err, errlen);
 }
 
@@ -518,9 +514,11 @@ void nsstore_set_observer(nc_nsstore *ns, nsstore_observer fn, void *ctx)
     __atomic_store_n(&ns->obs, fn, __ATOMIC_RELEASE);
 }
 
-int nsstore_add(nc_nsstore *ns, const float *keys, const int *words, size_t n, uint32_t doc,
-                uint64_t off, uint64_t *seq, char *err, size_t errlen)
+int nsstore_add(nc_nsstore *ns, const nsstore_pairs *pairs, uint64_t *seq, char *err, size_t errlen)
 {
+    const float *keys = pairs->keys;
+    const int *words = pairs->words;
+    const size_t n = pairs->n;
     if (n == 0) {
         if (seq)
             *seq = 0;
@@ -530,7 +528,7 @@ int nsstore_add(nc_nsstore *ns, const float *keys, const int *words, size_t n, u
         if (words[i] < 0 || words[i] >= wordtable_size(ns->words))
             return nc_error(err, errlen, NC_EINVAL, "word id %d outside the namespace's table", words[i]);
     __typeof__(tl) saved = tl;
-    nsstore_set_context(ns, doc, off);
+    nsstore_set_context(ns, pairs->doc, pairs->off);
     /* the keys' coarse search under the read lock, before the write lock
      * (readers go on meanwhile): it places the keys in the same lists as
      * the add's own search would (faiss_shim_add), so the index, the log

@@ -80,17 +80,26 @@ void nsstore_close(nc_nsstore *ns);
 nc_unbounded_cache *nsstore_unbounded_cache(nc_nsstore *ns);
 nc_wordtable *nsstore_words(nc_nsstore *ns);
 
-/* Registers a document (id of 1..1024 bytes; "" = generated "doc-<n>") and
- * logs it. *doc receives its reference; id_out (optional, >= 64 bytes... up
- * to id_len) the id used. */
-int nsstore_doc_begin(nc_nsstore *ns, const char *id, size_t len, uint32_t *doc, char *id_out,
-                      size_t id_len, char *err, size_t errlen);
+#define NSSTORE_DOC_ID_MAX 1024   /* bytes of a document id */
 
-/* Adds n pairs (keys [n, H], namespace word ids) from document doc, the
- * first pair being the token at offset off. *seq (optional) receives the last
- * log record written; durable after nsstore_sync. */
-int nsstore_add(nc_nsstore *ns, const float *keys, const int *words, size_t n, uint32_t doc,
-                uint64_t off, uint64_t *seq, char *err, size_t errlen);
+/* Registers a document (id of 1..NSSTORE_DOC_ID_MAX bytes; "" = generated
+ * "doc-<n>") and logs it. *doc receives its reference (nsstore_doc_info
+ * gives the id used). */
+int nsstore_doc_begin(nc_nsstore *ns, const char *id, size_t len, uint32_t *doc, char *err, size_t errlen);
+
+/* Pairs to add: n keys [n, H] with their namespace word ids, from
+ * document doc, the first pair being the token at offset off. */
+typedef struct {
+    const float *keys;
+    const int *words;
+    size_t n;
+    uint32_t doc;
+    uint64_t off;
+} nsstore_pairs;
+
+/* Adds a's pairs. *seq (optional) receives the last log record written;
+ * durable after nsstore_sync. */
+int nsstore_add(nc_nsstore *ns, const nsstore_pairs *a, uint64_t *seq, char *err, size_t errlen);
 
 /* A compact store's add of pairs given as its index stores them (a replica
  * of a compact namespace): lists and codes of the store's training
@@ -189,10 +198,17 @@ int nsstore_snapshot(nc_nsstore *ns, double *seconds, char *err, size_t errlen);
 bool nsstore_log_broken(nc_nsstore *ns);
 int nsstore_heal(nc_nsstore *ns, double *seconds, char *err, size_t errlen);
 
-/* Provenance of pair id: document id copied into doc_id, token offset, word
- * id. NC_ENOTFOUND for an unknown id or a pair without a document. */
-int nsstore_entry(nc_nsstore *ns, int64_t id, char *doc_id, size_t doc_len, uint64_t *off,
-                  int *word, char *err, size_t errlen);
+/* Where a stored pair came from: its document's id, the token's offset
+ * in it, and the pair's word id. */
+typedef struct {
+    char doc_id[NSSTORE_DOC_ID_MAX + 1];
+    uint64_t off;
+    int word;
+} nsstore_provenance;
+
+/* The provenance of pair id into *p. NC_ENOTFOUND for an unknown id or a
+ * pair without a document. */
+int nsstore_entry(nc_nsstore *ns, int64_t id, nsstore_provenance *p, char *err, size_t errlen);
 /* The words of the pairs of id's document at offsets [off-before, off+after]
  * as text ("a b [c] d", the entry's own word in brackets) into buf. */
 void nsstore_snippet(nc_nsstore *ns, int64_t id, int before, int after, char *buf, size_t len);

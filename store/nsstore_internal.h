@@ -18,7 +18,7 @@
 #define KEY_F16 1
 #define REC_HEAD 36               /* an add record's fixed part, before its words */
 #define STORAGE_FILE "storage"    /* "compact <fingerprint, 16 hex>\n" in a compact store's directory */
-#define DOC_ID_MAX 1024
+#define DOC_ID_MAX NSSTORE_DOC_ID_MAX
 
 struct nc_nsstore {
     char dir[1024], waldir[1100];

@@ -60,20 +60,28 @@ void nsstore_log_close(nc_nslog *l)
     free(l);
 }
 
-/* One open-vocabulary string of an ADD record's word list at *k (u32
- * length, then the bytes): its offset and length, *k moved past it. The
+/* A log record being read: its bytes, its seq (for messages), and k, the
+ * offset read up to. */
+typedef struct {
+    const unsigned char *p;
+    size_t len;
+    uint64_t seq;
+    size_t k;
+} rec_cursor;
+
+/* One open-vocabulary string of an ADD record's word list at c->k (u32
+ * length, then the bytes): its offset and length, c->k moved past it. The
  * log follower and the replay read the list alike. */
-static int add_record_word(const unsigned char *p, size_t len, uint64_t seq, size_t *k, size_t *off,
-                           uint32_t *wl, char *err, size_t errlen)
+static int add_record_word(rec_cursor *c, size_t *off, uint32_t *wl, char *err, size_t errlen)
 {
-    if (len - *k < 4)
-        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: truncated word list", (unsigned long long)seq);
-    memcpy(wl, p + *k, 4);
-    *k += 4;
-    if (*wl == 0 || *wl > len - *k)
-        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: bad word length", (unsigned long long)seq);
-    *off = *k;
-    *k += *wl;
+    if (c->len - c->k < 4)
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: truncated word list", (unsigned long long)c->seq);
+    memcpy(wl, c->p + c->k, 4);
+    c->k += 4;
+    if (*wl == 0 || *wl > c->len - c->k)
+        return nc_error(err, errlen, NC_EFORMAT, "log record %llu: bad word length", (unsigned long long)c->seq);
+    *off = c->k;
+    c->k += *wl;
     return NC_OK;
 }
 
@@ -135,10 +143,12 @@ static int log_join_words(nc_nslog *l, const add_view *v, size_t *wlen, char *er
 
 /* One ADD record (the layout nsstore_add_hook writes) into a; NC_EFORMAT if it
  * does not hold together. */
-static int log_decode_add(nc_nslog *l, uint64_t seq, const unsigned char *p, size_t len, nc_nslog_add *a,
-                          char *err, size_t errlen)
+static int log_decode_add(nc_nslog *l, const nc_wal_record *rec, nc_nslog_add *a, char *err, size_t errlen)
 {
     nc_nsstore *ns = l->ns;
+    const uint64_t seq = rec->seq;
+    const unsigned char *p = rec->payload;
+    const size_t len = rec->len;
     size_t tail = nsstore_rec_pair_bytes(ns);
     nsstore_rec_head h = {.want = (uint32_t)(ns->compact ? tail - 4 : (size_t)ns->H)};
     int hrc = nsstore_rec_head_read(p, len, seq, &h, err, errlen);
@@ -156,12 +166,14 @@ static int log_decode_add(nc_nslog *l, uint64_t seq, const unsigned char *p, siz
         l->dyn_len = dl;
         l->dcap = nd;
     }
-    size_t k = 36, wl = 0;
+    rec_cursor cur = {.p = p, .len = len, .seq = seq, .k = 36};
     for (uint32_t j = 0; j < nd; j++) {
-        int rc = add_record_word(p, len, seq, &k, &l->dyn_off[j], &l->dyn_len[j], err, errlen);
+        int rc = add_record_word(&cur, &l->dyn_off[j], &l->dyn_len[j], err, errlen);
         if (rc)
             return rc;
     }
+    const size_t k = cur.k;
+    size_t wl = 0;
     if (len - k != (size_t)n * (4 + tail))
         return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %zu bytes for %u pairs", (unsigned long long)seq,
                         len - k, n);
@@ -201,13 +213,13 @@ int nsstore_log_next(nc_nslog *l, nc_nslog_add *a, char *err, size_t errlen)
         return live;   /* its segments' names now belong to a new incarnation */
     uint64_t upto = wal_durable_seq(l->ns->wal);
     for (;;) {
-        uint64_t seq;
-        const void *payload;
-        size_t len;
-        int rc = wal_reader_next(l->r, upto, &seq, &payload, &len, err, errlen);
+        nc_wal_record rec;
+        int rc = wal_reader_next(l->r, upto, &rec, err, errlen);
         if (rc <= 0)
             return rc;
-        const unsigned char *p = payload;
+        const uint64_t seq = rec.seq;
+        const unsigned char *p = rec.payload;
+        const size_t len = rec.len;
         if (len < 4)
             return nc_error(err, errlen, NC_EFORMAT, "log record %llu: %zu bytes", (unsigned long long)seq, len);
         if (p[0] == REC_DOC)
@@ -215,7 +227,7 @@ int nsstore_log_next(nc_nslog *l, nc_nslog_add *a, char *err, size_t errlen)
         if (p[0] != (l->ns->compact ? REC_ADD_CODES : REC_ADD))
             return nc_error(err, errlen, NC_EFORMAT, "log record %llu: type %d in a store with %s", (unsigned long long)seq,
                             p[0], l->ns->compact ? "compact storage" : "keys");
-        rc = log_decode_add(l, seq, p, len, a, err, errlen);
+        rc = log_decode_add(l, &rec, a, err, errlen);
         return rc ? rc : 1;
     }
 }
@@ -304,10 +316,12 @@ static int replay_words(replay_ctx *c, rec_view *v, char *err, size_t errlen)
         c->map = mp;
         c->mcap = h->nd;
     }
+    rec_cursor cur = {.p = p, .len = len, .seq = seq, .k = *k};
     for (uint32_t j = 0; j < h->nd; j++) {
         size_t woff = 0;
         uint32_t l = 0;
-        int rc = add_record_word(p, len, seq, k, &woff, &l, err, errlen);
+        int rc = add_record_word(&cur, &woff, &l, err, errlen);
+        *k = cur.k;
         if (rc)
             return rc;
         c->map[j] = wordtable_id(ns->words, (const char *)p + woff, l, true);
@@ -413,14 +427,24 @@ static int replay_record(void *vctx, uint64_t seq, const void *payload, size_t l
 
 /* ---- opening: the newest snapshot that verifies, then the log after it ----- */
 
-/* Step 1 of nsstore_open: loads the newest snapshot that verifies; the
- * corrupt ones are set aside (renamed .corrupt, named in info->warning).
- * *base: the loaded snapshot's sequence (0: none); *corrupt_seq: the newest
- * set aside; first_err: why the first one failed. An I/O error or a failed
- * allocation returns at once, nothing changed on disk. */
-static int load_newest_snapshot(nc_nsstore *ns, nc_nsstore_recovery *info, uint64_t *base, uint64_t *corrupt_seq,
-                                char first_err[NC_ERRLEN], char *err, size_t errlen)
+/* What step 1 of nsstore_open found, for step 2: the loaded snapshot's
+ * sequence (0: none), the newest one set aside as corrupt (0: none) and why
+ * the first one failed ("" when none did). */
+typedef struct {
+    uint64_t base;
+    uint64_t corrupt_seq;
+    char first_err[NC_ERRLEN];
+} snapshot_found;
+
+/* Step 1 of nsstore_open: loads the newest snapshot that verifies into
+ * ns; the corrupt ones are set aside (renamed .corrupt, named in
+ * info->warning). An I/O error or a failed allocation returns at once,
+ * nothing changed on disk. */
+static int load_newest_snapshot(nc_nsstore *ns, nc_nsstore_recovery *info, snapshot_found *f, char *err,
+                                size_t errlen)
 {
+    uint64_t *base = &f->base, *corrupt_seq = &f->corrupt_seq;
+    char *first_err = f->first_err;
     uint64_t *snaps = NULL;
     int nsn = 0, rc = nsstore_snapshot_list(ns->dir, &snaps, &nsn, true);
     if (rc)
@@ -460,19 +484,24 @@ static int load_newest_snapshot(nc_nsstore *ns, nc_nsstore_recovery *info, uint6
     return rc;
 }
 
-/* Step 2 of nsstore_open: replays the log after snapshot base into the
- * cache and opens the log for appending. A corrupt snapshot (first_err,
- * corrupt_seq) the log cannot stand in for fails the open. */
-static int replay_log(nc_nsstore *ns, nc_nsstore_recovery *info, uint64_t base, uint64_t corrupt_seq,
-                      const char *first_err, char *err, size_t errlen)
+/* Step 2 of nsstore_open: replays the log after the snapshot f->base into
+ * the cache and opens the log for appending. A corrupt snapshot
+ * (f->first_err, f->corrupt_seq) the log cannot stand in for fails the
+ * open. */
+static int replay_log(nc_nsstore *ns, nc_nsstore_recovery *info, const snapshot_found *f, char *err,
+                      size_t errlen)
 {
+    const uint64_t base = f->base, corrupt_seq = f->corrupt_seq;
+    const char *first_err = f->first_err;
     int rc;
     unbounded_cache_set_add_hook(ns->ub, nsstore_add_hook, ns);
     unbounded_cache_set_code_hook(ns->ub, nsstore_code_hook, ns);
     ns->replaying = true;
     replay_ctx c = {.ns = ns};
     nc_wal_replay_info wi;
-    rc = wal_replay(ns->waldir, ns->tag, base, replay_record, &c, &wi, err, errlen);
+    const nc_wal_replay_spec spec = {
+        .dir = ns->waldir, .tag = ns->tag, .after = base, .fn = replay_record, .ctx = &c};
+    rc = wal_replay(&spec, &wi, err, errlen);
     ns->replaying = false;
     free(c.keys);
     free(c.ids);
@@ -492,8 +521,12 @@ static int replay_log(nc_nsstore *ns, nc_nsstore_recovery *info, uint64_t base, 
             snprintf(info->warning + strlen(info->warning), sizeof info->warning - strlen(info->warning),
                      "%s%s", info->warning[0] ? "; " : "", wi.warning);
         bool stopped = false;
-        rc = wal_open_or_stopped(ns->waldir, ns->tag, (wi.last_seq > base ? wi.last_seq : base) + 1, ns->sync,
-                                 &ns->wal, &stopped, err, errlen);
+        const nc_wal_open_spec open = {.dir = ns->waldir,
+                                       .tag = ns->tag,
+                                       .next_seq = (wi.last_seq > base ? wi.last_seq : base) + 1,
+                                       .mode = ns->sync,
+                                       .stopped = &stopped};
+        rc = wal_open(&open, &ns->wal, err, errlen);
         if (stopped)
             /* a full disk: everything is recovered and can be read;
              * writes fail (507) until nsstore_heal finds room */
@@ -590,11 +623,10 @@ int nsstore_open(const nc_nsstore_opts *o, nc_nsstore **out, nc_nsstore_recovery
     pthread_mutex_init(&ns->snap_lock, NULL);
 
     /* 0. its storage; 1. the newest snapshot that verifies */
-    char first_err[NC_ERRLEN] = "";
-    uint64_t base = 0, corrupt_seq = 0;
+    snapshot_found found = {.base = 0, .corrupt_seq = 0, .first_err = ""};
     int rc = storage_read(ns, o->compact, err, errlen);
     if (!rc)
-        rc = load_newest_snapshot(ns, info, &base, &corrupt_seq, first_err, err, errlen);
+        rc = load_newest_snapshot(ns, info, &found, err, errlen);
     if (!rc && !ns->ub) {
         rc = wordtable_new(ns->m->vocab, &ns->words, err, errlen);
         if (!rc)
@@ -604,12 +636,12 @@ int nsstore_open(const nc_nsstore_opts *o, nc_nsstore **out, nc_nsstore_recovery
         rc = storage_commit(ns, err, errlen);
     /* 2. the log after it */
     if (!rc)
-        rc = replay_log(ns, info, base, corrupt_seq, first_err, err, errlen);
+        rc = replay_log(ns, info, &found, err, errlen);
     if (rc) {
         nsstore_close(ns);
         return rc;
     }
-    ns->snap_seq = base;
+    ns->snap_seq = found.base;
     ns->snap_time = nsstore_now();
     info->entries = unbounded_cache_count(ns->ub);
     info->seconds = nsstore_now() - t0;

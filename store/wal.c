@@ -141,21 +141,29 @@ static bool valid_record_at(const unsigned char *p, size_t n)
 
 /* What wal_replay carries from segment to segment. */
 typedef struct {
-    uint32_t tag;
-    uint64_t after;               /* records up to it are the caller's already */
-    wal_record_fn fn;
-    void *ctx;
+    const nc_wal_replay_spec *spec;
     nc_wal_replay_info *info;
     uint64_t expect;              /* the next record's seq */
 } replay_run;
 
+/* One segment file, mapped: its path, bytes, and whether it is the log's
+ * last (the only one whose bad tail may be cut). */
+typedef struct {
+    const char *path;
+    const unsigned char *m;
+    size_t size;
+    bool last;
+} mapped_segment;
+
 /* Replays one mapped segment of r's log; r->expect: the next seq (updated).
- * last: this is the last segment (a bad tail may be cut). Returns rc; *cut =
- * valid length if the tail must be truncated, else (size_t)-1. */
-static int replay_segment(replay_run *r, const char *path, const unsigned char *m, size_t size, bool last,
-                          size_t *cut, char *err, size_t errlen)
+ * Returns rc; *cut = valid length if the tail must be truncated, else
+ * (size_t)-1. */
+static int replay_segment(replay_run *r, const mapped_segment *seg, size_t *cut, char *err, size_t errlen)
 {
     nc_wal_replay_info *info = r->info;
+    const char *path = seg->path;
+    const unsigned char *m = seg->m;
+    const size_t size = seg->size;
     *cut = (size_t)-1;
     size_t off = SEG_HDR;
     while (off < size) {
@@ -180,7 +188,7 @@ static int replay_segment(replay_run *r, const char *path, const unsigned char *
             for (size_t o = off + 1; o + REC_HDR <= size && !later; o++)
                 if (m[o] == 'N' && valid_record_at(m + o, size - o))
                     later = true;
-            if (!last || later)
+            if (!seg->last || later)
                 return nc_error(err, errlen, NC_EFORMAT,
                                 "%.300s: corrupt record at byte %zu (%s) with valid records after it; "
                                 "refusing to guess (restore the file or remove the namespace)",
@@ -196,8 +204,8 @@ static int replay_segment(replay_run *r, const char *path, const unsigned char *
         if (seq != r->expect)
             return nc_error(err, errlen, NC_EFORMAT, "%s: record at byte %zu has seq %llu, expected %llu",
                             path, off, (unsigned long long)seq, (unsigned long long)r->expect);
-        if (seq > r->after && r->fn) {
-            int rc = r->fn(r->ctx, seq, rec + REC_HDR, len, err, errlen);
+        if (seq > r->spec->after && r->spec->fn) {
+            int rc = r->spec->fn(r->spec->ctx, seq, rec + REC_HDR, len, err, errlen);
             if (rc)
                 return rc;
             info->records++;
@@ -219,27 +227,26 @@ static int check_segment_header(const char *path, const unsigned char *m, uint64
     if (rd64(m + 8) != first)
         return nc_error(err, errlen, NC_EFORMAT, "%s: header says first seq %llu, the name %llu", path,
                         (unsigned long long)rd64(m + 8), (unsigned long long)first);
-    if (rd32(m + 16) != r->tag)
+    if (rd32(m + 16) != r->spec->tag)
         return nc_error(err, errlen, NC_EFORMAT,
                         "%s: log written for another model (tag %08x, expected %08x); the namespace "
                         "belongs to that model: serve it with that model, or give this one another "
                         "data directory",
-                        path, rd32(m + 16), r->tag);
+                        path, rd32(m + 16), r->spec->tag);
     if (first != r->expect)
         return nc_error(err, errlen, NC_EFORMAT, "%s: starts at seq %llu but the previous segment ends at %llu",
                         path, (unsigned long long)first, (unsigned long long)(r->expect - 1));
     return NC_OK;
 }
 
-/* Replays the segment of dir that starts at first (the last one: opened
- * read-write, its torn tail cut). *end set when it is an empty last
+/* Replays the segment of r's log that starts at first (the last one:
+ * opened read-write, its torn tail cut). *end set when it is an empty last
  * segment left by a crash, now removed: the replay ends there. */
-static int replay_file(replay_run *r, const char *dir, uint64_t first, bool last, bool *end, char *err,
-                       size_t errlen)
+static int replay_file(replay_run *r, uint64_t first, bool last, bool *end, char *err, size_t errlen)
 {
     char name[64], path[1200];
     wal_segment_name(first, name, sizeof name);
-    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(path, sizeof path, "%s/%s", r->spec->dir, name);
     int fd = nc_open(path, last ? O_RDWR : O_RDONLY, 0);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
@@ -268,8 +275,10 @@ static int replay_file(replay_run *r, const char *dir, uint64_t first, bool last
     }
     int rc = check_segment_header(path, m, first, r, err, errlen);
     size_t cut = (size_t)-1;
-    if (!rc)
-        rc = replay_segment(r, path, m, size, last, &cut, err, errlen);
+    if (!rc) {
+        const mapped_segment seg = {.path = path, .m = m, .size = size, .last = last};
+        rc = replay_segment(r, &seg, &cut, err, errlen);
+    }
     munmap(m, size);
     if (!rc && cut != (size_t)-1) {
         if (ftruncate(fd, (off_t)cut) != 0 || fsync(fd) != 0)
@@ -282,9 +291,10 @@ static int replay_file(replay_run *r, const char *dir, uint64_t first, bool last
     return rc;
 }
 
-int wal_replay(const char *dir, uint32_t tag, uint64_t after, wal_record_fn fn, void *ctx,
-               nc_wal_replay_info *info, char *err, size_t errlen)
+int wal_replay(const nc_wal_replay_spec *s, nc_wal_replay_info *info, char *err, size_t errlen)
 {
+    const char *dir = s->dir;
+    const uint64_t after = s->after;
     nc_wal_replay_info dummy;
     if (!info)
         info = &dummy;
@@ -323,10 +333,10 @@ int wal_replay(const char *dir, uint32_t tag, uint64_t after, wal_record_fn fn, 
         i0++;
     expect = l.first[i0];
     info->last_seq = expect - 1 > after ? expect - 1 : after;
-    replay_run r = {.tag = tag, .after = after, .fn = fn, .ctx = ctx, .info = info, .expect = expect};
+    replay_run r = {.spec = s, .info = info, .expect = expect};
     bool end = false;
     for (int i = i0; i < l.n && !rc && !end; i++)
-        rc = replay_file(&r, dir, l.first[i], i == l.n - 1, &end, err, errlen);
+        rc = replay_file(&r, l.first[i], i == l.n - 1, &end, err, errlen);
     free(l.first);
     return rc;
 }
@@ -391,10 +401,13 @@ static int open_segment(nc_wal *w, uint64_t first, char *err, size_t errlen)
     return NC_OK;
 }
 
-static int open_log(const char *dir, uint32_t tag, uint64_t next_seq, nc_wal_sync mode, nc_wal **out,
-                    bool *stopped, char *err, size_t errlen)
+int wal_open(const nc_wal_open_spec *s, nc_wal **out, char *err, size_t errlen)
 {
+    const char *dir = s->dir;
+    const uint64_t next_seq = s->next_seq;
     *out = NULL;
+    if (s->stopped)
+        *s->stopped = false;
     if (next_seq == 0)
         return nc_error(err, errlen, NC_EINVAL, "log seq numbers start at 1");
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
@@ -406,20 +419,20 @@ static int open_log(const char *dir, uint32_t tag, uint64_t next_seq, nc_wal_syn
         free(w);
         return nc_error(err, errlen, NC_EINVAL, "log directory path too long");
     }
-    w->tag = tag;
-    w->mode = mode;
+    w->tag = s->tag;
+    w->mode = s->mode;
     w->fd = -1;
     w->last_seq = w->synced_seq = next_seq - 1;
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->cond, NULL);
     int rc = open_segment(w, next_seq, err, errlen);
-    if (rc == NC_ENOSPACE && stopped) {
+    if (rc == NC_ENOSPACE && s->stopped) {
         /* no room for a segment header: open stopped, as after a failed
          * write for lack of room; wal_restart makes the segment later */
         w->broken = true;
         w->broken_rc = NC_ENOSPACE;
         snprintf(w->broken_msg, sizeof w->broken_msg, "no room for a new log segment (%s)", err);
-        *stopped = true;
+        *s->stopped = true;
         rc = NC_OK;
     }
     if (rc) {
@@ -430,18 +443,6 @@ static int open_log(const char *dir, uint32_t tag, uint64_t next_seq, nc_wal_syn
     return NC_OK;
 }
 
-int wal_open(const char *dir, uint32_t tag, uint64_t next_seq, nc_wal_sync mode, nc_wal **out,
-             char *err, size_t errlen)
-{
-    return open_log(dir, tag, next_seq, mode, out, NULL, err, errlen);
-}
-
-int wal_open_or_stopped(const char *dir, uint32_t tag, uint64_t next_seq, nc_wal_sync mode, nc_wal **out,
-                        bool *stopped, char *err, size_t errlen)
-{
-    *stopped = false;
-    return open_log(dir, tag, next_seq, mode, out, stopped, err, errlen);
-}
 
 void wal_close(nc_wal *w)
 {
@@ -829,8 +830,7 @@ static int reader_skip(nc_wal_reader *r, uint64_t want, const char *why, char *e
                     (unsigned long long)(next - 1), (unsigned long long)want, (unsigned long long)at, why);
 }
 
-int wal_reader_next(nc_wal_reader *r, uint64_t upto, uint64_t *seq, const void **payload, size_t *len,
-                    char *err, size_t errlen)
+int wal_reader_next(nc_wal_reader *r, uint64_t upto, nc_wal_record *rec, char *err, size_t errlen)
 {
     while (r->pos < upto) {
         uint64_t want = r->pos + 1;
@@ -869,9 +869,9 @@ int wal_reader_next(nc_wal_reader *r, uint64_t upto, uint64_t *seq, const void *
         r->file_off += REC_HDR + l;
         r->file_seq++;
         r->pos = want;
-        *seq = want;
-        *payload = r->rec.data;
-        *len = l;
+        rec->seq = want;
+        rec->payload = r->rec.data;
+        rec->len = l;
         return 1;
     }
     return 0;

@@ -46,7 +46,16 @@ typedef struct {
     char warning[NC_ERRLEN];      /* what was truncated, or "" */
 } nc_wal_replay_info;
 
-/* Reads the segments of dir in order from the one holding seq after + 1
+/* Which records a replay hands out, and to whom. */
+typedef struct {
+    const char *dir;              /* the log's directory */
+    uint32_t tag;                 /* its owner's tag: segments with another are refused */
+    uint64_t after;               /* records up to it are the caller's already */
+    wal_record_fn fn;             /* called for each record with seq > after (NULL: only checked) */
+    void *ctx;                    /* fn's */
+} nc_wal_replay_spec;
+
+/* Reads the segments of s->dir in order from the one holding seq after + 1
  * and calls fn for each record with seq > after (earlier ones of that
  * segment are read and checked, not handed out; earlier segments are not
  * read: the caller's snapshot covers them, and after a failed fsync one may
@@ -54,21 +63,27 @@ typedef struct {
  * must cover after + 1: the first segment starts at or before it, else
  * NC_ENOTFOUND "log does not reach back to ...". tag: segments with another
  * tag are refused (a log of another model). A torn tail of the last segment
- * is truncated on disk. NC_EFORMAT on corruption, NC_EIO on I/O errors. */
-int wal_replay(const char *dir, uint32_t tag, uint64_t after, wal_record_fn fn, void *ctx,
-               nc_wal_replay_info *info, char *err, size_t errlen);
+ * is truncated on disk. NC_EFORMAT on corruption, NC_EIO on I/O errors.
+ * info (or NULL) says what was found. */
+int wal_replay(const nc_wal_replay_spec *s, nc_wal_replay_info *info, char *err, size_t errlen);
 
-/* Opens the log of dir for appending: a new segment starting at next_seq
- * (last_seq of the replay + 1). */
-int wal_open(const char *dir, uint32_t tag, uint64_t next_seq, nc_wal_sync mode, nc_wal **out,
-             char *err, size_t errlen);
-/* As wal_open, except that when the disk has no room for the new segment
- * (NC_ENOSPACE) the log opens stopped (*stopped set, wal_broken true,
- * appends fail with NC_ENOSPACE) instead of failing: a namespace on a full
- * disk is still recovered and read, and takes writes once wal_restart can
- * make the segment. */
-int wal_open_or_stopped(const char *dir, uint32_t tag, uint64_t next_seq, nc_wal_sync mode, nc_wal **out,
-                        bool *stopped, char *err, size_t errlen);
+/* Where a log is opened for appending, and how it syncs. */
+typedef struct {
+    const char *dir;              /* made if missing */
+    uint32_t tag;                 /* written in every segment header */
+    uint64_t next_seq;            /* the new segment's first: the replay's last_seq + 1 */
+    nc_wal_sync mode;
+    /* NULL: no room on the disk for the new segment fails the open
+     * (NC_ENOSPACE). Else the log opens stopped (*stopped set, wal_broken
+     * true, appends fail with NC_ENOSPACE) instead: a namespace on a full
+     * disk is still recovered and read, and takes writes once wal_restart
+     * can make the segment. */
+    bool *stopped;
+} nc_wal_open_spec;
+
+/* Opens the log of s->dir for appending: a new segment starting at
+ * s->next_seq. */
+int wal_open(const nc_wal_open_spec *s, nc_wal **out, char *err, size_t errlen);
 /* Syncs and closes. NULL allowed. */
 void wal_close(nc_wal *w);
 
@@ -88,7 +103,7 @@ int wal_rotate(nc_wal *w, uint64_t *last_seq, char *err, size_t errlen);
  * the current segment's tail is unknown on disk and is never synced again.
  * wal_broken says so; *last_seq (optional) the last record appended;
  * *tail_unknown (optional) false only for a log opened stopped
- * (wal_open_or_stopped), whose segments are all whole on disk. */
+ * (wal_open with stopped), whose segments are all whole on disk. */
 bool wal_broken(nc_wal *w, uint64_t *last_seq, bool *tail_unknown);
 /* Takes appends again after such an error, in a new segment starting at
  * last_seq + 1, with every record up to last_seq counted as durable. When
@@ -131,14 +146,20 @@ typedef struct nc_wal_reader nc_wal_reader;
 /* NC_ENOTFOUND when the log no longer reaches back to after + 1. */
 int wal_reader_open(const char *dir, uint32_t tag, uint64_t after, nc_wal_reader **out, char *err,
                     size_t errlen);
-/* The next record if its seq <= upto: returns 1 with *seq, *payload (owned
- * by the reader, valid until the next call) and *len; 0 when there is none
- * yet; a negative NC_ code on corruption or I/O errors. A record that
+/* A record a reader hands out: its payload is owned by the reader, valid
+ * until the next call. */
+typedef struct {
+    uint64_t seq;
+    const void *payload;
+    size_t len;
+} nc_wal_record;
+
+/* The next record if its seq <= upto: returns 1 with *rec; 0 when there is
+ * none yet; a negative NC_ code on corruption or I/O errors. A record that
  * cannot be read while a later segment starts after it (a tail lost to a
  * failed fsync, wal_restart) is NC_ENOTFOUND naming the records passed
  * over, and the reader goes on from that segment at the next call. */
-int wal_reader_next(nc_wal_reader *r, uint64_t upto, uint64_t *seq, const void **payload, size_t *len,
-                    char *err, size_t errlen);
+int wal_reader_next(nc_wal_reader *r, uint64_t upto, nc_wal_record *rec, char *err, size_t errlen);
 /* The seq of the last record returned (after, before the first). */
 uint64_t wal_reader_position(const nc_wal_reader *r);
 /* NULL allowed. */

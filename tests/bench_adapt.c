@@ -88,7 +88,7 @@ static void *fs_worker(void *p)
     char err[NC_ERRLEN], id[32];
     uint32_t doc;
     snprintf(id, sizeof id, "session:%d", a->id);
-    if (nsstore_doc_begin(a->ns, id, strlen(id), &doc, NULL, 0, err, sizeof err))
+    if (nsstore_doc_begin(a->ns, id, strlen(id), &doc, err, sizeof err))
         die("doc", err);
     uint64_t off = 0;
     while (now() < a->until) {
@@ -97,7 +97,8 @@ static void *fs_worker(void *p)
         for (int i = 0; i < n; i++)
             w[i] = (int)(rng_uniform(&r) * (float)(model->cfg.vocab_size - 1));
         uint64_t seq;
-        if (nsstore_add(a->ns, k, w, (size_t)n, doc, off, &seq, err, sizeof err) ||
+        const nsstore_pairs pairs = {.keys = k, .words = w, .n = (size_t)n, .doc = doc, .off = off};
+        if (nsstore_add(a->ns, &pairs, &seq, err, sizeof err) ||
             nsstore_sync(a->ns, seq, err, sizeof err))
             die("add", err);
         off += (uint64_t)n;
@@ -206,13 +207,14 @@ static int bench_recovery(const char *corpus, size_t tokens, const char *trained
     nc_nsstore *ns = open_ns(dir, WAL_SYNC_GROUP, trained, NULL);
     char err[NC_ERRLEN];
     uint32_t doc;
-    if (nsstore_doc_begin(ns, "corpus", 6, &doc, NULL, 0, err, sizeof err))
+    if (nsstore_doc_begin(ns, "corpus", 6, &doc, err, sizeof err))
         die("doc", err);
     double t0 = now();
     uint64_t seq = 0;
     for (size_t j0 = 0; j0 < s.n; j0 += 512) {
         size_t nb = s.n - j0 < 512 ? s.n - j0 : 512;
-        if (nsstore_add(ns, s.keys + j0 * H, s.ids + j0, nb, doc, j0, &seq, err, sizeof err))
+        const nsstore_pairs pairs = {.keys = s.keys + j0 * H, .words = s.ids + j0, .n = nb, .doc = doc, .off = j0};
+        if (nsstore_add(ns, &pairs, &seq, err, sizeof err))
             die("add", err);
     }
     if (nsstore_sync(ns, seq, err, sizeof err))

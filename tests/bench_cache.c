@@ -296,7 +296,7 @@ int main(int argc, char **argv)
     nc_doc *d = NULL;
     t0 = now();
     double c_prep0 = cpu();
-    if (doc_prepare(m, s, true, &q, NULL, NULL, &d, err, sizeof err)) {
+    if (doc_prepare(&(nc_doc_prep){.m = m, .s = s, .has_h = true, .toks = &q}, &d, err, sizeof err)) {
         fprintf(stderr, "bench_cache: %s\n", err);
         return 1;
     }
@@ -311,7 +311,7 @@ int main(int argc, char **argv)
     nc_doc_caches none = {0};
     double check_ppl[2] = {NAN, NAN};   /* [IVF, exact] when check is one of the sizes */
     double c_st0 = cpu();
-    doc_score(d, &p, &none, 0, lp, err, sizeof err);
+    doc_score(d, &p, &none, lp, err, sizeof err);
     double c_static = c_lstm + cpu() - c_st0;   /* the static model: LSTM + decoder, per CPU second */
     double ppl_static = ppl_of(lp, q.n);
     if (getenv("BENCH_NO_ADAPT"))
@@ -382,7 +382,7 @@ int main(int argc, char **argv)
             if (search_threads > 1)
                 openblas_set_num_threads(1);
             perf_ctl("enable");
-            if (doc_score(d, &p, &dc, 0, lp, err, sizeof err)) {
+            if (doc_score(d, &p, &dc, lp, err, sizeof err)) {
                 fprintf(stderr, "bench_cache: %s\n", err);
                 return 1;
             }
@@ -430,7 +430,7 @@ int main(int argc, char **argv)
                 c0 = cpu();
                 if (search_threads > 1)
                     openblas_set_num_threads(1);
-                if (doc_score(d, &pg, &gc, 0, lp2, err, sizeof err)) {
+                if (doc_score(d, &pg, &gc, lp2, err, sizeof err)) {
                     fprintf(stderr, "bench_cache: %s\n", err);
                     return 1;
                 }
@@ -457,7 +457,7 @@ int main(int argc, char **argv)
         for (int exact = 0; exact < 2; exact++) {
             nc_unbounded_cache *u = make_ub(H, argv[2], exact, &ms, check, &t_add);
             nc_doc_caches dc = {.ub = u, .adapt = true};
-            if (doc_score(d, &p, &dc, 0, exact ? lp2 : lp, err, sizeof err)) {
+            if (doc_score(d, &p, &dc, exact ? lp2 : lp, err, sizeof err)) {
                 fprintf(stderr, "bench_cache: %s\n", err);
                 return 1;
             }

@@ -123,7 +123,7 @@ int main(int argc, char **argv)
     }
     uint32_t doc;
     long rss0 = rss_kb();
-    if (nsstore_doc_begin(ns, "seed", 4, &doc, NULL, 0, err, sizeof err) != NC_OK) {
+    if (nsstore_doc_begin(ns, "seed", 4, &doc, err, sizeof err) != NC_OK) {
         fprintf(stderr, "bench_ns_seed: %s\n", err);
         return 1;
     }
@@ -131,7 +131,8 @@ int main(int argc, char **argv)
     const size_t B = 4096;
     for (size_t i = 0; i < want; i += B) {
         size_t b = want - i < B ? want - i : B;
-        if (nsstore_add(ns, keys + i * (size_t)H, ids + i, b, doc, i, NULL, err, sizeof err) != NC_OK) {
+        const nsstore_pairs pairs = {.keys = keys + i * (size_t)H, .words = ids + i, .n = b, .doc = doc, .off = i};
+        if (nsstore_add(ns, &pairs, NULL, err, sizeof err) != NC_OK) {
             fprintf(stderr, "bench_ns_seed: add at %zu: %s\n", i, err);
             return 1;
         }

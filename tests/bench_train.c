@@ -27,7 +27,7 @@ int main(int argc, char **argv)
     char err[NC_ERRLEN];
     lstm_grad_net *n;
     lstm_grad_work *w;
-    if (lstm_grad_net_new(V, H, H, L, true, &n, err, sizeof err) ||
+    if (lstm_grad_net_new(&(lstm_grad_shape){V, H, H, L, true}, &n, err, sizeof err) ||
         lstm_grad_work_new(n, T, B, &w, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
         return 1;
@@ -37,13 +37,14 @@ int main(int argc, char **argv)
     lstm_grad_init_uniform(n, &rng, 0.1f, 0);
     int *x = malloc(sizeof(int) * T * B), *y = malloc(sizeof(int) * T * B);
     lstm_grad_dropout d = {0.25f, 0.25f, 0.25f};
+    const lstm_grad_pass pass = {.train = true, .drop = &d, .rng = &rng, .backward = true};
     double t0 = 0, loss = 0;
     for (int s = -3; s < steps; s++) {
         if (s == 0)
             t0 = now();
         for (int i = 0; i < T * B; i++)
             x[i] = (int)(rng_next(&rng) % V), y[i] = (int)(rng_next(&rng) % V);
-        loss = lstm_grad_segment(n, w, x, y, T, true, &d, &rng, true);
+        loss = lstm_grad_segment(n, w, x, y, T, &pass);
         optim_clip_grad_norm(n->g, n->n, 0.25f);
         optim_sgd(n->w, n->g, n->n, 20.0f);
     }

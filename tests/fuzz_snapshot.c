@@ -135,8 +135,9 @@ static void fsnap_init(void)
             k[j] = (float)((j * 2654435761u) % 1000) / 500.0f - 1.0f;
         uint32_t doc;
         uint64_t seq;
-        if (nsstore_doc_begin(ns, "d", 1, &doc, NULL, 0, err, sizeof err) != NC_OK ||
-            (n && nsstore_add(ns, k, w, n, doc, 0, &seq, err, sizeof err) != NC_OK) ||
+        if (nsstore_doc_begin(ns, "d", 1, &doc, err, sizeof err) != NC_OK ||
+            (n && nsstore_add(ns, &(const nsstore_pairs){.keys = k, .words = w, .n = n, .doc = doc}, &seq, err,
+                              sizeof err) != NC_OK) ||
             nsstore_snapshot(ns, NULL, err, sizeof err) != NC_OK)
             abort();
         nsstore_close(ns);
@@ -172,12 +173,11 @@ static int64_t fsnap_check(nc_nsstore *ns)
         int w = unbounded_cache_word_at(ub, id);
         if (w < 0 || w >= wordtable_size(words))
             abort();
-        char doc_id[1100], err[NC_ERRLEN];
-        uint64_t off = 0;
-        int word = w;
-        if (nsstore_entry(ns, id, doc_id, sizeof doc_id, &off, &word, err, sizeof err) == NC_OK)
+        char err[NC_ERRLEN];
+        nsstore_provenance pv = {.word = w};
+        if (nsstore_entry(ns, id, &pv, err, sizeof err) == NC_OK)
             with_doc++;
-        if (word != w)
+        if (pv.word != w)
             abort();
         char snip[256];
         nsstore_snippet(ns, id, 3, 3, snip, sizeof snip);

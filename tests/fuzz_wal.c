@@ -100,7 +100,8 @@ int FUZZ_ENTRY(const uint8_t *data, size_t size)
     char err[NC_ERRLEN] = "";
     fwal_ctx c1 = {0, 0, 0};
     nc_wal_replay_info info;
-    int rc = wal_replay(fwal_dir, FWAL_TAG, 0, fwal_record, &c1, &info, err, sizeof err);
+    const nc_wal_replay_spec s1 = {.dir = fwal_dir, .tag = FWAL_TAG, .fn = fwal_record, .ctx = &c1};
+    int rc = wal_replay(&s1, &info, err, sizeof err);
     if (rc != NC_OK) {
         if (!err[0])
             abort();
@@ -111,7 +112,8 @@ int FUZZ_ENTRY(const uint8_t *data, size_t size)
     /* What recovery left on disk replays again, identically, cutting nothing. */
     fwal_ctx c2 = {0, 0, 0};
     nc_wal_replay_info info2;
-    rc = wal_replay(fwal_dir, FWAL_TAG, 0, fwal_record, &c2, &info2, err, sizeof err);
+    const nc_wal_replay_spec s2 = {.dir = fwal_dir, .tag = FWAL_TAG, .fn = fwal_record, .ctx = &c2};
+    rc = wal_replay(&s2, &info2, err, sizeof err);
     if (rc != NC_OK || c2.count != c1.count || c2.sum != c1.sum || info2.truncated ||
         info2.last_seq != info.last_seq)
         abort();

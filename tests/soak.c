@@ -13,9 +13,9 @@
  * --max-growth percent (default 2) after the warm-up: the peak of the second
  * half of the measured time against the peak of the first half (peaks,
  * because rotating namespaces make RSS a saw-tooth; a leak raises every
- * peak), of RSS less the namespaces' own memory (entries are data that must
- * grow with use: reported per entry and subtracted, and raw RSS growth is
- * printed too). It then prints each gauge at both peaks and its lowest value
+ * peak), of RSS less the namespaces' own memory and their trainings' shared
+ * index tables (entries are data that must grow with use: reported per
+ * entry and subtracted, and raw RSS growth is printed too). It then prints each gauge at both peaks and its lowest value
  * in each half -- what grew -- and the daemon's malloc_info totals (SIGUSR1).
  * The warm-up (default 180 s = three rotations) lets the namespaces reach
  * their steady size. Namespaces rotate (see ns_gen), which also makes
@@ -335,7 +335,7 @@ static void *client_main(void *arg)
  * says what grew. label: the series' exact label set, or NULL = the sum of
  * every series of the name (one per namespace). */
 enum { G_ANON, G_FILE, G_ARENA_USED, G_ARENA_FREE, G_MMAPPED, G_ARENAS, G_THREADS, G_SERIES, G_SESSIONS,
-       G_SESSION_BYTES, G_NAMESPACES, G_NS_ENTRIES, G_NS_BYTES, NGAUGE };
+       G_SESSION_BYTES, G_NAMESPACES, G_NS_ENTRIES, G_NS_BYTES, G_TABLES, NGAUGE };
 static const struct {
     const char *name, *label, *title;
     double unit;                  /* divisor for printing (bytes as MB) */
@@ -353,6 +353,9 @@ static const struct {
     {"neurocache_namespaces", NULL, "namespaces", 1},
     {"neurocache_namespace_entries", NULL, "namespace entries", 1},
     {"neurocache_namespace_memory_bytes", NULL, "namespace memory (MB)", 1e6},
+    /* the trainings' shared IVF-PQ tables: namespace memory that is not in
+     * the namespaces' own bytes (one table a training, however many namespaces) */
+    {"neurocache_index_tables_bytes", NULL, "index tables (MB)", 1e6},
 };
 
 /* The sum of the series of name (with exactly {label} when label is set) in
@@ -391,6 +394,8 @@ static void sample_gauges(client *admin, double *g)
         g[i] = st == 200 && admin->buf ? metric_value(admin->buf, gauges[i].name, gauges[i].label) : NAN;
     if (st == 200 && admin->buf && isnan(g[G_NS_ENTRIES]))
         g[G_NS_ENTRIES] = g[G_NS_BYTES] = 0;   /* no namespace open */
+    if (st == 200 && admin->buf && isnan(g[G_TABLES]))
+        g[G_TABLES] = 0;
 }
 
 /* On a failure: asks the daemon for its memory report (SIGUSR1: malloc_info
@@ -566,8 +571,10 @@ int main(int argc, char **argv)
             }
             rss_t[nrss] = el;
             rss_v[nrss] = (double)rss;
-            /* namespace entries are data, not growth: their bytes come off */
-            net_v[nrss] = (double)rss - (isnan(g[G_NS_BYTES]) ? 0 : g[G_NS_BYTES] / 1024);
+            /* namespace entries and their trainings' tables are data, not
+             * growth: their bytes come off */
+            net_v[nrss] = (double)rss - (isnan(g[G_NS_BYTES]) ? 0 : g[G_NS_BYTES] / 1024) -
+                          (isnan(g[G_TABLES]) ? 0 : g[G_TABLES] / 1024);
             memcpy(gv[nrss++], g, sizeof g);
         }
         printf("%7.0f %9zu %8.1f %8.2f %8.2f %8.2f %5ld %5ld %5ld %5ld %9ld %7.1f %7.1f %7.1f %7.1f %8.0f %7.0f\n", el,

@@ -162,9 +162,9 @@ static void causality(bool ivf)
     nc_unbounded_cache *u1 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
     nc_state *s = lstm_state_new(m);
     nc_doc *d = NULL;
-    CHECK(doc_prepare(m, s, false, &doc, NULL, NULL, &d, err, sizeof err) == NC_OK);
+    CHECK(doc_prepare(&(nc_doc_prep){.m = m, .s = s, .has_h = false, .toks = &doc}, &d, err, sizeof err) == NC_OK);
     nc_doc_caches dc = {.ub = u1, .adapt = true};
-    CHECKF(doc_score(d, &p, &dc, 0, a, err, sizeof err) == NC_OK, "%s", err);
+    CHECKF(doc_score(d, &p, &dc, a, err, sizeof err) == NC_OK, "%s", err);
     CHECK(unbounded_cache_count(u1) == (int64_t)(nbase + doc.n - 1));
     /* 2. random chunks through a stream */
     nc_unbounded_cache *u2 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
@@ -211,9 +211,9 @@ static void causality(bool ivf)
     nc_unbounded_cache *u4 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
     nc_doc *d2 = NULL;
     lstm_state_reset(s);
-    CHECK(doc_prepare(m, s, false, &doc2, NULL, NULL, &d2, err, sizeof err) == NC_OK);
+    CHECK(doc_prepare(&(nc_doc_prep){.m = m, .s = s, .has_h = false, .toks = &doc2}, &d2, err, sizeof err) == NC_OK);
     nc_doc_caches dc2 = {.ub = u4, .adapt = true};
-    CHECK(doc_score(d2, &p, &dc2, 0, c, err, sizeof err) == NC_OK);
+    CHECK(doc_score(d2, &p, &dc2, c, err, sizeof err) == NC_OK);
     double wf = 0;
     for (size_t i = 1; i < 150; i++)
         wf = fmax(wf, fabs(a[i] - c[i]));
@@ -233,10 +233,11 @@ static void causality(bool ivf)
     nc_unbounded_cache *u5 = ub_make(H, ivf ? tpl : NULL, base, bw, nbase);
     float *pd2 = malloc(doc.n * (size_t)p.knn * sizeof(float));
     int *pw = malloc(doc.n * (size_t)p.knn * sizeof(int));
-    CHECKF(doc_neighbours(d, &p, u5, true, 17, pd2, pw, err, sizeof err) == NC_OK, "%s", err);
+    const nc_doc_knn kn = {.ub = u5, .adapt = true, .block = 17, .d2 = pd2, .words = pw};
+    CHECKF(doc_neighbours(d, &p, &kn, err, sizeof err) == NC_OK, "%s", err);
     CHECK(unbounded_cache_count(u5) == (int64_t)(nbase + doc.n - 1));
     nc_doc_caches dc5 = {.ub = u5, .pre_d2 = pd2, .pre_words = pw};
-    CHECKF(doc_score(d, &p, &dc5, 0, c, err, sizeof err) == NC_OK, "%s", err);
+    CHECKF(doc_score(d, &p, &dc5, c, err, sizeof err) == NC_OK, "%s", err);
     CHECK(unbounded_cache_count(u5) == (int64_t)(nbase + doc.n - 1));   /* pre: no second add */
     double wp = 0;
     for (size_t i = 1; i < doc.n; i++)
@@ -300,10 +301,10 @@ TEST(causality_f16_keys)
            *c = malloc(doc.n * sizeof(double)), *flip = calloc(doc.n, sizeof(double));
     nc_state *s = lstm_state_new(m);
     nc_doc *d = NULL;
-    CHECK(doc_prepare(m, s, false, &doc, NULL, NULL, &d, err, sizeof err) == NC_OK);
-    CHECKF(doc_score(d, &p, NULL, 0, a, err, sizeof err) == NC_OK, "%s", err);
+    CHECK(doc_prepare(&(nc_doc_prep){.m = m, .s = s, .has_h = false, .toks = &doc}, &d, err, sizeof err) == NC_OK);
+    CHECKF(doc_score(d, &p, NULL, a, err, sizeof err) == NC_OK, "%s", err);
     p.neural_f16 = false;
-    CHECK(doc_score(d, &p, NULL, 0, c, err, sizeof err) == NC_OK);
+    CHECK(doc_score(d, &p, NULL, c, err, sizeof err) == NC_OK);
     p.neural_f16 = true;
     nc_stream *st = NULL;
     CHECK(stream_new(m, &p, NULL, NULL, false, &st, err, sizeof err) == NC_OK);
@@ -520,10 +521,11 @@ TEST(open_vocabulary)
     lstm_step(m, st, m->eos_id, wk);
     lstm_work_free(wk);
     nc_doc *d = NULL;
-    CHECK(doc_prepare(m, st, true, &t, wt, NULL, &d, err, sizeof err) == NC_OK);
+    CHECK(doc_prepare(&(nc_doc_prep){.m = m, .s = st, .has_h = true, .toks = &t, .words = wt},
+                      &d, err, sizeof err) == NC_OK);
     CHECK(d->ids[10] == V && d->ids[30] == V && d->vfull[10] == V && d->vfull[30] == V + 1);
     double lp2[40];
-    CHECK(doc_score(d, &p, NULL, 0, lp2, err, sizeof err) == NC_OK);
+    CHECK(doc_score(d, &p, NULL, lp2, err, sizeof err) == NC_OK);
     double worst = 0;
     for (int i = 0; i < 40; i++)
         worst = fmax(worst, fabs(lp[i] - lp2[i]));

@@ -181,7 +181,7 @@ TEST(score_caches_match_library)
     nc_lstm_work *w = lstm_work_new(m);
     lstm_step(m, s, m->eos_id, w);
     nc_doc *d = NULL;
-    CHECK(doc_prepare(m, s, true, &t, NULL, NULL, &d, err, sizeof err) == NC_OK);
+    CHECK(doc_prepare(&(nc_doc_prep){.m = m, .s = s, .has_h = true, .toks = &t}, &d, err, sizeof err) == NC_OK);
     nc_cache_params p;
     cache_params_default(&p);
     p.neural_size = 40, p.neural_theta = 0.7f, p.neural_lambda = 0.2f;
@@ -193,7 +193,7 @@ TEST(score_caches_match_library)
     CHECK(unbounded_cache_new(&o, NULL, &ub, err, sizeof err) == NC_OK);
     double *lp = malloc(t.n * sizeof(double));
     nc_doc_caches dc = {.ub = ub, .adapt = true};
-    CHECKF(doc_score(d, &p, &dc, 0, lp, err, sizeof err) == NC_OK, "%s", err);
+    CHECKF(doc_score(d, &p, &dc, lp, err, sizeof err) == NC_OK, "%s", err);
     /* line by line: word TAB logprob (%.6f) */
     size_t i = 0, bad = 0;
     double worst = 0;

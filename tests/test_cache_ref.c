@@ -119,12 +119,13 @@ static void check_doc_path(const fixture *f, const char *mix, size_t block)
     char err[NC_ERRLEN];
     nc_state *s = lstm_state_new(f->m);
     nc_doc *d = NULL;
-    int rc = doc_prepare(f->m, s, false, &f->toks, NULL, NULL, &d, err, sizeof err);
+    const nc_doc_prep in = {.m = f->m, .s = s, .has_h = false, .toks = &f->toks};
+    int rc = doc_prepare(&in, &d, err, sizeof err);
     CHECKF(rc == NC_OK, "%s", err);
     nc_unbounded_cache *ub = p.unbounded ? new_exact_ub(f) : NULL;
-    nc_doc_caches c = {.ub = ub, .adapt = true};
+    nc_doc_caches c = {.block = block, .ub = ub, .adapt = true};
     double *lp = malloc(f->T * sizeof(double));
-    rc = doc_score(d, &p, &c, block, lp, err, sizeof err);
+    rc = doc_score(d, &p, &c, lp, err, sizeof err);
     CHECKF(rc == NC_OK, "%s", err);
     CHECK(isnan(lp[0]));
     double worst = 0;
@@ -165,9 +166,9 @@ static void check_hidden_path(const fixture *f, const char *mix)
         d->s_target[t] = logits[d->ids[t]];
     }
     nc_unbounded_cache *ub = p.unbounded ? new_exact_ub(f) : NULL;
-    nc_doc_caches c = {.ub = ub, .adapt = true};
+    nc_doc_caches c = {.block = 7, .ub = ub, .adapt = true};
     double *lp = malloc(f->T * sizeof(double));
-    rc = doc_score(d, &p, &c, 7, lp, err, sizeof err);
+    rc = doc_score(d, &p, &c, lp, err, sizeof err);
     CHECKF(rc == NC_OK, "%s", err);
     double worst = 0;
     for (size_t t = 0; t + 1 < f->T; t++)

@@ -75,7 +75,7 @@ static int add_doc(nc_nsstore *ns, const char *id, size_t n, uint64_t seed)
 {
     char err[NC_ERRLEN];
     uint32_t doc;
-    if (nsstore_doc_begin(ns, id, strlen(id), &doc, NULL, 0, err, sizeof err))
+    if (nsstore_doc_begin(ns, id, strlen(id), &doc, err, sizeof err))
         return -1;
     float *k = malloc(n * H * sizeof *k);
     int *w = malloc(n * sizeof *w);
@@ -88,7 +88,8 @@ static int add_doc(nc_nsstore *ns, const char *id, size_t n, uint64_t seed)
     uint64_t seq = 0;
     for (size_t i = 0; !rc && i < n; i += 37) {
         size_t m = n - i < 37 ? n - i : 37;
-        rc = nsstore_add(ns, k + i * H, w + i, m, doc, i, &seq, err, sizeof err);
+        const nsstore_pairs pairs = {.keys = k + i * H, .words = w + i, .n = m, .doc = doc, .off = i};
+        rc = nsstore_add(ns, &pairs, &seq, err, sizeof err);
     }
     if (rc)
         fprintf(stderr, "add: %s\n", err);
@@ -115,12 +116,10 @@ static void answers_of(nc_nsstore *ns, answers *a)
     a->n = unbounded_cache_count(u);
     size_t k = 0;
     for (int64_t i = 0; i < a->n && k + 80 < sizeof a->prov; i++) {
-        char doc[64] = "?";
-        uint64_t off = 0;
-        int word = -1;
-        nsstore_entry(ns, i, doc, sizeof doc, &off, &word, err, sizeof err);
-        const char *s = wordtable_word(nsstore_words(ns), word);
-        k += (size_t)snprintf(a->prov + k, sizeof a->prov - k, "%s:%llu:%s\n", doc, (unsigned long long)off,
+        nsstore_provenance pv = {.doc_id = "?", .off = 0, .word = -1};
+        nsstore_entry(ns, i, &pv, err, sizeof err);
+        const char *s = wordtable_word(nsstore_words(ns), pv.word);
+        k += (size_t)snprintf(a->prov + k, sizeof a->prov - k, "%s:%llu:%s\n", pv.doc_id, (unsigned long long)pv.off,
                               s ? s : "?");
     }
     float q[8 * 64];

@@ -47,6 +47,33 @@ static nc_model *load(const char *name)
     return m;
 }
 
+/* dyneval.h's calls with their parts as separate arguments, as the tests
+ * build them. */
+static int dyn_new(const nc_model *m, int subset, const nc_state *s0, bool has_h, nc_dyneval **out, char *err,
+                   size_t errlen)
+{
+    const nc_dyn_segment start = {.s0 = s0, .has_h = has_h};
+    return dyneval_new(m, subset, &start, out, err, errlen);
+}
+
+static int dyn_loss(nc_dyneval *d, const nc_state *s0, bool has_h, const int *y, int T, bool grad, double *sum,
+                    int *nscored, char *err, size_t errlen)
+{
+    const nc_dyn_segment seg = {.s0 = s0, .has_h = has_h, .y = y, .T = T};
+    nc_dyn_loss l = {0};
+    int rc = dyneval_loss(d, &seg, grad, &l, err, errlen);
+    *sum = l.sum, *nscored = l.nscored;
+    return rc;
+}
+
+static int dyn_push(nc_dyneval *d, const int *ids, size_t k, int segment, float lr, float decay,
+                    const nc_state *st, char *err, size_t errlen)
+{
+    const nc_dyn_fed fed = {.ids = ids, .k = k, .st = st, .has_h = true};
+    const nc_dyn_rule rule = {.segment = segment, .lr = lr, .decay = decay};
+    return dyneval_push(d, &fed, &rule, err, errlen);
+}
+
 /* n tokens: a few phrases repeated with noise, so adaptation has something
  * to learn. */
 static void make_ids(const nc_model *m, int *ids, size_t n)
@@ -77,7 +104,8 @@ static void attach_stats(nc_model *m)
     make_ids(m, ids, 400);
     nc_model *ms = NULL;
     double loss;
-    int rc = dyneval_stats(m, ids, 400, 10, 0, &ms, &loss, err, sizeof err);
+    const nc_dyn_stats_text text = {.toks = ids, .ntok = 400, .segment = 10, .max_tokens = 0};
+    int rc = dyneval_stats(m, &text, &ms, &loss, err, sizeof err);
     CHECKF(rc == NC_OK, "%s", err);
     if (rc)
         return;
@@ -110,7 +138,7 @@ static double mean_loss(nc_dyneval *d, const nc_state *s0, bool has_h, const int
     double l;
     int ns;
     char err[NC_ERRLEN];
-    int rc = dyneval_loss(d, s0, has_h, y, T, false, &l, &ns, err, sizeof err);
+    int rc = dyn_loss(d, s0, has_h, y, T, false, &l, &ns, err, sizeof err);
     CHECKF(rc == NC_OK, "%s", err);
     return ns ? l / ns : 0.0;
 }
@@ -159,7 +187,7 @@ TEST(gradient_matches_central_differences)
             for (int hh = 0; hh < 2; hh++) {
                 nc_state *s0 = state_after(m, 5);
                 nc_dyneval *d = NULL;
-                int rc = dyneval_new(m, subset, s0, hh, &d, err, sizeof err);
+                int rc = dyn_new(m, subset, s0, hh, &d, err, sizeof err);
                 CHECKF(rc == NC_OK, "%s", err);
                 if (rc) {
                     lstm_state_free(s0);
@@ -169,7 +197,7 @@ TEST(gradient_matches_central_differences)
                 make_ids(m, y, 7);
                 double l;
                 int ns;
-                rc = dyneval_loss(d, s0, hh, y, 7, true, &l, &ns, err, sizeof err);
+                rc = dyn_loss(d, s0, hh, y, 7, true, &l, &ns, err, sizeof err);
                 CHECKF(rc == NC_OK && ns == (hh ? 7 : 6), "%s ns=%d", err, ns);
                 double worst = 0, gmax = 0;
                 int checked = 0;
@@ -216,9 +244,9 @@ static void update_check(const char *fixture)
     for (int subset = NC_DYN_BIAS; subset <= NC_DYN_ALL; subset++) {
         nc_state *s0 = state_after(m, 3), *s1 = state_after(m, 4);
         nc_dyneval *d = NULL, *ref = NULL;
-        int rc = dyneval_new(m, subset, s0, true, &d, err, sizeof err);
+        int rc = dyn_new(m, subset, s0, true, &d, err, sizeof err);
         if (!rc)
-            rc = dyneval_new(m, subset, s0, true, &ref, err, sizeof err);
+            rc = dyn_new(m, subset, s0, true, &ref, err, sizeof err);
         CHECKF(rc == NC_OK, "%s", err);
         if (rc)
             break;
@@ -229,7 +257,7 @@ static void update_check(const char *fixture)
         size_t rc_n = 0;
         {
             nc_dyneval *all = NULL;
-            dyneval_new(m, NC_DYN_ALL, s0, true, &all, err, sizeof err);
+            dyn_new(m, NC_DYN_ALL, s0, true, &all, err, sizeof err);
             /* sqrt(MS_g) of each weight: the statistics model's tensors,
              * found through an ALL adaptation's layout */
             const nc_model *ms = m->dyn_ms;
@@ -258,7 +286,7 @@ static void update_check(const char *fixture)
             dyneval_free(all);
         }
         double mean_r = rs / (double)rc_n, eps = NC_DYN_EPS_REL * mean_r;
-        rc = dyneval_push(d, y, 6, NULL, 6, lr, decay, s1, true, err, sizeof err);
+        rc = dyn_push(d, y, 6, 6, lr, decay, s1, err, sizeof err);
         CHECKF(rc == NC_OK && dyneval_pending(d) == 0, "%s", err);
         /* the sqrt(MS_g) of a weight of tensor k: the statistics of the same
          * tensor, reached as the implementation does not (by kind order) --
@@ -311,7 +339,7 @@ static void update_check(const char *fixture)
             snap[k] = malloc(n * sizeof(float));
             memcpy(snap[k], w, n * sizeof(float));
         }
-        rc = dyneval_push(d, y, 6, NULL, 6, 0.0f, decay, s1, true, err, sizeof err);
+        rc = dyn_push(d, y, 6, 6, 0.0f, decay, s1, err, sizeof err);
         CHECK(rc == NC_OK);
         int bad = 0;
         for (int k = 0; k < nt; k++) {
@@ -948,7 +976,7 @@ TEST(f16_copies_dropped_where_adapted)
     nc_state *s0 = state_after(m, 3);
     for (int subset = NC_DYN_BIAS; subset <= NC_DYN_ALL; subset++) {
         nc_dyneval *d = NULL;
-        int rc = dyneval_new(m, subset, s0, true, &d, err, sizeof err);
+        int rc = dyn_new(m, subset, s0, true, &d, err, sizeof err);
         CHECKF(rc == NC_OK, "%s", err);
         if (rc)
             break;

@@ -330,7 +330,7 @@ static int store_add(nc_nsstore *ns, nc_model *m, size_t n, unsigned seed)
 {
     char err[NC_ERRLEN];
     uint32_t doc;
-    if (nsstore_doc_begin(ns, "", 0, &doc, NULL, 0, err, sizeof err))
+    if (nsstore_doc_begin(ns, "", 0, &doc, err, sizeof err))
         return -1;
     size_t H = (size_t)m->cfg.hidden_size;
     float *k = malloc(n * H * sizeof *k);
@@ -340,7 +340,8 @@ static int store_add(nc_nsstore *ns, nc_model *m, size_t n, unsigned seed)
     for (size_t i = 0; i < n; i++)
         w[i] = (int)((seed + i) % (unsigned)m->cfg.vocab_size);
     uint64_t seq = 0;
-    int rc = nsstore_add(ns, k, w, n, doc, 0, &seq, err, sizeof err) || nsstore_sync(ns, seq, err, sizeof err);
+    const nsstore_pairs pairs = {.keys = k, .words = w, .n = n, .doc = doc, .off = 0};
+    int rc = nsstore_add(ns, &pairs, &seq, err, sizeof err) || nsstore_sync(ns, seq, err, sizeof err);
     free(k);
     free(w);
     return rc ? -1 : 0;

@@ -286,10 +286,11 @@ static void score_doc(nc_model *m, const nc_tokens *doc, const nc_cache_params *
     char err[NC_ERRLEN];
     nc_state *s = lstm_state_new(m);
     nc_doc *d = NULL;
-    CHECKF(doc_prepare_ex(m, s, false, doc, NULL, NULL, true, &d, err, sizeof err) == NC_OK, "%s", err);
+    CHECKF(doc_prepare(&(nc_doc_prep){.m = m, .s = s, .has_h = false, .toks = doc, .vocab_stats = true},
+                       &d, err, sizeof err) == NC_OK, "%s", err);
     double *pc = gf ? malloc(doc->n * NC_NCOMP * sizeof(double)) : NULL;
     nc_doc_caches dc = {.ub = ub, .adapt = ub != NULL, .gate_f = gf, .gate_pc = pc};
-    CHECKF(doc_score(d, p, &dc, 0, lp, err, sizeof err) == NC_OK, "%s", err);
+    CHECKF(doc_score(d, p, &dc, lp, err, sizeof err) == NC_OK, "%s", err);
     if (searched)
         *searched = dc.searched;
     if (skipped)
@@ -568,12 +569,13 @@ TEST(partial_skip_equals_precomputed)
     u = ub_make(H, 150);
     nc_state *s = lstm_state_new(m);
     nc_doc *d = NULL;
-    CHECK(doc_prepare(m, s, false, &doc, NULL, NULL, &d, err, sizeof err) == NC_OK);
+    CHECK(doc_prepare(&(nc_doc_prep){.m = m, .s = s, .has_h = false, .toks = &doc}, &d, err, sizeof err) == NC_OK);
     float *d2 = malloc(n * (size_t)p.knn * sizeof(float));
     int *ww = malloc(n * (size_t)p.knn * sizeof(int));
-    CHECK(doc_neighbours(d, &p, u, true, 0, d2, ww, err, sizeof err) == NC_OK);
+    const nc_doc_knn kn = {.ub = u, .adapt = true, .d2 = d2, .words = ww};
+    CHECK(doc_neighbours(d, &p, &kn, err, sizeof err) == NC_OK);
     nc_doc_caches dc = {.ub = u, .pre_d2 = d2, .pre_words = ww};
-    CHECK(doc_score(d, &p, &dc, 0, b, err, sizeof err) == NC_OK);
+    CHECK(doc_score(d, &p, &dc, b, err, sizeof err) == NC_OK);
     CHECK(dc.searched == searched && dc.skipped == skipped);
     for (size_t t = 1; t < n; t++)
         CHECKF(fabs(a[t] - b[t]) <= TOL_FIXTURE_PATHS, "token %zu: live %.9g, precomputed %.9g", t, a[t], b[t]);

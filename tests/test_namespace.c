@@ -46,7 +46,7 @@ static uint64_t add_doc(nc_nsstore *ns, const char *id, size_t n, uint64_t seed)
 {
     char err[NC_ERRLEN];
     uint32_t doc;
-    if (nsstore_doc_begin(ns, id, id ? strlen(id) : 0, &doc, NULL, 0, err, sizeof err))
+    if (nsstore_doc_begin(ns, id, id ? strlen(id) : 0, &doc, err, sizeof err))
         return 0;
     nc_rng r;
     rng_seed(&r, seed);
@@ -61,8 +61,9 @@ static uint64_t add_doc(nc_nsstore *ns, const char *id, size_t n, uint64_t seed)
     uint64_t seq = 0;
     /* in two adds, so offsets continue across records */
     size_t h = n / 2;
-    if (nsstore_add(ns, k, w, h, doc, 0, &seq, err, sizeof err) ||
-        nsstore_add(ns, k + h * H, w + h, n - h, doc, h, &seq, err, sizeof err) ||
+    const nsstore_pairs head = {.keys = k, .words = w, .n = h, .doc = doc, .off = 0};
+    const nsstore_pairs tail = {.keys = k + h * H, .words = w + h, .n = n - h, .doc = doc, .off = h};
+    if (nsstore_add(ns, &head, &seq, err, sizeof err) || nsstore_add(ns, &tail, &seq, err, sizeof err) ||
         nsstore_sync(ns, seq, err, sizeof err))
         seq = 0;
     free(k);
@@ -89,13 +90,12 @@ static void fingerprint(nc_nsstore *ns, print *p)
     p->prov = malloc(cap);
     p->prov[0] = 0;
     for (int64_t i = 0; i < p->n; i++) {
-        char doc[128];
-        uint64_t off;
-        int word;
-        if (nsstore_entry(ns, i, doc, sizeof doc, &off, &word, err, sizeof err))
-            snprintf(doc, sizeof doc, "?"), off = 0, word = -1;
-        const char *s = wordtable_word(nsstore_words(ns), word);
-        k += (size_t)snprintf(p->prov + k, cap - k, "%s:%llu:%s\n", doc, (unsigned long long)off, s ? s : "?");
+        nsstore_provenance pv;
+        if (nsstore_entry(ns, i, &pv, err, sizeof err))
+            snprintf(pv.doc_id, sizeof pv.doc_id, "?"), pv.off = 0, pv.word = -1;
+        const char *s = wordtable_word(nsstore_words(ns), pv.word);
+        k += (size_t)snprintf(p->prov + k, cap - k, "%s:%llu:%s\n", pv.doc_id, (unsigned long long)pv.off,
+                              s ? s : "?");
     }
     nc_rng r;
     rng_seed(&r, 99);
@@ -161,17 +161,16 @@ TEST(log_only_round_trip)
     HAS(a.prov, "doc-1:199:");
     /* provenance and snippet */
     char doc[64], snip[256];
-    uint64_t off;
-    int w;
-    CHECK(nsstore_entry(ns, 304, doc, sizeof doc, &off, &w, err, sizeof err) == NC_OK);
-    CHECK(strcmp(doc, "doc-1") == 0 && off == 4);
-    CHECK(strcmp(wordtable_word(nsstore_words(ns), w), "quokka") == 0);   /* i = 4: oov[4 % 3] */
+    nsstore_provenance pv;
+    CHECK(nsstore_entry(ns, 304, &pv, err, sizeof err) == NC_OK);
+    CHECK(strcmp(pv.doc_id, "doc-1") == 0 && pv.off == 4);
+    CHECK(strcmp(wordtable_word(nsstore_words(ns), pv.word), "quokka") == 0);   /* i = 4: oov[4 % 3] */
     nsstore_snippet(ns, 304, 2, 1, snip, sizeof snip);
     HAS(snip, "[quokka]");
     /* a snippet stops at the document's start */
     nsstore_snippet(ns, 300, 5, 0, snip, sizeof snip);
     CHECK(snip[0] == '[');
-    CHECK(nsstore_entry(ns, 500, doc, sizeof doc, &off, &w, err, sizeof err) == NC_ENOTFOUND);
+    CHECK(nsstore_entry(ns, 500, &pv, err, sizeof err) == NC_ENOTFOUND);
     uint64_t pairs;
     CHECK(nsstore_doc_count(ns) == 2 && nsstore_doc_info(ns, 0, doc, sizeof doc, &pairs) == NC_OK &&
           pairs == 300 && strcmp(doc, "alpha") == 0);
@@ -334,7 +333,7 @@ TEST(stream_adapt_logged)
     const char *text = "w1 w2 platypus w3 w4 w5 platypus w6\nw7";
     CHECK(tokenize(model, text, strlen(text), false, &t, err, sizeof err) == NC_OK);
     uint32_t doc;
-    CHECK(nsstore_doc_begin(ns, "session:s1", 10, &doc, NULL, 0, err, sizeof err) == NC_OK);
+    CHECK(nsstore_doc_begin(ns, "session:s1", 10, &doc, err, sizeof err) == NC_OK);
     double lp1[16], lp2[16];
     nsstore_set_context(ns, doc, 0);
     CHECK(stream_feed(s, &t, true, lp1, err, sizeof err) == NC_OK);
@@ -342,11 +341,10 @@ TEST(stream_adapt_logged)
     nsstore_clear_context();
     CHECK(seq > 0 && nsstore_sync(ns, seq, err, sizeof err) == NC_OK);
     CHECK(unbounded_cache_count(nsstore_unbounded_cache(ns)) == (int64_t)t.n);
-    char id[64];
-    uint64_t off;
-    int w;
-    CHECK(nsstore_entry(ns, 6, id, sizeof id, &off, &w, err, sizeof err) == NC_OK);
-    CHECK(strcmp(id, "session:s1") == 0 && off == 6 && strcmp(wordtable_word(nsstore_words(ns), w), "platypus") == 0);
+    nsstore_provenance pv;
+    CHECK(nsstore_entry(ns, 6, &pv, err, sizeof err) == NC_OK);
+    CHECK(strcmp(pv.doc_id, "session:s1") == 0 && pv.off == 6 &&
+          strcmp(wordtable_word(nsstore_words(ns), pv.word), "platypus") == 0);
     print a, b;
     fingerprint(ns, &a);
     stream_free(s);
@@ -376,13 +374,14 @@ TEST(bad_input)
     nc_nsstore *ns;
     CHECK(open_ns(dir, &ns, NULL, err, sizeof err) == NC_OK);
     uint32_t doc;
-    CHECK(nsstore_doc_begin(ns, "bad\nid", 6, &doc, NULL, 0, err, sizeof err) == NC_EINVAL);
+    CHECK(nsstore_doc_begin(ns, "bad\nid", 6, &doc, err, sizeof err) == NC_EINVAL);
     char big[2000];
     memset(big, 'x', sizeof big);
-    CHECK(nsstore_doc_begin(ns, big, sizeof big, &doc, NULL, 0, err, sizeof err) == NC_EINVAL);
+    CHECK(nsstore_doc_begin(ns, big, sizeof big, &doc, err, sizeof err) == NC_EINVAL);
     float k[64] = {0};
     int w = V + 100;
-    CHECK(nsstore_add(ns, k, &w, 1, NSSTORE_NO_DOC, 0, NULL, err, sizeof err) == NC_EINVAL);
+    const nsstore_pairs bad = {.keys = k, .words = &w, .n = 1, .doc = NSSTORE_NO_DOC, .off = 0};
+    CHECK(nsstore_add(ns, &bad, NULL, err, sizeof err) == NC_EINVAL);
     CHECK(unbounded_cache_count(nsstore_unbounded_cache(ns)) == 0);
     nsstore_close(ns);
     nsstore_close(NULL);

@@ -27,7 +27,7 @@ static double seg_loss(lstm_grad_net *n, lstm_grad_work *w, const float *h0, con
     size_t cnt = lstm_grad_work_state_floats(w);
     memcpy(lstm_grad_work_state_h(w), h0, cnt * sizeof(float));
     memcpy(lstm_grad_work_state_c(w), c0, cnt * sizeof(float));
-    return lstm_grad_segment(n, w, x, y, T, false, NULL, NULL, false) / (double)(T * 3);
+    return lstm_grad_segment(n, w, x, y, T, NULL) / (double)(T * 3);
 }
 
 /* Central differences f'(w) ~ (f(w+e) - f(w-e)) / 2e, refined by Richardson
@@ -39,7 +39,7 @@ static void gradient_check(bool tied)
     char err[NC_ERRLEN];
     lstm_grad_net *n = NULL;
     lstm_grad_work *w = NULL;
-    CHECK(lstm_grad_net_new(V, E, H, L, tied, &n, err, sizeof err) == NC_OK);
+    CHECK(lstm_grad_net_new(&(lstm_grad_shape){V, E, H, L, tied}, &n, err, sizeof err) == NC_OK);
     CHECK(lstm_grad_work_new(n, T, B, &w, err, sizeof err) == NC_OK);
     if (!n || !w)
         goto done;
@@ -62,7 +62,7 @@ static void gradient_check(bool tied)
 
     memcpy(lstm_grad_work_state_h(w), h0, sc * sizeof(float));
     memcpy(lstm_grad_work_state_c(w), c0, sc * sizeof(float));
-    lstm_grad_segment(n, w, x, y, T, false, NULL, NULL, true);
+    lstm_grad_segment(n, w, x, y, T, &(const lstm_grad_pass){.backward = true});
     float *ga = malloc(n->n * sizeof(float));
     memcpy(ga, n->g, n->n * sizeof(float));
 
@@ -124,8 +124,9 @@ static void pytorch_reference(const char *fixture)
     lstm_grad_work *w = NULL;
     if (!ref || !m)
         goto done;
-    CHECK(lstm_grad_net_new(m->cfg.vocab_size, m->cfg.embedding_size, m->cfg.hidden_size, m->cfg.num_layers,
-                            m->cfg.tie_weights, &n, err, sizeof err) == NC_OK);
+    CHECK(lstm_grad_net_new(&(lstm_grad_shape){m->cfg.vocab_size, m->cfg.embedding_size, m->cfg.hidden_size,
+                                                m->cfg.num_layers, m->cfg.tie_weights},
+                            &n, err, sizeof err) == NC_OK);
     CHECK(lstm_grad_work_new(n, 4, 1, &w, err, sizeof err) == NC_OK);
     CHECK(lstm_grad_from_model(n, m, err, sizeof err) == NC_OK);
     json_t *toks = json_object_get(ref, "tokens");
@@ -136,7 +137,7 @@ static void pytorch_reference(const char *fixture)
     for (size_t t = 0; t + 1 < T; t++) {
         int x = (int)json_integer_value(json_array_get(toks, t));
         int y = (int)json_integer_value(json_array_get(toks, t + 1));
-        double nll = lstm_grad_segment(n, w, &x, &y, 1, false, NULL, NULL, false);
+        double nll = lstm_grad_segment(n, w, &x, &y, 1, NULL);
         double d = fabs(-nll - json_real_value(json_array_get(lp, t)));
         maxd = d > maxd ? d : maxd;
     }
@@ -324,7 +325,7 @@ TEST(saved_model_matches_inference)
         tok[i] = (int)(rng_next(&r) % (uint64_t)m->cfg.vocab_size);
     lstm_grad_net *n = NULL;
     lstm_grad_work *w = NULL;
-    CHECK(lstm_grad_net_new(m->cfg.vocab_size, 16, 16, 2, false, &n, err, sizeof err) == NC_OK);
+    CHECK(lstm_grad_net_new(&(lstm_grad_shape){m->cfg.vocab_size, 16, 16, 2, false}, &n, err, sizeof err) == NC_OK);
     CHECK(lstm_grad_work_new(n, N, 1, &w, err, sizeof err) == NC_OK);
     CHECK(lstm_grad_from_model(n, m, err, sizeof err) == NC_OK);
     nc_state *s = lstm_state_new(m);
@@ -335,7 +336,7 @@ TEST(saved_model_matches_inference)
     for (int t = 0; t < N; t++) {
         float *row = logits + (size_t)t * m->cfg.vocab_size;
         nc_log_softmax(row, (size_t)m->cfg.vocab_size);
-        double nll = lstm_grad_segment(n, w, &tok[t], &tok[t + 1], 1, false, NULL, NULL, false);
+        double nll = lstm_grad_segment(n, w, &tok[t], &tok[t + 1], 1, NULL);
         double d = fabs(-nll - row[tok[t + 1]]);
         maxd = d > maxd ? d : maxd;
         sum_inf += -row[tok[t + 1]];
@@ -343,7 +344,7 @@ TEST(saved_model_matches_inference)
     CHECKF(maxd <= 1e-4, "max |training forward - inference| = %g", maxd);
     /* Whole segment at once gives the same sum. */
     lstm_grad_work_reset_state(w);
-    double whole = lstm_grad_segment(n, w, tok, tok + 1, N, false, NULL, NULL, false);
+    double whole = lstm_grad_segment(n, w, tok, tok + 1, N, NULL);
     CHECK_NEAR(whole, sum_inf, 1e-3);
     free(hidden);
     free(logits);
@@ -360,7 +361,7 @@ TEST(overfits_tiny_corpus)
     char err[NC_ERRLEN];
     lstm_grad_net *n = NULL;
     lstm_grad_work *w = NULL;
-    CHECK(lstm_grad_net_new(V, 24, 24, 2, true, &n, err, sizeof err) == NC_OK);
+    CHECK(lstm_grad_net_new(&(lstm_grad_shape){V, 24, 24, 2, true}, &n, err, sizeof err) == NC_OK);
     CHECK(lstm_grad_work_new(n, T, B, &w, err, sizeof err) == NC_OK);
     if (!n || !w)
         goto done;
@@ -379,7 +380,7 @@ TEST(overfits_tiny_corpus)
                 y[t * B + b] = seq[(pos + t + 1 + 4 * b) % LEN];
             }
         pos = (pos + T) % LEN;
-        loss = lstm_grad_segment(n, w, x, y, T, false, NULL, NULL, true) / (T * B);
+        loss = lstm_grad_segment(n, w, x, y, T, &(const lstm_grad_pass){.backward = true}) / (T * B);
         if (step == 0)
             first = loss;
         optim_clip_grad_norm(n->g, n->n, 5.0f);

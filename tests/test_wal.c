@@ -21,6 +21,30 @@
 #define TAG 0x1234abcdu
 #define HAS(s, sub) CHECKF(strstr((s), (sub)) != NULL, "\"%s\" lacks \"%s\"", (s), (sub))
 
+/* The calls in the tests' argument order: wal.h takes them as specs. */
+static int replay(const char *dir, uint32_t tag, uint64_t after, wal_record_fn fn, void *ctx,
+                  nc_wal_replay_info *info, char *err, size_t errlen)
+{
+    const nc_wal_replay_spec s = {.dir = dir, .tag = tag, .after = after, .fn = fn, .ctx = ctx};
+    return wal_replay(&s, info, err, errlen);
+}
+
+static int open_wal(const char *dir, uint32_t tag, uint64_t next_seq, nc_wal_sync mode, nc_wal **out, char *err,
+                    size_t errlen)
+{
+    const nc_wal_open_spec s = {.dir = dir, .tag = tag, .next_seq = next_seq, .mode = mode};
+    return wal_open(&s, out, err, errlen);
+}
+
+static int reader_next(nc_wal_reader *r, uint64_t upto, uint64_t *seq, const void **payload, size_t *len,
+                       char *err, size_t errlen)
+{
+    nc_wal_record rec = {0};
+    int rc = wal_reader_next(r, upto, &rec, err, errlen);
+    *seq = rec.seq, *payload = rec.payload, *len = rec.len;
+    return rc;
+}
+
 static void scratch(char *dir, size_t n)
 {
     snprintf(dir, n, "/tmp/nc_test_wal_XXXXXX");
@@ -58,7 +82,7 @@ static int write_log(const char *dir, uint64_t from, uint64_t to, nc_wal_sync mo
 {
     nc_wal *w;
     char err[NC_ERRLEN];
-    if (wal_open(dir, TAG, from, mode, &w, err, sizeof err))
+    if (open_wal(dir, TAG, from, mode, &w, err, sizeof err))
         return -1;
     unsigned char b[400];
     uint64_t seq = 0;
@@ -104,20 +128,20 @@ TEST(round_trip)
     CHECK(write_log(dir, 1, 500, WAL_SYNC_GROUP) == 0);
     check_ctx c = {0};
     nc_wal_replay_info info;
-    CHECK(wal_replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err) == NC_OK);
+    CHECK(replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err) == NC_OK);
     CHECK(c.n == 500 && c.bad == 0 && c.first == 1);
     CHECK(info.last_seq == 500 && !info.truncated && info.segments == 1);
     /* only records after 'after' are handed out */
     memset(&c, 0, sizeof c);
-    CHECK(wal_replay(dir, TAG, 420, check_rec, &c, &info, err, sizeof err) == NC_OK);
+    CHECK(replay(dir, TAG, 420, check_rec, &c, &info, err, sizeof err) == NC_OK);
     CHECK(c.n == 80 && c.first == 421 && info.last_seq == 500);
     /* another model's tag is refused */
-    CHECK(wal_replay(dir, TAG + 1, 0, check_rec, &c, &info, err, sizeof err) == NC_EFORMAT);
+    CHECK(replay(dir, TAG + 1, 0, check_rec, &c, &info, err, sizeof err) == NC_EFORMAT);
     HAS(err, "another model");
     /* continuing the log: a new segment at 501 */
     CHECK(write_log(dir, 501, 600, WAL_SYNC_EACH) == 0);
     memset(&c, 0, sizeof c);
-    CHECK(wal_replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err) == NC_OK);
+    CHECK(replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err) == NC_OK);
     CHECK(c.n == 600 && c.bad == 0 && info.segments == 2);
     nsstore_remove_dir(dir, NULL, 0);
 }
@@ -133,27 +157,27 @@ TEST(torn_tail_truncated)
     CHECK(truncate(p, full - 50) == 0);
     check_ctx c = {0};
     nc_wal_replay_info info;
-    CHECK(wal_replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err) == NC_OK);
+    CHECK(replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err) == NC_OK);
     CHECK(c.n == 99 && c.bad == 0 && info.truncated && info.last_seq == 99);
     HAS(info.warning, "torn final record");
     CHECK(file_size(p) == full - 24 - (long)rec_len(100));
     /* the log continues cleanly after the cut */
     CHECK(write_log(dir, 100, 120, WAL_SYNC_GROUP) == 0);
     memset(&c, 0, sizeof c);
-    CHECK(wal_replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err) == NC_OK);
+    CHECK(replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err) == NC_OK);
     CHECK(c.n == 120 && c.bad == 0 && !info.truncated);
     /* garbage after the last record (zeros from a crashed extension) */
     seg_path(dir, 100, p, sizeof p);
     long sz = file_size(p);
     CHECK(truncate(p, sz + 4096) == 0);
     memset(&c, 0, sizeof c);
-    CHECK(wal_replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err) == NC_OK);
+    CHECK(replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err) == NC_OK);
     CHECK(c.n == 120 && info.truncated && file_size(p) == sz);
     /* a byte flipped inside the last record is indistinguishable from a
      * torn write: truncated with a warning */
     flip_byte(p, sz - 3);
     memset(&c, 0, sizeof c);
-    CHECK(wal_replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err) == NC_OK);
+    CHECK(replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err) == NC_OK);
     CHECK(c.n == 119 && c.bad == 0 && info.truncated);
     HAS(info.warning, "checksum mismatch");
     nsstore_remove_dir(dir, NULL, 0);
@@ -173,22 +197,22 @@ TEST(flipped_byte_in_the_middle_refused)
         check_ctx c = {0};
         nc_wal_replay_info info;
         err[0] = 0;
-        int rc = wal_replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err);
+        int rc = replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err);
         CHECKF(rc == NC_EFORMAT, "flip at %ld: rc %d", offs[i], rc);
         HAS(err, p);
         CHECK(file_size(p) == full);   /* nothing truncated */
         flip_byte(p, offs[i]);         /* restore */
     }
     check_ctx c = {0};
-    CHECK(wal_replay(dir, TAG, 0, check_rec, &c, NULL, err, sizeof err) == NC_OK && c.n == 200);
+    CHECK(replay(dir, TAG, 0, check_rec, &c, NULL, err, sizeof err) == NC_OK && c.n == 200);
     /* a bad segment header */
     flip_byte(p, 3);
-    CHECK(wal_replay(dir, TAG, 0, check_rec, &c, NULL, err, sizeof err) == NC_EFORMAT);
+    CHECK(replay(dir, TAG, 0, check_rec, &c, NULL, err, sizeof err) == NC_EFORMAT);
     HAS(err, "bad segment header");
     flip_byte(p, 3);
     /* a missing record between segments (a gap) */
     CHECK(write_log(dir, 202, 210, WAL_SYNC_NONE) == 0);
-    CHECK(wal_replay(dir, TAG, 0, check_rec, &c, NULL, err, sizeof err) == NC_EFORMAT);
+    CHECK(replay(dir, TAG, 0, check_rec, &c, NULL, err, sizeof err) == NC_EFORMAT);
     HAS(err, "previous segment ends at 200");
     nsstore_remove_dir(dir, NULL, 0);
 }
@@ -198,7 +222,7 @@ TEST(rotate_and_prune)
     char dir[64], err[NC_ERRLEN] = "";
     scratch(dir, sizeof dir);
     nc_wal *w;
-    CHECK(wal_open(dir, TAG, 1, WAL_SYNC_GROUP, &w, err, sizeof err) == NC_OK);
+    CHECK(open_wal(dir, TAG, 1, WAL_SYNC_GROUP, &w, err, sizeof err) == NC_OK);
     unsigned char b[400];
     uint64_t seq = 0, last = 0;
     for (uint64_t i = 1; i <= 300; i++) {
@@ -216,19 +240,19 @@ TEST(rotate_and_prune)
     wal_close(w);
     check_ctx c = {0};
     nc_wal_replay_info info;
-    CHECK(wal_replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err) == NC_OK);
+    CHECK(replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err) == NC_OK);
     CHECK(c.n == 300 && c.bad == 0 && info.segments == 4);
     /* prune what a snapshot at 150 covers: only the first segment [1,100] */
     CHECK(wal_prune(dir, 150, err, sizeof err) == 1);
     memset(&c, 0, sizeof c);
-    CHECK(wal_replay(dir, TAG, 150, check_rec, &c, &info, err, sizeof err) == NC_OK);
+    CHECK(replay(dir, TAG, 150, check_rec, &c, &info, err, sizeof err) == NC_OK);
     CHECK(c.n == 150 && c.first == 151);
     /* the log no longer reaches back to 1 */
-    CHECK(wal_replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err) == NC_ENOTFOUND);
+    CHECK(replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err) == NC_ENOTFOUND);
     HAS(err, "does not reach back");
     /* the last segment is never pruned */
     CHECK(wal_prune(dir, 1000, err, sizeof err) == 2);
-    CHECK(wal_replay(dir, TAG, 300, check_rec, &c, &info, err, sizeof err) == NC_OK);
+    CHECK(replay(dir, TAG, 300, check_rec, &c, &info, err, sizeof err) == NC_OK);
     nsstore_remove_dir(dir, NULL, 0);
 }
 
@@ -272,7 +296,7 @@ TEST(group_commit_concurrent)
         char dir[64], err[NC_ERRLEN] = "";
         scratch(dir, sizeof dir);
         nc_wal *w;
-        CHECK(wal_open(dir, TAG, 1, (nc_wal_sync)mode, &w, err, sizeof err) == NC_OK);
+        CHECK(open_wal(dir, TAG, 1, (nc_wal_sync)mode, &w, err, sizeof err) == NC_OK);
         pthread_t th[4];
         writer_arg a[4];
         for (int i = 0; i < 4; i++) {
@@ -295,7 +319,7 @@ TEST(group_commit_concurrent)
                 (unsigned long long)st.fsyncs);
         wal_close(w);
         int counts[4] = {0};
-        CHECK(wal_replay(dir, TAG, 0, count_by_writer, counts, NULL, err, sizeof err) == NC_OK);
+        CHECK(replay(dir, TAG, 0, count_by_writer, counts, NULL, err, sizeof err) == NC_OK);
         CHECK(counts[0] == 50 && counts[1] == 50 && counts[2] == 50 && counts[3] == 50);
         nsstore_remove_dir(dir, NULL, 0);
     }
@@ -306,9 +330,9 @@ TEST(bad_arguments)
     char dir[64], err[NC_ERRLEN] = "";
     scratch(dir, sizeof dir);
     nc_wal *w = NULL;
-    CHECK(wal_open(dir, TAG, 0, WAL_SYNC_GROUP, &w, err, sizeof err) == NC_EINVAL && !w);
-    CHECK(wal_open("/proc/nonexistent/x", TAG, 1, WAL_SYNC_GROUP, &w, err, sizeof err) == NC_EIO);
-    CHECK(wal_open(dir, TAG, 1, WAL_SYNC_GROUP, &w, err, sizeof err) == NC_OK);
+    CHECK(open_wal(dir, TAG, 0, WAL_SYNC_GROUP, &w, err, sizeof err) == NC_EINVAL && !w);
+    CHECK(open_wal("/proc/nonexistent/x", TAG, 1, WAL_SYNC_GROUP, &w, err, sizeof err) == NC_EIO);
+    CHECK(open_wal(dir, TAG, 1, WAL_SYNC_GROUP, &w, err, sizeof err) == NC_OK);
     uint64_t seq;
     CHECK(wal_append(w, "x", (size_t)WAL_MAX_RECORD + 1, &seq, err, sizeof err) == NC_EINVAL);
     CHECK(wal_sync(w, 0, err, sizeof err) == NC_OK);
@@ -316,8 +340,8 @@ TEST(bad_arguments)
     wal_close(NULL);
     /* an empty directory is an empty log; a missing one too */
     check_ctx c = {0};
-    CHECK(wal_replay(dir, TAG, 0, check_rec, &c, NULL, err, sizeof err) == NC_OK && c.n == 0);
-    CHECK(wal_replay("/tmp/nc_no_such_wal_dir", TAG, 0, check_rec, &c, NULL, err, sizeof err) == NC_OK);
+    CHECK(replay(dir, TAG, 0, check_rec, &c, NULL, err, sizeof err) == NC_OK && c.n == 0);
+    CHECK(replay("/tmp/nc_no_such_wal_dir", TAG, 0, check_rec, &c, NULL, err, sizeof err) == NC_OK);
     nsstore_remove_dir(dir, NULL, 0);
 }
 
@@ -329,7 +353,7 @@ TEST(write_failure_mid_record_then_room_again)
     char dir[64], err[NC_ERRLEN] = "", p[256];
     scratch(dir, sizeof dir);
     nc_wal *w;
-    CHECK(wal_open(dir, TAG, 1, WAL_SYNC_NONE, &w, err, sizeof err) == NC_OK);
+    CHECK(open_wal(dir, TAG, 1, WAL_SYNC_NONE, &w, err, sizeof err) == NC_OK);
     unsigned char b[400];
     uint64_t seq = 0;
     for (uint64_t i = 1; i <= 10; i++) {
@@ -359,7 +383,7 @@ TEST(write_failure_mid_record_then_room_again)
     wal_close(w);
     check_ctx c = {0};
     nc_wal_replay_info info;
-    CHECK(wal_replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err) == NC_OK);
+    CHECK(replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err) == NC_OK);
     CHECKF(c.n == 20 && c.bad == 0 && c.first == 1, "replayed %zu records (%zu bad)", (size_t)c.n, (size_t)c.bad);
 }
 
@@ -372,7 +396,7 @@ static int follow(nc_wal_reader *r, uint64_t upto, uint64_t *last, int *bad)
     size_t len;
     int n = 0, rc;
     unsigned char b[400];
-    while ((rc = wal_reader_next(r, upto, &seq, &p, &len, err, sizeof err)) == 1) {
+    while ((rc = reader_next(r, upto, &seq, &p, &len, err, sizeof err)) == 1) {
         rec_fill(seq, b);
         if (seq != *last + 1 || len != rec_len(seq) || memcmp(b, p, len) != 0)
             (*bad)++;
@@ -396,7 +420,7 @@ static int follow_until_error(nc_wal_reader *r, uint64_t upto, uint64_t *last, i
     int n = 0;
     unsigned char b[400];
     err[0] = 0;
-    while (wal_reader_next(r, upto, &seq, &p, &len, err, errlen) == 1) {
+    while (reader_next(r, upto, &seq, &p, &len, err, errlen) == 1) {
         rec_fill(seq, b);
         if (seq != *last + 1 || len != rec_len(seq) || memcmp(b, p, len) != 0)
             (*bad)++;
@@ -415,7 +439,7 @@ TEST(reader_follows_writer)
     char dir[64], err[NC_ERRLEN] = "";
     scratch(dir, sizeof dir);
     nc_wal *w;
-    CHECK(wal_open(dir, TAG, 1, WAL_SYNC_GROUP, &w, err, sizeof err) == NC_OK);
+    CHECK(open_wal(dir, TAG, 1, WAL_SYNC_GROUP, &w, err, sizeof err) == NC_OK);
     nc_wal_reader *r = NULL;
     CHECK(wal_reader_open(dir, TAG, 0, &r, err, sizeof err) == NC_OK);
     if (!r) return;
@@ -457,7 +481,7 @@ TEST(reader_follows_writer)
     HAS(err, "does not reach back");
     /* mode none: durable as soon as written */
     wal_close(w);
-    CHECK(wal_open(dir, TAG, 201, WAL_SYNC_NONE, &w, err, sizeof err) == NC_OK);
+    CHECK(open_wal(dir, TAG, 201, WAL_SYNC_NONE, &w, err, sizeof err) == NC_OK);
     rec_fill(201, b);
     CHECK(wal_append(w, b, rec_len(201), &seq, err, sizeof err) == NC_OK);
     CHECK(wal_durable_seq(w) == 201);
@@ -484,7 +508,7 @@ TEST(reader_refuses_corruption)
         uint64_t seq;
         const void *p;
         size_t len;
-        CHECK(wal_reader_next(r, 10, &seq, &p, &len, err, sizeof err) == NC_EFORMAT);
+        CHECK(reader_next(r, 10, &seq, &p, &len, err, sizeof err) == NC_EFORMAT);
         HAS(err, "record 10");
     }
     wal_reader_close(r);
@@ -511,8 +535,8 @@ TEST(reader_passes_a_lost_tail)
     size_t len;
     if (r) {
         for (uint64_t i = 1; i <= 4; i++)
-            CHECK(wal_reader_next(r, 8, &seq, &p, &len, err, sizeof err) == 1 && seq == i);
-        CHECK(wal_reader_next(r, 8, &seq, &p, &len, err, sizeof err) == NC_ENOTFOUND);
+            CHECK(reader_next(r, 8, &seq, &p, &len, err, sizeof err) == 1 && seq == i);
+        CHECK(reader_next(r, 8, &seq, &p, &len, err, sizeof err) == NC_ENOTFOUND);
         HAS(err, "records 5-5 passed over");
         CHECK(wal_reader_position(r) == 5);
         last = 5;
@@ -590,7 +614,7 @@ TEST(replay_read_faults)
         nc_wal_replay_info info;
         err[0] = 0;
         nc_fault_arm(NC_FAULT_READ, k, 0);
-        int rc = wal_replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err);
+        int rc = replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err);
         long hits = nc_fault_hits(NC_FAULT_READ);
         nc_fault_disarm();
         if (hits == 0) {
@@ -608,7 +632,7 @@ TEST(replay_read_faults)
     /* the first segment's open and mapping (the second opens read-write) */
     CHECK(failed >= 2 && k <= 100);
     check_ctx c = {0};
-    CHECK(wal_replay(dir, TAG, 0, check_rec, &c, NULL, err, sizeof err) == NC_OK && c.n == 12 && c.bad == 0);
+    CHECK(replay(dir, TAG, 0, check_rec, &c, NULL, err, sizeof err) == NC_OK && c.n == 12 && c.bad == 0);
     nsstore_remove_dir(dir, NULL, 0);
 }
 

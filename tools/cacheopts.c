@@ -451,8 +451,10 @@ int co_prepare_ex(const co_text *x, bool vocab_stats, nc_doc **out, char *err, s
     int rc = (!s || !w) ? nc_error(err, errlen, NC_ENOMEM, "state") : NC_OK;
     if (!rc && bos_eos)
         lstm_step(m, s, m->eos_id, w);
+    const nc_doc_prep in = {
+        .m = m, .s = s, .has_h = bos_eos, .toks = x->toks, .words = x->words, .vocab_stats = vocab_stats};
     if (!rc)
-        rc = doc_prepare_ex(m, s, bos_eos, x->toks, x->words, NULL, vocab_stats, out, err, errlen);
+        rc = doc_prepare(&in, out, err, errlen);
     lstm_state_free(s);
     lstm_work_free(w);
     return rc;
@@ -717,7 +719,7 @@ int co_score_cached(const co_text *x, const cacheopts *co, double *lp, bool prog
     if (!rc && d) {
         nc_doc_caches dc = {.ub = ub, .adapt = ub != NULL};
         int blas = co_search_begin(co);
-        rc = doc_score(d, &co->p, &dc, 0, lp, err, errlen);
+        rc = doc_score(d, &co->p, &dc, lp, err, errlen);
         co_search_end(blas);
         if (!rc && progress && dc.searched + dc.skipped > 0)
             fprintf(stderr, "gate: %zu of %zu unbounded searches skipped (%.1f%%)\n", dc.skipped,

@@ -85,8 +85,10 @@ int cmd_dyn_stats(int argc, char **argv)
     if (!rc)
         rc = co_read_tokens(m, train, &toks, err, sizeof err);
     double t0 = co_now(), loss = 0;
+    const nc_dyn_stats_text text = {
+        .toks = toks.ids, .ntok = toks.n, .segment = (int)seg, .max_tokens = (size_t)maxtok};
     if (!rc)
-        rc = dyneval_stats(m, toks.ids, toks.n, (int)seg, (size_t)maxtok, &ms, &loss, err, sizeof err);
+        rc = dyneval_stats(m, &text, &ms, &loss, err, sizeof err);
     double dt = co_now() - t0;
     snprintf(path, sizeof path, "%s/dyneval", dir);
     if (!rc)

@@ -356,8 +356,9 @@ static int eval_doc_search(eval_doc *e, eval_ctx *x)
     sp.knn = e->kmax;
     double t0 = co_now(), c0 = co_cpu();
     int blas = co_search_begin(co);
+    const nc_doc_knn kn = {.ub = e->ub, .adapt = true, .d2 = e->nd2, .words = e->nw};
     if (!rc)
-        rc = doc_neighbours(e->d, &sp, e->ub, true, 0, e->nd2, e->nw, err, errlen);
+        rc = doc_neighbours(e->d, &sp, &kn, err, errlen);
     co_search_end(blas);
     e->t_search = co_now() - t0;
     e->cpu_search = co_cpu() - c0;
@@ -394,7 +395,7 @@ static int eval_doc_row(eval_doc *e, eval_ctx *x, const nc_cache_params *p, resu
     if (p->unbounded)
         eval_doc_neighbours(e, p->knn, &dc, &tk, &ck);
     double t0 = co_now(), c0 = co_cpu();
-    int rc = doc_score(e->d, p, &dc, 0, e->lp, x->err, sizeof x->err);
+    int rc = doc_score(e->d, p, &dc, e->lp, x->err, sizeof x->err);
     double ts = co_now() - t0, cs = co_cpu() - c0;
     res->skipped = dc.searched + dc.skipped > 0 ? (double)dc.skipped / (double)(dc.searched + dc.skipped) : NAN;
     res->ppl = co_ppl(e->lp, e->d->n, &res->scored);

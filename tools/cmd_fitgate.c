@@ -271,7 +271,7 @@ static int fitgate_collect(fitgate_data *s, const fitgate_args *a, const nc_mode
     if (!rc) {
         nc_doc_caches dc = {.ub = s->ub, .adapt = s->ub != NULL, .gate_f = s->gd.f, .gate_pc = s->gd.pc};
         int blas = co_search_begin(&a->co);
-        rc = doc_score(s->d, p, &dc, 0, s->lp, err, errlen);
+        rc = doc_score(s->d, p, &dc, s->lp, err, errlen);
         co_search_end(blas);
     }
     if (!rc) {

@@ -71,7 +71,7 @@ typedef struct {
 static int point(tune_ctx *t, const nc_cache_params *p, double *ppl, char *err, size_t errlen)
 {
     nc_doc_caches dc = {.ub = t->ub, .pre_d2 = t->pre_d2, .pre_words = t->pre_w};
-    int rc = doc_score(t->d, p, p->unbounded ? &dc : NULL, 0, t->lp, err, errlen);
+    int rc = doc_score(t->d, p, p->unbounded ? &dc : NULL, t->lp, err, errlen);
     *ppl = rc ? NAN : co_ppl(t->lp, t->d->n, NULL);
     t->npoints++;
     return rc;
@@ -393,8 +393,9 @@ static int tune_prepare(tune_args *a, tune_run *r, char *err, size_t errlen)
             rc = nc_error(err, errlen, NC_ENOMEM, "neighbours (%zu x %d)", r->d->n, g->knn);
         t0 = co_now();
         int blas = co_search_begin(co);
+        const nc_doc_knn kn = {.ub = r->ub, .adapt = true, .d2 = r->nd2, .words = r->nw};
         if (!rc)
-            rc = doc_neighbours(r->d, g, r->ub, true, 0, r->nd2, r->nw, err, errlen);
+            rc = doc_neighbours(r->d, g, &kn, err, errlen);
         co_search_end(blas);
         if (!rc)
             fprintf(stderr, "tune: unbounded search (k=%d, %s) %.1f s\n", g->knn,
