@@ -139,9 +139,9 @@ static int doc_logits(const nc_doc_prep *in, nc_doc *d, char *err, size_t errlen
         float *lb = keep ? d->logits + j0 * (size_t)V : logits;
         if (keep)   /* a segment of dynamic evaluation: a few rows, decoder read in place */
             lstm_logits_rows(m, d->q + j0 * H, nb, lb);
-        else if (j0 == 0 && in->logits0 && nb <= 2) {
+        else if (j0 == 0 && in->logits0 && nb <= LSTM_LOGITS_ROWS_MAX) {
             /* row 0 as the caller made it: lstm_logits, as lstm_logits_batch
-             * makes each of one or two rows, so the same bits */
+             * makes each of up to LSTM_LOGITS_ROWS_MAX rows, so the same bits */
             memcpy(lb, in->logits0, (size_t)V * sizeof(float));
             lstm_logits_batch(m, d->q + H, nb - 1, lb + V);
         } else
@@ -326,6 +326,14 @@ static void block_neural(score_run *s, size_t b0, size_t nb)
         K = d->q + lo * H;
         s->kvals = d->ids + lo;
         s->c0 = (int)(b0 - lo);
+    } else if (nb == 1) {
+        /* one position (a daemon's one-word feed): the window's dots read
+         * in place, as a predict reads them, not a copy of the window (200
+         * kB for 200 keys) and a one-row GEMM that packs it again */
+        s->c0 = neural_cache_export(nc, NULL, s->kv);
+        if (s->c0 > 0)
+            neural_cache_dots(nc, Q, s->dots);
+        return;
     } else {
         s->c0 = neural_cache_export(nc, s->keys, s->kv);
         if (nb > 1) {

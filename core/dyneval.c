@@ -157,10 +157,19 @@ static int adopt_tensor(nc_dyneval *d, dyn_tensor *t, char *err, size_t errlen)
         return nc_error(err, errlen, NC_ENOMEM, "dynamic evaluation: %zu weights", t->n);
     memcpy(t->w, t->w0, t->n * sizeof(float));
     *slot_of(&d->shadow, t->kind, l) = t->w;
+    /* the copy is F32 and will leave the half grid: the shadow drops the
+     * binary16 copies of what adapts (a tied encoder is the decoder) */
     if (t->kind == K_WHH) {
-        /* the copy is F32 and will leave the half grid */
         d->layers[l].w_hh_f16 = NULL;
         d->layers[l].w_hh_f16_buf = NULL;
+    }
+    if (t->kind == K_WIH) {
+        d->layers[l].w_ih_f16 = NULL;
+        d->layers[l].w_ih_f16_buf = NULL;
+    }
+    if (t->kind == K_DECW || (t->kind == K_ENC && m->decoder_w == m->encoder)) {
+        d->shadow.decoder_f16 = NULL;
+        d->shadow.decoder_f16_buf = NULL;
     }
     if (t->kind == K_WIH || t->kind == K_WHH)
         d->lw[l] = true;

@@ -190,6 +190,25 @@ static inline void recurrent_gemv(const nc_lstm_layer *ly, int G, int H, const f
         cblas_sgemv(CblasRowMajor, CblasNoTrans, G, H, 1.0f, ly->w_hh, H, h, 1, 1.0f, gates, 1);
 }
 
+/* gates[t] = b_ih + b_hh + W_ih x[t] for nb input rows, W_ih read in
+ * place: its binary16 copy when it has one (vm_gemm_nt_f16: half the bytes,
+ * read once for all rows; a row's sums the same bits however many rows),
+ * else float32 (vm_gemm_nt). For a daemon's feed of a word or a few:
+ * OpenBLAS's GEMM packs all of W_ih (1 MB) before multiplying one row. */
+static void input_rows(const nc_lstm_layer *ly, int G, const float *x, size_t nb, float *gates)
+{
+    for (size_t t = 0; t < nb; t++)
+        memcpy(gates + t * (size_t)G, ly->b_sum, (size_t)G * sizeof(float));
+    if (ly->w_ih_f16)
+        vm_gemm_nt_f16(x, ly->w_ih_f16, gates, (int)nb, G, ly->input_size);
+    else
+        vm_gemm_nt(x, ly->w_ih, gates, (int)nb, G, ly->input_size);
+}
+
+/* Up to this many positions lstm_forward_seq's input projection is
+ * input_rows (as lstm_step's); longer blocks are one GEMM. */
+#define LSTM_ROWS_MAX 32
+
 void lstm_step(const nc_model *m, nc_state *s, int token, nc_lstm_work *w)
 {
     const int H = m->cfg.hidden_size, G = 4 * H;
@@ -199,9 +218,7 @@ void lstm_step(const nc_model *m, nc_state *s, int token, nc_lstm_work *w)
         const nc_lstm_layer *ly = &m->layers[k];
         float *h = s->h + (size_t)k * H, *c = s->c + (size_t)k * H;
         /* gates = W_ih x + W_hh h + (b_ih + b_hh) */
-        memcpy(w->gates, ly->b_sum, (size_t)G * sizeof(float));
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, G, ly->input_size, 1.0f, ly->w_ih, ly->input_size, x, 1, 1.0f,
-                    w->gates, 1);
+        input_rows(ly, G, x, 1, w->gates);
         recurrent_gemv(ly, G, H, h, w->gates);
         lstm_cell(w->gates, h, c, H);
         x = h;
@@ -241,10 +258,14 @@ int lstm_forward_seq(const nc_model *m, nc_state *s, const int *tokens, size_t T
             float *out = k == L - 1 ? hidden + t0 * (size_t)H : xout;
             /* Input projections of the whole block in one GEMM:
              * gates[nb, 4H] = xin[nb, in] W_ih^T + b_sum. */
-            for (size_t t = 0; t < nb; t++)
-                memcpy(gates + t * (size_t)G, ly->b_sum, (size_t)G * sizeof(float));
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, G, ly->input_size, 1.0f, xin,
-                        ly->input_size, ly->w_ih, ly->input_size, 1.0f, gates, G);
+            if (nb <= LSTM_ROWS_MAX) {
+                input_rows(ly, G, xin, nb, gates);
+            } else {
+                for (size_t t = 0; t < nb; t++)
+                    memcpy(gates + t * (size_t)G, ly->b_sum, (size_t)G * sizeof(float));
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, G, ly->input_size, 1.0f, xin,
+                            ly->input_size, ly->w_ih, ly->input_size, 1.0f, gates, G);
+            }
             /* The recurrence is inherently sequential. */
             for (size_t t = 0; t < nb; t++) {
                 float *g = gates + t * (size_t)G;
@@ -272,11 +293,11 @@ int lstm_forward_seq(const nc_model *m, nc_state *s, const int *tokens, size_t T
 /* ------------------------------------------------------------------------ */
 /* Decoder and softmax                                                       */
 
+/* One row is lstm_logits_rows of one: the same bits as that row in any
+ * batch (a session's memo may come from the batcher). */
 void lstm_logits(const nc_model *m, const float *h, float *logits)
 {
-    const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
-    memcpy(logits, m->decoder_b, (size_t)V * sizeof(float));
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, V, H, 1.0f, m->decoder_w, H, h, 1, 1.0f, logits, 1);
+    lstm_logits_rows(m, h, 1, logits);
 }
 
 void lstm_logits_batch(const nc_model *m, const float *hidden, size_t T, float *logits)
@@ -284,14 +305,14 @@ void lstm_logits_batch(const nc_model *m, const float *hidden, size_t T, float *
     const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
     if (T == 0)
         return;
-    /* a row or two (a daemon's one-word feed): one GEMV a row. OpenBLAS's
-     * GEMM packs the whole V x H decoder first (10 MB for the demo model),
-     * which took ~1.5 ms of a one-word feed's ~4 ms in the daemon (perf,
-     * BENCHMARKS "The daemon with a 1M-entry namespace"); a GEMV reads it
-     * once a row */
-    if (T <= 2) {
-        for (size_t t = 0; t < T; t++)
-            lstm_logits(m, hidden + t * (size_t)H, logits + t * (size_t)V);
+    /* a few rows (a daemon's feed of a few words): OpenBLAS's GEMM packs the
+     * whole V x H decoder first (10 MB for the demo model), which took ~1.5
+     * ms of a one-word feed's ~4 ms in the daemon; lstm_logits_rows reads
+     * it in place, once for all rows, as fast as the GEMM up to ~64 rows
+     * with the binary16 copy (V = 10,000, H = 256: 60-70 us a row from 8
+     * rows on, GEMM 120-150 at 8 rows, 70 at 64) */
+    if (T <= LSTM_LOGITS_ROWS_MAX) {
+        lstm_logits_rows(m, hidden, T, logits);
         return;
     }
     for (size_t t = 0; t < T; t++)
@@ -305,7 +326,13 @@ void lstm_logits_rows(const nc_model *m, const float *hidden, size_t T, float *l
     const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
     for (size_t t = 0; t < T; t++)
         memcpy(logits + t * (size_t)V, m->decoder_b, (size_t)V * sizeof(float));
-    if (T > 0)
+    if (T == 0)
+        return;
+    /* both kernels are batch-invariant (vmath.h); the binary16 copy is the
+     * same weights at half the bytes read */
+    if (m->decoder_f16)
+        vm_gemm_nt_f16(hidden, m->decoder_f16, logits, (int)T, V, H);
+    else
         vm_gemm_nt(hidden, m->decoder_w, logits, (int)T, V, H);
 }
 

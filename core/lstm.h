@@ -53,13 +53,19 @@ typedef struct nc_lstm_hook {
 int lstm_forward_seq(const nc_model *m, nc_state *s, const int *tokens, size_t T,
                      float *hidden, char *err, size_t errlen);
 
-/* Decoder logits: logits[V] = W_dec h + b_dec. */
+/* Decoder logits: logits[V] = W_dec h + b_dec; lstm_logits_rows of one row. */
 void lstm_logits(const nc_model *m, const float *h, float *logits);
-/* Decoder over a block: logits[T, V] = hidden[T, H] W_dec^T + b (one GEMM). */
+/* Decoder over a block: logits[T, V] = hidden[T, H] W_dec^T + b: one GEMM,
+ * or up to LSTM_LOGITS_ROWS_MAX rows (a daemon's feed of a few words),
+ * lstm_logits_rows -- each row then the same bits as lstm_logits alone. */
 void lstm_logits_batch(const nc_model *m, const float *hidden, size_t T, float *logits);
-/* The same for a few rows (a segment of dynamic evaluation) with the
- * decoder read in place (vm_gemm_nt) instead of OpenBLAS's packed copy;
- * equal to lstm_logits_batch within float rounding (vmath.h's bound). */
+#define LSTM_LOGITS_ROWS_MAX 32
+/* The same for a few rows (a batch of sessions' predicts, a segment of
+ * dynamic evaluation) with the decoder read in place -- its binary16 copy
+ * when the model has one (vm_gemm_nt_f16), else vm_gemm_nt -- instead of
+ * OpenBLAS's packed copy. Batch-invariant: row t is the same bits as
+ * lstm_logits of hidden[t] alone; equal to lstm_logits_batch's GEMM within
+ * float rounding (vmath.h's bound). */
 void lstm_logits_rows(const nc_model *m, const float *hidden, size_t T, float *logits);
 
 /* log(sum(exp(x))) computed stably (max subtracted). */

@@ -20,6 +20,7 @@
 #include "fault.h"
 #include "gate.h"
 #include "safetensors.h"
+#include "vmath.h"
 
 /* Upper bounds that keep every size product far from overflow and reject
  * absurd configs before anything is allocated. */
@@ -381,40 +382,46 @@ static int model_bind_vocab(nc_model *m, const char *file, char *err, size_t err
     return NC_OK;
 }
 
-/* The binary16 copy of W_hh, when every weight is exactly a half (a model
- * stored as F16): the same weights at half the bytes for the sequential
- * recurrence (vm_gemv_f16). After a training step the weights are no longer
- * halves and the copy is dropped (the float32 GEMV serves). */
-static void refresh_w_hh_f16(nc_model *m, nc_lstm_layer *ly)
+/* The binary16 copy of n weights w (*copy, storage in *buf), when every
+ * one is exactly a half (a model stored as F16): the same weights at half
+ * the bytes for the products a sequential step or a predict is bound by
+ * reading (W_hh and W_ih: vm_gemv_f16; the decoder: vm_gemm_nt_f16).
+ * After a training step the weights are no longer halves and the copy is
+ * dropped (the float32 kernels serve); so is it without memory for it. */
+static void refresh_f16(model_impl *im, const float *w, size_t n, uint16_t **buf, const uint16_t **copy)
 {
-    size_t n = 4 * (size_t)m->cfg.hidden_size * (size_t)m->cfg.hidden_size;
-    uint16_t *h = ly->w_hh_f16_buf;
-    ly->w_hh_f16 = NULL;
-    for (size_t i = 0; i < n; i++) {
-        uint16_t v = nc_float_to_half(ly->w_hh[i]);
-        if (nc_half_to_float(v) != ly->w_hh[i] && !(isnan(ly->w_hh[i])))
-            return;
+    uint16_t *h = *buf, t[256];
+    float back[256];
+    *copy = NULL;
+    for (size_t i = 0; i < n; i += 256) {
+        const size_t c = n - i < 256 ? n - i : 256;
+        vm_float_to_half(w + i, t, c);
+        vm_half_to_float(t, back, c);
+        for (size_t j = 0; j < c; j++)
+            if (back[j] != w[i + j] && !isnan(w[i + j]))
+                return;
     }
     if (!h) {
-        h = (uint16_t *)impl_alloc(m->impl, (n + 1) / 2);
+        h = (uint16_t *)impl_alloc(im, (n + 1) / 2);
         if (!h)
             return;   /* no copy: the float32 path is as exact */
-        ly->w_hh_f16_buf = h;
+        *buf = h;
     }
-    for (size_t i = 0; i < n; i++)
-        h[i] = nc_float_to_half(ly->w_hh[i]);
-    ly->w_hh_f16 = h;
+    vm_float_to_half(w, h, n);
+    *copy = h;
 }
 
 void model_refresh_derived(nc_model *m)
 {
-    size_t G = 4 * (size_t)m->cfg.hidden_size;
+    const size_t G = 4 * (size_t)m->cfg.hidden_size, H = (size_t)m->cfg.hidden_size;
     for (int k = 0; k < m->cfg.num_layers; k++) {
         nc_lstm_layer *ly = &m->layers[k];
         for (size_t i = 0; i < G; i++)
             ly->b_sum[i] = ly->b_ih[i] + ly->b_hh[i];
-        refresh_w_hh_f16(m, ly);
+        refresh_f16(m->impl, ly->w_hh, G * H, &ly->w_hh_f16_buf, &ly->w_hh_f16);
+        refresh_f16(m->impl, ly->w_ih, G * (size_t)ly->input_size, &ly->w_ih_f16_buf, &ly->w_ih_f16);
     }
+    refresh_f16(m->impl, m->decoder_w, (size_t)m->cfg.vocab_size * H, &m->decoder_f16_buf, &m->decoder_f16);
 }
 
 size_t model_num_params(const nc_model *m)

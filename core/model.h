@@ -30,6 +30,9 @@ typedef struct {
     const uint16_t *w_hh_f16;     /* [4H, H] W_hh as binary16 when each weight is exactly
                                    * a half (F16 files; derived), else NULL */
     uint16_t *w_hh_f16_buf;       /* its storage (kept while training drops the copy) */
+    const uint16_t *w_ih_f16;     /* [4H, input_size] W_ih the same way (one token's input
+                                   * projection in lstm_step), else NULL */
+    uint16_t *w_ih_f16_buf;
 } nc_lstm_layer;
 
 /* All weights are float32 in memory (F16 files are widened at load). */
@@ -42,6 +45,9 @@ typedef struct nc_model {
     nc_lstm_layer *layers;        /* [L] */
     float *decoder_w;             /* [V, H]; aliases encoder when tied */
     float *decoder_b;             /* [V] */
+    const uint16_t *decoder_f16;  /* [V, H] decoder_w as binary16 when each weight is exactly a
+                                   * half (derived; lstm_logits), else NULL */
+    uint16_t *decoder_f16_buf;    /* its storage */
     char dir[1024];               /* directory it was loaded from ("" if built) */
     struct nc_gate *gate;         /* the adaptive mixture's gate (gate.h), NULL if the directory has none */
     const struct nc_lstm_hook *hook;   /* lstm_forward_seq's recorder (lstm.h): set only on dynamic

@@ -412,7 +412,7 @@ static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *lo
                       .keep = logits != NULL && !s->gate_f, .vocab_stats = s->gate_f != NULL,
                       .logits0 = memo ? s->logits : NULL};
     int rc = doc_prepare(&in, &d, err, errlen);
-    if (memo && toks->n <= 2)
+    if (memo && toks->n <= LSTM_LOGITS_ROWS_MAX)
         atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
     double *lp = logprobs;
     if (!rc && !lp) {

@@ -67,7 +67,7 @@ const float *stream_h(const nc_stream *s);
 const nc_model *stream_model(const nc_stream *s);
 /* stream_predict with the decoder logits W h_t + b ([V]) already computed by
  * the caller from stream_model's decoder, so that a server can batch the
- * decoder products of many streams into one GEMM (lstm_logits_batch). */
+ * decoder products of many streams into one pass (lstm_logits_rows). */
 int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dist *out, char *err,
                           size_t errlen);
 
@@ -76,8 +76,9 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
  * a caller batching predicts uses instead of making that row again. */
 const float *stream_memo_logits(const nc_stream *s);
 /* logits = lstm_logits(stream_model(s), stream_h(s)), made by the caller
- * (a batch's GEMV of this row -- not a GEMM, whose sums round otherwise):
- * kept as the memo, for the next feed's score at h. */
+ * (this row of a batch's lstm_logits_rows, the same bits -- not a GEMM's
+ * row, whose sums round otherwise): kept as the memo, for the next feed's
+ * score at h. */
 void stream_keep_logits(nc_stream *s, const float *logits);
 /* Process-wide, for tests and measurements: off, nothing is memoised
  * (answers are the same to the bit either way). stream_memo_reads counts

@@ -450,6 +450,21 @@ __attribute__((target("avx2,fma"))) static void nt_tile_avx2(const float *x0, co
     _mm_storeu_ps(y1, _mm_add_ps(_mm_loadu_ps(y1), hsum4_256(b0, b1, b2, b3)));
 }
 
+/* a lone row of x (a predict's window, a one-word feed): nt_tile_avx2's
+ * a-chains alone, the same sums without the b-chains' wasted work */
+__attribute__((target("avx2,fma"))) static void nt_tile1_avx2(const float *x0, const float *const w[4], int k,
+                                                              float *y0)
+{
+    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int i = 0; i < k; i += 8) {
+        __m256 u = _mm256_loadu_ps(x0 + i);
+        a0 = _mm256_fmadd_ps(u, _mm256_loadu_ps(w0 + i), a0), a1 = _mm256_fmadd_ps(u, _mm256_loadu_ps(w1 + i), a1);
+        a2 = _mm256_fmadd_ps(u, _mm256_loadu_ps(w2 + i), a2), a3 = _mm256_fmadd_ps(u, _mm256_loadu_ps(w3 + i), a3);
+    }
+    _mm_storeu_ps(y0, _mm_add_ps(_mm_loadu_ps(y0), hsum4_256(a0, a1, a2, a3)));
+}
+
 __attribute__((target("avx2,fma"))) static void gemm_nt_avx2(const float *x, const float *w, float *y, int rows, int n,
                                                              int k)
 {
@@ -469,7 +484,10 @@ __attribute__((target("avx2,fma"))) static void gemm_nt_avx2(const float *x, con
             memcpy(s0, y0, (size_t)nw * sizeof(float));
             if (pair)
                 memcpy(s1, y1, (size_t)nw * sizeof(float));
-            nt_tile_avx2(x + (size_t)r * k, x + (size_t)(pair ? r + 1 : r) * k, wr, k, s0, s1);
+            if (pair)
+                nt_tile_avx2(x + (size_t)r * k, x + (size_t)(r + 1) * k, wr, k, s0, s1);
+            else
+                nt_tile1_avx2(x + (size_t)r * k, wr, k, s0);
             memcpy(y0, s0, (size_t)nw * sizeof(float));
             if (pair)
                 memcpy(y1, s1, (size_t)nw * sizeof(float));
@@ -524,6 +542,169 @@ __attribute__((target("avx2,fma"))) static void gemm_nn_avx2(const float *p, con
     const nn_shape tail = {rows, n, k, kv};
     if (kv < k)
         gemm_nn_scalar(p, w, y, &tail);
+}
+
+/* ---- the decoder in binary16: batch-invariant rows (issue 26) -------- */
+
+/* y[r, j] += sum_i x[r, i] w[j, i] with w in binary16. Each dot product
+ * has one summation order fixed by the level and k alone: accumulator
+ * lanes over i in ascending vector steps, one FMA a step, then a fixed
+ * horizontal sum -- whichever tile (one row of x or two, any rows of w,
+ * rows of w repeated at the tail with their sums dropped) computes it. A
+ * row's logits are thus the same bits alone (a lone predict) as in a batch
+ * of sessions (the batcher), which is what lets the batcher's rows be the
+ * session's memo. */
+static void gemm_nt_f16_scalar(const float *x, const uint16_t *w, float *y, int rows, int n, int k)
+{
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < n; j++) {
+            float acc = 0.0f;
+            for (int i = 0; i < k; i++)
+                acc += x[(size_t)r * k + i] * nc_half_to_float(w[(size_t)j * k + i]);
+            y[(size_t)r * n + j] += acc;
+        }
+}
+
+/* rows j .. j+q of w, the last one repeated past n (their sums dropped) */
+static void tile_rows_f16(const uint16_t *w, int n, int k, int j, int q, const uint16_t **wr)
+{
+    for (int t = 0; t < q; t++)
+        wr[t] = w + (size_t)(j + t < n ? j + t : n - 1) * k;
+}
+
+static void add_dropped(float *y, const float *s, int nw)
+{
+    for (int t = 0; t < nw; t++)
+        y[t] += s[t];
+}
+
+#define H8(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+
+/* one row of x against eight rows of w (eight FMA chains: a lone row is
+ * bound by the FMA latency with four) */
+__attribute__((target("avx2,fma,f16c"))) static void f16_tile1_avx2(const float *x, const uint16_t *const *w, int k,
+                                                                     float *s)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (int i = 0; i < k; i += 8) {
+        __m256 u = _mm256_loadu_ps(x + i);
+        a0 = _mm256_fmadd_ps(u, H8(w[0] + i), a0), a1 = _mm256_fmadd_ps(u, H8(w[1] + i), a1);
+        a2 = _mm256_fmadd_ps(u, H8(w[2] + i), a2), a3 = _mm256_fmadd_ps(u, H8(w[3] + i), a3);
+        a4 = _mm256_fmadd_ps(u, H8(w[4] + i), a4), a5 = _mm256_fmadd_ps(u, H8(w[5] + i), a5);
+        a6 = _mm256_fmadd_ps(u, H8(w[6] + i), a6), a7 = _mm256_fmadd_ps(u, H8(w[7] + i), a7);
+    }
+    _mm_storeu_ps(s, hsum4_256(a0, a1, a2, a3));
+    _mm_storeu_ps(s + 4, hsum4_256(a4, a5, a6, a7));
+}
+
+/* two rows of x against four rows of w: each w vector converted once for both */
+__attribute__((target("avx2,fma,f16c"))) static void f16_tile2_avx2(const float *x0, const float *x1,
+                                                                     const uint16_t *const *w, int k, float *s)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int i = 0; i < k; i += 8) {
+        __m256 u = _mm256_loadu_ps(x0 + i), v = _mm256_loadu_ps(x1 + i), q;
+        q = H8(w[0] + i), a0 = _mm256_fmadd_ps(u, q, a0), b0 = _mm256_fmadd_ps(v, q, b0);
+        q = H8(w[1] + i), a1 = _mm256_fmadd_ps(u, q, a1), b1 = _mm256_fmadd_ps(v, q, b1);
+        q = H8(w[2] + i), a2 = _mm256_fmadd_ps(u, q, a2), b2 = _mm256_fmadd_ps(v, q, b2);
+        q = H8(w[3] + i), a3 = _mm256_fmadd_ps(u, q, a3), b3 = _mm256_fmadd_ps(v, q, b3);
+    }
+    _mm_storeu_ps(s, hsum4_256(a0, a1, a2, a3));
+    _mm_storeu_ps(s + 4, hsum4_256(b0, b1, b2, b3));
+}
+
+/* A level's two tiles; the driver below runs either level's. */
+typedef struct {
+    void (*one)(const float *x, const uint16_t *const *w, int k, float *s);   /* x against 8 rows of w */
+    void (*two)(const float *x0, const float *x1, const uint16_t *const *w, int k, float *s);   /* 2 x 4 */
+} f16_tiles;
+
+typedef struct {
+    int rows, n, k;
+} nt_shape;
+
+/* w is read once for all rows of x: a tile of w (a few KB) stays in L1
+ * while every row pair of x passes over it; a last odd row takes eight
+ * rows of w at a time. */
+static void gemm_nt_f16_tiled(const f16_tiles *t, const float *x, const uint16_t *w, float *y, const nt_shape *sh)
+{
+    const int rows = sh->rows, n = sh->n, k = sh->k;
+    const uint16_t *wr[8];
+    float s[8];
+    for (int j = 0; j < n; j += 4) {
+        const int nw = n - j < 4 ? n - j : 4;
+        tile_rows_f16(w, n, k, j, 4, wr);
+        int r = 0;
+        for (; r + 2 <= rows; r += 2) {
+            t->two(x + (size_t)r * k, x + (size_t)(r + 1) * k, wr, k, s);
+            add_dropped(y + (size_t)r * n + j, s, nw);
+            add_dropped(y + (size_t)(r + 1) * n + j, s + 4, nw);
+        }
+        if (r < rows && j % 8 == 0) {
+            const int nw8 = n - j < 8 ? n - j : 8;
+            tile_rows_f16(w, n, k, j, 8, wr);
+            t->one(x + (size_t)r * k, wr, k, s);
+            add_dropped(y + (size_t)r * n + j, s, nw8);
+        }
+    }
+}
+
+static void gemm_nt_f16_avx2(const float *x, const uint16_t *w, float *y, int rows, int n, int k)
+{
+    static const f16_tiles tiles = {f16_tile1_avx2, f16_tile2_avx2};
+    const nt_shape sh = {rows, n, k};
+    if (k % 8 != 0)
+        gemm_nt_f16_scalar(x, w, y, rows, n, k);
+    else
+        gemm_nt_f16_tiled(&tiles, x, w, y, &sh);
+}
+#undef H8
+
+#define H16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+
+__attribute__((target("avx512f"))) static void f16_tile1_avx512(const float *x, const uint16_t *const *w, int k,
+                                                                 float *s)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (int i = 0; i < k; i += 16) {
+        __m512 u = _mm512_loadu_ps(x + i);
+        a0 = _mm512_fmadd_ps(u, H16(w[0] + i), a0), a1 = _mm512_fmadd_ps(u, H16(w[1] + i), a1);
+        a2 = _mm512_fmadd_ps(u, H16(w[2] + i), a2), a3 = _mm512_fmadd_ps(u, H16(w[3] + i), a3);
+        a4 = _mm512_fmadd_ps(u, H16(w[4] + i), a4), a5 = _mm512_fmadd_ps(u, H16(w[5] + i), a5);
+        a6 = _mm512_fmadd_ps(u, H16(w[6] + i), a6), a7 = _mm512_fmadd_ps(u, H16(w[7] + i), a7);
+    }
+    s[0] = _mm512_reduce_add_ps(a0), s[1] = _mm512_reduce_add_ps(a1), s[2] = _mm512_reduce_add_ps(a2);
+    s[3] = _mm512_reduce_add_ps(a3), s[4] = _mm512_reduce_add_ps(a4), s[5] = _mm512_reduce_add_ps(a5);
+    s[6] = _mm512_reduce_add_ps(a6), s[7] = _mm512_reduce_add_ps(a7);
+}
+
+__attribute__((target("avx512f"))) static void f16_tile2_avx512(const float *x0, const float *x1,
+                                                                 const uint16_t *const *w, int k, float *s)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int i = 0; i < k; i += 16) {
+        __m512 u = _mm512_loadu_ps(x0 + i), v = _mm512_loadu_ps(x1 + i), q;
+        q = H16(w[0] + i), a0 = _mm512_fmadd_ps(u, q, a0), b0 = _mm512_fmadd_ps(v, q, b0);
+        q = H16(w[1] + i), a1 = _mm512_fmadd_ps(u, q, a1), b1 = _mm512_fmadd_ps(v, q, b1);
+        q = H16(w[2] + i), a2 = _mm512_fmadd_ps(u, q, a2), b2 = _mm512_fmadd_ps(v, q, b2);
+        q = H16(w[3] + i), a3 = _mm512_fmadd_ps(u, q, a3), b3 = _mm512_fmadd_ps(v, q, b3);
+    }
+    s[0] = _mm512_reduce_add_ps(a0), s[1] = _mm512_reduce_add_ps(a1), s[2] = _mm512_reduce_add_ps(a2);
+    s[3] = _mm512_reduce_add_ps(a3), s[4] = _mm512_reduce_add_ps(b0), s[5] = _mm512_reduce_add_ps(b1);
+    s[6] = _mm512_reduce_add_ps(b2), s[7] = _mm512_reduce_add_ps(b3);
+}
+#undef H16
+
+/* 16-lane tiles; other k go to the AVX2 ones (k alone decides, so still
+ * one order a result) */
+static void gemm_nt_f16_avx512(const float *x, const uint16_t *w, float *y, int rows, int n, int k)
+{
+    static const f16_tiles tiles = {f16_tile1_avx512, f16_tile2_avx512};
+    const nt_shape sh = {rows, n, k};
+    if (k % 16 != 0)
+        gemm_nt_f16_avx2(x, w, y, rows, n, k);
+    else
+        gemm_nt_f16_tiled(&tiles, x, w, y, &sh);
 }
 
 /* ---- dispatch -------------------------------------------------------- */
@@ -763,4 +944,13 @@ void vm_gemm_nn(const float *p, const float *w, float *y, int rows, int n, int k
         gemm_nn_scalar(p, w, y, &all);
     else
         gemm_nn_avx2(p, w, y, rows, n, k);
+}
+
+void vm_gemm_nt_f16(const float *x, const uint16_t *w, float *y, int rows, int n, int k)
+{
+    switch (isa()) {
+    case ISA_AVX512: gemm_nt_f16_avx512(x, w, y, rows, n, k); break;
+    case ISA_AVX2: gemm_nt_f16_avx2(x, w, y, rows, n, k); break;
+    default: gemm_nt_f16_scalar(x, w, y, rows, n, k); break;
+    }
 }

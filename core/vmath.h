@@ -56,6 +56,18 @@ void vm_gemv_f16(const uint16_t *W, int rows, int cols, const float *x, float *y
 void vm_gemm_nt(const float *x, const float *w, float *y, int rows, int n, int k);
 void vm_gemm_nn(const float *p, const float *w, float *y, int rows, int n, int k);
 
+/* vm_gemm_nt with w [n, k] in IEEE binary16 (the decoder of a model stored
+ * as F16: half the bytes of the memory-bound product), batch-invariant:
+ * each y[r, j] is summed in one order fixed by the level and k alone --
+ * whatever rows and how many are computed together, a row's results are
+ * the same bits (a lone predict's logits equal a batch's row, so the
+ * batcher's rows can be a session's memo). Products of float32 x and the
+ * exactly widened weights, float32 FMA accumulation: each result within
+ * gamma_m * sum |terms| of the exact one, m = k + 1 (the k products' sum
+ * and the add to y; Higham eq. 3.4, an FMA rounds a product and its add
+ * once, so its terms round no more than the bound counts). */
+void vm_gemm_nt_f16(const float *x, const uint16_t *w, float *y, int rows, int n, int k);
+
 /* The kernels come in three levels: "scalar" (any x86-64), "avx2" (AVX2 +
  * FMA + F16C) and "avx512" (AVX-512F). The best level the CPU runs is used
  * unless the environment variable NEUROCACHE_SIMD names a lower one, which

@@ -1,5 +1,5 @@
 /* batcher.c -- predict batching: concurrent sessions' decoder products in
- * one GEMM (see batcher.h for the why). */
+ * one pass over the decoder (see batcher.h for the why). */
 #include "batcher.h"
 
 #include <pthread.h>
@@ -122,7 +122,7 @@ static size_t gather_rows(batch_worker *w, int nrun)
         if (w->row[i] >= 0 && stream_model(run[i]->s->stream) == b->m)
             ns++;
     if (ns < nr) {
-        /* reorder: shared-weight rows first (their GEMM), then the others */
+        /* reorder: shared-weight rows first (one pass), then the others */
         size_t a = 0, o = ns;
         for (int i = 0; i < nrun; i++) {
             if (w->row[i] < 0)
@@ -136,32 +136,26 @@ static size_t gather_rows(batch_worker *w, int nrun)
     return ns;
 }
 
-/* The logits of the gathered rows (one GEMM for the shared decoder's),
- * then each running job's mixture. */
+/* The logits of the gathered rows (one pass over the shared decoder for
+ * theirs), then each running job's mixture. */
 static void run_jobs(batch_worker *w, int nrun)
 {
     const batcher *b = w->b;
     const size_t H = (size_t)b->m->cfg.hidden_size, V = (size_t)b->m->cfg.vocab_size;
     batch_job **run = w->run;
     size_t nshared = gather_rows(w, nrun);
-    /* GEMM packs the whole decoder matrix once per call, which for up
-     * to four rows costs more than the matrix-vector products it
-     * replaces (V = 10,000, H = 256, CPU per row: GEMV 360 us; GEMM
-     * 385 us at 4 rows, 200 at 8, 120 at 16, 65 at 64). */
-    bool gemm = nshared > 4;
-    if (gemm)
-        lstm_logits_batch(b->m, w->X, nshared, w->L);
-    else
-        for (size_t i = 0; i < nshared; i++)
-            lstm_logits(b->m, w->X + i * H, w->L + i * V);
+    /* The shared decoder read once for all rows (its binary16 copy for an
+     * F16 model: vm_gemm_nt_f16), each row summed as lstm_logits sums it
+     * alone -- so every row is the session's memo, the same bits its next
+     * feed's score at h would make. */
+    if (nshared > 0)
+        lstm_logits_rows(b->m, w->X, nshared, w->L);
     for (int i = 0; i < nrun; i++)
         if (w->row[i] >= (int)nshared)
             lstm_logits(stream_model(run[i]->s->stream), w->X + (size_t)w->row[i] * H,
                         w->L + (size_t)w->row[i] * V);
-    /* a GEMV's row is what the session's next feed makes at this h: its
-     * memo (a GEMM's rows round otherwise) */
     for (int i = 0; i < nrun; i++)
-        if (w->row[i] >= 0 && (!gemm || w->row[i] >= (int)nshared))
+        if (w->row[i] >= 0)
             stream_keep_logits(run[i]->s->stream, w->L + (size_t)w->row[i] * V);
     for (int i = 0; i < nrun; i++)
         run[i]->run(run[i], w->row[i] >= 0 ? w->L + (size_t)w->row[i] * V : stream_memo_logits(run[i]->s->stream));

@@ -1,14 +1,16 @@
 /* batcher.h -- predict batching: the next-word predictions of concurrent
- * sessions share one decoder GEMM instead of one matrix-vector product each.
+ * sessions share one pass over the decoder instead of one matrix-vector
+ * product each.
  *
  * The decoder (W [V,H] times h_t) is most of a prediction's cost and is
- * bound by reading W; a GEMM over B sessions' h_t reads W once for all B.
+ * bound by reading W; one pass over B sessions' h_t reads W once for all B.
  * Requests hand a job to the batcher (the HTTP connection is suspended
  * meanwhile); a few batch threads each take every job waiting, lock the
- * jobs' sessions, run lstm_logits_batch on their h_t and let each job finish
- * with its row of logits. Batches form by themselves under load (jobs queue
- * while a batch runs) and are of size 1 when idle, so a lone client pays no
- * waiting time. */
+ * jobs' sessions, run lstm_logits_rows on their h_t (batch-invariant: each
+ * row the bits of a lone lstm_logits, kept as the session's memo) and let
+ * each job finish with its row of logits. Batches form by themselves under
+ * load (jobs queue while a batch runs) and are of size 1 when idle, so a
+ * lone client pays no waiting time. */
 #ifndef NC_SERVER_BATCHER_H
 #define NC_SERVER_BATCHER_H
 

@@ -960,11 +960,66 @@ TEST(daemon_matches_cli_and_round_trips)
     CHECK(system(cmd) == 0);
 }
 
+/* An F16 model's binary16 copies (model.h) are of the trained weights:
+ * the shadow model of an adaptation keeps those of the tensors it does not
+ * adapt and drops those of the ones it does (a float32 copy that leaves the
+ * half grid at its first step), so its products read the adapted weights:
+ * the shadow's logits follow a change of its decoder. */
+TEST(f16_copies_dropped_where_adapted)
+{
+    char err[NC_ERRLEN];
+    nc_model *m = load("lstm-2layer-f16");
+    if (!m)
+        return;
+    attach_stats(m);
+    CHECK(m->decoder_f16 && m->layers[0].w_ih_f16 && m->layers[1].w_hh_f16);
+    nc_state *s0 = state_after(m, 3);
+    for (int subset = NC_DYN_BIAS; subset <= NC_DYN_ALL; subset++) {
+        nc_dyneval *d = NULL;
+        int rc = dyn_new(m, subset, s0, true, &d, err, sizeof err);
+        CHECKF(rc == NC_OK, "%s", err);
+        if (rc)
+            break;
+        const nc_model *sh = dyneval_model(d);
+        const int L = m->cfg.num_layers;
+        for (int l = 0; l < L; l++) {
+            /* TOP adapts the last layer's matrices, LSTM and ALL every layer's */
+            bool adapted = subset == NC_DYN_LSTM || subset == NC_DYN_ALL || (subset == NC_DYN_TOP && l == L - 1);
+            CHECKF((sh->layers[l].w_ih_f16 == NULL) == adapted && (sh->layers[l].w_hh_f16 == NULL) == adapted,
+                   "subset %d layer %d: binary16 copies %p %p", subset, l, (const void *)sh->layers[l].w_ih_f16,
+                   (const void *)sh->layers[l].w_hh_f16);
+        }
+        CHECKF((sh->decoder_f16 == NULL) == (subset == NC_DYN_ALL), "subset %d: decoder copy %p", subset,
+               (const void *)sh->decoder_f16);
+        if (subset == NC_DYN_ALL) {
+            /* the adapted decoder (the shadow's own float32 copy) is what
+             * lstm_logits reads */
+            const int V = m->cfg.vocab_size;
+            float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+            const float *h = lstm_state_top(s0);
+            lstm_logits(sh, h, a);
+            float *w = sh->decoder_w;
+            const float old = w[0];
+            w[0] += 0.5f;
+            lstm_logits(sh, h, b);
+            w[0] = old;
+            CHECKF(fabsf(b[0] - a[0] - 0.5f * h[0]) <= 1e-5f * (1.0f + fabsf(a[0])), "logit 0 moved %g, expected %g",
+                   (double)(b[0] - a[0]), 0.5 * h[0]);
+            CHECK(m->decoder_w[0] == old);
+            free(a), free(b);
+        }
+        dyneval_free(d);
+    }
+    lstm_state_free(s0);
+    model_free(m);
+}
+
 int main(void)
 {
     httpc_init();
     RUN(gradient_matches_central_differences);
     RUN(update_matches_naive_rule);
+    RUN(f16_copies_dropped_where_adapted);
     RUN(lr_zero_is_today_and_decay_returns);
     RUN(recorded_forward_matches_own_forward);
     RUN(causal);

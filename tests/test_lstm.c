@@ -577,8 +577,86 @@ TEST(decoder_gemm_small_matches_naive)
             for (int j = 1; j < N; j++)
                 moved += y2[j] != y3[j - 1];
             CHECKF(moved == 0, "%s %dx%dx%d: %zu dots change with their row's place", isas[a], R, N, K, moved);
+            /* and a row of x alone (a lone tile) gives the batch's bits */
+            for (int r = 0; r < R; r++) {
+                for (int j = 0; j < N; j++)
+                    y2[j] = (float)(r * N + j) * 0.25f;
+                vm_gemm_nt(x + (size_t)r * K, w, y2, 1, N, K);
+                moved += memcmp(y2, y + (size_t)r * N, (size_t)N * sizeof(float)) != 0;
+            }
+            CHECKF(moved == 0, "%s %dx%dx%d: %zu rows change alone", isas[a], R, N, K, moved);
             free(y2), free(y3);
             free(x), free(w), free(p), free(y), free(z);
+        }
+    }
+    vm_set_isa(NULL);
+}
+
+/* vm_gemm_nt_f16 (the decoder's binary16 copy) against double sums of the
+ * same products, in every kernel, on shapes that hit every tile and tail
+ * (rows 1..9: pairs and a lone last row; n not a multiple of 4 or 8; k a
+ * multiple of 16, of 8 only (AVX-512 hands it to AVX2), or of neither
+ * (scalar)). Bound as vm_gemm_nt's: gamma_{k+1} * sum |terms| (vmath.h).
+ * Batch invariance, exactly: every row computed alone, the rows after the
+ * first as a batch of their own, and w's rows one place earlier give the
+ * same bits as the whole batch. */
+TEST(decoder_f16_matches_naive_and_is_batch_invariant)
+{
+    const char *isas[] = {"avx512", "avx2", "scalar"};
+    const int shapes[][3] = {{1, 5, 16}, {2, 4, 16}, {3, 9, 24}, {5, 2051, 32}, {7, 37, 19}, {9, 301, 256},
+                             {4, 13, 48}, {1, 10000, 256}};
+    const double u = 1.0 / 16777216.0;
+    unsigned rs = 29;
+    for (int a = 0; a < 3; a++) {
+        if (vm_set_isa(isas[a]) != 0)
+            continue;
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int R = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+            float *x = malloc((size_t)R * K * sizeof(float)), *y = malloc((size_t)R * N * sizeof(float));
+            float *y1 = malloc((size_t)R * N * sizeof(float));
+            uint16_t *w = malloc((size_t)N * K * sizeof(uint16_t));
+            for (size_t i = 0; i < (size_t)R * K; i++)
+                x[i] = ((float)((rs = rs * 1103515245u + 12345u) >> 9 & 0xffff) / 65536.0f - 0.5f) * 4.0f;
+            for (size_t i = 0; i < (size_t)N * K; i++)
+                w[i] = nc_float_to_half((float)((rs = rs * 1103515245u + 12345u) >> 9 & 0xffff) / 65536.0f - 0.5f);
+            for (size_t i = 0; i < (size_t)R * N; i++)
+                y[i] = y1[i] = (float)(i % 97) * 0.25f;   /* accumulates into y: the bias */
+            vm_gemm_nt_f16(x, w, y, R, N, K);
+            double worst = 0;
+            const double gk = (K + 1) * u / (1 - (K + 1) * u);
+            for (int r = 0; r < R; r++)
+                for (int j = 0; j < N; j++) {
+                    double e = (double)((r * N + j) % 97) * 0.25, mag = fabs(e);
+                    for (int i = 0; i < K; i++) {
+                        double t = (double)x[r * K + i] * nc_half_to_float(w[(size_t)j * K + i]);
+                        e += t, mag += fabs(t);
+                    }
+                    double d = fabs(y[(size_t)r * N + j] - e) / (gk * mag + 1e-30);
+                    worst = d > worst ? d : worst;
+                }
+            CHECKF(worst <= 1.0, "%s %dx%dx%d: error %.3g of the bound", isas[a], R, N, K, worst);
+            size_t moved = 0;
+            for (int r = 0; r < R; r++) {   /* each row alone */
+                vm_gemm_nt_f16(x + (size_t)r * K, w, y1 + (size_t)r * N, 1, N, K);
+                moved += memcmp(y1 + (size_t)r * N, y + (size_t)r * N, (size_t)N * sizeof(float)) != 0;
+            }
+            if (R > 1) {   /* rows 1.. as a batch (pairs shift by one) */
+                for (size_t i = (size_t)N; i < (size_t)R * N; i++)
+                    y1[i] = (float)(i % 97) * 0.25f;
+                vm_gemm_nt_f16(x + K, w, y1 + N, R - 1, N, K);
+                moved += memcmp(y1 + N, y + N, (size_t)(R - 1) * N * sizeof(float)) != 0;
+            }
+            float *y3 = malloc((size_t)R * N * sizeof(float));
+            for (int r = 0; r < R; r++)   /* w's rows 1.. one place earlier */
+                for (int j = 1; j < N; j++)
+                    y3[(size_t)r * (N - 1) + j - 1] = (float)((r * N + j) % 97) * 0.25f;
+            if (N > 1)
+                vm_gemm_nt_f16(x, w + K, y3, R, N - 1, K);
+            for (int r = 0; N > 1 && r < R; r++)
+                for (int j = 1; j < N; j++)
+                    moved += y3[(size_t)r * (N - 1) + j - 1] != y[(size_t)r * N + j];
+            CHECKF(moved == 0, "%s %dx%dx%d: %zu rows or dots change with the batch", isas[a], R, N, K, moved);
+            free(x), free(y), free(y1), free(y3), free(w);
         }
     }
     vm_set_isa(NULL);
@@ -593,11 +671,42 @@ TEST(w_hh_f16_copy_only_when_exact)
         CHECK(f16.m->layers[k].w_hh_f16 != NULL);
         CHECK(f32.m->layers[k].w_hh_f16 == NULL);
     }
+    /* W_ih and the decoder the same way */
+    CHECK(f16.m->decoder_f16 != NULL && f32.m->decoder_f16 == NULL);
+    CHECK(f16.m->layers[0].w_ih_f16 != NULL && f32.m->layers[0].w_ih_f16 == NULL);
     nc_lstm_layer *ly = &f16.m->layers[0];
     ly->w_hh[5] += 1e-4f * (1.0f + fabsf(ly->w_hh[5]));
     model_refresh_derived(f16.m);
     CHECK(ly->w_hh_f16 == NULL);
     CHECK(f16.m->layers[1].w_hh_f16 != NULL);
+    CHECK(ly->w_ih_f16 != NULL && f16.m->decoder_f16 != NULL);
+    /* the copy serves the decoder: its logits are the widened weights'
+     * within vm_gemm_nt's reordering; a weight off the half grid drops it */
+    const int V = f16.m->cfg.vocab_size, H = f16.m->cfg.hidden_size;
+    float *h = malloc((size_t)H * sizeof(float)), *l16 = malloc((size_t)V * sizeof(float));
+    float *l32 = malloc((size_t)V * sizeof(float));
+    for (int i = 0; i < H; i++)
+        h[i] = sinf(0.7f * (float)i);
+    lstm_logits(f16.m, h, l16);
+    const uint16_t *keep = f16.m->decoder_f16;
+    f16.m->decoder_f16 = NULL;
+    lstm_logits(f16.m, h, l32);
+    f16.m->decoder_f16 = keep;
+    double worst = 0;
+    for (int j = 0; j < V; j++) {
+        double mag = fabs(f16.m->decoder_b[j]);
+        for (int i = 0; i < H; i++)
+            mag += fabs((double)f16.m->decoder_w[(size_t)j * H + i] * h[i]);
+        /* each within gamma_{H+1} * mag of the exact sum (vmath.h) */
+        const double g = (H + 1) / 16777216.0 / (1 - (H + 1) / 16777216.0);
+        worst = fmax(worst, fabs((double)l16[j] - l32[j]) / (2 * g * mag + 1e-30));
+    }
+    CHECKF(worst <= 1.0, "binary16 decoder vs float32: %.3g of the bound", worst);
+    f16.m->decoder_w[7] += 1e-4f * (1.0f + fabsf(f16.m->decoder_w[7]));
+    f16.m->layers[1].w_ih[3] += 1e-4f * (1.0f + fabsf(f16.m->layers[1].w_ih[3]));
+    model_refresh_derived(f16.m);
+    CHECK(f16.m->decoder_f16 == NULL && f16.m->layers[1].w_ih_f16 == NULL && ly->w_ih_f16 != NULL);
+    free(h), free(l16), free(l32);
     fixture_close(&f16);
     fixture_close(&f32);
 }
@@ -691,6 +800,7 @@ int main(void)
     RUN(vmath_half_conversions_match_portable);
     RUN(gemv_f16_matches_naive);
     RUN(decoder_gemm_small_matches_naive);
+    RUN(decoder_f16_matches_naive_and_is_batch_invariant);
     RUN(w_hh_f16_copy_only_when_exact);
     RUN(simd_level_selection);
     RUN(fixture_magnitudes_as_tolerance_assumes);

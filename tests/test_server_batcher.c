@@ -1,7 +1,7 @@
 /* test_server_batcher.c -- the predict batcher (server/batcher.c) in
  * process, with batches forced deterministically: a blocking job holds the
  * only batch thread while predictions queue, so the next batch takes them
- * all (one GEMM). Each job checks the logits it is handed against the
+ * all (one pass over the decoder). Each job checks the logits it is handed against the
  * stream's own unbatched prediction; a session queued twice waits for a
  * later batch; a stopped batcher runs jobs inline. */
 #include <math.h>
@@ -12,6 +12,7 @@
 
 #include "batcher.h"
 #include "harness.h"
+#include "lstm.h"
 
 #define NS 8
 
@@ -106,6 +107,25 @@ static void session_fed(nc_session *s, nc_model *m, const nc_cache_params *p, co
     tokens_clear(&t);
 }
 
+/* The blocker job on session s holds the only batch thread until
+ * release_thread: the jobs submitted meanwhile form the next batch. */
+static void hold_thread(batcher *b, pjob *blocker, nc_session *s)
+{
+    *blocker = (pjob){.job = {.s = s, .run = blocker_run, .done = predict_done}};
+    batcher_submit(b, &blocker->job);
+    pthread_mutex_lock(&mu);
+    while (!blocker_in) pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+}
+
+static void release_thread(void)
+{
+    pthread_mutex_lock(&mu);
+    blocker_release = 1;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+}
+
 TEST(batches_match_unbatched)
 {
     char err[NC_ERRLEN];
@@ -124,25 +144,19 @@ TEST(batches_match_unbatched)
 
     /* 1. A blocker holds the thread (on session NS); eight predictions and a
      * second one on session 0 queue; then one batch takes them. */
-    pjob blocker = {.job = {.s = &s[NS], .run = blocker_run, .done = predict_done}};
-    batcher_submit(b, &blocker.job);
-    pthread_mutex_lock(&mu);
-    while (!blocker_in) pthread_cond_wait(&cv, &mu);
-    pthread_mutex_unlock(&mu);
+    pjob blocker;
+    hold_thread(b, &blocker, &s[NS]);
     pjob jobs[NS + 1];
     memset(jobs, 0, sizeof jobs);
     for (int i = 0; i <= NS; i++) {
         jobs[i].job = (batch_job){.s = &s[i < NS ? i : 0], .run = predict_run, .done = predict_done};
         batcher_submit(b, &jobs[i].job);
     }
-    pthread_mutex_lock(&mu);
-    blocker_release = 1;
-    pthread_cond_broadcast(&cv);
-    pthread_mutex_unlock(&mu);
+    release_thread();
     wait_completed(NS + 2);
     uint64_t batches = 0, njobs = 0;
     batcher_stats(b, &batches, &njobs);
-    /* blocker alone, the eight sessions in one GEMM, session 0's second job
+    /* blocker alone, the eight sessions in one pass, session 0's second job
      * (its lock was taken in that batch) alone after it */
     CHECKF(batches == 3 && njobs == NS + 2, "%llu batches, %llu jobs", (unsigned long long)batches,
            (unsigned long long)njobs);
@@ -280,9 +294,106 @@ TEST(batched_memo_bit_identical)
     model_free(m);
 }
 
+/* One batch of NS sessions (a blocker holds the thread while they queue):
+ * each row is kept as its session's memo, the same bits as lstm_logits of
+ * that h alone (the batch-invariant decoder, vmath.h), and the memo's
+ * prediction and next feed's score equal, to the bit, a twin session's
+ * with the memo off -- on the F32 fixture (vm_gemm_nt) and the F16 one
+ * (the binary16 decoder copy, vm_gemm_nt_f16). */
+static void batch_rows_memo(const char *fixture)
+{
+    char dir[600], err[NC_ERRLEN];
+    snprintf(dir, sizeof dir, "%s/%s", harness_fixtures(), fixture);
+    nc_model *m = NULL;
+    CHECKF(model_load(dir, &m, err, sizeof err) == NC_OK, "%s", err);
+    if (!m) return;
+    nc_cache_params p;
+    cache_params_default(&p);
+    p.neural_size = 20;
+    p.neural_lambda = 0.3f;
+    static const char *texts[NS] = {"w1 w2 w3", "w4 w5 w4 w5", "w7\nw8", "w10 w11 w12", "w1 w14 w15",
+                                    "w15 w15", "w16 w17\n", "w18 w19 w20 w18"};
+    nc_session s[NS + 1], twin[NS];
+    memset(s, 0, sizeof s), memset(twin, 0, sizeof twin);
+    for (int i = 0; i <= NS; i++)
+        session_fed(&s[i], m, &p, i < NS ? texts[i] : "");
+    for (int i = 0; i < NS; i++)
+        session_fed(&twin[i], m, &p, texts[i]);
+    batcher *b = batcher_new(m, 1, 64);
+    CHECK(b != NULL);
+    if (!b) return;
+    blocker_in = blocker_release = 0;
+    completed = 0;
+    pjob blocker;
+    hold_thread(b, &blocker, &s[NS]);
+    cjob c[NS];
+    memset(c, 0, sizeof c);
+    for (int i = 0; i < NS; i++) {
+        c[i].job = (batch_job){.s = &s[i], .run = capture_run, .done = capture_done};
+        batcher_submit(b, &c[i].job);
+    }
+    release_thread();
+    wait_completed(NS + 1);
+    uint64_t batches = 0, njobs = 0;
+    batcher_stats(b, &batches, &njobs);
+    CHECKF(batches == 2 && njobs == NS + 1, "%s: %llu batches, %llu jobs", fixture, (unsigned long long)batches,
+           (unsigned long long)njobs);
+    const size_t V = (size_t)m->cfg.vocab_size;
+    float *alone = malloc(V * sizeof(float));
+    for (int i = 0; i < NS; i++) {
+        stream_memo_disable(false);
+        const float *memo = stream_memo_logits(s[i].stream);
+        CHECKF(memo != NULL, "%s: session %d's batched row not kept", fixture, i);
+        lstm_logits(m, stream_h(twin[i].stream), alone);
+        CHECKF(memo && memcmp(memo, alone, V * sizeof(float)) == 0, "%s: session %d: batch row != lone row", fixture,
+               i);
+        /* the twin predicts and feeds with the memo off */
+        stream_memo_disable(true);
+        nc_dist d;
+        dist_init(&d);
+        CHECK(stream_predict(twin[i].stream, false, &d, err, sizeof err) == NC_OK);
+        CHECKF(c[i].rc == NC_OK && c[i].p && d.n == c[i].n && memcmp(d.p, c[i].p, d.n * sizeof(float)) == 0,
+               "%s: session %d: batched prediction != lone one", fixture, i);
+        dist_free(&d);
+        nc_tokens t;
+        tokens_init(&t);
+        double l1 = 0, l2 = 0;
+        CHECK(tokenize(m, "w9", 2, false, &t, err, sizeof err) == NC_OK && t.n == 1);
+        CHECK(stream_feed(twin[i].stream, &t, false, &l2, err, sizeof err) == NC_OK);
+        stream_memo_disable(false);
+        uint64_t r0 = stream_memo_reads();
+        CHECK(stream_feed(s[i].stream, &t, false, &l1, err, sizeof err) == NC_OK);
+        CHECKF(stream_memo_reads() > r0, "%s: session %d's feed did not read the memo", fixture, i);
+        CHECKF(memcmp(&l1, &l2, sizeof l1) == 0, "%s: session %d: feed %.17g with the batch's memo, %.17g without",
+               fixture, i, l1, l2);
+        tokens_clear(&t);
+        free(c[i].p);
+        stream_memo_disable(true);
+    }
+    stream_memo_disable(false);
+    free(alone);
+    batcher_free(b);
+    for (int i = 0; i <= NS; i++) {
+        stream_free(s[i].stream);
+        pthread_mutex_destroy(&s[i].lock);
+        if (i < NS) {
+            stream_free(twin[i].stream);
+            pthread_mutex_destroy(&twin[i].lock);
+        }
+    }
+    model_free(m);
+}
+
+TEST(batched_rows_kept_as_memo)
+{
+    batch_rows_memo("lstm-2layer");
+    batch_rows_memo("lstm-2layer-f16");
+}
+
 int main(void)
 {
     RUN(batches_match_unbatched);
     RUN(batched_memo_bit_identical);
+    RUN(batched_rows_kept_as_memo);
     return harness_summary();
 }

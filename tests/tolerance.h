@@ -3,7 +3,9 @@
  *
  * Why two of our paths differ at all. Every path computes in float32 (unit
  * roundoff u = 2^-24 = 5.96e-8) and most sums are dot products whose order
- * depends on who computes them: GEMM vs GEMV (batched vs step by step),
+ * depends on who computes them: GEMM vs GEMV (batched vs step by step;
+ * the daemon's rows through our own kernels, vm_gemm_nt_f16 / vm_gemv_f16
+ * over binary16 copies of the same weights, against the CLI's GEMM),
  * blocked vs token-by-token scoring, 1 vs 2 BLAS threads (OpenBLAS splits
  * the rows and takes their tails with another kernel), OpenBLAS's kernel
  * sets (Nehalem / Haswell / SkylakeX: picked from the CPU's vendor and
