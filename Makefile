@@ -24,7 +24,11 @@ LDFLAGS  += $(SANFLAGS)
 CXX      ?= g++
 # -fno-sanitize=vptr: UBSan's dynamic-type check needs its C++ runtime, which
 # the C link (cc) of the programs does not bring
-CXXFLAGS += -std=c++17 -Wall -Wextra -Werror $(OPT) $(SANFLAGS) -fno-sanitize=vptr -MMD -MP -I. -Icore
+# -ffp-contract=off: as C11 has it (no a * b + c fused into one rounding
+# unless written so): GNU C++ fuses by default where the target has FMA, so
+# faiss_shim.cpp's AVX2/AVX-512 kernels would round differently from its
+# plain ones, which must give the same bits at every level
+CXXFLAGS += -std=c++17 -ffp-contract=off -Wall -Wextra -Werror $(OPT) $(SANFLAGS) -fno-sanitize=vptr -MMD -MP -I. -Icore
 
 FAISS_C  := build/faiss_c/libfaiss_c.a
 # FAISS's distance and IVFPQ kernels recompiled for this CPU by deps.sh

@@ -10,6 +10,7 @@
 #include "vmath.h"
 
 #include <errno.h>
+#include <immintrin.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -1152,40 +1153,205 @@ static double bandwidth2(const float *d2, const int *words, int k)
     return d2[last] > 0.0f ? (double)d2[last] : 0.0;
 }
 
-/* K(d / θ) from squared distances: u² = d² / θ² (FAISS's d² is clamped at 0
- * against rounding); θ = 0 gives weight 1 to all. */
-static double kernel(nc_kernel kernel, double theta2, float d2)
+/* exp(x) in double, the same bits at every level (ub_gauss_avx512/avx2/plain
+ * below: the same operations in the same order, lane by lane; C11 fuses no
+ * multiply-add): 2^n e^r with n = rint(x log2 e) (by the 1.5 2^52 shift),
+ * r = x - n ln2 in two parts (Cody and Waite; ln2_hi has 32 significant
+ * bits, so n ln2_hi is exact for |n| < 2^21), 2^n from n's bits (the shifted
+ * sum's low bits are n: + 1023, << 52 drops the rest), e^r by its Taylor series to
+ * r^13 in Horner's form (|r| <= ln2/2: truncation < 0.347^14/14! = 4e-18,
+ * the rounding of 13 steps a few 2^-53): relative error < 1e-15 against
+ * libm's exp, far below what the tests' references resolve. x < -708
+ * gives 0 (libm: at most 3.3e-308, subnormal below -708.4; the weights are summed with
+ * O(1) ones), NaN gives NaN. Domain x <= 709 (2^n's exponent field);
+ * the callers pass a kernel's -u²/2 <= 0. */
+#define UB_EXP_SHIFT 6755399441055744.0   /* 1.5 2^52: x + it rounds x to an integer, ties to even */
+#define UB_EXP_MIN (-708.0)
+static const double ub_exp_c[14] = {1.0,
+                                    1.0,
+                                    1.0 / 2,
+                                    1.0 / 6,
+                                    1.0 / 24,
+                                    1.0 / 120,
+                                    1.0 / 720,
+                                    1.0 / 5040,
+                                    1.0 / 40320,
+                                    1.0 / 362880,
+                                    1.0 / 3628800,
+                                    1.0 / 39916800,
+                                    1.0 / 479001600,
+                                    1.0 / 6227020800.0};
+static const double UB_LOG2E = 1.4426950408889634, UB_LN2_HI = 6.93147180369123816490e-01,
+                    UB_LN2_LO = 1.90821492927058770002e-10;
+
+static double ub_exp1(double x)
 {
-    if (theta2 <= 0.0)
-        return 1.0;
-    double u2 = (d2 > 0.0f ? d2 : 0.0) / theta2;
-    return kernel == NC_KERNEL_GAUSSIAN ? exp(-0.5 * u2) : (u2 < 1.0 ? 1.0 - u2 : 0.0);
+    if (!(x >= UB_EXP_MIN))
+        return x != x ? x : 0.0;
+    double n = (x * UB_LOG2E + UB_EXP_SHIFT) - UB_EXP_SHIFT;
+    double r = (x - n * UB_LN2_HI) - n * UB_LN2_LO, p = ub_exp_c[13];
+    for (int i = 12; i >= 0; i--)
+        p = p * r + ub_exp_c[i];
+    uint64_t bits = (uint64_t)((int64_t)n + 1023) << 52;
+    double s;
+    memcpy(&s, &bits, sizeof s);
+    return p * s;
+}
+
+/* One chunk's Gaussian weights (θ > 0): w[i] = exp(-u²/2), u² = max(d2[i],
+ * 0) / θ², 0 where words[i] < 0; the same operations at each level */
+typedef struct {
+    const float *d2;
+    const int *words;
+    int n;
+    double theta2;
+    double *w;
+} ub_gauss_job;
+
+static void ub_gauss_plain(const ub_gauss_job *j, int i)
+{
+    for (; i < j->n; i++) {
+        double u2 = (j->d2[i] > 0.0f ? j->d2[i] : 0.0) / j->theta2;
+        j->w[i] = j->words[i] < 0 ? 0.0 : ub_exp1(-0.5 * u2);
+    }
+}
+
+__attribute__((target("avx2"))) static void ub_gauss_avx2(const ub_gauss_job *j)
+{
+    const __m256d shift = _mm256_set1_pd(UB_EXP_SHIFT), lo = _mm256_set1_pd(UB_EXP_MIN), t2 = _mm256_set1_pd(j->theta2);
+    int i = 0;
+    for (; i + 4 <= j->n; i += 4) {
+        __m256d d = _mm256_max_pd(_mm256_cvtps_pd(_mm_loadu_ps(j->d2 + i)), _mm256_setzero_pd());
+        __m256d v = _mm256_mul_pd(_mm256_set1_pd(-0.5), _mm256_div_pd(d, t2));
+        __m256d ok = _mm256_cmp_pd(v, lo, _CMP_GE_OQ), vc = _mm256_max_pd(v, lo);
+        __m256d nn = _mm256_sub_pd(_mm256_add_pd(_mm256_mul_pd(vc, _mm256_set1_pd(UB_LOG2E)), shift), shift);
+        __m256d r = _mm256_sub_pd(_mm256_sub_pd(vc, _mm256_mul_pd(nn, _mm256_set1_pd(UB_LN2_HI))),
+                                  _mm256_mul_pd(nn, _mm256_set1_pd(UB_LN2_LO)));
+        __m256d p = _mm256_set1_pd(ub_exp_c[13]);
+        for (int c = 12; c >= 0; c--)
+            p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(ub_exp_c[c]));
+        __m256i e = _mm256_slli_epi64(
+            _mm256_add_epi64(_mm256_castpd_si256(_mm256_add_pd(nn, shift)), _mm256_set1_epi64x(1023)), 52);
+        __m128i neg = _mm_cmplt_epi32(_mm_loadu_si128((const __m128i *)(j->words + i)), _mm_setzero_si128());
+        ok = _mm256_andnot_pd(_mm256_castsi256_pd(_mm256_cvtepi32_epi64(neg)), ok);
+        _mm256_storeu_pd(j->w + i, _mm256_and_pd(_mm256_mul_pd(p, _mm256_castsi256_pd(e)), ok));
+    }
+    ub_gauss_plain(j, i);
+}
+
+__attribute__((target("avx512f"))) static void ub_gauss_avx512(const ub_gauss_job *j)
+{
+    const __m512d shift = _mm512_set1_pd(UB_EXP_SHIFT), lo = _mm512_set1_pd(UB_EXP_MIN), t2 = _mm512_set1_pd(j->theta2);
+    int i = 0;
+    for (; i + 8 <= j->n; i += 8) {
+        __m512d d = _mm512_max_pd(_mm512_cvtps_pd(_mm256_loadu_ps(j->d2 + i)), _mm512_setzero_pd());
+        __m512d v = _mm512_mul_pd(_mm512_set1_pd(-0.5), _mm512_div_pd(d, t2));
+        __mmask8 ok = _mm512_cmp_pd_mask(v, lo, _CMP_GE_OQ);
+        __m512d vc = _mm512_max_pd(v, lo);
+        __m512d nn = _mm512_sub_pd(_mm512_add_pd(_mm512_mul_pd(vc, _mm512_set1_pd(UB_LOG2E)), shift), shift);
+        __m512d r = _mm512_sub_pd(_mm512_sub_pd(vc, _mm512_mul_pd(nn, _mm512_set1_pd(UB_LN2_HI))),
+                                  _mm512_mul_pd(nn, _mm512_set1_pd(UB_LN2_LO)));
+        __m512d p = _mm512_set1_pd(ub_exp_c[13]);
+        for (int c = 12; c >= 0; c--)
+            p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(ub_exp_c[c]));
+        __m512i e = _mm512_slli_epi64(
+            _mm512_add_epi64(_mm512_castpd_si512(_mm512_add_pd(nn, shift)), _mm512_set1_epi64(1023)), 52);
+        /* (AVX-512F alone: the 8 words compared in a 512-bit register's low half) */
+        ok &= (__mmask8)_mm512_cmp_epi32_mask(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(j->words + i))),
+                                              _mm512_setzero_si512(), _MM_CMPINT_NLT);
+        _mm512_storeu_pd(j->w + i, _mm512_maskz_mov_pd(ok, _mm512_mul_pd(p, _mm512_castsi512_pd(e))));
+    }
+    ub_gauss_plain(j, i);
+}
+
+/* w[i] = K(d_i / θ) for i < n from squared distances: u² = d² / θ² (FAISS's
+ * d² is clamped at 0 against rounding), 0 where words[i] < 0 (no
+ * neighbour); θ = 0 gives weight 1 to all. The Gaussian's at the numeric
+ * core's level (vm_isa), the same bits at each. */
+static void kernel_weights(nc_kernel kern, double theta2, const float *d2, const int *words, int n, double *w)
+{
+    const ub_gauss_job j = {d2, words, n, theta2, w};
+    if (kern == NC_KERNEL_GAUSSIAN && theta2 > 0.0) {
+        const char *isa = vm_isa();
+        if (strcmp(isa, "avx512") == 0)
+            ub_gauss_avx512(&j);
+        else if (strcmp(isa, "avx2") == 0)
+            ub_gauss_avx2(&j);
+        else
+            ub_gauss_plain(&j, 0);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        double u2 = theta2 > 0.0 ? (d2[i] > 0.0f ? d2[i] : 0.0) / theta2 : 0.0;
+        w[i] = words[i] < 0 ? 0.0 : theta2 <= 0.0 ? 1.0 : u2 < 1.0 ? 1.0 - u2 : 0.0;
+    }
+}
+
+/* Σ w[i] in four interleaved sums (s[i mod 4], i counted from the first
+ * chunk), added (s0 + s1) + (s2 + s3) at the end: one order at every level,
+ * four independent chains; s[4] carries the sums between chunks (i0 a
+ * multiple of 4) */
+static void sum4(const double *w, int n, double *s)
+{
+    double s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3];
+    int i = 0;
+    for (; i + 4 <= n; i += 4)
+        s0 += w[i], s1 += w[i + 1], s2 += w[i + 2], s3 += w[i + 3];
+    if (i < n)
+        s0 += w[i];
+    if (i + 1 < n)
+        s1 += w[i + 1];
+    if (i + 2 < n)
+        s2 += w[i + 2];
+    s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
+}
+
+/* The k neighbours a kernel pass reads: squared distances, words */
+typedef struct {
+    nc_kernel kern;
+    const float *d2;
+    const int *words;
+    int k;
+} ub_neighbours;
+
+/* The kernel weights of the k neighbours, in chunks of UB_CHUNK (w: all of
+ * them, or NULL); their sum, and num (if not NULL) the sum of those whose
+ * word is x */
+#define UB_CHUNK 256
+static double kernel_pass(const ub_neighbours *nb, double *w, int x, double *num)
+{
+    const nc_kernel kern = nb->kern;
+    const float *d2 = nb->d2;
+    const int *words = nb->words, k = nb->k;
+    double theta2 = bandwidth2(d2, words, k), s[4] = {0, 0, 0, 0}, buf[UB_CHUNK];
+    if (theta2 < 0.0)
+        return 0.0;
+    for (int i0 = 0; i0 < k; i0 += UB_CHUNK) {
+        const int n = k - i0 < UB_CHUNK ? k - i0 : UB_CHUNK;
+        double *c = w ? w + i0 : buf;
+        kernel_weights(kern, theta2, d2 + i0, words + i0, n, c);
+        sum4(c, n, s);
+        for (int i = 0; num && i < n; i++)
+            if (words[i0 + i] == x)
+                *num += c[i];
+    }
+    return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
 double unbounded_cache_kernel_sum(nc_kernel kern, const float *d2, const int *words, int k, double *w)
 {
-    double theta2 = bandwidth2(d2, words, k);
-    if (theta2 < 0.0)
-        return 0.0;
-    double sum = 0.0;
-    for (int i = 0; i < k; i++) {
-        double kw = words[i] >= 0 ? kernel(kern, theta2, d2[i]) : 0.0;
-        if (w)
-            w[i] = kw;
-        sum += kw;
-    }
-    return sum;
+    if (w && bandwidth2(d2, words, k) < 0.0)
+        for (int i = 0; i < k; i++)
+            w[i] = 0.0;
+    const ub_neighbours nb = {kern, d2, words, k};
+    return kernel_pass(&nb, w, -1, NULL);
 }
 
 double unbounded_cache_prob(nc_kernel kern, const float *d2, const int *words, int k, int x)
 {
-    double sum = unbounded_cache_kernel_sum(kern, d2, words, k, NULL), theta2 = bandwidth2(d2, words, k), num = 0.0;
-    if (sum <= 0.0)
-        return 0.0;
-    for (int i = 0; i < k; i++)
-        if (words[i] == x)
-            num += kernel(kern, theta2, d2[i]);
-    return num / sum;
+    const ub_neighbours nb = {kern, d2, words, k};
+    double num = 0.0, sum = kernel_pass(&nb, NULL, x, &num);
+    return sum > 0.0 ? num / sum : 0.0;
 }
 
 double unbounded_cache_weights(nc_kernel kern, const float *d2, const int *words, int k, double *w)
@@ -1217,11 +1383,32 @@ static double ub_lambda(const nc_cache_params *p)
     return p->unbounded_lambda;
 }
 
+/* Whether unbounded_cache_kernel_sum is > 0, without its exps: a sum of
+ * weights >= 0 is > 0 exactly when one weight is, and a weight is > 0
+ * exactly where kernel_weights makes it so: θ = 0 (all 1), the Gaussian's
+ * -u²/2 >= UB_EXP_MIN (ub_exp1 gives 0 below, a normal number from there),
+ * the Epanechnikov's u² < 1; u² computed as there. (Half the kernel's
+ * cost a token: the mixture asks this before the probability.) */
+static bool kernel_has_mass(nc_kernel kern, const float *d2, const int *words, int k)
+{
+    double theta2 = bandwidth2(d2, words, k);
+    if (theta2 < 0.0)
+        return false;
+    for (int i = 0; i < k; i++) {
+        if (words[i] < 0)
+            continue;
+        double u2 = theta2 > 0.0 ? (d2[i] > 0.0f ? d2[i] : 0.0) / theta2 : 0.0;
+        if (theta2 <= 0.0 || (kern == NC_KERNEL_GAUSSIAN ? -0.5 * u2 >= UB_EXP_MIN : u2 < 1.0))
+            return true;
+    }
+    return false;
+}
+
 /* on, searched, and some neighbour with kernel mass */
 static bool ub_available(const nc_cache_params *p, const nc_mix_input *in)
 {
     return p->unbounded && in->ub_k > 0 && !in->ub_skipped &&
-           unbounded_cache_kernel_sum(p->kernel, in->ub_d2, in->ub_words, in->ub_k, NULL) > 0.0;
+           kernel_has_mass(p->kernel, in->ub_d2, in->ub_words, in->ub_k);
 }
 
 static double ub_prob(const nc_cache_params *p, const nc_mix_input *in, int x)

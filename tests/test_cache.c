@@ -20,6 +20,7 @@
 #include "harness.h"
 #include "tolerance.h"
 #include "mixture.h"
+#include "components.h"
 #include "mix_input.h"
 #include "stream.h"
 #include "binio.h"
@@ -1501,6 +1502,103 @@ TEST(explain_weights_sum_to_terms)
     model_free(m);
 }
 
+/* The kernel weights (eq. 6) against libm and a plain sum: k = 603
+ * neighbours (three chunks of the weights' pass, a tail of every vector
+ * width), some missing (-1), squared distances spread so that u²/2 runs
+ * over [0, 40] (e^-40 ~ 4e-18) and a few exactly 0; at every level the CPU
+ * runs, the same bits (weights, sum, probabilities). Tolerances: each
+ * Gaussian weight within 1e-15 of exp(-u²/2) relative (ub_exp's bound:
+ * Taylor to r^13 and 13 Horner steps of 2^-53); the sum of k weights within
+ * gamma_k = k 2^-53 (Higham, eq. 3.4) of the naive sum, relative (all
+ * terms >= 0), 2x that allowed; a probability a ratio of two such sums. */
+TEST(kernel_weights_naive)
+{
+    enum { K = 603 };
+    float d2[K];
+    int words[K];
+    double w[K], w0[K], ref[K];
+    uint64_t r = 7;
+    for (int i = 0; i < K; i++) {
+        r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+        d2[i] = i < 5 ? 0.0f : 80.0f * (float)i / K + (float)(r >> 40) * 1e-9f;
+        words[i] = (r >> 33) % 13 == 0 ? -1 : (int)((r >> 20) % 50);
+    }
+    words[K - 1] = 3;   /* θ: the last neighbour's distance (~80: u²/2 up to 40) */
+    const char *levels[] = {"scalar", "avx2", "avx512"};
+    const nc_kernel kerns[] = {NC_KERNEL_GAUSSIAN, NC_KERNEL_EPANECHNIKOV};
+    for (int kk = 0; kk < 2; kk++) {
+        const double theta2 = d2[K - 1];
+        double naive = 0.0, sum0 = 0.0, p0 = 0.0;
+        for (int i = 0; i < K; i++) {
+            double u2 = d2[i] / theta2;
+            ref[i] = words[i] < 0 ? 0.0 : kerns[kk] == NC_KERNEL_GAUSSIAN ? exp(-0.5 * u2) : (u2 < 1 ? 1 - u2 : 0);
+            naive += ref[i];
+        }
+        int nlev = 0;
+        for (int v = 0; v < 3; v++) {
+            if (vm_set_isa(levels[v]) != 0)
+                continue;
+            double sum = unbounded_cache_kernel_sum(kerns[kk], d2, words, K, w), p = unbounded_cache_prob(kerns[kk], d2, words, K, 3);
+            double bad = 0;
+            for (int i = 0; i < K; i++)
+                bad = fmax(bad, fabs(w[i] - ref[i]) - 1e-15 * ref[i]);
+            CHECKF(bad <= 0, "%s, kernel %d: a weight off libm's by %g beyond 1e-15 of it", levels[v], kk, bad);
+            CHECKF(fabs(sum - naive) <= 2.0 * K * ldexp(1.0, -53) * naive, "%s: sum %.17g, naive %.17g", levels[v], sum, naive);
+            double num = 0;
+            for (int i = 0; i < K; i++)
+                num += words[i] == 3 ? ref[i] : 0.0;
+            CHECKF(fabs(p - num / naive) <= 4.0 * K * ldexp(1.0, -53) * (num / naive), "%s: p %.17g, naive %.17g", levels[v], p, num / naive);
+            if (nlev++ == 0) {
+                memcpy(w0, w, sizeof w), sum0 = sum, p0 = p;
+                continue;
+            }
+            CHECKF(memcmp(w, w0, sizeof w) == 0 && sum == sum0 && p == p0, "%s: not the first level's bits", levels[v]);
+        }
+        vm_set_isa(NULL);
+        CHECK(nlev >= 2);
+    }
+    /* the mixture's availability (no exps) says what the sum says: the
+     * Gaussian's last weights underflowing (u²/2 past 708) or not, the
+     * Epanechnikov's k-th neighbour at u = 1, θ = 0, no neighbour at all */
+    {
+        nc_cache_params p;
+        cache_params_default(&p);
+        p.unbounded = true;
+        nc_mix_input in = {.ub_d2 = d2, .ub_words = words, .ub_k = K};
+        const nc_component *row = NULL;
+        for (int c = 0; c < NC_NCOMP; c++)
+            if (strcmp(nc_component_rows[c]->name, "unbounded") == 0)
+                row = nc_component_rows[c];
+        CHECK(row != NULL);
+        float keep[K];
+        int masses = 0;
+        memcpy(keep, d2, sizeof keep);
+        /* as made; all at θ's distance (the Epanechnikov's weights all 0);
+         * all past it, unsorted (the Gaussian's underflow to 0 but the
+         * last's); all 0 (θ = 0) */
+        for (int kk = 0; kk < 2; kk++)
+            for (int sc = 0; sc < 4; sc++) {
+                for (int i = 0; i < K; i++)
+                    d2[i] = sc == 0 ? keep[i] : sc == 1 ? keep[K - 1] : sc == 2 ? (i < K - 1 ? 1e6f + keep[i] * 1e4f : keep[i]) : 0.0f;
+                p.kernel = kerns[kk];
+                bool want = unbounded_cache_kernel_sum(kerns[kk], d2, words, K, NULL) > 0.0;
+                CHECKF(row && row->available(&p, &in) == want, "kernel %d, case %d: available %d, sum > 0 %d", kk, sc,
+                       !want, want);
+                masses += want;
+            }
+        memcpy(d2, keep, sizeof keep);
+        CHECKF(masses > 0 && masses < 8, "%d of 8 cases with mass: both answers not tried", masses);
+    }
+    /* θ = 0 (every distance 0): every weight 1; no neighbour: all 0, sum 0 */
+    for (int i = 0; i < K; i++)
+        d2[i] = 0.0f;
+    CHECK(unbounded_cache_kernel_sum(NC_KERNEL_GAUSSIAN, d2, words, K, w) > 0 && w[K - 1] == 1.0 && w[0] == (words[0] >= 0));
+    for (int i = 0; i < K; i++)
+        words[i] = -1;
+    CHECK(unbounded_cache_kernel_sum(NC_KERNEL_GAUSSIAN, d2, words, K, w) == 0.0 && w[K - 1] == 0.0);
+    CHECK(unbounded_cache_prob(NC_KERNEL_GAUSSIAN, d2, words, K, 3) == 0.0);
+}
+
 /* neural_cache_dots (BLAS for float32 keys, AVX-512 or scalar for float16) against
  * a naive double-precision dot over the exported keys: ring wrapped so the
  * keys sit in two runs, a dimension with a vector tail, partly filled and
@@ -1586,6 +1684,7 @@ int main(void)
     RUN(stream_import_v3);
     RUN(neural_cache_dots_naive);
     RUN(explain_weights_sum_to_terms);
+    RUN(kernel_weights_naive);
     RUN(params_validation);
     RUN(stream_memo_bit_identical);
     return harness_summary();

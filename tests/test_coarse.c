@@ -338,6 +338,102 @@ TEST(cq_encoder_matches_faiss)
     free(x);
 }
 
+/* The scan's look-up tables (residual_tables, four lists to a pass) and our
+ * encoder give the same bits at every level the CPU runs (the kernels sum
+ * in the same order, with no fused multiply-add), so a user's results do
+ * not depend on the CPU: IVF64,PQ8 on 64 dimensions (dsub 8, the 1M
+ * benchmark's), nprobe 1 to 9 (groups of four lists and their remainders),
+ * the same searches and the same adds at each level. Each distance is
+ * also checked against the ADC distance computed in double from the
+ * reconstruction rec = c + q(code): a table entry ||r_m||^2 + ||q_m||^2 -
+ * 2 <r_m, q_m> rounds sums of dsub + 2 terms, each no larger than
+ * ||r_m||^2 + ||q_m||^2 (the inner product by Cauchy-Schwarz, the 2 by
+ * the AM-GM inequality), the M entries then summed: within (dsub + M + 4)
+ * 2^-24 (||r||^2 + ||q||^2) (Higham's gamma bound), 2x that allowed. */
+TEST(cq_scan_same_bits_every_level)
+{
+    const int d = 64, ntrain = 6000, nadd = 4000, nq = 60, k = 25;
+    float *x = malloc((size_t)(ntrain + nadd + nq) * d * sizeof(float));
+    for (int i = 0; i < (ntrain + nadd + nq) * d; i++)
+        x[i] = gauss() + (float)((i / d) % 11);
+    const char *levels[] = {"scalar", "avx2", "avx512"};
+    FaissIndex *ix[3] = {NULL, NULL, NULL};
+    faiss_shim_cq *cq[3] = {NULL, NULL, NULL};
+    float *dd = malloc((size_t)3 * nq * k * sizeof(float)), *rec = malloc((size_t)d * sizeof(float));
+    int64_t *ll = malloc((size_t)3 * nq * k * sizeof(int64_t));
+    int nlev = 0, bad = 0, checked = 0;
+    char err[256] = "";
+    for (int v = 0; v < 3; v++) {
+        if (vm_set_isa(levels[v]) != 0)
+            continue;   /* not on this CPU */
+        ix[nlev] = trained_ivfpq("IVF64,PQ8np", d, x, (size_t)ntrain);
+        if (!ix[nlev])
+            break;
+        cq[nlev] = faiss_shim_cq_new(ix[nlev], 0);
+        CHECK(cq[nlev] != NULL);
+        faiss_shim_add_in in = {.n = nadd, .keys = x + (size_t)ntrain * d, .cq = cq[nlev]};
+        CHECKF(faiss_shim_add(ix[nlev], &in, err, sizeof err) == 0, "%s", err);
+        CHECK(faiss_IndexIVF_make_direct_map((FaissIndexIVF *)ix[nlev], 1) == 0);
+        nlev++;
+    }
+    vm_set_isa(NULL);
+    CHECKF(nlev >= 2, "%d levels on this CPU", nlev);
+    int nlist = 0;
+    const float *cent = nlev ? centroids(ix[0], &nlist) : NULL;
+    for (int np = 1; np <= 9 && nlev > 0; np++) {
+        for (int v = 0, lv = 0; v < 3 && lv < nlev; v++) {
+            if (vm_set_isa(levels[v]) != 0)
+                continue;
+            faiss_shim_scan sc = {.n = nq, .x = x + (size_t)(ntrain + nadd) * d, .k = k, .nprobe = np,
+                                  .cq = cq[lv], .d = dd + (size_t)lv * nq * k, .l = ll + (size_t)lv * nq * k};
+            CHECKF(faiss_shim_ivfpq_search(ix[lv], &sc, err, sizeof err) == 0, "%s", err);
+            lv++;
+        }
+        vm_set_isa(NULL);
+        for (int v = 1; v < nlev; v++) {
+            CHECKF(memcmp(dd, dd + (size_t)v * nq * k, (size_t)nq * k * sizeof(float)) == 0,
+                   "nprobe %d: level %d's distances differ from the first's", np, v);
+            CHECKF(memcmp(ll, ll + (size_t)v * nq * k, (size_t)nq * k * sizeof(int64_t)) == 0,
+                   "nprobe %d: level %d's neighbours differ from the first's", np, v);
+        }
+        for (int i = 0; i < nq * k; i++) {
+            if (ll[i] < 0)
+                continue;
+            const float *q = x + (size_t)(ntrain + nadd + i / k) * d;
+            CHECK(faiss_Index_reconstruct(ix[0], ll[i], rec) == 0);
+            /* the neighbour's list c is one of the query's np probed ones:
+             * the bound's scale ||q - c||^2 + ||rec - c||^2 at its largest
+             * over them */
+            float cd[9];
+            int64_t ci[9];
+            CHECK(faiss_shim_cq_search(cq[0], 1, q, np, cd, ci) == np);
+            double scale = 0;
+            for (int j = 0; j < np; j++)
+                scale = fmax(scale, dist2(q, cent + (size_t)ci[j] * d, d) + dist2(rec, cent + (size_t)ci[j] * d, d));
+            checked++;
+            if (fabs(dd[i] - dist2(q, rec, d)) > 2.0 * (d / 8 + 8 + 4) * ldexp(1.0, -24) * scale)
+                bad++;
+        }
+    }
+    CHECKF(checked > 0 && bad == 0, "%d of %d distances off the double ADC distance", bad, checked);
+    /* the adds: the same codes at every level */
+    for (int v = 1; v < nlev; v++)
+        for (int i = 0; i < nadd; i++) {
+            float a[64], b[64];
+            CHECK(faiss_Index_reconstruct(ix[0], i, a) == 0 && faiss_Index_reconstruct(ix[v], i, b) == 0);
+            if (memcmp(a, b, sizeof a) != 0) {
+                CHECKF(0, "key %d: level %d encoded it otherwise", i, v);
+                break;
+            }
+        }
+    for (int v = 0; v < 3; v++) {
+        faiss_shim_cq_free(cq[v]);
+        if (ix[v])
+            faiss_Index_free(ix[v]);
+    }
+    free(x), free(dd), free(ll), free(rec);
+}
+
 /* Bad input: an index the search cannot serve gets no searcher (the
  * callers then use FAISS's), never a crash. */
 TEST(cq_declines_other_indexes)
@@ -367,6 +463,7 @@ int main(void)
     RUN(cq_random_vectors);
     RUN(cq_real_hidden_states);
     RUN(cq_encoder_matches_faiss);
+    RUN(cq_scan_same_bits_every_level);
     RUN(cq_declines_other_indexes);
     /* the plain paths (the level a CPU without AVX2 runs) as well */
     if (strcmp(vm_isa(), "scalar") != 0) {
