@@ -779,10 +779,18 @@ static void scratch_key_init(void)
     (void)pthread_key_create(&scratch_key, scratch_destroy);
 }
 
+/* What a thread keeps between searches: a larger one (a big block of
+ * queries, FAISS's k + extra) is allocated for its call only */
+#define UB_SCRATCH_KEEP ((size_t)4 << 20)
+
 /* The calling thread's room for n ids (idx_t) followed by n distances
- * (float), contents undefined, or NULL (out of memory) */
-static idx_t *search_scratch(size_t n)
+ * (float), contents undefined, or NULL (out of memory); *owned: the caller
+ * frees it (over UB_SCRATCH_KEEP bytes) */
+static idx_t *search_scratch(size_t n, bool *owned)
 {
+    *owned = n * (sizeof(idx_t) + sizeof(float)) > UB_SCRATCH_KEEP;
+    if (*owned)
+        return nc_malloc(n * (sizeof(idx_t) + sizeof(float)));
     pthread_once(&scratch_once, scratch_key_init);
     ub_scratch *s = scratch_tls;
     if (!s && (s = nc_zalloc(1, sizeof *s))) {
@@ -871,7 +879,8 @@ int unbounded_cache_query(nc_unbounded_cache *u, const nc_ub_query *qr, char *er
         kk = ntotal;   /* FAISS pads with -1 anyway; no point asking for more */
     if (kk < k)
         kk = k;        /* our own scan returns k a query, padded */
-    idx_t *l = search_scratch(nq * (size_t)kk);
+    bool owned;
+    idx_t *l = search_scratch(nq * (size_t)kk, &owned);
     float *d = l ? (float *)(l + nq * (size_t)kk) : NULL;
     if (!l) {
         rc = nc_error(err, errlen, NC_ENOMEM, "search buffers (%zu x %ld)", nq, (long)kk);
@@ -906,6 +915,8 @@ int unbounded_cache_query(nc_unbounded_cache *u, const nc_ub_query *qr, char *er
     } else {
         gather_neighbours(u, qr, d, l, kk, model_v);
     }
+    if (owned)
+        free(l);
 out:
     pthread_rwlock_unlock(&u->lock);
     return rc;
