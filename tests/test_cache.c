@@ -32,6 +32,7 @@
 #include "vmath.h"
 #include "tokenizer.h"
 #include "model.h"
+#include "memstats.h"
 
 static uint64_t lcg = 12345;
 static uint32_t rnd(void)
@@ -854,6 +855,78 @@ TEST(template_table_read_at_switch)
     free(w);
 }
 
+/* Anonymous resident bytes of this process (/proc/self/status RssAnon:
+ * not the code pages FAISS faults in on first use). */
+static long rss_anon_bytes(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "RssAnon: %ld kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kb * 1024;
+}
+
+/* The gauge of an exact cache's memory (unbounded_cache_memory, summed in
+ * neurocache_namespace_memory_bytes, which the soak takes off the RSS)
+ * against what the process holds, pairs added one at a time as a daemon's
+ * feeds add them, under the daemon's malloc settings (memstats_tune_malloc:
+ * blocks of 256 kB or more are mappings of their own). FAISS grows
+ * IndexFlat's codes with std::vector::resize, so the capacity doubles: at
+ * 2^15 + 1 pairs of 256 bytes the array is 8 MiB + 256 bytes and its
+ * capacity 16 MiB. malloc counts the capacity (mallinfo2's hblkhd, the
+ * soak's "malloc mmapped blocks"); the RSS only the pages written -- the
+ * copy of the old array and the pairs -- which is what the gauge counts
+ * (pairs x bytes a pair). Past a doubling the two differ by ~2x, so the
+ * mmapped gauge's swings are capacity, not memory. */
+TEST(memory_gauge_is_resident_not_capacity)
+{
+    if (getenv("NEUROCACHE_SANITIZED"))
+        return;   /* ASan's allocator: neither mallinfo2 nor the same RSS */
+    memstats_tune_malloc();
+    const int dim = 64;
+    const size_t n = (1u << 15) + 1, nx = 4096;
+    const double codes = (double)n * dim * sizeof(float);
+    float *x = malloc(nx * dim * sizeof(float));
+    int *w = malloc(nx * sizeof(int));
+    for (size_t i = 0; i < nx * dim; i++)
+        x[i] = gauss();
+    for (size_t i = 0; i < nx; i++)
+        w[i] = (int)(i % 50);
+    nc_unbounded_cache *u = ub_make(dim, NULL, NULL, NULL, 0);
+    char err[NC_ERRLEN];
+    /* what earlier tests freed goes back to the kernel first (the new trim
+     * threshold would otherwise return it in the middle of the adds) */
+    memstats_trim();
+    size_t g0 = unbounded_cache_memory(u), h0 = heap_bytes();
+    long r0 = rss_anon_bytes();
+    /* but not from the arenas: malloc maps a block of its own only when no
+     * free chunk fits, so a generation of the array may be carved from the
+     * arenas' free chunks (trimmed pages, touched again): at most their
+     * bytes. First in main, this test finds few. */
+    double reuse = (double)mallinfo2().fordblks;
+    for (size_t i = 0; i < n; i++)
+        CHECK(unbounded_cache_add(u, x + (i % nx) * dim, w + i % nx, 1, NULL, err, sizeof err) == NC_OK);
+    double dg = (double)unbounded_cache_memory(u) - (double)g0, dh = (double)heap_bytes() - (double)h0;
+    double dr = (double)(rss_anon_bytes() - r0);
+    /* the RSS and the gauge differ by: the word ids' array (counted at its
+     * capacity, n..2n ints = 128..256 kB, which may also land in arena
+     * pages already resident), page rounding of the mappings (4 kB each)
+     * and FAISS's bookkeeping (a few kB): 320 kB. A gauge of the capacity
+     * would be 8 MiB off. */
+    CHECKF(dr >= dg - 320e3 && dr <= dg + 320e3 + reuse, "resident +%.0f bytes, gauge +%.0f, arenas' free %.0f", dr,
+           dg, reuse);
+    /* malloc's count holds the capacity: the codes twice over, less the
+     * same 320 kB */
+    CHECKF(dh >= 2 * codes - 320e3, "malloc +%.0f bytes, codes %.0f", dh, codes);
+    unbounded_cache_free(u);
+    free(x);
+    free(w);
+}
+
 /* Two readers of one IVF index with different nprobe: the first is held
  * inside its search (under the cache's read lock, the hook) until the
  * second's search, with another nprobe, has returned. A search that set
@@ -1669,6 +1742,7 @@ TEST(params_validation)
 int main(void)
 {
     unbounded_cache_set_threads(1);
+    RUN(memory_gauge_is_resident_not_capacity);   /* first: a fresh heap (its comment) */
     RUN(causality_flat);
     RUN(causality_ivf);
     RUN(causality_f16_keys);
