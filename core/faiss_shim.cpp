@@ -1478,6 +1478,9 @@ extern "C" size_t faiss_shim_fixed_bytes(const FaissIndex *idx)
     if (!ivf)
         return 0;
     size_t b = ivf->nlist * (size_t)ivf->d * sizeof(float);   /* the coarse centroids (a flat quantizer) */
+    /* the lists themselves, empty: each its two vectors (ids, codes) */
+    if (dynamic_cast<const faiss::ArrayInvertedLists *>(ivf->invlists))
+        b += ivf->nlist * 2 * sizeof(std::vector<uint8_t>);
     if (const faiss::IndexIVFPQ *pq = dynamic_cast<const faiss::IndexIVFPQ *>(ivf))
         b += pq->pq.centroids.size() * sizeof(float) + pq->precomputed_table.size() * sizeof(float);
     return b;

@@ -135,9 +135,10 @@ typedef struct {
  * error */
 int faiss_shim_add(FaissIndex *idx, const faiss_shim_add_in *a, char *err, size_t errlen);
 
-/* Bytes idx holds whatever its size: an IVF index's coarse centroids and,
- * for IVFPQ, its PQ centroids and precomputed residual tables (nlist x M x
- * 256 floats: 128 MB for IVF4096,PQ32); 0 for other indexes. */
+/* Bytes idx holds whatever its size: an IVF index's coarse centroids, its
+ * empty lists and, for IVFPQ, its PQ centroids and precomputed residual
+ * tables (nlist x M x 256 floats: 128 MB for IVF4096,PQ32); 0 for other
+ * indexes and for NULL. */
 size_t faiss_shim_fixed_bytes(const FaissIndex *idx);
 
 /* Whether idx is an IVF index (any kind). */
