@@ -210,7 +210,8 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
         feed_work_free(&w);
         return;
     }
-    if ((w.r.adapt && api_session_namespace_check(s, true, resp) != 0) || feed_over_budget(srv, s, t->n, w.shares != NULL, resp) != 0) {
+    if ((w.r.adapt && api_session_namespace_check(s, true, resp) != 0) ||
+        feed_over_budget(srv, s, t->n, w.shares != NULL, resp) != 0) {
         pthread_mutex_unlock(&s->lock);
         sessions_release(srv->sessions, s);
         feed_work_free(&w);
