@@ -10,7 +10,7 @@ import re
 import sys
 
 sys.path.insert(0, __file__.rsplit('/', 1)[0])
-from funclen import blank, closing_brace  # noqa: E402
+from funclen import blank, closing_brace, split_top  # noqa: E402
 
 
 def enclosing(b, pos):
@@ -36,22 +36,6 @@ def enclosing(b, pos):
     return None
 
 
-def split_top(text):
-    """text split at the commas outside (), [], {} and <>."""
-    parts, depth, cur = [], 0, ''
-    for c in text:
-        if c in '([{<':
-            depth += 1
-        elif c in ')]}>':
-            depth -= 1
-        if c == ',' and depth == 0:
-            parts.append(cur)
-            cur = ''
-        else:
-            cur += c
-    return parts + [cur]
-
-
 def thread_locals(b):
     """Names of the thread-local variables defined in the blanked source b."""
     for m in re.finditer(r'\b(__thread|_Thread_local|thread_local)\b', b):
@@ -66,7 +50,7 @@ def thread_locals(b):
                 continue
             decl += b[i]
             i += 1
-        for part in split_top(decl):
+        for part in split_top(decl, '([{<', ')]}>'):   # C++ template arguments too
             part = re.split(r'[\[=]', part)[0]
             names = re.findall(r'\w+', part)
             if names:
