@@ -387,9 +387,11 @@ json_t *proto_encode_cache_knobs(void)
 
 int proto_decode_predict(const json_t *body, long max_top_k, proto_predict_req *r, api_status *st)
 {
-    static const char *const keys[] = {"top_k", "full", "components", "explain", NULL};
+    static const char *const keys[] = {"top_k", "full", "components", "explain", "text", "normalize", NULL};
     if (proto_check_keys(body, keys, st)) return -1;
     if (proto_get_int(body, "top_k", 1, max_top_k, 10, &r->top_k, st)) return -1;
+    if (proto_get_string(body, "text", false, &r->text, &r->len, st)) return -1;
+    if (proto_get_bool(body, "normalize", true, &r->normalize, st)) return -1;
     if (proto_get_bool(body, "full", false, &r->full, st)) return -1;
     if (proto_get_bool(body, "components", false, &r->components, st)) return -1;
     if (proto_get_bool(body, "explain", false, &r->explain, st)) return -1;

@@ -117,6 +117,8 @@ json_t *proto_encode_cache_knobs(void);
 typedef struct {
     long top_k; bool full, components;
     bool explain;            /* cache entries behind each predicted word */
+    const char *text; size_t len;   /* "text": fed first (NULL: none), as a feed without adapt */
+    bool normalize;          /* "normalize" (default true) of that text */
 } proto_predict_req;
 int proto_decode_predict(const json_t *body, long max_top_k, proto_predict_req *r, api_status *st);
 

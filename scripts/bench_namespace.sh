@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # bench_namespace.sh -- neurocached with one namespace of N stored states
 # (default 1,000,000): top-10 predict with the unbounded cache, p50/p99 of
-# one session, predictions/s of 64 sessions, and the predict latency while
+# one session, predictions/s of 64 sessions (the same state again, a
+# one-word feed before each predict, or the word in the predict's "text"),
+# and the predict latency while
 # a client streams documents into the namespace (tests/bench_server.c
 # --namespace). Markdown tables on stdout, for BENCHMARKS.md.
 #
@@ -49,6 +51,8 @@ echo "### the same query again and again (a session's state does not move betwee
 row --clients 1,64
 echo "### a one-word feed (untimed, an LSTM step and a search of its own) before each predict: a new query each time"
 row --clients 1,64 --feed-between 1
+echo "### the new word in the predict's own \"text\" (fed in the predict's batch): one request a prediction, a new query each time"
+row --clients 1,64 --feed-between 2
 echo "### one session, then 16, without and with a client streaming 45,000-word documents into the namespace"
 row --clients "" --stream 1 --fair-clients 1 --feed-between 1
 row --clients "" --stream 1 --fair-clients 16 --feed-between 1

@@ -112,9 +112,8 @@ static void feed_work_free(feed_work *w)
 
 /* The work budgets of a feed on s (locked): 0, or answers over_budget and
  * returns -1. */
-static int feed_over_budget(nc_server *srv, const nc_session *s, const feed_work *w, http_response *resp)
+static int feed_over_budget(nc_server *srv, const nc_session *s, size_t n, bool components, http_response *resp)
 {
-    size_t n = w->t.n;
     /* every token read with the unbounded cache searches knn neighbours */
     long long neighbours = s->params.unbounded && stream_unbounded_cache(s->stream) ? (long long)n * s->params.knn : 0;
     if (neighbours > srv->cfg.max_neighbours_per_request) {
@@ -126,7 +125,7 @@ static int feed_over_budget(nc_server *srv, const nc_session *s, const feed_work
     }
     /* components: a full-vocabulary distribution per token, the unit of
      * generation's budget */
-    if (w->shares && (long long)n > srv->cfg.max_generation_steps) {
+    if (components && (long long)n > srv->cfg.max_generation_steps) {
         http_reply_error(resp, API_OVER_BUDGET,
                          "%zu tokens with components are %zu full-vocabulary distributions, over "
                          "max_generation_steps = %ld: feed fewer tokens at a time", n, n,
@@ -211,7 +210,7 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
         feed_work_free(&w);
         return;
     }
-    if ((w.r.adapt && api_session_namespace_check(s, true, resp) != 0) || feed_over_budget(srv, s, &w, resp) != 0) {
+    if ((w.r.adapt && api_session_namespace_check(s, true, resp) != 0) || feed_over_budget(srv, s, t->n, w.shares != NULL, resp) != 0) {
         pthread_mutex_unlock(&s->lock);
         sessions_release(srv->sessions, s);
         feed_work_free(&w);
@@ -335,13 +334,36 @@ typedef struct {
     nc_server *srv;
     http_request *req;
     proto_predict_req r;
+    nc_tokens t;                  /* the request's "text", fed by predict_prepare */
     http_response resp;
 } predict_job;
+
+/* A predict's "text", fed in the batch (s locked) as a feed without adapt:
+ * a feed's checks (the session moved or deleted while the request waited,
+ * its namespace deleted, the neighbours' budget), then stream_feed. */
+static bool predict_prepare(batch_job *j)
+{
+    predict_job *p = (predict_job *)j;
+    nc_session *s = j->s;
+    nc_server *srv = p->srv;
+    if (api_session_live(srv, s, &p->resp) != 0 || feed_over_budget(srv, s, p->t.n, false, &p->resp) != 0)
+        return false;
+    char err[NC_ERRLEN] = "";
+    int rc = stream_feed(s->stream, &p->t, false, NULL, err, sizeof err);
+    if (rc != NC_OK) {
+        http_reply_error(&p->resp, api_error_from_core(rc), "predict's text: %s", err);
+        return false;
+    }
+    metrics_add_tokens_fed(p->t.n);
+    return true;
+}
 
 static void predict_run(batch_job *j, const float *logits)
 {
     predict_job *p = (predict_job *)j;
     predict_answer(j->s, &p->r, logits, &p->resp);
+    if (p->r.text && p->resp.status == 200)
+        json_object_set_new(p->resp.json, "consumed", json_integer((json_int_t)p->t.n));
 }
 
 static void predict_done(batch_job *j)
@@ -349,36 +371,66 @@ static void predict_done(batch_job *j)
     predict_job *p = (predict_job *)j;
     sessions_release(p->srv->sessions, j->s);
     http_resume(p->req, &p->resp);
+    tokens_clear(&p->t);
     free(p);
 }
 
+/* POST /v1/sessions/{id}/predict: the next word's distribution, after
+ * feeding "text" first when given (one request a new word). The work runs
+ * in a batch (batcher.h); without a batcher, here, the same way. */
 void api_h_predict(nc_server *srv, http_request *req, http_response *resp)
 {
-    proto_predict_req r;
+    predict_job *p = calloc(1, sizeof *p);
+    if (!p) {
+        http_reply_error(resp, API_INTERNAL, "out of memory");
+        return;
+    }
     api_status st;
-    if (proto_decode_predict(req->json, srv->cfg.max_top_k, &r, &st)) {
+    tokens_init(&p->t);
+    if (proto_decode_predict(req->json, srv->cfg.max_top_k, &p->r, &st)) {
         http_reply_status(resp, &st);
+        free(p);
+        return;
+    }
+    if (p->r.text && api_tokenize(srv, p->r.text, p->r.len, false, p->r.normalize, &p->t, resp)) {
+        free(p);
+        return;
+    }
+    if ((long)p->t.n > srv->cfg.max_predict_text_tokens) {
+        http_reply_error(resp, API_OVER_BUDGET,
+                         "predict's text is %zu tokens, over max_predict_text_tokens = %d (it is fed in the "
+                         "predict batch, which waits for it): feed longer text with POST /v1/sessions/{id}/feed",
+                         p->t.n, srv->cfg.max_predict_text_tokens);
+        tokens_clear(&p->t);
+        free(p);
         return;
     }
     nc_session *s = api_session_acquire(srv, req, resp);
-    if (!s)
+    if (!s) {
+        tokens_clear(&p->t);
+        free(p);
         return;
-    predict_job *p = srv->batcher ? calloc(1, sizeof *p) : NULL;
-    if (p) {
-        p->job.s = s;
-        p->job.run = predict_run;
-        p->job.done = predict_done;
-        p->srv = srv;
-        p->req = req;
-        p->r = r;
+    }
+    p->job.s = s;
+    p->job.prepare = p->r.text ? predict_prepare : NULL;
+    p->job.run = predict_run;
+    p->job.done = predict_done;
+    p->srv = srv;
+    p->req = req;
+    p->resp.status = 500;
+    if (srv->batcher) {
         http_defer(req);
         batcher_submit(srv->batcher, &p->job);
         return;
     }
     pthread_mutex_lock(&s->lock);
-    predict_answer(s, &r, NULL, resp);
+    if (!p->job.prepare || p->job.prepare(&p->job))
+        predict_run(&p->job, NULL);
     pthread_mutex_unlock(&s->lock);
     sessions_release(srv->sessions, s);
+    *resp = p->resp;
+    tokens_clear(&p->t);
+    free(p);
 }
 
 void api_h_score(nc_server *srv, http_request *req, http_response *resp)

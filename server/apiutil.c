@@ -33,16 +33,10 @@ int api_session_namespace_check(nc_session *s, bool adapt, http_response *resp)
     return -1;
 }
 
-int api_session_lock(nc_server *srv, nc_session *s, http_response *resp)
+int api_session_live(nc_server *srv, nc_session *s, http_response *resp)
 {
-    pthread_mutex_lock(&s->lock);
-    if (!sessions_removed(srv->sessions, s)) {
-        if (api_session_namespace_check(s, false, resp) == 0)
-            return 0;
-        pthread_mutex_unlock(&s->lock);
-        return -1;
-    }
-    pthread_mutex_unlock(&s->lock);
+    if (!sessions_removed(srv->sessions, s))
+        return api_session_namespace_check(s, false, resp);
     /* Only a session that lives on elsewhere (handed over, replaced by an
      * import) or a draining replica is worth a retry: one deleted here is
      * gone, and a retry would only find that out. */
@@ -51,6 +45,15 @@ int api_session_lock(nc_server *srv, nc_session *s, http_response *resp)
                          "session '%s' was handed to another replica while this request waited: retry", s->id);
     else
         http_reply_error(resp, API_SESSION_NOT_FOUND, "session '%s' was deleted while this request waited", s->id);
+    return -1;
+}
+
+int api_session_lock(nc_server *srv, nc_session *s, http_response *resp)
+{
+    pthread_mutex_lock(&s->lock);
+    if (api_session_live(srv, s, resp) == 0)
+        return 0;
+    pthread_mutex_unlock(&s->lock);
     return -1;
 }
 

@@ -23,6 +23,9 @@ nc_session *api_session_acquire(nc_server *srv, http_request *req, http_response
  * namespace_deleted (api_session_namespace_check), and returns -1 (the
  * caller still releases s). */
 int api_session_lock(nc_server *srv, nc_session *s, http_response *resp);
+/* The same checks on s already locked (a batch job's session): 0, or
+ * answers as api_session_lock and returns -1 with s still locked. */
+int api_session_live(nc_server *srv, nc_session *s, http_response *resp);
 
 /* s locked: 0 if s may go on, or answers 410 namespace_deleted and
  * returns -1 when the namespace incarnation s is bound to was deleted and

@@ -162,6 +162,23 @@ static void run_jobs(batch_worker *w, int nrun)
     /* (no h: NULL, and the job's own stream_predict reports it) */
 }
 
+/* Each running job's prepare (batch_job); those that answered already
+ * move to the end of w->run (still to unlock and finish, not to run).
+ * Returns the count of the others, in their order. */
+static int prepare_jobs(batch_worker *w, int nrun)
+{
+    batch_job **run = w->run, **later = w->later;
+    int nready = 0, nanswered = 0;
+    for (int i = 0; i < nrun; i++) {
+        if (!run[i]->prepare || run[i]->prepare(run[i]))
+            run[nready++] = run[i];
+        else
+            later[nanswered++] = run[i];
+    }
+    memcpy(run + nready, later, (size_t)nanswered * sizeof *run);
+    return nready;
+}
+
 static void *batch_thread(void *arg)
 {
     batch_worker *w = arg;
@@ -178,7 +195,7 @@ static void *batch_thread(void *arg)
         pthread_mutex_unlock(&b->lock);
 
         int nrun = lock_free_sessions(w, n);
-        run_jobs(w, nrun);
+        run_jobs(w, prepare_jobs(w, nrun));
         for (int i = 0; i < nrun; i++)
             pthread_mutex_unlock(&run[i]->s->lock);
         atomic_fetch_add(&b->batches, 1);
@@ -238,7 +255,8 @@ void batcher_submit(batcher *b, batch_job *j)
         /* Stopped (shutting down): the job runs alone, here. */
         pthread_mutex_unlock(&b->lock);
         pthread_mutex_lock(&j->s->lock);
-        j->run(j, NULL);
+        if (!j->prepare || j->prepare(j))
+            j->run(j, NULL);
         pthread_mutex_unlock(&j->s->lock);
         j->done(j);
         return;

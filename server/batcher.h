@@ -6,7 +6,9 @@
  * bound by reading W; one pass over B sessions' h_t reads W once for all B.
  * Requests hand a job to the batcher (the HTTP connection is suspended
  * meanwhile); a few batch threads each take every job waiting, lock the
- * jobs' sessions, run lstm_logits_rows on their h_t (batch-invariant: each
+ * jobs' sessions, let each job prepare (a predict with "text" feeds it:
+ * one request a new word, its LSTM step in the batch), run
+ * lstm_logits_rows on their h_t (batch-invariant: each
  * row the bits of a lone lstm_logits, kept as the session's memo) and let
  * each job finish with its row of logits. Batches form by themselves under
  * load (jobs queue while a batch runs) and are of size 1 when idle, so a
@@ -22,6 +24,11 @@ typedef struct batch_job batch_job;
  * the session (sessions_acquire); the batcher locks s->lock around run. */
 struct batch_job {
     nc_session *s;
+    /* NULL, or called with s->lock held before the batch's decoder pass,
+     * to move the session first (a predict's text, fed here so that its
+     * new h_t joins the batch's rows): false when the job has answered
+     * already (an error), and then run is not called, only done. */
+    bool (*prepare)(batch_job *j);
     /* Called with s->lock held: logits = W h_t + b for the session's
      * current h_t ([V]), or NULL when not batched (the stream has no h yet,
      * or the batcher is stopped): the job then calls stream_predict. */

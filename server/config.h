@@ -45,6 +45,7 @@ typedef struct {
     long max_neighbours_per_request; /* unbounded-cache neighbours searched */
     int request_timeout_s;       /* deadline of a request's wait and work */
     int max_queued;              /* heavy requests waiting for a worker, 429 above */
+    int max_predict_text_tokens; /* tokens a predict's "text" feeds in its batch, 413 above */
     int max_top_k;               /* largest top_k / logprobs answered */
     int max_completion_tokens;   /* largest max_tokens in /v1/completions */
     int malloc_trim_s;           /* seconds between malloc_trim calls, 0 = never */

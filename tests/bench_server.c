@@ -27,7 +27,9 @@
  * session feeds one random word (not timed) before each predict, so that
  * successive predicts search different queries; predictions/s then counts
  * the predicts only, the feeds' work (an LSTM step and a search each)
- * sharing the cores.
+ * sharing the cores. --feed-between 2: the word goes in the predict's own
+ * "text" instead (one request a new word, timed: what an autocompleting
+ * client sends).
  * --guard 1: instead, test_server_guard's latencies: /health and /ready while
  * three workers run heavy requests, how soon the workers are free once
  * their clients hang up, and how fast an over-budget request is refused
@@ -164,7 +166,7 @@ static int nwords;
 static int f16;                   /* sessions' neural keys in float16 */
 static const char *ns_name;       /* --namespace: sessions read its unbounded cache */
 static int ub_knn, ub_nprobe;     /* --knn, --nprobe of those sessions (0: the defaults) */
-static int feed_between;          /* --feed-between 1: a one-word feed (untimed) before each predict */
+static int feed_between;          /* 1: a one-word feed (untimed) before each predict; 2: the word in predict's "text" */
 
 static void load_words(const char *model_dir)
 {
@@ -254,7 +256,12 @@ static void *predict_worker(void *arg)
     char feed_path[256];
     snprintf(feed_path, sizeof feed_path, "/v1/sessions/%s/feed", id);
     while (now_s() < w->t_end) {
-        if (feed_between) {
+        char *with_text = NULL;   /* --feed-between 2: this predict's body */
+        if (feed_between == 2) {
+            json_t *pj = json_pack("{s:i,s:s}", "top_k", 10, "text", words[rng_next(&r) % (uint64_t)nwords]);
+            with_text = json_dumps(pj, JSON_COMPACT);
+            json_decref(pj);
+        } else if (feed_between) {
             /* the state moves on, so each predict searches another query
              * (other IVF lists) rather than the same one again */
             json_t *fj = json_pack("{s:s}", "text", words[rng_next(&r) % (uint64_t)nwords]);
@@ -271,8 +278,9 @@ static void *predict_worker(void *arg)
             json_decref(fj);
         }
         double t0 = now_s();
-        long st = client_post(&cl, path, pb, strlen(pb));
+        long st = with_text ? client_post(&cl, path, with_text, strlen(with_text)) : client_post(&cl, path, pb, strlen(pb));
         double dt = now_s() - t0;
+        free(with_text);
         if (st != 200) { w->errors++; continue; }
         if (w->n == w->cap) {
             w->cap = w->cap ? w->cap * 2 : 4096;
@@ -428,10 +436,11 @@ static void run_predict(int port, pid_t pid, int clients, double seconds, int ne
      * machine is shared: 2 / cpu_per_prediction. */
     double cpu = (c1 - c0) / (double)(total ? total : 1), ccpu = (s1 - s0) / (double)(total ? total : 1);
     double batch = b1 > b0 ? (j1 - j0) / (b1 - b0) : NAN;
-    char label[96] = "predict top-10";
+    char label[128] = "predict top-10";
     if (ns_name)
-        snprintf(label, sizeof label, "predict top-10, unbounded cache of namespace %s%s", ns_name,
-                 heavy > 0 ? ", documents streaming in" : "");
+        snprintf(label, sizeof label, "predict top-10%s, unbounded cache of namespace %s%s",
+                 feed_between == 2 ? " after a new word in its text" : feed_between ? " after a one-word feed" : "",
+                 ns_name, heavy > 0 ? ", documents streaming in" : "");
     else if (heavy > 0)
         snprintf(label, sizeof label, "predict top-10, %d heavy scoring clients running", heavy);
     printf("| %s | %d | %zu | %.0f | %.2f | %.2f | %.1f | %.0f | %.0f | %.0f | %ld |\n", label, clients, total,

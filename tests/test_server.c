@@ -590,6 +590,108 @@ TEST(batched_predict_matches_alone)
     }
 }
 
+/* predict {"text": text, "full": true} on session id: {word: prob} (new
+ * reference) or NULL; *consumed and *position from the answer. */
+static json_t *predict_text_dist(int port, const char *id, const char *text, long *consumed, long *position)
+{
+    char path[256];
+    snprintf(path, sizeof path, "/v1/sessions/%s/predict", id);
+    json_t *b = json_pack("{s:s,s:b}", "text", text, "full", 1);
+    http_resp r;
+    json_t *out = NULL;
+    *consumed = *position = -1;
+    if (http_post_json(port, path, b, &r) == 0 && r.status == 200) {
+        out = json_object();
+        size_t i;
+        json_t *it;
+        json_array_foreach(json_object_get(r.json, "predictions"), i, it)
+            json_object_set(out, json_string_value(json_object_get(it, "word")), json_object_get(it, "prob"));
+        *consumed = json_is_integer(json_object_get(r.json, "consumed")) ?
+                        (long)json_integer_value(json_object_get(r.json, "consumed")) : -1;
+        *position = (long)json_integer_value(json_object_get(r.json, "position"));
+    }
+    json_decref(b);
+    http_resp_free(&r);
+    return out;
+}
+
+/* A predict's "text" is fed first, in the predict's batch: the same
+ * distribution, to the bit (the same arithmetic: stream_feed, then the
+ * decoder row), as a feed followed by a predict on a twin session; twice in
+ * a row (the second feed reads the first predict's memo); without batching
+ * too. Over max_predict_text_tokens: 413 over_budget and nothing fed. */
+TEST(predict_text_equals_feed_then_predict)
+{
+    static const char *steps[] = {"w1 w2 w3 w1", "w2", "zzz w3\nw4"};
+    char a[128], b[128];
+    CHECK(open_fed_session(D.port, "w5 w6", a, sizeof a) == 0);
+    CHECK(open_fed_session(D.port, "w5 w6", b, sizeof b) == 0);
+    long pos = 2;
+    for (size_t k = 0; k < sizeof steps / sizeof *steps; k++) {
+        long consumed, position;
+        json_t *got = predict_text_dist(D.port, a, steps[k], &consumed, &position);
+        char path[256];
+        snprintf(path, sizeof path, "/v1/sessions/%s/feed", b);
+        http_resp r;
+        json_t *fb = json_pack("{s:s}", "text", steps[k]);
+        CHECK(http_post_json(D.port, path, fb, &r) == 0 && r.status == 200);
+        long fed = (long)json_integer_value(json_object_get(r.json, "consumed"));
+        json_decref(fb);
+        http_resp_free(&r);
+        json_t *want = full_dist(D.port, b);
+        pos += fed;
+        CHECKF(got && want && dist_diff(want, got) == 0, "step %zu: differs by %g", k, dist_diff(want, got));
+        CHECKF(consumed == fed && position == pos, "step %zu: consumed %ld (fed %ld), position %ld (want %ld)", k,
+               consumed, fed, position, pos);
+        json_decref(got);
+        json_decref(want);
+    }
+    /* an empty text feeds nothing */
+    long consumed, position;
+    json_t *same = predict_text_dist(D.port, a, "", &consumed, &position);
+    json_t *want = full_dist(D.port, b);
+    CHECK(same && dist_diff(want, same) == 0 && consumed == 0 && position == pos);
+    json_decref(same);
+    /* over the limit (64 by default): 413, the session where it was */
+    char big[65 * 4 + 1] = "";
+    for (int i = 0; i < 65; i++) strcat(big, "w1 ");
+    char path[256];
+    snprintf(path, sizeof path, "/v1/sessions/%s/predict", a);
+    json_t *bb = json_pack("{s:s}", "text", big);
+    http_resp r;
+    CHECK(http_post_json(D.port, path, bb, &r) == 0 && r.status == 413 &&
+          !strcmp(json_string_value(json_object_get(json_object_get(r.json, "error"), "code")) ?: "", "over_budget"));
+    json_decref(bb);
+    http_resp_free(&r);
+    CHECK(http_json(D.port, "POST", path, "{\"text\":7}", &r) == 0 && r.status == 400);
+    http_resp_free(&r);
+    json_t *after = full_dist(D.port, a);
+    CHECK(after && dist_diff(want, after) == 0);
+    json_decref(after);
+    /* A daemon without batching feeds the text the same way. */
+    nc_daemon d2;
+    const char *args[] = {"--model", model_dir, "--batch-predict", "false", NULL};
+    CHECK(daemon_start(&d2, args) == 0);
+    if (d2.pid) {
+        char c[128];
+        CHECK(open_fed_session(d2.port, "w5 w6", c, sizeof c) == 0);
+        json_t *got = NULL;
+        for (size_t k = 0; k < sizeof steps / sizeof *steps; k++) {
+            json_decref(got);
+            got = predict_text_dist(d2.port, c, steps[k], &consumed, &position);
+        }
+        CHECK(got && dist_diff(want, got) == 0 && position == pos);
+        json_decref(got);
+        CHECK(daemon_stop(&d2) == 0);
+    }
+    json_decref(want);
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "/v1/sessions/%s", i ? b : a);
+        CHECK(http_json(D.port, "DELETE", path, NULL, &r) == 0 && r.status == 204);
+        http_resp_free(&r);
+    }
+}
+
 /* A predict waiting for a session busy with a long feed answers after it,
  * from the state the feed left (requests on one session are serialised,
  * batched or not). */
@@ -1090,6 +1192,7 @@ int main(void)
     RUN(tokenize_detokenize);
     RUN(concurrent_equals_sequential);
     RUN(batched_predict_matches_alone);
+    RUN(predict_text_equals_feed_then_predict);
     RUN(predict_waits_for_feed);
     RUN(one_session_serialised);
     RUN(metrics_exposed);

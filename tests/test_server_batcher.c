@@ -390,10 +390,110 @@ TEST(batched_rows_kept_as_memo)
     batch_rows_memo("lstm-2layer-f16");
 }
 
+/* A job that feeds a word in prepare (as a predict's "text"), or answers
+ * there (refuse): run must then not be called, done must. */
+typedef struct {
+    pjob p;                       /* first: the batcher's view */
+    const char *word;             /* fed by prepare; NULL: prepare refuses */
+    int prepared, ran;
+    int64_t pos_at_run;
+} tjob;
+
+static bool text_prepare(batch_job *j)
+{
+    tjob *t = (tjob *)j;
+    t->prepared++;
+    if (!t->word)
+        return false;
+    char err[NC_ERRLEN];
+    nc_tokens tk;
+    tokens_init(&tk);
+    bool ok = tokenize(stream_model(j->s->stream), t->word, strlen(t->word), false, &tk, err, sizeof err) == NC_OK &&
+              stream_feed(j->s->stream, &tk, false, NULL, err, sizeof err) == NC_OK;
+    tokens_clear(&tk);
+    return ok;
+}
+
+static void text_run(batch_job *j, const float *logits)
+{
+    tjob *t = (tjob *)j;
+    t->ran++;
+    t->pos_at_run = stream_position(j->s->stream);
+    predict_run(j, logits);       /* the handed logits against the stream's own predict */
+}
+
+/* Jobs with a prepare step in one batch: the fed words' new h_t are the
+ * batch's rows (each checked against the stream's unbatched prediction at
+ * its new position); a job whose prepare answers is finished without run,
+ * its session unlocked; the batch's count still has every job. */
+TEST(prepared_jobs_in_one_batch)
+{
+    nc_cache_params p;
+    nc_model *m = load_fixture(&p);
+    if (!m) return;
+    static const char *texts[4] = {"w1 w2", "w3 w4 w5", "w6", "w7 w8"};
+    static const char *words[4] = {"w9", NULL, "w10", "w2"};
+    nc_session s[5];
+    memset(s, 0, sizeof s);
+    for (int i = 0; i < 5; i++)
+        session_fed(&s[i], m, &p, i < 4 ? texts[i] : "");
+    batcher *b = batcher_new(m, 1, 64);
+    CHECK(b != NULL);
+    if (!b) return;
+    completed = 0;
+    blocker_in = blocker_release = 0;
+    pjob blocker;
+    hold_thread(b, &blocker, &s[4]);
+    tjob jobs[4];
+    memset(jobs, 0, sizeof jobs);
+    int64_t pos0[4];
+    for (int i = 0; i < 4; i++) {
+        pos0[i] = stream_position(s[i].stream);
+        jobs[i].word = words[i];
+        jobs[i].p.job = (batch_job){.s = &s[i], .prepare = text_prepare, .run = text_run, .done = predict_done};
+        batcher_submit(b, &jobs[i].p.job);
+    }
+    uint64_t batches0 = 0, jobs0 = 0;
+    batcher_stats(b, &batches0, &jobs0);
+    release_thread();
+    wait_completed(5);
+    uint64_t batches = 0, njobs = 0;
+    batcher_stats(b, &batches, &njobs);
+    CHECKF(batches - batches0 == 2 && njobs - jobs0 == 5, "%llu batches, %llu jobs",
+           (unsigned long long)(batches - batches0), (unsigned long long)(njobs - jobs0));
+    for (int i = 0; i < 4; i++) {
+        CHECK(jobs[i].p.done && jobs[i].prepared == 1);
+        if (words[i]) {
+            CHECKF(jobs[i].ran == 1 && jobs[i].p.rc == NC_OK && jobs[i].p.batched, "job %d", i);
+            CHECKF(jobs[i].p.worst <= 1e-6, "job %d: batched differs by %g", i, jobs[i].p.worst);
+            CHECK(jobs[i].pos_at_run == pos0[i] + 1);
+        } else {
+            CHECK(jobs[i].ran == 0 && stream_position(s[i].stream) == pos0[i]);
+        }
+        CHECK(pthread_mutex_trylock(&s[i].lock) == 0);   /* unlocked, answered or not */
+        pthread_mutex_unlock(&s[i].lock);
+    }
+    batcher_stop(b);
+    /* stopped: prepare then run inline, or prepare alone */
+    tjob late = {.word = "w3", .p.job = {.s = &s[0], .prepare = text_prepare, .run = text_run, .done = predict_done}};
+    tjob refused = {.p.job = {.s = &s[1], .prepare = text_prepare, .run = text_run, .done = predict_done}};
+    batcher_submit(b, &late.p.job);
+    batcher_submit(b, &refused.p.job);
+    CHECK(late.prepared == 1 && late.ran == 1 && late.p.done && late.p.rc == NC_OK && late.p.worst == 0);
+    CHECK(refused.prepared == 1 && refused.ran == 0 && refused.p.done);
+    batcher_free(b);
+    for (int i = 0; i < 5; i++) {
+        stream_free(s[i].stream);
+        pthread_mutex_destroy(&s[i].lock);
+    }
+    model_free(m);
+}
+
 int main(void)
 {
     RUN(batches_match_unbatched);
     RUN(batched_memo_bit_identical);
     RUN(batched_rows_kept_as_memo);
+    RUN(prepared_jobs_in_one_batch);
     return harness_summary();
 }
