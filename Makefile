@@ -202,7 +202,8 @@ asan: deps-test
 	    bash tests/run_tests.sh $(patsubst $(BUILD)/%,build/asan/%,$(TEST_BINS))
 
 # ThreadSanitizer build (clang -fsanitize=thread), in its own tree, running
-# the suites that drive the daemon's threads (docs/threads.md). Every
+# the suites that drive the daemon's threads (docs/threads.md), and
+# test_scratch (the per-thread scratch buffers' threads and exits). Every
 # process writes its reports to build/tsan/reports/ (the daemon runs as a
 # child of the tests, so its stderr alone would be lost); the target fails
 # when any report was written, and prints them. tests/tsan.supp names the
@@ -210,7 +211,7 @@ asan: deps-test
 # test_server_guard is not among them: its checks are the latency bounds of
 # an acceptance (a refusal within 50 ms, an exit within drain_timeout + 2 s),
 # which TSan's 5-15x slowdown breaks without a race (it reported none).
-TSAN_TESTS := server server_stream server_batcher namespace_server namespace replication replicas wal
+TSAN_TESTS := server server_stream server_batcher namespace_server namespace replication replicas wal scratch
 TSAN_BINS := $(patsubst %,build/tsan/tests/test_%,$(TSAN_TESTS))
 tsan: deps-test
 	$(Q)$(MAKE) --no-print-directory BUILD=build/tsan BIN=build/tsan/bin CC=clang \

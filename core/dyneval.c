@@ -3,12 +3,12 @@
 #include "dyneval.h"
 #include "vmath.h"
 #include "fault.h"
+#include "scratch.h"
 
 #include <cblas.h>
 #include <immintrin.h>
 #include <float.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -338,92 +338,47 @@ void dyneval_tensor(nc_dyneval *d, int k, float **w, float **g, size_t *count)
 
 /* The scoring pass's activations (lstm_forward_seq through the shadow's
  * hook), valid for the adaptation state id after steps updates, from state
- * (h0, c0) over tokens tok[0..T). */
+ * (h0, c0) over tokens tok[0..T). The record heads the thread's
+ * NC_SCRATCH_DYN_TRACE buffer; its rows follow from TRACE_HEAD on. */
 typedef struct {
     bool valid;
     unsigned long id, steps;
     size_t T;
     int tok[DYN_TRACE_MAX];
-    float *buf, *h0, *c0;
-    size_t cap;                   /* floats in buf */
+    float *h0, *c0;
     float *x[DYN_MAX_LAYERS], *a[DYN_MAX_LAYERS], *c[DYN_MAX_LAYERS], *tc[DYN_MAX_LAYERS], *h[DYN_MAX_LAYERS];
 } dyn_trace;
 
+/* the rows' offset in the trace buffer: 64-byte aligned like the buffer */
+#define TRACE_HEAD ((sizeof(dyn_trace) + 63) & ~(size_t)63)
+
 /* The segment's scratch (activations, backward buffers, the fused step's
- * gradient) is carved from one per-thread arena that only grows: a session
- * holds none of it between segments, and a step touches no fresh pages.
- * The thread's recorded scoring pass lives beside it. */
-typedef struct {
-    float *buf;
-    size_t cap;                   /* floats */
-    dyn_trace tr;
-} dyn_arena;
-
-static pthread_key_t arena_key;
-static pthread_once_t arena_once = PTHREAD_ONCE_INIT;
-static __thread dyn_arena *arena_tls;
-
-static void arena_destroy(void *p)
-{
-    dyn_arena *a = p;
-    nc_free(a->buf);
-    nc_free(a->tr.buf);
-    free(a);
-}
-
-static void arena_key_init(void)
-{
-    (void)pthread_key_create(&arena_key, arena_destroy);
-}
-
-static dyn_arena *arena_self(void)
-{
-    pthread_once(&arena_once, arena_key_init);
-    dyn_arena *a = arena_tls;
-    if (!a && (a = nc_zalloc(1, sizeof *a))) {
-        arena_tls = a;
-        (void)pthread_setspecific(arena_key, a);
-    }
-    return a;
-}
-
-/* The calling thread's arena with room for floats floats (contents
- * undefined), or NULL. */
+ * gradient) is carved from one per-thread arena that only grows
+ * (NC_SCRATCH_DYN_ARENA, scratch.h): a session holds none of it between
+ * segments, and a step touches no fresh pages. The thread's recorded
+ * scoring pass lives beside it (NC_SCRATCH_DYN_TRACE). */
 static float *arena_get(size_t floats)
 {
-    dyn_arena *a = arena_self();
-    if (!a)
-        return NULL;
-    if (a->cap < floats) {
-        nc_free(a->buf);
-        a->buf = nc_alloc(floats * sizeof(float));
-        a->cap = a->buf ? floats : 0;
-    }
-    return a->buf;
+    return scratch_get(NC_SCRATCH_DYN_ARENA, floats * sizeof(float));
 }
 
 /* hook.begin: a forward pass of the shadow starts; record it if short. */
 static void trace_begin(void *ctx, const nc_state *s, const int *tokens, size_t T)
 {
     const nc_dyneval *d = ctx;
-    dyn_arena *a = arena_self();
-    if (!a)
-        return;
-    dyn_trace *tr = &a->tr;
-    tr->valid = false;
+    dyn_trace *tr = scratch_peek(NC_SCRATCH_DYN_TRACE, NULL);
+    if (tr)
+        tr->valid = false;   /* stays so if this pass is not recorded */
     const size_t L = (size_t)s->num_layers, H = (size_t)s->hidden_size, E = (size_t)d->base->cfg.embedding_size;
     if (T > DYN_TRACE_MAX)
         return;
     const size_t per = E + (L - 1) * H + L * 7 * H;   /* x, a (4H), c, tc, h of every layer, per step */
     const size_t need = T * per + 2 * L * H;
-    if (tr->cap < need) {
-        nc_free(tr->buf);
-        tr->buf = nc_alloc(need * sizeof(float));
-        tr->cap = tr->buf ? need : 0;
-        if (!tr->buf)
-            return;
-    }
-    float *p = tr->buf;
+    tr = scratch_get(NC_SCRATCH_DYN_TRACE, TRACE_HEAD + need * sizeof(float));
+    if (!tr)
+        return;
+    tr->valid = false;
+    float *p = (float *)((char *)tr + TRACE_HEAD);
     for (size_t l = 0; l < L; l++) {
         tr->x[l] = p, p += T * (l ? H : E);
         tr->a[l] = p, p += T * 4 * H;
@@ -445,10 +400,9 @@ static void trace_begin(void *ctx, const nc_state *s, const int *tokens, size_t 
 static void trace_step(void *ctx, int l, size_t t, const float *const rows[5])
 {
     const nc_dyneval *d = ctx;
-    dyn_arena *a = arena_tls;
-    if (!a || !a->tr.valid || a->tr.id != d->id)
+    dyn_trace *tr = scratch_peek(NC_SCRATCH_DYN_TRACE, NULL);
+    if (!tr || !tr->valid || tr->id != d->id)
         return;
-    dyn_trace *tr = &a->tr;
     const size_t H = (size_t)d->base->cfg.hidden_size, in = (size_t)d->base->layers[l].input_size;
     memcpy(tr->x[l] + t * in, rows[0], in * sizeof(float));
     memcpy(tr->a[l] + t * 4 * H, rows[1], 4 * H * sizeof(float));
@@ -468,10 +422,9 @@ unsigned long dyneval_trace_uses(void)
 
 static const dyn_trace *trace_for(const nc_dyneval *d, const nc_state *s0, const int *y, int S)
 {
-    const dyn_arena *a = arena_tls;
-    if (!a || !a->tr.valid || a->tr.id != d->id || a->tr.steps != d->steps || a->tr.T < (size_t)S)
+    const dyn_trace *tr = scratch_peek(NC_SCRATCH_DYN_TRACE, NULL);
+    if (!tr || !tr->valid || tr->id != d->id || tr->steps != d->steps || tr->T < (size_t)S)
         return NULL;
-    const dyn_trace *tr = &a->tr;
     const size_t LH = (size_t)s0->num_layers * s0->hidden_size * sizeof(float);
     if (memcmp(tr->tok, y, (size_t)S * sizeof(int)) != 0 || memcmp(tr->h0, s0->h, LH) != 0 ||
         memcmp(tr->c0, s0->c, LH) != 0)

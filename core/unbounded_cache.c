@@ -7,6 +7,7 @@
 #include "faiss_shim.h"
 #include "fault.h"
 #include "pq_tables.h"
+#include "scratch.h"
 #include "vmath.h"
 
 #include <errno.h>
@@ -753,58 +754,24 @@ int unbounded_cache_search_ids(nc_unbounded_cache *u, const float *queries, size
     return unbounded_cache_query(u, &q, err, errlen);
 }
 
-/* A thread's search buffers, kept between its searches and freed when it
- * exits: 64 queries x 512 neighbours of ids and distances are 384 KB, over
- * malloc's mmap threshold, and each search mapped them afresh and faulted
- * every page in (the kernel's page clearing was 4.9% of the 1M scoring
- * pass). */
-typedef struct {
-    idx_t *buf;
-    size_t cap;                   /* pairs of (id, distance) */
-} ub_scratch;
-
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-static __thread ub_scratch *scratch_tls;
-
-static void scratch_destroy(void *p)
-{
-    ub_scratch *s = p;
-    free(s->buf);
-    free(s);
-}
-
-static void scratch_key_init(void)
-{
-    (void)pthread_key_create(&scratch_key, scratch_destroy);
-}
-
 /* What a thread keeps between searches: a larger one (a big block of
  * queries, FAISS's k + extra) is allocated for its call only */
 #define UB_SCRATCH_KEEP ((size_t)4 << 20)
 
 /* The calling thread's room for n ids (idx_t) followed by n distances
  * (float), contents undefined, or NULL (out of memory); *owned: the caller
- * frees it (over UB_SCRATCH_KEEP bytes) */
+ * frees it (over UB_SCRATCH_KEEP bytes). Kept per thread (scratch.h)
+ * between its searches: 64 queries x 512 neighbours of ids and distances
+ * are 384 KB, over malloc's mmap threshold, and each search mapped them
+ * afresh and faulted every page in (the kernel's page clearing was 4.9% of
+ * the 1M scoring pass). */
 static idx_t *search_scratch(size_t n, bool *owned)
 {
-    *owned = n * (sizeof(idx_t) + sizeof(float)) > UB_SCRATCH_KEEP;
+    const size_t bytes = n * (sizeof(idx_t) + sizeof(float));
+    *owned = bytes > UB_SCRATCH_KEEP;
     if (*owned)
-        return nc_malloc(n * (sizeof(idx_t) + sizeof(float)));
-    pthread_once(&scratch_once, scratch_key_init);
-    ub_scratch *s = scratch_tls;
-    if (!s && (s = nc_zalloc(1, sizeof *s))) {
-        scratch_tls = s;
-        (void)pthread_setspecific(scratch_key, s);
-    }
-    if (!s)
-        return NULL;
-    if (s->cap < n) {
-        free(s->buf);
-        s->buf = nc_malloc(n * (sizeof(idx_t) + sizeof(float)));
-        s->cap = s->buf ? n : 0;
-    }
-    return s->buf;
+        return nc_malloc(bytes);
+    return scratch_get(NC_SCRATCH_UB_SEARCH, bytes);
 }
 
 /* The search's kk candidates a query (d, l) into the reader's k: empty

@@ -180,6 +180,14 @@ static int feed_sync(nc_session *s, uint64_t seq, int rc, char *err, size_t errl
     return rc;
 }
 
+bool api_feed_is_light(const nc_server *srv, const http_request *req)
+{
+    const json_t *text = json_object_get(req->json, "text");
+    return json_is_string(text) && json_string_length(text) < (size_t)srv->cfg.max_predict_text_tokens &&
+           !json_is_true(json_object_get(req->json, "adapt")) &&
+           !json_is_true(json_object_get(req->json, "components"));
+}
+
 void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
 {
     feed_work w = {0};
@@ -210,7 +218,8 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
         feed_work_free(&w);
         return;
     }
-    if ((w.r.adapt && api_session_namespace_check(s, true, resp) != 0) || feed_over_budget(srv, s, t->n, w.shares != NULL, resp) != 0) {
+    if ((w.r.adapt && api_session_namespace_check(s, true, resp) != 0) ||
+        feed_over_budget(srv, s, t->n, w.shares != NULL, resp) != 0) {
         pthread_mutex_unlock(&s->lock);
         sessions_release(srv->sessions, s);
         feed_work_free(&w);

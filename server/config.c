@@ -84,7 +84,7 @@ static const config_option options[] = {
     {"limits", "max_queued", OPT_INT, OFF(max_queued), 0, 0, 100000, NULL, "16",
      "heavy requests waiting for a worker; more get 429 overloaded with Retry-After"},
     {"limits", "max_predict_text_tokens", OPT_INT, OFF(max_predict_text_tokens), 0, 0, 1e6, NULL, "64",
-     "most tokens a predict's \"text\" may feed (fed in the predict batch, which waits for them: longer text goes to /feed); more get 413 over_budget"},
+     "most tokens a predict's \"text\" may feed (fed in the predict batch, which waits for them: longer text goes to /feed); more get 413 over_budget. A feed shorter than this many bytes, without adapt or components, runs in its connection's thread instead of queueing for a worker"},
     {"limits", "max_top_k", OPT_INT, OFF(max_top_k), 0, 1, 1e6, NULL, "1000",
      "largest top_k of predict and logprobs of completions"},
     {"limits", "max_completion_tokens", OPT_INT, OFF(max_completion_tokens), 0, 0, 1e6, NULL, "1024",

@@ -505,7 +505,7 @@ static enum MHD_Result request_answer(nc_server *srv, struct MHD_Connection *con
     const auth_key *key = (rt->flags & ROUTE_STREAM) ? auth_identify(srv, request_authorization(req)) : NULL;
     if (!(rt->flags & ROUTE_STREAM) && check_key(srv, req, rt, &key, &resp) != 0)
         return send_response(conn, req, &resp, NULL);
-    if (rt->flags & ROUTE_HEAVY) {
+    if ((rt->flags & ROUTE_HEAVY) && !(rt->light && rt->light(srv, req))) {
         if (run_heavy(srv, req, rt, &resp, (rt->flags & ROUTE_STREAM) != 0) == WP_GONE) {
             auth_done(srv, key, rt->endpoint, resp.status, resp.json);
             json_decref(resp.json);

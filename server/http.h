@@ -79,6 +79,11 @@ typedef struct {
     http_handler handler;
     const char *endpoint;         /* metrics label */
     int flags;
+    /* NULL, or for a ROUTE_HEAVY route: whether this request (its body
+     * parsed) is small enough to run in its connection's thread, as a
+     * predict does, instead of queueing for a worker (a feed of a few
+     * words) */
+    bool (*light)(const nc_server *srv, const http_request *req);
 } http_route;
 
 /* Starts libmicrohttpd on cfg.bind:cfg.port, one thread per connection (at

@@ -74,15 +74,23 @@ def count_params(plist):
     body = plist.strip()
     if body in ('', 'void'):
         return 0
-    depth, n = 0, 1
-    for ch in body:
-        if ch in '([{':
+    return len(split_top(body))
+
+
+def split_top(text, opens='([{', closes=')]}'):
+    """text split at the commas outside the brackets opens/closes."""
+    parts, depth, cur = [], 0, ''
+    for c in text:
+        if c in opens:
             depth += 1
-        elif ch in ')]}':
+        elif c in closes:
             depth -= 1
-        elif ch == ',' and depth == 0:
-            n += 1
-    return n
+        if c == ',' and depth == 0:
+            parts.append(cur)
+            cur = ''
+        else:
+            cur += c
+    return parts + [cur]
 
 
 def functions(path):

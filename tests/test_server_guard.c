@@ -232,6 +232,27 @@ TEST(queue_full_and_deadline)
     /* light requests meanwhile: not queued */
     CHECK(http_json(S.port, "POST", "/tokenize", "{\"text\":\"the cat\"}", &r) == 0 && r.status == 200);
     http_resp_free(&r);
+    /* a feed of a few words runs in its connection's thread (api_feed_is_light):
+     * answered while the worker and the queue are full; a longer one, or one
+     * with components, still queues for a worker and is refused */
+    char sid[128] = "", path[200];
+    CHECK(http_json(S.port, "POST", "/v1/sessions", "{}", &r) == 0 && r.status == 201);
+    snprintf(sid, sizeof sid, "%s", json_string_value(json_object_get(r.json, "id")) ?: "");
+    http_resp_free(&r);
+    snprintf(path, sizeof path, "/v1/sessions/%s/feed", sid);
+    CHECK(http_json(S.port, "POST", path, "{\"text\":\"the cat sat\"}", &r) == 0 && r.status == 200 &&
+          json_integer_value(json_object_get(r.json, "consumed")) == 3);
+    http_resp_free(&r);
+    CHECK(http_json(S.port, "POST", path, "{\"text\":\"the cat\",\"components\":true}", &r) == 0 && r.status == 429);
+    http_resp_free(&r);
+    char longer[200];   /* 64 bytes and more (max_predict_text_tokens 64): a worker's */
+    snprintf(longer, sizeof longer, "{\"text\":\"%s\"}", "the cat sat on the mat and the dog sat on the log by the door now");
+    CHECK(http_json(S.port, "POST", path, longer, &r) == 0 && r.status == 429);
+    http_resp_free(&r);
+    snprintf(path, sizeof path, "/v1/sessions/%s/predict", sid);
+    CHECK(http_json(S.port, "POST", path, "{\"top_k\":1}", &r) == 0 && r.status == 200 &&
+          json_integer_value(json_object_get(r.json, "position")) == 3);
+    http_resp_free(&r);
     int closed;
     char *a1 = raw_read(fd1, 10000, &closed);
     char *a2 = raw_read(fd2, 10000, &closed);
