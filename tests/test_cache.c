@@ -914,8 +914,10 @@ TEST(memory_gauge_is_resident_not_capacity)
      * arenas' free chunks (trimmed pages, touched again): at most their
      * bytes. First in main, this test finds few. */
     double reuse = (double)mallinfo2().fordblks;
+    size_t added = 0;   /* one check for the 2^15 + 1 adds, not one each */
     for (size_t i = 0; i < n; i++)
-        CHECK(unbounded_cache_add(u, x + (i % nx) * dim, w + i % nx, 1, NULL, err, sizeof err) == NC_OK);
+        added += unbounded_cache_add(u, x + (i % nx) * dim, w + i % nx, 1, NULL, err, sizeof err) == NC_OK;
+    CHECKF(added == n, "%zu of %zu adds: %s", added, n, err);
     double dg = (double)unbounded_cache_memory(u) - (double)g0, dh = (double)heap_bytes() - (double)h0;
     double dr = (double)(rss_anon_bytes() - r0);
     /* the RSS and the gauge differ by: the word ids' array (counted at its
