@@ -182,10 +182,11 @@ static int feed_sync(nc_session *s, uint64_t seq, int rc, char *err, size_t errl
 
 bool api_feed_is_light(const nc_server *srv, const http_request *req)
 {
-    const json_t *text = json_object_get(req->json, "text");
-    return json_is_string(text) && json_string_length(text) < (size_t)srv->cfg.max_predict_text_tokens &&
-           !json_is_true(json_object_get(req->json, "adapt")) &&
-           !json_is_true(json_object_get(req->json, "components"));
+    proto_feed_req r;
+    api_status st;
+    if (proto_decode_feed(req->json, &r, &st) != 0)
+        return true;              /* refused at once (400): no model work */
+    return r.len < (size_t)srv->cfg.max_predict_text_tokens && !r.adapt && !r.components;
 }
 
 void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
@@ -375,13 +376,18 @@ static void predict_run(batch_job *j, const float *logits)
         json_object_set_new(p->resp.json, "consumed", json_integer((json_int_t)p->t.n));
 }
 
+static void predict_job_free(predict_job *p)
+{
+    tokens_clear(&p->t);
+    free(p);
+}
+
 static void predict_done(batch_job *j)
 {
     predict_job *p = (predict_job *)j;
     sessions_release(p->srv->sessions, j->s);
     http_resume(p->req, &p->resp);
-    tokens_clear(&p->t);
-    free(p);
+    predict_job_free(p);
 }
 
 /* POST /v1/sessions/{id}/predict: the next word's distribution, after
@@ -396,28 +402,21 @@ void api_h_predict(nc_server *srv, http_request *req, http_response *resp)
     }
     api_status st;
     tokens_init(&p->t);
+    nc_session *s = NULL;
     if (proto_decode_predict(req->json, srv->cfg.max_top_k, &p->r, &st)) {
         http_reply_status(resp, &st);
-        free(p);
-        return;
-    }
-    if (p->r.text && api_tokenize(srv, p->r.text, p->r.len, false, p->r.normalize, &p->t, resp)) {
-        free(p);
-        return;
-    }
-    if ((long)p->t.n > srv->cfg.max_predict_text_tokens) {
+    } else if (p->r.text && api_tokenize(srv, p->r.text, p->r.len, false, p->r.normalize, &p->t, resp)) {
+        /* answered */
+    } else if ((long)p->t.n > srv->cfg.max_predict_text_tokens) {
         http_reply_error(resp, API_OVER_BUDGET,
                          "predict's text is %zu tokens, over max_predict_text_tokens = %d (it is fed in the "
                          "predict batch, which waits for it): feed longer text with POST /v1/sessions/{id}/feed",
                          p->t.n, srv->cfg.max_predict_text_tokens);
-        tokens_clear(&p->t);
-        free(p);
-        return;
+    } else {
+        s = api_session_acquire(srv, req, resp);
     }
-    nc_session *s = api_session_acquire(srv, req, resp);
     if (!s) {
-        tokens_clear(&p->t);
-        free(p);
+        predict_job_free(p);
         return;
     }
     p->job.s = s;
@@ -432,14 +431,10 @@ void api_h_predict(nc_server *srv, http_request *req, http_response *resp)
         batcher_submit(srv->batcher, &p->job);
         return;
     }
-    pthread_mutex_lock(&s->lock);
-    if (!p->job.prepare || p->job.prepare(&p->job))
-        predict_run(&p->job, NULL);
-    pthread_mutex_unlock(&s->lock);
+    batch_job_run_alone(&p->job);
     sessions_release(srv->sessions, s);
     *resp = p->resp;
-    tokens_clear(&p->t);
-    free(p);
+    predict_job_free(p);
 }
 
 void api_h_score(nc_server *srv, http_request *req, http_response *resp)

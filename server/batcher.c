@@ -162,6 +162,12 @@ static void run_jobs(batch_worker *w, int nrun)
     /* (no h: NULL, and the job's own stream_predict reports it) */
 }
 
+/* j's prepare, if it has one (s->lock held): whether j is still to run. */
+static bool job_prepared(batch_job *j)
+{
+    return !j->prepare || j->prepare(j);
+}
+
 /* Each running job's prepare (batch_job); those that answered already
  * move to the end of w->run (still to unlock and finish, not to run).
  * Returns the count of the others, in their order. */
@@ -170,7 +176,7 @@ static int prepare_jobs(batch_worker *w, int nrun)
     batch_job **run = w->run, **later = w->later;
     int nready = 0, nanswered = 0;
     for (int i = 0; i < nrun; i++) {
-        if (!run[i]->prepare || run[i]->prepare(run[i]))
+        if (job_prepared(run[i]))
             run[nready++] = run[i];
         else
             later[nanswered++] = run[i];
@@ -254,10 +260,7 @@ void batcher_submit(batcher *b, batch_job *j)
     if (b->stop) {
         /* Stopped (shutting down): the job runs alone, here. */
         pthread_mutex_unlock(&b->lock);
-        pthread_mutex_lock(&j->s->lock);
-        if (!j->prepare || j->prepare(j))
-            j->run(j, NULL);
-        pthread_mutex_unlock(&j->s->lock);
+        batch_job_run_alone(j);
         j->done(j);
         return;
     }
@@ -268,6 +271,14 @@ void batcher_submit(batcher *b, batch_job *j)
     b->tail = j;
     pthread_cond_signal(&b->cv);
     pthread_mutex_unlock(&b->lock);
+}
+
+void batch_job_run_alone(batch_job *j)
+{
+    pthread_mutex_lock(&j->s->lock);
+    if (job_prepared(j))
+        j->run(j, NULL);
+    pthread_mutex_unlock(&j->s->lock);
 }
 
 void batcher_stop(batcher *b)

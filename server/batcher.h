@@ -48,6 +48,12 @@ batcher *batcher_new(const nc_model *m, int threads, int max_batch);
 /* Queues a job; run and done are called later on a batch thread. */
 void batcher_submit(batcher *b, batch_job *j);
 
+/* Runs j unbatched in the calling thread, under s->lock: prepare, then
+ * run with NULL logits (the job's own stream_predict); not done, which the
+ * caller calls or replaces. For a server without a batcher, and a stopped
+ * one's submits. */
+void batch_job_run_alone(batch_job *j);
+
 /* Finishes every queued job and joins the threads; jobs submitted from then
  * on run at once in the submitting thread. NULL allowed. */
 void batcher_stop(batcher *b);
