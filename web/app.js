@@ -275,7 +275,7 @@ function buildForm(ranges, defaults) {
   const nsIn = Object.assign(document.createElement('input'), { id: 'set-namespace', name: 'namespace',
     placeholder: 'default', spellcheck: false });
   ns.append(nsIn);
-  ub.querySelector(':scope > .fields').append(ns);
+  ub.querySelector(':scope > .fields').prepend(ns);
   for (const { box } of boxes.values()) {
     if (!box.querySelector('.field')) continue;
     if (!box.querySelector('.more .field')) box.querySelector('.more').remove();
@@ -399,6 +399,9 @@ function scheduleTypeahead() {
 async function runTypeahead() {
   const ta = state.ta;
   if (!state.model) return;
+  /* the type-ahead is the Predict tab's: it runs when that tab is shown
+   * (selectView), so its errors never cover another tab's */
+  if ($('#view-predict').hidden) return;
   if (ta.busy) { ta.dirty = true; return; }
   ta.busy = true;
   $('#pred-list').dataset.busy = '1';
@@ -927,6 +930,7 @@ function selectView(name) {
   for (const v of document.querySelectorAll('.view')) v.hidden = v.id !== 'view-' + name;
   $('#settings').hidden = name === 'ns';     /* the settings are the sessions' */
   if (name === 'ns') loadNamespaces();
+  if (name === 'predict') scheduleTypeahead();
   history.replaceState(null, '', '#' + name);
 }
 
@@ -936,6 +940,8 @@ async function start() {
   key.value = localStorage.getItem('neurocache.key') || '';
   key.addEventListener('change', async () => {
     localStorage.setItem('neurocache.key', key.value.trim());
+    /* a session belongs to the key that made it: the next feed makes one */
+    state.ta.sid = null;
     if (await loadModel()) scheduleTypeahead();
   });
   for (const b of document.querySelectorAll('#tabs button'))

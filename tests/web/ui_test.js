@@ -240,6 +240,10 @@ async function run(browser) {
   await setField('neural_size', 200);
   await $eval('#set-namespace', (e, v) => { e.value = v; e.dispatchEvent(new Event('change', { bubbles: true })); }, NS);
   await setField('unbounded', true);
+  /* the settings panel, opened, with two memories on (docs/web.md) */
+  await page.evaluate(() => { document.querySelector('#settings').open = true; });
+  await (await page.$('#settings')).screenshot({ path: path.join(shots, 'settings.png') });
+  await page.evaluate(() => { document.querySelector('#settings').open = false; });
   const settled = () => page.waitForFunction(() => {
     const l = document.querySelector('#pred-list');
     return l.dataset.busy === '0' && l.dataset.text === document.querySelector('#ta-text').value;
