@@ -458,7 +458,8 @@ function showUnknown(words) {
   el.dataset.count = words.length;
   el.textContent = '';
   if (!words.length) return;
-  el.append(`${words.length} unknown word${words.length > 1 ? 's' : ''}, read as ${state.model.unk_token}: `);
+  el.append(`${words.length} word${words.length > 1 ? 's' : ''} the model does not know, ` +
+            `each read as "an unknown word": `);
   words.slice(-12).forEach((w, i) => {
     if (i) el.append(', ');
     el.append(Object.assign(document.createElement('b'), { textContent: w }));
@@ -546,7 +547,7 @@ const pointer = { x: null, y: null };
 function followExplain() {
   const box = $('#explain');
   const preds = state.ta.preds;
-  if (!box.dataset.word && box.dataset.word !== '') return;     /* nothing explained yet: the hint stays */
+  if (box.dataset.word === undefined) return;     /* nothing explained yet: the hint stays */
   let i = -1;
   if (pointer.x !== null) {
     const li = document.elementFromPoint(pointer.x, pointer.y);
@@ -743,7 +744,7 @@ async function runMap() {
     }
     const nt = mapState.tokens.length;
     $('#map-status').textContent = `${nt} tokens in ${parts.length} chunk${parts.length > 1 ? 's' : ''}, ` +
-      `${unk} unknown (${nt ? (100 * unk / nt).toFixed(1) : 0}%, read as ${state.model.unk_token})`;
+      `${unk} unknown word${unk === 1 ? '' : 's'} (${nt ? (100 * unk / nt).toFixed(1) : 0}%, underlined)`;
     $('#map-status').dataset.chunks = parts.length;
     $('#map-status').dataset.unk = unk;
     $('#map-status').dataset.done = '1';
@@ -768,7 +769,7 @@ function tokenSpan(t, n, side) {
   s.dataset.i = n;
   s.dataset.bits = t[side] == null ? '' : t[side];
   s.textContent = nl ? '↵' : (t.src || t.word);
-  if (t.unk) s.title = `unknown word: scored as ${state.model.unk_token}`;
+  if (t.unk) s.title = 'a word the model does not know: scored as "an unknown word"';
   s.style.background = heat(t[side]);
   frag.append(s, ' ');   /* a break opportunity between words */
   if (nl || (eos && /\n/.test(t.src || ''))) frag.append(document.createElement('br'));
@@ -784,8 +785,8 @@ function showTip(ev) {
   document.querySelectorAll(`.tok[data-i="${s.dataset.i}"]`).forEach((n) => n.classList.add('hl'));
   tip.textContent = '';
   const b = document.createElement('b');
-  b.textContent = t.word + (t.src && t.src !== t.word && t.src.trim() ? ` (from "${t.src}")` : '') +
-    (t.unk ? ` — unknown, scored as ${state.model.unk_token}` : '');
+  b.textContent = t.unk ? `"${(t.src || '').trim() || t.word}": a word the model does not know, scored as "an unknown word"`
+    : t.word + (t.src && t.src !== t.word && t.src.trim() ? ` (from "${t.src}")` : '');
   const tab = document.createElement('table');
   const rows = [['static model', t.static], ['with caches', t.cached]];
   for (const [name, bits] of rows) {

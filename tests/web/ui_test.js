@@ -5,6 +5,8 @@
  *   NC_URL          http://127.0.0.1:PORT
  *   NC_ADMIN_KEY    a key with every operation on every namespace
  *   NC_READ_KEY     a key that may only read namespace "default"
+ *   NC_PUNCT_URL    a second daemon, without keys, on a model whose text
+ *                   conventions split punctuation and clitics off
  *   NC_SCREENSHOTS  directory for the screenshots (desktop and phone widths)
  *   NC_NODE_MODULES where puppeteer-core is installed
  *   CHROMIUM        the browser (Debian's chromium)
@@ -503,8 +505,8 @@ async function run(browser) {
   await page.type('#ta-text', 'Xyzzyq ');
   await settled();
   const unkShown = await $eval('#ta-unk', (e) => (e.hidden ? '' : e.textContent));
-  check(unkShown.includes('xyzzyq') && unkShown.includes(model.unk_token),
-        'a word outside the vocabulary is named under the type-ahead', unkShown);
+  check(unkShown.includes('xyzzyq') && unkShown.includes('an unknown word') && !unkShown.includes(model.unk_token),
+        'a word outside the vocabulary is named under the type-ahead (as read as "an unknown word")', unkShown);
   await shot('ordinary-predict');
   await page.click('#tabs [data-view="map"]');
   await $eval('#map-text', (e, t) => { e.value = t; }, PLAIN_TEXT);
@@ -563,6 +565,16 @@ async function run(browser) {
     if (view === 'predict') {
       /* the new viewport reloaded the page: the settings are the defaults again */
       await page.waitForFunction(() => document.body.dataset.ready === '1');
+      const ws = await page.evaluate(() => {
+        const d = document.querySelector('#settings');
+        d.open = true;
+        d.querySelectorAll('details.more').forEach((m) => { m.open = true; });
+        const w = document.documentElement.scrollWidth;
+        d.querySelectorAll('details.more').forEach((m) => { m.open = false; });
+        d.open = false;
+        return w;
+      });
+      check(ws <= 390, `the opened settings, every group unfolded, fit a 390 px wide screen (page width ${ws})`);
       await setField('neural_size', 200);
       await $eval('#ta-text', (e) => { e.value = ''; });
       await page.type('#ta-text', 'the company said its profit rose and the company ');
