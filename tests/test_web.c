@@ -3,7 +3,9 @@
  * behind it still needs one, `--web false` turns the page off; then the
  * browser test (tests/web/ui_test.js, headless Chromium through
  * puppeteer-core) drives the page against this daemon on the demo model and
- * its checks count here. Screenshots go to $NC_SCREENSHOTS (default
+ * its checks count here (with a second daemon, on a model whose text
+ * conventions split punctuation off, for how a clicked mark is typed).
+ * Screenshots go to $NC_SCREENSHOTS (default
  * build/screenshots; docs/screenshots holds the committed ones). */
 #include <errno.h>
 #include <stdio.h>
@@ -211,6 +213,47 @@ TEST(feed_components_add_up)
     CHECK(daemon_stop(&d) == 0);
 }
 
+/* A model whose conventions split punctuation, brackets and quotes off
+ * and split clitics (the fixture's weights under a vocabulary of words,
+ * marks and clitics): the page must type each as the conventions say.
+ * Writes it into dir; 0 on success. */
+static int write_punct_model(const char *dir)
+{
+    char path[512], target[512];
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+        return -1;
+    if (!realpath(harness_fixtures(), target))
+        return -1;
+    size_t tl = strlen(target);
+    snprintf(target + tl, sizeof target - tl, "/lstm-2layer/model.safetensors");
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (symlink(target, path) != 0 && errno != EEXIST)
+        return -1;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "{\"model_type\": \"lstm\", \"vocab_size\": 50, \"embedding_size\": 16, \"hidden_size\": 16,\n"
+               " \"num_layers\": 2, \"tie_weights\": false, \"unk_token\": \"<unk>\", \"eos_token\": \"<eos>\",\n"
+               " \"lowercase\": false, \"text\": {\"preset\": \"none\", \"case\": \"keep\", \"punctuation\": \"split\",\n"
+               " \"quotes\": \"split\", \"brackets\": \"split\", \"contractions\": true, \"lines\": \"eos\"}}\n");
+    fclose(f);
+    /* 50 entries, as the fixture's weights have */
+    static const char *vocab[] = {"<unk>", "<eos>", "the", "a", "cat", "dog", "sat", "on", "it", "was",
+                                  "and", "to", "of", "in", "is", "he", "she", "they", "we", "not",
+                                  "but", "or", "big", "red", "old", "new", ",", ".", ";", ":",
+                                  "!", "?", ")", "]", "(", "[", "\u201c", "\u201d", "'s", "n't",
+                                  "'re", "'ll", "'d", "dogs", "cats", "sun", "moon", "day", "night", "time"};
+    snprintf(path, sizeof path, "%s/vocab.txt", dir);
+    f = fopen(path, "w");
+    if (!f)
+        return -1;
+    for (size_t i = 0; i < sizeof vocab / sizeof *vocab; i++)
+        fprintf(f, "%s\n", vocab[i]);
+    fclose(f);
+    return 0;
+}
+
 /* Runs ui_test.js against a daemon and adds its counts to ours. */
 TEST(browser)
 {
@@ -219,9 +262,21 @@ TEST(browser)
         CHECK(!"daemon started");
         return;
     }
-    char url[64];
+    /* a second daemon, without keys, on the model that splits punctuation */
+    char pdir[320];
+    snprintf(pdir, sizeof pdir, "%s/punct", scratch);
+    nc_daemon pd;
+    const char *pargs[] = {"--model", pdir, NULL};
+    if (write_punct_model(pdir) != 0 || daemon_start(&pd, pargs) != 0) {
+        CHECK(!"daemon on the punctuation model started");
+        daemon_stop(&d);
+        return;
+    }
+    char url[64], purl[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%d", d.port);
+    snprintf(purl, sizeof purl, "http://127.0.0.1:%d", pd.port);
     setenv("NC_URL", url, 1);
+    setenv("NC_PUNCT_URL", purl, 1);
     setenv("NC_ADMIN_KEY", ADMIN_KEY, 1);
     setenv("NC_READ_KEY", READ_KEY, 1);
     if (!getenv("NC_SCREENSHOTS"))
@@ -233,14 +288,18 @@ TEST(browser)
     CHECKF(access(pc, R_OK) == 0, "%s missing: run make deps-test (scripts/deps.sh installs tests/web with npm ci)", pc);
     CHECKF(access(chromium, X_OK) == 0, "%s missing: run make deps-test (Debian's chromium)", chromium);
     if (access(pc, R_OK) != 0 || access(chromium, X_OK) != 0) {
+        daemon_stop(&pd);
         daemon_stop(&d);
         return;
     }
     /* the sanitizer build's daemon is slower: the test's waits are about
      * events, not time, and its own timeouts are generous */
     harness_run_external("node tests/web/ui_test.js", "ui");
-    if (harness_failed)
+    if (harness_failed) {
         daemon_dump_log(&d);
+        daemon_dump_log(&pd);
+    }
+    CHECK(daemon_stop(&pd) == 0);
     CHECK(daemon_stop(&d) == 0);
 }
 
@@ -266,6 +325,14 @@ int main(void)
     RUN(browser);
     httpc_cleanup();
     unlink(keyfile);
+    char p[400];
+    const char *files[] = {"model.safetensors", "config.json", "vocab.txt"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/punct/%s", scratch, files[i]);
+        unlink(p);
+    }
+    snprintf(p, sizeof p, "%s/punct", scratch);
+    rmdir(p);
     rmdir(scratch);
     return harness_summary();
 }

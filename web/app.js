@@ -83,40 +83,208 @@ async function loadModel() {
   return true;
 }
 
-/* One field per setting the server reports, with its type, range, default and
- * description; nothing about the settings is known here beforehand. */
+/* The settings panel, for people who are not language-model experts: one
+ * group per cache, each saying in plain words what it does and when to turn
+ * it on; each setting labelled in plain words, its name in the API only in
+ * the fine print beside the server's own description (cache_knobs). The
+ * fields come from the server: a setting this table does not know goes to
+ * the group of the component the server lists it under (model.components),
+ * or to "Other settings", labelled with the server's description.
+ * main: the settings shown at once; the others are under "More settings". */
+const GROUPS = [
+  { id: 'neural', title: 'Recent contexts (neural cache)',
+    plain: 'Remembers the last words of your text together with the context each one came in. When the ' +
+           'text reaches a context like a remembered one, the word that followed it there becomes more likely: ' +
+           'names and terms you used before come back.',
+    when: 'Turn it on for any text longer than a few sentences, above all one that repeats its own names ' +
+          'and words; a few hundred words remembered is a good start.',
+    on: (c) => c.neural_size > 0, state: (c) => `${c.neural_size} words`,
+    main: ['neural_size', 'neural_lambda'],
+    labels: {
+      neural_size: 'Words remembered (0 = off)',
+      neural_lambda: 'How much the memory counts, from 0 (not at all) to 1 (alone)',
+      neural_theta: 'How closely a context must match to count (higher = only close matches)',
+      global_norm: 'Let the memory\'s own confidence set its weight, instead of the fixed share above',
+      neural_alpha: 'Extra weight for the memory when its confidence sets it (negative = less)',
+      neural_f16: 'Save memory: keep the contexts less precisely',
+    } },
+  { id: 'unigram', title: 'Recent words (unigram cache)',
+    plain: 'Counts the words of the last stretch of your text, whatever their context, and makes the ' +
+           'frequent ones more likely. A simpler and weaker cousin of the recent contexts above.',
+    when: 'Turn it on when your text keeps using a small set of words, or to compare it with recent contexts.',
+    on: (c) => c.unigram_size > 0, state: (c) => `${c.unigram_size} words`,
+    main: ['unigram_size', 'unigram_lambda'],
+    labels: {
+      unigram_size: 'Words counted (0 = off)',
+      unigram_lambda: 'How much the counts count, from 0 (not at all) to 1 (alone)',
+    } },
+  { id: 'unbounded', title: 'Uploaded documents (unbounded cache)',
+    plain: 'Searches every text stored in a namespace (the documents uploaded on the Namespaces tab) for ' +
+           'passages like the one you are writing, and makes the words that followed them there more likely. ' +
+           'It holds any amount of text.',
+    when: 'Turn it on once you have uploaded texts of the same kind as yours (same topic or style) into a ' +
+          'namespace, and name that namespace here.',
+    on: (c) => !!c.unbounded, state: () => `namespace ${namespace() || 'default'}`,
+    main: ['unbounded', 'unbounded_lambda'],
+    labels: {
+      unbounded: 'Search the namespace\'s documents',
+      unbounded_lambda: 'How much the documents count, from 0 (not at all) to 1 (alone)',
+      knn: 'Passages compared for each word (more = slower, smoother)',
+      nprobe: 'Parts of a large namespace searched (more = slower, more thorough)',
+      kernel: 'How fast a passage\'s weight falls as it looks less alike',
+      exact: 'Compare with every stored passage (exact, but slow on a large namespace)',
+    } },
+  { id: 'uniform', title: 'New words (open vocabulary)',
+    plain: 'The model knows a fixed list of words and reads any other word as "an unknown word". With this ' +
+           'on, the memories keep new words under their own spelling, so a name the model never learned can ' +
+           'be predicted once it has appeared.',
+    when: 'Turn it on when your text has many names or terms the model does not know (the surprisal map ' +
+          'underlines them), together with one of the memories above.',
+    on: (c) => !!c.open_vocab, state: () => 'on',
+    main: ['open_vocab'],
+    labels: {
+      open_vocab: 'Remember new words by their spelling',
+      uniform_mu: 'A small chance kept for any word at all, from 0 up to (not including) 1',
+      vocab_size_full: 'How many possible words that chance is spread over (0 = counted for you)',
+    } },
+  { id: 'gate', title: 'Word-by-word mixing (gate)',
+    plain: 'Normally the model and the memories are mixed in fixed shares. A gate is a small extra model ' +
+           'that decides for each word how much to trust each memory, and can skip a document search that ' +
+           'would not help.',
+    when: 'Turn it on only if a gate was fitted for this model (with neurocache fit-gate); without one the ' +
+          'server refuses it.',
+    on: (c) => !!c.gate, state: () => 'on',
+    main: ['gate'],
+    labels: {
+      gate: 'Let the gate mix the memories',
+      gate_skip: 'Skip the document search when the gate expects it to count for less than this ' +
+                 '(-1 = the gate\'s own choice, 0 = always search)',
+    } },
+  { id: 'dyneval', title: 'Learning from your text (dynamic evaluation)',
+    plain: 'Keeps training the model a little on your own text as you write, every few words, so that it ' +
+           'drifts towards your topic and style. The change stays in this session.',
+    when: 'Turn it on for a long text of one kind. It needs the model\'s learning statistics (made once ' +
+          'with neurocache dyn-stats) and takes more memory and time.',
+    on: (c) => c.dyn_lr > 0, state: () => 'on',
+    main: ['dyn_lr'],
+    labels: {
+      dyn_lr: 'Learning speed (0 = off)',
+      dyn_decay: 'How fast what it learned fades back towards the trained model, at each step',
+      dyn_segment: 'Words between two learning steps',
+      dyn_params: 'How much of the model learns: from 0 (least, fastest) to 3 (all of it)',
+    } },
+];
+const OTHER_GROUP = {
+  plain: 'Settings of a part of the prediction this server was built with; the server describes each one ' +
+         'in the fine print below it.',
+  when: 'Leave them as they are unless you know what they do; turn it on with the settings below.',
+  main: [], labels: {},
+};
+
+/* "0 to 1,000,000" etc.: a range in words */
+function rangeText(r) {
+  const n = (v) => Number(v).toLocaleString('en');
+  if (r.enum) return 'one of ' + r.enum.join(', ');
+  if (r.type === 'boolean') return 'on or off';
+  return `${n(r.minimum)} to ${n(r.maximum)}${r.exclusive_maximum ? ' (not included)' : ''}`;
+}
+function defaultText(v) { return typeof v === 'boolean' ? (v ? 'on' : 'off') : String(v); }
+
+/* One field: a plain label, the control, and the fine print (the setting's
+ * name in the API, the server's description, its range and default). */
+function knobField(name, r, def, label) {
+  const field = document.createElement('label');
+  field.className = 'field cache';
+  field.dataset.knob = name;
+  const text = document.createElement('span');
+  text.className = 'plain-label';
+  text.textContent = label;
+  let input;
+  if (r.type === 'boolean') {
+    input = document.createElement('input');
+    input.type = 'checkbox';
+    input.checked = !!def;
+    field.classList.add('check');
+  } else if (r.enum) {
+    input = document.createElement('select');
+    for (const v of r.enum) input.add(new Option(v, v, false, v === def));
+  } else {
+    input = document.createElement('input');
+    input.type = 'number';
+    input.min = r.minimum;
+    input.max = r.maximum;
+    input.step = r.type === 'integer' ? '1' : 'any';
+    input.value = def;
+  }
+  input.name = name;
+  input.dataset.type = r.enum ? 'enum' : r.type;
+  const detail = document.createElement('small');
+  detail.className = 'knob-detail';
+  detail.append(Object.assign(document.createElement('code'), { textContent: name }), ': ' +
+    `${r.description || ''} (${rangeText(r)}; default ${defaultText(def)})`);
+  field.append(text, input, detail);
+  return field;
+}
+
+function groupBox(g, id) {
+  const box = document.createElement('fieldset');
+  box.className = 'group';
+  box.dataset.group = id;
+  const legend = document.createElement('legend');
+  legend.append(g.title, ' ', Object.assign(document.createElement('span'), { className: 'state' }));
+  box.append(legend,
+    Object.assign(document.createElement('p'), { className: 'plain', textContent: g.plain }),
+    Object.assign(document.createElement('p'), { className: 'when', textContent: g.when }),
+    Object.assign(document.createElement('div'), { className: 'fields' }));
+  const more = document.createElement('details');
+  more.className = 'more';
+  more.append(Object.assign(document.createElement('summary'), { textContent: 'More settings' }),
+              Object.assign(document.createElement('div'), { className: 'fields' }));
+  box.append(more);
+  return box;
+}
+
 function buildForm(ranges, defaults) {
   const form = $('#cache-form');
-  form.querySelectorAll('.field.cache').forEach((n) => n.remove());
+  form.textContent = '';
+  const comps = (state.model && state.model.components) || [];
+  const boxes = new Map();
+  const groupOf = (name) => {
+    const known = GROUPS.find((g) => name in g.labels);
+    if (known) return known;
+    const c = comps.find((x) => (x.knobs || []).includes(name));
+    const id = c ? c.name : 'other';
+    return Object.assign({ id, title: c ? `The ${c.name} component` : 'Other settings' }, OTHER_GROUP);
+  };
+  for (const g of GROUPS) boxes.set(g.id, { g, box: groupBox(g, g.id) });
   for (const [name, r] of Object.entries(ranges)) {
-    const label = document.createElement('label');
-    label.className = 'field cache';
-    label.title = r.description || '';
-    const span = document.createElement('span');
-    span.textContent = name;
-    let input;
-    if (r.type === 'boolean') {
-      input = document.createElement('input');
-      input.type = 'checkbox';
-      input.checked = !!defaults[name];
-    } else if (r.enum) {
-      input = document.createElement('select');
-      for (const v of r.enum) input.add(new Option(v, v, false, v === defaults[name]));
-    } else {
-      input = document.createElement('input');
-      input.type = 'number';
-      input.min = r.minimum;
-      input.max = r.maximum;
-      input.step = r.type === 'integer' ? '1' : 'any';
-      input.value = defaults[name];
-      span.append(Object.assign(document.createElement('span'),
-        { className: 'range', textContent: ` [${r.minimum}, ${r.maximum}${r.exclusive_maximum ? ')' : ']'}` }));
-    }
-    input.name = name;
-    input.dataset.type = r.enum ? 'enum' : r.type;
-    label.append(span, input);
-    form.append(label);
+    const g = groupOf(name);
+    if (!boxes.has(g.id)) boxes.set(g.id, { g, box: groupBox(g, g.id) });
+    const { box } = boxes.get(g.id);
+    const desc = (r.description || name).replace(/^./, (c) => c.toUpperCase());
+    const field = knobField(name, r, defaults[name], g.labels[name] || desc);
+    const inMain = g.main.includes(name) || !GROUPS.includes(g);
+    box.querySelector(inMain ? ':scope > .fields' : '.more .fields').append(field);
   }
+  /* the namespace the uploaded-documents memory searches: not a knob, a session's field */
+  const ub = boxes.get('unbounded').box;
+  const ns = document.createElement('label');
+  ns.className = 'field';
+  ns.append(Object.assign(document.createElement('span'), { className: 'plain-label',
+    textContent: 'Namespace to search (its name on the Namespaces tab; empty = default)' }));
+  const nsIn = Object.assign(document.createElement('input'), { id: 'set-namespace', name: 'namespace',
+    placeholder: 'default', spellcheck: false });
+  ns.append(nsIn);
+  ub.querySelector(':scope > .fields').prepend(ns);
+  for (const { box } of boxes.values()) {
+    if (!box.querySelector('.field')) continue;
+    if (!box.querySelector('.more .field')) box.querySelector('.more').remove();
+    form.append(box);
+  }
+  /* the dynamic-evaluation group says when this model cannot do it */
+  const dyn = form.querySelector('[data-group="dyneval"] .when');
+  if (dyn && state.model.dyneval && state.model.dyneval.statistics === false)
+    dyn.textContent += ' This model has no such statistics yet, so the server refuses it for now.';
   summarizeSettings();
 }
 
@@ -131,15 +299,22 @@ function cacheSettings() {
   }
   return cache;
 }
-function namespace() { return $('#set-namespace').value.trim(); }
+function namespace() { const e = $('#set-namespace'); return e ? e.value.trim() : ''; }
 
+/* The summary beside the panel's title, and each group's on/off word. */
 function summarizeSettings() {
   const c = cacheSettings();
   const on = [];
-  if (c.neural_size > 0) on.push(`neural ${c.neural_size}`);
-  if (c.unigram_size > 0) on.push(`unigram ${c.unigram_size}`);
-  if (c.unbounded) on.push(`unbounded (${namespace() || 'default'})`);
-  $('#settings-summary').textContent = on.length ? '· ' + on.join(', ') : '· static model only';
+  for (const box of document.querySelectorAll('#cache-form fieldset.group')) {
+    const g = GROUPS.find((x) => x.id === box.dataset.group);
+    const st = box.querySelector('legend .state');
+    if (!g) { st.textContent = ''; continue; }
+    const isOn = g.on(c);
+    st.textContent = isOn ? 'on' : 'off';
+    st.className = 'state ' + (isOn ? 'on' : 'off');
+    if (isOn) on.push(`${g.title.replace(/ \(.*\)$/, '').toLowerCase()} (${g.state(c)})`);
+  }
+  $('#settings-summary').textContent = on.length ? '· on: ' + on.join(', ') : '· all off: the model alone';
 }
 
 async function newSession(cache) {
@@ -170,7 +345,50 @@ function legend() {
  * the word being typed filters the predictions. */
 function splitTyped(text) {
   const m = text.match(/^([\s\S]*\s)?(\S*)$/);
-  return { complete: m[1] || '', partial: m[2] || '' };
+  let complete = m[1] || '', partial = m[2] || '';
+  /* an opening bracket or quote the model reads as a token of its own
+   * (typed by a click without a space after it) is fed, not filtered on */
+  let k = 0;
+  while (k < partial.length && tokenKind(partial[k], complete + partial.slice(0, k)) === 'open') k++;
+  if (k) { complete += partial.slice(0, k); partial = partial.slice(k); }
+  return { complete, partial };
+}
+
+/* How a predicted token is typed, from the model's text conventions
+ * (GET /v1/model's "text"; docs/normalisation.md): 'clitic' ('s, n't:
+ * split off a word, so typed joined to it), 'close' (a punctuation mark or
+ * a closing bracket or quote the model splits off: no space before it),
+ * 'open' (an opening bracket or quote it splits off: no space after it), or
+ * 'word' (a space before and after). A model without conventions splits on
+ * white space only: every token is a word. */
+function tokenKind(word, before) {
+  const t = state.model && state.model.text;
+  if (!t) return 'word';
+  if (t.contractions && /^(['’ʼ]\p{L}+|n['’ʼ]t)$/iu.test(word)) return 'clitic';
+  const split = (k) => t[k] === 'split';
+  if (split('punctuation') && /^[.,;:!?…%]+$/.test(word)) return 'close';
+  if (split('brackets') && /^[)\]}]$/.test(word)) return 'close';
+  if (split('brackets') && /^[(\[{]$/.test(word)) return 'open';
+  if (split('quotes') && /^[”’»]$/.test(word)) return 'close';
+  if (split('quotes') && /^[“‘«]$/.test(word)) return 'open';
+  if (split('quotes') && word === '"') return ((before || '').split('"').length % 2) ? 'open' : 'close';
+  return 'word';
+}
+
+/* The text with a clicked prediction typed in place of the word being
+ * typed, joined as the model writes it. */
+function joinWord(text, word) {
+  const { complete } = splitTyped(text);
+  const trimmed = complete.replace(/[ \t]+$/, '');
+  if (state.model && word === state.model.eos_token) {
+    const eos = eosText();
+    return (eos === '\n' ? complete : trimmed) + eos;
+  }
+  switch (tokenKind(word, trimmed)) {
+    case 'clitic': case 'close': return trimmed + word + ' ';
+    case 'open': return complete + word;
+    default: return complete + word + ' ';
+  }
 }
 
 function scheduleTypeahead() {
@@ -181,6 +399,9 @@ function scheduleTypeahead() {
 async function runTypeahead() {
   const ta = state.ta;
   if (!state.model) return;
+  /* the type-ahead is the Predict tab's: it runs when that tab is shown
+   * (selectView), so its errors never cover another tab's */
+  if ($('#view-predict').hidden) return;
   if (ta.busy) { ta.dirty = true; return; }
   ta.busy = true;
   $('#pred-list').dataset.busy = '1';
@@ -237,7 +458,8 @@ function showUnknown(words) {
   el.dataset.count = words.length;
   el.textContent = '';
   if (!words.length) return;
-  el.append(`${words.length} unknown word${words.length > 1 ? 's' : ''}, read as ${state.model.unk_token}: `);
+  el.append(`${words.length} word${words.length > 1 ? 's' : ''} the model does not know, ` +
+            `each read as "an unknown word": `);
   words.slice(-12).forEach((w, i) => {
     if (i) el.append(', ');
     el.append(Object.assign(document.createElement('b'), { textContent: w }));
@@ -261,15 +483,17 @@ function renderPredictions(preds, position, partial) {
   const maxp = preds.reduce((m, p) => Math.max(m, p.prob), 0) || 1;
   preds.forEach((p, i) => {
     const li = document.createElement('li');
-    li.className = 'pred' + (p.word === state.model.unk_token ? ' unk' : '');
-    if (p.word === state.model.unk_token) li.title = 'an unknown word: the model\'s token for every word outside its vocabulary';
+    const unk = p.word === state.model.unk_token;
+    li.className = 'pred' + (unk ? ' unk' : '');
+    if (unk) li.title = UNK_NOTE;
     li.dataset.word = p.word;
     li.dataset.prob = p.prob;
     li.tabIndex = 0;
     const w = document.createElement('button');
     w.className = 'word';
     w.type = 'button';
-    w.textContent = p.word;
+    w.textContent = shownWord(p.word);
+    if (unk) w.setAttribute('aria-disabled', 'true');
     const track = document.createElement('div');
     track.className = 'track';
     const bar = document.createElement('div');
@@ -309,13 +533,42 @@ function renderPredictions(preds, position, partial) {
     li.textContent = partial ? `no prediction starts with "${partial}"` : 'no prediction';
     list.append(li);
   }
+  followExplain();
+}
+
+/* The unknown-word token as the page shows it: never as a word to type. */
+const UNK_NOTE = 'The model expects a word outside its vocabulary here, and cannot say which: type it yourself.';
+function shownWord(word) { return state.model && word === state.model.unk_token ? 'an unknown word' : word; }
+
+/* The explanation panel follows the text: once the predictions change, it
+ * explains the prediction under the pointer, else the word it explained
+ * before (with its new probability), else the first one. */
+const pointer = { x: null, y: null };
+function followExplain() {
+  const box = $('#explain');
+  const preds = state.ta.preds;
+  if (box.dataset.word === undefined) return;     /* nothing explained yet: the hint stays */
+  let i = -1;
+  if (pointer.x !== null) {
+    const li = document.elementFromPoint(pointer.x, pointer.y);
+    const row = li && li.closest('#pred-list .pred');
+    if (row) i = [...row.parentNode.children].indexOf(row);
+  }
+  if (i < 0) i = preds.findIndex((p) => p.word === box.dataset.word);
+  if (i < 0 && preds.length) i = 0;
+  if (i >= 0) showExplain(i);
+  else {
+    box.textContent = '';
+    delete box.dataset.word;
+    box.append(Object.assign(document.createElement('p'), { className: 'muted', textContent: 'No prediction to explain.' }));
+  }
 }
 
 function appendWord(word) {
+  /* the unknown-word token is not a word anyone can type */
+  if (state.model && word === state.model.unk_token) return;
   const box = $('#ta-text');
-  const { complete } = splitTyped(box.value);
-  const eos = state.model && word === state.model.eos_token;
-  box.value = complete + (eos ? eosText() : word + ' ');
+  box.value = joinWord(box.value, word);
   box.focus();
   scheduleTypeahead();
 }
@@ -340,9 +593,13 @@ function showExplain(i) {
   if (li) li.classList.add('active');
   box.textContent = '';
   box.dataset.word = p.word;
+  box.dataset.position = $('#pred-list').dataset.position;
   const h = document.createElement('h4');
-  h.textContent = `"${p.word}": ${(100 * p.prob).toFixed(2)}%`;
+  h.textContent = p.word === state.model.unk_token ? `an unknown word: ${(100 * p.prob).toFixed(2)}%`
+    : `"${p.word}": ${(100 * p.prob).toFixed(2)}%`;
   box.append(h);
+  if (p.word === state.model.unk_token)
+    box.append(Object.assign(document.createElement('p'), { textContent: UNK_NOTE }));
   if (p.components) {
     const parts = COMPONENTS.filter((c) => p.components[c] > 0)
       .map((c) => `${c} ${(100 * p.components[c] / p.prob).toFixed(1)}%`);
@@ -410,14 +667,15 @@ function fmtBits(b) { return b == null ? '–' : (b === Infinity ? '∞' : b.toF
 
 const mapState = { tokens: [], running: false };
 
-/* The map compares the static model with the caches: while the settings
- * switch no cache on, its right column uses a small neural cache (the
- * server's theta and lambda) rather than repeat the left one. */
+/* The map compares the static model with the caches: while no cache is on
+ * in the settings, its right column uses a small neural cache (the
+ * server's theta and lambda) rather than repeat the left one, and says so. */
 const MAP_NEURAL_SIZE = 500;
 function mapCache(settings) {
   if (settings.neural_size > 0 || settings.unigram_size > 0 || settings.unbounded) return { cache: settings, note: '' };
   return { cache: Object.assign({}, settings, { neural_size: MAP_NEURAL_SIZE }),
-           note: `neural cache ${MAP_NEURAL_SIZE} (the settings switch no cache on)` };
+           note: `No cache is on in the settings, so this column uses a neural cache of the last ${MAP_NEURAL_SIZE} ` +
+                 'words (the Recent contexts memory).' };
 }
 
 async function runMap() {
@@ -486,7 +744,7 @@ async function runMap() {
     }
     const nt = mapState.tokens.length;
     $('#map-status').textContent = `${nt} tokens in ${parts.length} chunk${parts.length > 1 ? 's' : ''}, ` +
-      `${unk} unknown (${nt ? (100 * unk / nt).toFixed(1) : 0}%, read as ${state.model.unk_token})`;
+      `${unk} unknown word${unk === 1 ? '' : 's'} (${nt ? (100 * unk / nt).toFixed(1) : 0}%, underlined)`;
     $('#map-status').dataset.chunks = parts.length;
     $('#map-status').dataset.unk = unk;
     $('#map-status').dataset.done = '1';
@@ -511,7 +769,7 @@ function tokenSpan(t, n, side) {
   s.dataset.i = n;
   s.dataset.bits = t[side] == null ? '' : t[side];
   s.textContent = nl ? '↵' : (t.src || t.word);
-  if (t.unk) s.title = `unknown word: scored as ${state.model.unk_token}`;
+  if (t.unk) s.title = 'a word the model does not know: scored as "an unknown word"';
   s.style.background = heat(t[side]);
   frag.append(s, ' ');   /* a break opportunity between words */
   if (nl || (eos && /\n/.test(t.src || ''))) frag.append(document.createElement('br'));
@@ -527,8 +785,8 @@ function showTip(ev) {
   document.querySelectorAll(`.tok[data-i="${s.dataset.i}"]`).forEach((n) => n.classList.add('hl'));
   tip.textContent = '';
   const b = document.createElement('b');
-  b.textContent = t.word + (t.src && t.src !== t.word && t.src.trim() ? ` (from "${t.src}")` : '') +
-    (t.unk ? ` — unknown, scored as ${state.model.unk_token}` : '');
+  b.textContent = t.unk ? `"${(t.src || '').trim() || t.word}": a word the model does not know, scored as "an unknown word"`
+    : t.word + (t.src && t.src !== t.word && t.src.trim() ? ` (from "${t.src}")` : '');
   const tab = document.createElement('table');
   const rows = [['static model', t.static], ['with caches', t.cached]];
   for (const [name, bits] of rows) {
@@ -586,6 +844,8 @@ async function loadNamespaces() {
     tr.dataset.name = ns.name;
     tr.dataset.documents = ns.documents;
     tr.dataset.entries = ns.entries;
+    /* words stored: one entry a word of each document (the API's entries);
+     * new words: the API's words, those outside the model's vocabulary */
     const cells = [ns.name, ns.entries.toLocaleString('en'), ns.documents.toLocaleString('en'),
                    ns.words.toLocaleString('en'), mib(ns.memory_bytes), ns.index ? ns.index.type : '',
                    (ns.uploads || []).length ? `${ns.uploads.length}` : ''];
@@ -671,6 +931,7 @@ function selectView(name) {
   for (const v of document.querySelectorAll('.view')) v.hidden = v.id !== 'view-' + name;
   $('#settings').hidden = name === 'ns';     /* the settings are the sessions' */
   if (name === 'ns') loadNamespaces();
+  if (name === 'predict') scheduleTypeahead();
   history.replaceState(null, '', '#' + name);
 }
 
@@ -680,11 +941,15 @@ async function start() {
   key.value = localStorage.getItem('neurocache.key') || '';
   key.addEventListener('change', async () => {
     localStorage.setItem('neurocache.key', key.value.trim());
+    /* a session belongs to the key that made it: the next feed makes one */
+    state.ta.sid = null;
     if (await loadModel()) scheduleTypeahead();
   });
   for (const b of document.querySelectorAll('#tabs button'))
     b.addEventListener('click', () => selectView(b.dataset.view));
   $('#ta-text').addEventListener('input', scheduleTypeahead);
+  $('#pred-list').addEventListener('mousemove', (ev) => { pointer.x = ev.clientX; pointer.y = ev.clientY; });
+  $('#pred-list').addEventListener('mouseleave', () => { pointer.x = pointer.y = null; });
   $('#cache-form').addEventListener('change', () => { summarizeSettings(); scheduleTypeahead(); });
   $('#cache-form').addEventListener('submit', (ev) => ev.preventDefault());
   $('#map-run').addEventListener('click', runMap);
@@ -699,7 +964,7 @@ async function start() {
   }
   $('#ns-refresh').addEventListener('click', loadNamespaces);
   $('#ns-upload').addEventListener('submit', upload);
-  $('#settings').open = window.innerWidth > 760;
+  /* the settings stay folded until asked for (issue 37) */
   const view = location.hash.slice(1);
   selectView(['predict', 'map', 'ns'].includes(view) ? view : 'predict');
   window.addEventListener('pagehide', () => dropSession(state.ta.sid));

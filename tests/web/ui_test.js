@@ -5,6 +5,8 @@
  *   NC_URL          http://127.0.0.1:PORT
  *   NC_ADMIN_KEY    a key with every operation on every namespace
  *   NC_READ_KEY     a key that may only read namespace "default"
+ *   NC_PUNCT_URL    a second daemon, without keys, on a model whose text
+ *                   conventions split punctuation and clitics off
  *   NC_SCREENSHOTS  directory for the screenshots (desktop and phone widths)
  *   NC_NODE_MODULES where puppeteer-core is installed
  *   CHROMIUM        the browser (Debian's chromium)
@@ -61,14 +63,19 @@ const DOC_TEXT =
 async function main() {
   const puppeteer = require(path.resolve(modules, 'puppeteer-core'));
   fs.mkdirSync(shots, { recursive: true });
+  /* a fresh profile each run; nothing but the daemon is reachable, so
+   * nothing the browser would fetch by itself is asked for */
+  const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'ncweb-profile-'));
   const browser = await puppeteer.launch({
-    executablePath: chromium, headless: true,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run', '--hide-scrollbars'],
+    executablePath: chromium, headless: true, userDataDir: profile,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--disable-dev-shm-usage', '--no-first-run',
+           '--disable-background-networking', '--disable-component-update', '--disable-sync', '--hide-scrollbars'],
   });
   try {
     await run(browser);
   } finally {
     await browser.close();
+    fs.rmSync(profile, { recursive: true, force: true });
   }
 }
 
@@ -123,6 +130,55 @@ async function run(browser) {
   check(formOk && names.length > 0, `the form has the ${names.length} settings of /v1/model with their ranges and defaults`,
         JSON.stringify(form));
 
+  /* ---- issue 37: the settings panel speaks to people who are not experts.
+   * Collapsed on arrival; one group per cache, each with a plain line (what
+   * it does) and a line saying when to turn it on; every setting labelled in
+   * plain words; the raw knob names only in a details line beside the
+   * server's description of them. */
+  const panel = await page.evaluate((knobs) => {
+    const form = document.querySelector('#cache-form');
+    const open = document.querySelector('#settings').open;
+    const groups = [...form.querySelectorAll('fieldset.group')].map((g) => ({
+      id: g.dataset.group, title: g.querySelector('legend') ? g.querySelector('legend').textContent : '',
+      plain: g.querySelector('.plain') ? g.querySelector('.plain').textContent : '',
+      when: g.querySelector('.when') ? g.querySelector('.when').textContent : '',
+      knobs: [...g.querySelectorAll('.field.cache [name]')].map((e) => e.name) }));
+    const labels = [...form.querySelectorAll('.field')].map((f) => {
+      const l = f.querySelector('.plain-label');
+      return l ? l.textContent : '';
+    });
+    const details = Object.fromEntries(knobs.map((k) => {
+      const d = [...form.querySelectorAll('.knob-detail')].filter((n) =>
+        [...n.querySelectorAll('code')].some((c) => c.textContent === k));
+      return [k, d.map((n) => n.textContent)];
+    }));
+    /* the panel's text with the details lines taken out */
+    const copy = document.querySelector('#settings').cloneNode(true);
+    copy.querySelectorAll('.knob-detail').forEach((n) => n.remove());
+    const codesOutside = copy.querySelectorAll('code').length;
+    return { open, groups, labels, details, rest: copy.textContent, codesOutside };
+  }, Object.keys(model.cache_knobs));
+  check(panel.open === false, 'the settings panel is collapsed when the page opens (desktop width)');
+  const wantGroups = ['neural', 'unigram', 'unbounded', 'uniform', 'gate', 'dyneval'];
+  const grouped = panel.groups.flatMap((g) => g.knobs);
+  check(wantGroups.every((id) => panel.groups.some((g) => g.id === id)) &&
+        grouped.length === names.length && names.every((n) => grouped.filter((x) => x === n).length === 1),
+        `the settings are grouped per cache (${panel.groups.map((g) => g.id).join(', ')}), every setting in one group`,
+        JSON.stringify(panel.groups.map((g) => [g.id, g.knobs])));
+  check(panel.groups.length > 0 && panel.groups.every((g) => g.plain.length >= 60 && /turn it on/i.test(g.when) &&
+        !/_/.test(g.plain + g.when + g.title)),
+        'each group has a plain-words line (what it does) and says when to turn it on',
+        JSON.stringify(panel.groups.map((g) => [g.title, g.plain.length, g.when])));
+  const knobWord = new RegExp(`(^|[^\\w])(${names.filter((n) => /_|^(knn|nprobe)$/.test(n)).join('|')})([^\\w]|$)`);
+  check(panel.labels.length > names.length && panel.labels.every((l) => l.length >= 8 && !/_/.test(l) && !names.includes(l.trim())),
+        'every field has a plain label (no knob name as a label)', JSON.stringify(panel.labels));
+  check(panel.codesOutside === 0 && !knobWord.test(panel.rest),
+        'outside the details lines the panel names no knob', (knobWord.exec(panel.rest) || [''])[0]);
+  check(names.every((n) => panel.details[n].length === 1 &&
+        panel.details[n][0].replace(n, '').includes(model.cache_knobs[n].description)),
+        'each knob name appears once, in a details line with the server\'s description of it',
+        JSON.stringify(names.filter((n) => panel.details[n].length !== 1)));
+
   const setField = (name, value) => page.evaluate((n, v) => {
     const el = document.querySelector(`#cache-form [name="${n}"]`);
     if (el.type === 'checkbox') el.checked = v; else el.value = v;
@@ -132,6 +188,17 @@ async function run(browser) {
   /* ---- namespaces: upload two documents, the count grows */
   await page.click('#tabs [data-view="ns"]');
   await page.waitForFunction(() => /namespace/.test(document.querySelector('#ns-status').textContent));
+  /* issue 37: the upload form's required fields are not red before anything
+   * is typed; they are once an upload is tried with them empty */
+  const borders = () => page.evaluate(() => Object.fromEntries(['#up-ns', '#up-id', '#up-file'].map((s) =>
+    [s, getComputedStyle(document.querySelector(s)).borderTopColor])));
+  const fresh = await borders();
+  await page.click('#ns-upload button');
+  const tried = await borders();
+  check(fresh['#up-ns'] === fresh['#up-id'] && fresh['#up-file'] === fresh['#up-id'],
+        'the upload form\'s fields are not red before anything is typed', JSON.stringify(fresh));
+  check(tried['#up-ns'] !== tried['#up-id'] && tried['#up-ns'] === 'rgb(155, 28, 28)',
+        'an upload tried with the namespace empty marks that field', JSON.stringify(tried));
   const docFile = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'ncweb-')), 'doc.txt');
   fs.writeFileSync(docFile, DOC_TEXT);
   const docsShown = () => page.evaluate((ns) => {
@@ -157,6 +224,17 @@ async function run(browser) {
   const entriesShown = await page.evaluate((ns) => Number(document.querySelector(`#ns-table tr[data-name="${ns}"]`).dataset.entries), NS);
   const nsInfo = (await api('GET', `/v1/namespaces/${NS}`)).json;
   check(entriesShown === nsInfo.entries && nsInfo.entries > 0, `the table shows the namespace's ${nsInfo.entries} entries`);
+  /* issue 37: the column of words counts the words of the documents (each
+   * word of an upload is one entry), not the namespace's new words */
+  const docWords = (await api('POST', '/tokenize', { text: DOC_TEXT })).json.words.length;
+  const wordsCol = await page.evaluate((ns) => {
+    const heads = [...document.querySelectorAll('#ns-table thead th')].map((t) => t.textContent.trim());
+    const i = heads.findIndex((h) => /^words\b/i.test(h));
+    const tr = document.querySelector(`#ns-table tr[data-name="${ns}"]`);
+    return { head: heads[i], value: i >= 0 && tr ? Number(tr.cells[i].textContent.replace(/,/g, '')) : NaN };
+  }, NS);
+  check(wordsCol.value === 2 * docWords && nsInfo.entries === 2 * docWords,
+        `the table's "${wordsCol.head}" counts the words of both documents (${wordsCol.value} = 2 x ${docWords})`);
   await shot('namespaces');
 
   /* ---- type-ahead with a neural cache and the namespace's unbounded cache */
@@ -164,6 +242,10 @@ async function run(browser) {
   await setField('neural_size', 200);
   await $eval('#set-namespace', (e, v) => { e.value = v; e.dispatchEvent(new Event('change', { bubbles: true })); }, NS);
   await setField('unbounded', true);
+  /* the settings panel, opened, with two memories on (docs/web.md) */
+  await page.evaluate(() => { document.querySelector('#settings').open = true; });
+  await (await page.$('#settings')).screenshot({ path: path.join(shots, 'settings.png') });
+  await page.evaluate(() => { document.querySelector('#settings').open = false; });
   const settled = () => page.waitForFunction(() => {
     const l = document.querySelector('#pred-list');
     return l.dataset.busy === '0' && l.dataset.text === document.querySelector('#ta-text').value;
@@ -237,8 +319,85 @@ async function run(browser) {
   const pos3 = Number(await $eval('#pred-list', (e) => e.dataset.position));
   /* eos is typed as a sentence end under sentence conventions (a newline is a space there) */
   const eosTyped = model.text && model.text.lines === 'sentences' ? '. ' : '\n';
-  check(after === before + (word === '<eos>' ? eosTyped : word + ' ') && pos3 === pos2 + 1,
+  check(after === (word === '<eos>' ? before.trimEnd() + eosTyped : before + word + ' ') && pos3 === pos2 + 1,
         `clicking "${word}" appends it and predicts the word after it`, JSON.stringify(after.slice(-30)));
+  /* issue 37: the explanation panel follows the text: after the click it
+   * explains a prediction of the new position (the one under the pointer),
+   * with the probability the API gives it now, not the old one */
+  const nowTruth = (await api('POST', `/v1/sessions/${await $eval('#pred-list', (e) => e.dataset.session)}/predict`,
+    { top_k: 10, components: true })).json.predictions;
+  const panelNow = await page.evaluate(() => {
+    const box = document.querySelector('#explain'), h = box.querySelector('h4');
+    return { word: box.dataset.word, head: h ? h.textContent : '', position: box.dataset.position,
+             list: document.querySelector('#pred-list').dataset.position };
+  });
+  const pt = nowTruth.find((t) => t.word === panelNow.word);
+  check(pt && panelNow.head.includes((100 * pt.prob).toFixed(2) + '%'),
+        `after the click the explanation shows the current probability of "${panelNow.word}"` +
+        (pt ? ` (${(100 * pt.prob).toFixed(2)}%)` : ' (not among the predictions)'), panelNow.head);
+  /* and while one types, the pointer away from the list: the panel does not
+   * keep the numbers of a position the text has left */
+  await page.hover('#ta-text');
+  await page.type('#ta-text', 'in the ');
+  await settled();
+  const typedTruth = (await api('POST', `/v1/sessions/${await $eval('#pred-list', (e) => e.dataset.session)}/predict`,
+    { top_k: 10 })).json.predictions;
+  const panelTyped = await page.evaluate(() => {
+    const box = document.querySelector('#explain'), h = box.querySelector('h4');
+    return { word: box.dataset.word, head: h ? h.textContent : '' };
+  });
+  const tt = typedTruth.find((t) => t.word === panelTyped.word);
+  check(tt && panelTyped.head.includes((100 * tt.prob).toFixed(2) + '%'),
+        `after typing on, the explanation shows "${panelTyped.word}" with its probability at the new position` +
+        (tt ? ` (${(100 * tt.prob).toFixed(2)}%)` : ' (it is not among the predictions there)'), panelTyped.head);
+
+  /* ---- issue 37: a clitic joins the word before it, as the model writes
+   * it (company 's is typed company's), and is read as one more token */
+  await $eval('#ta-text', (e) => { e.value = ''; e.dispatchEvent(new Event('input', { bubbles: true })); });
+  await page.type('#ta-text', 'the company ');
+  await settled();
+  const posC = Number(await $eval('#pred-list', (e) => e.dataset.position));
+  const clitic = (await shown()).indexOf("'s");
+  check(clitic >= 0, `"'s" is among the predictions after "the company"`, (await shown()).join(' '));
+  if (clitic >= 0) {
+    await page.click(`#pred-list .pred:nth-child(${clitic + 1}) .word`);
+    await settled();
+    const joined = await $eval('#ta-text', (e) => e.value);
+    const toks = (await api('POST', '/tokenize', { text: joined })).json.words;
+    const posJ = Number(await $eval('#pred-list', (e) => e.dataset.position));
+    check(joined === "the company's " && toks.join(' ') === "the company 's" && posJ === posC + 1,
+          `clicking "'s" joins it: ${JSON.stringify(joined)}, read as ${toks.join(' ')}`);
+  }
+
+  /* ---- issue 37: <unk> is never offered as a word to type. After "The
+   * stock market 's" the API's most likely next token is <unk>: the page
+   * shows it as "an unknown word", and a click types nothing */
+  const unkTexts = ['', "The stock market's "];
+  for (const t of unkTexts) {
+    await $eval('#ta-text', (e, v) => { e.value = v; e.dispatchEvent(new Event('input', { bubbles: true })); }, t);
+    await settled();
+    const sidU = await $eval('#pred-list', (e) => e.dataset.session);
+    const tu = (await api('POST', `/v1/sessions/${sidU}/predict`, { top_k: 10 })).json.predictions.map((p) => p.word);
+    const rows = await page.evaluate(() => [...document.querySelectorAll('#pred-list .pred')].map((li) =>
+      ({ word: li.dataset.word, text: li.querySelector('.word').textContent })));
+    const unkRow = rows.find((r) => r.word === model.unk_token);
+    check(tu.includes(model.unk_token) && !rows.some((r) => r.text.includes(model.unk_token)) &&
+          unkRow && unkRow.text === 'an unknown word',
+          `${t ? 'after ' + JSON.stringify(t) : 'on an empty text'}: the API ranks ${model.unk_token} ` +
+          `${tu.indexOf(model.unk_token) + 1}; the page shows it as "an unknown word", never as ${model.unk_token}`,
+          JSON.stringify(rows.map((r) => r.text)));
+    if (unkRow) {
+      const idx = rows.indexOf(unkRow);
+      const beforeU = await $eval('#ta-text', (e) => e.value);
+      await page.click(`#pred-list .pred:nth-child(${idx + 1}) .word`);
+      await page.keyboard.press('Enter');
+      await new Promise((r) => setTimeout(r, 400));
+      await settled();
+      const afterU = await $eval('#ta-text', (e) => e.value);
+      check(afterU === beforeU && !afterU.includes(model.unk_token),
+            'clicking "an unknown word" (or Enter on it) types nothing into the text', JSON.stringify(afterU));
+    }
+  }
 
   /* ---- the server's message on a bad combination of settings */
   await setField('neural_size', 0);
@@ -319,9 +478,13 @@ async function run(browser) {
   const sd = (await api('POST', '/v1/score', { text: MAP_TEXT, final_eos: false,
     cache: Object.assign({}, model.cache_defaults, { neural_size: 500 }) })).json;
   check(Math.abs(plainMap.ppl[0] / ss.ppl - 1) < 1e-4 && Math.abs(plainMap.ppl[1] / sd.ppl - 1) < 1e-4 &&
-        plainMap.ppl[1] < plainMap.ppl[0] && /neural cache 500/.test(plainMap.note),
+        plainMap.ppl[1] < plainMap.ppl[0] && /neural cache/.test(plainMap.note) && /\b500\b/.test(plainMap.note),
         `with the default settings the map compares the static model (ppl ${plainMap.ppl[0].toFixed(3)}) with a ` +
         `neural cache of 500 (${plainMap.ppl[1].toFixed(3)} = /v1/score's ${sd.ppl.toFixed(3)}), and says so`, plainMap.note);
+  /* issue 37: the note is a sentence a reader can parse: it says that no
+   * cache is on in the settings and what this column uses instead */
+  check(/^No cache is on in the settings, so this column uses a neural cache of the last 500 words\b[^]*\.$/.test(plainMap.note),
+        'the map\'s note reads as a sentence', plainMap.note);
   await setField('neural_size', 200);
 
   /* ---- ordinary English (issue 23): capitals, commas, quotes, a number.
@@ -342,8 +505,8 @@ async function run(browser) {
   await page.type('#ta-text', 'Xyzzyq ');
   await settled();
   const unkShown = await $eval('#ta-unk', (e) => (e.hidden ? '' : e.textContent));
-  check(unkShown.includes('xyzzyq') && unkShown.includes(model.unk_token),
-        'a word outside the vocabulary is named under the type-ahead', unkShown);
+  check(unkShown.includes('xyzzyq') && unkShown.includes('an unknown word') && !unkShown.includes(model.unk_token),
+        'a word outside the vocabulary is named under the type-ahead (as read as "an unknown word")', unkShown);
   await shot('ordinary-predict');
   await page.click('#tabs [data-view="map"]');
   await $eval('#map-text', (e, t) => { e.value = t; }, PLAIN_TEXT);
@@ -402,6 +565,16 @@ async function run(browser) {
     if (view === 'predict') {
       /* the new viewport reloaded the page: the settings are the defaults again */
       await page.waitForFunction(() => document.body.dataset.ready === '1');
+      const ws = await page.evaluate(() => {
+        const d = document.querySelector('#settings');
+        d.open = true;
+        d.querySelectorAll('details.more').forEach((m) => { m.open = true; });
+        const w = document.documentElement.scrollWidth;
+        d.querySelectorAll('details.more').forEach((m) => { m.open = false; });
+        d.open = false;
+        return w;
+      });
+      check(ws <= 390, `the opened settings, every group unfolded, fit a 390 px wide screen (page width ${ws})`);
       await setField('neural_size', 200);
       await $eval('#ta-text', (e) => { e.value = ''; });
       await page.type('#ta-text', 'the company said its profit rose and the company ');
@@ -416,9 +589,68 @@ async function run(browser) {
     if (view !== 'ns') await shot(view + '-phone');
   }
 
+  await punctuation(browser, pageErrors);
+
   check(pageErrors.length === 0, 'no JavaScript error', pageErrors.join('; '));
   check(foreign.length === 0, 'every request goes to the daemon (nothing from elsewhere)', foreign.join(' '));
   check(keyless.length === 0, 'every API call carries the key', keyless.join(' '));
+}
+
+/* Issue 37: on a model whose conventions split punctuation, brackets,
+ * quotes and clitics off (NC_PUNCT_URL: test_web.c's second daemon), a
+ * clicked mark is typed as one writes it: a clitic or a closing mark with
+ * no space before it, an opening bracket or quote with none after it; each
+ * is read as exactly one more token, and the predictions move on by one. */
+async function punctuation(browser, pageErrors) {
+  const purl = process.env.NC_PUNCT_URL;
+  check(!!purl, 'NC_PUNCT_URL: the daemon on the punctuation model');
+  if (!purl) return;
+  const page = await browser.newPage();
+  page.setDefaultTimeout(90000);
+  page.on('pageerror', (e) => pageErrors.push(e.message));
+  await page.setViewport({ width: 1100, height: 780 });
+  await page.goto(purl + '/', { waitUntil: 'load' });
+  await page.waitForFunction(() => document.body.dataset.ready === '1');
+  const tokenize = async (text) => {
+    const r = await fetch(purl + '/tokenize', { method: 'POST', headers: { 'Content-Type': 'application/json' },
+                                                body: JSON.stringify({ text }) });
+    return (await r.json()).words;
+  };
+  const settled = () => page.waitForFunction(() => {
+    const l = document.querySelector('#pred-list');
+    return l.dataset.busy === '0' && l.dataset.text === document.querySelector('#ta-text').value;
+  }, { timeout: 60000 });
+  const kinds = {
+    clitic: { is: (w) => /^'\w+$|^n't$/.test(w), join: (t, w) => t.trimEnd() + w + ' ' },
+    close: { is: (w) => /^[.,;:!?)\]\u201d]$/.test(w), join: (t, w) => t.trimEnd() + w + ' ' },
+    open: { is: (w) => /^[(\[\u201c]$/.test(w), join: (t, w) => t + w },
+  };
+  const prefixes = ['the cat ', 'it was ', 'the dog sat ', 'he ', 'they sat on a ', 'we '];
+  for (const [kind, k] of Object.entries(kinds)) {
+    let done = false;
+    for (const prefix of prefixes) {
+      await page.$eval('#ta-text', (e, v) => { e.value = v; e.dispatchEvent(new Event('input', { bubbles: true })); }, prefix);
+      await settled();
+      const words = await page.evaluate(() => [...document.querySelectorAll('#pred-list .pred')].map((li) => li.dataset.word));
+      const i = words.findIndex(k.is);
+      if (i < 0) continue;
+      const word = words[i];
+      const pos = Number(await page.$eval('#pred-list', (e) => e.dataset.position));
+      await page.click(`#pred-list .pred:nth-child(${i + 1}) .word`);
+      await settled();
+      const text = await page.$eval('#ta-text', (e) => e.value);
+      const pos2 = Number(await page.$eval('#pred-list', (e) => e.dataset.position));
+      const want = (await tokenize(prefix)).concat([word]);
+      const got = await tokenize(text);
+      check(text === k.join(prefix, word) && got.join(' ') === want.join(' ') && pos2 === pos + 1,
+            `punctuation model: clicking the ${kind} "${word}" after ${JSON.stringify(prefix)} types ` +
+            `${JSON.stringify(text)}, read as ${got.join(' ')}, predictions at ${pos2}`);
+      done = true;
+      break;
+    }
+    check(done, `punctuation model: a ${kind} is among the predictions after one of ${JSON.stringify(prefixes)}`);
+  }
+  await page.close();
 }
 
 main().catch((e) => { check(false, 'the browser test ran to its end', e.stack); })
