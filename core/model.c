@@ -648,7 +648,8 @@ static int write_safetensors(const nc_model *m, nc_save_dtype dtype, FILE *f)
         for (int i = 0; i < specs[s].rank; i++)
             json_array_append_new(shape, json_integer(specs[s].dims[i]));
         size_t nb = spec_numel(&specs[s]) * esize;
-        json_object_set_new(e, "dtype", json_string(dtype == NC_SAVE_F32 ? "F32" : dtype == NC_SAVE_F16 ? "F16" : "BF16"));
+        static const char *const dtypes[] = {[NC_SAVE_F32] = "F32", [NC_SAVE_F16] = "F16", [NC_SAVE_BF16] = "BF16"};
+        json_object_set_new(e, "dtype", json_string(dtypes[dtype]));
         json_object_set_new(e, "shape", shape);
         json_object_set_new(e, "data_offsets", json_pack("[II]", (json_int_t)off, (json_int_t)(off + nb)));
         json_object_set_new(hdr, specs[s].name, e);
@@ -692,6 +693,8 @@ static int write_safetensors(const nc_model *m, nc_save_dtype dtype, FILE *f)
 
 int model_save(const nc_model *m, const char *dir, nc_save_dtype dtype, char *err, size_t errlen)
 {
+    if (dtype != NC_SAVE_F32 && dtype != NC_SAVE_F16 && dtype != NC_SAVE_BF16)
+        return nc_error(err, errlen, NC_EINVAL, "%s: unknown dtype %d", dir, (int)dtype);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return nc_error(err, errlen, NC_EIO, "%s: cannot create directory: %s", dir, strerror(errno));
     nc_atomicfile files[3];

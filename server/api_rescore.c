@@ -143,7 +143,8 @@ static json_t *answer(const nc_server *srv, const rescore_work *w)
                                w->r.hyp_len[i], "tokens", words, "logprobs", lps, "logprob_sum",
                                isinf(sums[i]) ? -1e30 : sums[i], "count", (json_int_t)counts[i], "rank",
                                (json_int_t)rank[i]);
-        api_token_info(it, srv->model, &w->toks[i], w->r.hyps[i], w->r.hyp_len[i], true);   /* unknown words, offsets into the hypothesis */
+        /* unknown words, offsets into the hypothesis */
+        api_token_info(it, srv->model, &w->toks[i], w->r.hyps[i], w->r.hyp_len[i], true);
         json_array_append_new(items, it);
     }
     free(sums);

@@ -156,9 +156,10 @@ void api_token_info(json_t *o, const nc_model *m, const nc_tokens *t, const char
     for (size_t i = 0; i < t->n; i++) {
         size_t off = t->offsets[i] < len ? t->offsets[i] : len;
         size_t n = t->lens ? t->lens[i] : strlen(t->words[i]);
+        n = n < len - off ? n : len - off;
         json_array_append_new(unk, json_boolean(t->ids[i] == m->unk_id));
         json_array_append_new(offs, json_integer((json_int_t)api_char_offset(&at, text, len, off)));
-        json_array_append_new(lens, json_integer((json_int_t)(text ? api_char_count(text + off, n < len - off ? n : len - off) : 0)));
+        json_array_append_new(lens, json_integer((json_int_t)(text ? api_char_count(text + off, n) : 0)));
     }
     json_object_set_new(o, "unk", unk);
     json_object_set_new(o, "offsets", offs);
