@@ -280,6 +280,9 @@ demo-model: all
 	$(Q)python3 -c 'import json,sys; p=sys.argv[1]; c=json.load(open(p)); \
 	    c["text"]={"preset": "ptb"}; open(p, "w").write(json.dumps(c, indent=2) + "\n")' models/demo/config.json
 	$(Q)$(BIN)/neurocache build-index --model models/demo --no-normalize --corpus $(DEMO_DATA)/ptb.train.txt --threads 2
+	@# dynamic evaluation's gradient statistics of the new weights (docs/dyneval.md; BF16, ~7 MB)
+	$(Q)rm -rf models/demo/dyneval && $(BIN)/neurocache dyn-stats --model models/demo \
+	    --train $(DEMO_DATA)/ptb.train.txt --tokens 100000 --segment 20
 
 # The container really built and run (scripts/container_test.sh): podman
 # builds deploy/docker/Dockerfile on a debootstrapped Debian 12 base and runs

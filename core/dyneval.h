@@ -164,7 +164,8 @@ typedef struct {
 /* MS_g: the mean squared gradient of every weight of m over consecutive
  * segments of text (state carried across segments, weights fixed). *out is
  * a model of m's shapes and vocabulary holding MS_g in place of the
- * weights, to save with model_save(..., false) into m's dir/dyneval. */
+ * weights, to save with model_save into m's dir/dyneval (BF16 keeps their
+ * range, 1e-16 to 1e-3, which F16 would flush to zero). */
 int dyneval_stats(const nc_model *m, const nc_dyn_stats_text *text, nc_model **out, double *mean_loss, char *err,
                   size_t errlen);
 

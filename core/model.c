@@ -279,8 +279,27 @@ static void shape_str(char *buf, size_t n, const long *dims, int rank)
         snprintf(buf + off, n - off, "]");
 }
 
+/* bfloat16: the upper half of a float32. */
+static float bf16_to_float(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* float32 to bfloat16, rounded to nearest even (NaN stays a quiet NaN). */
+static uint16_t float_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 /* Points spec's destination at the file's tensor: in place for an aligned
- * F32 tensor (the mapping is private), else a copy (F16 widened). The
+ * F32 tensor (the mapping is private), else a copy (F16, BF16 widened). The
  * entry's byte range was checked by safetensors_open. */
 static int bind_tensor(model_impl *im, const nc_safetensors *st, const tensor_spec *sp, const char *path, char *err,
                        size_t errlen)
@@ -292,10 +311,10 @@ static int bind_tensor(model_impl *im, const nc_safetensors *st, const tensor_sp
         return sp->optional ? NC_OK
                             : nc_error(err, errlen, NC_EFORMAT, "%s: missing tensor '%s' (shape %s)", path, sp->name,
                                        want);
-    bool f32 = !strcmp(e->dtype, "F32"), f16 = !strcmp(e->dtype, "F16");
-    if (!f32 && !f16)
-        return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' has dtype %s, expected F32 or F16", path, sp->name,
-                        e->dtype);
+    bool f32 = !strcmp(e->dtype, "F32"), f16 = !strcmp(e->dtype, "F16"), bf16 = !strcmp(e->dtype, "BF16");
+    if (!f32 && !f16 && !bf16)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: tensor '%s' has dtype %s, expected F32, F16 or BF16", path,
+                        sp->name, e->dtype);
     bool same = e->rank == sp->rank;
     for (int i = 0; same && i < sp->rank; i++)
         same = e->dims[i] == sp->dims[i];
@@ -320,7 +339,7 @@ static int bind_tensor(model_impl *im, const nc_safetensors *st, const tensor_sp
     } else {
         for (size_t i = 0; i < n; i++) {
             uint16_t h = (uint16_t)(src[2 * i] | (src[2 * i + 1] << 8));
-            buf[i] = nc_half_to_float(h);
+            buf[i] = f16 ? nc_half_to_float(h) : bf16_to_float(h);
         }
     }
     *sp->dst = buf;
@@ -611,11 +630,11 @@ static int write_config(const nc_model_config *c, FILE *f)
     return r == 0 ? NC_OK : NC_EIO;
 }
 
-static int write_safetensors(const nc_model *m, bool f16, FILE *f)
+static int write_safetensors(const nc_model *m, nc_save_dtype dtype, FILE *f)
 {
     tensor_spec specs[4 + 4 * MODEL_MAX_LAYERS];
     int n = model_specs((nc_model *)m, specs);
-    size_t esize = f16 ? 2 : 4;
+    size_t esize = dtype == NC_SAVE_F32 ? 4 : 2;
     json_t *hdr = json_object();
     size_t off = 0;
     bool tied = m->decoder_w == m->encoder;
@@ -629,7 +648,8 @@ static int write_safetensors(const nc_model *m, bool f16, FILE *f)
         for (int i = 0; i < specs[s].rank; i++)
             json_array_append_new(shape, json_integer(specs[s].dims[i]));
         size_t nb = spec_numel(&specs[s]) * esize;
-        json_object_set_new(e, "dtype", json_string(f16 ? "F16" : "F32"));
+        static const char *const dtypes[] = {[NC_SAVE_F32] = "F32", [NC_SAVE_F16] = "F16", [NC_SAVE_BF16] = "BF16"};
+        json_object_set_new(e, "dtype", json_string(dtypes[dtype]));
         json_object_set_new(e, "shape", shape);
         json_object_set_new(e, "data_offsets", json_pack("[II]", (json_int_t)off, (json_int_t)(off + nb)));
         json_object_set_new(hdr, specs[s].name, e);
@@ -657,22 +677,24 @@ static int write_safetensors(const nc_model *m, bool f16, FILE *f)
             continue;
         const float *src = *specs[s].dst;
         size_t cnt = spec_numel(&specs[s]);
-        if (!f16) {
+        if (dtype == NC_SAVE_F32) {
             ok = nc_fwrite(src, sizeof(float), cnt, f) == cnt;   /* x86-64 is little-endian */
             continue;
         }
         for (size_t i = 0; i < cnt && ok; i += 1024) {
             size_t k = cnt - i < 1024 ? cnt - i : 1024;
             for (size_t j = 0; j < k; j++)
-                hbuf[j] = nc_float_to_half(src[i + j]);
+                hbuf[j] = dtype == NC_SAVE_F16 ? nc_float_to_half(src[i + j]) : float_to_bf16(src[i + j]);
             ok = nc_fwrite(hbuf, 2, k, f) == k;
         }
     }
     return ok ? NC_OK : NC_EIO;
 }
 
-int model_save(const nc_model *m, const char *dir, bool f16, char *err, size_t errlen)
+int model_save(const nc_model *m, const char *dir, nc_save_dtype dtype, char *err, size_t errlen)
 {
+    if (dtype != NC_SAVE_F32 && dtype != NC_SAVE_F16 && dtype != NC_SAVE_BF16)
+        return nc_error(err, errlen, NC_EINVAL, "%s: unknown dtype %d", dir, (int)dtype);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return nc_error(err, errlen, NC_EIO, "%s: cannot create directory: %s", dir, strerror(errno));
     nc_atomicfile files[3];
@@ -692,7 +714,7 @@ int model_save(const nc_model *m, const char *dir, bool f16, char *err, size_t e
                 if (fprintf(files[i].f, "%s\n", vocab_word(m->vocab, w)) < 0)
                     rc = NC_EIO;
         } else {
-            rc = write_safetensors(m, f16, files[i].f);
+            rc = write_safetensors(m, dtype, files[i].f);
         }
         if (rc != NC_OK)
             nc_error(err, errlen, rc, "%s: write failed: %s", files[i].tmp,

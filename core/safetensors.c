@@ -16,7 +16,8 @@
 
 #define ST_MAX_HEADER (100u << 20)   /* safetensors' own limit is 100 MB */
 
-/* safetensors dtypes and their element sizes; the model uses F32 and F16,
+/* safetensors dtypes and their element sizes; the model uses F32, F16 and
+ * BF16 (dyn-stats' statistics),
  * the gate F64, the others are recognised so their byte ranges can be
  * checked. */
 int safetensors_dtype_size(const char *dt)

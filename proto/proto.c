@@ -61,6 +61,9 @@ static const struct {
      * the name is another incarnation (docs/namespaces.md) */
     [API_NAMESPACE_DELETED] = {410, "namespace_deleted", 0},
     [API_CONFIRMATION_REQUIRED] = {400, "confirmation_required", 0},
+    /* the request is valid; this model lacks what it needs: the message
+     * names the command that measures it (docs/dyneval.md) */
+    [API_DYNEVAL_UNAVAILABLE] = {400, "dyneval_unavailable", 0},
 };
 
 unsigned proto_http_status(api_error e)

@@ -49,6 +49,7 @@ typedef enum {
     API_TOKEN_BUDGET,        /* 429 over the key's tokens per minute */
     API_NAMESPACE_DELETED,   /* 410 the session's namespace incarnation was deleted */
     API_CONFIRMATION_REQUIRED, /* 400 a destructive request without its ?confirm= */
+    API_DYNEVAL_UNAVAILABLE, /* 400 dyn_lr > 0 on a model without gradient statistics (dyn-stats) */
     API_ERROR_COUNT
 } api_error;
 

@@ -56,7 +56,7 @@ void api_h_tokenize(nc_server *srv, http_request *req, http_response *resp)
             json_array_append_new(words, json_string(t.words[i]));
         }
         json_t *o = json_pack("{s:o,s:o,s:I}", "tokens", ids, "words", words, "count", (json_int_t)t.n);
-        api_token_info(o, srv->model, &t, true);   /* offsets, lengths, unk, unk_count */
+        api_token_info(o, srv->model, &t, text, len, true);   /* offsets, lengths, unk, unk_count */
         http_reply_json(resp, 200, o);
     }
     tokens_clear(&t);
@@ -178,7 +178,7 @@ typedef struct {
     sse_stream *sse;              /* streamed: the chunks go here */
     json_t *choices;              /* whole: the choices done */
     strbuf text;                  /* whole: the choice being built */
-    json_t *tokens, *lps, *tops, *offs;
+    json_t *tokens, *lps, *tops, *offs, *unks;
     long long steps, dists;       /* budgets used so far */
     size_t tot_prompt, tot_gen;
     size_t tot_unk;               /* prompt tokens that were the model's unk */
@@ -198,31 +198,41 @@ static void cmpl_free(void *arg)
     json_decref(j->lps);
     json_decref(j->tops);
     json_decref(j->offs);
+    json_decref(j->unks);
     free(j->text.s);
     free(j);
 }
 
-static json_t *logprobs_obj(const cmpl_job *j, json_t *tokens, json_t *lps, json_t *tops, json_t *offs)
-{
-    if (j->r.logprobs < 0) {
-        json_decref(tokens);
-        json_decref(lps);
-        json_decref(tops);
-        json_decref(offs);
-        return json_null();
-    }
-    return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
-                     "text_offset", offs);
-}
-
-/* A piece's tokens: the four parallel arrays of OpenAI's "logprobs". */
+/* A piece's tokens: the four parallel arrays of OpenAI's "logprobs", and
+ * "unk" (each token is the model's unknown word: a field of ours, which
+ * OpenAI's clients ignore). */
 typedef struct {
-    json_t *tokens, *lps, *tops, *offs;
+    json_t *tokens, *lps, *tops, *offs, *unks;
 } piece_lists;
 
 static piece_lists piece_lists_new(void)
 {
-    return (piece_lists){json_array(), json_array(), json_array(), json_array()};
+    return (piece_lists){json_array(), json_array(), json_array(), json_array(), json_array()};
+}
+
+static void piece_lists_free(piece_lists l)
+{
+    json_decref(l.tokens);
+    json_decref(l.lps);
+    json_decref(l.tops);
+    json_decref(l.offs);
+    json_decref(l.unks);
+}
+
+/* The "logprobs" object of l (stolen), null when none was asked. */
+static json_t *logprobs_obj(const cmpl_job *j, piece_lists l)
+{
+    if (j->r.logprobs < 0) {
+        piece_lists_free(l);
+        return json_null();
+    }
+    return json_pack("{s:o,s:o,s:o,s:o,s:o}", "tokens", l.tokens, "token_logprobs", l.lps, "top_logprobs", l.tops,
+                     "text_offset", l.offs, "unk", l.unks);
 }
 
 /* A piece of choice index: text[0..len) and its tokens l (arrays stolen);
@@ -230,10 +240,9 @@ static piece_lists piece_lists_new(void)
  * stream is gone. */
 static int piece(cmpl_job *j, size_t index, const char *text, size_t len, piece_lists l, const char *finish)
 {
-    json_t *tokens = l.tokens, *lps = l.lps, *tops = l.tops, *offs = l.offs;
     if (j->sse) {
         json_t *ch = json_pack("{s:s%,s:I,s:o,s:s?}", "text", text, len, "index", (json_int_t)index, "logprobs",
-                               logprobs_obj(j, tokens, lps, tops, offs), "finish_reason", finish);
+                               logprobs_obj(j, l), "finish_reason", finish);
         json_t *chunk = json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", j->id, "object", "text_completion", "created",
                                   j->created, "model", j->model, "choices", ch);
         if (chunk && j->r.include_usage)
@@ -245,21 +254,20 @@ static int piece(cmpl_job *j, size_t index, const char *text, size_t len, piece_
         j->lps = json_array();
         j->tops = json_array();
         j->offs = json_array();
+        j->unks = json_array();
     }
     sb_add(&j->text, text, len);
-    json_array_extend(j->tokens, tokens);
-    json_array_extend(j->lps, lps);
-    json_array_extend(j->tops, tops);
-    json_array_extend(j->offs, offs);
-    json_decref(tokens);
-    json_decref(lps);
-    json_decref(tops);
-    json_decref(offs);
+    json_array_extend(j->tokens, l.tokens);
+    json_array_extend(j->lps, l.lps);
+    json_array_extend(j->tops, l.tops);
+    json_array_extend(j->offs, l.offs);
+    json_array_extend(j->unks, l.unks);
+    piece_lists_free(l);
     if (finish) {
+        piece_lists whole = {j->tokens, j->lps, j->tops, j->offs, j->unks};
         json_t *ch = json_pack("{s:s,s:I,s:o,s:s}", "text", j->text.s ? j->text.s : "", "index", (json_int_t)index,
-                               "logprobs", logprobs_obj(j, j->tokens, j->lps, j->tops, j->offs), "finish_reason",
-                               finish);
-        j->tokens = j->lps = j->tops = j->offs = NULL;
+                               "logprobs", logprobs_obj(j, whole), "finish_reason", finish);
+        j->tokens = j->lps = j->tops = j->offs = j->unks = NULL;
         free(j->text.s);
         memset(&j->text, 0, sizeof j->text);
         json_array_append_new(j->choices, ch);
@@ -268,8 +276,9 @@ static int piece(cmpl_job *j, size_t index, const char *text, size_t len, piece_
 }
 
 /* Hands out the generated words that are ready (gen_text_ready) as one
- * piece. Returns 0 or -1 (client gone). */
-static int send_ready(cmpl_job *j, gen_text *gt, size_t index, bool final, const char *finish)
+ * piece, their text_offset in characters of the text (at: the walk
+ * through it so far). Returns 0 or -1 (client gone). */
+static int send_ready(cmpl_job *j, gen_text *gt, api_charpos *at, size_t index, bool final, const char *finish)
 {
     size_t end;
     size_t n = gen_text_ready(gt, &j->gp, final, &end);
@@ -279,11 +288,12 @@ static int send_ready(cmpl_job *j, gen_text *gt, size_t index, bool final, const
     json_t *tokens = l.tokens, *lps = l.lps, *tops = l.tops, *offs = l.offs;
     for (size_t i = 0; i < n; i++) {
         gen_word *w = &gt->pend[i];
+        json_array_append_new(l.unks, json_boolean(w->id == j->srv->model->unk_id));
         json_array_append_new(tokens, json_string(w->word));
         json_array_append_new(lps, api_logprob(w->logprob));
         json_array_append_new(tops, w->top ? w->top : json_object());
         w->top = NULL;
-        json_array_append_new(offs, json_integer((json_int_t)w->start));
+        json_array_append_new(offs, json_integer((json_int_t)api_char_offset(at, gt->text.s, gt->text.len, w->start)));
     }
     const char *t = gt->text.s + gt->sent;
     size_t len = end - gt->sent;
@@ -424,12 +434,15 @@ static void choice_echo(cmpl_job *j, const cmpl_choice *c, size_t index, bool *g
     const nc_tokens *t = &c->t;
     piece_lists l = piece_lists_new();
     json_t *tokens = l.tokens, *lps = l.lps, *tops = l.tops, *offs = l.offs;
+    api_charpos at = {0, 0};
     for (size_t i = 0; i < t->n; i++) {
+        json_array_append_new(l.unks, json_boolean(t->ids[i] == j->srv->model->unk_id));
         json_array_append_new(tokens, json_string(t->words[i]));
         json_array_append_new(lps, i == 0 ? json_null() : api_logprob(c->lp[i]));
         json_array_append_new(tops, want_top ? json_incref(json_array_get(c->ptops, i))
                                              : i == 0 && j->r.logprobs > 0 ? json_null() : json_object());
-        json_array_append_new(offs, json_integer((json_int_t)t->offsets[i]));
+        json_array_append_new(offs, json_integer((json_int_t)api_char_offset(&at, c->ptext.s, c->ptext.len,
+                                                                             t->offsets[i])));
     }
     if (piece(j, index, c->ptext.s ? c->ptext.s : "", c->ptext.len, l, NULL) != 0)
         *gone = true;
@@ -446,6 +459,7 @@ static int choice_generate(cmpl_job *j, workguard *g, cmpl_choice *c, size_t ind
         return rc;
     gen_state gs;
     gen_init(&gs, c->st, j->srv->model, &j->gp, &j->rng);
+    api_charpos at = {0, 0};   /* text_offset in characters of the prompt and what follows */
     for (long k = 0; rc == NC_OK && !*gone && !gtx.stopped && k < j->r.max_tokens; k++) {
         /* one check a token: a stop frees the worker within one step */
         if ((c->why = workguard_check(g)) != WG_RUN)
@@ -456,12 +470,12 @@ static int choice_generate(cmpl_job *j, workguard *g, cmpl_choice *c, size_t ind
             break;
         c->gen++;
         rc = gen_text_add(&gtx, &tk, &j->gp);
-        if (rc == NC_OK && !gtx.stopped && send_ready(j, &gtx, index, false, NULL) != 0)
+        if (rc == NC_OK && !gtx.stopped && send_ready(j, &gtx, &at, index, false, NULL) != 0)
             *gone = true;
     }
     gen_free(&gs);
     if (rc == NC_OK && c->why == WG_RUN && !*gone &&
-        send_ready(j, &gtx, index, true, gtx.stopped ? "stop" : "length") != 0)
+        send_ready(j, &gtx, &at, index, true, gtx.stopped ? "stop" : "length") != 0)
         *gone = true;
     gen_text_free(&gtx);
     return rc;

@@ -150,7 +150,7 @@ static json_t *feed_json(nc_server *srv, const feed_work *w, int64_t pos)
         json_object_set_new(o, "tokens", words);
         json_object_set_new(o, "logprobs", lps);
     }
-    api_token_info(o, srv->model, t, w->r.scores);
+    api_token_info(o, srv->model, t, w->r.text, w->r.len, w->r.scores);
     if (o && w->shares) {
         json_t *comps = json_array();
         for (size_t i = 0; i < t->n; i++) {
@@ -437,6 +437,18 @@ void api_h_predict(nc_server *srv, http_request *req, http_response *resp)
     predict_job_free(p);
 }
 
+/* A score needs a token to predict (a perplexity of nothing is no
+ * number): else answers 400 invalid_text naming the empty text, -1. */
+static int score_has_tokens(const proto_score_req *r, const nc_tokens *t, http_response *resp)
+{
+    if (t->n > (r->bos_eos ? 0u : 1u))
+        return 0;
+    http_reply_error(resp, API_INVALID_TEXT, "field 'text' has no tokens to score: %s",
+                     t->n ? "its one token has no context to be predicted from (\"bos\": \"none\")"
+                          : "it is empty, or normalisation left nothing of it (white space, punctuation)");
+    return -1;
+}
+
 void api_h_score(nc_server *srv, http_request *req, http_response *resp)
 {
     proto_score_req r;
@@ -445,15 +457,17 @@ void api_h_score(nc_server *srv, http_request *req, http_response *resp)
         http_reply_status(resp, &st);
         return;
     }
+    if (api_dyneval_check(srv, &r.cache, resp))
+        return;
     nc_tokens t;
     tokens_init(&t);
-    if (api_tokenize(srv, r.text, r.len, r.final_eos, r.normalize, &t, resp)) {
+    if (api_tokenize(srv, r.text, r.len, r.final_eos, r.normalize, &t, resp) || score_has_tokens(&r, &t, resp)) {
         tokens_clear(&t);
         return;
     }
     char err[NC_ERRLEN] = "";
     nc_stream *s = NULL;
-    double *lp = malloc((t.n ? t.n : 1) * sizeof *lp);
+    double *lp = malloc(t.n * sizeof *lp);
     int rc = lp ? stream_new(srv->model, &r.cache, NULL, NULL, r.bos_eos, &s, err, sizeof err) : NC_ENOMEM;
     feed_job j = {.st = s, .t = &t, .lp = lp};
     if (rc == NC_OK && t.n)
@@ -480,10 +494,10 @@ void api_h_score(nc_server *srv, http_request *req, http_response *resp)
         json_t *o = json_pack("{s:o,s:o,s:f,s:I}", "tokens", words, "logprobs", lps, "logprob_sum",
                               isinf(sum) ? -1e30 : sum, "count", (json_int_t)counted);
         if (o) {
-            double ppl = counted ? exp(-sum / (double)counted) : 1.0;
+            double ppl = exp(-sum / (double)counted);
             json_object_set_new(o, "ppl", isfinite(ppl) ? json_real(ppl) : json_null());
         }
-        api_token_info(o, srv->model, &t, true);
+        api_token_info(o, srv->model, &t, r.text, r.len, true);
         metrics_add_tokens_scored(counted);
         http_reply_json(resp, 200, o);
     }

@@ -143,7 +143,8 @@ static json_t *answer(const nc_server *srv, const rescore_work *w)
                                w->r.hyp_len[i], "tokens", words, "logprobs", lps, "logprob_sum",
                                isinf(sums[i]) ? -1e30 : sums[i], "count", (json_int_t)counts[i], "rank",
                                (json_int_t)rank[i]);
-        api_token_info(it, srv->model, &w->toks[i], true);   /* unknown words, offsets into the hypothesis */
+        /* unknown words, offsets into the hypothesis */
+        api_token_info(it, srv->model, &w->toks[i], w->r.hyps[i], w->r.hyp_len[i], true);
         json_array_append_new(items, it);
     }
     free(sums);
@@ -222,6 +223,10 @@ void api_h_rescore(nc_server *srv, http_request *req, http_response *resp)
     api_status st;
     if (proto_decode_rescore(req->json, true, &srv->cache_defaults, RESCORE_MAX_HYPOTHESES, &w.r, &st)) {
         http_reply_status(resp, &st);
+        work_free(&w);
+        return;
+    }
+    if (api_dyneval_check(srv, &w.r.cache, resp)) {
         work_free(&w);
         return;
     }

@@ -43,6 +43,8 @@ void api_h_sessions_create(nc_server *srv, http_request *req, http_response *res
         http_reply_status(resp, &st);
         return;
     }
+    if (api_dyneval_check(srv, &r.cache, resp))
+        return;
     nc_session *s;
     char err[NC_ERRLEN] = "";
     if (r.cache.exact && r.cache.unbounded && namespaces_compact(srv, r.ns && r.ns[0] ? r.ns : "default")) {

@@ -85,6 +85,18 @@ int api_over_token_budget(nc_server *srv, size_t n, http_response *resp)
     return -1;
 }
 
+int api_dyneval_check(nc_server *srv, const nc_cache_params *p, http_response *resp)
+{
+    if (p->dyn_lr <= 0.0f || srv->model->dyn_ms)
+        return 0;
+    http_reply_error(resp, API_DYNEVAL_UNAVAILABLE,
+                     "dyn_lr = %g needs the model's gradient statistics for dynamic evaluation, and %s/dyneval "
+                     "holds none: measure them with 'neurocache dyn-stats --model %s --train TRAINING_TEXT' "
+                     "(docs/dyneval.md), or set dyn_lr 0",
+                     (double)p->dyn_lr, srv->cfg.model, srv->cfg.model);
+    return -1;
+}
+
 int api_tokenize(nc_server *srv, const char *text, size_t len, bool final_eos, bool normalize,
                         nc_tokens *t, http_response *resp)
 {
@@ -112,7 +124,27 @@ json_t *api_text_conventions(const nc_model *m)
     return o;
 }
 
-void api_token_info(json_t *o, const nc_model *m, const nc_tokens *t, bool listed)
+size_t api_char_count(const char *s, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += ((unsigned char)s[i] & 0xC0) != 0x80;   /* every byte but a continuation starts one */
+    return k;
+}
+
+size_t api_char_offset(api_charpos *c, const char *s, size_t len, size_t b)
+{
+    if (b > len)
+        b = len;
+    if (b < c->byte)
+        *c = (api_charpos){0, 0};
+    if (b > c->byte)
+        c->chars += api_char_count(s + c->byte, b - c->byte);
+    c->byte = b;
+    return c->chars;
+}
+
+void api_token_info(json_t *o, const nc_model *m, const nc_tokens *t, const char *text, size_t len, bool listed)
 {
     if (!o)
         return;
@@ -120,10 +152,14 @@ void api_token_info(json_t *o, const nc_model *m, const nc_tokens *t, bool liste
     if (!listed)
         return;
     json_t *unk = json_array(), *offs = json_array(), *lens = json_array();
+    api_charpos at = {0, 0};
     for (size_t i = 0; i < t->n; i++) {
+        size_t off = t->offsets[i] < len ? t->offsets[i] : len;
+        size_t n = t->lens ? t->lens[i] : strlen(t->words[i]);
+        n = n < len - off ? n : len - off;
         json_array_append_new(unk, json_boolean(t->ids[i] == m->unk_id));
-        json_array_append_new(offs, json_integer((json_int_t)t->offsets[i]));
-        json_array_append_new(lens, json_integer((json_int_t)(t->lens ? t->lens[i] : strlen(t->words[i]))));
+        json_array_append_new(offs, json_integer((json_int_t)api_char_offset(&at, text, len, off)));
+        json_array_append_new(lens, json_integer((json_int_t)(text ? api_char_count(text + off, n) : 0)));
     }
     json_object_set_new(o, "unk", unk);
     json_object_set_new(o, "offsets", offs);

@@ -45,6 +45,11 @@ size_t api_tokens_at_least(const char *text, size_t len, bool normalized);
  * too_many_tokens and returns -1. */
 int api_over_token_budget(nc_server *srv, size_t n, http_response *resp);
 
+/* Dynamic evaluation asked for (p->dyn_lr > 0) on a model without its
+ * gradient statistics: answers 400 dyneval_unavailable naming dyn-stats
+ * and returns -1; else 0. */
+int api_dyneval_check(nc_server *srv, const nc_cache_params *p, http_response *resp);
+
 /* Tokenises text (normalised to the model's text conventions unless
  * normalize is false: the request's "normalize") and enforces
  * max_tokens_per_request; on failure answers and returns -1 (t is cleared
@@ -52,12 +57,27 @@ int api_over_token_budget(nc_server *srv, size_t n, http_response *resp);
 int api_tokenize(nc_server *srv, const char *text, size_t len, bool final_eos, bool normalize, nc_tokens *t,
                  http_response *resp);
 
+/* Offsets as clients count them: in characters (Unicode code points), as
+ * OpenAI's text_offset and Python's str do (JavaScript's strings count
+ * UTF-16 units: docs/api.md). A walk through valid UTF-8 text s[0..len):
+ * api_char_offset gives the code points before byte b, in O(text) for
+ * offsets asked in increasing order (a smaller one starts over). The text
+ * may move between calls (a growing buffer): s is passed each time. */
+typedef struct {
+    size_t byte, chars;           /* s[0..byte) holds chars code points */
+} api_charpos;
+
+size_t api_char_offset(api_charpos *c, const char *s, size_t len, size_t b);
+/* Code points in s[0..n) (valid UTF-8). */
+size_t api_char_count(const char *s, size_t n);
+
 /* Adds to the answer o what a client needs to see unknown words and find
  * each token in the text it sent: "unk_count" (tokens that are the model's
  * unk), and with listed (the answer lists the tokens) "unk" (a flag per
- * token), "offsets" and "lengths" (bytes of the original text each token
- * came from: a normalised word points at the user's characters). */
-void api_token_info(json_t *o, const nc_model *m, const nc_tokens *t, bool listed);
+ * token), "offsets" and "lengths" (in characters of text[0..len), the
+ * text the client sent, that each token came from: a normalised word
+ * points at the user's characters). */
+void api_token_info(json_t *o, const nc_model *m, const nc_tokens *t, const char *text, size_t len, bool listed);
 
 /* The model's text conventions (config.json's "text", normalize.h) as a
  * JSON object, or null when it declares none (white-space split). New

@@ -12,11 +12,13 @@ Other comments are prose and are not checked, nor is standard error (a
 failing command's report quotes the end of it).
 
 Expected output is compared line by line:
-  * a line that parses as JSON is compared as JSON: an object shown may
-    leave out keys of the answer (shapes: the keys shown are there, with
-    values that match); arrays have the length shown, unless their last
-    element is the string "..." (then the shown elements are a prefix);
-    a string ending in "…" matches any string with that prefix (ids);
+  * a line that parses as JSON is compared as JSON: an object shown has
+    exactly the answer's keys (none left out, none added: pick keys with
+    jq to show fewer), with values that match; arrays have the length
+    shown, unless their last element is the string "..." (then the shown
+    elements are a prefix);
+    a string ending in "…" matches any string with that prefix (ids), and
+    "…" alone any value (a number that changes from run to run: a time);
     numbers match within a relative 1e-4 (+ 1e-6 absolute): the demo
     model's answers are deterministic up to float32 summation order
     (SIMD level, thread count, batch shape: relative differences of order
@@ -27,7 +29,10 @@ Expected output is compared line by line:
 A command without "#> " lines must only exit 0.
 
 --regen rewrites the "#> " lines that do not match with the real output
-(lines that match are kept, with their "…"), for a human to review.
+(lines that match are kept, with their "…"), for a human to review; with
+--exact it also rewrites those that match only within the tolerance, so
+the documents show what prints, digit for digit (lines with "…" are kept
+when they match).
 
 The code's citations of docs/design.md ("design §N") must name its
 sections, and every relative link of the files is checked too: the file exists, and so
@@ -81,9 +86,14 @@ def parse(path):
 
 def json_match(want, got, path="$"):
     """None when got matches want, else a short reason."""
+    if want == "…":
+        return None
     if isinstance(want, dict):
         if not isinstance(got, dict):
             return f"{path}: expected an object, got {json.dumps(got)[:80]}"
+        extra = [k for k in got if k not in want]
+        if extra:
+            return f"{path}: key '{extra[0]}' is in the answer, not in the document"
         for k, v in want.items():
             if k not in got:
                 return f"{path}: no key '{k}'"
@@ -142,7 +152,14 @@ def line_match(want, got):
     return None if re.match(pat, got.rstrip(), re.S) else f"{got[:120]!r} != {want[:120]!r}"
 
 
-def run_file(path, port, root, regen):
+def exact_match(want, got):
+    """--exact: the line as it prints, or a line with "…" that matches."""
+    if "…" in want:
+        return line_match(want, got)
+    return None if want.rstrip() == got.rstrip() else f"{got[:120]!r} != {want[:120]!r} (--exact)"
+
+
+def run_file(path, port, root, regen, exact=False):
     lines, cmds = parse(path)
     if not cmds:
         return 0, 0
@@ -181,7 +198,7 @@ def run_file(path, port, root, regen):
             reason = f"{len(outl)} output lines, the document shows {len(exp)}: {' | '.join(outl)[:300]}"
         else:
             for w, g in zip(exp, outl):
-                r = line_match(w, g)
+                r = exact_match(w, g) if exact else line_match(w, g)
                 if r:
                     reason = r
                     break
@@ -189,7 +206,8 @@ def run_file(path, port, root, regen):
             print(f"FAIL {where}: {first}: {reason}")
             nfail += 1
             if regen and rc == 0 and exp:
-                keep = [w if j < len(outl) and not line_match(w, outl[j]) else None for j, w in enumerate(exp)]
+                same = exact_match if exact else line_match
+                keep = [w if j < len(outl) and not same(w, outl[j]) else None for j, w in enumerate(exp)]
                 new = [keep[j] if j < len(keep) and keep[j] is not None else g for j, g in enumerate(outl)]
                 edits[n] = new
         else:
@@ -281,12 +299,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--regen", action="store_true")
+    ap.add_argument("--exact", action="store_true", help="outputs must be as they print (numbers too)")
     ap.add_argument("files", nargs="+")
     a = ap.parse_args()
     root = os.getcwd()
     tp = tf = 0
     for f in a.files:
-        p, fl = run_file(f, a.port, root, a.regen)
+        p, fl = run_file(f, a.port, root, a.regen, a.exact)
         lp, lf = check_links(f)
         p, fl = p + lp, fl + lf
         print(f"{f}: {p} passed, {fl} failed")

@@ -81,6 +81,42 @@ static int count_files(const char *dir)
     return n;
 }
 
+/* bfloat16 keeps 8 significant bits and float32's exponent: relative
+ * error <= 2^-8 (half a unit of the last place) at any magnitude. */
+static void within_bf16(const float *a, const float *b, size_t n, const char *what, void *ctx)
+{
+    (void)ctx;
+    if (!strcmp(what, "b_sum"))
+        return;
+    double worst = 0;
+    for (size_t i = 0; i < n; i++)
+        worst = fmax(worst, fabs(a[i] - b[i]) / (fabs((double)a[i]) * ldexp(1.0, -8)));
+    CHECKF(worst <= 1.0, "%s: bf16 error %g x the bound", what, worst);
+}
+
+/* BF16 (dyn-stats' statistics): values far below float16's range (mean
+ * squared gradients reach 1e-16) survive to 2^-8, where F16 flushes them. */
+TEST(bf16_round_trip_keeps_tiny_values)
+{
+    nc_model *m = load_fixture("lstm-2layer");
+    if (!m)
+        return;
+    float *w = m->layers[0].w_ih;
+    w[0] = 1.5e-16f, w[1] = 3.0e-9f, w[2] = 7.77e-5f, w[3] = 0.0f, w[4] = -2.5e-12f;
+    char dir[600], err[NC_ERRLEN];
+    snprintf(dir, sizeof dir, "%s/bf16", root);
+    CHECKF(model_save(m, dir, NC_SAVE_BF16, err, sizeof err) == NC_OK, "%s", err);
+    CHECK(count_files(dir) == 3);
+    nc_model *a = NULL;
+    CHECKF(model_load(dir, &a, err, sizeof err) == NC_OK, "%s", err);
+    if (a) {
+        each_tensor(m, a, within_bf16, NULL);
+        CHECK(a->layers[0].w_ih[0] > 0 && a->layers[0].w_ih[3] == 0.0f && a->layers[0].w_ih[4] < 0);
+    }
+    model_free(a);
+    model_free(m);
+}
+
 TEST(save_load_round_trip)
 {
     const char *names[] = {"lstm-2layer", "lstm-1layer-tied", "lstm-2layer-f16"};
@@ -370,6 +406,7 @@ int main(void)
         return 1;
     }
     RUN(save_load_round_trip);
+    RUN(bf16_round_trip_keeps_tiny_values);
     RUN(create_and_tie);
     RUN(tied_without_decoder_weight);
     RUN(unaligned_data_section);

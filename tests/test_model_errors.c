@@ -245,8 +245,8 @@ TEST(bad_header)
     EXPECT_FAIL(d, NC_EFORMAT, "model.safetensors", "tensor 'rnn.weight_hh_l0' has unknown dtype 'F33'");
     /* Known to safetensors but not usable as weights. */
     copy_fixture("lstm-2layer-f16", d, sizeof d);
-    edit_header(d, "\"rnn.bias_hh_l1\":{\"dtype\":\"F16\"", "\"rnn.bias_hh_l1\":{\"dtype\":\"BF16\"");
-    EXPECT_FAIL(d, NC_EFORMAT, "model.safetensors", "tensor 'rnn.bias_hh_l1' has dtype BF16, expected F32 or F16");
+    edit_header(d, "\"rnn.bias_hh_l1\":{\"dtype\":\"F16\"", "\"rnn.bias_hh_l1\":{\"dtype\":\"I16\"");
+    EXPECT_FAIL(d, NC_EFORMAT, "model.safetensors", "tensor 'rnn.bias_hh_l1' has dtype I16, expected F32, F16 or BF16");
     /* Same byte count, wrong shape. */
     copy_fixture("lstm-2layer", d, sizeof d);
     edit_header(d, "\"rnn.weight_hh_l0\":{\"dtype\":\"F32\",\"shape\":[64,16]",

@@ -47,14 +47,29 @@ static json_t *call(int port, const char *method, const char *path, json_t *body
     return j;
 }
 
-/* The original characters [off, off + len) of PARA. */
+/* The byte where code point k of PARA starts (its length: past the end). */
+static size_t cp_byte(json_int_t k)
+{
+    size_t b = 0;
+    for (; b < sizeof PARA - 1; b++)
+        if (((unsigned char)PARA[b] & 0xC0) != 0x80 && k-- == 0)
+            break;
+    return b;
+}
+
+/* The original characters [off, off + len) of PARA: the API counts code
+ * points (docs/api.md), not bytes. */
 static void span(json_int_t off, json_int_t len, char *out, size_t n)
 {
-    if (off < 0 || len < 0 || (size_t)(off + len) > sizeof PARA - 1) {
+    size_t chars = 0;
+    for (size_t i = 0; i < sizeof PARA - 1; i++)
+        chars += ((unsigned char)PARA[i] & 0xC0) != 0x80;
+    if (off < 0 || len < 0 || (size_t)(off + len) > chars) {
         snprintf(out, n, "<outside: %lld+%lld>", (long long)off, (long long)len);
         return;
     }
-    snprintf(out, n, "%.*s", (int)len, PARA + off);
+    size_t a = cp_byte(off), b = cp_byte(off + len);
+    snprintf(out, n, "%.*s", (int)(b - a), PARA + a);
 }
 
 TEST(tokenize_offsets)
@@ -111,6 +126,33 @@ TEST(tokenize_offsets)
     daemon_stop(&d);
 }
 
+/* Every offset the API returns slices its token's characters with
+ * Python's str and (through Array.from, the UTF-16 difference checked)
+ * JavaScript's strings, on accents, CJK and an emoji; each token says
+ * whether it is unk (tests/offsets/slice.py, slice.mjs). */
+TEST(offsets_slice_in_python_and_javascript)
+{
+    nc_daemon d;
+    const char *args[] = {"--model", demo, "--data-dir", NULL, NULL};
+    char data[] = "/tmp/nc-normsrv-XXXXXX";
+    CHECK(mkdtemp(data) != NULL);
+    args[3] = data;
+    if (daemon_start(&d, args) != 0) {
+        CHECK(!"daemon started");
+        return;
+    }
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "python3 tests/offsets/slice.py %d", d.port);
+    harness_run_external(cmd, "python");
+    snprintf(cmd, sizeof cmd, "node tests/offsets/slice.mjs %d", d.port);
+    harness_run_external(cmd, "node");
+    if (harness_failed)
+        daemon_dump_log(&d);
+    CHECK(daemon_stop(&d) == 0);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", data);
+    CHECK(system(cmd) == 0);
+}
+
 TEST(newcomer_and_off_switch)
 {
     nc_daemon d;
@@ -147,6 +189,23 @@ TEST(newcomer_and_off_switch)
     json_decref(o);
     o = call(d.port, "POST", "/v1/score", json_pack("{s:s,s:s}", "text", text, "normalize", "yes"), &st);
     CHECK(st == 400);
+    json_decref(o);
+    /* no token to score: no perplexity of nothing, a 400 naming the text
+     * (empty, or punctuation normalisation drops: with final_eos false,
+     * for a line end would give it an eos; one token without bos) */
+    const char *empty[][2] = {{"", "eos"}, {" , \" ", "eos"}, {"the", "none"}};
+    for (size_t i = 0; i < 3; i++) {
+        o = call(d.port, "POST", "/v1/score",
+                 json_pack("{s:s,s:s,s:b}", "text", empty[i][0], "bos", empty[i][1], "final_eos", 0), &st);
+        json_t *e = json_object_get(o, "error");
+        CHECKF(st == 400 && !strcmp(json_string_value(json_object_get(e, "code")), "invalid_text") &&
+               strstr(json_string_value(json_object_get(e, "message")), "field 'text' has no tokens to score"),
+               "score of '%s': %ld", empty[i][0], st);
+        json_decref(o);
+    }
+    o = call(d.port, "POST", "/v1/score",
+             json_pack("{s:s,s:s,s:b}", "text", "the company", "bos", "none", "final_eos", 0), &st);
+    CHECK(st == 200 && json_integer_value(json_object_get(o, "count")) == 1);
     json_decref(o);
 
     /* feed lists unk flags and offsets with scores, unk_count always */
@@ -273,6 +332,7 @@ int main(void)
     }
     RUN(cli_unknown_rate_and_switch);
     RUN(tokenize_offsets);
+    RUN(offsets_slice_in_python_and_javascript);
     RUN(newcomer_and_off_switch);
     RUN(fixture_without_conventions);
     httpc_cleanup();

@@ -239,6 +239,48 @@ TEST(cli_score)
     }
     free(out);
 
+    /* The unknown word is flagged: TSV's third column, JSON's "unk". */
+    tf = fopen(txt, "w");
+    fputs("w1 zebra w2\n", tf);
+    fclose(tf);
+    snprintf(cmd, sizeof cmd, "%s/neurocache score --model %s %s 2>/dev/null", bin_dir(), f.dir, txt);
+    CHECK(run(cmd, &out) == 0);
+    const char *unk_col[] = {"w1\t", "zebra\t", "w2\t", "<eos>\t"};   /* the word as written, read as <unk> */
+    size_t k = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"), k++) {
+        const char *last = strrchr(line, '\t');
+        CHECKF(k < 4 && !strncmp(line, unk_col[k], strlen(unk_col[k])) && last && last != strchr(line, '\t') &&
+               !strcmp(last + 1, k == 1 ? "1" : "0"), "line %zu: '%s'", k, line);
+    }
+    CHECK(k == 4);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s/neurocache score --model %s --format json %s 2>/dev/null", bin_dir(), f.dir, txt);
+    CHECK(run(cmd, &out) == 0);
+    o = json_loads(out, 0, NULL);
+    json_t *unk = json_object_get(o, "unk");
+    CHECK(json_array_size(unk) == 4 && json_is_true(json_array_get(unk, 1)) && json_is_false(json_array_get(unk, 0)) &&
+          json_is_false(json_array_get(unk, 3)) && json_integer_value(json_object_get(o, "unk_count")) == 1);
+    json_decref(o);
+    free(out);
+    /* Nothing to score (an empty file: a line, even empty, ends with an
+     * eos, which is scored): exit 1 naming it, nothing on stdout, as
+     * /v1/score's 400. */
+    const char *nothing[][2] = {{"", ""}, {"", "--bos none"}};
+    for (size_t i = 0; i < 2; i++) {
+        tf = fopen(txt, "w");
+        fputs(nothing[i][0], tf);
+        fclose(tf);
+        snprintf(cmd, sizeof cmd, "%s/neurocache score --model %s %s %s 2>/dev/null", bin_dir(), f.dir, nothing[i][1],
+                 txt);
+        CHECKF(run(cmd, &out) == 1 && out[0] == '\0', "'%s': stdout '%s'", nothing[i][0], out);
+        free(out);
+        snprintf(cmd, sizeof cmd, "%s/neurocache score --model %s %s %s 2>&1 >/dev/null", bin_dir(), f.dir,
+                 nothing[i][1], txt);
+        run(cmd, &out);
+        CHECKF(strstr(out, "has no tokens to score") != NULL, "'%s': %s", nothing[i][0], out);
+        free(out);
+    }
+
     /* Errors: usage -> 2, runtime -> 1, and nothing on stdout. */
     const struct { const char *args; int rc; } bad[] = {
         {"", 2},

@@ -117,7 +117,8 @@ static void check_stream_equals_whole(const char *req_fields)
     json_t *choices = json_object_get(whole, "choices");
     for (size_t c = 0; c < json_array_size(choices); c++) {
         json_t *want = json_array_get(choices, c);
-        json_t *acc = json_pack("{s:[],s:[],s:[],s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+        json_t *acc = json_pack("{s:[],s:[],s:[],s:[],s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset",
+                                "unk");
         char *text = calloc(1, 1);
         size_t tl = 0;
         const char *finish = NULL;

@@ -29,6 +29,8 @@ static void usage(FILE *out)
             "  --segment N          tokens per segment (default 20)\n"
             "  --tokens N           read at most N tokens of FILE (default 200000, 0 = all)\n"
             "  --out DIR            where to write (default DIR/dyneval)\n"
+            "  --f32                write float32 (default bfloat16: half the size, float32's\n"
+            "                       range; the figures it gives: docs/dyneval.md)\n"
             "  -h, --help           this help\n"
             "\n"
             "exit status: 0 success, 1 runtime error, 2 usage error\n");
@@ -40,10 +42,12 @@ int cmd_dyn_stats(int argc, char **argv)
         {"model", required_argument, NULL, 'm'},   {"train", required_argument, NULL, 't'},
         {"segment", required_argument, NULL, 'n'}, {"tokens", required_argument, NULL, 'k'},
         {"out", required_argument, NULL, 'o'},     {"help", no_argument, NULL, 'h'},
+        {"f32", no_argument, NULL, 'f'},
         {NULL, 0, NULL, 0},
     };
     const char *dir = NULL, *train = NULL, *outdir = NULL;
     long seg = 20, maxtok = 200000;
+    nc_save_dtype dtype = NC_SAVE_BF16;
     int c;
     char *end;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
@@ -51,6 +55,7 @@ int cmd_dyn_stats(int argc, char **argv)
         case 'm': dir = optarg; break;
         case 't': train = optarg; break;
         case 'o': outdir = optarg; break;
+        case 'f': dtype = NC_SAVE_F32; break;
         case 'n':
         case 'k': {
             long v = strtol(optarg, &end, 10);
@@ -92,7 +97,7 @@ int cmd_dyn_stats(int argc, char **argv)
     double dt = co_now() - t0;
     snprintf(path, sizeof path, "%s/dyneval", dir);
     if (!rc)
-        rc = model_save(ms, outdir ? outdir : path, false, err, sizeof err);
+        rc = model_save(ms, outdir ? outdir : path, dtype, err, sizeof err);
     if (!rc) {
         size_t n = maxtok && (size_t)maxtok < toks.n ? (size_t)maxtok : toks.n;
         fprintf(stderr, "dyn-stats: %zu segments of %ld tokens in %.1f s (%.0f tokens/s), mean loss %.4f "

@@ -194,21 +194,25 @@ static int score_static(const score_args *a, const nc_model *m, const nc_tokens 
     return rc;
 }
 
-/* The scored tokens as one JSON object on stdout. */
-static int print_json(const nc_tokens *toks, const score_result *r, double ppl, size_t unk, char *err,
+/* The scored tokens as one JSON object on stdout: each token, its
+ * log-probability and whether it is the model's unk (docs/cli.md). */
+static int print_json(const nc_model *m, const nc_tokens *toks, const score_result *r, double ppl, char *err,
                       size_t errlen)
 {
+    size_t unk = tokens_count_unk(m, toks, r->first);
     int rc = NC_OK;
-    json_t *o = json_object(), *tw = json_array(), *tl = json_array();
+    json_t *o = json_object(), *tw = json_array(), *tl = json_array(), *tu = json_array();
     for (size_t i = 0; i < r->scored; i++) {
         json_array_append_new(tw, json_string(toks->words[r->first + i]));
         /* -inf (an open-vocabulary word nothing predicts) is null:
          * JSON has no infinities */
         json_array_append_new(tl, isfinite(r->lp[i]) ? json_real(r->lp[i]) : json_null());
+        json_array_append_new(tu, json_boolean(toks->ids[r->first + i] == m->unk_id));
     }
     json_object_set_new(o, "tokens", tw);
     json_object_set_new(o, "logprobs", tl);
-    json_object_set_new(o, "ppl", r->scored ? json_real(ppl) : json_null());
+    json_object_set_new(o, "unk", tu);
+    json_object_set_new(o, "ppl", json_real(ppl));
     json_object_set_new(o, "unk_count", json_integer((json_int_t)unk));
     if (json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) != 0)
         rc = nc_error(err, errlen, NC_EIO, "writing the output failed");
@@ -221,31 +225,31 @@ static int print_json(const nc_tokens *toks, const score_result *r, double ppl, 
 static int print_scores(const score_args *a, const nc_model *m, const nc_tokens *toks, const score_result *r,
                         char *err, size_t errlen)
 {
+    if (!r->scored)   /* no perplexity: as /v1/score's 400, no answer on stdout */
+        return nc_error(err, errlen, NC_EINVAL, "%s has no tokens to score: it is empty, or normalisation left "
+                        "nothing of it%s", strcmp(a->file, "-") ? a->file : "the input",
+                        toks->n == 1 ? " but one token, which --bos none leaves without a prediction" : "");
     int rc = NC_OK;
     double sum = 0;
     for (size_t i = 0; i < r->scored; i++)
         sum += r->dlp ? r->dlp[r->first + i] : r->lp[i];
-    double ppl = r->scored ? exp(-sum / (double)r->scored) : NAN;
+    double ppl = exp(-sum / (double)r->scored);
     /* the unknown words among the scored tokens: an <unk>-heavy text's
      * perplexity flatters the model (docs/normalisation.md) */
     size_t unk = tokens_count_unk(m, toks, r->first);
     static char obuf[1 << 16];
     setvbuf(stdout, obuf, _IOFBF, sizeof obuf);
     if (a->json) {
-        rc = print_json(toks, r, ppl, unk, err, errlen);
-    } else {
+        rc = print_json(m, toks, r, ppl, err, errlen);
+    } else {   /* word, log-probability, 1 when the word is the model's unk */
         for (size_t i = 0; i < r->scored; i++)
-            printf("%s\t%.6f\n", toks->words[r->first + i], r->lp[i]);
+            printf("%s\t%.6f\t%d\n", toks->words[r->first + i], r->lp[i], toks->ids[r->first + i] == m->unk_id);
     }
     if (fflush(stdout) != 0 || ferror(stdout))
         rc = nc_error(err, errlen, NC_EIO, "writing the output failed: %s", strerror(errno));
     double dt = r->dt;
-    if (r->scored)
-        fprintf(stderr, "%zu tokens scored in %.3f s (%.0f tokens/s), perplexity %.4f, unknown words %zu (%.2f%%)\n",
-                r->scored, dt, dt > 0 ? (double)r->scored / dt : 0.0, ppl, unk,
-                100.0 * (double)unk / (double)r->scored);
-    else
-        fprintf(stderr, "no tokens scored (empty input)\n");
+    fprintf(stderr, "%zu tokens scored in %.3f s (%.0f tokens/s), perplexity %.4f, unknown words %zu (%.2f%%)\n",
+            r->scored, dt, dt > 0 ? (double)r->scored / dt : 0.0, ppl, unk, 100.0 * (double)unk / (double)r->scored);
     return rc;
 }
 

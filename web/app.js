@@ -711,16 +711,17 @@ async function runMap() {
       /* the cached side also splits each token's probability by component */
       const [a, b] = await Promise.all(sids.map((sid, j) =>
         api('POST', `/v1/sessions/${sid}/feed`, { text: parts[k], scores: true, components: j === 1 })));
-      /* offsets and lengths are bytes of the chunk: each token shows the
-       * characters it was read from, the text between tokens stays as typed */
-      const bytes = new TextEncoder().encode(parts[k]), dec = new TextDecoder();
+      /* offsets and lengths count the chunk's characters (code points,
+       * docs/api.md): each token shows the characters it was read from, the
+       * text between tokens stays as typed */
+      const chars = Array.from(parts[k]);
       let end = 0;
       for (let i = 0; i < a.tokens.length; i++) {
         const off = a.offsets[i], len = a.lengths[i];
         const t = { word: a.tokens[i], static: bitsOf(a.logprobs[i]), cached: bitsOf(b.logprobs[i]),
                     comps: b.components ? b.components[i] : null, unk: !!(a.unk && a.unk[i]),
-                    src: dec.decode(bytes.subarray(off, off + len)) };
-        const gap = off > end ? dec.decode(bytes.subarray(end, off)) : '';
+                    src: chars.slice(off, off + len).join('') };
+        const gap = off > end ? chars.slice(end, off).join('') : '';
         end = Math.max(end, off + len);
         const n = mapState.tokens.length;
         mapState.tokens.push(t);

@@ -1,6 +1,7 @@
 // client_test.mjs -- the daemon driven by the official `openai` npm client
 // (pinned in package.json / package-lock.json, installed by scripts/deps.sh
-// into build/node-openai): models.list, completions with echo and logprobs,
+// into build/node-openai): models.list, completions with echo and logprobs
+// (text_offset in characters, our per-token "unk" passed through),
 // streaming with logprobs (concatenated = the whole answer at temperature
 // 0), batched prompts, include_usage, and errors surfacing as the client's
 // typed errors. Prints "N passed, N failed" (tests/test_openai_client.c
@@ -32,6 +33,18 @@ async function main() {
     check(echo.choices[0].text === 'w1 w2 w3 w4', 'echo returns the prompt');
     check(lp.tokens.length === 4 && lp.token_logprobs[0] === null && lp.token_logprobs.slice(1).every(x => x < 0),
           'echo logprobs: null first, negative after');
+
+    // text_offset counts characters (code points), as OpenAI does: with
+    // accents, CJK and an emoji (two UTF-16 units) before the tokens,
+    // Array.from(prompt) slices each; "unk" (ours, beside OpenAI's lists)
+    // flags the words the model does not know; the client passes it through
+    const uprompt = 'naïve café 東京 😀 w1 w2';
+    const u = await client.completions.create({ model, prompt: uprompt, echo: true, logprobs: 0, max_tokens: 0 });
+    const ul = u.choices[0].logprobs, cps = Array.from(uprompt);
+    check(deepEq(ul.tokens, ['naïve', 'café', '東京', '😀', 'w1', 'w2']), `tokens ${JSON.stringify(ul.tokens)}`);
+    check(ul.tokens.every((t, i) => cps.slice(ul.text_offset[i], ul.text_offset[i] + Array.from(t).length).join('') === t),
+          `text_offset ${JSON.stringify(ul.text_offset)} slices the prompt's characters`);
+    check(deepEq(ul.unk, [true, true, true, true, false, false]), `unk ${JSON.stringify(ul.unk)}`);
 
     // streaming with logprobs equals the whole answer at temperature 0
     const req = { model, prompt: 'w5 w6', max_tokens: 12, temperature: 0, logprobs: 2 };
