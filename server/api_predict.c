@@ -390,6 +390,28 @@ static void predict_done(batch_job *j)
     predict_job_free(p);
 }
 
+/* A predict without "text" whose logits are its session's memo (a
+ * repeated predict at the same state: stream.h) has no decoder product to
+ * share with a batch: answered here, on its connection's thread, when its
+ * session is free, without the two thread hand-offs of the batcher (issue
+ * 36: their wake-ups and context switches were a fifth of such a predict's
+ * CPU). A busy session, or logits to compute, go to the batcher. The
+ * answer is the batch's to the bit (the same memo, the same mixture).
+ * Whether it answered. */
+static bool predict_from_memo(predict_job *p)
+{
+    nc_session *s = p->job.s;
+    if (p->r.text || pthread_mutex_trylock(&s->lock) != 0)
+        return false;
+    const float *logits = stream_memo_logits(s->stream);
+    if (logits) {
+        predict_run(&p->job, logits);
+        metrics_add_predict_memo();
+    }
+    pthread_mutex_unlock(&s->lock);
+    return logits != NULL;
+}
+
 /* POST /v1/sessions/{id}/predict: the next word's distribution, after
  * feeding "text" first when given (one request a new word). The work runs
  * in a batch (batcher.h); without a batcher, here, the same way. */
@@ -426,12 +448,13 @@ void api_h_predict(nc_server *srv, http_request *req, http_response *resp)
     p->srv = srv;
     p->req = req;
     p->resp.status = 500;
-    if (srv->batcher) {
+    if (srv->batcher && !predict_from_memo(p)) {
         http_defer(req);
         batcher_submit(srv->batcher, &p->job);
         return;
     }
-    batch_job_run_alone(&p->job);
+    if (!srv->batcher)
+        batch_job_run_alone(&p->job);
     sessions_release(srv->sessions, s);
     *resp = p->resp;
     predict_job_free(p);

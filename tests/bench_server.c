@@ -243,8 +243,10 @@ static void *predict_worker(void *arg)
         usleep(20000);
         fst = client_post(&cl, path, fbs, strlen(fbs));
     }
-    if (fst != 200)
+    if (fst != 200) {
+        fprintf(stderr, "session %d: filling its cache answered %ld\n", w->id, fst);
         w->errors++;
+    }
     free(fbs);
     json_decref(fb);
     free(text);
@@ -281,7 +283,12 @@ static void *predict_worker(void *arg)
         long st = with_text ? client_post(&cl, path, with_text, strlen(with_text)) : client_post(&cl, path, pb, strlen(pb));
         double dt = now_s() - t0;
         free(with_text);
-        if (st != 200) { w->errors++; continue; }
+        if (st != 200) {
+            if (!w->errors)   /* the first of each session, to say what the errors were */
+                fprintf(stderr, "session %d: predict answered %ld: %.200s\n", w->id, st, cl.b.s ? cl.b.s : "");
+            w->errors++;
+            continue;
+        }
         if (w->n == w->cap) {
             w->cap = w->cap ? w->cap * 2 : 4096;
             w->lat = realloc(w->lat, w->cap * sizeof *w->lat);
