@@ -330,6 +330,14 @@ static void block_neural(score_run *s, size_t b0, size_t nb)
         /* one position (a daemon's one-word feed): the window's dots read
          * in place, as a predict reads them, not a copy of the window (200
          * kB for 200 keys) and a one-row GEMM that packs it again */
+        const nc_doc_caches *c = s->c;
+        if (c && c->dots0 && c->dots0_words && b0 == 0) {
+            /* the caller's (doc.h dots0): what the two calls below make */
+            s->c0 = nc->count;
+            memcpy(s->dots, c->dots0, (size_t)s->c0 * sizeof(float));
+            memcpy(s->kv, c->dots0_words, (size_t)s->c0 * sizeof(int));
+            return;
+        }
         s->c0 = neural_cache_export(nc, NULL, s->kv);
         if (s->c0 > 0)
             neural_cache_dots(nc, Q, s->dots);

@@ -94,6 +94,13 @@ static void memo_clear(nc_stream *s)
     s->memo.nb = false;
 }
 
+/* The words of the neural window's pairs, beside their dots in s->dots
+ * (one allocation: setup_caches, rebuild_neural). */
+static int *window_words(const nc_stream *s)
+{
+    return (int *)(void *)(s->dots + s->neural.size);
+}
+
 /* The search of h just made (k neighbours, of the cache at count, gen)
  * into the memo; without room for it, none. */
 static void memo_keep_neighbours(nc_stream *s, const float *d2, const int *words, int k, int64_t count,
@@ -434,6 +441,12 @@ static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *lo
                            .coarse0 = s->memo.coarse.n && memo_on() ? &s->memo.coarse : NULL,
                            .gate_f = s->gate_f ? s->gate_f + row * NC_GATE_NFEAT : NULL,
                            .gate_pc = s->gate_f ? s->gate_pc + row * NC_NCOMP : NULL};
+        if (s->memo.dots && memo_on() && s->has_h && s->neural.count > 0) {
+            /* the window's dots at h (neural_window): row 0's */
+            c.dots0 = s->dots;
+            c.dots0_words = window_words(s);
+            atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
+        }
         if (!adapt && s->ub && s->has_h && toks->n == 1 && memo_neighbours_hold(s)) {
             c.pre0_d2 = s->memo.d2;
             c.pre0_words = s->memo.words;
@@ -568,13 +581,6 @@ void stream_keep_logits(nc_stream *s, const float *logits)
 const float *stream_h(const nc_stream *s)
 {
     return s->has_h ? lstm_state_top(s->st) : NULL;
-}
-
-/* The words of the neural window's pairs, beside their dots in s->dots
- * (one allocation: setup_caches, rebuild_neural). */
-static int *window_words(const nc_stream *s)
-{
-    return (int *)(void *)(s->dots + s->neural.size);
 }
 
 /* The neural window as the formulas read it from the stream's h (design
