@@ -823,8 +823,12 @@ int main(int argc, char **argv)
         return grc;
     }
     nc_daemon d;
+    /* --request-timeout: on a loaded machine 64 sessions' 2,000-token fills
+     * queued behind 2 workers outlived the default 30 s (503), and the
+     * sessions then predicted from a near-empty window */
     const char *args[] = {"--model", model, "--threads", threads, "--max-sessions", "1000", "--batch-predict",
-                          batch ? "true" : "false", data_dir ? "--data-dir" : NULL, data_dir, NULL};
+                          batch ? "true" : "false", "--request-timeout", "600", data_dir ? "--data-dir" : NULL,
+                          data_dir, NULL};
     /* daemon_start passes --threads 2 itself; ours comes later and wins. */
     if (daemon_start(&d, args) != 0) return 1;
     load_words(model);
