@@ -275,8 +275,13 @@ static int score_setup(score_run *s, size_t block, char *err, size_t errlen)
      * this document's pairs: its keys are rows of d->q, read in place by the
      * GEMM instead of copying the ring out for every block. */
     s->direct = nc && nc->count == 0 && !nc->f16;   /* f16: the rounded keys are the ring's */
-    size_t B = s->B = block, k = (size_t)s->k;
-    s->keys = nc && !s->direct ? nc_alloc(((size_t)nc->size + B) * H * sizeof(float)) : NULL;
+    /* Blocks of at most the positions scored: a daemon's one-word feed
+     * allocated 64 rows of dots (528 kB for a 2,000-key window) and a copy
+     * of the window (2 MB) it never reads, mapped and faulted in afresh
+     * each feed (issue 36); the blocks are the same (one of them). */
+    const size_t todo = s->d->n - s->d->first;
+    size_t B = s->B = block < todo ? block : todo, k = (size_t)s->k;
+    s->keys = nc && !s->direct && B > 1 ? nc_alloc(((size_t)nc->size + B) * H * sizeof(float)) : NULL;
     s->kv = nc && !s->direct ? nc_malloc(((size_t)nc->size + B) * sizeof(int)) : NULL;
     s->dots = nc ? nc_alloc(B * ((size_t)nc->size + B) * sizeof(float)) : NULL;
     s->ud2 = s->ub_read ? nc_malloc(B * k * sizeof(float)) : NULL;
@@ -286,7 +291,7 @@ static int score_setup(score_run *s, size_t block, char *err, size_t errlen)
     s->skip = nc_zalloc(B, sizeof *s->skip);
     s->qs = s->skipping && s->ub_read ? nc_malloc(B * (size_t)H * sizeof(float)) : NULL;
     s->row_of = s->ub_read ? nc_malloc(B * sizeof(int)) : NULL;
-    if ((nc && !s->direct && (!s->keys || !s->kv)) || (nc && !s->dots) ||
+    if ((nc && !s->direct && ((B > 1 && !s->keys) || !s->kv)) || (nc && !s->dots) ||
         (s->ub_read && (!s->ud2 || !s->uw || !s->lim || !s->row_of)) || !s->ins || !s->skip ||
         (s->skipping && s->ub_read && !s->qs))
         return nc_error(err, errlen, NC_ENOMEM, "scoring buffers");
@@ -330,6 +335,14 @@ static void block_neural(score_run *s, size_t b0, size_t nb)
         /* one position (a daemon's one-word feed): the window's dots read
          * in place, as a predict reads them, not a copy of the window (200
          * kB for 200 keys) and a one-row GEMM that packs it again */
+        const nc_doc_caches *c = s->c;
+        if (c && c->dots0 && c->dots0_words && b0 == 0) {
+            /* the caller's (doc.h dots0): what the two calls below make */
+            s->c0 = nc->count;
+            memcpy(s->dots, c->dots0, (size_t)s->c0 * sizeof(float));
+            memcpy(s->kv, c->dots0_words, (size_t)s->c0 * sizeof(int));
+            return;
+        }
         s->c0 = neural_cache_export(nc, NULL, s->kv);
         if (s->c0 > 0)
             neural_cache_dots(nc, Q, s->dots);

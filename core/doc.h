@@ -112,6 +112,13 @@ typedef struct {
      * first block alone. */
     const float *pre0_d2;
     const int *pre0_words;
+    /* Optional: row 0's neural-window dots [neural->count] and their words,
+     * as neural_cache_dots and neural_cache_export of this window make them
+     * (a stream's predict at this h, its ring unchanged since), used when
+     * row 0 is the first block alone: the same bits, not 2 MB of a 2,000-key
+     * window read again (issue 36). */
+    const float *dots0;
+    const int *dots0_words;
     /* Optional out, for fitting a gate: per position, the gate's raw
      * features [n, NC_GATE_NFEAT] and each component's probability of the
      * target [n, NC_NCOMP] (NAN: unavailable; rows < first all NAN). */

@@ -31,6 +31,10 @@
  * imported or cloned stream starts without one. */
 typedef struct {
     bool logits;                  /* s->logits = lstm_logits(wm(s), h) */
+    /* the neural window's dots h.h_i and words (window_words) while the
+     * ring is as they were read from it (issue 36: a 2,000-entry window's
+     * dots are 2 MB of keys read from memory, most of a repeated predict) */
+    bool dots;
     nc_ub_coarse coarse;          /* unbounded_cache_coarse of h for p.nprobe (n = 0: none) */
     /* the search of h (k = p.knn neighbours), while the cache is as the
      * search saw it (count, gen): a feed that does not adapt reads them */
@@ -58,7 +62,8 @@ struct nc_stream {
     nc_wordtable *words;          /* open vocabulary table or NULL */
     bool own_words;
     float *logits;                /* [V] scratch for predict */
-    float *dots;                  /* [neural.size] scratch */
+    float *dots;                  /* [neural.size] the window's dots, then [neural.size] its words
+                                   * (window_words): the memo's */
     nc_dyneval *dyn;              /* dynamic evaluation's adapted weights, or NULL (the trained
                                    * ones: dyn_lr 0 and nothing left to decay) */
     stream_memo memo;
@@ -84,8 +89,16 @@ static bool memo_on(void)
 static void memo_clear(nc_stream *s)
 {
     s->memo.logits = false;
+    s->memo.dots = false;
     s->memo.coarse.n = 0;
     s->memo.nb = false;
+}
+
+/* The words of the neural window's pairs, beside their dots in s->dots
+ * (one allocation: setup_caches, rebuild_neural). */
+static int *window_words(const nc_stream *s)
+{
+    return (int *)(void *)(s->dots + s->neural.size);
 }
 
 /* The search of h just made (k neighbours, of the cache at count, gen)
@@ -155,7 +168,7 @@ static int setup_caches(nc_stream *s, char *err, size_t errlen)
         rc = neural_cache_init(&s->neural, s->p.neural_size, s->m->cfg.hidden_size, s->p.neural_f16, err,
                          errlen);
     if (!rc && s->p.neural_size > 0) {
-        s->dots = nc_alloc((size_t)s->p.neural_size * sizeof(float));
+        s->dots = nc_alloc((size_t)s->p.neural_size * (sizeof(float) + sizeof(int)));
         if (!s->dots)
             rc = nc_error(err, errlen, NC_ENOMEM, "neural cache scratch");
     }
@@ -311,7 +324,7 @@ static int rebuild_neural(const nc_stream *s, const nc_cache_params *p, nc_neura
     int rc = neural_cache_init(nn, p->neural_size, H, p->neural_f16, err, errlen);
     if (rc)
         return rc;
-    *dots = nc_alloc((size_t)p->neural_size * sizeof(float));
+    *dots = nc_alloc((size_t)p->neural_size * (sizeof(float) + sizeof(int)));
     float *tmp = s->neural.count ? nc_alloc((size_t)s->neural.count * H * sizeof(float)) : NULL;
     int *vals = s->neural.count ? nc_malloc((size_t)s->neural.count * sizeof(int)) : NULL;
     if (!*dots || (s->neural.count && (!tmp || !vals))) {
@@ -428,6 +441,12 @@ static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *lo
                            .coarse0 = s->memo.coarse.n && memo_on() ? &s->memo.coarse : NULL,
                            .gate_f = s->gate_f ? s->gate_f + row * NC_GATE_NFEAT : NULL,
                            .gate_pc = s->gate_f ? s->gate_pc + row * NC_NCOMP : NULL};
+        if (s->memo.dots && memo_on() && s->has_h && s->neural.count > 0) {
+            /* the window's dots at h (neural_window): row 0's */
+            c.dots0 = s->dots;
+            c.dots0_words = window_words(s);
+            atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
+        }
         if (!adapt && s->ub && s->has_h && toks->n == 1 && memo_neighbours_hold(s)) {
             c.pre0_d2 = s->memo.d2;
             c.pre0_words = s->memo.words;
@@ -564,26 +583,29 @@ const float *stream_h(const nc_stream *s)
     return s->has_h ? lstm_state_top(s->st) : NULL;
 }
 
-/* The neural window as the formulas read it from h (design §4): the dots
- * h·h_i of the ring's pairs into s->dots and their words into *vals
- * (malloc'ed, NULL when the cache is off or empty); in->ndots/nvals/nn get
- * the last neural_size of them (the window's pair i is the ring's pair
- * count - nn + i). */
-static int neural_window(nc_stream *s, const float *h, nc_mix_input *in, int **vals, char *err, size_t errlen)
+/* The neural window as the formulas read it from the stream's h (design
+ * §4): the dots h·h_i of the ring's pairs into s->dots and their words
+ * into window_words(s), kept as the memo until h or the ring moves (a
+ * repeated predict reads them again: the same bits); in->ndots/nvals/nn
+ * get the last neural_size of them (the window's pair i is the ring's
+ * pair count - nn + i). */
+static void neural_window(nc_stream *s, nc_mix_input *in)
 {
-    *vals = NULL;
     if (s->p.neural_size <= 0 || s->neural.count <= 0)
-        return NC_OK;
-    *vals = nc_malloc((size_t)s->neural.size * sizeof(int));
-    if (!*vals)
-        return nc_error(err, errlen, NC_ENOMEM, "neural window");
-    int cnt = neural_cache_dots(&s->neural, h, s->dots);
-    neural_cache_export(&s->neural, NULL, *vals);
+        return;
+    int *vals = window_words(s);
+    if (s->memo.dots && memo_on()) {
+        atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
+    } else {
+        neural_cache_dots(&s->neural, lstm_state_top(s->st), s->dots);
+        neural_cache_export(&s->neural, NULL, vals);
+        s->memo.dots = memo_on();
+    }
+    int cnt = s->neural.count;
     int w = cnt < s->p.neural_size ? cnt : s->p.neural_size;
     in->ndots = s->dots + (cnt - w);
-    in->nvals = *vals + (cnt - w);
+    in->nvals = vals + (cnt - w);
     in->nn = w;
-    return NC_OK;
 }
 
 /* The unbounded cache's k nearest neighbours of h as this stream reads them
@@ -632,10 +654,8 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
         n_words = (size_t)wordtable_size(s->words);
         in.vocab_full = s->p.vocab_size_full > 0 ? s->p.vocab_size_full : (int)n_words;
     }
-    int *vals;
-    int rc = neural_window(s, h, &in, &vals, err, errlen);
-    if (rc)
-        return rc;
+    neural_window(s, &in);
+    int rc = NC_OK;
     if (s->p.unigram_size > 0)
         in.uni = &s->unigram;
     float *ud2 = NULL;
@@ -645,10 +665,8 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
         /* the adaptive mixture: p_vocab's statistics, then the pre-search
          * gate decides whether the unbounded cache is searched (gate.h) */
         float *scratch = nc_malloc((size_t)V * sizeof(float));
-        if (!scratch) {
-            free(vals);
+        if (!scratch)
             return nc_error(err, errlen, NC_ENOMEM, "gate features");
-        }
         gate_vocab_stats(logits, V, scratch, &in.v_ent, &in.v_logmax, &in.v_argmax);
         free(scratch);
         in.gate = s->m->gate;
@@ -663,7 +681,6 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
         rc = unbounded_neighbours(s, h, &in, &ud2, &uw, NULL, err, errlen);
     if (!rc)
         rc = mixture_full(&s->p, &in, n_words, shares, out, err, errlen);
-    free(vals);
     free(ud2);
     free(uw);
     return rc;
@@ -680,11 +697,12 @@ int stream_explain(nc_stream *s, const int *ids, size_t k, int per_source, nc_ex
         return nc_error(err, errlen, NC_ESTATE, "nothing to predict from yet (no token fed)");
     const float *h = lstm_state_top(s->st);
     nc_mix_input in = {.V = s->m->cfg.vocab_size};
-    int *vals = NULL, *uw = NULL;
+    int *uw = NULL;
     float *ud2 = NULL;
     int64_t *uid = NULL;
-    int rc = neural_window(s, h, &in, &vals, err, errlen);
-    if (!rc && in.nn > 0 && s->p.global_norm) {
+    int rc = NC_OK;
+    neural_window(s, &in);
+    if (in.nn > 0 && s->p.global_norm) {
         /* eq. 4's normaliser holds the vocabulary's exponentials */
         in.logits = logits_at_h(s);
     }
@@ -697,7 +715,6 @@ int stream_explain(nc_stream *s, const int *ids, size_t k, int per_source, nc_ex
     for (x.comp = 0; !rc && x.comp < NC_NCOMP; x.comp++)
         if (nc_component_rows[x.comp]->explain)
             rc = nc_component_rows[x.comp]->explain(&x, out, counts, err, errlen);
-    free(vals);
     free(ud2);
     free(uw);
     free(uid);
@@ -724,7 +741,7 @@ size_t stream_memory(const nc_stream *s)
 {
     size_t m = sizeof *s + 2 * lstm_state_blob_size(s->st) + (size_t)s->m->cfg.vocab_size * sizeof(float);
     if (s->neural.size)
-        m += neural_cache_memory(&s->neural) + (size_t)s->neural.size * sizeof(float);
+        m += neural_cache_memory(&s->neural) + (size_t)s->neural.size * (sizeof(float) + sizeof(int));
     if (s->unigram.size)
         m += unigram_cache_memory(&s->unigram);
     if (s->own_words)
@@ -1244,6 +1261,7 @@ int stream_rescore(nc_stream *s, const nc_tokens *conts, size_t n, double **logp
         }
         undo_restore(s, &u);
     }
+    s->memo.dots = false;   /* the ring is put back as it was; its dots are read afresh all the same */
     for (size_t i = 0; docs && i < n; i++)
         doc_free(docs[i]);
     free(docs);

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistr.h>
 
+#include "buf.h"
 #include "suggest.h"
 
 /* The one table mapping failures to HTTP statuses, wire codes and the
@@ -107,6 +108,98 @@ char *proto_dump(const json_t *json, size_t *len)
     if (len)
         *len = n + 1;
     return t;
+}
+
+/* A JSON string as jansson's dump writes it (no flags): '"' and '\\'
+ * escaped, the C escapes, other control characters as \\u00XX, the rest
+ * (UTF-8) as it is. */
+static void put_json_string(nc_buf *b, const char *s)
+{
+    static const char hex[] = "0123456789ABCDEF";   /* jansson: "\\u%04X" */
+    buf_append(b, "\"", 1);
+    const char *run = s;
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c >= 0x20 && c != '"' && c != '\\')
+            continue;
+        buf_append(b, run, (size_t)(s - run));
+        run = s + 1;
+        char e[6] = {'\\', 0};
+        size_t n = 2;
+        switch (c) {
+        case '"': e[1] = '"'; break;
+        case '\\': e[1] = '\\'; break;
+        case '\b': e[1] = 'b'; break;
+        case '\f': e[1] = 'f'; break;
+        case '\n': e[1] = 'n'; break;
+        case '\r': e[1] = 'r'; break;
+        case '\t': e[1] = 't'; break;
+        default:
+            memcpy(e + 1, "u00", 3);
+            e[4] = hex[c >> 4];
+            e[5] = hex[c & 15];
+            n = 6;
+        }
+        buf_append(b, e, n);
+    }
+    buf_append(b, run, (size_t)(s - run));
+    buf_append(b, "\"", 1);
+}
+
+/* A real as proto_dump writes it: jansson's "%.12g" (JSON_REAL_PRECISION(12)),
+ * ".0" added to an integral value, the exponent without '+' or leading
+ * zeros (jsonp_dtostr). v is finite (json_real refuses the others). */
+static void put_json_real(nc_buf *b, double v)
+{
+    char t[40];
+    int n = snprintf(t, sizeof t, "%.12g", v);
+    if (n < 0 || (size_t)n >= sizeof t - 3)
+        return;
+    char *e = strchr(t, 'e');
+    if (!e && !strchr(t, '.')) {
+        memcpy(t + n, ".0", 3);
+        n += 2;
+    }
+    if (e) {
+        char *start = e + 1, *end = start + 1;
+        if (*start == '-')
+            start++;
+        while (*end == '0')
+            end++;
+        if (end != start) {
+            memmove(start, end, (size_t)(t + n - end) + 1);
+            n -= (int)(end - start);
+        }
+    }
+    buf_append(b, t, (size_t)n);
+}
+
+char *proto_predict_body(const proto_prediction *pred, size_t k, long long vocab_size, long long position,
+                         long long consumed, size_t *len)
+{
+    nc_buf b = NC_BUF_INIT;
+    buf_reserve(&b, 64 + k * 64);
+    buf_append(&b, "{\"predictions\":[", 16);
+    bool first = true;
+    for (size_t i = 0; i < k; i++) {
+        if (u8_check((const uint8_t *)pred[i].word, strlen(pred[i].word)))
+            continue;
+        buf_append(&b, first ? "{\"word\":" : ",{\"word\":", first ? 8 : 9);
+        first = false;
+        put_json_string(&b, pred[i].word);
+        buf_printf(&b, ",\"id\":%d,\"prob\":", pred[i].id);
+        put_json_real(&b, pred[i].prob);
+        buf_append(&b, "}", 1);
+    }
+    buf_printf(&b, "],\"vocab_size\":%lld,\"position\":%lld", vocab_size, position);
+    if (consumed >= 0)
+        buf_printf(&b, ",\"consumed\":%lld", consumed);
+    buf_append(&b, "}\n", 2);
+    if (b.oom) {
+        buf_free(&b);
+        return NULL;
+    }
+    return buf_detach(&b, len);
 }
 
 json_t *proto_error_body(api_error e, const char *message)

@@ -76,6 +76,23 @@ int proto_fail(api_status *st, api_error e, const char *fmt, ...)
  * malloc'd (free it), *len its length; NULL on ENOMEM. */
 char *proto_dump(const json_t *json, size_t *len);
 
+/* One entry of a predict's answer (proto_predict_body). */
+typedef struct {
+    const char *word;             /* UTF-8; an entry whose word is not is left out, as json_pack leaves it */
+    int id;
+    double prob;
+} proto_prediction;
+
+/* The body of a predict's answer without components or explain,
+ * {"predictions":[{"word","id","prob"}...],"vocab_size","position"[,"consumed"]},
+ * written straight into one buffer (issue 36: jansson's node a value and
+ * its dump cost more than the mixture of a repeated predict): the bytes
+ * proto_dump gives for the same object built with json_pack, newline
+ * included. consumed < 0: no "consumed". A malloc'ed string (free()) and
+ * *len its length, or NULL out of memory. */
+char *proto_predict_body(const proto_prediction *pred, size_t k, long long vocab_size, long long position,
+                         long long consumed, size_t *len);
+
 /* {"error":{"code":..,"message":..}}; new reference (NULL on ENOMEM). */
 json_t *proto_error_body(api_error e, const char *message);
 

@@ -268,9 +268,37 @@ void api_h_feed(nc_server *srv, http_request *req, http_response *resp)
     feed_work_free(&w);
 }
 
+/* The answer of a predict without components or explain: the top k of d
+ * (idx) written straight into the body (proto_predict_body), "consumed"
+ * when >= 0. Whether it answered (else out of memory). */
+static bool predict_text_answer(nc_session *s, const nc_dist *d, const int *idx, size_t k, long long consumed,
+                                http_response *resp)
+{
+    proto_prediction *pred = malloc((k ? k : 1) * sizeof *pred);
+    if (!pred)
+        return false;
+    for (size_t i = 0; i < k; i++) {
+        const char *word = stream_word(s->stream, idx[i]);
+        pred[i] = (proto_prediction){word ? word : "", idx[i], (double)d->p[idx[i]]};
+    }
+    size_t len = 0;
+    char *body = proto_predict_body(pred, k, (long long)d->n, (long long)stream_position(s->stream), consumed,
+                                    &len);
+    free(pred);
+    if (!body)
+        return false;
+    http_reply_json(resp, 200, NULL);
+    resp->text = body;
+    resp->text_len = len;
+    resp->content_type = "application/json";
+    resp->text_tokens = consumed > 0 ? consumed : 0;
+    return true;
+}
+
 /* The answer of a predict on s (locked): logits = the session's decoder
- * output when the batcher computed it, NULL to compute it here. */
-static void predict_answer(nc_session *s, const proto_predict_req *r, const float *logits,
+ * output when the batcher computed it, NULL to compute it here; consumed:
+ * the tokens of its "text" (-1 without). */
+static void predict_answer(nc_session *s, const proto_predict_req *r, const float *logits, long long consumed,
                            http_response *resp)
 {
     /* a session reading a deleted incarnation's cache answers 410 */
@@ -291,7 +319,15 @@ static void predict_answer(nc_session *s, const proto_predict_req *r, const floa
             rc = NC_ENOMEM;
             snprintf(err, sizeof err, "out of memory");
         }
-        if (idx) {
+        if (idx && !r->components && !r->explain) {
+            k = api_top_k(d.p, d.n, k, idx);
+            if (predict_text_answer(s, &d, idx, k, consumed, resp)) {
+                metrics_add_predictions(1);
+            } else {
+                rc = NC_ENOMEM;
+                snprintf(err, sizeof err, "out of memory");
+            }
+        } else if (idx) {
             k = api_top_k(d.p, d.n, k, idx);
             json_t *preds = json_array();
             for (size_t i = 0; i < k; i++) {
@@ -326,10 +362,12 @@ static void predict_answer(nc_session *s, const proto_predict_req *r, const floa
             }
         }
     }
+    if (o && consumed >= 0)
+        json_object_set_new(o, "consumed", json_integer((json_int_t)consumed));
     if (rc != NC_OK) {
         json_decref(o);
         http_reply_error(resp, api_error_from_core(rc), "predict: %s", err);
-    } else {
+    } else if (o) {
         metrics_add_predictions(1);
         http_reply_json(resp, 200, o);
     }
@@ -371,9 +409,7 @@ static bool predict_prepare(batch_job *j)
 static void predict_run(batch_job *j, const float *logits)
 {
     predict_job *p = (predict_job *)j;
-    predict_answer(j->s, &p->r, logits, &p->resp);
-    if (p->r.text && p->resp.status == 200)
-        json_object_set_new(p->resp.json, "consumed", json_integer((json_int_t)p->t.n));
+    predict_answer(j->s, &p->r, logits, p->r.text ? (long long)p->t.n : -1, &p->resp);
 }
 
 static void predict_job_free(predict_job *p)
@@ -388,6 +424,28 @@ static void predict_done(batch_job *j)
     sessions_release(p->srv->sessions, j->s);
     http_resume(p->req, &p->resp);
     predict_job_free(p);
+}
+
+/* A predict without "text" whose logits are its session's memo (a
+ * repeated predict at the same state: stream.h) has no decoder product to
+ * share with a batch: answered here, on its connection's thread, when its
+ * session is free, without the two thread hand-offs of the batcher (issue
+ * 36: their wake-ups and context switches were a fifth of such a predict's
+ * CPU). A busy session, or logits to compute, go to the batcher. The
+ * answer is the batch's to the bit (the same memo, the same mixture).
+ * Whether it answered. */
+static bool predict_from_memo(predict_job *p)
+{
+    nc_session *s = p->job.s;
+    if (p->r.text || pthread_mutex_trylock(&s->lock) != 0)
+        return false;
+    const float *logits = stream_memo_logits(s->stream);
+    if (logits) {
+        predict_run(&p->job, logits);
+        metrics_add_predict_memo();
+    }
+    pthread_mutex_unlock(&s->lock);
+    return logits != NULL;
 }
 
 /* POST /v1/sessions/{id}/predict: the next word's distribution, after
@@ -426,12 +484,13 @@ void api_h_predict(nc_server *srv, http_request *req, http_response *resp)
     p->srv = srv;
     p->req = req;
     p->resp.status = 500;
-    if (srv->batcher) {
+    if (srv->batcher && !predict_from_memo(p)) {
         http_defer(req);
         batcher_submit(srv->batcher, &p->job);
         return;
     }
-    batch_job_run_alone(&p->job);
+    if (!srv->batcher)
+        batch_job_run_alone(&p->job);
     sessions_release(srv->sessions, s);
     *resp = p->resp;
     predict_job_free(p);

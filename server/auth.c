@@ -644,7 +644,8 @@ static long answer_tokens(const json_t *j)
     return 0;
 }
 
-void auth_done(nc_server *srv, const auth_key *key, const char *endpoint, unsigned status, const json_t *answer)
+void auth_done(nc_server *srv, const auth_key *key, const char *endpoint, unsigned status, const json_t *answer,
+               long text_tokens)
 {
     (void)srv;
     if (!key)
@@ -655,6 +656,8 @@ void auth_done(nc_server *srv, const auth_key *key, const char *endpoint, unsign
     if (answer && status == 200 && strcmp(endpoint, "tokenize") && strcmp(endpoint, "detokenize") &&
         strncmp(endpoint, "sessions_", 9))
         tokens = answer_tokens(answer);
+    else if (!answer && status == 200)
+        tokens = text_tokens;     /* an answer written as text (http_response.text_tokens) */
     const char *id = create && status == 201 && answer ? json_string_value(json_object_get(answer, "id")) : NULL;
     if (!tokens && !create)
         return;

@@ -106,8 +106,10 @@ int auth_check(nc_server *srv, const auth_request *ar, const auth_key **key, aut
  * auth_done). NULL without keys. */
 const auth_key *auth_identify(nc_server *srv, const char *authorization);
 /* After the handler: charges the tokens the answer (status, JSON body or
- * NULL) reports to the key's per-minute budget and records the sessions it
+ * NULL; text_tokens for an answer written as text) reports to the key's
+ * per-minute budget and records the sessions it
  * created. key NULL: no-op. */
-void auth_done(nc_server *srv, const auth_key *key, const char *endpoint, unsigned status, const json_t *answer);
+void auth_done(nc_server *srv, const auth_key *key, const char *endpoint, unsigned status, const json_t *answer,
+               long text_tokens);
 
 #endif

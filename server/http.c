@@ -507,7 +507,7 @@ static enum MHD_Result request_answer(nc_server *srv, struct MHD_Connection *con
         return send_response(conn, req, &resp, NULL);
     if ((rt->flags & ROUTE_HEAVY) && !(rt->light && rt->light(srv, req))) {
         if (run_heavy(srv, req, rt, &resp, (rt->flags & ROUTE_STREAM) != 0) == WP_GONE) {
-            auth_done(srv, key, rt->endpoint, resp.status, resp.json);
+            auth_done(srv, key, rt->endpoint, resp.status, resp.json, resp.text_tokens);
             json_decref(resp.json);
             sse_abort(resp.sse);
             return MHD_NO;        /* nobody to answer: close */
@@ -515,7 +515,7 @@ static enum MHD_Result request_answer(nc_server *srv, struct MHD_Connection *con
     } else {
         rt->handler(srv, req, &resp);
     }
-    auth_done(srv, key, rt->endpoint, resp.status, resp.json);
+    auth_done(srv, key, rt->endpoint, resp.status, resp.json, resp.text_tokens);
     if (req->deferred)
         return send_later(conn, req);   /* answered from http_resume */
     if (resp.sse)

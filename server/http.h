@@ -49,6 +49,8 @@ typedef struct {
     char *text;                   /* owned malloc'd raw body (metrics) */
     const char *content_type;     /* for text */
     size_t text_len;              /* binary text: its length (0 = strlen) */
+    long text_tokens;             /* a JSON answer written as text (predict): the tokens it charges
+                                   * an API key's token bucket, as "consumed" in json would */
     unsigned retry_after;         /* seconds for a Retry-After header, 0 = none */
     const char *challenge;        /* a 401's WWW-Authenticate value (static) */
     struct sse_stream *sse;       /* owned: a streamed answer (sse.h), 200 text/event-stream,

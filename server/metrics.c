@@ -22,7 +22,7 @@ static atomic_ulong req_count[METRICS_MAX_ENDPOINTS][NSTATUS];
 static atomic_ulong hist[METRICS_MAX_ENDPOINTS][NBUCKET + 1];
 static atomic_ulong lat_sum_us[METRICS_MAX_ENDPOINTS];
 static atomic_ulong tokens_scored, tokens_fed, predictions, evictions;
-static atomic_ulong predict_batches, predict_batched;
+static atomic_ulong predict_batches, predict_batched, predict_memo;
 
 void metrics_init(const char *const *endpoints, int n)
 {
@@ -53,6 +53,7 @@ void metrics_add_predict_batch(uint64_t jobs)
     atomic_fetch_add(&predict_batches, 1);
     atomic_fetch_add(&predict_batched, jobs);
 }
+void metrics_add_predict_memo(void) { atomic_fetch_add(&predict_memo, 1); }
 void metrics_add_evictions(uint64_t n) { atomic_fetch_add(&evictions, n); }
 
 void metrics_printf(metrics_text *b, const char *fmt, ...)
@@ -118,8 +119,11 @@ char *metrics_render(long sessions_active, size_t session_bytes, int ready, int 
     metrics_printf(&b, "# HELP neurocache_predict_batches_total Decoder products run for predict (one GEMM per batch).\n"
                        "# TYPE neurocache_predict_batches_total counter\nneurocache_predict_batches_total %lu\n"
                        "# HELP neurocache_predict_batched_total Predict requests run in those batches.\n"
-                       "# TYPE neurocache_predict_batched_total counter\nneurocache_predict_batched_total %lu\n",
-                   atomic_load(&predict_batches), atomic_load(&predict_batched));
+                       "# TYPE neurocache_predict_batched_total counter\nneurocache_predict_batched_total %lu\n"
+                       "# HELP neurocache_predict_memo_total Predict requests answered from their session's memo "
+                       "on their connection's thread (no decoder product to batch).\n"
+                       "# TYPE neurocache_predict_memo_total counter\nneurocache_predict_memo_total %lu\n",
+                   atomic_load(&predict_batches), atomic_load(&predict_batched), atomic_load(&predict_memo));
     uint64_t gsearched, gskipped;
     gate_counters(&gsearched, &gskipped);
     metrics_printf(&b, "# HELP neurocache_gate_searches_total Unbounded-cache searches run under the gate's adaptive retrieval.\n"

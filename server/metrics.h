@@ -21,6 +21,8 @@ void metrics_add_predictions(uint64_t n);
 void metrics_add_evictions(uint64_t n);
 /* One predict batch of jobs requests (batcher.c). */
 void metrics_add_predict_batch(uint64_t jobs);
+/* a predict answered from its session's memo without the batcher (api_predict.c) */
+void metrics_add_predict_memo(void);
 
 /* A growing text buffer for the exposition format: metrics_printf appends;
  * on a failed allocation it sets oom and appends nothing more (the caller

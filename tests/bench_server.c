@@ -243,8 +243,10 @@ static void *predict_worker(void *arg)
         usleep(20000);
         fst = client_post(&cl, path, fbs, strlen(fbs));
     }
-    if (fst != 200)
+    if (fst != 200) {
+        fprintf(stderr, "session %d: filling its cache answered %ld\n", w->id, fst);
         w->errors++;
+    }
     free(fbs);
     json_decref(fb);
     free(text);
@@ -281,7 +283,12 @@ static void *predict_worker(void *arg)
         long st = with_text ? client_post(&cl, path, with_text, strlen(with_text)) : client_post(&cl, path, pb, strlen(pb));
         double dt = now_s() - t0;
         free(with_text);
-        if (st != 200) { w->errors++; continue; }
+        if (st != 200) {
+            if (!w->errors)   /* the first of each session, to say what the errors were */
+                fprintf(stderr, "session %d: predict answered %ld: %.200s\n", w->id, st, cl.b.s ? cl.b.s : "");
+            w->errors++;
+            continue;
+        }
         if (w->n == w->cap) {
             w->cap = w->cap ? w->cap * 2 : 4096;
             w->lat = realloc(w->lat, w->cap * sizeof *w->lat);
@@ -816,8 +823,12 @@ int main(int argc, char **argv)
         return grc;
     }
     nc_daemon d;
+    /* --request-timeout: on a loaded machine 64 sessions' 2,000-token fills
+     * queued behind 2 workers outlived the default 30 s (503), and the
+     * sessions then predicted from a near-empty window */
     const char *args[] = {"--model", model, "--threads", threads, "--max-sessions", "1000", "--batch-predict",
-                          batch ? "true" : "false", data_dir ? "--data-dir" : NULL, data_dir, NULL};
+                          batch ? "true" : "false", "--request-timeout", "600", data_dir ? "--data-dir" : NULL,
+                          data_dir, NULL};
     /* daemon_start passes --threads 2 itself; ours comes later and wins. */
     if (daemon_start(&d, args) != 0) return 1;
     load_words(model);

@@ -19,6 +19,7 @@
 #include "harness.h"
 #include "nc_common.h"
 #include "nsstore.h"
+#include "proto.h"
 #include "rng.h"
 
 /* A walk over fault points stops here even if the operation still reaches
@@ -360,6 +361,40 @@ TEST(binio_write_failures)
         fclose(f);
 }
 
+/* proto_predict_body writes the bytes proto_dump gives for the object
+ * json_pack builds: words with every kind of escape (and one not UTF-8,
+ * which json_pack leaves out), reals of every shape %.12g takes (integral,
+ * exponents of one to three digits, both signs), "consumed" or not. */
+TEST(predict_body_is_jansson_to_the_byte)
+{
+    const char *words[] = {"the", "\"q\"", "back\\slash", "tab\there", "nl\n\r\b\f", "\x01\x1f ctl",
+                           "caf\xc3\xa9 \xe2\x80\xa8", "bad\xff", "a/b", ""};
+    const double probs[] = {0.120285265148, 1.0, 0.0, 1e-5, 1.5e-300, 3.0517578125e-05, 123456789012345.0,
+                            0.1, 2.5e+100, 1e22};
+    const size_t n = sizeof words / sizeof *words;
+    proto_prediction pred[sizeof words / sizeof *words];
+    for (size_t i = 0; i < n; i++)
+        pred[i] = (proto_prediction){words[i], (int)i * 977 - 3, probs[i]};
+    for (int with = 0; with < 2; with++) {
+        for (size_t k = 0; k <= n; k += n) {
+            json_t *preds = json_array();
+            for (size_t i = 0; i < k; i++)
+                json_array_append_new(preds, json_pack("{s:s,s:i,s:f}", "word", pred[i].word, "id", pred[i].id,
+                                                       "prob", pred[i].prob));
+            json_t *o = json_pack("{s:o,s:I,s:I}", "predictions", preds, "vocab_size", (json_int_t)10000,
+                                  "position", (json_int_t)-1);
+            if (with)
+                json_object_set_new(o, "consumed", json_integer(7));
+            size_t la = 0, lb = 0;
+            char *a = proto_dump(o, &la), *b = proto_predict_body(pred, k, 10000, -1, with ? 7 : -1, &lb);
+            CHECKF(a && b && la == lb && !memcmp(a, b, la), "k %zu consumed %d:\n%s%s", k, with, a, b);
+            free(a);
+            free(b);
+            json_decref(o);
+        }
+    }
+}
+
 int main(void)
 {
     if (!mkdtemp(scratch)) {
@@ -375,6 +410,7 @@ int main(void)
     RUN(binio_round_trip_and_damage);
     RUN(binio_trailer_is_crc32);
     RUN(binio_write_failures);
+    RUN(predict_body_is_jansson_to_the_byte);
     nsstore_remove_dir(scratch, NULL, 0);
     return harness_summary();
 }
