@@ -49,15 +49,27 @@ static hwm_t *hwm_find(ns_state *s, const char *origin, uint64_t birth, bool add
  * whose document holds its n pairs, and the last applied record of each
  * origin's incarnation (birth) is the largest seq -- exact after any crash,
  * no separate file to lose. */
+/* A namespace's applied position, published under rep->lock: /v1/replication
+ * (replication_status) reads last_id and loaded under it from HTTP threads,
+ * while only this thread writes them. */
+static void set_last_id(replication *rep, ns_state *s, const char *sid)
+{
+    pthread_mutex_lock(&rep->lock);
+    snprintf(s->last_id, sizeof s->last_id, "%s", sid);
+    s->loaded = true;
+    pthread_mutex_unlock(&rep->lock);
+}
+
 static void pos_load(replication *rep, ns_state *s)
 {
-    snprintf(s->last_id, sizeof s->last_id, "0");
     s->nhw = 0;
-    s->loaded = true;
     char err[NC_ERRLEN];
     ns_handle *ref = namespaces_acquire(rep->srv, s->name, false, err, sizeof err);
-    if (!ref)
-        return;   /* not here yet: everything from the start */
+    if (!ref) {
+        set_last_id(rep, s, "0");   /* not here yet: everything from the start */
+        return;
+    }
+    char last[sizeof s->last_id] = "0";
     nc_nsstore *st = namespaces_store(ref);
     uint32_t n = nsstore_doc_count(st);
     char id[1200];
@@ -70,14 +82,15 @@ static void pos_load(replication *rep, ns_state *s)
         int used = 0;
         if (sscanf(id + 5, "%63[^:]:%63[0-9-]:%llu:%n", origin, sid, &cnt, &used) != 3 || used == 0 || pairs != cnt)
             continue;
-        if (sid_cmp(sid, s->last_id) > 0)
-            snprintf(s->last_id, sizeof s->last_id, "%s", sid);
+        if (sid_cmp(sid, last) > 0)
+            snprintf(last, sizeof last, "%s", sid);
         if (strlen(origin) < sizeof s->hw[0].origin && sscanf(id + 5 + used, "%llu.%llu:", &b, &sq) == 2) {
             hwm_t *h = hwm_find(s, origin, b, true);
             if (h && sq > h->seq) h->seq = sq;
         }
     }
     namespaces_release(rep->srv, ref);
+    set_last_id(rep, s, last);
 }
 
 static const redisReply *field(const redisReply *kv, const char *name)
@@ -467,7 +480,7 @@ static int apply_stream(replication *rep, ns_state *ns, const redisReply *ents)
             uint64_t seq = apply_entry(rep, ns, st, en->element[0]->str, en->element[1]);
             if (seq) last_seq = seq;
         }
-        snprintf(ns->last_id, sizeof ns->last_id, "%s", en->element[0]->str);
+        set_last_id(rep, ns, en->element[0]->str);
     }
     if (last_seq && nsstore_sync(st, last_seq, err, sizeof err) != NC_OK)
         slog(SLOG_WARN, "replication: sync failed", json_pack("{s:s,s:s}", "namespace", ns->name, "error", err));
