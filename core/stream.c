@@ -764,10 +764,6 @@ int stream_clone(const nc_stream *s, nc_stream **out, char *err, size_t errlen)
  * without names (still read); a knob by name reads whatever order or set of
  * knobs a build has (one missing takes its default). */
 
-/* The version this build writes, and the newest it reads (a newer one is
- * refused naming both: docs/operations.md#compatibility). */
-#define STREAM_BLOB_VERSION 4
-
 /* The knobs of versions 1-3 in their order: 1 the first 17, 2 also the
  * gate's two, 3 also dynamic evaluation's four. */
 static const char *const old_knobs[] = {

@@ -18,7 +18,6 @@
 #define PROV_MAGIC "NCPROV01"
 #define DOCS_MAGIC "NCDOCS01"
 #define MANIFEST_HEAD "neurocache-snapshot 1"
-#define SNAPSHOT_FORMAT_VERSION 1   /* MANIFEST_HEAD's number */
 
 static const char *const snap_files[] = {"index.faiss", "values.bin", "words.txt", "prov.bin", "docs.bin"};
 #define NSNAPFILES 5
@@ -382,12 +381,12 @@ static int verify_snapshot(const char *sdir, uint64_t seq, uint64_t *entries, ch
         return rc == NC_EIO || rc == NC_ENOMEM ? rc : NC_EFORMAT;
     char *man = (char *)b;   /* NUL-terminated */
     int version = 0;
-    if (sscanf(man, "neurocache-snapshot %d\n", &version) == 1 && version > SNAPSHOT_FORMAT_VERSION) {
+    if (sscanf(man, "neurocache-snapshot %d\n", &version) == 1 && version > NSSTORE_SNAPSHOT_VERSION) {
         /* a later build's: refused whole, never set aside as corrupt */
         free(man);
         return nc_error(err, errlen, NC_ESTATE, "%s: snapshot format version %d is newer than this build reads "
                         "(version %d): written by a later neurocache; serve this data directory with it", p,
-                        version, SNAPSHOT_FORMAT_VERSION);
+                        version, NSSTORE_SNAPSHOT_VERSION);
     }
     char *crcline = strstr(man, "crc ");
     unsigned crc = 0;

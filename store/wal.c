@@ -21,7 +21,6 @@
 #include <zlib.h>
 
 #define SEG_MAGIC "NCWAL001"
-#define WAL_FORMAT_VERSION 1     /* SEG_MAGIC's digits */
 #define SEG_HDR 24
 #define REC_MAGIC 0x5257434eu   /* "NCWR" little-endian */
 #define REC_HDR 24
