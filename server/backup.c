@@ -348,7 +348,24 @@ int backup_verify(const char *dir, const nc_model *m, json_t **manifest, char *e
     return rc;
 }
 
-/* Copies the listed files of namespace ns from backup from to data_dir. */
+/* The directories of path below base (path = base/...), made as needed. */
+static int make_parents(const char *base, const char *path, char *err, size_t errlen)
+{
+    char part[4096];
+    snprintf(part, sizeof part, "%s", path);
+    for (char *s = part + strlen(base) + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = 0;
+        if (mkdir(part, 0755) != 0 && errno != EEXIST)
+            return nc_error(err, errlen, NC_EIO, "%s: %s", part, strerror(errno));
+        *s = '/';
+    }
+    return NC_OK;
+}
+
+/* Copies the listed files of namespace ns from backup from to data_dir
+ * (NC_ESTATE, nothing copied, when a namespace of its name is there). */
 static int restore_ns(const char *from, const char *data_dir, json_t *ns, char *err, size_t errlen)
 {
     const char *name = json_string_value(json_object_get(ns, "name"));
@@ -367,21 +384,11 @@ static int restore_ns(const char *from, const char *data_dir, json_t *ns, char *
         char src[4096], to[4096], dir[4096];
         snprintf(src, sizeof src, "%.1000s/%.1000s", from, p);
         snprintf(to, sizeof to, "%.1000s/%.1000s", data_dir, p);
-        snprintf(dir, sizeof dir, "%.1000s", to);
+        snprintf(dir, sizeof dir, "%s", to);
         *strrchr(dir, '/') = 0;
-        char cmd[4096];
-        snprintf(cmd, sizeof cmd, "%.4000s", dir);
-        for (char *s = cmd + strlen(data_dir) + 1; !rc && *s; s++)
-            if (*s == '/') {
-                *s = 0;
-                if (mkdir(cmd, 0755) != 0 && errno != EEXIST)
-                    rc = nc_error(err, errlen, NC_EIO, "%s: %s", cmd, strerror(errno));
-                *s = '/';
-            }
-        if (!rc && mkdir(dir, 0755) != 0 && errno != EEXIST)
-            rc = nc_error(err, errlen, NC_EIO, "%s: %s", dir, strerror(errno));
         uint64_t size;
         uint32_t crc;
+        rc = make_parents(data_dir, to, err, errlen);
         if (!rc)
             rc = backup_copy_file(src, to, &size, &crc, err, errlen);
         if (!rc)
@@ -403,16 +410,18 @@ int backup_restore(const char *from, const char *data_dir, const nc_model *m, js
         return rc;
     char root[4096];
     snprintf(root, sizeof root, "%.1000s/namespaces", data_dir);
-    mkdir(data_dir, 0755);
-    if (mkdir(root, 0755) != 0 && errno != EEXIST)
+    if (mkdir(data_dir, 0755) != 0 && errno != EEXIST)
+        rc = nc_error(err, errlen, NC_EIO, "%s: %s", data_dir, strerror(errno));
+    if (!rc && mkdir(root, 0755) != 0 && errno != EEXIST)
         rc = nc_error(err, errlen, NC_EIO, "%s: %s", root, strerror(errno));
     size_t i;
     json_t *ns;
+    /* every name free before anything is copied */
     json_array_foreach(json_object_get(man, "namespaces"), i, ns) {
         char dst[4096];
         snprintf(dst, sizeof dst, "%.1000s/%.1000s", root, json_string_value(json_object_get(ns, "name")));
         if (!rc && access(dst, F_OK) == 0)
-            rc = restore_ns(from, data_dir, ns, err, errlen);   /* says it exists */
+            rc = restore_ns(from, data_dir, ns, err, errlen);   /* NC_ESTATE, saying so */
     }
     json_array_foreach(json_object_get(man, "namespaces"), i, ns) {
         if (!rc)
