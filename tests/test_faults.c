@@ -498,6 +498,11 @@ static void *feeder_main(void *arg)
             http_resp_free(&resp);
             if (!ok) break;
         }
+        /* done with it: a session left to expire holds its memory for the
+         * daemon's TTL (an hour), which an endurance run's RSS would count */
+        char path[160];
+        snprintf(path, sizeof path, "/v1/sessions/%s", sid);
+        if (lb_call("DELETE", path, NULL, NULL, sid, &resp) == 0) http_resp_free(&resp);
     }
     return NULL;
 }
