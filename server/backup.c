@@ -249,6 +249,10 @@ int backup_take_files(const char *data_dir, const nc_model *m, const backup_spec
         return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: %s (not a data directory?)", root,
                         strerror(errno));
     int rc = make_dirs(s->dst, err, errlen);
+    if (rc) {   /* the destination is not ours: left as it is */
+        closedir(d);
+        return rc;
+    }
     json_t *man = manifest_head(m);
     json_t *list = json_object_get(man, "namespaces");
     uint32_t tag = nsstore_model_tag(m);
@@ -268,10 +272,6 @@ int backup_take_files(const char *data_dir, const nc_model *m, const backup_spec
     closedir(d);
     if (!rc && s->ns && json_array_size(list) == 0)
         rc = nc_error(err, errlen, NC_ENOTFOUND, "no namespace '%s' in %s", s->ns, root);
-    if (rc == NC_ESTATE && json_array_size(list) == 0 && access(s->dst, F_OK) == 0 && !s->ns) {
-        json_decref(man);
-        return rc;   /* the destination existed: not ours to remove */
-    }
     backup_end end = {.dst = s->dst, .man = man, .t0 = t0};
     return finish(&end, rc, summary, err, errlen);
 }
