@@ -68,6 +68,7 @@ static nc_daemon rep[NREP];
 static atomic_int rep_up[NREP];
 static pid_t haproxy_pid, redis_pid;
 static bool redis_aof;
+static int endurance_s;          /* make endurance: its seconds (0: make test's schedule) */
 
 /* ---- a cuttable TCP proxy: replica -> Redis --------------------------------- */
 
@@ -244,9 +245,12 @@ static int start_replica(int i)
     snprintf(port, sizeof port, "%d", rep_port[i]);
     snprintf(data, sizeof data, "%s/data-%s", workdir, TAGS[i]);
     snprintf(redis, sizeof redis, "127.0.0.1:%d", proxy_port[i]);
+    /* endurance: the soak leaves sessions to expire, after its own TTL
+     * (30 s) as when it starts a daemon itself, not after the default hour
+     * (which its RSS measure would count as growth) */
     const char *args[] = {"--model", model_dir, "--replica-tag", TAGS[i], "--port", port, "--peers", peers,
                           "--drain-grace", "2", "--threads", "4", "--data-dir", data, "--redis", redis,
-                          "--log-format", "text", NULL};
+                          "--log-format", "text", endurance_s ? "--ttl" : NULL, "30", NULL};
     int rc = daemon_start(&rep[i], args);
     atomic_store(&rep_up[i], rc == 0);
     return rc;
@@ -359,7 +363,6 @@ static long fault_count[F_ALL];
  * replication settles) so that the predictions of its namespaces can be
  * read at its point in time; the backup is then restored into a spare
  * daemon, which must hold its pairs and answer those predictions. */
-static int endurance_s;
 static bool soak_failed;
 static atomic_int pause_writers, busy_writers;
 static char disk_mnt[300];
