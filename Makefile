@@ -1,5 +1,5 @@
 # neurocache -- adaptive LSTM language-model prediction server.
-# Targets: deps deps-test all test bench asan tsan fuzz run soak demo-model
+# Targets: deps deps-test all test bench asan tsan fuzz run soak endurance demo-model
 # container-test clean. V=1 for verbose.
 
 CC       ?= cc
@@ -86,7 +86,7 @@ WEB_GEN   := $(BUILD)/gen/web_assets.c
 WEB_OBJ   := $(BUILD)/obj/gen/web_assets.o
 LIBSERVER := $(BUILD)/libncserver.a
 
-.PHONY: all deps deps-test container-test test check asan tsan bench fuzz run soak demo-model clean tests print-inc
+.PHONY: all deps deps-test container-test test check asan tsan bench fuzz run soak endurance demo-model clean tests print-inc
 
 # The include flags of a folder (tests/check_layering.sh compiles probes with them).
 print-inc:
@@ -256,6 +256,22 @@ SOAK_ARGS ?=
 soak: deps-test all $(BUILD)/tests/soak
 	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) $(BUILD)/tests/soak --seconds $(SOAK_SECONDS) \
 	    --clients $(SOAK_CLIENTS) --model $(SOAK_MODEL) $(SOAK_ARGS)
+
+# Endurance (not in `make test`; docs/operations.md#endurance): the fault
+# schedule of tests/test_faults.c (three replicas, Redis, HAProxy) for
+# ENDURANCE_SECONDS, with backups restored into a spare daemon and compared
+# and a full disk among its faults, and tests/soak.c's traffic on the
+# replica that is never killed (its RSS the measure); fails on any
+# acknowledged pair lost, duplicated or resurrected, a backup restoring to
+# other predictions, or that replica's memory growing over 2%.
+ENDURANCE_SECONDS ?= 600
+ENDURANCE_ROUND_MS ?= 4000
+ENDURANCE_CLIENTS ?= 4
+ENDURANCE_SEED ?= 188
+endurance: deps-test all $(BUILD)/tests/test_faults $(BUILD)/tests/soak
+	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) NEUROCACHE_ENDURANCE_SECONDS=$(ENDURANCE_SECONDS) \
+	    NEUROCACHE_FAULT_ROUND_MS=$(ENDURANCE_ROUND_MS) NEUROCACHE_FAULT_SEEDS=$(ENDURANCE_SEED) \
+	    NEUROCACHE_ENDURANCE_CLIENTS=$(ENDURANCE_CLIENTS) $(BUILD)/tests/test_faults
 
 # In the foreground on the shipped model, human-readable logs. As root (a
 # container, a fresh VM) the daemon would refuse to start: say it is meant.

@@ -568,6 +568,9 @@ int gate_fit(nc_gate *g, const nc_cache_params *p, const nc_gate_data *d, const 
 
 /* ---- files ---- */
 
+/* gate.json "version": what gate_save writes and the newest gate_load reads */
+#define GATE_FORMAT_VERSION 1
+
 #define NTENSOR 8
 static const char *const tensor_names[NTENSOR] = {"w", "w_pre", "mean", "sd", "u", "u_pre", "v", "v_pre"};
 
@@ -686,7 +689,7 @@ int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, si
     for (int c = 0; c < NC_NCOMP; c++)
         if ((g->comps >> c) & 1u)
             json_array_append_new(comps, json_string(nc_comp_names[c]));
-    json_t *j = json_pack("{s:i,s:o,s:i,s:o,s:i,s:f,s:o,s:o,s:s}", "version", 1, "features", feats,
+    json_t *j = json_pack("{s:i,s:o,s:i,s:o,s:i,s:f,s:o,s:o,s:s}", "version", GATE_FORMAT_VERSION, "features", feats,
                           "pre_search_features", NC_GATE_NPRE, "components", comps, "hidden", g->nh, "skip_threshold",
                           g->skip, "mean", mean, "sd", sd, "form",
                           "x = clip((f - mean) / sd, -4, 4); w_c = softmax_c(b_c + W_c.x + sum_j V_cj tanh(U_j.x + b'_j)); "
@@ -746,8 +749,13 @@ int gate_load(const char *dir, nc_gate **out, char *err, size_t errlen)
     json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     json_t *feats = j ? json_object_get(j, "features") : NULL, *comps = j ? json_object_get(j, "components") : NULL;
     json_t *skip = j ? json_object_get(j, "skip_threshold") : NULL, *hid = j ? json_object_get(j, "hidden") : NULL;
+    json_t *ver = j ? json_object_get(j, "version") : NULL;
     if (!j)
         rc = nc_error(err, errlen, NC_EFORMAT, "%s: %s", path, je.text);
+    else if (json_is_integer(ver) && json_integer_value(ver) > GATE_FORMAT_VERSION)
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: gate format version %lld is newer than this build reads "
+                      "(version %d): fitted by a later neurocache; fit it again with this one (fit-gate)", path,
+                      (long long)json_integer_value(ver), GATE_FORMAT_VERSION);
     else if (!json_is_array(feats) || json_array_size(feats) != NC_GATE_NFEAT)
         rc = nc_error(err, errlen, NC_EFORMAT, "%s: \"features\" must list the %d features", path, NC_GATE_NFEAT);
     for (int i = 0; !rc && i < NC_GATE_NFEAT; i++) {

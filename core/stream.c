@@ -13,8 +13,10 @@
 #include "vmath.h"
 #include "fault.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -859,7 +861,9 @@ static void row_states(const nc_stream *s, void *st[NC_NCOMP])
  * state (a failed allocation marks the writer bad). */
 static void put_head(binio_writer *w, const nc_stream *s)
 {
-    binio_put(w, "NCSTRM04", 8);
+    char magic[9];
+    snprintf(magic, sizeof magic, "NCSTRM%02d", STREAM_BLOB_VERSION);
+    binio_put(w, magic, 8);
     binio_put_u32(w, (uint32_t)s->m->cfg.vocab_size);
     binio_put_u32(w, (uint32_t)s->m->cfg.hidden_size);
     binio_put_u32(w, (uint32_t)s->m->cfg.num_layers);
@@ -950,9 +954,14 @@ static int open_blob(const nc_model *m, const void *blob, size_t len, binio_read
     /* NCSTRM01: without the gate's two knobs (read as their defaults); 02
      * without dynamic evaluation's knobs and section; 03: settings
      * without names */
-    if (len < 12 || memcmp(blob, "NCSTRM0", 7) != 0 || ((const char *)blob)[7] < '1' ||
-        ((const char *)blob)[7] > '4')
+    if (len < 12 || memcmp(blob, "NCSTRM", 6) != 0 || !isdigit(((const unsigned char *)blob)[6]) ||
+        !isdigit(((const unsigned char *)blob)[7]) || memcmp(blob, "NCSTRM00", 8) == 0)
         return nc_error(err, errlen, NC_EFORMAT, "not a neurocache stream blob");
+    int version = (((const char *)blob)[6] - '0') * 10 + (((const char *)blob)[7] - '0');
+    if (version > STREAM_BLOB_VERSION)   /* never read as one of ours (docs/operations.md) */
+        return nc_error(err, errlen, NC_EFORMAT, "stream blob format version %d is newer than this build reads "
+                        "(versions 1 to %d): written by a later neurocache; import it there", version,
+                        STREAM_BLOB_VERSION);
     if (!binio_open(r, blob, len, 8))
         return nc_error(err, errlen, NC_EFORMAT, "stream blob checksum mismatch");
     uint32_t bV = binio_get_u32(r), bH = binio_get_u32(r), bL = binio_get_u32(r);
@@ -1031,7 +1040,7 @@ int stream_import(const nc_model *m, nc_unbounded_cache *ub, nc_wordtable *words
     binio_reader r;
     nc_cache_params p;
     int rc = open_blob(m, blob, len, &r, err, errlen);
-    int version = rc ? 0 : ((const char *)blob)[7] - '0';
+    int version = rc ? 0 : (((const char *)blob)[6] - '0') * 10 + (((const char *)blob)[7] - '0');
     if (!rc)
         rc = get_params(&r, &p, version, err, errlen);
     if (rc)

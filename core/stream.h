@@ -137,7 +137,10 @@ int stream_clone(const nc_stream *s, nc_stream **out, char *err, size_t errlen);
  * windows; open-vocabulary words by surface string so the blob can move to
  * another replica). *blob is malloc'ed: free() it. import validates
  * everything (NC_EFORMAT on a bad blob) and binds the stream to m, ub, words
- * as stream_new does. */
+ * as stream_new does. The blob's version ("NCSTRM04") is the one this build
+ * writes; import reads 1 to it and refuses a newer one naming both versions
+ * (docs/operations.md#compatibility). */
+#define STREAM_BLOB_VERSION 4
 int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_t errlen);
 int stream_import(const nc_model *m, nc_unbounded_cache *ub, nc_wordtable *words, const void *blob,
                   size_t len, nc_stream **out, char *err, size_t errlen);

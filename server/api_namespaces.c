@@ -3,12 +3,17 @@
  * (the pipeline is uploads.h's, the registry namespaces.h's). */
 #include "api_namespaces.h"
 
+#include <errno.h>
 #include <microhttpd.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "api_errors.h"
+#include "backup.h"
+#include "slog.h"
 #include "metrics.h"
 #include "namespaces.h"
 #include "uploads.h"
@@ -223,4 +228,85 @@ void api_h_ns_documents(nc_server *srv, http_request *req, http_response *resp)
                                          (json_int_t)res.documents, "tokens_added", (json_int_t)res.tokens_added,
                                          "ids", res.ids, "entries", (json_int_t)res.entries, "incarnation",
                                          (json_int_t)res.incarnation));
+}
+
+/* ---- backup ------------------------------------------------------------------ */
+
+static bool backup_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 100 || s[0] == '.')
+        return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_' ||
+              *s == '-' || *s == '.'))
+            return false;
+    return true;
+}
+
+/* {"name": backup name (default backup-<UTC time>), "namespace": one} into
+ * *name (a default made) and *ns (NULL = all); false with the error sent. */
+static bool backup_args(http_request *req, http_response *resp, char *name, size_t len, const char **ns)
+{
+    const char *key;
+    json_t *v;
+    *ns = NULL;
+    name[0] = 0;
+    json_object_foreach(req->json, key, v) {
+        if (strcmp(key, "name") && strcmp(key, "namespace")) {
+            http_reply_error(resp, API_UNKNOWN_FIELD, "unknown field '%s' (name, namespace)", key);
+            return false;
+        }
+        if (!json_is_string(v)) {
+            http_reply_error(resp, API_INVALID_TYPE, "'%s' must be a string", key);
+            return false;
+        }
+        if (!strcmp(key, "namespace"))
+            *ns = json_string_value(v);
+        else
+            snprintf(name, len, "%s", json_string_value(v));
+    }
+    if (name[0] && !backup_name_ok(name)) {
+        http_reply_error(resp, API_OUT_OF_RANGE, "'name' must be 1-100 characters of [A-Za-z0-9_.-], not "
+                         "starting with '.'");
+        return false;
+    }
+    if (!name[0]) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        struct tm tm;
+        gmtime_r(&ts.tv_sec, &tm);
+        char when[32];
+        strftime(when, sizeof when, "%Y%m%dT%H%M%S", &tm);
+        snprintf(name, len, "backup-%s.%03ldZ", when, ts.tv_nsec / 1000000);
+    }
+    return true;
+}
+
+void api_h_backup(nc_server *srv, http_request *req, http_response *resp)
+{
+    char name[128], dir[1400], err[NC_ERRLEN] = "";
+    const char *ns;
+    if (!backup_args(req, resp, name, sizeof name, &ns))
+        return;
+    if (!srv->cfg.data_dir[0]) {
+        http_reply_error(resp, API_CONFLICT, "no data_dir: the namespaces are not durable, nothing to back up");
+        return;
+    }
+    snprintf(dir, sizeof dir, "%.1000s/backups", srv->cfg.data_dir);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        http_reply_error(resp, API_STORAGE_UNAVAILABLE, "%s: %s", dir, strerror(errno));
+        return;
+    }
+    snprintf(dir, sizeof dir, "%.1000s/backups/%s", srv->cfg.data_dir, name);
+    backup_spec s = {.dst = dir, .ns = ns};
+    json_t *summary = NULL;
+    int rc = backup_take(srv, &s, &summary, err, sizeof err);
+    if (rc) {
+        http_reply_error(resp, rc == NC_ESTATE ? API_CONFLICT : api_error_from_namespace(rc), "backup: %s", err);
+        return;
+    }
+    json_object_set_new(summary, "name", json_string(name));
+    slog(SLOG_INFO, "backup taken", json_pack("{s:s,s:O}", "path", dir, "seconds", json_object_get(summary, "seconds")));
+    http_reply_json(resp, 200, summary);
 }

@@ -405,6 +405,8 @@ static const struct { const char *endpoint; int ops; } route_ops[] = {
     {"sessions_state_put", AUTH_ADMIN},
     /* the list names every tenant's namespaces */
     {"namespaces_list", AUTH_ADMIN}, {"namespaces_delete", AUTH_ADMIN}, {"sessions_handoff", AUTH_ADMIN},
+    /* a copy of every tenant's namespaces, written on the server's disk */
+    {"backup", AUTH_ADMIN},
 };
 
 int auth_route_ops(const char *endpoint)

@@ -12,6 +12,7 @@
 #include "batcher.h"
 #include "atomicfile.h"
 #include "auth.h"
+#include "backup.h"
 #include "compute.h"
 #include "fault.h"
 #include "config.h"
@@ -225,6 +226,9 @@ static int load_and_recover(nc_server *srv, char *err, size_t errlen)
     }
     if (migrate_init(srv, err, errlen) != 0)
         return startup_failed(err, "peers");
+    /* a data_dir that is a backup is verified before anything opens it */
+    if (srv->cfg.data_dir[0] && backup_startup_check(srv->cfg.data_dir, srv->model, err, errlen) != NC_OK)
+        return startup_failed(err, "data_dir");
     /* before the namespaces are recovered: each is attached as it opens */
     if (replication_start(srv, err, errlen) != 0)
         return startup_failed(err, "redis");
@@ -337,6 +341,9 @@ int main(int argc, char **argv)
 {
     static nc_server srv;
     char err[2048] = "";
+    /* neurocached backup|restore: the files of a data directory, no server */
+    if (argc > 1 && (!strcmp(argv[1], "backup") || !strcmp(argv[1], "restore")))
+        return backup_cli_main(argc - 1, argv + 1);
     memstats_tune_malloc();   /* before the daemon's threads allocate */
     config_defaults(&srv.cfg);
     int rc = config_from_args(&srv.cfg, argc, argv, err, sizeof err);

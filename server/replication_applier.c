@@ -253,17 +253,22 @@ static int entry_add(replication *rep, nc_nsstore *st, const redisReply *kv, uin
     return rc;
 }
 
-/* Applies one entry of another replica into the store; returns the log
- * sequence to sync (0 = none). */
-static uint64_t apply_entry(replication *rep, ns_state *s, nc_nsstore *st, const char *sid, const redisReply *kv)
+/* Applies one entry of another replica into the store; *seq receives the
+ * log sequence to sync (0 = none). Returns NC_EIO or NC_ENOSPACE when the
+ * store could not write it (a full or failing disk: the entry must be
+ * applied again later, not passed over), else NC_OK (applied, or refused
+ * for good: another model, malformed). */
+static int apply_entry(replication *rep, ns_state *s, nc_nsstore *st, const char *sid, const redisReply *kv,
+                       uint64_t *seq_out)
 {
+    *seq_out = 0;
     const redisReply *o = field(kv, "o"), *d = field(kv, "d"), *b = field(kv, "b"), *sq = field(kv, "s");
     size_t cnt = 0;
     if (!entry_valid(rep, s, kv, &cnt)) {
         if (atomic_fetch_add(&rep->refused_entries, 1) == 0)
             slog(SLOG_WARN, "replication: entry refused (another model or malformed)",
                  json_pack("{s:s,s:s}", "id", sid, "origin", o ? o->str : "?"));
-        return 0;
+        return NC_OK;
     }
     uint64_t birth = b ? strtoull(b->str, NULL, 10) : 0, oseq = sq ? strtoull(sq->str, NULL, 10) : 0;
     uint64_t seq = 0;
@@ -289,11 +294,14 @@ static uint64_t apply_entry(replication *rep, ns_state *s, nc_nsstore *st, const
         if (lag < 0) lag = 0;
         atomic_store(&rep->last_lag_ms, lag);
         if (lag > atomic_load(&rep->max_lag_ms)) atomic_store(&rep->max_lag_ms, lag);
+    } else if (rc == NC_EIO || rc == NC_ENOSPACE) {
+        return rc;   /* the caller stops here and reads it again later */
     } else {
         atomic_fetch_add(&rep->refused_entries, 1);
         slog(SLOG_WARN, "replication: entry not applied", json_pack("{s:s,s:s}", "id", sid, "error", err));
     }
-    return rc == NC_OK ? seq : 0;
+    *seq_out = rc == NC_OK ? seq : 0;
+    return NC_OK;
 }
 
 /* The namespaces announced in Redis, added to the table. */
@@ -471,21 +479,34 @@ static int apply_stream(replication *rep, ns_state *ns, const redisReply *ents)
     }
     nc_nsstore *st = ref ? namespaces_store(ref) : NULL;
     uint64_t last_seq = 0;
+    bool stalled = false;
     for (size_t e = 0; e < ents->elements; e++) {
         const redisReply *en = ents->element[e];
         if (en->type != REDIS_REPLY_ARRAY || en->elements != 2) continue;
         if (sid_cmp(en->element[0]->str, ns->last_id) <= 0)
             continue;
         if (entry_wanted(rep, ns, tomb, en->element[1], true) && st) {
-            uint64_t seq = apply_entry(rep, ns, st, en->element[0]->str, en->element[1]);
+            uint64_t seq = 0;
+            /* A store that cannot write (disk full, I/O error) keeps the
+             * position here: the entry is read again at the next read,
+             * once the log takes writes again (found by make endurance:
+             * a replica's full disk used to pass its entries over). */
+            if (apply_entry(rep, ns, st, en->element[0]->str, en->element[1], &seq) != NC_OK) {
+                stalled = true;
+                break;
+            }
             if (seq) last_seq = seq;
         }
         set_last_id(rep, ns, en->element[0]->str);
     }
     if (last_seq && nsstore_sync(st, last_seq, err, sizeof err) != NC_OK)
         slog(SLOG_WARN, "replication: sync failed", json_pack("{s:s,s:s}", "namespace", ns->name, "error", err));
+    if (stalled && !ns->warned)
+        slog(SLOG_WARN, "replication: namespace cannot be written; its entries wait",
+             json_pack("{s:s}", "namespace", ns->name));
+    ns->warned = stalled;
     if (ref) namespaces_release(rep->srv, ref);
-    return 0;
+    return stalled ? -1 : 0;
 }
 
 /* The applier thread's connection and read positions. */

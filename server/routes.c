@@ -62,6 +62,7 @@ static const http_route route_table[] = {
     {"DELETE", "/v1/namespaces/{ns}", api_h_ns_delete, "namespaces_delete", M, NULL},
     {"GET", "/v1/namespaces/{ns}/documents", api_h_ns_docs_list, "documents_list", M, NULL},
     {"POST", "/v1/namespaces/{ns}/documents", api_h_ns_documents, "documents", ROUTE_STREAM | M | H, NULL},
+    {"POST", "/v1/admin/backup", api_h_backup, "backup", J | ROUTE_EMPTY_OK | M, NULL},
     /* last: everything else is 404 or 405 */
     {NULL, NULL, h_unmatched, "unmatched", 0, NULL},
 };

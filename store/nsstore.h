@@ -52,6 +52,11 @@ typedef struct nc_nsstore nc_nsstore;
 
 #define NSSTORE_NO_DOC 0xffffffffu
 
+/* The snapshot format this build writes (its MANIFEST's first line,
+ * "neurocache-snapshot 1") and the newest it reads: a newer snapshot stops
+ * recovery naming both versions, never set aside as corrupt. */
+#define NSSTORE_SNAPSHOT_VERSION 1
+
 typedef struct {
     const char *dir;              /* namespace directory (created if absent) */
     const nc_model *model;        /* borrowed: vocabulary, hidden size */

@@ -549,9 +549,15 @@ static int storage_read(nc_nsstore *ns, bool want_compact, char *err, size_t err
     FILE *f = fopen(path, "r");
     if (f) {
         unsigned long long fp = 0;
-        int got = fscanf(f, "compact %16llx", &fp);
+        char kind[32] = "";
+        int got = fscanf(f, "%31s %16llx", kind, &fp);
         fclose(f);
-        if (got != 1 || fp == 0)
+        if (got >= 1 && strcmp(kind, "compact") != 0 && strspn(kind, "abcdefghijklmnopqrstuvwxyz0123456789-") ==
+                                                            strlen(kind))
+            return nc_error(err, errlen, NC_ESTATE, "%s: storage '%s' is unknown to this build (it reads "
+                            "'compact'): written by a later neurocache? serve this data directory with it", path,
+                            kind);
+        if (got != 2 || fp == 0)
             return nc_error(err, errlen, NC_EFORMAT, "%s: not a storage file (\"compact <fingerprint>\")", path);
         ns->compact = true;
         ns->fingerprint = fp;

@@ -380,6 +380,14 @@ static int verify_snapshot(const char *sdir, uint64_t seq, uint64_t *entries, ch
     if (rc)   /* missing = incomplete snapshot; an I/O error is not corruption */
         return rc == NC_EIO || rc == NC_ENOMEM ? rc : NC_EFORMAT;
     char *man = (char *)b;   /* NUL-terminated */
+    int version = 0;
+    if (sscanf(man, "neurocache-snapshot %d\n", &version) == 1 && version > NSSTORE_SNAPSHOT_VERSION) {
+        /* a later build's: refused whole, never set aside as corrupt */
+        free(man);
+        return nc_error(err, errlen, NC_ESTATE, "%s: snapshot format version %d is newer than this build reads "
+                        "(version %d): written by a later neurocache; serve this data directory with it", p,
+                        version, NSSTORE_SNAPSHOT_VERSION);
+    }
     char *crcline = strstr(man, "crc ");
     unsigned crc = 0;
     unsigned long long s = 0, e = 0;

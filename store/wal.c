@@ -6,6 +6,7 @@
 #include "buf.h"
 #include "fault.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -217,11 +218,28 @@ static int replay_segment(replay_run *r, const mapped_segment *seg, size_t *cut,
     return NC_OK;
 }
 
+/* Whether the segment header at m (SEG_HDR bytes) is of a log format newer
+ * than this build's ("NCWAL" + 3 digits > 1): then err names both versions.
+ * Such a log is refused whole, never read as ours nor truncated. */
+static bool wal_newer_version(const unsigned char *m, const char *path, char *err, size_t errlen)
+{
+    if (memcmp(m, "NCWAL", 5) != 0 || !isdigit(m[5]) || !isdigit(m[6]) || !isdigit(m[7]))
+        return false;
+    int v = (m[5] - '0') * 100 + (m[6] - '0') * 10 + (m[7] - '0');
+    if (v <= WAL_FORMAT_VERSION)
+        return false;
+    nc_error(err, errlen, NC_ESTATE, "%s: log format version %d is newer than this build reads (version %d): "
+             "written by a later neurocache; serve this data directory with it", path, v, WAL_FORMAT_VERSION);
+    return true;
+}
+
 /* The header of segment path (mapped at m) against its name (first), the
  * model's tag and the seq the previous segment ended at. */
 static int check_segment_header(const char *path, const unsigned char *m, uint64_t first, const replay_run *r,
                                 char *err, size_t errlen)
 {
+    if (wal_newer_version(m, path, err, errlen))
+        return NC_ESTATE;
     if (memcmp(m, SEG_MAGIC, 8) != 0 || rd32(m + 20) != (uint32_t)crc32(0L, m, 20))
         return nc_error(err, errlen, NC_EFORMAT, "%s: bad segment header (not a neurocache log, or corrupt)", path);
     if (rd64(m + 8) != first)
@@ -767,6 +785,10 @@ static int reader_seek_segment(nc_wal_reader *r, uint64_t want, char *err, size_
         int e = errno;
         close(fd);
         return nc_error(err, errlen, NC_EIO, "%s: reading the segment header: %s", path, strerror(e));
+    }
+    if (got > 0 && wal_newer_version(h, path, err, errlen)) {
+        close(fd);
+        return NC_ESTATE;
     }
     if (got == 0 || memcmp(h, SEG_MAGIC, 8) != 0 || rd32(h + 20) != (uint32_t)crc32(0L, h, 20) ||
         rd64(h + 8) != first || rd32(h + 16) != r->tag) {

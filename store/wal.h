@@ -30,6 +30,10 @@ typedef struct nc_wal nc_wal;
 
 typedef enum { WAL_SYNC_GROUP = 0, WAL_SYNC_EACH = 1, WAL_SYNC_NONE = 2 } nc_wal_sync;
 
+/* The log format this build writes (SEG_MAGIC "NCWAL001"'s digits) and the
+ * newest it reads: a newer segment is refused naming both versions. */
+#define WAL_FORMAT_VERSION 1
+
 #define WAL_MAX_RECORD (64u << 20)   /* a larger length is corruption */
 
 /* Called by wal_replay for each record, in seq order; a nonzero return stops

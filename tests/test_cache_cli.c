@@ -347,7 +347,7 @@ TEST(usage_errors)
                                "see 'neurocache migrate --help'\n"},
         {"score --model", "neurocache score: option '--model' needs a value; see 'neurocache score --help'\n"},
         {"scroe", "neurocache: unknown command 'scroe' (did you mean 'score'?); see 'neurocache --help'\n"},
-        {"", "neurocache: a command is needed (score, eval, tune, fit-gate, dyn-stats, train, build-index, migrate); "
+        {"", "neurocache: a command is needed (score, eval, tune, fit-gate, dyn-stats, train, build-index, migrate, backup, restore); "
              "see 'neurocache --help'\n"},
     };
     for (size_t i = 0; i < sizeof missing / sizeof *missing; i++) {

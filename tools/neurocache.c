@@ -21,6 +21,8 @@ static const struct {
     {"train", cmd_train, "train an LSTM language model on a corpus"},
     {"build-index", cmd_build_index, "train the unbounded cache's IVFPQ quantizer"},
     {"migrate", cmd_migrate, "move a live session from one neurocached replica to another"},
+    {"backup", cmd_backup, "copy a data directory's namespaces to a backup, the daemon running or not"},
+    {"restore", cmd_restore, "verify a backup and restore its namespaces into a data directory"},
 };
 
 static void usage(FILE *out)
