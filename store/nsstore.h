@@ -234,6 +234,7 @@ typedef struct {
     double snapshot_age;          /* seconds since the last snapshot (or open); */
     double snapshot_seconds;      /* duration of the last snapshot, 0 = none */
     uint64_t snapshot_seq;
+    nc_ub_train_stats train;      /* the index's own training (unbounded_cache.h) */
 } nc_nsstore_stats;
 void nsstore_stats(nc_nsstore *ns, nc_nsstore_stats *st);
 
