@@ -1639,7 +1639,7 @@ namespace {
 thread_local const volatile int *train_stop = nullptr;
 
 struct stop_callback : faiss::InterruptCallback {
-    bool want_interrupt() override { return train_stop && *train_stop; }
+    bool want_interrupt() override { return train_stop && __atomic_load_n(train_stop, __ATOMIC_RELAXED); }
 };
 
 } // namespace
@@ -1672,7 +1672,7 @@ extern "C" int faiss_shim_train_ivfpq(const faiss_shim_train_in *in, FaissIndex 
     } catch (const std::exception &e) {
         train_stop = nullptr;
         delete ix;
-        bool stopped = in->stop && *in->stop;
+        bool stopped = in->stop && __atomic_load_n(in->stop, __ATOMIC_RELAXED);
         snprintf(err, errlen, "%s", stopped ? "training stopped" : e.what());
         return stopped ? -2 : -1;
     }

@@ -661,6 +661,13 @@ typedef struct {
     float *buf;                   /* [UB_KCHUNK, dim] keys being encoded */
 } ub_train_job;
 
+/* unbounded_cache_free asks the trainer to stop (an atomic flag, which
+ * FAISS's k-means also reads: faiss_shim_train_ivfpq) */
+static bool train_stopped(const nc_unbounded_cache *u)
+{
+    return __atomic_load_n(&u->tr.stop, __ATOMIC_RELAXED) != 0;
+}
+
 static void train_phase(nc_unbounded_cache *u, nc_ub_train_phase ph, int64_t total)
 {
     atomic_store(&u->tr.done, 0);
@@ -715,7 +722,7 @@ static int train_fit(nc_unbounded_cache *u, ub_train_job *j, char *err, size_t e
 static int train_encode(nc_unbounded_cache *u, ub_train_job *j, int64_t upto, bool locked, char *err,
                         size_t errlen)
 {
-    while (j->done < upto && !u->tr.stop) {
+    while (j->done < upto && !train_stopped(u)) {
         int64_t m = upto - j->done < (int64_t)UB_KCHUNK ? upto - j->done : (int64_t)UB_KCHUNK;
         keys_copy(u, (size_t)j->done, (size_t)m, j->buf, locked);
         faiss_shim_add_in a = add_in((size_t)m, j->buf, NULL, j->cq);
@@ -725,7 +732,7 @@ static int train_encode(nc_unbounded_cache *u, ub_train_job *j, int64_t upto, bo
         j->done += m;
         atomic_fetch_add(&u->tr.done, m);
     }
-    return u->tr.stop ? nc_error(err, errlen, NC_ESTATE, "training stopped") : NC_OK;
+    return train_stopped(u) ? nc_error(err, errlen, NC_ESTATE, "training stopped") : NC_OK;
 }
 
 /* The exact UB_RECALL_TOP nearest keys of ids < lim[q] to each of the nq
@@ -766,7 +773,7 @@ static int exact_top(nc_unbounded_cache *u, ub_exact_top *e, int64_t upto, char 
         for (int r = 0; r < UB_RECALL_TOP; r++)
             e->td[q * UB_RECALL_TOP + r] = INFINITY, e->tl[q * UB_RECALL_TOP + r] = -1;
     }
-    for (int64_t b0 = 0; !rc && b0 < upto && !u->tr.stop; b0 += (int64_t)B) {
+    for (int64_t b0 = 0; !rc && b0 < upto && !train_stopped(u); b0 += (int64_t)B) {
         size_t m = (size_t)(upto - b0) < B ? (size_t)(upto - b0) : B;
         keys_get(u, (size_t)b0, m, kb);
         for (size_t i = 0; i < m; i++)
@@ -932,7 +939,7 @@ static void train_run(nc_unbounded_cache *u)
     char err[NC_ERRLEN];
     for (;;) {
         pthread_rwlock_wrlock(&u->lock);
-        int64_t T = u->tr.stop ? 0 : train_due(u);
+        int64_t T = train_stopped(u) ? 0 : train_due(u);
         u->tr.target = T;
         if (!T) {
             u->tr.running = false;
@@ -946,7 +953,7 @@ static void train_run(nc_unbounded_cache *u)
             pthread_rwlock_wrlock(&u->lock);
             u->tr.failures++;
             /* not again before the next T_j: counted as done, the index kept */
-            if (!u->tr.stop)
+            if (!train_stopped(u))
                 u->tr.trained_on = T;
             pthread_rwlock_unlock(&u->lock);
         }
@@ -997,7 +1004,7 @@ int unbounded_cache_train_kick(nc_unbounded_cache *u, char *err, size_t errlen)
 
 static void train_stop_join(nc_unbounded_cache *u)
 {
-    u->tr.stop = 1;
+    __atomic_store_n(&u->tr.stop, 1, __ATOMIC_RELAXED);
     if (u->tr.joinable)
         pthread_join(u->tr.th, NULL);
     u->tr.joinable = false;

@@ -182,23 +182,28 @@ TEST(same_index_whatever_the_timing)
     free(x), free(w), free(da), free(db), free(wa), free(wb), free(ia), free(ib);
 }
 
-/* While a training is slowed at each phase (300 ms pauses), searches and
- * adds are answered in far less than a pause: they never wait for it. */
+/* While a training is slowed at each phase (1 s pauses), searches and
+ * adds are answered in far less than a pause: they never wait for it.
+ * The bound is half a pause: on a loaded test machine a read and an add
+ * took up to 133 ms, and one that waited for a pause would take 1 s. */
 TEST(reads_and_adds_never_wait)
 {
-    const size_t n = 5400;   /* 420 rounds of 6 ms: longer than the 6 pauses */
+    const size_t n = 12000;   /* below the next training's 16,384 */
     float *x = malloc(n * DIM * sizeof(float));
     int *w = malloc(n * sizeof(int));
     synth(n, x, w);
-    nc_unbounded_cache *u = make(2048, false, 300);
-    CHECK(add_all(u, x, w, 2048, 512) == 0);
+    nc_unbounded_cache *u = make(4096, false, 1000);
+    CHECK(add_all(u, x, w, 4096, 512) == 0);
     double worst = 0.0;
     int during = 0;
     nc_ub_train_phase seen_max = NC_UB_TRAIN_IDLE;
     char err[NC_ERRLEN];
-    for (size_t i = 2048; i < n; i += 8) {
+    size_t i = 4096;
+    for (; i + 8 <= n; i += 8) {
         nc_ub_train_stats st;
         unbounded_cache_train_stats(u, &st);
+        if (st.phase == NC_UB_TRAIN_IDLE && st.trainings == 1)
+            break;
         if (st.phase != NC_UB_TRAIN_IDLE) {
             during++;
             if (st.phase > seen_max)
@@ -218,10 +223,9 @@ TEST(reads_and_adds_never_wait)
     nc_ub_train_stats st;
     unbounded_cache_train_stats(u, &st);
     fprintf(stderr, "   %d reads and adds during the training, the slowest %.1f ms\n", during, worst * 1e3);
-    /* the pauses are 300 ms, under no lock: 100 ms leaves room for a loaded machine */
-    CHECKF(worst < 0.1, "a read and an add took %.3f s", worst);
+    CHECKF(worst < 0.5, "a read and an add took %.3f s", worst);
     CHECK(during > 10 && seen_max >= NC_UB_TRAIN_MEASURING);
-    CHECK(st.trainings == 1 && unbounded_cache_count(u) == (int64_t)n);
+    CHECK(st.trainings == 1 && unbounded_cache_count(u) == (int64_t)i);
     check_lossless(u, x);
     unbounded_cache_free(u);
     free(x), free(w);

@@ -241,7 +241,7 @@ static void kill_at(const char *phase, const char *snap_period, const json_t *re
 {
     char data[] = "/tmp/nc_test_trk_XXXXXX";
     CHECK(mkdtemp(data) != NULL);
-    setenv("NEUROCACHE_TEST_TRAIN_DELAY_MS", "700", 1);
+    setenv("NEUROCACHE_TEST_TRAIN_DELAY_MS", "2000", 1);   /* each phase long enough to be seen on a loaded machine */
     nc_daemon d;
     CHECK(start(&d, data, snap_period) == 0);
     unsetenv("NEUROCACHE_TEST_TRAIN_DELAY_MS");
