@@ -10,7 +10,8 @@
  * usage: bench_growth MODEL MEMORY_FILES QUERY_FILES SIZES
  *   MEMORY_FILES  comma-separated texts whose hidden states fill the memory, in order
  *   QUERY_FILES   comma-separated held-out texts (their first BENCH_NQ tokens, default 2000)
- *   SIZES         comma list of stored pairs at which to read (ascending)
+ *   SIZES         comma list of stored pairs at which to read (ascending; one
+ *                 past the memory's pairs reads all of them)
  * BENCH_STATES=FILE caches the memory's hidden states (float16) between runs;
  * BENCH_NO_FIXED=1 skips the model's fixed index. Neural + unbounded: the
  * neural cache of 2,000 pairs (eval's row) and the unbounded cache, every
@@ -121,12 +122,14 @@ static size_t memory_states(const nc_model *m, const char *files_s, size_t max, 
     const char *sfile = getenv("BENCH_STATES");
     FILE *sf = sfile ? fopen(sfile, "rb") : NULL;
     uint64_t n0 = 0;
-    if (sf && fread(&n0, 8, 1, sf) == 1 && n0 >= max && fread(keys, 2 * (size_t)H, max, sf) == max) {
-        fseek(sf, 8 + (long)(n0 * 2 * (size_t)H), SEEK_SET);
-        if (fread(ids, sizeof(int), max, sf) == max) {
+    /* (a file of fewer states than max holds all the memory files have) */
+    if (sf && fread(&n0, 8, 1, sf) == 1 && n0 > 0) {
+        size_t take = n0 < max ? (size_t)n0 : max;
+        if (fread(keys, 2 * (size_t)H, take, sf) == take && fseek(sf, 8 + (long)(n0 * 2 * (size_t)H), SEEK_SET) == 0 &&
+            fread(ids, sizeof(int), take, sf) == take) {
             fclose(sf);
-            fprintf(stderr, "memory: %zu states from %s\n", max, sfile);
-            return max;
+            fprintf(stderr, "memory: %zu states from %s\n", take, sfile);
+            return take;
         }
     }
     if (sf)
@@ -279,7 +282,9 @@ int main(int argc, char **argv)
     printf("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
     size_t at = 0;
     double add_own = 0, add_fixed = 0;
-    for (size_t i = 0; i < ns && sizes[i] <= have; i++) {
+    for (size_t i = 0; i < ns && at < have; i++) {
+        if (sizes[i] > have)   /* the last size: all the memory there is (1,715,033 pairs of the three texts) */
+            sizes[i] = have;
         add_own += grow(own, keys, ids, at, sizes[i], H);
         if (fixed)
             add_fixed += grow(fixed, keys, ids, at, sizes[i], H);
