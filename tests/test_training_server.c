@@ -170,16 +170,17 @@ static double feed_predict(const nc_daemon *d, int i)
     return ok ? now_s() - t0 : 1e9;
 }
 
-/* A training slowed to 2.5 s a phase: feeds and predicts are answered
+/* A training slowed to 5 s a phase: feeds and predicts are answered
  * meanwhile in far less (nothing of a training holds a lock across a
  * pause); then the state is visible. The bound is half a pause: the test
- * machine may be loaded (feed + predict took 0.64 s at a load of 24 on
- * two cores), and a request that waited for a pause would take one. */
+ * machine may be loaded (a feed + predict took up to 1.5 s at a load of 45
+ * on two cores, during a training or not), and a request that waited for
+ * a pause would take one. */
 TEST(slow_training_does_not_block)
 {
     char data[] = "/tmp/nc_test_trs_XXXXXX";
     CHECK(mkdtemp(data) != NULL);
-    setenv("NEUROCACHE_TEST_TRAIN_DELAY_MS", "2500", 1);
+    setenv("NEUROCACHE_TEST_TRAIN_DELAY_MS", "5000", 1);
     nc_daemon d;
     CHECK(start(&d, data, "0") == 0);
     unsetenv("NEUROCACHE_TEST_TRAIN_DELAY_MS");
@@ -207,7 +208,7 @@ TEST(slow_training_does_not_block)
     }
     fprintf(stderr, "    slowest feed + predict: %.1f ms before the training, %.1f ms during it (%d, %d phases seen)\n",
             before * 1e3, during * 1e3, n_during, phases);
-    CHECKF(during < 1.25 && n_during >= 20 && phases >= 4, "%.3f s, %d requests, %d phases", during, n_during, phases);
+    CHECKF(during < 2.5 && n_during >= 20 && phases >= 4, "%.3f s, %d requests, %d phases", during, n_during, phases);
     CHECK(wait_trained(&d, 1) == 0);
     int64_t entries = 0;
     json_t *t = training_of(&d, &entries);
@@ -216,8 +217,8 @@ TEST(slow_training_does_not_block)
     CHECK(json_integer_value(json_object_get(t, "nlist")) == 32 && json_integer_value(json_object_get(t, "next_at")) == 8192);
     double rec = json_real_value(json_object_get(t, "recall"));
     CHECK(rec > 0.0 && rec <= 1.0 && json_real_value(json_object_get(t, "imbalance")) >= 1.0);
-    /* five pauses of 2.5 s (no catch-up round: fewer than 4,096 pairs came meanwhile) */
-    CHECK(json_real_value(json_object_get(t, "last_seconds")) >= 12.5);
+    /* five pauses of 5 s (no catch-up round: fewer than 4,096 pairs came meanwhile) */
+    CHECK(json_real_value(json_object_get(t, "last_seconds")) >= 25.0);
     json_decref(t);
     CHECK(metric(&d, "neurocache_namespace_index_trainings_total") == 1);
     CHECK(metric(&d, "neurocache_namespace_index_nlist") == 32);
