@@ -515,6 +515,7 @@ int unbounded_cache_switch(nc_unbounded_cache *u, char *err, size_t errlen)
 
 #define UB_TRAIN_PER_LIST 40      /* sample keys a list: FAISS warns below 39 */
 #define UB_TRAIN_NITER 10         /* k-means iterations (FAISS's IVF default) */
+#define UB_TRAIN_MIN 256          /* keys a training needs: the PQ's 256 codewords a sub-quantizer */
 #define UB_TRAIN_SEED 1234        /* k-means and PQ initialisation: replicas agree */
 #define UB_RECALL_QUERIES 256     /* held-out keys whose neighbours are measured */
 #define UB_RECALL_TOP 32          /* exact nearest ones a search should find... */
@@ -609,6 +610,8 @@ static int64_t train_due(const nc_unbounded_cache *u)
     if (!u->o.own_training || !u->keys_ok)
         return 0;
     int64_t n = (int64_t)u->nvalues, t = u->o.switch_at, best = 0;
+    while (t < UB_TRAIN_MIN)   /* a switch_at below what a PQ trains on: the first T_j above */
+        t *= 4;
     for (; t <= n; t *= 4) {
         if (t > u->tr.trained_on)
             best = t;
@@ -624,7 +627,7 @@ static int64_t train_next_at(const nc_unbounded_cache *u)
     if (!u->o.own_training || !u->keys_ok)
         return 0;
     int64_t t = u->o.switch_at, past = u->tr.running ? u->tr.target : u->tr.trained_on;
-    while (t <= past && t <= INT64_MAX / 4)
+    while ((t <= past || t < UB_TRAIN_MIN) && t <= INT64_MAX / 4)
         t *= 4;
     return t;
 }
@@ -694,6 +697,8 @@ static int train_fit(nc_unbounded_cache *u, ub_train_job *j, char *err, size_t e
 {
     const size_t d = (size_t)u->o.dim;
     int64_t S = j->nlist * UB_TRAIN_PER_LIST;
+    if (S < UB_TRAIN_MIN)
+        S = UB_TRAIN_MIN;   /* the PQ's k-means: at least as many keys as codewords */
     if (S > j->T)
         S = j->T;
     train_phase(u, NC_UB_TRAIN_SAMPLING, S);
