@@ -45,7 +45,8 @@
     X(neural_f16, "f16-keys", BOOL, 0, 1, "false", "store the neural cache's keys as float16")       \
     X(unbounded, NULL, BOOL, 0, 1, "false", "read the namespace's unbounded cache")           \
     X(knn, NULL, INT, 1, NC_CACHE_MAX_KNN, "1024", "unbounded cache: neighbours searched")           \
-    X(nprobe, NULL, INT, 1, NC_CACHE_MAX_NPROBE, "8", "unbounded cache: IVF lists probed")       \
+    X(nprobe, NULL, INT, 0, NC_CACHE_MAX_NPROBE, "0",                                          \
+      "unbounded cache: IVF lists probed; 0 = the namespace's own, chosen at its index's training")  \
     X(unbounded_lambda, NULL, FLOAT, 0, 1, "0.3", "unbounded cache interpolation weight") \
     X(kernel, NULL, KERNEL, 0, 1, "gaussian", "unbounded cache kernel: gaussian | epanechnikov") \
     X(exact, NULL, BOOL, 0, 1, "false", "unbounded cache: exact (flat) search instead of IVFPQ")  \

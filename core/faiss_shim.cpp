@@ -1625,3 +1625,69 @@ extern "C" void faiss_shim_table_unlend(FaissIndex *idx)
     ix->precomputed_table.numel = 0;
     ix->use_precomputed_table = 0;
 }
+
+/* ---- a namespace's own training ------------------------------------------- */
+
+#include <faiss/impl/AuxIndexStructures.h>
+#include <mutex>
+
+namespace {
+
+/* The training thread's stop flag, read by FAISS's k-means at each
+ * iteration through its process-wide interrupt callback (installed once;
+ * other threads have none and are never interrupted). */
+thread_local const volatile int *train_stop = nullptr;
+
+struct stop_callback : faiss::InterruptCallback {
+    bool want_interrupt() override { return train_stop && __atomic_load_n(train_stop, __ATOMIC_RELAXED); }
+};
+
+} // namespace
+
+extern "C" int faiss_shim_train_ivfpq(const faiss_shim_train_in *in, FaissIndex **out, char *err, size_t errlen)
+{
+    static std::once_flag installed;
+    *out = nullptr;
+    faiss::IndexIVFPQ *ix = nullptr;
+    try {
+        std::call_once(installed, [] { faiss::InterruptCallback::instance.reset(new stop_callback()); });
+        auto *q = new faiss::IndexFlatL2(in->d);
+        ix = new faiss::IndexIVFPQ(q, in->d, (size_t)in->nlist, (size_t)in->M, 8);
+        ix->own_fields = true;
+        ix->do_polysemous_training = false;
+        ix->cp.niter = in->niter;
+        ix->cp.seed = in->seed;
+        ix->cp.min_points_per_centroid = 1;   /* the caller sizes the sample; FAISS would print */
+        ix->cp.max_points_per_centroid = (int)((in->n + in->nlist - 1) / in->nlist);   /* all of it */
+        ix->pq.cp.seed = in->seed;
+        ix->pq.cp.min_points_per_centroid = 1;
+        ix->verbose = false;
+        train_stop = in->stop;
+        ix->train((faiss::Index::idx_t)in->n, in->x);
+        train_stop = nullptr;
+        /* (train made its precomputed table: pq_tables_attach moves it out
+         * into the table its training shares) */
+        *out = reinterpret_cast<FaissIndex *>(ix);
+        return 0;
+    } catch (const std::exception &e) {
+        train_stop = nullptr;
+        delete ix;
+        bool stopped = in->stop && __atomic_load_n(in->stop, __ATOMIC_RELAXED);
+        snprintf(err, errlen, "%s", stopped ? "training stopped" : e.what());
+        return stopped ? -2 : -1;
+    }
+}
+
+extern "C" double faiss_shim_imbalance(const FaissIndex *idx)
+{
+    auto *iv = dynamic_cast<const faiss::IndexIVF *>(reinterpret_cast<const faiss::Index *>(idx));
+    if (!iv || !iv->invlists || iv->ntotal == 0)
+        return 0.0;
+    return iv->invlists->imbalance_factor();
+}
+
+extern "C" int64_t faiss_shim_nlist(const FaissIndex *idx)
+{
+    auto *iv = dynamic_cast<const faiss::IndexIVF *>(reinterpret_cast<const faiss::Index *>(idx));
+    return iv ? (int64_t)iv->nlist : 0;
+}

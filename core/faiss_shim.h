@@ -187,6 +187,29 @@ float *faiss_shim_table_take(FaissIndex *idx, char *err, size_t errlen);   /* NU
 void faiss_shim_table_lend(FaissIndex *idx, float *table);
 void faiss_shim_table_unlend(FaissIndex *idx);
 
+
+/* ---- a namespace's own training (docs/caches.md "A namespace trains its own index") ----
+ * An IVFPQ index with a flat L2 quantizer, nlist lists and M one-byte
+ * sub-quantizers, trained on n vectors x [n, d] (the caller's sample):
+ * the coarse quantizer by k-means (niter iterations, FAISS's seeded
+ * initialisation), then the PQ on the residuals; no polysemous training.
+ * Deterministic for one sample, seed and thread count. *stop (if non-NULL)
+ * is read at each k-means iteration: set, the training stops with -2.
+ * Returns 0 with *out (empty, trained, owned by the caller), -1 on a FAISS
+ * error (message in err). */
+typedef struct {
+    int d, M, niter, seed;
+    int64_t nlist, n;
+    const float *x;
+    const volatile int *stop;
+} faiss_shim_train_in;
+int faiss_shim_train_ivfpq(const faiss_shim_train_in *in, FaissIndex **out, char *err, size_t errlen);
+/* FAISS's imbalance factor of an IVF index's lists, nlist Σ n_i² / (Σ n_i)²
+ * (1 when balanced); 0 for an empty or non-IVF index. */
+double faiss_shim_imbalance(const FaissIndex *idx);
+/* Lists of an IVF index, 0 for any other. */
+int64_t faiss_shim_nlist(const FaissIndex *idx);
+
 #ifdef __cplusplus
 }
 #endif

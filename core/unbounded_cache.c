@@ -11,6 +11,7 @@
 #include "vmath.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <immintrin.h>
 #include <limits.h>
 #include <math.h>
@@ -20,8 +21,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 #include <zlib.h>
 
+#include <cblas.h>
 #include <faiss/c_api/AutoTune_c.h>
 #include <faiss/c_api/Index_c.h>
 #include <faiss/c_api/IndexFlat_c.h>
@@ -33,8 +39,24 @@
 
 /* libgomp's entry point; declared here so that compilers without omp.h work */
 extern void omp_set_num_threads(int n);
+extern int omp_get_max_threads(void);
 
 #define UB_VALUES_MAGIC "NCUBVAL1"
+
+/* The own training's state (unbounded_cache.h), under the cache's lock but
+ * for what the training thread publishes as atomics */
+typedef struct {
+    pthread_t th;
+    bool joinable;                /* th to join before the next one starts */
+    bool running;                 /* a training is under way (write lock) */
+    volatile int stop;            /* unbounded_cache_free: stop at the next step */
+    _Atomic int phase;            /* nc_ub_train_phase */
+    _Atomic int64_t done, total;  /* progress of the phase in progress */
+    int64_t target;               /* T_j of the training under way */
+    int64_t trained_on;           /* T_j of the index searched, 0 = none of its own */
+    uint64_t trainings, failures;
+    double recall, last_secs;
+} ub_trainer;
 
 struct nc_unbounded_cache {
     pthread_rwlock_t lock;
@@ -65,7 +87,17 @@ struct nc_unbounded_cache {
     int64_t *lbuf;                /* compact adds: lists [lbuf_n] and codes scratch */
     uint8_t *cbuf;
     size_t lbuf_n;
+    /* the own training (own_training): every pair's key as f16, in chunks of
+     * UB_KCHUNK pairs that never move once allocated, so that a training
+     * reads the keys of ids < count without the lock */
+    uint16_t **kch;
+    size_t nkch, kch_cap;
+    bool keys_ok;                 /* kch holds every pair's key from id 0 */
+    int64_t kfile_n;              /* pairs whose keys the keys file holds (keys_sync) */
+    ub_trainer tr;
 };
+
+#define UB_KCHUNK ((size_t)1 << 16)
 
 static int faiss_err(char *err, size_t errlen, const char *what)
 {
@@ -219,6 +251,11 @@ static int cache_create(const nc_unbounded_cache_opts *o, nc_wordtable *words, n
     u->o.trained_path = u->trained_path[0] ? u->trained_path : NULL;
     u->words = words;
     u->nprobe = u->o.nprobe;
+    if (u->o.recall_target <= 0.0 || u->o.recall_target > 1.0)
+        u->o.recall_target = 0.9;
+    u->o.own_training = o->own_training && !o->exact && !o->compact;
+    u->keys_ok = u->o.own_training;
+    u->tr.recall = -1.0;
     pthread_rwlock_init(&u->lock, NULL);
     if (o->omp_threads > 0)
         unbounded_cache_set_threads(o->omp_threads);
@@ -253,10 +290,15 @@ int unbounded_cache_new(const nc_unbounded_cache_opts *o, nc_wordtable *words, n
     return NC_OK;
 }
 
+static void train_stop_join(nc_unbounded_cache *u);
+static void keys_free(nc_unbounded_cache *u);
+
 void unbounded_cache_free(nc_unbounded_cache *u)
 {
     if (!u)
         return;
+    train_stop_join(u);
+    keys_free(u);
     faiss_shim_cq_free(u->cq);
     if (u->idx) {
         pq_tables_detach(u->idx, u->table_key);
@@ -440,11 +482,571 @@ static int switch_and_unlock(nc_unbounded_cache *u, char *err, size_t errlen)
     return rc;
 }
 
+static int train_one(nc_unbounded_cache *u, int64_t T, char *err, size_t errlen);
+
 int unbounded_cache_switch(nc_unbounded_cache *u, char *err, size_t errlen)
 {
     omp_limit(u);
+    if (u->o.own_training) {
+        /* a training of every pair stored, in this thread, once no other runs */
+        unbounded_cache_train_wait(u);
+        pthread_rwlock_wrlock(&u->lock);
+        int64_t T = (int64_t)u->nvalues;
+        bool go = !u->tr.running && u->keys_ok && u->flat && T > 0;
+        if (go)
+            u->tr.running = true, u->tr.target = T;
+        pthread_rwlock_unlock(&u->lock);
+        int rc = go ? train_one(u, T, err, errlen) : NC_OK;
+        pthread_rwlock_wrlock(&u->lock);
+        if (go)
+            u->tr.running = false;
+        atomic_store(&u->tr.phase, NC_UB_TRAIN_IDLE);
+        pthread_rwlock_unlock(&u->lock);
+        return rc;
+    }
     pthread_rwlock_wrlock(&u->lock);
     return switch_and_unlock(u, err, errlen);
+}
+
+/* ---- the own training (unbounded_cache.h; docs/caches.md) ------------------
+ * FAISS's guidance for an IVF index (its wiki, "Guidelines to choose an
+ * index"): nlist about 4-16 sqrt(N), trained on at least 39 points a
+ * list, nprobe chosen by measuring recall against exact search. */
+
+#define UB_TRAIN_PER_LIST 40      /* sample keys a list: FAISS warns below 39 */
+#define UB_TRAIN_NITER 10         /* k-means iterations (FAISS's IVF default) */
+#define UB_TRAIN_MIN 256          /* keys a training needs: the PQ's 256 codewords a sub-quantizer */
+#define UB_TRAIN_SEED 1234        /* k-means and PQ initialisation: replicas agree */
+#define UB_RECALL_QUERIES 256     /* held-out keys whose neighbours are measured */
+#define UB_RECALL_TOP 32          /* exact nearest ones a search should find... */
+#define UB_RECALL_K 1024          /* ...among its k (the default knn) */
+#define UB_CATCHUP_LOCKED 4096    /* pairs the catch-up leaves for the write lock */
+#define UB_EXACT_BLOCK 4096       /* keys a block of the exact search */
+
+const char *unbounded_cache_phase_name(nc_ub_train_phase p)
+{
+    static const char *const n[] = {"idle", "sampling", "k-means", "encoding", "measuring", "catching up", "swapping"};
+    return (unsigned)p < sizeof n / sizeof *n ? n[p] : "?";
+}
+
+static void keys_free(nc_unbounded_cache *u)
+{
+    for (size_t i = 0; i < u->nkch; i++)
+        free(u->kch[i]);
+    free(u->kch);
+    u->kch = NULL;
+    u->nkch = u->kch_cap = 0;
+}
+
+/* Write lock held: room for the keys of ids < n (chunks allocated). */
+static int keys_reserve(nc_unbounded_cache *u, size_t n, char *err, size_t errlen)
+{
+    const size_t need = (n + UB_KCHUNK - 1) / UB_KCHUNK;
+    if (need > u->kch_cap) {
+        size_t c = u->kch_cap ? 2 * u->kch_cap : 16;
+        while (c < need)
+            c *= 2;
+        uint16_t **k = nc_realloc(u->kch, c * sizeof *k);
+        if (!k)
+            return nc_error(err, errlen, NC_ENOMEM, "unbounded cache: the keys' chunk table (%zu)", c);
+        u->kch = k;
+        u->kch_cap = c;
+    }
+    while (u->nkch < need) {
+        uint16_t *c = nc_malloc(UB_KCHUNK * (size_t)u->o.dim * sizeof(uint16_t));
+        if (!c)
+            return nc_error(err, errlen, NC_ENOMEM, "unbounded cache: keys kept for training (%zu chunks)", need);
+        u->kch[u->nkch++] = c;
+    }
+    return NC_OK;
+}
+
+/* Write lock held: keeps the f16 keys [n, dim] of ids first.. (already
+ * f16-rounded when key_f16: the conversion is then exact). */
+static int keys_push(nc_unbounded_cache *u, const float *keys, size_t n, size_t first, char *err, size_t errlen)
+{
+    const size_t d = (size_t)u->o.dim;
+    int rc = keys_reserve(u, first + n, err, errlen);
+    for (size_t i = 0; !rc && i < n;) {
+        size_t id = first + i, off = id % UB_KCHUNK, m = UB_KCHUNK - off;
+        if (m > n - i)
+            m = n - i;
+        vm_float_to_half(keys + i * d, u->kch[id / UB_KCHUNK] + off * d, m * d);
+        i += m;
+    }
+    return rc;
+}
+
+/* The keys of ids [id, id + n) into out [n, dim], every id below a count
+ * seen under the lock: their chunks never move, their contents never
+ * change, so only the chunk table is read under the lock (held already
+ * when locked). */
+static void keys_copy(nc_unbounded_cache *u, size_t id, size_t n, float *out, bool locked)
+{
+    const size_t d = (size_t)u->o.dim;
+    for (size_t i = 0; i < n;) {
+        size_t at = id + i, off = at % UB_KCHUNK, m = UB_KCHUNK - off;
+        if (m > n - i)
+            m = n - i;
+        if (!locked)
+            pthread_rwlock_rdlock(&u->lock);
+        const uint16_t *c = u->kch[at / UB_KCHUNK];
+        if (!locked)
+            pthread_rwlock_unlock(&u->lock);
+        vm_half_to_float(c + off * d, out + i * d, m * d);
+        i += m;
+    }
+}
+
+static void keys_get(nc_unbounded_cache *u, size_t id, size_t n, float *out)
+{
+    keys_copy(u, id, n, out, false);
+}
+
+/* Lock held: the training due now, T_j = switch_at 4^j the largest <= the
+ * pairs stored and above the index's own; 0 when none. */
+static int64_t train_due(const nc_unbounded_cache *u)
+{
+    if (!u->o.own_training || !u->keys_ok)
+        return 0;
+    int64_t n = (int64_t)u->nvalues, t = u->o.switch_at, best = 0;
+    while (t < UB_TRAIN_MIN)   /* a switch_at below what a PQ trains on: the first T_j above */
+        t *= 4;
+    for (; t <= n; t *= 4) {
+        if (t > u->tr.trained_on)
+            best = t;
+        if (t > INT64_MAX / 4)
+            break;
+    }
+    return best;
+}
+
+/* Lock held: the pairs at which the next training is due (0: never). */
+static int64_t train_next_at(const nc_unbounded_cache *u)
+{
+    if (!u->o.own_training || !u->keys_ok)
+        return 0;
+    int64_t t = u->o.switch_at, past = u->tr.running ? u->tr.target : u->tr.trained_on;
+    while ((t <= past || t < UB_TRAIN_MIN) && t <= INT64_MAX / 4)
+        t *= 4;
+    return t;
+}
+
+/* nlist for T pairs: the power of two <= 4 sqrt(T) (FAISS's 4-16 sqrt(N),
+ * its low end: the k-means costs nlist^2 UB_TRAIN_PER_LIST d a step),
+ * with UB_TRAIN_PER_LIST keys a list in the sample. */
+static int64_t train_nlist(int64_t T)
+{
+    int64_t p = 1;
+    while ((double)(2 * p) <= 4.0 * sqrt((double)T) && 2 * p * UB_TRAIN_PER_LIST <= T)
+        p *= 2;
+    return p;
+}
+
+/* The sub-quantizers: the factory's PQ<M> (the code size the model
+ * declares), else dim / 8. */
+static int train_pq_m(const nc_unbounded_cache *u)
+{
+    const char *pq = strstr(u->factory, "PQ");
+    int m = pq ? atoi(pq + 2) : 0;
+    if (m <= 0 || u->o.dim % m != 0)
+        m = u->o.dim / 8 > 0 ? u->o.dim / 8 : 1;
+    return m;
+}
+
+typedef struct {
+    int64_t T, nlist, done;       /* trained on ids < T; pairs encoded so far */
+    FaissIndex *ivf;
+    faiss_shim_cq *cq;
+    uint64_t key;                 /* its shared table (pq_tables.h) */
+    int nprobe;
+    double recall, t0;
+    float *buf;                   /* [UB_KCHUNK, dim] keys being encoded */
+} ub_train_job;
+
+/* unbounded_cache_free asks the trainer to stop (an atomic flag, which
+ * FAISS's k-means also reads: faiss_shim_train_ivfpq) */
+static bool train_stopped(const nc_unbounded_cache *u)
+{
+    return __atomic_load_n(&u->tr.stop, __ATOMIC_RELAXED) != 0;
+}
+
+static void train_phase(nc_unbounded_cache *u, nc_ub_train_phase ph, int64_t total)
+{
+    atomic_store(&u->tr.done, 0);
+    atomic_store(&u->tr.total, total);
+    atomic_store(&u->tr.phase, (int)ph);
+    if (u->o.train_delay_ms > 0) {
+        struct timespec ts = {u->o.train_delay_ms / 1000, (long)(u->o.train_delay_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static double train_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Sampling and k-means: job->ivf trained on UB_TRAIN_PER_LIST keys a list
+ * of ids < T at regular steps (id i T / S), its table attached, its
+ * coarse searcher made. Memory: the sample, S dim floats (40 MB at 1,024
+ * lists, H = 256), and FAISS's copy of it. */
+static int train_fit(nc_unbounded_cache *u, ub_train_job *j, char *err, size_t errlen)
+{
+    const size_t d = (size_t)u->o.dim;
+    int64_t S = j->nlist * UB_TRAIN_PER_LIST;
+    if (S < UB_TRAIN_MIN)
+        S = UB_TRAIN_MIN;   /* the PQ's k-means: at least as many keys as codewords */
+    if (S > j->T)
+        S = j->T;
+    train_phase(u, NC_UB_TRAIN_SAMPLING, S);
+    float *x = nc_malloc((size_t)S * d * sizeof(float));
+    if (!x)
+        return nc_error(err, errlen, NC_ENOMEM, "training sample (%lld keys)", (long long)S);
+    for (int64_t i = 0; i < S; i++)
+        keys_get(u, (size_t)(i * (j->T / S) + (i * (j->T % S)) / S), 1, x + (size_t)i * d);
+    train_phase(u, NC_UB_TRAIN_KMEANS, UB_TRAIN_NITER);
+    faiss_shim_train_in in = {.d = u->o.dim, .M = train_pq_m(u), .niter = UB_TRAIN_NITER, .seed = UB_TRAIN_SEED,
+                              .nlist = j->nlist, .n = S, .x = x, .stop = &u->tr.stop};
+    char ferr[256];
+    int how = faiss_shim_train_ivfpq(&in, &j->ivf, ferr, sizeof ferr);
+    free(x);
+    if (how != 0)
+        return nc_error(err, errlen, how == -2 ? NC_ESTATE : NC_EFORMAT, "training the unbounded index: %s", ferr);
+    int rc = pq_tables_attach(j->ivf, &j->key, err, errlen);
+    if (!rc)
+        j->cq = faiss_shim_cq_new(j->ivf, 0);
+    return rc;
+}
+
+/* Encodes the keys of ids [job->done, upto) into job->ivf, a chunk at a
+ * time, as every add encodes them (faiss_shim_add with its searcher);
+ * locked: the caller holds the cache's lock. */
+static int train_encode(nc_unbounded_cache *u, ub_train_job *j, int64_t upto, bool locked, char *err,
+                        size_t errlen)
+{
+    while (j->done < upto && !train_stopped(u)) {
+        int64_t m = upto - j->done < (int64_t)UB_KCHUNK ? upto - j->done : (int64_t)UB_KCHUNK;
+        keys_copy(u, (size_t)j->done, (size_t)m, j->buf, locked);
+        faiss_shim_add_in a = add_in((size_t)m, j->buf, NULL, j->cq);
+        int rc = index_add(j->ivf, &a, err, errlen);
+        if (rc)
+            return rc;
+        j->done += m;
+        atomic_fetch_add(&u->tr.done, m);
+    }
+    return train_stopped(u) ? nc_error(err, errlen, NC_ESTATE, "training stopped") : NC_OK;
+}
+
+/* The exact UB_RECALL_TOP nearest keys of ids < lim[q] to each of the nq
+ * queries x [nq, dim] into top [nq, R] (ids, ascending distance): blocks
+ * of keys against all queries in one GEMM, ||x||^2 + ||k||^2 - 2 <x, k>
+ * (rounding reorders only near-ties: a reference for a recall). */
+typedef struct {
+    const float *x;
+    const int64_t *lim;
+    size_t nq;
+    float *td;                    /* [nq, R] distances of the best so far */
+    int64_t *tl;                  /* [nq, R] their ids */
+} ub_exact_top;
+
+static void exact_insert(ub_exact_top *e, size_t q, float dist, int64_t id)
+{
+    float *d = e->td + q * UB_RECALL_TOP;
+    int64_t *l = e->tl + q * UB_RECALL_TOP;
+    int i = UB_RECALL_TOP - 1;
+    if (!(dist < d[i]))
+        return;
+    for (; i > 0 && d[i - 1] > dist; i--) {
+        d[i] = d[i - 1];
+        l[i] = l[i - 1];
+    }
+    d[i] = dist;
+    l[i] = id;
+}
+
+static int exact_top(nc_unbounded_cache *u, ub_exact_top *e, int64_t upto, char *err, size_t errlen)
+{
+    const size_t d = (size_t)u->o.dim, B = UB_EXACT_BLOCK;
+    float *kb = nc_malloc(B * d * sizeof(float)), *g = nc_malloc(B * e->nq * sizeof(float));
+    float *kn = nc_malloc(B * sizeof(float)), *xn = nc_malloc(e->nq * sizeof(float));
+    int rc = kb && g && kn && xn ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "recall measure");
+    for (size_t q = 0; !rc && q < e->nq; q++) {
+        xn[q] = cblas_sdot((int)d, e->x + q * d, 1, e->x + q * d, 1);
+        for (int r = 0; r < UB_RECALL_TOP; r++)
+            e->td[q * UB_RECALL_TOP + r] = INFINITY, e->tl[q * UB_RECALL_TOP + r] = -1;
+    }
+    for (int64_t b0 = 0; !rc && b0 < upto && !train_stopped(u); b0 += (int64_t)B) {
+        size_t m = (size_t)(upto - b0) < B ? (size_t)(upto - b0) : B;
+        keys_get(u, (size_t)b0, m, kb);
+        for (size_t i = 0; i < m; i++)
+            kn[i] = cblas_sdot((int)d, kb + i * d, 1, kb + i * d, 1);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)e->nq, (int)m, (int)d, 1.0f, e->x, (int)d, kb,
+                    (int)d, 0.0f, g, (int)m);
+        for (size_t q = 0; q < e->nq; q++)
+            for (size_t i = 0; i < m && b0 + (int64_t)i < e->lim[q]; i++)
+                exact_insert(e, q, xn[q] + kn[i] - 2.0f * g[q * m + i], b0 + (int64_t)i);
+        atomic_fetch_add(&u->tr.done, (int64_t)m);
+    }
+    free(kb), free(g), free(kn), free(xn);
+    return rc;
+}
+
+/* The share of the exact UB_RECALL_TOP nearest found among the k the IVF
+ * search of job->ivf returns with nprobe np. */
+static int ivf_recall(const ub_train_job *j, const ub_exact_top *e, int np, double *recall, char *err, size_t errlen)
+{
+    const int64_t k = UB_RECALL_K < j->T ? UB_RECALL_K : j->T;
+    float *d = nc_malloc(e->nq * (size_t)k * sizeof(float));
+    int64_t *l = nc_malloc(e->nq * (size_t)k * sizeof(int64_t));
+    int rc = d && l ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "recall measure");
+    char ferr[256];
+    faiss_shim_scan sc = {.n = (int64_t)e->nq, .x = e->x, .k = k, .nprobe = np, .id_limit = e->lim, .cq = j->cq,
+                          .d = d, .l = l};
+    int how = rc ? 0 : faiss_shim_ivfpq_search(j->ivf, &sc, ferr, sizeof ferr);
+    if (!rc && how == 1)   /* not our scan's kind: FAISS's, ids >= lim dropped below */
+        how = faiss_shim_search(j->ivf, (int64_t)e->nq, e->x, k, np, d, l, ferr, sizeof ferr);
+    if (!rc && how != 0)
+        rc = nc_error(err, errlen, NC_EFORMAT, "recall measure: %s", ferr);
+    size_t hit = 0, all = 0;
+    for (size_t q = 0; !rc && q < e->nq; q++)
+        for (int r = 0; r < UB_RECALL_TOP; r++) {
+            int64_t want = e->tl[q * UB_RECALL_TOP + r];
+            if (want < 0)
+                continue;
+            all++;
+            for (int64_t i = 0; i < k; i++)
+                if (l[q * (size_t)k + (size_t)i] == want) {
+                    hit++;
+                    break;
+                }
+        }
+    *recall = all ? (double)hit / (double)all : 1.0;
+    free(d), free(l);
+    return rc;
+}
+
+/* Measuring: job->nprobe, the least of a ladder whose recall (above) on
+ * UB_RECALL_QUERIES held-out keys -- ids spread over [T/2, T), each
+ * searching the ids before it, as a reader searches M_t -- meets the
+ * target; the largest tried when none does. */
+static int train_measure(nc_unbounded_cache *u, ub_train_job *j, char *err, size_t errlen)
+{
+    static const int ladder[] = {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64, 96, 128};
+    const size_t d = (size_t)u->o.dim;
+    size_t nq = UB_RECALL_QUERIES < j->T / 4 ? UB_RECALL_QUERIES : (size_t)(j->T / 4);
+    j->nprobe = u->o.nprobe;
+    j->recall = -1.0;
+    if (nq == 0)
+        return NC_OK;
+    train_phase(u, NC_UB_TRAIN_MEASURING, j->T);
+    float *x = nc_malloc(nq * d * sizeof(float)), *td = nc_malloc(nq * UB_RECALL_TOP * sizeof(float));
+    int64_t *lim = nc_malloc(nq * sizeof(int64_t)), *tl = nc_malloc(nq * UB_RECALL_TOP * sizeof(int64_t));
+    int rc = x && td && lim && tl ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "recall measure");
+    for (size_t q = 0; !rc && q < nq; q++) {
+        lim[q] = j->T / 2 + (int64_t)q * (j->T - j->T / 2) / (int64_t)nq;
+        keys_get(u, (size_t)lim[q], 1, x + q * d);
+    }
+    ub_exact_top e = {.x = x, .lim = lim, .nq = nq, .td = td, .tl = tl};
+    if (!rc)
+        rc = exact_top(u, &e, j->T, err, errlen);
+    for (size_t i = 0; !rc && i < sizeof ladder / sizeof *ladder && ladder[i] <= j->nlist; i++) {
+        double r = 0.0;
+        rc = ivf_recall(j, &e, ladder[i], &r, err, errlen);
+        if (!rc) {
+            j->nprobe = ladder[i];
+            j->recall = r;
+        }
+        if (!rc && r >= u->o.recall_target)
+            break;
+    }
+    free(x), free(td), free(lim), free(tl);
+    return rc;
+}
+
+/* Catching up and the swap: the pairs added since T encoded off-lock in
+ * rounds until fewer than UB_CATCHUP_LOCKED are left, then those under the
+ * write lock, and the new index swapped in (its nprobe the one chosen). */
+static int train_swap(nc_unbounded_cache *u, ub_train_job *j, char *err, size_t errlen)
+{
+    int rc = NC_OK;
+    for (;;) {
+        int64_t n = unbounded_cache_count(u);
+        if (n - j->done <= (int64_t)UB_CATCHUP_LOCKED)
+            break;
+        train_phase(u, NC_UB_TRAIN_CATCHUP, n - j->done);
+        if ((rc = train_encode(u, j, n, false, err, errlen)))
+            return rc;
+    }
+    train_phase(u, NC_UB_TRAIN_SWAP, UB_CATCHUP_LOCKED);   /* (its test pause before the lock) */
+    pthread_rwlock_wrlock(&u->lock);
+    rc = train_encode(u, j, (int64_t)u->nvalues, true, err, errlen);
+    if (!rc)
+        rc = set_nprobe(u, j->ivf, j->nprobe, err, errlen);
+    if (!rc) {
+        faiss_shim_cq_free(u->cq);
+        pq_tables_detach(u->idx, u->table_key);
+        faiss_Index_free(u->idx);
+        u->idx = j->ivf;
+        u->cq = j->cq;
+        u->table_key = j->key;
+        j->ivf = NULL;
+        j->cq = NULL;
+        u->flat = false;
+        u->gen++;
+        if (u->tmpl) {   /* the model's training is not needed any more */
+            faiss_Index_free(u->tmpl);
+            u->tmpl = NULL;
+        }
+        u->tr.trained_on = j->T;
+        u->tr.trainings++;
+        u->tr.recall = j->recall;
+        u->tr.last_secs = train_now() - j->t0;
+    }
+    pthread_rwlock_unlock(&u->lock);
+    return rc;
+}
+
+/* One training on the keys of ids < T (unbounded_cache.h): fit, encode,
+ * measure, catch up and swap. On failure the cache keeps its index. */
+static int train_one(nc_unbounded_cache *u, int64_t T, char *err, size_t errlen)
+{
+    ub_train_job j = {.T = T, .nlist = train_nlist(T), .t0 = train_now()};
+    j.buf = nc_malloc(UB_KCHUNK * (size_t)u->o.dim * sizeof(float));
+    int rc = j.buf ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "training buffer");
+    if (!rc)
+        rc = train_fit(u, &j, err, errlen);
+    if (!rc) {
+        train_phase(u, NC_UB_TRAIN_ENCODING, T);
+        rc = train_encode(u, &j, T, false, err, errlen);
+    }
+    if (!rc)
+        rc = train_measure(u, &j, err, errlen);
+    if (!rc)
+        rc = train_swap(u, &j, err, errlen);
+    free(j.buf);
+    faiss_shim_cq_free(j.cq);
+    if (j.ivf) {
+        pq_tables_detach(j.ivf, j.key);
+        faiss_Index_free(j.ivf);
+    }
+    return rc;
+}
+
+/* Trains while one is due (a training that ends with a later T_j due
+ * trains that one), then marks the trainer idle. */
+static void train_run(nc_unbounded_cache *u)
+{
+    const int omp_was = omp_get_max_threads();
+    omp_set_num_threads(1);   /* one order of sums: the same index every run */
+    char err[NC_ERRLEN];
+    for (;;) {
+        pthread_rwlock_wrlock(&u->lock);
+        int64_t T = train_stopped(u) ? 0 : train_due(u);
+        u->tr.target = T;
+        if (!T) {
+            u->tr.running = false;
+            atomic_store(&u->tr.phase, NC_UB_TRAIN_IDLE);
+            pthread_rwlock_unlock(&u->lock);
+            omp_set_num_threads(omp_was);   /* (train_sync: the caller's thread) */
+            return;
+        }
+        pthread_rwlock_unlock(&u->lock);
+        if (train_one(u, T, err, sizeof err) != NC_OK) {
+            pthread_rwlock_wrlock(&u->lock);
+            u->tr.failures++;
+            /* not again before the next T_j: counted as done, the index kept */
+            if (!train_stopped(u))
+                u->tr.trained_on = T;
+            pthread_rwlock_unlock(&u->lock);
+        }
+    }
+}
+
+static void *train_main(void *arg)
+{
+    nc_unbounded_cache *u = arg;
+    if (u->o.train_nice > 0)
+        setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), u->o.train_nice);
+    train_run(u);
+    return NULL;
+}
+
+/* Called with the write lock held (after an add); returns with it released.
+ * Starts the training due, if any and none is running: in this thread
+ * (train_sync) or in the trainer's. */
+static int train_check_and_unlock(nc_unbounded_cache *u, char *err, size_t errlen)
+{
+    if (u->tr.running || !train_due(u)) {
+        pthread_rwlock_unlock(&u->lock);
+        return NC_OK;
+    }
+    u->tr.running = true;
+    if (u->o.train_sync) {
+        pthread_rwlock_unlock(&u->lock);
+        train_run(u);
+        return NC_OK;
+    }
+    if (u->tr.joinable)   /* it has ended: running was cleared last */
+        pthread_join(u->tr.th, NULL);
+    u->tr.joinable = pthread_create(&u->tr.th, NULL, train_main, u) == 0;
+    int rc = NC_OK;
+    if (!u->tr.joinable) {
+        u->tr.running = false;
+        rc = nc_error(err, errlen, NC_ENOMEM, "starting the unbounded index's training thread");
+    }
+    pthread_rwlock_unlock(&u->lock);
+    return rc;
+}
+
+int unbounded_cache_train_kick(nc_unbounded_cache *u, char *err, size_t errlen)
+{
+    pthread_rwlock_wrlock(&u->lock);
+    return train_check_and_unlock(u, err, errlen);
+}
+
+static void train_stop_join(nc_unbounded_cache *u)
+{
+    __atomic_store_n(&u->tr.stop, 1, __ATOMIC_RELAXED);
+    if (u->tr.joinable)
+        pthread_join(u->tr.th, NULL);
+    u->tr.joinable = false;
+}
+
+void unbounded_cache_train_wait(nc_unbounded_cache *u)
+{
+    for (;;) {
+        pthread_rwlock_rdlock(&u->lock);
+        bool running = u->tr.running;
+        pthread_rwlock_unlock(&u->lock);
+        if (!running)
+            return;
+        struct timespec ts = {0, 5000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+void unbounded_cache_train_stats(nc_unbounded_cache *u, nc_ub_train_stats *st)
+{
+    pthread_rwlock_rdlock(&u->lock);
+    *st = (nc_ub_train_stats){.own = u->o.own_training, .keys = u->keys_ok, .nprobe = u->nprobe,
+                              .recall = u->tr.recall, .recall_target = u->o.recall_target,
+                              .trainings = u->tr.trainings, .trained_on = u->tr.trained_on,
+                              .next_at = train_next_at(u), .last_seconds = u->tr.last_secs,
+                              .failures = u->tr.failures};
+    st->nlist = u->flat ? 0 : faiss_shim_nlist(u->idx);
+    st->imbalance = u->flat ? 0.0 : faiss_shim_imbalance(u->idx);
+    if (u->tr.running) {
+        st->phase = (nc_ub_train_phase)atomic_load(&u->tr.phase);
+        st->target = u->tr.target;
+        int64_t tot = atomic_load(&u->tr.total), done = atomic_load(&u->tr.done);
+        st->progress = tot > 0 ? (double)done / (double)tot : 0.0;
+        if (st->progress > 1.0)
+            st->progress = 1.0;
+    }
+    pthread_rwlock_unlock(&u->lock);
 }
 
 void ub_coarse_free(nc_ub_coarse *c)
@@ -680,13 +1282,20 @@ int unbounded_cache_add_block(nc_unbounded_cache *u, const nc_ub_add *a, int64_t
         rc = add_compact(u, a, keys, hint, err, errlen);
         goto out;
     }
+    /* room for the keys kept for training before the hook logs the pairs */
+    if (u->o.own_training && u->keys_ok && (rc = keys_reserve(u, u->nvalues + n, err, errlen)))
+        goto out;
     if (u->hook && (rc = u->hook(u->hook_ctx, keys, a->words, n, (int64_t)u->nvalues, err, errlen)))
         goto out;
     faiss_shim_add_in ai = add_in(n, keys, hint, u->cq);
     if ((rc = index_add(u->idx, &ai, err, errlen)))
         goto out;
+    if (u->o.own_training && u->keys_ok)
+        keys_push(u, keys, n, u->nvalues, err, errlen);   /* (reserved: cannot fail) */
     memcpy(u->values + u->nvalues, a->words, n * sizeof(int));
     u->nvalues += n;
+    if (u->o.own_training)
+        return train_check_and_unlock(u, err, errlen);
     if (u->flat && (long)u->nvalues >= u->o.switch_at)
         return switch_and_unlock(u, err, errlen);   /* it says whether a switch is due */
 out:
@@ -950,7 +1559,9 @@ size_t unbounded_cache_memory(nc_unbounded_cache *u)
     size_t per = u->flat ? (size_t)u->o.dim * sizeof(float) : (size_t)(u->o.dim / 8 + 8);
     size_t m = sizeof *u + u->cap * sizeof(int) + u->nvalues * per + faiss_shim_fixed_bytes(u->idx) -
                pq_tables_shared_bytes(u->idx, u->table_key) +   /* counted once: pq_tables_bytes */
-               faiss_shim_cq_bytes(u->cq) + faiss_shim_fixed_bytes(u->tmpl);
+               faiss_shim_cq_bytes(u->cq) + faiss_shim_fixed_bytes(u->tmpl) +
+               /* the keys kept for training: 2 dim bytes a pair, a chunk at a time */
+               u->nkch * UB_KCHUNK * (size_t)u->o.dim * sizeof(uint16_t) + u->kch_cap * sizeof(uint16_t *);
     pthread_rwlock_unlock(&u->lock);
     return m;
 }
@@ -983,6 +1594,56 @@ static int write_values(const nc_unbounded_cache *u, const char *path, char *err
     return ok ? NC_OK : nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(e));
 }
 
+#define UB_TRAIN_HEAD "neurocache-train 1"
+
+/* train.txt: the own training's state of the index saved beside it (lock
+ * held): its T_j, the nprobe chosen, the recall measured, trainings done */
+static int write_train(const nc_unbounded_cache *u, const char *path, char *err, size_t errlen)
+{
+    char b[512];
+    int n = snprintf(b, sizeof b, UB_TRAIN_HEAD "\ntrained_on %lld\nnprobe %d\nrecall %.17g\ntrainings %llu\n"
+                     "seconds %.17g\nfailures %llu\n", (long long)u->tr.trained_on, u->nprobe, u->tr.recall,
+                     (unsigned long long)u->tr.trainings, u->tr.last_secs, (unsigned long long)u->tr.failures);
+    FILE *f = nc_fopen(path, "wb");
+    if (!f)
+        return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
+    bool ok = nc_fwrite(b, 1, (size_t)n, f) == (size_t)n && fflush(f) == 0 && nc_fsync(fileno(f)) == 0;
+    int e = errno;
+    if (fclose(f) != 0 && ok) {
+        ok = false;
+        e = errno;
+    }
+    return ok ? NC_OK : nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(e));
+}
+
+/* Reads train.txt (ENOTFOUND: a snapshot of an earlier build, which has
+ * none: the index is then nobody's own training, trained_on 0). */
+static int read_train(nc_unbounded_cache *u, const char *path, char *err, size_t errlen)
+{
+    FILE *f = nc_fopen(path, "rb");
+    if (!f)
+        return errno == ENOENT ? NC_ENOTFOUND : nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
+    char b[512];
+    size_t n = nc_fread(b, 1, sizeof b - 1, f);
+    fclose(f);
+    b[n] = 0;
+    long long on = 0;
+    unsigned long long tn = 0, fl = 0;
+    int np = 0;
+    double rec = 0, secs = 0;
+    if (strncmp(b, UB_TRAIN_HEAD "\n", strlen(UB_TRAIN_HEAD) + 1) != 0 ||
+        sscanf(b + strlen(UB_TRAIN_HEAD) + 1, "trained_on %lld\nnprobe %d\nrecall %lg\ntrainings %llu\nseconds %lg\n"
+               "failures %llu", &on, &np, &rec, &tn, &secs, &fl) != 6 || on < 0 || np <= 0 || np > 65536)
+        return nc_error(err, errlen, NC_EFORMAT, "%s: not a training state", path);
+    u->tr.trained_on = on;
+    u->tr.recall = rec;
+    u->tr.trainings = tn;
+    u->tr.last_secs = secs;
+    u->tr.failures = fl;
+    u->nprobe = np;
+    return NC_OK;
+}
+
 int unbounded_cache_save(nc_unbounded_cache *u, const char *dir, char *err, size_t errlen)
 {
     char p1[1200], p2[1200];
@@ -996,6 +1657,9 @@ int unbounded_cache_save(nc_unbounded_cache *u, const char *dir, char *err, size
         rc = faiss_err(err, errlen, p1);
     if (!rc && !(rc = path_join(p2, sizeof p2, dir, "values.bin.tmp", err, errlen)))
         rc = write_values(u, p2, err, errlen);
+    char p4[1200];
+    if (!rc && !(rc = path_join(p4, sizeof p4, dir, "train.txt", err, errlen)))
+        rc = write_train(u, p4, err, errlen);
     pthread_rwlock_unlock(&u->lock);
     if (!rc && u->words) {
         char p3[1200];
@@ -1010,6 +1674,107 @@ int unbounded_cache_save(nc_unbounded_cache *u, const char *dir, char *err, size
         rc = nc_error(err, errlen, NC_EIO, "rename %s: %s", p1, strerror(errno));
     if (!rc && !(rc = path_join(f2, sizeof f2, dir, "values.bin", err, errlen)) && rename(p2, f2))
         rc = nc_error(err, errlen, NC_EIO, "rename %s: %s", p2, strerror(errno));
+    return rc;
+}
+
+/* n bytes at off of fd (fault.h's wrappers): 0, or -1 with errno (a short
+ * read is EIO) */
+static int pread_all(int fd, void *buf, size_t n, off_t off)
+{
+    for (size_t got = 0; got < n;) {
+        ssize_t r = nc_pread(fd, (char *)buf + got, n - got, off + (off_t)got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            if (r == 0)
+                errno = EIO;
+            return -1;
+        }
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/* appends n bytes to fd, positioned at off (lseek, then fault.h's write) */
+static int pwrite_all(int fd, const void *buf, size_t n, off_t off)
+{
+    if (lseek(fd, off, SEEK_SET) != off)
+        return -1;
+    for (size_t put = 0; put < n;) {
+        ssize_t r = nc_write(fd, (const char *)buf + put, n - put);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -1;
+        put += (size_t)r;
+    }
+    return 0;
+}
+
+int unbounded_cache_keys_sync(nc_unbounded_cache *u, const char *path, int64_t *count, char *err, size_t errlen)
+{
+    const size_t row = (size_t)u->o.dim * sizeof(uint16_t);
+    *count = 0;
+    pthread_rwlock_rdlock(&u->lock);
+    const bool ok = u->o.own_training && u->keys_ok;
+    const int64_t n = (int64_t)u->nvalues;
+    pthread_rwlock_unlock(&u->lock);
+    if (!ok)
+        return NC_OK;
+    int fd = nc_open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
+    struct stat st;
+    int rc = fstat(fd, &st) == 0 ? NC_OK : nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
+    int64_t have = rc ? 0 : (int64_t)((size_t)st.st_size / row);
+    if (!rc && (size_t)st.st_size != (size_t)have * row && ftruncate(fd, (off_t)((size_t)have * row)) != 0)
+        rc = nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));   /* a torn append */
+    for (int64_t id = have; !rc && id < n;) {
+        size_t off = (size_t)id % UB_KCHUNK, m = UB_KCHUNK - off;
+        if ((int64_t)m > n - id)
+            m = (size_t)(n - id);
+        pthread_rwlock_rdlock(&u->lock);
+        const uint16_t *c = u->kch[(size_t)id / UB_KCHUNK] + off * (size_t)u->o.dim;
+        pthread_rwlock_unlock(&u->lock);
+        if (pwrite_all(fd, c, m * row, (off_t)((size_t)id * row)) != 0)
+            rc = nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
+        id += (int64_t)m;
+    }
+    if (!rc && nc_fsync(fd) != 0)
+        rc = nc_error(err, errlen, NC_EIO, "%s: fsync: %s", path, strerror(errno));
+    close(fd);
+    if (!rc)
+        *count = n > have ? n : have;
+    return rc;
+}
+
+int unbounded_cache_keys_read(nc_unbounded_cache *u, const char *path, int64_t n, char *err, size_t errlen)
+{
+    const size_t row = (size_t)u->o.dim * sizeof(uint16_t);
+    if (!u->o.own_training)
+        return NC_OK;
+    int fd = nc_open(path, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0)
+        return errno == ENOENT ? NC_ENOTFOUND : nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
+    struct stat st;
+    int rc = fstat(fd, &st) == 0 ? NC_OK : nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
+    if (!rc && (uint64_t)st.st_size < (uint64_t)n * row)
+        rc = NC_ENOTFOUND;
+    pthread_rwlock_wrlock(&u->lock);
+    if (!rc)
+        rc = keys_reserve(u, (size_t)n, err, errlen);
+    for (int64_t id = 0; !rc && id < n;) {
+        size_t m = (size_t)(n - id) < UB_KCHUNK ? (size_t)(n - id) : UB_KCHUNK;
+        if (pread_all(fd, u->kch[(size_t)id / UB_KCHUNK], m * row, (off_t)((size_t)id * row)) != 0)
+            rc = nc_error(err, errlen, NC_EIO, "%s: read error: %s", path, strerror(errno));
+        id += (int64_t)m;
+    }
+    if (!rc && (uint64_t)st.st_size > (uint64_t)n * row && ftruncate(fd, (off_t)((size_t)n * row)) != 0)
+        rc = nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
+    if (!rc)
+        u->keys_ok = true;
+    pthread_rwlock_unlock(&u->lock);
+    close(fd);
     return rc;
 }
 
@@ -1054,6 +1819,28 @@ static int read_values(nc_unbounded_cache *u, const char *path, char *err, size_
     }
     fclose(f);
     return rc;
+}
+
+/* A loaded cache's own training: its state (train.txt, when the snapshot
+ * has one) and its keys -- a flat index holds them; an IVF index's come
+ * from the store's keys file (unbounded_cache_keys_read), until then none. */
+static int load_own_training(nc_unbounded_cache *u, const char *dir, char *err, size_t errlen)
+{
+    char p[1200];
+    int rc = path_join(p, sizeof p, dir, "train.txt", err, errlen);
+    if (!rc && (rc = read_train(u, p, err, errlen)) == NC_ENOTFOUND)
+        rc = NC_OK;
+    if (!rc && !u->flat)
+        rc = set_nprobe(u, u->idx, u->nprobe, err, errlen);
+    if (rc || !u->o.own_training)
+        return rc;
+    u->keys_ok = u->flat;
+    if (!u->flat || u->nvalues == 0)
+        return NC_OK;
+    float *xb = NULL;
+    size_t xsize = 0;
+    faiss_IndexFlat_xb((FaissIndexFlat *)u->idx, &xb, &xsize);
+    return keys_push(u, xb, u->nvalues, 0, err, errlen);
 }
 
 int unbounded_cache_load(const nc_unbounded_cache_opts *o, nc_wordtable *words, const char *dir,
@@ -1102,6 +1889,8 @@ int unbounded_cache_load(const nc_unbounded_cache_opts *o, nc_wordtable *words, 
     }
     if (!rc && u->flat && !u->o.exact)
         rc = load_template(u, err, errlen);
+    if (!rc)
+        rc = load_own_training(u, dir, err, errlen);
     if (rc) {
         unbounded_cache_free(u);
         return rc;

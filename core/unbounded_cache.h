@@ -33,6 +33,20 @@ typedef struct {
     const char *trained_path;     /* trained empty index (unbounded.faiss) or NULL */
     bool train_self;              /* no trained file: train the factory index
                                    * on the stored vectors at switch_at */
+    bool own_training;            /* the namespace's own training (below): at
+                                   * switch_at an IVFPQ index trained on a
+                                   * sample of its own keys, re-trained in the
+                                   * background as it grows; wins over
+                                   * trained_path and train_self (the model's
+                                   * index then serves compact storage only).
+                                   * Not with exact or compact */
+    bool train_sync;              /* the add that makes a training due runs it
+                                   * (the CLI: the same numbers every run);
+                                   * else its own thread does */
+    int train_nice;               /* nice value of the training thread (0: the adder's) */
+    double recall_target;         /* nprobe chosen at each training: the least
+                                   * whose measured recall meets it; 0 = 0.9 */
+    int train_delay_ms;           /* tests: a pause at each phase of a training */
     bool exact;                   /* never leave the flat index */
     long switch_at;               /* pairs at which to switch; 0 = 65536 */
     int nprobe;                   /* initial nprobe; 0 = 8 */
@@ -218,11 +232,65 @@ bool unbounded_cache_is_exact(nc_unbounded_cache *u);        /* still on the fla
 int unbounded_cache_dim(const nc_unbounded_cache *u);
 nc_wordtable *unbounded_cache_words(nc_unbounded_cache *u);  /* NULL in closed vocabulary */
 size_t unbounded_cache_memory(nc_unbounded_cache *u);        /* bytes, approximate */
-/* Forces the switch now (tests, build tools); no-op when already switched. */
+/* Forces the switch now (tests, build tools); no-op when already switched.
+ * With train_self: trains the cache's own index on every pair stored, in
+ * the calling thread, as a due training would. */
 int unbounded_cache_switch(nc_unbounded_cache *u, char *err, size_t errlen);
 
+/* ---- the namespace's own training (own_training; docs/caches.md) ----------
+ * Trainings are due at T_j = switch_at * 4^j pairs (j = 0, 1, ...): each
+ * trains a new IVF{nlist},PQ{M} index on a sample of the keys of ids < T_j
+ * (nlist the power of two <= 4 sqrt(T_j); the sample 40 keys a list, at
+ * regular id steps), measures recall against exact search on held-out
+ * keys to choose nprobe, encodes every key of the stored f16 copy into it
+ * off-lock, catches up the pairs added meanwhile, and swaps it in under
+ * the write lock. The result depends on the keys of ids < T_j only, never
+ * on timing: a replica fed the same pairs, or a restart, ends with the same
+ * index. A due training that finds a later T_j due trains that one. */
+typedef enum {
+    NC_UB_TRAIN_IDLE = 0, NC_UB_TRAIN_SAMPLING, NC_UB_TRAIN_KMEANS, NC_UB_TRAIN_ENCODING,
+    NC_UB_TRAIN_MEASURING, NC_UB_TRAIN_CATCHUP, NC_UB_TRAIN_SWAP
+} nc_ub_train_phase;
+const char *unbounded_cache_phase_name(nc_ub_train_phase p);
+
+typedef struct {
+    bool own;                     /* own_training on */
+    bool keys;                    /* every pair's key is kept (false: loaded from a
+                                   * snapshot of an earlier build, after its switch) */
+    int64_t nlist;                /* lists of the index searched; 0 while exact */
+    double imbalance;             /* its lists' nlist Σ n_i² / N² (1 = balanced) */
+    int nprobe;                   /* the cache's own nprobe (chosen at the last training) */
+    double recall;                /* measured then at that nprobe; -1 = never */
+    double recall_target;
+    uint64_t trainings;           /* completed since the namespace was made */
+    int64_t trained_on;           /* T_j of the index searched (0: none of its own) */
+    int64_t next_at;              /* pairs at which the next training is due (0: none) */
+    nc_ub_train_phase phase;      /* of the training in progress (IDLE: none) */
+    int64_t target;               /* its T_j */
+    double progress;              /* its share done, 0..1 */
+    double last_seconds;          /* duration of the last completed training */
+    uint64_t failures;            /* trainings that failed (out of memory...) */
+} nc_ub_train_stats;
+void unbounded_cache_train_stats(nc_unbounded_cache *u, nc_ub_train_stats *st);
+/* Starts the training due, if any (after a recovery that replayed no add:
+ * adds otherwise start it). */
+int unbounded_cache_train_kick(nc_unbounded_cache *u, char *err, size_t errlen);
+/* Waits until no training is running (tests, the CLI before it reports). */
+void unbounded_cache_train_wait(nc_unbounded_cache *u);
+
+/* The f16 keys kept for training, beside a snapshot (store/snapshot.c):
+ * keys_sync appends to path the keys of the pairs not yet in it (path's
+ * length says how many are) and fsyncs it; *count receives the pairs it
+ * then holds. keys_read reads the first n pairs' keys from path into a
+ * cache just loaded (unbounded_cache_load, n = its count) and cuts the file
+ * to them; NC_ENOTFOUND (cache unchanged) when the file holds fewer. */
+int unbounded_cache_keys_sync(nc_unbounded_cache *u, const char *path, int64_t *count, char *err, size_t errlen);
+int unbounded_cache_keys_read(nc_unbounded_cache *u, const char *path, int64_t n, char *err, size_t errlen);
+
 /* Snapshot into dir (created if needed): index.faiss (faiss_write_index),
- * values.bin (magic, count, int32 ids, crc32), words.txt (dynamic words).
+ * values.bin (magic, count, int32 ids, crc32), words.txt (dynamic words),
+ * train.txt (the own training's state: T_j, nprobe, recall, count; read
+ * back when present, a snapshot of an earlier build has none).
  * Written to temp names and renamed, so a crash leaves the old snapshot.
  * unbounded_cache_load reads such a directory into a fresh cache with options o
  * (the loaded index type wins over o's factory); a corrupt or inconsistent

@@ -46,6 +46,29 @@ static json_t *per_entry_json(const nc_nsstore_stats *st)
                      n > 0 ? (double)st->disk_bytes / n : 0.0);
 }
 
+/* The index's own training (docs/namespaces.md "The index's own
+ * training"): what it searches, what was measured at its last training,
+ * and the one in progress. */
+static json_t *training_json(const nc_nsstore_stats *st)
+{
+    const nc_ub_train_stats *t = &st->train;
+    json_t *o = json_pack("{s:b,s:b,s:I,s:f,s:I,s:I,s:I,s:f,s:I}", "own", t->own, "keys", t->keys,
+                          "nlist", (json_int_t)t->nlist, "imbalance", t->imbalance, "trainings",
+                          (json_int_t)t->trainings, "trained_on", (json_int_t)t->trained_on, "next_at",
+                          (json_int_t)t->next_at, "recall_target", t->recall_target, "failures",
+                          (json_int_t)t->failures);
+    if (!o)
+        return NULL;
+    json_object_set_new(o, "recall", t->recall >= 0.0 ? json_real(t->recall) : json_null());
+    json_object_set_new(o, "last_seconds", t->trainings ? json_real(t->last_seconds) : json_null());
+    json_object_set_new(o, "in_progress",
+                        t->phase == NC_UB_TRAIN_IDLE
+                            ? json_null()
+                            : json_pack("{s:s,s:I,s:f}", "phase", unbounded_cache_phase_name(t->phase), "target",
+                                        (json_int_t)t->target, "progress", t->progress));
+    return o;
+}
+
 static json_t *ns_json(nc_server *srv, ns_handle *r)
 {
     nc_nsstore_stats st;
@@ -55,6 +78,8 @@ static json_t *ns_json(nc_server *srv, ns_handle *r)
     char idx[160];
     if (st.exact)
         snprintf(idx, sizeof idx, "Flat");
+    else if (st.train.trained_on > 0)   /* its own training's shape */
+        snprintf(idx, sizeof idx, "IVF%lld,PQ (own)", (long long)st.train.nlist);
     else
         snprintf(idx, sizeof idx, "%s", st.factory ? st.factory : "IVF");
     json_t *o = json_pack("{s:s,s:I,s:I,s:i,s:I,s:{s:s,s:b,s:i},s:I,s:I,s:I,s:{s:I,s:I,s:f,s:f},s:I,s:o}", "name",
@@ -72,6 +97,8 @@ static json_t *ns_json(nc_server *srv, ns_handle *r)
         json_t *ix = json_object_get(o, "index");
         if (ix && st.fingerprint)
             json_object_set_new(ix, "fingerprint", json_string(fp));
+        if (ix)
+            json_object_set_new(ix, "training", training_json(&st));
     }
     return o;
 }

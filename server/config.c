@@ -109,7 +109,11 @@ static const config_option options[] = {
     {"namespaces", "index_switch_at", OPT_LONG, OFF(index_switch_at), 0, 1, 1e12, NULL, "65536",
      "pairs at which a namespace moves from the exact flat index to the IVF index"},
     {"namespaces", "index_train_self", OPT_BOOL, OFF(index_train_self), 0, 0, 0, NULL, "false",
-     "without a trained unbounded.faiss in the model directory, train the IVF index on the namespace's own pairs at the switch (else stay exact)"},
+     "with index_own_training false and no trained unbounded.faiss in the model directory, train the index_factory index on the namespace's pairs at the switch (else stay exact)"},
+    {"namespaces", "index_own_training", OPT_BOOL, OFF(index_own_training), 0, 0, 0, NULL, "true",
+     "each namespace with keys trains its own IVF index on its pairs at index_switch_at and re-trains it in the background each time it has grown 4x (false: the model's unbounded.faiss, or index_train_self)"},
+    {"namespaces", "index_recall_target", OPT_DOUBLE, OFF(index_recall_target), 0, 0.01, 1, NULL, "0.9",
+     "at each training, the default nprobe is the least whose measured recall (the 32 exact nearest among the 1024 found, on held-out keys) meets this"},
     {NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, NULL},
 };
 

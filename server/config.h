@@ -65,6 +65,8 @@ typedef struct {
     char index_factory[128];     /* FAISS factory of the IVF index, "" = IVF4096,PQ{H/8} */
     long index_switch_at;        /* pairs at which a namespace leaves the flat index */
     bool index_train_self;       /* no unbounded.faiss: train the IVF index on the pairs */
+    bool index_own_training;     /* each namespace trains (and re-trains) its own IVF index */
+    double index_recall_target;  /* nprobe chosen at each training to meet it */
 } nc_server_config;
 
 /* Types of the option table. */

@@ -52,6 +52,10 @@ struct ns_registry {
     char factory[128];
     long switch_at;
     bool train_self;
+    bool own_training;
+    int train_nice;               /* [server] worker_nice: trainings run below predicts */
+    double recall_target;
+    int train_delay_ms;           /* tests: NEUROCACHE_TEST_TRAIN_DELAY_MS, a pause at each phase */
     uint64_t (*opened)(void *ctx, const char *name, nc_nsstore *store);   /* nc_server.namespace_opened */
     uint64_t (*deleted)(void *ctx, const char *name);                     /* nc_server.namespace_deleted */
     void *opened_ctx;
@@ -93,6 +97,10 @@ static int open_store(ns_registry *g, const char *dir, nc_nsstore **out, uint64_
     o.ub.trained_path = g->trained[0] ? g->trained : NULL;
     o.ub.factory = g->factory[0] ? g->factory : NULL;
     o.ub.train_self = g->train_self;
+    o.ub.own_training = g->own_training;
+    o.ub.train_nice = g->train_nice;
+    o.ub.recall_target = g->recall_target;
+    o.ub.train_delay_ms = g->train_delay_ms;
     if (g->switch_at > 0)
         o.ub.switch_at = g->switch_at;
     /* FAISS's OpenMP threads compete with the request threads for the
@@ -489,6 +497,11 @@ static int registry_setup(ns_registry *g, const nc_server *srv, char *err, size_
     g->period = srv->cfg.snapshot_period_s;
     g->switch_at = srv->cfg.index_switch_at;
     g->train_self = srv->cfg.index_train_self;
+    g->own_training = srv->cfg.index_own_training;
+    g->train_nice = srv->cfg.worker_nice;
+    g->recall_target = srv->cfg.index_recall_target;
+    const char *delay = getenv("NEUROCACHE_TEST_TRAIN_DELAY_MS");
+    g->train_delay_ms = delay ? atoi(delay) : 0;
     g->opened = srv->namespace_opened;
     g->deleted = srv->namespace_deleted;
     g->opened_ctx = srv->namespace_opened_ctx;
@@ -683,6 +696,14 @@ static const metric_def ns_metrics[] = {
     {"neurocache_namespace_fsyncs_total", "counter", "fsync calls of the log since start"},
     {"neurocache_namespace_snapshot_age_seconds", "gauge", "seconds since the last snapshot (or start)"},
     {"neurocache_namespace_snapshot_duration_seconds", "gauge", "duration of the last snapshot"},
+    {"neurocache_namespace_index_nlist", "gauge", "lists of the namespace's IVF index (0 while exact)"},
+    {"neurocache_namespace_index_imbalance", "gauge", "imbalance factor of its lists, nlist sum n_i^2 / N^2 (1 = balanced)"},
+    {"neurocache_namespace_index_nprobe", "gauge", "lists a search with the default nprobe probes (chosen at training)"},
+    {"neurocache_namespace_index_recall", "gauge", "recall measured at the last training at that nprobe (-1 = none)"},
+    {"neurocache_namespace_index_trainings_total", "counter", "trainings of the namespace's own index completed"},
+    {"neurocache_namespace_index_training_in_progress", "gauge", "1 while a training runs"},
+    {"neurocache_namespace_index_training_progress", "gauge", "share done of the phase of the training in progress"},
+    {"neurocache_namespace_index_training_seconds", "gauge", "duration of the last completed training"},
 };
 
 char *namespaces_metrics(nc_server *srv, char *text)
@@ -719,7 +740,15 @@ char *namespaces_metrics(nc_server *srv, char *text)
             case 4: v = (double)st[i].memory_bytes; break;
             case 5: v = (double)st[i].fsyncs; break;
             case 6: v = st[i].snapshot_age; break;
-            default: v = st[i].snapshot_seconds; break;
+            case 7: v = st[i].snapshot_seconds; break;
+            case 8: v = (double)st[i].train.nlist; break;
+            case 9: v = st[i].train.imbalance; break;
+            case 10: v = st[i].train.nprobe; break;
+            case 11: v = st[i].train.recall; break;
+            case 12: v = (double)st[i].train.trainings; break;
+            case 13: v = st[i].train.phase != NC_UB_TRAIN_IDLE; break;
+            case 14: v = st[i].train.progress; break;
+            default: v = st[i].train.last_seconds; break;
             }
             metrics_printf(&b, "%s{namespace=\"%s\"} %.17g\n", ns_metrics[m].name, names[i], v);
         }

@@ -303,7 +303,23 @@ static int copy_storage(const char *src, const char *dst, nc_backup_ns *b, char 
     return copy_listed(from, to, STORAGE_FILE, b, err, errlen);
 }
 
-/* The copy itself: dst made, storage, snapshot snap (0 = none), log. */
+/* The keys kept for the index's own training (KEYS_FILE), when the store
+ * has them: append-only, and at least the snapshot's pairs long once its
+ * manifest is in place (the snapshot syncs them first); recovery reads the
+ * snapshot's count of them and cuts the rest, so a copy taken while a later
+ * snapshot appends is as good. Without it a restored namespace would keep
+ * the index it has and never train again. */
+static int copy_keys(const char *src, const char *dst, nc_backup_ns *b, char *err, size_t errlen)
+{
+    char from[4096], to[4096];
+    snprintf(from, sizeof from, "%.1000s/" KEYS_FILE, src);
+    snprintf(to, sizeof to, "%.1000s/" KEYS_FILE, dst);
+    if (access(from, F_OK) != 0)
+        return NC_OK;
+    return copy_listed(from, to, KEYS_FILE, b, err, errlen);
+}
+
+/* The copy itself: dst made, storage, snapshot snap (0 = none), its keys, log. */
 static int copy_namespace(const log_copy *c, uint64_t snap, char *err, size_t errlen)
 {
     if (mkdir(c->dst, 0755) != 0)
@@ -311,6 +327,8 @@ static int copy_namespace(const log_copy *c, uint64_t snap, char *err, size_t er
     int rc = copy_storage(c->src, c->dst, c->b, err, errlen);
     if (!rc && snap)
         rc = copy_snapshot(c->src, snap, c->dst, c->b, err, errlen);
+    if (!rc && snap)
+        rc = copy_keys(c->src, c->dst, c->b, err, errlen);
     if (!rc)
         rc = copy_log(c, err, errlen);
     return rc ? rc : backup_sync_dir(c->dst, err, errlen);

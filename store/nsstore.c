@@ -653,7 +653,8 @@ void nsstore_stats(nc_nsstore *ns, nc_nsstore_stats *st)
     st->words = wordtable_size(ns->words) - ns->V;
     st->docs = nsstore_doc_count(ns);
     st->exact = unbounded_cache_is_exact(ns->ub);
-    st->nprobe = ns->ubo.nprobe > 0 ? ns->ubo.nprobe : 8;
+    unbounded_cache_train_stats(ns->ub, &st->train);
+    st->nprobe = st->train.nprobe;   /* the cache's own: a session's nprobe 0 searches with it */
     st->factory = ns->ubo.factory;
     st->compact = ns->compact;
     st->fingerprint = ns->compact ? ns->fingerprint : unbounded_cache_fingerprint(ns->ub);

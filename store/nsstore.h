@@ -53,9 +53,9 @@ typedef struct nc_nsstore nc_nsstore;
 #define NSSTORE_NO_DOC 0xffffffffu
 
 /* The snapshot format this build writes (its MANIFEST's first line,
- * "neurocache-snapshot 1") and the newest it reads: a newer snapshot stops
+ * "neurocache-snapshot 2"; version 1, without the keys count, still loads) and the newest it reads: a newer snapshot stops
  * recovery naming both versions, never set aside as corrupt. */
-#define NSSTORE_SNAPSHOT_VERSION 1
+#define NSSTORE_SNAPSHOT_VERSION 2
 
 typedef struct {
     const char *dir;              /* namespace directory (created if absent) */
@@ -239,6 +239,7 @@ typedef struct {
     double snapshot_age;          /* seconds since the last snapshot (or open); */
     double snapshot_seconds;      /* duration of the last snapshot, 0 = none */
     uint64_t snapshot_seq;
+    nc_ub_train_stats train;      /* the index's own training (unbounded_cache.h) */
 } nc_nsstore_stats;
 void nsstore_stats(nc_nsstore *ns, nc_nsstore_stats *st);
 

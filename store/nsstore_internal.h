@@ -17,6 +17,7 @@
 #define REC_ADD_CODES 3           /* compact storage: lists and PQ codes, no keys */
 #define KEY_F16 1
 #define REC_HEAD 36               /* an add record's fixed part, before its words */
+#define KEYS_FILE "keys.f16"      /* in the store's directory: every pair's f16 key, appended by snapshots (the index's own training) */
 #define STORAGE_FILE "storage"    /* "compact <fingerprint, 16 hex>\n" in a compact store's directory */
 #define DOC_ID_MAX NSSTORE_DOC_ID_MAX
 

@@ -643,6 +643,11 @@ int nsstore_open(const nc_nsstore_opts *o, nc_nsstore **out, nc_nsstore_recovery
     /* 2. the log after it */
     if (!rc)
         rc = replay_log(ns, info, &found, err, errlen);
+    /* 3. a training due and not done (one a crash interrupted, or one a
+     * snapshot of an earlier build never had): started again, in the
+     * background, on the same keys (unbounded_cache.h) */
+    if (!rc)
+        rc = unbounded_cache_train_kick(ns->ub, err, errlen);
     if (rc) {
         nsstore_close(ns);
         return rc;

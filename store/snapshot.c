@@ -17,10 +17,16 @@
 
 #define PROV_MAGIC "NCPROV01"
 #define DOCS_MAGIC "NCDOCS01"
-#define MANIFEST_HEAD "neurocache-snapshot 1"
+/* Version 2 (issue 35) adds train.txt (the own training's state) and a
+ * "keys N" line: the store's keys file held the f16 keys of N >= entries
+ * pairs, fsynced, when the manifest was written. Version 1 manifests (the
+ * five files, no keys) still load. */
+#define MANIFEST_HEAD "neurocache-snapshot 2"
+#define MANIFEST_HEAD_V1 "neurocache-snapshot 1"
 
-static const char *const snap_files[] = {"index.faiss", "values.bin", "words.txt", "prov.bin", "docs.bin"};
-#define NSNAPFILES 5
+static const char *const snap_files[] = {"index.faiss", "values.bin", "words.txt", "prov.bin", "docs.bin", "train.txt"};
+#define NSNAPFILES 6
+#define NSNAPFILES_V1 5
 
 /* ---- files ------------------------------------------------------------------- */
 
@@ -218,13 +224,13 @@ void nsstore_snapshot_path(const nc_nsstore *ns, uint64_t seq, const char *suffi
  * durable, drops what it makes unnecessary. */
 /* tmp/MANIFEST of snapshot S (C entries): each file fsynced, its size and
  * checksum, then the manifest's own checksum. */
-static int write_manifest(const char *tmp, uint64_t S, uint64_t C, char *err, size_t errlen)
+static int write_manifest(const char *tmp, uint64_t S, uint64_t C, int64_t keys, char *err, size_t errlen)
 {
     int rc = NC_OK;
     char p[1300];
     char man[2048];
-    size_t k = (size_t)snprintf(man, sizeof man, "%s\nseq %llu\nentries %llu\n", MANIFEST_HEAD,
-                                (unsigned long long)S, (unsigned long long)C);
+    size_t k = (size_t)snprintf(man, sizeof man, "%s\nseq %llu\nentries %llu\nkeys %lld\n", MANIFEST_HEAD,
+                                (unsigned long long)S, (unsigned long long)C, (long long)keys);
     for (int i = 0; !rc && i < NSNAPFILES; i++) {
         uint64_t size;
         uint32_t crc;
@@ -301,8 +307,15 @@ static int write_snapshot(nc_nsstore *ns, uint64_t S, double t0, char *err, size
         snprintf(p, sizeof p, "%s/docs.bin", tmp);
         rc = write_docs(ns, p, err, errlen);
     }
+    /* the keys kept for training, up to at least C, durable before the
+     * manifest that counts on them */
+    int64_t keys = 0;
+    if (!rc) {
+        snprintf(p, sizeof p, "%s/" KEYS_FILE, ns->dir);
+        rc = unbounded_cache_keys_sync(ns->ub, p, &keys, err, errlen);
+    }
     if (!rc)
-        rc = write_manifest(tmp, S, C, err, errlen);
+        rc = write_manifest(tmp, S, C, keys, err, errlen);
     if (!rc && fsync_path(tmp, true) != 0)
         rc = nc_error(err, errlen, NC_EIO, "%s: fsync: %s", tmp, strerror(errno));
     if (!rc) {
@@ -369,8 +382,9 @@ int nsstore_heal(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
     return rc;
 }
 
-/* Verifies a snapshot's MANIFEST and files; *entries from it. */
-static int verify_snapshot(const char *sdir, uint64_t seq, uint64_t *entries, char *err, size_t errlen)
+/* Verifies a snapshot's MANIFEST (version 1 or 2) and files; *entries and
+ * *keys (the pairs the keys file held; -1 for version 1) from it. */
+static int verify_snapshot(const char *sdir, uint64_t seq, uint64_t *entries, int64_t *keys, char *err, size_t errlen)
 {
     char p[1300];
     snprintf(p, sizeof p, "%s/MANIFEST", sdir);
@@ -391,14 +405,20 @@ static int verify_snapshot(const char *sdir, uint64_t seq, uint64_t *entries, ch
     char *crcline = strstr(man, "crc ");
     unsigned crc = 0;
     unsigned long long s = 0, e = 0;
+    long long k = -1;
+    const bool v1 = strncmp(man, MANIFEST_HEAD_V1 "\n", strlen(MANIFEST_HEAD_V1) + 1) == 0;
+    const bool v2 = strncmp(man, MANIFEST_HEAD "\n", strlen(MANIFEST_HEAD) + 1) == 0;
+    const size_t hl = strlen(MANIFEST_HEAD) + 1;   /* (the same length for both) */
     if (!crcline || sscanf(crcline, "crc %8x", &crc) != 1 ||
-        crc != (uint32_t)crc32(0L, (const Bytef *)man, (uInt)(crcline - man)) ||
-        strncmp(man, MANIFEST_HEAD "\n", strlen(MANIFEST_HEAD) + 1) != 0 ||
-        sscanf(man + strlen(MANIFEST_HEAD) + 1, "seq %llu\nentries %llu", &s, &e) != 2 || s != seq) {
+        crc != (uint32_t)crc32(0L, (const Bytef *)man, (uInt)(crcline - man)) || !(v1 || v2) ||
+        (v1 && sscanf(man + hl, "seq %llu\nentries %llu", &s, &e) != 2) ||
+        (v2 && (sscanf(man + hl, "seq %llu\nentries %llu\nkeys %lld", &s, &e, &k) != 3 || k < 0)) || s != seq) {
         free(man);
         return nc_error(err, errlen, NC_EFORMAT, "%s: corrupt snapshot manifest (checksum mismatch)", p);
     }
-    for (int i = 0; !rc && i < NSNAPFILES; i++) {
+    *keys = k;
+    const int nfiles = v1 ? NSNAPFILES_V1 : NSNAPFILES;
+    for (int i = 0; !rc && i < nfiles; i++) {
         char key[64];
         snprintf(key, sizeof key, "file %s ", snap_files[i]);
         char *line = strstr(man, key);
@@ -424,13 +444,32 @@ static int verify_snapshot(const char *sdir, uint64_t seq, uint64_t *entries, ch
     *entries = e;
     return rc;
 }
-/* Loads snapshot seq into ns (fresh word table and cache). */
+/* The keys kept for training (an IVF index holds none) of a snapshot of
+ * entries pairs: from the keys file when its manifest says the file held
+ * them all (keys >= entries); else (version 1, or a namespace without its
+ * own training) the cache keeps the index it has. */
+static int load_keys(nc_nsstore *ns, const char *sdir, uint64_t entries, int64_t keys, char *err, size_t errlen)
+{
+    if (keys < 0 || (uint64_t)keys < entries || unbounded_cache_is_exact(ns->ub))
+        return NC_OK;
+    char p[1300];
+    snprintf(p, sizeof p, "%s/" KEYS_FILE, ns->dir);
+    int rc = unbounded_cache_keys_read(ns->ub, p, (int64_t)entries, err, errlen);
+    if (rc == NC_ENOTFOUND)
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: holds the keys of fewer than the %llu pairs of %s", p,
+                      (unsigned long long)entries, sdir);
+    return rc;
+}
+
+/* Loads snapshot seq into ns (fresh word table and cache).
+ * long: each file of the snapshot read and checked in turn, one message each */
 int nsstore_snapshot_load(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen)
 {
     char sdir[1200], p[1300];
     nsstore_snapshot_path(ns, seq, "", sdir, sizeof sdir);
     uint64_t entries = 0;
-    int rc = verify_snapshot(sdir, seq, &entries, err, errlen);
+    int64_t keys = -1;
+    int rc = verify_snapshot(sdir, seq, &entries, &keys, err, errlen);
     if (!rc)
         rc = wordtable_new(ns->m->vocab, &ns->words, err, errlen);
     if (!rc)
@@ -438,6 +477,8 @@ int nsstore_snapshot_load(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen
     if (!rc && (uint64_t)unbounded_cache_count(ns->ub) != entries)
         rc = nc_error(err, errlen, NC_EFORMAT, "%s: %lld pairs, the manifest says %llu", sdir,
                       (long long)unbounded_cache_count(ns->ub), (unsigned long long)entries);
+    if (!rc)
+        rc = load_keys(ns, sdir, entries, keys, err, errlen);
     unsigned char *b = NULL;
     size_t len = 0;
     if (!rc) {

@@ -1333,6 +1333,7 @@ TEST(stream_import_v3)
     p.unigram_lambda = 0.15f;
     p.open_vocab = true;
     p.uniform_mu = 0.002f;
+    p.nprobe = 8;   /* the v3 blob holds its build's default, 8, which an import keeps (0 = the namespace's own since issue 35) */
     nc_stream *fresh = NULL, *im = NULL, *again = NULL;
     CHECK(stream_new(m, &p, NULL, NULL, true, &fresh, err, sizeof err) == NC_OK);
     CHECK(fresh && stream_feed(fresh, &t, false, NULL, err, sizeof err) == NC_OK);

@@ -544,9 +544,10 @@ TEST(build_index)
         CHECK(faiss_Index_is_trained(fi) && faiss_Index_ntotal(fi) == 0 && faiss_Index_d(fi) == 16);
         faiss_Index_free(fi);
     }
-    /* score picks the model's index up and switches to it */
-    st = run(&out, "%s/neurocache score --model %s --unbounded --knn 8 --switch-at 200 %s 2>&1 >/dev/null", bin_dir(),
-             mdir, docpath);
+    /* score switches to the index --index names (without it the cache
+     * trains its own: issue 35) */
+    st = run(&out, "%s/neurocache score --model %s --unbounded --knn 8 --switch-at 200 --index %s %s 2>&1 >/dev/null",
+             bin_dir(), mdir, idx, docpath);
     CHECK(st == 0);
     CHECK_STR_CONTAINS(out, "IVF index");
     free(out);

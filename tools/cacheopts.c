@@ -400,6 +400,12 @@ int cacheopts_make_ub(const cacheopts *co, const nc_cache_params *p, const nc_mo
     if (co->switch_at > 0)
         o.switch_at = co->switch_at;
     o.nprobe = p->nprobe;
+    /* the daemon's lifecycle (unbounded_cache.h): the cache trains its own
+     * index at --switch-at and as it grows -- in the adding thread, so that
+     * a run's numbers never depend on timing; --index FILE asks for that
+     * training instead */
+    o.own_training = !co->index_path;
+    o.train_sync = true;
     return unbounded_cache_new(&o, words, out, err, errlen);
 }
 

@@ -1,0 +1,318 @@
+/* bench_growth.c -- the growth curve of issue 35: one memory of real mixed
+ * text streamed into one unbounded cache that trains its own index (the
+ * daemon's and the CLI's default lifecycle, default knobs: knn 1024,
+ * nprobe 0 = the index's own), read at several sizes on held-out text of
+ * each kind, side by side with the static model (tokens per CPU-second,
+ * same process) and with the model's fixed unbounded.faiss read at k 1024,
+ * nprobe 8 (perplexity). Run by scripts/bench_growth.sh; figures go to
+ * BENCHMARKS.md ("The unbounded cache's own training: the growth curve").
+ *
+ * usage: bench_growth MODEL MEMORY_FILES QUERY_FILES SIZES
+ *   MEMORY_FILES  comma-separated texts whose hidden states fill the memory, in order
+ *   QUERY_FILES   comma-separated held-out texts (their first BENCH_NQ tokens, default 2000)
+ *   SIZES         comma list of stored pairs at which to read (ascending; one
+ *                 past the memory's pairs reads all of them)
+ * BENCH_STATES=FILE caches the memory's hidden states (float16) between runs;
+ * BENCH_NO_FIXED=1 skips the model's fixed index. Neural + unbounded: the
+ * neural cache of 2,000 pairs (eval's row) and the unbounded cache, every
+ * other knob at its default; the queries are not added (the memory is the
+ * same for every kind at a size). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache_params.h"
+#include "doc.h"
+#include "lstm.h"
+#include "model.h"
+#include "tokenizer.h"
+#include "unbounded_cache.h"
+#include "vmath.h"
+
+static double cpu(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
+           1e-6 * (double)ru.ru_stime.tv_usec;
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int read_tokens(const nc_model *m, const char *path, nc_tokens *t)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        perror(path);
+        return 1;
+    }
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)len + 1);
+    size_t got = fread(buf, 1, (size_t)len, f);
+    fclose(f);
+    char err[NC_ERRLEN];
+    int rc = tokenize_ex(m, buf, got, true, false, t, err, sizeof err);   /* PTB-style text, as written */
+    free(buf);
+    if (rc)
+        fprintf(stderr, "%s: %s\n", path, err);
+    return rc ? 1 : 0;
+}
+
+typedef struct {
+    const char *name;
+    nc_tokens t;
+    nc_doc *d;
+    double c_lstm, c_static, ppl_static;
+} query;
+
+static double ppl_of(const double *lp, size_t n)
+{
+    double s = 0;
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isnan(lp[i]))
+            s += lp[i], c++;
+    return exp(-s / (double)c);
+}
+
+/* The static pass of q: its LSTM states (q->d) and the static model's CPU
+ * seconds (LSTM pass + decoder) */
+static int static_pass(const nc_model *m, query *q, double *lp)
+{
+    char err[NC_ERRLEN];
+    nc_state *s = lstm_state_new(m);
+    nc_lstm_work *w = lstm_work_new(m);
+    lstm_step(m, s, m->eos_id, w);
+    doc_free(q->d);
+    q->d = NULL;
+    double c0 = cpu();
+    int rc = doc_prepare(&(nc_doc_prep){.m = m, .s = s, .has_h = true, .toks = &q->t}, &q->d, err, sizeof err);
+    q->c_lstm = cpu() - c0;
+    nc_cache_params p;
+    cache_params_default(&p);
+    nc_doc_caches none = {0};
+    double c1 = cpu();
+    if (!rc)
+        rc = doc_score(q->d, &p, &none, lp, err, sizeof err);
+    q->c_static = q->c_lstm + cpu() - c1;
+    q->ppl_static = ppl_of(lp, q->t.n);
+    lstm_state_free(s);
+    lstm_work_free(w);
+    if (rc)
+        fprintf(stderr, "bench_growth: %s\n", err);
+    return rc;
+}
+
+/* The hidden states of the memory files, in order, up to max, as float16
+ * (2 H bytes a pair), with their words; from BENCH_STATES when it holds them */
+static size_t memory_states(const nc_model *m, const char *files_s, size_t max, uint16_t *keys, int *ids)
+{
+    const int H = m->cfg.hidden_size;
+    const char *sfile = getenv("BENCH_STATES");
+    FILE *sf = sfile ? fopen(sfile, "rb") : NULL;
+    uint64_t n0 = 0;
+    /* (a file of fewer states than max holds all the memory files have) */
+    if (sf && fread(&n0, 8, 1, sf) == 1 && n0 > 0) {
+        size_t take = n0 < max ? (size_t)n0 : max;
+        if (fread(keys, 2 * (size_t)H, take, sf) == take && fseek(sf, 8 + (long)(n0 * 2 * (size_t)H), SEEK_SET) == 0 &&
+            fread(ids, sizeof(int), take, sf) == take) {
+            fclose(sf);
+            fprintf(stderr, "memory: %zu states from %s\n", take, sfile);
+            return take;
+        }
+    }
+    if (sf)
+        fclose(sf);
+    char files[4096], err[NC_ERRLEN];
+    snprintf(files, sizeof files, "%s", files_s);
+    size_t have = 0;
+    float *h = malloc((4096 + 1) * (size_t)H * sizeof(float));
+    double t0 = now();
+    for (char *save = NULL, *f = strtok_r(files, ",", &save); f && have < max; f = strtok_r(NULL, ",", &save)) {
+        nc_tokens t;
+        tokens_init(&t);
+        if (read_tokens(m, f, &t))
+            exit(1);
+        nc_state *s = lstm_state_new(m);
+        nc_lstm_work *w = lstm_work_new(m);
+        lstm_step(m, s, m->eos_id, w);
+        for (size_t j0 = 0; j0 < t.n && have < max; j0 += 4096) {
+            size_t nb = t.n - j0 < 4096 ? t.n - j0 : 4096, take = max - have < nb ? max - have : nb;
+            memcpy(h, lstm_state_top(s), (size_t)H * sizeof(float));
+            lstm_forward_seq(m, s, t.ids + j0, nb, h + H, err, sizeof err);
+            vm_float_to_half(h, keys + have * (size_t)H, take * (size_t)H);   /* h_{t-1} keys word t */
+            memcpy(ids + have, t.ids + j0, take * sizeof(int));
+            have += take;
+        }
+        fprintf(stderr, "memory: %s, %zu states so far, %.0f s\n", f, have, now() - t0);
+        lstm_state_free(s);
+        lstm_work_free(w);
+        tokens_clear(&t);
+    }
+    free(h);
+    if (sfile && (sf = fopen(sfile, "wb"))) {
+        n0 = have;
+        if (fwrite(&n0, 8, 1, sf) != 1 || fwrite(keys, 2 * (size_t)H, have, sf) != have ||
+            fwrite(ids, sizeof(int), have, sf) != have)
+            fprintf(stderr, "bench_growth: %s: short write\n", sfile);
+        fclose(sf);
+    }
+    return have;
+}
+
+static nc_unbounded_cache *make_cache(const nc_model *m, bool own)
+{
+    nc_unbounded_cache_opts o;
+    unbounded_cache_opts_default(&o, m->cfg.hidden_size);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/unbounded.faiss", m->dir);
+    o.own_training = own;
+    o.train_sync = true;   /* the CLI's: trainings at the same sizes every run */
+    o.trained_path = own ? NULL : path;
+    o.key_f16 = true;      /* as the daemon stores them */
+    o.omp_threads = 1;
+    nc_unbounded_cache *u = NULL;
+    char err[NC_ERRLEN];
+    if (unbounded_cache_new(&o, NULL, &u, err, sizeof err)) {
+        fprintf(stderr, "bench_growth: %s\n", err);
+        exit(1);
+    }
+    return u;
+}
+
+/* Adds states [from, to) to u; CPU seconds spent (trainings included) */
+static double grow(nc_unbounded_cache *u, const uint16_t *keys, const int *ids, size_t from, size_t to, int H)
+{
+    const size_t chunk = 512;   /* an upload's batch */
+    float *kb = malloc(chunk * (size_t)H * sizeof(float));
+    char err[NC_ERRLEN];
+    double c0 = cpu();
+    for (size_t i = from; i < to; i += chunk) {
+        size_t b = to - i < chunk ? to - i : chunk;
+        vm_half_to_float(keys + i * (size_t)H, kb, b * (size_t)H);
+        if (unbounded_cache_add(u, kb, ids + i, b, NULL, err, sizeof err)) {
+            fprintf(stderr, "bench_growth: %s\n", err);
+            exit(1);
+        }
+    }
+    free(kb);
+    return cpu() - c0;
+}
+
+/* One read of q with u: perplexity, CPU seconds of the whole read (the
+ * LSTM pass + the caches and the mixture) */
+static double read_with(const query *q, nc_unbounded_cache *u, int nprobe, double *lp, double *c_read)
+{
+    nc_cache_params p;
+    cache_params_default(&p);
+    p.unbounded = true;
+    p.neural_size = 2000;
+    if (nprobe > 0)
+        p.nprobe = nprobe;
+    nc_doc_caches dc = {.ub = u, .adapt = false};
+    char err[NC_ERRLEN];
+    double c0 = cpu();
+    if (doc_score(q->d, &p, &dc, lp, err, sizeof err)) {
+        fprintf(stderr, "bench_growth: %s\n", err);
+        exit(1);
+    }
+    *c_read = q->c_lstm + cpu() - c0;
+    return ppl_of(lp, q->t.n);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 5) {
+        fprintf(stderr, "usage: bench_growth MODEL MEMORY_FILES QUERY_FILES SIZES\n");
+        return 2;
+    }
+    char err[NC_ERRLEN];
+    nc_model *m = NULL;
+    if (model_load(argv[1], &m, err, sizeof err)) {
+        fprintf(stderr, "bench_growth: %s\n", err);
+        return 1;
+    }
+    unbounded_cache_set_threads(1);
+    const int H = m->cfg.hidden_size;
+    size_t sizes[32], ns = 0;
+    for (const char *p = argv[4]; *p && ns < 32;) {
+        sizes[ns++] = (size_t)atol(p);
+        p = strchr(p, ',');
+        if (!p)
+            break;
+        p++;
+    }
+    size_t max = sizes[ns - 1];
+    uint16_t *keys = malloc(max * (size_t)H * 2);
+    int *ids = malloc(max * sizeof(int));
+    size_t have = memory_states(m, argv[2], max, keys, ids);
+    size_t nq = getenv("BENCH_NQ") ? (size_t)atol(getenv("BENCH_NQ")) : 2000;
+    query qs[8];
+    int nqf = 0;
+    char qfiles[4096];
+    snprintf(qfiles, sizeof qfiles, "%s", argv[3]);
+    double *lp = NULL;
+    for (char *save = NULL, *f = strtok_r(qfiles, ",", &save); f && nqf < 8; f = strtok_r(NULL, ",", &save)) {
+        query *q = &qs[nqf++];
+        *q = (query){.name = strrchr(f, '/') ? strrchr(f, '/') + 1 : f};
+        tokens_init(&q->t);
+        if (read_tokens(m, f, &q->t))
+            return 1;
+        if (q->t.n > nq)
+            q->t.n = nq;
+        lp = realloc(lp, q->t.n * sizeof(double));
+        if (static_pass(m, q, lp))
+            return 1;
+    }
+    const bool fixed_too = !getenv("BENCH_NO_FIXED");
+    nc_unbounded_cache *own = make_cache(m, true), *fixed = fixed_too ? make_cache(m, false) : NULL;
+    printf("| pairs | query | own index: nlist, nprobe (recall) | static tokens/CPU-s | neural+unbounded tokens/CPU-s | "
+           "ratio | CPU ms / 1k tokens | perplexity own | fixed k1024/np8 | own vs fixed |\n");
+    printf("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    size_t at = 0;
+    double add_own = 0, add_fixed = 0;
+    for (size_t i = 0; i < ns && at < have; i++) {
+        if (sizes[i] > have)   /* the last size: all the memory there is (1,715,033 pairs of the three texts) */
+            sizes[i] = have;
+        add_own += grow(own, keys, ids, at, sizes[i], H);
+        if (fixed)
+            add_fixed += grow(fixed, keys, ids, at, sizes[i], H);
+        at = sizes[i];
+        nc_ub_train_stats st;
+        unbounded_cache_train_stats(own, &st);
+        fprintf(stderr, "%zu pairs: adds %.1f CPU-s own (trainings: %llu, last %.1f s), %.1f fixed\n", at, add_own,
+                (unsigned long long)st.trainings, st.last_seconds, add_fixed);
+        for (int k = 0; k < nqf; k++) {
+            query *q = &qs[k];
+            /* the static model again beside each read: a ratio of one moment */
+            static_pass(m, q, lp);
+            double c_own, c_fix = 0, pf = NAN;
+            double po = read_with(q, own, 0, lp, &c_own);
+            if (fixed)
+                pf = read_with(q, fixed, 8, lp, &c_fix);
+            double n = (double)q->t.n;
+            printf("| %zu | %s | %lld, %d (%.3f) | %.0f | %.0f | %.1f%% | %.1f | %.2f | %.2f | %+.2f%% |\n", at, q->name,
+                   (long long)st.nlist, st.nprobe, st.recall, n / q->c_static, n / c_own, 100.0 * q->c_static / c_own,
+                   1e6 * c_own / n, po, pf, 100.0 * (po / pf - 1.0));
+            fflush(stdout);
+        }
+        printf("|  | own index: imbalance %.2f, trainings %llu, last %.1f s, memory %.0f B a pair |  |  |  |  |  |  |  |  |\n",
+               st.imbalance, (unsigned long long)st.trainings, st.last_seconds,
+               (double)unbounded_cache_memory(own) / (double)at);
+        fflush(stdout);
+    }
+    unbounded_cache_free(own);
+    unbounded_cache_free(fixed);
+    return 0;
+}
