@@ -309,14 +309,20 @@ static int copy_storage(const char *src, const char *dst, nc_backup_ns *b, char 
  * snapshot's count of them and cuts the rest, so a copy taken while a later
  * snapshot appends is as good. Without it a restored namespace would keep
  * the index it has and never train again. */
-static int copy_keys(const char *src, const char *dst, nc_backup_ns *b, char *err, size_t errlen)
+static int copy_keys(const char *src, const char *dst, bool snap, nc_backup_ns *b, char *err, size_t errlen)
 {
     char from[4096], to[4096];
     snprintf(from, sizeof from, "%.1000s/" KEYS_FILE, src);
     snprintf(to, sizeof to, "%.1000s/" KEYS_FILE, dst);
-    if (access(from, F_OK) != 0)
-        return NC_OK;
-    return copy_listed(from, to, KEYS_FILE, b, err, errlen);
+    if (snap && access(from, F_OK) == 0) {
+        int rc = copy_listed(from, to, KEYS_FILE, b, err, errlen);
+        if (rc)
+            return rc;
+    }
+    /* and the mark of a store with the index's own training (recovery.c) */
+    snprintf(from, sizeof from, "%.1000s/" TRAINING_FILE, src);
+    snprintf(to, sizeof to, "%.1000s/" TRAINING_FILE, dst);
+    return access(from, F_OK) != 0 ? NC_OK : copy_listed(from, to, TRAINING_FILE, b, err, errlen);
 }
 
 /* The copy itself: dst made, storage, snapshot snap (0 = none), its keys, log. */
@@ -327,8 +333,8 @@ static int copy_namespace(const log_copy *c, uint64_t snap, char *err, size_t er
     int rc = copy_storage(c->src, c->dst, c->b, err, errlen);
     if (!rc && snap)
         rc = copy_snapshot(c->src, snap, c->dst, c->b, err, errlen);
-    if (!rc && snap)
-        rc = copy_keys(c->src, c->dst, c->b, err, errlen);
+    if (!rc)
+        rc = copy_keys(c->src, c->dst, snap != 0, c->b, err, errlen);
     if (!rc)
         rc = copy_log(c, err, errlen);
     return rc ? rc : backup_sync_dir(c->dst, err, errlen);

@@ -537,6 +537,29 @@ static int replay_log(nc_nsstore *ns, nc_nsstore_recovery *info, const snapshot_
     return rc;
 }
 
+/* Part of step 0: whether the store runs the index's own training. A store
+ * with a log and no TRAINING_FILE was written by a build before it: its
+ * answers stay what they were (the model's index at the switch it may have
+ * crossed), so it keeps that lifecycle (own_training off). A new store asked
+ * for it writes the file in storage_commit, before its first log record. */
+static int training_read(nc_nsstore *ns, char *err, size_t errlen)
+{
+    if (!ns->ubo.own_training || ns->compact)
+        return NC_OK;
+    char path[1200];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/" TRAINING_FILE, ns->dir);
+    if (stat(path, &st) == 0)
+        return NC_OK;
+    if (errno != ENOENT)
+        return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
+    if (stat(ns->waldir, &st) == 0)
+        ns->ubo.own_training = false;   /* an earlier build's store */
+    else
+        ns->training_new = true;
+    return NC_OK;
+}
+
 /* Step 0 of nsstore_open: the storage the store was created with, from its
  * storage file (none: keys), into ns->compact and ns->fingerprint; a new
  * store (no log directory yet) asked for compact storage is compact, its
@@ -571,7 +594,7 @@ static int storage_read(nc_nsstore *ns, bool want_compact, char *err, size_t err
         ns->compact = true;
     }
     ns->ubo.compact = ns->compact;
-    return NC_OK;
+    return training_read(ns, err, errlen);
 }
 
 /* After the cache is made (loaded or new): a new compact store's storage
@@ -579,6 +602,14 @@ static int storage_read(nc_nsstore *ns, bool want_compact, char *err, size_t err
  * has keys); an existing one's fingerprint must be its index's. */
 static int storage_commit(nc_nsstore *ns, char *err, size_t errlen)
 {
+    if (ns->training_new) {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/" TRAINING_FILE, ns->dir);
+        int rc = atomicfile_write(path, "own\n", 4, err, errlen);
+        if (rc)
+            return rc;
+        ns->training_new = false;
+    }
     if (!ns->compact)
         return NC_OK;
     uint64_t fp = unbounded_cache_fingerprint(ns->ub);

@@ -285,8 +285,8 @@ TEST(newer_files_refused_naming_both_versions)
     } cases[] = {
         {"data/namespaces/keys/wal/wal-0000000000000009.log", "NCWAL001", "NCWAL002",
          "log format version 2 is newer than this build reads (version 1)"},
-        {"data/namespaces/compact/snap-0000000000000008/MANIFEST", "neurocache-snapshot 1", "neurocache-snapshot 2",
-         "snapshot format version 2 is newer than this build reads (version 1)"},
+        {"data/namespaces/compact/snap-0000000000000008/MANIFEST", "neurocache-snapshot 1", "neurocache-snapshot 3",
+         "snapshot format version 3 is newer than this build reads (version 2)"},
         {"data/namespaces/compact/storage", "compact ", "zipped  ", "storage 'zipped' is unknown to this build"},
         {"model/gate.json", "\"version\": 1,", "\"version\": 2,",
          "gate format version 2 is newer than this build reads (version 1)"},
