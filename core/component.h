@@ -206,6 +206,9 @@ typedef struct nc_component {
     int (*mark)(const void *state, size_t npush, void **mark, char *err, size_t errlen);
     void (*rollback)(void *state, void *mark);
     size_t (*memory)(const void *state);   /* bytes it owns (a session's memory gauge) */
+    /* What its state will hold at full size under a->p, before it exists:
+     * the session table's budget (sessions_estimate). NULL: nothing. */
+    size_t (*state_bytes)(const nc_state_args *a);
     /* The mixture input's fields it reads at a stream's h (stream_predict,
      * stream_explain), from its state. NULL: none but in->state[c]. */
     int (*at_h)(void *state, const nc_at_h *a, char *err, size_t errlen);

@@ -87,6 +87,16 @@ unsigned components_available(const struct nc_cache_params_s *p, const nc_mix_in
     return a;
 }
 
+size_t components_state_bytes(const struct nc_cache_params_s *p, int H)
+{
+    const nc_state_args a = {.p = p, .H = H};
+    size_t n = 0;
+    for (int c = 0; c < NC_NCOMP; c++)
+        if (nc_component_rows[c]->state_bytes)
+            n += nc_component_rows[c]->state_bytes(&a);
+    return n;
+}
+
 int components_validate(const struct nc_cache_params_s *p, char *err, size_t errlen)
 {
     for (int c = 0; c < NC_NCOMP; c++) {

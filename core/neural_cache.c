@@ -549,6 +549,14 @@ static size_t neural_state_memory(const void *state)
     return ns->c.size ? neural_cache_memory(&ns->c) + (size_t)ns->c.size * sizeof(float) : 0;
 }
 
+/* The ring at full size: keys and words, and the words' copy a predict makes. */
+static size_t neural_state_bytes(const nc_state_args *a)
+{
+    const nc_cache_params *p = a->p;
+    return p->neural_size > 0 ? (size_t)p->neural_size * ((size_t)a->H * (p->neural_f16 ? 2 : 4) + 2 * sizeof(int))
+                              : 0;
+}
+
 /* The window as the formulas read it from h (design §4): the dots h·h_i
  * of the ring's pairs and their words (*scratch); in->ndots/nvals/nn get
  * the last neural_size of them (the window's pair i is the ring's pair
@@ -713,6 +721,7 @@ const nc_component nc_component_neural = {
     .mark = neural_mark_save,
     .rollback = neural_rollback,
     .memory = neural_state_memory,
+    .state_bytes = neural_state_bytes,
     .at_h = neural_at_h,
     .scan_open = neural_scan_open,
     .scan_block = neural_scan_block,

@@ -286,6 +286,12 @@ static size_t unigram_state_memory(const void *state)
     return u->size ? unigram_cache_memory(u) : 0;
 }
 
+/* The ring at full size and counts of as many words. */
+static size_t unigram_state_bytes(const nc_state_args *a)
+{
+    return a->p->unigram_size > 0 ? (size_t)a->p->unigram_size * 3 * sizeof(int) : 0;
+}
+
 /* The window is the input: in->uni while on. */
 static int unigram_at_h(void *state, const nc_at_h *a, char *err, size_t errlen)
 {
@@ -335,6 +341,7 @@ const nc_component nc_component_unigram = {
     .mark = unigram_mark_save,
     .rollback = unigram_rollback,
     .memory = unigram_state_memory,
+    .state_bytes = unigram_state_bytes,
     .at_h = unigram_at_h,
     .scan_open = unigram_scan_open,
     .scan_input = unigram_scan_input,

@@ -10,6 +10,8 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "components.h"
+
 struct sessions {
     pthread_mutex_t lock;
     nc_session *by_id;            /* uthash head */
@@ -90,11 +92,7 @@ size_t sessions_estimate(const nc_model *m, const nc_cache_params *p)
 {
     size_t H = (size_t)m->cfg.hidden_size, L = (size_t)m->cfg.num_layers;
     size_t bytes = 4096 + 2 * L * H * sizeof(float) * 2;     /* state + work */
-    if (p->neural_size > 0)
-        bytes += (size_t)p->neural_size * (H * (p->neural_f16 ? 2 : 4) + 2 * sizeof(int));
-    if (p->unigram_size > 0)
-        bytes += (size_t)p->unigram_size * 3 * sizeof(int);
-    return bytes;
+    return bytes + components_state_bytes(p, (int)H);   /* the rows' windows */
 }
 
 /* Unguessable id: 128 bits from getrandom, hex; the replica tag, when set,
