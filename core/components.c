@@ -131,6 +131,7 @@ int components_heaviest(int *cand, int n, const double *w, const float *key, int
 
 int blob_word_ref(nc_blob_words *x, int id)
 {
+    NC_ASSERT(x, "blob_word_ref: no x");
     if (id < x->V)
         return id;
     for (int i = 0; i < x->n; i++)
@@ -150,6 +151,7 @@ int blob_word_ref(nc_blob_words *x, int id)
 
 int blob_word_id(const nc_blob_words *x, int32_t ref)
 {
+    NC_ASSERT(x, "blob_word_id: no x");
     if (ref >= 0 && ref < x->V)
         return ref;
     if (ref >= x->V && ref - x->V < x->n)

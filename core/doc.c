@@ -85,6 +85,7 @@ static int prepare(const nc_doc_prep *in, nc_doc **out, char *err, size_t errlen
 
 int doc_prepare(const nc_doc_prep *a, nc_doc **out, char *err, size_t errlen)
 {
+    NC_ASSERT(a, "doc_prepare: no a");
     nc_doc_prep in = *a;
     in.vocab_stats = a->vocab_stats || a->m->gate;
     in.logits0 = a->has_h ? a->logits0 : NULL;
@@ -440,6 +441,7 @@ static int block_mix(score_run *s, size_t b0, size_t nb, double *logprobs, char 
 int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, double *logprobs, char *err,
               size_t errlen)
 {
+    NC_ASSERT(d, "doc_score: no d");
     const size_t block = c ? c->block : 0;
     const size_t n = d->n;
     int rc = cache_params_validate(p, err, errlen);
@@ -472,6 +474,9 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, doubl
 
 int doc_neighbours(const nc_doc *d, const nc_cache_params *p, const nc_doc_knn *kn, char *err, size_t errlen)
 {
+    NC_ASSERT(p, "doc_neighbours: no p");
+    NC_ASSERT(kn, "doc_neighbours: no kn");
+    NC_ASSERT(d, "doc_neighbours: no d");
     const int k = p->knn, H = d->dim;
     const size_t block = kn->block ? kn->block : DOC_SCORE_BLOCK;
     nc_unbounded_cache *ub = kn->ub;

@@ -41,11 +41,17 @@ void neural_cache_free(nc_neural_cache *c)
 
 void neural_cache_clear(nc_neural_cache *c)
 {
+    NC_ASSERT(c, "neural_cache_clear: no c");
     c->count = c->head = 0;
 }
 
 void neural_cache_push(nc_neural_cache *c, const float *h, int w)
 {
+    NC_ASSERT(c && c->size > 0 && c->head >= 0 && c->head < c->size && c->count <= c->size,
+              "neural_cache_push: ring head %d count %d of size %d", c ? c->head : -1, c ? c->count : -1,
+              c ? c->size : -1);
+    NC_ASSERT(h && w >= 0, "neural_cache_push: pair (%p, %d)", (const void *)h, w);
+    NC_ASSERT(c, "neural_cache_push: no c");
     size_t off = (size_t)c->head * c->dim;
     if (c->f16) {
         vm_float_to_half(h, (uint16_t *)c->keys + off, (size_t)c->dim);
@@ -60,6 +66,9 @@ void neural_cache_push(nc_neural_cache *c, const float *h, int w)
 
 int neural_cache_export(const nc_neural_cache *c, float *out, int *vals)
 {
+    NC_ASSERT(c && c->count >= 0 && c->count <= c->size, "neural_cache_export: %d pairs in a ring of %d",
+              c ? c->count : -1, c ? c->size : -1);
+    NC_ASSERT(c, "neural_cache_export: no c");
     for (int i = 0; i < c->count; i++) {
         int s = neural_cache_slot(c, i);
         if (out) {
@@ -146,6 +155,7 @@ int neural_cache_dots(const nc_neural_cache *c, const float *q, float *dots)
 
 size_t neural_cache_memory(const nc_neural_cache *c)
 {
+    NC_ASSERT(c, "neural_cache_memory: no c");
     return sizeof *c + (size_t)c->size * c->dim * (c->f16 ? 2 : 4) + (size_t)c->size * sizeof(int);
 }
 
@@ -153,6 +163,7 @@ size_t neural_cache_memory(const nc_neural_cache *c)
 
 double neural_cache_max_logit(const nc_neural_window *w, double bias)
 {
+    NC_ASSERT(w, "neural_cache_max_logit: no w");
     if (w->n <= 0)
         return -INFINITY;
     return w->theta * (double)vm_max(w->dots, (size_t)w->n) + bias;
@@ -162,6 +173,7 @@ double neural_cache_max_logit(const nc_neural_window *w, double bias)
  * (2,000 per token), and a scalar match loop after them the next most. */
 double neural_cache_exp_sum(float *e, const nc_neural_window *w, double bias, double m, int x, double *match)
 {
+    NC_ASSERT(w, "neural_cache_exp_sum: no w");
     if (w->n <= 0) {
         *match = 0.0;
         return 0.0;
@@ -172,6 +184,7 @@ double neural_cache_exp_sum(float *e, const nc_neural_window *w, double bias, do
 /* eq. 2: the softmax over the window, shifted by its max */
 double neural_cache_prob(const nc_neural_window *w, int x)
 {
+    NC_ASSERT(w, "neural_cache_prob: no w");
     if (w->n <= 0)
         return 0.0;
     double num, z = neural_cache_exp_sum(NULL, w, 0.0, neural_cache_max_logit(w, 0.0), x, &num);
@@ -195,6 +208,7 @@ double neural_cache_global_prob(const nc_neural_window *w, double alpha, double 
 
 int neural_cache_weights(const nc_neural_window *w, double alpha, bool global, double log_z, double *out)
 {
+    NC_ASSERT(w, "neural_cache_weights: no w");
     if (w->n <= 0)
         return NC_OK;
     float *e = nc_malloc((size_t)w->n * sizeof *e);
@@ -530,6 +544,7 @@ static void neural_rollback(void *state, void *mark)
     NC_ASSERT(c->size && m->head >= 0 && m->head < c->size && m->count <= c->size,
               "neural: mark (head %d, count %d) not of this ring (size %d)", m->head, m->count, c->size);
     const size_t ks = key_bytes(c);
+    NC_ASSERT(m->slots <= c->size, "neural: mark of %d slots, ring of %d", m->slots, c->size);
     for (int k = 0; k < m->slots; k++) {
         int slot = (m->head + k) % c->size;
         memcpy((char *)c->keys + (size_t)slot * ks, (char *)m->keys + (size_t)k * ks, ks);

@@ -179,6 +179,7 @@ static int start(nc_stream *s, bool bos, char *err, size_t errlen)
 int stream_new(const nc_model *m, const nc_cache_params *p, nc_unbounded_cache *ub, nc_wordtable *words,
                bool bos, nc_stream **out, char *err, size_t errlen)
 {
+    NC_ASSERT(p, "stream_new: no p");
     *out = NULL;
     int rc = cache_params_validate(p, err, errlen);
     if (rc)
@@ -240,6 +241,7 @@ void stream_free(nc_stream *s)
 
 void stream_reset(nc_stream *s, bool bos)
 {
+    NC_ASSERT(s, "stream_reset: no s");
     memo_clear(s);
     for (int c = 0; c < NC_NCOMP; c++)
         if (s->rows[c])
@@ -252,6 +254,7 @@ void stream_reset(nc_stream *s, bool bos)
 
 const nc_cache_params *stream_params(const nc_stream *s)
 {
+    NC_ASSERT(s, "stream_params: no s");
     return &s->p;
 }
 
@@ -319,6 +322,8 @@ static int rows_resize(const nc_stream *s, const nc_cache_params *p, void *rows[
  * the stream changes, so that on error it is as it was. */
 int stream_set_params(nc_stream *s, const nc_cache_params *p, char *err, size_t errlen)
 {
+    NC_ASSERT(p, "stream_set_params: no p");
+    NC_ASSERT(s, "stream_set_params: no s");
     nc_dyneval *dyn_new = NULL;
     bool dyn_replace = false;
     int rc = check_new_params(s, p, err, errlen);
@@ -412,6 +417,8 @@ static int feed_parts(nc_stream *s, const nc_tokens *toks, bool adapt, double *l
 int stream_feed(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprobs, char *err,
                 size_t errlen)
 {
+    NC_ASSERT(toks, "stream_feed: no toks");
+    NC_ASSERT(s, "stream_feed: no s");
     int rc = s->dyn ? feed_parts(s, toks, adapt, logprobs, err, errlen)
                     : feed_part(s, toks, adapt, logprobs, NULL, err, errlen);
     /* h (and with dynamic evaluation the weights) moved: on failure too,
@@ -467,6 +474,7 @@ static int feed_parts(nc_stream *s, const nc_tokens *toks, bool adapt, double *l
 
 void stream_gate_sink(nc_stream *s, double *f, double *pc)
 {
+    NC_ASSERT(s, "stream_gate_sink: no s");
     s->gate_f = f && pc ? f : NULL;
     s->gate_pc = f && pc ? pc : NULL;
     s->gate_pos0 = s->pos;
@@ -502,6 +510,7 @@ int stream_predict(nc_stream *s, bool shares, nc_dist *out, char *err, size_t er
 
 const float *stream_memo_logits(const nc_stream *s)
 {
+    NC_ASSERT(s, "stream_memo_logits: no s");
     return s->has_h && s->memo.logits && memo_on() ? s->logits : NULL;
 }
 
@@ -515,6 +524,7 @@ void stream_keep_logits(nc_stream *s, const float *logits)
 
 const float *stream_h(const nc_stream *s)
 {
+    NC_ASSERT(s, "stream_h: no s");
     return s->has_h ? lstm_state_top(s->st) : NULL;
 }
 
@@ -662,11 +672,13 @@ int stream_explain(nc_stream *s, const int *ids, size_t k, int per_source, nc_ex
 
 int stream_ub_reader(const nc_stream *s)
 {
+    NC_ASSERT(s, "stream_ub_reader: no s");
     return s->p.open_vocab ? NC_UB_OPEN : s->m->unk_id;
 }
 
 const char *stream_word(nc_stream *s, int id)
 {
+    NC_ASSERT(s, "stream_word: no s");
     if (s->words)
         return wordtable_word(s->words, id);
     return vocab_word(s->m->vocab, id);
@@ -678,6 +690,7 @@ nc_unbounded_cache *stream_unbounded_cache(const nc_stream *s) { return s->ub; }
 
 size_t stream_memory(const nc_stream *s)
 {
+    NC_ASSERT(s, "stream_memory: no s");
     size_t m = sizeof *s + 2 * lstm_state_blob_size(s->st) + (size_t)s->m->cfg.vocab_size * sizeof(float);
     for (int c = 0; c < NC_NCOMP; c++)
         if (s->rows[c])
@@ -693,6 +706,7 @@ size_t stream_memory(const nc_stream *s)
 
 int stream_clone(const nc_stream *s, nc_stream **out, char *err, size_t errlen)
 {
+    NC_ASSERT(s, "stream_clone: no s");
     *out = NULL;
     void *blob = NULL;
     size_t len = 0;
@@ -838,6 +852,7 @@ static void put_words(binio_writer *w, const nc_stream *s, const nc_blob_words *
 
 int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_t errlen)
 {
+    NC_ASSERT(s, "stream_export: no s");
     *blob = NULL;
     *len = 0;
     /* the rows' sections first (the word list they name precedes them) */
@@ -951,6 +966,7 @@ static int import_tail(nc_stream *s, binio_reader *r, int version, char *err, si
 int stream_import(const nc_model *m, nc_unbounded_cache *ub, nc_wordtable *words, const void *blob,
                   size_t len, nc_stream **out, char *err, size_t errlen)
 {
+    NC_ASSERT(m, "stream_import: no m");
     *out = NULL;
     binio_reader r;
     nc_cache_params p;
@@ -1095,6 +1111,7 @@ static void rescore_logits(const nc_model *m, nc_doc **docs, const float *rows, 
 int stream_rescore(nc_stream *s, const nc_tokens *conts, size_t n, double **logprobs, char *err,
                    size_t errlen)
 {
+    NC_ASSERT(s, "stream_rescore: no s");
     const nc_model *m = wm(s);
     const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
     nc_doc **docs = nc_zalloc(n ? n : 1, sizeof *docs);

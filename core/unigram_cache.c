@@ -31,6 +31,7 @@ void unigram_cache_free(nc_unigram_cache *u)
 
 void unigram_cache_clear(nc_unigram_cache *u)
 {
+    NC_ASSERT(u, "unigram_cache_clear: no u");
     u->count = u->head = 0;
     if (u->counts)
         memset(u->counts, 0, (size_t)u->ncounts * sizeof(int));
@@ -38,6 +39,10 @@ void unigram_cache_clear(nc_unigram_cache *u)
 
 int unigram_cache_push(nc_unigram_cache *u, int w)
 {
+    NC_ASSERT(u && u->size > 0 && u->head >= 0 && u->head < u->size && u->count <= u->size,
+              "unigram_cache_push: window head %d count %d of size %d", u ? u->head : -1, u ? u->count : -1,
+              u ? u->size : -1);
+    NC_ASSERT(u, "unigram_cache_push: no u");
     if (w < 0)
         return NC_EINVAL;
     if (w >= u->ncounts) {
@@ -51,8 +56,11 @@ int unigram_cache_push(nc_unigram_cache *u, int w)
         u->counts = c;
         u->ncounts = n;
     }
-    if (u->count == u->size)
+    if (u->count == u->size) {
+        NC_ASSERT(u->counts[u->ring[u->head]] > 0, "unigram_cache_push: evicted word %d has count 0",
+                  u->ring[u->head]);
         u->counts[u->ring[u->head]]--;
+    }
     else
         u->count++;
     u->ring[u->head] = w;
@@ -63,6 +71,7 @@ int unigram_cache_push(nc_unigram_cache *u, int w)
 
 int unigram_cache_copy(nc_unigram_cache *dst, const nc_unigram_cache *src, char *err, size_t errlen)
 {
+    NC_ASSERT(src, "unigram_cache_copy: no src");
     int rc = unigram_cache_init(dst, src->size, err, errlen);
     if (rc)
         return rc;
@@ -83,11 +92,13 @@ int unigram_cache_copy(nc_unigram_cache *dst, const nc_unigram_cache *src, char 
 
 size_t unigram_cache_memory(const nc_unigram_cache *u)
 {
+    NC_ASSERT(u, "unigram_cache_memory: no u");
     return sizeof *u + ((size_t)u->size + (size_t)u->ncounts) * sizeof(int);
 }
 
 void unigram_cache_add_dist(const nc_unigram_cache *u, double *q)
 {
+    NC_ASSERT(u, "unigram_cache_add_dist: no u");
     for (int i = 0; i < u->count; i++)
         q[unigram_cache_at(u, i)] += 1.0 / u->count;
 }
@@ -268,6 +279,7 @@ static void unigram_rollback(void *state, void *mark)
         return;
     NC_ASSERT(c->size && m->head >= 0 && m->head < c->size && m->count <= c->size,
               "unigram: mark (head %d, count %d) not of this window (size %d)", m->head, m->count, c->size);
+    NC_ASSERT(m->slots <= c->size, "unigram: mark of %d slots, window of %d", m->slots, c->size);
     for (int k = 0; k < m->slots; k++)
         c->ring[(m->head + k) % c->size] = m->ring[k];
     c->head = m->head;
