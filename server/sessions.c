@@ -185,7 +185,7 @@ static sessions_rc session_fill(sessions *t, nc_session *s, const nc_session_spe
         nc_unbounded_cache *ub = NULL;
         /* Names were validated by proto: a binder failure is the
          * server's (opening the namespace's log or snapshot: I/O), a
-         * 5xx, not the client's 400 (found by test_fault's fsync walk). */
+         * 5xx, not the client's 400 (found by test_fault_injection's fsync walk). */
         int brc = t->bind ? t->bind(t->bind_ctx, sp->ns, &ub, &s->ns_ref, err, errlen) : 0;
         if (brc != 0)
             rc = brc == NC_EIO ? SESS_ESTORAGE : brc == NC_ENOSPACE ? SESS_ENOSPACE : SESS_ENOMEM;

@@ -465,7 +465,7 @@ static int load_newest_snapshot(nc_nsstore *ns, nc_nsstore_recovery *info, snaps
         if (lrc != NC_EFORMAT && lrc != NC_ENOTFOUND) {
             /* An I/O error or a failed allocation says nothing about the
              * snapshot: refuse without touching the disk, so that the open
-             * succeeds once the fault is gone (found by test_fault: two
+             * succeeds once the fault is gone (found by test_fault_injection: two
              * transient read errors used to set both snapshots aside and
              * leave a namespace the log could no longer rebuild). */
             rc = nc_error(err, errlen, lrc, "%s (nothing was changed on disk)", e2);
