@@ -48,12 +48,14 @@ Q := @
 endif
 
 CORE_SRC   := $(wildcard core/*.c)
-# The test build's component (core/component_table.h): NC_PROBE=1 builds the
-# whole program with tests/component/probe.c as one more row, in its own
-# tree (make test: build/probe; its suite tests/component/test_probe.c).
+# The test build's components (core/component_table.h): NC_PROBE=1 builds
+# the whole program with each tests/component/<name>.c as one more row, in
+# its own tree (make test: build/probe; their suites tests/component/test_*.c).
+PROBE_COMPONENTS := $(filter-out tests/component/test_%.c,$(wildcard tests/component/*.c))
+PROBE_SUITES := $(patsubst tests/%.c,build/probe/tests/%,$(wildcard tests/component/test_*.c))
 ifeq ($(NC_PROBE),1)
 CFLAGS   += -DNC_COMPONENT_PROBE
-CORE_SRC += tests/component/probe.c
+CORE_SRC += $(PROBE_COMPONENTS)
 endif
 # C++ of our own where FAISS's C API stops (core/faiss_shim.cpp)
 CORE_CXX_SRC := $(wildcard core/*.cpp)
@@ -181,12 +183,12 @@ CHECK_SCRIPTS := $(sort $(wildcard tests/check_*.sh))
 NUMERIC_TESTS := lstm cache cache_ref scan cache_cli score train model model_errors namespace gate vocab_modes
 NUMERIC_BINS := $(patsubst %,$(BUILD)/tests/test_%,$(NUMERIC_TESTS))
 PROBE_TREE := BUILD=build/probe BIN=build/probe/bin NC_PROBE=1
-PROBE_BINS := build/probe/bin/neurocached build/probe/tests/component/test_probe
+PROBE_BINS := build/probe/bin/neurocached build/probe/bin/neurocache $(PROBE_SUITES)
 test: deps-test
 	$(Q)$(MAKE) --no-print-directory tests
 	$(Q)$(MAKE) --no-print-directory $(PROBE_TREE) $(PROBE_BINS)
 	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) bash tests/run_tests.sh $(TEST_BINS) $(CHECK_SCRIPTS)
-	$(Q)NEUROCACHE_BIN=$(abspath build/probe/bin) bash tests/run_tests.sh build/probe/tests/component/test_probe
+	$(Q)NEUROCACHE_BIN=$(abspath build/probe/bin) bash tests/run_tests.sh $(PROBE_SUITES)
 	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) bash tests/run_levels.sh $(NUMERIC_BINS)
 
 check: test

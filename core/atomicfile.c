@@ -51,6 +51,7 @@ int atomicfile_close(nc_atomicfile *a, int rc, char *err, size_t errlen)
 
 int atomicfile_rename(nc_atomicfile *a, char *err, size_t errlen)
 {
+    NC_ASSERT(a, "atomicfile_rename: no a");
     if (rename(a->tmp, a->path) != 0)
         return nc_error(err, errlen, NC_EIO, "%s: rename failed: %s", a->path, strerror(errno));
     a->tmp[0] = 0;
@@ -71,6 +72,7 @@ int atomicfile_sync_dir(const char *dir)
 
 int atomicfile_commit(nc_atomicfile *a, int rc, char *err, size_t errlen)
 {
+    NC_ASSERT(a, "atomicfile_commit: no a");
     rc = atomicfile_close(a, rc, err, errlen);
     if (rc == NC_OK)
         rc = atomicfile_rename(a, err, errlen);
@@ -88,6 +90,7 @@ int atomicfile_commit(nc_atomicfile *a, int rc, char *err, size_t errlen)
 
 void atomicfile_abort(nc_atomicfile *a)
 {
+    NC_ASSERT(a, "atomicfile_abort: no a");
     if (a->f)
         fclose(a->f);
     a->f = NULL;

@@ -23,6 +23,7 @@ uint32_t binio_crc32(uint32_t c, const void *p, size_t n)
 
 void binio_writer_buf(binio_writer *w, nc_buf *buf)
 {
+    NC_ASSERT(buf, "binio_writer_buf: no buf");
     *w = (binio_writer){.buf = buf, .crc = (uint32_t)crc32(0L, Z_NULL, 0), .bad = buf->oom};
 }
 
@@ -70,6 +71,7 @@ bool binio_open(binio_reader *r, const void *data, size_t len, size_t skip)
 
 const void *binio_take(binio_reader *r, size_t n)
 {
+    NC_ASSERT(r, "binio_take: no r");
     if (r->bad || r->n - r->off < n) {
         r->bad = true;
         return NULL;
@@ -95,6 +97,7 @@ uint64_t binio_get_u64(binio_reader *r) { uint64_t v; binio_get(r, &v, sizeof v)
 
 size_t binio_left(const binio_reader *r)
 {
+    NC_ASSERT(r, "binio_left: no r");
     return r->bad ? 0 : r->n - r->off;
 }
 

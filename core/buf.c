@@ -12,6 +12,7 @@
 
 int buf_reserve(nc_buf *b, size_t extra)
 {
+    NC_ASSERT(b, "buf_reserve: no b");
     if (b->oom)
         return NC_ENOMEM;
     if (extra < b->cap - b->len && b->data)
@@ -32,13 +33,16 @@ int buf_reserve(nc_buf *b, size_t extra)
     b->data = p;
     b->cap = c;
     b->data[b->len] = 0;
+    NC_ASSERT(b->len < b->cap, "buf_reserve: length %zu, capacity %zu", b->len, b->cap);
     return NC_OK;
 }
 
 int buf_append(nc_buf *b, const void *p, size_t n)
 {
+    NC_ASSERT(b, "buf_append: no b");
     if (buf_reserve(b, n) != NC_OK)
         return NC_ENOMEM;
+    NC_ASSERT(b->data && b->len + n < b->cap, "buf_append: %zu + %zu bytes into %zu", b->len, n, b->cap);
     if (n)
         memcpy(b->data + b->len, p, n);
     b->len += n;
@@ -48,6 +52,7 @@ int buf_append(nc_buf *b, const void *p, size_t n)
 
 int buf_vprintf(nc_buf *b, const char *fmt, va_list ap)
 {
+    NC_ASSERT(b, "buf_vprintf: no b");
     if (buf_reserve(b, 0) != NC_OK)
         return NC_ENOMEM;
     va_list again;
@@ -78,6 +83,7 @@ int buf_printf(nc_buf *b, const char *fmt, ...)
 
 void buf_clear(nc_buf *b)
 {
+    NC_ASSERT(b, "buf_clear: no b");
     b->len = 0;
     b->oom = false;
     if (b->data)

@@ -116,6 +116,7 @@ static int knob_check(const nc_cache_knob *k, double v, char *err, size_t errlen
 
 double cache_knob_get(const nc_cache_params *p, const nc_cache_knob *k)
 {
+    NC_ASSERT(k, "cache_knob_get: no k");
     const char *f = (const char *)p + k->offset;
     switch (k->type) {
     case NC_KNOB_INT: return *(const int *)f;
@@ -129,6 +130,7 @@ double cache_knob_get(const nc_cache_params *p, const nc_cache_knob *k)
 
 int cache_knob_set_number(nc_cache_params *p, const nc_cache_knob *k, double v, char *err, size_t errlen)
 {
+    NC_ASSERT(k, "cache_knob_set_number: no k");
     int rc = knob_check(k, v, err, errlen);
     if (rc != NC_OK)
         return rc;
@@ -145,6 +147,7 @@ int cache_knob_set_number(nc_cache_params *p, const nc_cache_knob *k, double v, 
 
 int cache_knob_set_text(nc_cache_params *p, const nc_cache_knob *k, const char *text, char *err, size_t errlen)
 {
+    NC_ASSERT(k, "cache_knob_set_text: no k");
     double v;
     if (k->type == NC_KNOB_BOOL) {
         static const char *const yes[] = {"true", "yes", "on", "1"}, *const no[] = {"false", "no", "off", "0"};
@@ -194,6 +197,7 @@ int cache_params_validate(const nc_cache_params *p, char *err, size_t errlen)
 
 const char *cache_params_describe(const nc_cache_params *p, char *buf, size_t len)
 {
+    NC_ASSERT(p, "cache_params_describe: no p");
     size_t o = 0;
     buf[0] = '\0';
 #define ADD(...) do { if (o < len) o += (size_t)snprintf(buf + o, len - o, __VA_ARGS__); } while (0)

@@ -92,6 +92,42 @@ typedef struct {
     int n, cap;
 } nc_blob_words;
 
+/* What a row's session state is made for (state_new, state_resize). */
+typedef struct {
+    const struct nc_cache_params_s *p;
+    int H;                        /* the model's hidden size: a key's length */
+} nc_state_args;
+
+/* A document's scoring pass (doc.c) as a row's scan reads it: the query
+ * rows, the words, and the positions before `first` that are context only. */
+typedef struct {
+    const struct nc_cache_params_s *p;
+    const float *q;               /* [n, H] row j = h before token j: query for j, key of pair j */
+    const int *ids;               /* [n] word of token j */
+    size_t first;
+    int H;
+    /* The state still holds what its at_h made at q's row 0 (a stream's
+     * predict at this h, nothing pushed since: nc_at_h.memo): a scan may
+     * read it for a first block of that position alone, the same bits
+     * (issue 36: a one-word feed after a predict). */
+    bool at_h0;
+} nc_scan_doc;
+
+/* A stream's h as a row's at_h reads it: the row fills in's fields; what
+ * it allocates for them goes to *scratch (or NULL), freed by the caller
+ * after the mixture. */
+typedef struct {
+    const struct nc_cache_params_s *p;
+    const float *h;               /* [H] h_t */
+    nc_mix_input *in;
+    void **scratch;
+    /* The state and h are as at this row's previous at_h, whose fields
+     * the state may keep (the stream's memo, issue 36): the row may fill
+     * in's fields from what it kept, the same bits, instead of reading its
+     * memory again (the neural window's dots: 2 MB for 2,000 keys). */
+    bool memo;
+} nc_at_h;
+
 typedef struct nc_component {
     const char *name;             /* as in component_table.h */
     const char *const *knobs;     /* its rows of cache_knobs.h, NULL-terminated (/v1/model) */
@@ -156,6 +192,47 @@ typedef struct nc_component {
     /* The section read back into the state the stream built for the blob's
      * settings: NC_EFORMAT when it does not match them. */
     int (*import_state)(void *state, binio_reader *r, const nc_blob_words *x, char *err, size_t errlen);
+
+    /* ---- its session state's life (stream.c, doc.c loop over these) ----
+     * A row that keeps state per session (a window of the pairs fed) owns
+     * all of it: stream.c keeps one opaque pointer per row and doc.c one
+     * per scoring pass. state_new NULL: the row keeps none (and every hook
+     * below is NULL). */
+    /* An empty state for a->p: an object even where p turns the row off
+     * (its blob section and memory then say so; push does nothing). */
+    int (*state_new)(const nc_state_args *a, void **out, char *err, size_t errlen);
+    void (*state_free)(void *state);   /* NULL allowed */
+    void (*state_clear)(void *state);  /* emptied, as new */
+    /* A new state for a->p holding the newest pairs of old (old unchanged);
+     * on error nothing is left allocated. */
+    int (*state_resize)(const void *old, const nc_state_args *a, void **out, char *err, size_t errlen);
+    /* The pair (h_t, x_{t+1}) after position t's mixture: NC_ENOMEM when
+     * it cannot be held. */
+    int (*push)(void *state, const float *h, int word);
+    /* Undo of a rescoring (stream_rescore): mark saves what the next npush
+     * pushes will overwrite (*mark malloc'ed); rollback puts the state back
+     * as it was at the mark, bit for bit, and frees the mark (NULL: only
+     * nothing to put back after a failed mark). */
+    int (*mark)(const void *state, size_t npush, void **mark, char *err, size_t errlen);
+    void (*rollback)(void *state, void *mark);
+    size_t (*memory)(const void *state);   /* bytes it owns (a session's memory gauge) */
+    /* What its state will hold at full size under a->p, before it exists:
+     * the session table's budget (sessions_estimate). NULL: nothing. */
+    size_t (*state_bytes)(const nc_state_args *a);
+    /* The mixture input's fields it reads at a stream's h (stream_predict,
+     * stream_explain), from its state. NULL: none but in->state[c]. */
+    int (*at_h)(void *state, const nc_at_h *a, char *err, size_t errlen);
+    /* A document's scoring pass reads its input a block of positions at a
+     * time (doc.c): scan_open makes the pass's scratch (*scan; NULL when
+     * the row is off under d->p), scan_block prepares positions [b0, b0 +
+     * nb) before any of them is pushed, scan_input fills position b0 + r's
+     * fields, scan_close frees the scratch (NULL allowed); scan_block and
+     * scan_close may be NULL (a scan that is the state itself). NULL
+     * scan_open: the row reads in->state[c] alone. */
+    int (*scan_open)(void *state, const nc_scan_doc *d, size_t block, void **scan, char *err, size_t errlen);
+    void (*scan_block)(void *scan, size_t b0, size_t nb);
+    void (*scan_input)(const void *scan, size_t r, nc_mix_input *in);
+    void (*scan_close)(void *scan);
 } nc_component;
 
 #endif

@@ -24,15 +24,21 @@
     C(UNIFORM, uniform, 0, 0)   \
     NC_TEST_COMPONENTS(C)
 
-/* The test build's component (tests/component/probe.c, `make test` builds a
- * daemon with it: tests/test_component_probe.c). Its knob is a row of the
- * knob table like any other (cache_knobs.h appends NC_TEST_KNOBS). */
+/* The test build's components (tests/component/, `make test` builds a
+ * daemon with them: the probe tree). One line each: its row, then its
+ * knobs as rows of the knob table (cache_knobs.h X), which cache_knobs.h
+ * appends like any other's:
+ *   T(C, X) C(ID, name, npre, npost) X(knob...) ... */
 #ifdef NC_COMPONENT_PROBE
-#define NC_TEST_COMPONENTS(C) C(PROBE, probe, 1, 0)
-#define NC_TEST_KNOBS(X) X(probe_mu, NULL, FLOAT_BELOW_MAX, 0, 1, "0", "test build: weight of the probe component")
+#define NC_TEST_TABLE(C, X) \
+    C(BIGRAM, bigram, 1, 0) X(bigram_size, NULL, INT, 0, NC_CACHE_MAX_WINDOW, "0", "test build: recent-bigram cache ring (pairs), 0 = off") X(bigram_lambda, NULL, FLOAT, 0, 1, "0.1", "test build: recent-bigram cache weight") \
+    C(PROBE, probe, 1, 0) X(probe_mu, NULL, FLOAT_BELOW_MAX, 0, 1, "0", "test build: weight of the probe component")
 #else
-#define NC_TEST_COMPONENTS(C)
-#define NC_TEST_KNOBS(X)
+#define NC_TEST_TABLE(C, X)
 #endif
+#define NC_TEST_NO_ROW_(ID, name, npre, npost)
+#define NC_TEST_NO_KNOB_(name, alias, type, min, max, def, doc)
+#define NC_TEST_COMPONENTS(C) NC_TEST_TABLE(C, NC_TEST_NO_KNOB_)
+#define NC_TEST_KNOBS(X) NC_TEST_TABLE(NC_TEST_NO_ROW_, X)
 
 #endif

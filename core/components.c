@@ -87,6 +87,16 @@ unsigned components_available(const struct nc_cache_params_s *p, const nc_mix_in
     return a;
 }
 
+size_t components_state_bytes(const struct nc_cache_params_s *p, int H)
+{
+    const nc_state_args a = {.p = p, .H = H};
+    size_t n = 0;
+    for (int c = 0; c < NC_NCOMP; c++)
+        if (nc_component_rows[c]->state_bytes)
+            n += nc_component_rows[c]->state_bytes(&a);
+    return n;
+}
+
 int components_validate(const struct nc_cache_params_s *p, char *err, size_t errlen)
 {
     for (int c = 0; c < NC_NCOMP; c++) {
@@ -121,6 +131,7 @@ int components_heaviest(int *cand, int n, const double *w, const float *key, int
 
 int blob_word_ref(nc_blob_words *x, int id)
 {
+    NC_ASSERT(x, "blob_word_ref: no x");
     if (id < x->V)
         return id;
     for (int i = 0; i < x->n; i++)
@@ -140,6 +151,7 @@ int blob_word_ref(nc_blob_words *x, int id)
 
 int blob_word_id(const nc_blob_words *x, int32_t ref)
 {
+    NC_ASSERT(x, "blob_word_id: no x");
     if (ref >= 0 && ref < x->V)
         return ref;
     if (ref >= x->V && ref - x->V < x->n)

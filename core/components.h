@@ -20,6 +20,9 @@ unsigned components_on(const struct nc_cache_params_s *p);
 /* Bit c set: row c is available at this position. */
 unsigned components_available(const struct nc_cache_params_s *p, const nc_mix_input *in);
 /* The rows' validate in order: the first error. */
+/* The rows' session states at full size under p for a model of hidden
+ * size H (component.h state_bytes): a session's budget before it exists. */
+size_t components_state_bytes(const struct nc_cache_params_s *p, int H);
 int components_validate(const struct nc_cache_params_s *p, char *err, size_t errlen);
 /* Moves the heaviest of the n candidates cand[] (weight w[i] > 0; ties: the
  * larger key[i] when key is non-NULL, then the earlier candidate) to the

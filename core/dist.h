@@ -31,4 +31,9 @@ void dist_free(nc_dist *d);      /* releases the arrays; d is empty again (dist_
  * undefined); shares: also the share arrays. NC_ENOMEM, d left freeable. */
 int dist_reserve(nc_dist *d, size_t n, bool shares);
 
+/* Indices of the k largest p[0..n), sorted by decreasing p (ties: lower id
+ * first), into out[k]. A bounded min-heap: O(n log k). Returns the count
+ * written (min(k, n)). The API's top_k and generation's nucleus read it. */
+size_t dist_top_k(const float *p, size_t n, size_t k, int *out);
+
 #endif

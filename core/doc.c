@@ -1,5 +1,6 @@
 /* doc.c -- batched, causal scoring of a token sequence with the caches. */
 #include "doc.h"
+#include "components.h"
 #include "gate.h"
 #include "mixture.h"
 #include "vmath.h"
@@ -84,6 +85,7 @@ static int prepare(const nc_doc_prep *in, nc_doc **out, char *err, size_t errlen
 
 int doc_prepare(const nc_doc_prep *a, nc_doc **out, char *err, size_t errlen)
 {
+    NC_ASSERT(a, "doc_prepare: no a");
     nc_doc_prep in = *a;
     in.vocab_stats = a->vocab_stats || a->m->gate;
     in.logits0 = a->has_h ? a->logits0 : NULL;
@@ -207,42 +209,42 @@ typedef struct {
     const nc_doc *d;
     const nc_cache_params *p;
     nc_doc_caches *c;
-    nc_neural_cache tmp_n, *nc;   /* nc: the window read (c's or tmp_n), NULL when off */
-    nc_unigram_cache tmp_u, *uc;
+    void *st[NC_NCOMP];           /* each row's session state: the caller's or own[c]'s */
+    void *own[NC_NCOMP];          /* states made for the call (the caller gave none) */
+    void *scan[NC_NCOMP];         /* each row's scan of the pass (component.h scan_open) */
     nc_unbounded_cache *ub;
-    bool pre, ub_read, ub_add, gated, skipping, direct;
-    int k, N;
+    bool pre, ub_read, ub_add, gated, skipping;
+    int k;
     size_t B;
-    float *keys, *dots, *ud2, *qs;
-    int *kv, *uw, *row_of;
+    float *ud2, *qs;
+    int *uw, *row_of;
     int64_t *lim;
     nc_mix_input *ins;
     bool *skip;
-    int c0;                       /* this block: window keys before its own */
-    const int *kvals;             /* and their words */
     nc_ub_coarse coarse;          /* the block's add's coarse search, its search's too */
 } score_run;
 
-/* The windows: the caller's, or local ones when it gave none. */
-static int score_windows(score_run *s, char *err, size_t errlen)
+/* The rows' session states (the caller's, or empty ones made for the
+ * call when it gave none) and their scans of the pass (component.h). */
+static int score_rows(score_run *s, size_t block, char *err, size_t errlen)
 {
-    const nc_cache_params *p = s->p;
-    nc_doc_caches *c = s->c;
-    const int H = s->d->dim;
-    int rc;
-    if (p->neural_size > 0) {
-        s->nc = c && c->neural ? c->neural : &s->tmp_n;
-        if (s->nc == &s->tmp_n && (rc = neural_cache_init(&s->tmp_n, p->neural_size, H, p->neural_f16, err, errlen)))
-            return rc;
-        if (s->nc->dim != H)
-            return nc_error(err, errlen, NC_EINVAL, "neural cache dimension %d, model %d", s->nc->dim, H);
+    const nc_state_args a = {.p = s->p, .H = s->d->dim};
+    const nc_scan_doc sd = {.p = s->p, .q = s->d->q, .ids = s->d->ids, .first = s->d->first, .H = s->d->dim,
+                            .at_h0 = s->c && s->c->at_h0};
+    int rc = NC_OK;
+    for (int c = 0; !rc && c < NC_NCOMP; c++) {
+        const nc_component *r = nc_component_rows[c];
+        if (!r->state_new)
+            continue;
+        if (s->c && s->c->states)
+            s->st[c] = s->c->states[c];
+        else if (!(rc = r->state_new(&a, &s->own[c], err, errlen)))
+            s->st[c] = s->own[c];
+        NC_ASSERT(rc || s->st[c], "component %s: no session state given", r->name);
+        if (!rc && r->scan_open)
+            rc = r->scan_open(s->st[c], &sd, block, &s->scan[c], err, errlen);
     }
-    if (p->unigram_size > 0) {
-        s->uc = c && c->unigram ? c->unigram : &s->tmp_u;
-        if (s->uc == &s->tmp_u && (rc = unigram_cache_init(&s->tmp_u, p->unigram_size, err, errlen)))
-            return rc;
-    }
-    return NC_OK;
+    return rc;
 }
 
 /* What the scoring reads (the unbounded cache, the gate) and the block's
@@ -267,23 +269,7 @@ static int score_setup(score_run *s, size_t block, char *err, size_t errlen)
     /* adaptive retrieval (gate.h): only with a gate, an unbounded cache
      * and a threshold above 0 */
     s->skipping = s->gated && p->unbounded && (s->ub_read || s->pre) && gate_threshold(d->gate, p) > 0.0;
-    nc_neural_cache *nc = s->nc;
-    /* window actually read: the ring may be bigger than neural_size when a
-     * stream shrank its params without reallocating */
-    s->N = nc ? (p->neural_size < nc->size ? p->neural_size : nc->size) : 0;
-    /* A window that starts empty (eval, tune, a new stream) only ever holds
-     * this document's pairs: its keys are rows of d->q, read in place by the
-     * GEMM instead of copying the ring out for every block. */
-    s->direct = nc && nc->count == 0 && !nc->f16;   /* f16: the rounded keys are the ring's */
-    /* Blocks of at most the positions scored: a daemon's one-word feed
-     * allocated 64 rows of dots (528 kB for a 2,000-key window) and a copy
-     * of the window (2 MB) it never reads, mapped and faulted in afresh
-     * each feed (issue 36); the blocks are the same (one of them). */
-    const size_t todo = s->d->n - s->d->first;
-    size_t B = s->B = block < todo ? block : todo, k = (size_t)s->k;
-    s->keys = nc && !s->direct && B > 1 ? nc_alloc(((size_t)nc->size + B) * H * sizeof(float)) : NULL;
-    s->kv = nc && !s->direct ? nc_malloc(((size_t)nc->size + B) * sizeof(int)) : NULL;
-    s->dots = nc ? nc_alloc(B * ((size_t)nc->size + B) * sizeof(float)) : NULL;
+    size_t B = s->B = block, k = (size_t)s->k;
     s->ud2 = s->ub_read ? nc_malloc(B * k * sizeof(float)) : NULL;
     s->uw = s->ub_read ? nc_malloc(B * k * sizeof(int)) : NULL;
     s->lim = s->ub_read ? nc_malloc(B * sizeof(int64_t)) : NULL;
@@ -291,8 +277,7 @@ static int score_setup(score_run *s, size_t block, char *err, size_t errlen)
     s->skip = nc_zalloc(B, sizeof *s->skip);
     s->qs = s->skipping && s->ub_read ? nc_malloc(B * (size_t)H * sizeof(float)) : NULL;
     s->row_of = s->ub_read ? nc_malloc(B * sizeof(int)) : NULL;
-    if ((nc && !s->direct && ((B > 1 && !s->keys) || !s->kv)) || (nc && !s->dots) ||
-        (s->ub_read && (!s->ud2 || !s->uw || !s->lim || !s->row_of)) || !s->ins || !s->skip ||
+    if ((s->ub_read && (!s->ud2 || !s->uw || !s->lim || !s->row_of)) || !s->ins || !s->skip ||
         (s->skipping && s->ub_read && !s->qs))
         return nc_error(err, errlen, NC_ENOMEM, "scoring buffers");
     return NC_OK;
@@ -304,64 +289,25 @@ static void score_free(score_run *s)
     free(s->skip);
     free(s->qs);
     free(s->row_of);
-    nc_free(s->keys);
-    free(s->kv);
-    nc_free(s->dots);
     free(s->ud2);
     free(s->uw);
     free(s->lim);
     ub_coarse_free(&s->coarse);
-    neural_cache_free(&s->tmp_n);
-    unigram_cache_free(&s->tmp_u);
+    for (int c = 0; c < NC_NCOMP; c++) {
+        if (s->scan[c] && nc_component_rows[c]->scan_close)
+            nc_component_rows[c]->scan_close(s->scan[c]);
+        if (s->own[c])
+            nc_component_rows[c]->state_free(s->own[c]);
+    }
 }
 
-/* The block's dot products h_t·h_i: K = [window oldest..newest ; this
- * block's own keys but the last]: position b0+r may read window entries
- * and block keys < r. */
-static void block_neural(score_run *s, size_t b0, size_t nb)
+/* The rows' scans of the block (component.h scan_block), before any of
+ * its positions is pushed. */
+static void block_scans(score_run *s, size_t b0, size_t nb)
 {
-    const nc_doc *d = s->d;
-    const int H = d->dim;
-    const float *Q = d->q + b0 * H, *K = s->keys;
-    nc_neural_cache *nc = s->nc;
-    s->c0 = 0;
-    s->kvals = s->kv;
-    if (s->direct) {
-        size_t lo = b0 > d->first + (size_t)s->N ? b0 - (size_t)s->N : d->first;
-        K = d->q + lo * H;
-        s->kvals = d->ids + lo;
-        s->c0 = (int)(b0 - lo);
-    } else if (nb == 1) {
-        /* one position (a daemon's one-word feed): the window's dots read
-         * in place, as a predict reads them, not a copy of the window (200
-         * kB for 200 keys) and a one-row GEMM that packs it again */
-        const nc_doc_caches *c = s->c;
-        if (c && c->dots0 && c->dots0_words && b0 == 0) {
-            /* the caller's (doc.h dots0): what the two calls below make */
-            s->c0 = nc->count;
-            memcpy(s->dots, c->dots0, (size_t)s->c0 * sizeof(float));
-            memcpy(s->kv, c->dots0_words, (size_t)s->c0 * sizeof(int));
-            return;
-        }
-        s->c0 = neural_cache_export(nc, NULL, s->kv);
-        if (s->c0 > 0)
-            neural_cache_dots(nc, Q, s->dots);
-        return;
-    } else {
-        s->c0 = neural_cache_export(nc, s->keys, s->kv);
-        if (nb > 1) {
-            float *kb = s->keys + (size_t)s->c0 * H;
-            memcpy(kb, Q, (nb - 1) * (size_t)H * sizeof(float));
-            memcpy(s->kv + s->c0, d->ids + b0, (nb - 1) * sizeof(int));
-            /* f16 windows: the block's own keys as the ring will hold
-             * them, so that the batch and a stream agree */
-            if (nc->f16)
-                vm_round_to_half(kb, (nb - 1) * (size_t)H);
-        }
-    }
-    int nk = s->c0 + (int)nb - 1;
-    if (nk > 0)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, nk, H, 1.0f, Q, H, K, H, 0.0f, s->dots, nk);
+    for (int c = 0; c < NC_NCOMP; c++)
+        if (s->scan[c] && nc_component_rows[c]->scan_block)
+            nc_component_rows[c]->scan_block(s->scan[c], b0, nb);
 }
 
 /* What each position of the block reads before the unbounded search, and
@@ -374,7 +320,7 @@ static void block_inputs(score_run *s, size_t b0, size_t nb)
     for (size_t r = 0; r < nb; r++) {
         size_t t = b0 + r;
         nc_mix_input *in = &s->ins[r];
-        *in = (nc_mix_input){.V = d->V, .s_target = d->s_target[t], .log_z = d->log_z[t], .uni = s->uc,
+        *in = (nc_mix_input){.V = d->V, .s_target = d->s_target[t], .log_z = d->log_z[t],
                              .vocab_full = p->vocab_size_full > 0 ? p->vocab_size_full : d->vfull[t],
                              .gate = s->gated ? d->gate : NULL, .h = d->q + t * H,
                              .dec_w = d->dec_w, .dec_b = d->dec_b, .H = H};
@@ -383,12 +329,10 @@ static void block_inputs(score_run *s, size_t b0, size_t nb)
             in->v_logmax = d->v_logmax[t];
             in->v_argmax = d->v_argmax[t];
         }
-        if (s->nc) {
-            int nk = s->c0 + (int)nb - 1, avail = s->c0 + (int)r;
-            int w = avail < s->N ? avail : s->N;
-            in->ndots = s->dots + r * (size_t)(nk > 0 ? nk : 0) + (avail - w);
-            in->nvals = s->kvals + (avail - w);
-            in->nn = w;
+        for (int c = 0; c < NC_NCOMP; c++) {
+            in->state[c] = s->st[c];
+            if (s->scan[c])
+                nc_component_rows[c]->scan_input(s->scan[c], r, in);
         }
         /* adaptive retrieval: the pre-search gate decides from these */
         s->skip[r] = s->skipping && gate_skip_search(d->gate, p, in);
@@ -484,18 +428,21 @@ static int block_mix(score_run *s, size_t b0, size_t nb, double *logprobs, char 
         logprobs[t] = mixture_target(p, in, d->ids[t]);
         if (c && c->gate_f)
             mixture_gate_data(p, in, d->ids[t], c->gate_f + t * NC_GATE_NFEAT, c->gate_pc + t * NC_NCOMP);
-        int rc;
-        if (s->uc && (rc = unigram_cache_push(s->uc, d->ids[t])))
-            return nc_error(err, errlen, rc, "unigram cache");
+        /* the pair into the rows' states: the block's later positions read
+         * them (scan_block took what it needs before the block) */
+        for (int c = 0; c < NC_NCOMP; c++) {
+            int rc = s->st[c] ? nc_component_rows[c]->push(s->st[c], d->q + t * d->dim, d->ids[t]) : NC_OK;
+            if (rc)
+                return nc_error(err, errlen, rc, "%s cache", nc_component_rows[c]->name);
+        }
     }
-    for (size_t r = 0; s->nc && r < nb; r++)
-        neural_cache_push(s->nc, d->q + (b0 + r) * d->dim, d->ids[b0 + r]);
     return NC_OK;
 }
 
 int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, double *logprobs, char *err,
               size_t errlen)
 {
+    NC_ASSERT(d, "doc_score: no d");
     const size_t block = c ? c->block : 0;
     const size_t n = d->n;
     int rc = cache_params_validate(p, err, errlen);
@@ -510,14 +457,21 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, doubl
     }
     if (d->first >= n)
         return NC_OK;
+    /* Blocks of at most the positions scored: a daemon's one-word feed
+     * allocated 64 rows of dots (528 kB for a 2,000-key window) and a copy
+     * of the window (2 MB) it never reads, mapped and faulted in afresh
+     * each feed (issue 36); the blocks are the same (one of them). */
+    const size_t todo = n - d->first;
+    size_t B = block ? block : DOC_SCORE_BLOCK;
+    if (B > todo)
+        B = todo;
     score_run s = {.d = d, .p = p, .c = c};
-    rc = score_windows(&s, err, errlen);
+    rc = score_rows(&s, B, err, errlen);
     if (!rc)
-        rc = score_setup(&s, block ? block : DOC_SCORE_BLOCK, err, errlen);
+        rc = score_setup(&s, B, err, errlen);
     for (size_t b0 = d->first; !rc && b0 < n; b0 += s.B) {
         size_t nb = n - b0 < s.B ? n - b0 : s.B;
-        if (s.nc)
-            block_neural(&s, b0, nb);
+        block_scans(&s, b0, nb);
         block_inputs(&s, b0, nb);
         rc = block_unbounded(&s, b0, nb, err, errlen);
         if (!rc)
@@ -529,6 +483,9 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, doubl
 
 int doc_neighbours(const nc_doc *d, const nc_cache_params *p, const nc_doc_knn *kn, char *err, size_t errlen)
 {
+    NC_ASSERT(p, "doc_neighbours: no p");
+    NC_ASSERT(kn, "doc_neighbours: no kn");
+    NC_ASSERT(d, "doc_neighbours: no d");
     const int k = p->knn, H = d->dim;
     const size_t block = kn->block ? kn->block : DOC_SCORE_BLOCK;
     nc_unbounded_cache *ub = kn->ub;

@@ -3,8 +3,9 @@
  * A document is first "prepared" (one LSTM pass: input projections and the
  * decoder as GEMMs, recurrence step by step), keeping per token j the query
  * row h before token j, the decoder logit of token j and the log-sum-exp of
- * the logits. doc_score then reads the caches position by position: neural
- * dot products for a block of positions in one GEMM against the window,
+ * the logits. doc_score then reads the caches position by position: each
+ * row's window a block of positions at a time (component.h scan_block: the
+ * neural cache's dot products in one GEMM against the window),
  * unbounded searches batched per block. Causality (design §3): token j's
  * probability depends only on pairs of tokens < j, however the text is cut
  * into calls -- including the unbounded cache, where a block's own pairs are
@@ -16,10 +17,9 @@
 
 #include "cache_params.h"
 #include "lstm.h"
-#include "neural_cache.h"
+#include "component.h"
 #include "tokenizer.h"
 #include "unbounded_cache.h"
-#include "unigram_cache.h"
 #include "wordtable.h"
 
 struct nc_gate;
@@ -85,13 +85,12 @@ typedef struct {
 /* Runs the model over a->toks (one LSTM pass). */
 int doc_prepare(const nc_doc_prep *a, nc_doc **out, char *err, size_t errlen);
 
-/* The caches a scoring pass reads and updates. NULL local caches that the
- * params switch on are created empty for the call. The local caches end
- * holding the document's last pairs (they continue a stream). */
+/* The caches a scoring pass reads and updates. The rows' session states
+ * (component.h state_new; a stream's) end holding the document's last
+ * pairs (they continue a stream); NULL: empty ones for the call. */
 typedef struct {
     size_t block;                 /* positions per GEMM/search batch (0 = 64) */
-    nc_neural_cache *neural;
-    nc_unigram_cache *unigram;
+    void *const *states;          /* [NC_NCOMP] each row's state (NULL where it keeps none), or NULL */
     nc_unbounded_cache *ub;               /* read when p->unbounded; NULL = none */
     bool adapt;                   /* also add the document's pairs to ub */
     /* Optional precomputed neighbours [n, p->knn] from doc_neighbours: used
@@ -112,13 +111,12 @@ typedef struct {
      * first block alone. */
     const float *pre0_d2;
     const int *pre0_words;
-    /* Optional: row 0's neural-window dots [neural->count] and their words,
-     * as neural_cache_dots and neural_cache_export of this window make them
-     * (a stream's predict at this h, its ring unchanged since), used when
-     * row 0 is the first block alone: the same bits, not 2 MB of a 2,000-key
+    /* Optional: the rows' states still hold what their at_h made at row 0's
+     * h (a stream's predict at this h, the states unchanged since:
+     * component.h nc_at_h.memo); a row's scan may read it when row 0 is the
+     * first block alone: the same bits, not 2 MB of a 2,000-key neural
      * window read again (issue 36). */
-    const float *dots0;
-    const int *dots0_words;
+    bool at_h0;
     /* Optional out, for fitting a gate: per position, the gate's raw
      * features [n, NC_GATE_NFEAT] and each component's probability of the
      * target [n, NC_NCOMP] (NAN: unavailable; rows < first all NAN). */

@@ -102,6 +102,7 @@ static int plan(const nc_model *m, int subset, int *kinds, int *layers)
 
 size_t dyneval_memory_of(const nc_model *m, int subset)
 {
+    NC_ASSERT(m, "dyneval_memory_of: no m");
     int kinds[DYN_MAX_TENSORS], layers[DYN_MAX_TENSORS];
     int n = plan(m, subset, kinds, layers);
     size_t floats = 0;
@@ -135,6 +136,7 @@ void dyneval_free(nc_dyneval *d)
 
 void dyneval_refresh(nc_dyneval *d)
 {
+    NC_ASSERT(d, "dyneval_refresh: no d");
     const size_t G = 4 * (size_t)d->base->cfg.hidden_size;
     for (int l = 0; l < d->base->cfg.num_layers; l++)
         if (d->bsum[l])
@@ -285,21 +287,25 @@ int dyneval_new(const nc_model *m, int subset, const nc_dyn_segment *start, nc_d
 
 const nc_model *dyneval_model(const nc_dyneval *d)
 {
+    NC_ASSERT(d, "dyneval_model: no d");
     return &d->shadow;
 }
 
 int dyneval_subset(const nc_dyneval *d)
 {
+    NC_ASSERT(d, "dyneval_subset: no d");
     return d->subset;
 }
 
 int dyneval_pending(const nc_dyneval *d)
 {
+    NC_ASSERT(d, "dyneval_pending: no d");
     return d->seg_len;
 }
 
 bool dyneval_at_rest(const nc_dyneval *d)
 {
+    NC_ASSERT(d, "dyneval_at_rest: no d");
     for (int k = 0; k < d->nt; k++)
         if (memcmp(d->t[k].w, d->t[k].w0, d->t[k].n * sizeof(float)) != 0)
             return false;
@@ -308,6 +314,7 @@ bool dyneval_at_rest(const nc_dyneval *d)
 
 size_t dyneval_memory(const nc_dyneval *d)
 {
+    NC_ASSERT(d, "dyneval_memory: no d");
     size_t b = dyneval_memory_of(d->base, d->subset) + (size_t)d->seg_cap * sizeof(int);
     for (int k = 0; k < d->nt; k++)
         if (d->t[k].g)
@@ -317,11 +324,13 @@ size_t dyneval_memory(const nc_dyneval *d)
 
 int dyneval_ntensors(const nc_dyneval *d)
 {
+    NC_ASSERT(d, "dyneval_ntensors: no d");
     return d->nt;
 }
 
 void dyneval_tensor(nc_dyneval *d, int k, float **w, float **g, size_t *count)
 {
+    NC_ASSERT(d, "dyneval_tensor: no d");
     *w = d->t[k].w;
     *g = d->t[k].g;
     *count = d->t[k].n;
@@ -837,6 +846,8 @@ static int seg_loss(nc_dyneval *d, const seg_job *j, double *loss, int *nscored,
 int dyneval_loss(nc_dyneval *d, const nc_dyn_segment *seg, bool grad, nc_dyn_loss *loss, char *err,
                  size_t errlen)
 {
+    NC_ASSERT(seg, "dyneval_loss: no seg");
+    NC_ASSERT(loss, "dyneval_loss: no loss");
     const seg_job j = {.s0 = seg->s0, .has_h = seg->has_h, .y = seg->y, .T = seg->T, .grad = grad};
     return seg_loss(d, &j, &loss->sum, &loss->nscored, err, errlen);
 }
@@ -935,6 +946,9 @@ static void step_tensor(const dyn_tensor *t, const float *g, float lr, float dec
 
 int dyneval_push(nc_dyneval *d, const nc_dyn_fed *fed, const nc_dyn_rule *rule, char *err, size_t errlen)
 {
+    NC_ASSERT(fed, "dyneval_push: no fed");
+    NC_ASSERT(rule, "dyneval_push: no rule");
+    NC_ASSERT(d, "dyneval_push: no d");
     const int *ids = fed->ids;
     const size_t k = fed->k;
     float *logits = fed->logits;
@@ -979,6 +993,7 @@ int dyneval_push(nc_dyneval *d, const nc_dyn_fed *fed, const nc_dyn_rule *rule, 
 
 void dyneval_write(const nc_dyneval *d, binio_writer *w)
 {
+    NC_ASSERT(d, "dyneval_write: no d");
     binio_put(w, "DYN1", 4);
     binio_put_i32(w, d->subset);
     binio_put_i32(w, d->nt);
@@ -1005,6 +1020,8 @@ void dyneval_write(const nc_dyneval *d, binio_writer *w)
 
 int dyneval_read(const nc_model *m, binio_reader *r, nc_dyneval **out, char *err, size_t errlen)
 {
+    NC_ASSERT(r, "dyneval_read: no r");
+    NC_ASSERT(m, "dyneval_read: no m");
     *out = NULL;
     const void *magic = binio_take(r, 4);
     if (!magic || memcmp(magic, "DYN1", 4) != 0)
@@ -1067,6 +1084,8 @@ int dyneval_read(const nc_model *m, binio_reader *r, nc_dyneval **out, char *err
 int dyneval_stats(const nc_model *m, const nc_dyn_stats_text *text, nc_model **out, double *mean_loss, char *err,
                   size_t errlen)
 {
+    NC_ASSERT(text, "dyneval_stats: no text");
+    NC_ASSERT(m, "dyneval_stats: no m");
     const int *toks = text->toks;
     size_t ntok = text->ntok;
     const int n = text->segment;

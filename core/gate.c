@@ -121,6 +121,7 @@ static void logits_of(const nc_gate_net *net, const nc_gate *g, const double *f,
 
 void gate_weights(const nc_gate *g, bool pre, const double f[NC_GATE_NFEAT], unsigned avail, double w[NC_NCOMP])
 {
+    NC_ASSERT(g, "gate_weights: no g");
     double x[NC_GATE_NFEAT], a[NC_GATE_MAXH], z[NC_NCOMP];
     logits_of(pre ? &g->pre : &g->full, g, f, x, a, z);
     weights_of(g, z, avail, w);
@@ -146,16 +147,20 @@ void gate_const_weights(const nc_cache_params *p, unsigned avail, double w[NC_NC
 
 bool gate_searches(const nc_gate *g)
 {
+    NC_ASSERT(g, "gate_searches: no g");
     return (g->comps & searched_bit()) != 0;
 }
 
 double gate_threshold(const nc_gate *g, const nc_cache_params *p)
 {
+    NC_ASSERT(p, "gate_threshold: no p");
+    NC_ASSERT(g, "gate_threshold: no g");
     return p->gate_skip < 0.0f ? g->skip : (double)p->gate_skip;
 }
 
 bool gate_skip_search(const nc_gate *g, const nc_cache_params *p, const nc_mix_input *in)
 {
+    NC_ASSERT(g, "gate_skip_search: no g");
     double thr = gate_threshold(g, p);
     int sc = components_searched();
     if (!(thr > 0.0) || sc < 0 || !((g->comps >> sc) & 1u))
@@ -200,6 +205,8 @@ static bool token_used(const nc_gate *g, const double *pc)
 
 double gate_objective(const nc_gate *g, bool pre, const nc_gate_data *d, double l2, double *grad, size_t *used)
 {
+    NC_ASSERT(d, "gate_objective: no d");
+    NC_ASSERT(g, "gate_objective: no g");
     const nc_gate_net *net = pre ? &g->pre : &g->full;
     nc_gate_net *gr = (nc_gate_net *)grad;
     double loss = 0.0, x[NC_GATE_NFEAT], a[NC_GATE_MAXH], z[NC_NCOMP], w[NC_NCOMP], gz[NC_NCOMP];
@@ -426,6 +433,8 @@ static void lbfgs(nc_gate *g, bool pre, const nc_gate_data *d, const nc_gate_fit
 
 double gate_data_ppl(const nc_gate *g, const nc_gate_data *d, double thr, double *skipped)
 {
+    NC_ASSERT(d, "gate_data_ppl: no d");
+    NC_ASSERT(g, "gate_data_ppl: no g");
     double nll = 0.0, w[NC_NCOMP];
     size_t n = 0, sk = 0;
     unsigned sb = g->comps & searched_bit();
@@ -553,6 +562,8 @@ static int fit_skip(nc_gate *g, const nc_gate_data *d, double max_loss, FILE *cu
 int gate_fit(nc_gate *g, const nc_cache_params *p, const nc_gate_data *d, const nc_gate_fit_opts *o, char *err,
              size_t errlen)
 {
+    NC_ASSERT(o, "gate_fit: no o");
+    NC_ASSERT(g, "gate_fit: no g");
     memset(g, 0, sizeof *g);
     if (o->hidden < 0 || o->hidden > NC_GATE_MAXH)
         return nc_error(err, errlen, NC_EINVAL, "gate: %d hidden units, at most %d", o->hidden, NC_GATE_MAXH);
@@ -629,6 +640,7 @@ static int save_json(const char *dir, const char *name, const json_t *j, char *e
 
 int gate_save(const nc_gate *g, const char *dir, const char *info, char *err, size_t errlen)
 {
+    NC_ASSERT(g, "gate_save: no g");
     /* gate.safetensors: F64 little-endian (exact doubles) */
     json_t *hdr = json_object();
     size_t off = 0;

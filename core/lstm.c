@@ -19,6 +19,7 @@
 
 nc_state *lstm_state_new(const nc_model *m)
 {
+    NC_ASSERT(m, "lstm_state_new: no m");
     nc_state *s = nc_zalloc(1, sizeof *s);
     if (!s)
         return NULL;
@@ -45,6 +46,7 @@ void lstm_state_free(nc_state *s)
 
 void lstm_state_reset(nc_state *s)
 {
+    NC_ASSERT(s, "lstm_state_reset: no s");
     size_t n = (size_t)s->num_layers * (size_t)s->hidden_size;
     memset(s->h, 0, n * sizeof(float));
     memset(s->c, 0, n * sizeof(float));
@@ -52,6 +54,8 @@ void lstm_state_reset(nc_state *s)
 
 void lstm_state_copy(nc_state *dst, const nc_state *src)
 {
+    NC_ASSERT(src, "lstm_state_copy: no src");
+    NC_ASSERT(dst, "lstm_state_copy: no dst");
     size_t n = (size_t)src->num_layers * (size_t)src->hidden_size;
     if (dst == src)
         return;
@@ -66,6 +70,7 @@ void lstm_state_copy(nc_state *dst, const nc_state *src)
 
 size_t lstm_state_blob_size(const nc_state *s)
 {
+    NC_ASSERT(s, "lstm_state_blob_size: no s");
     return STATE_HDR + 2 * (size_t)s->num_layers * (size_t)s->hidden_size * sizeof(float);
 }
 
@@ -82,6 +87,7 @@ static uint32_t get_u32(const unsigned char *p)
 
 void lstm_state_to_blob(const nc_state *s, void *blob)
 {
+    NC_ASSERT(s, "lstm_state_to_blob: no s");
     unsigned char *p = blob;
     size_t n = (size_t)s->num_layers * (size_t)s->hidden_size;
     memcpy(p, STATE_MAGIC, 4);
@@ -95,6 +101,7 @@ void lstm_state_to_blob(const nc_state *s, void *blob)
 
 int lstm_state_from_blob(nc_state *s, const void *blob, size_t len, char *err, size_t errlen)
 {
+    NC_ASSERT(s, "lstm_state_from_blob: no s");
     const unsigned char *p = blob;
     if (!blob || len < STATE_HDR || memcmp(p, STATE_MAGIC, 4) != 0)
         return nc_error(err, errlen, NC_EFORMAT, "state blob: bad magic or too short (%zu bytes)", len);
@@ -128,6 +135,7 @@ struct nc_lstm_work {
 
 nc_lstm_work *lstm_work_new(const nc_model *m)
 {
+    NC_ASSERT(m, "lstm_work_new: no m");
     nc_lstm_work *w = nc_zalloc(1, sizeof *w);
     if (!w)
         return NULL;
@@ -211,6 +219,7 @@ static void input_rows(const nc_lstm_layer *ly, int G, const float *x, size_t nb
 
 void lstm_step(const nc_model *m, nc_state *s, int token, nc_lstm_work *w)
 {
+    NC_ASSERT(m, "lstm_step: no m");
     const int H = m->cfg.hidden_size, G = 4 * H;
     token = clamp_token(m, token);
     const float *x = m->encoder + (size_t)token * (size_t)m->cfg.embedding_size;
@@ -228,6 +237,7 @@ void lstm_step(const nc_model *m, nc_state *s, int token, nc_lstm_work *w)
 int lstm_forward_seq(const nc_model *m, nc_state *s, const int *tokens, size_t T, float *hidden, char *err,
                      size_t errlen)
 {
+    NC_ASSERT(m, "lstm_forward_seq: no m");
     if (T == 0)
         return NC_OK;
     const int E = m->cfg.embedding_size, H = m->cfg.hidden_size, G = 4 * H, L = m->cfg.num_layers;
@@ -302,6 +312,7 @@ void lstm_logits(const nc_model *m, const float *h, float *logits)
 
 void lstm_logits_batch(const nc_model *m, const float *hidden, size_t T, float *logits)
 {
+    NC_ASSERT(m, "lstm_logits_batch: no m");
     const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
     if (T == 0)
         return;
@@ -323,6 +334,7 @@ void lstm_logits_batch(const nc_model *m, const float *hidden, size_t T, float *
 
 void lstm_logits_rows(const nc_model *m, const float *hidden, size_t T, float *logits)
 {
+    NC_ASSERT(m, "lstm_logits_rows: no m");
     const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
     for (size_t t = 0; t < T; t++)
         memcpy(logits + t * (size_t)V, m->decoder_b, (size_t)V * sizeof(float));

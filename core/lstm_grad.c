@@ -39,6 +39,7 @@ struct lstm_grad_work {
 
 int lstm_grad_net_new(const lstm_grad_shape *shape, lstm_grad_net **out, char *err, size_t errlen)
 {
+    NC_ASSERT(shape, "lstm_grad_net_new: no shape");
     const int V = shape->V, E = shape->E, H = shape->H, L = shape->L;
     const bool tied = shape->tied;
     *out = NULL;
@@ -154,6 +155,7 @@ static void fill_uniform(float *x, size_t cnt, nc_rng *rng, float a)
 
 void lstm_grad_init_uniform(lstm_grad_net *n, nc_rng *rng, float init_range, float lstm_range)
 {
+    NC_ASSERT(n, "lstm_grad_init_uniform: no n");
     if (lstm_range <= 0)
         lstm_range = 1.0f / sqrtf((float)n->H);
     memset(n->w, 0, n->n * sizeof(float));
@@ -214,6 +216,7 @@ void lstm_grad_work_free(lstm_grad_work *w)
 int lstm_grad_work_new(const lstm_grad_net *n, int Tmax, int B, lstm_grad_work **out,
                        char *err, size_t errlen)
 {
+    NC_ASSERT(n, "lstm_grad_work_new: no n");
     *out = NULL;
     if (Tmax < 1 || B < 1)
         return nc_error(err, errlen, NC_EINVAL, "bad segment shape T=%d B=%d", Tmax, B);
@@ -269,6 +272,7 @@ int lstm_grad_work_new(const lstm_grad_net *n, int Tmax, int B, lstm_grad_work *
 
 void lstm_grad_work_reset_state(lstm_grad_work *w)
 {
+    NC_ASSERT(w, "lstm_grad_work_reset_state: no w");
     size_t cnt = (size_t)w->L * w->B * w->H;
     memset(w->state_h, 0, cnt * sizeof(float));
     memset(w->state_c, 0, cnt * sizeof(float));
@@ -278,6 +282,7 @@ float *lstm_grad_work_state_h(lstm_grad_work *w) { return w->state_h; }
 float *lstm_grad_work_state_c(lstm_grad_work *w) { return w->state_c; }
 size_t lstm_grad_work_state_floats(const lstm_grad_work *w)
 {
+    NC_ASSERT(w, "lstm_grad_work_state_floats: no w");
     return (size_t)w->L * w->B * w->H;
 }
 
@@ -484,6 +489,7 @@ static void backward_layer(lstm_grad_net *n, lstm_grad_work *w, int k, int T, in
 double lstm_grad_segment(lstm_grad_net *n, lstm_grad_work *w, const int *x, const int *y, int T,
                          const lstm_grad_pass *pass)
 {
+    NC_ASSERT(w, "lstm_grad_segment: no w");
     const bool train = pass && pass->train, backward = pass && pass->backward;
     const lstm_grad_dropout *drop = pass ? pass->drop : NULL;
     nc_rng *rng = pass ? pass->rng : NULL;
@@ -551,6 +557,7 @@ static int check_shape(const lstm_grad_net *n, const nc_model *m, char *err, siz
 
 int lstm_grad_to_model(const lstm_grad_net *n, nc_model *m, char *err, size_t errlen)
 {
+    NC_ASSERT(m, "lstm_grad_to_model: no m");
     int rc = check_shape(n, m, err, errlen);
     if (rc != NC_OK)
         return rc;
@@ -572,6 +579,7 @@ int lstm_grad_to_model(const lstm_grad_net *n, nc_model *m, char *err, size_t er
 
 int lstm_grad_from_model(lstm_grad_net *n, const nc_model *m, char *err, size_t errlen)
 {
+    NC_ASSERT(m, "lstm_grad_from_model: no m");
     int rc = check_shape(n, m, err, errlen);
     if (rc != NC_OK)
         return rc;

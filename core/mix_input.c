@@ -5,6 +5,7 @@
 
 double mix_vocab_logp(const nc_mix_input *in, int w)
 {
+    NC_ASSERT(in, "mix_vocab_logp: no in");
     if (w < 0 || w >= in->V)
         return NC_LOGP_FLOOR;
     double s;

@@ -6,6 +6,7 @@
 #define NC_MIX_INPUT_H
 
 #include "nc_common.h"
+#include "dist.h"
 
 struct nc_gate;
 struct nc_unigram_cache;
@@ -36,6 +37,10 @@ typedef struct {
     int H;
     bool ub_skipped;
     double *weights;              /* out (NULL = not wanted): [NC_NCOMP] weights used */
+    /* Each row's session state as it stands at t (component.h state_new;
+     * NULL for a row without one, or where the caller has none): a row
+     * without fields of its own above reads its memory here. */
+    const void *state[NC_NCOMP];
 } nc_mix_input;
 
 /* log p_vocab(w) = s_w - log Z, floored at NC_LOGP_FLOOR (a word >= V has

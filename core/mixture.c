@@ -113,6 +113,7 @@ static unsigned gated_weights(const nc_cache_params *p, const nc_mix_input *in, 
 int mixture_full(const nc_cache_params *p, const nc_mix_input *in, size_t n_words, bool shares,
                  nc_dist *out, char *err, size_t errlen)
 {
+    NC_ASSERT(out, "mixture_full: no out");
     double lam[NC_NCOMP], w[NC_NCOMP];
     unsigned avail;
     nc_mix_input in2 = *in;
@@ -165,6 +166,8 @@ void mixture_gate_data(const nc_cache_params *p, const nc_mix_input *in, int x, 
 
 double mixture_target(const nc_cache_params *p, const nc_mix_input *in, int x)
 {
+    NC_ASSERT(in, "mixture_target: no in");
+    NC_ASSERT(p, "mixture_target: no p");
     if (p->gate && in->gate) {
         /* p(x) = Σ_c w_c(f_t) p_c(x): f_t never reads x (gate.h) */
         double w[NC_NCOMP], pc[NC_NCOMP], pr = 0.0;

@@ -432,6 +432,7 @@ static void refresh_f16(model_impl *im, const float *w, size_t n, uint16_t **buf
 
 void model_refresh_derived(nc_model *m)
 {
+    NC_ASSERT(m, "model_refresh_derived: no m");
     const size_t G = 4 * (size_t)m->cfg.hidden_size, H = (size_t)m->cfg.hidden_size;
     for (int k = 0; k < m->cfg.num_layers; k++) {
         nc_lstm_layer *ly = &m->layers[k];
@@ -445,6 +446,7 @@ void model_refresh_derived(nc_model *m)
 
 size_t model_num_params(const nc_model *m)
 {
+    NC_ASSERT(m, "model_num_params: no m");
     const nc_model_config *c = &m->cfg;
     size_t V = (size_t)c->vocab_size, E = (size_t)c->embedding_size, H = (size_t)c->hidden_size;
     size_t n = V * E + V;
@@ -693,6 +695,7 @@ static int write_safetensors(const nc_model *m, nc_save_dtype dtype, FILE *f)
 
 int model_save(const nc_model *m, const char *dir, nc_save_dtype dtype, char *err, size_t errlen)
 {
+    NC_ASSERT(m, "model_save: no m");
     if (dtype != NC_SAVE_F32 && dtype != NC_SAVE_F16 && dtype != NC_SAVE_BF16)
         return nc_error(err, errlen, NC_EINVAL, "%s: unknown dtype %d", dir, (int)dtype);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
@@ -751,6 +754,7 @@ static void fp_add(fp_state *f, const void *p, size_t n)
 
 uint64_t model_fingerprint(const nc_model *m)
 {
+    NC_ASSERT(m, "model_fingerprint: no m");
     fp_state f = {crc32(0L, Z_NULL, 0), adler32(0L, Z_NULL, 0)};
     const nc_model_config *c = &m->cfg;
     int32_t shape[6] = {c->vocab_size, c->embedding_size, c->hidden_size, c->num_layers,

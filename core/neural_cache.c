@@ -41,11 +41,17 @@ void neural_cache_free(nc_neural_cache *c)
 
 void neural_cache_clear(nc_neural_cache *c)
 {
+    NC_ASSERT(c, "neural_cache_clear: no c");
     c->count = c->head = 0;
 }
 
 void neural_cache_push(nc_neural_cache *c, const float *h, int w)
 {
+    NC_ASSERT(c && c->size > 0 && c->head >= 0 && c->head < c->size && c->count <= c->size,
+              "neural_cache_push: ring head %d count %d of size %d", c ? c->head : -1, c ? c->count : -1,
+              c ? c->size : -1);
+    NC_ASSERT(h && w >= 0, "neural_cache_push: pair (%p, %d)", (const void *)h, w);
+    NC_ASSERT(c, "neural_cache_push: no c");
     size_t off = (size_t)c->head * c->dim;
     if (c->f16) {
         vm_float_to_half(h, (uint16_t *)c->keys + off, (size_t)c->dim);
@@ -60,6 +66,9 @@ void neural_cache_push(nc_neural_cache *c, const float *h, int w)
 
 int neural_cache_export(const nc_neural_cache *c, float *out, int *vals)
 {
+    NC_ASSERT(c && c->count >= 0 && c->count <= c->size, "neural_cache_export: %d pairs in a ring of %d",
+              c ? c->count : -1, c ? c->size : -1);
+    NC_ASSERT(c, "neural_cache_export: no c");
     for (int i = 0; i < c->count; i++) {
         int s = neural_cache_slot(c, i);
         if (out) {
@@ -146,6 +155,7 @@ int neural_cache_dots(const nc_neural_cache *c, const float *q, float *dots)
 
 size_t neural_cache_memory(const nc_neural_cache *c)
 {
+    NC_ASSERT(c, "neural_cache_memory: no c");
     return sizeof *c + (size_t)c->size * c->dim * (c->f16 ? 2 : 4) + (size_t)c->size * sizeof(int);
 }
 
@@ -153,6 +163,7 @@ size_t neural_cache_memory(const nc_neural_cache *c)
 
 double neural_cache_max_logit(const nc_neural_window *w, double bias)
 {
+    NC_ASSERT(w, "neural_cache_max_logit: no w");
     if (w->n <= 0)
         return -INFINITY;
     return w->theta * (double)vm_max(w->dots, (size_t)w->n) + bias;
@@ -162,6 +173,7 @@ double neural_cache_max_logit(const nc_neural_window *w, double bias)
  * (2,000 per token), and a scalar match loop after them the next most. */
 double neural_cache_exp_sum(float *e, const nc_neural_window *w, double bias, double m, int x, double *match)
 {
+    NC_ASSERT(w, "neural_cache_exp_sum: no w");
     if (w->n <= 0) {
         *match = 0.0;
         return 0.0;
@@ -172,6 +184,7 @@ double neural_cache_exp_sum(float *e, const nc_neural_window *w, double bias, do
 /* eq. 2: the softmax over the window, shifted by its max */
 double neural_cache_prob(const nc_neural_window *w, int x)
 {
+    NC_ASSERT(w, "neural_cache_prob: no w");
     if (w->n <= 0)
         return 0.0;
     double num, z = neural_cache_exp_sum(NULL, w, 0.0, neural_cache_max_logit(w, 0.0), x, &num);
@@ -195,6 +208,7 @@ double neural_cache_global_prob(const nc_neural_window *w, double alpha, double 
 
 int neural_cache_weights(const nc_neural_window *w, double alpha, bool global, double log_z, double *out)
 {
+    NC_ASSERT(w, "neural_cache_weights: no w");
     if (w->n <= 0)
         return NC_OK;
     float *e = nc_malloc((size_t)w->n * sizeof *e);
@@ -349,7 +363,7 @@ static int neural_explain(const nc_explain_ctx *x, nc_explain_entry *out, int *c
  * count, f16, then count x (key as stored, i32 word ref), oldest first. */
 static int neural_export_state(const void *state, binio_writer *w, nc_blob_words *x)
 {
-    const nc_neural_cache *c = state;
+    const nc_neural_cache *c = state;   /* neural_state's ring, its first member */
     int nn = c->size ? c->count : 0;
     size_t ks = c->f16 ? 2 : 4;
     int *vals = nc_malloc(((size_t)nn + 1) * sizeof(int));
@@ -373,7 +387,7 @@ static int neural_export_state(const void *state, binio_writer *w, nc_blob_words
 
 static int neural_import_state(void *state, binio_reader *r, const nc_blob_words *x, char *err, size_t errlen)
 {
-    nc_neural_cache *c = state;
+    nc_neural_cache *c = state;   /* neural_state's ring, its first member */
     int32_t nsize = binio_get_i32(r), ncount = binio_get_i32(r), nf16 = binio_get_i32(r);
     if (r->bad || nsize != c->size || ncount < 0 || ncount > nsize || (nsize && (nf16 != 0) != c->f16))
         return nc_error(err, errlen, NC_EFORMAT, "stream blob: neural window does not match its parameters");
@@ -393,6 +407,329 @@ static int neural_import_state(void *state, binio_reader *r, const nc_blob_words
         c->head = ncount % c->size;
     }
     return NC_OK;
+}
+
+/* ---- its session state (component.h state_new ...): the ring, and the
+ * dot products a stream's predict reads it through ---- */
+
+typedef struct {
+    nc_neural_cache c;            /* first: the blob hooks read the state as the ring; size 0 = off */
+    float *dots;                  /* [c.size] h_t·h_i at a stream's h (neural_at_h), then [c.size]
+                                   * the pairs' words (state_words): kept while the stream's memo
+                                   * holds (nc_at_h.memo, nc_scan_doc.at_h0; issue 36) */
+} neural_state;
+
+/* The words of the window's pairs, beside their dots in ns->dots (one
+ * allocation). */
+static int *state_words(const neural_state *ns)
+{
+    return (int *)(void *)(ns->dots + ns->c.size);
+}
+
+static void neural_state_free(void *state)
+{
+    neural_state *ns = state;
+    if (!ns)
+        return;
+    neural_cache_free(&ns->c);
+    nc_free(ns->dots);
+    free(ns);
+}
+
+static int neural_state_new(const nc_state_args *a, void **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    neural_state *ns = nc_zalloc(1, sizeof *ns);
+    if (!ns)
+        return nc_error(err, errlen, NC_ENOMEM, "neural cache");
+    int rc = NC_OK;
+    if (a->p->neural_size > 0)
+        rc = neural_cache_init(&ns->c, a->p->neural_size, a->H, a->p->neural_f16, err, errlen);
+    if (!rc && a->p->neural_size > 0 &&
+        !(ns->dots = nc_alloc((size_t)a->p->neural_size * (sizeof(float) + sizeof(int)))))
+        rc = nc_error(err, errlen, NC_ENOMEM, "neural cache scratch");
+    if (rc) {
+        neural_state_free(ns);
+        return rc;
+    }
+    *out = ns;
+    return NC_OK;
+}
+
+static void neural_state_clear(void *state)
+{
+    neural_state *ns = state;
+    NC_ASSERT(ns, "neural: no state");
+    if (ns->c.size)
+        neural_cache_clear(&ns->c);
+}
+
+/* A window of a->p's size holding the newest pairs of old's. */
+static int neural_state_resize(const void *old, const nc_state_args *a, void **out, char *err, size_t errlen)
+{
+    const nc_neural_cache *o = &((const neural_state *)old)->c;
+    int rc = neural_state_new(a, out, err, errlen);
+    if (rc || a->p->neural_size <= 0 || o->count == 0)
+        return rc;
+    neural_state *ns = *out;
+    const int H = a->H;
+    NC_ASSERT(o->dim == H, "neural: ring of dim %d resized for H %d", o->dim, H);
+    float *tmp = nc_alloc((size_t)o->count * H * sizeof(float));
+    int *vals = nc_malloc((size_t)o->count * sizeof(int));
+    if (!tmp || !vals) {
+        nc_free(tmp);
+        free(vals);
+        neural_state_free(ns);
+        *out = NULL;
+        return nc_error(err, errlen, NC_ENOMEM, "neural cache");
+    }
+    int cnt = neural_cache_export(o, tmp, vals);
+    for (int i = cnt > a->p->neural_size ? cnt - a->p->neural_size : 0; i < cnt; i++)
+        neural_cache_push(&ns->c, tmp + (size_t)i * H, vals[i]);
+    nc_free(tmp);
+    free(vals);
+    return NC_OK;
+}
+
+static int neural_push(void *state, const float *h, int word)
+{
+    neural_state *ns = state;
+    NC_ASSERT(ns && word >= 0, "neural: push of word %d", word);
+    if (ns->c.size)
+        neural_cache_push(&ns->c, h, word);
+    return NC_OK;
+}
+
+/* What npush pushes overwrite: the ring slots from head on (at most one a
+ * push), head and count. */
+typedef struct {
+    int head, count, slots;
+    void *keys;                   /* [slots, dim] as stored (f32 or f16) */
+    int *vals;
+} neural_mark;
+
+static size_t key_bytes(const nc_neural_cache *c)
+{
+    return (c->f16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)c->dim;
+}
+
+static int neural_mark_save(const void *state, size_t npush, void **out, char *err, size_t errlen)
+{
+    const nc_neural_cache *c = &((const neural_state *)state)->c;
+    *out = NULL;
+    if (!c->size)
+        return NC_OK;
+    neural_mark *m = nc_zalloc(1, sizeof *m);
+    const size_t ks = key_bytes(c);
+    if (m) {
+        m->head = c->head;
+        m->count = c->count;
+        m->slots = npush < (size_t)c->size ? (int)npush : c->size;
+        m->keys = nc_malloc((size_t)(m->slots ? m->slots : 1) * ks);
+        m->vals = nc_malloc((size_t)(m->slots ? m->slots : 1) * sizeof(int));
+    }
+    if (!m || !m->keys || !m->vals) {
+        if (m) {
+            free(m->keys);
+            free(m->vals);
+        }
+        free(m);
+        return nc_error(err, errlen, NC_ENOMEM, "rescoring");
+    }
+    for (int k = 0; k < m->slots; k++) {
+        int slot = (c->head + k) % c->size;
+        memcpy((char *)m->keys + (size_t)k * ks, (char *)c->keys + (size_t)slot * ks, ks);
+        m->vals[k] = c->values[slot];
+    }
+    *out = m;
+    return NC_OK;
+}
+
+static void neural_rollback(void *state, void *mark)
+{
+    nc_neural_cache *c = &((neural_state *)state)->c;
+    neural_mark *m = mark;
+    if (!m)
+        return;
+    NC_ASSERT(c->size && m->head >= 0 && m->head < c->size && m->count <= c->size,
+              "neural: mark (head %d, count %d) not of this ring (size %d)", m->head, m->count, c->size);
+    const size_t ks = key_bytes(c);
+    NC_ASSERT(m->slots <= c->size, "neural: mark of %d slots, ring of %d", m->slots, c->size);
+    for (int k = 0; k < m->slots; k++) {
+        int slot = (m->head + k) % c->size;
+        memcpy((char *)c->keys + (size_t)slot * ks, (char *)m->keys + (size_t)k * ks, ks);
+        c->values[slot] = m->vals[k];
+    }
+    c->head = m->head;
+    c->count = m->count;
+    free(m->keys);
+    free(m->vals);
+    free(m);
+}
+
+/* The ring and a stream's dots and words at h; nothing while off. */
+static size_t neural_state_memory(const void *state)
+{
+    const neural_state *ns = state;
+    return ns->c.size ? neural_cache_memory(&ns->c) + (size_t)ns->c.size * (sizeof(float) + sizeof(int)) : 0;
+}
+
+/* The ring at full size: keys and words, and the words' copy a predict makes. */
+static size_t neural_state_bytes(const nc_state_args *a)
+{
+    const nc_cache_params *p = a->p;
+    return p->neural_size > 0 ? (size_t)p->neural_size * ((size_t)a->H * (p->neural_f16 ? 2 : 4) + 2 * sizeof(int))
+                              : 0;
+}
+
+/* The window as the formulas read it from h (design §4): the dots h·h_i
+ * of the ring's pairs into ns->dots and their words into state_words(ns),
+ * kept there: a->memo reads them again (the same bits); in->ndots/nvals/nn
+ * get the last neural_size of them (the window's pair i is the ring's pair
+ * count - nn + i). */
+static int neural_at_h(void *state, const nc_at_h *a, char *err, size_t errlen)
+{
+    (void)err;
+    (void)errlen;
+    neural_state *ns = state;
+    const nc_cache_params *p = a->p;
+    nc_mix_input *in = a->in;
+    *a->scratch = NULL;
+    if (p->neural_size <= 0 || ns->c.count <= 0)
+        return NC_OK;
+    int *vals = state_words(ns);
+    if (!a->memo) {
+        neural_cache_dots(&ns->c, a->h, ns->dots);
+        neural_cache_export(&ns->c, NULL, vals);
+    }
+    int cnt = ns->c.count;
+    int w = cnt < p->neural_size ? cnt : p->neural_size;
+    in->ndots = ns->dots + (cnt - w);
+    in->nvals = vals + (cnt - w);
+    in->nn = w;
+    return NC_OK;
+}
+
+/* A document's pass (doc.c) reads the window a block at a time: the dots
+ * of a block's positions against the window and the block's own earlier
+ * keys in one GEMM. */
+typedef struct {
+    nc_scan_doc d;
+    const neural_state *ns;       /* the state: its dots at h when d.at_h0 */
+    nc_neural_cache *nc;          /* the ring read (and pushed by the pass) */
+    int N;                        /* window read: the ring may be bigger than neural_size when a
+                                   * stream shrank its params without reallocating */
+    bool direct;
+    float *keys, *dots;
+    int *kv;
+    size_t nb;                    /* this block's positions */
+    int c0;                       /* this block: window keys before its own */
+    const int *kvals;             /* and their words */
+} neural_scan;
+
+static void neural_scan_close(void *scan)
+{
+    neural_scan *s = scan;
+    if (!s)
+        return;
+    nc_free(s->keys);
+    free(s->kv);
+    nc_free(s->dots);
+    free(s);
+}
+
+static int neural_scan_open(void *state, const nc_scan_doc *d, size_t block, void **out, char *err, size_t errlen)
+{
+    nc_neural_cache *nc = &((neural_state *)state)->c;
+    *out = NULL;
+    if (d->p->neural_size <= 0)
+        return NC_OK;
+    if (nc->dim != d->H)
+        return nc_error(err, errlen, NC_EINVAL, "neural cache dimension %d, model %d", nc->dim, d->H);
+    neural_scan *s = nc_zalloc(1, sizeof *s);
+    if (!s)
+        return nc_error(err, errlen, NC_ENOMEM, "scoring buffers");
+    s->d = *d;
+    s->ns = state;
+    s->nc = nc;
+    s->N = d->p->neural_size < nc->size ? d->p->neural_size : nc->size;
+    /* A window that starts empty (eval, tune, a new stream) only ever holds
+     * this document's pairs: its keys are rows of d->q, read in place by the
+     * GEMM instead of copying the ring out for every block. */
+    s->direct = nc->count == 0 && !nc->f16;   /* f16: the rounded keys are the ring's */
+    /* blocks of one position (doc.c: a one-word feed) read the window in
+     * place (neural_scan_block): no copy of it (issue 36) */
+    const size_t B = block, H = (size_t)d->H;
+    s->keys = !s->direct && B > 1 ? nc_alloc(((size_t)nc->size + B) * H * sizeof(float)) : NULL;
+    s->kv = !s->direct ? nc_malloc(((size_t)nc->size + B) * sizeof(int)) : NULL;
+    s->dots = nc_alloc(B * ((size_t)nc->size + B) * sizeof(float));
+    if ((!s->direct && ((B > 1 && !s->keys) || !s->kv)) || !s->dots) {
+        neural_scan_close(s);
+        return nc_error(err, errlen, NC_ENOMEM, "scoring buffers");
+    }
+    *out = s;
+    return NC_OK;
+}
+
+/* The block's dot products h_t·h_i: K = [window oldest..newest ; this
+ * block's own keys but the last]: position b0+r may read window entries
+ * and block keys < r. */
+static void neural_scan_block(void *scan, size_t b0, size_t nb)
+{
+    neural_scan *s = scan;
+    const nc_scan_doc *d = &s->d;
+    const int H = d->H;
+    const float *Q = d->q + b0 * H, *K = s->keys;
+    nc_neural_cache *nc = s->nc;
+    s->nb = nb;
+    s->c0 = 0;
+    s->kvals = s->kv;
+    if (s->direct) {
+        size_t lo = b0 > d->first + (size_t)s->N ? b0 - (size_t)s->N : d->first;
+        K = d->q + lo * H;
+        s->kvals = d->ids + lo;
+        s->c0 = (int)(b0 - lo);
+    } else if (nb == 1) {
+        /* one position (a daemon's one-word feed): the window's dots read
+         * in place, as a predict reads them, not a copy of the window (200
+         * kB for 200 keys) and a one-row GEMM that packs it again */
+        if (d->at_h0 && b0 == 0) {
+            /* the stream's at_h at this h (neural_at_h): what the two
+             * calls below make */
+            s->c0 = nc->count;
+            memcpy(s->dots, s->ns->dots, (size_t)s->c0 * sizeof(float));
+            memcpy(s->kv, state_words(s->ns), (size_t)s->c0 * sizeof(int));
+            return;
+        }
+        s->c0 = neural_cache_export(nc, NULL, s->kv);
+        if (s->c0 > 0)
+            neural_cache_dots(nc, Q, s->dots);
+        return;
+    } else {
+        s->c0 = neural_cache_export(nc, s->keys, s->kv);
+        if (nb > 1) {
+            float *kb = s->keys + (size_t)s->c0 * H;
+            memcpy(kb, Q, (nb - 1) * (size_t)H * sizeof(float));
+            memcpy(s->kv + s->c0, d->ids + b0, (nb - 1) * sizeof(int));
+            /* f16 windows: the block's own keys as the ring will hold
+             * them, so that the batch and a stream agree */
+            if (nc->f16)
+                vm_round_to_half(kb, (nb - 1) * (size_t)H);
+        }
+    }
+    int nk = s->c0 + (int)nb - 1;
+    if (nk > 0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, nk, H, 1.0f, Q, H, K, H, 0.0f, s->dots, nk);
+}
+
+static void neural_scan_input(const void *scan, size_t r, nc_mix_input *in)
+{
+    const neural_scan *s = scan;
+    int nk = s->c0 + (int)s->nb - 1, avail = s->c0 + (int)r;
+    int w = avail < s->N ? avail : s->N;
+    in->ndots = s->dots + r * (size_t)(nk > 0 ? nk : 0) + (avail - w);
+    in->nvals = s->kvals + (avail - w);
+    in->nn = w;
 }
 
 static const char *const neural_knobs[] = {"neural_size", "neural_theta", "neural_lambda", "global_norm",
@@ -416,4 +753,18 @@ const nc_component nc_component_neural = {
     .explain = neural_explain,
     .export_state = neural_export_state,
     .import_state = neural_import_state,
+    .state_new = neural_state_new,
+    .state_free = neural_state_free,
+    .state_clear = neural_state_clear,
+    .state_resize = neural_state_resize,
+    .push = neural_push,
+    .mark = neural_mark_save,
+    .rollback = neural_rollback,
+    .memory = neural_state_memory,
+    .state_bytes = neural_state_bytes,
+    .at_h = neural_at_h,
+    .scan_open = neural_scan_open,
+    .scan_block = neural_scan_block,
+    .scan_input = neural_scan_input,
+    .scan_close = neural_scan_close,
 };

@@ -74,6 +74,7 @@ bool text_conv_key_is_bool(const char *key)
 
 int text_conv_set(nc_text_conv *c, const char *key, const char *value, char *err, size_t errlen)
 {
+    NC_ASSERT(c, "text_conv_set: no c");
     if (!strcmp(key, "preset")) {
         if (!strcmp(value, "ptb"))
             text_conv_ptb(c);

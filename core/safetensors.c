@@ -158,6 +158,7 @@ static int check_overlaps(const nc_safetensors *st, const char *path, char *err,
 
 int safetensors_open(nc_safetensors *st, const char *path, char *err, size_t errlen)
 {
+    NC_ASSERT(st, "safetensors_open: no st");
     memset(st, 0, sizeof *st);
     uint64_t hlen = 0;
     int rc = map_file(st, path, &hlen, err, errlen);
@@ -195,6 +196,7 @@ int safetensors_open(nc_safetensors *st, const char *path, char *err, size_t err
 
 const nc_st_tensor *safetensors_find(const nc_safetensors *st, const char *name)
 {
+    NC_ASSERT(st, "safetensors_find: no st");
     for (size_t i = 0; i < st->ntensors; i++)
         if (!strcmp(st->tensors[i].name, name))
             return &st->tensors[i];
@@ -203,6 +205,7 @@ const nc_st_tensor *safetensors_find(const nc_safetensors *st, const char *name)
 
 void safetensors_keep_map(nc_safetensors *st, void **map, size_t *maplen)
 {
+    NC_ASSERT(st, "safetensors_keep_map: no st");
     *map = st->map;
     *maplen = st->maplen;
     st->map = NULL;

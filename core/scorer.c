@@ -16,6 +16,7 @@ struct nc_scorer {
 
 nc_scorer *scorer_new(const nc_model *m, size_t block)
 {
+    NC_ASSERT(m, "scorer_new: no m");
     if (block == 0)
         block = NC_SCORE_BLOCK;
     nc_scorer *sc = nc_zalloc(1, sizeof *sc);
@@ -45,12 +46,14 @@ void scorer_free(nc_scorer *sc)
 
 size_t scorer_block_size(const nc_scorer *sc)
 {
+    NC_ASSERT(sc, "scorer_block_size: no sc");
     return sc->block;
 }
 
 int scorer_begin(nc_scorer *sc, nc_state *s, nc_bos bos, const int *tokens, size_t n, size_t *first,
                  char *err, size_t errlen)
 {
+    NC_ASSERT(sc, "scorer_begin: no sc");
     lstm_state_reset(s);
     *first = 0;
     int tok = sc->m->eos_id;
@@ -66,6 +69,7 @@ int scorer_begin(nc_scorer *sc, nc_state *s, nc_bos bos, const int *tokens, size
 int scorer_block(nc_scorer *sc, nc_state *s, const int *tokens, size_t nb, float *logprobs, char *err,
                  size_t errlen)
 {
+    NC_ASSERT(sc, "scorer_block: no sc");
     const nc_model *m = sc->m;
     const size_t H = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
     if (nb > sc->block)
@@ -98,22 +102,26 @@ int scorer_block(nc_scorer *sc, nc_state *s, const int *tokens, size_t nb, float
 
 const float *scorer_hidden(const nc_scorer *sc)
 {
+    NC_ASSERT(sc, "scorer_hidden: no sc");
     return sc->hidden;
 }
 
 const float *scorer_logits(const nc_scorer *sc)
 {
+    NC_ASSERT(sc, "scorer_logits: no sc");
     return sc->logits;
 }
 
 const float *scorer_lse(const nc_scorer *sc)
 {
+    NC_ASSERT(sc, "scorer_lse: no sc");
     return sc->lse;
 }
 
 int scorer_run(nc_scorer *sc, nc_state *s, const int *tokens, size_t n, float *logprobs,
                  nc_score_progress progress, void *ctx, char *err, size_t errlen)
 {
+    NC_ASSERT(sc, "scorer_run: no sc");
     for (size_t t0 = 0; t0 < n; t0 += sc->block) {
         size_t nb = n - t0 < sc->block ? n - t0 : sc->block;
         int rc = scorer_block(sc, s, tokens + t0, nb, logprobs ? logprobs + t0 : NULL, err, errlen);

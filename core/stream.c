@@ -33,10 +33,11 @@
  * imported or cloned stream starts without one. */
 typedef struct {
     bool logits;                  /* s->logits = lstm_logits(wm(s), h) */
-    /* the neural window's dots h.h_i and words (window_words) while the
-     * ring is as they were read from it (issue 36: a 2,000-entry window's
-     * dots are 2 MB of keys read from memory, most of a repeated predict) */
-    bool dots;
+    /* the rows' states still hold what their at_h made at h (component.h
+     * nc_at_h.memo: the neural window's dots h.h_i and words) while the
+     * states are as at_h read them (issue 36: a 2,000-entry window's dots
+     * are 2 MB of keys read from memory, most of a repeated predict) */
+    bool rows;
     nc_ub_coarse coarse;          /* unbounded_cache_coarse of h for p.nprobe (n = 0: none) */
     /* the search of h (k = p.knn neighbours), while the cache is as the
      * search saw it (count, gen): a feed that does not adapt reads them */
@@ -58,14 +59,11 @@ struct nc_stream {
     nc_lstm_work *work;
     bool has_h;
     int64_t pos;
-    nc_neural_cache neural;             /* size 0 when off */
-    nc_unigram_cache unigram;
+    void *rows[NC_NCOMP];         /* each row's session state (component.h state_new), or NULL */
     nc_unbounded_cache *ub;
     nc_wordtable *words;          /* open vocabulary table or NULL */
     bool own_words;
     float *logits;                /* [V] scratch for predict */
-    float *dots;                  /* [neural.size] the window's dots, then [neural.size] its words
-                                   * (window_words): the memo's */
     nc_dyneval *dyn;              /* dynamic evaluation's adapted weights, or NULL (the trained
                                    * ones: dyn_lr 0 and nothing left to decay) */
     stream_memo memo;
@@ -91,16 +89,9 @@ static bool memo_on(void)
 static void memo_clear(nc_stream *s)
 {
     s->memo.logits = false;
-    s->memo.dots = false;
+    s->memo.rows = false;
     s->memo.coarse.n = 0;
     s->memo.nb = false;
-}
-
-/* The words of the neural window's pairs, beside their dots in s->dots
- * (one allocation: setup_caches, rebuild_neural). */
-static int *window_words(const nc_stream *s)
-{
-    return (int *)(void *)(s->dots + s->neural.size);
 }
 
 /* The search of h just made (k neighbours, of the cache at count, gen)
@@ -163,20 +154,22 @@ static int dyn_start(nc_stream *s, const nc_cache_params *p, char *err, size_t e
     return dyneval_new(s->m, p->dyn_params, &start, &s->dyn, err, errlen);
 }
 
-static int setup_caches(nc_stream *s, char *err, size_t errlen)
+/* The rows' session states, empty, for the stream's settings. */
+static int rows_new(nc_stream *s, char *err, size_t errlen)
 {
+    const nc_state_args a = {.p = &s->p, .H = s->m->cfg.hidden_size};
     int rc = NC_OK;
-    if (s->p.neural_size > 0)
-        rc = neural_cache_init(&s->neural, s->p.neural_size, s->m->cfg.hidden_size, s->p.neural_f16, err,
-                         errlen);
-    if (!rc && s->p.neural_size > 0) {
-        s->dots = nc_alloc((size_t)s->p.neural_size * (sizeof(float) + sizeof(int)));
-        if (!s->dots)
-            rc = nc_error(err, errlen, NC_ENOMEM, "neural cache scratch");
-    }
-    if (!rc && s->p.unigram_size > 0)
-        rc = unigram_cache_init(&s->unigram, s->p.unigram_size, err, errlen);
+    for (int c = 0; !rc && c < NC_NCOMP; c++)
+        if (nc_component_rows[c]->state_new)
+            rc = nc_component_rows[c]->state_new(&a, &s->rows[c], err, errlen);
     return rc;
+}
+
+static void rows_free(void *rows[NC_NCOMP])
+{
+    for (int c = 0; c < NC_NCOMP; c++)
+        if (rows[c])
+            nc_component_rows[c]->state_free(rows[c]);
 }
 
 static int start(nc_stream *s, bool bos, char *err, size_t errlen)
@@ -194,6 +187,7 @@ static int start(nc_stream *s, bool bos, char *err, size_t errlen)
 int stream_new(const nc_model *m, const nc_cache_params *p, nc_unbounded_cache *ub, nc_wordtable *words,
                bool bos, nc_stream **out, char *err, size_t errlen)
 {
+    NC_ASSERT(p, "stream_new: no p");
     *out = NULL;
     int rc = cache_params_validate(p, err, errlen);
     if (rc)
@@ -225,7 +219,7 @@ int stream_new(const nc_model *m, const nc_cache_params *p, nc_unbounded_cache *
         }
     }
     if (!rc)
-        rc = setup_caches(s, err, errlen);
+        rc = rows_new(s, err, errlen);
     if (!rc)
         rc = start(s, bos, err, errlen);
     if (rc) {
@@ -242,12 +236,10 @@ void stream_free(nc_stream *s)
         return;
     lstm_state_free(s->st);
     lstm_work_free(s->work);
-    neural_cache_free(&s->neural);
-    unigram_cache_free(&s->unigram);
+    rows_free(s->rows);
     if (s->own_words)
         wordtable_free(s->words);
     nc_free(s->logits);
-    nc_free(s->dots);
     dyneval_free(s->dyn);
     ub_coarse_free(&s->memo.coarse);
     free(s->memo.d2);
@@ -257,11 +249,11 @@ void stream_free(nc_stream *s)
 
 void stream_reset(nc_stream *s, bool bos)
 {
+    NC_ASSERT(s, "stream_reset: no s");
     memo_clear(s);
-    if (s->neural.size)
-        neural_cache_clear(&s->neural);
-    if (s->unigram.size)
-        unigram_cache_clear(&s->unigram);
+    for (int c = 0; c < NC_NCOMP; c++)
+        if (s->rows[c])
+            nc_component_rows[c]->state_clear(s->rows[c]);
     /* dyn_start cannot fail for parameters it accepted at creation but
      * for memory: the stream then continues with the trained weights */
     if (start(s, bos, NULL, 0) != NC_OK)
@@ -270,6 +262,7 @@ void stream_reset(nc_stream *s, bool bos)
 
 const nc_cache_params *stream_params(const nc_stream *s)
 {
+    NC_ASSERT(s, "stream_params: no s");
     return &s->p;
 }
 
@@ -316,56 +309,29 @@ static int dyn_for_params(const nc_stream *s, const nc_cache_params *p, nc_dynev
     return NC_OK;
 }
 
-/* A neural window of p->neural_size (*nn, and its dot products' buffer
- * *dots) holding the newest pairs of the stream's; on error nothing is
- * left allocated. */
-static int rebuild_neural(const nc_stream *s, const nc_cache_params *p, nc_neural_cache *nn, float **dots,
-                          char *err, size_t errlen)
+/* The rows' states for p (rows[c]), each holding the newest pairs of the
+ * stream's; on error nothing is left allocated. */
+static int rows_resize(const nc_stream *s, const nc_cache_params *p, void *rows[NC_NCOMP], char *err,
+                       size_t errlen)
 {
-    const int H = s->m->cfg.hidden_size;
-    int rc = neural_cache_init(nn, p->neural_size, H, p->neural_f16, err, errlen);
+    const nc_state_args a = {.p = p, .H = s->m->cfg.hidden_size};
+    int rc = NC_OK;
+    for (int c = 0; c < NC_NCOMP; c++)
+        rows[c] = NULL;
+    for (int c = 0; !rc && c < NC_NCOMP; c++)
+        if (s->rows[c])
+            rc = nc_component_rows[c]->state_resize(s->rows[c], &a, &rows[c], err, errlen);
     if (rc)
-        return rc;
-    *dots = nc_alloc((size_t)p->neural_size * (sizeof(float) + sizeof(int)));
-    float *tmp = s->neural.count ? nc_alloc((size_t)s->neural.count * H * sizeof(float)) : NULL;
-    int *vals = s->neural.count ? nc_malloc((size_t)s->neural.count * sizeof(int)) : NULL;
-    if (!*dots || (s->neural.count && (!tmp || !vals))) {
-        nc_free(tmp);
-        free(vals);
-        nc_free(*dots);
-        *dots = NULL;
-        neural_cache_free(nn);
-        return nc_error(err, errlen, NC_ENOMEM, "neural cache");
-    }
-    int cnt = neural_cache_export(&s->neural, tmp, vals);
-    for (int i = cnt > p->neural_size ? cnt - p->neural_size : 0; i < cnt; i++)
-        neural_cache_push(nn, tmp + (size_t)i * H, vals[i]);
-    nc_free(tmp);
-    free(vals);
-    return NC_OK;
-}
-
-/* A unigram window of p->unigram_size (*nu) holding the newest words of
- * the stream's; on error nothing is left allocated. */
-static int rebuild_unigram(const nc_stream *s, const nc_cache_params *p, nc_unigram_cache *nu, char *err,
-                           size_t errlen)
-{
-    int rc = unigram_cache_init(nu, p->unigram_size, err, errlen);
-    if (rc)
-        return rc;
-    int cnt = s->unigram.count;
-    for (int i = cnt > p->unigram_size ? cnt - p->unigram_size : 0; i < cnt; i++)
-        if (unigram_cache_push(nu, unigram_cache_at(&s->unigram, i))) {
-            unigram_cache_free(nu);
-            return nc_error(err, errlen, NC_ENOMEM, "unigram cache");
-        }
-    return NC_OK;
+        rows_free(rows);
+    return rc;
 }
 
 /* All that can fail (the new windows, a new adaptation) is built before
  * the stream changes, so that on error it is as it was. */
 int stream_set_params(nc_stream *s, const nc_cache_params *p, char *err, size_t errlen)
 {
+    NC_ASSERT(p, "stream_set_params: no p");
+    NC_ASSERT(s, "stream_set_params: no s");
     nc_dyneval *dyn_new = NULL;
     bool dyn_replace = false;
     int rc = check_new_params(s, p, err, errlen);
@@ -374,26 +340,14 @@ int stream_set_params(nc_stream *s, const nc_cache_params *p, char *err, size_t 
     if (rc)
         return rc;
     /* rebuild windows keeping the newest pairs */
-    nc_neural_cache nn = {0};
-    nc_unigram_cache nu = {0};
-    float *dots = NULL;
-    if (p->neural_size > 0)
-        rc = rebuild_neural(s, p, &nn, &dots, err, errlen);
-    if (!rc && p->unigram_size > 0 && (rc = rebuild_unigram(s, p, &nu, err, errlen))) {
-        neural_cache_free(&nn);
-        nc_free(dots);
-    }
-    if (rc) {
+    void *rows[NC_NCOMP];
+    if ((rc = rows_resize(s, p, rows, err, errlen))) {
         dyneval_free(dyn_new);
         return rc;
     }
-    neural_cache_free(&s->neural);
-    unigram_cache_free(&s->unigram);
-    nc_free(s->dots);
+    rows_free(s->rows);
+    memcpy(s->rows, rows, sizeof rows);
     memo_clear(s);
-    s->neural = nn;
-    s->unigram = nu;
-    s->dots = dots;
     s->p = *p;
     if (dyn_new || dyn_replace) {
         dyneval_free(s->dyn);
@@ -437,16 +391,13 @@ static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *lo
     }
     if (!rc) {
         const size_t row = (size_t)(s->pos - s->gate_pos0);
-        nc_doc_caches c = {.neural = s->neural.size ? &s->neural : NULL,
-                           .unigram = s->unigram.size ? &s->unigram : NULL,
-                           .ub = s->ub, .adapt = adapt,
+        nc_doc_caches c = {.states = s->rows, .ub = s->ub, .adapt = adapt,
                            .coarse0 = s->memo.coarse.n && memo_on() ? &s->memo.coarse : NULL,
                            .gate_f = s->gate_f ? s->gate_f + row * NC_GATE_NFEAT : NULL,
                            .gate_pc = s->gate_f ? s->gate_pc + row * NC_NCOMP : NULL};
-        if (s->memo.dots && memo_on() && s->has_h && s->neural.count > 0) {
-            /* the window's dots at h (neural_window): row 0's */
-            c.dots0 = s->dots;
-            c.dots0_words = window_words(s);
+        if (s->memo.rows && memo_on() && s->has_h) {
+            /* the rows' at_h at h (the neural window's dots): row 0's */
+            c.at_h0 = true;
             atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
         }
         if (!adapt && s->ub && s->has_h && toks->n == 1 && memo_neighbours_hold(s)) {
@@ -479,6 +430,8 @@ static int feed_parts(nc_stream *s, const nc_tokens *toks, bool adapt, double *l
 int stream_feed(nc_stream *s, const nc_tokens *toks, bool adapt, double *logprobs, char *err,
                 size_t errlen)
 {
+    NC_ASSERT(toks, "stream_feed: no toks");
+    NC_ASSERT(s, "stream_feed: no s");
     int rc = s->dyn ? feed_parts(s, toks, adapt, logprobs, err, errlen)
                     : feed_part(s, toks, adapt, logprobs, NULL, err, errlen);
     /* h (and with dynamic evaluation the weights) moved: on failure too,
@@ -534,6 +487,7 @@ static int feed_parts(nc_stream *s, const nc_tokens *toks, bool adapt, double *l
 
 void stream_gate_sink(nc_stream *s, double *f, double *pc)
 {
+    NC_ASSERT(s, "stream_gate_sink: no s");
     s->gate_f = f && pc ? f : NULL;
     s->gate_pc = f && pc ? pc : NULL;
     s->gate_pos0 = s->pos;
@@ -569,6 +523,7 @@ int stream_predict(nc_stream *s, bool shares, nc_dist *out, char *err, size_t er
 
 const float *stream_memo_logits(const nc_stream *s)
 {
+    NC_ASSERT(s, "stream_memo_logits: no s");
     return s->has_h && s->memo.logits && memo_on() ? s->logits : NULL;
 }
 
@@ -582,32 +537,37 @@ void stream_keep_logits(nc_stream *s, const float *logits)
 
 const float *stream_h(const nc_stream *s)
 {
+    NC_ASSERT(s, "stream_h: no s");
     return s->has_h ? lstm_state_top(s->st) : NULL;
 }
 
-/* The neural window as the formulas read it from the stream's h (design
- * §4): the dots h·h_i of the ring's pairs into s->dots and their words
- * into window_words(s), kept as the memo until h or the ring moves (a
- * repeated predict reads them again: the same bits); in->ndots/nvals/nn
- * get the last neural_size of them (the window's pair i is the ring's
- * pair count - nn + i). */
-static void neural_window(nc_stream *s, nc_mix_input *in)
+/* The rows' inputs at the stream's h (component.h at_h): in->state and
+ * each row's own fields; scratch[c] for the caller to free
+ * (rows_scratch_free). What the rows keep of it is the memo until h or a
+ * state moves (a repeated predict reads it again: the same bits). */
+static int rows_at_h(nc_stream *s, const float *h, nc_mix_input *in, void *scratch[NC_NCOMP], char *err,
+                     size_t errlen)
 {
-    if (s->p.neural_size <= 0 || s->neural.count <= 0)
-        return;
-    int *vals = window_words(s);
-    if (s->memo.dots && memo_on()) {
-        atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
-    } else {
-        neural_cache_dots(&s->neural, lstm_state_top(s->st), s->dots);
-        neural_cache_export(&s->neural, NULL, vals);
-        s->memo.dots = memo_on();
+    int rc = NC_OK;
+    const bool memo = s->memo.rows && memo_on();
+    for (int c = 0; c < NC_NCOMP; c++)
+        scratch[c] = NULL;
+    for (int c = 0; !rc && c < NC_NCOMP; c++) {
+        const nc_at_h a = {.p = &s->p, .h = h, .in = in, .scratch = &scratch[c], .memo = memo};
+        in->state[c] = s->rows[c];
+        if (s->rows[c] && nc_component_rows[c]->at_h)
+            rc = nc_component_rows[c]->at_h(s->rows[c], &a, err, errlen);
     }
-    int cnt = s->neural.count;
-    int w = cnt < s->p.neural_size ? cnt : s->p.neural_size;
-    in->ndots = s->dots + (cnt - w);
-    in->nvals = vals + (cnt - w);
-    in->nn = w;
+    if (memo)
+        atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
+    s->memo.rows = !rc && memo_on();
+    return rc;
+}
+
+static void rows_scratch_free(void *scratch[NC_NCOMP])
+{
+    for (int c = 0; c < NC_NCOMP; c++)
+        free(scratch[c]);
 }
 
 /* The unbounded cache's k nearest neighbours of h as this stream reads them
@@ -656,21 +616,25 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
         n_words = (size_t)wordtable_size(s->words);
         in.vocab_full = s->p.vocab_size_full > 0 ? s->p.vocab_size_full : (int)n_words;
     }
-    neural_window(s, &in);
-    int rc = NC_OK;
-    if (s->p.unigram_size > 0)
-        in.uni = &s->unigram;
+    void *scratch[NC_NCOMP];
+    int rc = rows_at_h(s, h, &in, scratch, err, errlen);
+    if (rc) {
+        rows_scratch_free(scratch);
+        return rc;
+    }
     float *ud2 = NULL;
     int *uw = NULL;
     bool skip = false;
     if (s->p.gate && s->m->gate) {
         /* the adaptive mixture: p_vocab's statistics, then the pre-search
          * gate decides whether the unbounded cache is searched (gate.h) */
-        float *scratch = nc_malloc((size_t)V * sizeof(float));
-        if (!scratch)
+        float *vs = nc_malloc((size_t)V * sizeof(float));
+        if (!vs) {
+            rows_scratch_free(scratch);
             return nc_error(err, errlen, NC_ENOMEM, "gate features");
-        gate_vocab_stats(logits, V, scratch, &in.v_ent, &in.v_logmax, &in.v_argmax);
-        free(scratch);
+        }
+        gate_vocab_stats(logits, V, vs, &in.v_ent, &in.v_logmax, &in.v_argmax);
+        free(vs);
         in.gate = s->m->gate;
         if (s->p.unbounded && s->ub) {
             skip = gate_skip_search(s->m->gate, &s->p, &in);
@@ -683,6 +647,7 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
         rc = unbounded_neighbours(s, h, &in, &ud2, &uw, NULL, err, errlen);
     if (!rc)
         rc = mixture_full(&s->p, &in, n_words, shares, out, err, errlen);
+    rows_scratch_free(scratch);
     free(ud2);
     free(uw);
     return rc;
@@ -702,9 +667,9 @@ int stream_explain(nc_stream *s, const int *ids, size_t k, int per_source, nc_ex
     int *uw = NULL;
     float *ud2 = NULL;
     int64_t *uid = NULL;
-    int rc = NC_OK;
-    neural_window(s, &in);
-    if (in.nn > 0 && s->p.global_norm) {
+    void *scratch[NC_NCOMP];
+    int rc = rows_at_h(s, h, &in, scratch, err, errlen);
+    if (!rc && in.nn > 0 && s->p.global_norm) {
         /* eq. 4's normaliser holds the vocabulary's exponentials */
         in.logits = logits_at_h(s);
     }
@@ -717,6 +682,7 @@ int stream_explain(nc_stream *s, const int *ids, size_t k, int per_source, nc_ex
     for (x.comp = 0; !rc && x.comp < NC_NCOMP; x.comp++)
         if (nc_component_rows[x.comp]->explain)
             rc = nc_component_rows[x.comp]->explain(&x, out, counts, err, errlen);
+    rows_scratch_free(scratch);
     free(ud2);
     free(uw);
     free(uid);
@@ -725,11 +691,13 @@ int stream_explain(nc_stream *s, const int *ids, size_t k, int per_source, nc_ex
 
 int stream_ub_reader(const nc_stream *s)
 {
+    NC_ASSERT(s, "stream_ub_reader: no s");
     return s->p.open_vocab ? NC_UB_OPEN : s->m->unk_id;
 }
 
 const char *stream_word(nc_stream *s, int id)
 {
+    NC_ASSERT(s, "stream_word: no s");
     if (s->words)
         return wordtable_word(s->words, id);
     return vocab_word(s->m->vocab, id);
@@ -741,11 +709,11 @@ nc_unbounded_cache *stream_unbounded_cache(const nc_stream *s) { return s->ub; }
 
 size_t stream_memory(const nc_stream *s)
 {
+    NC_ASSERT(s, "stream_memory: no s");
     size_t m = sizeof *s + 2 * lstm_state_blob_size(s->st) + (size_t)s->m->cfg.vocab_size * sizeof(float);
-    if (s->neural.size)
-        m += neural_cache_memory(&s->neural) + (size_t)s->neural.size * (sizeof(float) + sizeof(int));
-    if (s->unigram.size)
-        m += unigram_cache_memory(&s->unigram);
+    for (int c = 0; c < NC_NCOMP; c++)
+        if (s->rows[c])
+            m += nc_component_rows[c]->memory(s->rows[c]);
     if (s->own_words)
         m += wordtable_memory(s->words);
     if (s->dyn)
@@ -757,6 +725,7 @@ size_t stream_memory(const nc_stream *s)
 
 int stream_clone(const nc_stream *s, nc_stream **out, char *err, size_t errlen)
 {
+    NC_ASSERT(s, "stream_clone: no s");
     *out = NULL;
     void *blob = NULL;
     size_t len = 0;
@@ -773,9 +742,8 @@ int stream_clone(const nc_stream *s, nc_stream **out, char *err, size_t errlen)
  * FLOAT; every row of the knob table, so each component's settings are in
  * the blob as its knobs), u8 has_h, i64 pos, u64 state length + lstm_state
  * blob, u32 number of dynamic words + (u32 len, bytes) each, the rows'
- * sections in the table's order (component.h export_state; neural: i32 size
- * count f16 + count x (keys, i32 ref), unigram: i32 size count + count x i32
- * ref), u8 has dynamic evaluation + its section, u32 crc32 of everything
+ * sections in the table's order (component.h export_state; each row's
+ * file says its section's layout), u8 has dynamic evaluation + its section, u32 crc32 of everything
  * before (binio.h). A ref < V is a model id; V + i is the i-th dynamic word
  * of the blob. Versions 1-3 wrote the settings as the fixed list below
  * without names (still read); a knob by name reads whatever order or set of
@@ -846,17 +814,6 @@ static int get_params(binio_reader *r, nc_cache_params *p, int version, char *er
     return r->bad && !rc ? nc_error(err, errlen, NC_EFORMAT, "stream blob truncated (settings)") : rc;
 }
 
-/* The rows' session state in the stream, by row (component.h
- * export_state): where stream.c keeps each row's memory; NULL for a row
- * without one. */
-static void row_states(const nc_stream *s, void *st[NC_NCOMP])
-{
-    for (int c = 0; c < NC_NCOMP; c++)
-        st[c] = NULL;
-    st[NC_COMP_NEURAL] = (void *)&s->neural;
-    st[NC_COMP_UNIGRAM] = (void *)&s->unigram;
-}
-
 /* The blob's head: magic, shape, knobs, has_h, position and the LSTM
  * state (a failed allocation marks the writer bad). */
 static void put_head(binio_writer *w, const nc_stream *s)
@@ -887,8 +844,7 @@ static void put_head(binio_writer *w, const nc_stream *s)
  * order, listing the words they name in x. */
 static int put_rows(const nc_stream *s, nc_buf *sec, nc_blob_words *x, char *err, size_t errlen)
 {
-    void *st[NC_NCOMP];
-    row_states(s, st);
+    void *const *st = s->rows;
     binio_writer w;
     binio_writer_buf(&w, sec);
     int rc = NC_OK;
@@ -917,6 +873,7 @@ static void put_words(binio_writer *w, const nc_stream *s, const nc_blob_words *
 
 int stream_export(const nc_stream *s, void **blob, size_t *len, char *err, size_t errlen)
 {
+    NC_ASSERT(s, "stream_export: no s");
     *blob = NULL;
     *len = 0;
     /* the rows' sections first (the word list they name precedes them) */
@@ -999,8 +956,7 @@ static int import_words(nc_stream *s, binio_reader *r, nc_blob_words *x, char *e
  * the same in every version of the blob. */
 static int import_rows(nc_stream *s, binio_reader *r, const nc_blob_words *x, char *err, size_t errlen)
 {
-    void *st[NC_NCOMP];
-    row_states(s, st);
+    void *const *st = s->rows;
     int rc = NC_OK;
     for (int c = 0; !rc && c < NC_NCOMP; c++) {
         const nc_component *row = nc_component_rows[c];
@@ -1036,6 +992,7 @@ static int import_tail(nc_stream *s, binio_reader *r, int version, char *err, si
 int stream_import(const nc_model *m, nc_unbounded_cache *ub, nc_wordtable *words, const void *blob,
                   size_t len, nc_stream **out, char *err, size_t errlen)
 {
+    NC_ASSERT(m, "stream_import: no m");
     *out = NULL;
     binio_reader r;
     nc_cache_params p;
@@ -1080,77 +1037,24 @@ int stream_import(const nc_model *m, nc_unbounded_cache *ub, nc_wordtable *words
 
 /* ---- N-best rescoring (stream_rescore) ---------------------------------- */
 
-/* What a continuation overwrites in the local caches: the ring slots from
- * head on (at most one per token), head and count; put back afterwards. */
-typedef struct {
-    int n_head, n_count, n_slots;
-    void *n_keys;                 /* [n_slots, dim] as stored (f32 or f16) */
-    int *n_vals;
-    int u_head, u_count, u_slots;
-    int *u_ring;
-} cache_undo;
-
-static int undo_save(nc_stream *s, size_t ntok, cache_undo *u, char *err, size_t errlen)
+/* The rows' marks before a continuation (component.h mark): what its
+ * ntok pushes overwrite, put back after it by rows_rollback. */
+static int rows_mark(nc_stream *s, size_t ntok, void *marks[NC_NCOMP], char *err, size_t errlen)
 {
-    memset(u, 0, sizeof *u);
-    if (s->neural.size) {
-        nc_neural_cache *c = &s->neural;
-        size_t ks = (c->f16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)c->dim;
-        u->n_head = c->head;
-        u->n_count = c->count;
-        u->n_slots = ntok < (size_t)c->size ? (int)ntok : c->size;
-        u->n_keys = nc_malloc((size_t)(u->n_slots ? u->n_slots : 1) * ks);
-        u->n_vals = nc_malloc((size_t)(u->n_slots ? u->n_slots : 1) * sizeof(int));
-        if (!u->n_keys || !u->n_vals)
-            return nc_error(err, errlen, NC_ENOMEM, "rescoring");
-        for (int k = 0; k < u->n_slots; k++) {
-            int slot = (c->head + k) % c->size;
-            memcpy((char *)u->n_keys + (size_t)k * ks, (char *)c->keys + (size_t)slot * ks, ks);
-            u->n_vals[k] = c->values[slot];
-        }
-    }
-    if (s->unigram.size) {
-        nc_unigram_cache *c = &s->unigram;
-        u->u_head = c->head;
-        u->u_count = c->count;
-        u->u_slots = ntok < (size_t)c->size ? (int)ntok : c->size;
-        u->u_ring = nc_malloc((size_t)(u->u_slots ? u->u_slots : 1) * sizeof(int));
-        if (!u->u_ring)
-            return nc_error(err, errlen, NC_ENOMEM, "rescoring");
-        for (int k = 0; k < u->u_slots; k++)
-            u->u_ring[k] = c->ring[(c->head + k) % c->size];
-    }
-    return NC_OK;
+    int rc = NC_OK;
+    for (int c = 0; c < NC_NCOMP; c++)
+        marks[c] = NULL;
+    for (int c = 0; !rc && c < NC_NCOMP; c++)
+        if (s->rows[c])
+            rc = nc_component_rows[c]->mark(s->rows[c], ntok, &marks[c], err, errlen);
+    return rc;
 }
 
-static void undo_restore(nc_stream *s, cache_undo *u)
+static void rows_rollback(nc_stream *s, void *marks[NC_NCOMP])
 {
-    if (s->neural.size) {
-        nc_neural_cache *c = &s->neural;
-        size_t ks = (c->f16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)c->dim;
-        for (int k = 0; k < u->n_slots; k++) {
-            int slot = (u->n_head + k) % c->size;
-            memcpy((char *)c->keys + (size_t)slot * ks, (char *)u->n_keys + (size_t)k * ks, ks);
-            c->values[slot] = u->n_vals[k];
-        }
-        c->head = u->n_head;
-        c->count = u->n_count;
-    }
-    if (s->unigram.size) {
-        nc_unigram_cache *c = &s->unigram;
-        for (int k = 0; k < u->u_slots; k++)
-            c->ring[(u->u_head + k) % c->size] = u->u_ring[k];
-        c->head = u->u_head;
-        c->count = u->u_count;
-        /* the counts are the window's histogram: rebuilt from it */
-        memset(c->counts, 0, (size_t)c->ncounts * sizeof(int));
-        for (int i = 0; i < c->count; i++)
-            c->counts[unigram_cache_at(c, i)]++;
-    }
-    free(u->n_keys);
-    free(u->n_vals);
-    free(u->u_ring);
-    memset(u, 0, sizeof *u);
+    for (int c = 0; c < NC_NCOMP; c++)
+        if (s->rows[c])
+            nc_component_rows[c]->rollback(s->rows[c], marks[c]);
 }
 
 /* A continuation's document (doc.h) from a copy of the stream's LSTM
@@ -1233,6 +1137,7 @@ static void rescore_logits(const nc_model *m, nc_doc **docs, const float *rows, 
 int stream_rescore(nc_stream *s, const nc_tokens *conts, size_t n, double **logprobs, char *err,
                    size_t errlen)
 {
+    NC_ASSERT(s, "stream_rescore: no s");
     const nc_model *m = wm(s);
     const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
     nc_doc **docs = nc_zalloc(n ? n : 1, sizeof *docs);
@@ -1260,17 +1165,15 @@ int stream_rescore(nc_stream *s, const nc_tokens *conts, size_t n, double **logp
         rescore_logits(m, docs, rows, owner, nb, logits);
     /* The caches, continuation by continuation, each put back after it. */
     for (size_t i = 0; !rc && i < n; i++) {
-        cache_undo u;
-        rc = undo_save(s, docs[i]->n, &u, err, errlen);
+        void *marks[NC_NCOMP];
+        rc = rows_mark(s, docs[i]->n, marks, err, errlen);
         if (!rc) {
-            nc_doc_caches c = {.neural = s->neural.size ? &s->neural : NULL,
-                               .unigram = s->unigram.size ? &s->unigram : NULL,
-                               .ub = s->ub, .adapt = false};
+            nc_doc_caches c = {.states = s->rows, .ub = s->ub, .adapt = false};
             rc = doc_score(docs[i], &s->p, &c, logprobs[i], err, errlen);
         }
-        undo_restore(s, &u);
+        rows_rollback(s, marks);
     }
-    s->memo.dots = false;   /* the ring is put back as it was; its dots are read afresh all the same */
+    s->memo.rows = false;   /* the states are put back as they were; read afresh all the same */
     for (size_t i = 0; docs && i < n; i++)
         doc_free(docs[i]);
     free(docs);

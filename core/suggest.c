@@ -1,5 +1,6 @@
 /* suggest.c -- the nearest name to a misspelt one (suggest.h). */
 #include "suggest.h"
+#include "nc_common.h"
 
 #include <ctype.h>
 #include <string.h>
@@ -42,6 +43,7 @@ int suggest_distance(const char *a, const char *b)
 
 void suggest_init(nc_suggest *s, const char *word)
 {
+    NC_ASSERT(s, "suggest_init: no s");
     s->word = word;
     s->best = NULL;
     s->best_d = SUGGEST_FAR;
@@ -68,5 +70,6 @@ void suggest_offer_as(nc_suggest *s, const char *candidate, const char *answer)
 
 const char *suggest_best(const nc_suggest *s)
 {
+    NC_ASSERT(s, "suggest_best: no s");
     return s->best;
 }

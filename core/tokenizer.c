@@ -17,6 +17,7 @@ void tokens_init(nc_tokens *t)
 
 void tokens_clear(nc_tokens *t)
 {
+    NC_ASSERT(t, "tokens_clear: no t");
     for (size_t i = 0; i < t->n; i++)
         free(t->words[i]);
     free(t->ids);
@@ -56,6 +57,8 @@ int tokens_push(nc_tokens *t, int id, const char *word, size_t len, size_t offse
 
 size_t tokens_count_unk(const nc_model *m, const nc_tokens *t, size_t from)
 {
+    NC_ASSERT(t, "tokens_count_unk: no t");
+    NC_ASSERT(m, "tokens_count_unk: no m");
     size_t n = 0;
     for (size_t i = from; i < t->n; i++)
         n += t->ids[i] == m->unk_id;
@@ -64,6 +67,7 @@ size_t tokens_count_unk(const nc_model *m, const nc_tokens *t, size_t from)
 
 int tokens_push_src(nc_tokens *t, int id, const char *word, size_t len, size_t offset, size_t src_len)
 {
+    NC_ASSERT(t, "tokens_push_src: no t");
     if (t->n == t->cap && tokens_grow(t) != NC_OK)
         return NC_ENOMEM;
     char *w = nc_malloc(len + 1);
@@ -149,6 +153,8 @@ int tokenize(const nc_model *m, const char *text, size_t len, bool final_eos, nc
 int tokenize_ex(const nc_model *m, const char *text, size_t len, bool final_eos, bool normalize, nc_tokens *out,
                 char *err, size_t errlen)
 {
+    NC_ASSERT(out, "tokenize_ex: no out");
+    NC_ASSERT(m, "tokenize_ex: no m");
     const uint8_t *s = (const uint8_t *)text;
     const char *nul = memchr(text, '\0', len);
     if (nul)

@@ -27,6 +27,7 @@
 
 void train_default_params(nc_train_params *p)
 {
+    NC_ASSERT(p, "train_default_params: no p");
     memset(p, 0, sizeof *p);
     p->embedding_size = 256;
     p->hidden_size = 256;
@@ -185,6 +186,7 @@ static int by_id(const void *a, const void *b)
 
 int train_build_vocab(const char *path, const nc_train_params *p, nc_vocab **out, char *err, size_t errlen)
 {
+    NC_ASSERT(p, "train_build_vocab: no p");
     const char *unk = p->unk_token, *eos = p->eos_token;
     const int vocab_max = p->vocab_max;
     *out = NULL;

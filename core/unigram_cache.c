@@ -31,6 +31,7 @@ void unigram_cache_free(nc_unigram_cache *u)
 
 void unigram_cache_clear(nc_unigram_cache *u)
 {
+    NC_ASSERT(u, "unigram_cache_clear: no u");
     u->count = u->head = 0;
     if (u->counts)
         memset(u->counts, 0, (size_t)u->ncounts * sizeof(int));
@@ -38,6 +39,10 @@ void unigram_cache_clear(nc_unigram_cache *u)
 
 int unigram_cache_push(nc_unigram_cache *u, int w)
 {
+    NC_ASSERT(u && u->size > 0 && u->head >= 0 && u->head < u->size && u->count <= u->size,
+              "unigram_cache_push: window head %d count %d of size %d", u ? u->head : -1, u ? u->count : -1,
+              u ? u->size : -1);
+    NC_ASSERT(u, "unigram_cache_push: no u");
     if (w < 0)
         return NC_EINVAL;
     if (w >= u->ncounts) {
@@ -51,8 +56,11 @@ int unigram_cache_push(nc_unigram_cache *u, int w)
         u->counts = c;
         u->ncounts = n;
     }
-    if (u->count == u->size)
+    if (u->count == u->size) {
+        NC_ASSERT(u->counts[u->ring[u->head]] > 0, "unigram_cache_push: evicted word %d has count 0",
+                  u->ring[u->head]);
         u->counts[u->ring[u->head]]--;
+    }
     else
         u->count++;
     u->ring[u->head] = w;
@@ -63,6 +71,7 @@ int unigram_cache_push(nc_unigram_cache *u, int w)
 
 int unigram_cache_copy(nc_unigram_cache *dst, const nc_unigram_cache *src, char *err, size_t errlen)
 {
+    NC_ASSERT(src, "unigram_cache_copy: no src");
     int rc = unigram_cache_init(dst, src->size, err, errlen);
     if (rc)
         return rc;
@@ -83,11 +92,13 @@ int unigram_cache_copy(nc_unigram_cache *dst, const nc_unigram_cache *src, char 
 
 size_t unigram_cache_memory(const nc_unigram_cache *u)
 {
+    NC_ASSERT(u, "unigram_cache_memory: no u");
     return sizeof *u + ((size_t)u->size + (size_t)u->ncounts) * sizeof(int);
 }
 
 void unigram_cache_add_dist(const nc_unigram_cache *u, double *q)
 {
+    NC_ASSERT(u, "unigram_cache_add_dist: no u");
     for (int i = 0; i < u->count; i++)
         q[unigram_cache_at(u, i)] += 1.0 / u->count;
 }
@@ -173,6 +184,151 @@ static int unigram_import_state(void *state, binio_reader *r, const nc_blob_word
     return NC_OK;
 }
 
+/* ---- its session state (component.h state_new ...): the window itself,
+ * size 0 while off ---- */
+
+static void unigram_state_free(void *state)
+{
+    unigram_cache_free(state);
+    free(state);
+}
+
+static int unigram_state_new(const nc_state_args *a, void **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    nc_unigram_cache *u = nc_zalloc(1, sizeof *u);
+    if (!u)
+        return nc_error(err, errlen, NC_ENOMEM, "unigram cache");
+    int rc = a->p->unigram_size > 0 ? unigram_cache_init(u, a->p->unigram_size, err, errlen) : NC_OK;
+    if (rc) {
+        free(u);
+        return rc;
+    }
+    *out = u;
+    return NC_OK;
+}
+
+static void unigram_state_clear(void *state)
+{
+    nc_unigram_cache *u = state;
+    NC_ASSERT(u, "unigram: no state");
+    if (u->size)
+        unigram_cache_clear(u);
+}
+
+/* A window of a->p's size holding the newest words of old's. */
+static int unigram_state_resize(const void *old, const nc_state_args *a, void **out, char *err, size_t errlen)
+{
+    const nc_unigram_cache *o = old;
+    int rc = unigram_state_new(a, out, err, errlen);
+    if (rc || a->p->unigram_size <= 0)
+        return rc;
+    int cnt = o->count;
+    for (int i = cnt > a->p->unigram_size ? cnt - a->p->unigram_size : 0; i < cnt; i++)
+        if (unigram_cache_push(*out, unigram_cache_at(o, i))) {
+            unigram_state_free(*out);
+            *out = NULL;
+            return nc_error(err, errlen, NC_ENOMEM, "unigram cache");
+        }
+    return NC_OK;
+}
+
+static int unigram_push(void *state, const float *h, int word)
+{
+    nc_unigram_cache *u = state;
+    (void)h;
+    NC_ASSERT(u && word >= 0, "unigram: push of word %d", word);
+    return u->size ? unigram_cache_push(u, word) : NC_OK;
+}
+
+/* What npush pushes overwrite: the ring slots from head on, head and
+ * count (the counts are rebuilt from the ring). */
+typedef struct {
+    int head, count, slots;
+    int *ring;
+} unigram_mark;
+
+static int unigram_mark_save(const void *state, size_t npush, void **out, char *err, size_t errlen)
+{
+    const nc_unigram_cache *c = state;
+    *out = NULL;
+    if (!c->size)
+        return NC_OK;
+    unigram_mark *m = nc_zalloc(1, sizeof *m);
+    if (m) {
+        m->head = c->head;
+        m->count = c->count;
+        m->slots = npush < (size_t)c->size ? (int)npush : c->size;
+        m->ring = nc_malloc((size_t)(m->slots ? m->slots : 1) * sizeof(int));
+    }
+    if (!m || !m->ring) {
+        free(m);
+        return nc_error(err, errlen, NC_ENOMEM, "rescoring");
+    }
+    for (int k = 0; k < m->slots; k++)
+        m->ring[k] = c->ring[(c->head + k) % c->size];
+    *out = m;
+    return NC_OK;
+}
+
+static void unigram_rollback(void *state, void *mark)
+{
+    nc_unigram_cache *c = state;
+    unigram_mark *m = mark;
+    if (!m)
+        return;
+    NC_ASSERT(c->size && m->head >= 0 && m->head < c->size && m->count <= c->size,
+              "unigram: mark (head %d, count %d) not of this window (size %d)", m->head, m->count, c->size);
+    NC_ASSERT(m->slots <= c->size, "unigram: mark of %d slots, window of %d", m->slots, c->size);
+    for (int k = 0; k < m->slots; k++)
+        c->ring[(m->head + k) % c->size] = m->ring[k];
+    c->head = m->head;
+    c->count = m->count;
+    /* the counts are the window's histogram: rebuilt from it */
+    memset(c->counts, 0, (size_t)c->ncounts * sizeof(int));
+    for (int i = 0; i < c->count; i++)
+        c->counts[unigram_cache_at(c, i)]++;
+    free(m->ring);
+    free(m);
+}
+
+static size_t unigram_state_memory(const void *state)
+{
+    const nc_unigram_cache *u = state;
+    return u->size ? unigram_cache_memory(u) : 0;
+}
+
+/* The ring at full size and counts of as many words. */
+static size_t unigram_state_bytes(const nc_state_args *a)
+{
+    return a->p->unigram_size > 0 ? (size_t)a->p->unigram_size * 3 * sizeof(int) : 0;
+}
+
+/* The window is the input: in->uni while on. */
+static int unigram_at_h(void *state, const nc_at_h *a, char *err, size_t errlen)
+{
+    (void)err, (void)errlen;
+    *a->scratch = NULL;
+    if (a->p->unigram_size > 0)
+        a->in->uni = state;
+    return NC_OK;
+}
+
+/* A document's pass reads the window as it stands at each position. */
+static int unigram_scan_open(void *state, const nc_scan_doc *d, size_t block, void **scan, char *err,
+                             size_t errlen)
+{
+    (void)block, (void)err, (void)errlen;
+    *scan = d->p->unigram_size > 0 ? state : NULL;
+    return NC_OK;
+}
+
+static void unigram_scan_input(const void *scan, size_t r, nc_mix_input *in)
+{
+    (void)r;
+    in->uni = scan;
+}
+
 static const char *const unigram_knobs[] = {"unigram_size", "unigram_lambda", NULL};
 static const char *const unigram_feature_names[] = {NULL};
 
@@ -189,4 +345,16 @@ const nc_component nc_component_unigram = {
     .features = unigram_feature_names,
     .export_state = unigram_export_state,
     .import_state = unigram_import_state,
+    .state_new = unigram_state_new,
+    .state_free = unigram_state_free,
+    .state_clear = unigram_state_clear,
+    .state_resize = unigram_state_resize,
+    .push = unigram_push,
+    .mark = unigram_mark_save,
+    .rollback = unigram_rollback,
+    .memory = unigram_state_memory,
+    .state_bytes = unigram_state_bytes,
+    .at_h = unigram_at_h,
+    .scan_open = unigram_scan_open,
+    .scan_input = unigram_scan_input,
 };

@@ -54,6 +54,7 @@ void vocab_free(nc_vocab *v)
 
 int vocab_add(nc_vocab *v, const char *word, size_t len)
 {
+    NC_ASSERT(v, "vocab_add: no v");
     int id = vocab_lookup(v, word, len);
     if (id >= 0)
         return id;
@@ -91,6 +92,7 @@ int vocab_add(nc_vocab *v, const char *word, size_t len)
 
 int vocab_lookup(const nc_vocab *v, const char *word, size_t len)
 {
+    NC_ASSERT(v, "vocab_lookup: no v");
     vocab_entry *e = NULL;
     HASH_FIND(hh, v->table, word, len, e);
     return e ? e->id : -1;
@@ -110,6 +112,7 @@ int vocab_size(const nc_vocab *v)
 
 nc_vocab *vocab_clone(const nc_vocab *v)
 {
+    NC_ASSERT(v, "vocab_clone: no v");
     nc_vocab *c = vocab_new();
     if (!c)
         return NULL;
@@ -171,6 +174,7 @@ int vocab_load(const char *path, nc_vocab **out, char *err, size_t errlen)
 
 int vocab_save(const nc_vocab *v, const char *path, char *err, size_t errlen)
 {
+    NC_ASSERT(v, "vocab_save: no v");
     FILE *f = nc_fopen(path, "wb");
     if (!f)
         return nc_error(err, errlen, NC_EIO, "%s: cannot create: %s", path, strerror(errno));

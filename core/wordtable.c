@@ -42,6 +42,7 @@ void wordtable_free(nc_wordtable *t)
 
 int wordtable_id(nc_wordtable *t, const char *word, size_t len, bool add)
 {
+    NC_ASSERT(t, "wordtable_id: no t");
     pthread_rwlock_rdlock(&t->lock);
     int id = vocab_lookup(t->v, word, len);
     pthread_rwlock_unlock(&t->lock);
@@ -55,6 +56,7 @@ int wordtable_id(nc_wordtable *t, const char *word, size_t len, bool add)
 
 const char *wordtable_word(nc_wordtable *t, int id)
 {
+    NC_ASSERT(t, "wordtable_word: no t");
     pthread_rwlock_rdlock(&t->lock);
     const char *w = vocab_word(t->v, id);
     pthread_rwlock_unlock(&t->lock);
@@ -63,6 +65,7 @@ const char *wordtable_word(nc_wordtable *t, int id)
 
 int wordtable_size(nc_wordtable *t)
 {
+    NC_ASSERT(t, "wordtable_size: no t");
     pthread_rwlock_rdlock(&t->lock);
     int n = vocab_size(t->v);
     pthread_rwlock_unlock(&t->lock);
@@ -71,11 +74,13 @@ int wordtable_size(nc_wordtable *t)
 
 int wordtable_model_size(const nc_wordtable *t)
 {
+    NC_ASSERT(t, "wordtable_model_size: no t");
     return t->model_size;
 }
 
 int wordtable_save(nc_wordtable *t, const char *path, char *err, size_t errlen)
 {
+    NC_ASSERT(t, "wordtable_save: no t");
     FILE *f = nc_fopen(path, "w");
     if (!f)
         return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
@@ -96,6 +101,7 @@ int wordtable_save(nc_wordtable *t, const char *path, char *err, size_t errlen)
 
 int wordtable_load(nc_wordtable *t, const char *path, char *err, size_t errlen)
 {
+    NC_ASSERT(t, "wordtable_load: no t");
     FILE *f = nc_fopen(path, "r");
     if (!f)
         return nc_error(err, errlen, errno == ENOENT ? NC_ENOTFOUND : NC_EIO, "%s: %s", path,

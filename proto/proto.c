@@ -442,6 +442,15 @@ static json_t *knob_value(const nc_cache_knob *k, double v)
     }
 }
 
+json_t *proto_logprob(double lp)
+{
+    if (isnan(lp))
+        return json_null();
+    if (isinf(lp))
+        return json_real(-1e30);
+    return json_real(lp);
+}
+
 json_t *proto_encode_cache(const nc_cache_params *p)
 {
     size_t n;

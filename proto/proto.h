@@ -123,6 +123,9 @@ int proto_get_string(const json_t *obj, const char *key, bool required, const ch
 int proto_decode_cache(const json_t *obj, const nc_cache_params *defaults,
                        nc_cache_params *out, api_status *st);
 /* The settings as a JSON object (new reference). */
+/* A log-probability as JSON: NaN (no prediction) is null, -inf is a large
+ * negative number (JSON has no infinity). */
+json_t *proto_logprob(double lp);
 json_t *proto_encode_cache(const nc_cache_params *p);
 /* The knob table (core/cache_knobs.h) as an object keyed by knob name, in
  * the table's order: {"knn": {"flag", "type", "default", "description",

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Fault schedule for replicas (issue 24): tests/test_faults with many rounds
+# Fault schedule for replicas (issue 24): tests/test_replica_faults with many rounds
 # over several seeds -- three replicas, Redis and HAProxy on loopback, kill
 # -9, SIGTERM, Redis restarts with and without appendonly, partitions from
 # Redis, namespace deletes, under clients streaming documents and feeding
@@ -12,8 +12,8 @@ BUILD=${BUILD:-build}
 BIN=${BIN:-bin}
 command -v redis-server >/dev/null || [ -x /usr/bin/redis-server ] || { echo "bench_faults: redis-server not installed (make deps); skipped"; exit 0; }
 [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null || { echo "bench_faults: haproxy not installed (make deps); skipped"; exit 0; }
-[ -x "$BUILD/tests/test_faults" ] || make --no-print-directory "$BUILD/tests/test_faults"
+[ -x "$BUILD/tests/test_replica_faults" ] || make --no-print-directory "$BUILD/tests/test_replica_faults"
 start=$(date +%s)
 NEUROCACHE_BIN="$(cd "$BIN" && pwd)" NEUROCACHE_FAULT_ROUNDS=${FAULT_ROUNDS:-18} \
-    NEUROCACHE_FAULT_SEEDS=${FAULT_SEEDS:-11,12,13} nice -n 10 "$BUILD/tests/test_faults"
+    NEUROCACHE_FAULT_SEEDS=${FAULT_SEEDS:-11,12,13} nice -n 10 "$BUILD/tests/test_replica_faults"
 echo "bench_faults: $(( $(date +%s) - start )) s, load $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -166,53 +166,14 @@ void api_token_info(json_t *o, const nc_model *m, const nc_tokens *t, const char
     json_object_set_new(o, "lengths", lens);
 }
 
-/* A log-probability as JSON: NaN (no prediction) is null, -inf is a large
- * negative number (JSON has no infinity). */
 json_t *api_logprob(double lp)
 {
-    if (isnan(lp))
-        return json_null();
-    if (isinf(lp))
-        return json_real(-1e30);
-    return json_real(lp);
-}
-
-/* Indices of the k largest p, sorted by decreasing p (ties: lower id first).
- * A bounded min-heap: O(n log k). Returns the count written to out. */
-static int heap_less(const float *p, int a, int b)
-{
-    return p[a] < p[b] || (p[a] == p[b] && a > b);
-}
-
-static void sift_down(const float *p, int *h, size_t n, size_t i)
-{
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && heap_less(p, h[l], h[m])) m = l;
-        if (r < n && heap_less(p, h[r], h[m])) m = r;
-        if (m == i) return;
-        int t = h[i]; h[i] = h[m]; h[m] = t;
-        i = m;
-    }
+    return proto_logprob(lp);
 }
 
 size_t api_top_k(const float *p, size_t n, size_t k, int *out)
 {
-    if (k > n) k = n;
-    if (k == 0) return 0;
-    for (size_t i = 0; i < k; i++) out[i] = (int)i;
-    for (size_t i = k / 2; i-- > 0;) sift_down(p, out, k, i);
-    for (size_t i = k; i < n; i++)
-        if (heap_less(p, out[0], (int)i)) {
-            out[0] = (int)i;
-            sift_down(p, out, k, 0);
-        }
-    /* Heap sort: repeatedly move the minimum to the end -> descending. */
-    for (size_t m = k; m > 1; m--) {
-        int t = out[0]; out[0] = out[m - 1]; out[m - 1] = t;
-        sift_down(p, out, m - 1, 0);
-    }
-    return k;
+    return dist_top_k(p, n, k, out);
 }
 
 const char *api_model_name(nc_server *srv)
@@ -228,46 +189,6 @@ const char *api_model_name(nc_server *srv)
     snprintf(name, sizeof name, "%.*s", (int)(n - (size_t)(b - d)), b);
     return name;
 }
-
-int sb_add(strbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return -1;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *ns = realloc(b->s, cap);
-        if (!ns) {
-            free(b->s);
-            b->s = NULL;
-            b->len = b->cap = 0;
-            b->oom = true;
-            return -1;
-        }
-        b->s = ns;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = 0;
-    return 0;
-}
-
-/* Appends one word as detokenised text; returns the offset it starts at. */
-size_t sb_add_word(strbuf *b, const char *word, bool is_eos)
-{
-    if (is_eos) {
-        size_t off = b->len;
-        sb_add(b, "\n", 1);
-        return off;
-    }
-    if (b->len > 0 && b->s[b->len - 1] != '\n' && b->s[b->len - 1] != ' ')
-        sb_add(b, " ", 1);
-    size_t off = b->len;
-    sb_add(b, word, strlen(word));
-    return off;
-}
-
 
 int api_stream_token_id(nc_stream *st, const nc_model *m, const nc_tokens *t, size_t i)
 {

@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "http.h"
+#include "strbuf.h"
 #include "sessions.h"
 
 /* The session a request names (req->params[0]), held (release with
@@ -84,13 +85,10 @@ void api_token_info(json_t *o, const nc_model *m, const nc_tokens *t, const char
  * reference. */
 json_t *api_text_conventions(const nc_model *m);
 
-/* A log-probability as JSON: NaN (no prediction) is null, -inf is a large
- * negative number (JSON has no infinity). New reference. */
+/* proto_logprob (proto.h), as the handlers name it. New reference. */
 json_t *api_logprob(double lp);
 
-/* Indices of the k largest p[0..n), sorted by decreasing p (ties: lower id
- * first), into out[k]. A bounded min-heap: O(n log k). Returns the count
- * written (min(k, n)). */
+/* dist_top_k (dist.h), as the handlers name it. */
 size_t api_top_k(const float *p, size_t n, size_t k, int *out);
 
 /* The id token i of t has in st's distributions: its vocabulary id, or,
@@ -106,20 +104,5 @@ int api_stream_feed_one(nc_stream *st, const nc_tokens *t, size_t i, double *lp,
 /* The model's name: the last component of its directory (thread-local
  * buffer, valid until the thread's next call). */
 const char *api_model_name(nc_server *srv);
-
-/* Text of words: words separated by spaces, eos as a newline (design §3's
- * eos_token ends a line). A growable buffer, always NUL-terminated once
- * anything was added; s == NULL after an allocation failure (oom set). */
-typedef struct {
-    char *s;
-    size_t len, cap;
-    bool oom;
-} strbuf;
-
-int sb_add(strbuf *b, const char *s, size_t n);
-/* Appends one word as detokenised text (a space before it unless at the
- * start or after white space; eos_token as "\n"); returns the offset the
- * word (or the newline) starts at. */
-size_t sb_add_word(strbuf *b, const char *word, bool is_eos);
 
 #endif

@@ -477,9 +477,8 @@ static void prune_sessions(nc_server *srv, auth_key *k)
 {
     int j = 0;
     for (int i = 0; i < k->nsess; i++) {
-        nc_session *s = srv->sessions ? sessions_acquire(srv->sessions, k->sess[i]) : NULL;
-        if (s) {
-            sessions_release(srv->sessions, s);
+        char ns[SESSION_ID_MAX];
+        if (srv->session_namespace(srv, k->sess[i], ns, sizeof ns)) {
             if (j != i) memcpy(k->sess[j], k->sess[i], sizeof k->sess[0]);
             j++;
         }
@@ -540,10 +539,7 @@ static int request_namespace(nc_server *srv, const auth_request *ar, const auth_
         snprintf(ns, nslen, "%s", ar->param);
         *has_ns = true;
     } else if (!strncmp(pat, "/v1/sessions/{", 14)) {
-        nc_session *s = srv->sessions ? sessions_acquire(srv->sessions, ar->param) : NULL;
-        if (s) {
-            snprintf(ns, nslen, "%s", s->ns);
-            sessions_release(srv->sessions, s);
+        if (srv->session_namespace(srv, ar->param, ns, nslen)) {
             if (!auth_key_allows(k, 0, ns))
                 /* Indistinguishable from a session that does not exist. */
                 return refuse(why, API_SESSION_NOT_FOUND, "no session '%s' (unknown, deleted or expired)",

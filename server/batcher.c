@@ -217,6 +217,7 @@ static void *batch_thread(void *arg)
 
 batcher *batcher_new(const nc_model *m, int threads, int max_batch)
 {
+    NC_ASSERT(m, "batcher_new: no m");
     if (threads < 1 || max_batch < 1)
         return NULL;
     batcher *b = calloc(1, sizeof *b);
@@ -255,6 +256,7 @@ batcher *batcher_new(const nc_model *m, int threads, int max_batch)
 
 void batcher_submit(batcher *b, batch_job *j)
 {
+    NC_ASSERT(b, "batcher_submit: no b");
     j->next = NULL;
     pthread_mutex_lock(&b->lock);
     if (b->stop) {
@@ -275,6 +277,7 @@ void batcher_submit(batcher *b, batch_job *j)
 
 void batch_job_run_alone(batch_job *j)
 {
+    NC_ASSERT(j, "batch_job_run_alone: no j");
     pthread_mutex_lock(&j->s->lock);
     if (job_prepared(j))
         j->run(j, NULL);

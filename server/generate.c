@@ -43,10 +43,10 @@ void gen_free(gen_state *g)
 json_t *gen_top_json(nc_stream *st, const nc_dist *d, int n, int *idx)
 {
     json_t *o = json_object();
-    size_t k = api_top_k(d->p, d->n, (size_t)n, idx);
+    size_t k = dist_top_k(d->p, d->n, (size_t)n, idx);
     for (size_t i = 0; o && i < k; i++) {
         const char *w = stream_word(st, idx[i]);
-        json_object_set_new(o, w ? w : "", api_logprob(log((double)d->p[idx[i]])));
+        json_object_set_new(o, w ? w : "", proto_logprob(log((double)d->p[idx[i]])));
     }
     return o;
 }
@@ -66,7 +66,7 @@ static int choose(const nc_dist *d, double temperature, double top_p, nc_rng *rn
     }
     size_t k = n;
     if (top_p < 1.0) {
-        k = api_top_k(d->p, n, n, order);
+        k = dist_top_k(d->p, n, n, order);
         double cum = 0;
         size_t m = 0;
         while (m < k && cum < top_p) cum += d->p[order[m++]];

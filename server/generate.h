@@ -10,8 +10,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "apiutil.h"
 #include "mixture.h"
+#include "proto.h"
+#include "strbuf.h"
 #include "rng.h"
 #include "stream.h"
 #include "workguard.h"

@@ -250,7 +250,7 @@ static wp_result run_heavy(nc_server *srv, http_request *req, const http_route *
                            bool admitted)
 {
     heavy_call c = {srv, req, rt, resp};
-    wp_result r = workpool_run(srv->pool, &req->guard, req->fd, admitted, heavy_fn, &c);
+    wp_result r = (wp_result)srv->run_heavy(srv, &req->guard, req->fd, admitted, heavy_fn, &c);
     if (!resp)
         return r;
     switch (r) {

@@ -61,7 +61,7 @@ static int write_port_file(const char *path, int port, char *err, size_t errlen)
  * main blocks SIGTERM/SIGINT: a signal the kernel hands to one of them took
  * the default action and killed the daemon with no drain and no snapshot
  * (whenever the main thread was not inside sigtimedwait; found by
- * test_fault). A handler makes that delivery harmless; the main loop picks
+ * test_fault_injection). A handler makes that delivery harmless; the main loop picks
  * the signal up from got_signal within its one-second tick. */
 static volatile sig_atomic_t got_signal, signal_count, memory_report_count;
 
@@ -184,6 +184,23 @@ static int cores(void)
 
 /* The workers, then the listening socket: /health answers (and /ready says
  * 503) while the model loads. */
+/* The net tier's ways into the domain (server.h run_heavy,
+ * session_namespace), wired here, the one place that knows both. */
+static int run_heavy(nc_server *srv, workguard *g, int fd, bool admitted, void (*fn)(void *), void *arg)
+{
+    return (int)workpool_run(srv->pool, g, fd, admitted, fn, arg);
+}
+
+static bool session_namespace(nc_server *srv, const char *id, char *ns, size_t nslen)
+{
+    nc_session *s = srv->sessions ? sessions_acquire(srv->sessions, id) : NULL;
+    if (!s)
+        return false;
+    snprintf(ns, nslen, "%s", s->ns);
+    sessions_release(srv->sessions, s);
+    return true;
+}
+
 static int start_listening(nc_server *srv, char *err, size_t errlen)
 {
     /* Each request thread runs its own BLAS calls: one BLAS thread per
@@ -195,6 +212,8 @@ static int start_listening(nc_server *srv, char *err, size_t errlen)
     srv->pool = workpool_new(srv->cfg.threads, srv->cfg.max_queued, srv->cfg.worker_nice);
     if (!srv->pool)
         return startup_failed("cannot start the worker threads", NULL);
+    srv->run_heavy = run_heavy;
+    srv->session_namespace = session_namespace;
     int n;
     const http_route *routes = routes_table(&n);
     if (http_start(srv, routes, n, err, errlen) != 0)

@@ -191,7 +191,7 @@ ns_handle *namespaces_create(nc_server *srv, ns_create *c, char *err, size_t err
             if (*rc != NC_OK && fresh && c->compact)
                 /* what a failed compact creation made must not come back at
                  * the next start-up as an empty namespace with keys (one with
-                 * keys stays as it always did: test_fault's walks) */
+                 * keys stays as it always did: test_fault_injection's walks) */
                 nsstore_remove_dir(r->dir, NULL, 0);
             if (*rc != NC_OK) {
                 snprintf(err, errlen, "namespace '%s': %s", name, e2);

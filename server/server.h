@@ -6,6 +6,7 @@
 
 #include "config.h"
 #include "sessions.h"
+#include "workguard.h"
 
 struct nc_nsstore;
 
@@ -38,6 +39,14 @@ typedef struct nc_server {
      * returns the deletion's tombstone (replication's; 0 = none). */
     uint64_t (*namespace_deleted)(void *ctx, const char *name);
     void *namespace_opened_ctx;
+    /* The net tier's ways into the domain (design §1: net never names the
+     * domain's modules; main.c wires these before http_start). run_heavy
+     * runs fn(arg) for a heavy request on the worker pool (workpool_run's
+     * contract, its wp_result as an int); session_namespace copies the
+     * namespace of session id into ns ("" for none) and says whether the
+     * session exists (auth's checks). */
+    int (*run_heavy)(struct nc_server *srv, workguard *g, int fd, bool admitted, void (*fn)(void *), void *arg);
+    bool (*session_namespace)(struct nc_server *srv, const char *id, char *ns, size_t nslen);
 } nc_server;
 
 #endif

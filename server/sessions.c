@@ -10,6 +10,8 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "components.h"
+
 struct sessions {
     pthread_mutex_t lock;
     nc_session *by_id;            /* uthash head */
@@ -88,13 +90,10 @@ void sessions_free(sessions *t)
 
 size_t sessions_estimate(const nc_model *m, const nc_cache_params *p)
 {
+    NC_ASSERT(m, "sessions_estimate: no m");
     size_t H = (size_t)m->cfg.hidden_size, L = (size_t)m->cfg.num_layers;
     size_t bytes = 4096 + 2 * L * H * sizeof(float) * 2;     /* state + work */
-    if (p->neural_size > 0)
-        bytes += (size_t)p->neural_size * (H * (p->neural_f16 ? 2 : 4) + 2 * sizeof(int));
-    if (p->unigram_size > 0)
-        bytes += (size_t)p->unigram_size * 3 * sizeof(int);
-    return bytes;
+    return bytes + components_state_bytes(p, (int)H);   /* the rows' windows */
 }
 
 /* Unguessable id: 128 bits from getrandom, hex; the replica tag, when set,
@@ -125,6 +124,7 @@ sessions_rc sessions_create(sessions *t, const nc_session_spec *sp, nc_session *
 
 int sessions_bind(sessions *t, const char *ns, nc_unbounded_cache **ub, void **ref, char *err, size_t errlen)
 {
+    NC_ASSERT(t, "sessions_bind: no t");
     *ub = NULL;
     *ref = NULL;
     return t->bind ? t->bind(t->bind_ctx, ns, ub, ref, err, errlen) : 0;
@@ -132,6 +132,7 @@ int sessions_bind(sessions *t, const char *ns, nc_unbounded_cache **ub, void **r
 
 void sessions_unbind(sessions *t, void *ref)
 {
+    NC_ASSERT(t, "sessions_unbind: no t");
     if (ref && t->unbind)
         t->unbind(t->bind_ctx, ref);
 }
@@ -184,7 +185,7 @@ static sessions_rc session_fill(sessions *t, nc_session *s, const nc_session_spe
         nc_unbounded_cache *ub = NULL;
         /* Names were validated by proto: a binder failure is the
          * server's (opening the namespace's log or snapshot: I/O), a
-         * 5xx, not the client's 400 (found by test_fault's fsync walk). */
+         * 5xx, not the client's 400 (found by test_fault_injection's fsync walk). */
         int brc = t->bind ? t->bind(t->bind_ctx, sp->ns, &ub, &s->ns_ref, err, errlen) : 0;
         if (brc != 0)
             rc = brc == NC_EIO ? SESS_ESTORAGE : brc == NC_ENOSPACE ? SESS_ENOSPACE : SESS_ENOMEM;
@@ -227,6 +228,7 @@ static sessions_rc session_enter(sessions *t, nc_session *s, size_t need, sessio
 
 sessions_rc sessions_adopt(sessions *t, const nc_session_spec *sp, nc_session **out, char *err, size_t errlen)
 {
+    NC_ASSERT(t, "sessions_adopt: no t");
     *out = NULL;
     size_t need = sessions_estimate(t->model, sp->p);
     sessions_rc rc = reserve_slot(t, sp->id, need, err, errlen);
@@ -255,6 +257,7 @@ sessions_rc sessions_adopt(sessions *t, const nc_session_spec *sp, nc_session **
 
 nc_session *sessions_acquire(sessions *t, const char *id)
 {
+    NC_ASSERT(t, "sessions_acquire: no t");
     nc_session *s;
     pthread_mutex_lock(&t->lock);
     HASH_FIND_STR(t->by_id, id, s);
@@ -268,10 +271,12 @@ nc_session *sessions_acquire(sessions *t, const char *id)
 
 void sessions_release(sessions *t, nc_session *s)
 {
+    NC_ASSERT(t, "sessions_release: no t");
     if (!s)
         return;
     int destroy = 0;
     pthread_mutex_lock(&t->lock);
+    NC_ASSERT(s->refs > 0, "sessions_release: session %s released more often than acquired", s->id);
     s->refs--;
     s->last_used = sessions_now();
     if (s->removed && s->refs == 0)
@@ -322,6 +327,7 @@ sessions_rc sessions_hand_over(sessions *t, const char *id)
 
 int sessions_evict_idle(sessions *t)
 {
+    NC_ASSERT(t, "sessions_evict_idle: no t");
     double now = sessions_now();
     nc_session *s, *tmp, *dead = NULL;
     int n = 0;
@@ -345,6 +351,7 @@ int sessions_evict_idle(sessions *t)
 
 void sessions_stats(sessions *t, long *count, size_t *bytes)
 {
+    NC_ASSERT(t, "sessions_stats: no t");
     pthread_mutex_lock(&t->lock);
     if (count) *count = t->count;
     if (bytes) *bytes = t->used;
@@ -353,6 +360,7 @@ void sessions_stats(sessions *t, long *count, size_t *bytes)
 
 bool sessions_removed(sessions *t, nc_session *s)
 {
+    NC_ASSERT(t, "sessions_removed: no t");
     pthread_mutex_lock(&t->lock);
     bool r = s->removed;
     pthread_mutex_unlock(&t->lock);
@@ -361,6 +369,7 @@ bool sessions_removed(sessions *t, nc_session *s)
 
 bool sessions_moved(sessions *t, nc_session *s)
 {
+    NC_ASSERT(t, "sessions_moved: no t");
     pthread_mutex_lock(&t->lock);
     bool r = s->removed && s->moved;
     pthread_mutex_unlock(&t->lock);
@@ -369,6 +378,7 @@ bool sessions_moved(sessions *t, nc_session *s)
 
 const char *sessions_tag(const sessions *t)
 {
+    NC_ASSERT(t, "sessions_tag: no t");
     return t->tag;
 }
 

@@ -19,6 +19,7 @@ static __thread struct {
 } tl;
 uint32_t nsstore_model_tag(const nc_model *m)
 {
+    NC_ASSERT(m, "nsstore_model_tag: no m");
     uint32_t hdr[3] = {(uint32_t)m->cfg.vocab_size, (uint32_t)m->cfg.hidden_size,
                        (uint32_t)m->cfg.num_layers};
     uLong c = crc32(0L, (const Bytef *)hdr, sizeof hdr);
@@ -117,6 +118,7 @@ out:
 /* meta write lock held */
 int nsstore_doc_push(nc_nsstore *ns, const char *id, size_t len, char *err, size_t errlen)
 {
+    NC_ASSERT(ns, "nsstore_doc_push: no ns");
     if (ns->ndocs == ns->doccap) {
         uint32_t c = ns->doccap ? 2 * ns->doccap : 64;
         char **a = realloc(ns->doc_ids, c * sizeof *a);
@@ -152,6 +154,7 @@ bool nsstore_valid_doc_id(const char *id, size_t len)
 
 int nsstore_check_live(nc_nsstore *ns, char *err, size_t errlen)
 {
+    NC_ASSERT(ns, "nsstore_check_live: no ns");
     if (!__atomic_load_n(&ns->retired, __ATOMIC_ACQUIRE))
         return NC_OK;
     return nc_error(err, errlen, NC_ESTATE, "the namespace was deleted");
@@ -159,11 +162,13 @@ int nsstore_check_live(nc_nsstore *ns, char *err, size_t errlen)
 
 bool nsstore_retired(nc_nsstore *ns)
 {
+    NC_ASSERT(ns, "nsstore_retired: no ns");
     return __atomic_load_n(&ns->retired, __ATOMIC_ACQUIRE);
 }
 
 void nsstore_retire(nc_nsstore *ns)
 {
+    NC_ASSERT(ns, "nsstore_retire: no ns");
     pthread_mutex_lock(&ns->snap_lock);
     __atomic_store_n(&ns->retired, true, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&ns->snap_lock);
@@ -179,6 +184,7 @@ int nsstore_run_live(nc_nsstore *ns, int (*fn)(void *ctx, const char *dir), void
 
 int nsstore_doc_begin(nc_nsstore *ns, const char *id, size_t len, uint32_t *doc, char *err, size_t errlen)
 {
+    NC_ASSERT(ns, "nsstore_doc_begin: no ns");
     char gen[64];
     int live = nsstore_check_live(ns, err, errlen);
     if (live != NC_OK)
@@ -223,6 +229,7 @@ int nsstore_doc_begin(nc_nsstore *ns, const char *id, size_t len, uint32_t *doc,
 
 uint32_t nsstore_doc_count(nc_nsstore *ns)
 {
+    NC_ASSERT(ns, "nsstore_doc_count: no ns");
     pthread_rwlock_rdlock(&ns->meta);
     uint32_t n = ns->ndocs;
     pthread_rwlock_unlock(&ns->meta);
@@ -231,6 +238,7 @@ uint32_t nsstore_doc_count(nc_nsstore *ns)
 
 int nsstore_doc_info(nc_nsstore *ns, uint32_t i, char *id, size_t idlen, uint64_t *pairs)
 {
+    NC_ASSERT(ns, "nsstore_doc_info: no ns");
     int rc = NC_ENOTFOUND;
     pthread_rwlock_rdlock(&ns->meta);
     if (i < ns->ndocs) {
@@ -246,6 +254,7 @@ int nsstore_doc_info(nc_nsstore *ns, uint32_t i, char *id, size_t idlen, uint64_
 
 int nsstore_entry(nc_nsstore *ns, int64_t id, nsstore_provenance *p, char *err, size_t errlen)
 {
+    NC_ASSERT(ns, "nsstore_entry: no ns");
     int rc = NC_OK;
     pthread_rwlock_rdlock(&ns->meta);
     if (id < 0 || (size_t)id >= ns->nprov)
@@ -264,6 +273,7 @@ int nsstore_entry(nc_nsstore *ns, int64_t id, nsstore_provenance *p, char *err, 
 
 void nsstore_snippet(nc_nsstore *ns, int64_t id, int before, int after, char *buf, size_t len)
 {
+    NC_ASSERT(ns, "nsstore_snippet: no ns");
     if (!len)
         return;
     buf[0] = 0;
@@ -462,6 +472,7 @@ int nsstore_add_hook(void *ctx, const float *keys, const int *words, size_t n, i
  * stores (40 bytes a pair for IVF4096,PQ32 against 516 with f16 keys). */
 int nsstore_code_hook(void *ctx, const nc_ub_coded *c, char *err, size_t errlen)
 {
+    NC_ASSERT(c, "nsstore_code_hook: no c");
     nc_nsstore *ns = ctx;
     rec_spec r = {.type = REC_ADD_CODES, .words = c->words, .n = c->n, .first_id = c->first_id,
                   .dim = (uint32_t)c->code_size, .tail = 4 + c->code_size};
@@ -484,12 +495,14 @@ int nsstore_code_hook(void *ctx, const nc_ub_coded *c, char *err, size_t errlen)
 
 size_t nsstore_rec_pair_bytes(const nc_nsstore *ns)
 {
+    NC_ASSERT(ns, "nsstore_rec_pair_bytes: no ns");
     return ns->compact ? 4 + unbounded_cache_code_size(ns->ub, NULL) : 2 * (size_t)ns->H;
 }
 
 int nsstore_rec_head_read(const unsigned char *p, size_t len, uint64_t seq, nsstore_rec_head *h, char *err,
                           size_t errlen)
 {
+    NC_ASSERT(h, "nsstore_rec_head_read: no h");
     const uint32_t want = h->want;
     if (len < REC_HEAD)
         return nc_error(err, errlen, NC_EFORMAT, "log record %llu: short add record", (unsigned long long)seq);
@@ -508,6 +521,7 @@ int nsstore_rec_head_read(const unsigned char *p, size_t len, uint64_t seq, nsst
 
 void nsstore_set_observer(nc_nsstore *ns, nsstore_observer fn, void *ctx)
 {
+    NC_ASSERT(ns, "nsstore_set_observer: no ns");
     /* Set while adds may run: ctx first, then the function, published
      * atomically (the hook reads the function once). */
     __atomic_store_n(&ns->obs_ctx, ctx, __ATOMIC_RELEASE);
@@ -516,6 +530,8 @@ void nsstore_set_observer(nc_nsstore *ns, nsstore_observer fn, void *ctx)
 
 int nsstore_add(nc_nsstore *ns, const nsstore_pairs *pairs, uint64_t *seq, char *err, size_t errlen)
 {
+    NC_ASSERT(pairs, "nsstore_add: no pairs");
+    NC_ASSERT(ns, "nsstore_add: no ns");
     const float *keys = pairs->keys;
     const int *words = pairs->words;
     const size_t n = pairs->n;
@@ -548,6 +564,7 @@ uint64_t nsstore_fingerprint(const nc_nsstore *ns) { return ns->compact ? ns->fi
 
 int nsstore_add_codes(nc_nsstore *ns, const nsstore_codes *a, uint64_t *seq, char *err, size_t errlen)
 {
+    NC_ASSERT(a, "nsstore_add_codes: no a");
     if (seq)
         *seq = 0;
     if (!ns->compact)
@@ -570,6 +587,7 @@ int nsstore_add_codes(nc_nsstore *ns, const nsstore_codes *a, uint64_t *seq, cha
 
 int nsstore_sync(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen)
 {
+    NC_ASSERT(ns, "nsstore_sync: no ns");
     if (seq == 0)
         return NC_OK;
     return wal_sync(ns->wal, seq, err, errlen);
@@ -578,6 +596,7 @@ const char *nsstore_dir(const nc_nsstore *ns) { return ns->dir; }
 
 uint64_t nsstore_last_seq(nc_nsstore *ns)
 {
+    NC_ASSERT(ns, "nsstore_last_seq: no ns");
     nc_wal_stats ws;
     wal_stats(ns->wal, &ws);
     return ws.last_seq;
@@ -585,11 +604,13 @@ uint64_t nsstore_last_seq(nc_nsstore *ns)
 
 uint64_t nsstore_durable_seq(nc_nsstore *ns)
 {
+    NC_ASSERT(ns, "nsstore_durable_seq: no ns");
     return wal_durable_seq(ns->wal);
 }
 
 void nsstore_retain_log(nc_nsstore *ns, uint64_t after)
 {
+    NC_ASSERT(ns, "nsstore_retain_log: no ns");
     __atomic_store_n(&ns->retain, after, __ATOMIC_RELEASE);
 }
 
@@ -617,6 +638,7 @@ static uint64_t dir_bytes(const char *dir)
 }
 void nsstore_free_meta(nc_nsstore *ns)
 {
+    NC_ASSERT(ns, "nsstore_free_meta: no ns");
     free(ns->prov_doc);
     free(ns->prov_off);
     ns->prov_doc = ns->prov_off = NULL;
@@ -648,6 +670,7 @@ void nsstore_close(nc_nsstore *ns)
 
 void nsstore_stats(nc_nsstore *ns, nc_nsstore_stats *st)
 {
+    NC_ASSERT(ns, "nsstore_stats: no ns");
     memset(st, 0, sizeof *st);
     st->entries = unbounded_cache_count(ns->ub);
     st->words = wordtable_size(ns->words) - ns->V;

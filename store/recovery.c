@@ -25,6 +25,7 @@ struct nc_nslog {
 
 int nsstore_log_open(nc_nsstore *ns, uint64_t after, nc_nslog **out, char *err, size_t errlen)
 {
+    NC_ASSERT(ns, "nsstore_log_open: no ns");
     *out = NULL;
     nc_nslog *l = calloc(1, sizeof *l);
     if (!l)
@@ -41,11 +42,13 @@ int nsstore_log_open(nc_nsstore *ns, uint64_t after, nc_nslog **out, char *err, 
 
 uint64_t nsstore_log_oldest(nc_nsstore *ns)
 {
+    NC_ASSERT(ns, "nsstore_log_oldest: no ns");
     return wal_oldest_seq(ns->waldir);
 }
 
 uint64_t nsstore_log_position(const nc_nslog *l)
 {
+    NC_ASSERT(l, "nsstore_log_position: no l");
     return wal_reader_position(l->r);
 }
 
@@ -208,6 +211,7 @@ static int log_decode_add(nc_nslog *l, const nc_wal_record *rec, nc_nslog_add *a
 
 int nsstore_log_next(nc_nslog *l, nc_nslog_add *a, char *err, size_t errlen)
 {
+    NC_ASSERT(l, "nsstore_log_next: no l");
     int live = nsstore_check_live(l->ns, err, errlen);
     if (live != NC_OK)
         return live;   /* its segments' names now belong to a new incarnation */
@@ -461,7 +465,7 @@ static int load_newest_snapshot(nc_nsstore *ns, nc_nsstore_recovery *info, snaps
         if (lrc != NC_EFORMAT && lrc != NC_ENOTFOUND) {
             /* An I/O error or a failed allocation says nothing about the
              * snapshot: refuse without touching the disk, so that the open
-             * succeeds once the fault is gone (found by test_fault: two
+             * succeeds once the fault is gone (found by test_fault_injection: two
              * transient read errors used to set both snapshots aside and
              * leave a namespace the log could no longer rebuild). */
             rc = nc_error(err, errlen, lrc, "%s (nothing was changed on disk)", e2);
@@ -634,6 +638,7 @@ static int storage_commit(nc_nsstore *ns, char *err, size_t errlen)
 int nsstore_open(const nc_nsstore_opts *o, nc_nsstore **out, nc_nsstore_recovery *info, char *err,
                  size_t errlen)
 {
+    NC_ASSERT(o, "nsstore_open: no o");
     nc_nsstore_recovery dummy;
     if (!info)
         info = &dummy;

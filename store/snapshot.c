@@ -38,6 +38,7 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 
 int nsstore_remove_dir(const char *dir, char *err, size_t errlen)
 {
+    NC_ASSERT(dir && dir[0], "nsstore_remove_dir: no directory");
     struct stat st;
     if (stat(dir, &st) != 0)
         return errno == ENOENT ? NC_OK : nc_error(err, errlen, NC_EIO, "%s: %s", dir, strerror(errno));
@@ -172,6 +173,8 @@ static uint64_t values_count(const char *path)
 /* Snapshot dirs "snap-<16 hex>" in descending seq order. */
 int nsstore_snapshot_list(const char *dir, uint64_t **out, int *n, bool cleanup_tmp)
 {
+    NC_ASSERT(dir && out && n, "nsstore_snapshot_list: dir %p, out %p, n %p", (const void *)dir, (void *)out,
+              (void *)n);
     *out = NULL;
     *n = 0;
     DIR *d = opendir(dir);
@@ -217,6 +220,7 @@ int nsstore_snapshot_list(const char *dir, uint64_t **out, int *n, bool cleanup_
 
 void nsstore_snapshot_path(const nc_nsstore *ns, uint64_t seq, const char *suffix, char *buf, size_t len)
 {
+    NC_ASSERT(ns && suffix && buf && len > 0, "nsstore_snapshot_path: no namespace, suffix or buffer");
     snprintf(buf, len, "%s/snap-%016llx%s", ns->dir, (unsigned long long)seq, suffix);
 }
 
@@ -337,6 +341,7 @@ static int write_snapshot(nc_nsstore *ns, uint64_t S, double t0, char *err, size
 
 int nsstore_snapshot(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
 {
+    NC_ASSERT(ns, "nsstore_snapshot: no namespace");
     pthread_mutex_lock(&ns->snap_lock);
     double t0 = nsstore_now();
     uint64_t S;
@@ -355,11 +360,13 @@ int nsstore_snapshot(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
 
 bool nsstore_log_broken(nc_nsstore *ns)
 {
+    NC_ASSERT(ns && ns->wal, "nsstore_log_broken: no namespace log");
     return wal_broken(ns->wal, NULL, NULL);
 }
 
 int nsstore_heal(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
 {
+    NC_ASSERT(ns, "nsstore_heal: no namespace");
     pthread_mutex_lock(&ns->snap_lock);
     double t0 = nsstore_now();
     uint64_t S;
@@ -465,6 +472,7 @@ static int load_keys(nc_nsstore *ns, const char *sdir, uint64_t entries, int64_t
  * long: each file of the snapshot read and checked in turn, one message each */
 int nsstore_snapshot_load(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen)
 {
+    NC_ASSERT(ns, "nsstore_snapshot_load: no namespace (snapshot %llu)", (unsigned long long)seq);
     char sdir[1200], p[1300];
     nsstore_snapshot_path(ns, seq, "", sdir, sizeof sdir);
     uint64_t entries = 0;

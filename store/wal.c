@@ -44,6 +44,7 @@ struct nc_wal {
 
 void wal_segment_name(uint64_t s, char *buf, size_t len)
 {
+    NC_ASSERT(buf && len >= 25, "wal_segment_name: %zu bytes for a 24-character name", len);
     snprintf(buf, len, "wal-%016llx.log", (unsigned long long)s);
 }
 
@@ -117,6 +118,7 @@ static int list_segments(const char *dir, seglist *l, char *err, size_t errlen)
 
 uint64_t wal_oldest_seq(const char *dir)
 {
+    NC_ASSERT(dir, "wal_oldest_seq: no directory");
     seglist l;
     if (list_segments(dir, &l, NULL, 0) != NC_OK) {
         free(l.first);
@@ -311,6 +313,7 @@ static int replay_file(replay_run *r, uint64_t first, bool last, bool *end, char
 
 int wal_replay(const nc_wal_replay_spec *s, nc_wal_replay_info *info, char *err, size_t errlen)
 {
+    NC_ASSERT(s, "wal_replay: no s");
     const char *dir = s->dir;
     const uint64_t after = s->after;
     nc_wal_replay_info dummy;
@@ -421,6 +424,7 @@ static int open_segment(nc_wal *w, uint64_t first, char *err, size_t errlen)
 
 int wal_open(const nc_wal_open_spec *s, nc_wal **out, char *err, size_t errlen)
 {
+    NC_ASSERT(s, "wal_open: no s");
     const char *dir = s->dir;
     const uint64_t next_seq = s->next_seq;
     *out = NULL;
@@ -482,6 +486,7 @@ void wal_close(nc_wal *w)
 
 int wal_append(nc_wal *w, const void *payload, size_t len, uint64_t *seq, char *err, size_t errlen)
 {
+    NC_ASSERT(w && (payload || len == 0), "wal_append: log %p, payload %p of %zu bytes", (void *)w, payload, len);
     if (len > WAL_MAX_RECORD)
         return nc_error(err, errlen, NC_EINVAL, "log record of %zu bytes (limit %u)", len, WAL_MAX_RECORD);
     unsigned char h[REC_HDR];
@@ -519,6 +524,8 @@ int wal_append(nc_wal *w, const void *payload, size_t len, uint64_t *seq, char *
         return nc_error(err, errlen, no_room(e) ? NC_ENOSPACE : NC_EIO, "%s: writing the log: %s", w->dir,
                         w->broken_msg);
     }
+    NC_ASSERT(s == w->last_seq + 1, "wal_append: record %llu after %llu", (unsigned long long)s,
+              (unsigned long long)w->last_seq);
     w->last_seq = s;
     w->bytes += REC_HDR + len;
     pthread_mutex_unlock(&w->lock);
@@ -529,7 +536,10 @@ int wal_append(nc_wal *w, const void *payload, size_t len, uint64_t *seq, char *
 
 int wal_sync(nc_wal *w, uint64_t seq, char *err, size_t errlen)
 {
+    NC_ASSERT(w, "wal_sync: no log");
     pthread_mutex_lock(&w->lock);
+    NC_ASSERT(seq <= w->last_seq || w->broken, "wal_sync: record %llu not appended (last %llu)",
+              (unsigned long long)seq, (unsigned long long)w->last_seq);
     if (w->mode == WAL_SYNC_NONE) {
         pthread_mutex_unlock(&w->lock);
         return NC_OK;
@@ -587,6 +597,7 @@ int wal_sync(nc_wal *w, uint64_t seq, char *err, size_t errlen)
 
 int wal_rotate(nc_wal *w, uint64_t *last_seq, char *err, size_t errlen)
 {
+    NC_ASSERT(w, "wal_rotate: no w");
     pthread_mutex_lock(&w->lock);
     while (w->syncing)
         pthread_cond_wait(&w->cond, &w->lock);
@@ -623,6 +634,7 @@ int wal_rotate(nc_wal *w, uint64_t *last_seq, char *err, size_t errlen)
 
 bool wal_broken(nc_wal *w, uint64_t *last_seq, bool *tail_unknown)
 {
+    NC_ASSERT(w, "wal_broken: no w");
     pthread_mutex_lock(&w->lock);
     bool b = w->broken;
     if (last_seq)
@@ -666,6 +678,7 @@ int wal_restart(nc_wal *w, uint64_t last_seq, char *err, size_t errlen)
 
 int wal_prune(const char *dir, uint64_t upto, char *err, size_t errlen)
 {
+    NC_ASSERT(dir, "wal_prune: no directory");
     seglist l;
     int rc = list_segments(dir, &l, err, errlen);
     if (rc)
@@ -692,6 +705,7 @@ int wal_prune(const char *dir, uint64_t upto, char *err, size_t errlen)
 
 void wal_stats(nc_wal *w, nc_wal_stats *st)
 {
+    NC_ASSERT(w, "wal_stats: no w");
     pthread_mutex_lock(&w->lock);
     st->last_seq = w->last_seq;
     st->synced_seq = w->synced_seq;
@@ -720,6 +734,7 @@ uint64_t wal_disk_bytes(const char *dir)
 
 uint64_t wal_durable_seq(nc_wal *w)
 {
+    NC_ASSERT(w, "wal_durable_seq: no w");
     pthread_mutex_lock(&w->lock);
     uint64_t s = w->mode == WAL_SYNC_NONE ? w->last_seq : w->synced_seq;
     pthread_mutex_unlock(&w->lock);
@@ -854,6 +869,7 @@ static int reader_skip(nc_wal_reader *r, uint64_t want, const char *why, char *e
 
 int wal_reader_next(nc_wal_reader *r, uint64_t upto, nc_wal_record *rec, char *err, size_t errlen)
 {
+    NC_ASSERT(r, "wal_reader_next: no r");
     while (r->pos < upto) {
         uint64_t want = r->pos + 1;
         unsigned char h[REC_HDR];
@@ -901,6 +917,7 @@ int wal_reader_next(nc_wal_reader *r, uint64_t upto, nc_wal_record *rec, char *e
 
 uint64_t wal_reader_position(const nc_wal_reader *r)
 {
+    NC_ASSERT(r, "wal_reader_position: no r");
     return r->pos;
 }
 

@@ -1,5 +1,5 @@
 /* cluster.h -- test helper for the multi-replica suites (test_replicas,
- * test_faults): the shipped HAProxy configuration with a test's loopback
+ * test_replica_faults): the shipped HAProxy configuration with a test's loopback
  * ports, and requests through the balancer. */
 #ifndef NC_TEST_CLUSTER_H
 #define NC_TEST_CLUSTER_H

@@ -6,7 +6,7 @@
  * document (writes 507) and takes writes again seconds after some space is
  * freed; once the file system is grown (resize2fs) a restart finds every
  * acknowledged document and takes new ones. Needs root and loop devices: skipped with the
- * reason otherwise (test_fault and test_wal cover ENOSPC with the fault
+ * reason otherwise (test_fault_injection and test_wal cover ENOSPC with the fault
  * hook and RLIMIT_FSIZE everywhere). */
 #include <errno.h>
 #include <stdio.h>

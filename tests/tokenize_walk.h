@@ -1,5 +1,5 @@
 /* tokenize_walk.h -- tokenize under every allocation fault, for the suites
- * that check it (test_fault on a white-space model, test_normalize on a
+ * that check it (test_fault_injection on a white-space model, test_normalize on a
  * model with PTB text conventions). Header-only like harness.h: its CHECKs
  * count in the including test's tally. The caller opts its thread in to
  * fault counting (nc_fault_thread) as its suite does. */

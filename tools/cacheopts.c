@@ -15,6 +15,7 @@
 #include <cblas.h>
 
 #include "buf.h"
+#include "components.h"
 #include "stream.h"
 #include "suggest.h"
 
@@ -685,10 +686,14 @@ int cacheopts_fill_memory(const nc_model *m, const char *path, nc_wordtable *wor
     return rc;
 }
 
+/* A mixture row past the model's on (component.h on), or what changes the
+ * model's own term: global normalisation (a cache inside it, model_term.c),
+ * the open vocabulary's ids, dynamic evaluation. */
 bool cacheopts_any(const cacheopts *co)
 {
     const nc_cache_params *p = &co->p;
-    return p->neural_size > 0 || p->unigram_size > 0 || p->unbounded || p->open_vocab || p->dyn_lr > 0.0f;
+    return (components_on(p) & ~(1u << NC_COMP_MODEL)) != 0 || p->global_norm || p->open_vocab ||
+           p->dyn_lr > 0.0f;
 }
 
 int co_score_stream(const co_text *x, const nc_cache_params *p, nc_unbounded_cache *ub, double *lp, char *err,

@@ -30,13 +30,16 @@ static double frand(void)
 
 TEST(table_has_the_probe)
 {
-    CHECK(NC_NCOMP == 6);
+    /* the last row (another test component may come before it: the
+     * probe tree builds them all) */
+    CHECK(NC_NCOMP >= 6);
     CHECK(!strcmp(nc_comp_names[NC_COMP_PROBE], "probe") && NC_COMP_PROBE == NC_NCOMP - 1);
-    CHECK(NC_GATE_NPRE == 9 && NC_GATE_NFEAT == 16);
+    CHECK(NC_GATE_NPRE >= 9 && NC_GATE_NFEAT == NC_GATE_NPRE + 7);
     /* its feature after the other rows' pre-search ones, before the
      * unbounded cache's post-search ones */
-    CHECK(components_feature_name(8) && !strcmp(components_feature_name(8), "probe_twice_log_max"));
-    CHECK(components_feature_name(9) && !strcmp(components_feature_name(9), "ub_nearest_d2"));
+    const char *mine = components_feature_name(NC_GATE_NPRE - 1), *next = components_feature_name(NC_GATE_NPRE);
+    CHECK(mine && !strcmp(mine, "probe_twice_log_max"));
+    CHECK(next && !strcmp(next, "ub_nearest_d2"));
     CHECK(cache_knob_find("probe_mu") != NULL);
     nc_cache_params p;
     cache_params_default(&p);

@@ -1,4 +1,4 @@
-/* test_faults.c -- a fault schedule for replicas, in the spirit of Jepsen
+/* test_replica_faults.c -- a fault schedule for replicas, in the spirit of Jepsen
  * and etcd's robustness tests. Three neurocached replicas share their
  * namespaces through a real Redis, behind a real HAProxy (the shipped
  * deploy/haproxy/haproxy.cfg), all on loopback. Each replica reaches Redis
@@ -1067,7 +1067,7 @@ TEST(fault_schedule)
 int main(void)
 {
     if (find_bins()) {
-        printf("SKIP test_faults: haproxy and redis-server are needed (`make deps` installs Debian's)\n");
+        printf("SKIP test_replica_faults: haproxy and redis-server are needed (`make deps` installs Debian's)\n");
         printf("0 passed, 0 failed\n");
         return 0;
     }
