@@ -260,7 +260,7 @@ soak: deps-test all $(BUILD)/tests/soak
 	    --clients $(SOAK_CLIENTS) --model $(SOAK_MODEL) $(SOAK_ARGS)
 
 # Endurance (not in `make test`; docs/operations.md#endurance): the fault
-# schedule of tests/test_faults.c (three replicas, Redis, HAProxy) for
+# schedule of tests/test_replica_faults.c (three replicas, Redis, HAProxy) for
 # ENDURANCE_SECONDS, with backups restored into a spare daemon and compared
 # and a full disk among its faults, and tests/soak.c's traffic on the
 # replica that is never killed (its RSS the measure); fails on any
@@ -270,10 +270,10 @@ ENDURANCE_SECONDS ?= 600
 ENDURANCE_ROUND_MS ?= 4000
 ENDURANCE_CLIENTS ?= 4
 ENDURANCE_SEED ?= 188
-endurance: deps-test all $(BUILD)/tests/test_faults $(BUILD)/tests/soak
+endurance: deps-test all $(BUILD)/tests/test_replica_faults $(BUILD)/tests/soak
 	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) NEUROCACHE_ENDURANCE_SECONDS=$(ENDURANCE_SECONDS) \
 	    NEUROCACHE_FAULT_ROUND_MS=$(ENDURANCE_ROUND_MS) NEUROCACHE_FAULT_SEEDS=$(ENDURANCE_SEED) \
-	    NEUROCACHE_ENDURANCE_CLIENTS=$(ENDURANCE_CLIENTS) $(BUILD)/tests/test_faults
+	    NEUROCACHE_ENDURANCE_CLIENTS=$(ENDURANCE_CLIENTS) $(BUILD)/tests/test_replica_faults
 
 # In the foreground on the shipped model, human-readable logs. As root (a
 # container, a fresh VM) the daemon would refuse to start: say it is meant.
