@@ -266,6 +266,7 @@ static int cache_create(const nc_unbounded_cache_opts *o, nc_wordtable *words, n
 int unbounded_cache_new(const nc_unbounded_cache_opts *o, nc_wordtable *words, nc_unbounded_cache **out, char *err,
                 size_t errlen)
 {
+    NC_ASSERT(o && out && o->dim > 0, "unbounded_cache_new: options and out required, dim %d", o ? o->dim : 0);
     nc_unbounded_cache *u;
     int rc = cache_create(o, words, &u, err, errlen);
     if (rc)
@@ -486,6 +487,7 @@ static int train_one(nc_unbounded_cache *u, int64_t T, char *err, size_t errlen)
 
 int unbounded_cache_switch(nc_unbounded_cache *u, char *err, size_t errlen)
 {
+    NC_ASSERT(u, "unbounded_cache_switch: no cache");
     omp_limit(u);
     if (u->o.own_training) {
         /* a training of every pair stored, in this thread, once no other runs */
@@ -1003,6 +1005,7 @@ static int train_check_and_unlock(nc_unbounded_cache *u, char *err, size_t errle
 
 int unbounded_cache_train_kick(nc_unbounded_cache *u, char *err, size_t errlen)
 {
+    NC_ASSERT(u, "unbounded_cache_train_kick: no cache");
     pthread_rwlock_wrlock(&u->lock);
     return train_check_and_unlock(u, err, errlen);
 }
@@ -1017,6 +1020,7 @@ static void train_stop_join(nc_unbounded_cache *u)
 
 void unbounded_cache_train_wait(nc_unbounded_cache *u)
 {
+    NC_ASSERT(u, "unbounded_cache_train_wait: no cache");
     for (;;) {
         pthread_rwlock_rdlock(&u->lock);
         bool running = u->tr.running;
@@ -1030,6 +1034,7 @@ void unbounded_cache_train_wait(nc_unbounded_cache *u)
 
 void unbounded_cache_train_stats(nc_unbounded_cache *u, nc_ub_train_stats *st)
 {
+    NC_ASSERT(u && st, "unbounded_cache_train_stats: cache and out required");
     pthread_rwlock_rdlock(&u->lock);
     *st = (nc_ub_train_stats){.own = u->o.own_training, .keys = u->keys_ok, .nprobe = u->nprobe,
                               .recall = u->tr.recall, .recall_target = u->o.recall_target,
@@ -1098,6 +1103,7 @@ static void coarse_search(nc_unbounded_cache *u, const float *x, size_t n, int n
 
 void unbounded_cache_coarse(nc_unbounded_cache *u, const float *x, size_t n, int nprobe, nc_ub_coarse *c)
 {
+    NC_ASSERT(u && c && (x || n == 0), "unbounded_cache_coarse: cache, queries and out required");
     omp_limit(u);
     pthread_rwlock_rdlock(&u->lock);
     coarse_search(u, x, n, nprobe, c);
@@ -1216,6 +1222,7 @@ static int add_compact(nc_unbounded_cache *u, const nc_ub_add *a, const float *k
 
 int unbounded_cache_add_codes(nc_unbounded_cache *u, const nc_ub_coded *c, char *err, size_t errlen)
 {
+    NC_ASSERT(u && c && (c->n == 0 || (c->lists && c->codes && c->words)), "unbounded_cache_add_codes: %zu codes without their lists, bytes or words", c ? (size_t)c->n : 0);
     pthread_rwlock_wrlock(&u->lock);
     int rc = grow_values(u, c->n, err, errlen);
     if (!rc && c->n)
@@ -1258,6 +1265,7 @@ uint64_t unbounded_cache_fingerprint(nc_unbounded_cache *u)
 int unbounded_cache_add_block(nc_unbounded_cache *u, const nc_ub_add *a, int64_t *first_id, char *err,
                               size_t errlen)
 {
+    NC_ASSERT(u && a && (a->n == 0 || (a->keys && a->words)), "unbounded_cache_add_block: %zu pairs without keys or words", a ? a->n : 0);
     int rc = NC_OK;
     const size_t n = a->n;
     omp_limit(u);
@@ -1328,6 +1336,7 @@ void unbounded_cache_set_search_hook(nc_unbounded_cache *u, unbounded_cache_sear
 
 int unbounded_cache_word_at(nc_unbounded_cache *u, int64_t id)
 {
+    NC_ASSERT(u, "unbounded_cache_word_at: no cache (id %lld)", (long long)id);
     pthread_rwlock_rdlock(&u->lock);
     int w = id >= 0 && (size_t)id < u->nvalues ? u->values[id] : -1;
     pthread_rwlock_unlock(&u->lock);
@@ -1420,6 +1429,8 @@ static void gather_neighbours(const nc_unbounded_cache *u, const nc_ub_query *qr
 
 int unbounded_cache_query(nc_unbounded_cache *u, const nc_ub_query *qr, char *err, size_t errlen)
 {
+    NC_ASSERT(u && qr && qr->k > 0 && (qr->nq == 0 || qr->queries) && qr->out_d2 && qr->out_words,
+              "unbounded_cache_query: k %d, %zu queries, outputs required", qr ? qr->k : 0, qr ? qr->nq : 0);
     const float *queries = qr->queries;
     const size_t nq = qr->nq;
     const int k = qr->k, nprobe = qr->nprobe, extra = qr->extra, reader = qr->reader;
@@ -1521,6 +1532,7 @@ void unbounded_cache_version(nc_unbounded_cache *u, int64_t *count, uint64_t *ge
 
 int64_t unbounded_cache_count(nc_unbounded_cache *u)
 {
+    NC_ASSERT(u, "unbounded_cache_count: no cache");
     pthread_rwlock_rdlock(&u->lock);
     int64_t n = (int64_t)u->nvalues;
     pthread_rwlock_unlock(&u->lock);
@@ -1547,6 +1559,7 @@ nc_wordtable *unbounded_cache_words(nc_unbounded_cache *u)
 
 size_t unbounded_cache_memory(nc_unbounded_cache *u)
 {
+    NC_ASSERT(u, "unbounded_cache_memory: no cache");
     pthread_rwlock_rdlock(&u->lock);
     /* per pair: its key (flat: dim floats; IVFPQ: its code and its int64
      * id in the inverted list) and its word id; plus what the trained index
@@ -1646,6 +1659,7 @@ static int read_train(nc_unbounded_cache *u, const char *path, char *err, size_t
 
 int unbounded_cache_save(nc_unbounded_cache *u, const char *dir, char *err, size_t errlen)
 {
+    NC_ASSERT(u && dir, "unbounded_cache_save: cache and directory required");
     char p1[1200], p2[1200];
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return nc_error(err, errlen, NC_EIO, "%s: %s", dir, strerror(errno));
@@ -1713,6 +1727,7 @@ static int pwrite_all(int fd, const void *buf, size_t n, off_t off)
 
 int unbounded_cache_keys_sync(nc_unbounded_cache *u, const char *path, int64_t *count, char *err, size_t errlen)
 {
+    NC_ASSERT(u && path && count, "unbounded_cache_keys_sync: cache, path and out required");
     const size_t row = (size_t)u->o.dim * sizeof(uint16_t);
     *count = 0;
     pthread_rwlock_rdlock(&u->lock);
@@ -1750,6 +1765,7 @@ int unbounded_cache_keys_sync(nc_unbounded_cache *u, const char *path, int64_t *
 
 int unbounded_cache_keys_read(nc_unbounded_cache *u, const char *path, int64_t n, char *err, size_t errlen)
 {
+    NC_ASSERT(u && path && n >= 0, "unbounded_cache_keys_read: %lld keys", (long long)n);
     const size_t row = (size_t)u->o.dim * sizeof(uint16_t);
     if (!u->o.own_training)
         return NC_OK;
