@@ -1429,8 +1429,7 @@ static void gather_neighbours(const nc_unbounded_cache *u, const nc_ub_query *qr
 
 int unbounded_cache_query(nc_unbounded_cache *u, const nc_ub_query *qr, char *err, size_t errlen)
 {
-    NC_ASSERT(u && qr && qr->k > 0 && (qr->nq == 0 || qr->queries) && qr->out_d2 && qr->out_words,
-              "unbounded_cache_query: k %d, %zu queries, outputs required", qr ? qr->k : 0, qr ? qr->nq : 0);
+    NC_ASSERT(u && qr && qr->k > 0 && (qr->nq == 0 || qr->queries), "unbounded_cache_query: k %d", qr ? qr->k : 0);
     const float *queries = qr->queries;
     const size_t nq = qr->nq;
     const int k = qr->k, nprobe = qr->nprobe, extra = qr->extra, reader = qr->reader;

@@ -396,6 +396,12 @@ static int restore_ns(const char *from, const char *data_dir, json_t *ns, char *
         if (rc)
             break;
     }
+    /* the mark of a store with the index's own training (nsstore.h) */
+    char mark[4096], to[4096];
+    snprintf(mark, sizeof mark, "%.1000s/namespaces/%.1000s/" NSSTORE_TRAINING_MARK, from, name);
+    snprintf(to, sizeof to, "%.1000s/" NSSTORE_TRAINING_MARK, dst);
+    if (!rc && access(mark, F_OK) == 0 && access(dst, F_OK) == 0 && mkdir(to, 0755) != 0 && errno != EEXIST)
+        rc = nc_error(err, errlen, NC_EIO, "%s: %s", to, strerror(errno));
     return rc;
 }
 

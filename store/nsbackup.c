@@ -319,10 +319,13 @@ static int copy_keys(const char *src, const char *dst, bool snap, nc_backup_ns *
         if (rc)
             return rc;
     }
-    /* and the mark of a store with the index's own training (recovery.c) */
-    snprintf(from, sizeof from, "%.1000s/" TRAINING_FILE, src);
-    snprintf(to, sizeof to, "%.1000s/" TRAINING_FILE, dst);
-    return access(from, F_OK) != 0 ? NC_OK : copy_listed(from, to, TRAINING_FILE, b, err, errlen);
+    /* and the mark of a store with the index's own training (nsstore.h):
+     * an empty directory, not a listed file; restore makes it again */
+    snprintf(from, sizeof from, "%.1000s/" NSSTORE_TRAINING_MARK, src);
+    snprintf(to, sizeof to, "%.1000s/" NSSTORE_TRAINING_MARK, dst);
+    if (access(from, F_OK) == 0 && mkdir(to, 0755) != 0 && errno != EEXIST)
+        return nc_error(err, errlen, NC_EIO, "%s: %s", to, strerror(errno));
+    return NC_OK;
 }
 
 /* The copy itself: dst made, storage, snapshot snap (0 = none), its keys, log. */

@@ -57,6 +57,14 @@ typedef struct nc_nsstore nc_nsstore;
  * recovery naming both versions, never set aside as corrupt. */
 #define NSSTORE_SNAPSHOT_VERSION 2
 
+/* An empty directory in the directory of a store created with the index's
+ * own training, made before its log directory (a plain mkdir, as the log's:
+ * durable with it, and no write for the fault layer to count). A store
+ * with a log and without it was created by an earlier build and keeps the
+ * lifecycle it had: the model's index at the switch, no training of its own
+ * (docs/operations.md, upgrades). A backup keeps it. */
+#define NSSTORE_TRAINING_MARK "training"
+
 typedef struct {
     const char *dir;              /* namespace directory (created if absent) */
     const nc_model *model;        /* borrowed: vocabulary, hidden size */

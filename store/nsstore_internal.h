@@ -18,11 +18,6 @@
 #define KEY_F16 1
 #define REC_HEAD 36               /* an add record's fixed part, before its words */
 #define KEYS_FILE "keys.f16"      /* in the store's directory: every pair's f16 key, appended by snapshots (the index's own training) */
-/* "own\n" in the directory of a store created with the index's own training
- * (written before its log); a store with a log and without it was created by
- * an earlier build and keeps the lifecycle it had: the model's index at the
- * switch, no training of its own (docs/operations.md, upgrades) */
-#define TRAINING_FILE "training"
 #define STORAGE_FILE "storage"    /* "compact <fingerprint, 16 hex>\n" in a compact store's directory */
 #define DOC_ID_MAX NSSTORE_DOC_ID_MAX
 

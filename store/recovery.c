@@ -542,17 +542,17 @@ static int replay_log(nc_nsstore *ns, nc_nsstore_recovery *info, const snapshot_
 }
 
 /* Part of step 0: whether the store runs the index's own training. A store
- * with a log and no TRAINING_FILE was written by a build before it: its
- * answers stay what they were (the model's index at the switch it may have
- * crossed), so it keeps that lifecycle (own_training off). A new store asked
- * for it writes the file in storage_commit, before its first log record. */
+ * with a log and no NSSTORE_TRAINING_MARK was written by a build before it:
+ * its answers stay what they were (the model's index at the switch it may
+ * have crossed), so it keeps that lifecycle (own_training off). A new store
+ * asked for it makes the mark in storage_commit, before its log. */
 static int training_read(nc_nsstore *ns, char *err, size_t errlen)
 {
     if (!ns->ubo.own_training || ns->compact)
         return NC_OK;
     char path[1200];
     struct stat st;
-    snprintf(path, sizeof path, "%s/" TRAINING_FILE, ns->dir);
+    snprintf(path, sizeof path, "%s/" NSSTORE_TRAINING_MARK, ns->dir);
     if (stat(path, &st) == 0)
         return NC_OK;
     if (errno != ENOENT)
@@ -608,10 +608,9 @@ static int storage_commit(nc_nsstore *ns, char *err, size_t errlen)
 {
     if (ns->training_new) {
         char path[1200];
-        snprintf(path, sizeof path, "%s/" TRAINING_FILE, ns->dir);
-        int rc = atomicfile_write(path, "own\n", 4, err, errlen);
-        if (rc)
-            return rc;
+        snprintf(path, sizeof path, "%s/" NSSTORE_TRAINING_MARK, ns->dir);
+        if (mkdir(path, 0755) != 0 && errno != EEXIST)
+            return nc_error(err, errlen, NC_EIO, "%s: %s", path, strerror(errno));
         ns->training_new = false;
     }
     if (!ns->compact)
