@@ -468,31 +468,14 @@ static int load_keys(nc_nsstore *ns, const char *sdir, uint64_t entries, int64_t
     return rc;
 }
 
-/* Loads snapshot seq into ns (fresh word table and cache).
- * long: each file of the snapshot read and checked in turn, one message each */
-int nsstore_snapshot_load(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen)
+/* The documents of snapshot dir sdir (docs.bin) pushed into ns. */
+static int load_docs(nc_nsstore *ns, const char *sdir, char *err, size_t errlen)
 {
-    NC_ASSERT(ns, "nsstore_snapshot_load: no namespace (snapshot %llu)", (unsigned long long)seq);
-    char sdir[1200], p[1300];
-    nsstore_snapshot_path(ns, seq, "", sdir, sizeof sdir);
-    uint64_t entries = 0;
-    int64_t keys = -1;
-    int rc = verify_snapshot(sdir, seq, &entries, &keys, err, errlen);
-    if (!rc)
-        rc = wordtable_new(ns->m->vocab, &ns->words, err, errlen);
-    if (!rc)
-        rc = unbounded_cache_load(&ns->ubo, ns->words, sdir, &ns->ub, err, errlen);
-    if (!rc && (uint64_t)unbounded_cache_count(ns->ub) != entries)
-        rc = nc_error(err, errlen, NC_EFORMAT, "%s: %lld pairs, the manifest says %llu", sdir,
-                      (long long)unbounded_cache_count(ns->ub), (unsigned long long)entries);
-    if (!rc)
-        rc = load_keys(ns, sdir, entries, keys, err, errlen);
+    char p[1300];
     unsigned char *b = NULL;
     size_t len = 0;
-    if (!rc) {
-        snprintf(p, sizeof p, "%s/docs.bin", sdir);
-        rc = read_whole(p, &b, &len, err, errlen);
-    }
+    snprintf(p, sizeof p, "%s/docs.bin", sdir);
+    int rc = read_whole(p, &b, &len, err, errlen);
     if (!rc) {
         uint32_t nd = 0;
         if (len < 12 || memcmp(b, DOCS_MAGIC, 8) != 0)
@@ -510,11 +493,18 @@ int nsstore_snapshot_load(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen
         }
     }
     free(b);
-    b = NULL;
-    if (!rc) {
-        snprintf(p, sizeof p, "%s/prov.bin", sdir);
-        rc = read_whole(p, &b, &len, err, errlen);
-    }
+    return rc;
+}
+
+/* The provenance of the snapshot's entries pairs (prov.bin) into ns, each
+ * pair counted in its document (load_docs first). */
+static int load_prov(nc_nsstore *ns, const char *sdir, uint64_t entries, char *err, size_t errlen)
+{
+    char p[1300];
+    unsigned char *b = NULL;
+    size_t len = 0;
+    snprintf(p, sizeof p, "%s/prov.bin", sdir);
+    int rc = read_whole(p, &b, &len, err, errlen);
     if (!rc) {
         uint64_t n = 0;
         if (len < 16 || memcmp(b, PROV_MAGIC, 8) != 0 || (memcpy(&n, b + 8, 8), n != entries) ||
@@ -544,6 +534,31 @@ int nsstore_snapshot_load(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen
         }
     }
     free(b);
+    return rc;
+}
+
+/* Loads snapshot seq into ns (fresh word table and cache). */
+int nsstore_snapshot_load(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen)
+{
+    NC_ASSERT(ns, "nsstore_snapshot_load: no namespace (snapshot %llu)", (unsigned long long)seq);
+    char sdir[1200];
+    nsstore_snapshot_path(ns, seq, "", sdir, sizeof sdir);
+    uint64_t entries = 0;
+    int64_t keys = -1;
+    int rc = verify_snapshot(sdir, seq, &entries, &keys, err, errlen);
+    if (!rc)
+        rc = wordtable_new(ns->m->vocab, &ns->words, err, errlen);
+    if (!rc)
+        rc = unbounded_cache_load(&ns->ubo, ns->words, sdir, &ns->ub, err, errlen);
+    if (!rc && (uint64_t)unbounded_cache_count(ns->ub) != entries)
+        rc = nc_error(err, errlen, NC_EFORMAT, "%s: %lld pairs, the manifest says %llu", sdir,
+                      (long long)unbounded_cache_count(ns->ub), (unsigned long long)entries);
+    if (!rc)
+        rc = load_keys(ns, sdir, entries, keys, err, errlen);
+    if (!rc)
+        rc = load_docs(ns, sdir, err, errlen);
+    if (!rc)
+        rc = load_prov(ns, sdir, entries, err, errlen);
     if (rc) {
         unbounded_cache_free(ns->ub);
         wordtable_free(ns->words);
