@@ -397,11 +397,10 @@ static void *ask_backup(void *arg)
     backup_call *c = arg;
     char body[64];
     snprintf(body, sizeof body, "{\"name\":\"%s\"}", c->name);
-    http_resp r;
+    http_resp r = {0};
     c->status = http_call(c->port, "POST", "/v1/admin/backup", "application/json", body, strlen(body), &r) == 0
                     ? r.status : -1;
-    if (c->status >= 0)
-        http_resp_free(&r);
+    http_resp_free(&r);   /* a failed call (the daemon killed) still owns an empty body */
     return NULL;
 }
 

@@ -180,9 +180,10 @@ static int score_static(const score_args *a, const nc_model *m, const nc_tokens 
         rc = nc_error(err, errlen, NC_ENOMEM, "out of memory for %zu tokens", toks->n);
     if (rc == NC_OK)
         rc = scorer_begin(sc, s, a->bos, toks->ids, toks->n, &r->first, err, errlen);
-    if (rc == NC_OK) {
-        progress_ctx pc = {t0, -1};
+    if (rc == NC_OK)
         r->scored = toks->n - r->first;
+    if (rc == NC_OK && r->scored) {   /* empty text: ids is NULL; print_scores refuses it */
+        progress_ctx pc = {t0, -1};
         rc = scorer_run(sc, s, toks->ids + r->first, r->scored, r->lp, isatty(2) ? progress_bar : NULL, &pc, err,
                         errlen);
         r->dt = co_now() - t0;
