@@ -12,21 +12,35 @@
 #include "components.h"
 #include "suggest.h"
 
-#define KNOB_ROW(name_, alias_, type_, min_, max_, def_, doc_)                                       \
+#define KNOB_ROW(name_, alias_, type_, min_, max_, def_, needs_, doc_)                                     \
     {.name = #name_, .alias = alias_, .type = NC_KNOB_##type_, .offset = offsetof(nc_cache_params, name_), \
-     .min = (min_), .max = (max_), .def = def_, .doc = doc_},
+     .min = (min_), .max = (max_), .def = def_, .doc = doc_, .owner = -1},
+/* the "needs" column by name, resolved into nc_cache_knob.needs at first use */
+#define KNOB_NEEDS(name_, alias_, type_, min_, max_, def_, needs_, doc_) needs_,
 
 #define KNOB_COUNT(...) +1
 enum { NKNOBS = 0 NC_CACHE_KNOBS(KNOB_COUNT) };
 #undef KNOB_COUNT
 
-/* The flags are the names with '-' for '_', written once at first use (the
- * preprocessor cannot spell them): the table is read-only after that. */
+/* The flags are the names with '-' for '_', the needs and the owners
+ * resolved, once at first use (the preprocessor cannot spell a flag, and
+ * the owners are the rows' lists): the table is read-only after that. */
 static nc_cache_knob knob_table[NKNOBS] = {NC_CACHE_KNOBS(KNOB_ROW)};
+static const char *const knob_needs[NKNOBS] = {NC_CACHE_KNOBS(KNOB_NEEDS)};
 static char knob_flags[NKNOBS][32];
-static pthread_once_t knob_flags_once = PTHREAD_ONCE_INIT;
+static pthread_once_t knob_table_once = PTHREAD_ONCE_INIT;
 
-static void knob_flags_init(void)
+static nc_cache_knob *knob_named(const char *name)
+{
+    for (size_t i = 0; i < NKNOBS; i++)
+        if (strcmp(knob_table[i].name, name) == 0)
+            return &knob_table[i];
+    return NULL;
+}
+
+/* A row's knob that is not in the table, a knob two rows claim or a needs
+ * naming no knob are programming errors, caught at the first use. */
+static void knob_table_init(void)
 {
     for (size_t i = 0; i < NKNOBS; i++) {
         size_t j = 0;
@@ -34,12 +48,22 @@ static void knob_flags_init(void)
             knob_flags[i][j] = knob_table[i].name[j] == '_' ? '-' : knob_table[i].name[j];
         knob_flags[i][j] = 0;
         knob_table[i].flag = knob_flags[i];
+        knob_table[i].needs = knob_needs[i] ? knob_named(knob_needs[i]) : NULL;
+        NC_ASSERT(!knob_needs[i] || knob_table[i].needs, "knob %s needs '%s', which is no knob", knob_table[i].name,
+                  knob_needs[i]);
     }
+    for (int c = 0; c < NC_NCOMP; c++)
+        for (int i = 0; nc_component_rows[c]->knobs && nc_component_rows[c]->knobs[i]; i++) {
+            nc_cache_knob *k = knob_named(nc_component_rows[c]->knobs[i]);
+            NC_ASSERT(k && k->owner < 0, "component %s lists knob '%s': %s", nc_comp_names[c],
+                      nc_component_rows[c]->knobs[i], k ? "another row owns it" : "not in the table");
+            k->owner = c;
+        }
 }
 
 const nc_cache_knob *cache_knobs(size_t *n)
 {
-    pthread_once(&knob_flags_once, knob_flags_init);
+    pthread_once(&knob_table_once, knob_table_init);
     if (n)
         *n = NKNOBS;
     return knob_table;
@@ -195,6 +219,120 @@ int cache_params_validate(const nc_cache_params *p, char *err, size_t errlen)
     return components_validate(p, err, errlen);
 }
 
+bool cache_row_remembers(int comp)
+{
+    NC_ASSERT(comp >= 0 && comp < NC_NCOMP, "cache_row_remembers: no row %d", comp);
+    return nc_component_rows[comp]->push != NULL || nc_component_rows[comp]->searched;
+}
+
+/* By the caches' switches, not their rows' `on`: the neural cache under
+ * global normalisation is on, though its row is not (its term is then
+ * inside the model's, model_term.c). */
+unsigned cache_params_caches_on(const nc_cache_params *p)
+{
+    size_t n;
+    const nc_cache_knob *k = cache_knobs(&n);
+    unsigned caches = 0;
+    for (size_t i = 0; i < n; i++)
+        if (k[i].owner >= 0 && !k[i].needs && cache_row_remembers(k[i].owner) && cache_knob_on(p, &k[i]))
+            caches |= 1u << k[i].owner;
+    return caches;
+}
+
+void cache_params_row_off(nc_cache_params *p, int comp)
+{
+    char err[NC_ERRLEN];
+    size_t n;
+    const nc_cache_knob *k = cache_knobs(&n);
+    for (size_t i = 0; i < n; i++)
+        if (k[i].owner == comp && cache_knob_set_text(p, &k[i], k[i].def, err, sizeof err) != NC_OK)
+            abort();   /* a default outside its own range: a programming error */
+}
+
+void cache_params_row_copy(nc_cache_params *dst, const nc_cache_params *src, int comp)
+{
+    char err[NC_ERRLEN];
+    size_t n;
+    const nc_cache_knob *k = cache_knobs(&n);
+    for (size_t i = 0; i < n; i++)
+        if (k[i].owner == comp && cache_knob_set_number(dst, &k[i], cache_knob_get(src, &k[i]), err, sizeof err))
+            abort();   /* src holds a value outside the table's range: validate it first */
+}
+
+void cache_params_caches_off(nc_cache_params *p)
+{
+    for (int c = 0; c < NC_NCOMP; c++)
+        if (cache_row_remembers(c))
+            cache_params_row_off(p, c);
+}
+
+bool cache_knob_on(const nc_cache_params *p, const nc_cache_knob *k)
+{
+    return cache_knob_get(p, k) > 0;
+}
+
+bool cache_knob_in_effect(const nc_cache_params *p, const nc_cache_knob *k)
+{
+    if ((!k->needs || k->type == NC_KNOB_BOOL) && !cache_knob_on(p, k))
+        return false;
+    for (const nc_cache_knob *need = k->needs; need; need = need->needs)
+        if (!cache_knob_on(p, need))
+            return false;
+    return true;
+}
+
+/* A row without a description of its own (described_by_hand): its name,
+ * then each of its knobs in effect as name=value, the row's name dropped
+ * from the knob's ("bigram size=20 lambda=0.2"). Returns the new o. */
+static size_t describe_row(const nc_cache_params *p, int comp, char *buf, size_t len, size_t o)
+{
+    size_t n, pre = strlen(nc_comp_names[comp]);
+    const nc_cache_knob *k = cache_knobs(&n);
+#define ADD(...) do { if (o < len) o += (size_t)snprintf(buf + o, len - o, __VA_ARGS__); } while (0)
+    ADD("%s", nc_comp_names[comp]);
+    for (size_t i = 0; i < n; i++) {
+        if (k[i].owner != comp || !cache_knob_in_effect(p, &k[i]))
+            continue;
+        const char *label = strncmp(k[i].name, nc_comp_names[comp], pre) || k[i].name[pre] != '_'
+                                ? k[i].name : k[i].name + pre + 1;
+        double v = cache_knob_get(p, &k[i]);
+        if (k[i].type == NC_KNOB_BOOL)
+            ADD(" %s", label);
+        else if (k[i].type == NC_KNOB_KERNEL)
+            ADD(" %s", cache_kernel_name((int)v));
+        else   /* a float knob as the hand-written ones print theirs */
+            ADD(k[i].type == NC_KNOB_INT ? " %s=%.0f" : " %s=%g", label, v);
+    }
+    ADD(" ");
+#undef ADD
+    return o;
+}
+
+/* The rows the description writes in their own words (their labels are
+ * the eval tables' and the logs' since the caches came: "neural N=2000
+ * theta=0.3 lambda=0.1"); every other row is written from the table by
+ * describe_row, so that a new component needs nothing here. */
+static const bool described_by_hand[NC_NCOMP] = {
+    [NC_COMP_MODEL] = true, [NC_COMP_NEURAL] = true, [NC_COMP_UNIGRAM] = true, [NC_COMP_UNBOUNDED] = true,
+    [NC_COMP_UNIFORM] = true};
+
+bool cache_row_described_by_hand(int comp)
+{
+    NC_ASSERT(comp >= 0 && comp < NC_NCOMP, "cache_row_described_by_hand: no row %d", comp);
+    return described_by_hand[comp];
+}
+
+/* Row comp's switch (its knob that needs none) is on. */
+static bool row_switch_on(const nc_cache_params *p, int comp)
+{
+    size_t n;
+    const nc_cache_knob *k = cache_knobs(&n);
+    for (size_t i = 0; i < n; i++)
+        if (k[i].owner == comp && !k[i].needs && cache_knob_on(p, &k[i]))
+            return true;
+    return false;
+}
+
 const char *cache_params_describe(const nc_cache_params *p, char *buf, size_t len)
 {
     NC_ASSERT(p, "cache_params_describe: no p");
@@ -219,6 +357,9 @@ const char *cache_params_describe(const nc_cache_params *p, char *buf, size_t le
             p->exact ? " exact" : "");
     if (p->open_vocab)
         ADD("open-vocab mu=%g ", (double)p->uniform_mu);
+    for (int c = 0; c < NC_NCOMP; c++)
+        if (!described_by_hand[c] && row_switch_on(p, c))
+            o = describe_row(p, c, buf, len, o);
     if (p->dyn_lr > 0.0f)
         ADD("dyn lr=%g decay=%g n=%d params=%d ", (double)p->dyn_lr, (double)p->dyn_decay, p->dyn_segment,
             p->dyn_params);

@@ -31,13 +31,13 @@
  *   T(C, X) C(ID, name, npre, npost) X(knob...) ... */
 #ifdef NC_COMPONENT_PROBE
 #define NC_TEST_TABLE(C, X) \
-    C(BIGRAM, bigram, 1, 0) X(bigram_size, NULL, INT, 0, NC_CACHE_MAX_WINDOW, "0", "test build: recent-bigram cache ring (pairs), 0 = off") X(bigram_lambda, NULL, FLOAT, 0, 1, "0.1", "test build: recent-bigram cache weight") \
-    C(PROBE, probe, 1, 0) X(probe_mu, NULL, FLOAT_BELOW_MAX, 0, 1, "0", "test build: weight of the probe component")
+    C(BIGRAM, bigram, 1, 0) X(bigram_size, NULL, INT, 0, NC_CACHE_MAX_WINDOW, "0", NULL, "test build: recent-bigram cache ring (pairs), 0 = off") X(bigram_lambda, NULL, FLOAT, 0, 1, "0.1", "bigram_size", "test build: recent-bigram cache weight") \
+    C(PROBE, probe, 1, 0) X(probe_mu, NULL, FLOAT_BELOW_MAX, 0, 1, "0", NULL, "test build: weight of the probe component")
 #else
 #define NC_TEST_TABLE(C, X)
 #endif
 #define NC_TEST_NO_ROW_(ID, name, npre, npost)
-#define NC_TEST_NO_KNOB_(name, alias, type, min, max, def, doc)
+#define NC_TEST_NO_KNOB_(name, alias, type, min, max, def, needs, doc)
 #define NC_TEST_COMPONENTS(C) NC_TEST_TABLE(C, NC_TEST_NO_KNOB_)
 #define NC_TEST_KNOBS(X) NC_TEST_TABLE(NC_TEST_NO_ROW_, X)
 

@@ -15,7 +15,7 @@
 
 /* [cache]: the core's knob table, row for row (bounds and checks are the
  * core's: cache_knob_set_text). */
-#define CACHE_ROW(name_, alias_, type_, min_, max_, def_, doc_) \
+#define CACHE_ROW(name_, alias_, type_, min_, max_, def_, needs_, doc_) \
     {"cache", #name_, OPT_CACHE_KNOB, OFF(cache), 0, (min_), (max_), NULL, def_, doc_},
 
 /* Every option is one row: the file, the flags, the defaults and the
