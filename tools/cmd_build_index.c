@@ -14,6 +14,9 @@
 
 #include "atomicfile.h"
 #include "cacheopts.h"
+#include "hidden_pass.h"
+#include "report.h"
+#include "texts.h"
 #include "commands.h"
 #include "rng.h"
 

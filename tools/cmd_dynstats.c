@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include "cacheopts.h"
+#include "report.h"
+#include "texts.h"
 #include "commands.h"
 #include "dyneval.h"
 

@@ -10,9 +10,41 @@
 #include <string.h>
 
 #include "cacheopts.h"
+#include "cache_scoring.h"
+#include "report.h"
+#include "texts.h"
 #include "commands.h"
+#include "components.h"
 #include "gate.h"
 #include "mixture.h"
+
+static const char *sweepable_list(void);
+
+/* The sweepable knobs' options (sweepable_list) as the help's lines, under
+ * its option's description. */
+static const char *sweepable_help(void)
+{
+    static char help[1024];
+    const char *list = sweepable_list(), *indent = "                       ";
+    size_t o = 0, col = 0;
+    for (const char *w = list; *w; ) {
+        size_t len = strcspn(w, " ");
+        if (col == 0 || col + 1 + len > 80) {
+            o += (size_t)snprintf(help + o, sizeof help - o, "%s%s", col ? "\n" : "", indent);
+            col = strlen(indent);
+        } else {
+            help[o++] = ' ';
+            col++;
+        }
+        o += (size_t)snprintf(help + o, sizeof help - o, "%.*s", (int)len, w);
+        col += len;
+        w += len + (w[len] == ' ');
+        if (o >= sizeof help - 2)
+            break;
+    }
+    snprintf(help + o, sizeof help - o, "\n");
+    return help;
+}
 
 static void usage(FILE *out)
 {
@@ -34,12 +66,12 @@ static void usage(FILE *out)
             "  --model DIR          model directory\n"
             "  --bos eos|none       start state (default eos, as `score`)\n"
             "  --csv FILE           also write the table as CSV\n"
-            "  --sweep KNOB=LIST    one row per value instead of the table; KNOB is one of\n"
-            "                       neural-size, unigram-size, knn, neural-theta,\n"
-            "                       neural-lambda, neural-alpha, unbounded-lambda,\n"
-            "                       unigram-lambda (or an older name: neural-cache, theta...;\n"
-            "                       the other knobs as given); writes PREFIX.csv and\n"
-            "                       PREFIX.png (gnuplot)\n"
+            "  --sweep KNOB=LIST    one row per value instead of the table; KNOB is a size or\n"
+            "                       weight of a cache:\n"
+            "%s"
+            "                       (or an older name: neural-cache, theta...; the other\n"
+            "                       knobs as given); writes PREFIX.csv and PREFIX.png\n"
+            "                       (gnuplot)\n"
             "  --out PREFIX         sweep output prefix (default sweep-KNOB)\n"
             "  --row \"OPTS\"        one more row with these cache options (repeatable; with\n"
             "                       no other cache option: the static row and these only)\n"
@@ -54,7 +86,7 @@ static void usage(FILE *out)
             "  -h, --help           this help\n"
             "\n%s\n"
             "exit status: 0 success, 1 runtime error, 2 usage error\n",
-            cacheopts_help());
+            sweepable_help(), cacheopts_help());
 }
 
 enum { OPT_MODEL = 1, OPT_BOS, OPT_CSV, OPT_SWEEP, OPT_OUT, OPT_ROW, OPT_HELP };
@@ -68,9 +100,20 @@ typedef struct {
 #define MAX_ROWS 512
 #define MAX_EXTRA 16
 
+/* A knob a --row may set: a cache's (cache_row_remembers) or the
+ * mixture's own (gate, dynamic evaluation). The knobs of the terms without
+ * memory (the open vocabulary's) and the CLI's own options (the unbounded
+ * cache's index and memory, its threads) are the command's, every row's. */
+static bool per_row_option(int code)
+{
+    const nc_cache_knob *k = cacheopts_knob(code);
+    return k && (k->owner < 0 || cache_row_remembers(k->owner));
+}
+
 /* --row "OPTS": cache options of one more row, parsed like the command's
- * own (same names, same combination rules); the open-vocabulary settings
- * and the unbounded index choice stay the command's. 0 or 2. */
+ * own (same names, same combination rules); the settings of the terms
+ * without memory (per_row_option) and the unbounded index choice stay the
+ * command's. 0 or 2. */
 static int parse_row(const char *spec, const cacheopts *main_co, const struct option *lopts, nc_cache_params *out)
 {
     char buf[1024], *argv[64], *save = NULL;
@@ -83,10 +126,9 @@ static int parse_row(const char *spec, const cacheopts *main_co, const struct op
     for (int i = 0; i < argc; i++) {
         const struct option *o = NULL;
         for (int j = 0; lopts[j].name; j++)
-            if (!strncmp(argv[i], "--", 2) && !strcmp(argv[i] + 2, lopts[j].name) && lopts[j].val >= CO_KNOB_unigram_size)
+            if (!strncmp(argv[i], "--", 2) && !strcmp(argv[i] + 2, lopts[j].name) && lopts[j].val > CO_FIRST)
                 o = &lopts[j];
-        if (!o || o->val == CO_MEMORY || o->val == CO_INDEX || o->val == CO_SWITCH_AT || o->val == CO_THREADS ||
-            o->val == CO_KNOB_open_vocab || o->val == CO_KNOB_uniform_mu || o->val == CO_KNOB_vocab_size_full) {
+        if (!o || !per_row_option(o->val)) {
             fprintf(stderr, "neurocache eval: --row '%s': '%s' is not a per-row cache option\n", spec, argv[i]);
             return 2;
         }
@@ -108,39 +150,61 @@ static int parse_row(const char *spec, const cacheopts *main_co, const struct op
     if (cacheopts_finish(&co, "eval --row"))
         return 2;
     *out = co.p;
-    out->open_vocab = main_co->p.open_vocab;
-    out->uniform_mu = main_co->p.uniform_mu;
-    out->vocab_size_full = main_co->p.vocab_size_full;
+    for (int c = 0; c < NC_NCOMP; c++)
+        if (!cache_row_remembers(c))
+            cache_params_row_copy(out, &main_co->p, c);
     if (out->unbounded)
         out->exact = main_co->p.exact;
     return 0;
 }
 
-/* The sweepable knobs, by their names; --sweep takes their options (or the
- * older aliases); their bounds are the knob table's (core/cache_knobs.h). */
-static const char *const sweepable[] = {"neural_size", "unigram_size", "knn", "neural_theta", "neural_lambda",
-                                        "neural_alpha", "unbounded_lambda", "unigram_lambda"};
+/* The size a cache switched on by a sweep of one of its knobs takes. */
+#define SWEEP_CACHE_SIZE 2000
+
+/* A sweepable knob: a number (INT or FLOAT) of a cache (cache_row_remembers)
+ * -- but nprobe: the rows share one unbounded search per file (at the
+ * largest k, eval_doc_search), whose IVF probes are the command's. --sweep
+ * takes their options (or the older aliases); their bounds are the knob
+ * table's (core/cache_knobs.h). */
+static bool sweepable(const nc_cache_knob *k)
+{
+    return (k->type == NC_KNOB_INT || k->type == NC_KNOB_FLOAT) && k->owner >= 0 && cache_row_remembers(k->owner) &&
+           strcmp(k->name, "nprobe") != 0;
+}
+
+/* "neural-size, neural-theta, ...": the sweepable knobs' options, for the
+ * help and the refusal. */
+static const char *sweepable_list(void)
+{
+    static char list[512];
+    size_t n, o = 0;
+    const nc_cache_knob *k = cache_knobs(&n);
+    for (size_t i = 0; i < n; i++)
+        if (sweepable(&k[i]) && o < sizeof list)
+            o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", o ? ", " : "", k[i].flag);
+    return list;
+}
+
+/* What knob k needs to mean anything (the knob table's needs, in turn:
+ * neural_alpha needs global_norm, which needs neural_size) switched on
+ * where it is off: a switch to true, a size to SWEEP_CACHE_SIZE. */
+static void switch_on_needs(nc_cache_params *p, const nc_cache_knob *k)
+{
+    char err[NC_ERRLEN];
+    for (const nc_cache_knob *need = k->needs; need; need = need->needs)
+        if (!cache_knob_on(p, need) &&
+            cache_knob_set_number(p, need, need->type == NC_KNOB_BOOL ? 1 : SWEEP_CACHE_SIZE, err, sizeof err))
+            abort();   /* a switch whose on value is out of its range: a programming error */
+}
 
 /* Sets the swept knob; a knob of a cache that is off switches the cache on
- * (the neural and unigram ones with N = 2000). */
+ * (switch_on_needs). */
 static int set_knob(nc_cache_params *p, const nc_cache_knob *k, double v, char *err, size_t errlen)
 {
     int rc = cache_knob_set_number(p, k, v, err, errlen);
-    if (rc != NC_OK)
-        return rc;
-    const char *f = k->name;
-    if (!strcmp(f, "knn") || !strcmp(f, "unbounded_lambda"))
-        p->unbounded = true;
-    if (!strcmp(f, "neural_lambda"))
-        p->global_norm = false;
-    if (!strcmp(f, "neural_alpha"))
-        p->global_norm = true;
-    if ((!strcmp(f, "neural_theta") || !strcmp(f, "neural_lambda") || !strcmp(f, "neural_alpha")) &&
-        p->neural_size == 0)
-        p->neural_size = 2000;
-    if (!strcmp(f, "unigram_lambda") && p->unigram_size == 0)
-        p->unigram_size = 2000;
-    return NC_OK;
+    if (rc == NC_OK)
+        switch_on_needs(p, k);
+    return rc;
 }
 
 /* The sweepable knob named by --sweep's "KNOB=..." (an option or an alias), or NULL. */
@@ -152,10 +216,7 @@ static const nc_cache_knob *swept_knob(const char *sweep)
         return NULL;
     snprintf(flag, sizeof flag, "%.*s", (int)(eq - sweep), sweep);
     const nc_cache_knob *k = cache_knob_by_flag(flag);
-    for (size_t i = 0; k && i < sizeof sweepable / sizeof *sweepable; i++)
-        if (!strcmp(k->name, sweepable[i]))
-            return k;
-    return NULL;
+    return k && sweepable(k) ? k : NULL;
 }
 
 static void add_row(row *rows, int *n, const nc_cache_params *p)
@@ -167,18 +228,18 @@ static void add_row(row *rows, int *n, const nc_cache_params *p)
     cache_params_describe(p, r->name, sizeof r->name);
 }
 
-/* Table rows from the options (see usage). */
+/* Table rows from the options (see usage). With no cache asked for, the
+ * papers' comparisons: each cache at a default size, the neural cache also
+ * with global normalisation (Grave et al. 2017a's two forms) and with the
+ * unbounded cache (2017b) -- a choice of rows, written as such. */
 static int table_rows(const cacheopts *co, row *rows)
 {
     int n = 0;
     const nc_cache_params *g = &co->p;
     nc_cache_params base = *g, p;
-    base.unigram_size = base.neural_size = 0;
-    base.unbounded = base.global_norm = base.neural_f16 = false;
-    base.exact = false;
+    cache_params_caches_off(&base);
     add_row(rows, &n, &base);
-    bool uni = g->unigram_size > 0, neu = g->neural_size > 0, ub = g->unbounded;
-    if (!uni && !neu && !ub) {
+    if (!cache_params_caches_on(g)) {
         p = base;
         p.unigram_size = 2000;
         add_row(rows, &n, &p);
@@ -196,25 +257,17 @@ static int table_rows(const cacheopts *co, row *rows)
         add_row(rows, &n, &p);
         return n;
     }
+    /* each cache asked for alone, in the order of their switches in the knob
+     * table, then all of them together */
     int parts = 0;
-    if (uni) {
+    size_t nk;
+    const nc_cache_knob *k = cache_knobs(&nk);
+    for (size_t i = 0; i < nk; i++) {
+        int c = k[i].owner;
+        if (k[i].needs || c < 0 || !(cache_params_caches_on(g) & (1u << c)))
+            continue;   /* not a cache's switch, or its cache is off */
         p = base;
-        p.unigram_size = g->unigram_size;
-        add_row(rows, &n, &p);
-        parts++;
-    }
-    if (neu) {
-        p = base;
-        p.neural_size = g->neural_size;
-        p.global_norm = g->global_norm;
-        p.neural_f16 = g->neural_f16;
-        add_row(rows, &n, &p);
-        parts++;
-    }
-    if (ub) {
-        p = base;
-        p.unbounded = true;
-        p.exact = g->exact;
+        cache_params_row_copy(&p, g, c);
         add_row(rows, &n, &p);
         parts++;
     }
@@ -261,9 +314,7 @@ static int eval_dyn_row(eval_ctx *x, const nc_tokens *toks, const nc_cache_param
     if (p->open_vocab)
         rc = wordtable_new(m->vocab, &words, err, errlen);
     if (!rc && p->unbounded)
-        rc = cacheopts_make_ub(co, p, m, words, &ub, err, errlen);
-    if (!rc && ub && co->memory_path)
-        rc = cacheopts_fill_memory(m, co->memory_path, words, ub, false, err, errlen);
+        rc = cacheopts_make_ub(&(co_ub_spec){co, p, m, words, false}, &ub, err, errlen);
     double t0 = co_now(), c0 = co_cpu();
     if (!rc) {
         int blas = co_search_begin(co);
@@ -319,9 +370,7 @@ static int eval_doc_prepare(eval_doc *e, eval_ctx *x, const char *path)
     if (!rc && co->p.open_vocab)
         rc = wordtable_new(m->vocab, &e->words, err, errlen);
     if (!rc && e->kmax > 0)
-        rc = cacheopts_make_ub(co, &co->p, m, e->words, &e->ub, err, errlen);
-    if (!rc && e->ub && co->memory_path)
-        rc = cacheopts_fill_memory(m, co->memory_path, e->words, e->ub, true, err, errlen);
+        rc = cacheopts_make_ub(&(co_ub_spec){co, &co->p, m, e->words, true}, &e->ub, err, errlen);
     double t0 = co_now(), c0 = co_cpu();
     if (!rc)
         rc = co_prepare(&(co_text){m, &e->toks, x->bos_eos, e->words}, &e->d, err, errlen);
@@ -438,7 +487,8 @@ static const char *base_name(const char *p)
 static int write_sweep_plot(const char *prefix, const char *knob, char *err, size_t errlen)
 {
     char script[8192];   /* room for four 1024-byte prefixes */
-    bool logx = !strcmp(knob, "neural-size") || !strcmp(knob, "unigram-size") || !strcmp(knob, "knn");
+    const nc_cache_knob *k = cache_knob_by_flag(knob);
+    bool logx = k && k->type == NC_KNOB_INT;   /* sizes and k span decades */
     snprintf(script, sizeof script,
              "set terminal pngcairo size 800,500\n"
              "set output '%s.png'\n"
@@ -536,17 +586,14 @@ static int eval_parse_args(eval_args *a, int argc, char **argv)
      * legal without the size option */
     cacheopts *co = &a->co;
     const nc_cache_knob *sk = a->sweep ? swept_knob(a->sweep) : NULL;
-    if (sk && !strcmp(sk->name, "neural_size")) {
-        co->seen[CO_KNOB_neural_size - CO_FIRST] = 1;
-        if (co->p.neural_size == 0)
-            co->p.neural_size = 2000;
-    } else if (sk && !strcmp(sk->name, "unigram_size")) {
-        co->seen[CO_KNOB_unigram_size - CO_FIRST] = 1;
-        if (co->p.unigram_size == 0)
-            co->p.unigram_size = 2000;
-    } else if (sk && (!strcmp(sk->name, "knn") || !strcmp(sk->name, "unbounded_lambda"))) {
-        co->seen[CO_KNOB_unbounded - CO_FIRST] = 1;
-        co->p.unbounded = true;
+    if (sk) {
+        char err[NC_ERRLEN];
+        if (!sk->needs && !cache_knob_on(&co->p, sk) &&   /* a cache's size: on at the default size */
+            cache_knob_set_number(&co->p, sk, SWEEP_CACHE_SIZE, err, sizeof err))
+            abort();   /* a size whose default is out of its range: a programming error */
+        switch_on_needs(&co->p, sk);
+        for (const nc_cache_knob *on = sk->needs ? sk->needs : sk; on; on = on->needs)
+            co->seen[cacheopts_knob_code(on) - CO_FIRST] = 1;
     }
     /* with --row, the index options (--switch-at, --index, --memory) serve
      * the rows' unbounded cache */
@@ -564,9 +611,7 @@ static int sweep_rows(eval_args *a, row *rows, int *nrows)
     const char *eq = strchr(a->sweep, '=');
     const nc_cache_knob *swept = a->swept;
     if (!swept) {
-        fprintf(stderr, "neurocache eval: --sweep wants KNOB=V1,V2,... with KNOB one of neural-size, "
-                        "unigram-size, knn, neural-theta, neural-lambda, neural-alpha, unbounded-lambda, "
-                        "unigram-lambda\n");
+        fprintf(stderr, "neurocache eval: --sweep wants KNOB=V1,V2,... with KNOB one of %s\n", sweepable_list());
         return 2;
     }
     double *vals = NULL;
@@ -598,8 +643,7 @@ static int sweep_rows(eval_args *a, row *rows, int *nrows)
         snprintf(a->prefix, sizeof a->prefix, "sweep-%s", swept->flag);
     /* the static reference, last */
     nc_cache_params st = a->co.p;
-    st.unigram_size = st.neural_size = 0;
-    st.unbounded = st.global_norm = st.neural_f16 = st.exact = false;
+    cache_params_caches_off(&st);
     add_row(rows, nrows, &st);
     return 0;
 }
@@ -619,7 +663,8 @@ static void add_gated_rows(const cacheopts *co, row *rows, int *nrows)
         nc_cache_params q = rows[i].p;
         q.gate = true;
         q.gate_skip = co->p.gate_skip;
-        if (q.unbounded && !cacheopts_given(co, CO_KNOB_gate_skip)) {
+        int searched = components_searched();
+        if (searched >= 0 && (components_on(&q) & (1u << searched)) && !cacheopts_given(co, CO_KNOB_gate_skip)) {
             q.gate_skip = 0.0f;
             add_row(rows, nrows, &q);
             q.gate_skip = -1.0f;
@@ -638,7 +683,7 @@ static int eval_rows(eval_args *a, row *rows, int *nrows, int *gate_rows_from)
     if (a->sweep) {
         if (sweep_rows(a, rows, nrows))
             return 2;
-    } else if (a->nextra > 0 && co->p.neural_size == 0 && co->p.unigram_size == 0 && !co->p.unbounded) {
+    } else if (a->nextra > 0 && !cache_params_caches_on(&co->p)) {
         /* only the static reference and the rows asked for */
         nc_cache_params st = co->p;
         add_row(rows, nrows, &st);

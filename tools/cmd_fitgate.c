@@ -10,7 +10,11 @@
 #include <string.h>
 
 #include "cacheopts.h"
+#include "cache_scoring.h"
+#include "report.h"
+#include "texts.h"
 #include "commands.h"
+#include "components.h"
 #include "gate.h"
 #include "stream.h"
 
@@ -172,7 +176,7 @@ static int fitgate_parse_args(fitgate_args *a, int argc, char **argv)
     if (cacheopts_finish(&a->co, "fit-gate"))
         return 2;
     const nc_cache_params *p = &a->co.p;
-    if (p->neural_size == 0 && p->unigram_size == 0 && !p->unbounded && !(p->open_vocab && p->uniform_mu > 0)) {
+    if (!cache_params_caches_on(p) && !(components_on(p) & ~(1u << NC_COMP_MODEL))) {   /* only the model */
         fprintf(stderr, "neurocache fit-gate: switch on at least one cache (--neural-size N, --unigram-size N, "
                         "--unbounded) for the gate to weigh\n");
         return 2;
@@ -246,9 +250,7 @@ static int fitgate_collect(fitgate_data *s, const fitgate_args *a, const nc_mode
     if (!rc && p->open_vocab)
         rc = wordtable_new(m->vocab, &s->words, err, errlen);
     if (!rc && p->unbounded)
-        rc = cacheopts_make_ub(&a->co, p, m, s->words, &s->ub, err, errlen);
-    if (!rc && s->ub && a->co.memory_path)
-        rc = cacheopts_fill_memory(m, a->co.memory_path, s->words, s->ub, true, err, errlen);
+        rc = cacheopts_make_ub(&(co_ub_spec){&a->co, p, m, s->words, true}, &s->ub, err, errlen);
     if (!rc && p->dyn_lr > 0.0f)
         return fitgate_collect_dyn(s, a, m, err, errlen);
     double t0 = co_now();

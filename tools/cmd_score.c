@@ -11,6 +11,9 @@
 #include <jansson.h>
 
 #include "cacheopts.h"
+#include "cache_scoring.h"
+#include "report.h"
+#include "texts.h"
 #include "commands.h"
 #include "lstm.h"
 #include "model.h"

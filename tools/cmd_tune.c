@@ -10,6 +10,9 @@
 #include <unistd.h>
 
 #include "cacheopts.h"
+#include "cache_scoring.h"
+#include "report.h"
+#include "texts.h"
 #include "commands.h"
 
 static void usage(FILE *out)
@@ -99,6 +102,9 @@ static int parse_grid(const char *opt, const char *arg, const char *knob, double
     return 0;
 }
 
+/* The command-line options of p, to paste: the shipped caches' in their
+ * established order and form (cache_row_described_by_hand), then any other
+ * row's knobs in effect, then dynamic evaluation and the gate. */
 static void options_of(const nc_cache_params *p, char *buf, size_t len)
 {
     size_t o = 0;
@@ -123,6 +129,19 @@ static void options_of(const nc_cache_params *p, char *buf, size_t len)
             ADD("--uniform-mu %g ", (double)p->uniform_mu);
         if (p->vocab_size_full > 0)
             ADD("--vocab-size-full %d ", p->vocab_size_full);
+    }
+    size_t nk;
+    const nc_cache_knob *k = cache_knobs(&nk);
+    for (size_t i = 0; i < nk; i++) {   /* the rows not written above: each knob in effect */
+        if (k[i].owner < 0 || cache_row_described_by_hand(k[i].owner) || !cache_knob_in_effect(p, &k[i]))
+            continue;
+        double v = cache_knob_get(p, &k[i]);
+        if (k[i].type == NC_KNOB_BOOL)
+            ADD("--%s ", k[i].flag);
+        else if (k[i].type == NC_KNOB_KERNEL)
+            ADD("--%s %s ", k[i].flag, cache_kernel_name((int)v));
+        else   /* a float knob as the lines above print theirs */
+            ADD(k[i].type == NC_KNOB_INT ? "--%s %.0f " : "--%s %g ", k[i].flag, v);
     }
     if (p->dyn_lr > 0.0f)
         ADD("--dyn-lr %g --dyn-decay %g --dyn-segment %d --dyn-params %d ", (double)p->dyn_lr, (double)p->dyn_decay,
@@ -372,9 +391,7 @@ static int tune_prepare(tune_args *a, tune_run *r, char *err, size_t errlen)
     if (!rc && g->open_vocab)
         rc = wordtable_new(r->m->vocab, &r->words, err, errlen);
     if (!rc && g->unbounded)
-        rc = cacheopts_make_ub(co, g, r->m, r->words, &r->ub, err, errlen);
-    if (!rc && r->ub && co->memory_path)
-        rc = cacheopts_fill_memory(r->m, co->memory_path, r->words, r->ub, true, err, errlen);
+        rc = cacheopts_make_ub(&(co_ub_spec){co, g, r->m, r->words, true}, &r->ub, err, errlen);
     double t0 = co_now();
     if (!rc)
         rc = co_prepare(&(co_text){r->m, &r->toks, a->bos_eos, r->words}, &r->d, err, errlen);
@@ -403,8 +420,7 @@ static int tune_prepare(tune_args *a, tune_run *r, char *err, size_t errlen)
     }
     r->t = (tune_ctx){.d = r->d, .lp = r->lp, .pre_d2 = r->nd2, .pre_w = r->nw, .ub = r->ub};
     r->st = r->best = *g;
-    r->st.neural_size = r->st.unigram_size = 0;
-    r->st.unbounded = r->st.global_norm = r->st.neural_f16 = r->st.exact = false;
+    cache_params_caches_off(&r->st);
     r->ppl_static = NAN;
     return rc;
 }
@@ -640,9 +656,7 @@ static int dyn_point(tune_run *r, const nc_cache_params *p, size_t n, double *pp
     if (p->open_vocab)
         rc = wordtable_new(r->m->vocab, &words, err, errlen);
     if (!rc && p->unbounded)
-        rc = cacheopts_make_ub(&r->a->co, p, r->m, words, &ub, err, errlen);
-    if (!rc && ub && r->a->co.memory_path)
-        rc = cacheopts_fill_memory(r->m, r->a->co.memory_path, words, ub, false, err, errlen);
+        rc = cacheopts_make_ub(&(co_ub_spec){&r->a->co, p, r->m, words, false}, &ub, err, errlen);
     if (!rc) {
         int blas = co_search_begin(&r->a->co);
         rc = co_score_stream(&(co_text){r->m, &part, r->a->bos_eos, words}, p, ub, r->lp, err, errlen);
@@ -669,7 +683,7 @@ static int stage_dyn(tune_run *r, char *err, size_t errlen)
         return nc_error(err, errlen, NC_EIO, "%s: cannot write", path);
     fprintf(f, "with,dyn_lr,dyn_decay,dyn_segment,ppl\n");
     int rc = NC_OK;
-    bool any_cache = r->best.neural_size > 0 || r->best.unigram_size > 0 || r->best.unbounded;
+    bool any_cache = cache_params_caches_on(&r->best) != 0;
     for (int with = 0; !rc && with <= (any_cache ? 1 : 0); with++) {
         nc_cache_params base = with ? r->best : r->st, best = base;
         base.dyn_params = r->g->dyn_params;
