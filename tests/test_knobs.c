@@ -16,6 +16,7 @@
 
 #include "cache_params.h"
 #include "cache_knobs.h"
+#include "components.h"
 #include "suggest.h"
 
 static char model_dir[512];
@@ -106,6 +107,52 @@ TEST(table_defaults_and_bounds)
     CHECK(cache_knob_set_text(&p, kn, "box", err, sizeof err) == NC_EINVAL);
     CHECK(cache_knob_set_text(&p, cache_knob_find("knn"), "12.5", err, sizeof err) == NC_EINVAL);
     CHECK(cache_knob_set_text(&p, cache_knob_find("unbounded"), "maybe", err, sizeof err) == NC_EINVAL);
+}
+
+/* The needs column and the owners (cache_knobs.h): what the CLI's rules,
+ * eval's rows and sweeps and tune's static reference are generated from.
+ * A knob needs a knob of its own row (or, unowned, an unowned one); the
+ * chain ends at a switch; each cache has one switch, and the helpers
+ * built on them switch the caches off and on as the rows say. */
+TEST(needs_and_owners)
+{
+    size_t n;
+    const nc_cache_knob *k = cache_knobs(&n);
+    int switches[NC_NCOMP] = {0};
+    for (size_t i = 0; i < n; i++) {
+        int hops = 0;
+        for (const nc_cache_knob *need = k[i].needs; need; need = need->needs, hops++)
+            CHECKF(need->owner == k[i].owner && hops < 4, "%s needs %s of another row", k[i].name, need->name);
+        if (k[i].owner >= 0 && !k[i].needs)
+            switches[k[i].owner]++;
+    }
+    for (int c = 0; c < NC_NCOMP; c++)
+        CHECKF(!cache_row_remembers(c) || switches[c] == 1, "cache %s has %d switches", nc_comp_names[c], switches[c]);
+    CHECK(cache_knob_find("neural_alpha")->needs == cache_knob_find("global_norm"));
+    CHECK(cache_knob_find("global_norm")->needs == cache_knob_find("neural_size"));
+    CHECK(cache_knob_find("knn")->owner == NC_COMP_UNBOUNDED && cache_knob_find("gate")->owner == -1);
+    CHECK(cache_row_remembers(NC_COMP_NEURAL) && cache_row_remembers(NC_COMP_UNBOUNDED));
+    CHECK(!cache_row_remembers(NC_COMP_MODEL) && !cache_row_remembers(NC_COMP_UNIFORM));
+
+    nc_cache_params p, q;
+    cache_params_default(&p);
+    CHECK(cache_params_caches_on(&p) == 0);
+    p.neural_size = 100;
+    p.global_norm = true;   /* its row is off (the term is the model's), the cache is on */
+    p.unigram_size = 50;
+    p.open_vocab = true;
+    p.neural_theta = 0.7f;
+    CHECK(cache_params_caches_on(&p) == ((1u << NC_COMP_NEURAL) | (1u << NC_COMP_UNIGRAM)));
+    CHECK(cache_knob_in_effect(&p, cache_knob_find("neural_alpha")));
+    CHECK(!cache_knob_in_effect(&p, cache_knob_find("knn")) && !cache_knob_in_effect(&p, cache_knob_find("exact")));
+    q = p;
+    cache_params_caches_off(&q);
+    CHECK(cache_params_caches_on(&q) == 0 && q.open_vocab && !q.global_norm && q.neural_theta == 0.3f);
+    cache_params_row_copy(&q, &p, NC_COMP_NEURAL);
+    CHECK(cache_params_caches_on(&q) == (1u << NC_COMP_NEURAL) && q.neural_theta == 0.7f && q.global_norm);
+    char d[256];
+    CHECKF(!strcmp(cache_params_describe(&q, d, sizeof d), "neural-global N=100 theta=0.7 alpha=0 open-vocab mu=0"),
+           "%s", d);
 }
 
 /* The edit distance behind every "did you mean" (suggest.h): the optimal
@@ -364,6 +411,7 @@ int main(void)
     snprintf(model_dir, sizeof model_dir, "%s/lstm-2layer", harness_fixtures());
     httpc_init();
     RUN(table_defaults_and_bounds);
+    RUN(needs_and_owners);
     RUN(suggestions);
     RUN(misspelt_knob_everywhere);
     RUN(openapi_documents_the_table);
