@@ -99,6 +99,9 @@ typedef struct {
 
 #define MAX_ROWS 512
 #define MAX_EXTRA 16
+/* The size of a cache eval switches on itself: the default table's rows,
+ * and a sweep of a knob of a cache that is off. */
+#define CACHE_SIZE_ON 2000
 
 /* A knob a --row may set: a cache's (cache_row_remembers) or the
  * mixture's own (gate, dynamic evaluation). The knobs of the terms without
@@ -158,9 +161,6 @@ static int parse_row(const char *spec, const cacheopts *main_co, const struct op
     return 0;
 }
 
-/* The size a cache switched on by a sweep of one of its knobs takes. */
-#define SWEEP_CACHE_SIZE 2000
-
 /* A sweepable knob: a number (INT or FLOAT) of a cache (cache_row_remembers)
  * -- but nprobe: the rows share one unbounded search per file (at the
  * largest k, eval_doc_search), whose IVF probes are the command's. --sweep
@@ -187,13 +187,13 @@ static const char *sweepable_list(void)
 
 /* What knob k needs to mean anything (the knob table's needs, in turn:
  * neural_alpha needs global_norm, which needs neural_size) switched on
- * where it is off: a switch to true, a size to SWEEP_CACHE_SIZE. */
+ * where it is off: a switch to true, a size to CACHE_SIZE_ON. */
 static void switch_on_needs(nc_cache_params *p, const nc_cache_knob *k)
 {
     char err[NC_ERRLEN];
     for (const nc_cache_knob *need = k->needs; need; need = need->needs)
         if (!cache_knob_on(p, need) &&
-            cache_knob_set_number(p, need, need->type == NC_KNOB_BOOL ? 1 : SWEEP_CACHE_SIZE, err, sizeof err))
+            cache_knob_set_number(p, need, need->type == NC_KNOB_BOOL ? 1 : CACHE_SIZE_ON, err, sizeof err))
             abort();   /* a switch whose on value is out of its range: a programming error */
 }
 
@@ -241,10 +241,10 @@ static int table_rows(const cacheopts *co, row *rows)
     add_row(rows, &n, &base);
     if (!cache_params_caches_on(g)) {
         p = base;
-        p.unigram_size = 2000;
+        p.unigram_size = CACHE_SIZE_ON;
         add_row(rows, &n, &p);
         p = base;
-        p.neural_size = 2000;
+        p.neural_size = CACHE_SIZE_ON;
         add_row(rows, &n, &p);
         p.global_norm = true;
         p.neural_theta = 1.0f;   /* global normalisation wants a sharper cache */
@@ -253,7 +253,7 @@ static int table_rows(const cacheopts *co, row *rows)
         p.unbounded = true;
         p.exact = g->exact;
         add_row(rows, &n, &p);
-        p.neural_size = 2000;
+        p.neural_size = CACHE_SIZE_ON;
         add_row(rows, &n, &p);
         return n;
     }
@@ -589,7 +589,7 @@ static int eval_parse_args(eval_args *a, int argc, char **argv)
     if (sk) {
         char err[NC_ERRLEN];
         if (!sk->needs && !cache_knob_on(&co->p, sk) &&   /* a cache's size: on at the default size */
-            cache_knob_set_number(&co->p, sk, SWEEP_CACHE_SIZE, err, sizeof err))
+            cache_knob_set_number(&co->p, sk, CACHE_SIZE_ON, err, sizeof err))
             abort();   /* a size whose default is out of its range: a programming error */
         switch_on_needs(&co->p, sk);
         for (const nc_cache_knob *on = sk->needs ? sk->needs : sk; on; on = on->needs)
