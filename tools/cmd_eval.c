@@ -117,7 +117,7 @@ static int parse_row(const char *spec, const cacheopts *main_co, const struct op
 }
 
 /* The sweepable knobs, by their names; --sweep takes their options (or the
- * older aliases); their bounds are the knob table's (core/cache_knobs.h). */
+ * older aliases); their bounds are the knob table's (core/knobs/cache_knobs.h). */
 static const char *const sweepable[] = {"neural_size", "unigram_size", "knn", "neural_theta", "neural_lambda",
                                         "neural_alpha", "unbounded_lambda", "unigram_lambda"};
 
