@@ -9,16 +9,37 @@ OPT      ?= -O2 -march=x86-64-v2 -g
 SANFLAGS ?=
 CFLAGS   += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE $(OPT) $(SANFLAGS) -MMD -MP
 # Include paths per folder keep the layering in the build: a folder sees its
-# own headers and those of the layers below it, so `#include "server.h"` in a
-# core file does not compile (tests/check_layering.sh proves it). core is
-# the bottom; store and proto sit on core; tools (the CLI) on proto and core;
-# server, the tests and the generated web page see everything.
-INC_core   := -Icore
-INC_store  := -Istore -Icore
-INC_proto  := -Iproto -Icore
-INC_tools  := -Itools -Iproto -Icore
-INC_server := -Iserver -Istore -Iproto -Icore
-INC_tests  := -Itests -Iserver -Istore -Iproto -Icore
+# own headers and those of the folders below it, so `#include "server.h"` in
+# a core file, or `#include "stream.h"` in core/model, does not compile
+# (tests/check_layering.sh proves each rule with a planted include).
+# core's parts, bottom up (docs/design.md §1): files, faults and memory;
+# vector kernels and generators; text; the knob table; the FAISS index
+# kernels; the components and their mixture; the model; a session's stream.
+INC_core_base       := -Icore/base
+INC_core_numerics   := -Icore/numerics $(INC_core_base)
+INC_core_text       := -Icore/text $(INC_core_numerics)
+INC_core_knobs      := -Icore/knobs $(INC_core_text)
+INC_core_index      := -Icore/index $(INC_core_knobs)
+INC_core_components := -Icore/components $(INC_core_index)
+INC_core_model      := -Icore/model $(INC_core_components)
+INC_core_session    := -Icore/session $(INC_core_model)
+INC_core   := $(INC_core_session)
+# store and proto sit on core; tools (the CLI) on proto and core
+INC_store  := -Istore $(INC_core)
+INC_proto  := -Iproto $(INC_core)
+INC_tools  := -Itools -Iproto $(INC_core)
+# the server's tiers, bottom up (design §1): what every tier shares (the
+# server's state, config, log, metrics, the worker pool), the net (HTTP,
+# SSE, keys, the page), the domain (sessions, namespaces, uploads, ...),
+# replication, the API handlers; routes.c and main.c on top see them all
+INC_server_common      := -Iserver/common -Istore $(INC_proto)
+INC_server_net         := -Iserver/net $(INC_server_common)
+INC_server_domain      := -Iserver/domain $(INC_server_net)
+INC_server_replication := -Iserver/replication $(INC_server_domain)
+INC_server_api         := -Iserver/api $(INC_server_replication)
+INC_server := -Iserver $(INC_server_api)
+INC_tests  := -Itests $(INC_server)
+INC_tests_component := $(INC_tests)
 INC_gen    := $(INC_server)
 LDFLAGS  += $(SANFLAGS)
 CXX      ?= g++
@@ -28,7 +49,7 @@ CXX      ?= g++
 # unless written so): GNU C++ fuses by default where the target has FMA, so
 # faiss_shim.cpp's AVX2/AVX-512 kernels would round differently from its
 # plain ones, which must give the same bits at every level
-CXXFLAGS += -std=c++17 -ffp-contract=off -Wall -Wextra -Werror $(OPT) $(SANFLAGS) -fno-sanitize=vptr -MMD -MP -I. -Icore
+CXXFLAGS += -std=c++17 -ffp-contract=off -Wall -Wextra -Werror $(OPT) $(SANFLAGS) -fno-sanitize=vptr -MMD -MP -I.
 
 FAISS_C  := build/faiss_c/libfaiss_c.a
 # FAISS's distance and IVFPQ kernels recompiled for this CPU by deps.sh
@@ -47,8 +68,8 @@ else
 Q := @
 endif
 
-CORE_SRC   := $(wildcard core/*.c)
-# The test build's components (core/component_table.h): NC_PROBE=1 builds
+CORE_SRC   := $(wildcard core/*/*.c)
+# The test build's components (core/knobs/component_table.h): NC_PROBE=1 builds
 # the whole program with each tests/component/<name>.c as one more row, in
 # its own tree (make test: build/probe; their suites tests/component/test_*.c).
 PROBE_COMPONENTS := $(filter-out tests/component/test_%.c,$(wildcard tests/component/*.c))
@@ -57,11 +78,11 @@ ifeq ($(NC_PROBE),1)
 CFLAGS   += -DNC_COMPONENT_PROBE
 CORE_SRC += $(PROBE_COMPONENTS)
 endif
-# C++ of our own where FAISS's C API stops (core/faiss_shim.cpp)
-CORE_CXX_SRC := $(wildcard core/*.cpp)
+# C++ of our own where FAISS's C API stops (core/index/faiss_shim.cpp)
+CORE_CXX_SRC := $(wildcard core/*/*.cpp)
 STORE_SRC  := $(wildcard store/*.c)
 PROTO_SRC  := $(wildcard proto/*.c)
-SERVER_SRC := $(wildcard server/*.c)
+SERVER_SRC := $(wildcard server/*.c server/*/*.c)
 TOOLS_SRC  := $(wildcard tools/*.c)
 TEST_SRC   := $(wildcard tests/test_*.c)
 BENCH_SRC  := $(wildcard tests/bench_*.c)
@@ -82,7 +103,7 @@ LIBSTORE := $(BUILD)/libncstore.a
 LIBPROTO := $(BUILD)/libncproto.a
 SERVER_MAIN_OBJ := $(filter %/server/main.o,$(SERVER_OBJ))
 SERVER_LIB_OBJ := $(filter-out %/server/main.o,$(SERVER_OBJ))
-# The page at GET / (server/web.h): web/* compiled in as a generated C file.
+# The page at GET / (server/net/web.h): web/* compiled in as a generated C file.
 WEB_FILES := $(sort $(wildcard web/*))
 WEB_GEN   := $(BUILD)/gen/web_assets.c
 WEB_OBJ   := $(BUILD)/obj/gen/web_assets.o
@@ -112,15 +133,18 @@ $(FAISS_C):
 $(FAISS_SIMD_LIB): $(FAISS_C)
 	$(Q)bash scripts/deps.sh server
 
+# a source's include flags: its folder's (core/model/lstm -> INC_core_model)
+inc_of = $(INC_$(subst /,_,$(patsubst %/,%,$(dir $(1)))))
+
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CFLAGS) $(INC_$(firstword $(subst /, ,$*))) -c $< -o $@
+	$(Q)$(CC) $(CFLAGS) $(call inc_of,$*) -c $< -o $@
 
 $(BUILD)/obj/%.o: %.cpp
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CXX     $<")
-	$(Q)$(CXX) $(CXXFLAGS) -c $< -o $@
+	$(Q)$(CXX) $(CXXFLAGS) $(call inc_of,$*) -c $< -o $@
 
 $(LIBCORE): $(CORE_OBJ)
 	@mkdir -p $(dir $@)

@@ -1,5 +1,5 @@
 /* httpclient.h -- the one HTTP client of the programs (libcurl): replicas
- * pulling and handing over sessions (server/migrate.c) and
+ * pulling and handing over sessions (server/domain/migrate.c) and
  * `neurocache migrate` (tools/cmd_migrate.c) call a peer's API through it. */
 #ifndef NC_PROTO_HTTPCLIENT_H
 #define NC_PROTO_HTTPCLIENT_H

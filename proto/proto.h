@@ -127,7 +127,7 @@ int proto_decode_cache(const json_t *obj, const nc_cache_params *defaults,
  * negative number (JSON has no infinity). */
 json_t *proto_logprob(double lp);
 json_t *proto_encode_cache(const nc_cache_params *p);
-/* The knob table (core/cache_knobs.h) as an object keyed by knob name, in
+/* The knob table (core/knobs/cache_knobs.h) as an object keyed by knob name, in
  * the table's order: {"knn": {"flag", "type", "default", "description",
  * "minimum", "maximum"}, ..., "uniform_mu": {..., "exclusive_maximum":
  * true}, "kernel": {..., "enum": [...]}} (new reference): what GET

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # embed_web.sh OUT.c FILE... -- writes a C file holding each FILE's bytes and
-# the table server/web.c serves them from (web.h: web_asset), names being the
+# the table server/net/web.c serves them from (web.h: web_asset), names being the
 # files' base names sorted. Uses od (coreutils), so it needs nothing extra.
 set -euo pipefail
 out=$1; shift

@@ -18,7 +18,7 @@ kinds of file -- the committed directory is the reference, not a rerun):
                 the keys log ends in a torn record (a crash mid-append)
   blobs/        session blobs: plain-v1..v4 (one session, each format
                 version; v4 exported by the daemon, v1-v3 re-encoded from it
-                as those versions lay out -- core/stream.c: the settings
+                as those versions lay out -- core/session/stream.c: the settings
                 unnamed in a fixed order, v1-v2 without the dynamic
                 evaluation byte), dyn-v3/v4 (a session with the gate and
                 dynamic evaluation on, carrying its adapted weights)
@@ -145,7 +145,7 @@ OLD_COUNT = {1: 17, 2: 19, 3: 23}
 
 
 def reencode(env, version):
-    """The session state env (server/migrate.c's envelope "NCSESS\\r\\n" around
+    """The session state env (server/domain/migrate.c's envelope "NCSESS\\r\\n" around
     an NCSTRM04 stream blob) with its stream blob as version 1-3 lays it out"""
     assert env[:8] == b"NCSESS\r\n" and zlib.crc32(env[:-4]) == struct.unpack("<I", env[-4:])[0]
     o = 8 + 4 + 8 + 12
@@ -159,7 +159,7 @@ def reencode(env, version):
 
 
 def reencode_stream(v4, version):
-    """The NCSTRM04 blob v4 as version 1-3 lays it out (core/stream.c)"""
+    """The NCSTRM04 blob v4 as version 1-3 lays it out (core/session/stream.c)"""
     assert v4[:8] == b"NCSTRM04" and zlib.crc32(v4[:-4]) == struct.unpack("<I", v4[-4:])[0]
     o = 8 + 12
     n = struct.unpack_from("<I", v4, o)[0]

@@ -377,7 +377,7 @@ int main(int argc, char **argv)
     }
     slog_init(srv.cfg.log_format, srv.cfg.log_level);
     /* Hardening (auth.h): no root unless allowed, API keys. Fault simulation
-     * (core/fault.h) is armed only by tests, through the environment. */
+     * (core/base/fault.h) is armed only by tests, through the environment. */
     if (nc_fault_from_spec(getenv("NEUROCACHE_FAULT")) != 0)
         return startup_failed("bad NEUROCACHE_FAULT", NULL);
     if (auth_startup(&srv, err, sizeof err) != 0)

@@ -4,7 +4,7 @@
  * layout of a namespace directory (snap-<seq>/, wal/, storage), so that a
  * daemon opening the copy recovers exactly the pairs up to that position.
  * Every file written is fsynced and listed with its size and CRC-32 (the
- * caller writes them into the backup's manifest; server/backup.c).
+ * caller writes them into the backup's manifest; server/domain/backup.c).
  *
  * Two ways in:
  *   nsstore_backup   an open store of this process: snapshots and pruning

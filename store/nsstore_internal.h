@@ -43,7 +43,7 @@ struct nc_nsstore {
     uint32_t ndocs, doccap;
     /* hook state: only touched under the cache's write lock */
     bool replaying;
-    nsstore_observer obs;         /* replication (server/replication.c) */
+    nsstore_observer obs;         /* replication (server/replication/replication.c) */
     void *obs_ctx;
     nc_buf rec;                   /* the ADD record being built (grown, reused) */
     int *dyn;                     /* dynamic ids of the record being built */

@@ -5,7 +5,7 @@
  * through the store exactly as a document's do (nsstore_add: log, index),
  * then a snapshot is written so that the daemon opens the namespace from it
  * (seconds) instead of replaying the log. The store is opened with the
- * daemon's own options (server/namespaces.c open_store: the model's trained
+ * daemon's own options (server/domain/namespaces.c open_store: the model's trained
  * unbounded.faiss, one OpenMP thread).
  *
  * BENCH_COMPACT=1 makes the namespace with compact storage (nsstore.h).
@@ -13,7 +13,7 @@
  * snapshot's, the store's memory_bytes and the process's RSS growth over
  * the adds. BENCH_REOPEN=k then opens the namespace k times at once from
  * its snapshot and prints the RSS each open adds (the precomputed table of
- * the index's training is shared: core/pq_tables.h).
+ * the index's training is shared: core/index/pq_tables.h).
  *
  * usage: bench_ns_seed MODEL_DIR STATES_FILE NAMESPACE_DIR [N] */
 #include <stdio.h>

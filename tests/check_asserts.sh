@@ -8,11 +8,11 @@
 set -u
 cd "$(dirname "$0")/.."
 pass=0; fail=0
-files=$(ls core/*.c core/*.h core/*.cpp store/*.c store/*.h)
+files=$(ls core/*/*.c core/*/*.h core/*/*.cpp store/*.c store/*.h)
 lines=$(cat $files | wc -l)
 asserts=$(cat $files | grep -o 'NC_ASSERT(' | wc -l)
 # the macro's own definition is not an assert
-asserts=$((asserts - $(grep -c '#define NC_ASSERT(' core/nc_common.h)))
+asserts=$((asserts - $(grep -c '#define NC_ASSERT(' core/base/nc_common.h)))
 need=$(( (lines + 99) / 100 ))
 echo "core/ and store/: $lines lines, $asserts NC_ASSERT (need $need: one per 100 lines)"
 if [ "$asserts" -ge "$need" ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $asserts asserts, $need needed"; fi

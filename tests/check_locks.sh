@@ -12,7 +12,7 @@ set -u
 cd "$(dirname "$0")/.."
 page=docs/threads.md
 pass=0; fail=0
-srcs=(core/*.[ch] core/*.cpp store/*.[ch] proto/*.[ch] server/*.[ch] tools/*.[ch])
+srcs=(core/*/*.[ch] core/*/*.cpp store/*.[ch] proto/*.[ch] server/*.[ch] server/*/*.[ch] tools/*.[ch])
 
 # The rows of the table under "## SECTION" of the page: | `name` | c2 | c3 | ...,
 # as "name c2" (ncols 2) or "name c2 c3" (ncols 3).

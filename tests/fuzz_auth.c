@@ -1,5 +1,5 @@
 /* fuzz_auth.c -- libFuzzer harness for the API key file parser
- * (server/auth.c, auth_parse): arbitrary text must be refused with a message
+ * (server/net/auth.c, auth_parse): arbitrary text must be refused with a message
  * or give a table whose every key is found by its own secret and by no
  * truncation of it, with operations and namespaces as the rules say. */
 #include <stdint.h>

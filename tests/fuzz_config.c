@@ -1,5 +1,5 @@
 /* fuzz_config.c -- libFuzzer harness for the daemon's configuration
- * (server/config.c): the first byte picks the INI file reader (libinih +
+ * (server/common/config.c): the first byte picks the INI file reader (libinih +
  * the option table) or the command-line parser (the rest split at NUL bytes
  * into argv). Bad options must be refused with a message naming them; what is
  * accepted must be inside the table's ranges. */

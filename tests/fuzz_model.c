@@ -1,4 +1,4 @@
-/* fuzz_model.c -- libFuzzer harness for the model loader (core/model.c):
+/* fuzz_model.c -- libFuzzer harness for the model loader (core/model/model.c):
  * config.json, vocab.txt and model.safetensors. The input holds the three
  * files separated by the line "--8<--" (a missing part keeps the file of the
  * small test model); they are written to a private directory on tmpfs and

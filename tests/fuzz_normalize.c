@@ -1,5 +1,5 @@
 /* fuzz_normalize.c -- libFuzzer harness for the text normaliser
- * (core/normalize.c) through tokenize() of a small model with text
+ * (core/text/normalize.c) through tokenize() of a small model with text
  * conventions: arbitrary bytes (invalid UTF-8, NUL, combining marks,
  * compatibility characters, apostrophes, stops, numbers, huge words). The
  * first byte picks the conventions (PTB, or each mode varied by its bits)

@@ -8,7 +8,7 @@
 # Haswell's, an Intel Xeon SkylakeX's): OPENBLAS_CORETYPE pins the set that
 # belongs with each level, so the runs do not depend on which vendor's CPU
 # CI lands on. Which levels the CPU has is asked of the CLI itself (the one
-# definition in core/vmath.c): NEUROCACHE_SIMD=L neurocache --version exits
+# definition in core/numerics/vmath.c): NEUROCACHE_SIMD=L neurocache --version exits
 # 2 on a level the CPU lacks.
 #
 # usage: NEUROCACHE_BIN=bin run_levels.sh TEST_BINARY...

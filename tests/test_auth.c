@@ -1,4 +1,4 @@
-/* test_auth.c -- access control (server/auth.h): the key file parser and
+/* test_auth.c -- access control (server/net/auth.h): the key file parser and
  * its mode check, constant-time comparison, the route classes, and over real
  * HTTP: 401 without or with a wrong key, 403 outside a key's operations or
  * namespaces, sessions of other namespaces invisible (404), isolation of two

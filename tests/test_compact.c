@@ -1,5 +1,5 @@
 /* test_compact.c -- compact storage of a namespace (store/nsstore.h, issue
- * 26 point 3) and the shared precomputed tables (core/pq_tables.h): a
+ * 26 point 3) and the shared precomputed tables (core/index/pq_tables.h): a
  * compact store logs lists and PQ codes, not keys; its log alone, and a
  * snapshot + its log tail, rebuild the same lists, codes and search results
  * bit for bit; its index holds exactly what a store with keys holds for the

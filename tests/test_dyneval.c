@@ -1,4 +1,4 @@
-/* test_dyneval.c -- dynamic evaluation (core/dyneval.h, issue 27): the
+/* test_dyneval.c -- dynamic evaluation (core/model/dyneval.h, issue 27): the
  * segment gradient of every adapted subset against central differences of
  * the loss; one step of the update against a naive double-precision
  * implementation (the gradient by central differences, the paper's rule

@@ -1,4 +1,4 @@
-/* test_fault_injection.c -- fault simulation (core/fault.h) walked over the model load,
+/* test_fault_injection.c -- fault simulation (core/base/fault.h) walked over the model load,
  * model save and tokenizer paths, SQLite style: for N = 1, 2, ... make the
  * N-th allocation / read / write / fsync fail, check the operation fails
  * cleanly (error code, message, nothing half-built handed out, files on disk

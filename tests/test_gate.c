@@ -1,4 +1,4 @@
-/* test_gate.c -- the adaptive mixture (core/gate.h, issue 18): the gate's
+/* test_gate.c -- the adaptive mixture (core/components/gate.h, issue 18): the gate's
  * gradient against central differences; a gate that outputs the constant
  * weights reproduces the constant-λ numbers (target and full paths); the
  * gate never reads the target; fitting is deterministic for a seed and

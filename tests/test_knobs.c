@@ -1,4 +1,4 @@
-/* test_knobs.c -- the cache knob table (core/cache_knobs.h) is the one
+/* test_knobs.c -- the cache knob table (core/knobs/cache_knobs.h) is the one
  * definition of every knob's bounds: the command line, a request's JSON and
  * the daemon's config file (file and flags) refuse the same out-of-range
  * value with the same message, and proto/openapi.yaml documents the same

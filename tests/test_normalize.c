@@ -1,4 +1,4 @@
-/* test_normalize.c -- the text normaliser (core/normalize.c) through
+/* test_normalize.c -- the text normaliser (core/text/normalize.c) through
  * tokenize(): PTB conventions on ordinary text (case, NFKC, accents,
  * numbers, clitics, hyphens, quotes, brackets, abbreviations, sentences),
  * offsets and lengths into the original text, the other modes, the "text"

@@ -1,4 +1,4 @@
-/* test_scan.c -- the IVFPQ scan's kernels (core/faiss_shim.cpp) against
+/* test_scan.c -- the IVFPQ scan's kernels (core/index/faiss_shim.cpp) against
  * naive loops: the PQ distances of a list's codes from its look-up table
  * (faiss_shim_pq_dists), bit for bit, and the k best candidates by
  * (distance, id) (faiss_shim_top_k), exactly; at every kernel level the CPU

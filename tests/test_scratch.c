@@ -1,4 +1,4 @@
-/* test_scratch.c -- the per-thread scratch buffers (core/scratch.h): growth,
+/* test_scratch.c -- the per-thread scratch buffers (core/base/scratch.h): growth,
  * contents kept while a slot does not grow, one buffer per thread, every
  * buffer given back when its thread exits (scratch_live_bytes; the ASan run
  * of this suite checks the same for leaks), an allocation fault leaving the

@@ -464,7 +464,7 @@ TEST(concurrent_equals_sequential)
 }
 
 /* Predict batching: concurrent sessions' predictions share one decoder
- * GEMM (server/batcher.c). Each session's full distribution asked by many
+ * GEMM (server/domain/batcher.c). Each session's full distribution asked by many
  * threads at once equals the one asked alone, and equals what a daemon
  * without batching (one matrix-vector product per predict) answers. */
 #define NBATCH 8

@@ -1,4 +1,4 @@
-/* test_server_batcher.c -- the predict batcher (server/batcher.c) in
+/* test_server_batcher.c -- the predict batcher (server/domain/batcher.c) in
  * process, with batches forced deterministically: a blocking job holds the
  * only batch thread while predictions queue, so the next batch takes them
  * all (one pass over the decoder). Each job checks the logits it is handed against the

@@ -308,7 +308,7 @@ TEST(newer_files_refused_naming_both_versions)
     }
 }
 
-/* The stream blob inside a session envelope (server/migrate.c) made
+/* The stream blob inside a session envelope (server/domain/migrate.c) made
  * version v, both checksums redone. */
 static size_t blob_with_version(const unsigned char *env, size_t len, int v, unsigned char *out)
 {

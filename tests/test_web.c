@@ -1,4 +1,4 @@
-/* test_web.c -- the page at GET / (server/web.h): its files are served
+/* test_web.c -- the page at GET / (server/net/web.h): its files are served
  * without a key and are the repository's web/ files byte for byte, the API
  * behind it still needs one, `--web false` turns the page off; then the
  * browser test (tests/web/ui_test.js, headless Chromium through

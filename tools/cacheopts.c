@@ -1,6 +1,6 @@
 /* cacheopts.c -- the cache options shared by `score`, `eval` and `tune`
  * (cacheopts.h): their getopt table and help, built from the knob table
- * (core/cache_knobs.h) and the CLI's own few; parsing them, the usage
+ * (core/knobs/cache_knobs.h) and the CLI's own few; parsing them, the usage
  * errors and the nearest option to a misspelt one; strict number and list
  * parsing for the commands' own options. Which options need which is
  * cacheopts_rules.c. */

@@ -1,6 +1,6 @@
 /* cacheopts_rules.c -- the cache options' combination rules, checked once
  * the command line is read (cacheopts_finish): a knob given without the
- * knob it needs (the knob table's "needs" column, core/cache_knobs.h), the
+ * knob it needs (the knob table's "needs" column, core/knobs/cache_knobs.h), the
  * CLI's own options that need the unbounded cache, the two contradictions,
  * then the settings' validation (cache_params_validate). */
 #include "cacheopts.h"

@@ -1,6 +1,6 @@
 /* cmd_backup.c -- `neurocache backup` and `neurocache restore`: they copy a
  * data directory's namespaces, which is the store's business (store/,
- * server/backup.h), so the command runs the daemon's program in its
+ * server/domain/backup.h), so the command runs the daemon's program in its
  * backup mode, `neurocached backup|restore` with the same arguments: the
  * neurocached next to this program, else the one on the PATH. */
 #include <limits.h>

@@ -1,5 +1,5 @@
 /* cmd_dynstats.c -- `neurocache dyn-stats`: measures dynamic evaluation's
- * mean squared gradients MS_g on training text (core/dyneval.h) and writes
+ * mean squared gradients MS_g on training text (core/model/dyneval.h) and writes
  * them beside the weights, in DIR/dyneval (a model directory of the same
  * configuration whose weights are MS_g, F32). */
 #include <getopt.h>

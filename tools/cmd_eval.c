@@ -165,7 +165,7 @@ static int parse_row(const char *spec, const cacheopts *main_co, const struct op
  * -- but nprobe: the rows share one unbounded search per file (at the
  * largest k, eval_doc_search), whose IVF probes are the command's. --sweep
  * takes their options (or the older aliases); their bounds are the knob
- * table's (core/cache_knobs.h). */
+ * table's (core/knobs/cache_knobs.h). */
 static bool sweepable(const nc_cache_knob *k)
 {
     return (k->type == NC_KNOB_INT || k->type == NC_KNOB_FLOAT) && k->owner >= 0 && cache_row_remembers(k->owner) &&

@@ -1,5 +1,5 @@
 /* cmd_fitgate.c -- `neurocache fit-gate`: fits the adaptive mixture's gate
- * (core/gate.h) on a validation text and writes it into the model directory.
+ * (core/components/gate.h) on a validation text and writes it into the model directory.
  * One LSTM pass and one scoring pass (with the caches as given, constant λ)
  * collect each token's features and each component's probability of the
  * target; the gate is then fitted on those by L-BFGS (gate_fit). */

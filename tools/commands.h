@@ -12,7 +12,7 @@ int cmd_fit_gate(int argc, char **argv);
 int cmd_build_index(int argc, char **argv);
 int cmd_migrate(int argc, char **argv);
 int cmd_dyn_stats(int argc, char **argv);
-/* run `neurocached backup|restore` (server/backup.h) */
+/* run `neurocached backup|restore` (server/domain/backup.h) */
 int cmd_backup(int argc, char **argv);
 int cmd_restore(int argc, char **argv);
 

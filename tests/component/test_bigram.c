@@ -1,6 +1,6 @@
 /* test_bigram.c -- the acceptance of a component with session state
  * (issue 39): the recent-bigram cache (tests/component/bigram.c, one line
- * in core/component_table.h) reaches the knob table's every reader (CLI,
+ * in core/knobs/component_table.h) reaches the knob table's every reader (CLI,
  * JSON, config, /v1/model), the mixture (against a naive double sum), the
  * gate's features, the export blob (bit for bit), rescoring (the ring
  * rolled back), a resize, the memory gauge of /metrics, and the daemon

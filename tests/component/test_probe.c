@@ -1,6 +1,6 @@
 /* test_probe.c -- the acceptance of the component table (issue 28): a
  * component added in a test build (tests/component/probe.c, one line in
- * core/component_table.h) appears in the mixture's numbers, in predict's
+ * core/knobs/component_table.h) appears in the mixture's numbers, in predict's
  * "components" and "weights", in the gate's features, fit and files, in
  * the export blob and in /v1/model. Built and run only in the probe tree
  * (make test: build/probe, -DNC_COMPONENT_PROBE). */

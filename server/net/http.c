@@ -81,7 +81,7 @@ static int match(const char *pattern, const char *url, char params[][128])
 
 static double now_s(void)
 {
-    return sessions_now();
+    return nc_now_s();
 }
 
 static enum MHD_Result send_response(struct MHD_Connection *conn, http_request *req,

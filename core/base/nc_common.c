@@ -1,4 +1,5 @@
-/* nc_common.c -- error reporting, half floats and aligned allocation. */
+/* nc_common.c -- error reporting, the monotonic clock, half floats and
+ * aligned allocation. */
 #include "nc_common.h"
 #include "fault.h"
 
@@ -6,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 int nc_error(char *err, size_t errlen, int rc, const char *fmt, ...)
 {
@@ -16,6 +18,13 @@ int nc_error(char *err, size_t errlen, int rc, const char *fmt, ...)
         va_end(ap);
     }
     return rc;
+}
+
+double nc_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 void nc_assert_fail(const char *cond, const char *file, int line, const char *fmt, ...)

@@ -46,7 +46,7 @@ void api_h_metrics(nc_server *srv, http_request *req, http_response *resp)
     resp->status = 200;
 }
 
-/* The mixture's components in its order (core/component_table.h): each
+/* The mixture's components in its order (core/knobs/component_table.h): each
  * one's name, its knobs and its gate features. */
 static json_t *api_components(void)
 {

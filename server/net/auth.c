@@ -15,7 +15,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "sessions.h"
 #include "slog.h"
 
 #define AUTH_NAME_MAX 64
@@ -233,7 +232,7 @@ static int add_key(auth_table *t, char **fields, int nf, int line, char *err, si
     }
     k->rate_bucket = k->rate > 1 ? k->rate : 1;
     k->tok_bucket = (double)k->tokens_per_min;
-    k->rate_t = k->tok_t = sessions_now();
+    k->rate_t = k->tok_t = nc_now_s();
     return rc;
 }
 
@@ -588,7 +587,7 @@ int auth_check(nc_server *srv, const auth_request *ar, const auth_key **key, aut
     /* Limits. */
     int rc = 0;
     pthread_mutex_lock(&k->lock);
-    double now = sessions_now();
+    double now = nc_now_s();
     if (k->rate > 0) {
         double cap = k->rate > 1 ? k->rate : 1;
         k->rate_bucket = fmin(cap, k->rate_bucket + (now - k->rate_t) * k->rate);

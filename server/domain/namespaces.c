@@ -456,7 +456,7 @@ static int recover_one(ns_registry *g, const char *name, const char *dir, char *
  * message (the first namespace that cannot be recovered). */
 static int recover_all(ns_registry *g, char *err, size_t errlen)
 {
-    double t0 = sessions_now();
+    double t0 = nc_now_s();
     DIR *d = opendir(g->root);
     struct dirent *e;
     int rc = 0;
@@ -483,7 +483,7 @@ static int recover_all(ns_registry *g, char *err, size_t errlen)
     }
     if (d)
         closedir(d);
-    g->recovery_s = sessions_now() - t0;
+    g->recovery_s = nc_now_s() - t0;
     return rc;
 }
 

@@ -44,6 +44,10 @@ int nc_error(char *err, size_t errlen, int rc, const char *fmt, ...)
 float nc_half_to_float(uint16_t h);
 uint16_t nc_float_to_half(float f);
 
+/* Seconds on CLOCK_MONOTONIC: the one clock of durations and deadlines
+ * (sessions' idle times, rate limits, phases' timings). */
+double nc_now_s(void);
+
 /* Allocation that never returns unaligned memory for SIMD/BLAS (64 bytes);
  * free with nc_free (NULL allowed). Returns NULL on failure or n == 0. */
 void *nc_alloc(size_t n);

@@ -12,7 +12,7 @@
  * every stored vector in id order, so no entry is lost and ids are kept.
  *
  * Concurrency: searches take a read lock and run in parallel, each with its
- * own nprobe (passed to FAISS with the search, core/faiss_shim.h, never set
+ * own nprobe (passed to FAISS with the search, core/index/faiss_shim.h, never set
  * in the shared index); adds and the switch take the write lock. All
  * functions are thread-safe. */
 #ifndef NC_UNBOUNDED_CACHE_H

@@ -1,5 +1,5 @@
 /* compute.h -- what numeric machinery this process runs on: the release,
- * the level of core/vmath.c's kernels and the kernel set OpenBLAS chose.
+ * the level of core/numerics/vmath.c's kernels and the kernel set OpenBLAS chose.
  * Figures from two machines compare only with these beside them. */
 #ifndef NC_COMPUTE_H
 #define NC_COMPUTE_H

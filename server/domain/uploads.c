@@ -151,7 +151,7 @@ static void upload_unlist(upload *u)
 static void upload_list(upload *u)
 {
     upload_registry *g = u->srv->uploads;
-    u->prog.started = sessions_now();
+    u->prog.started = nc_now_s();
     u->prog.ns = u->r;
     pthread_mutex_lock(&g->lock);
     u->prog.next = g->head;
@@ -633,7 +633,7 @@ size_t uploads_in_progress(nc_server *srv, const ns_handle *ns, upload_status **
     *out = NULL;
     if (!g)
         return 0;
-    double t = sessions_now();
+    double t = nc_now_s();
     size_t n = 0, cap = 0;
     pthread_mutex_lock(&g->lock);
     for (upload_progress *p = g->head; p; p = p->next)

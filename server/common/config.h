@@ -30,11 +30,11 @@ typedef struct {
     bool log_requests;           /* one log line per request (debug level) */
     int drain_timeout_s;         /* SIGTERM: longest wait for in-flight work */
     char replica_tag[16];        /* prefix of session ids (scale-out) */
-    char peers[2048];            /* other replicas: "tag=url,..." (server/migrate.h) */
+    char peers[2048];            /* other replicas: "tag=url,..." (server/domain/migrate.h) */
     char peer_key[128];          /* API key presented to the peers ("" = none) */
     int drain_grace_s;           /* SIGTERM: seconds serving with /ready 503 before hand-over */
-    bool web;                    /* serve the page at GET / (server/web.h) */
-    /* [replication] (server/replication.h) */
+    bool web;                    /* serve the page at GET / (server/net/web.h) */
+    /* [replication] (server/replication/replication.h) */
     char redis[256];             /* host:port of Redis; "" = no replication */
     char redis_prefix[64];       /* key prefix of the streams */
     long redis_maxlen;           /* approximate cap of each stream, 0 = none */
@@ -54,12 +54,12 @@ typedef struct {
     int session_ttl_s;           /* idle sessions are evicted after this */
     long session_memory_mb;      /* budget for all sessions together, 429 over */
     /* [cache] defaults of every session and of /v1/score: one key per row of
-     * the core's knob table (core/cache_knobs.h) */
+     * the core's knob table (core/knobs/cache_knobs.h) */
     nc_cache_params cache;
-    /* [security] (server/auth.h) */
+    /* [security] (server/net/auth.h) */
     char api_keys[1024];         /* API key file; "" = no keys (open API, loopback by default) */
     bool allow_root;             /* start even when running as root */
-    /* [namespaces] (server/namespaces.h) */
+    /* [namespaces] (server/domain/namespaces.h) */
     int fsync_mode;              /* nc_wal_sync: 0 group, 1 each, 2 none */
     int snapshot_period_s;       /* seconds between snapshots, 0 = only at shutdown */
     char index_factory[128];     /* FAISS factory of the IVF index, "" = IVF4096,PQ{H/8} */

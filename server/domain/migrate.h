@@ -8,12 +8,12 @@
  * Blob layout (little-endian), version 1:
  *   "NCSESS\r\n"  magic (8 bytes; the \r\n catches text-mode mangling)
  *   u32 version   MIGRATE_BLOB_VERSION
- *   u64 model     fingerprint of the model (model_fingerprint, core/model.h)
+ *   u64 model     fingerprint of the model (model_fingerprint, core/model/model.h)
  *   u32 V, H, L   the model's shape, for the error message
  *   u16 n + id    the session id it had (informational: PUT names the id)
  *   u16 n + ns    its namespace ("" = none)
  *   f64 created   wall-clock creation time
- *   u64 n + blob  the per-stream predictor (core/stream.h stream_export:
+ *   u64 n + blob  the per-stream predictor (core/session/stream.h stream_export:
  *                 cache settings, LSTM state, windows, open-vocabulary words
  *                 by surface string)
  *   u32 crc32     zlib crc32 of everything before
@@ -27,6 +27,7 @@
 
 #include "proto.h"
 #include "server.h"
+#include "sessions.h"
 
 #define MIGRATE_BLOB_VERSION 1u
 

@@ -1,5 +1,5 @@
 /* faiss_shim.h -- what FAISS 1.7.3's C API lacks, in a few lines of C++ of
- * our own (core/faiss_shim.cpp) compiled with the build: a search with its
+ * our own (core/index/faiss_shim.cpp) compiled with the build: a search with its
  * own nprobe (faiss::SearchParametersIVF), so that two readers of one index
  * with different nprobe need not change the shared index's field (and take
  * a write lock to do it); our IVFPQ scan; an add whose list assignment does

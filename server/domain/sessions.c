@@ -35,13 +35,6 @@ void sessions_set_binder(sessions *t,
     t->bind_ctx = ctx;
 }
 
-double sessions_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static double wall_now(void)
 {
     struct timespec ts;
@@ -216,7 +209,7 @@ static sessions_rc session_enter(sessions *t, nc_session *s, size_t need, sessio
     }
     if (rc == SESS_OK) {
         s->refs = 1;
-        s->last_used = sessions_now();
+        s->last_used = nc_now_s();
         HASH_ADD_STR(t->by_id, id, s);
     } else {
         t->count--;
@@ -263,7 +256,7 @@ nc_session *sessions_acquire(sessions *t, const char *id)
     HASH_FIND_STR(t->by_id, id, s);
     if (s) {
         s->refs++;
-        s->last_used = sessions_now();
+        s->last_used = nc_now_s();
     }
     pthread_mutex_unlock(&t->lock);
     return s;
@@ -278,7 +271,7 @@ void sessions_release(sessions *t, nc_session *s)
     pthread_mutex_lock(&t->lock);
     NC_ASSERT(s->refs > 0, "sessions_release: session %s released more often than acquired", s->id);
     s->refs--;
-    s->last_used = sessions_now();
+    s->last_used = nc_now_s();
     if (s->removed && s->refs == 0)
         destroy = 1;
     pthread_mutex_unlock(&t->lock);
@@ -328,7 +321,7 @@ sessions_rc sessions_hand_over(sessions *t, const char *id)
 int sessions_evict_idle(sessions *t)
 {
     NC_ASSERT(t, "sessions_evict_idle: no t");
-    double now = sessions_now();
+    double now = nc_now_s();
     nc_session *s, *tmp, *dead = NULL;
     int n = 0;
     pthread_mutex_lock(&t->lock);

@@ -5,16 +5,21 @@
 #include <stdatomic.h>
 
 #include "config.h"
-#include "sessions.h"
+#include "model.h"
 #include "workguard.h"
 
+/* A session id's or a namespace name's bytes with its NUL: the session
+ * table's (domain) and the API keys' records of them (net) alike. */
+#define SESSION_ID_MAX 64
+
 struct nc_nsstore;
+struct sessions;
 
 typedef struct nc_server {
     nc_server_config cfg;
     nc_cache_params cache_defaults;   /* from the [cache] options */
     nc_model *model;                  /* NULL until loaded */
-    sessions *sessions;               /* NULL until the model is loaded */
+    struct sessions *sessions;        /* sessions.h; NULL until the model is loaded */
     struct ns_registry *namespaces;   /* namespaces.h; NULL until recovered */
     struct migration *migration;      /* peers, model fingerprint (migrate.h); NULL until the model is loaded */
     struct batcher *batcher;          /* predict batching (batcher.h); NULL = predict inline */

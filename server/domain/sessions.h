@@ -1,4 +1,4 @@
-/* sessions.h -- the sessions table: per-session predictor (core/stream.h)
+/* sessions.h -- the sessions table: per-session predictor (core/session/stream.h)
  * behind a mutex, ids from getrandom, idle TTL, a maximum count and a memory
  * budget. */
 #ifndef NC_SERVER_SESSIONS_H
@@ -10,9 +10,8 @@
 #include <stdint.h>
 #include <uthash.h>
 
+#include "server.h"
 #include "stream.h"
-
-#define SESSION_ID_MAX 64
 
 typedef struct nc_session {
     char id[SESSION_ID_MAX];
@@ -130,7 +129,5 @@ void sessions_stats(sessions *t, long *count, size_t *bytes);
 /* Budget charge of a session with params p (state + windows at full size). */
 size_t sessions_estimate(const nc_model *m, const nc_cache_params *p);
 
-/* Monotonic clock in seconds. */
-double sessions_now(void);
 
 #endif
