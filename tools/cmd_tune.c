@@ -116,6 +116,8 @@ static void options_of(const nc_cache_params *p, char *buf, size_t len)
             ADD("--global-norm --neural-alpha %g ", (double)p->neural_alpha);
         else
             ADD("--neural-lambda %g ", (double)p->neural_lambda);
+        if (p->neural_f16)   /* the keys' precision moves the scores: the line must reproduce it */
+            ADD("--neural-f16 ");
     }
     if (p->unigram_size > 0)
         ADD("--unigram-size %d --unigram-lambda %g ", p->unigram_size, (double)p->unigram_lambda);
