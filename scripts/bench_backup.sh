@@ -39,6 +39,7 @@ for f in "${corpora[@]}" "$upload_text" "$probe_text"; do
     [ -f "$f" ] || { echo "bench_backup: $f absent (see $DATA/SOURCES.md): skipped" >&2; exit 0; }
 done
 
+status=0
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); $(date -u '+%Y-%m-%d %H:%M UTC')"
 run() {   # $1: the bin/ directory under test; $2: compare 0|1
     echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); binaries: $1"
@@ -46,7 +47,7 @@ run() {   # $1: the bin/ directory under test; $2: compare 0|1
         --corpus "$(IFS=,; echo "${corpora[*]}")" --pairs "${BENCH_PAIRS:-1000000}" \
         --rounds "${BENCH_ROUNDS:-3}" --window "${BENCH_WINDOW:-20}" \
         --upload-text "$upload_text" --upload-pause-ms "${BENCH_UPLOAD_PAUSE_MS:-200}" \
-        --probe-text "$probe_text" --compare "$2"
+        --probe-text "$probe_text" --compare "$2" || { status=1; echo "(this run FAILED: see its messages)"; }
     echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
     echo
 }
@@ -58,3 +59,4 @@ if [ -n "${BENCH_BEFORE:-}" ]; then
 else
     run "$BIN" 1
 fi
+exit $status
