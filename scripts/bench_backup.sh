@@ -11,13 +11,14 @@
 #
 # The namespace is filled once through HTTP on models/demo from PTB train
 # then WikiText-2 valid (../shared/data; skipped, saying so, when absent)
-# until it holds BENCH_PAIRS pairs, its own index trained (minutes of LSTM
-# and k-means work), and kept in BENCH_SEED; each run serves a copy of it.
+# until it holds BENCH_PAIRS pairs, its own index trained (15-20 minutes of
+# LSTM and k-means work on 2 shared cores), and kept in BENCH_SEED (1.7 GB);
+# each run serves a copy of it (2-5 minutes a run).
 #
 #   BENCH_PAIRS      pairs of the namespace (default 1000000)
 #   BENCH_SEED       the filled data_dir kept between runs (default build/bench-backup/seed)
-#   BENCH_ROUNDS     rounds of (window without, backup) (default 3)
-#   BENCH_WINDOW     seconds of a window without a backup (default 20)
+#   BENCH_ROUNDS     rounds of (window without, backup) (default 6)
+#   BENCH_WINDOW     seconds of a window without a backup (default 10)
 #   BENCH_UPLOAD_PAUSE_MS  pause of each uploader between two 1,000-word documents (default 200)
 #   BENCH_BEFORE     a bin/ directory of another build: runs before, this, before, this
 #                    (BENCH_AB pairs, default 2), the comparison of predictions only with this build
@@ -45,7 +46,7 @@ run() {   # $1: the bin/ directory under test; $2: compare 0|1
     echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); binaries: $1"
     NEUROCACHE_BIN=$(cd "$1" && pwd) "$gen" --model "$MODEL" --seed "$SEED" --run "$RUN" \
         --corpus "$(IFS=,; echo "${corpora[*]}")" --pairs "${BENCH_PAIRS:-1000000}" \
-        --rounds "${BENCH_ROUNDS:-3}" --window "${BENCH_WINDOW:-20}" \
+        --rounds "${BENCH_ROUNDS:-6}" --window "${BENCH_WINDOW:-10}" \
         --upload-text "$upload_text" --upload-pause-ms "${BENCH_UPLOAD_PAUSE_MS:-200}" \
         --probe-text "$probe_text" --compare "$2" || { status=1; echo "(this run FAILED: see its messages)"; }
     echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -6,7 +6,8 @@
  *           is given the corpora (--corpus F1,F2: documents of --doc-lines
  *           lines, 2 uploaders) until the namespace holds --pairs pairs;
  *           then it waits until the namespace's own index training is done
- *           and none is due, and stops the daemon cleanly (its snapshot).
+ *           and none is due, uploads one more pair and stops the daemon
+ *           cleanly (so that its snapshot holds the trained index).
  *  measure  a copy of the seed (--run DIR) served by bin/neurocached
  *           (NEUROCACHE_BIN) with --snapshot-period 0 (no periodic
  *           snapshot lands in a window by chance): --readers sessions
@@ -17,7 +18,10 @@
  *           window without a backup (--window seconds) and one with (from
  *           POST /v1/admin/backup until its answer), alternated so that
  *           the machine's other load falls on both alike. The readers'
- *           p50/p99 of each window by the request's start, and pooled.
+ *           p50/p99 of each window by the request's start, and pooled;
+ *           and a monitor's GET /metrics and session creation every 2 s
+ *           (requests that take the namespace registry's lock), slowest
+ *           without and during a backup.
  *  compare  (--compare 1) the uploaders paused and their last upload
  *           answered, the original's predictions for --probes texts read
  *           (the readers go on), a backup taken; `neurocache restore` of
@@ -34,7 +38,7 @@
  *           was asked for is in it).
  *
  * usage: bench_backup --model DIR --seed DIR --run DIR --corpus F1[,F2..] [--pairs 1000000]
- *        [--doc-lines 2000] [--readers 16] [--uploaders 2] [--rounds 3] [--window 20] [--warmup 10]
+ *        [--doc-lines 2000] [--readers 16] [--uploaders 2] [--rounds 6] [--window 10] [--warmup 10]
  *        [--upload-text FILE] [--upload-words 1000] [--upload-pause-ms 200] [--compare 0|1]
  *        [--probe-text FILE] [--probes 16] [--fill-only 1]
  * The namespace is "ns". Prints markdown for BENCHMARKS.md on stdout,
@@ -605,13 +609,13 @@ typedef struct {
 static void usage(void)
 {
     fprintf(stderr, "usage: bench_backup --model DIR --seed DIR --run DIR --corpus F1[,F2..] [--pairs N] "
-                    "[--readers 16] [--uploaders 2] [--rounds 3] [--window S] [--compare 0|1] ...\n");
+                    "[--readers 16] [--uploaders 2] [--rounds 6] [--window S] [--compare 0|1] ...\n");
 }
 
 static bool parse(int argc, char **argv, opts *o)
 {
-    *o = (opts){.pairs = 1000000, .doc_lines = 2000, .readers = 16, .uploaders = 2, .rounds = 3,
-                .upload_words = 1000, .upload_pause_ms = 200, .compare = 1, .probes = 16, .window = 20,
+    *o = (opts){.pairs = 1000000, .doc_lines = 2000, .readers = 16, .uploaders = 2, .rounds = 6,
+                .upload_words = 1000, .upload_pause_ms = 200, .compare = 1, .probes = 16, .window = 10,
                 .warmup = 10};
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
