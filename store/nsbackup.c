@@ -56,9 +56,9 @@ static int write_all(int fd, const unsigned char *p, size_t n)
 
 /* A copy is written back as it goes, WRITE_BEHIND bytes at a time, and
  * its pages dropped once on disk: left to the final fsync, a 600 MB copy
- * was one burst of writeback (1.6 GB/s for a second, the system time of
- * both cores up by a third) under the readers of the namespace, and its
- * pages would crowd the page cache the daemon's own files use. */
+ * was one burst of writeback (0.53 GB in a second, the system time of both
+ * cores up by half) under the readers of the namespace, and its pages
+ * would crowd the page cache the daemon's own files use. */
 #define WRITE_BEHIND (8u << 20)
 
 typedef struct {
