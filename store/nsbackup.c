@@ -54,9 +54,37 @@ static int write_all(int fd, const unsigned char *p, size_t n)
     return 0;
 }
 
+/* A copy is written back as it goes, WRITE_BEHIND bytes at a time, and
+ * its pages dropped once on disk: left to the final fsync, a 600 MB copy
+ * was one burst of writeback (0.53 GB in a second, the system time of both
+ * cores up by half) under the readers of the namespace, and its pages
+ * would crowd the page cache the daemon's own files use. */
+#define WRITE_BEHIND (8u << 20)
+
+typedef struct {
+    uint64_t submitted;           /* [0, submitted) asked to be written back */
+    uint64_t dropped;             /* [0, dropped) on disk and out of the cache */
+} write_behind;
+
+static void write_behind_step(int out, uint64_t written, write_behind *wb)
+{
+    if (written - wb->submitted < WRITE_BEHIND)
+        return;
+    /* the previous range is on its way by now: wait for it, drop it */
+    if (wb->submitted > wb->dropped) {
+        (void)sync_file_range(out, (off_t)wb->dropped, (off_t)(wb->submitted - wb->dropped),
+                              SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+        (void)posix_fadvise(out, (off_t)wb->dropped, (off_t)(wb->submitted - wb->dropped), POSIX_FADV_DONTNEED);
+        wb->dropped = wb->submitted;
+    }
+    (void)sync_file_range(out, (off_t)wb->submitted, (off_t)(written - wb->submitted), SYNC_FILE_RANGE_WRITE);
+    wb->submitted = written;
+}
+
 /* Reads fd to its end: size and CRC-32, and a copy into out (-1 = none). */
 static int stream_file(int fd, int out, uint64_t *size, uint32_t *crc)
 {
+    write_behind wb = {0, 0};
     unsigned char *buf = nc_malloc(COPY_CHUNK);
     if (!buf)
         return NC_ENOMEM;
@@ -79,6 +107,8 @@ static int stream_file(int fd, int out, uint64_t *size, uint32_t *crc)
             rc = errno == ENOSPC || errno == EDQUOT ? NC_ENOSPACE : NC_EIO;
             break;
         }
+        if (out >= 0)
+            write_behind_step(out, total, &wb);
     }
     free(buf);
     *size = total;
@@ -100,6 +130,8 @@ int backup_copy_file(const char *src, const char *dst, uint64_t *size, uint32_t 
     int rc = stream_file(in, out, size, crc);
     if (rc == NC_OK && nc_fsync(out) != 0)
         rc = errno == ENOSPC ? NC_ENOSPACE : NC_EIO;
+    if (rc == NC_OK)   /* on disk: the rest of its pages out of the cache */
+        (void)posix_fadvise(out, 0, 0, POSIX_FADV_DONTNEED);
     int e = errno;
     close(in);
     if (close(out) != 0 && rc == NC_OK)

@@ -693,9 +693,14 @@ void nsstore_stats(nc_nsstore *ns, nc_nsstore_stats *st)
     st->fsyncs = ws.fsyncs;
     st->last_seq = ws.last_seq;
     st->synced_seq = ws.synced_seq;
-    pthread_mutex_lock(&ns->snap_lock);
-    st->snapshot_age = nsstore_now() - ns->snap_time;
-    st->snapshot_seconds = ns->snap_secs;
-    st->snapshot_seq = ns->snap_seq;
-    pthread_mutex_unlock(&ns->snap_lock);
+    /* read atomically, not under snap_lock: a backup holds that lock for
+     * the whole copy (a minute at 1M pairs), and GET /metrics reads these
+     * stats under the registry's lock, which every upload and session
+     * creation takes: a scrape during a backup stalled them all */
+    double snap_time, snap_secs;
+    __atomic_load(&ns->snap_time, &snap_time, __ATOMIC_ACQUIRE);
+    __atomic_load(&ns->snap_secs, &snap_secs, __ATOMIC_ACQUIRE);
+    st->snapshot_age = nsstore_now() - snap_time;
+    st->snapshot_seconds = snap_secs;
+    st->snapshot_seq = __atomic_load_n(&ns->snap_seq, __ATOMIC_ACQUIRE);
 }

@@ -50,8 +50,8 @@ struct nc_nsstore {
     size_t dyn_cap;
     /* snapshots */
     pthread_mutex_t snap_lock;
-    uint64_t snap_seq, prev_snap_seq;
-    double snap_time, snap_secs;
+    uint64_t snap_seq, prev_snap_seq;   /* snap_seq: written under snap_lock, atomically */
+    double snap_time, snap_secs;        /* written under snap_lock, atomically: read by nsstore_stats without it */
     uint64_t retain;              /* nsstore_retain_log (atomic) */
     bool retired;                 /* nsstore_retire: set under snap_lock, read atomically */
 };

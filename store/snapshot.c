@@ -331,10 +331,12 @@ static int write_snapshot(nc_nsstore *ns, uint64_t S, double t0, char *err, size
         nsstore_remove_dir(tmp, NULL, 0);
     } else {
         prune_after_snapshot(ns, S);
+        /* stored atomically: nsstore_stats reads them without snap_lock */
+        double now = nsstore_now(), secs = now - t0;
         ns->prev_snap_seq = ns->snap_seq;
-        ns->snap_seq = S;
-        ns->snap_time = nsstore_now();
-        ns->snap_secs = ns->snap_time - t0;
+        __atomic_store_n(&ns->snap_seq, S, __ATOMIC_RELEASE);
+        __atomic_store(&ns->snap_time, &now, __ATOMIC_RELEASE);
+        __atomic_store(&ns->snap_secs, &secs, __ATOMIC_RELEASE);
     }
     return rc;
 }
@@ -348,8 +350,10 @@ int nsstore_snapshot(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
     int rc = nsstore_check_live(ns, err, errlen);
     if (!rc)
         rc = wal_rotate(ns->wal, &S, err, errlen);
-    if (!rc && S == ns->snap_seq)
-        ns->snap_time = nsstore_now();   /* nothing logged since the last snapshot */
+    if (!rc && S == ns->snap_seq) {
+        double now = nsstore_now();   /* nothing logged since the last snapshot */
+        __atomic_store(&ns->snap_time, &now, __ATOMIC_RELEASE);
+    }
     else if (!rc)
         rc = write_snapshot(ns, S, t0, err, errlen);
     pthread_mutex_unlock(&ns->snap_lock);
