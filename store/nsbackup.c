@@ -382,6 +382,8 @@ int nsstore_backup(nc_nsstore *ns, const char *dst, nc_backup_ns *out, char *err
      * retirement) while the files are copied; adds and reads go on */
     pthread_mutex_lock(&ns->snap_lock);
     int rc = nsstore_check_live(ns, err, errlen);
+    if (!rc)
+        rc = nsstore_snapshot_trained_locked(ns, err, errlen);
     if (!rc) {
         log_copy c = {.src = ns->dir, .tag = ns->tag, .after = ns->snap_seq, .upto = nsstore_durable_seq(ns),
                       .dst = dst, .b = out};

@@ -51,6 +51,7 @@ struct nc_nsstore {
     /* snapshots */
     pthread_mutex_t snap_lock;
     uint64_t snap_seq, prev_snap_seq;   /* snap_seq: written under snap_lock, atomically */
+    uint64_t snap_trainings;            /* the own index's trainings the newest snapshot holds (snap_lock) */
     double snap_time, snap_secs;        /* written under snap_lock, atomically: read by nsstore_stats without it */
     uint64_t retain;              /* nsstore_retain_log (atomic) */
     bool retired;                 /* nsstore_retire: set under snap_lock, read atomically */
@@ -104,5 +105,9 @@ int nsstore_snapshot_list(const char *dir, uint64_t **out, int *n, bool cleanup_
 void nsstore_snapshot_path(const nc_nsstore *ns, uint64_t seq, const char *suffix, char *buf, size_t len);
 /* Loads snapshot seq into ns (fresh word table and cache). */
 int nsstore_snapshot_load(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen);
+/* snap_lock held: writes a snapshot when the namespace's own index trained
+ * since the newest one, even with nothing logged since (nsstore_backup:
+ * the copy then carries the trained index, not the one before it). */
+int nsstore_snapshot_trained_locked(nc_nsstore *ns, char *err, size_t errlen);
 
 #endif

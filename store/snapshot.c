@@ -281,9 +281,25 @@ static void prune_after_snapshot(nc_nsstore *ns, uint64_t S)
         wal_prune(ns->waldir, upto, NULL, 0);
 }
 
+/* The trainings of the namespace's own index the newest snapshot does not
+ * hold: a snapshot is due for them even when nothing was logged since (a
+ * restart, or a backup's restore, would otherwise begin from the index
+ * before them and train again: 10 minutes at 1M pairs). */
+static bool trained_since_snapshot(nc_nsstore *ns)
+{
+    nc_ub_train_stats st;
+    unbounded_cache_train_stats(ns->ub, &st);
+    return st.trainings != ns->snap_trainings;
+}
+
+/* Writes snapshot S: a new position, or S again (nothing logged since it,
+ * the index trained since): then the snapshot before it and the log since
+ * that one stay, as they did, for a crash between the two directories. */
 static int write_snapshot(nc_nsstore *ns, uint64_t S, double t0, char *err, size_t errlen)
 {
     int rc = NC_OK;
+    nc_ub_train_stats st;   /* read before the save: a training completed meanwhile is one more snapshot later */
+    unbounded_cache_train_stats(ns->ub, &st);
     char tmp[1200], fin[1200], p[1300];
     nsstore_snapshot_path(ns, S, ".tmp", tmp, sizeof tmp);
     nsstore_snapshot_path(ns, S, "", fin, sizeof fin);
@@ -330,10 +346,13 @@ static int write_snapshot(nc_nsstore *ns, uint64_t S, double t0, char *err, size
     if (rc) {
         nsstore_remove_dir(tmp, NULL, 0);
     } else {
-        prune_after_snapshot(ns, S);
+        if (S != ns->snap_seq) {
+            prune_after_snapshot(ns, S);
+            ns->prev_snap_seq = ns->snap_seq;
+        }
+        ns->snap_trainings = st.trainings;
         /* stored atomically: nsstore_stats reads them without snap_lock */
         double now = nsstore_now(), secs = now - t0;
-        ns->prev_snap_seq = ns->snap_seq;
         __atomic_store_n(&ns->snap_seq, S, __ATOMIC_RELEASE);
         __atomic_store(&ns->snap_time, &now, __ATOMIC_RELEASE);
         __atomic_store(&ns->snap_secs, &secs, __ATOMIC_RELEASE);
@@ -350,8 +369,8 @@ int nsstore_snapshot(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
     int rc = nsstore_check_live(ns, err, errlen);
     if (!rc)
         rc = wal_rotate(ns->wal, &S, err, errlen);
-    if (!rc && S == ns->snap_seq) {
-        double now = nsstore_now();   /* nothing logged since the last snapshot */
+    if (!rc && S == ns->snap_seq && !trained_since_snapshot(ns)) {
+        double now = nsstore_now();   /* nothing logged nor trained since the last snapshot */
         __atomic_store(&ns->snap_time, &now, __ATOMIC_RELEASE);
     }
     else if (!rc)
@@ -360,6 +379,16 @@ int nsstore_snapshot(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
     if (seconds)
         *seconds = nsstore_now() - t0;
     return rc;
+}
+
+int nsstore_snapshot_trained_locked(nc_nsstore *ns, char *err, size_t errlen)
+{
+    NC_ASSERT(ns, "nsstore_snapshot_trained_locked: no namespace");
+    if (!trained_since_snapshot(ns))
+        return NC_OK;
+    uint64_t S;
+    int rc = wal_rotate(ns->wal, &S, err, errlen);
+    return rc ? rc : write_snapshot(ns, S, nsstore_now(), err, errlen);
 }
 
 bool nsstore_log_broken(nc_nsstore *ns)
@@ -563,6 +592,11 @@ int nsstore_snapshot_load(nc_nsstore *ns, uint64_t seq, char *err, size_t errlen
         rc = load_docs(ns, sdir, err, errlen);
     if (!rc)
         rc = load_prov(ns, sdir, entries, err, errlen);
+    if (!rc) {
+        nc_ub_train_stats st;   /* the trainings it holds: one more is a snapshot due */
+        unbounded_cache_train_stats(ns->ub, &st);
+        ns->snap_trainings = st.trainings;
+    }
     if (rc) {
         unbounded_cache_free(ns->ub);
         wordtable_free(ns->words);
