@@ -48,8 +48,13 @@ static void rows_init(void)
         NC_ASSERT(explaining <= NC_EXPLAIN_ROWS, "more than %d components explain", NC_EXPLAIN_ROWS);
         if (r->searched) {
             NC_ASSERT(searched_row < 0, "two searched components");
+            NC_ASSERT(r->state_new && r->can_search && r->search_h && r->scan_open && r->scan_search,
+                      "component %s: searched without its search hooks", r->name);
             searched_row = c;
         }
+        NC_ASSERT(!r->state_new || (r->state_free && r->state_clear && r->state_resize && r->push && r->mark &&
+                                    r->rollback && r->memory),
+                  "component %s: session state without its life's hooks", r->name);
         for (int i = 0; i < nc_component_npre[c]; i++)
             feature_names[pre++] = r->features[i];
         for (int i = 0; i < nc_component_npost[c]; i++)
