@@ -201,6 +201,15 @@ typedef struct nc_component {
      * it; a sparse term adds to it). NC_ENOMEM on a failed allocation. */
     int (*dense)(const struct nc_cache_params_s *p, const nc_mix_input *in, double *q, size_t n);
     int (*step)(const nc_comp_step *s);
+    /* Its own terms join the first row's softmax here (the neural cache
+     * under global normalisation, eq. 4: then no component of its own, on
+     * false): the first row's prob and step are this row's joint_prob (s_x
+     * the target's decoder logit, -inf for a word >= V) and joint_step,
+     * which credits its terms to its own share. NULL: never. At most one
+     * row has them (components.c). */
+    bool (*joint)(const struct nc_cache_params_s *p, const nc_mix_input *in);
+    double (*joint_prob)(const struct nc_cache_params_s *p, const nc_mix_input *in, double s_x, int x);
+    int (*joint_step)(const nc_comp_step *s);
 
     /* ---- the gate (gate.h) ---- */
     /* Its features' names: component_table.h's npre then npost of them
@@ -212,10 +221,13 @@ typedef struct nc_component {
     void (*gate_features)(const struct nc_cache_params_s *p, const nc_mix_input *in, nc_feat_ctx *ctx,
                           double *pre, double *post);
     /* Its memory is searched, and the gate's pre-search net may skip the
-     * search (adaptive retrieval): the row whose post features need it. Its
+     * search (adaptive retrieval): only such a row has post features. Its
      * search runs after every row's pre-search fields are in (the gate's
      * decision reads them): search_h at a stream's h, scan_search in a
-     * document pass. */
+     * document pass. Several rows may be searched: each search is skipped
+     * on its own pre-search weight, and the full net weighs a position only
+     * where every searched row on is available (components_post; design §4
+     * "Several searched rows"). */
     bool searched;
 
     /* ---- explain (stream_explain) ---- */

@@ -206,10 +206,11 @@ typedef struct {
     void *st[NC_NCOMP];           /* each row's session state: the caller's or own[c]'s */
     void *own[NC_NCOMP];          /* states made for the call (the caller gave none) */
     void *scan[NC_NCOMP];         /* each row's scan of the pass (component.h scan_open) */
-    bool pre, gated, skipping;
+    bool pre, gated;
+    unsigned skipping;            /* the searched rows whose searches the gate may skip */
     size_t B;
     nc_mix_input *ins;
-    bool *skip;
+    bool *skip;                   /* [NC_NCOMP, B] row c's search of position b0 + r skipped */
 } score_run;
 
 /* The rows' session states (the caller's, or empty ones made for the
@@ -261,13 +262,13 @@ static int score_setup(score_run *s, size_t block, char *err, size_t errlen)
         return nc_error(err, errlen, NC_EINVAL, "gate: the document was prepared without p_vocab's statistics");
     /* adaptive retrieval (gate.h): only with a gate, a row whose memory
      * the pass searches and a threshold above 0 */
-    bool searching = false;
-    for (int i = 0; i < NC_NCOMP; i++)
-        searching = searching || row_searches(s, i);
-    s->skipping = s->gated && searching && gate_threshold(d->gate, p) > 0.0;
+    const bool thr = s->gated && gate_threshold(d->gate, p) > 0.0;
+    for (int i = 0; thr && i < NC_NCOMP; i++)
+        if (row_searches(s, i))
+            s->skipping |= 1u << i;
     s->B = block;
     s->ins = nc_malloc(block * sizeof *s->ins);
-    s->skip = nc_zalloc(block, sizeof *s->skip);
+    s->skip = nc_zalloc(block * NC_NCOMP, sizeof *s->skip);
     if (!s->ins || !s->skip)
         return nc_error(err, errlen, NC_ENOMEM, "scoring buffers");
     return NC_OK;
@@ -318,8 +319,10 @@ static void block_inputs(score_run *s, size_t b0, size_t nb)
             if (s->scan[c] && nc_component_rows[c]->scan_input)
                 nc_component_rows[c]->scan_input(s->scan[c], r, in);
         }
-        /* adaptive retrieval: the pre-search gate decides from these */
-        s->skip[r] = s->skipping && gate_skip_search(d->gate, p, in);
+        /* adaptive retrieval: the pre-search gate decides from these, for
+         * each searched row */
+        for (int c = 0; c < NC_NCOMP; c++)
+            s->skip[(size_t)c * s->B + r] = ((s->skipping >> c) & 1u) && gate_skip_search(d->gate, p, in, c);
     }
 }
 
@@ -333,11 +336,11 @@ static int block_search(score_run *s, size_t b0, size_t nb, char *err, size_t er
     for (int c = 0; c < NC_NCOMP; c++) {
         if (!s->scan[c] || !nc_component_rows[c]->scan_search)
             continue;
-        nc_scan_search b = {.b0 = b0, .nb = nb, .skip = s->skip, .ins = s->ins};
+        nc_scan_search b = {.b0 = b0, .nb = nb, .skip = s->skip + (size_t)c * s->B, .ins = s->ins};
         int rc = nc_component_rows[c]->scan_search(s->scan[c], &b, err, errlen);
         if (rc)
             return rc;
-        if (s->skipping && row_searches(s, c)) {
+        if ((s->skipping >> c) & 1u) {
             s->c->searched += b.searched;
             s->c->skipped += b.skipped;
             if (!s->pre)

@@ -514,15 +514,16 @@ static int rows_at_h(nc_stream *s, const float *h, nc_mix_input *in, void *scrat
     return rc;
 }
 
-/* The searched rows' searches at h (component.h search_h), after rows_at_h
+/* The searched rows' searches at the stream's h (component.h search_h), after rows_at_h
  * with the memo it read: for predict each asks the gate first whether to
  * skip it (in->gate set: adaptive retrieval, gate.h); explain searches
  * where the gate would skip (explain says where the mass would come from)
  * and keeps what the rows' explain reads. Then what the rows made at h is
  * the memo. */
-static int rows_search(nc_stream *s, const float *h, nc_mix_input *in, void *scratch[NC_NCOMP], bool explain,
-                       char *err, size_t errlen)
+static int rows_search(nc_stream *s, nc_mix_input *in, void *scratch[NC_NCOMP], bool explain, char *err,
+                       size_t errlen)
 {
+    const float *h = lstm_state_top(s->st);
     const bool memo = s->memo.rows && memo_on();
     uint64_t reads = 0;
     int rc = NC_OK;
@@ -532,7 +533,7 @@ static int rows_search(nc_stream *s, const float *h, nc_mix_input *in, void *scr
             continue;
         bool skip = false;
         if (!explain && in->gate && r->on(&s->p) && r->can_search(s->rows[c])) {
-            skip = gate_skip_search(in->gate, &s->p, in);
+            skip = gate_skip_search(in->gate, &s->p, in, c);
             if (gate_threshold(in->gate, &s->p) > 0.0)
                 gate_count_searches(!skip, skip);
         }
@@ -580,7 +581,7 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
         in.gate = s->m->gate;
     }
     if (!rc)
-        rc = rows_search(s, h, &in, scratch, false, err, errlen);
+        rc = rows_search(s, &in, scratch, false, err, errlen);
     if (!rc)
         rc = mixture_full(&s->p, &in, n_words, shares, out, err, errlen);
     rows_scratch_free(scratch);
@@ -600,12 +601,13 @@ int stream_explain(nc_stream *s, const int *ids, size_t k, int per_source, nc_ex
     nc_mix_input in = {.V = s->m->cfg.vocab_size};
     void *scratch[NC_NCOMP];
     int rc = rows_at_h(s, h, &in, scratch, err, errlen);
-    if (!rc && in.nn > 0 && s->p.global_norm) {
-        /* eq. 4's normaliser holds the vocabulary's exponentials */
+    if (!rc && components_joint(&s->p, &in)) {
+        /* a row in the first row's softmax (eq. 4): its normaliser holds
+         * the vocabulary's exponentials */
         in.logits = logits_at_h(s);
     }
     if (!rc)
-        rc = rows_search(s, h, &in, scratch, true, err, errlen);
+        rc = rows_search(s, &in, scratch, true, err, errlen);
     nc_explain_ctx x = {.p = &s->p, .in = &in, .pos = s->pos, .ids = ids, .k = k,
                         .per_source = per_source, .stride = (size_t)NC_EXPLAIN_ROWS * (size_t)per_source};
     for (x.comp = 0; !rc && x.comp < NC_NCOMP; x.comp++) {

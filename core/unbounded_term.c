@@ -96,6 +96,7 @@ static double kernel_pass(const ub_neighbours *nb, double *w, int x, double *num
 
 double unbounded_term_kernel_sum(nc_kernel kern, const float *d2, const int *words, int k, double *w)
 {
+    NC_ASSERT(k <= 0 || (d2 && words), "unbounded_term_kernel_sum: %d neighbours, no distances or words", k);
     if (w && bandwidth2(d2, words, k) < 0.0)
         for (int i = 0; i < k; i++)
             w[i] = 0.0;
@@ -105,6 +106,7 @@ double unbounded_term_kernel_sum(nc_kernel kern, const float *d2, const int *wor
 
 double unbounded_term_prob(nc_kernel kern, const float *d2, const int *words, int k, int x)
 {
+    NC_ASSERT(k <= 0 || (d2 && words), "unbounded_term_prob: %d neighbours, no distances or words", k);
     const ub_neighbours nb = {kern, d2, words, k};
     double num = 0.0, sum = kernel_pass(&nb, NULL, x, &num);
     return sum > 0.0 ? num / sum : 0.0;
@@ -112,6 +114,7 @@ double unbounded_term_prob(nc_kernel kern, const float *d2, const int *words, in
 
 double unbounded_term_weights(nc_kernel kern, const float *d2, const int *words, int k, double *w)
 {
+    NC_ASSERT(k <= 0 || (d2 && words), "unbounded_term_weights: %d neighbours, no distances or words", k);
     double sum = unbounded_term_kernel_sum(kern, d2, words, k, w);
     for (int i = 0; i < k; i++)
         w[i] = sum > 0.0 ? w[i] / sum : 0.0;
@@ -120,7 +123,9 @@ double unbounded_term_weights(nc_kernel kern, const float *d2, const int *words,
 
 /* ---- the mixture's row (component.h) ------------------------------------
  * (1-λ) p + λ p_kde, p_kde(w) ∝ Σ_{i∈N_k, w_i=w} K(d_i/θ(h)) (eq. 5-6), over
- * the k neighbours the caller searched (nc_mix_input's ub_*). */
+ * the k neighbours searched: its pairs of the mixture input (mix_input.h:
+ * scores the squared distances). */
+#define UB_PAIRS(in) ((in)->pairs[NC_COMP_UNBOUNDED])
 
 /* What a search at h found: k neighbours' distances, words and (explain)
  * store ids, in one allocation (the caller frees the scratch). */
@@ -172,34 +177,36 @@ static bool kernel_has_mass(nc_kernel kern, const float *d2, const int *words, i
 /* on, searched, and some neighbour with kernel mass */
 static bool ub_available(const nc_cache_params *p, const nc_mix_input *in)
 {
-    return p->unbounded && in->ub_k > 0 && !in->ub_skipped &&
-           kernel_has_mass(p->kernel, in->ub_d2, in->ub_words, in->ub_k);
+    return p->unbounded && UB_PAIRS(in).n > 0 && !UB_PAIRS(in).skipped &&
+           kernel_has_mass(p->kernel, UB_PAIRS(in).score, UB_PAIRS(in).word, UB_PAIRS(in).n);
 }
 
 static double ub_prob(const nc_cache_params *p, const nc_mix_input *in, int x)
 {
-    return unbounded_term_prob(p->kernel, in->ub_d2, in->ub_words, in->ub_k, x);
+    return unbounded_term_prob(p->kernel, UB_PAIRS(in).score, UB_PAIRS(in).word, UB_PAIRS(in).n, x);
 }
 
 static int ub_max_word(const nc_mix_input *in)
 {
+    const nc_row_pairs *nb = &UB_PAIRS(in);
     int m = -1;
-    for (int i = 0; in->ub_words && i < in->ub_k; i++)
-        if (in->ub_words[i] > m)
-            m = in->ub_words[i];
+    for (int i = 0; nb->word && i < nb->n; i++)
+        if (nb->word[i] > m)
+            m = nb->word[i];
     return m;
 }
 
 static int ub_dense(const nc_cache_params *p, const nc_mix_input *in, double *q, size_t n)
 {
     (void)n;
-    double *kw = nc_malloc((size_t)in->ub_k * sizeof(double));   /* K_i / Σ K */
+    const nc_row_pairs *nb = &UB_PAIRS(in);
+    double *kw = nc_malloc((size_t)nb->n * sizeof(double));   /* K_i / Σ K */
     if (!kw)
         return NC_ENOMEM;
-    unbounded_term_weights(p->kernel, in->ub_d2, in->ub_words, in->ub_k, kw);
-    for (int i = 0; i < in->ub_k; i++)
-        if (in->ub_words[i] >= 0)
-            q[in->ub_words[i]] += kw[i];
+    unbounded_term_weights(p->kernel, nb->score, nb->word, nb->n, kw);
+    for (int i = 0; i < nb->n; i++)
+        if (nb->word[i] >= 0)
+            q[nb->word[i]] += kw[i];
     free(kw);
     return NC_OK;
 }
@@ -214,26 +221,27 @@ static void ub_features(const nc_cache_params *p, const nc_mix_input *in, nc_fea
                         double *post)
 {
     (void)p, (void)pre;
-    if (!post || in->ub_k <= 0 || !in->ub_words || in->ub_words[0] < 0)
+    const nc_row_pairs *nb = &UB_PAIRS(in);
+    if (!post || nb->n <= 0 || !nb->word || nb->word[0] < 0)
         return;
     int last = 0;
-    while (last + 1 < in->ub_k && in->ub_words[last + 1] >= 0)
+    while (last + 1 < nb->n && nb->word[last + 1] >= 0)
         last++;
     int near = last + 1 < UB_NEAR ? last + 1 : UB_NEAR, distinct = 0, top = 0;
     for (int i = 0; i < near; i++) {
-        int w = in->ub_words[i], seen = 0;
+        int w = nb->word[i], seen = 0;
         for (int j = 0; j < i && !seen; j++)
-            seen = in->ub_words[j] == w;
+            seen = nb->word[j] == w;
         distinct += !seen;
-        top += w == in->ub_words[0];
+        top += w == nb->word[0];
     }
-    post[F_D1] = log1p(in->ub_d2[0] > 0.0f ? in->ub_d2[0] : 0.0);           /* log(1 + d²) nearest */
-    post[F_DK] = log1p(in->ub_d2[last] > 0.0f ? in->ub_d2[last] : 0.0);     /* ... k-th (bandwidth) */
+    post[F_D1] = log1p(nb->score[0] > 0.0f ? nb->score[0] : 0.0);           /* log(1 + d²) nearest */
+    post[F_DK] = log1p(nb->score[last] > 0.0f ? nb->score[last] : 0.0);     /* ... k-th (bandwidth) */
     post[F_DISTINCT] = (double)distinct / near;       /* distinct words among the 32 nearest */
     post[F_TOPSHARE] = (double)top / near;            /* share of the nearest one's word */
-    post[F_AGREE_NU] = in->ub_words[0] == ctx->attended;
-    post[F_AGREE_VU] = in->ub_words[0] == in->v_argmax;
-    post[F_VOCAB_OF] = mix_vocab_logp(in, in->ub_words[0]);
+    post[F_AGREE_NU] = nb->word[0] == ctx->attended;
+    post[F_AGREE_VU] = nb->word[0] == in->v_argmax;
+    post[F_VOCAB_OF] = mix_vocab_logp(in, nb->word[0]);
 }
 
 static const char *const ub_knobs[] = {"unbounded", "knn", "nprobe", "unbounded_lambda", "kernel", "exact", NULL};
@@ -246,25 +254,26 @@ static const char *const ub_feature_names[] = {"ub_nearest_d2", "ub_kth_d2", "ub
 static int ub_explain(const nc_explain_ctx *x, nc_explain_entry *out, int *counts, char *err, size_t errlen)
 {
     const nc_mix_input *in = x->in;
+    const nc_row_pairs *nb = &UB_PAIRS(in);
     const ub_found *f = x->scratch;   /* ub_search_h's, with the store's ids */
-    if (in->ub_k <= 0 || !f || !f->ids)
+    if (nb->n <= 0 || !f || !f->ids)
         return NC_OK;
-    double *w = nc_malloc((size_t)in->ub_k * sizeof *w);
-    int *cand = nc_malloc((size_t)in->ub_k * sizeof *cand);
+    double *w = nc_malloc((size_t)nb->n * sizeof *w);
+    int *cand = nc_malloc((size_t)nb->n * sizeof *cand);
     int rc = w && cand ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "explain");
     if (!rc)
-        unbounded_term_weights(x->p->kernel, in->ub_d2, in->ub_words, in->ub_k, w);
+        unbounded_term_weights(x->p->kernel, nb->score, nb->word, nb->n, w);
     for (size_t q = 0; !rc && q < x->k; q++) {
         int nc = 0;
-        for (int i = 0; i < in->ub_k; i++)
-            if (in->ub_words[i] == x->ids[q])
+        for (int i = 0; i < nb->n; i++)
+            if (nb->word[i] == x->ids[q])
                 cand[nc++] = i;
         nc = components_heaviest(cand, nc, w, NULL, x->per_source);
         for (int j = 0; j < nc; j++) {
             int i = cand[j];
             out[q * x->stride + (size_t)counts[q]++] = (nc_explain_entry){
                 .source = x->comp, .at = f->ids[i], .weight = w[i],
-                .distance = sqrt(in->ub_d2[i] > 0.0f ? (double)in->ub_d2[i] : 0.0)};
+                .distance = sqrt(nb->score[i] > 0.0f ? (double)nb->score[i] : 0.0)};
         }
     }
     free(w);
@@ -436,7 +445,7 @@ static int ub_search_h(void *state, const nc_at_h *a, char *err, size_t errlen)
     if (!u->ub || !p->unbounded)
         return NC_OK;
     if (a->skip) {
-        a->in->ub_skipped = true;
+        UB_PAIRS(a->in).skipped = true;
         return NC_OK;
     }
     const int k = p->knn;
@@ -444,9 +453,9 @@ static int ub_search_h(void *state, const nc_at_h *a, char *err, size_t errlen)
     *a->scratch = f;
     if (!f)
         return nc_error(err, errlen, NC_ENOMEM, "neighbours");
-    a->in->ub_d2 = f->d2;
-    a->in->ub_words = f->words;
-    a->in->ub_k = k;
+    UB_PAIRS(a->in).score = f->d2;
+    UB_PAIRS(a->in).word = f->words;
+    UB_PAIRS(a->in).n = k;
     if (a->keep && u->coarse.n == 0)
         unbounded_cache_coarse(u->ub, a->h, 1, p->nprobe, &u->coarse);
     else if (a->keep)
@@ -621,16 +630,16 @@ static int ub_scan_search(void *scan, nc_scan_search *b, char *err, size_t errle
         nc_mix_input *in = &b->ins[r];
         const size_t t = b->b0 + r;
         if (b->skip[r]) {
-            in->ub_skipped = true;
+            UB_PAIRS(in).skipped = true;
             b->skipped += !s->read;
         } else if (s->read) {
-            in->ub_d2 = s->ud2 + r * k;
-            in->ub_words = s->uw + r * k;
-            in->ub_k = s->k;
+            UB_PAIRS(in).score = s->ud2 + r * k;
+            UB_PAIRS(in).word = s->uw + r * k;
+            UB_PAIRS(in).n = s->k;
         } else if (s->pre && s->p->unbounded) {
-            in->ub_d2 = s->pre_d2 + t * k;
-            in->ub_words = s->pre_words + t * k;
-            in->ub_k = s->k;
+            UB_PAIRS(in).score = s->pre_d2 + t * k;
+            UB_PAIRS(in).word = s->pre_words + t * k;
+            UB_PAIRS(in).n = s->k;
             b->searched++;
         }
     }

@@ -618,8 +618,8 @@ TEST(ivfpq_vs_exact_and_switch)
     for (int pass = 0; pass < 2; pass++) {
         CHECK(unbounded_cache_search(pass ? iv : ex, q, nq, k, 8, NULL, 0, NC_UB_OPEN, d2, nw, err, sizeof err) == NC_OK);
         for (size_t i = 0; i < nq; i++) {
-            nc_mix_input in = {.V = 1000, .s_target = -INFINITY, .log_z = 0, .ub_d2 = d2 + i * k,
-                               .ub_words = nw + i * k, .ub_k = k};
+            nc_mix_input in = {.V = 1000, .s_target = -INFINITY, .log_z = 0,
+                               .pairs[NC_COMP_UNBOUNDED] = {d2 + i * k, nw + i * k, k}};
             double lp = mixture_target(&p, &in, qw[i]);
             nll[pass] += isfinite(lp) ? -lp : 30.0;
         }
@@ -1647,7 +1647,7 @@ TEST(kernel_weights_naive)
         nc_cache_params p;
         cache_params_default(&p);
         p.unbounded = true;
-        nc_mix_input in = {.ub_d2 = d2, .ub_words = words, .ub_k = K};
+        nc_mix_input in = {.pairs[NC_COMP_UNBOUNDED] = {d2, words, K}};
         const nc_component *row = NULL;
         for (int c = 0; c < NC_NCOMP; c++)
             if (strcmp(nc_component_rows[c]->name, "unbounded") == 0)
