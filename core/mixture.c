@@ -116,7 +116,6 @@ int mixture_full(const nc_cache_params *p, const nc_mix_input *in, size_t n_word
     NC_ASSERT(out, "mixture_full: no out");
     double lam[NC_NCOMP], w[NC_NCOMP];
     unsigned avail;
-    nc_mix_input in2 = *in;
     if (!p->gate || !in->gate) {
         avail = mixture_available(p, in);
         const_lambdas(p, lam);
@@ -137,10 +136,10 @@ int mixture_full(const nc_cache_params *p, const nc_mix_input *in, size_t n_word
         if (in->weights)
             memcpy(in->weights, w, sizeof w);
     }
-    n_words = words_needed(&in2, n_words);
+    n_words = words_needed(in, n_words);
     if (dist_reserve(out, n_words, shares))
         return nc_error(err, errlen, NC_ENOMEM, "distribution over %zu words", n_words);
-    if (mixture_steps(p, &in2, lam, avail, shares, out) != NC_OK)
+    if (mixture_steps(p, in, lam, avail, shares, out) != NC_OK)
         return nc_error(err, errlen, NC_ENOMEM, "mixture scratch");
     memcpy(out->weight, w, sizeof w);
     return NC_OK;
