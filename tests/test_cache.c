@@ -28,6 +28,7 @@
 #include "lstm.h"
 #include "cache_params.h"
 #include "unbounded_cache.h"
+#include "unbounded_term.h"
 #include "faiss_shim.h"
 #include "vmath.h"
 #include "tokenizer.h"
@@ -617,8 +618,8 @@ TEST(ivfpq_vs_exact_and_switch)
     for (int pass = 0; pass < 2; pass++) {
         CHECK(unbounded_cache_search(pass ? iv : ex, q, nq, k, 8, NULL, 0, NC_UB_OPEN, d2, nw, err, sizeof err) == NC_OK);
         for (size_t i = 0; i < nq; i++) {
-            nc_mix_input in = {.V = 1000, .s_target = -INFINITY, .log_z = 0, .ub_d2 = d2 + i * k,
-                               .ub_words = nw + i * k, .ub_k = k};
+            nc_mix_input in = {.V = 1000, .s_target = -INFINITY, .log_z = 0,
+                               .pairs[NC_COMP_UNBOUNDED] = {d2 + i * k, nw + i * k, k}};
             double lp = mixture_target(&p, &in, qw[i]);
             nll[pass] += isfinite(lp) ? -lp : 30.0;
         }
@@ -1620,7 +1621,7 @@ TEST(kernel_weights_naive)
         for (int v = 0; v < 3; v++) {
             if (vm_set_isa(levels[v]) != 0)
                 continue;
-            double sum = unbounded_cache_kernel_sum(kerns[kk], d2, words, K, w), p = unbounded_cache_prob(kerns[kk], d2, words, K, 3);
+            double sum = unbounded_term_kernel_sum(kerns[kk], d2, words, K, w), p = unbounded_term_prob(kerns[kk], d2, words, K, 3);
             double bad = 0;
             for (int i = 0; i < K; i++)
                 bad = fmax(bad, fabs(w[i] - ref[i]) - 1e-15 * ref[i]);
@@ -1646,7 +1647,7 @@ TEST(kernel_weights_naive)
         nc_cache_params p;
         cache_params_default(&p);
         p.unbounded = true;
-        nc_mix_input in = {.ub_d2 = d2, .ub_words = words, .ub_k = K};
+        nc_mix_input in = {.pairs[NC_COMP_UNBOUNDED] = {d2, words, K}};
         const nc_component *row = NULL;
         for (int c = 0; c < NC_NCOMP; c++)
             if (strcmp(nc_component_rows[c]->name, "unbounded") == 0)
@@ -1663,7 +1664,7 @@ TEST(kernel_weights_naive)
                 for (int i = 0; i < K; i++)
                     d2[i] = sc == 0 ? keep[i] : sc == 1 ? keep[K - 1] : sc == 2 ? (i < K - 1 ? 1e6f + keep[i] * 1e4f : keep[i]) : 0.0f;
                 p.kernel = kerns[kk];
-                bool want = unbounded_cache_kernel_sum(kerns[kk], d2, words, K, NULL) > 0.0;
+                bool want = unbounded_term_kernel_sum(kerns[kk], d2, words, K, NULL) > 0.0;
                 CHECKF(row && row->available(&p, &in) == want, "kernel %d, case %d: available %d, sum > 0 %d", kk, sc,
                        !want, want);
                 masses += want;
@@ -1674,11 +1675,11 @@ TEST(kernel_weights_naive)
     /* θ = 0 (every distance 0): every weight 1; no neighbour: all 0, sum 0 */
     for (int i = 0; i < K; i++)
         d2[i] = 0.0f;
-    CHECK(unbounded_cache_kernel_sum(NC_KERNEL_GAUSSIAN, d2, words, K, w) > 0 && w[K - 1] == 1.0 && w[0] == (words[0] >= 0));
+    CHECK(unbounded_term_kernel_sum(NC_KERNEL_GAUSSIAN, d2, words, K, w) > 0 && w[K - 1] == 1.0 && w[0] == (words[0] >= 0));
     for (int i = 0; i < K; i++)
         words[i] = -1;
-    CHECK(unbounded_cache_kernel_sum(NC_KERNEL_GAUSSIAN, d2, words, K, w) == 0.0 && w[K - 1] == 0.0);
-    CHECK(unbounded_cache_prob(NC_KERNEL_GAUSSIAN, d2, words, K, 3) == 0.0);
+    CHECK(unbounded_term_kernel_sum(NC_KERNEL_GAUSSIAN, d2, words, K, w) == 0.0 && w[K - 1] == 0.0);
+    CHECK(unbounded_term_prob(NC_KERNEL_GAUSSIAN, d2, words, K, 3) == 0.0);
 }
 
 /* neural_cache_dots (BLAS for float32 keys, AVX-512 or scalar for float16) against

@@ -57,7 +57,7 @@ typedef struct {
                                    * h that predicted it; unbounded: the pair's FAISS id) */
     double weight;                /* the pair's weight in its row's term of the word, normalised
                                    * as the mixture normalises it (neural_cache_weights,
-                                   * unbounded_cache_weights): over all of a word's pairs of
+                                   * unbounded_term_weights): over all of a word's pairs of
                                    * one source the weights sum to that row's term */
     double distance;              /* ||h_t - h_i|| where the row's memory is searched; else NAN */
 } nc_explain_entry;
@@ -69,14 +69,15 @@ typedef struct {
 /* What a row's explain reads: the mixture input at h as predict builds it
  * (explain's input has no logits unless eq. 4's global normaliser needs
  * them; the searched row's neighbours are there even where the gate would
- * skip the search), and where its entries go. */
+ * skip the search, and what its search_h kept for explain in its scratch,
+ * in->state[comp] its state), and where its entries go. */
 typedef struct {
     const struct nc_cache_params_s *p;
     const nc_mix_input *in;
-    const int64_t *ub_ids;        /* [in->ub_k] the neighbours' ids, or NULL */
     int64_t pos;                  /* tokens the stream has fed */
     const int *ids;               /* the k words asked */
     size_t k;
+    const void *scratch;          /* what the row's at_h and search_h made (their *scratch) */
     int per_source;               /* at most this many entries per word and row */
     size_t stride;                /* word q's entries start at out[q * stride] */
     int comp;                     /* the row's index: the entries' source */
@@ -96,6 +97,17 @@ typedef struct {
 typedef struct {
     const struct nc_cache_params_s *p;
     int H;                        /* the model's hidden size: a key's length */
+    /* The memory shared beyond the session that a searched row reads (the
+     * namespace's index store, unbounded_cache.h; borrowed, it outlives the
+     * state), NULL: none. A row that needs one and is on under p refuses a
+     * state without it. */
+    void *store;
+    int unk_id;                   /* the model's unk id: how a closed-vocabulary
+                                   * session reads the store's words (-1: unknown) */
+    /* A session's state (stream.c): settings its memory cannot serve (the
+     * store missing, or of another dimension) are refused; a scoring
+     * pass's own state (doc_score without states) reads none instead. */
+    bool strict;
 } nc_state_args;
 
 /* A document's scoring pass (doc.c) as a row's scan reads it: the query
@@ -106,12 +118,33 @@ typedef struct {
     const int *ids;               /* [n] word of token j */
     size_t first;
     int H;
-    /* The state still holds what its at_h made at q's row 0 (a stream's
-     * predict at this h, nothing pushed since: nc_at_h.memo): a scan may
-     * read it for a first block of that position alone, the same bits
-     * (issue 36: a one-word feed after a predict). */
+    /* The state still holds what its at_h and search_h made at q's row 0
+     * (a stream's predict at this h, nothing pushed since: nc_at_h.memo): a
+     * scan may read it for a first block of that position alone, the same
+     * bits (issue 36: a one-word feed after a predict). */
     bool at_h0;
+    /* A searched row's side of the pass: the store's words of the pairs
+     * (store_ids[j]: the id the store keeps for word j), added to the
+     * store before their block's search when adapt; how the document reads
+     * the store's words (unk_id as nc_state_args's); and the neighbours a
+     * caller searched beforehand ([n, p->knn] distances and words,
+     * doc_neighbours), read instead of searching when non-NULL. */
+    const int *store_ids;
+    bool adapt;
+    int unk_id;
+    const float *pre_d2;
+    const int *pre_words;
 } nc_scan_doc;
+
+/* One block of a document pass as a searched row's scan_search reads it:
+ * the gate's decisions, the block's inputs to complete, and the searches
+ * made and skipped (out). */
+typedef struct {
+    size_t b0, nb;
+    const bool *skip;             /* [nb] the pre-search gate skips position b0 + r */
+    nc_mix_input *ins;            /* [nb] its inputs: the row's post-search fields go here */
+    size_t searched, skipped;     /* out */
+} nc_scan_search;
 
 /* A stream's h as a row's at_h reads it: the row fills in's fields; what
  * it allocates for them goes to *scratch (or NULL), freed by the caller
@@ -126,6 +159,14 @@ typedef struct {
      * in's fields from what it kept, the same bits, instead of reading its
      * memory again (the neural window's dots: 2 MB for 2,000 keys). */
     bool memo;
+    bool keep;                    /* the stream keeps a memo (stream_memo_disable
+                                   * off): the row may keep what it makes */
+    uint64_t *memo_reads;         /* +1 for each use of what the state kept */
+    /* search_h only: the pre-search gate skips this search (the row marks
+     * in so and searches nothing); explain: keep what explain reads of the
+     * search (the store's ids of the neighbours). */
+    bool skip;
+    bool explain;
 } nc_at_h;
 
 typedef struct nc_component {
@@ -160,6 +201,15 @@ typedef struct nc_component {
      * it; a sparse term adds to it). NC_ENOMEM on a failed allocation. */
     int (*dense)(const struct nc_cache_params_s *p, const nc_mix_input *in, double *q, size_t n);
     int (*step)(const nc_comp_step *s);
+    /* Its own terms join the first row's softmax here (the neural cache
+     * under global normalisation, eq. 4: then no component of its own, on
+     * false): the first row's prob and step are this row's joint_prob (s_x
+     * the target's decoder logit, -inf for a word >= V) and joint_step,
+     * which credits its terms to its own share. NULL: never. At most one
+     * row has them (components.c). */
+    bool (*joint)(const struct nc_cache_params_s *p, const nc_mix_input *in);
+    double (*joint_prob)(const struct nc_cache_params_s *p, const nc_mix_input *in, double s_x, int x);
+    int (*joint_step)(const nc_comp_step *s);
 
     /* ---- the gate (gate.h) ---- */
     /* Its features' names: component_table.h's npre then npost of them
@@ -171,7 +221,13 @@ typedef struct nc_component {
     void (*gate_features)(const struct nc_cache_params_s *p, const nc_mix_input *in, nc_feat_ctx *ctx,
                           double *pre, double *post);
     /* Its memory is searched, and the gate's pre-search net may skip the
-     * search (adaptive retrieval): the row whose post features need it. */
+     * search (adaptive retrieval): only such a row has post features. Its
+     * search runs after every row's pre-search fields are in (the gate's
+     * decision reads them): search_h at a stream's h, scan_search in a
+     * document pass. Several rows may be searched: each search is skipped
+     * on its own pre-search weight, and the full net weighs a position only
+     * where every searched row on is available (components_post; design §4
+     * "Several searched rows"). */
     bool searched;
 
     /* ---- explain (stream_explain) ---- */
@@ -226,13 +282,31 @@ typedef struct nc_component {
      * time (doc.c): scan_open makes the pass's scratch (*scan; NULL when
      * the row is off under d->p), scan_block prepares positions [b0, b0 +
      * nb) before any of them is pushed, scan_input fills position b0 + r's
-     * fields, scan_close frees the scratch (NULL allowed); scan_block and
-     * scan_close may be NULL (a scan that is the state itself). NULL
-     * scan_open: the row reads in->state[c] alone. */
+     * fields, scan_close frees the scratch (NULL allowed); scan_block,
+     * scan_input and scan_close may be NULL (a scan that is the state
+     * itself; a searched row's fields come after its search: scan_search).
+     * NULL scan_open: the row reads in->state[c] alone. */
     int (*scan_open)(void *state, const nc_scan_doc *d, size_t block, void **scan, char *err, size_t errlen);
     void (*scan_block)(void *scan, size_t b0, size_t nb);
     void (*scan_input)(const void *scan, size_t r, nc_mix_input *in);
     void (*scan_close)(void *scan);
+
+    /* ---- a searched row's search (searched true; NULL otherwise) ---- */
+    /* Its state has a memory to search (the store it was made with): on
+     * under the settings, its search runs and the gate is asked whether to
+     * skip it. */
+    bool (*can_search)(const void *state);
+    /* At a stream's h, after at_h and the gate's decision (a->skip): the
+     * post-search fields of a->in; what they point at goes to *a->scratch.
+     * Called at every predict and explain, searching or not: a->memo false
+     * says h moved since the last call (what the state kept is stale). */
+    int (*search_h)(void *state, const nc_at_h *a, char *err, size_t errlen);
+    /* A document pass's block, after every row's scan_input and the gate's
+     * decisions: its pairs into the store (the scan's adapt), then the
+     * searches of the positions not skipped, as one batch; the positions'
+     * post-search fields into b->ins. Needs scan_open: a NULL scan (the
+     * row off, or nothing to search) leaves the inputs as they are. */
+    int (*scan_search)(void *scan, nc_scan_search *b, char *err, size_t errlen);
 } nc_component;
 
 #endif

@@ -20,16 +20,17 @@ const int nc_component_npost[NC_NCOMP] = {NC_COMPONENT_TABLE(NC_ROW_NPOST_)};
 #undef NC_ROW_NPOST_
 
 static const char *feature_names[NC_GATE_NFEAT];
-static int searched_row = -1;
+static unsigned searched_rows;
 static pthread_once_t rows_once = PTHREAD_ONCE_INIT;
 
-/* Once: the rows agree with the table (name, feature counts, at most one
- * searched row, only the searched row has post features) -- a row that
+/* Once: the rows agree with the table (name, feature counts, only a
+ * searched row has post features and each has its search hooks, at most
+ * one row joins the first row's softmax) -- a row that
  * does not is a programming error, caught at the first use -- and the
  * feature names in the gate's order. */
 static void rows_init(void)
 {
-    int pre = 0, post = NC_GATE_NPRE, explaining = 0;
+    int pre = 0, post = NC_GATE_NPRE, explaining = 0, joining = 0;
     for (int c = 0; c < NC_NCOMP; c++) {
         const nc_component *r = nc_component_rows[c];
         int nf = 0;
@@ -43,13 +44,19 @@ static void rows_init(void)
                   "component %s: incomplete row", r->name);
         NC_ASSERT(!nc_component_npost[c] || r->searched, "component %s: post-search features but no search",
                   r->name);
+        NC_ASSERT(!r->joint || (c > 0 && r->joint_prob && r->joint_step && ++joining == 1),
+                  "component %s: a second or incomplete joint row", r->name);
         if (r->explain)
             explaining++;
         NC_ASSERT(explaining <= NC_EXPLAIN_ROWS, "more than %d components explain", NC_EXPLAIN_ROWS);
         if (r->searched) {
-            NC_ASSERT(searched_row < 0, "two searched components");
-            searched_row = c;
+            NC_ASSERT(r->state_new && r->can_search && r->search_h && r->scan_open && r->scan_search,
+                      "component %s: searched without its search hooks", r->name);
+            searched_rows |= 1u << c;
         }
+        NC_ASSERT(!r->state_new || (r->state_free && r->state_clear && r->state_resize && r->push && r->mark &&
+                                    r->rollback && r->memory),
+                  "component %s: session state without its life's hooks", r->name);
         for (int i = 0; i < nc_component_npre[c]; i++)
             feature_names[pre++] = r->features[i];
         for (int i = 0; i < nc_component_npost[c]; i++)
@@ -57,16 +64,32 @@ static void rows_init(void)
     }
 }
 
-int components_searched(void)
+unsigned components_searched(void)
 {
     pthread_once(&rows_once, rows_init);
-    return searched_row;
+    return searched_rows;
+}
+
+bool components_post(const struct nc_cache_params_s *p, unsigned avail)
+{
+    NC_ASSERT(p, "components_post: no p");
+    unsigned on = components_searched() & components_on(p);
+    return on && (avail & on) == on;
 }
 
 const char *components_feature_name(int i)
 {
     pthread_once(&rows_once, rows_init);
     return i >= 0 && i < NC_GATE_NFEAT ? feature_names[i] : NULL;
+}
+
+const nc_component *components_joint(const struct nc_cache_params_s *p, const nc_mix_input *in)
+{
+    NC_ASSERT(p && in, "components_joint: no p or in");
+    for (int c = 1; c < NC_NCOMP; c++)
+        if (nc_component_rows[c]->joint && nc_component_rows[c]->joint(p, in))
+            return nc_component_rows[c];
+    return NULL;
 }
 
 unsigned components_on(const struct nc_cache_params_s *p)

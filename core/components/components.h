@@ -10,11 +10,19 @@
 extern const nc_component *const nc_component_rows[NC_NCOMP];
 extern const int nc_component_npre[NC_NCOMP], nc_component_npost[NC_NCOMP];
 
-/* Index of the searched row (component.h's searched), -1 if none. */
-int components_searched(void);
+/* The searched rows (component.h's searched), as bits (bit c: row c). */
+unsigned components_searched(void);
+/* Whether the gate's full net weighs this position: every searched row on
+ * under p is available in avail (their post-search features exist); at
+ * least one is on. Else the pre-search net does (design §4, "Several
+ * searched rows"). */
+bool components_post(const struct nc_cache_params_s *p, unsigned avail);
 /* The gate's feature i, 0 <= i < NC_GATE_NFEAT: the rows' pre features in
  * table order, then their post features. */
 const char *components_feature_name(int i);
+/* The row whose terms join the first row's softmax here (component.h
+ * joint), or NULL. */
+const nc_component *components_joint(const struct nc_cache_params_s *p, const nc_mix_input *in);
 /* The components p switches on, as bits (bit c: row c's on). */
 unsigned components_on(const struct nc_cache_params_s *p);
 /* Bit c set: row c is available at this position. */

@@ -18,14 +18,6 @@
 #include <string.h>
 #include <unistd.h>
 
-/* The component whose search the pre-search gate may skip (components.h),
- * as a bit; 0 when none. */
-static unsigned searched_bit(void)
-{
-    int c = components_searched();
-    return c >= 0 ? 1u << c : 0u;
-}
-
 void gate_vocab_stats(const float *logits, int V, float *scratch, float *ent, float *logmax, int *argmax)
 {
     /* H = -Σ p log p = log Z - Σ p_w s_w with p_w = exp(s_w - log Z): one
@@ -148,7 +140,7 @@ void gate_const_weights(const nc_cache_params *p, unsigned avail, double w[NC_NC
 bool gate_searches(const nc_gate *g)
 {
     NC_ASSERT(g, "gate_searches: no g");
-    return (g->comps & searched_bit()) != 0;
+    return (g->comps & components_searched()) != 0;
 }
 
 double gate_threshold(const nc_gate *g, const nc_cache_params *p)
@@ -158,12 +150,11 @@ double gate_threshold(const nc_gate *g, const nc_cache_params *p)
     return p->gate_skip < 0.0f ? g->skip : (double)p->gate_skip;
 }
 
-bool gate_skip_search(const nc_gate *g, const nc_cache_params *p, const nc_mix_input *in)
+bool gate_skip_search(const nc_gate *g, const nc_cache_params *p, const nc_mix_input *in, int sc)
 {
     NC_ASSERT(g, "gate_skip_search: no g");
     double thr = gate_threshold(g, p);
-    int sc = components_searched();
-    if (!(thr > 0.0) || sc < 0 || !((g->comps >> sc) & 1u))
+    if (!(thr > 0.0) || !(((g->comps & components_searched()) >> sc) & 1u))
         return false;
     double f[NC_GATE_NFEAT], w[NC_NCOMP];
     /* the unbounded share among all the fitted components, whichever are
@@ -437,19 +428,22 @@ double gate_data_ppl(const nc_gate *g, const nc_gate_data *d, double thr, double
     NC_ASSERT(g, "gate_data_ppl: no g");
     double nll = 0.0, w[NC_NCOMP];
     size_t n = 0, sk = 0;
-    unsigned sb = g->comps & searched_bit();
-    int sc = components_searched();
+    unsigned sb = g->comps & components_searched();
     for (size_t t = 0; t < d->n; t++) {
         const double *pc = d->pc + t * NC_NCOMP, *f = d->f + t * NC_GATE_NFEAT;
         if (!token_used(g, pc))
             continue;
-        bool skip = false;
+        /* each searched row skipped on its own pre-search weight; a skip
+         * leaves the pre-search net to weigh the rest */
+        unsigned skip = 0;
         if (sb && thr > 0.0) {
             gate_weights(g, true, f, g->comps, w);
-            skip = w[sc] < thr;
+            for (int c = 0; c < NC_NCOMP; c++)
+                if ((sb >> c) & 1u && w[c] < thr)
+                    skip |= 1u << c;
         }
         if (skip)
-            gate_weights(g, true, f, g->comps & ~sb, w);
+            gate_weights(g, true, f, g->comps & ~skip, w);
         else
             gate_weights(g, false, f, g->comps, w);
         double P = 0.0;
@@ -458,7 +452,7 @@ double gate_data_ppl(const nc_gate *g, const nc_gate_data *d, double thr, double
                 P += w[c] * pc[c];
         nll -= log(P);
         n++;
-        sk += skip;
+        sk += skip != 0;
     }
     if (skipped)
         *skipped = n ? (double)sk / (double)n : 0.0;
@@ -524,18 +518,18 @@ static void fit_start(nc_gate *g, const nc_cache_params *p, uint64_t seed)
         }
 }
 
-/* The skip threshold: the largest candidate (quantiles of the pre-search
- * gate's weight of the searched component over the tokens that count)
- * costing at most max_loss. */
+/* The skip threshold, one for every searched row: the largest candidate
+ * (quantiles of the pre-search gate's weights of the searched rows over
+ * the tokens that count) costing at most max_loss. */
 static int fit_skip(nc_gate *g, const nc_gate_data *d, double max_loss, FILE *curve, char *err, size_t errlen)
 {
     g->skip = 0.0;
-    int sc = components_searched();
-    if (sc < 0 || !((g->comps >> sc) & 1u))
+    const unsigned sb = g->comps & components_searched();
+    if (!sb)
         return NC_OK;
     size_t n = 0;
     for (size_t t = 0; t < d->n; t++)
-        n += token_used(g, d->pc + t * NC_NCOMP);
+        n += token_used(g, d->pc + t * NC_NCOMP) * (size_t)__builtin_popcount(sb);
     double *q = nc_malloc(n * sizeof(double)), w[NC_NCOMP];
     if (!q)
         return nc_error(err, errlen, NC_ENOMEM, "gate: %zu weights", n);
@@ -543,7 +537,9 @@ static int fit_skip(nc_gate *g, const nc_gate_data *d, double max_loss, FILE *cu
     for (size_t t = 0; t < d->n; t++)
         if (token_used(g, d->pc + t * NC_NCOMP)) {
             gate_weights(g, true, d->f + t * NC_GATE_NFEAT, g->comps, w);
-            q[m++] = w[sc];
+            for (int c = 0; c < NC_NCOMP; c++)
+                if ((sb >> c) & 1u)
+                    q[m++] = w[c];
         }
     qsort(q, m, sizeof *q, cmp_double);
     double base = gate_data_ppl(g, d, -1.0, NULL);

@@ -99,10 +99,11 @@ void gate_weights(const nc_gate *g, bool pre, const double f[NC_GATE_NFEAT], uns
  * form of mixture.h's steps: w_model = Π(1-λ), w_neural = λ Π_{later}(1-λ), ...). */
 void gate_const_weights(const struct nc_cache_params_s *p, unsigned avail, double w[NC_NCOMP]);
 
-/* Adaptive retrieval at one position: true when the search is to be
- * skipped (the pre-search gate's unbounded weight below the threshold). */
-bool gate_skip_search(const nc_gate *g, const struct nc_cache_params_s *p, const nc_mix_input *in);
-/* g was fitted with the searched component (components.h): its pre-search
+/* Adaptive retrieval at one position: true when searched row sc's search
+ * is to be skipped (the pre-search gate's weight of it below the
+ * threshold; each searched row is decided on its own). */
+bool gate_skip_search(const nc_gate *g, const struct nc_cache_params_s *p, const nc_mix_input *in, int sc);
+/* g was fitted with a searched component (components.h): its pre-search
  * net can skip that component's search. */
 bool gate_searches(const nc_gate *g);
 /* The threshold in force: p->gate_skip, or the gate's own when it is < 0. */

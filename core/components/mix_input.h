@@ -1,6 +1,6 @@
 /* mix_input.h -- what design §4's formulas read at one position t
- * (nc_mix_input): the model's logits or the target's, the caches' windows
- * and neighbours, the gate's inputs. The mixture (mixture.h) and the gate
+ * (nc_mix_input): the model's logits or the target's, each row's own
+ * pairs and state, the gate's inputs. The mixture (mixture.h) and the gate
  * (gate.h) both read it; it sits below both. */
 #ifndef NC_MIX_INPUT_H
 #define NC_MIX_INPUT_H
@@ -9,7 +9,19 @@
 #include "dist.h"
 
 struct nc_gate;
-struct nc_unigram_cache;
+
+/* A row's own fields at t (nc_mix_input.pairs[c]): the pairs its memory
+ * offers here as (score, word) -- the neural window's dots h_t·h_i and
+ * words x_{i+1} (any order), the unbounded search's squared distances
+ * (ascending) and words (-1: no neighbour) -- and, for a searched row,
+ * whether the pre-search gate skipped its search here (then n = 0). Its
+ * at_h, search and scans fill it; a row without pairs reads its state. */
+typedef struct {
+    const float *score;
+    const int *word;
+    int n;
+    bool skipped;
+} nc_row_pairs;
 
 /* Everything the formulas read at one position t. */
 typedef struct {
@@ -17,17 +29,10 @@ typedef struct {
     const float *logits;          /* [V] decoder logits s (full path only) */
     float s_target;               /* s_x for the target (target path; -INF if x >= V) */
     float log_z;                  /* logsumexp(s) over V (target path) */
-    const float *ndots;           /* [nn] h_t·h_i over the neural window, any order */
-    const int *nvals;             /* [nn] x_{i+1} of those pairs */
-    int nn;
-    const struct nc_unigram_cache *uni;   /* unigram window (NULL or empty = off) */
-    const float *ub_d2;           /* [ub_k] squared distances, ascending */
-    const int *ub_words;          /* [ub_k] word ids, -1 = no neighbour */
-    int ub_k;
+    nc_row_pairs pairs[NC_NCOMP]; /* each row's own (zero: none) */
     int vocab_full;               /* |V_full| for the uniform term */
-    /* The adaptive mixture (gate.h), when p->gate: the gate, p_vocab's
-     * statistics (gate_vocab_stats) and whether the unbounded search was
-     * skipped for this position (then ub_k = 0). */
+    /* The adaptive mixture (gate.h), when p->gate: the gate and p_vocab's
+     * statistics (gate_vocab_stats). */
     const struct nc_gate *gate;
     float v_ent, v_logmax;
     int v_argmax;
@@ -35,7 +40,6 @@ typedef struct {
      * (logits is NULL there): W_w · h + b_w with the model's decoder */
     const float *h, *dec_w, *dec_b;
     int H;
-    bool ub_skipped;
     double *weights;              /* out (NULL = not wanted): [NC_NCOMP] weights used */
     /* Each row's session state as it stands at t (component.h state_new;
      * NULL for a row without one, or where the caller has none): a row

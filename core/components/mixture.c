@@ -98,12 +98,12 @@ unsigned mixture_components_on(const nc_cache_params *p)
 }
 
 /* The gate's weights at this position (gate.h): the full gate when the
- * searched component's features exist, else the pre-search one. */
+ * searched rows' features exist (components_post), else the pre-search
+ * one. */
 static unsigned gated_weights(const nc_cache_params *p, const nc_mix_input *in, double w[NC_NCOMP])
 {
     unsigned avail = mixture_available(p, in);
-    int sc = components_searched();
-    bool post = sc >= 0 && ((avail >> sc) & 1u);
+    bool post = components_post(p, avail);
     double f[NC_GATE_NFEAT];
     gate_features(p, in, post, f);
     gate_weights(in->gate, !post, f, avail, w);
@@ -116,7 +116,6 @@ int mixture_full(const nc_cache_params *p, const nc_mix_input *in, size_t n_word
     NC_ASSERT(out, "mixture_full: no out");
     double lam[NC_NCOMP], w[NC_NCOMP];
     unsigned avail;
-    nc_mix_input in2 = *in;
     if (!p->gate || !in->gate) {
         avail = mixture_available(p, in);
         const_lambdas(p, lam);
@@ -134,15 +133,13 @@ int mixture_full(const nc_cache_params *p, const nc_mix_input *in, size_t n_word
             cum += w[c];
             lam[c] = (float)(cum > 0.0 ? w[c] / cum : 0.0);
         }
-        if (in->ub_skipped)
-            in2.ub_k = 0;
         if (in->weights)
             memcpy(in->weights, w, sizeof w);
     }
-    n_words = words_needed(&in2, n_words);
+    n_words = words_needed(in, n_words);
     if (dist_reserve(out, n_words, shares))
         return nc_error(err, errlen, NC_ENOMEM, "distribution over %zu words", n_words);
-    if (mixture_steps(p, &in2, lam, avail, shares, out) != NC_OK)
+    if (mixture_steps(p, in, lam, avail, shares, out) != NC_OK)
         return nc_error(err, errlen, NC_ENOMEM, "mixture scratch");
     memcpy(out->weight, w, sizeof w);
     return NC_OK;
@@ -159,8 +156,7 @@ void mixture_gate_data(const nc_cache_params *p, const nc_mix_input *in, int x, 
                        double pc[NC_NCOMP])
 {
     unsigned a = mixture_available(p, in);
-    int sc = components_searched();
-    gate_features(p, in, sc >= 0 && ((a >> sc) & 1u), f);
+    gate_features(p, in, components_post(p, a), f);
     mixture_components(p, in, x, pc);
 }
 

@@ -227,8 +227,9 @@ int neural_cache_weights(const nc_neural_window *w, double alpha, bool global, d
 
 /* ---- the mixture's row (component.h) ------------------------------------
  * Linear interpolation (eq. 3): p <- (1-λ) p + λ p_cache. Under global
- * normalisation the cache is inside the first row's softmax (model_term.c)
- * and is not a component of its own. */
+ * normalisation the cache is inside the first row's softmax (its joint
+ * hooks below, which the first row, model_term.c, calls) and is not a
+ * component of its own. */
 
 static bool neural_on(const nc_cache_params *p)
 {
@@ -251,7 +252,7 @@ static double neural_lambda(const nc_cache_params *p)
 
 static bool neural_available(const nc_cache_params *p, const nc_mix_input *in)
 {
-    return neural_on(p) && in->nn > 0;
+    return neural_on(p) && NC_NEURAL_PAIRS(in).n > 0;
 }
 
 static double neural_prob(const nc_cache_params *p, const nc_mix_input *in, int x)
@@ -264,9 +265,9 @@ static double neural_prob(const nc_cache_params *p, const nc_mix_input *in, int 
 static int neural_max_word(const nc_mix_input *in)
 {
     int m = -1;
-    for (int i = 0; i < in->nn; i++)
-        if (in->nvals[i] > m)
-            m = in->nvals[i];
+    for (int i = 0; i < NC_NEURAL_PAIRS(in).n; i++)
+        if (NC_NEURAL_PAIRS(in).word[i] > m)
+            m = NC_NEURAL_PAIRS(in).word[i];
     return m;
 }
 
@@ -277,7 +278,7 @@ static int neural_step(const nc_comp_step *s)
     const nc_cache_params *p = s->p;
     const nc_mix_input *in = s->in;
     nc_dist *out = s->out;
-    float *e = nc_malloc((size_t)in->nn * sizeof(float));
+    float *e = nc_malloc((size_t)NC_NEURAL_PAIRS(in).n * sizeof(float));
     if (!e)
         return NC_ENOMEM;
     const nc_neural_window win = NC_NEURAL_WINDOW(in, p);
@@ -289,12 +290,74 @@ static int neural_step(const nc_comp_step *s)
     for (int c = 0; s->shares && c < s->comp; c++)   /* the later rows' shares are still 0 */
         for (size_t w = 0; w < out->n; w++)
             out->share[c][w] *= a;
-    for (int i = 0; i < in->nn; i++) {
-        int w = in->nvals[i];
+    for (int i = 0; i < NC_NEURAL_PAIRS(in).n; i++) {
+        int w = NC_NEURAL_PAIRS(in).word[i];
         out->p[w] += lz * e[i];
         if (s->shares)
             out->share[s->comp][w] += lz * e[i];
     }
+    free(e);
+    return NC_OK;
+}
+
+/* ---- global normalisation (eq. 4): the window inside the first row's
+ * softmax (component.h joint) ---- */
+
+static bool neural_joint(const nc_cache_params *p, const nc_mix_input *in)
+{
+    return p->neural_size > 0 && NC_NEURAL_PAIRS(in).n > 0 && p->global_norm;
+}
+
+/* p(x) of the joint softmax: neural_cache_global_prob */
+static double neural_joint_prob(const nc_cache_params *p, const nc_mix_input *in, double s_x, int x)
+{
+    return neural_cache_global_prob(&NC_NEURAL_WINDOW(in, p), p->neural_alpha, s_x, in->log_z, x);
+}
+
+/* The window's terms e_i = exp(θ h·h_i + α - m) of eq. 4 added to out
+ * (scaled by inv, the shared normaliser's inverse), credited to this row's
+ * share. */
+static void add_global_terms(const nc_comp_step *s, const float *e, float inv)
+{
+    const nc_mix_input *in = s->in;
+    for (int i = 0; i < NC_NEURAL_PAIRS(in).n; i++) {
+        int w = NC_NEURAL_PAIRS(in).word[i];
+        float ew = e[i] * inv;
+        s->out->p[w] += ew;
+        if (s->shares)
+            s->out->share[NC_COMP_NEURAL][w] += ew;
+    }
+}
+
+/* The first row's step under eq. 4: out->p = the joint softmax over
+ * [0, n), the vocabulary's exponentials (vectorised, vmath) and the
+ * window's sharing one shift (the larger maximum) and one normaliser; the
+ * vocabulary's part is the first row's share (s->comp), the window's this
+ * row's. */
+static int neural_joint_step(const nc_comp_step *s)
+{
+    const nc_cache_params *p = s->p;
+    const nc_mix_input *in = s->in;
+    const int V = in->V;
+    nc_dist *out = s->out;
+    const nc_neural_window win = NC_NEURAL_WINDOW(in, p);
+    float *e = nc_malloc((size_t)NC_NEURAL_PAIRS(in).n * sizeof(float));
+    if (!e)
+        return NC_ENOMEM;
+    double m = vm_max(in->logits, (size_t)V);
+    double mc = neural_cache_max_logit(&win, p->neural_alpha);
+    if (mc > m)
+        m = mc;
+    double z = vm_exp_sum(out->p, in->logits, (size_t)V, (float)m);
+    for (size_t w = (size_t)V; w < out->n; w++)
+        out->p[w] = 0.0f;
+    double unused, zc = neural_cache_exp_sum(e, &win, p->neural_alpha, m, -1, &unused);
+    float inv = (float)(1.0 / (z + zc));
+    for (size_t w = 0; w < (size_t)V; w++)
+        out->p[w] *= inv;
+    if (s->shares)
+        memcpy(out->share[s->comp], out->p, out->n * sizeof(float));
+    add_global_terms(s, e, inv);
     free(e);
     return NC_OK;
 }
@@ -307,19 +370,19 @@ static void neural_features(const nc_cache_params *p, const nc_mix_input *in, nc
                             double *post)
 {
     (void)post;
-    if (p->neural_size <= 0 || in->nn <= 0)
+    if (p->neural_size <= 0 || NC_NEURAL_PAIRS(in).n <= 0)
         return;
     int im = 0;
-    for (int i = 1; i < in->nn; i++)
-        if (in->ndots[i] > in->ndots[im])
+    for (int i = 1; i < NC_NEURAL_PAIRS(in).n; i++)
+        if (NC_NEURAL_PAIRS(in).score[i] > NC_NEURAL_PAIRS(in).score[im])
             im = i;
-    double dmax = in->ndots[im], top;
-    int best = in->nvals[im];
+    double dmax = NC_NEURAL_PAIRS(in).score[im], top;
+    int best = NC_NEURAL_PAIRS(in).word[im];
     ctx->attended = best;
     /* Σ_i exp(θ (d_i - d_max)) = 1 / max attention weight; the pairs of the
      * best-attended word summed: p_neural of that word (eq. 2) */
     double z = neural_cache_exp_sum(NULL, &NC_NEURAL_WINDOW(in, p), 0.0, p->neural_theta * dmax, best, &top);
-    pre[F_FILL] = log1p((double)in->nn);         /* log(1 + pairs in the window) */
+    pre[F_FILL] = log1p((double)NC_NEURAL_PAIRS(in).n);         /* log(1 + pairs in the window) */
     pre[F_MAXDOT] = dmax;                        /* max_i h_t·h_i */
     pre[F_LOGMAXATT] = -log(z);                  /* log max_i softmax_i(θ h_t·h_i) */
     pre[F_AGREE_VN] = best == in->v_argmax;      /* argmax p_vocab is w* */
@@ -335,24 +398,24 @@ static int neural_explain(const nc_explain_ctx *x, nc_explain_entry *out, int *c
 {
     const nc_mix_input *in = x->in;
     const nc_cache_params *p = x->p;
-    if (in->nn <= 0)
+    if (NC_NEURAL_PAIRS(in).n <= 0)
         return NC_OK;
     double log_z = p->global_norm ? vm_logsumexp(in->logits, (size_t)in->V) : 0.0;
-    double *w = nc_malloc((size_t)in->nn * sizeof *w);
-    int *cand = nc_malloc((size_t)in->nn * sizeof *cand);
+    double *w = nc_malloc((size_t)NC_NEURAL_PAIRS(in).n * sizeof *w);
+    int *cand = nc_malloc((size_t)NC_NEURAL_PAIRS(in).n * sizeof *cand);
     int rc = w && cand ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "explain");
     if (!rc && (rc = neural_cache_weights(&NC_NEURAL_WINDOW(in, p), p->neural_alpha, p->global_norm, log_z, w)) !=
                    NC_OK)
         nc_error(err, errlen, rc, "explain: neural weights");
     for (size_t q = 0; !rc && q < x->k; q++) {
         int nc = 0;
-        for (int i = 0; i < in->nn; i++)
-            if (in->nvals[i] == x->ids[q])
+        for (int i = 0; i < NC_NEURAL_PAIRS(in).n; i++)
+            if (NC_NEURAL_PAIRS(in).word[i] == x->ids[q])
                 cand[nc++] = i;
-        nc = components_heaviest(cand, nc, w, in->ndots, x->per_source);
+        nc = components_heaviest(cand, nc, w, NC_NEURAL_PAIRS(in).score, x->per_source);
         for (int j = 0; j < nc; j++)
             out[q * x->stride + (size_t)counts[q]++] = (nc_explain_entry){
-                .source = x->comp, .at = x->pos - in->nn + cand[j], .weight = w[cand[j]], .distance = NAN};
+                .source = x->comp, .at = x->pos - NC_NEURAL_PAIRS(in).n + cand[j], .weight = w[cand[j]], .distance = NAN};
     }
     free(w);
     free(cand);
@@ -584,7 +647,7 @@ static size_t neural_state_bytes(const nc_state_args *a)
 
 /* The window as the formulas read it from h (design §4): the dots h·h_i
  * of the ring's pairs into ns->dots and their words into state_words(ns),
- * kept there: a->memo reads them again (the same bits); in->ndots/nvals/nn
+ * kept there: a->memo reads them again (the same bits); its pairs (NC_NEURAL_PAIRS)
  * get the last neural_size of them (the window's pair i is the ring's pair
  * count - nn + i). */
 static int neural_at_h(void *state, const nc_at_h *a, char *err, size_t errlen)
@@ -604,9 +667,9 @@ static int neural_at_h(void *state, const nc_at_h *a, char *err, size_t errlen)
     }
     int cnt = ns->c.count;
     int w = cnt < p->neural_size ? cnt : p->neural_size;
-    in->ndots = ns->dots + (cnt - w);
-    in->nvals = vals + (cnt - w);
-    in->nn = w;
+    NC_NEURAL_PAIRS(in).score = ns->dots + (cnt - w);
+    NC_NEURAL_PAIRS(in).word = vals + (cnt - w);
+    NC_NEURAL_PAIRS(in).n = w;
     return NC_OK;
 }
 
@@ -727,9 +790,9 @@ static void neural_scan_input(const void *scan, size_t r, nc_mix_input *in)
     const neural_scan *s = scan;
     int nk = s->c0 + (int)s->nb - 1, avail = s->c0 + (int)r;
     int w = avail < s->N ? avail : s->N;
-    in->ndots = s->dots + r * (size_t)(nk > 0 ? nk : 0) + (avail - w);
-    in->nvals = s->kvals + (avail - w);
-    in->nn = w;
+    NC_NEURAL_PAIRS(in).score = s->dots + r * (size_t)(nk > 0 ? nk : 0) + (avail - w);
+    NC_NEURAL_PAIRS(in).word = s->kvals + (avail - w);
+    NC_NEURAL_PAIRS(in).n = w;
 }
 
 static const char *const neural_knobs[] = {"neural_size", "neural_theta", "neural_lambda", "global_norm",
@@ -748,6 +811,9 @@ const nc_component nc_component_neural = {
     .prob = neural_prob,
     .max_word = neural_max_word,
     .step = neural_step,
+    .joint = neural_joint,
+    .joint_prob = neural_joint_prob,
+    .joint_step = neural_joint_step,
     .features = neural_feature_names,
     .gate_features = neural_features,
     .explain = neural_explain,

@@ -48,9 +48,11 @@ typedef struct {
     int n;             /* pairs in the window */
     double theta;      /* θ, the flatness of the attention */
 } nc_neural_window;
-/* The window a mixture input (mix_input.h: ndots, nvals, nn) holds, read
- * with cache parameters p's θ. */
-#define NC_NEURAL_WINDOW(in, p) ((nc_neural_window){(in)->ndots, (in)->nvals, (in)->nn, (p)->neural_theta})
+/* The window a mixture input holds (mix_input.h: the row's pairs, scores
+ * the dots), read with cache parameters p's θ. */
+#define NC_NEURAL_PAIRS(in) ((in)->pairs[NC_COMP_NEURAL])
+#define NC_NEURAL_WINDOW(in, p)                                                                             \
+    ((nc_neural_window){NC_NEURAL_PAIRS(in).score, NC_NEURAL_PAIRS(in).word, NC_NEURAL_PAIRS(in).n, (p)->neural_theta})
 
 /* max_i θ h_t·h_i + bias (-inf when n = 0): the shift that keeps the
  * exponentials finite. θ >= 0, so it is θ max_i h_t·h_i + bias: one

@@ -115,15 +115,21 @@ static double unigram_lambda(const nc_cache_params *p)
     return p->unigram_lambda;
 }
 
+/* The window at this position: the row's state (mix_input.h). */
+static const nc_unigram_cache *window(const nc_mix_input *in)
+{
+    return in->state[NC_COMP_UNIGRAM];
+}
+
 static bool unigram_available(const nc_cache_params *p, const nc_mix_input *in)
 {
-    return p->unigram_size > 0 && in->uni && in->uni->count > 0;
+    return p->unigram_size > 0 && window(in) && window(in)->count > 0;
 }
 
 static double unigram_prob(const nc_cache_params *p, const nc_mix_input *in, int x)
 {
     (void)p;
-    return unigram_cache_prob(in->uni, x);
+    return unigram_cache_prob(window(in), x);
 }
 
 /* λu p_uni(x) as the constant mixture has always computed it: a float
@@ -131,22 +137,23 @@ static double unigram_prob(const nc_cache_params *p, const nc_mix_input *in, int
 static double unigram_lambda_prob(const nc_cache_params *p, const nc_mix_input *in, int x, double lambda)
 {
     (void)p;
-    return (float)lambda * unigram_cache_prob(in->uni, x);
+    return (float)lambda * unigram_cache_prob(window(in), x);
 }
 
 static int unigram_max_word(const nc_mix_input *in)
 {
+    const nc_unigram_cache *u = window(in);
     int m = -1;
-    for (int i = 0; in->uni && i < in->uni->count; i++)
-        if (unigram_cache_at(in->uni, i) > m)
-            m = unigram_cache_at(in->uni, i);
+    for (int i = 0; u && i < u->count; i++)
+        if (unigram_cache_at(u, i) > m)
+            m = unigram_cache_at(u, i);
     return m;
 }
 
 static int unigram_dense(const nc_cache_params *p, const nc_mix_input *in, double *q, size_t n)
 {
     (void)p, (void)n;
-    unigram_cache_add_dist(in->uni, q);
+    unigram_cache_add_dist(window(in), q);
     return NC_OK;
 }
 
@@ -304,31 +311,6 @@ static size_t unigram_state_bytes(const nc_state_args *a)
     return a->p->unigram_size > 0 ? (size_t)a->p->unigram_size * 3 * sizeof(int) : 0;
 }
 
-/* The window is the input: in->uni while on. */
-static int unigram_at_h(void *state, const nc_at_h *a, char *err, size_t errlen)
-{
-    (void)err, (void)errlen;
-    *a->scratch = NULL;
-    if (a->p->unigram_size > 0)
-        a->in->uni = state;
-    return NC_OK;
-}
-
-/* A document's pass reads the window as it stands at each position. */
-static int unigram_scan_open(void *state, const nc_scan_doc *d, size_t block, void **scan, char *err,
-                             size_t errlen)
-{
-    (void)block, (void)err, (void)errlen;
-    *scan = d->p->unigram_size > 0 ? state : NULL;
-    return NC_OK;
-}
-
-static void unigram_scan_input(const void *scan, size_t r, nc_mix_input *in)
-{
-    (void)r;
-    in->uni = scan;
-}
-
 static const char *const unigram_knobs[] = {"unigram_size", "unigram_lambda", NULL};
 static const char *const unigram_feature_names[] = {NULL};
 
@@ -354,7 +336,4 @@ const nc_component nc_component_unigram = {
     .rollback = unigram_rollback,
     .memory = unigram_state_memory,
     .state_bytes = unigram_state_bytes,
-    .at_h = unigram_at_h,
-    .scan_open = unigram_scan_open,
-    .scan_input = unigram_scan_input,
 };

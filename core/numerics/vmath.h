@@ -25,6 +25,13 @@ double vm_exp_sum(float *y, const float *x, size_t n, float m);
 double vm_cache_exp_sum(float *y, const float *d, const int *vals, size_t n, float theta, float s, int x,
                         double *match);
 
+/* The Gaussian kernel's weights in double: w[i] = exp(-max(d2[i], 0) /
+ * (2 theta2)) (theta2 > 0), 0 where skip[i] < 0 (no neighbour) or where
+ * the exponent is below VM_EXP_D_MIN; one set of bits at every level (its
+ * own polynomial exp, unfused, lane by lane; relative error < 1e-15). */
+#define VM_EXP_D_MIN (-708.0)
+void vm_gauss_d2(double *w, const float *d2, const int *skip, int n, double theta2);
+
 /* IEEE binary16 <-> float32, round to nearest even (nc_half_to_float /
  * nc_float_to_half, with the CPU's converters when it has them; NaN
  * payloads may differ). vm_round_to_half: x <- float(half(x)) in place,

@@ -197,12 +197,6 @@ static int prepare(const nc_doc_prep *in, nc_doc **out, char *err, size_t errlen
     return NC_OK;
 }
 
-/* How this document's scoring reads the unbounded cache (unbounded_cache.h). */
-static int doc_reader(const nc_doc *d, const nc_cache_params *p)
-{
-    return p->open_vocab || d->unk_id < 0 ? NC_UB_OPEN : d->unk_id;
-}
-
 /* One doc_score call: its windows (the caller's or local ones), what it
  * reads, and the buffers of a block of B positions. */
 typedef struct {
@@ -212,73 +206,70 @@ typedef struct {
     void *st[NC_NCOMP];           /* each row's session state: the caller's or own[c]'s */
     void *own[NC_NCOMP];          /* states made for the call (the caller gave none) */
     void *scan[NC_NCOMP];         /* each row's scan of the pass (component.h scan_open) */
-    nc_unbounded_cache *ub;
-    bool pre, ub_read, ub_add, gated, skipping;
-    int k;
+    bool pre, gated;
+    unsigned skipping;            /* the searched rows whose searches the gate may skip */
     size_t B;
-    float *ud2, *qs;
-    int *uw, *row_of;
-    int64_t *lim;
     nc_mix_input *ins;
-    bool *skip;
-    nc_ub_coarse coarse;          /* the block's add's coarse search, its search's too */
+    bool *skip;                   /* [NC_NCOMP, B] row c's search of position b0 + r skipped */
 } score_run;
 
 /* The rows' session states (the caller's, or empty ones made for the
  * call when it gave none) and their scans of the pass (component.h). */
 static int score_rows(score_run *s, size_t block, char *err, size_t errlen)
 {
-    const nc_state_args a = {.p = s->p, .H = s->d->dim};
-    const nc_scan_doc sd = {.p = s->p, .q = s->d->q, .ids = s->d->ids, .first = s->d->first, .H = s->d->dim,
-                            .at_h0 = s->c && s->c->at_h0};
+    const nc_doc *d = s->d;
+    const nc_doc_caches *c = s->c;
+    const nc_state_args a = {.p = s->p, .H = d->dim, .store = c ? c->ub : NULL, .unk_id = d->unk_id};
+    const nc_scan_doc sd = {.p = s->p, .q = d->q, .ids = d->ids, .first = d->first, .H = d->dim,
+                            .at_h0 = c && c->at_h0, .store_ids = d->mem_ids ? d->mem_ids : d->ids,
+                            .adapt = c && c->adapt, .unk_id = d->unk_id, .pre_d2 = s->pre ? c->pre_d2 : NULL,
+                            .pre_words = s->pre ? c->pre_words : NULL};
     int rc = NC_OK;
-    for (int c = 0; !rc && c < NC_NCOMP; c++) {
-        const nc_component *r = nc_component_rows[c];
+    for (int i = 0; !rc && i < NC_NCOMP; i++) {
+        const nc_component *r = nc_component_rows[i];
         if (!r->state_new)
             continue;
-        if (s->c && s->c->states)
-            s->st[c] = s->c->states[c];
-        else if (!(rc = r->state_new(&a, &s->own[c], err, errlen)))
-            s->st[c] = s->own[c];
-        NC_ASSERT(rc || s->st[c], "component %s: no session state given", r->name);
+        if (c && c->states)
+            s->st[i] = c->states[i];
+        else if (!(rc = r->state_new(&a, &s->own[i], err, errlen)))
+            s->st[i] = s->own[i];
+        NC_ASSERT(rc || s->st[i], "component %s: no session state given", r->name);
         if (!rc && r->scan_open)
-            rc = r->scan_open(s->st[c], &sd, block, &s->scan[c], err, errlen);
+            rc = r->scan_open(s->st[i], &sd, block, &s->scan[i], err, errlen);
     }
     return rc;
 }
 
-/* What the scoring reads (the unbounded cache, the gate) and the block's
- * buffers. */
+/* Whether the pass searches a row's memory (its scan is open and it is on:
+ * the gate may skip its searches). */
+static bool row_searches(const score_run *s, int c)
+{
+    const nc_component *r = nc_component_rows[c];
+    return r->searched && s->scan[c] && r->on(s->p) && (s->pre || r->can_search(s->st[c]));
+}
+
+/* What the scoring reads (the gate) and the block's buffers. */
 static int score_setup(score_run *s, size_t block, char *err, size_t errlen)
 {
     const nc_cache_params *p = s->p;
     nc_doc_caches *c = s->c;
     const nc_doc *d = s->d;
-    const int H = d->dim;
-    s->ub = c ? c->ub : NULL;
-    s->pre = c && c->pre_d2 && c->pre_words;
-    s->ub_read = p->unbounded && s->ub && !s->pre;
-    s->ub_add = c && c->adapt && s->ub && !s->pre;
-    s->k = p->knn;
     s->gated = p->gate;
     if (s->gated && !d->gate)
         return nc_error(err, errlen, NC_EINVAL, "gate: the model has no gate (gate.safetensors; fit one with "
                                                 "neurocache fit-gate)");
     if ((s->gated || (c && c->gate_f)) && !d->v_ent)
         return nc_error(err, errlen, NC_EINVAL, "gate: the document was prepared without p_vocab's statistics");
-    /* adaptive retrieval (gate.h): only with a gate, an unbounded cache
-     * and a threshold above 0 */
-    s->skipping = s->gated && p->unbounded && (s->ub_read || s->pre) && gate_threshold(d->gate, p) > 0.0;
-    size_t B = s->B = block, k = (size_t)s->k;
-    s->ud2 = s->ub_read ? nc_malloc(B * k * sizeof(float)) : NULL;
-    s->uw = s->ub_read ? nc_malloc(B * k * sizeof(int)) : NULL;
-    s->lim = s->ub_read ? nc_malloc(B * sizeof(int64_t)) : NULL;
-    s->ins = nc_malloc(B * sizeof *s->ins);
-    s->skip = nc_zalloc(B, sizeof *s->skip);
-    s->qs = s->skipping && s->ub_read ? nc_malloc(B * (size_t)H * sizeof(float)) : NULL;
-    s->row_of = s->ub_read ? nc_malloc(B * sizeof(int)) : NULL;
-    if ((s->ub_read && (!s->ud2 || !s->uw || !s->lim || !s->row_of)) || !s->ins || !s->skip ||
-        (s->skipping && s->ub_read && !s->qs))
+    /* adaptive retrieval (gate.h): only with a gate, a row whose memory
+     * the pass searches and a threshold above 0 */
+    const bool thr = s->gated && gate_threshold(d->gate, p) > 0.0;
+    for (int i = 0; thr && i < NC_NCOMP; i++)
+        if (row_searches(s, i))
+            s->skipping |= 1u << i;
+    s->B = block;
+    s->ins = nc_malloc(block * sizeof *s->ins);
+    s->skip = nc_zalloc(block * NC_NCOMP, sizeof *s->skip);
+    if (!s->ins || !s->skip)
         return nc_error(err, errlen, NC_ENOMEM, "scoring buffers");
     return NC_OK;
 }
@@ -287,12 +278,6 @@ static void score_free(score_run *s)
 {
     free(s->ins);
     free(s->skip);
-    free(s->qs);
-    free(s->row_of);
-    free(s->ud2);
-    free(s->uw);
-    free(s->lim);
-    ub_coarse_free(&s->coarse);
     for (int c = 0; c < NC_NCOMP; c++) {
         if (s->scan[c] && nc_component_rows[c]->scan_close)
             nc_component_rows[c]->scan_close(s->scan[c]);
@@ -310,8 +295,8 @@ static void block_scans(score_run *s, size_t b0, size_t nb)
             nc_component_rows[c]->scan_block(s->scan[c], b0, nb);
 }
 
-/* What each position of the block reads before the unbounded search, and
- * the pre-search gate's decision to skip it. */
+/* What each position of the block reads before the searches, and the
+ * pre-search gate's decision to skip them. */
 static void block_inputs(score_run *s, size_t b0, size_t nb)
 {
     const nc_doc *d = s->d;
@@ -331,100 +316,50 @@ static void block_inputs(score_run *s, size_t b0, size_t nb)
         }
         for (int c = 0; c < NC_NCOMP; c++) {
             in->state[c] = s->st[c];
-            if (s->scan[c])
+            if (s->scan[c] && nc_component_rows[c]->scan_input)
                 nc_component_rows[c]->scan_input(s->scan[c], r, in);
         }
-        /* adaptive retrieval: the pre-search gate decides from these */
-        s->skip[r] = s->skipping && gate_skip_search(d->gate, p, in);
+        /* adaptive retrieval: the pre-search gate decides from these, for
+         * each searched row */
+        for (int c = 0; c < NC_NCOMP; c++)
+            s->skip[(size_t)c * s->B + r] = ((s->skipping >> c) & 1u) && gate_skip_search(d->gate, p, in, c);
     }
 }
 
-/* The block's pairs into the unbounded cache (adapt), then the search of
- * the positions not skipped, as one batch. */
-static int block_unbounded(score_run *s, size_t b0, size_t nb, char *err, size_t errlen)
+/* The searched rows' block (component.h scan_search): a row adapting
+ * adds the block's pairs to its memory, then searches the positions the
+ * gate does not skip, as one batch; the searches made and skipped counted
+ * where the gate may skip (into the pass's and, but for precomputed
+ * neighbours, the process's counters). */
+static int block_search(score_run *s, size_t b0, size_t nb, char *err, size_t errlen)
 {
-    const nc_doc *d = s->d;
-    const int H = d->dim, k = s->k;
-    const float *Q = d->q + b0 * H;
-    int rc;
-    /* the caller's coarse search of row 0 (a stream's predict at this h)
-     * serves the add and the search, as the add's own would */
-    const nc_ub_coarse *c0 = s->c ? s->c->coarse0 : NULL;
-    bool made = s->ub_read && c0 && b0 == 0 && c0->n == nb && ub_coarse_copy(&s->coarse, c0, Q) == NC_OK;
-    if (s->ub_add) {
-        int64_t first_id;
-        /* its coarse search of the keys (= the queries) serves the search */
-        nc_ub_add a = {.keys = Q, .words = (d->mem_ids ? d->mem_ids : d->ids) + b0, .n = nb,
-                       .nprobe = s->p->nprobe, .coarse = s->ub_read ? &s->coarse : NULL, .coarse_made = made};
-        if ((rc = unbounded_cache_add_block(s->ub, &a, &first_id, err, errlen)))
+    for (int c = 0; c < NC_NCOMP; c++) {
+        if (!s->scan[c] || !nc_component_rows[c]->scan_search)
+            continue;
+        nc_scan_search b = {.b0 = b0, .nb = nb, .skip = s->skip + (size_t)c * s->B, .ins = s->ins};
+        int rc = nc_component_rows[c]->scan_search(s->scan[c], &b, err, errlen);
+        if (rc)
             return rc;
-        for (size_t r = 0; s->ub_read && r < nb; r++)
-            s->lim[r] = first_id + (int64_t)r;   /* pairs of this block at >= r are the future */
-    }
-    if (s->ub_read) {
-        size_t ns = 0;
-        for (size_t r = 0; r < nb; r++)
-            if (!s->skip[r])
-                s->row_of[ns++] = (int)r;
-        /* a skip in the block: its searched rows into qs (all of them,
-         * the ones before the first skip included), limits alike */
-        for (size_t i = 0; ns < nb && i < ns; i++) {
-            memcpy(s->qs + i * H, Q + (size_t)s->row_of[i] * H, (size_t)H * sizeof(float));
-            s->lim[i] = s->lim[s->row_of[i]];
+        if ((s->skipping >> c) & 1u) {
+            s->c->searched += b.searched;
+            s->c->skipped += b.skipped;
+            if (!s->pre)
+                gate_count_searches(b.searched, b.skipped);
         }
-        const float *QS = ns == nb ? Q : s->qs;
-        /* row 0's neighbours as the caller holds them (doc.h pre0_d2) */
-        const nc_doc_caches *c = s->c;
-        bool held = !s->ub_add && c && c->pre0_d2 && c->pre0_words && b0 == 0 && nb == 1 && ns == 1;
-        if (held) {
-            memcpy(s->ud2, c->pre0_d2, (size_t)k * sizeof(float));
-            memcpy(s->uw, c->pre0_words, (size_t)k * sizeof(int));
-        }
-        nc_ub_query q = {.queries = QS, .nq = ns, .k = k, .nprobe = s->p->nprobe,
-                         .id_limit = s->ub_add ? s->lim : NULL, .extra = s->ub_add ? (int)nb : 0,
-                         .reader = doc_reader(d, s->p), .coarse = &s->coarse, .out_d2 = s->ud2, .out_words = s->uw};
-        if (ns > 0 && !held && (rc = unbounded_cache_query(s->ub, &q, err, errlen)))
-            return rc;
-        /* results to their rows, from the last (row_of[i] >= i) */
-        for (size_t i = ns; i-- > 0;)
-            if ((size_t)s->row_of[i] != i) {
-                memcpy(s->ud2 + (size_t)s->row_of[i] * k, s->ud2 + i * k, (size_t)k * sizeof(float));
-                memcpy(s->uw + (size_t)s->row_of[i] * k, s->uw + i * k, (size_t)k * sizeof(int));
-            }
-        if (s->skipping) {
-            s->c->searched += ns;
-            s->c->skipped += nb - ns;
-            gate_count_searches(ns, nb - ns);
-        }
-    } else if (s->pre && s->p->unbounded && s->skipping) {
-        for (size_t r = 0; r < nb; r++)
-            s->skip[r] ? s->c->skipped++ : s->c->searched++;
     }
     return NC_OK;
 }
 
-/* Each position's neighbours, its mixture (and the gate's data), then its
- * pair into the local windows. */
+/* Each position's mixture (and the gate's data), then its pair into the
+ * rows' states. */
 static int block_mix(score_run *s, size_t b0, size_t nb, double *logprobs, char *err, size_t errlen)
 {
     const nc_doc *d = s->d;
     const nc_cache_params *p = s->p;
     nc_doc_caches *c = s->c;
-    const int k = s->k;
     for (size_t r = 0; r < nb; r++) {
         size_t t = b0 + r;
         nc_mix_input *in = &s->ins[r];
-        if (s->skip[r]) {
-            in->ub_skipped = true;
-        } else if (s->ub_read) {
-            in->ub_d2 = s->ud2 + r * (size_t)k;
-            in->ub_words = s->uw + r * (size_t)k;
-            in->ub_k = k;
-        } else if (s->pre && p->unbounded) {
-            in->ub_d2 = c->pre_d2 + t * (size_t)k;
-            in->ub_words = c->pre_words + t * (size_t)k;
-            in->ub_k = k;
-        }
         logprobs[t] = mixture_target(p, in, d->ids[t]);
         if (c && c->gate_f)
             mixture_gate_data(p, in, d->ids[t], c->gate_f + t * NC_GATE_NFEAT, c->gate_pc + t * NC_NCOMP);
@@ -465,7 +400,7 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, doubl
     size_t B = block ? block : DOC_SCORE_BLOCK;
     if (B > todo)
         B = todo;
-    score_run s = {.d = d, .p = p, .c = c};
+    score_run s = {.d = d, .p = p, .c = c, .pre = c && c->pre_d2 && c->pre_words};
     rc = score_rows(&s, B, err, errlen);
     if (!rc)
         rc = score_setup(&s, B, err, errlen);
@@ -473,7 +408,7 @@ int doc_score(const nc_doc *d, const nc_cache_params *p, nc_doc_caches *c, doubl
         size_t nb = n - b0 < s.B ? n - b0 : s.B;
         block_scans(&s, b0, nb);
         block_inputs(&s, b0, nb);
-        rc = block_unbounded(&s, b0, nb, err, errlen);
+        rc = block_search(&s, b0, nb, err, errlen);
         if (!rc)
             rc = block_mix(&s, b0, nb, logprobs, err, errlen);
     }
@@ -488,7 +423,6 @@ int doc_neighbours(const nc_doc *d, const nc_cache_params *p, const nc_doc_knn *
     NC_ASSERT(d, "doc_neighbours: no d");
     const int k = p->knn, H = d->dim;
     const size_t block = kn->block ? kn->block : DOC_SCORE_BLOCK;
-    nc_unbounded_cache *ub = kn->ub;
     const bool adapt = kn->adapt;
     float *d2 = kn->d2;
     int *words = kn->words;
@@ -496,6 +430,8 @@ int doc_neighbours(const nc_doc *d, const nc_cache_params *p, const nc_doc_knn *
         d2[i] = 0.0f;
         words[i] = -1;
     }
+    /* how the document reads the store's words (nc_doc.unk_id) */
+    const int reader = p->open_vocab || d->unk_id < 0 ? NC_UB_OPEN : d->unk_id;
     int64_t *lim = nc_malloc(block * sizeof(int64_t));
     if (!lim)
         return nc_error(err, errlen, NC_ENOMEM, "search buffers");
@@ -508,15 +444,15 @@ int doc_neighbours(const nc_doc *d, const nc_cache_params *p, const nc_doc_knn *
             int64_t first_id;
             nc_ub_add a = {.keys = Q, .words = (d->mem_ids ? d->mem_ids : d->ids) + b0, .n = nb,
                            .nprobe = p->nprobe, .coarse = &coarse};
-            if ((rc = unbounded_cache_add_block(ub, &a, &first_id, err, errlen)))
+            if ((rc = unbounded_cache_add_block(kn->ub, &a, &first_id, err, errlen)))
                 break;
             for (size_t r = 0; r < nb; r++)
                 lim[r] = first_id + (int64_t)r;
         }
         nc_ub_query q = {.queries = Q, .nq = nb, .k = k, .nprobe = p->nprobe, .id_limit = adapt ? lim : NULL,
-                         .extra = adapt ? (int)nb : 0, .reader = doc_reader(d, p), .coarse = adapt ? &coarse : NULL,
+                         .extra = adapt ? (int)nb : 0, .reader = reader, .coarse = adapt ? &coarse : NULL,
                          .out_d2 = d2 + b0 * (size_t)k, .out_words = words + b0 * (size_t)k};
-        rc = unbounded_cache_query(ub, &q, err, errlen);
+        rc = unbounded_cache_query(kn->ub, &q, err, errlen);
     }
     ub_coarse_free(&coarse);
     free(lim);

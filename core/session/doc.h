@@ -100,22 +100,13 @@ typedef struct {
     /* Out, with p->gate: unbounded searches run and skipped (adaptive
      * retrieval, gate.h); with precomputed neighbours a skip drops them. */
     size_t searched, skipped;
-    /* Optional: the coarse search of row 0's query made by the caller
-     * (unbounded_cache_coarse at a stream's h, by its predict), reused by
-     * the add of that row when it is the first block alone (a one-token
-     * feed): the same search, not made again. */
-    const nc_ub_coarse *coarse0;
-    /* Optional: row 0's k neighbours [p->knn] as its search would find them
-     * now (a stream's predict at this h, the cache unchanged since), used
-     * instead of that search when the pass does not adapt and row 0 is the
-     * first block alone. */
-    const float *pre0_d2;
-    const int *pre0_words;
-    /* Optional: the rows' states still hold what their at_h made at row 0's
-     * h (a stream's predict at this h, the states unchanged since:
-     * component.h nc_at_h.memo); a row's scan may read it when row 0 is the
-     * first block alone: the same bits, not 2 MB of a 2,000-key neural
-     * window read again (issue 36). */
+    /* Optional: the rows' states still hold what their at_h and search_h
+     * made at row 0's h (a stream's predict at this h, the states unchanged
+     * since: component.h nc_at_h.memo); a row's scan may read it when row 0
+     * is the first block alone: the same bits, not 2 MB of a 2,000-key
+     * neural window read again (issue 36), nor the unbounded cache's coarse
+     * search of that h (reused by the add of its pair) and, when the pass
+     * does not adapt and the store is unchanged, its neighbours. */
     bool at_h0;
     /* Optional out, for fitting a gate: per position, the gate's raw
      * features [n, NC_GATE_NFEAT] and each component's probability of the

@@ -1,6 +1,7 @@
-/* stream.c -- the per-stream predictor: LSTM state + local caches + an
- * optional namespace unbounded cache. Scoring goes through doc_score so that
- * streams and documents share one causal code path. */
+/* stream.c -- the per-stream predictor: LSTM state + the component rows'
+ * session states (component.h), which may read the namespace's index
+ * store. Scoring goes through doc_score so that streams and documents share
+ * one causal code path. */
 #include "stream.h"
 #include "binio.h"
 #include "buf.h"
@@ -21,32 +22,24 @@
 #include <string.h>
 
 /* The memo of the model's output at the stream's h (issue 26): what a
- * predict made at h_t -- the decoder's logits, the unbounded cache's coarse
- * search of h_t -- read again by the next feed (the token's score at h_t,
- * the add of the pair (h_t, x) whose key is h_t) and by a repeated
- * predict, instead of made twice: a one-word feed + predict pair then runs
- * one decoder GEMV (V x H) and one coarse search, not two. Only what those
- * would make to the bit is kept: logits of lstm_logits with the stream's
- * weights (doc_prepare says where a feed makes the same), the coarse
- * search of h alone. Cleared by all that moves h or the weights: feed
- * (dynamic evaluation's steps are in it), reset, new parameters; an
- * imported or cloned stream starts without one. */
+ * predict made at h_t -- the decoder's logits, and in the rows' states what
+ * their at_h and search_h made (a searched row's coarse search of h_t) --
+ * read again by the next feed (the token's score at h_t, the add of the
+ * pair (h_t, x) whose key is h_t) and by a repeated predict, instead of
+ * made twice: a one-word feed + predict pair then runs one decoder GEMV (V
+ * x H) and one coarse search, not two. Only what those would make to the
+ * bit is kept: logits of lstm_logits with the stream's weights (doc_prepare
+ * says where a feed makes the same), what the rows make of h alone.
+ * Cleared by all that moves h or the weights: feed (dynamic evaluation's
+ * steps are in it), reset, new parameters; an imported or cloned stream
+ * starts without one. */
 typedef struct {
     bool logits;                  /* s->logits = lstm_logits(wm(s), h) */
-    /* the rows' states still hold what their at_h made at h (component.h
-     * nc_at_h.memo: the neural window's dots h.h_i and words) while the
-     * states are as at_h read them (issue 36: a 2,000-entry window's dots
+    /* the rows' states still hold what their at_h and search_h made at h
+     * (component.h nc_at_h.memo: a window's dots h.h_i and words) while the
+     * states are as they read them (issue 36: a 2,000-entry window's dots
      * are 2 MB of keys read from memory, most of a repeated predict) */
     bool rows;
-    nc_ub_coarse coarse;          /* unbounded_cache_coarse of h for p.nprobe (n = 0: none) */
-    /* the search of h (k = p.knn neighbours), while the cache is as the
-     * search saw it (count, gen): a feed that does not adapt reads them */
-    bool nb;
-    float *d2;                    /* [cap] */
-    int *words;
-    int cap;
-    int64_t count;
-    uint64_t gen;
 } stream_memo;
 
 static atomic_bool memo_off;            /* stream_memo_disable */
@@ -60,8 +53,9 @@ struct nc_stream {
     bool has_h;
     int64_t pos;
     void *rows[NC_NCOMP];         /* each row's session state (component.h state_new), or NULL */
-    nc_unbounded_cache *ub;
+    nc_unbounded_cache *ub;       /* the namespace's index store (borrowed), or NULL */
     nc_wordtable *words;          /* open vocabulary table or NULL */
+    nc_wordtable *store_words;    /* the store's word table (its words by name), or NULL */
     bool own_words;
     float *logits;                /* [V] scratch for predict */
     nc_dyneval *dyn;              /* dynamic evaluation's adapted weights, or NULL (the trained
@@ -90,43 +84,6 @@ static void memo_clear(nc_stream *s)
 {
     s->memo.logits = false;
     s->memo.rows = false;
-    s->memo.coarse.n = 0;
-    s->memo.nb = false;
-}
-
-/* The search of h just made (k neighbours, of the cache at count, gen)
- * into the memo; without room for it, none. */
-static void memo_keep_neighbours(nc_stream *s, const float *d2, const int *words, int k, int64_t count,
-                                 uint64_t gen)
-{
-    stream_memo *mo = &s->memo;
-    if (k > mo->cap) {
-        float *d = nc_realloc(mo->d2, (size_t)k * sizeof(float));
-        if (d)
-            mo->d2 = d;
-        int *w = d ? nc_realloc(mo->words, (size_t)k * sizeof(int)) : NULL;
-        if (w)
-            mo->words = w;
-        if (!d || !w)
-            return;
-        mo->cap = k;
-    }
-    memcpy(mo->d2, d2, (size_t)k * sizeof(float));
-    memcpy(mo->words, words, (size_t)k * sizeof(int));
-    mo->count = count;
-    mo->gen = gen;
-    mo->nb = true;
-}
-
-/* Whether the memo's neighbours are what a search of h would find now. */
-static bool memo_neighbours_hold(nc_stream *s)
-{
-    if (!s->memo.nb || !memo_on())
-        return false;
-    int64_t count;
-    uint64_t gen;
-    unbounded_cache_version(s->ub, &count, &gen);
-    return count == s->memo.count && gen == s->memo.gen;
 }
 
 
@@ -154,10 +111,18 @@ static int dyn_start(nc_stream *s, const nc_cache_params *p, char *err, size_t e
     return dyneval_new(s->m, p->dyn_params, &start, &s->dyn, err, errlen);
 }
 
+/* What the rows' session states are made for: the stream's model and
+ * store, p. */
+static nc_state_args state_args(const nc_stream *s, const nc_cache_params *p)
+{
+    return (nc_state_args){.p = p, .H = s->m->cfg.hidden_size, .store = s->ub, .unk_id = s->m->unk_id,
+                           .strict = true};
+}
+
 /* The rows' session states, empty, for the stream's settings. */
 static int rows_new(nc_stream *s, char *err, size_t errlen)
 {
-    const nc_state_args a = {.p = &s->p, .H = s->m->cfg.hidden_size};
+    const nc_state_args a = state_args(s, &s->p);
     int rc = NC_OK;
     for (int c = 0; !rc && c < NC_NCOMP; c++)
         if (nc_component_rows[c]->state_new)
@@ -192,27 +157,23 @@ int stream_new(const nc_model *m, const nc_cache_params *p, nc_unbounded_cache *
     int rc = cache_params_validate(p, err, errlen);
     if (rc)
         return rc;
-    if (p->unbounded && !ub)
-        return nc_error(err, errlen, NC_EINVAL, "unbounded cache requested but none given");
     if (p->gate && !m->gate)
         return nc_error(err, errlen, NC_EINVAL, "gate: the model has no gate (gate.safetensors; fit one with "
                                                 "neurocache fit-gate)");
-    if (ub && unbounded_cache_dim(ub) != m->cfg.hidden_size)
-        return nc_error(err, errlen, NC_EINVAL, "unbounded cache dimension %d, model hidden size %d",
-                        unbounded_cache_dim(ub), m->cfg.hidden_size);
     nc_stream *s = nc_zalloc(1, sizeof *s);
     if (!s)
         return nc_error(err, errlen, NC_ENOMEM, "stream");
     s->m = m;
     s->p = *p;
     s->ub = ub;
+    s->store_words = ub ? unbounded_cache_words(ub) : NULL;
     s->st = lstm_state_new(m);
     s->work = lstm_work_new(m);
     s->logits = nc_alloc((size_t)m->cfg.vocab_size * sizeof(float));
     if (!s->st || !s->work || !s->logits)
         rc = nc_error(err, errlen, NC_ENOMEM, "stream state");
     if (!rc && p->open_vocab) {
-        s->words = words ? words : (ub ? unbounded_cache_words(ub) : NULL);
+        s->words = words ? words : s->store_words;
         if (!s->words) {
             rc = wordtable_new(m->vocab, &s->words, err, errlen);
             s->own_words = rc == NC_OK;
@@ -241,9 +202,6 @@ void stream_free(nc_stream *s)
         wordtable_free(s->words);
     nc_free(s->logits);
     dyneval_free(s->dyn);
-    ub_coarse_free(&s->memo.coarse);
-    free(s->memo.d2);
-    free(s->memo.words);
     free(s);
 }
 
@@ -273,8 +231,6 @@ static int check_new_params(const nc_stream *s, const nc_cache_params *p, char *
     int rc = cache_params_validate(p, err, errlen);
     if (rc)
         return rc;
-    if (p->unbounded && !s->ub)
-        return nc_error(err, errlen, NC_ESTATE, "this stream has no unbounded cache");
     /* The windows hold the words as the stream's mode named them (an OOV
      * word by its own id, or as unk): switching would leave the other
      * mode's ids in them, so the mode is fixed at creation. */
@@ -314,7 +270,7 @@ static int dyn_for_params(const nc_stream *s, const nc_cache_params *p, nc_dynev
 static int rows_resize(const nc_stream *s, const nc_cache_params *p, void *rows[NC_NCOMP], char *err,
                        size_t errlen)
 {
-    const nc_state_args a = {.p = p, .H = s->m->cfg.hidden_size};
+    const nc_state_args a = state_args(s, p);
     int rc = NC_OK;
     for (int c = 0; c < NC_NCOMP; c++)
         rows[c] = NULL;
@@ -371,7 +327,7 @@ static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *lo
     if (!st)
         return nc_error(err, errlen, NC_ENOMEM, "stream state");
     lstm_state_copy(st, s->st);
-    nc_wordtable *words = s->p.open_vocab ? s->words : NULL, *mem = adapt && s->ub ? unbounded_cache_words(s->ub) : NULL;
+    nc_wordtable *words = s->p.open_vocab ? s->words : NULL, *mem = adapt ? s->store_words : NULL;
     /* the memo of the predict at this h (doc_prepare: used where it is
      * the same to the bit); the gate sink needs p_vocab's statistics, which
      * only the pass without kept logits computes for a model without a gate
@@ -392,17 +348,12 @@ static int feed_part(nc_stream *s, const nc_tokens *toks, bool adapt, double *lo
     if (!rc) {
         const size_t row = (size_t)(s->pos - s->gate_pos0);
         nc_doc_caches c = {.states = s->rows, .ub = s->ub, .adapt = adapt,
-                           .coarse0 = s->memo.coarse.n && memo_on() ? &s->memo.coarse : NULL,
                            .gate_f = s->gate_f ? s->gate_f + row * NC_GATE_NFEAT : NULL,
                            .gate_pc = s->gate_f ? s->gate_pc + row * NC_NCOMP : NULL};
         if (s->memo.rows && memo_on() && s->has_h) {
-            /* the rows' at_h at h (the neural window's dots): row 0's */
+            /* what the rows made at h (a window's dots, a searched row's
+             * coarse search and neighbours): row 0's */
             c.at_h0 = true;
-            atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
-        }
-        if (!adapt && s->ub && s->has_h && toks->n == 1 && memo_neighbours_hold(s)) {
-            c.pre0_d2 = s->memo.d2;
-            c.pre0_words = s->memo.words;
             atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
         }
         rc = doc_score(d, &s->p, &c, lp, err, errlen);
@@ -560,6 +511,38 @@ static int rows_at_h(nc_stream *s, const float *h, nc_mix_input *in, void *scrat
     }
     if (memo)
         atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
+    return rc;
+}
+
+/* The searched rows' searches at the stream's h (component.h search_h), after rows_at_h
+ * with the memo it read: for predict each asks the gate first whether to
+ * skip it (in->gate set: adaptive retrieval, gate.h); explain searches
+ * where the gate would skip (explain says where the mass would come from)
+ * and keeps what the rows' explain reads. Then what the rows made at h is
+ * the memo. */
+static int rows_search(nc_stream *s, nc_mix_input *in, void *scratch[NC_NCOMP], bool explain, char *err,
+                       size_t errlen)
+{
+    const float *h = lstm_state_top(s->st);
+    const bool memo = s->memo.rows && memo_on();
+    uint64_t reads = 0;
+    int rc = NC_OK;
+    for (int c = 0; !rc && c < NC_NCOMP; c++) {
+        const nc_component *r = nc_component_rows[c];
+        if (!r->searched || !s->rows[c])
+            continue;
+        bool skip = false;
+        if (!explain && in->gate && r->on(&s->p) && r->can_search(s->rows[c])) {
+            skip = gate_skip_search(in->gate, &s->p, in, c);
+            if (gate_threshold(in->gate, &s->p) > 0.0)
+                gate_count_searches(!skip, skip);
+        }
+        const nc_at_h a = {.p = &s->p, .h = h, .in = in, .scratch = &scratch[c], .memo = memo, .keep = memo_on(),
+                           .memo_reads = &reads, .skip = skip, .explain = explain};
+        rc = r->search_h(s->rows[c], &a, err, errlen);
+    }
+    if (reads)
+        atomic_fetch_add_explicit(&memo_reads, reads, memory_order_relaxed);
     s->memo.rows = !rc && memo_on();
     return rc;
 }
@@ -568,39 +551,6 @@ static void rows_scratch_free(void *scratch[NC_NCOMP])
 {
     for (int c = 0; c < NC_NCOMP; c++)
         free(scratch[c]);
-}
-
-/* The unbounded cache's k nearest neighbours of h as this stream reads them
- * (stream_ub_reader): *d2, *words and, when ids is non-NULL, *ids malloc'ed
- * [knn]; in->ub_d2/ub_words/ub_k point at them. */
-static int unbounded_neighbours(nc_stream *s, const float *h, nc_mix_input *in, float **d2, int **words,
-                                int64_t **ids, char *err, size_t errlen)
-{
-    int k = s->p.knn;
-    *d2 = nc_malloc((size_t)k * sizeof(float));
-    *words = nc_malloc((size_t)k * sizeof(int));
-    if (ids)
-        *ids = nc_malloc((size_t)k * sizeof(int64_t));
-    in->ub_d2 = *d2;
-    in->ub_words = *words;
-    in->ub_k = k;
-    if (!*d2 || !*words || (ids && !*ids))
-        return nc_error(err, errlen, NC_ENOMEM, "neighbours");
-    /* the coarse search of h into the memo, for the next feed's add of h
-     * (and a repeated predict) */
-    if (memo_on() && s->memo.coarse.n == 0)
-        unbounded_cache_coarse(s->ub, h, 1, s->p.nprobe, &s->memo.coarse);
-    else if (memo_on())
-        atomic_fetch_add_explicit(&memo_reads, 1, memory_order_relaxed);
-    int64_t count = 0;
-    uint64_t gen = 0;
-    nc_ub_query q = {.queries = h, .nq = 1, .k = k, .nprobe = s->p.nprobe, .reader = stream_ub_reader(s),
-                     .coarse = memo_on() && s->memo.coarse.n ? &s->memo.coarse : NULL, .out_d2 = *d2,
-                     .out_words = *words, .out_ids = ids ? *ids : NULL, .out_count = &count, .out_gen = &gen};
-    int rc = unbounded_cache_query(s->ub, &q, err, errlen);
-    if (!rc && memo_on())
-        memo_keep_neighbours(s, *d2, *words, k, count, gen);
-    return rc;
 }
 
 int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dist *out, char *err,
@@ -618,38 +568,23 @@ int stream_predict_logits(nc_stream *s, const float *logits, bool shares, nc_dis
     }
     void *scratch[NC_NCOMP];
     int rc = rows_at_h(s, h, &in, scratch, err, errlen);
-    if (rc) {
-        rows_scratch_free(scratch);
-        return rc;
-    }
-    float *ud2 = NULL;
-    int *uw = NULL;
-    bool skip = false;
-    if (s->p.gate && s->m->gate) {
-        /* the adaptive mixture: p_vocab's statistics, then the pre-search
-         * gate decides whether the unbounded cache is searched (gate.h) */
+    if (!rc && s->p.gate && s->m->gate) {
+        /* the adaptive mixture: p_vocab's statistics, from which (and the
+         * rows' pre-search fields) the pre-search gate decides whether a
+         * searched row searches (gate.h) */
         float *vs = nc_malloc((size_t)V * sizeof(float));
-        if (!vs) {
-            rows_scratch_free(scratch);
-            return nc_error(err, errlen, NC_ENOMEM, "gate features");
-        }
-        gate_vocab_stats(logits, V, vs, &in.v_ent, &in.v_logmax, &in.v_argmax);
+        if (!vs)
+            rc = nc_error(err, errlen, NC_ENOMEM, "gate features");
+        else
+            gate_vocab_stats(logits, V, vs, &in.v_ent, &in.v_logmax, &in.v_argmax);
         free(vs);
         in.gate = s->m->gate;
-        if (s->p.unbounded && s->ub) {
-            skip = gate_skip_search(s->m->gate, &s->p, &in);
-            in.ub_skipped = skip;
-            if (gate_threshold(s->m->gate, &s->p) > 0.0)
-                gate_count_searches(!skip, skip);
-        }
     }
-    if (s->p.unbounded && s->ub && !skip)
-        rc = unbounded_neighbours(s, h, &in, &ud2, &uw, NULL, err, errlen);
+    if (!rc)
+        rc = rows_search(s, &in, scratch, false, err, errlen);
     if (!rc)
         rc = mixture_full(&s->p, &in, n_words, shares, out, err, errlen);
     rows_scratch_free(scratch);
-    free(ud2);
-    free(uw);
     return rc;
 }
 
@@ -664,28 +599,23 @@ int stream_explain(nc_stream *s, const int *ids, size_t k, int per_source, nc_ex
         return nc_error(err, errlen, NC_ESTATE, "nothing to predict from yet (no token fed)");
     const float *h = lstm_state_top(s->st);
     nc_mix_input in = {.V = s->m->cfg.vocab_size};
-    int *uw = NULL;
-    float *ud2 = NULL;
-    int64_t *uid = NULL;
     void *scratch[NC_NCOMP];
     int rc = rows_at_h(s, h, &in, scratch, err, errlen);
-    if (!rc && in.nn > 0 && s->p.global_norm) {
-        /* eq. 4's normaliser holds the vocabulary's exponentials */
+    if (!rc && components_joint(&s->p, &in)) {
+        /* a row in the first row's softmax (eq. 4): its normaliser holds
+         * the vocabulary's exponentials */
         in.logits = logits_at_h(s);
     }
-    /* the search predict runs (also where the gate would skip it: explain
-     * shows where the mass would come from) */
-    if (!rc && s->p.unbounded && s->ub)
-        rc = unbounded_neighbours(s, h, &in, &ud2, &uw, &uid, err, errlen);
-    nc_explain_ctx x = {.p = &s->p, .in = &in, .ub_ids = uid, .pos = s->pos, .ids = ids, .k = k,
+    if (!rc)
+        rc = rows_search(s, &in, scratch, true, err, errlen);
+    nc_explain_ctx x = {.p = &s->p, .in = &in, .pos = s->pos, .ids = ids, .k = k,
                         .per_source = per_source, .stride = (size_t)NC_EXPLAIN_ROWS * (size_t)per_source};
-    for (x.comp = 0; !rc && x.comp < NC_NCOMP; x.comp++)
+    for (x.comp = 0; !rc && x.comp < NC_NCOMP; x.comp++) {
+        x.scratch = scratch[x.comp];
         if (nc_component_rows[x.comp]->explain)
             rc = nc_component_rows[x.comp]->explain(&x, out, counts, err, errlen);
+    }
     rows_scratch_free(scratch);
-    free(ud2);
-    free(uw);
-    free(uid);
     return rc;
 }
 
@@ -718,8 +648,7 @@ size_t stream_memory(const nc_stream *s)
         m += wordtable_memory(s->words);
     if (s->dyn)
         m += dyneval_memory(s->dyn);
-    /* the memo: its logits are s->logits, above */
-    m += s->memo.coarse.cap * (sizeof(float) + sizeof(int64_t)) + (size_t)s->memo.cap * (sizeof(float) + sizeof(int));
+    /* the memo: its logits are s->logits, above; the rows' own in their memory */
     return m;
 }
 

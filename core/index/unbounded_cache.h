@@ -1,9 +1,9 @@
 /* unbounded_cache.h -- the unbounded cache of a namespace (Grave, Cisse,
  * Joulin, NIPS 2017, §3.3): its memory, every pair (h_i, w_{i+1}) ever
  * streamed into it, in a FAISS index (C API) with the word ids in an array
- * indexed by FAISS id; and its term, the kernel density estimate over the k
- * nearest neighbours (eq. 5-6) with the per-neighbour weights that explain
- * reports. mixture.h composes the term. Design §4-§5.
+ * indexed by FAISS id: the index store. Its term, the kernel density
+ * estimate over the k nearest neighbours (eq. 5-6), is the component row of
+ * unbounded_term.h. Design §4-§5.
  *
  * Index life: an exact IndexFlatL2 serves while the memory holds fewer than
  * switch_at pairs, or for ever when no trained index is available (no
@@ -298,28 +298,6 @@ int unbounded_cache_keys_read(nc_unbounded_cache *u, const char *path, int64_t n
 int unbounded_cache_save(nc_unbounded_cache *u, const char *dir, char *err, size_t errlen);
 int unbounded_cache_load(const nc_unbounded_cache_opts *o, nc_wordtable *words, const char *dir,
                  nc_unbounded_cache **out, char *err, size_t errlen);
-
-/* ---- the term ------------------------------------------------------------
- * It reads one search's k neighbours as unbounded_cache_search returns them:
- * d2[k] squared distances ascending, words[k] word ids (-1 = no neighbour). */
-
-/* Kernel weights of eq. 6: w[i] = K(d_i / θ(h)) with d_i = sqrt(d2[i]) and
- * θ(h) the distance to the last neighbour returned (the k-th), K(u) =
- * exp(-u²/2) (Gaussian) or max(0, 1 - u²) (Epanechnikov); every weight is 1
- * when θ(h) = 0, and 0 for a missing neighbour. w may be NULL. Returns
- * Σ_i w[i]: 0 when there is no neighbour (the cache then contributes
- * nothing). */
-double unbounded_cache_kernel_sum(nc_kernel kernel, const float *d2, const int *words, int k, double *w);
-
-/* The cache's term, eq. 6 normalised over the neighbours:
- * p_cache(x) = Σ_{i : w_i = x} K_i / Σ_i K_i; 0 when there is no neighbour. */
-double unbounded_cache_prob(nc_kernel kernel, const float *d2, const int *words, int k, int x);
-
-/* Explain and the full distribution: w[i] = K_i / Σ_j K_j, the weight
- * neighbour i carries in the term of its own word words[i], so that
- * Σ_{i : words[i] = x} w[i] = unbounded_cache_prob(x); all 0 when there is
- * no neighbour. Returns Σ_j K_j. */
-double unbounded_cache_weights(nc_kernel kernel, const float *d2, const int *words, int k, double *w);
 
 /* Sets FAISS's OpenMP thread count for the process (omp_set_num_threads). */
 void unbounded_cache_set_threads(int n);
