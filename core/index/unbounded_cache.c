@@ -937,7 +937,7 @@ static int train_one(nc_unbounded_cache *u, int64_t T, char *err, size_t errlen)
 
 /* Trains while one is due (a training that ends with a later T_j due
  * trains that one), then marks the trainer idle. */
-static void train_run(nc_unbounded_cache *u)
+static void training_run(nc_unbounded_cache *u)
 {
     const int omp_was = omp_get_max_threads();
     omp_set_num_threads(1);   /* one order of sums: the same index every run */
@@ -970,7 +970,7 @@ static void *train_main(void *arg)
     nc_unbounded_cache *u = arg;
     if (u->o.train_nice > 0)
         setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), u->o.train_nice);
-    train_run(u);
+    training_run(u);
     return NULL;
 }
 
@@ -986,7 +986,7 @@ static int train_check_and_unlock(nc_unbounded_cache *u, char *err, size_t errle
     u->tr.running = true;
     if (u->o.train_sync) {
         pthread_rwlock_unlock(&u->lock);
-        train_run(u);
+        training_run(u);
         return NC_OK;
     }
     if (u->tr.joinable)   /* it has ended: running was cleared last */
