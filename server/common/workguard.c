@@ -338,3 +338,14 @@ char *workpool_metrics(workpool *p, char *text)
     }
     return b.s;
 }
+
+pid_t workguard_nice_thread(int nice, int *before)
+{
+    pid_t tid = (pid_t)syscall(SYS_gettid);
+    errno = 0;
+    int now = getpriority(PRIO_PROCESS, (id_t)tid);
+    *before = now;
+    if (nice <= 0 || (now == -1 && errno) || now >= nice)
+        return 0;
+    return setpriority(PRIO_PROCESS, (id_t)tid, nice) == 0 ? tid : 0;
+}

@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 #include "proto.h"
 
@@ -61,6 +62,14 @@ workpool *workpool_new(int threads, int max_queued, int nice);
 /* Joins the workers (after workguard_cancel_all, or with nothing queued).
  * NULL allowed. */
 void workpool_free(workpool *p);
+
+/* Renices the calling thread to the heavy workers' nice value (worker_nice,
+ * docs/threads.md) for long work off the pool -- an upload's threads, a
+ * backup's copy -- so that predicts, at nice 0, preempt it. Linux: nice is
+ * per thread (a thread id is a process id for setpriority); raising one's
+ * own needs no privilege. Returns the thread's id when it was reniced
+ * (give it back with setpriority(PRIO_PROCESS, tid, *before)), else 0. */
+pid_t workguard_nice_thread(int nice, int *before);
 
 typedef enum {
     WP_DONE = 0,                  /* fn ran to its end (it answered) */

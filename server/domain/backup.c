@@ -176,26 +176,13 @@ static void backup_one(ns_handle *h, void *ctx)
 static int backup_take_niced(nc_server *srv, const backup_spec *s, json_t **summary, char *err, size_t errlen);
 
 /* The copy runs on the request's connection thread at the heavy workers'
- * nice value (worker_nice, docs/threads.md), as an upload's threads do:
- * reading, checksumming and writing a 1M-pair namespace keeps a core busy
- * for seconds, which predicts (nice 0) must be able to take at once.
- * Linux: nice is per thread. Returns the thread's id when it was reniced,
- * else 0, and its nice value before. */
-static pid_t nice_this_thread(int nice, int *before)
-{
-    pid_t tid = (pid_t)syscall(SYS_gettid);
-    errno = 0;
-    int now = getpriority(PRIO_PROCESS, (id_t)tid);
-    *before = now;
-    if (nice <= 0 || (now == -1 && errno) || now >= nice)
-        return 0;
-    return setpriority(PRIO_PROCESS, (id_t)tid, nice) == 0 ? tid : 0;
-}
-
+ * nice value (workguard_nice_thread), as an upload's threads do: reading,
+ * checksumming and writing a 1M-pair namespace keeps a core busy for
+ * seconds, which predicts (nice 0) must be able to take at once. */
 int backup_take(nc_server *srv, const backup_spec *s, json_t **summary, char *err, size_t errlen)
 {
     int before;
-    pid_t niced = nice_this_thread(srv->cfg.worker_nice, &before);
+    pid_t niced = workguard_nice_thread(srv->cfg.worker_nice, &before);
     int rc = backup_take_niced(srv, s, summary, err, errlen);
     /* back for the connection's next request; lowering it needs
      * CAP_SYS_NICE: refused, the thread stays nice until its connection

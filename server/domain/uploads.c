@@ -100,23 +100,6 @@ struct upload {
     int saved_nice;               /* its nice value before */
 };
 
-/* An upload's two threads run at the heavy workers' nice value
- * (worker_nice, docs/threads.md): the LSTM over a document (a core for
- * seconds) and the adds must not take the cores from predicts, which at
- * nice 0 preempt them. Linux: nice is per thread (a thread id is a process
- * id for setpriority); raising one's own needs no privilege. Returns the
- * thread's id when it was reniced, else 0, and its nice value before. */
-static pid_t nice_this_thread(int nice, int *before)
-{
-    pid_t tid = (pid_t)syscall(SYS_gettid);
-    errno = 0;
-    int now = getpriority(PRIO_PROCESS, (id_t)tid);
-    *before = now;
-    if (nice <= 0 || (now == -1 && errno) || now >= nice)
-        return 0;
-    return setpriority(PRIO_PROCESS, (id_t)tid, nice) == 0 ? tid : 0;
-}
-
 static void *upload_worker_main(void *arg);
 
 /* Waits until every queued batch is added; the first add failure (rc, err)
@@ -271,7 +254,10 @@ upload *upload_open(nc_server *srv, const char *ns, const char *content_type, co
     if (!u->failed && !(u->r = namespaces_acquire_rc(srv, ns, true, &rc, err, sizeof err)))
         up_fail(u, api_error_from_namespace(rc), "%s", err);
     if (!u->failed) {
-        u->niced_tid = nice_this_thread(srv->cfg.worker_nice, &u->saved_nice);
+        /* an upload's two threads run at worker_nice: the LSTM over a
+         * document (a core for seconds) and the adds must not take the
+         * cores from predicts, which at nice 0 preempt them */
+        u->niced_tid = workguard_nice_thread(srv->cfg.worker_nice, &u->saved_nice);
         if (pthread_create(&u->w.thread, NULL, upload_worker_main, u) != 0) {
             upload_free(u);
             return NULL;
@@ -290,7 +276,7 @@ static void *upload_worker_main(void *arg)
     upload_worker *w = &u->w;
     char err[NC_ERRLEN];
     int before;
-    (void)nice_this_thread(u->srv->cfg.worker_nice, &before);
+    (void)workguard_nice_thread(u->srv->cfg.worker_nice, &before);
     pthread_mutex_lock(&w->lock);
     for (;;) {
         while (w->count == 0 && !w->stop)
