@@ -619,7 +619,7 @@ TEST(ivfpq_vs_exact_and_switch)
         CHECK(unbounded_cache_search(pass ? iv : ex, q, nq, k, 8, NULL, 0, NC_UB_OPEN, d2, nw, err, sizeof err) == NC_OK);
         for (size_t i = 0; i < nq; i++) {
             nc_mix_input in = {.V = 1000, .s_target = -INFINITY, .log_z = 0,
-                               .pairs[NC_COMP_UNBOUNDED] = {d2 + i * k, nw + i * k, k}};
+                               .pairs[NC_COMP_UNBOUNDED] = {.score = d2 + i * k, .word = nw + i * k, .n = k}};
             double lp = mixture_target(&p, &in, qw[i]);
             nll[pass] += isfinite(lp) ? -lp : 30.0;
         }
@@ -1647,7 +1647,7 @@ TEST(kernel_weights_naive)
         nc_cache_params p;
         cache_params_default(&p);
         p.unbounded = true;
-        nc_mix_input in = {.pairs[NC_COMP_UNBOUNDED] = {d2, words, K}};
+        nc_mix_input in = {.pairs[NC_COMP_UNBOUNDED] = {.score = d2, .word = words, .n = K}};
         const nc_component *row = NULL;
         for (int c = 0; c < NC_NCOMP; c++)
             if (strcmp(nc_component_rows[c]->name, "unbounded") == 0)

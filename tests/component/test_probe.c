@@ -70,7 +70,8 @@ static void make_position(position *s, nc_mix_input *in)
     unigram_cache_init(&s->uni, NU, err, sizeof err);
     for (int i = 0; i < NU; i++)
         unigram_cache_push(&s->uni, i < 3 ? 7 : (int)(frand() * (V + 5)));
-    *in = (nc_mix_input){.V = V, .logits = s->logits, .pairs[NC_COMP_NEURAL] = {s->ndots, s->nvals, NN},
+    *in = (nc_mix_input){.V = V, .logits = s->logits,
+                         .pairs[NC_COMP_NEURAL] = {.score = s->ndots, .word = s->nvals, .n = NN},
                          .state[NC_COMP_UNIGRAM] = &s->uni, .vocab_full = NW};
 }
 
