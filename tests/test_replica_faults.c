@@ -561,24 +561,49 @@ static json_t *probe_predictions(int port, const char *ns)
     return out;
 }
 
-/* The pairs replica i's namespace NAMES[ns] holds now, -1 when it has none
- * (then no probe: a probe must not create it). */
-static json_int_t ns_entries(int i, int ns)
+/* A namespace as GET /v1/namespaces/{ns} shows it: its pairs, its own
+ * index's trainings and whether one runs now. */
+typedef struct {
+    json_int_t entries, trainings;
+    bool training;
+} ns_state;
+
+/* ns's state on the daemon at port; false when it has no such namespace
+ * (then no probe: a probe must not create it) */
+static bool ns_state_at(int port, const char *ns, ns_state *st)
 {
-    char path[128];
-    snprintf(path, sizeof path, "/v1/namespaces/%s", NAMES[ns]);
+    char path[160];
+    snprintf(path, sizeof path, "/v1/namespaces/%s", ns);
     http_resp r;
-    json_int_t n = http_call(rep_port[i], "GET", path, NULL, NULL, 0, &r) == 0 && r.status == 200 && r.json
-                       ? json_integer_value(json_object_get(r.json, "entries")) : -1;
+    bool ok = http_call(port, "GET", path, NULL, NULL, 0, &r) == 0 && r.status == 200 && r.json;
+    if (ok) {
+        json_t *t = json_object_get(json_object_get(r.json, "index"), "training");
+        st->entries = json_integer_value(json_object_get(r.json, "entries"));
+        st->trainings = json_integer_value(json_object_get(t, "trainings"));
+        st->training = t && !json_is_null(json_object_get(t, "in_progress"));
+    }
     http_resp_free(&r);
-    return n;
+    return ok;
+}
+
+/* Waits up to secs for ns to run no training of its own index (a namespace
+ * that crossed a training's size answers with its exact index until the
+ * swap, a daemon started on its backup with the index the backup holds:
+ * their predictions compare only once both are done); whether it exists
+ * and was done in time. */
+static bool ns_wait_untrained(int port, const char *ns, double secs, ns_state *st)
+{
+    for (double t0 = now_s();; sleep_ms(200)) {
+        if (!ns_state_at(port, ns, st)) return false;
+        if (!st->training || now_s() - t0 > secs) return !st->training;
+    }
 }
 
 /* Whether each namespace of the backup's answer holds the pairs it held
- * when its predictions were read (seen: ns -> entries): replication's
- * pairs that land between the two (a feed's adapt pairs from another
- * replica: settled() compares documents only) make the predictions read
- * those of another point in time, a backup not at rest. */
+ * when its predictions were read (seen: ns -> {entries, trainings}):
+ * replication's pairs that land between the two (a feed's adapt pairs from
+ * another replica: settled() compares documents only) make the predictions
+ * read those of another point in time, a backup not at rest. */
 static bool backup_matches_seen(const json_t *ans, const json_t *seen, int n)
 {
     size_t k;
@@ -587,7 +612,8 @@ static bool backup_matches_seen(const json_t *ans, const json_t *seen, int n)
     json_array_foreach(json_object_get(ans, "namespaces"), k, e) {
         const char *ns = json_string_value(json_object_get(e, "name"));
         json_t *at = json_object_get(seen, ns ? ns : "");
-        json_int_t had = at ? json_integer_value(at) : -1, backed = json_integer_value(json_object_get(e, "entries"));
+        json_int_t had = at ? json_integer_value(json_object_get(at, "entries")) : -1,
+                   backed = json_integer_value(json_object_get(e, "entries"));
         if (at && had != backed) {
             fprintf(stderr, "endurance: backup e%d: namespace %s held %lld pairs when read, %lld in the backup: "
                     "not at rest\n", n, ns, (long long)had, (long long)backed);
@@ -597,10 +623,12 @@ static bool backup_matches_seen(const json_t *ans, const json_t *seen, int n)
     return same;
 }
 
-/* Backup n of replica i's namespaces, taken with the writers paused and
- * replication settled, with its namespaces' predictions at that point in
- * *pred (an object ns -> predictions); its answer, or NULL. */
-static json_t *backup_at_rest(int i, int n, json_t *pred, bool *quiet)
+/* Backup n of replica i's namespaces, taken with the writers paused,
+ * replication settled and no training of their own index running, with
+ * their predictions at that point in *pred (ns -> predictions) and their
+ * pairs and trainings in *seen (ns -> {entries, trainings}); its answer,
+ * or NULL. */
+static json_t *backup_at_rest(int i, int n, json_t *pred, json_t *seen, bool *quiet)
 {
     atomic_store(&pause_writers, 1);
     for (int k = 0; k < 1000 && atomic_load(&busy_writers) > 0; k++) sleep_ms(10);
@@ -614,12 +642,14 @@ static json_t *backup_at_rest(int i, int n, json_t *pred, bool *quiet)
         sleep_ms(500);
     docs_only = false;
     json_decref(prev);
-    json_t *seen = json_object();
     for (int ns = 0; ns < NNS; ns++) {
-        json_int_t had = ns_entries(i, ns);
-        json_t *p = had >= 0 ? probe_predictions(rep_port[i], NAMES[ns]) : NULL;
-        if (p) json_object_set_new(pred, NAMES[ns], p);
-        if (p) json_object_set_new(seen, NAMES[ns], json_integer(had));
+        ns_state st;
+        if (!ns_state_at(rep_port[i], NAMES[ns], &st)) continue;
+        if (!ns_wait_untrained(rep_port[i], NAMES[ns], 120, &st)) *quiet = false;
+        json_t *p = probe_predictions(rep_port[i], NAMES[ns]);
+        if (!p) continue;
+        json_object_set_new(pred, NAMES[ns], p);
+        json_object_set_new(seen, NAMES[ns], json_pack("{sI sI}", "entries", st.entries, "trainings", st.trainings));
     }
     char body[64];
     snprintf(body, sizeof body, "{\"name\":\"e%d\"}", n);
@@ -632,14 +662,13 @@ static json_t *backup_at_rest(int i, int n, json_t *pred, bool *quiet)
     http_resp_free(&r);
     if (ans && !backup_matches_seen(ans, seen, n))
         *quiet = false;
-    json_decref(seen);
     atomic_store(&pause_writers, 0);
     return ans;
 }
 
 /* Restores backup dir into a spare daemon: its namespaces must hold the
- * manifest's pairs and answer pred. */
-static bool restore_and_compare(const char *dir, json_t *ans, json_t *pred, int n)
+ * manifest's pairs and the trainings seen, and answer pred. */
+static bool restore_and_compare(const char *dir, json_t *ans, json_t *pred, const json_t *seen, int n)
 {
     char data[400], cmd[2048];
     snprintf(data, sizeof data, "%s/spare-%d", workdir, n);
@@ -654,13 +683,16 @@ static bool restore_and_compare(const char *dir, json_t *ans, json_t *pred, int 
     json_t *e;
     json_array_foreach(json_object_get(ans, "namespaces"), k, e) {
         const char *ns = json_string_value(json_object_get(e, "name"));
-        char path[160];
-        snprintf(path, sizeof path, "/v1/namespaces/%s", ns);
-        http_resp r;
-        json_int_t have = http_call(sp.port, "GET", path, NULL, NULL, 0, &r) == 0 && r.json
-                              ? json_integer_value(json_object_get(r.json, "entries")) : -1;
-        http_resp_free(&r);
+        ns_state st = {.entries = -1};
+        (void)ns_wait_untrained(sp.port, ns, 180, &st);
+        json_int_t have = st.entries;
+        json_int_t want_tr = json_integer_value(json_object_get(json_object_get(seen, ns), "trainings"));
         same = same && have == json_integer_value(json_object_get(e, "entries"));
+        if (json_object_get(seen, ns) && st.trainings != want_tr) {
+            same = false;
+            fprintf(stderr, "endurance: backup e%d: namespace %s restored with %lld trainings of its index, %lld "
+                    "when read\n", n, ns, (long long)st.trainings, (long long)want_tr);
+        }
         json_t *want = json_object_get(pred, ns), *got = want ? probe_predictions(sp.port, ns) : NULL;
         if (want && !json_equal(want, got)) {
             same = false;
@@ -679,19 +711,20 @@ static bool restore_and_compare(const char *dir, json_t *ans, json_t *pred, int 
 static int backup_fault(int i)
 {
     static int n;
-    json_t *pred = json_object();
+    json_t *pred = json_object(), *seen = json_object();
     bool quiet;
-    json_t *ans = backup_at_rest(i, ++n, pred, &quiet);
+    json_t *ans = backup_at_rest(i, ++n, pred, seen, &quiet);
     if (ans) {
         char dir[400];
         snprintf(dir, sizeof dir, "%s/data-%s/backups/e%d", workdir, TAGS[i], n);
-        bool same = restore_and_compare(dir, ans, pred, n);
+        bool same = restore_and_compare(dir, ans, pred, seen, n);
         if (!quiet) backups_unsettled++;
         else if (same) backups_equal++;
         else backups_differ++;
     }
     json_decref(ans);
     json_decref(pred);
+    json_decref(seen);
     return ans ? 0 : -1;
 }
 
