@@ -197,6 +197,14 @@ TEST(slow_training_does_not_block)
     CHECK(upload(&d, "b", 100, 2) > 0);   /* crosses 2,048: the training starts */
     int n_during = 0, phases = 0;
     char ph[64], last[64] = "";
+    /* its thread shows a phase once it runs: the upload's answer can come
+     * first (a sanitizer's build under load: no phase at the first look) */
+    for (double t0 = now_s(); now_s() - t0 < 30; sleep_ms(10)) {
+        phase_of(&d, ph, sizeof ph);
+        if (ph[0])
+            break;
+    }
+    CHECKF(ph[0] != 0, "no training began within 30 s of crossing 2,048 pairs");
     for (double t0 = now_s(); now_s() - t0 < 120;) {
         phase_of(&d, ph, sizeof ph);
         if (!ph[0])
