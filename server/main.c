@@ -128,7 +128,7 @@ static void *watchdog_main(void *arg)
     (void)arg;
     pthread_mutex_lock(&watchdog.lock);
     while (!watchdog.done) {
-        double left = watchdog.at - workguard_now();
+        double left = watchdog.at - nc_now_s();
         if (left <= 0)
             break;
         struct timespec ts;
@@ -275,18 +275,18 @@ static void memory_report(void)
  * Returns the signal that stops it. */
 static int serve_until_signal(nc_server *srv, const sigset_t *sigs)
 {
-    double next_trim = workguard_now() + srv->cfg.malloc_trim_s;
+    double next_trim = nc_now_s() + srv->cfg.malloc_trim_s;
     for (;;) {
         int sig = wait_signal(sigs, 1000);
         if (sig == SIGTERM || sig == SIGINT)
             return sig;
         if (sig == SIGUSR1)
             memory_report();
-        if (srv->cfg.malloc_trim_s > 0 && workguard_now() >= next_trim) {
+        if (srv->cfg.malloc_trim_s > 0 && nc_now_s() >= next_trim) {
             double took = memstats_trim();
             if (took > 0.05)
                 slog(SLOG_INFO, "malloc_trim was slow", json_pack("{s:f}", "seconds", took));
-            next_trim = workguard_now() + srv->cfg.malloc_trim_s;
+            next_trim = nc_now_s() + srv->cfg.malloc_trim_s;
         }
         int ev = sessions_evict_idle(srv->sessions);
         if (ev > 0) {
@@ -307,14 +307,14 @@ static void drain(nc_server *srv, const sigset_t *sigs, int sig)
     /* Scale-out: keep serving while the balancer notices /ready (drain_grace),
      * then hand the sessions to the peers (migrate.h); requests for them
      * arriving later are answered session_moved and retried elsewhere. */
-    for (double until = workguard_now() + srv->cfg.drain_grace_s; workguard_now() < until;)
+    for (double until = nc_now_s() + srv->cfg.drain_grace_s; nc_now_s() < until;)
         drain_wait(sigs, 50);
     int kept = 0, handed = migrate_drain(srv, &kept);
     if (handed || kept)
         slog(kept ? SLOG_WARN : SLOG_INFO, "sessions handed over",
              json_pack("{s:i,s:i}", "handed", handed, "kept", kept));
-    double drain_end = workguard_now() + srv->cfg.drain_timeout_s;
-    while (atomic_load(&srv->inflight) > 0 && workguard_now() < drain_end)
+    double drain_end = nc_now_s() + srv->cfg.drain_timeout_s;
+    while (atomic_load(&srv->inflight) > 0 && nc_now_s() < drain_end)
         drain_wait(sigs, 10);
     if (atomic_load(&srv->inflight) > 0) {
         /* What still runs is stopped within one slice and answered 503;
@@ -322,7 +322,7 @@ static void drain(nc_server *srv, const sigset_t *sigs, int sig)
         slog(SLOG_WARN, "drain timeout: cancelling",
              json_pack("{s:I}", "inflight", (json_int_t)atomic_load(&srv->inflight)));
         workguard_cancel_all();
-        for (double until = workguard_now() + 1.0; atomic_load(&srv->inflight) > 0 && workguard_now() < until;)
+        for (double until = nc_now_s() + 1.0; atomic_load(&srv->inflight) > 0 && nc_now_s() < until;)
             drain_wait(sigs, 10);
     }
     /* The workers are idle (or their requests' answers are on the way):
@@ -411,7 +411,7 @@ int main(int argc, char **argv)
     int sig = serve_until_signal(&srv, &sigs);
     /* SIGTERM exits within drain_grace + drain_timeout + 2 s whatever runs:
      * the watchdog sees to the last part. */
-    watchdog.at = workguard_now() + srv.cfg.drain_grace_s + srv.cfg.drain_timeout_s + 1.8;
+    watchdog.at = nc_now_s() + srv.cfg.drain_grace_s + srv.cfg.drain_timeout_s + 1.8;
     pthread_t wd;
     bool wd_started = pthread_create(&wd, NULL, watchdog_main, NULL) == 0;
     drain(&srv, &sigs, sig);

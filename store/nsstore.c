@@ -700,7 +700,7 @@ void nsstore_stats(nc_nsstore *ns, nc_nsstore_stats *st)
     double snap_time, snap_secs;
     __atomic_load(&ns->snap_time, &snap_time, __ATOMIC_ACQUIRE);
     __atomic_load(&ns->snap_secs, &snap_secs, __ATOMIC_ACQUIRE);
-    st->snapshot_age = nsstore_now() - snap_time;
+    st->snapshot_age = nc_now_s() - snap_time;
     st->snapshot_seconds = snap_secs;
     st->snapshot_seq = __atomic_load_n(&ns->snap_seq, __ATOMIC_ACQUIRE);
 }

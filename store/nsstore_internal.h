@@ -57,13 +57,6 @@ struct nc_nsstore {
     bool retired;                 /* nsstore_retire: set under snap_lock, read atomically */
 };
 
-static inline double nsstore_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Whether ns was retired (nsstore_retire); NC_ESTATE with a message if so. */
 int nsstore_check_live(nc_nsstore *ns, char *err, size_t errlen);
 

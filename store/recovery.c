@@ -643,7 +643,7 @@ int nsstore_open(const nc_nsstore_opts *o, nc_nsstore **out, nc_nsstore_recovery
         info = &dummy;
     memset(info, 0, sizeof *info);
     *out = NULL;
-    double t0 = nsstore_now();
+    double t0 = nc_now_s();
     if (mkdir(o->dir, 0755) != 0 && errno != EEXIST)
         return nc_error(err, errlen, NC_EIO, "%s: %s", o->dir, strerror(errno));
     nc_nsstore *ns = calloc(1, sizeof *ns);
@@ -688,9 +688,9 @@ int nsstore_open(const nc_nsstore_opts *o, nc_nsstore **out, nc_nsstore_recovery
         return rc;
     }
     ns->snap_seq = found.base;
-    ns->snap_time = nsstore_now();
+    ns->snap_time = nc_now_s();
     info->entries = unbounded_cache_count(ns->ub);
-    info->seconds = nsstore_now() - t0;
+    info->seconds = nc_now_s() - t0;
     *out = ns;
     return NC_OK;
 }

@@ -352,7 +352,7 @@ static int write_snapshot(nc_nsstore *ns, uint64_t S, double t0, char *err, size
         }
         ns->snap_trainings = st.trainings;
         /* stored atomically: nsstore_stats reads them without snap_lock */
-        double now = nsstore_now(), secs = now - t0;
+        double now = nc_now_s(), secs = now - t0;
         __atomic_store_n(&ns->snap_seq, S, __ATOMIC_RELEASE);
         __atomic_store(&ns->snap_time, &now, __ATOMIC_RELEASE);
         __atomic_store(&ns->snap_secs, &secs, __ATOMIC_RELEASE);
@@ -364,20 +364,20 @@ int nsstore_snapshot(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
 {
     NC_ASSERT(ns, "nsstore_snapshot: no namespace");
     pthread_mutex_lock(&ns->snap_lock);
-    double t0 = nsstore_now();
+    double t0 = nc_now_s();
     uint64_t S;
     int rc = nsstore_check_live(ns, err, errlen);
     if (!rc)
         rc = wal_rotate(ns->wal, &S, err, errlen);
     if (!rc && S == ns->snap_seq && !trained_since_snapshot(ns)) {
-        double now = nsstore_now();   /* nothing logged nor trained since the last snapshot */
+        double now = nc_now_s();   /* nothing logged nor trained since the last snapshot */
         __atomic_store(&ns->snap_time, &now, __ATOMIC_RELEASE);
     }
     else if (!rc)
         rc = write_snapshot(ns, S, t0, err, errlen);
     pthread_mutex_unlock(&ns->snap_lock);
     if (seconds)
-        *seconds = nsstore_now() - t0;
+        *seconds = nc_now_s() - t0;
     return rc;
 }
 
@@ -388,7 +388,7 @@ int nsstore_snapshot_trained_locked(nc_nsstore *ns, char *err, size_t errlen)
         return NC_OK;
     uint64_t S;
     int rc = wal_rotate(ns->wal, &S, err, errlen);
-    return rc ? rc : write_snapshot(ns, S, nsstore_now(), err, errlen);
+    return rc ? rc : write_snapshot(ns, S, nc_now_s(), err, errlen);
 }
 
 bool nsstore_log_broken(nc_nsstore *ns)
@@ -401,7 +401,7 @@ int nsstore_heal(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
 {
     NC_ASSERT(ns, "nsstore_heal: no namespace");
     pthread_mutex_lock(&ns->snap_lock);
-    double t0 = nsstore_now();
+    double t0 = nc_now_s();
     uint64_t S;
     int rc = nsstore_check_live(ns, err, errlen);
     /* While the log is broken no add gets in (the add hook's append fails
@@ -418,7 +418,7 @@ int nsstore_heal(nc_nsstore *ns, double *seconds, char *err, size_t errlen)
     }
     pthread_mutex_unlock(&ns->snap_lock);
     if (seconds)
-        *seconds = nsstore_now() - t0;
+        *seconds = nc_now_s() - t0;
     return rc;
 }
 

@@ -181,12 +181,12 @@ static int build_train(FaissIndex *idx, const char *factory, const reservoir *r,
 {
     fprintf(stderr, "build-index: training %s on %zu of %zu hidden states (dim %d)\n", factory, r->kept, r->seen,
             r->H);
-    double t1 = co_now();
+    double t1 = nc_now_s();
     if (faiss_Index_train(idx, (idx_t)r->kept, r->x)) {
         const char *fm = faiss_get_last_error();
         return nc_error(err, errlen, NC_EFORMAT, "training %s: %s", factory, fm ? fm : "FAISS error");
     }
-    fprintf(stderr, "build-index: trained in %.1f s\n", co_now() - t1);
+    fprintf(stderr, "build-index: trained in %.1f s\n", nc_now_s() - t1);
     return NC_OK;
 }
 
@@ -225,7 +225,7 @@ int cmd_build_index(int argc, char **argv)
         rc = co_read_tokens(m, a.corpus, &toks, err, sizeof err);
     if (!rc && toks.n == 0)
         rc = nc_error(err, sizeof err, NC_EINVAL, "%s: no tokens", a.corpus);
-    double t0 = co_now();
+    double t0 = nc_now_s();
     if (!rc)
         rc = build_sample(&a, m, &toks, &r, err, sizeof err);
     if (!rc)
@@ -234,7 +234,7 @@ int cmd_build_index(int argc, char **argv)
         rc = build_write(bi.idx, bi.out, err, sizeof err);
     if (!rc)
         fprintf(stderr, "build-index: wrote %s (%s, trained, empty) in %.1f s total\n", bi.out, bi.factory,
-                co_now() - t0);
+                nc_now_s() - t0);
     if (rc)
         fprintf(stderr, "neurocache build-index: %s\n", err);
     if (bi.idx)

@@ -91,12 +91,12 @@ int cmd_dyn_stats(int argc, char **argv)
     int rc = model_load(dir, &m, err, sizeof err);
     if (!rc)
         rc = co_read_tokens(m, train, &toks, err, sizeof err);
-    double t0 = co_now(), loss = 0;
+    double t0 = nc_now_s(), loss = 0;
     const nc_dyn_stats_text text = {
         .toks = toks.ids, .ntok = toks.n, .segment = (int)seg, .max_tokens = (size_t)maxtok};
     if (!rc)
         rc = dyneval_stats(m, &text, &ms, &loss, err, sizeof err);
-    double dt = co_now() - t0;
+    double dt = nc_now_s() - t0;
     snprintf(path, sizeof path, "%s/dyneval", dir);
     if (!rc)
         rc = model_save(ms, outdir ? outdir : path, dtype, err, sizeof err);

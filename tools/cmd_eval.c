@@ -315,13 +315,13 @@ static int eval_dyn_row(eval_ctx *x, const nc_tokens *toks, const nc_cache_param
         rc = wordtable_new(m->vocab, &words, err, errlen);
     if (!rc && p->unbounded)
         rc = cacheopts_make_ub(&(co_ub_spec){co, p, m, words, false}, &ub, err, errlen);
-    double t0 = co_now(), c0 = co_cpu();
+    double t0 = nc_now_s(), c0 = co_cpu();
     if (!rc) {
         int blas = co_search_begin(co);
         rc = co_score_stream(&(co_text){m, toks, x->bos_eos, words}, p, ub, lp, err, errlen);
         co_search_end(blas);
     }
-    res->seconds = co_now() - t0;
+    res->seconds = nc_now_s() - t0;
     res->cpu = co_cpu() - c0;
     res->skipped = NAN;
     res->ppl = rc ? NAN : co_ppl(lp, toks->n, &res->scored);
@@ -371,10 +371,10 @@ static int eval_doc_prepare(eval_doc *e, eval_ctx *x, const char *path)
         rc = wordtable_new(m->vocab, &e->words, err, errlen);
     if (!rc && e->kmax > 0)
         rc = cacheopts_make_ub(&(co_ub_spec){co, &co->p, m, e->words, true}, &e->ub, err, errlen);
-    double t0 = co_now(), c0 = co_cpu();
+    double t0 = nc_now_s(), c0 = co_cpu();
     if (!rc)
         rc = co_prepare(&(co_text){m, &e->toks, x->bos_eos, e->words}, &e->d, err, errlen);
-    e->t_pass = co_now() - t0;
+    e->t_pass = nc_now_s() - t0;
     e->cpu_pass = co_cpu() - c0;
     if (!rc && e->d->n <= e->d->first)
         rc = nc_error(err, errlen, NC_EINVAL, "%s: no tokens to score", path);
@@ -403,13 +403,13 @@ static int eval_doc_search(eval_doc *e, eval_ctx *x)
     nc_cache_params sp = co->p;
     sp.unbounded = true;
     sp.knn = e->kmax;
-    double t0 = co_now(), c0 = co_cpu();
+    double t0 = nc_now_s(), c0 = co_cpu();
     int blas = co_search_begin(co);
     const nc_doc_knn kn = {.ub = e->ub, .adapt = true, .d2 = e->nd2, .words = e->nw};
     if (!rc)
         rc = doc_neighbours(e->d, &sp, &kn, err, errlen);
     co_search_end(blas);
-    e->t_search = co_now() - t0;
+    e->t_search = nc_now_s() - t0;
     e->cpu_search = co_cpu() - c0;
     return rc;
 }
@@ -418,7 +418,7 @@ static int eval_doc_search(eval_doc *e, eval_ctx *x)
  * time that takes and the search's to *t and *cpu. */
 static void eval_doc_neighbours(eval_doc *e, int k, nc_doc_caches *dc, double *t, double *cpu)
 {
-    double t0 = co_now(), c0 = co_cpu();
+    double t0 = nc_now_s(), c0 = co_cpu();
     if (k == e->kmax) {
         dc->pre_d2 = e->nd2;
         dc->pre_words = e->nw;
@@ -432,7 +432,7 @@ static void eval_doc_neighbours(eval_doc *e, int k, nc_doc_caches *dc, double *t
         dc->pre_words = e->kw;
     }
     dc->ub = e->ub;
-    *t = co_now() - t0 + e->t_search;
+    *t = nc_now_s() - t0 + e->t_search;
     *cpu = co_cpu() - c0 + e->cpu_search;
 }
 
@@ -443,9 +443,9 @@ static int eval_doc_row(eval_doc *e, eval_ctx *x, const nc_cache_params *p, resu
     double tk = 0, ck = 0;
     if (p->unbounded)
         eval_doc_neighbours(e, p->knn, &dc, &tk, &ck);
-    double t0 = co_now(), c0 = co_cpu();
+    double t0 = nc_now_s(), c0 = co_cpu();
     int rc = doc_score(e->d, p, &dc, e->lp, x->err, sizeof x->err);
-    double ts = co_now() - t0, cs = co_cpu() - c0;
+    double ts = nc_now_s() - t0, cs = co_cpu() - c0;
     res->skipped = dc.searched + dc.skipped > 0 ? (double)dc.skipped / (double)(dc.searched + dc.skipped) : NAN;
     res->ppl = co_ppl(e->lp, e->d->n, &res->scored);
     res->unk = tokens_count_unk(x->m, &e->toks, 0);

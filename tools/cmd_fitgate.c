@@ -223,7 +223,7 @@ static int fitgate_collect_dyn(fitgate_data *s, const fitgate_args *a, const nc_
     s->gd.pc = malloc(n * NC_NCOMP * sizeof(double));
     if (!s->lp || !s->gd.f || !s->gd.pc)
         return nc_error(err, errlen, NC_ENOMEM, "statistics of %zu tokens", n);
-    double t0 = co_now();
+    double t0 = nc_now_s();
     nc_stream *st = NULL;
     int rc = stream_new(m, &a->co.p, s->ub, s->words, a->bos_eos, &st, err, errlen);
     if (!rc) {
@@ -236,7 +236,7 @@ static int fitgate_collect_dyn(fitgate_data *s, const fitgate_args *a, const nc_
     if (!rc) {
         s->ppl_const = co_ppl(s->lp, n, &s->scored);
         fprintf(stderr, "fit-gate: %zu tokens through a session with dynamic evaluation, %.1f s\n", n,
-                co_now() - t0);
+                nc_now_s() - t0);
     }
     return rc;
 }
@@ -253,14 +253,14 @@ static int fitgate_collect(fitgate_data *s, const fitgate_args *a, const nc_mode
         rc = cacheopts_make_ub(&(co_ub_spec){&a->co, p, m, s->words, true}, &s->ub, err, errlen);
     if (!rc && p->dyn_lr > 0.0f)
         return fitgate_collect_dyn(s, a, m, err, errlen);
-    double t0 = co_now();
+    double t0 = nc_now_s();
     if (!rc)
         rc = co_prepare_ex(&(co_text){m, &s->toks, a->bos_eos, s->words}, true, &s->d, err, errlen);
     if (!rc && s->d->n <= s->d->first)
         rc = nc_error(err, errlen, NC_EINVAL, "%s: no tokens to fit on", a->valid);
     if (!rc) {
         size_t n = s->d->n;
-        fprintf(stderr, "fit-gate: %zu tokens, LSTM pass %.1f s\n", n - s->d->first, co_now() - t0);
+        fprintf(stderr, "fit-gate: %zu tokens, LSTM pass %.1f s\n", n - s->d->first, nc_now_s() - t0);
         s->lp = malloc(n * sizeof(double));
         s->gd.n = n;
         s->gd.f = malloc(n * NC_GATE_NFEAT * sizeof(double));
@@ -269,7 +269,7 @@ static int fitgate_collect(fitgate_data *s, const fitgate_args *a, const nc_mode
             rc = nc_error(err, errlen, NC_ENOMEM, "statistics of %zu tokens", n);
     }
     /* the caches' statistics, once: the constant-λ scoring pass */
-    t0 = co_now();
+    t0 = nc_now_s();
     if (!rc) {
         nc_doc_caches dc = {.ub = s->ub, .adapt = s->ub != NULL, .gate_f = s->gd.f, .gate_pc = s->gd.pc};
         int blas = co_search_begin(&a->co);
@@ -278,7 +278,7 @@ static int fitgate_collect(fitgate_data *s, const fitgate_args *a, const nc_mode
     }
     if (!rc) {
         s->ppl_const = co_ppl(s->lp, s->d->n, &s->scored);
-        fprintf(stderr, "fit-gate: caches' statistics %.1f s\n", co_now() - t0);
+        fprintf(stderr, "fit-gate: caches' statistics %.1f s\n", nc_now_s() - t0);
     }
     return rc;
 }
@@ -293,11 +293,11 @@ static int fitgate_fit(nc_gate *g, const fitgate_args *a, fitgate_data *s, doubl
     if (!curve)
         return nc_error(err, errlen, NC_EIO, "%s: cannot write", path);
     fprintf(curve, "gate,iter,objective,exp_objective\n");
-    double t0 = co_now();
+    double t0 = nc_now_s();
     nc_gate_fit_opts o = {.hidden = (int)a->hidden, .seed = (uint64_t)a->seed, .iters = (int)a->iters, .l2 = a->l2,
                           .max_loss = a->max_loss, .curve = curve};
     int rc = gate_fit(g, &a->co.p, &s->gd, &o, err, errlen);
-    *t_fit = co_now() - t0;
+    *t_fit = nc_now_s() - t0;
     if (fclose(curve) != 0 && !rc)
         rc = nc_error(err, errlen, NC_EIO, "%s: write failed", path);
     return rc;

@@ -59,7 +59,7 @@ static void progress_bar(size_t done, size_t total, void *ctx)
         return;
     p->last_pct = pct;
     int width = 30, fill = pct * width / 100;
-    double dt = co_now() - p->t0;
+    double dt = nc_now_s() - p->t0;
     fprintf(stderr, "\r[%.*s%*s] %3d%% %zu/%zu tokens, %.0f tokens/s", fill,
             "##############################", width - fill, "", pct, done, total,
             dt > 0 ? (double)done / dt : 0.0);
@@ -152,7 +152,7 @@ typedef struct {
 static int score_cached(const score_args *a, const nc_model *m, const nc_tokens *toks, score_result *r, char *err,
                         size_t errlen)
 {
-    double t0 = co_now();
+    double t0 = nc_now_s();
     int rc = NC_OK;
     r->dlp = malloc((toks->n + 1) * sizeof(double));
     r->lp = malloc((toks->n + 1) * sizeof(float));
@@ -163,7 +163,7 @@ static int score_cached(const score_args *a, const nc_model *m, const nc_tokens 
                              err, errlen);
     r->first = a->bos == NC_BOS_EOS ? 0 : (toks->n > 0 ? 1 : 0);
     r->scored = toks->n - r->first;
-    r->dt = co_now() - t0;
+    r->dt = nc_now_s() - t0;
     for (size_t i = 0; rc == NC_OK && i < r->scored; i++)
         r->lp[i] = (float)r->dlp[r->first + i];
     return rc;
@@ -174,7 +174,7 @@ static int score_cached(const score_args *a, const nc_model *m, const nc_tokens 
 static int score_static(const score_args *a, const nc_model *m, const nc_tokens *toks, score_result *r, char *err,
                         size_t errlen)
 {
-    double t0 = co_now();
+    double t0 = nc_now_s();
     int rc = NC_OK;
     nc_state *s = lstm_state_new(m);
     nc_scorer *sc = scorer_new(m, 0);
@@ -189,7 +189,7 @@ static int score_static(const score_args *a, const nc_model *m, const nc_tokens 
         progress_ctx pc = {t0, -1};
         rc = scorer_run(sc, s, toks->ids + r->first, r->scored, r->lp, isatty(2) ? progress_bar : NULL, &pc, err,
                         errlen);
-        r->dt = co_now() - t0;
+        r->dt = nc_now_s() - t0;
         if (isatty(2))
             fprintf(stderr, "\r\033[K");
     }

@@ -236,13 +236,6 @@ static void on_signal(int sig)
     signal(sig, SIG_DFL);        /* a second signal kills */
 }
 
-static double mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void fmt_hms(char *buf, size_t n, double s)
 {
     if (s < 0 || !isfinite(s)) {
@@ -287,7 +280,7 @@ static void plot_curve(const char *dir)
 static int on_progress(const nc_train_progress *pr, void *ud)
 {
     display *d = ud;
-    double t = mono();
+    double t = nc_now_s();
     char eta[32], el[32];
     fmt_hms(eta, sizeof eta, pr->eta);
     fmt_hms(el, sizeof el, pr->elapsed);
@@ -432,7 +425,7 @@ static int train_with_display(const nc_train_params *p, bool resume, const cli_e
     char err[NC_ERRLEN];
     display d = {.tty = isatty(2) != 0, .quiet = x->quiet, .plot = x->plot, .log_every = x->log_every,
                  .out_dir = p->out_dir};
-    d.last_log = mono();
+    d.last_log = nc_now_s();
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;

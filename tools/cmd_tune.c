@@ -394,13 +394,13 @@ static int tune_prepare(tune_args *a, tune_run *r, char *err, size_t errlen)
         rc = wordtable_new(r->m->vocab, &r->words, err, errlen);
     if (!rc && g->unbounded)
         rc = cacheopts_make_ub(&(co_ub_spec){co, g, r->m, r->words, true}, &r->ub, err, errlen);
-    double t0 = co_now();
+    double t0 = nc_now_s();
     if (!rc)
         rc = co_prepare(&(co_text){r->m, &r->toks, a->bos_eos, r->words}, &r->d, err, errlen);
     if (!rc && r->d->n <= r->d->first)
         rc = nc_error(err, errlen, NC_EINVAL, "%s: no tokens to score", a->valid);
     if (!rc) {
-        fprintf(stderr, "tune: %zu tokens, LSTM pass %.1f s\n", r->d->n - r->d->first, co_now() - t0);
+        fprintf(stderr, "tune: %zu tokens, LSTM pass %.1f s\n", r->d->n - r->d->first, nc_now_s() - t0);
         r->lp = malloc(r->d->n * sizeof(double));
         if (!r->lp)
             rc = nc_error(err, errlen, NC_ENOMEM, "scores");
@@ -410,7 +410,7 @@ static int tune_prepare(tune_args *a, tune_run *r, char *err, size_t errlen)
         r->nw = malloc(r->d->n * (size_t)g->knn * sizeof(int));
         if (!r->nd2 || !r->nw)
             rc = nc_error(err, errlen, NC_ENOMEM, "neighbours (%zu x %d)", r->d->n, g->knn);
-        t0 = co_now();
+        t0 = nc_now_s();
         int blas = co_search_begin(co);
         const nc_doc_knn kn = {.ub = r->ub, .adapt = true, .d2 = r->nd2, .words = r->nw};
         if (!rc)
@@ -418,7 +418,7 @@ static int tune_prepare(tune_args *a, tune_run *r, char *err, size_t errlen)
         co_search_end(blas);
         if (!rc)
             fprintf(stderr, "tune: unbounded search (k=%d, %s) %.1f s\n", g->knn,
-                    unbounded_cache_is_exact(r->ub) ? "exact" : "IVF", co_now() - t0);
+                    unbounded_cache_is_exact(r->ub) ? "exact" : "IVF", nc_now_s() - t0);
     }
     r->t = (tune_ctx){.d = r->d, .lp = r->lp, .pre_d2 = r->nd2, .pre_w = r->nw, .ub = r->ub};
     r->st = r->best = *g;
@@ -754,7 +754,7 @@ int cmd_tune(int argc, char **argv)
     int rc = choose_stages(&a) ? nc_error(err, sizeof err, NC_ENOMEM, "grids") : NC_OK;
     if (!rc)
         rc = tune_prepare(&a, &r, err, sizeof err);
-    double t0 = co_now();
+    double t0 = nc_now_s();
     if (!rc)
         rc = stage_static(&r, err, sizeof err);
     if (!rc && a.neural)
@@ -766,7 +766,7 @@ int cmd_tune(int argc, char **argv)
     if (!rc && a.dyn)
         rc = stage_dyn(&r, err, sizeof err);
     if (!rc) {
-        fprintf(stderr, "tune: %d grid points in %.1f s\n", r.t.npoints, co_now() - t0);
+        fprintf(stderr, "tune: %d grid points in %.1f s\n", r.t.npoints, nc_now_s() - t0);
         options_of(&r.best, opt, sizeof opt);
         printf("best all: options: %s\n", opt);
     }

@@ -130,7 +130,7 @@ static int hp_fill_chunk(const hp_producer *pr, size_t j0, size_t nb, hp_chunk *
 static int hp_produce(hp_pipe *p, const hp_producer *pr, size_t C, bool progress, char *err, size_t errlen)
 {
     const nc_tokens *toks = pr->toks;
-    double t0 = co_now(), last = t0;
+    double t0 = nc_now_s(), last = t0;
     int rc = NC_OK, b = 0;
     for (size_t j0 = 0; !rc && j0 < toks->n; j0 += C, b ^= 1) {
         size_t nb = toks->n - j0 < C ? toks->n - j0 : C;
@@ -140,7 +140,7 @@ static int hp_produce(hp_pipe *p, const hp_producer *pr, size_t C, bool progress
         if (rc)
             break;
         hp_publish(p, b, nb);
-        double t = co_now();
+        double t = nc_now_s();
         if (progress && (t - last > 2.0 || j0 + nb == toks->n)) {
             fprintf(stderr, "  %zu/%zu tokens (%.0f%%), %.0f tokens/s\n", j0 + nb, toks->n,
                     100.0 * (double)(j0 + nb) / (double)toks->n, (double)(j0 + nb) / (t - t0 + 1e-9));
@@ -180,15 +180,15 @@ int co_hidden_pass(const co_text *x, co_hidden_fn fn, void *ctx, bool progress, 
      * daemon runs it (FAISS's OpenMP count is cacheopts_finish's) */
     int blas = openblas_get_num_threads();
     openblas_set_num_threads(1);
-    double t0 = co_now();
+    double t0 = nc_now_s();
     if (!rc)
         rc = hp_produce(&p, &pr, C, progress, err, errlen);
     if (started)
         rc = hp_stop_consumer(&p, th, rc, err, errlen);
     openblas_set_num_threads(blas);
     if (!rc && progress && toks->n)
-        fprintf(stderr, "  stored in %.2f s (%.0f tokens/s)\n", co_now() - t0,
-                (double)toks->n / (co_now() - t0 + 1e-9));
+        fprintf(stderr, "  stored in %.2f s (%.0f tokens/s)\n", nc_now_s() - t0,
+                (double)toks->n / (nc_now_s() - t0 + 1e-9));
     for (int k = 0; k < 2; k++) {
         free(p.slot[k].h);
         free(p.slot[k].ids);

@@ -11,13 +11,6 @@
 
 #include "nc_common.h"
 
-double co_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 double co_cpu(void)
 {
     struct rusage ru;

@@ -5,8 +5,6 @@
 
 #include <stddef.h>
 
-/* Wall-clock seconds (monotonic), for tokens/s. */
-double co_now(void);
 /* CPU seconds used by the process so far (all threads). */
 double co_cpu(void);
 

@@ -682,13 +682,6 @@ static void train_phase(nc_unbounded_cache *u, nc_ub_train_phase ph, int64_t tot
     }
 }
 
-static double train_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Sampling and k-means: job->ivf trained on UB_TRAIN_PER_LIST keys a list
  * of ids < T at regular steps (id i T / S), its table attached, its
  * coarse searcher made. Memory: the sample, S dim floats (40 MB at 1,024
@@ -903,7 +896,7 @@ static int train_swap(nc_unbounded_cache *u, ub_train_job *j, char *err, size_t 
         u->tr.trained_on = j->T;
         u->tr.trainings++;
         u->tr.recall = j->recall;
-        u->tr.last_secs = train_now() - j->t0;
+        u->tr.last_secs = nc_now_s() - j->t0;
     }
     pthread_rwlock_unlock(&u->lock);
     return rc;
@@ -913,7 +906,7 @@ static int train_swap(nc_unbounded_cache *u, ub_train_job *j, char *err, size_t 
  * measure, catch up and swap. On failure the cache keeps its index. */
 static int train_one(nc_unbounded_cache *u, int64_t T, char *err, size_t errlen)
 {
-    ub_train_job j = {.T = T, .nlist = train_nlist(T), .t0 = train_now()};
+    ub_train_job j = {.T = T, .nlist = train_nlist(T), .t0 = nc_now_s()};
     j.buf = nc_malloc(UB_KCHUNK * (size_t)u->o.dim * sizeof(float));
     int rc = j.buf ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "training buffer");
     if (!rc)

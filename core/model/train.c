@@ -50,13 +50,6 @@ void train_default_params(nc_train_params *p)
     p->checkpoint_every = 300;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* ---- corpus ------------------------------------------------------------ */
 
 /* The whole file at path (free() *buf). */
@@ -656,7 +649,7 @@ typedef struct {
 /* Charges the wall time since the last call to the run. Returns now. */
 static double tick(trainer *t, train_loop *L)
 {
-    double tn = now_s();
+    double tn = nc_now_s();
     t->elapsed += tn - L->t_prev;
     L->t_prev = tn;
     return tn;
@@ -849,7 +842,7 @@ static int train_segment(trainer *t, train_loop *L, char *err, size_t errlen)
     const int B = p->batch_size;
     int T = (int)((size_t)t->row + (size_t)p->bptt < t->train_rows - 1 ? (size_t)p->bptt
                                                                         : t->train_rows - 1 - (size_t)t->row);
-    double ts = now_s();
+    double ts = nc_now_s();
     const int *x = t->train + (size_t)t->row * B, *y = x + B;
     const lstm_grad_pass pass = {.train = true, .drop = &p->dropout, .rng = &t->rng, .backward = true};
     double nll = lstm_grad_segment(t->net, t->work, x, y, T, &pass);
@@ -947,7 +940,7 @@ static int end_epoch(trainer *t, train_loop *L, bool *stop, char *err, size_t er
 static int checkpoint(trainer *t, train_loop *L, char *err, size_t errlen)
 {
     int rc = state_write(t, err, errlen);
-    L->last_ckpt = now_s();
+    L->last_ckpt = nc_now_s();
     if (rc == NC_OK && L->cb) {
         snprintf(L->msg, sizeof L->msg, "checkpoint %s/%s (epoch %d, step %lld)", t->p.out_dir, STATE_FILE,
                  t->epoch, (long long)t->step);
@@ -1042,7 +1035,7 @@ int train_run(const nc_train_params *params, bool resume, nc_train_callback cb, 
         train_loop L = {.cb = cb, .ud = ud, .res = res,
                         .spe = (long)((t->train_rows - 2) / (size_t)p->bptt + 1)};
         bool stop = announce_start(t, resume, &L), finished;
-        L.t_prev = L.last_ckpt = L.rate_t0 = now_s();
+        L.t_prev = L.last_ckpt = L.rate_t0 = nc_now_s();
         rc = train_loop_run(t, &L, stop, &finished, err, errlen);
         if (rc == NC_OK && finished)
             rc = state_write(t, err, errlen);

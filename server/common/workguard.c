@@ -21,19 +21,12 @@ static atomic_int cancel_all;
 static atomic_ulong stops[WG_SHUTDOWN + 1];
 static atomic_ulong rejected;
 
-double workguard_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 wg_stop workguard_check(workguard *g)
 {
     int s = atomic_load(&g->stop);
     if (!s && atomic_load(&cancel_all))
         s = WG_SHUTDOWN;
-    if (!s && g->deadline > 0 && workguard_now() > g->deadline)
+    if (!s && g->deadline > 0 && nc_now_s() > g->deadline)
         s = WG_DEADLINE;
     if (s) {
         int none = WG_RUN;

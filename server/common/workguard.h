@@ -33,13 +33,10 @@ typedef enum { WG_RUN = 0, WG_DEADLINE, WG_CLIENT_GONE, WG_SHUTDOWN } wg_stop;
 
 /* One request's guard, embedded in the request (http.h). */
 typedef struct {
-    double deadline;              /* CLOCK_MONOTONIC seconds; 0 = none */
+    double deadline;              /* nc_now_s() seconds; 0 = none */
     atomic_int stop;              /* wg_stop set from outside the work */
     bool counted;                 /* its stop is in the metrics */
 } workguard;
-
-/* Monotonic clock, seconds. */
-double workguard_now(void);
 
 /* Why the work must stop now (the first reason seen sticks), WG_RUN to go
  * on. Cheap: one clock read and two atomic loads. */

@@ -96,13 +96,6 @@ static json_t *summary_of(json_t *man, const char *dir, double seconds)
     return s;
 }
 
-static double mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* dst and dst/namespaces made; NC_ESTATE when dst exists. */
 static int make_dirs(const char *dst, char *err, size_t errlen)
 {
@@ -137,7 +130,7 @@ static int finish(const backup_end *e, int rc, json_t **summary, char *err, size
     if (!rc)
         rc = write_json_atomic(dst, BACKUP_MANIFEST, man, err, errlen);
     if (!rc)
-        *summary = summary_of(man, dst, mono_now() - t0);
+        *summary = summary_of(man, dst, nc_now_s() - t0);
     else
         nsstore_remove_dir(dst, NULL, 0);
     json_decref(man);
@@ -195,7 +188,7 @@ int backup_take(nc_server *srv, const backup_spec *s, json_t **summary, char *er
 static int backup_take_niced(nc_server *srv, const backup_spec *s, json_t **summary, char *err, size_t errlen)
 {
     *summary = NULL;
-    double t0 = mono_now();
+    double t0 = nc_now_s();
     ns_handle *one = NULL;
     if (s->ns) {
         int rc;
@@ -262,7 +255,7 @@ int backup_take_files(const char *data_dir, const nc_model *m, const backup_spec
                       size_t errlen)
 {
     *summary = NULL;
-    double t0 = mono_now();
+    double t0 = nc_now_s();
     char root[4096];
     snprintf(root, sizeof root, "%.1000s/namespaces", data_dir);
     DIR *d = opendir(root);
@@ -430,7 +423,7 @@ int backup_restore(const char *from, const char *data_dir, const nc_model *m, js
                    size_t errlen)
 {
     *summary = NULL;
-    double t0 = mono_now();
+    double t0 = nc_now_s();
     json_t *man;
     int rc = backup_verify(from, m, &man, err, errlen);
     if (rc)
@@ -457,7 +450,7 @@ int backup_restore(const char *from, const char *data_dir, const nc_model *m, js
     if (!rc)
         rc = backup_sync_dir(root, err, errlen);
     if (!rc)
-        *summary = summary_of(man, data_dir, mono_now() - t0);
+        *summary = summary_of(man, data_dir, nc_now_s() - t0);
     json_decref(man);
     return rc;
 }
