@@ -238,6 +238,49 @@ TEST(reads_and_adds_never_wait)
     free(x), free(w);
 }
 
+/* A training's buffers are in the cache's memory while it runs: during
+ * k-means at least its sample and FAISS's working copy of it (2 x 40 keys a
+ * list of DIM floats), during the encoding the new index's codes; none
+ * once it has swapped. */
+TEST(memory_counts_a_training)
+{
+    const size_t n = 2048;
+    float *x = malloc(n * DIM * sizeof(float));
+    int *w = malloc(n * sizeof(int));
+    synth(n, x, w);
+    nc_unbounded_cache *u = make(2048, false, 300);
+    CHECK(add_all(u, x, w, n - 1, 512) == 0);
+    const size_t idle = unbounded_cache_memory(u);
+    CHECK(add_all(u, x + (n - 1) * DIM, w + n - 1, 1, 1) == 0);
+    int64_t kmeans = -1, encoding = -1;
+    size_t mem_kmeans = 0;
+    for (int step = 0; step < 6000; step++) {   /* 20 ms apart: 2 minutes at most */
+        nc_ub_train_stats st;
+        unbounded_cache_train_stats(u, &st);
+        if (st.phase == NC_UB_TRAIN_IDLE && st.trainings == 1)
+            break;
+        size_t m = unbounded_cache_memory(u);
+        if (st.phase == NC_UB_TRAIN_KMEANS && st.held_bytes > kmeans)
+            kmeans = st.held_bytes, mem_kmeans = m;
+        if (st.phase == NC_UB_TRAIN_ENCODING && st.held_bytes > encoding)
+            encoding = st.held_bytes;
+        struct timespec ts = {0, 20000000L};
+        nanosleep(&ts, NULL);
+    }
+    unbounded_cache_train_wait(u);
+    nc_ub_train_stats st;
+    unbounded_cache_train_stats(u, &st);
+    /* 2048 pairs: 32 lists, a sample of 40 keys a list (trains_at_switch_and_at_4x) */
+    const int64_t sample = 32 * 40 * DIM * (int64_t)sizeof(float);
+    CHECKF(kmeans >= 2 * sample && mem_kmeans >= idle + (size_t)kmeans, "k-means held %lld (sample %lld), memory %zu "
+           "(idle %zu)", (long long)kmeans, (long long)sample, mem_kmeans, idle);
+    CHECKF(encoding > 0, "encoding held %lld", (long long)encoding);
+    CHECKF(st.trainings == 1 && st.held_bytes == 0, "trainings %llu, held %lld after", (unsigned long long)st.trainings,
+           (long long)st.held_bytes);
+    unbounded_cache_free(u);
+    free(x), free(w);
+}
+
 /* nprobe: 0 searches with the one chosen; an explicit one wins (it scans
  * another number of codes). */
 TEST(explicit_nprobe_wins)
@@ -365,6 +408,7 @@ int main(void)
     RUN(trains_at_switch_and_at_4x);
     RUN(same_index_whatever_the_timing);
     RUN(reads_and_adds_never_wait);
+    RUN(memory_counts_a_training);
     RUN(explicit_nprobe_wins);
     RUN(recall_target_drives_nprobe);
     RUN(snapshot_carries_training_and_keys);

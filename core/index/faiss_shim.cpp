@@ -27,6 +27,19 @@ extern "C" {
 #include <faiss/utils/distances.h>
 #include <faiss/utils/utils.h>
 
+/* FAISS's exhaustive L2 search (an IndexFlat's search of 20 queries or
+ * more: the k-means' assignment, the coarse search of a training's encoding
+ * or a large upload) allocates one block of bs_x x bs_y inner products a
+ * call, 4,096 x 1,024 floats = 16 MB by default, mapped and unmapped each
+ * time: the largest transient of a training (heaptrack, docs/memory.md).
+ * 256 query rows a block make it 1 MB; a block's GEMM (256 x 1,024 x H) still
+ * runs at the kernel's rate. (A key's list stays the exact nearest
+ * whatever the block: assign_exact checks FAISS's candidates with its own
+ * distances; test_coarse.) */
+static const struct blas_blocks {
+    blas_blocks() { faiss::distance_compute_blas_query_bs = 256; }
+} blas_blocks_set;
+
 static int shim_error(char *err, size_t errlen, const char *what)
 {
     if (err && errlen)

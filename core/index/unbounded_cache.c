@@ -54,6 +54,10 @@ typedef struct {
     int64_t trained_on;           /* T_j of the index searched, 0 = none of its own */
     uint64_t trainings, failures;
     double recall, last_secs;
+    /* bytes the training in progress holds (its sample, FAISS's working
+     * copy, the new index until the swap, the recall measure's buffers):
+     * counted in unbounded_cache_memory, so the namespace gauge holds them */
+    _Atomic int64_t held;
 } ub_trainer;
 
 struct nc_unbounded_cache {
@@ -521,6 +525,7 @@ int unbounded_cache_switch(nc_unbounded_cache *u, char *err, size_t errlen)
 #define UB_RECALL_TOP 32          /* exact nearest ones a search should find... */
 #define UB_RECALL_K 1024          /* ...among its k (the default knn) */
 #define UB_CATCHUP_LOCKED 4096    /* pairs the catch-up leaves for the write lock */
+#define UB_ENCODE_BATCH 4096      /* keys an encoding step: its buffer 4 MB at H = 256 */
 #define UB_EXACT_BLOCK 4096       /* keys a block of the exact search */
 
 const char *unbounded_cache_phase_name(nc_ub_train_phase p)
@@ -661,8 +666,16 @@ typedef struct {
     uint64_t key;                 /* its shared table (pq_tables.h) */
     int nprobe;
     double recall, t0;
-    float *buf;                   /* [UB_KCHUNK, dim] keys being encoded */
+    float *buf;                   /* [UB_ENCODE_BATCH, dim] keys being encoded */
+    int64_t index_held;           /* of u->tr.held: the new index's bytes */
 } ub_train_job;
+
+/* The training's buffers in the namespace's memory (tr.held): + bytes when
+ * it takes them, - when it frees them. */
+static void train_holds(nc_unbounded_cache *u, int64_t bytes)
+{
+    atomic_fetch_add(&u->tr.held, bytes);
+}
 
 /* unbounded_cache_free asks the trainer to stop (an atomic flag, which
  * FAISS's k-means also reads: faiss_shim_train_ivfpq) */
@@ -698,19 +711,30 @@ static int train_fit(nc_unbounded_cache *u, ub_train_job *j, char *err, size_t e
     float *x = nc_malloc((size_t)S * d * sizeof(float));
     if (!x)
         return nc_error(err, errlen, NC_ENOMEM, "training sample (%lld keys)", (long long)S);
+    /* the sample, and FAISS's working set while it trains: the residuals
+     * (S dim floats) and the k-means' assignment (an id and a distance a key) */
+    const int64_t sample = S * (int64_t)(d * sizeof(float)), faiss_work = sample + S * 12;
+    train_holds(u, sample);
     for (int64_t i = 0; i < S; i++)
         keys_get(u, (size_t)(i * (j->T / S) + (i * (j->T % S)) / S), 1, x + (size_t)i * d);
+    train_holds(u, faiss_work);
     train_phase(u, NC_UB_TRAIN_KMEANS, UB_TRAIN_NITER);
     faiss_shim_train_in in = {.d = u->o.dim, .M = train_pq_m(u), .niter = UB_TRAIN_NITER, .seed = UB_TRAIN_SEED,
                               .nlist = j->nlist, .n = S, .x = x, .stop = &u->tr.stop};
     char ferr[256];
     int how = faiss_shim_train_ivfpq(&in, &j->ivf, ferr, sizeof ferr);
     free(x);
+    train_holds(u, -(sample + faiss_work));
     if (how != 0)
         return nc_error(err, errlen, how == -2 ? NC_ESTATE : NC_EFORMAT, "training the unbounded index: %s", ferr);
     int rc = pq_tables_attach(j->ivf, &j->key, err, errlen);
-    if (!rc)
+    if (!rc) {
         j->cq = faiss_shim_cq_new(j->ivf, 0);
+        /* the new index, empty (its shared table counted with the tables) */
+        j->index_held = (int64_t)(faiss_shim_fixed_bytes(j->ivf) - pq_tables_shared_bytes(j->ivf, j->key) +
+                                  faiss_shim_cq_bytes(j->cq));
+        train_holds(u, j->index_held);
+    }
     return rc;
 }
 
@@ -720,13 +744,17 @@ static int train_fit(nc_unbounded_cache *u, ub_train_job *j, char *err, size_t e
 static int train_encode(nc_unbounded_cache *u, ub_train_job *j, int64_t upto, bool locked, char *err,
                         size_t errlen)
 {
+    /* a pair in the new index: its code and its id (as unbounded_cache_memory) */
+    const int64_t per = u->o.dim / 8 + 8;
     while (j->done < upto && !train_stopped(u)) {
-        int64_t m = upto - j->done < (int64_t)UB_KCHUNK ? upto - j->done : (int64_t)UB_KCHUNK;
+        int64_t m = upto - j->done < UB_ENCODE_BATCH ? upto - j->done : UB_ENCODE_BATCH;
         keys_copy(u, (size_t)j->done, (size_t)m, j->buf, locked);
         faiss_shim_add_in a = add_in((size_t)m, j->buf, NULL, j->cq);
         int rc = index_add(j->ivf, &a, err, errlen);
         if (rc)
             return rc;
+        train_holds(u, m * per);
+        j->index_held += m * per;
         j->done += m;
         atomic_fetch_add(&u->tr.done, m);
     }
@@ -766,6 +794,8 @@ static int exact_top(nc_unbounded_cache *u, ub_exact_top *e, int64_t upto, char 
     float *kb = nc_malloc(B * d * sizeof(float)), *g = nc_malloc(B * e->nq * sizeof(float));
     float *kn = nc_malloc(B * sizeof(float)), *xn = nc_malloc(e->nq * sizeof(float));
     int rc = kb && g && kn && xn ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "recall measure");
+    const int64_t held = (int64_t)((B * d + B * e->nq + B + e->nq) * sizeof(float));
+    train_holds(u, held);
     for (size_t q = 0; !rc && q < e->nq; q++) {
         xn[q] = cblas_sdot((int)d, e->x + q * d, 1, e->x + q * d, 1);
         for (int r = 0; r < UB_RECALL_TOP; r++)
@@ -784,6 +814,7 @@ static int exact_top(nc_unbounded_cache *u, ub_exact_top *e, int64_t upto, char 
         atomic_fetch_add(&u->tr.done, (int64_t)m);
     }
     free(kb), free(g), free(kn), free(xn);
+    train_holds(u, -held);
     return rc;
 }
 
@@ -842,6 +873,10 @@ static int train_measure(nc_unbounded_cache *u, ub_train_job *j, char *err, size
         lim[q] = j->T / 2 + (int64_t)q * (j->T - j->T / 2) / (int64_t)nq;
         keys_get(u, (size_t)lim[q], 1, x + q * d);
     }
+    /* these, and a search's answers (a distance and an id of its k a query) */
+    const int64_t held = (int64_t)(nq * (d * sizeof(float) + UB_RECALL_TOP * 12 + sizeof(int64_t)) +
+                                   nq * (size_t)UB_RECALL_K * 12);
+    train_holds(u, held);
     ub_exact_top e = {.x = x, .lim = lim, .nq = nq, .td = td, .tl = tl};
     if (!rc)
         rc = exact_top(u, &e, j->T, err, errlen);
@@ -856,6 +891,7 @@ static int train_measure(nc_unbounded_cache *u, ub_train_job *j, char *err, size
             break;
     }
     free(x), free(td), free(lim), free(tl);
+    train_holds(u, -held);
     return rc;
 }
 
@@ -897,6 +933,8 @@ static int train_swap(nc_unbounded_cache *u, ub_train_job *j, char *err, size_t 
         u->tr.trainings++;
         u->tr.recall = j->recall;
         u->tr.last_secs = nc_now_s() - j->t0;
+        train_holds(u, -j->index_held);   /* counted as the index searched now */
+        j->index_held = 0;
     }
     pthread_rwlock_unlock(&u->lock);
     return rc;
@@ -907,8 +945,10 @@ static int train_swap(nc_unbounded_cache *u, ub_train_job *j, char *err, size_t 
 static int train_one(nc_unbounded_cache *u, int64_t T, char *err, size_t errlen)
 {
     ub_train_job j = {.T = T, .nlist = train_nlist(T), .t0 = nc_now_s()};
-    j.buf = nc_malloc(UB_KCHUNK * (size_t)u->o.dim * sizeof(float));
+    const int64_t buf = UB_ENCODE_BATCH * u->o.dim * (int64_t)sizeof(float);
+    j.buf = nc_malloc((size_t)buf);
     int rc = j.buf ? NC_OK : nc_error(err, errlen, NC_ENOMEM, "training buffer");
+    train_holds(u, buf);
     if (!rc)
         rc = train_fit(u, &j, err, errlen);
     if (!rc) {
@@ -925,6 +965,8 @@ static int train_one(nc_unbounded_cache *u, int64_t T, char *err, size_t errlen)
         pq_tables_detach(j.ivf, j.key);
         faiss_Index_free(j.ivf);
     }
+    train_holds(u, -(buf + j.index_held));
+    NC_ASSERT(atomic_load(&u->tr.held) == 0, "train_one: a training's buffers left counted");
     return rc;
 }
 
@@ -1031,7 +1073,7 @@ void unbounded_cache_train_stats(nc_unbounded_cache *u, nc_ub_train_stats *st)
                               .recall = u->tr.recall, .recall_target = u->o.recall_target,
                               .trainings = u->tr.trainings, .trained_on = u->tr.trained_on,
                               .next_at = train_next_at(u), .last_seconds = u->tr.last_secs,
-                              .failures = u->tr.failures};
+                              .failures = u->tr.failures, .held_bytes = atomic_load(&u->tr.held)};
     st->nlist = u->flat ? 0 : faiss_shim_nlist(u->idx);
     st->imbalance = u->flat ? 0.0 : faiss_shim_imbalance(u->idx);
     if (u->tr.running) {
@@ -1564,7 +1606,8 @@ size_t unbounded_cache_memory(nc_unbounded_cache *u)
                pq_tables_shared_bytes(u->idx, u->table_key) +   /* counted once: pq_tables_bytes */
                faiss_shim_cq_bytes(u->cq) + faiss_shim_fixed_bytes(u->tmpl) +
                /* the keys kept for training: 2 dim bytes a pair, a chunk at a time */
-               u->nkch * UB_KCHUNK * (size_t)u->o.dim * sizeof(uint16_t) + u->kch_cap * sizeof(uint16_t *);
+               u->nkch * UB_KCHUNK * (size_t)u->o.dim * sizeof(uint16_t) + u->kch_cap * sizeof(uint16_t *) +
+               (size_t)atomic_load(&u->tr.held);   /* a training's buffers, while it runs */
     pthread_rwlock_unlock(&u->lock);
     return m;
 }

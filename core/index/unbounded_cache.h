@@ -270,6 +270,7 @@ typedef struct {
     double progress;              /* its share done, 0..1 */
     double last_seconds;          /* duration of the last completed training */
     uint64_t failures;            /* trainings that failed (out of memory...) */
+    int64_t held_bytes;           /* the training in progress's buffers (in unbounded_cache_memory) */
 } nc_ub_train_stats;
 void unbounded_cache_train_stats(nc_unbounded_cache *u, nc_ub_train_stats *st);
 /* Starts the training due, if any (after a recovery that replayed no add:
