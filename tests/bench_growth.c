@@ -13,7 +13,12 @@
  *   SIZES         comma list of stored pairs at which to read (ascending; one
  *                 past the memory's pairs reads all of them)
  * BENCH_STATES=FILE caches the memory's hidden states (float16) between runs;
- * BENCH_NO_FIXED=1 skips the model's fixed index. Neural + unbounded: the
+ * BENCH_CACHES=DIR keeps each size's caches (snapshot and keys, DIR/own-N,
+ * DIR/fixed-N) and reads them back in later runs instead of growing them
+ * (the reads' experiments without the 1.75M adds and trainings again);
+ * BENCH_NO_FIXED=1 skips the model's fixed index; BENCH_NPROBES=8,16,...
+ * and BENCH_KNN=K read the own index again with those nprobes and k (rows
+ * marked "np N, k K": an experiment's, beside the default's). Neural + unbounded: the
  * neural cache of 2,000 pairs (eval's row) and the unbounded cache, every
  * other knob at its default; the queries are not added (the memory is the
  * same for every kind at a size). */
@@ -171,17 +176,24 @@ static size_t memory_states(const nc_model *m, const char *files_s, size_t max, 
     return have;
 }
 
-static nc_unbounded_cache *make_cache(const nc_model *m, bool own)
+static char fixed_path[1200];
+
+static nc_unbounded_cache_opts cache_opts(const nc_model *m, bool own)
 {
     nc_unbounded_cache_opts o;
     unbounded_cache_opts_default(&o, m->cfg.hidden_size);
-    char path[1200];
-    snprintf(path, sizeof path, "%s/unbounded.faiss", m->dir);
+    snprintf(fixed_path, sizeof fixed_path, "%s/unbounded.faiss", m->dir);
     o.own_training = own;
     o.train_sync = true;   /* the CLI's: trainings at the same sizes every run */
-    o.trained_path = own ? NULL : path;
+    o.trained_path = own ? NULL : fixed_path;
     o.key_f16 = true;      /* as the daemon stores them */
     o.omp_threads = 1;
+    return o;
+}
+
+static nc_unbounded_cache *make_cache(const nc_model *m, bool own)
+{
+    nc_unbounded_cache_opts o = cache_opts(m, own);
     nc_unbounded_cache *u = NULL;
     char err[NC_ERRLEN];
     if (unbounded_cache_new(&o, NULL, &u, err, sizeof err)) {
@@ -189,6 +201,38 @@ static nc_unbounded_cache *make_cache(const nc_model *m, bool own)
         exit(1);
     }
     return u;
+}
+
+/* BENCH_CACHES: *u replaced by the saved cache of `at` pairs when there is
+ * one (true), else false; save: *u saved there (its keys too). */
+static bool cache_kept(const nc_model *m, bool own, size_t at, nc_unbounded_cache **u, bool save)
+{
+    const char *dir = getenv("BENCH_CACHES");
+    if (!dir || !*u)
+        return false;
+    char d[1200], keys[1300], err[NC_ERRLEN];
+    snprintf(d, sizeof d, "%s/%s-%zu", dir, own ? "own" : "fixed", at);
+    snprintf(keys, sizeof keys, "%s/keys.f16", d);
+    int64_t n = 0;
+    if (save) {
+        if (unbounded_cache_save(*u, d, err, sizeof err) || (own && unbounded_cache_keys_sync(*u, keys, &n, err,
+                                                                                             sizeof err)))
+            fprintf(stderr, "bench_growth: keeping %s: %s\n", d, err);
+        return true;
+    }
+    nc_unbounded_cache_opts o = cache_opts(m, own);
+    nc_unbounded_cache *l = NULL;
+    if (access(d, F_OK) != 0 || unbounded_cache_load(&o, NULL, d, &l, err, sizeof err))
+        return false;
+    if (own && unbounded_cache_keys_read(l, keys, unbounded_cache_count(l), err, sizeof err)) {
+        fprintf(stderr, "bench_growth: %s: %s\n", keys, err);
+        unbounded_cache_free(l);
+        return false;
+    }
+    fprintf(stderr, "%s: read back (%lld pairs)\n", d, (long long)unbounded_cache_count(l));
+    unbounded_cache_free(*u);
+    *u = l;
+    return true;
 }
 
 /* Adds states [from, to) to u; CPU seconds spent (trainings included) */
@@ -212,7 +256,7 @@ static double grow(nc_unbounded_cache *u, const uint16_t *keys, const int *ids, 
 
 /* One read of q with u: perplexity, CPU seconds of the whole read (the
  * LSTM pass + the caches and the mixture) */
-static double read_with(const query *q, nc_unbounded_cache *u, int nprobe, double *lp, double *c_read)
+static double read_knn(const query *q, nc_unbounded_cache *u, int nprobe, int knn, double *lp, double *c_read)
 {
     nc_cache_params p;
     cache_params_default(&p);
@@ -220,6 +264,8 @@ static double read_with(const query *q, nc_unbounded_cache *u, int nprobe, doubl
     p.neural_size = 2000;
     if (nprobe > 0)
         p.nprobe = nprobe;
+    if (knn > 0)
+        p.knn = knn;
     nc_doc_caches dc = {.ub = u, .adapt = false};
     char err[NC_ERRLEN];
     double c0 = cpu();
@@ -229,6 +275,31 @@ static double read_with(const query *q, nc_unbounded_cache *u, int nprobe, doubl
     }
     *c_read = q->c_lstm + cpu() - c0;
     return ppl_of(lp, q->t.n);
+}
+
+static double read_with(const query *q, nc_unbounded_cache *u, int nprobe, double *lp, double *c_read)
+{
+    return read_knn(q, u, nprobe, 0, lp, c_read);
+}
+
+/* BENCH_NPROBES / BENCH_KNN: the own index read again with each (main) */
+static void read_experiments(const query *q, nc_unbounded_cache *own, size_t at, double pf, double *lp)
+{
+    const char *nps = getenv("BENCH_NPROBES");
+    int knn = getenv("BENCH_KNN") ? atoi(getenv("BENCH_KNN")) : 0;
+    if (!nps && knn <= 0)
+        return;
+    char list[256];
+    snprintf(list, sizeof list, "%s", nps ? nps : "0");
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        double c;
+        double po = read_knn(q, own, atoi(t), knn, lp, &c);
+        double n = (double)q->t.n;
+        printf("| %zu | %s | np %s, k %d | %.0f | %.0f | %.1f%% | %.1f | %.2f | %.2f | %+.2f%% |\n", at, q->name, t,
+               knn > 0 ? knn : 1024, n / q->c_static, n / c, 100.0 * q->c_static / c, 1e6 * c / n, po, pf,
+               100.0 * (po / pf - 1.0));
+        fflush(stdout);
+    }
 }
 
 int main(int argc, char **argv)
@@ -285,9 +356,14 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < ns && at < have; i++) {
         if (sizes[i] > have)   /* the last size: all the memory there is (1,715,033 pairs of the three texts) */
             sizes[i] = have;
-        add_own += grow(own, keys, ids, at, sizes[i], H);
-        if (fixed)
+        if (!cache_kept(m, true, sizes[i], &own, false)) {
+            add_own += grow(own, keys, ids, at, sizes[i], H);
+            cache_kept(m, true, sizes[i], &own, true);
+        }
+        if (fixed && !cache_kept(m, false, sizes[i], &fixed, false)) {
             add_fixed += grow(fixed, keys, ids, at, sizes[i], H);
+            cache_kept(m, false, sizes[i], &fixed, true);
+        }
         at = sizes[i];
         nc_ub_train_stats st;
         unbounded_cache_train_stats(own, &st);
@@ -306,6 +382,7 @@ int main(int argc, char **argv)
                    (long long)st.nlist, st.nprobe, st.recall, n / q->c_static, n / c_own, 100.0 * q->c_static / c_own,
                    1e6 * c_own / n, po, pf, 100.0 * (po / pf - 1.0));
             fflush(stdout);
+            read_experiments(q, own, at, pf, lp);
         }
         printf("|  | own index: imbalance %.2f, trainings %llu, last %.1f s, memory %.0f B a pair |  |  |  |  |  |  |  |  |\n",
                st.imbalance, (unsigned long long)st.trainings, st.last_seconds,
