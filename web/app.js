@@ -168,7 +168,7 @@ const GROUPS = [
     on: (c) => c.dyn_lr > 0, state: () => 'on',
     main: ['dyn_lr'],
     labels: {
-      dyn_lr: 'Learning speed (0 = off)',
+      dyn_lr: 'Learning speed (0 = off; 0.002 is a good start)',
       dyn_decay: 'How fast what it learned fades back towards the trained model, at each step',
       dyn_segment: 'Words between two learning steps',
       dyn_params: 'How much of the model learns: from 0 (least, fastest) to 3 (all of it)',
