@@ -23,9 +23,12 @@ Expected output is compared line by line:
     model's answers are deterministic up to float32 summation order
     (SIMD level, thread count, batch shape: relative differences of order
     1e-6, tests/tolerance.h), and a wrong answer differs in the 2nd-3rd digit;
-  * any other line is compared as text: "…" matches any run of characters;
-    without one, the numbers in the line match within the same tolerance
-    and the rest exactly.
+  * any other line is compared as text: the numbers in the line match
+    within the same tolerance and the rest exactly; "…" matches any run of
+    characters, except right after a digit, where it stands for the
+    number's further digits: "0.43260…" (a number shown to the digits that
+    do not depend on the CPU) matches a number within one unit of its last
+    digit shown, so {"word":"N","prob":0.43260…} still has exactly its keys.
 A command without "#> " lines must only exit 0.
 
 --regen rewrites the "#> " lines that do not match with the real output
@@ -50,6 +53,7 @@ import sys
 
 MARK = "```sh doctest"
 REL_TOL, ABS_TOL = 1e-4, 1e-6
+NUM = r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"   # a number in a line of text
 
 
 def parse(path):
@@ -141,15 +145,40 @@ def line_match(want, got):
         pass
     if "…" not in want:
         # text with numbers in it (a TSV line): the words exact, the numbers within the tolerance
-        num = r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
-        wp, gp = re.split(num, want.rstrip()), re.split(num, got.rstrip())
-        wn, gn = re.findall(num, want), re.findall(num, got)
-        if wp == gp and len(wn) == len(gn) and all(
-                abs(float(g) - float(w)) <= ABS_TOL + REL_TOL * abs(float(w)) for w, g in zip(wn, gn)):
+        wp, gp = re.split(NUM, want.rstrip()), re.split(NUM, got.rstrip())
+        wn, gn = re.findall(NUM, want), re.findall(NUM, got)
+        if wp == gp and len(wn) == len(gn) and all(num_match(w, g) for w, g in zip(wn, gn)):
             return None
         return f"{got[:120]!r} != {want[:120]!r}"
-    pat = "^" + ".*".join(re.escape(p) for p in want.rstrip().split("…")) + "$"
-    return None if re.match(pat, got.rstrip(), re.S) else f"{got[:120]!r} != {want[:120]!r}"
+    # "…": right after a digit, the number's further digits (the number is
+    # shown to the digits that do not depend on the CPU); elsewhere any run
+    # of characters. Numbers match within the tolerance, a number shown
+    # with "…" within one unit of its last digit shown.
+    parts, pat, nums = re.split(r"(" + NUM + r"…?|…)", want.rstrip()), "^", []
+    for j, part in enumerate(parts):
+        if j % 2 == 0:
+            pat += re.escape(part)
+        elif part == "…":
+            pat += ".*?"
+        else:
+            pat += "(" + NUM + ")"
+            nums.append(part)
+    m = re.match(pat + "$", got.rstrip(), re.S)
+    if m and all(num_match(w, g) for w, g in zip(nums, m.groups())):
+        return None
+    return f"{got[:120]!r} != {want[:120]!r}"
+
+
+def num_match(want, got):
+    """A number of an expected line against the one printed: within the
+    tolerance; shown with a trailing "…", within one unit of its last digit."""
+    w, g = float(want.rstrip("…")), float(got)
+    if want.endswith("…"):
+        mant = re.sub(r"[eE].*", "", want.rstrip("…"))
+        exp = int(re.sub(r"^[^eE]*[eE]?", "", want.rstrip("…")) or 0)
+        unit = 10.0 ** (exp - (len(mant.split(".")[1]) if "." in mant else 0))
+        return abs(g - w) < unit
+    return abs(g - w) <= ABS_TOL + REL_TOL * abs(w)
 
 
 def exact_match(want, got):

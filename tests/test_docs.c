@@ -5,6 +5,7 @@
  * here, one per command. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "daemon.h"
@@ -32,9 +33,46 @@ TEST(documents_run_as_written)
     CHECK(daemon_stop(&d) == 0);
 }
 
+/* A number shown with "…" (the digits every CPU prints) matches within one
+ * unit of its last digit, and the line still has exactly its keys: doctest.py
+ * on a page of echoes, 4 that must match and 3 that must not. */
+TEST(digits_shown_match_to_the_digit)
+{
+    char md[] = "/tmp/nc_doctest_XXXXXX.md";
+    int fd = mkstemps(md, 3);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fputs("```sh doctest\n"
+          "echo '{\"word\":\"N\",\"prob\":0.432601749897}'\n#> {\"word\":\"N\",\"prob\":0.43260…}\n"
+          "echo '{\"word\":\"N\",\"prob\":0.432599999}'\n#> {\"word\":\"N\",\"prob\":0.43260…}\n"
+          "echo 'perplexity 37.5724286, took 0.25 s'\n#> perplexity 37.5724…, took … s\n"
+          "echo 'took 0.25 s'\n#> took … s\n"
+          "echo '{\"word\":\"N\",\"prob\":0.4328}'\n#> {\"word\":\"N\",\"prob\":0.43260…}\n"
+          "echo '{\"word\":\"N\",\"prob\":0.43260,\"x\":1}'\n#> {\"word\":\"N\",\"prob\":0.43260…}\n"
+          "echo 'perplexity 37.5734286, took 0.25 s'\n#> perplexity 37.5724…, took … s\n"
+          "```\n", f);
+    fclose(f);
+    char cmd[256], line[512], fail[64];
+    snprintf(cmd, sizeof cmd, "python3 tests/doctest.py --port 9 %s 2>&1", md);
+    snprintf(fail, sizeof fail, "FAIL %s:", md);
+    FILE *p = popen(cmd, "r");
+    unsigned failed = 0;   /* bit n: the command on line n failed */
+    while (p && fgets(line, sizeof line, p))
+        if (!strncmp(line, fail, strlen(fail)))
+            failed |= 1u << (atoi(line + strlen(fail)) & 31);
+    if (p)
+        pclose(p);
+    CHECKF(failed == (1u << 10 | 1u << 12 | 1u << 14), "doctest.py failed the commands of lines mask %#x, "
+           "want 10, 12, 14", failed);
+    unlink(md);
+}
+
 int main(void)
 {
     httpc_init();
+    RUN(digits_shown_match_to_the_digit);
     RUN(documents_run_as_written);
     httpc_cleanup();
     return harness_summary();

@@ -168,7 +168,7 @@ const GROUPS = [
     on: (c) => c.dyn_lr > 0, state: () => 'on',
     main: ['dyn_lr'],
     labels: {
-      dyn_lr: 'Learning speed (0 = off)',
+      dyn_lr: 'Learning speed (0 = off; 0.002 is a good start)',
       dyn_decay: 'How fast what it learned fades back towards the trained model, at each step',
       dyn_segment: 'Words between two learning steps',
       dyn_params: 'How much of the model learns: from 0 (least, fastest) to 3 (all of it)',
@@ -667,12 +667,14 @@ function fmtBits(b) { return b == null ? '–' : (b === Infinity ? '∞' : b.toF
 
 const mapState = { tokens: [], running: false };
 
-/* The map compares the static model with the caches: while no cache is on
- * in the settings, its right column uses a small neural cache (the
- * server's theta and lambda) rather than repeat the left one, and says so. */
+/* The map compares the static model with the memories: while none is on
+ * in the settings (no cache, no learning from the text), its right column
+ * uses a small neural cache (the server's theta and lambda) rather than
+ * repeat the left one, and says so. */
 const MAP_NEURAL_SIZE = 500;
 function mapCache(settings) {
-  if (settings.neural_size > 0 || settings.unigram_size > 0 || settings.unbounded) return { cache: settings, note: '' };
+  if (settings.neural_size > 0 || settings.unigram_size > 0 || settings.unbounded || settings.dyn_lr > 0)
+    return { cache: settings, note: '' };
   return { cache: Object.assign({}, settings, { neural_size: MAP_NEURAL_SIZE }),
            note: `No cache is on in the settings, so this column uses a neural cache of the last ${MAP_NEURAL_SIZE} ` +
                  'words (the Recent contexts memory).' };
@@ -685,9 +687,11 @@ async function runMap() {
   const { cache: cached, note } = mapCache(cacheSettings());
   $('#map-cache-note').textContent = note;
   delete $('#map-status').dataset.done;
-  /* the static side: the same settings with every cache off */
+  /* the static side: the model alone, every memory of the settings off
+   * (dynamic evaluation, new words and the gate too) */
   const plain = Object.assign({}, cached, { unigram_size: 0, neural_size: 0, unbounded: false,
-                                            global_norm: false, neural_f16: false });
+                                            global_norm: false, neural_f16: false, dyn_lr: 0, gate: false,
+                                            open_vocab: false, uniform_mu: 0, vocab_size_full: 0 });
   const parts = chunks(text);
   const prog = $('#map-progress');
   const bodies = { static: $('#map-static'), cached: $('#map-cached') };

@@ -485,6 +485,25 @@ async function run(browser) {
    * cache is on in the settings and what this column uses instead */
   check(/^No cache is on in the settings, so this column uses a neural cache of the last 500 words\b[^]*\.$/.test(plainMap.note),
         'the map\'s note reads as a sentence', plainMap.note);
+
+  /* ---- learning from the text alone (dynamic evaluation, which the demo
+   * model's statistics allow): the left column stays the static model, the
+   * right one learns without a cache added */
+  await setField('dyn_lr', 0.002);
+  await page.evaluate(() => { delete document.querySelector('#map-status').dataset.done; });
+  await page.click('#map-run');
+  await page.waitForFunction(() => document.querySelector('#map-status').dataset.done === '1', { timeout: 90000 });
+  const dynMap = await page.evaluate(() => ({
+    ppl: [Number(document.querySelector('#ppl-static').dataset.ppl), Number(document.querySelector('#ppl-cached').dataset.ppl)],
+    note: document.querySelector('#map-cache-note').textContent }));
+  const sdyn = (await api('POST', '/v1/score', { text: MAP_TEXT, final_eos: false,
+    cache: Object.assign({}, model.cache_defaults, { dyn_lr: 0.002 }) })).json;
+  check(Math.abs(dynMap.ppl[0] / ss.ppl - 1) < 1e-4 && Math.abs(dynMap.ppl[1] / sdyn.ppl - 1) < 1e-4 &&
+        Math.abs(sdyn.ppl / ss.ppl - 1) > 1e-3 && dynMap.note === '',
+        `with only learning from the text on, the map compares the static model (ppl ${dynMap.ppl[0].toFixed(3)} = ` +
+        `${ss.ppl.toFixed(3)}) with dynamic evaluation alone (${dynMap.ppl[1].toFixed(3)} = /v1/score's ` +
+        `${sdyn.ppl.toFixed(3)}), no note`, JSON.stringify(dynMap));
+  await setField('dyn_lr', 0);
   await setField('neural_size', 200);
 
   /* ---- ordinary English (issue 23): capitals, commas, quotes, a number.
