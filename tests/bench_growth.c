@@ -18,7 +18,10 @@
  * (the reads' experiments without the 1.75M adds and trainings again);
  * BENCH_NO_FIXED=1 skips the model's fixed index; BENCH_NPROBES=8,16,...
  * and BENCH_KNN=K read the own index again with those nprobes and k (rows
- * marked "np N, k K": an experiment's, beside the default's). Neural + unbounded: the
+ * marked "np N, k K": an experiment's, beside the default's); BENCH_EXACT=1
+ * also grows an exact (flat) cache of the same pairs and reads it at the
+ * default k: the perplexity no index of these pairs can better (the oracle
+ * row "exact"). Neural + unbounded: the
  * neural cache of 2,000 pairs (eval's row) and the unbounded cache, every
  * other knob at its default; the queries are not added (the memory is the
  * same for every kind at a size). */
@@ -191,9 +194,10 @@ static nc_unbounded_cache_opts cache_opts(const nc_model *m, bool own)
     return o;
 }
 
-static nc_unbounded_cache *make_cache(const nc_model *m, bool own)
+static nc_unbounded_cache *make_cache(const nc_model *m, bool own, bool exact)
 {
     nc_unbounded_cache_opts o = cache_opts(m, own);
+    o.exact = exact;
     nc_unbounded_cache *u = NULL;
     char err[NC_ERRLEN];
     if (unbounded_cache_new(&o, NULL, &u, err, sizeof err)) {
@@ -256,12 +260,14 @@ static double grow(nc_unbounded_cache *u, const uint16_t *keys, const int *ids, 
 
 /* One read of q with u: perplexity, CPU seconds of the whole read (the
  * LSTM pass + the caches and the mixture) */
+static int read_parts = 3;   /* 1 neural, 2 unbounded: BENCH_PARTS's rows */
+
 static double read_knn(const query *q, nc_unbounded_cache *u, int nprobe, int knn, double *lp, double *c_read)
 {
     nc_cache_params p;
     cache_params_default(&p);
-    p.unbounded = true;
-    p.neural_size = 2000;
+    p.unbounded = (read_parts & 2) != 0;
+    p.neural_size = read_parts & 1 ? 2000 : 0;
     if (nprobe > 0)
         p.nprobe = nprobe;
     if (knn > 0)
@@ -287,6 +293,13 @@ static void read_experiments(const query *q, nc_unbounded_cache *own, size_t at,
 {
     const char *nps = getenv("BENCH_NPROBES");
     int knn = getenv("BENCH_KNN") ? atoi(getenv("BENCH_KNN")) : 0;
+    for (read_parts = 1; getenv("BENCH_PARTS") && read_parts <= 2; read_parts++) {
+        double c, po = read_knn(q, own, 0, 0, lp, &c), n = (double)q->t.n;
+        printf("| %zu | %s | %s alone | %.0f | %.0f | %.1f%% | %.1f | %.2f |  |  |\n", at, q->name,
+               read_parts == 1 ? "neural" : "unbounded", n / q->c_static, n / c, 100.0 * q->c_static / c, 1e6 * c / n,
+               po);
+    }
+    read_parts = 3;
     if (!nps && knn <= 0)
         return;
     char list[256];
@@ -347,7 +360,8 @@ int main(int argc, char **argv)
             return 1;
     }
     const bool fixed_too = !getenv("BENCH_NO_FIXED");
-    nc_unbounded_cache *own = make_cache(m, true), *fixed = fixed_too ? make_cache(m, false) : NULL;
+    nc_unbounded_cache *own = make_cache(m, true, false), *fixed = fixed_too ? make_cache(m, false, false) : NULL;
+    nc_unbounded_cache *exact = getenv("BENCH_EXACT") ? make_cache(m, false, true) : NULL;
     printf("| pairs | query | own index: nlist, nprobe (recall) | static tokens/CPU-s | neural+unbounded tokens/CPU-s | "
            "ratio | CPU ms / 1k tokens | perplexity own | fixed k1024/np8 | own vs fixed |\n");
     printf("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
@@ -360,6 +374,8 @@ int main(int argc, char **argv)
             add_own += grow(own, keys, ids, at, sizes[i], H);
             cache_kept(m, true, sizes[i], &own, true);
         }
+        if (exact)
+            grow(exact, keys, ids, at, sizes[i], H);
         if (fixed && !cache_kept(m, false, sizes[i], &fixed, false)) {
             add_fixed += grow(fixed, keys, ids, at, sizes[i], H);
             cache_kept(m, false, sizes[i], &fixed, true);
@@ -383,6 +399,12 @@ int main(int argc, char **argv)
                    1e6 * c_own / n, po, pf, 100.0 * (po / pf - 1.0));
             fflush(stdout);
             read_experiments(q, own, at, pf, lp);
+            if (exact) {
+                double ce, pe = read_with(q, exact, 0, lp, &ce);
+                printf("| %zu | %s | exact | %.0f | %.0f | %.1f%% | %.1f | %.2f | %.2f | %+.2f%% |\n", at, q->name,
+                       n / q->c_static, n / ce, 100.0 * q->c_static / ce, 1e6 * ce / n, pe, pf, 100.0 * (pe / pf - 1.0));
+                fflush(stdout);
+            }
         }
         printf("|  | own index: imbalance %.2f, trainings %llu, last %.1f s, memory %.0f B a pair |  |  |  |  |  |  |  |  |\n",
                st.imbalance, (unsigned long long)st.trainings, st.last_seconds,
@@ -391,5 +413,6 @@ int main(int argc, char **argv)
     }
     unbounded_cache_free(own);
     unbounded_cache_free(fixed);
+    unbounded_cache_free(exact);
     return 0;
 }

@@ -1079,7 +1079,13 @@ static int run_seed(uint64_t seed, int rounds, int round_ms, verdict *v)
     redis_aof = true;
     redis_kill();
     disk_teardown();
-    if (endurance_s) sh2("grep -E '^(summary|errors|rss)' '%s/soak.log' | sed 's/^/soak (replica a): /'%s", workdir, "");
+    /* the soak's whole table (every window's RSS and gauges: what grew), and
+     * its CSV kept beside the run's files once the work directory goes */
+    if (endurance_s) {
+        sh2("sed 's/^/soak (replica a): /' '%s/soak.log'%s", workdir, "");
+        sh2("cp '%s/soak.csv' \"${TMPDIR:-/tmp}/neurocache-endurance-soak.csv\" && "
+            "echo \"soak (replica a): its CSV: ${TMPDIR:-/tmp}/neurocache-endurance-soak.csv\"%s", workdir, "");
+    }
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", workdir);
     if (keep) fprintf(stderr, "faults: seed %llu failed: its files are kept in %s\n", (unsigned long long)seed, workdir);

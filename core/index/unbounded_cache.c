@@ -1605,8 +1605,12 @@ size_t unbounded_cache_memory(nc_unbounded_cache *u)
     size_t m = sizeof *u + u->cap * sizeof(int) + u->nvalues * per + faiss_shim_fixed_bytes(u->idx) -
                pq_tables_shared_bytes(u->idx, u->table_key) +   /* counted once: pq_tables_bytes */
                faiss_shim_cq_bytes(u->cq) + faiss_shim_fixed_bytes(u->tmpl) +
-               /* the keys kept for training: 2 dim bytes a pair, a chunk at a time */
-               u->nkch * UB_KCHUNK * (size_t)u->o.dim * sizeof(uint16_t) + u->kch_cap * sizeof(uint16_t *) +
+               /* the keys kept for training: 2 dim bytes a pair, in chunks
+                * written in order (a chunk's pages not yet written are mapped,
+                * not resident: the pairs count, as for FAISS's capacity) */
+               (u->nvalues < u->nkch * UB_KCHUNK ? u->nvalues : u->nkch * UB_KCHUNK) * (size_t)u->o.dim *
+                   sizeof(uint16_t) +
+               u->kch_cap * sizeof(uint16_t *) +
                (size_t)atomic_load(&u->tr.held);   /* a training's buffers, while it runs */
     pthread_rwlock_unlock(&u->lock);
     return m;
