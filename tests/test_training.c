@@ -17,6 +17,9 @@
 
 #define DIM 32
 #define NCLUST 64
+/* an index trained on the keys it holds: FAISS's imbalance factor well
+ * under the drift threshold (2.0, unbounded_cache.c) */
+#define UB_TEST_FRESH_IMBALANCE 1.8
 
 static uint64_t lcg = 99;
 static float frand(void)
@@ -281,6 +284,73 @@ TEST(memory_counts_a_training)
     free(x), free(w);
 }
 
+/* n keys of another kind of text: around 2 centres of their own, words 100
+ * and 101 (what a namespace of War and Peace sees when PTB comes) */
+static void drifted(size_t n, float *x, int *w)
+{
+    static float cent[2 * DIM];
+    static int made;
+    if (!made) {
+        for (int i = 0; i < 2 * DIM; i++)
+            cent[i] = 2.0f * gauss();
+        made = 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        int c = (int)(i % 2);
+        for (int d = 0; d < DIM; d++)
+            x[i * DIM + d] = cent[c * DIM + d] + 0.3f * gauss();
+        w[i] = 100 + c;
+    }
+}
+
+/* Drift: 2,048 pairs trained (32 lists), then 1,024 of another kind that
+ * crowd a few lists: at the checkpoint 3,072 (3/2 of 2,048) the index
+ * trains again; the same number of pairs of the first kind does not (nor
+ * at 4,096); and the drift training is the same whatever the batches and
+ * the timing (a training in the background, slowed, against the adding
+ * thread's): the same neighbours and distances, bit for bit. */
+TEST(drift_trains_between_4x_points)
+{
+    const size_t n0 = 2048, n1 = 1024;
+    float *x = malloc((n0 + 2 * n1) * DIM * sizeof(float));
+    int *w = malloc((n0 + 2 * n1) * sizeof(int));
+    synth(n0 + n1, x, w);   /* the first kind: [0, 3072) */
+    nc_unbounded_cache *same = make(2048, true, 0);
+    CHECK(add_all(same, x, w, n0 + n1, 512) == 0);
+    nc_ub_train_stats st;
+    unbounded_cache_train_stats(same, &st);
+    CHECKF(st.trainings == 1 && st.trained_on == 2048, "no drift: trainings %llu, on %lld",
+           (unsigned long long)st.trainings, (long long)st.trained_on);
+    unbounded_cache_free(same);
+    /* the drifted memory: the first 2,048 of the first kind, then 1,024 others */
+    drifted(n1, x + n0 * DIM, w + n0);
+    nc_unbounded_cache *a = make(2048, false, 20), *b = make(2048, true, 0);
+    CHECK(add_all(a, x, w, n0 + n1, 100) == 0);
+    CHECK(add_all(b, x, w, n0 + n1, 1000) == 0);
+    unbounded_cache_train_wait(a);
+    nc_ub_train_stats sa, sb;
+    unbounded_cache_train_stats(a, &sa);
+    unbounded_cache_train_stats(b, &sb);
+    CHECKF(sa.trainings == 2 && sa.trained_on == 3072 && sb.trainings == 2 && sb.trained_on == 3072,
+           "drift: trainings %llu / %llu, on %lld / %lld", (unsigned long long)sa.trainings,
+           (unsigned long long)sb.trainings, (long long)sa.trained_on, (long long)sb.trained_on);
+    CHECKF(sa.imbalance < UB_TEST_FRESH_IMBALANCE, "imbalance %.2f after the drift training", sa.imbalance);
+    const size_t nq = 40, k = 16;
+    float da[40 * 16], db[40 * 16];
+    int wa[40 * 16], wb[40 * 16];
+    int64_t ia[40 * 16], ib[40 * 16];
+    char err[NC_ERRLEN];
+    CHECK(unbounded_cache_search_ids(a, x + (n0 - 20) * DIM, nq, (int)k, 0, NULL, 0, NC_UB_OPEN, da, wa, ia, err,
+                                     sizeof err) == NC_OK);
+    CHECK(unbounded_cache_search_ids(b, x + (n0 - 20) * DIM, nq, (int)k, 0, NULL, 0, NC_UB_OPEN, db, wb, ib, err,
+                                     sizeof err) == NC_OK);
+    CHECK(memcmp(ia, ib, sizeof ia) == 0 && memcmp(da, db, sizeof da) == 0);
+    check_lossless(a, x);
+    unbounded_cache_free(a);
+    unbounded_cache_free(b);
+    free(x), free(w);
+}
+
 /* nprobe: 0 searches with the one chosen; an explicit one wins (it scans
  * another number of codes). */
 TEST(explicit_nprobe_wins)
@@ -409,6 +479,7 @@ int main(void)
     RUN(same_index_whatever_the_timing);
     RUN(reads_and_adds_never_wait);
     RUN(memory_counts_a_training);
+    RUN(drift_trains_between_4x_points);
     RUN(explicit_nprobe_wins);
     RUN(recall_target_drives_nprobe);
     RUN(snapshot_carries_training_and_keys);

@@ -1699,6 +1699,23 @@ extern "C" double faiss_shim_imbalance(const FaissIndex *idx)
     return iv->invlists->imbalance_factor();
 }
 
+extern "C" double faiss_shim_imbalance_below(const FaissIndex *idx, int64_t limit)
+{
+    auto *iv = dynamic_cast<const faiss::IndexIVF *>(reinterpret_cast<const faiss::Index *>(idx));
+    if (!iv || !iv->invlists || limit <= 0)
+        return 0.0;
+    double sum2 = 0.0, tot = 0.0;
+    for (size_t l = 0; l < iv->nlist; l++) {
+        const size_t n = iv->invlists->list_size(l);
+        faiss::InvertedLists::ScopedIds ids(iv->invlists, l);
+        const faiss::Index::idx_t *p = ids.get();
+        const double below = (double)(std::lower_bound(p, p + n, (faiss::Index::idx_t)limit) - p);
+        sum2 += below * below;
+        tot += below;
+    }
+    return tot > 0.0 ? (double)iv->nlist * sum2 / (tot * tot) : 0.0;
+}
+
 extern "C" int64_t faiss_shim_nlist(const FaissIndex *idx)
 {
     auto *iv = dynamic_cast<const faiss::IndexIVF *>(reinterpret_cast<const faiss::Index *>(idx));

@@ -207,6 +207,10 @@ int faiss_shim_train_ivfpq(const faiss_shim_train_in *in, FaissIndex **out, char
 /* FAISS's imbalance factor of an IVF index's lists, nlist Σ n_i² / (Σ n_i)²
  * (1 when balanced); 0 for an empty or non-IVF index. */
 double faiss_shim_imbalance(const FaissIndex *idx);
+/* The same over the ids < limit only (the lists hold their ids in the
+ * order added: ascending, so a binary search a list); what the index
+ * looked like when it held limit pairs, whatever was added since. */
+double faiss_shim_imbalance_below(const FaissIndex *idx, int64_t limit);
 /* Lists of an IVF index, 0 for any other. */
 int64_t faiss_shim_nlist(const FaissIndex *idx);
 

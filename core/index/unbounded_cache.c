@@ -52,6 +52,7 @@ typedef struct {
     _Atomic int64_t done, total;  /* progress of the phase in progress */
     int64_t target;               /* T_j of the training under way */
     int64_t trained_on;           /* T_j of the index searched, 0 = none of its own */
+    int64_t checked;              /* the last drift checkpoint found without drift (drift_due) */
     uint64_t trainings, failures;
     double recall, last_secs;
     /* bytes the training in progress holds (its sample, FAISS's working
@@ -626,6 +627,59 @@ static int64_t train_due(const nc_unbounded_cache *u)
     return best;
 }
 
+/* ---- drift: training again between the 4x points ------------------------
+ * A namespace whose new pairs are another kind of text crowds a few of its
+ * lists (and its product quantizer, fitted to the old text, measures them
+ * badly): War and Peace then PTB, its 262,144-pair index held 2.32 x the
+ * balanced scan at 1M pairs (BENCHMARKS.md, the growth curve). At the
+ * checkpoints T_j 3/2, 2 T_j and 3 T_j between two 4x points, the index's
+ * imbalance over the ids below the checkpoint (faiss_shim_imbalance_below:
+ * what it was when it held that many pairs, whatever came since) is
+ * measured, and above UB_DRIFT_IMBALANCE the checkpoint is trained like a
+ * 4x point (FAISS's imbalance of a fresh training here: 1.4-1.6). The
+ * decision depends on the index trained below the checkpoint and the ids
+ * below it only: the same at every replica and after a restart. */
+#define UB_DRIFT_IMBALANCE 2.0
+
+/* Lock held: the least checkpoint c with after < c <= n, 0 if none. */
+static int64_t drift_point(const nc_unbounded_cache *u, int64_t after, int64_t n)
+{
+    int64_t t = u->o.switch_at;
+    while (t < UB_TRAIN_MIN)
+        t *= 4;
+    for (; t <= n && t <= INT64_MAX / 8; t *= 4) {
+        const int64_t c[3] = {t + t / 2, 2 * t, 3 * t};
+        for (int i = 0; i < 3; i++)
+            if (c[i] > after && c[i] <= n)
+                return c[i];
+    }
+    return 0;
+}
+
+/* Lock held: whether a checkpoint waits to be measured (cheap: no index read) */
+static bool drift_pending(const nc_unbounded_cache *u)
+{
+    if (!u->o.own_training || !u->keys_ok || u->flat || u->tr.trained_on <= 0)
+        return false;
+    int64_t after = u->tr.trained_on > u->tr.checked ? u->tr.trained_on : u->tr.checked;
+    return drift_point(u, after, (int64_t)u->nvalues) != 0;
+}
+
+/* Write lock held: the checkpoint to train for drift, 0 when none; each
+ * checkpoint measured without drift is recorded (tr.checked) and not
+ * measured again while the index stays. */
+static int64_t drift_due(nc_unbounded_cache *u)
+{
+    while (drift_pending(u)) {
+        int64_t after = u->tr.trained_on > u->tr.checked ? u->tr.trained_on : u->tr.checked;
+        int64_t c = drift_point(u, after, (int64_t)u->nvalues);
+        if (faiss_shim_imbalance_below(u->idx, c) > UB_DRIFT_IMBALANCE)
+            return c;
+        u->tr.checked = c;
+    }
+    return 0;
+}
+
 /* Lock held: the pairs at which the next training is due (0: never). */
 static int64_t train_next_at(const nc_unbounded_cache *u)
 {
@@ -980,6 +1034,8 @@ static void training_run(nc_unbounded_cache *u)
     for (;;) {
         pthread_rwlock_wrlock(&u->lock);
         int64_t T = train_stopped(u) ? 0 : train_due(u);
+        if (!T && !train_stopped(u))
+            T = drift_due(u);
         u->tr.target = T;
         if (!T) {
             u->tr.running = false;
@@ -1014,7 +1070,7 @@ static void *train_main(void *arg)
  * (train_sync) or in the trainer's. */
 static int train_check_and_unlock(nc_unbounded_cache *u, char *err, size_t errlen)
 {
-    if (u->tr.running || !train_due(u)) {
+    if (u->tr.running || !(train_due(u) || drift_pending(u))) {
         pthread_rwlock_unlock(&u->lock);
         return NC_OK;
     }
