@@ -18,7 +18,7 @@
 #define DIM 32
 #define NCLUST 64
 /* an index trained on the keys it holds: FAISS's imbalance factor well
- * under the drift threshold (2.0, unbounded_cache.c) */
+ * under a drifted one's (2.58 here) */
 #define UB_TEST_FRESH_IMBALANCE 1.8
 
 static uint64_t lcg = 99;

@@ -273,6 +273,9 @@ typedef struct {
     int64_t held_bytes;           /* the training in progress's buffers (in unbounded_cache_memory) */
 } nc_ub_train_stats;
 void unbounded_cache_train_stats(nc_unbounded_cache *u, nc_ub_train_stats *st);
+/* The IVF index's imbalance factor over the ids < limit (0 while exact):
+ * what the drift measure reads (unbounded_cache.c, drift_due). */
+double unbounded_cache_imbalance_below(nc_unbounded_cache *u, int64_t limit);
 /* Starts the training due, if any (after a recovery that replayed no add:
  * adds otherwise start it). */
 int unbounded_cache_train_kick(nc_unbounded_cache *u, char *err, size_t errlen);
