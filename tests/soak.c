@@ -444,12 +444,6 @@ static void usage(void)
                     "       soak --from-csv FILE [--warmup S] [--max-growth PCT]   (a run's memory verdict)\n");
 }
 
-static int cmp_dbl(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Median of the first and of the second half of the windows after warm-up
  * (NAN samples skipped; NAN when a half has none). */
 static void half_medians(const double *t, const double *v, size_t n, double warmup, double *m1, double *m2)
@@ -462,8 +456,8 @@ static void half_medians(const double *t, const double *v, size_t n, double warm
             else b[nb++] = v[i];
         }
     if (a && b) {
-        qsort(a, na, sizeof *a, cmp_dbl);
-        qsort(b, nb, sizeof *b, cmp_dbl);
+        qsort(a, na, sizeof *a, cmp_double);
+        qsort(b, nb, sizeof *b, cmp_double);
     }
     *m1 = na ? (na % 2 ? a[na / 2] : (a[na / 2 - 1] + a[na / 2]) / 2) : NAN;
     *m2 = nb ? (nb % 2 ? b[nb / 2] : (b[nb / 2 - 1] + b[nb / 2]) / 2) : NAN;

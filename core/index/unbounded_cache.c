@@ -611,14 +611,22 @@ static void keys_get(nc_unbounded_cache *u, size_t id, size_t n, float *out)
 
 /* Lock held: the training due now, T_j = switch_at 4^j the largest <= the
  * pairs stored and above the index's own; 0 when none. */
+/* The first T_j: switch_at, or for a switch_at below what a PQ trains on
+ * the first switch_at 4^j above it. */
+static int64_t first_point(const nc_unbounded_cache *u)
+{
+    int64_t t = u->o.switch_at;
+    while (t < UB_TRAIN_MIN)
+        t *= 4;
+    return t;
+}
+
 static int64_t train_due(const nc_unbounded_cache *u)
 {
     if (!u->o.own_training || !u->keys_ok)
         return 0;
-    int64_t n = (int64_t)u->nvalues, t = u->o.switch_at, best = 0;
-    while (t < UB_TRAIN_MIN)   /* a switch_at below what a PQ trains on: the first T_j above */
-        t *= 4;
-    for (; t <= n; t *= 4) {
+    int64_t n = (int64_t)u->nvalues, best = 0;
+    for (int64_t t = first_point(u); t <= n; t *= 4) {
         if (t > u->tr.trained_on)
             best = t;
         if (t > INT64_MAX / 4)
@@ -644,13 +652,12 @@ static int64_t train_due(const nc_unbounded_cache *u)
  * restart. */
 #define UB_DRIFT_RATIO 1.15
 
+static int64_t first_point(const nc_unbounded_cache *u);
+
 /* Lock held: the least checkpoint c with after < c <= n, 0 if none. */
 static int64_t drift_point(const nc_unbounded_cache *u, int64_t after, int64_t n)
 {
-    int64_t t = u->o.switch_at;
-    while (t < UB_TRAIN_MIN)
-        t *= 4;
-    for (; t <= n && t <= INT64_MAX / 8; t *= 4) {
+    for (int64_t t = first_point(u); t <= n && t <= INT64_MAX / 8; t *= 4) {
         const int64_t c[3] = {t + t / 2, 2 * t, 3 * t};
         for (int i = 0; i < 3; i++)
             if (c[i] > after && c[i] <= n)
@@ -659,13 +666,14 @@ static int64_t drift_point(const nc_unbounded_cache *u, int64_t after, int64_t n
     return 0;
 }
 
-/* Lock held: whether a checkpoint waits to be measured (cheap: no index read) */
-static bool drift_pending(const nc_unbounded_cache *u)
+/* Lock held: the checkpoint waiting to be measured, 0 if none (cheap: no
+ * index read) */
+static int64_t drift_next(const nc_unbounded_cache *u)
 {
     if (!u->o.own_training || !u->keys_ok || u->flat || u->tr.trained_on <= 0)
-        return false;
+        return 0;
     int64_t after = u->tr.trained_on > u->tr.checked ? u->tr.trained_on : u->tr.checked;
-    return drift_point(u, after, (int64_t)u->nvalues) != 0;
+    return drift_point(u, after, (int64_t)u->nvalues);
 }
 
 /* Write lock held: the checkpoint to train for drift, 0 when none; each
@@ -673,10 +681,9 @@ static bool drift_pending(const nc_unbounded_cache *u)
  * measured again while the index stays. */
 static int64_t drift_due(nc_unbounded_cache *u)
 {
-    while (drift_pending(u)) {
-        int64_t after = u->tr.trained_on > u->tr.checked ? u->tr.trained_on : u->tr.checked;
-        int64_t c = drift_point(u, after, (int64_t)u->nvalues);
-        const double base = faiss_shim_imbalance_below(u->idx, u->tr.trained_on);
+    int64_t c = drift_next(u);
+    const double base = c ? faiss_shim_imbalance_below(u->idx, u->tr.trained_on) : 0.0;
+    for (; c; c = drift_next(u)) {
         if (faiss_shim_imbalance_below(u->idx, c) > UB_DRIFT_RATIO * base)
             return c;
         u->tr.checked = c;
@@ -689,8 +696,8 @@ static int64_t train_next_at(const nc_unbounded_cache *u)
 {
     if (!u->o.own_training || !u->keys_ok)
         return 0;
-    int64_t t = u->o.switch_at, past = u->tr.running ? u->tr.target : u->tr.trained_on;
-    while ((t <= past || t < UB_TRAIN_MIN) && t <= INT64_MAX / 4)
+    int64_t t = first_point(u), past = u->tr.running ? u->tr.target : u->tr.trained_on;
+    while (t <= past && t <= INT64_MAX / 4)
         t *= 4;
     return t;
 }
@@ -1074,7 +1081,7 @@ static void *train_main(void *arg)
  * (train_sync) or in the trainer's. */
 static int train_check_and_unlock(nc_unbounded_cache *u, char *err, size_t errlen)
 {
-    if (u->tr.running || !(train_due(u) || drift_pending(u))) {
+    if (u->tr.running || !(train_due(u) || drift_next(u))) {
         pthread_rwlock_unlock(&u->lock);
         return NC_OK;
     }
