@@ -237,10 +237,12 @@ static void *predict_worker(void *arg)
     snprintf(path, sizeof path, "/v1/sessions/%s/feed", id);
     /* 64 sessions filling at once overrun the worker pool's bounded queue
      * (max_queued): a 429 means "later", so wait and resend, as a client
-     * should; an unfilled cache would make its predicts cheaper. */
+     * should; an unfilled cache would make its predicts cheaper. Up to 15
+     * minutes: with a 1M-pair namespace a fill reads it at every token
+     * (about 2 s of a worker each), so 64 fills on 2 workers take minutes */
     long fst = id[0] ? client_post(&cl, path, fbs, strlen(fbs)) : 0;
-    for (int tries = 0; fst == 429 && tries < 3000; tries++) {
-        usleep(20000);
+    for (double give_up = now_s() + 900; fst == 429 && now_s() < give_up;) {
+        usleep(50000);
         fst = client_post(&cl, path, fbs, strlen(fbs));
     }
     if (fst != 200) {
