@@ -1499,6 +1499,18 @@ extern "C" size_t faiss_shim_fixed_bytes(const FaissIndex *idx)
     return b;
 }
 
+extern "C" size_t faiss_shim_lists_bytes(const FaissIndex *idx)
+{
+    const faiss::IndexIVF *ivf = dynamic_cast<const faiss::IndexIVF *>(reinterpret_cast<const faiss::Index *>(idx));
+    const faiss::ArrayInvertedLists *al =
+        ivf ? dynamic_cast<const faiss::ArrayInvertedLists *>(ivf->invlists) : nullptr;
+    if (!al)
+        return 0;
+    size_t b = 0;
+    for (size_t i = 0; i < al->nlist; i++)
+        b += al->codes[i].capacity() + al->ids[i].capacity() * sizeof(faiss::Index::idx_t);
+    return b;
+}
 
 /* ---- compact storage: codes in, codes out ---------------------------------- */
 

@@ -141,6 +141,13 @@ int faiss_shim_add(FaissIndex *idx, const faiss_shim_add_in *a, char *err, size_
  * indexes and for NULL. */
 size_t faiss_shim_fixed_bytes(const FaissIndex *idx);
 
+/* Bytes an IVF index's inverted lists hold for their pairs: each list's
+ * codes and ids at their vectors' capacity, which grows by doubling as
+ * pairs are added (40 to 80 bytes a pair of PQ32 rather than 40: the
+ * lists are small heap blocks, their slack resident with their
+ * neighbours); 0 for lists of another kind, other indexes and NULL. */
+size_t faiss_shim_lists_bytes(const FaissIndex *idx);
+
 /* Whether idx is an IVF index (any kind). */
 int faiss_shim_is_ivf(const FaissIndex *idx);
 

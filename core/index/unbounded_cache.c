@@ -1673,12 +1673,16 @@ size_t unbounded_cache_memory(nc_unbounded_cache *u)
      * id in the inverted list) and its word id; plus what the trained index
      * holds whatever its size (centroids, precomputed tables), and while
      * exact the template it will switch to (4.65 MB for IVF4096,PQ32 at
-     * H = 256: a namespace's, held from its first request). The pairs
-     * count, not FAISS's capacity (up to twice as many: resize doubles):
-     * the capacity beyond them is mapped but never written, so not
-     * resident (tests/test_cache.c memory_gauge_is_resident_not_capacity) */
+     * H = 256: a namespace's, held from its first request). Exact, the
+     * pairs count, not FAISS's capacity (up to twice as many: resize
+     * doubles): the one array's capacity beyond them is mapped but never
+     * written, so not resident (tests/test_cache.c
+     * memory_gauge_is_resident_not_capacity). IVF, the lists' capacity:
+     * thousands of small heap blocks, each up to twice its pairs, their
+     * slack resident with their neighbours (ivf_gauge_counts_list_slack) */
+    size_t lists = u->flat ? 0 : faiss_shim_lists_bytes(u->idx);
     size_t per = u->flat ? (size_t)u->o.dim * sizeof(float) : (size_t)(u->o.dim / 8 + 8);
-    size_t m = sizeof *u + u->cap * sizeof(int) + u->nvalues * per + faiss_shim_fixed_bytes(u->idx) -
+    size_t m = sizeof *u + u->cap * sizeof(int) + (lists ? lists : u->nvalues * per) + faiss_shim_fixed_bytes(u->idx) -
                pq_tables_shared_bytes(u->idx, u->table_key) +   /* counted once: pq_tables_bytes */
                faiss_shim_cq_bytes(u->cq) + faiss_shim_fixed_bytes(u->tmpl) +
                /* the keys kept for training: 2 dim bytes a pair, in chunks
