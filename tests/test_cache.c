@@ -979,6 +979,55 @@ TEST(ivf_gauge_counts_list_slack)
     free(w);
 }
 
+/* A thread's scan buffers (faiss_shim_scan_kept_bytes) follow its recent
+ * queries: one query over every list of an IVF64,PQ8 index of 20,000
+ * pairs (64 tables of 8 x 256 floats: 512 kB, and 20,000 candidates twice:
+ * 320 kB) leaves them large; once a window of 256 queries without it
+ * (one list, k 16) has passed they are given back, and the next small
+ * query keeps only its own need (one table and a
+ * list's ~300 candidates: ~16 kB). Without the trim they stay at the large
+ * query's size for the thread's life. */
+TEST(scan_buffers_given_back)
+{
+    const int dim = 32, nclust = 64;
+    const size_t n = 20000, nsmall = 256;
+    float *cent = malloc((size_t)nclust * dim * sizeof(float));
+    for (int i = 0; i < nclust * dim; i++)
+        cent[i] = gauss();
+    float *x = malloc(n * dim * sizeof(float));
+    int *w = malloc(n * sizeof(int));
+    synth(dim, n, nclust, cent, x, w);
+    nc_unbounded_cache_opts o;
+    unbounded_cache_opts_default(&o, dim);
+    o.factory = "IVF64,PQ8";
+    o.train_self = true;
+    o.switch_at = 8192;
+    nc_unbounded_cache *u = NULL;
+    char err[NC_ERRLEN];
+    CHECKF(unbounded_cache_new(&o, NULL, &u, err, sizeof err) == NC_OK, "%s", err);
+    CHECKF(unbounded_cache_add(u, x, w, n, NULL, err, sizeof err) == NC_OK, "%s", err);
+    CHECK(!unbounded_cache_is_exact(u));
+    const int kbig = 1024, ksmall = 16;
+    float *d = malloc(nsmall * kbig * sizeof(float));
+    int *ow = malloc(nsmall * kbig * sizeof(int));
+    int64_t *ids = malloc(nsmall * kbig * sizeof(int64_t));
+    CHECKF(unbounded_cache_search_ids(u, x, 1, kbig, 64, NULL, 0, NC_UB_OPEN, d, ow, ids, err, sizeof err) == NC_OK,
+           "%s", err);
+    size_t big = faiss_shim_scan_kept_bytes();
+    CHECKF(big >= 800000, "kept %zu bytes after a query of every list", big);
+    /* the large query's window (it and 255 more), then one without it */
+    for (int r = 0; r < 2; r++)
+        CHECKF(unbounded_cache_search_ids(u, x, nsmall, ksmall, 1, NULL, 0, NC_UB_OPEN, d, ow, ids, err,
+                                          sizeof err) == NC_OK, "%s", err);
+    CHECKF(unbounded_cache_search_ids(u, x, 1, ksmall, 1, NULL, 0, NC_UB_OPEN, d, ow, ids, err, sizeof err) == NC_OK,
+           "%s", err);
+    size_t small = faiss_shim_scan_kept_bytes();
+    CHECKF(small > 0 && small < 64 * 1024, "kept %zu bytes after %zu small queries (%zu after the large one)", small,
+           2 * nsmall + 1, big);
+    unbounded_cache_free(u);
+    free(cent), free(x), free(w), free(d), free(ow), free(ids);
+}
+
 TEST(memory_gauge_is_resident_not_capacity)
 {
     if (getenv("NEUROCACHE_SANITIZED"))
@@ -1844,6 +1893,7 @@ int main(void)
     unbounded_cache_set_threads(1);
     RUN(memory_gauge_is_resident_not_capacity);
     RUN(ivf_gauge_counts_list_slack);
+    RUN(scan_buffers_given_back);
     RUN(keys_gauge_is_resident_not_chunk);   /* first: a fresh heap (its comment) */
     RUN(causality_flat);
     RUN(causality_ivf);

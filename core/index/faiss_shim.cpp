@@ -306,7 +306,51 @@ struct scan_ctx {
     size_t nc;
     uint32_t lo, hi;
     const float *cur = nullptr;
+    /* scan_trim's: the most bytes a query needed in this window of
+     * SCAN_TRIM_WINDOW queries, and the queries so far */
+    size_t window_need = 0, window_queries = 0;
 };
+
+/* A thread keeps its scan_ctx between searches (its vectors sized to the
+ * largest query seen: allocated afresh each search, a query's candidates
+ * were mapped and faulted in again). Kept for ever, they ratcheted: a
+ * worker that once searched a large namespace at a high nprobe held that
+ * query's megabytes after the namespace was gone (the endurance's replica:
+ * +1.5 MB in 15 minutes of its heap profile, the largest growth besides
+ * the namespaces'). So a window of SCAN_TRIM_WINDOW queries that all
+ * needed less than a quarter of what the vectors hold, and more than
+ * SCAN_TRIM_KEEP held, gives it back. */
+const size_t SCAN_TRIM_WINDOW = 256;
+const size_t SCAN_TRIM_KEEP = 256 * 1024;
+
+size_t scan_bytes(const scan_ctx &sc)
+{
+    return (sc.tab2.capacity() + sc.tab.capacity() + sc.dist.capacity()) * sizeof(float) +
+           (sc.c.capacity() + sc.tmp.capacity() + sc.best.capacity()) * sizeof(uint64_t);
+}
+
+/* One query's need: its tables (np of them with our searcher), its
+ * largest list's distances, its nc candidates twice and its k best */
+void scan_need(scan_ctx &sc, int np, size_t largest, size_t k)
+{
+    const size_t tsz = sc.ix->pq.M * sc.ix->pq.ksub;
+    const size_t need = ((sc.cq ? (size_t)np * tsz : 2 * tsz) + largest) * sizeof(float) +
+                        (2 * sc.nc + std::min(sc.nc, k)) * sizeof(uint64_t);
+    sc.window_need = std::max(sc.window_need, need);
+}
+
+void scan_trim(scan_ctx &sc, size_t queries)
+{
+    if ((sc.window_queries += queries) < SCAN_TRIM_WINDOW)
+        return;
+    const size_t held = scan_bytes(sc);
+    if (held > SCAN_TRIM_KEEP && held > 4 * sc.window_need) {
+        std::vector<float>().swap(sc.tab2), std::vector<float>().swap(sc.tab), std::vector<float>().swap(sc.dist);
+        std::vector<uint64_t>().swap(sc.c), std::vector<uint64_t>().swap(sc.tmp);
+        std::vector<uint64_t>().swap(sc.best);
+    }
+    sc.window_need = 0, sc.window_queries = 0;
+}
 
 /* One query's inputs and outputs: its np lists (cids, coarse distances
  * cdis), ids < limit accepted, its k best into d/l */
@@ -447,10 +491,14 @@ uint64_t scan_query(scan_ctx &sc, const scan_row &q)
     query_tables(sc, q);
     sc.nc = 0, sc.lo = UINT32_MAX, sc.hi = 0;
     uint64_t nd = 0;
+    size_t largest = 0;
     for (int j = 0; j < q.np; j++)
-        if (q.cids[j] >= 0)   /* -1: fewer lists than nprobe */
-            nd += scan_list(sc, q, j);
+        if (q.cids[j] >= 0) {   /* -1: fewer lists than nprobe */
+            size_t ls = scan_list(sc, q, j);
+            nd += ls, largest = std::max(largest, ls);
+        }
     const size_t k = (size_t)q.k;
+    scan_need(sc, q.np, largest, k);
     sc.tmp.resize(std::max(sc.tmp.size(), sc.nc));
     sc.best.resize(std::max(sc.best.size(), std::min(sc.nc, k)));
     const size_t got = sc.nc ? top_keys({sc.c.data(), sc.tmp.data(), sc.best.data(), sc.nc, k, sc.lo, sc.hi}) : 0;
@@ -1270,6 +1318,13 @@ static int probes(const faiss::IndexIVF *ix, int nprobe)
     return (size_t)np > ix->nlist ? (int)ix->nlist : np;
 }
 
+static thread_local scan_ctx thread_scan;
+
+extern "C" size_t faiss_shim_scan_kept_bytes(void)
+{
+    return scan_bytes(thread_scan);
+}
+
 extern "C" int faiss_shim_ivfpq_search(const FaissIndex *idx, const faiss_shim_scan *s, char *err, size_t errlen)
 {
     const faiss::IndexIVFPQ *ix = scannable(idx);
@@ -1295,7 +1350,7 @@ extern "C" int faiss_shim_ivfpq_search(const FaissIndex *idx, const faiss_shim_s
         }
         uint64_t nd = 0;
         const bool ours = s->cq && s->cq->ix == ix;
-        thread_local scan_ctx sc;
+        scan_ctx &sc = thread_scan;
         sc.ix = ix, sc.cq = ours ? s->cq : nullptr;
         sc.tab2.resize(ours ? 0 : tsz), sc.tab.resize(std::max(sc.tab.size(), tsz));   /* (ours: np tables) */
         for (int64_t q = 0; q < n; q++) {
@@ -1303,6 +1358,7 @@ extern "C" int faiss_shim_ivfpq_search(const FaissIndex *idx, const faiss_shim_s
                          s->id_limit ? s->id_limit[q] : INT64_MAX, k, s->d + (size_t)q * k, s->l + (size_t)q * k};
             nd += scan_query(sc, row);
         }
+        scan_trim(sc, (size_t)n);
         if (s->ndis)
             *s->ndis += nd;
         return 0;

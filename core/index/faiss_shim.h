@@ -64,6 +64,12 @@ typedef struct {
 
 int faiss_shim_ivfpq_search(const FaissIndex *idx, const faiss_shim_scan *s, char *err, size_t errlen);
 
+/* Bytes the calling thread keeps between faiss_shim_ivfpq_search calls
+ * (its tables, distances and candidates): sized to the largest query of
+ * its recent ones, given back after 256 queries that needed less than a
+ * quarter of it (over 256 kB) */
+size_t faiss_shim_scan_kept_bytes(void);
+
 /* The scan's two kernels alone, for tests/test_scan.c. faiss_shim_pq_dists:
  * out[i] = sum over s = 0..M-1, in that order, in float, of table[s * ksub
  * + codes[i * code_size + s]] (FAISS's PQ distance from a look-up table),
