@@ -374,6 +374,8 @@ static void run_predict(int port, pid_t pid, int clients, double seconds, int ne
     /* t_end is set once every session is filled; the second barrier
      * publishes it. */
     pthread_barrier_wait(&bar);
+    /* on stderr, so a profiler can be attached to the measurement alone */
+    fprintf(stderr, "bench_server: %d sessions filled, measuring %.0f s\n", clients, seconds);
     /* the heavy clients start once the sessions are filled, and the
      * measurement once they all run on the workers */
     atomic_int hstop = 0;
