@@ -751,6 +751,20 @@ static void synth_points(int dim, size_t n, int nclust, float **cent, float **x,
     synth(dim, n, nclust, *cent, *x, *w);
 }
 
+/* A cache of dim pairs that trains its own index (factory) at switch_at */
+static nc_unbounded_cache *self_trained(int dim, const char *factory, long switch_at)
+{
+    nc_unbounded_cache_opts o;
+    unbounded_cache_opts_default(&o, dim);
+    o.factory = factory;
+    o.train_self = true;
+    o.switch_at = switch_at;
+    nc_unbounded_cache *u = NULL;
+    char err[NC_ERRLEN];
+    CHECKF(unbounded_cache_new(&o, NULL, &u, err, sizeof err) == NC_OK, "%s", err);
+    return u;
+}
+
 TEST(switch_with_concurrent_adds)
 {
     const int dim = 16, nclust = 20;
@@ -759,13 +773,7 @@ TEST(switch_with_concurrent_adds)
     float *cent, *x;
     int *w;
     synth_points(dim, n, nclust, &cent, &x, &w);
-    nc_unbounded_cache_opts o;
-    unbounded_cache_opts_default(&o, dim);
-    o.factory = "IVF16,Flat";
-    o.train_self = true;
-    o.switch_at = 3000;
-    nc_unbounded_cache *u = NULL;
-    CHECK(unbounded_cache_new(&o, NULL, &u, err, sizeof err) == NC_OK);
+    nc_unbounded_cache *u = self_trained(dim, "IVF16,Flat", 3000);
     if (!u)
         return;
     add_job jobs[4];
@@ -940,20 +948,11 @@ TEST(ivf_gauge_counts_list_slack)
     memstats_tune_malloc();
     const int dim = 32, nclust = 200;
     const size_t n0 = 8192, n = 120000;
-    float *cent = malloc((size_t)nclust * dim * sizeof(float));
-    for (int i = 0; i < nclust * dim; i++)
-        cent[i] = gauss();
-    float *x = malloc((n0 + n) * dim * sizeof(float));
-    int *w = malloc((n0 + n) * sizeof(int));
-    synth(dim, n0 + n, nclust, cent, x, w);
-    nc_unbounded_cache_opts o;
-    unbounded_cache_opts_default(&o, dim);
-    o.factory = "IVF1024,PQ8";
-    o.train_self = true;
-    o.switch_at = (long)n0;
-    nc_unbounded_cache *u = NULL;
+    float *cent, *x;
+    int *w;
+    synth_points(dim, n0 + n, nclust, &cent, &x, &w);
+    nc_unbounded_cache *u = self_trained(dim, "IVF1024,PQ8", (long)n0);
     char err[NC_ERRLEN];
-    CHECKF(unbounded_cache_new(&o, NULL, &u, err, sizeof err) == NC_OK, "%s", err);
     CHECKF(unbounded_cache_add(u, x, w, n0, NULL, err, sizeof err) == NC_OK, "%s", err);
     CHECK(!unbounded_cache_is_exact(u));
     memstats_trim();
@@ -991,20 +990,11 @@ TEST(scan_buffers_given_back)
 {
     const int dim = 32, nclust = 64;
     const size_t n = 20000, nsmall = 256;
-    float *cent = malloc((size_t)nclust * dim * sizeof(float));
-    for (int i = 0; i < nclust * dim; i++)
-        cent[i] = gauss();
-    float *x = malloc(n * dim * sizeof(float));
-    int *w = malloc(n * sizeof(int));
-    synth(dim, n, nclust, cent, x, w);
-    nc_unbounded_cache_opts o;
-    unbounded_cache_opts_default(&o, dim);
-    o.factory = "IVF64,PQ8";
-    o.train_self = true;
-    o.switch_at = 8192;
-    nc_unbounded_cache *u = NULL;
+    float *cent, *x;
+    int *w;
+    synth_points(dim, n, nclust, &cent, &x, &w);
+    nc_unbounded_cache *u = self_trained(dim, "IVF64,PQ8", 8192);
     char err[NC_ERRLEN];
-    CHECKF(unbounded_cache_new(&o, NULL, &u, err, sizeof err) == NC_OK, "%s", err);
     CHECKF(unbounded_cache_add(u, x, w, n, NULL, err, sizeof err) == NC_OK, "%s", err);
     CHECK(!unbounded_cache_is_exact(u));
     const int kbig = 1024, ksmall = 16;
