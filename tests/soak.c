@@ -465,6 +465,34 @@ static void half_medians(const double *t, const double *v, size_t n, double warm
     free(b);
 }
 
+/* Least squares v ~ c0 + c1 t + c2 e over n samples (t and e centred, so
+ * the 3 x 3 normal equations stay well conditioned): *bt the slope in t,
+ * *be in e. Returns -1 when they are singular (e constant: *be = 0 and
+ * the fit on t alone). A diagnostic beside the medians: how much v moves
+ * with time at constant namespace size, which the halves' medians mix
+ * with the halves' different namespaces. */
+static int trend_fit(const double *t, const double *e, const double *v, size_t n, double *bt, double *be)
+{
+    double mt = 0, me = 0, mv = 0;
+    for (size_t i = 0; i < n; i++)
+        mt += t[i] / (double)n, me += e[i] / (double)n, mv += v[i] / (double)n;
+    double stt = 0, see = 0, ste = 0, stv = 0, sev = 0;
+    for (size_t i = 0; i < n; i++) {
+        double a = t[i] - mt, b = e[i] - me, c = v[i] - mv;
+        stt += a * a, see += b * b, ste += a * b, stv += a * c, sev += b * c;
+    }
+    double det = stt * see - ste * ste;
+    if (n < 3 || stt <= 0)
+        return *bt = *be = NAN, -1;
+    if (det <= 1e-12 * stt * see || see <= 0) {
+        *bt = stv / stt, *be = 0;
+        return -1;
+    }
+    *bt = (stv * see - sev * ste) / det;
+    *be = (sev * stt - stv * ste) / det;
+    return 0;
+}
+
 /* --from-csv FILE: the memory verdict of a run from its CSV (--csv; an
  * endurance run keeps its own), after --warmup seconds: the median of
  * each half of anon RSS less the namespaces' memory and tables, as main
@@ -478,17 +506,20 @@ static int verdict_from_csv(const char *path)
         if (f) fclose(f);
         return 2;
     }
-    int ct = -1, ca = -1, cn = -1, cb = -1, col = 0;
+    int ct = -1, ca = -1, cn = -1, cb = -1, ce = -1, ctr = -1, col = 0;
     for (char *save = NULL, *h = strtok_r(line, ",\n", &save); h; h = strtok_r(NULL, ",\n", &save), col++) {
         if (!strcmp(h, "t_s")) ct = col;
         else if (!strcmp(h, "process_resident_bytes:anon")) ca = col;
         else if (!strcmp(h, "namespace_memory_bytes")) cn = col;
         else if (!strcmp(h, "index_tables_bytes")) cb = col;
+        else if (!strcmp(h, "namespace_entries")) ce = col;
+        else if (!strcmp(h, "namespace_index_training_in_progress")) ctr = col;
     }
-    double *t = NULL, *v = NULL;
+    double *t = NULL, *v = NULL, *e = NULL;
+    bool *training = NULL;
     size_t n = 0;
     while (ct >= 0 && ca >= 0 && cn >= 0 && fgets(line, sizeof line, f)) {
-        double x[4] = {NAN, NAN, 0, 0};
+        double x[6] = {NAN, NAN, 0, 0, 0, 0};
         col = 0;
         for (char *p = line; p; p = strchr(p, ','), p = p ? p + 1 : NULL, col++) {
             double d = strtod(p, NULL);
@@ -496,11 +527,15 @@ static int verdict_from_csv(const char *path)
             else if (col == ca) x[1] = d;
             else if (col == cn) x[2] = isnan(d) ? 0 : d;
             else if (col == cb) x[3] = isnan(d) ? 0 : d;
+            else if (col == ce) x[4] = isnan(d) ? 0 : d;
+            else if (col == ctr) x[5] = isnan(d) ? 0 : d;
         }
         if (isnan(x[0]) || x[0] < opt.warmup)
             continue;
         t = realloc(t, (n + 1) * sizeof *t), v = realloc(v, (n + 1) * sizeof *v);
-        t[n] = x[0], v[n++] = (x[1] - x[2] - x[3]) / 1024;
+        e = realloc(e, (n + 1) * sizeof *e), training = realloc(training, (n + 1) * sizeof *training);
+        training[n] = x[5] > 0;
+        t[n] = x[0], e[n] = x[4], v[n++] = (x[1] - x[2] - x[3]) / 1024;
     }
     fclose(f);
     double m1, m2;
@@ -508,8 +543,23 @@ static int verdict_from_csv(const char *path)
     double g = 100.0 * (m2 - m1) / m1;
     printf("%s: %zu samples after %d s: rss anon less the namespaces' memory: median %.0f kB in the first half, "
            "%.0f kB in the second: growth %.2f%% (limit %.1f%%)\n", path, n, opt.warmup, m1, m2, g, opt.max_growth);
+    /* the fit, on the samples without a training (its buffers come and go) */
+    size_t nf = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!training[i])
+            t[nf] = t[i], e[nf] = e[i], v[nf++] = v[i];
+    double bt, be;
+    if (nf >= 3 && trend_fit(t, e, v, nf, &bt, &be) == 0) {
+        double half = (t[nf - 1] - opt.warmup) / 2;
+        printf("%s: fitted on time and namespace entries (%zu samples without a training; not the verdict): "
+               "%+.0f kB per 1000 s at constant entries, %+.0f kB per 100,000 entries; over a half's span "
+               "(%.0f s) %+.2f%% of the first half's median\n",
+               path, nf, bt * 1000, be * 1e5, half, 100.0 * bt * half / m1);
+    }
     free(t);
     free(v);
+    free(e);
+    free(training);
     return isfinite(g) && g <= opt.max_growth ? 0 : 1;
 }
 
