@@ -185,7 +185,7 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TESTLIB_OBJ) $(LIBSERVER) $(LIBSTORE)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $< $(TESTLIB_OBJ) $(LIBSERVER) $(LIBSTORE) $(LIBPROTO) $(LIBCORE) $(LIBS_TEST) $(LIBS_SERVER) $(LIBS_CORE) -o $@
 
-tests: all $(TEST_BINS)
+tests: all $(TEST_BINS) $(BUILD)/tests/soak
 
 # libFuzzer harnesses (tests/fuzz_*.c) link clang's fuzzer main; they are
 # built only by `make fuzz`, in their own tree.
@@ -211,7 +211,7 @@ PROBE_BINS := build/probe/bin/neurocached build/probe/bin/neurocache $(PROBE_SUI
 test: deps-test
 	$(Q)$(MAKE) --no-print-directory tests
 	$(Q)$(MAKE) --no-print-directory $(PROBE_TREE) $(PROBE_BINS)
-	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) bash tests/run_tests.sh $(TEST_BINS) $(CHECK_SCRIPTS)
+	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) BUILD=$(BUILD) bash tests/run_tests.sh $(TEST_BINS) $(CHECK_SCRIPTS)
 	$(Q)NEUROCACHE_BIN=$(abspath build/probe/bin) bash tests/run_tests.sh $(PROBE_SUITES)
 	$(Q)NEUROCACHE_BIN=$(abspath $(BIN)) bash tests/run_levels.sh $(NUMERIC_BINS)
 
