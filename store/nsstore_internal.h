@@ -41,6 +41,7 @@ struct nc_nsstore {
     char **doc_ids;
     uint64_t *doc_pairs;
     uint32_t ndocs, doccap;
+    size_t doc_id_bytes;          /* the ids' heap chunks (nsstore_doc_push), in the memory gauge */
     /* hook state: only touched under the cache's write lock */
     bool replaying;
     nsstore_observer obs;         /* replication (server/replication/replication.c) */
