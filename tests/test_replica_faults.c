@@ -674,10 +674,17 @@ static bool restore_and_compare(const char *dir, json_t *ans, json_t *pred, cons
     snprintf(data, sizeof data, "%s/spare-%d", workdir, n);
     snprintf(cmd, sizeof cmd, "'%s' restore --model '%s' --from '%s' --data-dir '%s' > /dev/null 2>&1",
              daemon_bin_path("neurocache"), model_dir, dir, data);
-    if (system(cmd) != 0) return false;
+    int rc = system(cmd);
+    if (rc != 0) {
+        fprintf(stderr, "endurance: backup e%d: neurocache restore exited with status %d\n", n, rc);
+        return false;
+    }
     nc_daemon sp;
     const char *args[] = {"--model", model_dir, "--data-dir", data, "--threads", "2", NULL};
-    if (daemon_start(&sp, args) != 0) return false;
+    if (daemon_start(&sp, args) != 0) {
+        fprintf(stderr, "endurance: backup e%d: the spare daemon did not start on the restored data\n", n);
+        return false;
+    }
     bool same = true;
     size_t k;
     json_t *e;
@@ -685,9 +692,13 @@ static bool restore_and_compare(const char *dir, json_t *ans, json_t *pred, cons
         const char *ns = json_string_value(json_object_get(e, "name"));
         ns_state st = {.entries = -1};
         (void)ns_wait_untrained(sp.port, ns, 180, &st);
-        json_int_t have = st.entries;
+        json_int_t have = st.entries, backed = json_integer_value(json_object_get(e, "entries"));
         json_int_t want_tr = json_integer_value(json_object_get(json_object_get(seen, ns), "trainings"));
-        same = same && have == json_integer_value(json_object_get(e, "entries"));
+        if (have != backed) {
+            same = false;
+            fprintf(stderr, "endurance: backup e%d: namespace %s restored with %lld pairs, the manifest says %lld%s\n",
+                    n, ns, (long long)have, (long long)backed, have < 0 ? " (the spare did not answer for it)" : "");
+        }
         if (json_object_get(seen, ns) && st.trainings != want_tr) {
             same = false;
             fprintf(stderr, "endurance: backup e%d: namespace %s restored with %lld trainings of its index, %lld "
