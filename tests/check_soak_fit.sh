@@ -4,10 +4,14 @@
 # the slopes a synthetic CSV was made with: 30,000 kB + 0.5 kB/s + 1.2 kB
 # per 100 entries, entries drawn from 50k-400k, Gaussian noise of 50 kB,
 # every 17th sample in a training (left out of the fit). 181 samples of
-# noise 50 kB give the time slope a standard error near 0.5 kB per 1000 s
-# and the entries' near 1 kB per 100k (the fit's (X'X)^-1 sigma^2): the
-# bounds below, +-25 and +-30, are fifty times that and still exclude a
-# fit that drops either regressor or the training filter.
+# noise 50 kB, times spread over 1440-7200 s (sd 1,663 s) and entries over
+# 350k (sd 101k), drawn independently, give the time slope a standard
+# error of 50 / (sqrt(181) 1663) = 2.2 kB per 1000 s and the entries' 3.7
+# kB per 100k (sigma / (sqrt(n) sd)): the bounds below, +-25 and +-30, are
+# 11 and 8 of them (whichever awk's generator draws), and still fail a
+# fit that keeps the training samples (+5,000 kB on every 17th: +1,343 kB
+# per 100k entries with mawk's draws) or one singular in either regressor
+# (no fitted line).
 # Prints "N passed, N failed" (tests/run_tests.sh).
 set -u
 cd "$(dirname "$0")/.."

@@ -467,8 +467,8 @@ static void half_medians(const double *t, const double *v, size_t n, double warm
 
 /* Least squares v ~ c0 + c1 t + c2 e over n samples (t and e centred, so
  * the 3 x 3 normal equations stay well conditioned): *bt the slope in t,
- * *be in e. Returns -1 when they are singular (e constant: *be = 0 and
- * the fit on t alone). A diagnostic beside the medians: how much v moves
+ * *be in e. Returns -1 when they are singular (t or e constant, or t and
+ * e in proportion). A diagnostic beside the medians: how much v moves
  * with time at constant namespace size, which the halves' medians mix
  * with the halves' different namespaces. */
 static int trend_fit(const double *t, const double *e, const double *v, size_t n, double *bt, double *be)
@@ -482,12 +482,8 @@ static int trend_fit(const double *t, const double *e, const double *v, size_t n
         stt += a * a, see += b * b, ste += a * b, stv += a * c, sev += b * c;
     }
     double det = stt * see - ste * ste;
-    if (n < 3 || stt <= 0)
-        return *bt = *be = NAN, -1;
-    if (det <= 1e-12 * stt * see || see <= 0) {
-        *bt = stv / stt, *be = 0;
+    if (n < 3 || stt <= 0 || see <= 0 || det <= 1e-12 * stt * see)
         return -1;
-    }
     *bt = (stv * see - sev * ste) / det;
     *be = (sev * stt - stv * ste) / det;
     return 0;
@@ -549,7 +545,7 @@ static int verdict_from_csv(const char *path)
         if (!training[i])
             t[nf] = t[i], e[nf] = e[i], v[nf++] = v[i];
     double bt, be;
-    if (nf >= 3 && trend_fit(t, e, v, nf, &bt, &be) == 0) {
+    if (trend_fit(t, e, v, nf, &bt, &be) == 0) {
         double half = (t[nf - 1] - opt.warmup) / 2;
         printf("%s: fitted on time and namespace entries (%zu samples without a training; not the verdict): "
                "%+.0f kB per 1000 s at constant entries, %+.0f kB per 100,000 entries; over a half's span "
