@@ -316,9 +316,16 @@ TEST(other_model_refused)
     char other[600];
     snprintf(other, sizeof other, "%s/lstm-2layer-f16", harness_fixtures());
     if (start(&C, "c", other)) { CHECK(0); return; }
-    sleep_ms(1500);
-    http_resp r;
-    CHECK(http_call(C.port, "GET", "/v1/replication", NULL, NULL, 0, &r) == 0 && r.json);
+    /* until it has read the streams and refused something (1.5 s was not
+     * always enough under TSan on a loaded machine), at most 30 s */
+    http_resp r = {0};
+    for (double t0 = now_s();; sleep_ms(100)) {
+        http_resp_free(&r);
+        if (http_call(C.port, "GET", "/v1/replication", NULL, NULL, 0, &r) != 0 || !r.json ||
+            json_integer_value(json_object_get(r.json, "refused_entries")) > 0 || now_s() - t0 > 30)
+            break;
+    }
+    CHECK(r.json != NULL);
     if (r.json) {
         if (json_integer_value(json_object_get(r.json, "applied_tokens")) != 0) fprintf(stderr, "%s\n", r.body);
         CHECK(json_integer_value(json_object_get(r.json, "applied_tokens")) == 0);
