@@ -137,6 +137,8 @@ TEST(trains_at_switch_and_at_4x)
     CHECKF(st.recall >= 0.0 && st.recall <= 1.0 && st.nprobe >= 1 && st.nprobe <= 32, "recall %g nprobe %d",
            st.recall, st.nprobe);
     CHECK(st.next_at == 8192 && st.phase == NC_UB_TRAIN_IDLE && st.imbalance >= 1.0);
+    /* no index_factory: the default code, H/16 bytes (unbounded_cache.c, ub_default_pq_m) */
+    CHECKF(st.code_bytes == DIM / 16, "code of %zu bytes", st.code_bytes);
     check_lossless(u, x);
     CHECK(add_all(u, x + 2048 * DIM, w + 2048, n - 2048, 500) == 0);
     unbounded_cache_train_wait(u);
@@ -150,6 +152,32 @@ TEST(trains_at_switch_and_at_4x)
     CHECK(st.recall >= st.recall_target || st.nprobe == 128);
     check_lossless(u, x);
     unbounded_cache_free(u);
+    free(x), free(w);
+}
+
+/* An index_factory's PQ<M> is the code the own training makes (the default,
+ * H/16, only when none is named) */
+TEST(factory_names_the_code)
+{
+    const size_t n = 2048;
+    float *x = malloc(n * DIM * sizeof(float));
+    int *w = malloc(n * sizeof(int));
+    synth(n, x, w);
+    nc_unbounded_cache_opts o;
+    unbounded_cache_opts_default(&o, DIM);
+    o.own_training = true, o.train_sync = true, o.switch_at = (long)n, o.key_f16 = true, o.omp_threads = 1;
+    o.factory = "IVF4096,PQ8np";
+    nc_unbounded_cache *u = NULL;
+    char err[NC_ERRLEN];
+    CHECKF(unbounded_cache_new(&o, NULL, &u, err, sizeof err) == NC_OK, "%s", err);
+    if (u) {
+        CHECK(add_all(u, x, w, n, 256) == 0);
+        nc_ub_train_stats st;
+        unbounded_cache_train_stats(u, &st);
+        CHECKF(st.trainings == 1 && st.code_bytes == 8, "trainings %llu, code of %zu bytes",
+               (unsigned long long)st.trainings, st.code_bytes);
+        unbounded_cache_free(u);
+    }
     free(x), free(w);
 }
 
@@ -476,6 +504,7 @@ int main(void)
 {
     unbounded_cache_set_threads(1);
     RUN(trains_at_switch_and_at_4x);
+    RUN(factory_names_the_code);
     RUN(same_index_whatever_the_timing);
     RUN(reads_and_adds_never_wait);
     RUN(memory_counts_a_training);

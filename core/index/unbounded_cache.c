@@ -227,6 +227,20 @@ static int compact_index(nc_unbounded_cache *u, char *err, size_t errlen)
     return NC_OK;
 }
 
+/* The sub-quantizers of an index the cache trains itself when no
+ * index_factory names them: dim / 16, 16 bytes a code at H = 256 (the
+ * model's own unbounded.faiss, built by build-index, keeps the paper's
+ * dim / 8). The recall a training chooses nprobe by is the same for 16-
+ * and 32-byte codes at every nprobe (it is set by the lists probed:
+ * scripts/oracle_fastscan.sh), and on the growth curve the 16-byte code
+ * read 12-16% less CPU a token at 1M and 1.7M pairs, at perplexities
+ * within 0.9% of the 32-byte code's and within the fixed index's +0.5% at
+ * every size and text (BENCHMARKS.md, the growth curve). */
+static int ub_default_pq_m(int dim)
+{
+    return dim / 16 > 0 ? dim / 16 : 1;
+}
+
 static int cache_create(const nc_unbounded_cache_opts *o, nc_wordtable *words, nc_unbounded_cache **out,
                         char *err, size_t errlen)
 {
@@ -247,7 +261,7 @@ static int cache_create(const nc_unbounded_cache_opts *o, nc_wordtable *words, n
         /* "np": no polysemous training -- the same IVFPQ index, but FAISS's
          * factory otherwise spends minutes on a Hamming reordering of the PQ
          * codes that only polysemous search (never used here) reads */
-        snprintf(u->factory, sizeof u->factory, "IVF4096,PQ%dnp", o->dim / 8 > 0 ? o->dim / 8 : 1);
+        snprintf(u->factory, sizeof u->factory, "IVF4096,PQ%dnp", ub_default_pq_m(o->dim));
     if (o->trained_path)
         snprintf(u->trained_path, sizeof u->trained_path, "%s", o->trained_path);
     u->o.factory = u->factory;
@@ -713,14 +727,14 @@ static int64_t train_nlist(int64_t T)
     return p;
 }
 
-/* The sub-quantizers: the factory's PQ<M> (the code size the model
- * declares), else dim / 8. */
+/* The sub-quantizers: the factory's PQ<M> (index_factory's, else the
+ * default's, ub_default_pq_m), else the default's. */
 static int train_pq_m(const nc_unbounded_cache *u)
 {
     const char *pq = strstr(u->factory, "PQ");
     int m = pq ? atoi(pq + 2) : 0;
     if (m <= 0 || u->o.dim % m != 0)
-        m = u->o.dim / 8 > 0 ? u->o.dim / 8 : 1;
+        m = ub_default_pq_m(u->o.dim);
     return m;
 }
 
@@ -810,7 +824,7 @@ static int train_encode(nc_unbounded_cache *u, ub_train_job *j, int64_t upto, bo
                         size_t errlen)
 {
     /* a pair in the new index: its code and its id (as unbounded_cache_memory) */
-    const int64_t per = u->o.dim / 8 + 8;
+    const int64_t per = (int64_t)faiss_shim_code_size(j->ivf, NULL) + 8;
     while (j->done < upto && !train_stopped(u)) {
         int64_t m = upto - j->done < UB_ENCODE_BATCH ? upto - j->done : UB_ENCODE_BATCH;
         keys_copy(u, (size_t)j->done, (size_t)m, j->buf, locked);
@@ -1142,6 +1156,7 @@ void unbounded_cache_train_stats(nc_unbounded_cache *u, nc_ub_train_stats *st)
                               .next_at = train_next_at(u), .last_seconds = u->tr.last_secs,
                               .failures = u->tr.failures, .held_bytes = atomic_load(&u->tr.held)};
     st->nlist = u->flat ? 0 : faiss_shim_nlist(u->idx);
+    st->code_bytes = u->flat ? 0 : faiss_shim_code_size(u->idx, NULL);
     st->imbalance = u->flat ? 0.0 : faiss_shim_imbalance(u->idx);
     if (u->tr.running) {
         st->phase = (nc_ub_train_phase)atomic_load(&u->tr.phase);
@@ -1681,7 +1696,7 @@ size_t unbounded_cache_memory(nc_unbounded_cache *u)
      * thousands of small heap blocks, each up to twice its pairs, their
      * slack resident with their neighbours (ivf_gauge_counts_list_slack) */
     size_t lists = u->flat ? 0 : faiss_shim_lists_bytes(u->idx);
-    size_t per = u->flat ? (size_t)u->o.dim * sizeof(float) : (size_t)(u->o.dim / 8 + 8);
+    size_t per = u->flat ? (size_t)u->o.dim * sizeof(float) : faiss_shim_code_size(u->idx, NULL) + 8;
     size_t m = sizeof *u + u->cap * sizeof(int) + (lists ? lists : u->nvalues * per) + faiss_shim_fixed_bytes(u->idx) -
                pq_tables_shared_bytes(u->idx, u->table_key) +   /* counted once: pq_tables_bytes */
                faiss_shim_cq_bytes(u->cq) + faiss_shim_fixed_bytes(u->tmpl) +

@@ -29,7 +29,7 @@ typedef struct nc_unbounded_cache nc_unbounded_cache;
 typedef struct {
     int dim;                      /* H, required */
     const char *factory;          /* FAISS factory string for the IVF index;
-                                   * NULL = "IVF4096,PQ{dim/8}np" */
+                                   * NULL = "IVF4096,PQ{dim/16}np" */
     const char *trained_path;     /* trained empty index (unbounded.faiss) or NULL */
     bool train_self;              /* no trained file: train the factory index
                                    * on the stored vectors at switch_at */
@@ -258,6 +258,7 @@ typedef struct {
     bool keys;                    /* every pair's key is kept (false: loaded from a
                                    * snapshot of an earlier build, after its switch) */
     int64_t nlist;                /* lists of the index searched; 0 while exact */
+    size_t code_bytes;            /* bytes of its PQ codes; 0 while exact */
     double imbalance;             /* its lists' nlist Σ n_i² / N² (1 = balanced) */
     int nprobe;                   /* the cache's own nprobe (chosen at the last training) */
     double recall;                /* measured then at that nprobe; -1 = never */

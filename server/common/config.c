@@ -105,7 +105,7 @@ static const config_option options[] = {
     {"namespaces", "snapshot_period", OPT_INT, OFF(snapshot_period_s), 0, 0, 1e7, NULL, "300",
      "seconds between snapshots of a changed namespace (one is also taken at shutdown); 0 = only at shutdown"},
     {"namespaces", "index_factory", OPT_STRING, OFF(index_factory), SZ(index_factory), 0, 0, NULL, "",
-     "FAISS factory string of the unbounded cache's IVF index; empty = IVF4096,PQ{hidden/8} (or the model's unbounded.faiss)"},
+     "FAISS factory string of the unbounded cache's IVF index; empty = IVF4096,PQ{hidden/16} for the indexes a namespace trains (or the model's unbounded.faiss)"},
     {"namespaces", "index_switch_at", OPT_LONG, OFF(index_switch_at), 0, 1, 1e12, NULL, "65536",
      "pairs at which a namespace moves from the exact flat index to the IVF index"},
     {"namespaces", "index_train_self", OPT_BOOL, OFF(index_train_self), 0, 0, 0, NULL, "false",
