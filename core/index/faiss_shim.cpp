@@ -307,9 +307,9 @@ const int TABLE_GROUP = 4;
  * it reads: the index and, when the coarse searcher is there, its
  * transposed codebooks (the tables then come from the residual,
  * residual_tables: TABLE_GROUP lists' at a time into tab [TABLE_GROUP, M,
- * ksub]; cur the table of the list being scanned). c [nc] a query's candidates so
- * far, lo/hi the range of their distance bits; tmp [nc] and best [k] the
- * selection's. */
+ * ksub]; cur the table of the list being scanned). c [nc] a query's
+ * candidates so far, lo/hi the range of their distance bits; tmp [nc] and
+ * best [k] the selection's. */
 struct scan_ctx {
     const faiss::IndexIVFPQ *ix;
     const faiss_shim_cq *cq;

@@ -238,7 +238,10 @@ static int compact_index(nc_unbounded_cache *u, char *err, size_t errlen)
  * every size and text (BENCHMARKS.md, the growth curve). */
 static int ub_default_pq_m(int dim)
 {
-    return dim / 16 > 0 ? dim / 16 : 1;
+    int m = dim / 16 > 0 ? dim / 16 : 1;
+    while (dim % m != 0)   /* FAISS's PQ splits dim evenly (H = 256: 16) */
+        m--;
+    return m;
 }
 
 static int cache_create(const nc_unbounded_cache_opts *o, nc_wordtable *words, nc_unbounded_cache **out,
