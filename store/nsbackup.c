@@ -253,11 +253,9 @@ static uint64_t record_new_pairs(const nc_wal_record *r, uint64_t have)
     const unsigned char *p = r->payload;
     if (r->len < REC_HEAD || (p[0] != REC_ADD && p[0] != REC_ADD_CODES))
         return 0;
-    uint32_t n;
-    int64_t first;
-    memcpy(&n, p + 4, 4);   /* nsstore_rec_head_read */
-    memcpy(&first, p + 16, 8);
-    const uint64_t from = first > 0 ? (uint64_t)first : 0, end = from + n;
+    nsstore_rec_head h;
+    nsstore_rec_head_fields(p, &h);
+    const uint64_t from = h.first > 0 ? (uint64_t)h.first : 0, end = from + h.n;
     return end > have ? end - (from > have ? from : have) : 0;
 }
 

@@ -506,6 +506,17 @@ size_t nsstore_rec_pair_bytes(const nc_nsstore *ns)
     return ns->compact ? 4 + unbounded_cache_code_size(ns->ub, NULL) : 2 * (size_t)ns->H;
 }
 
+void nsstore_rec_head_fields(const unsigned char *p, nsstore_rec_head *h)
+{
+    NC_ASSERT(p && h, "nsstore_rec_head_fields: no p or h");
+    memcpy(&h->n, p + 4, 4);
+    memcpy(&h->dim, p + 8, 4);
+    memcpy(&h->doc, p + 12, 4);
+    memcpy(&h->first, p + 16, 8);
+    memcpy(&h->off, p + 24, 8);
+    memcpy(&h->nd, p + 32, 4);
+}
+
 int nsstore_rec_head_read(const unsigned char *p, size_t len, uint64_t seq, nsstore_rec_head *h, char *err,
                           size_t errlen)
 {
@@ -513,12 +524,7 @@ int nsstore_rec_head_read(const unsigned char *p, size_t len, uint64_t seq, nsst
     const uint32_t want = h->want;
     if (len < REC_HEAD)
         return nc_error(err, errlen, NC_EFORMAT, "log record %llu: short add record", (unsigned long long)seq);
-    memcpy(&h->n, p + 4, 4);
-    memcpy(&h->dim, p + 8, 4);
-    memcpy(&h->doc, p + 12, 4);
-    memcpy(&h->first, p + 16, 8);
-    memcpy(&h->off, p + 24, 8);
-    memcpy(&h->nd, p + 32, 4);
+    nsstore_rec_head_fields(p, h);
     bool keys = p[0] == REC_ADD;
     if ((keys && p[1] != KEY_F16) || h->dim != want || h->n == 0 || h->nd > h->n)
         return nc_error(err, errlen, NC_EFORMAT, "log record %llu: add of %u pairs of %s %u (expected %u)",

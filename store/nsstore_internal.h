@@ -83,6 +83,9 @@ typedef struct {
     int64_t first;
     uint64_t off;
 } nsstore_rec_head;
+/* The fixed part's fields of p (at least REC_HEAD bytes) into h, unchecked
+ * (h->want untouched) */
+void nsstore_rec_head_fields(const unsigned char *p, nsstore_rec_head *h);
 /* The fixed part of p (len bytes) into h; NC_EFORMAT naming record seq if
  * short. Checks dim against h->want and nd <= n. */
 int nsstore_rec_head_read(const unsigned char *p, size_t len, uint64_t seq, nsstore_rec_head *h, char *err,
