@@ -388,12 +388,12 @@ void query_tables(scan_ctx &sc, const scan_row &q)
 
 /* With our searcher, the tables ||r_m - q_m||^2 of the residuals r = x - c
  * of lists j0 .. j0 + TABLE_GROUP - 1 (those there are) into sc.tab
- * [TABLE_GROUP, M, ksub] */
+ * [min(TABLE_GROUP, np), M, ksub] (what scan_need counts) */
 void group_tables(scan_ctx &sc, const scan_row &q, int j0)
 {
-    const size_t tsz = sc.ix->pq.M * sc.ix->pq.ksub;
-    if (sc.tab.size() < (size_t)TABLE_GROUP * tsz)
-        sc.tab.resize((size_t)TABLE_GROUP * tsz);
+    const size_t tsz = sc.ix->pq.M * sc.ix->pq.ksub, want = (size_t)std::min(TABLE_GROUP, q.np) * tsz;
+    if (sc.tab.size() < want)
+        sc.tab.resize(want);
     residual_tables(sc.cq, q.x, q.cids + j0, std::min(TABLE_GROUP, q.np - j0), sc.tab.data());
 }
 
