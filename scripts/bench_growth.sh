@@ -14,6 +14,8 @@
 #   BENCH_SIZES=...   comma list (default 100000,250000,500000,1000000,1750000)
 #   BENCH_NQ=N        query tokens of each kind (default 2000)
 #   BENCH_QUICK=1     sizes 70000,140000 (a smoke run)
+#   BENCH_CACHES=DIR  keep each size's caches there and read them back next run
+#   BENCH_OWN_FACTORY=F  the own training's code (default: the cache's own)
 # Corpora from ../shared/data (never copied into the repository).
 set -euo pipefail
 cd "$(dirname "$0")/.."

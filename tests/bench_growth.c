@@ -197,6 +197,10 @@ static nc_unbounded_cache_opts cache_opts(const nc_model *m, bool own)
     o.trained_path = own ? NULL : fixed_path;
     o.key_f16 = true;      /* as the daemon stores them */
     o.omp_threads = 1;
+    /* BENCH_OWN_FACTORY: the own training's code named (say IVF4096,PQ16np,
+     * the 8-bit code of the same 16 bytes), for a side-by-side run */
+    if (own && getenv("BENCH_OWN_FACTORY"))
+        o.factory = getenv("BENCH_OWN_FACTORY");
     return o;
 }
 

@@ -298,14 +298,13 @@ TEST(cq_real_hidden_states)
  * squared distances of the keys to their reconstructions agree within 1e-5
  * of their size (8 sub-vector distances of 4 floats, each rounded to ~4
  * 2^-24 of its terms). */
-TEST(cq_encoder_matches_faiss)
+static void encoder_matches_faiss(const char *factory)
 {
     const int d = 32, ntrain = 5000, n = 3000;
     float *x = malloc((size_t)(ntrain + n) * d * sizeof(float));
     for (int i = 0; i < (ntrain + n) * d; i++)
         x[i] = gauss() + (float)((i / d) % 7);
-    FaissIndex *ix[2] = {trained_ivfpq("IVF64,PQ8np", d, x, (size_t)ntrain),
-                         trained_ivfpq("IVF64,PQ8np", d, x, (size_t)ntrain)};
+    FaissIndex *ix[2] = {trained_ivfpq(factory, d, x, (size_t)ntrain), trained_ivfpq(factory, d, x, (size_t)ntrain)};
     if (ix[0] && ix[1]) {
         const float *keys = x + (size_t)ntrain * d;
         faiss_shim_cq *cq = faiss_shim_cq_new(ix[0], 0);
@@ -327,8 +326,8 @@ TEST(cq_encoder_matches_faiss)
             if (fabs(a - b) > 1e-5 * b + 1e-9)
                 bad++;
         }
-        fprintf(stderr, "    encoder: %d of %d codes differ from FAISS's (near-ties)\n", differ, n);
-        CHECKF(bad == 0, "%d of %d keys encoded farther than FAISS's codes", bad, n);
+        fprintf(stderr, "    encoder, %s: %d of %d codes differ from FAISS's (near-ties)\n", factory, differ, n);
+        CHECKF(bad == 0, "%s: %d of %d keys encoded farther than FAISS's codes", factory, bad, n);
         free(rec);
         faiss_shim_cq_free(cq);
     }
@@ -336,6 +335,15 @@ TEST(cq_encoder_matches_faiss)
         if (ix[v])
             faiss_Index_free(ix[v]);
     free(x);
+}
+
+/* 8-bit codes (the model's unbounded.faiss), and 4-bit ones (a namespace's
+ * own training: two sub-quantizers a byte, which our encoder must pack as
+ * FAISS does, or every reconstruction differs) */
+TEST(cq_encoder_matches_faiss)
+{
+    encoder_matches_faiss("IVF64,PQ8np");
+    encoder_matches_faiss("IVF64,PQ16x4np");
 }
 
 /* The scan's look-up tables (residual_tables, four lists to a pass) and our
@@ -350,7 +358,7 @@ TEST(cq_encoder_matches_faiss)
  * ||r_m||^2 + ||q_m||^2 (the inner product by Cauchy-Schwarz, the 2 by
  * the AM-GM inequality), the M entries then summed: within (dsub + M + 4)
  * 2^-24 (||r||^2 + ||q||^2) (Higham's gamma bound), 2x that allowed. */
-TEST(cq_scan_same_bits_every_level)
+static void scan_same_bits_every_level(const char *factory, int M)
 {
     const int d = 64, ntrain = 6000, nadd = 4000, nq = 60, k = 25;
     float *x = malloc((size_t)(ntrain + nadd + nq) * d * sizeof(float));
@@ -366,7 +374,7 @@ TEST(cq_scan_same_bits_every_level)
     for (int v = 0; v < 3; v++) {
         if (vm_set_isa(levels[v]) != 0)
             continue;   /* not on this CPU */
-        ix[nlev] = trained_ivfpq("IVF64,PQ8np", d, x, (size_t)ntrain);
+        ix[nlev] = trained_ivfpq(factory, d, x, (size_t)ntrain);
         if (!ix[nlev])
             break;
         cq[nlev] = faiss_shim_cq_new(ix[nlev], 0);
@@ -392,9 +400,9 @@ TEST(cq_scan_same_bits_every_level)
         vm_set_isa(NULL);
         for (int v = 1; v < nlev; v++) {
             CHECKF(memcmp(dd, dd + (size_t)v * nq * k, (size_t)nq * k * sizeof(float)) == 0,
-                   "nprobe %d: level %d's distances differ from the first's", np, v);
+                   "%s nprobe %d: level %d's distances differ from the first's", factory, np, v);
             CHECKF(memcmp(ll, ll + (size_t)v * nq * k, (size_t)nq * k * sizeof(int64_t)) == 0,
-                   "nprobe %d: level %d's neighbours differ from the first's", np, v);
+                   "%s nprobe %d: level %d's neighbours differ from the first's", factory, np, v);
         }
         for (int i = 0; i < nq * k; i++) {
             if (ll[i] < 0)
@@ -411,18 +419,18 @@ TEST(cq_scan_same_bits_every_level)
             for (int j = 0; j < np; j++)
                 scale = fmax(scale, dist2(q, cent + (size_t)ci[j] * d, d) + dist2(rec, cent + (size_t)ci[j] * d, d));
             checked++;
-            if (fabs(dd[i] - dist2(q, rec, d)) > 2.0 * (d / 8 + 8 + 4) * ldexp(1.0, -24) * scale)
+            if (fabs(dd[i] - dist2(q, rec, d)) > 2.0 * (d / M + M + 4) * ldexp(1.0, -24) * scale)
                 bad++;
         }
     }
-    CHECKF(checked > 0 && bad == 0, "%d of %d distances off the double ADC distance", bad, checked);
+    CHECKF(checked > 0 && bad == 0, "%s: %d of %d distances off the double ADC distance", factory, bad, checked);
     /* the adds: the same codes at every level */
     for (int v = 1; v < nlev; v++)
         for (int i = 0; i < nadd; i++) {
             float a[64], b[64];
             CHECK(faiss_Index_reconstruct(ix[0], i, a) == 0 && faiss_Index_reconstruct(ix[v], i, b) == 0);
             if (memcmp(a, b, sizeof a) != 0) {
-                CHECKF(0, "key %d: level %d encoded it otherwise", i, v);
+                CHECKF(0, "%s key %d: level %d encoded it otherwise", factory, i, v);
                 break;
             }
         }
@@ -432,6 +440,15 @@ TEST(cq_scan_same_bits_every_level)
             faiss_Index_free(ix[v]);
     }
     free(x), free(dd), free(ll), free(rec);
+}
+
+/* 8-bit codes (the tables' loads), and 4-bit ones of 16 bytes (the scan's
+ * register permutes: list_dists4, 8 codes a block with AVX2, 16 with
+ * AVX-512, one by one in the plain loop) */
+TEST(cq_scan_same_bits_every_level)
+{
+    scan_same_bits_every_level("IVF64,PQ8np", 8);
+    scan_same_bits_every_level("IVF64,PQ32x4np", 32);
 }
 
 /* Bad input: an index the search cannot serve gets no searcher (the

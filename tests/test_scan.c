@@ -31,8 +31,12 @@ static void naive_dists(const faiss_shim_pq_list *l, float *out)
 {
     for (size_t i = 0; i < l->n; i++) {
         float a = 0;
-        for (size_t s = 0; s < l->M; s++)
-            a += l->table[s * l->ksub + l->codes[i * l->code_size + s]];
+        for (size_t s = 0; s < l->M; s++) {
+            const uint8_t *c = l->codes + i * l->code_size;
+            /* 4 bits: FAISS's packing, sub-quantizer s in byte s / 2, low nibble first */
+            unsigned v = l->nbits == 4 ? (c[s / 2] >> (4 * (s % 2))) & 15u : c[s];
+            a += l->table[s * l->ksub + v];
+        }
         out[i] = a;
     }
 }
@@ -63,6 +67,40 @@ TEST(pq_dists_match_naive_sum)
             naive_dists(&l, want);
             CHECKF(n == 0 || memcmp(got, want, n * sizeof *got) == 0, "M %zu ksub %zu cs %zu n %zu: not the naive sum's bits",
                    M, ksub, cs, n);
+            free(c);
+            free(got);
+            free(want);
+        }
+        free(t);
+    }
+}
+
+/* 4-bit codes (PQ<M>x4, ksub 16): the vector kernels' shapes (code sizes
+ * multiples of 16 with M = 2 code_size: 8 or 16 codes a block, one or more
+ * 16-byte chunks) and the plain loop's (odd M, padding); n around the
+ * blocks. Zero tolerance as above: each lane must add its code's M
+ * entries in the order s = 0..M-1. run_levels.sh runs this at every
+ * level, so each of the scalar, AVX2 and AVX-512 kernels is compared. */
+TEST(pq4_dists_match_naive_sum)
+{
+    const size_t shapes[][2] = {{32, 16}, {64, 32}, {16, 8}, {31, 16}, {32, 20}, {6, 3}};
+    const size_t ns[] = {0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 335, 1339};
+    for (size_t h = 0; h < sizeof shapes / sizeof *shapes; h++) {
+        const size_t M = shapes[h][0], cs = shapes[h][1];
+        float *t = malloc(M * 16 * sizeof *t);
+        for (size_t i = 0; i < M * 16; i++)
+            t[i] = unif(-1.0f, 4.0f) * (float)(1u << (next32() % 13)) / 64.0f;
+        for (size_t a = 0; a < sizeof ns / sizeof *ns; a++) {
+            const size_t n = ns[a];
+            uint8_t *c = malloc(n * cs + 1);
+            for (size_t i = 0; i < n * cs; i++)
+                c[i] = (uint8_t)next32();   /* both nibbles random; the padding too */
+            float *got = malloc((n + 1) * sizeof *got), *want = malloc((n + 1) * sizeof *want);
+            faiss_shim_pq_list l = {.table = t, .M = M, .ksub = 16, .codes = c, .code_size = cs, .n = n, .nbits = 4};
+            faiss_shim_pq_dists(&l, got);
+            naive_dists(&l, want);
+            CHECKF(n == 0 || memcmp(got, want, n * sizeof *got) == 0,
+                   "4-bit M %zu cs %zu n %zu: not the naive sum's bits", M, cs, n);
             free(c);
             free(got);
             free(want);
@@ -136,6 +174,7 @@ int main(void)
     for (char *save = NULL, *lv = strtok_r(levels, " ", &save); lv; lv = strtok_r(NULL, " ", &save)) {
         CHECK(vm_set_isa(lv) == 0);
         RUN(pq_dists_match_naive_sum);
+        RUN(pq4_dists_match_naive_sum);
         RUN(top_k_matches_sort);
     }
     vm_set_isa(NULL);

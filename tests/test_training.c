@@ -137,8 +137,10 @@ TEST(trains_at_switch_and_at_4x)
     CHECKF(st.recall >= 0.0 && st.recall <= 1.0 && st.nprobe >= 1 && st.nprobe <= 32, "recall %g nprobe %d",
            st.recall, st.nprobe);
     CHECK(st.next_at == 8192 && st.phase == NC_UB_TRAIN_IDLE && st.imbalance >= 1.0);
-    /* no index_factory: the default code, H/16 bytes (unbounded_cache.c, ub_default_pq_m) */
-    CHECKF(st.code_bytes == DIM / 16, "code of %zu bytes", st.code_bytes);
+    /* no index_factory: the default code, H/8 sub-quantizers of 4 bits, H/16
+     * bytes (unbounded_cache.c, ub_default_code) */
+    CHECKF(st.code_bytes == DIM / 16 && st.code_bits == 4, "code of %zu bytes, %d bits", st.code_bytes,
+           st.code_bits);
     check_lossless(u, x);
     CHECK(add_all(u, x + 2048 * DIM, w + 2048, n - 2048, 500) == 0);
     unbounded_cache_train_wait(u);
@@ -155,8 +157,8 @@ TEST(trains_at_switch_and_at_4x)
     free(x), free(w);
 }
 
-/* An index_factory's PQ<M> is the code the own training makes (the default,
- * H/16, only when none is named) */
+/* An index_factory's PQ<M>[x<bits>] is the code the own training makes (the
+ * default, H/8 of 4 bits, only when none is named) */
 TEST(factory_names_the_code)
 {
     const size_t n = 2048;
@@ -174,8 +176,8 @@ TEST(factory_names_the_code)
         CHECK(add_all(u, x, w, n, 256) == 0);
         nc_ub_train_stats st;
         unbounded_cache_train_stats(u, &st);
-        CHECKF(st.trainings == 1 && st.code_bytes == 8, "trainings %llu, code of %zu bytes",
-               (unsigned long long)st.trainings, st.code_bytes);
+        CHECKF(st.trainings == 1 && st.code_bytes == 8 && st.code_bits == 8, "trainings %llu, code of %zu bytes, %d bits",
+               (unsigned long long)st.trainings, st.code_bytes, st.code_bits);
         unbounded_cache_free(u);
     }
     free(x), free(w);

@@ -81,6 +81,7 @@ typedef struct {
     size_t M, ksub;
     const uint8_t *codes;         /* [n, code_size] */
     size_t code_size, n;
+    int nbits;                    /* 4: ksub 16, two sub-quantizers a byte (low nibble first); else 8 */
 } faiss_shim_pq_list;
 void faiss_shim_pq_dists(const faiss_shim_pq_list *l, float *out);
 size_t faiss_shim_top_k(const float *d, const int64_t *ids, size_t n, size_t k, float *od, int64_t *ol);
@@ -212,6 +213,7 @@ void faiss_shim_table_unlend(FaissIndex *idx);
  * error (message in err). */
 typedef struct {
     int d, M, niter, seed;
+    int nbits;                    /* bits a sub-quantizer: 4, else 8 */
     int64_t nlist, n;
     const float *x;
     const volatile int *stop;

@@ -227,21 +227,28 @@ static int compact_index(nc_unbounded_cache *u, char *err, size_t errlen)
     return NC_OK;
 }
 
-/* The sub-quantizers of an index the cache trains itself when no
- * index_factory names them: dim / 16, 16 bytes a code at H = 256 (the
- * model's own unbounded.faiss, built by build-index, keeps the paper's
- * dim / 8). The recall a training chooses nprobe by is the same for 16-
- * and 32-byte codes at every nprobe (it is set by the lists probed:
- * scripts/oracle_fastscan.sh), and on the growth curve the 16-byte code
- * read 12-16% less CPU a token at 1M and 1.7M pairs, at perplexities
- * within 0.9% of the 32-byte code's and within the fixed index's +0.5% at
- * every size and text (BENCHMARKS.md, the growth curve). */
-static int ub_default_pq_m(int dim)
+/* The code of an index the cache trains itself when no index_factory
+ * names one: 16 bytes at H = 256 as dim / 8 sub-quantizers of 4 bits
+ * (PQ32x4), where the scan's look-ups are register permutes over a 2 KB
+ * table (faiss_shim.cpp, list_dists4) instead of loads from a 16 KB one
+ * (PQ16, 8 bits); the model's own unbounded.faiss, built by build-index,
+ * keeps the paper's dim / 8 bytes. FAISS's PQ splits dim evenly and the
+ * 4-bit packing wants pairs: the largest even M <= dim / 8 dividing dim,
+ * else (no such M) 8-bit dim / 16. Measured on the growth curve
+ * (BENCHMARKS.md): the recall a training chooses nprobe by is set by the
+ * lists probed, the same for 4- and 8-bit codes of 16 and 32 bytes
+ * (scripts/oracle_fastscan.sh). */
+static void ub_default_code(int dim, int *m_out, int *nbits_out)
 {
+    for (int m = dim / 8; m >= 2; m--)
+        if (m % 2 == 0 && dim % m == 0) {
+            *m_out = m, *nbits_out = 4;
+            return;
+        }
     int m = dim / 16 > 0 ? dim / 16 : 1;
-    while (dim % m != 0)   /* FAISS's PQ splits dim evenly (H = 256: 16) */
+    while (dim % m != 0)
         m--;
-    return m;
+    *m_out = m, *nbits_out = 8;
 }
 
 static int cache_create(const nc_unbounded_cache_opts *o, nc_wordtable *words, nc_unbounded_cache **out,
@@ -264,7 +271,14 @@ static int cache_create(const nc_unbounded_cache_opts *o, nc_wordtable *words, n
         /* "np": no polysemous training -- the same IVFPQ index, but FAISS's
          * factory otherwise spends minutes on a Hamming reordering of the PQ
          * codes that only polysemous search (never used here) reads */
-        snprintf(u->factory, sizeof u->factory, "IVF4096,PQ%dnp", ub_default_pq_m(o->dim));
+    {
+        int m, nbits;
+        ub_default_code(o->dim, &m, &nbits);
+        if (nbits == 4)
+            snprintf(u->factory, sizeof u->factory, "IVF4096,PQ%dx4np", m);
+        else
+            snprintf(u->factory, sizeof u->factory, "IVF4096,PQ%dnp", m);
+    }
     if (o->trained_path)
         snprintf(u->trained_path, sizeof u->trained_path, "%s", o->trained_path);
     u->o.factory = u->factory;
@@ -730,15 +744,19 @@ static int64_t train_nlist(int64_t T)
     return p;
 }
 
-/* The sub-quantizers: the factory's PQ<M> (index_factory's, else the
- * default's, ub_default_pq_m), else the default's. */
-static int train_pq_m(const nc_unbounded_cache *u)
+/* The code: the factory's PQ<M>[x<bits>] (index_factory's, else the
+ * default's, ub_default_code), else the default's. */
+static void train_code(const nc_unbounded_cache *u, int *m_out, int *nbits_out)
 {
     const char *pq = strstr(u->factory, "PQ");
-    int m = pq ? atoi(pq + 2) : 0;
-    if (m <= 0 || u->o.dim % m != 0)
-        m = ub_default_pq_m(u->o.dim);
-    return m;
+    char *end = NULL;
+    long m = pq ? strtol(pq + 2, &end, 10) : 0;
+    int nbits = end && *end == 'x' ? atoi(end + 1) : 8;
+    if (m <= 0 || u->o.dim % m != 0 || (nbits != 4 && nbits != 8) || (nbits == 4 && m % 2 != 0)) {
+        ub_default_code(u->o.dim, m_out, nbits_out);
+        return;
+    }
+    *m_out = (int)m, *nbits_out = nbits;
 }
 
 typedef struct {
@@ -801,8 +819,10 @@ static int train_fit(nc_unbounded_cache *u, ub_train_job *j, char *err, size_t e
         keys_get(u, (size_t)(i * (j->T / S) + (i * (j->T % S)) / S), 1, x + (size_t)i * d);
     train_holds(u, faiss_work);
     train_phase(u, NC_UB_TRAIN_KMEANS, UB_TRAIN_NITER);
-    faiss_shim_train_in in = {.d = u->o.dim, .M = train_pq_m(u), .niter = UB_TRAIN_NITER, .seed = UB_TRAIN_SEED,
-                              .nlist = j->nlist, .n = S, .x = x, .stop = &u->tr.stop};
+    int pq_m, pq_bits;
+    train_code(u, &pq_m, &pq_bits);
+    faiss_shim_train_in in = {.d = u->o.dim, .M = pq_m, .nbits = pq_bits, .niter = UB_TRAIN_NITER,
+                              .seed = UB_TRAIN_SEED, .nlist = j->nlist, .n = S, .x = x, .stop = &u->tr.stop};
     char ferr[256];
     int how = faiss_shim_train_ivfpq(&in, &j->ivf, ferr, sizeof ferr);
     free(x);
@@ -1160,6 +1180,8 @@ void unbounded_cache_train_stats(nc_unbounded_cache *u, nc_ub_train_stats *st)
                               .failures = u->tr.failures, .held_bytes = atomic_load(&u->tr.held)};
     st->nlist = u->flat ? 0 : faiss_shim_nlist(u->idx);
     st->code_bytes = u->flat ? 0 : faiss_shim_code_size(u->idx, NULL);
+    faiss_shim_trained tr;
+    st->code_bits = !u->flat && faiss_shim_trained_arrays(u->idx, &tr) == 0 ? tr.nbits : 0;
     st->imbalance = u->flat ? 0.0 : faiss_shim_imbalance(u->idx);
     if (u->tr.running) {
         st->phase = (nc_ub_train_phase)atomic_load(&u->tr.phase);

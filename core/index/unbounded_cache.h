@@ -259,6 +259,7 @@ typedef struct {
                                    * snapshot of an earlier build, after its switch) */
     int64_t nlist;                /* lists of the index searched; 0 while exact */
     size_t code_bytes;            /* bytes of its PQ codes; 0 while exact */
+    int code_bits;                /* bits a sub-quantizer (4 or 8); 0 while exact */
     double imbalance;             /* its lists' nlist Σ n_i² / N² (1 = balanced) */
     int nprobe;                   /* the cache's own nprobe (chosen at the last training) */
     double recall;                /* measured then at that nprobe; -1 = never */
