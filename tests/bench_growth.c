@@ -201,6 +201,9 @@ static nc_unbounded_cache_opts cache_opts(const nc_model *m, bool own)
      * the 8-bit code of the same 16 bytes), for a side-by-side run */
     if (own && getenv("BENCH_OWN_FACTORY"))
         o.factory = getenv("BENCH_OWN_FACTORY");
+    /* BENCH_SWITCH_AT: the first training there (then at each 4x) */
+    if (own && getenv("BENCH_SWITCH_AT"))
+        o.switch_at = atol(getenv("BENCH_SWITCH_AT"));
     return o;
 }
 

@@ -1192,14 +1192,14 @@ TEST(nprobe_per_search_concurrent)
 
 /* Our IVFPQ scan (faiss_shim_ivfpq_search) against FAISS's own search of
  * the same index: at each rank the same distance, to float rounding (the
- * sum of M = 8 table entries in another order: |error| <= 8 * 2^-24 of the
+ * sum of M = 8 or 32 table entries in another order: |error| <= M 2^-24 of the
  * terms' magnitude, far below the 1e-4 relative allowed), and the same id
  * wherever that distance is not tied within the tolerance; with and
  * without the causal filter (FAISS asked for k + n, so that it rejects
  * what it must and still keeps k). */
-TEST(own_scan_matches_faiss)
+static void own_scan_matches_faiss_with(int dim, const char *factory)
 {
-    const int dim = 16, nclust = 30, nq = 40, k = 24;
+    const int nclust = 30, nq = 40, k = 24;
     const size_t n = 6000;
     char err[NC_ERRLEN];
     float *cent, *x;
@@ -1209,7 +1209,7 @@ TEST(own_scan_matches_faiss)
     for (int c = 0; c < 2; c++) {
         nc_unbounded_cache_opts o;
         unbounded_cache_opts_default(&o, dim);
-        o.factory = "IVF16,PQ8np";   /* np: no polysemous training (minutes) */
+        o.factory = factory;   /* np: no polysemous training (minutes) */
         o.train_self = true;
         o.switch_at = 3000;
         o.faiss_scan = c == 1;
@@ -1251,8 +1251,8 @@ TEST(own_scan_matches_faiss)
                 over++;
         }
         CHECKF(bad_d == 0 && bad_id == 0 && missing == 0 && over == 0,
-               "filter %d: %d distances, %d ids differ, %d missing, %d past the limit", filt, bad_d, bad_id, missing,
-               over);
+               "%s filter %d: %d distances, %d ids differ, %d missing, %d past the limit", factory, filt, bad_d, bad_id,
+               missing, over);
     }
     uint64_t sq[2], sc[2];
     for (int c = 0; c < 2; c++)
@@ -1262,6 +1262,14 @@ TEST(own_scan_matches_faiss)
     unbounded_cache_free(u[0]);
     unbounded_cache_free(u[1]);
     free(q), free(cent), free(x), free(w);
+}
+
+/* 8-bit codes, and 4-bit ones of 16 bytes (PQ32x4: the vector kernels'
+ * shape; M = 32 entries summed, still far below the tolerance) */
+TEST(own_scan_matches_faiss)
+{
+    own_scan_matches_faiss_with(16, "IVF16,PQ8np");
+    own_scan_matches_faiss_with(32, "IVF16,PQ32x4np");
 }
 
 /* Each id's list in an IVF index: list_of[id], -1 where absent */

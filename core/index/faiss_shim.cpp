@@ -185,42 +185,102 @@ inline float pq4_one(const float *t, size_t M, const uint8_t *c)
     return a;
 }
 
-/* Eight codes of 16 bytes (32 sub-quantizers) per chunk of cs, as eight
- * lanes: the codes' 4-byte words transposed (word w of each code in lane
- * order 0, 2, 4, 6, 1, 3, 5, 7: the 256-bit unpacks work within 128-bit
- * halves), then nibble k of word w is sub-quantizer 32 c + 8 w + k; its
- * 16 entries by two 8-lane permutes, chosen between by the nibble's bit 3
- * (moved to the sign bit for blendv). */
-__attribute__((target("avx2"))) void pq4_block8_avx2(const float *t, size_t cs, const uint8_t *c, float *out)
+/* Eight codes c, c + cs, ... in plain code: eight independent sums (the
+ * adds' latency overlapped, as pq8_block's; one sum a code took 74 ns a
+ * code of PQ64x4, each add waiting on the one before), the empty asm
+ * keeping each in a register of its own */
+inline void pq4_block8_plain(const float *t, size_t M, const uint8_t *c, size_t cs, float *out)
 {
-    __m256 acc = _mm256_setzero_ps();
+    float a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+    for (size_t s = 0; s < M; s++) {
+        const float *ts = t + s * 16;
+        const size_t b = s >> 1;
+        const int sh = (int)(s & 1) * 4;
+        __asm__("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6), "+x"(a7));
+        a0 += ts[(c[b] >> sh) & 15], a1 += ts[(c[cs + b] >> sh) & 15];
+        a2 += ts[(c[2 * cs + b] >> sh) & 15], a3 += ts[(c[3 * cs + b] >> sh) & 15];
+        a4 += ts[(c[4 * cs + b] >> sh) & 15], a5 += ts[(c[5 * cs + b] >> sh) & 15];
+        a6 += ts[(c[6 * cs + b] >> sh) & 15], a7 += ts[(c[7 * cs + b] >> sh) & 15];
+    }
+    out[0] = a0, out[1] = a1, out[2] = a2, out[3] = a3, out[4] = a4, out[5] = a5, out[6] = a6, out[7] = a7;
+}
+
+/* Eight codes of cs bytes (cs a multiple of 16: chunks of 32
+ * sub-quantizers) as eight lanes: the codes' 4-byte words transposed
+ * (word w of each code, lanes in the order 0, 2, 4, 6, 1, 3, 5, 7: the
+ * 256-bit unpacks work within 128-bit halves); nibble k of word w of chunk
+ * ch is sub-quantizer 32 ch + 8 w + k, its 16 entries read by two 8-lane
+ * permutes chosen between by the nibble's bit 3 (moved to the sign bit for
+ * blendv). */
+struct pq4_words8 {
+    __m256i w0, w1, w2, w3;
+};
+
+__attribute__((target("avx2"), always_inline)) inline pq4_words8 pq4_load8(const uint8_t *c, size_t cs)
+{
+    __m256i a0 = _mm256_setr_m128i(_mm_loadu_si128((const __m128i *)c), _mm_loadu_si128((const __m128i *)(c + cs)));
+    __m256i a1 = _mm256_setr_m128i(_mm_loadu_si128((const __m128i *)(c + 2 * cs)),
+                                   _mm_loadu_si128((const __m128i *)(c + 3 * cs)));
+    __m256i a2 = _mm256_setr_m128i(_mm_loadu_si128((const __m128i *)(c + 4 * cs)),
+                                   _mm_loadu_si128((const __m128i *)(c + 5 * cs)));
+    __m256i a3 = _mm256_setr_m128i(_mm_loadu_si128((const __m128i *)(c + 6 * cs)),
+                                   _mm_loadu_si128((const __m128i *)(c + 7 * cs)));
+    const __m256i t0 = _mm256_unpacklo_epi32(a0, a1), t1 = _mm256_unpackhi_epi32(a0, a1);
+    const __m256i t2 = _mm256_unpacklo_epi32(a2, a3), t3 = _mm256_unpackhi_epi32(a2, a3);
+    return {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3),
+            _mm256_unpackhi_epi64(t1, t3)};
+}
+
+/* entry (nibble k of each lane of wv) of the 16 floats lo8, hi8 */
+__attribute__((target("avx2"), always_inline)) inline __m256 pq4_look8(__m256i wv, int k, __m256 lo8, __m256 hi8)
+{
+    const __m256i idx = _mm256_srli_epi32(wv, 4 * k);       /* the permutes read bits 0-2 */
+    const __m256i hi = _mm256_slli_epi32(wv, 28 - 4 * k);   /* bit 3 to the sign */
+    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo8, idx), _mm256_permutevar8x32_ps(hi8, idx),
+                            _mm256_castsi256_ps(hi));
+}
+
+/* the sums of sub-quantizers 8 w .. 8 w + 7 of chunk tc added to s (lanes wv) */
+#define PQ4_WORD8(s, wv, tc, w)                                                                         \
+    for (int k = 0; k < 8; k++) {                                                                       \
+        const float *ts = (tc) + (size_t)(8 * (w) + k) * 16;                                            \
+        s = _mm256_add_ps(s, pq4_look8(wv, k, _mm256_loadu_ps(ts), _mm256_loadu_ps(ts + 8)));           \
+    }
+
+__attribute__((target("avx2"))) void pq4_one8_avx2(const float *t, size_t cs, const uint8_t *c, float *out)
+{
+    __m256 s0 = _mm256_setzero_ps();
     for (size_t ch = 0; ch < cs; ch += 16) {
-        const __m256i a0 = _mm256_setr_m128i(_mm_loadu_si128((const __m128i *)(c + ch)),
-                                             _mm_loadu_si128((const __m128i *)(c + cs + ch)));
-        const __m256i a1 = _mm256_setr_m128i(_mm_loadu_si128((const __m128i *)(c + 2 * cs + ch)),
-                                             _mm_loadu_si128((const __m128i *)(c + 3 * cs + ch)));
-        const __m256i a2 = _mm256_setr_m128i(_mm_loadu_si128((const __m128i *)(c + 4 * cs + ch)),
-                                             _mm_loadu_si128((const __m128i *)(c + 5 * cs + ch)));
-        const __m256i a3 = _mm256_setr_m128i(_mm_loadu_si128((const __m128i *)(c + 6 * cs + ch)),
-                                             _mm_loadu_si128((const __m128i *)(c + 7 * cs + ch)));
-        /* a0 = [c0 w0..3 | c1 w0..3] ...; after: wv[w] = [c0 c2 c4 c6 | c1 c3 c5 c7] word w */
-        const __m256i t0 = _mm256_unpacklo_epi32(a0, a1), t1 = _mm256_unpackhi_epi32(a0, a1);
-        const __m256i t2 = _mm256_unpacklo_epi32(a2, a3), t3 = _mm256_unpackhi_epi32(a2, a3);
-        const __m256i wv[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
-                               _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+        const pq4_words8 a = pq4_load8(c + ch, cs);
         const float *tc = t + ch * 2 * 16;   /* sub-quantizer 2 ch on */
-        for (int w = 0; w < 4; w++)
+        PQ4_WORD8(s0, a.w0, tc, 0) PQ4_WORD8(s0, a.w1, tc, 1) PQ4_WORD8(s0, a.w2, tc, 2) PQ4_WORD8(s0, a.w3, tc, 3)
+    }
+    /* lanes held codes 0, 2, 4, 6, 1, 3, 5, 7 */
+    _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(s0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+/* Two blocks of eight (c, c + 8 cs), their sums interleaved (as the
+ * AVX-512 kernel's, below) */
+__attribute__((target("avx2"))) void pq4_two8_avx2(const float *t, size_t cs, const uint8_t *c, float *out)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    for (size_t ch = 0; ch < cs; ch += 16) {
+        const pq4_words8 a = pq4_load8(c + ch, cs), b = pq4_load8(c + 8 * cs + ch, cs);
+        const float *tc = t + ch * 2 * 16;
+        for (int w = 0; w < 4; w++) {
+            const __m256i u = w == 0 ? a.w0 : w == 1 ? a.w1 : w == 2 ? a.w2 : a.w3;
+            const __m256i v = w == 0 ? b.w0 : w == 1 ? b.w1 : w == 2 ? b.w2 : b.w3;
             for (int k = 0; k < 8; k++) {
                 const float *ts = tc + (size_t)(8 * w + k) * 16;
-                const __m256i idx = _mm256_srli_epi32(wv[w], 4 * k);           /* permute reads bits 0-2 */
-                const __m256i hi = _mm256_slli_epi32(wv[w], 28 - 4 * k);       /* bit 3 to the sign */
-                const __m256 lo8 = _mm256_permutevar8x32_ps(_mm256_loadu_ps(ts), idx);
-                const __m256 hi8 = _mm256_permutevar8x32_ps(_mm256_loadu_ps(ts + 8), idx);
-                acc = _mm256_add_ps(acc, _mm256_blendv_ps(lo8, hi8, _mm256_castsi256_ps(hi)));
+                const __m256 lo8 = _mm256_loadu_ps(ts), hi8 = _mm256_loadu_ps(ts + 8);
+                s0 = _mm256_add_ps(s0, pq4_look8(u, k, lo8, hi8));
+                s1 = _mm256_add_ps(s1, pq4_look8(v, k, lo8, hi8));
             }
+        }
     }
-    /* lanes hold codes 0, 2, 4, 6, 1, 3, 5, 7 */
-    _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(acc, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(s0, order));
+    _mm256_storeu_ps(out + 8, _mm256_permutevar8x32_ps(s1, order));
 }
 
 /* (GCC 12 warns of the undefined pass-through operand its headers give
@@ -228,51 +288,114 @@ __attribute__((target("avx2"))) void pq4_block8_avx2(const float *t, size_t cs, 
  * are written) */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-/* Sixteen codes as sixteen lanes: word w of each code gathered by two
- * two-source permutes (codes 0-7, 8-15) joined; one 16-entry permute a
- * sub-quantizer. */
-__attribute__((target("avx512f"))) void pq4_block16_avx512(const float *t, size_t cs, const uint8_t *c, float *out)
+/* Word w (0-3) of chunk ch of sixteen codes c, c + cs, ... as sixteen
+ * lanes: codes 4 j .. 4 j + 3's 16 bytes in a[j], two two-source permutes
+ * (codes 0-7, 8-15) joined */
+__attribute__((target("avx512f"), always_inline)) inline __m512i pq4_load4(const uint8_t *c, size_t cs)
 {
-    __m512 acc = _mm512_setzero_ps();
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)c));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(c + cs)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(c + 2 * cs)), 2);
+    return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(c + 3 * cs)), 3);
+}
+
+__attribute__((target("avx512f"), always_inline)) inline __m512i pq4_word(__m512i a0, __m512i a1, __m512i a2,
+                                                                         __m512i a3, __m512i sel)
+{
+    return _mm512_shuffle_i64x2(_mm512_permutex2var_epi32(a0, sel, a1), _mm512_permutex2var_epi32(a2, sel, a3), 0x44);
+}
+
+/* Four blocks of sixteen codes (c + 16 b cs, b = 0..3) as sixteen lanes
+ * each, their four sums interleaved (as above; named registers: as arrays
+ * GCC kept the sums on the stack, a store and a load in every add's chain:
+ * 4.3 ns a code of PQ64x4 in cache against 2.0 so) */
+__attribute__((target("avx512f"))) void pq4_four16_avx512(const float *t, size_t cs, const uint8_t *c, float *out)
+{
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
     const __m512i lane4 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
+    const uint8_t *c1 = c + 16 * cs, *c2 = c + 32 * cs, *c3 = c + 48 * cs;
     for (size_t ch = 0; ch < cs; ch += 16) {
-        __m512i a[4];   /* a[j]: codes 4 j .. 4 j + 3, 16 bytes each */
-        for (int j = 0; j < 4; j++)
-            a[j] = _mm512_inserti32x4(
-                _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(_mm_loadu_si128(
-                                                          (const __m128i *)(c + (size_t)(4 * j) * cs + ch))),
-                                                      _mm_loadu_si128((const __m128i *)(c + (size_t)(4 * j + 1) * cs + ch)), 1),
-                                   _mm_loadu_si128((const __m128i *)(c + (size_t)(4 * j + 2) * cs + ch)), 2),
-                _mm_loadu_si128((const __m128i *)(c + (size_t)(4 * j + 3) * cs + ch)), 3);
+        const __m512i a0 = pq4_load4(c + ch, cs), a1 = pq4_load4(c + 4 * cs + ch, cs);
+        const __m512i a2 = pq4_load4(c + 8 * cs + ch, cs), a3 = pq4_load4(c + 12 * cs + ch, cs);
+        const __m512i b0 = pq4_load4(c1 + ch, cs), b1 = pq4_load4(c1 + 4 * cs + ch, cs);
+        const __m512i b2 = pq4_load4(c1 + 8 * cs + ch, cs), b3 = pq4_load4(c1 + 12 * cs + ch, cs);
+        const __m512i d0 = pq4_load4(c2 + ch, cs), d1 = pq4_load4(c2 + 4 * cs + ch, cs);
+        const __m512i d2 = pq4_load4(c2 + 8 * cs + ch, cs), d3 = pq4_load4(c2 + 12 * cs + ch, cs);
+        const __m512i e0 = pq4_load4(c3 + ch, cs), e1 = pq4_load4(c3 + 4 * cs + ch, cs);
+        const __m512i e2 = pq4_load4(c3 + 8 * cs + ch, cs), e3 = pq4_load4(c3 + 12 * cs + ch, cs);
         const float *tc = t + ch * 2 * 16;
         for (int w = 0; w < 4; w++) {
             const __m512i sel = _mm512_add_epi32(lane4, _mm512_set1_epi32(w));
-            const __m512i lo = _mm512_permutex2var_epi32(a[0], sel, a[1]);   /* lanes 0-7: codes 0-7 */
-            const __m512i hi = _mm512_permutex2var_epi32(a[2], sel, a[3]);   /* codes 8-15 */
-            const __m512i wv = _mm512_shuffle_i64x2(lo, hi, 0x44);           /* lo's 0-7, hi's 0-7 */
+            const __m512i u0 = pq4_word(a0, a1, a2, a3, sel), u1 = pq4_word(b0, b1, b2, b3, sel);
+            const __m512i u2 = pq4_word(d0, d1, d2, d3, sel), u3 = pq4_word(e0, e1, e2, e3, sel);
             for (int k = 0; k < 8; k++) {
                 const __m512 ts = _mm512_loadu_ps(tc + (size_t)(8 * w + k) * 16);
-                acc = _mm512_add_ps(acc, _mm512_permutexvar_ps(_mm512_srli_epi32(wv, 4 * k), ts));
+                s0 = _mm512_add_ps(s0, _mm512_permutexvar_ps(_mm512_srli_epi32(u0, 4 * k), ts));
+                s1 = _mm512_add_ps(s1, _mm512_permutexvar_ps(_mm512_srli_epi32(u1, 4 * k), ts));
+                s2 = _mm512_add_ps(s2, _mm512_permutexvar_ps(_mm512_srli_epi32(u2, 4 * k), ts));
+                s3 = _mm512_add_ps(s3, _mm512_permutexvar_ps(_mm512_srli_epi32(u3, 4 * k), ts));
             }
         }
     }
-    _mm512_storeu_ps(out, acc);
+    _mm512_storeu_ps(out, s0), _mm512_storeu_ps(out + 16, s1), _mm512_storeu_ps(out + 32, s2);
+    _mm512_storeu_ps(out + 48, s3);
+}
+
+/* One block of sixteen codes */
+__attribute__((target("avx512f"))) void pq4_one16_avx512(const float *t, size_t cs, const uint8_t *c, float *out)
+{
+    __m512 s0 = _mm512_setzero_ps();
+    const __m512i lane4 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (size_t ch = 0; ch < cs; ch += 16) {
+        const __m512i a0 = pq4_load4(c + ch, cs), a1 = pq4_load4(c + 4 * cs + ch, cs);
+        const __m512i a2 = pq4_load4(c + 8 * cs + ch, cs), a3 = pq4_load4(c + 12 * cs + ch, cs);
+        const float *tc = t + ch * 2 * 16;
+        for (int w = 0; w < 4; w++) {
+            const __m512i u = pq4_word(a0, a1, a2, a3, _mm512_add_epi32(lane4, _mm512_set1_epi32(w)));
+            for (int k = 0; k < 8; k++)
+                s0 = _mm512_add_ps(s0, _mm512_permutexvar_ps(_mm512_srli_epi32(u, 4 * k),
+                                                             _mm512_loadu_ps(tc + (size_t)(8 * w + k) * 16)));
+        }
+    }
+    _mm512_storeu_ps(out, s0);
 }
 #pragma GCC diagnostic pop
+
+/* The vector kernels over n codes: blocks of NB x L codes, then single
+ * blocks, then the last < L codes copied into a zeroed block (the padding's
+ * lanes computed and dropped) */
+template <int L, int NB, class Blocks, class One>
+void pq4_lists(const faiss_shim_pq_list &l, float *out, Blocks blocks, One one)
+{
+    const size_t cs = l.code_size;
+    size_t m = 0;
+    for (; m + NB * L <= l.n; m += NB * L)
+        blocks(l.table, cs, l.codes + m * cs, out + m);
+    for (; m + L <= l.n; m += L)
+        one(l.table, cs, l.codes + m * cs, out + m);
+    if (m < l.n) {
+        thread_local std::vector<uint8_t> pad;
+        float o[L];
+        pad.assign(L * cs, 0);
+        std::memcpy(pad.data(), l.codes + m * cs, (l.n - m) * cs);
+        one(l.table, cs, pad.data(), o);
+        std::memcpy(out + m, o, (l.n - m) * sizeof(float));
+    }
+}
 
 void list_dists4(const faiss_shim_pq_list &l, float *out)
 {
     const size_t M = l.M, cs = l.code_size;
-    size_t m = 0;
     if (cs % 16 == 0 && M == 2 * cs) {
         const char *isa = vm_isa();
         if (std::strcmp(isa, "avx512") == 0)
-            for (; m + 16 <= l.n; m += 16)
-                pq4_block16_avx512(l.table, cs, l.codes + m * cs, out + m);
-        else if (std::strcmp(isa, "avx2") == 0)
-            for (; m + 8 <= l.n; m += 8)
-                pq4_block8_avx2(l.table, cs, l.codes + m * cs, out + m);
+            return pq4_lists<16, 4>(l, out, pq4_four16_avx512, pq4_one16_avx512);
+        if (std::strcmp(isa, "avx2") == 0)
+            return pq4_lists<8, 2>(l, out, pq4_two8_avx2, pq4_one8_avx2);
     }
+    size_t m = 0;
+    for (; m + 8 <= l.n; m += 8)
+        pq4_block8_plain(l.table, M, l.codes + m * cs, cs, out + m);
     for (; m < l.n; m++)
         out[m] = pq4_one(l.table, M, l.codes + m * cs);
 }
@@ -614,6 +737,24 @@ size_t scan_list(scan_ctx &sc, const scan_row &q, int j)
     return ls;
 }
 
+/* The first lines of list key's codes and ids, asked for before the list
+ * before it is scanned: each list starts at a place of its own in memory,
+ * where the hardware's prefetcher follows a list only once its first
+ * misses have shown the stream */
+void prefetch_list(const faiss::IndexIVFPQ *ix, faiss::Index::idx_t key)
+{
+    const faiss::ArrayInvertedLists *al = dynamic_cast<const faiss::ArrayInvertedLists *>(ix->invlists);
+    if (!al || key < 0)
+        return;
+    const std::vector<uint8_t> &codes = al->codes[(size_t)key];
+    const std::vector<faiss::Index::idx_t> &ids = al->ids[(size_t)key];
+    const size_t cb = std::min<size_t>(codes.size(), 1024), ib = std::min<size_t>(ids.size() * sizeof(ids[0]), 512);
+    for (size_t o = 0; o < cb; o += 64)
+        __builtin_prefetch(codes.data() + o);
+    for (size_t o = 0; o < ib; o += 64)
+        __builtin_prefetch(reinterpret_cast<const char *>(ids.data()) + o);
+}
+
 /* One query: the candidates of its probed lists into sc.c, then the k best
  * into q.d/q.l (ascending; INFINITY and -1 past the last found). */
 uint64_t scan_query(scan_ctx &sc, const scan_row &q)
@@ -625,6 +766,8 @@ uint64_t scan_query(scan_ctx &sc, const scan_row &q)
     for (int j = 0; j < q.np; j++) {
         if (sc.cq && j % TABLE_GROUP == 0)
             group_tables(sc, q, j);
+        if (j + 1 < q.np)
+            prefetch_list(sc.ix, q.cids[j + 1]);
         if (q.cids[j] >= 0) {   /* -1: fewer lists than nprobe */
             size_t ls = scan_list(sc, q, j);
             nd += ls, largest = std::max(largest, ls);

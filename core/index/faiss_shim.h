@@ -27,7 +27,8 @@ int faiss_shim_search(const FaissIndex *idx, int64_t n, const float *x, int64_t 
 
 /* The k nearest neighbours of n queries [n, d] in an IVFPQ index with
  * precomputed residual tables (the trained IVF4096,PQ32 of the unbounded
- * cache; FAISS's use_precomputed_table == 1, 8-bit codes, L2), scanning the
+ * cache, or a namespace's own PQ32x4; FAISS's use_precomputed_table == 1,
+ * 8- or 4-bit codes, L2), scanning the
  * nprobe lists of each query the way FAISS's IVFPQ scanner does -- the same
  * look-up tables (Jegou et al. 2011, eq. 13-14: d = ||x - c||^2 +
  * Σ_m (T_c[m][code_m] - 2 <x_m, q_m(code_m)>)) summed in the same order --
@@ -72,8 +73,9 @@ size_t faiss_shim_scan_kept_bytes(void);
 
 /* The scan's two kernels alone, for tests/test_scan.c. faiss_shim_pq_dists:
  * out[i] = sum over s = 0..M-1, in that order, in float, of table[s * ksub
- * + codes[i * code_size + s]] (FAISS's PQ distance from a look-up table),
- * for n codes (code_size >= M). faiss_shim_top_k: the k best of n
+ * + code_s] (FAISS's PQ distance from a look-up table), code_s the byte
+ * codes[i * code_size + s] (code_size >= M), or with nbits 4 (ksub 16) the
+ * nibble s % 2 (low first) of byte s / 2, for n codes. faiss_shim_top_k: the k best of n
  * candidates (distances d [n], ids [n], each id in [0, 2^32)), ascending by
  * distance then id, into od/ol [min(n, k)]; returns min(n, k). */
 typedef struct {
@@ -203,8 +205,8 @@ void faiss_shim_table_unlend(FaissIndex *idx);
 
 
 /* ---- a namespace's own training (docs/caches.md "A namespace trains its own index") ----
- * An IVFPQ index with a flat L2 quantizer, nlist lists and M one-byte
- * sub-quantizers, trained on n vectors x [n, d] (the caller's sample):
+ * An IVFPQ index with a flat L2 quantizer, nlist lists and M sub-quantizers
+ * of nbits (4 or 8), trained on n vectors x [n, d] (the caller's sample):
  * the coarse quantizer by k-means (niter iterations, FAISS's seeded
  * initialisation), then the PQ on the residuals; no polysemous training.
  * Deterministic for one sample, seed and thread count. *stop (if non-NULL)
