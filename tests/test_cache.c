@@ -980,9 +980,10 @@ TEST(ivf_gauge_counts_list_slack)
 
 /* A thread's scan buffers (faiss_shim_scan_kept_bytes) follow its recent
  * queries: one query over every list of an IVF64,PQ8 index of 20,000
- * pairs (its 20,000 candidates twice: 320 kB, with the tables of a group
- * of lists, 4 x 8 x 256 floats, and the k best: ~450 kB, over the 256 kB
- * a thread keeps) leaves them large; once a window of 256 queries without it
+ * pairs for k 8,192 (its 20,000 candidates, under 3 k so never cut to k
+ * (cut_keys), twice: 320 kB, with the tables of a group of lists, 4 x 8 x
+ * 256 floats, and the k best: ~450 kB, over the 256 kB a thread keeps)
+ * leaves them large; once a window of 256 queries without it
  * (one list, k 16) has passed they are given back, and the next small
  * query keeps only its own need (one table and a
  * list's ~300 candidates: ~16 kB). Without the trim they stay at the large
@@ -998,10 +999,11 @@ TEST(scan_buffers_given_back)
     char err[NC_ERRLEN];
     CHECKF(unbounded_cache_add(u, x, w, n, NULL, err, sizeof err) == NC_OK, "%s", err);
     CHECK(!unbounded_cache_is_exact(u));
-    const int kbig = 1024, ksmall = 16;
-    float *d = malloc(nsmall * kbig * sizeof(float));
-    int *ow = malloc(nsmall * kbig * sizeof(int));
-    int64_t *ids = malloc(nsmall * kbig * sizeof(int64_t));
+    const int kbig = 8192, ksmall = 16;
+    const size_t nout = nsmall * ksmall > (size_t)kbig ? nsmall * ksmall : (size_t)kbig;
+    float *d = malloc(nout * sizeof(float));
+    int *ow = malloc(nout * sizeof(int));
+    int64_t *ids = malloc(nout * sizeof(int64_t));
     CHECKF(unbounded_cache_search_ids(u, x, 1, kbig, 64, NULL, 0, NC_UB_OPEN, d, ow, ids, err, sizeof err) == NC_OK,
            "%s", err);
     size_t big = faiss_shim_scan_kept_bytes();
