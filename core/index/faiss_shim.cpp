@@ -617,6 +617,7 @@ struct scan_row {
 };
 
 void residual_tables(const faiss_shim_cq *cq, const float *x, const faiss::Index::idx_t *keys, int np, float *tab);
+void prefetch_centroids(const faiss_shim_cq *cq, const faiss::Index::idx_t *keys, int n);
 
 /* The query's share of its tables, once a query: FAISS's inner-product
  * table into tab2 (without our searcher; with it, group_tables makes the
@@ -636,6 +637,8 @@ void group_tables(scan_ctx &sc, const scan_row &q, int j0)
     if (sc.tab.size() < want)
         sc.tab.resize(want);
     residual_tables(sc.cq, q.x, q.cids + j0, std::min(TABLE_GROUP, q.np - j0), sc.tab.data());
+    if (j0 + TABLE_GROUP < q.np)   /* the next group's centroids (1 KB each at H = 256), read by its residuals */
+        prefetch_centroids(sc.cq, q.cids + j0 + TABLE_GROUP, std::min(TABLE_GROUP, q.np - j0 - TABLE_GROUP));
 }
 
 /* The list's table (sc.cur), and the distance every code of the list adds
@@ -780,7 +783,11 @@ void prefetch_list(const faiss::IndexIVFPQ *ix, faiss::Index::idx_t key)
         return;
     const std::vector<uint8_t> &codes = al->codes[(size_t)key];
     const std::vector<faiss::Index::idx_t> &ids = al->ids[(size_t)key];
-    const size_t cb = std::min<size_t>(codes.size(), 1024), ib = std::min<size_t>(ids.size() * sizeof(ids[0]), 512);
+    /* all of its ids (read four at a time with their distances: 30% of
+     * list_keys's time was that load's misses with 512 bytes ahead) and
+     * the codes' first 4 KB (the kernel's sequential reads then keep the
+     * hardware's stream going) */
+    const size_t cb = std::min<size_t>(codes.size(), 4096), ib = ids.size() * sizeof(ids[0]);
     for (size_t o = 0; o < cb; o += 64)
         __builtin_prefetch(codes.data() + o);
     for (size_t o = 0; o < ib; o += 64)
@@ -1427,6 +1434,14 @@ void encode_keys(const faiss_shim_cq *cq, const float *r, int n, uint8_t *codes)
         else
             encode_plain(e);
     }
+}
+
+void prefetch_centroids(const faiss_shim_cq *cq, const faiss::Index::idx_t *keys, int n)
+{
+    for (int j = 0; j < n; j++)
+        if (keys[j] >= 0)
+            for (size_t o = 0; o < cq->d; o += 16)
+                __builtin_prefetch(cq->cent + (size_t)keys[j] * cq->d + o);
 }
 
 /* The tables of the query x's lists keys [np] (those < 0 skipped) into tab
