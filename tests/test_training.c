@@ -137,9 +137,9 @@ TEST(trains_at_switch_and_at_4x)
     CHECKF(st.recall >= 0.0 && st.recall <= 1.0 && st.nprobe >= 1 && st.nprobe <= 32, "recall %g nprobe %d",
            st.recall, st.nprobe);
     CHECK(st.next_at == 8192 && st.phase == NC_UB_TRAIN_IDLE && st.imbalance >= 1.0);
-    /* no index_factory: the default code, H/8 sub-quantizers of 4 bits, H/16
+    /* no index_factory: the default code, H/4 sub-quantizers of 4 bits, H/8
      * bytes (unbounded_cache.c, ub_default_code) */
-    CHECKF(st.code_bytes == DIM / 16 && st.code_bits == 4, "code of %zu bytes, %d bits", st.code_bytes,
+    CHECKF(st.code_bytes == DIM / 8 && st.code_bits == 4, "code of %zu bytes, %d bits", st.code_bytes,
            st.code_bits);
     check_lossless(u, x);
     CHECK(add_all(u, x + 2048 * DIM, w + 2048, n - 2048, 500) == 0);
@@ -158,7 +158,7 @@ TEST(trains_at_switch_and_at_4x)
 }
 
 /* An index_factory's PQ<M>[x<bits>] is the code the own training makes (the
- * default, H/8 of 4 bits, only when none is named) */
+ * default, H/4 of 4 bits, only when none is named) */
 TEST(factory_names_the_code)
 {
     const size_t n = 2048;

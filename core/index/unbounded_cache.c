@@ -228,19 +228,21 @@ static int compact_index(nc_unbounded_cache *u, char *err, size_t errlen)
 }
 
 /* The code of an index the cache trains itself when no index_factory
- * names one: 16 bytes at H = 256 as dim / 8 sub-quantizers of 4 bits
- * (PQ32x4), where the scan's look-ups are register permutes over a 2 KB
- * table (faiss_shim.cpp, list_dists4) instead of loads from a 16 KB one
- * (PQ16, 8 bits); the model's own unbounded.faiss, built by build-index,
- * keeps the paper's dim / 8 bytes. FAISS's PQ splits dim evenly and the
- * 4-bit packing wants pairs: the largest even M <= dim / 8 dividing dim,
- * else (no such M) 8-bit dim / 16. Measured on the growth curve
- * (BENCHMARKS.md): the recall a training chooses nprobe by is set by the
- * lists probed, the same for 4- and 8-bit codes of 16 and 32 bytes
- * (scripts/oracle_fastscan.sh). */
+ * names one: dim / 4 sub-quantizers of 4 bits, 32 bytes at H = 256
+ * (PQ64x4), where the scan's look-ups are register permutes over a 4 KB
+ * table (faiss_shim.cpp, list_dists4) instead of loads from a 16-32 KB
+ * one (8 bits). Measured on the growth curve (BENCHMARKS.md) against the
+ * 8-bit PQ16 of 16 bytes and the 4-bit PQ32x4 of 16 bytes: the same lists
+ * and recall (the recall nprobe is chosen by is set by the lists probed,
+ * scripts/oracle_fastscan.sh), less CPU a token than PQ16 at 1M and
+ * 1.7M pairs, and perplexity within the fixed index's +0.5% where PQ32x4
+ * read +0.87% (WikiText-2 at 1M). FAISS's PQ splits dim evenly and the
+ * 4-bit packing wants pairs: the largest even M <= dim / 4 dividing dim,
+ * else (no such M) 8-bit dim / 16. The model's own unbounded.faiss,
+ * built by build-index, keeps the paper's dim / 8 bytes of 8 bits. */
 static void ub_default_code(int dim, int *m_out, int *nbits_out)
 {
-    for (int m = dim / 8; m >= 2; m--)
+    for (int m = dim / 4; m >= 2; m--)
         if (m % 2 == 0 && dim % m == 0) {
             *m_out = m, *nbits_out = 4;
             return;
