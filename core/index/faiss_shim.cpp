@@ -240,12 +240,10 @@ __attribute__((target("avx2"), always_inline)) inline __m256 pq4_look8(__m256i w
                             _mm256_castsi256_ps(hi));
 }
 
-/* the sums of sub-quantizers 8 w .. 8 w + 7 of chunk tc added to s (lanes wv) */
-#define PQ4_WORD8(s, wv, tc, w)                                                                         \
-    for (int k = 0; k < 8; k++) {                                                                       \
-        const float *ts = (tc) + (size_t)(8 * (w) + k) * 16;                                            \
-        s = _mm256_add_ps(s, pq4_look8(wv, k, _mm256_loadu_ps(ts), _mm256_loadu_ps(ts + 8)));           \
-    }
+__attribute__((target("avx2"), always_inline)) inline __m256i pq4_w(const pq4_words8 &a, int w)
+{
+    return w == 0 ? a.w0 : w == 1 ? a.w1 : w == 2 ? a.w2 : a.w3;
+}
 
 __attribute__((target("avx2"))) void pq4_one8_avx2(const float *t, size_t cs, const uint8_t *c, float *out)
 {
@@ -253,7 +251,11 @@ __attribute__((target("avx2"))) void pq4_one8_avx2(const float *t, size_t cs, co
     for (size_t ch = 0; ch < cs; ch += 16) {
         const pq4_words8 a = pq4_load8(c + ch, cs);
         const float *tc = t + ch * 2 * 16;   /* sub-quantizer 2 ch on */
-        PQ4_WORD8(s0, a.w0, tc, 0) PQ4_WORD8(s0, a.w1, tc, 1) PQ4_WORD8(s0, a.w2, tc, 2) PQ4_WORD8(s0, a.w3, tc, 3)
+        for (int w = 0; w < 4; w++)
+            for (int k = 0; k < 8; k++) {
+                const float *ts = tc + (size_t)(8 * w + k) * 16;
+                s0 = _mm256_add_ps(s0, pq4_look8(pq4_w(a, w), k, _mm256_loadu_ps(ts), _mm256_loadu_ps(ts + 8)));
+            }
     }
     /* lanes held codes 0, 2, 4, 6, 1, 3, 5, 7 */
     _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(s0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
@@ -268,8 +270,7 @@ __attribute__((target("avx2"))) void pq4_two8_avx2(const float *t, size_t cs, co
         const pq4_words8 a = pq4_load8(c + ch, cs), b = pq4_load8(c + 8 * cs + ch, cs);
         const float *tc = t + ch * 2 * 16;
         for (int w = 0; w < 4; w++) {
-            const __m256i u = w == 0 ? a.w0 : w == 1 ? a.w1 : w == 2 ? a.w2 : a.w3;
-            const __m256i v = w == 0 ? b.w0 : w == 1 ? b.w1 : w == 2 ? b.w2 : b.w3;
+            const __m256i u = pq4_w(a, w), v = pq4_w(b, w);
             for (int k = 0; k < 8; k++) {
                 const float *ts = tc + (size_t)(8 * w + k) * 16;
                 const __m256 lo8 = _mm256_loadu_ps(ts), hi8 = _mm256_loadu_ps(ts + 8);
@@ -288,9 +289,7 @@ __attribute__((target("avx2"))) void pq4_two8_avx2(const float *t, size_t cs, co
  * are written) */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-/* Word w (0-3) of chunk ch of sixteen codes c, c + cs, ... as sixteen
- * lanes: codes 4 j .. 4 j + 3's 16 bytes in a[j], two two-source permutes
- * (codes 0-7, 8-15) joined */
+/* The 16 bytes at c, c + cs, c + 2 cs, c + 3 cs (a chunk of four codes) */
 __attribute__((target("avx512f"), always_inline)) inline __m512i pq4_load4(const uint8_t *c, size_t cs)
 {
     __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)c));
@@ -299,6 +298,9 @@ __attribute__((target("avx512f"), always_inline)) inline __m512i pq4_load4(const
     return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(c + 3 * cs)), 3);
 }
 
+/* Word sel's w (0-3) of sixteen codes' chunks, as sixteen lanes, from
+ * pq4_load4's a0 (codes 0-3) .. a3 (12-15): two two-source permutes
+ * (codes 0-7, 8-15) joined */
 __attribute__((target("avx512f"), always_inline)) inline __m512i pq4_word(__m512i a0, __m512i a1, __m512i a2,
                                                                          __m512i a3, __m512i sel)
 {

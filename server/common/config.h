@@ -62,7 +62,7 @@ typedef struct {
     /* [namespaces] (server/domain/namespaces.h) */
     int fsync_mode;              /* nc_wal_sync: 0 group, 1 each, 2 none */
     int snapshot_period_s;       /* seconds between snapshots, 0 = only at shutdown */
-    char index_factory[128];     /* FAISS factory of the IVF index, "" = IVF4096,PQ{H/16} */
+    char index_factory[128];     /* FAISS factory of the IVF index, "" = IVF4096,PQ{H/4}x4 */
     long index_switch_at;        /* pairs at which a namespace leaves the flat index */
     bool index_train_self;       /* no unbounded.faiss: train the IVF index on the pairs */
     bool index_own_training;     /* each namespace trains (and re-trains) its own IVF index */
