@@ -33,9 +33,10 @@ int faiss_shim_search(const FaissIndex *idx, int64_t n, const float *x, int64_t 
  * look-up tables (Jegou et al. 2011, eq. 13-14: d = ||x - c||^2 +
  * Σ_m (T_c[m][code_m] - 2 <x_m, q_m(code_m)>)) summed in the same order --
  * but keeping every candidate the causal filter accepts (id < id_limit[q]
- * when id_limit is non-NULL) in an array and selecting the k smallest
- * (a radix select on the distance bits, then a radix sort of those k)
- * instead of pushing them through a heap of k: at k = 1,024 FAISS's heap
+ * when id_limit is non-NULL) in an array (cut to its k best whenever it
+ * passes 3k, later codes kept only below the k-th) and selecting the k
+ * smallest (a radix select on the distance bits, then a radix sort of
+ * those k) instead of pushing them through a heap of k: at k = 1,024 FAISS's heap
  * and its final reordering were half of the search (BENCHMARKS.md "Unbounded cache at 1M states"). Results as
  * FAISS's: d[n, k] ascending, l[n, k] ids, -1 (and d +inf) past the last
  * found; ties broken by id. *ndis (if non-NULL) += codes scanned.
