@@ -122,7 +122,7 @@ static long client_call(client *cl, const char *method, const char *path, const 
 
 typedef struct {
     char **line;
-    size_t n;
+    size_t n, alloc;   /* lines, and room for them */
 } lines;
 
 static bool read_lines(const char *path, lines *l)
@@ -131,14 +131,17 @@ static bool read_lines(const char *path, lines *l)
     if (!f)
         return false;
     char *buf = NULL;
-    size_t cap = 0, alloc = 0;
+    size_t cap = 0;
     ssize_t len;
+    /* (the room is l's: a second file appends to the first's lines; kept
+     * in a local, it restarted at 0 each file and a second file wrote
+     * past the first's array once they passed 65,536 lines) */
     while ((len = getline(&buf, &cap, f)) > 0) {
         if (len <= 1)
             continue;
-        if (l->n == alloc) {
-            alloc = alloc ? alloc * 2 : 65536;
-            l->line = realloc(l->line, alloc * sizeof *l->line);
+        if (l->n == l->alloc) {
+            l->alloc = l->alloc ? l->alloc * 2 : 65536;
+            l->line = realloc(l->line, l->alloc * sizeof *l->line);
         }
         l->line[l->n++] = strdup(buf);
     }

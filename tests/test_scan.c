@@ -77,13 +77,14 @@ TEST(pq_dists_match_naive_sum)
 
 /* 4-bit codes (PQ<M>x4, ksub 16): the vector kernels' shapes (code sizes
  * multiples of 16 with M = 2 code_size: 8 or 16 codes a block, one or more
- * 16-byte chunks) and the plain loop's (odd M, padding); n around the
+ * 16-byte chunks; 272 bytes: a tail too long for the padded block) and the
+ * plain loop's (odd M, padding); n around the
  * blocks. Zero tolerance as above: each lane must add its code's M
  * entries in the order s = 0..M-1. run_levels.sh runs this at every
  * level, so each of the scalar, AVX2 and AVX-512 kernels is compared. */
 TEST(pq4_dists_match_naive_sum)
 {
-    const size_t shapes[][2] = {{32, 16}, {64, 32}, {16, 8}, {31, 16}, {32, 20}, {6, 3}};
+    const size_t shapes[][2] = {{32, 16}, {64, 32}, {16, 8}, {31, 16}, {32, 20}, {6, 3}, {544, 272}};
     const size_t ns[] = {0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 335, 1339};
     for (size_t h = 0; h < sizeof shapes / sizeof *shapes; h++) {
         const size_t M = shapes[h][0], cs = shapes[h][1];

@@ -364,8 +364,11 @@ __attribute__((target("avx512f"))) void pq4_one16_avx512(const float *t, size_t 
 #pragma GCC diagnostic pop
 
 /* The vector kernels over n codes: blocks of NB x L codes, then single
- * blocks, then the last < L codes copied into a zeroed block (the padding's
- * lanes computed and dropped) */
+ * blocks, then the last < L codes copied into a zeroed block on the stack
+ * (the padding's lanes computed and dropped; codes of over PQ4_PAD / L
+ * bytes, 256 at L = 16, one by one) */
+const size_t PQ4_PAD = 4096;
+
 template <int L, int NB, class Blocks, class One>
 void pq4_lists(const faiss_shim_pq_list &l, float *out, Blocks blocks, One one)
 {
@@ -375,14 +378,17 @@ void pq4_lists(const faiss_shim_pq_list &l, float *out, Blocks blocks, One one)
         blocks(l.table, cs, l.codes + m * cs, out + m);
     for (; m + L <= l.n; m += L)
         one(l.table, cs, l.codes + m * cs, out + m);
-    if (m < l.n) {
-        thread_local std::vector<uint8_t> pad;
+    if (m < l.n && L * cs <= PQ4_PAD) {
+        alignas(64) uint8_t pad[PQ4_PAD];
         float o[L];
-        pad.assign(L * cs, 0);
-        std::memcpy(pad.data(), l.codes + m * cs, (l.n - m) * cs);
-        one(l.table, cs, pad.data(), o);
+        std::memset(pad, 0, L * cs);
+        std::memcpy(pad, l.codes + m * cs, (l.n - m) * cs);
+        one(l.table, cs, pad, o);
         std::memcpy(out + m, o, (l.n - m) * sizeof(float));
+        m = l.n;
     }
+    for (; m < l.n; m++)
+        out[m] = pq4_one(l.table, l.M, l.codes + m * cs);
 }
 
 void list_dists4(const faiss_shim_pq_list &l, float *out)
