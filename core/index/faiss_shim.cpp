@@ -287,8 +287,10 @@ __attribute__((target("avx2"))) void pq4_two8_avx2(const float *t, size_t cs, co
 /* (GCC 12 warns of the undefined pass-through operand its headers give
  * _mm512_shuffle_i64x2, _mm512_srli_epi32 and the casts: unread, all lanes
  * are written) */
+#if defined(__GNUC__) && !defined(__clang__)   /* (clang has no such warning, and -Werror's its name) */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 /* The 16 bytes at c, c + cs, c + 2 cs, c + 3 cs (a chunk of four codes) */
 __attribute__((target("avx512f"), always_inline)) inline __m512i pq4_load4(const uint8_t *c, size_t cs)
 {
@@ -361,7 +363,9 @@ __attribute__((target("avx512f"))) void pq4_one16_avx512(const float *t, size_t 
     }
     _mm512_storeu_ps(out, s0);
 }
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
 /* The vector kernels over n codes: blocks of NB x L codes, then single
  * blocks, then the last < L codes copied into a zeroed block on the stack
