@@ -367,27 +367,41 @@ __attribute__((target("avx512f"))) void pq4_one16_avx512(const float *t, size_t 
 #pragma GCC diagnostic pop
 #endif
 
-/* The vector kernels over n codes: blocks of NB x L codes, then single
+const size_t PQ4_PAD = 4096;   /* bytes of pq4_lists's padded block */
+
+/* The kernels of a level: blocks() does NB blocks of L codes, one() one
+ * block (static members: direct calls; UBSan's check of calls through
+ * pointers needs its C++ runtime, which the C link lacks) */
+struct pq4_avx512 {
+    static const int L = 16, NB = 4;
+    static void blocks(const float *t, size_t cs, const uint8_t *c, float *o) { pq4_four16_avx512(t, cs, c, o); }
+    static void one(const float *t, size_t cs, const uint8_t *c, float *o) { pq4_one16_avx512(t, cs, c, o); }
+};
+struct pq4_avx2 {
+    static const int L = 8, NB = 2;
+    static void blocks(const float *t, size_t cs, const uint8_t *c, float *o) { pq4_two8_avx2(t, cs, c, o); }
+    static void one(const float *t, size_t cs, const uint8_t *c, float *o) { pq4_one8_avx2(t, cs, c, o); }
+};
+
+/* A level's kernels over n codes: blocks of NB x L codes, then single
  * blocks, then the last < L codes copied into a zeroed block on the stack
  * (the padding's lanes computed and dropped; codes of over PQ4_PAD / L
  * bytes, 256 at L = 16, one by one) */
-const size_t PQ4_PAD = 4096;
-
-template <int L, int NB, class Blocks, class One>
-void pq4_lists(const faiss_shim_pq_list &l, float *out, Blocks blocks, One one)
+template <class K>
+void pq4_lists(const faiss_shim_pq_list &l, float *out)
 {
-    const size_t cs = l.code_size;
+    const size_t cs = l.code_size, L = K::L, NB = K::NB;
     size_t m = 0;
     for (; m + NB * L <= l.n; m += NB * L)
-        blocks(l.table, cs, l.codes + m * cs, out + m);
+        K::blocks(l.table, cs, l.codes + m * cs, out + m);
     for (; m + L <= l.n; m += L)
-        one(l.table, cs, l.codes + m * cs, out + m);
+        K::one(l.table, cs, l.codes + m * cs, out + m);
     if (m < l.n && L * cs <= PQ4_PAD) {
         alignas(64) uint8_t pad[PQ4_PAD];
-        float o[L];
+        float o[K::L];
         std::memset(pad, 0, L * cs);
         std::memcpy(pad, l.codes + m * cs, (l.n - m) * cs);
-        one(l.table, cs, pad, o);
+        K::one(l.table, cs, pad, o);
         std::memcpy(out + m, o, (l.n - m) * sizeof(float));
         m = l.n;
     }
@@ -401,9 +415,9 @@ void list_dists4(const faiss_shim_pq_list &l, float *out)
     if (cs % 16 == 0 && M == 2 * cs) {
         const char *isa = vm_isa();
         if (std::strcmp(isa, "avx512") == 0)
-            return pq4_lists<16, 4>(l, out, pq4_four16_avx512, pq4_one16_avx512);
+            return pq4_lists<pq4_avx512>(l, out);
         if (std::strcmp(isa, "avx2") == 0)
-            return pq4_lists<8, 2>(l, out, pq4_two8_avx2, pq4_one8_avx2);
+            return pq4_lists<pq4_avx2>(l, out);
     }
     size_t m = 0;
     for (; m + 8 <= l.n; m += 8)
