@@ -112,6 +112,13 @@ inline float cand_dist(uint64_t key)
     return d;
 }
 
+/* The SIMD level the kernels run at (vm_isa's): 2 AVX-512, 1 AVX2, 0 plain */
+inline int shim_level()
+{
+    const char *isa = vm_isa();
+    return std::strcmp(isa, "avx512") == 0 ? 2 : std::strcmp(isa, "avx2") == 0;
+}
+
 /* The index kinds faiss_shim_ivfpq_search reads; any other goes to FAISS. */
 const faiss::IndexIVFPQ *scannable(const FaissIndex *idx)
 {
@@ -413,10 +420,10 @@ void list_dists4(const faiss_shim_pq_list &l, float *out)
 {
     const size_t M = l.M, cs = l.code_size;
     if (cs % 16 == 0 && M == 2 * cs) {
-        const char *isa = vm_isa();
-        if (std::strcmp(isa, "avx512") == 0)
+        const int lv = shim_level();
+        if (lv == 2)
             return pq4_lists<pq4_avx512>(l, out);
-        if (std::strcmp(isa, "avx2") == 0)
+        if (lv == 1)
             return pq4_lists<pq4_avx2>(l, out);
     }
     size_t m = 0;
@@ -575,6 +582,7 @@ const int TABLE_GROUP = 4;
  * best [k] the selection's. */
 struct scan_ctx {
     const faiss::IndexIVFPQ *ix;
+    const faiss::ArrayInvertedLists *al;   /* ix's lists when they are arrays (prefetch_list), else null */
     const faiss_shim_cq *cq;
     std::vector<float> tab2, tab, dist;
     std::vector<uint64_t> c, tmp, best;
@@ -743,14 +751,10 @@ void list_keys(scan_ctx &sc, const scan_row &q, float dis0, const faiss::Index::
     }
     sc.lo = kr.lo, sc.hi = kr.hi;
     size_t n = ls;
-    if (kr.rejected) {
+    if (kr.rejected || sc.bar != UINT64_MAX) {
         n = 0;
         for (size_t m = 0; m < ls; m++)
             c[n] = c[m], n += ip[m] < q.limit && c[m] < sc.bar;
-    } else if (sc.bar != UINT64_MAX) {
-        n = 0;
-        for (size_t m = 0; m < ls; m++)
-            c[n] = c[m], n += c[m] < sc.bar;
     }
     sc.nc += n;
 }
@@ -802,9 +806,8 @@ size_t scan_list(scan_ctx &sc, const scan_row &q, int j)
  * before it is scanned: each list starts at a place of its own in memory,
  * where the hardware's prefetcher follows a list only once its first
  * misses have shown the stream */
-void prefetch_list(const faiss::IndexIVFPQ *ix, faiss::Index::idx_t key)
+void prefetch_list(const faiss::ArrayInvertedLists *al, faiss::Index::idx_t key)
 {
-    const faiss::ArrayInvertedLists *al = dynamic_cast<const faiss::ArrayInvertedLists *>(ix->invlists);
     if (!al || key < 0)
         return;
     const std::vector<uint8_t> &codes = al->codes[(size_t)key];
@@ -832,7 +835,7 @@ uint64_t scan_query(scan_ctx &sc, const scan_row &q)
         if (sc.cq && j % TABLE_GROUP == 0)
             group_tables(sc, q, j);
         if (j + 1 < q.np)
-            prefetch_list(sc.ix, q.cids[j + 1]);
+            prefetch_list(sc.al, q.cids[j + 1]);
         if (q.cids[j] >= 0) {   /* -1: fewer lists than nprobe */
             size_t ls = scan_list(sc, q, j);
             nd += ls, largest = std::max(largest, ls);
@@ -1026,7 +1029,7 @@ __attribute__((target("avx2,fma"))) float l2sqr_avx2(const float *x, const float
  * run at each level prove the plain paths too */
 inline bool cq_avx2_on()
 {
-    return std::strcmp(vm_isa(), "scalar") != 0;
+    return shim_level() > 0;
 }
 
 inline float cq_exact(const faiss_shim_cq *cq, const float *x, size_t c)
@@ -1176,10 +1179,10 @@ size_t cq_prune(const faiss_shim_cq *cq, const float *x, size_t qi, const float 
     const cq_top &seed = w.seed;
     cq_top &top = w.top;
     const float bmax = seed.d[seed.n - 1], t0 = top.d[top.n - 1];
-    const char *isa = vm_isa();
-    size_t nc = std::strcmp(isa, "avx512") == 0 ? candidates_avx512(b, cq->nlist, bmax, t0, w.cand.data())
-                : std::strcmp(isa, "avx2") == 0 ? candidates_avx2(b, cq->nlist, bmax, t0, w.cand.data())
-                                                 : candidates_plain(b, 0, cq->nlist, bmax, t0, w.cand.data());
+    const int lv = shim_level();
+    size_t nc = lv == 2   ? candidates_avx512(b, cq->nlist, bmax, t0, w.cand.data())
+                : lv == 1 ? candidates_avx2(b, cq->nlist, bmax, t0, w.cand.data())
+                          : candidates_plain(b, 0, cq->nlist, bmax, t0, w.cand.data());
     if (cq->dp2)
         nc = cq_stage2(cq, b, nc, qi, t0, w);
     size_t nex = 0;
@@ -1443,8 +1446,7 @@ void encode_plain(const encode_job &e)
 void encode_keys(const faiss_shim_cq *cq, const float *r, int n, uint8_t *codes)
 {
     const size_t d = cq->d, dsub = cq->dsub, ksub = cq->ksub;
-    const char *isa = vm_isa();
-    const int lv = std::strcmp(isa, "avx512") == 0 ? 2 : std::strcmp(isa, "avx2") == 0;
+    const int lv = shim_level();
     for (size_t m = 0; m < cq->M; m++) {
         encode_job e{};
         for (int l = 0; l < 4; l++) {
@@ -1475,8 +1477,7 @@ void prefetch_centroids(const faiss_shim_cq *cq, const faiss::Index::idx_t *keys
 void residual_tables(const faiss_shim_cq *cq, const float *x, const faiss::Index::idx_t *keys, int np, float *tab)
 {
     const size_t d = cq->d, dsub = cq->dsub, ksub = cq->ksub, tsz = cq->M * ksub;
-    const char *isa = vm_isa();
-    const int lv = std::strcmp(isa, "avx512") == 0 ? 2 : std::strcmp(isa, "avx2") == 0;
+    const int lv = shim_level();
     thread_local std::vector<float> res, rn;   /* [4, d] residuals, [4, M] their sub-norms */
     res.resize(4 * d), rn.resize(4 * cq->M);
     for (int j0 = 0; j0 < np; j0 += 4) {
@@ -1702,6 +1703,7 @@ extern "C" int faiss_shim_ivfpq_search(const FaissIndex *idx, const faiss_shim_s
         const bool ours = s->cq && s->cq->ix == ix;
         scan_ctx &sc = thread_scan;
         sc.ix = ix, sc.cq = ours ? s->cq : nullptr;
+        sc.al = dynamic_cast<const faiss::ArrayInvertedLists *>(ix->invlists);
         sc.tab2.resize(ours ? 0 : tsz), sc.tab.resize(std::max(sc.tab.size(), tsz));   /* (ours: TABLE_GROUP tables) */
         for (int64_t q = 0; q < n; q++) {
             scan_row row{s->x + (size_t)q * d_, cdis + (size_t)q * np, cids + (size_t)q * np, np,
@@ -1844,14 +1846,14 @@ void assign_exact(const faiss::IndexIVF *ix, const float *cent, const faiss_shim
 /* What FAISS's IndexIVFPQ::add_core_o does with given lists (residuals,
  * PQ codes, one entry a key in its list, sequential ids, ntotal), with our
  * encoder: the keys' residuals to their lists' centroids (as FAISS's
- * compute_residual: x - c in float), encoded by encode_keys. */
+ * compute_residual: x - c in float), encoded by encode_keys and packed by
+ * FAISS's own PQ encoder. */
 void add_encoded(faiss::IndexIVFPQ *ix, const faiss_shim_cq *cq, const faiss_shim_add_in *a,
                  const std::vector<faiss::Index::idx_t> &lists)
 {
     const size_t d = (size_t)ix->d, cs = ix->code_size, M = ix->pq.M;
-    const bool nib = ix->pq.nbits == 4;
     std::vector<float> r(4 * d);
-    std::vector<uint8_t> code(4 * M, 0), packed(nib ? 4 * cs : 0);
+    std::vector<uint8_t> code(4 * M, 0), packed(4 * cs, 0);
     for (int64_t i0 = 0; i0 < a->n; i0 += 4) {
         const int n = (int)std::min<int64_t>(4, a->n - i0);
         for (int l = 0; l < n; l++) {
@@ -1861,17 +1863,15 @@ void add_encoded(faiss::IndexIVFPQ *ix, const faiss_shim_cq *cq, const faiss_shi
                 r[(size_t)l * d + j] = x[j] - c[j];
         }
         encode_keys(cq, r.data(), n, code.data());
-        if (nib)   /* FAISS's 4-bit packing (PQEncoderGeneric): 2 b low, 2 b + 1 high */
-            for (int l = 0; l < n; l++)
-                for (size_t b = 0; b < cs; b++) {
-                    const uint8_t *u = code.data() + (size_t)l * M + 2 * b;
-                    packed[(size_t)l * cs + b] = (uint8_t)(u[0] | (2 * b + 1 < M ? u[1] << 4 : 0));
-                }
-        const uint8_t *out = nib ? packed.data() : code.data();
+        for (int l = 0; l < n; l++) {   /* packed as FAISS packs pq.nbits a sub-quantizer (4: two a byte) */
+            faiss::PQEncoderGeneric enc(packed.data() + (size_t)l * cs, (int)ix->pq.nbits);
+            for (size_t m = 0; m < M; m++)
+                enc.encode(code[(size_t)l * M + m]);
+        }
         for (int l = 0; l < n; l++) {
             const size_t i = (size_t)i0 + (size_t)l;
             faiss::Index::idx_t id = ix->ntotal + (faiss::Index::idx_t)i;
-            size_t off = ix->invlists->add_entry((size_t)lists[i], id, out + (size_t)l * cs);
+            size_t off = ix->invlists->add_entry((size_t)lists[i], id, packed.data() + (size_t)l * cs);
             ix->direct_map.add_single_id(id, lists[i], off);
         }
     }

@@ -269,17 +269,13 @@ static int cache_create(const nc_unbounded_cache_opts *o, nc_wordtable *words, n
         u->o.nprobe = 8;
     if (o->factory && o->factory[0])
         snprintf(u->factory, sizeof u->factory, "%s", o->factory);
-    else
+    else {
         /* "np": no polysemous training -- the same IVFPQ index, but FAISS's
          * factory otherwise spends minutes on a Hamming reordering of the PQ
          * codes that only polysemous search (never used here) reads */
-    {
         int m, nbits;
         ub_default_code(o->dim, &m, &nbits);
-        if (nbits == 4)
-            snprintf(u->factory, sizeof u->factory, "IVF4096,PQ%dx4np", m);
-        else
-            snprintf(u->factory, sizeof u->factory, "IVF4096,PQ%dnp", m);
+        snprintf(u->factory, sizeof u->factory, "IVF4096,PQ%d%snp", m, nbits == 4 ? "x4" : "");
     }
     if (o->trained_path)
         snprintf(u->trained_path, sizeof u->trained_path, "%s", o->trained_path);
