@@ -301,81 +301,30 @@ static double read_with(const query *q, nc_unbounded_cache *u, int nprobe, doubl
     return read_knn(q, u, nprobe, 0, lp, c_read);
 }
 
-/* The exact 32 nearest of ids < lim[q] to each query (squared distances
- * from one GEMM a block of 4,096 keys), their ids into top [nq, 32] */
-#define RC_TOP 32
-static void exact_top32(const uint16_t *keys, int H, const float *x, const int64_t *lim, size_t nq, int64_t T,
-                        int64_t *top)
-{
-    const size_t B = 4096;
-    float *kb = malloc(B * (size_t)H * sizeof(float)), *g = malloc(B * nq * sizeof(float));
-    float *td = malloc(nq * RC_TOP * sizeof(float));
-    for (size_t i = 0; i < nq * RC_TOP; i++)
-        td[i] = INFINITY, top[i] = -1;
-    for (int64_t b0 = 0; b0 < T; b0 += (int64_t)B) {
-        size_t m = (size_t)(T - b0) < B ? (size_t)(T - b0) : B;
-        vm_half_to_float(keys + (size_t)b0 * H, kb, m * (size_t)H);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)m, H, 1.0f, x, H, kb, H, 0.0f, g, (int)m);
-        for (size_t q = 0; q < nq; q++)
-            for (size_t i = 0; i < m && b0 + (int64_t)i < lim[q]; i++) {
-                float kn = cblas_sdot(H, kb + i * H, 1, kb + i * H, 1);
-                float dd = kn - 2.0f * g[q * m + i];   /* + |x|^2, the same for all */
-                float *d = td + q * RC_TOP;
-                int64_t *l = top + q * RC_TOP;
-                int r = RC_TOP - 1;
-                if (!(dd < d[r]))
-                    continue;
-                for (; r > 0 && d[r - 1] > dd; r--)
-                    d[r] = d[r - 1], l[r] = l[r - 1];
-                d[r] = dd, l[r] = b0 + (int64_t)i;
-            }
-    }
-    free(kb), free(g), free(td);
-}
-
-/* BENCH_RECALL: the own index's recall at each nprobe of a ladder */
-static void print_recall(nc_unbounded_cache *own, const uint16_t *keys, int H, size_t at)
+/* BENCH_RECALL: the own index's recall at each nprobe of a ladder, by the
+ * measure its training chose nprobe by (unbounded_cache_recall_at) */
+static void print_recall(nc_unbounded_cache *own, size_t at)
 {
     nc_ub_train_stats st;
     unbounded_cache_train_stats(own, &st);
     const int64_t T = st.trained_on;
-    const size_t nq = 256, k = 1024;
-    if (!getenv("BENCH_RECALL") || T < 4 * (int64_t)nq)
+    if (!getenv("BENCH_RECALL") || T <= 0)
         return;
-    float *x = malloc(nq * (size_t)H * sizeof(float)), *d = malloc(nq * k * sizeof(float));
-    int64_t *lim = malloc(nq * sizeof(int64_t)), *top = malloc(nq * RC_TOP * sizeof(int64_t));
-    int64_t *ids = malloc(nq * k * sizeof(int64_t));
-    int *w = malloc(nq * k * sizeof(int));
-    for (size_t q = 0; q < nq; q++) {
-        lim[q] = T / 2 + (int64_t)q * (T - T / 2) / (int64_t)nq;
-        vm_half_to_float(keys + (size_t)lim[q] * H, x + q * H, (size_t)H);
-    }
-    exact_top32(keys, H, x, lim, nq, T, top);
-    static const int ladder[] = {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32};
+    static const int ladder[] = {1, 2, 3, 4, 5, 6, 8, 10, 12, 13, 14, 16, 24, 32};
     printf("|  | recall of the index trained on %lld pairs (nlist %lld) at nprobe", (long long)T, (long long)st.nlist);
     char err[NC_ERRLEN];
     for (size_t r = 0; r < sizeof ladder / sizeof *ladder; r++) {
-        if (unbounded_cache_search_ids(own, x, nq, (int)k, ladder[r], lim, 0, NC_UB_OPEN, d, w, ids, err, sizeof err))
+        double rec;
+        if (unbounded_cache_recall_at(own, ladder[r], &rec, err, sizeof err)) {
+            fprintf(stderr, "bench_growth: %s\n", err);
             break;
-        size_t hit = 0, all = 0;
-        for (size_t q = 0; q < nq; q++)
-            for (int t = 0; t < RC_TOP; t++) {
-                if (top[q * RC_TOP + t] < 0)
-                    continue;
-                all++;
-                for (size_t i = 0; i < k; i++)
-                    if (ids[q * k + i] == top[q * RC_TOP + t]) {
-                        hit++;
-                        break;
-                    }
-            }
-        printf(" %d: %.3f", ladder[r], all ? (double)hit / (double)all : 1.0);
+        }
+        printf(" %d: %.3f", ladder[r], rec);
     }
     printf(" (at %zu pairs) |\n|  | imbalance over the ids below", at);
     for (int64_t c = T; c <= (int64_t)at; c += T / 2)
         printf(" %lld: %.2f", (long long)c, unbounded_cache_imbalance_below(own, c));
     printf(" |\n");
-    free(x), free(d), free(lim), free(top), free(ids), free(w);
 }
 
 /* BENCH_NPROBES / BENCH_KNN: the own index read again with each (main) */
@@ -496,7 +445,7 @@ int main(int argc, char **argv)
                 fflush(stdout);
             }
         }
-        print_recall(own, keys, H, at);
+        print_recall(own, at);
         printf("|  | own index: imbalance %.2f, trainings %llu, last %.1f s, memory %.0f B a pair |  |  |  |  |  |  |  |  |\n",
                st.imbalance, (unsigned long long)st.trainings, st.last_seconds,
                (double)unbounded_cache_memory(own) / (double)at);

@@ -442,6 +442,60 @@ TEST(recall_target_drives_nprobe)
     free(x), free(w);
 }
 
+/* The nprobe a training chooses is the least whose measured recall meets
+ * the target, not the first rung of a coarse ladder that does: the same
+ * measure (unbounded_cache_recall_at) at nprobe - 1 falls short. Keys
+ * without clusters (a unit Gaussian), whose recall grows slowly with the
+ * lists probed, and several targets, so that some fall between the
+ * ladder's rungs (6, 8, 10, 12, 16, 24: a choice of rungs fails here). */
+TEST(nprobe_is_least_meeting_target)
+{
+    const size_t n = 8192;
+    const double targets[] = {0.5, 0.7, 0.9};
+    float *x = malloc(n * DIM * sizeof(float));
+    int *w = malloc(n * sizeof(int));
+    for (size_t i = 0; i < n; i++) {
+        for (int d = 0; d < DIM; d++)
+            x[i * DIM + d] = gauss();
+        w[i] = (int)(i % 100);
+    }
+    for (size_t t = 0; t < sizeof targets / sizeof *targets; t++) {
+        nc_unbounded_cache_opts o;
+        unbounded_cache_opts_default(&o, DIM);
+        o.own_training = true;
+        o.train_sync = true;
+        o.switch_at = 8192;
+        o.key_f16 = true;
+        o.recall_target = targets[t];
+        nc_unbounded_cache *u = NULL;
+        char err[NC_ERRLEN];
+        CHECK(unbounded_cache_new(&o, NULL, &u, err, sizeof err) == NC_OK);
+        CHECK(add_all(u, x, w, n, 4096) == 0);
+        nc_ub_train_stats st;
+        unbounded_cache_train_stats(u, &st);
+        double at = -1, below = -1;
+        CHECKF(unbounded_cache_recall_at(u, st.nprobe, &at, err, sizeof err) == NC_OK, "%s", err);
+        if (st.nprobe > 1)
+            CHECKF(unbounded_cache_recall_at(u, st.nprobe - 1, &below, err, sizeof err) == NC_OK, "%s", err);
+        fprintf(stderr, "   target %.2f: nprobe %d of %lld, recall %.4f (measured again %.4f), at nprobe - 1 %.4f\n",
+                targets[t], st.nprobe, (long long)st.nlist, st.recall, at, below);
+        /* the same measure, the same keys and index: the same figure */
+        CHECK(at == st.recall && at >= targets[t]);
+        CHECK(st.nprobe == 1 || below < targets[t]);
+        unbounded_cache_free(u);
+    }
+    /* no training of its own: refused, not a made-up figure */
+    nc_unbounded_cache_opts o;
+    unbounded_cache_opts_default(&o, DIM);
+    nc_unbounded_cache *u = NULL;
+    char err[NC_ERRLEN];
+    double r = 0;
+    CHECK(unbounded_cache_new(&o, NULL, &u, err, sizeof err) == NC_OK);
+    CHECK(unbounded_cache_recall_at(u, 4, &r, err, sizeof err) == NC_ESTATE);
+    unbounded_cache_free(u);
+    free(x), free(w);
+}
+
 /* A snapshot carries the trained index and its state; with the keys file
  * the loaded cache re-trains at the next 4x as the original does: the same
  * neighbours after. */
@@ -513,6 +567,7 @@ int main(void)
     RUN(drift_trains_between_4x_points);
     RUN(explicit_nprobe_wins);
     RUN(recall_target_drives_nprobe);
+    RUN(nprobe_is_least_meeting_target);
     RUN(snapshot_carries_training_and_keys);
     return harness_summary();
 }

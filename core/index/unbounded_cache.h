@@ -278,6 +278,13 @@ void unbounded_cache_train_stats(nc_unbounded_cache *u, nc_ub_train_stats *st);
 /* The IVF index's imbalance factor over the ids < limit (0 while exact):
  * what the drift measure reads (unbounded_cache.c, drift_due). */
 double unbounded_cache_imbalance_below(nc_unbounded_cache *u, int64_t limit);
+/* The recall the last own training measured its nprobe by (its held-out
+ * keys of ids < T_j, the exact nearest UB_RECALL_TOP found among the k a
+ * search returns), on the index searched now, at nprobe (<= 0: the
+ * cache's): what a training chooses nprobe by, for tests and benchmarks.
+ * Not meant beside a training (it reads the training's progress counters
+ * and index). NC_ESTATE without an own training and its keys. */
+int unbounded_cache_recall_at(nc_unbounded_cache *u, int nprobe, double *recall, char *err, size_t errlen);
 /* Starts the training due, if any (after a recovery that replayed no add:
  * adds otherwise start it). */
 int unbounded_cache_train_kick(nc_unbounded_cache *u, char *err, size_t errlen);
