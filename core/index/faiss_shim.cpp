@@ -1569,12 +1569,18 @@ extern "C" faiss_shim_cq *faiss_shim_cq_new(const FaissIndex *idx, int dp)
         std::unique_ptr<faiss_shim_cq> q(new faiss_shim_cq);
         const size_t d = (size_t)ix->d, nlist = ix->nlist;
         q->ix = ix, q->d = d, q->nlist = nlist, q->cent = fq->get_xb();
-        q->dp = dp > 0 ? std::min((size_t)dp, d) : std::max<size_t>(1, std::min<size_t>(64, d / 4));
-        /* the second stage's axes (cq_stage2), as many again: measured at
-         * 1M / IVF4096 (first + second, exact distances a query, cache part
-         * tokens/CPU-s): 64 + 64: 20.5, 12,978-13,951; 64 + 96: 12.5,
-         * 13,029-13,800; 48 + 80: 24.0, 12,367-13,463; 32 + 96: 29.2,
-         * 11,397-12,486; 48 + 48: 46.7, 12,711-14,122 (alike but 32) */
+        /* d / 2 axes for the first stage's GEMM, and the second stage's
+         * (cq_stage2) as many again, at most the rest (at H = 256: all
+         * of them). A namespace's own index, trained on its keys, spreads
+         * its centroids over more axes than the model's index trained on
+         * PTB: at 1.7M pairs (own IVF4096, nprobe 16) 64 + 64 axes let
+         * 1,104 centroids a query past the first stage, 479 past the
+         * second and 89 exact distances (1 KB rows, scattered over 4 MB);
+         * 128 + 128: 110, 21 and ~30, the coarse search 11.5% -> 8.8% of
+         * the process. 96 + 96: 365 and 96. At 100k and 1M pairs, and on
+         * the model's index at 1M (where 64 + 64 had been measured best
+         * against 48 + 48, 32 + 96 and 64 + 96), 128 + 128 reads alike. */
+        q->dp = dp > 0 ? std::min((size_t)dp, d) : std::max<size_t>(1, d / 2);
         q->dp2 = std::min(q->dp, d - q->dp);
         const size_t dt = q->dp + q->dp2;
         faiss::PCAMatrix pca((int)d, (int)dt);

@@ -103,7 +103,7 @@ int faiss_shim_coarse(const FaissIndex *idx, int64_t n, const float *x, int npro
  * freed by faiss_shim_cq_free (NULL allowed); valid while idx is. */
 
 /* The searcher of idx's coarse quantizer on dp principal axes (dp <= 0:
- * d / 4, at most 64), or NULL when idx is not an index our scan reads (with
+ * d / 2), or NULL when idx is not an index our scan reads (with
  * a flat L2 quantizer), when it has fewer centroids than d, or when the
  * principal axes come out not orthonormal to 1e-4 (the bound would not
  * hold): callers then use faiss_shim_coarse. */
