@@ -409,6 +409,24 @@ TEST(explicit_nprobe_wins)
     free(x), free(w);
 }
 
+/* A cache of the n pairs x, w whose own training ran at n (synchronously)
+ * with the recall target given */
+static nc_unbounded_cache *trained_on_all(const float *x, const int *w, size_t n, double target)
+{
+    nc_unbounded_cache_opts o;
+    unbounded_cache_opts_default(&o, DIM);
+    o.own_training = true;
+    o.train_sync = true;
+    o.switch_at = (long)n;
+    o.key_f16 = true;
+    o.recall_target = target;
+    nc_unbounded_cache *u = NULL;
+    char err[NC_ERRLEN];
+    CHECKF(unbounded_cache_new(&o, NULL, &u, err, sizeof err) == NC_OK, "%s", err);
+    CHECK(add_all(u, x, w, n, 4096) == 0);
+    return u;
+}
+
 /* A recall target of 1 picks more lists than the default 0.9 (or all). */
 TEST(recall_target_drives_nprobe)
 {
@@ -419,17 +437,7 @@ TEST(recall_target_drives_nprobe)
     int np[2];
     double rec[2];
     for (int i = 0; i < 2; i++) {
-        nc_unbounded_cache_opts o;
-        unbounded_cache_opts_default(&o, DIM);
-        o.own_training = true;
-        o.train_sync = true;
-        o.switch_at = 8192;
-        o.key_f16 = true;
-        o.recall_target = i ? 1.0 : 0.5;
-        nc_unbounded_cache *u = NULL;
-        char err[NC_ERRLEN];
-        CHECK(unbounded_cache_new(&o, NULL, &u, err, sizeof err) == NC_OK);
-        CHECK(add_all(u, x, w, n, 4096) == 0);
+        nc_unbounded_cache *u = trained_on_all(x, w, n, i ? 1.0 : 0.5);
         nc_ub_train_stats st;
         unbounded_cache_train_stats(u, &st);
         np[i] = st.nprobe;
@@ -460,17 +468,8 @@ TEST(nprobe_is_least_meeting_target)
         w[i] = (int)(i % 100);
     }
     for (size_t t = 0; t < sizeof targets / sizeof *targets; t++) {
-        nc_unbounded_cache_opts o;
-        unbounded_cache_opts_default(&o, DIM);
-        o.own_training = true;
-        o.train_sync = true;
-        o.switch_at = 8192;
-        o.key_f16 = true;
-        o.recall_target = targets[t];
-        nc_unbounded_cache *u = NULL;
+        nc_unbounded_cache *u = trained_on_all(x, w, n, targets[t]);
         char err[NC_ERRLEN];
-        CHECK(unbounded_cache_new(&o, NULL, &u, err, sizeof err) == NC_OK);
-        CHECK(add_all(u, x, w, n, 4096) == 0);
         nc_ub_train_stats st;
         unbounded_cache_train_stats(u, &st);
         double at = -1, below = -1;
