@@ -828,7 +828,12 @@ TEST(template_table_read_at_switch)
     int fd = mkstemp(tpl);
     CHECK(fd >= 0);
     close(fd);
-    write_template("IVF256,PQ8", dim, x, ntrain, tpl);
+    /* np, as the cache's own default (unbounded_cache.c): the same IVFPQ
+     * index, its sizes and its table; FAISS's polysemous training (it
+     * relabels the 8-bit codebooks' entries for Hamming search, which
+     * nothing here uses) spent 48 s of this suite's ~170 s, and the suite
+     * runs four times in make test (once, then once per SIMD level) */
+    write_template("IVF256,PQ8np", dim, x, ntrain, tpl);
     nc_unbounded_cache_opts o;
     unbounded_cache_opts_default(&o, dim);
     o.trained_path = tpl;
@@ -951,7 +956,8 @@ TEST(ivf_gauge_counts_list_slack)
     float *cent, *x;
     int *w;
     synth_points(dim, n0 + n, nclust, &cent, &x, &w);
-    nc_unbounded_cache *u = self_trained(dim, "IVF1024,PQ8", (long)n0);
+    /* np: see template_table_read_at_switch (64 s of polysemous training) */
+    nc_unbounded_cache *u = self_trained(dim, "IVF1024,PQ8np", (long)n0);
     char err[NC_ERRLEN];
     CHECKF(unbounded_cache_add(u, x, w, n0, NULL, err, sizeof err) == NC_OK, "%s", err);
     CHECK(!unbounded_cache_is_exact(u));
@@ -995,7 +1001,8 @@ TEST(scan_buffers_given_back)
     float *cent, *x;
     int *w;
     synth_points(dim, n, nclust, &cent, &x, &w);
-    nc_unbounded_cache *u = self_trained(dim, "IVF64,PQ8", 8192);
+    /* np: see template_table_read_at_switch (49 s of polysemous training) */
+    nc_unbounded_cache *u = self_trained(dim, "IVF64,PQ8np", 8192);
     char err[NC_ERRLEN];
     CHECKF(unbounded_cache_add(u, x, w, n, NULL, err, sizeof err) == NC_OK, "%s", err);
     CHECK(!unbounded_cache_is_exact(u));
