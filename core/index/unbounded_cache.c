@@ -997,9 +997,9 @@ static void recall_sample_free(nc_unbounded_cache *u, ub_exact_top *e)
  * does. A ladder of rungs finds the first that meets it, then halving the
  * gap down to the rung below finds the least between them (recall only
  * grows with the lists probed, up to the PQ's reordering of near
- * neighbours). The gaps were left alone before: at 1.7M pairs the rung 16
- * served where 13 met the target too, at the same perplexity, and the
- * read scans codes in proportion. */
+ * neighbours). The rungs alone overshoot: at 1.7M pairs of the growth
+ * curve 16 where 14 meets the target, at the same perplexity, and a read
+ * scans codes in proportion to nprobe. */
 static int train_measure(nc_unbounded_cache *u, ub_train_job *j, char *err, size_t errlen)
 {
     static const int ladder[] = {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64, 96, 128};
