@@ -185,6 +185,16 @@ int daemon_wait(nc_daemon *d, int timeout_s)
     return -1;
 }
 
+void daemon_kill(nc_daemon *d)
+{
+    if (d->pid <= 0)
+        return;
+    kill(d->pid, SIGKILL);
+    waitpid(d->pid, NULL, 0);
+    d->pid = 0;
+    remove_dir(d->dir);
+}
+
 int daemon_stop(nc_daemon *d)
 {
     daemon_signal_term(d);

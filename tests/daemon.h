@@ -38,6 +38,9 @@ int daemon_stop(nc_daemon *d);
 void daemon_signal_term(nc_daemon *d);
 /* Waits for exit (up to timeout_s), returns as daemon_stop. */
 int daemon_wait(nc_daemon *d, int timeout_s);
+/* kill -9 (a crash test's): SIGKILL, reaped, the scratch directory removed
+ * (its log and port file; the data_dir is the test's). */
+void daemon_kill(nc_daemon *d);
 
 /* Prints the daemon's log to stderr (on failures). */
 void daemon_dump_log(const nc_daemon *d);

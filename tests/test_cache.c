@@ -6,6 +6,7 @@
 #include <malloc.h>
 #include <math.h>
 #include <pthread.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -686,12 +687,17 @@ TEST(ivfpq_vs_exact_and_switch)
     CHECK(unbounded_cache_load(&o, NULL, dir, &ld, err, sizeof err) == NC_EFORMAT);
     CHECK_STR_CONTAINS(msg(err), "checksum");
     CHECK(ld == NULL);
-    const char *names[] = {"index.faiss", "values.bin", "words.txt"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        unlink(path);
-    }
-    rmdir(dir);
+    /* every file the snapshot holds, whatever their names (a fixed list
+     * of them left the directory behind once the snapshot held more) */
+    DIR *snap = opendir(dir);
+    for (struct dirent *e; snap && (e = readdir(snap));)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    if (snap)
+        closedir(snap);
+    CHECK(rmdir(dir) == 0);
 
     unbounded_cache_free(fl);
     unbounded_cache_free(ex);

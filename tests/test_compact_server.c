@@ -212,9 +212,7 @@ TEST(kill_9_mid_upload_then_same_predictions)
         n = entries_of(&d, NULL);
     }
     CHECKF(n >= before + 1000, "the upload added %lld pairs", (long long)(n - before));
-    kill(d.pid, SIGKILL);
-    waitpid(d.pid, NULL, 0);
-    d.pid = 0;
+    daemon_kill(&d);
     pthread_join(th, NULL);
     /* 1. the log alone (no snapshot was written: period 0, killed) */
     CHECK(start(&d) == 0);
@@ -241,9 +239,7 @@ TEST(kill_9_mid_upload_then_same_predictions)
     free(t);
     json_t *p3 = predictions(&d, "cz");
     CHECK(!json_equal(p2, p3));   /* the upload did change them */
-    kill(d.pid, SIGKILL);
-    waitpid(d.pid, NULL, 0);
-    d.pid = 0;
+    daemon_kill(&d);
     /* 3. the snapshot and the log after it */
     CHECK(start(&d) == 0);
     CHECK(entries_of(&d, NULL) == e1 + 71 * 7 + 1);

@@ -189,10 +189,8 @@ TEST(kill_9_while_streaming)
         for (long t = 0; t < 2; t++)
             pthread_create(&th[t], NULL, client, (void *)t);
         usleep(200000 + (useconds_t)(rand() % 1600000));   /* some rounds outlive a snapshot period */
-        kill(d.pid, SIGKILL);   /* uploads in flight are cut */
-        waitpid(d.pid, NULL, 0);
+        daemon_kill(&d);   /* uploads in flight are cut */
         kills++;
-        d.pid = 0;
         stop = 1;
         port = 0;
         for (int t = 0; t < 2; t++)

@@ -271,8 +271,7 @@ static void kill_at(const char *phase, const char *snap_period, const json_t *re
     }
     int w = wait_phase(&d, phase);
     CHECKF(w == 0, "phase %s never seen", phase);
-    kill(d.pid, SIGKILL);
-    waitpid(d.pid, NULL, 0);
+    daemon_kill(&d);
     CHECK(start(&d, data, "0") == 0);   /* no pause any more */
     int64_t entries = -1;
     json_t *t = training_of(&d, &entries);
