@@ -157,6 +157,16 @@ static void remove_dir(const char *dir)
     if (system(cmd) != 0) { /* best effort */ }
 }
 
+void daemon_kill(nc_daemon *d)
+{
+    if (d->pid <= 0)
+        return;
+    kill(d->pid, SIGKILL);
+    waitpid(d->pid, NULL, 0);
+    d->pid = 0;
+    remove_dir(d->dir);
+}
+
 int daemon_wait(nc_daemon *d, int timeout_s)
 {
     if (d->pid <= 0)
@@ -178,21 +188,8 @@ int daemon_wait(nc_daemon *d, int timeout_s)
     }
     fprintf(stderr, "neurocached did not exit in %d s: killed\n", timeout_s);
     daemon_dump_log(d);
-    kill(d->pid, SIGKILL);
-    waitpid(d->pid, NULL, 0);
-    d->pid = 0;
-    remove_dir(d->dir);
+    daemon_kill(d);
     return -1;
-}
-
-void daemon_kill(nc_daemon *d)
-{
-    if (d->pid <= 0)
-        return;
-    kill(d->pid, SIGKILL);
-    waitpid(d->pid, NULL, 0);
-    d->pid = 0;
-    remove_dir(d->dir);
 }
 
 int daemon_stop(nc_daemon *d)

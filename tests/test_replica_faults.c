@@ -259,11 +259,7 @@ static int start_replica(int i)
 static void kill9_replica(int i)
 {
     atomic_store(&rep_up[i], 0);
-    kill(rep[i].pid, SIGKILL);
-    waitpid(rep[i].pid, NULL, 0);
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", rep[i].dir);
-    if (system(cmd) != 0) { /* best effort */ }
+    daemon_kill(&rep[i]);
 }
 
 static void term_replica(int i)

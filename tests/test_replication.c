@@ -349,17 +349,6 @@ TEST(reserved_document_ids)
     CHECK(ns_entries(A.port, "news") == before);
 }
 
-/* SIGKILL, the data dir kept (its scratch dir removed as daemon_stop does). */
-static void kill9(nc_daemon *d)
-{
-    kill(d->pid, SIGKILL);
-    waitpid(d->pid, NULL, 0);
-    d->pid = 0;
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", d->dir);
-    if (strncmp(d->dir, "/tmp/nc-test-", 13) == 0 && system(cmd)) {}
-}
-
 static json_int_t repl_counter(int port, const char *name)
 {
     http_resp r;
@@ -433,7 +422,7 @@ TEST(unpublished_survive_crash)
     CHECK(na > nb0);
     CHECK(repl_counter(A.port, "unpublished_records") > 0);
     CHECK(repl_counter(A.port, "pending_deletions") == 1);
-    kill9(&A);
+    daemon_kill(&A);   /* the data dir kept */
     CHECK(ns_entries(B.port, "news") == nb0);
     CHECK(start_redis() == 0);
     CHECK(start(&A, "a", model_dir) == 0);
@@ -469,7 +458,7 @@ TEST(republished_entries_skipped)
     long na = ns_entries(A.port, "news");
     CHECK(wait_entries(B.port, "news", na, 10) >= 0);
     json_int_t dup0 = repl_counter(B.port, "duplicate_entries");
-    kill9(&A);
+    daemon_kill(&A);   /* the data dir kept */
     CHECK(start(&A, "a", model_dir) == 0);
     double t0 = now_s();
     while (repl_counter(B.port, "duplicate_entries") < dup0 + 2 && now_s() - t0 < 10) sleep_ms(20);
