@@ -583,6 +583,7 @@ const int TABLE_GROUP = 4;
 struct scan_ctx {
     const faiss::IndexIVFPQ *ix;
     const faiss::ArrayInvertedLists *al;   /* ix's lists when they are arrays (prefetch_list), else null */
+    const faiss::Index::idx_t *cids_end;   /* the end of the search's lists, all its queries' (the look-ahead's) */
     const faiss_shim_cq *cq;
     std::vector<float> tab2, tab, dist;
     std::vector<uint64_t> c, tmp, best;
@@ -644,7 +645,6 @@ void scan_trim(scan_ctx &sc, size_t queries)
 struct scan_row {
     const float *x, *cdis;
     const faiss::Index::idx_t *cids;
-    const faiss::Index::idx_t *cids_end;   /* the end of the search's lists, all queries' (the look-ahead's) */
     int np;
     int64_t limit, k;
     float *d;
@@ -853,7 +853,7 @@ uint64_t scan_query(scan_ctx &sc, const scan_row &q)
         if (sc.cq && j % TABLE_GROUP == 0)
             group_tables(sc, q, j);
         /* the next list of the search: this query's next, or the next query's first */
-        const next_codes nx = q.cids + j + 1 < q.cids_end ? prefetch_list(sc.al, q.cids[j + 1]) : next_codes{nullptr, 0};
+        const next_codes nx = q.cids + j + 1 < sc.cids_end ? prefetch_list(sc.al, q.cids[j + 1]) : next_codes{nullptr, 0};
         if (q.cids[j] >= 0) {   /* -1: fewer lists than nprobe */
             size_t ls = scan_list(sc, q, j, nx);
             nd += ls, largest = std::max(largest, ls);
@@ -1728,9 +1728,10 @@ extern "C" int faiss_shim_ivfpq_search(const FaissIndex *idx, const faiss_shim_s
         scan_ctx &sc = thread_scan;
         sc.ix = ix, sc.cq = ours ? s->cq : nullptr;
         sc.al = dynamic_cast<const faiss::ArrayInvertedLists *>(ix->invlists);
+        sc.cids_end = cids + (size_t)n * np;
         sc.tab2.resize(ours ? 0 : tsz), sc.tab.resize(std::max(sc.tab.size(), tsz));   /* (ours: TABLE_GROUP tables) */
         for (int64_t q = 0; q < n; q++) {
-            scan_row row{s->x + (size_t)q * d_, cdis + (size_t)q * np, cids + (size_t)q * np, cids + (size_t)n * np, np,
+            scan_row row{s->x + (size_t)q * d_, cdis + (size_t)q * np, cids + (size_t)q * np, np,
                          s->id_limit ? s->id_limit[q] : INT64_MAX, k, s->d + (size_t)q * k, s->l + (size_t)q * k};
             nd += scan_query(sc, row);
         }
