@@ -13,6 +13,7 @@
 #   BENCH_MODEL=DIR   model directory (default models/demo)
 #   BENCH_SIZES=...   comma list (default 100000,250000,500000,1000000,1750000)
 #   BENCH_NQ=N        query tokens of each kind (default 2000)
+#   BENCH_REPEAT=R    each kind read R times beside R static passes: the least CPU of each
 #   BENCH_QUICK=1     sizes 70000,140000 (a smoke run)
 #   BENCH_CACHES=DIR  keep each size's caches there and read them back next run
 #   BENCH_OWN_FACTORY=F  the own training's code (default: the cache's own)
