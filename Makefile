@@ -301,8 +301,9 @@ endurance: deps-test all $(BUILD)/tests/test_replica_faults $(BUILD)/tests/soak
 
 # In the foreground on the shipped model, human-readable logs. As root (a
 # container, a fresh VM) the daemon would refuse to start: say it is meant.
+# OpenMP's idle threads sleep rather than spin (docs/design.md §6).
 run: deps all
-	$(Q)$(BIN)/neurocached --model models/demo --log-format text \
+	$(Q)OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(BIN)/neurocached --model models/demo --log-format text \
 	    $(if $(filter 0,$(shell id -u)),--allow-root) $(RUN_ARGS)
 
 # The shipped demo model (docs/cli.md "Training"): PTB, 2x256 tied LSTM, PyTorch

@@ -385,6 +385,7 @@ TEST(write_failure_mid_record_then_room_again)
     nc_wal_replay_info info;
     CHECK(replay(dir, TAG, 0, check_rec, &c, &info, err, sizeof err) == NC_OK);
     CHECKF(c.n == 20 && c.bad == 0 && c.first == 1, "replayed %zu records (%zu bad)", (size_t)c.n, (size_t)c.bad);
+    nsstore_remove_dir(dir, NULL, 0);
 }
 
 /* Reads up to upto with r; checks each record; returns how many. */
