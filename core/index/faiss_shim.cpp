@@ -566,10 +566,9 @@ size_t top_keys(const topk_in &a)
  * 16) had left L2 by the time their lists were scanned; four at a time,
  * 128 KB, they are scanned while in L2, and a thread holds four tables
  * rather than np. The same tables and the same scan order: the same bits.
- * (Measured on the growth curve's 1.7M read, nprobe 16: 1-2% less CPU,
- * within the noise: the code scan's 13 ns a code there, against 5.6 with
- * table and codes in cache, is not the tables' place. Groups of two: 3-9%
- * slower, the codebooks read twice as often.) */
+ * (Measured on the growth curve's 1.7M read with the 8-bit code, nprobe
+ * 16: 1-2% less CPU, within the noise. Groups of two: 3-9% slower, the
+ * codebooks read twice as often.) */
 const int TABLE_GROUP = 4;
 
 /* The scan's scratch, one a thread, kept between calls (a 1M-state
