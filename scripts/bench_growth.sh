@@ -17,6 +17,8 @@
 #   BENCH_QUICK=1     sizes 70000,140000 (a smoke run)
 #   BENCH_CACHES=DIR  keep each size's caches there and read them back next run
 #   BENCH_OWN_FACTORY=F  the own training's code (default: the cache's own)
+# The table is kept in build/bench-growth/growth.md; scripts/growth_plot.sh
+# draws it.
 # Corpora from ../shared/data (never copied into the repository).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,4 +46,5 @@ cp "$PV" "$W/ptb.valid.txt"
 echo "bench_growth: model $M, sizes $SIZES, $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
 BENCH_STATES=${BENCH_STATES:-$W/states.f16} OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE \
     nice -n 10 "$BUILD/tests/bench_growth" "$M" "$W/wp.mem.txt,$PT,$W/wt2.mem.txt" \
-    "$W/wp.held.txt,$W/ptb.valid.txt,$W/wt2.held.txt" "$SIZES"
+    "$W/wp.held.txt,$W/ptb.valid.txt,$W/wt2.held.txt" "$SIZES" | tee "$W/growth.md"
+echo "bench_growth: the table is in $W/growth.md (scripts/growth_plot.sh $W/growth.md PNG draws it)"
