@@ -231,6 +231,17 @@ TEST(queue_full_and_deadline)
     CHECK(atoi(r.retry_after) >= 1);
     http_resp_free(&r);
     CHECK(daemon_metric(S.port, "neurocache_work_rejected_total") == rej0 + 1);
+    /* refused before its body is parsed: a body that is not JSON gets the
+     * queue's 429, not the parser's 400 (nor one that is JSON but no score
+     * request) */
+    const char *cut = "{\"text\": [1, 2,";
+    CHECK(http_call(S.port, "POST", "/v1/score", "application/json", cut, strlen(cut), &r) == 0);
+    CHECKF(r.status == 429 && !strcmp(http_error_code(&r), "overloaded") && atoi(r.retry_after) >= 1,
+           "a malformed body into a full queue: %ld %s", (long)r.status, r.body ? r.body : "");
+    http_resp_free(&r);
+    CHECK(http_json(S.port, "POST", "/v1/score", "{\"txet\":\"the cat\"}", &r) == 0 && r.status == 429);
+    http_resp_free(&r);
+    CHECK(daemon_metric(S.port, "neurocache_work_rejected_total") == rej0 + 3);
     /* light requests meanwhile: not queued */
     CHECK(http_json(S.port, "POST", "/tokenize", "{\"text\":\"the cat\"}", &r) == 0 && r.status == 200);
     http_resp_free(&r);
@@ -266,6 +277,10 @@ TEST(queue_full_and_deadline)
     close(fd2);
     free(s);
     CHECK(daemon_wait_metric(S.port, "neurocache_work_running", 0, 5) >= 0);
+    /* with room in the queue the same malformed body is the parser's 400 */
+    CHECK(http_call(S.port, "POST", "/v1/score", "application/json", cut, strlen(cut), &r) == 0);
+    CHECKF(r.status == 400, "a malformed body with room: %ld", (long)r.status);
+    http_resp_free(&r);
 }
 
 TEST(malformed_request_line)

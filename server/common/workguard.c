@@ -283,6 +283,14 @@ wp_result workpool_run(workpool *p, workguard *g, int fd, bool admitted, void (*
     return r;
 }
 
+bool workpool_refuses(workpool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    wp_result r = admit(p, false);
+    pthread_mutex_unlock(&p->lock);
+    return r == WP_FULL;
+}
+
 wp_result workpool_submit(workpool *p, bool admitted, void (*fn)(void *), void *arg)
 {
     job *j = calloc(1, sizeof *j);

@@ -101,6 +101,12 @@ wp_result workpool_run(workpool *p, workguard *g, int fd, bool admitted, void (*
  * runs). */
 wp_result workpool_submit(workpool *p, bool admitted, void (*fn)(void *), void *arg);
 
+/* Whether a heavy request not yet admitted would be refused now because
+ * the queue is full (WP_FULL, counted with the refusals as workpool_run's
+ * are): the net tier asks before it parses a body only to refuse it. The
+ * queue may change before the request is run: workpool_run decides. */
+bool workpool_refuses(workpool *p);
+
 /* The peer of socket fd hung up (FIN or reset), seen without reading it. */
 bool workguard_client_gone(int fd);
 /* Records that g's client is gone, unless g is already stopped for

@@ -243,6 +243,10 @@ static void heavy_fn(void *arg)
     c->rt->handler(c->srv, c->req, c->resp);
 }
 
+/* The 429 of a heavy request the workers' queue has no room for */
+#define OVERLOADED_FMT                                                                                           \
+    "%d heavy requests (score, feed, completions) run at once and max_queued = %d more are waiting: retry later"
+
 /* Runs the handler of a ROUTE_HEAVY route on the pool. Returns WP_DONE, or
  * why it did not run with resp answered accordingly (not for WP_GONE: there
  * is nobody to answer). */
@@ -255,9 +259,7 @@ static wp_result run_heavy(nc_server *srv, http_request *req, const http_route *
         return r;
     switch (r) {
     case WP_FULL:
-        http_reply_error(resp, API_OVERLOADED,
-                         "%d heavy requests (score, feed, completions) run at once and max_queued = %d more are "
-                         "waiting: retry later", srv->cfg.threads, srv->cfg.max_queued);
+        http_reply_error(resp, API_OVERLOADED, OVERLOADED_FMT, srv->cfg.threads, srv->cfg.max_queued);
         break;
     case WP_DEADLINE:
     case WP_SHUTDOWN:
@@ -440,8 +442,9 @@ static enum MHD_Result request_piece(nc_server *srv, http_request *req, const ch
 }
 
 /* The route of a whole request, or -1 when it was answered: no route (the
- * table's last row answers 404/405), a body over the limit, a JSON route
- * whose body is not JSON, or the model not loaded yet. */
+ * table's last row answers 404/405), a body over the limit, a heavy
+ * request the workers' queue has no room for, a JSON route whose body is
+ * not JSON, or the model not loaded yet. */
 static int request_route(nc_server *srv, struct MHD_Connection *conn, http_request *req, enum MHD_Result *ret)
 {
     const char *method = req->method, *url = req->url;
@@ -473,6 +476,19 @@ static int request_route(nc_server *srv, struct MHD_Connection *conn, http_reque
         if ((req->len > 0 || !(rt->flags & ROUTE_EMPTY_OK)) && !is_json_type(ct)) {
             *ret = answer_error(conn, req, API_UNSUPPORTED_MEDIA, NULL,
                                 "Content-Type must be application/json (got %s)", ct ? ct : "none");
+            return -1;
+        }
+        /* A heavy request the queue would refuse is refused before its body
+         * is parsed: a body of up to max_body_bytes parsed in this thread
+         * only to answer 429 was work for nothing, done by every client
+         * that retries into a full queue. (So a full queue answers 429
+         * before a malformed body's 400 and before a key's 401/403, which
+         * read the parsed body. A route that may run light, a feed of a
+         * few words, needs the parse to know: its queue is asked after.) */
+        if ((rt->flags & ROUTE_HEAVY) && !(rt->flags & ROUTE_STREAM) && !rt->light && srv->pool &&
+            workpool_refuses(srv->pool)) {
+            *ret = answer_error(conn, req, API_OVERLOADED, NULL, OVERLOADED_FMT, srv->cfg.threads,
+                                srv->cfg.max_queued);
             return -1;
         }
         api_status st;
