@@ -17,7 +17,10 @@
 
 #include "daemon.h"
 #include "harness.h"
-#include "rng.h"
+#include "nswalk.h"
+
+/* the probe session's knobs (nswalk_predictions): the unbounded cache at k 32, nprobe 4 */
+static const char *const PROBE_KNOBS = ",\"knn\":32,\"nprobe\":4";
 
 static char model_dir[256], data_dir[128];
 
@@ -65,48 +68,6 @@ static long upload(const nc_daemon *d, const char *ns, const char *id, const cha
     return st;
 }
 
-/* A text of n fixture words, w0..w47 in a seeded walk with repeats */
-static char *text_of(int n, uint64_t seed)
-{
-    char *t = malloc((size_t)n * 5 + 2);
-    nc_rng r;
-    rng_seed(&r, seed);
-    size_t k = 0;
-    unsigned w = 0;
-    for (int i = 0; i < n; i++) {
-        w = rng_uniform(&r) < 0.5 ? (w + 1) % 48 : (unsigned)(rng_uniform(&r) * 48) % 48;
-        k += (size_t)sprintf(t + k, "w%u ", w);
-    }
-    t[k++] = '\n';
-    t[k] = 0;
-    return t;
-}
-
-/* The top-20 predictions of a session reading ns (unbounded cache only
- * mixed in, k 32, nprobe 4) after a fixed text, as parsed JSON */
-static json_t *predictions(const nc_daemon *d, const char *ns)
-{
-    char body[256];
-    snprintf(body, sizeof body,
-             "{\"id\":\"probe\",\"namespace\":\"%s\",\"cache\":{\"unbounded\":true,\"unbounded_lambda\":0.5,"
-             "\"knn\":32,\"nprobe\":4}}", ns);
-    http_resp r;
-    json_t *out = NULL;
-    if (http_json(d->port, "POST", "/v1/sessions", body, &r) == 0 && r.status == 201) {
-        http_resp_free(&r);
-        if (http_json(d->port, "POST", "/v1/sessions/probe/feed", "{\"text\":\"w3 w4 w5 w6 w7 w9\"}", &r) == 0 &&
-            r.status == 200) {
-            http_resp_free(&r);
-            if (http_json(d->port, "POST", "/v1/sessions/probe/predict", "{\"top_k\":20}", &r) == 0 && r.status == 200)
-                out = json_incref(json_object_get(r.json, "predictions"));
-        }
-    }
-    http_resp_free(&r);
-    if (http_json(d->port, "DELETE", "/v1/sessions/probe", NULL, &r) == 0)
-        http_resp_free(&r);
-    return out;
-}
-
 /* an endless text/plain body, a line of 64 words at a time */
 typedef struct {
     uint64_t lines;
@@ -116,7 +77,7 @@ static size_t endless_read(char *buf, size_t size, size_t nitems, void *data)
 {
     endless *e = data;
     size_t cap = size * nitems;
-    char *t = text_of(64, 1000 + e->lines++);
+    char *t = nswalk_text(64, 1000 + e->lines++);
     size_t n = strlen(t) < cap ? strlen(t) : cap;
     memcpy(buf, t, n);
     free(t);
@@ -178,7 +139,7 @@ TEST(create_compact_over_http)
     CHECK(put_ns(&d, "up", "{\"storage\":\"compact\"}", NULL) == 409);
     /* bytes: the log holds 4 + 4 + 4 bytes a pair (+ record headers), a
      * namespace with keys 4 + 2 x 16 */
-    char *t = text_of(3000, 5);
+    char *t = nswalk_text(3000, 5);
     CHECK(upload(&d, "cz", "big", t) == 200 && upload(&d, "ck", "big", t) == 200);
     free(t);
     long st;
@@ -199,7 +160,7 @@ TEST(kill_9_mid_upload_then_same_predictions)
 {
     nc_daemon d;
     CHECK(start(&d) == 0);
-    char *t = text_of(2000, 7);
+    char *t = nswalk_text(2000, 7);
     CHECK(upload(&d, "cz", "first", t) == 200);
     free(t);
     /* an upload in flight, killed once some of it is in */
@@ -220,13 +181,13 @@ TEST(kill_9_mid_upload_then_same_predictions)
     int64_t e1 = entries_of(&d, &ns);
     CHECK(e1 >= 2001 && !strcmp(json_string_value(json_object_get(ns, "storage")), "compact"));
     json_decref(ns);
-    json_t *p1 = predictions(&d, "cz");
+    json_t *p1 = nswalk_predictions(&d, "cz", PROBE_KNOBS);
     CHECK(p1 && json_array_size(p1) == 20);
     CHECK(daemon_stop(&d) == 0);   /* a snapshot at shutdown */
     /* 2. the snapshot */
     CHECK(start(&d) == 0);
     CHECK(entries_of(&d, NULL) == e1);
-    json_t *p2 = predictions(&d, "cz");
+    json_t *p2 = nswalk_predictions(&d, "cz", PROBE_KNOBS);
     CHECKF(json_equal(p1, p2), "predictions differ after the snapshot");
     /* the probe's own context, 71 times, each followed by w40: the new
      * pairs are the probe's nearest neighbours */
@@ -237,13 +198,13 @@ TEST(kill_9_mid_upload_then_same_predictions)
     sprintf(t + k, "\n");
     CHECK(upload(&d, "cz", "second", t) == 200);
     free(t);
-    json_t *p3 = predictions(&d, "cz");
+    json_t *p3 = nswalk_predictions(&d, "cz", PROBE_KNOBS);
     CHECK(!json_equal(p2, p3));   /* the upload did change them */
     daemon_kill(&d);
     /* 3. the snapshot and the log after it */
     CHECK(start(&d) == 0);
     CHECK(entries_of(&d, NULL) == e1 + 71 * 7 + 1);
-    json_t *p4 = predictions(&d, "cz");
+    json_t *p4 = nswalk_predictions(&d, "cz", PROBE_KNOBS);
     CHECKF(json_equal(p3, p4), "predictions differ after snapshot + log");
     json_decref(p1);
     json_decref(p2);
@@ -293,7 +254,7 @@ static int model_setup(void)
     snprintf(corpus, sizeof corpus, "%s/corpus.txt", model_dir);
     FILE *f = fopen(corpus, "w");
     for (int i = 0; f && i < 200; i++) {
-        char *t = text_of(40, 50 + (uint64_t)i);
+        char *t = nswalk_text(40, 50 + (uint64_t)i);
         fputs(t, f);
         free(t);
     }

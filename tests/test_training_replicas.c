@@ -19,7 +19,7 @@
 
 #include "daemon.h"
 #include "harness.h"
-#include "rng.h"
+#include "nswalk.h"
 
 static char model_dir[512], work[256], redis_addr[64];
 static int redis_port;
@@ -71,25 +71,9 @@ static int start(nc_daemon *d, const char *tag)
     return daemon_start(d, args);
 }
 
-static char *text_of(int n, uint64_t seed)
-{
-    char *t = malloc((size_t)n * 5 + 2);
-    nc_rng r;
-    rng_seed(&r, seed);
-    size_t k = 0;
-    unsigned w = 0;
-    for (int i = 0; i < n; i++) {
-        w = rng_uniform(&r) < 0.5 ? (w + 1) % 48 : (unsigned)(rng_uniform(&r) * 48) % 48;
-        k += (size_t)sprintf(t + k, "w%u ", w);
-    }
-    t[k++] = '\n';
-    t[k] = 0;
-    return t;
-}
-
 static long upload(const nc_daemon *d, int n, uint64_t seed)
 {
-    char *t = text_of(n, seed);
+    char *t = nswalk_text(n, seed);
     http_resp r;
     long st = http_call(d->port, "POST", "/v1/namespaces/grow/documents", "text/plain", t, strlen(t), &r) == 0
                   ? r.status : -1;
@@ -98,26 +82,12 @@ static long upload(const nc_daemon *d, int n, uint64_t seed)
     return st;
 }
 
-/* GET /v1/namespaces/grow: entries and index.training (a new reference) */
-static json_t *training_of(const nc_daemon *d, long *entries)
-{
-    http_resp r;
-    json_t *t = NULL;
-    *entries = -1;
-    if (http_call(d->port, "GET", "/v1/namespaces/grow", NULL, NULL, 0, &r) == 0 && r.status == 200) {
-        t = json_incref(json_object_get(json_object_get(r.json, "index"), "training"));
-        *entries = (long)json_integer_value(json_object_get(r.json, "entries"));
-    }
-    http_resp_free(&r);
-    return t;
-}
-
 /* Waits (120 s) until d holds `entries` pairs and has done `trainings` with none running */
-static int wait_state(const nc_daemon *d, long entries, int trainings)
+static int wait_state(const nc_daemon *d, int64_t entries, int trainings)
 {
     for (double t0 = now_s(); now_s() - t0 < 120; sleep_ms(50)) {
-        long n;
-        json_t *t = training_of(d, &n);
+        int64_t n;
+        json_t *t = nswalk_training(d, "grow", &n);
         bool ok = t && n == entries && json_integer_value(json_object_get(t, "trainings")) >= trainings &&
                   json_is_null(json_object_get(t, "in_progress"));
         json_decref(t);
@@ -127,47 +97,26 @@ static int wait_state(const nc_daemon *d, long entries, int trainings)
     return -1;
 }
 
-static json_t *predictions(const nc_daemon *d)
-{
-    http_resp r;
-    json_t *out = NULL;
-    if (http_json(d->port, "POST", "/v1/sessions",
-                  "{\"id\":\"probe\",\"namespace\":\"grow\",\"cache\":{\"unbounded\":true,\"unbounded_lambda\":0.5}}",
-                  &r) == 0 && r.status == 201) {
-        http_resp_free(&r);
-        if (http_json(d->port, "POST", "/v1/sessions/probe/feed", "{\"text\":\"w3 w4 w5 w6 w7 w9\"}", &r) == 0 &&
-            r.status == 200) {
-            http_resp_free(&r);
-            if (http_json(d->port, "POST", "/v1/sessions/probe/predict", "{\"top_k\":20}", &r) == 0 && r.status == 200)
-                out = json_incref(json_object_get(r.json, "predictions"));
-        }
-    }
-    http_resp_free(&r);
-    if (http_json(d->port, "DELETE", "/v1/sessions/probe", NULL, &r) == 0)
-        http_resp_free(&r);
-    return out;
-}
-
 static nc_daemon A, B;
 
 /* After each training, B's index state and predictions are A's. */
 static void check_same(int trainings, long want_trained_on)
 {
-    long na, nb;
-    json_t *ta = training_of(&A, &na);
+    int64_t na, nb;
+    json_t *ta = nswalk_training(&A, "grow", &na);
     CHECK(wait_state(&A, na, trainings) == 0 && wait_state(&B, na, trainings) == 0);
     json_decref(ta);
-    ta = training_of(&A, &na);
-    json_t *tb = training_of(&B, &nb);
+    ta = nswalk_training(&A, "grow", &na);
+    json_t *tb = nswalk_training(&B, "grow", &nb);
     CHECK(na == nb && json_integer_value(json_object_get(ta, "trained_on")) == want_trained_on);
     const char *same[] = {"nlist", "trained_on", "recall", "imbalance", "trainings", NULL};
     for (int i = 0; same[i]; i++)
         CHECKF(json_equal(json_object_get(ta, same[i]), json_object_get(tb, same[i])), "%s differs", same[i]);
-    json_t *pa = predictions(&A), *pb = predictions(&B);
+    json_t *pa = nswalk_predictions(&A, "grow", ""), *pb = nswalk_predictions(&B, "grow", "");
     CHECKF(pa && pb && json_equal(pa, pb), "after training %d: the replicas predict differently", trainings);
-    fprintf(stderr, "    training %d: %lld lists, recall %.3f, %ld pairs, the same on both replicas\n", trainings,
+    fprintf(stderr, "    training %d: %lld lists, recall %.3f, %lld pairs, the same on both replicas\n", trainings,
             (long long)json_integer_value(json_object_get(ta, "nlist")), json_real_value(json_object_get(ta, "recall")),
-            na);
+            (long long)na);
     json_decref(pa);
     json_decref(pb);
     json_decref(ta);

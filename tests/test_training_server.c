@@ -19,7 +19,7 @@
 
 #include "daemon.h"
 #include "harness.h"
-#include "rng.h"
+#include "nswalk.h"
 
 #define SWITCH_AT "2048"
 static char model_dir[256];
@@ -31,29 +31,12 @@ static int start(nc_daemon *d, const char *data_dir, const char *snap_period)
     return daemon_start(d, args);
 }
 
-/* A text of n fixture words, w0..w47 in a seeded walk with repeats */
-static char *text_of(int n, uint64_t seed)
-{
-    char *t = malloc((size_t)n * 5 + 2);
-    nc_rng r;
-    rng_seed(&r, seed);
-    size_t k = 0;
-    unsigned w = 0;
-    for (int i = 0; i < n; i++) {
-        w = rng_uniform(&r) < 0.5 ? (w + 1) % 48 : (unsigned)(rng_uniform(&r) * 48) % 48;
-        k += (size_t)sprintf(t + k, "w%u ", w);
-    }
-    t[k++] = '\n';
-    t[k] = 0;
-    return t;
-}
-
 /* Uploads n words (seed) into ns "tr"; the pairs acknowledged, -1 on failure */
 static int64_t upload(const nc_daemon *d, const char *id, int n, uint64_t seed)
 {
     char path[256];
     snprintf(path, sizeof path, "/v1/namespaces/tr/documents?id=%s", id);
-    char *t = text_of(n, seed);
+    char *t = nswalk_text(n, seed);
     http_resp r;
     int64_t got = -1;
     if (http_call(d->port, "POST", path, "text/plain", t, strlen(t), &r) == 0 && r.status == 200)
@@ -64,26 +47,10 @@ static int64_t upload(const nc_daemon *d, const char *id, int n, uint64_t seed)
     return got;
 }
 
-/* GET /v1/namespaces/tr: its index.training object (a new reference) and entries */
-static json_t *training_of(const nc_daemon *d, int64_t *entries)
-{
-    http_resp r;
-    json_t *t = NULL;
-    if (http_call(d->port, "GET", "/v1/namespaces/tr", NULL, NULL, 0, &r) != 0)
-        return NULL;
-    if (r.status == 200) {
-        t = json_incref(json_object_get(json_object_get(r.json, "index"), "training"));
-        if (entries)
-            *entries = (int64_t)json_integer_value(json_object_get(r.json, "entries"));
-    }
-    http_resp_free(&r);
-    return t;
-}
-
 /* The phase of the training in progress ("" when none) */
 static void phase_of(const nc_daemon *d, char *out, size_t len)
 {
-    json_t *t = training_of(d, NULL);
+    json_t *t = nswalk_training(d, "tr", NULL);
     const char *ph = json_string_value(json_object_get(json_object_get(t, "in_progress"), "phase"));
     snprintf(out, len, "%s", ph ? ph : "");
     json_decref(t);
@@ -94,7 +61,7 @@ static void phase_of(const nc_daemon *d, char *out, size_t len)
 static int wait_trained(const nc_daemon *d, int trainings)
 {
     for (double t0 = now_s(); now_s() - t0 < 120;) {
-        json_t *t = training_of(d, NULL);
+        json_t *t = nswalk_training(d, "tr", NULL);
         bool done = t && json_integer_value(json_object_get(t, "trainings")) >= trainings &&
                     json_is_null(json_object_get(t, "in_progress"));
         json_decref(t);
@@ -115,29 +82,6 @@ static int wait_phase(const nc_daemon *d, const char *phase)
         sleep_ms(10);
     }
     return -1;
-}
-
-/* The top-20 predictions (words and probabilities, as JSON) of a session
- * reading tr with the default unbounded knobs after a fixed text */
-static json_t *predictions(const nc_daemon *d)
-{
-    http_resp r;
-    json_t *out = NULL;
-    if (http_json(d->port, "POST", "/v1/sessions",
-                  "{\"id\":\"probe\",\"namespace\":\"tr\",\"cache\":{\"unbounded\":true,\"unbounded_lambda\":0.5}}",
-                  &r) == 0 && r.status == 201) {
-        http_resp_free(&r);
-        if (http_json(d->port, "POST", "/v1/sessions/probe/feed", "{\"text\":\"w3 w4 w5 w6 w7 w9\"}", &r) == 0 &&
-            r.status == 200) {
-            http_resp_free(&r);
-            if (http_json(d->port, "POST", "/v1/sessions/probe/predict", "{\"top_k\":20}", &r) == 0 && r.status == 200)
-                out = json_incref(json_object_get(r.json, "predictions"));
-        }
-    }
-    http_resp_free(&r);
-    if (http_json(d->port, "DELETE", "/v1/sessions/probe", NULL, &r) == 0)
-        http_resp_free(&r);
-    return out;
 }
 
 static int64_t metric(const nc_daemon *d, const char *name)
@@ -226,7 +170,7 @@ TEST(slow_training_does_not_block)
     CHECKF(during < 2.5 && n_during >= 20 && phases >= 4, "%.3f s, %d requests, %d phases", during, n_during, phases);
     CHECK(wait_trained(&d, 1) == 0);
     int64_t entries = 0;
-    json_t *t = training_of(&d, &entries);
+    json_t *t = nswalk_training(&d, "tr", &entries);
     CHECK(json_is_true(json_object_get(t, "own")) && json_integer_value(json_object_get(t, "trained_on")) == 2048);
     /* 2,048 pairs: nlist 32 (40 sample keys a list); the next at 4 x 2,048 */
     CHECK(json_integer_value(json_object_get(t, "nlist")) == 32 && json_integer_value(json_object_get(t, "next_at")) == 8192);
@@ -274,15 +218,15 @@ static void kill_at(const char *phase, const char *snap_period, const json_t *re
     daemon_kill(&d);
     CHECK(start(&d, data, "0") == 0);   /* no pause any more */
     int64_t entries = -1;
-    json_t *t = training_of(&d, &entries);
+    json_t *t = nswalk_training(&d, "tr", &entries);
     json_decref(t);
     CHECKF(entries == acked, "after kill -9 at %s: %lld pairs, %lld acknowledged", phase, (long long)entries,
            (long long)acked);
     if (!b_done)
         upload(&d, "b", DOC_B, 12);
     CHECK(wait_trained(&d, 1) == 0);
-    json_t *p = predictions(&d);
-    t = training_of(&d, &entries);
+    json_t *p = nswalk_predictions(&d, "tr", "");
+    t = nswalk_training(&d, "tr", &entries);
     CHECKF(p && json_equal(p, ref) && entries == ref_entries, "kill -9 at %s (snapshots %s): other predictions",
            phase, snap_period);
     CHECK(json_integer_value(json_object_get(t, "trained_on")) == 2048);
@@ -303,16 +247,16 @@ TEST(kill_9_at_each_phase)
     CHECK(upload(&d, "a", DOC_A, 11) > 0 && upload(&d, "b", DOC_B, 12) > 0);
     CHECK(wait_trained(&d, 1) == 0);
     int64_t ref_entries = 0;
-    json_t *t = training_of(&d, &ref_entries);
+    json_t *t = nswalk_training(&d, "tr", &ref_entries);
     json_decref(t);
-    json_t *ref = predictions(&d);
+    json_t *ref = nswalk_predictions(&d, "tr", "");
     CHECK(ref != NULL);
     /* and again after a restart from the snapshot of the shutdown: the
      * trained index and its state come back as they were */
     CHECK(daemon_stop(&d) == 0);
     CHECK(start(&d, data, "0") == 0);
-    json_t *again = predictions(&d);
-    t = training_of(&d, NULL);
+    json_t *again = nswalk_predictions(&d, "tr", "");
+    t = nswalk_training(&d, "tr", NULL);
     CHECK(again && json_equal(again, ref) && json_integer_value(json_object_get(t, "trainings")) == 1 &&
           json_is_null(json_object_get(t, "in_progress")));
     json_decref(t);
@@ -334,7 +278,7 @@ TEST(kill_9_at_each_phase)
  * object's own count), read at once: -1 when it does not answer */
 static json_int_t trainings_now(const nc_daemon *d)
 {
-    json_t *t = training_of(d, NULL);
+    json_t *t = nswalk_training(d, "tr", NULL);
     json_int_t n = t ? json_integer_value(json_object_get(t, "trainings")) : -1;
     json_decref(t);
     return n;
@@ -360,14 +304,14 @@ TEST(training_after_snapshot_kept)
     phase_of(&d, ph, sizeof ph);
     CHECKF(ph[0] != 0, "the training ended before the snapshot it must outlive");
     CHECK(wait_trained(&d, 1) == 0);
-    json_t *want = predictions(&d);
+    json_t *want = nswalk_predictions(&d, "tr", "");
     http_resp r;
     CHECK(http_json(d.port, "POST", "/v1/admin/backup", "{\"name\":\"t1\"}", &r) == 0 && r.status == 200);
     http_resp_free(&r);
     CHECK(daemon_stop(&d) == 0);
     CHECK(start(&d, data, "0") == 0);
     CHECKF(trainings_now(&d) == 1, "restarted: %lld trainings", (long long)trainings_now(&d));
-    json_t *got = predictions(&d);
+    json_t *got = nswalk_predictions(&d, "tr", "");
     CHECK(want && got && json_equal(want, got));
     json_decref(got);
     CHECK(daemon_stop(&d) == 0);
@@ -378,7 +322,7 @@ TEST(training_after_snapshot_kept)
     snprintf(cmd, sizeof cmd, "%s/r", spare);
     CHECK(start(&d, cmd, "0") == 0);
     CHECKF(trainings_now(&d) == 1, "restored: %lld trainings", (long long)trainings_now(&d));
-    got = predictions(&d);
+    got = nswalk_predictions(&d, "tr", "");
     CHECK(want && got && json_equal(want, got));
     json_decref(got);
     json_decref(want);
